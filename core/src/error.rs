@@ -1,0 +1,128 @@
+//! The engine's one error type.
+
+use std::ops::Range;
+
+/// Everything that can go wrong in Braid.
+///
+/// Errors are cheap to clone (they carry strings, not sources) because one
+/// failure may be reported at several synchronisation points of several threads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A view's byte range does not fit in its buffer.
+    #[error("view {start}..{end} is out of bounds for buffer `{buffer}` of {len} bytes")]
+    ViewOutOfBounds {
+        buffer: String,
+        start: usize,
+        end: usize,
+        len: usize,
+    },
+    /// A buffer created by one runtime was used with another.
+    #[error("buffer `{buffer}` belongs to runtime #{owner}, not to runtime #{runtime}")]
+    ForeignBuffer {
+        buffer: String,
+        owner: u64,
+        runtime: u64,
+    },
+    /// A task body reached data it did not declare, or in a mode it did not declare.
+    #[error("task `{task}` accessed bytes {range:?} of buffer `{buffer}` for {mode} without declaring it")]
+    Undeclared {
+        task: String,
+        buffer: String,
+        range: Range<usize>,
+        mode: &'static str,
+    },
+    /// A task body asked for a slice that would alias one it already holds mutably.
+    #[error("task `{task}` borrowed bytes {range:?} of buffer `{buffer}` twice while one borrow writes")]
+    BorrowConflict {
+        task: String,
+        buffer: String,
+        range: Range<usize>,
+    },
+    /// A typed view does not fit the element type's size or alignment.
+    #[error("bytes {range:?} of buffer `{buffer}` are not a whole, aligned slice of `{ty}`")]
+    Misaligned {
+        buffer: String,
+        range: Range<usize>,
+        ty: &'static str,
+    },
+    /// The data lives on another device than the accessor asked for.
+    #[error("buffer `{buffer}` lives on {actual}; the task asked for it on {wanted}")]
+    WrongDevice {
+        buffer: String,
+        actual: &'static str,
+        wanted: &'static str,
+    },
+    /// A task body returned an error.
+    #[error("task `{task}` failed: {message}")]
+    TaskFailed { task: String, message: String },
+    /// A task body panicked.
+    #[error("task `{task}` panicked: {message}")]
+    TaskPanicked { task: String, message: String },
+    /// A task was not run because a task it depends on failed.
+    #[error("task `{task}` was skipped because `{cause}`, which it depends on, failed")]
+    DependencyFailed { task: String, cause: String },
+    /// Several tasks failed before the same synchronisation point.
+    #[error("{} tasks failed; the first: {}", .0.len(), .0[0])]
+    Many(Vec<Error>),
+    /// A synchronisation point was called from inside a task of the same runtime,
+    /// where it could only deadlock.
+    #[error("`{what}` called from inside task `{task}` would wait for itself")]
+    WaitInsideTask { what: &'static str, task: String },
+    /// The runtime configuration is unusable.
+    #[error("invalid runtime configuration: {0}")]
+    Config(String),
+    /// The requested backend is not available on this machine.
+    #[error("backend `{backend}` is unavailable: {reason}")]
+    BackendUnavailable {
+        backend: &'static str,
+        reason: String,
+    },
+    /// An error reported by the device, its driver or one of its libraries.
+    #[error("{backend} error in {op}: {message}")]
+    Device {
+        backend: &'static str,
+        op: String,
+        message: String,
+    },
+    /// A collective could not complete.
+    #[error("collective #{index} `{op}` on rank {rank} failed: {message}")]
+    Collective {
+        rank: usize,
+        index: u64,
+        op: String,
+        message: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{op} `{path}`: {message}")]
+    Io {
+        op: &'static str,
+        path: String,
+        message: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: &std::path::Path, e: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Joins the errors found at one synchronisation point into one.
+    pub(crate) fn join(mut errors: Vec<Error>) -> Option<Error> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(Error::Many(errors)),
+        }
+    }
+}
+
+/// The result type of Braid's API.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a task body returns on failure: any error, boxed.
+pub type TaskError = Box<dyn std::error::Error + Send + Sync + 'static>;

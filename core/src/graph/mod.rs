@@ -1,0 +1,237 @@
+//! Dependency inference: which earlier tasks must a new task wait for?
+//!
+//! Pure bookkeeping, no threads. For every buffer the tracker keeps the
+//! accesses that a future access could still conflict with:
+//!
+//! * `writes`: the latest writer of every byte, as non-overlapping intervals
+//!   sorted by start. A new write trims the intervals it covers, because any
+//!   later access that overlaps them will overlap the new write too and so be
+//!   ordered after it, and the new write is itself ordered after them.
+//! * `reads`: every reader since the last write of its bytes, as possibly
+//!   overlapping intervals. A new write depends on *all* of them
+//!   (write-after-read against every outstanding reader, not only the last one)
+//!   and then trims them. A new read scans only `writes`, so a long run of
+//!   readers costs each reader nothing extra.
+//!
+//! Edges: read-after-write, write-after-read and write-after-write, exactly
+//! when two byte ranges overlap and at least one access writes.
+//!
+//! Records of tasks that completed successfully are pruned lazily: an edge to
+//! a finished task is a no-op, so dropping it changes nothing. Records of
+//! tasks that failed are kept until the failure is reported, so a dependent
+//! submitted after the failure is skipped just like one submitted before it.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// How a task touches a byte range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Shared access: the task only reads.
+    Read,
+    /// Exclusive access: the task overwrites the range without reading it.
+    Write,
+    /// Exclusive access: the task reads and writes the range.
+    ReadWrite,
+}
+
+impl Mode {
+    /// Whether this access modifies the bytes.
+    pub fn writes(self) -> bool {
+        !matches!(self, Mode::Read)
+    }
+
+    /// Whether this access observes the bytes' earlier contents.
+    pub fn reads(self) -> bool {
+        !matches!(self, Mode::Write)
+    }
+
+    /// The mode's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+            Mode::ReadWrite => "read_write",
+        }
+    }
+}
+
+/// A task as the tracker sees it: something cheap to clone, with an identity,
+/// that can say whether it finished successfully.
+pub(crate) trait TaskRef: Clone {
+    fn id(&self) -> u64;
+    /// True once the task has completed without error (its edges are no-ops).
+    fn retired(&self) -> bool;
+}
+
+#[derive(Debug, Clone)]
+struct Rec<T> {
+    start: usize,
+    end: usize,
+    task: T,
+}
+
+#[derive(Debug)]
+struct BufState<T> {
+    writes: Vec<Rec<T>>,
+    reads: Vec<Rec<T>>,
+    /// Prune `reads` when it grows past this length (doubles after a prune that
+    /// freed little, so the amortised cost per access stays constant).
+    prune_at: usize,
+}
+
+impl<T> Default for BufState<T> {
+    fn default() -> Self {
+        BufState {
+            writes: Vec::new(),
+            reads: Vec::new(),
+            prune_at: 16,
+        }
+    }
+}
+
+/// Dependency tracker over all buffers of one runtime.
+#[derive(Debug)]
+pub(crate) struct Tracker<T> {
+    bufs: HashMap<u64, BufState<T>>,
+}
+
+impl<T> Default for Tracker<T> {
+    fn default() -> Self {
+        Tracker {
+            bufs: HashMap::new(),
+        }
+    }
+}
+
+fn overlaps(a: &Range<usize>, start: usize, end: usize) -> bool {
+    a.start < end && start < a.end
+}
+
+fn push_unique<T: TaskRef>(out: &mut Vec<T>, t: &T) {
+    if t.retired() {
+        return;
+    }
+    let id = t.id();
+    if !out.iter().any(|p| p.id() == id) {
+        out.push(t.clone());
+    }
+}
+
+impl<T: TaskRef> Tracker<T> {
+    /// Appends to `out` every unfinished task that an access of `mode` to
+    /// `range` of `buf` must wait for. Does not record the access.
+    pub(crate) fn preds(&self, buf: u64, range: Range<usize>, mode: Mode, out: &mut Vec<T>) {
+        if range.is_empty() {
+            return;
+        }
+        let Some(st) = self.bufs.get(&buf) else {
+            return;
+        };
+        // Writes are sorted and disjoint: skip those that end before the range.
+        let first = st.writes.partition_point(|r| r.end <= range.start);
+        for r in &st.writes[first..] {
+            if r.start >= range.end {
+                break;
+            }
+            push_unique(out, &r.task);
+        }
+        if mode.writes() {
+            for r in &st.reads {
+                if overlaps(&range, r.start, r.end) {
+                    push_unique(out, &r.task);
+                }
+            }
+        }
+    }
+
+    /// Records that `task` accesses `range` of `buf` in `mode`. Call after
+    /// [`Tracker::preds`] for all of the task's accesses.
+    pub(crate) fn record(&mut self, buf: u64, range: Range<usize>, mode: Mode, task: &T) {
+        if range.is_empty() {
+            return;
+        }
+        let st = self.bufs.entry(buf).or_default();
+        if mode.writes() {
+            trim(&mut st.writes, &range);
+            st.reads.retain_mut(|r| !(range.start <= r.start && r.end <= range.end));
+            // Partly covered readers stay whole: a later write that overlaps only
+            // their uncovered part must still wait for them.
+            let at = st.writes.partition_point(|r| r.start < range.start);
+            st.writes.insert(
+                at,
+                Rec {
+                    start: range.start,
+                    end: range.end,
+                    task: task.clone(),
+                },
+            );
+        } else {
+            st.reads.push(Rec {
+                start: range.start,
+                end: range.end,
+                task: task.clone(),
+            });
+            if st.reads.len() >= st.prune_at {
+                st.reads.retain(|r| !r.task.retired());
+                st.prune_at = (st.reads.len() * 2).max(16);
+            }
+        }
+    }
+
+    /// Forgets a buffer (it was dropped: no task can name it again).
+    pub(crate) fn forget(&mut self, buf: u64) {
+        self.bufs.remove(&buf);
+    }
+
+    /// Drops every record whose task satisfies `done`.
+    pub(crate) fn prune(&mut self, mut done: impl FnMut(&T) -> bool) {
+        self.bufs.retain(|_, st| {
+            st.writes.retain(|r| !done(&r.task));
+            st.reads.retain(|r| !done(&r.task));
+            !(st.writes.is_empty() && st.reads.is_empty())
+        });
+    }
+
+    #[cfg(test)]
+    pub(crate) fn record_count(&self) -> usize {
+        self.bufs
+            .values()
+            .map(|s| s.writes.len() + s.reads.len())
+            .sum()
+    }
+}
+
+/// Removes `range` from the disjoint, sorted intervals in `v`, splitting the
+/// intervals it cuts through.
+fn trim<T: Clone>(v: &mut Vec<Rec<T>>, range: &Range<usize>) {
+    let first = v.partition_point(|r| r.end <= range.start);
+    let mut i = first;
+    while i < v.len() && v[i].start < range.end {
+        let r = &mut v[i];
+        let left = r.start < range.start;
+        let right = r.end > range.end;
+        match (left, right) {
+            (false, false) => {
+                v.remove(i);
+                continue;
+            }
+            (true, false) => r.end = range.start,
+            (false, true) => r.start = range.end,
+            (true, true) => {
+                let tail = Rec {
+                    start: range.end,
+                    end: r.end,
+                    task: r.task.clone(),
+                };
+                r.end = range.start;
+                v.insert(i + 1, tail);
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+}

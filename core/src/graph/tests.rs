@@ -1,0 +1,98 @@
+use super::*;
+use std::cell::Cell;
+use std::rc::Rc;
+
+#[derive(Clone, Debug)]
+struct T(u64, Rc<Cell<bool>>);
+
+impl TaskRef for T {
+    fn id(&self) -> u64 {
+        self.0
+    }
+    fn retired(&self) -> bool {
+        self.1.get()
+    }
+}
+
+fn task(id: u64) -> T {
+    T(id, Rc::new(Cell::new(false)))
+}
+
+/// Submits one access and returns the ids it depends on, sorted.
+fn access(tr: &mut Tracker<T>, t: &T, buf: u64, r: Range<usize>, m: Mode) -> Vec<u64> {
+    let mut out = Vec::new();
+    tr.preds(buf, r.clone(), m, &mut out);
+    tr.record(buf, r, m, t);
+    let mut ids: Vec<u64> = out.iter().map(|t| t.0).collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn raw_war_waw() {
+    let mut tr = Tracker::default();
+    let (w, r1, r2, w2) = (task(1), task(2), task(3), task(4));
+    assert!(access(&mut tr, &w, 0, 0..8, Mode::Write).is_empty());
+    assert_eq!(access(&mut tr, &r1, 0, 0..8, Mode::Read), vec![1]);
+    assert_eq!(access(&mut tr, &r2, 0, 0..4, Mode::Read), vec![1]);
+    // A writer waits for every outstanding reader, not only the last one.
+    assert_eq!(access(&mut tr, &w2, 0, 0..8, Mode::Write), vec![1, 2, 3]);
+    let r3 = task(5);
+    assert_eq!(access(&mut tr, &r3, 0, 2..3, Mode::Read), vec![4]);
+}
+
+#[test]
+fn disjoint_views_are_independent() {
+    let mut tr = Tracker::default();
+    let (a, b, c) = (task(1), task(2), task(3));
+    access(&mut tr, &a, 0, 0..4, Mode::Write);
+    assert!(access(&mut tr, &b, 0, 4..8, Mode::Write).is_empty());
+    // A whole-buffer access waits for both halves.
+    assert_eq!(access(&mut tr, &c, 0, 0..8, Mode::ReadWrite), vec![1, 2]);
+    // Other buffers are unrelated.
+    assert!(access(&mut tr, &task(4), 1, 0..8, Mode::Write).is_empty());
+}
+
+#[test]
+fn partial_overwrite_splits_the_older_writer() {
+    let mut tr = Tracker::default();
+    access(&mut tr, &task(1), 0, 0..12, Mode::Write);
+    access(&mut tr, &task(2), 0, 4..8, Mode::Write);
+    assert_eq!(access(&mut tr, &task(3), 0, 0..2, Mode::Read), vec![1]);
+    assert_eq!(access(&mut tr, &task(4), 0, 5..6, Mode::Read), vec![2]);
+    assert_eq!(access(&mut tr, &task(5), 0, 10..12, Mode::Read), vec![1]);
+    assert_eq!(access(&mut tr, &task(6), 0, 3..9, Mode::Read), vec![1, 2]);
+}
+
+#[test]
+fn partly_covered_reader_is_still_waited_for() {
+    let mut tr = Tracker::default();
+    access(&mut tr, &task(1), 0, 0..8, Mode::Read);
+    assert_eq!(access(&mut tr, &task(2), 0, 0..4, Mode::Write), vec![1]);
+    // The reader's uncovered half still orders a later writer of it.
+    assert_eq!(access(&mut tr, &task(3), 0, 6..8, Mode::Write), vec![1]);
+}
+
+#[test]
+fn retired_tasks_produce_no_edges_and_are_pruned() {
+    let mut tr = Tracker::default();
+    let w = task(1);
+    access(&mut tr, &w, 0, 0..8, Mode::Write);
+    w.1.set(true);
+    assert!(access(&mut tr, &task(2), 0, 0..8, Mode::Read).is_empty());
+    let readers: Vec<T> = (10..200).map(task).collect();
+    for r in &readers {
+        access(&mut tr, r, 0, 0..8, Mode::Read);
+        r.1.set(true);
+    }
+    assert!(tr.record_count() < 40, "{}", tr.record_count());
+    tr.prune(|t| t.retired());
+    assert!(tr.record_count() <= 1);
+}
+
+#[test]
+fn empty_ranges_never_conflict() {
+    let mut tr = Tracker::default();
+    access(&mut tr, &task(1), 0, 4..4, Mode::Write);
+    assert!(access(&mut tr, &task(2), 0, 0..8, Mode::Write).is_empty());
+}

@@ -1,0 +1,434 @@
+//! The runtime: configuration, buffers, submission and synchronisation.
+
+use crate::backend::{Backend, BackendKind};
+use crate::buffer::{check_runtime, AsView, Buffer, BufferInner};
+use crate::error::{Error, Result};
+use crate::sched::placement::{self, Layout, Policy};
+use crate::sched::{self, gate::Gate, queue::Queue, Dropped, NewTask, Shared, StreamShared, SubmitState};
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::task::{Body, Priority, TaskBuilder, TaskHandle, TaskKind};
+use crate::trace::{Profile, StreamInfo};
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
+
+/// Configures a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    backend: BackendKind,
+    compute_streams: usize,
+    comm_streams: usize,
+    policy: Policy,
+    window: usize,
+    profile: bool,
+    trace: Option<PathBuf>,
+    rank: usize,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        RuntimeBuilder {
+            backend: BackendKind::Auto,
+            compute_streams: 2,
+            comm_streams: 1,
+            policy: Policy::Affinity,
+            window: 4096,
+            profile: false,
+            trace: None,
+            rank: 0,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Which device to drive (default: auto).
+    pub fn backend(mut self, b: BackendKind) -> Self {
+        self.backend = b;
+        self
+    }
+
+    /// Number of compute streams (default 2).
+    pub fn compute_streams(mut self, n: usize) -> Self {
+        self.compute_streams = n;
+        self
+    }
+
+    /// Number of communication streams (default 1).
+    pub fn comm_streams(mut self, n: usize) -> Self {
+        self.comm_streams = n;
+        self
+    }
+
+    /// The placement policy (default: affinity).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.policy = p;
+        self
+    }
+
+    /// How many submitted tasks may be unfinished before submission blocks
+    /// (default 4096): back-pressure, so the program never races far ahead of
+    /// the device.
+    pub fn launch_window(mut self, n: usize) -> Self {
+        self.window = n;
+        self
+    }
+
+    /// Record a span per task (for [`Runtime::profile`]). Off by default: it
+    /// costs two clock reads per task.
+    pub fn profile(mut self, on: bool) -> Self {
+        self.profile = on;
+        self
+    }
+
+    /// Record spans and write a Chrome trace to `path` when the runtime drops.
+    pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trace = Some(path.into());
+        self.profile = true;
+        self
+    }
+
+    /// The rank this runtime plays in a data-parallel job (the trace's process).
+    pub fn rank(mut self, r: usize) -> Self {
+        self.rank = r;
+        self
+    }
+
+    /// Starts the runtime's stream threads.
+    pub fn build(self) -> Result<Runtime> {
+        if self.compute_streams == 0 {
+            return Err(Error::Config("at least one compute stream is needed".into()));
+        }
+        let n = self.compute_streams + self.comm_streams;
+        if n > u16::MAX as usize {
+            return Err(Error::Config(format!("{n} streams is too many")));
+        }
+        if self.window == 0 {
+            return Err(Error::Config("the launch window must be at least 1".into()));
+        }
+        let backend = Backend::open(self.backend)?;
+        let mut streams = Vec::with_capacity(n);
+        for s in 0..n {
+            let is_comm = s >= self.compute_streams;
+            let name = if is_comm {
+                format!("comm {}", s - self.compute_streams)
+            } else {
+                format!("compute {s}")
+            };
+            streams.push(StreamShared {
+                name,
+                is_comm,
+                done: Gate::default(),
+                queue: Queue::new(),
+                spans: Mutex::new(Vec::new()),
+            });
+        }
+        let shared = Arc::new(Shared {
+            runtime_id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
+            rank: self.rank,
+            streams,
+            completed: Gate::default(),
+            submitted: AtomicU64::new(0),
+            errors: Mutex::new(Vec::new()),
+            dropped: Arc::new(Dropped::default()),
+            profiling: self.profile,
+        });
+        let layout = Layout {
+            compute: self.compute_streams,
+            comm: self.comm_streams,
+        };
+        let state = SubmitState::new(placement::make(self.policy, layout), n);
+        let mut threads = Vec::with_capacity(n);
+        for s in 0..n {
+            match sched::spawn_worker(shared.clone(), s) {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    for st in &shared.streams {
+                        st.queue.close();
+                    }
+                    return Err(Error::Config(format!("cannot start stream thread: {e}")));
+                }
+            }
+        }
+        Ok(Runtime {
+            shared,
+            state: Mutex::new(state),
+            threads,
+            backend,
+            config: self,
+        })
+    }
+}
+
+/// The engine: owns the streams and buffers; tasks are submitted to it.
+///
+/// `Runtime` is `Sync`: several threads may submit; submission order is the
+/// order in which submissions take the runtime's lock.
+pub struct Runtime {
+    shared: Arc<Shared>,
+    state: Mutex<SubmitState>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    backend: Backend,
+    config: RuntimeBuilder,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("id", &self.shared.runtime_id)
+            .field("backend", &self.backend.name())
+            .field("streams", &self.shared.streams.len())
+            .field("policy", &self.config.policy)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder with the defaults: auto backend, 2 compute streams, 1 comm
+    /// stream, affinity placement.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The CPU backend with default settings.
+    pub fn cpu() -> Result<Runtime> {
+        Self::builder().backend(BackendKind::Cpu).build()
+    }
+
+    /// The backend's name (`cpu` or `cuda`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Total number of streams (compute, then comm).
+    pub fn streams(&self) -> usize {
+        self.shared.streams.len()
+    }
+
+    /// Number of compute streams.
+    pub fn compute_streams(&self) -> usize {
+        self.config.compute_streams
+    }
+
+    /// The placement policy.
+    pub fn policy(&self) -> Policy {
+        self.config.policy
+    }
+
+    /// This runtime's rank.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Allocates `bytes` zeroed bytes on the runtime's device.
+    pub fn alloc(&self, name: impl Into<Cow<'static, str>>, bytes: usize) -> Result<Buffer> {
+        let storage = self.backend.alloc(bytes)?;
+        Ok(Buffer {
+            inner: Arc::new(BufferInner {
+                id: NEXT_BUFFER.fetch_add(1, Ordering::Relaxed),
+                runtime: self.shared.runtime_id,
+                name: name.into(),
+                len: bytes,
+                storage,
+                on_drop: self.shared.dropped.clone(),
+            }),
+        })
+    }
+
+    /// Allocates a buffer holding a copy of `data` (the upload is a task).
+    pub fn alloc_from<T: bytemuck::Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        data: &[T],
+    ) -> Result<Buffer> {
+        let buf = self.alloc(name, std::mem::size_of_val(data))?;
+        self.upload(&buf, data)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `v` (a write task; returns at once).
+    pub fn upload<T: bytemuck::Pod>(&self, v: impl AsView, data: &[T]) -> Result<TaskHandle> {
+        let v = v.as_view();
+        let bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+        if bytes.len() != v.len() {
+            return Err(Error::Config(format!(
+                "upload of {} bytes into a view of {} bytes of `{}`",
+                bytes.len(),
+                v.len(),
+                v.buffer().name()
+            )));
+        }
+        let dst = v.clone();
+        self.task("upload")
+            .kind(TaskKind::Host)
+            .write(&v)
+            .run(move |ctx| {
+                ctx.write::<u8>(&dst)?.copy_from_slice(&bytes);
+                Ok(())
+            })
+    }
+
+    /// Reads `v` back after every earlier write to it (a synchronisation point
+    /// for this view only).
+    pub fn read_vec<T: bytemuck::Pod>(&self, v: impl AsView) -> Result<Vec<T>> {
+        let v = v.as_view();
+        let sz = size_of::<T>();
+        if sz == 0 || v.len() % sz != 0 {
+            return Err(Error::Misaligned {
+                buffer: v.buffer().name().to_string(),
+                range: v.range(),
+                ty: std::any::type_name::<T>(),
+            });
+        }
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let (src, sink) = (v.clone(), out.clone());
+        let h = self
+            .task("read back")
+            .kind(TaskKind::Host)
+            .read(&v)
+            .run(move |ctx| {
+                let bytes = ctx.read::<u8>(&src)?;
+                *lock(&sink) = bytes.to_vec();
+                Ok(())
+            })?;
+        h.wait()?;
+        let bytes = std::mem::take(&mut *lock(&out));
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Starts a task named `name`.
+    pub fn task(&self, name: impl Into<Cow<'static, str>>) -> TaskBuilder<'_> {
+        TaskBuilder {
+            rt: self,
+            name: name.into(),
+            accesses: SmallVec::new(),
+            kind: TaskKind::Compute,
+            priority: Priority::Main,
+            after: SmallVec::new(),
+            comm_index: 0,
+            stream: None,
+        }
+    }
+
+    pub(crate) fn submit(&self, b: TaskBuilder<'_>, body: Body) -> Result<TaskHandle> {
+        let _span = tracing::trace_span!("submit", task = %b.name).entered();
+        for a in &b.accesses {
+            check_runtime(&a.view, self.shared.runtime_id)?;
+        }
+        if let Some(s) = b.stream {
+            if s >= self.streams() {
+                return Err(Error::Config(format!(
+                    "task `{}` pinned to stream {s}, but the runtime has {} streams",
+                    b.name,
+                    self.streams()
+                )));
+            }
+        }
+        // Back-pressure: wait until the window has room (not from inside a
+        // task of this runtime, which the window might be waiting for).
+        let window = self.config.window as u64;
+        let submitted = self.shared.submitted.load(Ordering::Relaxed);
+        if submitted >= window && self.shared.check_not_in_task("submit").is_ok() {
+            self.shared.completed.wait_at_least(submitted + 1 - window);
+        }
+        let task = {
+            let mut st = lock(&self.state);
+            sched::submit(
+                &mut st,
+                &self.shared,
+                NewTask {
+                    name: b.name,
+                    kind: b.kind,
+                    priority: b.priority,
+                    comm_index: b.comm_index,
+                    stream: b.stream,
+                    accesses: b.accesses,
+                    after: b.after,
+                    body,
+                },
+            )
+        };
+        Ok(TaskHandle {
+            task,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Waits for every task submitted so far; returns the errors of tasks that
+    /// failed since the last synchronisation point (dependents of a failed
+    /// task are skipped and not reported separately). The runtime stays usable.
+    pub fn synchronize(&self) -> Result<()> {
+        let _span = tracing::trace_span!("synchronize").entered();
+        self.shared.check_not_in_task("Runtime::synchronize")?;
+        let frontier = lock(&self.state).frontier();
+        for (s, &seq) in frontier.iter().enumerate() {
+            self.shared.streams[s].done.wait_at_least(seq);
+        }
+        let errors: Vec<Error> = std::mem::take(&mut *lock(&self.shared.errors))
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        // Everything before this point is finished: forget it, failures
+        // included, so new work does not inherit reported failures.
+        lock(&self.state).prune_finished();
+        match Error::join(errors) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The spans recorded so far (empty unless profiling is on).
+    pub fn profile(&self) -> Profile {
+        let mut spans = Vec::new();
+        for s in &self.shared.streams {
+            spans.extend(lock(&s.spans).iter().cloned());
+        }
+        spans.sort_by_key(|s| (s.start_ns, s.stream));
+        Profile {
+            rank: self.shared.rank,
+            streams: self
+                .shared
+                .streams
+                .iter()
+                .map(|s| StreamInfo {
+                    name: s.name.clone(),
+                    is_comm: s.is_comm,
+                })
+                .collect(),
+            spans,
+        }
+    }
+
+    /// Forgets the spans recorded so far (e.g. after warm-up steps).
+    pub fn clear_profile(&self) {
+        for s in &self.shared.streams {
+            lock(&s.spans).clear();
+        }
+    }
+
+    /// Writes this runtime's profile as a Chrome trace.
+    pub fn write_trace(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::trace::write_chrome_trace(path, &[&self.profile()])
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Err(e) = self.synchronize() {
+            tracing::warn!("runtime dropped with unreported task errors: {e}");
+        }
+        for s in &self.shared.streams {
+            s.queue.close();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(path) = self.config.trace.clone() {
+            if let Err(e) = self.write_trace(&path) {
+                eprintln!("braid: {e}");
+            }
+        }
+    }
+}

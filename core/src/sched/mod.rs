@@ -1,0 +1,327 @@
+//! Submission, placement and the stream threads. The protocol is in README.md
+//! beside this file.
+
+pub(crate) mod gate;
+pub(crate) mod placement;
+pub(crate) mod queue;
+mod worker;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+use crate::error::{Error, Result};
+use crate::graph::{TaskRef, Tracker};
+use crate::sync::{lock, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::task::{Access, Body, TaskKind};
+use crate::trace::Span;
+use gate::Gate;
+use placement::{Place, Request};
+use queue::Queue;
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+pub(crate) use worker::spawn as spawn_worker;
+
+const PENDING: u8 = 0;
+const OK: u8 = 1;
+const FAILED: u8 = 2;
+const SKIPPED: u8 = 3;
+
+/// A vector clock: entry `j` is the highest sequence number of stream `j`
+/// known to be complete before the point it describes.
+pub(crate) type Clock = SmallVec<[u64; 8]>;
+
+/// The part of a task every thread may look at.
+pub(crate) struct TaskShared {
+    /// Global submission index (the specification's order).
+    pub(crate) id: u64,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: TaskKind,
+    pub(crate) stream: u16,
+    /// Position in its stream's FIFO, from 1.
+    pub(crate) seq: u64,
+    /// The stream's vector clock right after this task: what its completion
+    /// implies. Written before the task is published, then only read.
+    pub(crate) clock: Clock,
+    status: AtomicU8,
+    error: OnceLock<Error>,
+}
+
+impl std::fmt::Debug for TaskShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Task#{}({})", self.id, self.name)
+    }
+}
+
+impl TaskShared {
+    pub(crate) fn is_finished(&self) -> bool {
+        self.status.load(Ordering::Acquire) != PENDING
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        self.status.load(Ordering::Acquire) >= FAILED
+    }
+
+    pub(crate) fn finish(&self, outcome: Result<(), Error>) {
+        let st = match outcome {
+            Ok(()) => OK,
+            Err(e) => {
+                let st = if matches!(e, Error::DependencyFailed { .. }) {
+                    SKIPPED
+                } else {
+                    FAILED
+                };
+                let _ = self.error.set(e);
+                st
+            }
+        };
+        self.status.store(st, Ordering::Release);
+    }
+
+    fn outcome(&self) -> Result<()> {
+        match self.status.load(Ordering::Acquire) {
+            OK => Ok(()),
+            PENDING => unreachable!("outcome of an unfinished task"),
+            _ => Err(self.error.get().cloned().unwrap_or_else(|| Error::TaskFailed {
+                task: self.name.to_string(),
+                message: "unknown failure".into(),
+            })),
+        }
+    }
+}
+
+impl TaskRef for Arc<TaskShared> {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn retired(&self) -> bool {
+        self.status.load(Ordering::Acquire) == OK
+    }
+}
+
+/// What a stream thread receives: the task, the waits it must issue first,
+/// and what it needs to run it.
+pub(crate) struct Launch {
+    pub(crate) task: Arc<TaskShared>,
+    /// Cross-stream waits `(stream, seq)` not already implied by earlier waits.
+    pub(crate) waits: SmallVec<[(u16, u64); 4]>,
+    /// Unfinished predecessors (a failed one means this task is skipped).
+    pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
+    pub(crate) accesses: SmallVec<[Access; 4]>,
+    pub(crate) body: Body,
+}
+
+/// Ids of dropped buffers, for the tracker to forget at the next submission.
+#[derive(Debug, Default)]
+pub(crate) struct Dropped(Mutex<Vec<u64>>);
+
+impl Dropped {
+    pub(crate) fn push(&self, id: u64) {
+        lock(&self.0).push(id);
+    }
+    fn drain(&self) -> Vec<u64> {
+        std::mem::take(&mut *lock(&self.0))
+    }
+}
+
+/// Per-stream state shared with its thread.
+pub(crate) struct StreamShared {
+    pub(crate) name: String,
+    pub(crate) is_comm: bool,
+    /// Sequence number of the last completed task.
+    pub(crate) done: Gate,
+    pub(crate) queue: Queue<Launch>,
+    /// Spans recorded by this stream's thread (only it pushes; uncontended).
+    pub(crate) spans: Mutex<Vec<Span>>,
+}
+
+/// State shared by the runtime handle and its stream threads.
+pub(crate) struct Shared {
+    pub(crate) runtime_id: u64,
+    pub(crate) rank: usize,
+    pub(crate) streams: Vec<StreamShared>,
+    /// Number of tasks completed on any stream.
+    pub(crate) completed: Gate,
+    /// Number of tasks submitted.
+    pub(crate) submitted: AtomicU64,
+    /// Failures not yet reported at a synchronisation point: (task id, error).
+    pub(crate) errors: Mutex<Vec<(u64, Error)>>,
+    pub(crate) dropped: Arc<Dropped>,
+    pub(crate) profiling: bool,
+}
+
+thread_local! {
+    /// The runtime whose task this thread is running, if any.
+    static IN_TASK_OF: Cell<u64> = const { Cell::new(0) };
+}
+
+impl Shared {
+    pub(crate) fn check_not_in_task(&self, what: &'static str) -> Result<()> {
+        if IN_TASK_OF.with(Cell::get) == self.runtime_id {
+            return Err(Error::WaitInsideTask {
+                what,
+                task: "a task of this runtime".into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn wait_task(&self, t: &TaskShared) -> Result<()> {
+        self.check_not_in_task("TaskHandle::wait")?;
+        self.streams[t.stream as usize].done.wait_at_least(t.seq);
+        let r = t.outcome();
+        if r.is_err() {
+            // Reported here: not again at the next synchronize.
+            lock(&self.errors).retain(|(id, _)| *id != t.id);
+        }
+        r
+    }
+}
+
+/// Everything the submitting threads share, behind the runtime's one lock.
+pub(crate) struct SubmitState {
+    tracker: Tracker<Arc<TaskShared>>,
+    placer: Box<dyn Place>,
+    /// Last sequence number placed on each stream.
+    placed: Vec<u64>,
+    /// Id of the last task placed on each stream.
+    tail: Vec<u64>,
+    clocks: Vec<Clock>,
+    next_id: u64,
+    load: Vec<u64>,
+    preds: Vec<Arc<TaskShared>>,
+}
+
+impl SubmitState {
+    pub(crate) fn new(placer: Box<dyn Place>, streams: usize) -> Self {
+        SubmitState {
+            tracker: Tracker::default(),
+            placer,
+            placed: vec![0; streams],
+            tail: vec![u64::MAX; streams],
+            clocks: vec![Clock::from_elem(0, streams); streams],
+            next_id: 0,
+            load: vec![0; streams],
+            preds: Vec::new(),
+        }
+    }
+
+    /// Sequence numbers each stream must reach for everything submitted so far
+    /// to be complete.
+    pub(crate) fn frontier(&self) -> Vec<u64> {
+        self.placed.clone()
+    }
+
+    pub(crate) fn prune_finished(&mut self) {
+        self.tracker.prune(|t| t.is_finished());
+    }
+}
+
+/// What `submit` needs besides the state.
+pub(crate) struct NewTask {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: TaskKind,
+    pub(crate) priority: crate::task::Priority,
+    pub(crate) comm_index: usize,
+    pub(crate) stream: Option<usize>,
+    pub(crate) accesses: SmallVec<[Access; 4]>,
+    pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
+    pub(crate) body: Body,
+}
+
+/// Infers the task's predecessors, places it, computes its waits and hands it
+/// to its stream. Runs under the runtime's lock; never blocks on a stream.
+pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<TaskShared> {
+    for id in shared.dropped.drain() {
+        st.tracker.forget(id);
+    }
+    let mut preds = std::mem::take(&mut st.preds);
+    preds.clear();
+    for a in &t.accesses {
+        st.tracker.preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
+    }
+    for p in &t.after {
+        if !p.retired() && !preds.iter().any(|q| q.id == p.id) {
+            preds.push(p.clone());
+        }
+    }
+
+    // Placement.
+    let latest = preds.iter().max_by_key(|p| p.id);
+    let s = match t.stream {
+        Some(s) => s,
+        None => {
+            for (i, l) in st.load.iter_mut().enumerate() {
+                *l = st.placed[i] - shared.streams[i].done.get().min(st.placed[i]);
+            }
+            let req = Request {
+                kind: t.kind,
+                priority: t.priority,
+                latest_pred: latest
+                    .map(|p| (p.stream as usize, st.tail[p.stream as usize] == p.id)),
+                comm_index: t.comm_index,
+            };
+            st.placer.place(&req, &st.load)
+        }
+    };
+
+    // Waits: the latest predecessor on each other stream, unless this stream's
+    // clock already covers it.
+    let mut waits: SmallVec<[(u16, u64); 4]> = SmallVec::new();
+    let mut by_stream: SmallVec<[&Arc<TaskShared>; 4]> = SmallVec::new();
+    for p in &preds {
+        if p.stream as usize == s {
+            continue;
+        }
+        match by_stream.iter_mut().find(|q| q.stream == p.stream) {
+            Some(q) if q.seq < p.seq => *q = p,
+            Some(_) => {}
+            None => by_stream.push(p),
+        }
+    }
+    by_stream.sort_by_key(|p| p.stream);
+    let clock = &mut st.clocks[s];
+    for p in by_stream {
+        let j = p.stream as usize;
+        if clock[j] >= p.seq {
+            continue; // implied by an earlier wait
+        }
+        waits.push((p.stream, p.seq));
+        for (c, &pc) in clock.iter_mut().zip(p.clock.iter()) {
+            *c = (*c).max(pc);
+        }
+    }
+    st.placed[s] += 1;
+    let seq = st.placed[s];
+    clock[s] = seq;
+    let id = st.next_id;
+    st.next_id += 1;
+    let task = Arc::new(TaskShared {
+        id,
+        name: t.name,
+        kind: t.kind,
+        stream: s as u16,
+        seq,
+        clock: clock.clone(),
+        status: AtomicU8::new(PENDING),
+        error: OnceLock::new(),
+    });
+    for a in &t.accesses {
+        st.tracker
+            .record(a.view.buf.id(), a.view.range(), a.mode, &task);
+    }
+    st.tail[s] = id;
+    shared.submitted.fetch_add(1, Ordering::Relaxed);
+    let launch = Launch {
+        task: task.clone(),
+        waits,
+        preds: preds.drain(..).collect(),
+        accesses: t.accesses,
+        body: t.body,
+    };
+    st.preds = preds;
+    shared.streams[s].queue.push(launch);
+    task
+}

@@ -1,0 +1,75 @@
+//! `Queue`: the FIFO between submitters and one stream thread.
+//!
+//! Protocol. Producers push under `inner`'s lock and notify `cv` only when the
+//! consumer has said it is asleep (`sleeping`, written under the same lock, so
+//! no flag race exists). The single consumer takes the whole backlog at once
+//! (`pop_batch` swaps the deque out), so the lock is taken once per batch, not
+//! once per task. `close` marks the queue closed; the consumer drains what is
+//! left and then gets `false`. Items are delivered in push order.
+
+use crate::sync::{lock, Condvar, Mutex};
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+struct Inner<T> {
+    items: VecDeque<T>,
+    closed: bool,
+    sleeping: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue<T> {
+    inner: Mutex<Inner<T>>,
+    cv: Condvar,
+}
+
+impl<T> Queue<T> {
+    pub(crate) fn new() -> Self {
+        Queue {
+            inner: Mutex::new(Inner {
+                items: VecDeque::new(),
+                closed: false,
+                sleeping: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn push(&self, item: T) {
+        let mut g = lock(&self.inner);
+        g.items.push_back(item);
+        if g.sleeping {
+            g.sleeping = false;
+            drop(g);
+            self.cv.notify_one();
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        let mut g = lock(&self.inner);
+        g.closed = true;
+        drop(g);
+        self.cv.notify_one();
+    }
+
+    /// Moves every queued item into `out` (which must be empty), blocking while
+    /// the queue is empty. Returns `false` once the queue is closed and drained.
+    pub(crate) fn pop_batch(&self, out: &mut VecDeque<T>) -> bool {
+        debug_assert!(out.is_empty());
+        let mut g = lock(&self.inner);
+        loop {
+            if !g.items.is_empty() {
+                std::mem::swap(&mut g.items, out);
+                return true;
+            }
+            if g.closed {
+                return false;
+            }
+            g.sleeping = true;
+            g = match self.cv.wait(g) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+}

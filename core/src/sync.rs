@@ -1,0 +1,41 @@
+//! The one place the engine's concurrency primitives come from.
+//!
+//! Under `cfg(loom)` every primitive is loom's model-checked twin, so the small
+//! concurrent pieces (gates, latches, the submission queue) can be checked
+//! exhaustively with `RUSTFLAGS="--cfg loom" cargo test -p braid --lib loom`.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
+    Arc, Condvar, Mutex, MutexGuard,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
+    Arc, Condvar, Mutex, MutexGuard,
+};
+
+/// Locks a mutex, ignoring poisoning: the engine never panics while holding one
+/// of its own locks (task bodies run outside every lock), so a poisoned lock
+/// still guards consistent data.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Spins this many times before blocking on a condition variable.
+#[cfg(not(loom))]
+pub(crate) const SPIN: u32 = 64;
+#[cfg(loom)]
+pub(crate) const SPIN: u32 = 0;
+
+#[inline]
+pub(crate) fn spin_hint() {
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}

@@ -1,0 +1,84 @@
+//! Chrome trace JSON (`chrome://tracing`, Perfetto): one process per rank,
+//! one thread track per stream, each task a complete (`X`) event.
+
+use super::Profile;
+use crate::error::{Error, Result};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+
+/// Writes the profiles of one or more ranks as one Chrome trace, atomically
+/// (a temporary file beside `path`, then a rename).
+pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Result<()> {
+    let path = path.as_ref();
+    let mut events: Vec<Value> = Vec::new();
+    for p in profiles {
+        let pid = p.rank;
+        events.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": format!("rank {}", p.rank)}}));
+        events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": p.rank}}));
+        for (tid, s) in p.streams.iter().enumerate() {
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                               "args": {"name": s.name}}));
+            events.push(json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                               "args": {"sort_index": tid}}));
+        }
+        for s in &p.spans {
+            events.push(json!({
+                "ph": "X",
+                "name": s.name,
+                "cat": s.kind.name(),
+                "pid": pid,
+                "tid": s.stream,
+                "ts": s.start_ns as f64 / 1e3,
+                "dur": (s.end_ns.saturating_sub(s.start_ns)) as f64 / 1e3,
+                "args": {"task": s.id, "ok": s.ok, "after": s.preds.as_slice()},
+            }));
+        }
+    }
+    let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
+    let tmp = path.with_extension("json.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        serde_json::to_writer(&mut f, &doc)?;
+        f.flush()?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io("writing trace", path, e)
+    })
+}
+
+/// Keeps host-side spans (`tracing` spans of submission and synchronisation)
+/// flowing into a Chrome trace file of their own until dropped.
+pub struct HostTraceGuard {
+    _guard: tracing_chrome::FlushGuard,
+    _default: tracing::subscriber::DefaultGuard,
+}
+
+impl std::fmt::Debug for HostTraceGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostTraceGuard")
+    }
+}
+
+impl HostTraceGuard {
+    /// Records this thread's host spans (submission, synchronisation) into a
+    /// Chrome trace at `path`, written when the guard drops.
+    pub fn start(path: impl AsRef<Path>) -> Self {
+        use tracing_subscriber::prelude::*;
+        let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new()
+            .file(path.as_ref())
+            .include_args(true)
+            .build();
+        let sub = tracing_subscriber::registry().with(layer);
+        let default = tracing::subscriber::set_default(sub);
+        HostTraceGuard {
+            _guard: guard,
+            _default: default,
+        }
+    }
+}

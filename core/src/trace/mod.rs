@@ -1,0 +1,74 @@
+//! Profiles: spans recorded by stream threads, Chrome trace export and the
+//! summary every user wants (busy time, overlap, hidden communication, the
+//! critical path).
+//!
+//! Each stream thread pushes its spans into its own buffer (one uncontended
+//! lock per task, taken only when profiling is on); nothing is merged until a
+//! profile is asked for.
+
+mod chrome;
+mod summary;
+
+pub use chrome::{write_chrome_trace, HostTraceGuard};
+pub use summary::{StreamBusy, Summary};
+
+use crate::task::TaskKind;
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// Nanoseconds since a process-wide epoch, so the spans of every runtime of a
+/// process (one per rank) share one timeline.
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// One task's execution on its stream.
+#[derive(Debug, Clone)]
+pub struct Span {
+    /// The task's submission index.
+    pub id: u64,
+    /// The task's name.
+    pub name: Cow<'static, str>,
+    /// The task's kind.
+    pub kind: TaskKind,
+    /// The stream it ran on.
+    pub stream: usize,
+    /// Start, in nanoseconds on the process-wide timeline.
+    pub start_ns: u64,
+    /// End, in nanoseconds on the process-wide timeline.
+    pub end_ns: u64,
+    /// Submission indices of the unfinished tasks it depended on.
+    pub preds: SmallVec<[u64; 4]>,
+    /// Whether the task completed without error.
+    pub ok: bool,
+}
+
+/// A stream as it appears in a profile.
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    /// Its name (`compute 0`, `comm 0`).
+    pub name: String,
+    /// Whether it is a communication stream.
+    pub is_comm: bool,
+}
+
+/// The spans one runtime recorded, with its rank and streams.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// The runtime's rank (the trace's process id).
+    pub rank: usize,
+    /// Its streams, by index.
+    pub streams: Vec<StreamInfo>,
+    /// Every recorded span, sorted by start time.
+    pub spans: Vec<Span>,
+}
+
+impl Profile {
+    /// The summary of this profile.
+    pub fn summary(&self) -> Summary {
+        Summary::of(self)
+    }
+}
