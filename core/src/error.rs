@@ -33,7 +33,9 @@ pub enum Error {
         mode: &'static str,
     },
     /// A task body asked for a slice that would alias one it already holds mutably.
-    #[error("task `{task}` borrowed bytes {range:?} of buffer `{buffer}` twice while one borrow writes")]
+    #[error(
+        "task `{task}` borrowed bytes {range:?} of buffer `{buffer}` twice while one borrow writes"
+    )]
     BorrowConflict {
         task: String,
         buffer: String,

@@ -30,6 +30,7 @@
 
 mod backend;
 mod buffer;
+pub mod comm;
 mod error;
 mod graph;
 mod runtime;
@@ -41,8 +42,10 @@ pub mod trace;
 
 pub use backend::{BackendKind, DeviceCtx};
 pub use buffer::{AsView, Buffer, View};
+pub use comm::{launch, launch_with, Comm, Communicator, LocalComm, LocalCommConfig, Reducer};
 pub use error::{Error, Result, TaskError};
 pub use graph::Mode;
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use sched::placement::Policy;
+pub use sched::Stats;
 pub use task::{Priority, TaskBuilder, TaskCtx, TaskHandle, TaskKind};

@@ -4,7 +4,9 @@ use crate::backend::{Backend, BackendKind};
 use crate::buffer::{check_runtime, AsView, Buffer, BufferInner};
 use crate::error::{Error, Result};
 use crate::sched::placement::{self, Layout, Policy};
-use crate::sched::{self, gate::Gate, queue::Queue, Dropped, NewTask, Shared, StreamShared, SubmitState};
+use crate::sched::{
+    self, gate::Gate, queue::Queue, Dropped, NewTask, Shared, StreamShared, SubmitState,
+};
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::task::{Body, Priority, TaskBuilder, TaskHandle, TaskKind};
 use crate::trace::{Profile, StreamInfo};
@@ -12,8 +14,10 @@ use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::path::PathBuf;
 
-static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
-static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
+// Process-wide id counters: plain std atomics (statics need const
+// constructors, and ids are not part of any loom model).
+static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Configures a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -99,7 +103,9 @@ impl RuntimeBuilder {
     /// Starts the runtime's stream threads.
     pub fn build(self) -> Result<Runtime> {
         if self.compute_streams == 0 {
-            return Err(Error::Config("at least one compute stream is needed".into()));
+            return Err(Error::Config(
+                "at least one compute stream is needed".into(),
+            ));
         }
         let n = self.compute_streams + self.comm_streams;
         if n > u16::MAX as usize {
@@ -379,6 +385,11 @@ impl Runtime {
         }
     }
 
+    /// What the scheduler has done so far.
+    pub fn stats(&self) -> crate::sched::Stats {
+        lock(&self.state).stats
+    }
+
     /// The spans recorded so far (empty unless profiling is on).
     pub fn profile(&self) -> Profile {
         let mut spans = Vec::new();
@@ -416,11 +427,21 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        if let Err(e) = self.synchronize() {
-            tracing::warn!("runtime dropped with unreported task errors: {e}");
+        // Dropped by one of its own tasks (a body held the last handle): the
+        // stream threads cannot be joined from here; closing their queues lets
+        // them finish the queued work and exit on their own.
+        let on_own_thread = self.shared.check_not_in_task("drop").is_err();
+        if !on_own_thread {
+            if let Err(e) = self.synchronize() {
+                tracing::warn!("runtime dropped with unreported task errors: {e}");
+            }
         }
         for s in &self.shared.streams {
             s.queue.close();
+        }
+        if on_own_thread {
+            self.threads.clear();
+            return;
         }
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -331,11 +331,16 @@ impl<'a> TaskCtx<'a> {
     fn borrow_host<T>(&self, v: &View, write: bool) -> Result<(*mut u8, usize)> {
         self.check_declared(v, write)?;
         let sz = size_of::<T>();
-        let base = v.buf.inner.storage.host_ptr().ok_or_else(|| Error::WrongDevice {
-            buffer: v.buf.name().to_string(),
-            actual: v.buf.inner.storage.device_name(),
-            wanted: "the host",
-        })?;
+        let base = v
+            .buf
+            .inner
+            .storage
+            .host_ptr()
+            .ok_or_else(|| Error::WrongDevice {
+                buffer: v.buf.name().to_string(),
+                actual: v.buf.inner.storage.device_name(),
+                wanted: "the host",
+            })?;
         // SAFETY: `v.start <= v.end <= len` holds for every view (checked when
         // the view was made), so the offset stays inside the allocation.
         let ptr = unsafe { base.add(v.start) };
@@ -348,7 +353,9 @@ impl<'a> TaskCtx<'a> {
         }
         let mut b = self.borrows.borrow_mut();
         let id = v.buf.id();
-        if b.iter().any(|&(bid, s, e, w)| bid == id && s < v.end && v.start < e && (w || write)) {
+        if b.iter()
+            .any(|&(bid, s, e, w)| bid == id && s < v.end && v.start < e && (w || write))
+        {
             return Err(Error::BorrowConflict {
                 task: self.name.to_string(),
                 buffer: v.buf.name().to_string(),

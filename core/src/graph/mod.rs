@@ -157,7 +157,8 @@ impl<T: TaskRef> Tracker<T> {
         let st = self.bufs.entry(buf).or_default();
         if mode.writes() {
             trim(&mut st.writes, &range);
-            st.reads.retain_mut(|r| !(range.start <= r.start && r.end <= range.end));
+            st.reads
+                .retain_mut(|r| !(range.start <= r.start && r.end <= range.end));
             // Partly covered readers stay whole: a later write that overlaps only
             // their uncovered part must still wait for them.
             let at = st.writes.partition_point(|r| r.start < range.start);

@@ -1,58 +1,58 @@
 //! `Gate`: a monotonically increasing counter that threads can wait on.
 //!
-//! Protocol. `value` only grows. A waiter first checks `value` (Acquire), spins
-//! briefly, then registers in `waiters` (SeqCst), takes `lock` and re-checks
-//! `value` (SeqCst) before sleeping on `cv`. An advancer stores `value`
-//! (SeqCst) and then reads `waiters` (SeqCst); if any waiter is registered it
-//! takes `lock` and notifies. Because both sides use SeqCst for the
-//! store/load pair, either the advancer sees the registration (and notifies
-//! under the lock, which the waiter holds while re-checking), or the waiter's
-//! re-check sees the new value. No wake-up is lost, and the common case (no
-//! waiter) costs the advancer one atomic store and one atomic load.
+//! Protocol. The counter lives in the low 63 bits of `word`; the top bit,
+//! `SLEEPERS`, says that some thread may be asleep on `cv`. Both sides touch
+//! `word` only with read-modify-write operations, so every access to it is
+//! totally ordered (its modification order) without relying on `SeqCst`
+//! between different atomics:
+//!
+//! * An advancer does `fetch_add` and, only if the value it replaced had
+//!   `SLEEPERS` set, takes `lock` and notifies.
+//! * A waiter checks the counter, then takes `lock`, counts itself in
+//!   `sleepers` and sets `SLEEPERS` with `fetch_or`. If the value `fetch_or`
+//!   returns already reaches the target, the advance happened first and it is
+//!   done. Otherwise any later advance sees the bit and must take `lock`,
+//!   which the waiter holds until `cv.wait` releases it, so the notification
+//!   cannot be lost. The last sleeper to leave clears the bit under `lock`,
+//!   so the common case (no sleeper) costs an advancer one atomic RMW.
+//!
+//! Checked by the loom models in `loom_tests.rs`.
 
-use crate::sync::{lock, spin_hint, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, SPIN};
+use crate::sync::{lock, spin_hint, AtomicU64, Condvar, Mutex, Ordering, SPIN};
 use std::time::{Duration, Instant};
+
+const SLEEPERS: u64 = 1 << 63;
 
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
-    value: AtomicU64,
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
+    word: AtomicU64,
+    /// Threads asleep (or about to sleep) on `cv`; guarded by `lock`.
+    lock: Mutex<usize>,
     cv: Condvar,
 }
 
 impl Gate {
     pub(crate) fn get(&self) -> u64 {
-        self.value.load(Ordering::Acquire)
+        self.word.load(Ordering::Acquire) & !SLEEPERS
     }
 
-    /// Raises the value to `v` (never lowers it) and wakes waiters.
-    pub(crate) fn advance_to(&self, v: u64) {
-        self.value.fetch_max(v, Ordering::SeqCst);
-        self.wake();
-    }
-
-    /// Adds `d` to the value and wakes waiters; returns the new value.
+    /// Adds `d` to the counter and wakes sleepers; returns the new value.
     pub(crate) fn add(&self, d: u64) -> u64 {
-        let v = self.value.fetch_add(d, Ordering::SeqCst) + d;
-        self.wake();
-        v
-    }
-
-    fn wake(&self) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        let prev = self.word.fetch_add(d, Ordering::AcqRel);
+        if prev & SLEEPERS != 0 {
             let _g = lock(&self.lock);
             self.cv.notify_all();
         }
+        (prev & !SLEEPERS) + d
     }
 
-    /// Blocks until the value is at least `target`.
+    /// Blocks until the counter is at least `target`.
     pub(crate) fn wait_at_least(&self, target: u64) {
         let ok = self.wait_inner(target, None);
         debug_assert!(ok);
     }
 
-    /// Blocks until the value is at least `target` or `timeout` passes;
+    /// Blocks until the counter is at least `target` or `timeout` passes;
     /// returns whether the target was reached.
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wait_at_least_for(&self, target: u64, timeout: Duration) -> bool {
@@ -69,15 +69,16 @@ impl Gate {
         if self.get() >= target {
             return true;
         }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = lock(&self.lock);
+        let mut sleepers = lock(&self.lock);
+        *sleepers += 1;
         let reached = loop {
-            if self.value.load(Ordering::SeqCst) >= target {
+            let v = self.word.fetch_or(SLEEPERS, Ordering::AcqRel) & !SLEEPERS;
+            if v >= target {
                 break true;
             }
             match deadline {
                 None => {
-                    g = match self.cv.wait(g) {
+                    sleepers = match self.cv.wait(sleepers) {
                         Ok(g) => g,
                         Err(p) => p.into_inner(),
                     }
@@ -88,7 +89,7 @@ impl Gate {
                     if now >= d {
                         break false;
                     }
-                    g = match self.cv.wait_timeout(g, d - now) {
+                    sleepers = match self.cv.wait_timeout(sleepers, d - now) {
                         Ok((g, _)) => g,
                         Err(p) => p.into_inner().0,
                     }
@@ -97,8 +98,10 @@ impl Gate {
                 Some(_) => unreachable!("loom models use untimed waits"),
             }
         };
-        drop(g);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        *sleepers -= 1;
+        if *sleepers == 0 {
+            self.word.fetch_and(!SLEEPERS, Ordering::AcqRel);
+        }
         reached
     }
 }

@@ -84,10 +84,14 @@ impl TaskShared {
         match self.status.load(Ordering::Acquire) {
             OK => Ok(()),
             PENDING => unreachable!("outcome of an unfinished task"),
-            _ => Err(self.error.get().cloned().unwrap_or_else(|| Error::TaskFailed {
-                task: self.name.to_string(),
-                message: "unknown failure".into(),
-            })),
+            _ => Err(self
+                .error
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Error::TaskFailed {
+                    task: self.name.to_string(),
+                    message: "unknown failure".into(),
+                })),
         }
     }
 }
@@ -192,6 +196,21 @@ pub(crate) struct SubmitState {
     next_id: u64,
     load: Vec<u64>,
     preds: Vec<Arc<TaskShared>>,
+    pub(crate) stats: Stats,
+}
+
+/// Counters of what the scheduler did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Tasks submitted.
+    pub tasks: u64,
+    /// Dependency edges to unfinished tasks.
+    pub edges: u64,
+    /// Cross-stream waits issued (events waited on).
+    pub waits: u64,
+    /// Cross-stream dependencies whose wait was implied by an earlier wait on
+    /// the same stream (vector clocks) and so not issued.
+    pub elided_waits: u64,
 }
 
 impl SubmitState {
@@ -205,6 +224,7 @@ impl SubmitState {
             next_id: 0,
             load: vec![0; streams],
             preds: Vec::new(),
+            stats: Stats::default(),
         }
     }
 
@@ -240,7 +260,8 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let mut preds = std::mem::take(&mut st.preds);
     preds.clear();
     for a in &t.accesses {
-        st.tracker.preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
+        st.tracker
+            .preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
     }
     for p in &t.after {
         if !p.retired() && !preds.iter().any(|q| q.id == p.id) {
@@ -286,7 +307,8 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     for p in by_stream {
         let j = p.stream as usize;
         if clock[j] >= p.seq {
-            continue; // implied by an earlier wait
+            st.stats.elided_waits += 1; // implied by an earlier wait
+            continue;
         }
         waits.push((p.stream, p.seq));
         for (c, &pc) in clock.iter_mut().zip(p.clock.iter()) {
@@ -313,6 +335,9 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             .record(a.view.buf.id(), a.view.range(), a.mode, &task);
     }
     st.tail[s] = id;
+    st.stats.tasks += 1;
+    st.stats.edges += preds.len() as u64;
+    st.stats.waits += waits.len() as u64;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
     let launch = Launch {
         task: task.clone(),

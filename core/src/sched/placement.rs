@@ -150,7 +150,9 @@ impl Place for Affinity {
             // The predecessor is the tail of a compute stream: continue the chain
             // there, unless this is side work that should leave it to the chain.
             Some((s, true)) if s < self.layout.compute && req.priority != Priority::Side => s,
-            Some((s, _)) if req.priority == Priority::Side => self.layout.least_loaded(load, Some(s)),
+            Some((s, _)) if req.priority == Priority::Side => {
+                self.layout.least_loaded(load, Some(s))
+            }
             _ => self.layout.least_loaded(load, None),
         }
     }
@@ -171,12 +173,24 @@ mod tests {
 
     #[test]
     fn affinity_continues_chains_and_forks_to_idle_streams() {
-        let l = Layout { compute: 3, comm: 1 };
+        let l = Layout {
+            compute: 3,
+            comm: 1,
+        };
         let mut p = make(Policy::Affinity, l);
-        assert_eq!(p.place(&req(TaskKind::Compute, Some((2, true))), &[0, 0, 5, 0]), 2);
+        assert_eq!(
+            p.place(&req(TaskKind::Compute, Some((2, true))), &[0, 0, 5, 0]),
+            2
+        );
         // The predecessor's stream moved on: pick the least loaded.
-        assert_eq!(p.place(&req(TaskKind::Compute, Some((2, false))), &[3, 1, 5, 0]), 1);
-        assert_eq!(p.place(&req(TaskKind::Comm, Some((0, true))), &[0, 0, 0, 9]), 3);
+        assert_eq!(
+            p.place(&req(TaskKind::Compute, Some((2, false))), &[3, 1, 5, 0]),
+            1
+        );
+        assert_eq!(
+            p.place(&req(TaskKind::Comm, Some((0, true))), &[0, 0, 0, 9]),
+            3
+        );
         let side = Request {
             priority: Priority::Side,
             ..req(TaskKind::Compute, Some((0, true)))
@@ -186,7 +200,10 @@ mod tests {
 
     #[test]
     fn single_and_round_robin() {
-        let l = Layout { compute: 2, comm: 1 };
+        let l = Layout {
+            compute: 2,
+            comm: 1,
+        };
         let mut s = make(Policy::Single, l);
         assert_eq!(s.place(&req(TaskKind::Comm, None), &[0, 0, 0]), 0);
         let mut rr = make(Policy::RoundRobin, l);

@@ -12,7 +12,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Starts the thread that drives stream `s`.
 pub(crate) fn spawn(shared: Arc<Shared>, s: usize) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let name = format!("braid-r{}-{}", shared.rank, shared.streams[s].name.replace(' ', ""));
+    let name = format!(
+        "braid-r{}-{}",
+        shared.rank,
+        shared.streams[s].name.replace(' ', "")
+    );
     std::thread::Builder::new().name(name).spawn(move || {
         crate::topo::pin_stream_thread(s);
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
@@ -55,9 +59,18 @@ fn execute(shared: &Shared, s: usize, l: Launch) {
             );
             match catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(Error::TaskFailed {
-                    task: task.name.to_string(),
-                    message: error_chain(&*e),
+                // A collective's own error (timeout, mismatch, poisoned
+                // communicator) already names the collective: keep it.
+                Ok(Err(e)) => Err(match e.downcast::<Error>() {
+                    Ok(e) if matches!(*e, Error::Collective { .. }) => *e,
+                    Ok(e) => Error::TaskFailed {
+                        task: task.name.to_string(),
+                        message: error_chain(&*e),
+                    },
+                    Err(e) => Error::TaskFailed {
+                        task: task.name.to_string(),
+                        message: error_chain(&*e),
+                    },
                 }),
                 Err(panic) => Err(Error::TaskPanicked {
                     task: task.name.to_string(),
@@ -89,7 +102,8 @@ fn execute(shared: &Shared, s: usize, l: Launch) {
     // a synchronisation point returns.
     drop(accesses);
     drop(preds);
-    shared.streams[s].done.advance_to(task.seq);
+    debug_assert_eq!(shared.streams[s].done.get() + 1, task.seq);
+    shared.streams[s].done.add(1);
     shared.completed.add(1);
 }
 

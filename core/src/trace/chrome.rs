@@ -14,15 +14,23 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
     let mut events: Vec<Value> = Vec::new();
     for p in profiles {
         let pid = p.rank;
-        events.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": format!("rank {}", p.rank)}}));
-        events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                           "args": {"sort_index": p.rank}}));
+        events.push(
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": format!("rank {}", p.rank)}}),
+        );
+        events.push(
+            json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": p.rank}}),
+        );
         for (tid, s) in p.streams.iter().enumerate() {
-            events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": s.name}}));
-            events.push(json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                               "args": {"sort_index": tid}}));
+            events.push(
+                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                               "args": {"name": s.name}}),
+            );
+            events.push(
+                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                               "args": {"sort_index": tid}}),
+            );
         }
         for s in &p.spans {
             events.push(json!({

@@ -213,8 +213,14 @@ mod tests {
         let p = Profile {
             rank: 0,
             streams: vec![
-                StreamInfo { name: "compute 0".into(), is_comm: false },
-                StreamInfo { name: "comm 0".into(), is_comm: true },
+                StreamInfo {
+                    name: "compute 0".into(),
+                    is_comm: false,
+                },
+                StreamInfo {
+                    name: "comm 0".into(),
+                    is_comm: true,
+                },
             ],
             spans: vec![
                 span(0, 0, TaskKind::Compute, 0, 10, &[]),

@@ -1,0 +1,367 @@
+//! cuBLAS matrix products in row-major terms.
+//!
+//! # One handle per stream
+//!
+//! A [`CublasHandle`] is bound (`cublasSetStream`) to one [`CudaStream`] and runs
+//! every product on it. The engine keeps one handle per compute stream, so two
+//! streams never share a handle's workspace and results do not depend on which
+//! stream ran a product (cuBLAS is bit-reproducible for a given handle setup,
+//! architecture and SM count). [`CublasHandle::rebind`] moves a handle to another
+//! stream.
+//!
+//! # Row-major through column-major cuBLAS
+//!
+//! cuBLAS is column-major; Braid's matrices (llm.c's layout) are row-major. A
+//! row-major `r × c` matrix with row stride `ld` is, byte for byte, the
+//! column-major `c × r` matrix (its transpose) with leading dimension `ld`. So
+//!
+//! ```text
+//! C = op(A) · op(B)            (row-major, C is m × n, op(A) m × k, op(B) k × n)
+//! ⇔ Cᵀ = op(B)ᵀ · op(A)ᵀ       (what column-major cuBLAS sees)
+//! ```
+//!
+//! and [`CublasHandle::sgemm`] calls `cublasSgemm(opB, opA, n, m, k, B, ldb, A,
+//! lda, C, ldc)`: operands swapped, `m`/`n` swapped, the transpose flags and the
+//! leading dimensions passed through unchanged (each `ld` is the row stride of
+//! the matrix as stored). Example, GPT-2's `matmul_forward`:
+//! `out (BT, OC) = inp (BT, C) · Wᵀ` with `W` stored `(OC, C)` is
+//! `Gemm::new(N, T, BT, OC, C)`.
+//!
+//! # Precision
+//!
+//! FP32 with `CUBLAS_DEFAULT_MATH` (full FP32, no TF32) unless
+//! [`CublasHandle::set_tf32`] opts in to `CUBLAS_TF32_TENSOR_OP_MATH`, which is
+//! much faster on Ampere and later but rounds inputs to 10 mantissa bits.
+
+use std::sync::Mutex;
+
+use cudarc::cublas::sys as cb;
+
+use super::error::{catch_panic, check_cublas, CudaError, CudaResult};
+use super::memory::DevicePtr;
+use super::stream::CudaStream;
+
+/// Whether an operand is used as stored or transposed (row-major terms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transpose {
+    /// `op(X) = X`.
+    N,
+    /// `op(X) = Xᵀ`.
+    T,
+}
+
+impl Transpose {
+    fn op(self) -> cb::cublasOperation_t {
+        match self {
+            Transpose::N => cb::cublasOperation_t::CUBLAS_OP_N,
+            Transpose::T => cb::cublasOperation_t::CUBLAS_OP_T,
+        }
+    }
+}
+
+/// Shape of `C = alpha · op(A) · op(B) + beta · C`, all row-major.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    /// Transpose of A.
+    pub trans_a: Transpose,
+    /// Transpose of B.
+    pub trans_b: Transpose,
+    /// Rows of C and of op(A).
+    pub m: usize,
+    /// Columns of C and of op(B).
+    pub n: usize,
+    /// Columns of op(A) = rows of op(B).
+    pub k: usize,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of the existing C (0: overwrite; 1: accumulate, as backward passes do).
+    pub beta: f32,
+    /// Row stride of A as stored, in elements.
+    pub lda: usize,
+    /// Row stride of B as stored, in elements.
+    pub ldb: usize,
+    /// Row stride of C, in elements.
+    pub ldc: usize,
+}
+
+impl Gemm {
+    /// Densely packed operands, `alpha = 1`, `beta = 0`.
+    pub fn new(trans_a: Transpose, trans_b: Transpose, m: usize, n: usize, k: usize) -> Self {
+        // Stored A is m×k (N) or k×m (T); stored B is k×n (N) or n×k (T).
+        let lda = if trans_a == Transpose::N { k } else { m };
+        let ldb = if trans_b == Transpose::N { n } else { k };
+        Gemm { trans_a, trans_b, m, n, k, alpha: 1.0, beta: 0.0, lda, ldb, ldc: n }
+    }
+
+    /// Sets `alpha` and `beta`.
+    pub fn scaled(mut self, alpha: f32, beta: f32) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+
+    fn validate(&self) -> CudaResult<()> {
+        let fits = |x: usize| x <= i32::MAX as usize;
+        let (ra, ca) = if self.trans_a == Transpose::N { (self.m, self.k) } else { (self.k, self.m) };
+        let (_rb, cb_) = if self.trans_b == Transpose::N { (self.k, self.n) } else { (self.n, self.k) };
+        let _ = ra;
+        let ok = [self.m, self.n, self.k, self.lda, self.ldb, self.ldc].iter().all(|&x| fits(x))
+            && self.lda >= ca.max(1)
+            && self.ldb >= cb_.max(1)
+            && self.ldc >= self.n.max(1);
+        if ok {
+            Ok(())
+        } else {
+            Err(CudaError::InvalidArgument(format!("invalid gemm shape {self:?}")))
+        }
+    }
+}
+
+/// A cuBLAS handle bound to one stream.
+pub struct CublasHandle {
+    raw: Mutex<cb::cublasHandle_t>,
+    stream: CudaStream,
+    tf32: bool,
+}
+
+// SAFETY: the handle is only used under the `Mutex`, with the stream's context
+// current; cuBLAS handles may be used from any thread, one at a time.
+unsafe impl Send for CublasHandle {}
+// SAFETY: see `Send`; all access to the raw handle is serialised by the mutex.
+unsafe impl Sync for CublasHandle {}
+
+impl std::fmt::Debug for CublasHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CublasHandle").field("stream", &self.stream).field("tf32", &self.tf32).finish()
+    }
+}
+
+impl CublasHandle {
+    /// Creates a handle bound to `stream`, FP32 default math.
+    pub fn new(stream: &CudaStream) -> CudaResult<Self> {
+        super::require_cublas()?;
+        stream.device().bind_to_thread()?;
+        let raw = catch_panic("cublasCreate", || {
+            let mut h: cb::cublasHandle_t = std::ptr::null_mut();
+            // SAFETY: context current; out-pointer valid. Destroyed in `Drop`.
+            check_cublas("cublasCreate", unsafe { cb::cublasCreate_v2(&mut h) })?;
+            Ok(h)
+        })?;
+        let handle = CublasHandle { raw: Mutex::new(raw), stream: stream.clone(), tf32: false };
+        handle.bind(stream)?;
+        Ok(handle)
+    }
+
+    fn bind(&self, stream: &CudaStream) -> CudaResult<()> {
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        // SAFETY: handle valid; the stream outlives its use (we keep a clone);
+        // cuBLAS's `cudaStream_t` is the same pointer type as `CUstream`.
+        check_cublas("cublasSetStream", unsafe { cb::cublasSetStream_v2(*h, stream.raw() as cb::cudaStream_t) })
+    }
+
+    /// Binds the handle to another stream of the same device.
+    pub fn rebind(&mut self, stream: &CudaStream) -> CudaResult<()> {
+        self.stream.device().check_same(stream.device(), "cuBLAS stream")?;
+        stream.device().bind_to_thread()?;
+        self.bind(stream)?;
+        self.stream = stream.clone();
+        Ok(())
+    }
+
+    /// The stream products run on.
+    pub fn stream(&self) -> &CudaStream {
+        &self.stream
+    }
+
+    /// Opts in to (`true`) or out of TF32 tensor-core math for FP32 products.
+    pub fn set_tf32(&mut self, enabled: bool) -> CudaResult<()> {
+        let mode = if enabled {
+            cb::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cb::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        self.stream.device().bind_to_thread()?;
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        // SAFETY: handle valid.
+        check_cublas("cublasSetMathMode", unsafe { cb::cublasSetMathMode(*h, mode) })?;
+        drop(h);
+        self.tf32 = enabled;
+        Ok(())
+    }
+
+    /// Whether TF32 is enabled.
+    pub fn tf32(&self) -> bool {
+        self.tf32
+    }
+
+    /// `C = alpha · op(A) · op(B) + beta · C` (row-major) on the bound stream.
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` must be device pointers of this device to matrices of the
+    /// sizes `g` describes (`a` at least `rows(A)·lda` floats, …), alive until the
+    /// product has run, with no conflicting concurrent access.
+    pub unsafe fn sgemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> CudaResult<()> {
+        g.validate()?;
+        self.stream.device().bind_to_thread()?;
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        // SAFETY: the row-major → column-major mapping described in the module
+        // docs; pointer validity is the caller's contract; alpha/beta are host
+        // scalars (default pointer mode).
+        check_cublas("cublasSgemm", unsafe {
+            cb::cublasSgemm_v2(
+                *h,
+                g.trans_b.op(),
+                g.trans_a.op(),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &g.alpha,
+                b as *const f32,
+                g.ldb as i32,
+                a as *const f32,
+                g.lda as i32,
+                &g.beta,
+                c as *mut f32,
+                g.ldc as i32,
+            )
+        })
+    }
+
+    /// `batch` independent products `C[i] = alpha · op(A[i]) · op(B[i]) + beta · C[i]`
+    /// with `X[i] = x + i · stride_x` (strides in elements), on the bound stream.
+    /// Used for attention's `Q·Kᵀ` and `att·V` over (B·NH) heads.
+    ///
+    /// # Safety
+    /// As [`sgemm`](Self::sgemm), for every batch entry.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn sgemm_strided_batched(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        stride_a: i64,
+        b: DevicePtr,
+        stride_b: i64,
+        c: DevicePtr,
+        stride_c: i64,
+        batch: usize,
+    ) -> CudaResult<()> {
+        g.validate()?;
+        if batch > i32::MAX as usize {
+            return Err(CudaError::InvalidArgument(format!("batch {batch} too large")));
+        }
+        self.stream.device().bind_to_thread()?;
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        // SAFETY: as in `sgemm`, operands swapped for the row-major mapping.
+        check_cublas("cublasSgemmStridedBatched", unsafe {
+            cb::cublasSgemmStridedBatched(
+                *h,
+                g.trans_b.op(),
+                g.trans_a.op(),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &g.alpha,
+                b as *const f32,
+                g.ldb as i32,
+                stride_b,
+                a as *const f32,
+                g.lda as i32,
+                stride_a,
+                &g.beta,
+                c as *mut f32,
+                g.ldc as i32,
+                stride_c,
+                batch as i32,
+            )
+        })
+    }
+}
+
+impl Drop for CublasHandle {
+    fn drop(&mut self) {
+        let h = *self.raw.get_mut().unwrap_or_else(|p| p.into_inner());
+        let r = self.stream.device().bind_to_thread().and_then(|()| {
+            // SAFETY: created in `new`, destroyed once. cublasDestroy waits for the
+            // handle's pending work on its stream.
+            check_cublas("cublasDestroy", unsafe { cb::cublasDestroy_v2(h) })
+        });
+        if let Err(e) = r {
+            self.stream.device().record_deferred(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::device::CudaDevice;
+    use super::super::memory::DeviceBuffer;
+    use super::*;
+
+    /// Row-major reference: C = op(A)·op(B).
+    fn reference(g: &Gemm, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let mut c = vec![0f32; g.m * g.n];
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let mut s = 0f64;
+                for p in 0..g.k {
+                    let av = if g.trans_a == Transpose::N { a[i * g.lda + p] } else { a[p * g.lda + i] };
+                    let bv = if g.trans_b == Transpose::N { b[p * g.ldb + j] } else { b[j * g.ldb + p] };
+                    s += f64::from(av) * f64::from(bv);
+                }
+                c[i * g.ldc + j] = s as f32;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn gemm_shapes_validate() {
+        let g = Gemm::new(Transpose::N, Transpose::T, 4, 3, 5);
+        assert_eq!((g.lda, g.ldb, g.ldc), (5, 5, 3));
+        assert!(g.validate().is_ok());
+        let mut bad = g;
+        bad.lda = 2;
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn row_major_sgemm_all_transposes() {
+        if !super::super::gpu_or_skip("cublas::row_major_sgemm_all_transposes") {
+            return;
+        }
+        let dev = CudaDevice::open(0).unwrap();
+        let s = CudaStream::compute(&dev).unwrap();
+        let h = CublasHandle::new(&s).unwrap();
+        let (m, n, k) = (7, 5, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let da = DeviceBuffer::from_host(&s, &a).unwrap();
+        let db = DeviceBuffer::from_host(&s, &b).unwrap();
+        let dc = DeviceBuffer::zeroed(&s, m * n * 4).unwrap();
+        for ta in [Transpose::N, Transpose::T] {
+            for tb in [Transpose::N, Transpose::T] {
+                let g = Gemm::new(ta, tb, m, n, k);
+                // SAFETY: buffers hold m·k, k·n and m·n floats; synced below.
+                unsafe { h.sgemm(&g, da.device_ptr(), db.device_ptr(), dc.device_ptr()).unwrap() };
+                let got: Vec<f32> = dc.to_host_vec(&s).unwrap();
+                let want = reference(&g, &a, &b);
+                for (x, y) in got.iter().zip(&want) {
+                    assert!((x - y).abs() < 1e-5, "{ta:?}{tb:?}: {got:?} vs {want:?}");
+                }
+            }
+        }
+        // Batched: two independent products.
+        let g = Gemm::new(Transpose::N, Transpose::N, 2, 2, 2);
+        let a2 = [1f32, 2., 3., 4., 5., 6., 7., 8.];
+        let b2 = [1f32, 0., 0., 1., 2., 0., 0., 2.];
+        let da = DeviceBuffer::from_host(&s, &a2).unwrap();
+        let db = DeviceBuffer::from_host(&s, &b2).unwrap();
+        let dc = DeviceBuffer::zeroed(&s, 8 * 4).unwrap();
+        // SAFETY: 2 batches of 2×2 matrices, stride 4 elements.
+        unsafe {
+            h.sgemm_strided_batched(&g, da.device_ptr(), 4, db.device_ptr(), 4, dc.device_ptr(), 4, 2).unwrap()
+        };
+        let got: Vec<f32> = dc.to_host_vec(&s).unwrap();
+        assert_eq!(got, vec![1., 2., 3., 4., 10., 12., 14., 16.]);
+    }
+}

@@ -1,0 +1,817 @@
+//! Kernels as CUDA C sources compiled at run time by NVRTC, cached, loaded as
+//! modules and launched on raw streams.
+//!
+//! # Compilation
+//!
+//! [`compile`] runs NVRTC with
+//! `--gpu-architecture=sm_XY -default-device --std=c++17 -lineinfo`
+//! (plus `--use_fast_math` only when [`CompileOptions::fast_math`] is set: it is
+//! off by default because it changes `expf`/`tanhf`/division results, and the
+//! GPT-2 kernels are compared against a CPU reference). With a real architecture
+//! (`sm_XY`) NVRTC emits a CUBIN, which the driver loads without a JIT step and
+//! independently of the driver's PTX version; with a virtual one (`compute_XY`)
+//! it emits PTX. A failed compile returns [`CudaError::Compile`] with NVRTC's
+//! full log.
+//!
+//! # Caching
+//!
+//! [`KernelCache`] keys a compiled image by (FNV-1a-128 of the source, program
+//! name, options including the architecture, NVRTC version):
+//!
+//! * in memory, for the process;
+//! * on disk under `$BRAID_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/braid/kernels`,
+//!   else `~/.cache/braid/kernels` — one file per key, written to a temporary
+//!   name and renamed into place (atomic on POSIX), with the full key in a header
+//!   that is checked on load, so a hash collision or a torn file is a miss, never
+//!   a wrong kernel. `BRAID_KERNEL_CACHE=0` disables the disk layer.
+//!
+//! The disk layer pays: NVRTC with `sm_90` CUBIN output takes tens to hundreds
+//! of milliseconds per program (see docs/cuda.md for the figures measured with
+//! `tools/nvrtc-check`), a cache hit a fraction of a millisecond.
+//!
+//! # Launching
+//!
+//! [`CudaFunction::launch`] is `unsafe`: a kernel can read and write any device
+//! memory its pointer arguments reach, and the argument list must match the
+//! kernel's signature exactly. Arguments are collected in [`KernelArgs`], which
+//! stores each scalar in an 8-byte slot and hands the driver an array of
+//! pointers to the slots.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use cudarc::driver::sys as drv;
+use cudarc::nvrtc::sys as nv;
+
+use super::device::CudaDevice;
+use super::error::{catch_panic, check, CudaError, CudaResult};
+use super::memory::DevicePtr;
+use super::stream::CudaStream;
+
+/// Options for one NVRTC compile.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// `sm_XY` (CUBIN output) or `compute_XY` (PTX output).
+    pub arch: String,
+    /// Adds `--use_fast_math` (approximate transcendental functions, flush
+    /// denormals, fast division). Off by default.
+    pub fast_math: bool,
+    /// Adds `-lineinfo` (source lines in profiles; no speed cost). On by default.
+    pub line_info: bool,
+    /// Extra NVRTC options, verbatim (e.g. `-DBLOCK=256`).
+    pub extra: Vec<String>,
+}
+
+impl CompileOptions {
+    /// Defaults for an explicit architecture, e.g. `"sm_90"`.
+    pub fn for_arch(arch: impl Into<String>) -> Self {
+        CompileOptions { arch: arch.into(), fast_math: false, line_info: true, extra: Vec::new() }
+    }
+
+    /// Defaults for a device's compute capability (`sm_XY`).
+    pub fn for_device(device: &CudaDevice) -> Self {
+        Self::for_arch(device.arch())
+    }
+
+    /// The NVRTC command line these options stand for.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--gpu-architecture={}", self.arch),
+            "-default-device".to_string(),
+            "--std=c++17".to_string(),
+        ];
+        if self.line_info {
+            a.push("-lineinfo".to_string());
+        }
+        if self.fast_math {
+            a.push("--use_fast_math".to_string());
+        }
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    fn produces_cubin(&self) -> bool {
+        self.arch.starts_with("sm_")
+    }
+}
+
+/// The output of one NVRTC compile.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    /// Program name given to NVRTC.
+    pub program: String,
+    /// Architecture compiled for.
+    pub arch: String,
+    /// The image: CUBIN bytes, or PTX text with a trailing NUL.
+    pub image: Vec<u8>,
+    /// True for CUBIN, false for PTX.
+    pub is_cubin: bool,
+    /// NVRTC's log (warnings), possibly empty.
+    pub log: String,
+    /// Wall time of the NVRTC compile (0 for a cache hit loaded from disk).
+    pub compile_ms: f64,
+}
+
+/// NVRTC's `(major, minor)` version.
+pub fn nvrtc_version() -> CudaResult<(i32, i32)> {
+    super::require_nvrtc()?;
+    catch_panic("nvrtcVersion", || {
+        let (mut ma, mut mi) = (0, 0);
+        // SAFETY: out-pointers valid.
+        nv_check("nvrtcVersion", unsafe { nv::nvrtcVersion(&mut ma, &mut mi) })?;
+        Ok((ma, mi))
+    })
+}
+
+fn nv_message(status: nv::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a static NUL-terminated string.
+    let p = unsafe { nv::nvrtcGetErrorString(status) };
+    if p.is_null() {
+        format!("{status:?}")
+    } else {
+        // SAFETY: non-null static string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn nv_check(call: &'static str, status: nv::nvrtcResult) -> CudaResult<()> {
+    if status == nv::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Nvrtc { call, message: nv_message(status) })
+    }
+}
+
+/// Destroys an NVRTC program on every exit path.
+struct Program(nv::nvrtcProgram);
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram, destroyed once here.
+        unsafe { nv::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+fn program_log(prog: &Program) -> String {
+    let mut size = 0usize;
+    // SAFETY: valid program; out-pointer valid.
+    if unsafe { nv::nvrtcGetProgramLogSize(prog.0, &mut size) } != nv::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: buffer holds `size` bytes as NVRTC requires.
+    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) } != nv::nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).trim_end().to_string()
+}
+
+/// Compiles `source` (named `program` in messages) with NVRTC. No caching; see
+/// [`KernelCache`]. Needs only the NVRTC library, not a GPU.
+pub fn compile(source: &str, program: &str, opts: &CompileOptions) -> CudaResult<CompiledKernel> {
+    super::require_nvrtc()?;
+    catch_panic("NVRTC compile", || compile_inner(source, program, opts))
+}
+
+fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResult<CompiledKernel> {
+    let src = CString::new(source)
+        .map_err(|_| CudaError::InvalidArgument(format!("{program}: source contains a NUL byte")))?;
+    let name = CString::new(program)
+        .map_err(|_| CudaError::InvalidArgument(format!("program name {program:?} contains a NUL byte")))?;
+    let args: Vec<CString> = opts
+        .to_args()
+        .into_iter()
+        .map(|a| CString::new(a).map_err(|_| CudaError::InvalidArgument("option contains a NUL byte".into())))
+        .collect::<Result<_, _>>()?;
+    let arg_ptrs: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+
+    let start = Instant::now();
+    let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: `src` and `name` are NUL-terminated and outlive the call; no headers.
+    nv_check("nvrtcCreateProgram", unsafe {
+        nv::nvrtcCreateProgram(&mut raw, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+    })?;
+    let prog = Program(raw);
+    // SAFETY: valid program; `arg_ptrs` points at `args.len()` live C strings.
+    let status = unsafe { nv::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
+    let log = program_log(&prog);
+    if status != nv::nvrtcResult::NVRTC_SUCCESS {
+        let log = if log.is_empty() { nv_message(status) } else { log };
+        return Err(CudaError::Compile { program: program.to_string(), arch: opts.arch.clone(), log });
+    }
+    let is_cubin = opts.produces_cubin();
+    let image = if is_cubin {
+        let mut size = 0usize;
+        // SAFETY: compiled program; out-pointer valid.
+        nv_check("nvrtcGetCUBINSize", unsafe { nv::nvrtcGetCUBINSize(prog.0, &mut size) })?;
+        let mut buf = vec![0u8; size];
+        // SAFETY: buffer of the size NVRTC reported.
+        nv_check("nvrtcGetCUBIN", unsafe { nv::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr().cast()) })?;
+        buf
+    } else {
+        let mut size = 0usize;
+        // SAFETY: as above.
+        nv_check("nvrtcGetPTXSize", unsafe { nv::nvrtcGetPTXSize(prog.0, &mut size) })?;
+        let mut buf = vec![0u8; size];
+        // SAFETY: as above; the size includes the trailing NUL.
+        nv_check("nvrtcGetPTX", unsafe { nv::nvrtcGetPTX(prog.0, buf.as_mut_ptr().cast()) })?;
+        if buf.last() != Some(&0) {
+            buf.push(0);
+        }
+        buf
+    };
+    Ok(CompiledKernel {
+        program: program.to_string(),
+        arch: opts.arch.clone(),
+        image,
+        is_cubin,
+        log,
+        compile_ms: start.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// 128-bit FNV-1a (two 64-bit lanes with different offset bases): stable
+/// across Rust versions and platforms, unlike `DefaultHasher`.
+fn fnv128(parts: &[&[u8]]) -> u128 {
+    const P: u64 = 0x0000_0100_0000_01b3;
+    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64);
+    for part in parts {
+        for &byte in part.iter().chain((part.len() as u64).to_le_bytes().iter()) {
+            a = (a ^ u64::from(byte)).wrapping_mul(P);
+            b = (b ^ u64::from(byte.rotate_left(3))).wrapping_mul(P);
+        }
+    }
+    (u128::from(a) << 64) | u128::from(b)
+}
+
+/// Hit/miss counters of a [`KernelCache`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheStats {
+    /// Served from memory.
+    pub memory_hits: u64,
+    /// Served from the disk cache.
+    pub disk_hits: u64,
+    /// Compiled by NVRTC.
+    pub compiles: u64,
+    /// Total NVRTC wall time, milliseconds.
+    pub compile_ms: f64,
+}
+
+/// Process-wide compile cache (memory + disk) and loaded-module cache.
+pub struct KernelCache {
+    disk_dir: Option<PathBuf>,
+    images: Mutex<HashMap<u128, Arc<CompiledKernel>>>,
+    /// (context address, image key) → module; `Weak` so modules unload when unused.
+    modules: Mutex<HashMap<(usize, u128), Weak<ModuleInner>>>,
+    stats: Mutex<CacheStats>,
+}
+
+impl std::fmt::Debug for KernelCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelCache").field("disk_dir", &self.disk_dir).field("stats", &self.stats()).finish()
+    }
+}
+
+const DISK_MAGIC: &[u8; 8] = b"BRDKRN01";
+
+impl KernelCache {
+    /// The process-wide cache, configured from the environment on first use.
+    pub fn global() -> &'static KernelCache {
+        static GLOBAL: OnceLock<KernelCache> = OnceLock::new();
+        GLOBAL.get_or_init(|| KernelCache::new(Self::default_disk_dir()))
+    }
+
+    /// A cache with an explicit disk directory (`None`: memory only).
+    pub fn new(disk_dir: Option<PathBuf>) -> Self {
+        KernelCache {
+            disk_dir,
+            images: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+            stats: Mutex::new(CacheStats::default()),
+        }
+    }
+
+    /// `$BRAID_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/braid/kernels`, else
+    /// `$HOME/.cache/braid/kernels`; `None` when `BRAID_KERNEL_CACHE=0`.
+    pub fn default_disk_dir() -> Option<PathBuf> {
+        if std::env::var("BRAID_KERNEL_CACHE").map(|v| v == "0").unwrap_or(false) {
+            return None;
+        }
+        if let Some(d) = std::env::var_os("BRAID_KERNEL_CACHE_DIR") {
+            return Some(PathBuf::from(d));
+        }
+        if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+            return Some(PathBuf::from(x).join("braid").join("kernels"));
+        }
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("braid").join("kernels"))
+    }
+
+    /// Where compiled images are stored, if anywhere.
+    pub fn disk_dir(&self) -> Option<&PathBuf> {
+        self.disk_dir.as_ref()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CacheStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    fn key_text(source: &str, program: &str, opts: &CompileOptions) -> (u128, String) {
+        let ver = nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|_| "?".into());
+        let args = opts.to_args().join(" ");
+        let src_hash = fnv128(&[source.as_bytes()]);
+        let text = format!("nvrtc {ver}\nprogram {program}\nargs {args}\nsource {src_hash:032x} {}", source.len());
+        (fnv128(&[text.as_bytes()]), text)
+    }
+
+    /// Returns the compiled image for `source`, from memory, disk, or NVRTC.
+    pub fn get_or_compile(&self, source: &str, program: &str, opts: &CompileOptions) -> CudaResult<Arc<CompiledKernel>> {
+        let (key, text) = Self::key_text(source, program, opts);
+        if let Some(k) = self.images.lock().expect("kernel cache poisoned").get(&key) {
+            self.bump(|s| s.memory_hits += 1);
+            return Ok(k.clone());
+        }
+        if let Some(k) = self.load_disk(key, &text, program, opts) {
+            self.bump(|s| s.disk_hits += 1);
+            let k = Arc::new(k);
+            self.images.lock().expect("kernel cache poisoned").insert(key, k.clone());
+            return Ok(k);
+        }
+        let k = compile(source, program, opts)?;
+        self.bump(|s| {
+            s.compiles += 1;
+            s.compile_ms += k.compile_ms;
+        });
+        // A failed disk write only costs a recompile next time.
+        let _ = self.store_disk(key, &text, &k);
+        let k = Arc::new(k);
+        self.images.lock().expect("kernel cache poisoned").insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// Compiles (through the cache) for `device` and loads the module, reusing a
+    /// module already loaded in this context for the same image.
+    pub fn module(&self, device: &CudaDevice, source: &str, program: &str) -> CudaResult<CudaModule> {
+        self.module_with(device, source, program, &CompileOptions::for_device(device))
+    }
+
+    /// As [`module`](Self::module) with explicit options.
+    pub fn module_with(
+        &self,
+        device: &CudaDevice,
+        source: &str,
+        program: &str,
+        opts: &CompileOptions,
+    ) -> CudaResult<CudaModule> {
+        let (key, _) = Self::key_text(source, program, opts);
+        let mkey = (device.raw_context() as usize, key);
+        if let Some(inner) = self.modules.lock().expect("kernel cache poisoned").get(&mkey).and_then(Weak::upgrade) {
+            return Ok(CudaModule { inner });
+        }
+        let image = self.get_or_compile(source, program, opts)?;
+        let m = CudaModule::load(device, &image)?;
+        self.modules.lock().expect("kernel cache poisoned").insert(mkey, Arc::downgrade(&m.inner));
+        Ok(m)
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut CacheStats)) {
+        if let Ok(mut s) = self.stats.lock() {
+            f(&mut s);
+        }
+    }
+
+    fn path_for(&self, key: u128) -> Option<PathBuf> {
+        self.disk_dir.as_ref().map(|d| d.join(format!("{key:032x}.bin")))
+    }
+
+    fn load_disk(&self, key: u128, text: &str, program: &str, opts: &CompileOptions) -> Option<CompiledKernel> {
+        let bytes = std::fs::read(self.path_for(key)?).ok()?;
+        // Layout: magic(8) | key_len u32 LE | key text | is_cubin u8 | image.
+        let rest = bytes.strip_prefix(DISK_MAGIC.as_slice())?;
+        let (len, rest) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+        let (stored, rest) = rest.split_at_checked(len)?;
+        if stored != text.as_bytes() {
+            return None;
+        }
+        let (&flag, image) = rest.split_first()?;
+        if image.is_empty() {
+            return None;
+        }
+        Some(CompiledKernel {
+            program: program.to_string(),
+            arch: opts.arch.clone(),
+            image: image.to_vec(),
+            is_cubin: flag == 1,
+            log: String::new(),
+            compile_ms: 0.0,
+        })
+    }
+
+    fn store_disk(&self, key: u128, text: &str, k: &CompiledKernel) -> CudaResult<()> {
+        let Some(path) = self.path_for(key) else { return Ok(()) };
+        let io = |e: std::io::Error, p: &std::path::Path| CudaError::CacheIo {
+            path: p.display().to_string(),
+            message: e.to_string(),
+        };
+        let dir = path.parent().expect("cache file has a parent");
+        std::fs::create_dir_all(dir).map_err(|e| io(e, dir))?;
+        let mut buf = Vec::with_capacity(k.image.len() + text.len() + 16);
+        buf.extend_from_slice(DISK_MAGIC);
+        buf.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        buf.extend_from_slice(text.as_bytes());
+        buf.push(u8::from(k.is_cubin));
+        buf.extend_from_slice(&k.image);
+        // Unique temporary name, then rename: readers see the old file, no file,
+        // or the complete new one.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{key:032x}.{}.{seq}.tmp", std::process::id()));
+        std::fs::write(&tmp, &buf).map_err(|e| io(e, &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(e, &path)
+        })
+    }
+}
+
+/// A loaded module (`cuModuleLoadData`). Clones share it; unloaded with the last.
+#[derive(Clone)]
+pub struct CudaModule {
+    inner: Arc<ModuleInner>,
+}
+
+struct ModuleInner {
+    raw: drv::CUmodule,
+    device: CudaDevice,
+    program: String,
+}
+
+// SAFETY: a `CUmodule` is a driver handle usable from any thread with its context
+// current; we only read it and unload it once in `Drop`.
+unsafe impl Send for ModuleInner {}
+// SAFETY: see `Send`.
+unsafe impl Sync for ModuleInner {}
+
+impl std::fmt::Debug for CudaModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModule")
+            .field("program", &self.inner.program)
+            .field("device", &self.inner.device.ordinal())
+            .finish()
+    }
+}
+
+impl CudaModule {
+    /// Loads a compiled image into `device`'s context.
+    pub fn load(device: &CudaDevice, kernel: &CompiledKernel) -> CudaResult<Self> {
+        device.bind_to_thread()?;
+        if !kernel.is_cubin && kernel.image.last() != Some(&0) {
+            return Err(CudaError::InvalidArgument("PTX image must be NUL-terminated".into()));
+        }
+        let mut raw: drv::CUmodule = std::ptr::null_mut();
+        // SAFETY: context current; the image is a complete CUBIN, or NUL-terminated
+        // PTX, that outlives the call (the driver copies it).
+        check("cuModuleLoadData", unsafe { drv::cuModuleLoadData(&mut raw, kernel.image.as_ptr().cast()) })?;
+        Ok(CudaModule {
+            inner: Arc::new(ModuleInner { raw, device: device.clone(), program: kernel.program.clone() }),
+        })
+    }
+
+    /// Compiles (through [`KernelCache::global`]) and loads.
+    pub fn from_source(device: &CudaDevice, source: &str, program: &str) -> CudaResult<Self> {
+        KernelCache::global().module(device, source, program)
+    }
+
+    /// Looks up an `extern "C" __global__` kernel by name.
+    pub fn function(&self, name: &str) -> CudaResult<CudaFunction> {
+        let cname = CString::new(name).map_err(|_| CudaError::InvalidArgument("kernel name has a NUL".into()))?;
+        self.inner.device.bind_to_thread()?;
+        let mut raw: drv::CUfunction = std::ptr::null_mut();
+        // SAFETY: module loaded; name NUL-terminated; out-pointer valid.
+        let status = unsafe { drv::cuModuleGetFunction(&mut raw, self.inner.raw, cname.as_ptr()) };
+        if status == drv::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(CudaError::KernelNotFound { module: self.inner.program.clone(), kernel: name.to_string() });
+        }
+        check("cuModuleGetFunction", status)?;
+        Ok(CudaFunction { raw, module: self.inner.clone(), name: name.to_string() })
+    }
+
+    /// Program name.
+    pub fn program(&self) -> &str {
+        &self.inner.program
+    }
+}
+
+impl Drop for ModuleInner {
+    fn drop(&mut self) {
+        let r = self.device.bind_to_thread().and_then(|()| {
+            // SAFETY: loaded once, unloaded once; every `CudaFunction` holds an
+            // `Arc<ModuleInner>`, so no function handle outlives the module.
+            check("cuModuleUnload", unsafe { drv::cuModuleUnload(self.raw) })
+        });
+        if let Err(e) = r {
+            self.device.record_deferred(e);
+        }
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks per grid (x, y, z).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (x, y, z).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// 1-D launch covering `n` elements with `block` threads per block.
+    pub fn linear(n: usize, block: u32) -> Self {
+        let blocks = n.div_ceil(block as usize).max(1);
+        LaunchConfig { grid: (blocks as u32, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// Explicit 1-D grid and block.
+    pub fn grid_block(grid: u32, block: u32) -> Self {
+        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// Sets the dynamic shared memory.
+    pub fn with_shared(mut self, bytes: u32) -> Self {
+        self.shared_mem_bytes = bytes;
+        self
+    }
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Slot([u8; 8]);
+
+/// A kernel's argument list: scalars by value, device pointers as `u64`.
+/// Push in the order of the kernel's parameters.
+#[derive(Clone, Default)]
+pub struct KernelArgs {
+    slots: Vec<Slot>,
+}
+
+impl std::fmt::Debug for KernelArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelArgs").field("len", &self.slots.len()).finish()
+    }
+}
+
+impl KernelArgs {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push_bytes(&mut self, b: &[u8]) -> &mut Self {
+        let mut s = [0u8; 8];
+        s[..b.len()].copy_from_slice(b);
+        self.slots.push(Slot(s));
+        self
+    }
+
+    /// A device pointer (`T*` / `const T*` parameter).
+    pub fn ptr(&mut self, p: DevicePtr) -> &mut Self {
+        self.push_bytes(&p.to_ne_bytes())
+    }
+    /// A `float` parameter.
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// A `double` parameter.
+    pub fn f64(&mut self, v: f64) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// An `int` parameter.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// An `unsigned int` parameter.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// A `long long` parameter.
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+    /// An `unsigned long long` / `size_t` parameter.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+
+    /// Number of arguments pushed.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// True when no argument was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// A kernel in a loaded module. Keeps the module loaded.
+#[derive(Clone)]
+pub struct CudaFunction {
+    raw: drv::CUfunction,
+    module: Arc<ModuleInner>,
+    name: String,
+}
+
+// SAFETY: a `CUfunction` is an immutable driver handle valid while its module is
+// loaded (held by `module`); launches from several threads are allowed.
+unsafe impl Send for CudaFunction {}
+// SAFETY: see `Send`.
+unsafe impl Sync for CudaFunction {}
+
+impl std::fmt::Debug for CudaFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaFunction").field("name", &self.name).field("program", &self.module.program).finish()
+    }
+}
+
+impl CudaFunction {
+    /// Kernel name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Allows up to `bytes` of dynamic shared memory (needed above 48 KiB).
+    pub fn set_max_dynamic_shared_mem(&self, bytes: u32) -> CudaResult<()> {
+        self.module.device.bind_to_thread()?;
+        // SAFETY: function handle valid while the module is loaded.
+        check("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", unsafe {
+            drv::cuFuncSetAttribute(
+                self.raw,
+                drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        })
+    }
+
+    /// Queues the kernel on `stream`.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list exactly (count, order, and
+    /// size of each); every pointer argument must address device memory of this
+    /// device that stays allocated until the kernel has run and that the kernel
+    /// may access as it does without racing other streams (the engine's
+    /// declared-access rules guarantee this).
+    pub unsafe fn launch(&self, stream: &CudaStream, cfg: LaunchConfig, args: &KernelArgs) -> CudaResult<()> {
+        self.module.device.check_same(stream.device(), "launch stream")?;
+        self.module.device.bind_to_thread()?;
+        // The driver copies the argument values during the call, so pointers into
+        // this local copy suffice.
+        let mut slots = args.slots.clone();
+        let mut params: Vec<*mut std::ffi::c_void> =
+            slots.iter_mut().map(|s| (s as *mut Slot).cast::<std::ffi::c_void>()).collect();
+        // SAFETY: the function is loaded in the current context; `params` holds one
+        // pointer per kernel parameter (caller's contract), each to 8 readable
+        // bytes whose prefix is the parameter's value; the stream is alive.
+        check("cuLaunchKernel", unsafe {
+            drv::cuLaunchKernel(
+                self.raw,
+                cfg.grid.0,
+                cfg.grid.1,
+                cfg.grid.2,
+                cfg.block.0,
+                cfg.block.1,
+                cfg.block.2,
+                cfg.shared_mem_bytes,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * in[i];
+}
+"#;
+
+    fn nvrtc_or_skip(test: &str) -> bool {
+        if super::super::nvrtc_library_present() {
+            return true;
+        }
+        if std::env::var("BRAID_REQUIRE_NVRTC").map(|v| v == "1").unwrap_or(false) {
+            panic!("{test}: BRAID_REQUIRE_NVRTC=1 but libnvrtc could not be loaded");
+        }
+        eprintln!("SKIPPED {test}: libnvrtc not found (run scripts/install-nvrtc.sh and set LD_LIBRARY_PATH)");
+        false
+    }
+
+    #[test]
+    fn compiles_to_cubin_and_ptx() {
+        if !nvrtc_or_skip("nvrtc::compiles_to_cubin_and_ptx") {
+            return;
+        }
+        let k = compile(GOOD, "scale.cu", &CompileOptions::for_arch("sm_90")).unwrap();
+        assert!(k.is_cubin);
+        assert_eq!(&k.image[..4], b"\x7fELF");
+        let p = compile(GOOD, "scale.cu", &CompileOptions::for_arch("compute_90")).unwrap();
+        assert!(!p.is_cubin);
+        let text = String::from_utf8_lossy(&p.image);
+        assert!(text.contains(".entry scale"), "{text}");
+    }
+
+    #[test]
+    fn compile_error_carries_the_log() {
+        if !nvrtc_or_skip("nvrtc::compile_error_carries_the_log") {
+            return;
+        }
+        let bad = "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }";
+        let err = compile(bad, "broken.cu", &CompileOptions::for_arch("sm_90")).unwrap_err();
+        match &err {
+            CudaError::Compile { program, log, .. } => {
+                assert_eq!(program, "broken.cu");
+                assert!(log.contains("undefined_name"), "{log}");
+            }
+            other => panic!("expected a compile error, got {other:?}"),
+        }
+        assert!(err.to_string().contains("broken.cu"));
+    }
+
+    #[test]
+    fn disk_cache_roundtrip() {
+        if !nvrtc_or_skip("nvrtc::disk_cache_roundtrip") {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("braid-kcache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let opts = CompileOptions::for_arch("sm_90");
+        let c1 = KernelCache::new(Some(dir.clone()));
+        let a = c1.get_or_compile(GOOD, "scale.cu", &opts).unwrap();
+        let a2 = c1.get_or_compile(GOOD, "scale.cu", &opts).unwrap();
+        assert!(Arc::ptr_eq(&a, &a2));
+        assert_eq!(c1.stats().compiles, 1);
+        assert_eq!(c1.stats().memory_hits, 1);
+        // A fresh cache on the same directory hits the disk.
+        let c2 = KernelCache::new(Some(dir.clone()));
+        let b = c2.get_or_compile(GOOD, "scale.cu", &opts).unwrap();
+        assert_eq!(c2.stats().disk_hits, 1);
+        assert_eq!(a.image, b.image);
+        // Different options: a different entry.
+        let mut fast = opts.clone();
+        fast.fast_math = true;
+        c2.get_or_compile(GOOD, "scale.cu", &fast).unwrap();
+        assert_eq!(c2.stats().compiles, 1);
+        // A corrupted file is a miss, not an error.
+        for e in std::fs::read_dir(&dir).unwrap() {
+            std::fs::write(e.unwrap().path(), b"garbage").unwrap();
+        }
+        let c3 = KernelCache::new(Some(dir.clone()));
+        c3.get_or_compile(GOOD, "scale.cu", &opts).unwrap();
+        assert_eq!(c3.stats().compiles, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv128(&[b"abc"]), fnv128(&[b"abc"]));
+        assert_ne!(fnv128(&[b"ab", b"c"]), fnv128(&[b"abc"]));
+    }
+
+    #[test]
+    fn launch_scale_kernel() {
+        if !super::super::gpu_or_skip("nvrtc::launch_scale_kernel") {
+            return;
+        }
+        use super::super::memory::DeviceBuffer;
+        let dev = CudaDevice::open(0).unwrap();
+        let s = CudaStream::compute(&dev).unwrap();
+        let m = CudaModule::from_source(&dev, GOOD, "scale.cu").unwrap();
+        let f = m.function("scale").unwrap();
+        assert!(matches!(m.function("nope"), Err(CudaError::KernelNotFound { .. })));
+        let n = 1000usize;
+        let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let inp = DeviceBuffer::from_host(&s, &x).unwrap();
+        let out = DeviceBuffer::alloc(&s, n * 4).unwrap();
+        let mut args = KernelArgs::new();
+        args.ptr(out.device_ptr()).ptr(inp.device_ptr()).f32(3.0).i32(n as i32);
+        // SAFETY: signature (float*, const float*, float, int) matches; buffers
+        // hold n floats and live past the sync in `to_host_vec`.
+        unsafe { f.launch(&s, LaunchConfig::linear(n, 256), &args).unwrap() };
+        let y: Vec<f32> = out.to_host_vec(&s).unwrap();
+        assert!(y.iter().zip(&x).all(|(y, x)| *y == 3.0 * x));
+        // Same source again: the module cache returns the loaded module.
+        let m2 = CudaModule::from_source(&dev, GOOD, "scale.cu").unwrap();
+        assert_eq!(m2.program(), "scale.cu");
+    }
+}

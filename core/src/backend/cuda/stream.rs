@@ -1,0 +1,181 @@
+//! CUDA streams with priorities.
+//!
+//! Every stream Braid creates is **non-blocking** (`CU_STREAM_NON_BLOCKING`): it
+//! never synchronises implicitly with the legacy default stream, so the only
+//! ordering between streams is the event waits the engine inserts (Semantics 4).
+//! Compute streams use the normal (lowest) priority; communication streams use
+//! the *highest* priority the context offers (`cuCtxGetStreamPriorityRange`), so
+//! that an all-reduce's kernels are scheduled ahead of queued compute blocks.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys as drv;
+
+use super::device::CudaDevice;
+use super::error::{check, CudaResult};
+use super::event::CudaEvent;
+
+/// Scheduling priority of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamPriority {
+    /// The context's least priority (the default for compute streams).
+    Normal,
+    /// The context's greatest priority (communication streams).
+    High,
+    /// An explicit CUDA priority value, clamped into the context's range.
+    Exact(i32),
+}
+
+/// An owned, non-blocking CUDA stream. Clones share it; destroyed with the last clone.
+#[derive(Clone)]
+pub struct CudaStream {
+    inner: Arc<StreamInner>,
+}
+
+struct StreamInner {
+    raw: drv::CUstream,
+    device: CudaDevice,
+    priority: i32,
+}
+
+// SAFETY: a `CUstream` is a driver handle usable from any thread on which its
+// context is current; every method binds the context first. The driver
+// serialises work submitted to one stream from several threads (the engine still
+// drives each stream from one thread to keep FIFO order meaningful).
+unsafe impl Send for StreamInner {}
+// SAFETY: see `Send`; `&StreamInner` exposes only the immutable handle.
+unsafe impl Sync for StreamInner {}
+
+impl std::fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStream")
+            .field("raw", &self.inner.raw)
+            .field("device", &self.inner.device.ordinal())
+            .field("priority", &self.inner.priority)
+            .finish()
+    }
+}
+
+impl CudaStream {
+    /// Creates a non-blocking stream with the given priority on `device`.
+    pub fn new(device: &CudaDevice, priority: StreamPriority) -> CudaResult<Self> {
+        device.bind_to_thread()?;
+        let (least, greatest) = device.stream_priority_range();
+        let prio = match priority {
+            StreamPriority::Normal => least,
+            StreamPriority::High => greatest,
+            // Numerically: greatest <= p <= least.
+            StreamPriority::Exact(p) => p.clamp(greatest, least),
+        };
+        let mut raw: drv::CUstream = std::ptr::null_mut();
+        // SAFETY: context current; out-pointer valid; flags are a valid
+        // `CUstream_flags` value. Destroyed in `Drop for StreamInner`.
+        check("cuStreamCreateWithPriority", unsafe {
+            drv::cuStreamCreateWithPriority(
+                &mut raw,
+                drv::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                prio,
+            )
+        })?;
+        Ok(CudaStream { inner: Arc::new(StreamInner { raw, device: device.clone(), priority: prio }) })
+    }
+
+    /// A compute stream (normal priority).
+    pub fn compute(device: &CudaDevice) -> CudaResult<Self> {
+        Self::new(device, StreamPriority::Normal)
+    }
+
+    /// A communication stream (highest priority).
+    pub fn comm(device: &CudaDevice) -> CudaResult<Self> {
+        Self::new(device, StreamPriority::High)
+    }
+
+    /// The raw handle, for launches and library calls. Valid while `self` lives.
+    #[inline]
+    pub fn raw(&self) -> drv::CUstream {
+        self.inner.raw
+    }
+
+    /// The device this stream belongs to.
+    #[inline]
+    pub fn device(&self) -> &CudaDevice {
+        &self.inner.device
+    }
+
+    /// The CUDA priority value it was created with (smaller is higher).
+    pub fn priority(&self) -> i32 {
+        self.inner.priority
+    }
+
+    /// Makes all future work on this stream wait until `event` (as last recorded)
+    /// has completed. Asynchronous: the host does not block.
+    #[inline]
+    pub fn wait_event(&self, event: &CudaEvent) -> CudaResult<()> {
+        self.inner.device.check_same(event.device(), "event waited on")?;
+        self.inner.device.bind_to_thread()?;
+        // SAFETY: both handles are alive (borrowed) and belong to the current
+        // context; flag 0 is CU_EVENT_WAIT_DEFAULT.
+        check("cuStreamWaitEvent", unsafe { drv::cuStreamWaitEvent(self.inner.raw, event.raw(), 0) })
+    }
+
+    /// Blocks the calling thread until all work queued on this stream is done.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.inner.device.bind_to_thread()?;
+        // SAFETY: the stream is alive.
+        check("cuStreamSynchronize", unsafe { drv::cuStreamSynchronize(self.inner.raw) })
+    }
+
+    /// `Ok(true)` when all queued work is done, `Ok(false)` while some is pending.
+    pub fn query(&self) -> CudaResult<bool> {
+        self.inner.device.bind_to_thread()?;
+        // SAFETY: the stream is alive.
+        let status = unsafe { drv::cuStreamQuery(self.inner.raw) };
+        if status == drv::CUresult::CUDA_ERROR_NOT_READY {
+            Ok(false)
+        } else {
+            check("cuStreamQuery", status).map(|()| true)
+        }
+    }
+
+    /// True when both handles are the same stream.
+    pub fn same_stream(&self, other: &CudaStream) -> bool {
+        self.inner.raw == other.inner.raw
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        // Destroying a stream with pending work is allowed: the driver releases it
+        // once the work completes.
+        let r = self.device.bind_to_thread().and_then(|()| {
+            // SAFETY: last owner of the handle; never used again.
+            check("cuStreamDestroy", unsafe { drv::cuStreamDestroy_v2(self.raw) })
+        });
+        if let Err(e) = r {
+            self.device.record_deferred(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_follow_the_range() {
+        if !super::super::gpu_or_skip("stream::priorities_follow_the_range") {
+            return;
+        }
+        let dev = CudaDevice::open(0).unwrap();
+        let (least, greatest) = dev.stream_priority_range();
+        let c = CudaStream::compute(&dev).unwrap();
+        let m = CudaStream::comm(&dev).unwrap();
+        assert_eq!(c.priority(), least);
+        assert_eq!(m.priority(), greatest);
+        assert!(m.priority() <= c.priority());
+        let x = CudaStream::new(&dev, StreamPriority::Exact(-1000)).unwrap();
+        assert_eq!(x.priority(), greatest);
+        c.synchronize().unwrap();
+        assert!(m.query().unwrap());
+    }
+}

@@ -1,0 +1,651 @@
+//! The DDP gradient bucket reducer.
+//!
+//! Parameters and gradients each live in one flat `f32` allocation (llm.c's
+//! layout), so a bucket is a view of the gradient buffer: a contiguous range
+//! of whole parameters. The program calls [`Reducer::grad_ready`] right after
+//! it submitted the task that writes a parameter's last gradient contribution;
+//! once every parameter of the next bucket is marked, the reducer submits that
+//! bucket's all-reduce (average) with `read_write` on the bucket view. The
+//! all-reduce *starts* when the engine's dependency inference says so — after
+//! every task that writes into the view — never because of a host wait, so it
+//! runs on the comm stream while the rest of the backward pass still runs on
+//! the compute streams.
+//!
+//! # Bucket order
+//!
+//! Buckets are submitted strictly in bucket order (bucket `i + 1` waits for
+//! bucket `i` to be complete), so every rank issues the same collectives in
+//! the same order even if ranks mark parameters in different orders.
+//!
+//! # Forming buckets
+//!
+//! From an order of the parameters: walk it; a parameter joins the open bucket
+//! when its range is adjacent in memory to the bucket's range (touching either
+//! end) and the bucket stays within its cap (`first_cap_bytes` for the first
+//! bucket, `cap_bytes` after); otherwise the open bucket closes and the
+//! parameter opens the next one. A parameter larger than the cap gets a bucket
+//! of its own. So buckets are maximal runs of memory-adjacent parameters in the
+//! given order, split at the caps. The initial layout uses the *reverse* layout
+//! order (backward produces the last layer's gradients first).
+//!
+//! # Rebuild
+//!
+//! The reducer records the order of the `grad_ready` calls of the first step
+//! (their submission order: the order in which the program made gradients
+//! ready, which is also the order in which it can submit their all-reduces;
+//! completion order on the streams is not used, since it varies run to run
+//! while the buckets must not). At the end of the first synchronised step
+//! (`finish`), after that step's buckets, rank 0's recorded order (completed
+//! with any parameter it never marked, in reverse layout order) is broadcast
+//! with the communicator itself — a collective in the same position on every
+//! rank — and every rank forms the new buckets from it with the rule above.
+//! `finish` waits on the host for that one broadcast; no other host waits.
+//! The rebuild happens once (as in PyTorch).
+//!
+//! # `no_sync`
+//!
+//! While sync is off ([`Reducer::no_sync`], [`Reducer::set_sync`]),
+//! `grad_ready` only checks and records; no all-reduce is submitted, so the
+//! gradients accumulate locally. The next synchronised step reduces the
+//! accumulated gradients. Switch between steps, not inside one.
+
+use super::{Bf16, Buffers, CollectiveKind, Comm, DType, ReduceOp};
+use crate::buffer::{Buffer, View};
+use crate::error::{Error, Result};
+use crate::task::TaskKind;
+use crate::Runtime;
+use std::fmt;
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::Arc;
+
+/// A parameter: its name and its element range in the flat buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// Name (for errors).
+    pub name: String,
+    /// Element range (`f32`s) in the flat parameter and gradient buffers.
+    pub range: Range<usize>,
+}
+
+impl ParamSpec {
+    /// A parameter named `name` at element range `range`.
+    pub fn new(name: impl Into<String>, range: Range<usize>) -> Self {
+        ParamSpec {
+            name: name.into(),
+            range,
+        }
+    }
+}
+
+/// One bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketInfo {
+    /// Position in the bucket order.
+    pub index: usize,
+    /// Element range in the gradient buffer.
+    pub elems: Range<usize>,
+    /// Its parameters, in the order they joined.
+    pub params: Vec<usize>,
+}
+
+/// Reduces one bucket in place of the built-in all-reduce (e.g. a custom
+/// compression). Called in bucket order, identically on every rank; it must
+/// submit tasks (never wait) that leave the bucket averaged over the ranks.
+pub trait BucketHook: Send + Sync + fmt::Debug {
+    /// Submits the tasks that average `view` (the `f32` gradients of `bucket`).
+    fn reduce(&self, rt: &Runtime, comm: &Comm, bucket: &BucketInfo, view: &View) -> Result<()>;
+}
+
+/// How buckets travel.
+#[derive(Debug, Clone, Default)]
+pub enum Compression {
+    /// All-reduce the `f32` gradients.
+    #[default]
+    None,
+    /// Cast the bucket to bf16 into a side buffer, all-reduce that (averaging
+    /// in `f32`, rounding once), cast back into the bucket: three tasks on the
+    /// comm stream, half the bytes. Host buffers only (CPU backend).
+    Bf16,
+    /// A user hook.
+    Hook(Arc<dyn BucketHook>),
+}
+
+/// Configures a [`Reducer`].
+#[derive(Debug, Clone)]
+pub struct BucketConfig {
+    /// Bucket size cap in bytes (default 25 MiB).
+    pub cap_bytes: usize,
+    /// Cap of the first bucket (default 1 MiB), so the first all-reduce starts
+    /// early.
+    pub first_cap_bytes: usize,
+    /// Rebuild the buckets from the observed ready order after the first step
+    /// (default on).
+    pub rebuild: bool,
+    /// How buckets travel (default: plain `f32`).
+    pub compression: Compression,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        BucketConfig {
+            cap_bytes: 25 << 20,
+            first_cap_bytes: 1 << 20,
+            rebuild: true,
+            compression: Compression::None,
+        }
+    }
+}
+
+impl BucketConfig {
+    /// Sets the bucket cap.
+    pub fn cap_bytes(mut self, b: usize) -> Self {
+        self.cap_bytes = b;
+        self
+    }
+
+    /// Sets the first bucket's cap.
+    pub fn first_cap_bytes(mut self, b: usize) -> Self {
+        self.first_cap_bytes = b;
+        self
+    }
+
+    /// Turns the rebuild on or off.
+    pub fn rebuild(mut self, on: bool) -> Self {
+        self.rebuild = on;
+        self
+    }
+
+    /// Sets the compression.
+    pub fn compression(mut self, c: Compression) -> Self {
+        self.compression = c;
+        self
+    }
+}
+
+/// Forms contiguous buckets from `order` (see the module docs).
+pub(crate) fn form_buckets(
+    params: &[ParamSpec],
+    order: &[usize],
+    first_cap: usize,
+    cap: usize,
+) -> Vec<BucketInfo> {
+    let mut out: Vec<BucketInfo> = Vec::new();
+    let mut open: Option<(Range<usize>, Vec<usize>)> = None;
+    for &p in order {
+        let r = params[p].range.clone();
+        let limit = if out.is_empty() { first_cap } else { cap };
+        if let Some((range, ps)) = &mut open {
+            let adjacent = r.end == range.start || r.start == range.end;
+            if adjacent && (range.len() + r.len()) * 4 <= limit {
+                *range = range.start.min(r.start)..range.end.max(r.end);
+                ps.push(p);
+                continue;
+            }
+        }
+        if let Some((elems, params)) = open.take() {
+            out.push(BucketInfo {
+                index: out.len(),
+                elems,
+                params,
+            });
+        }
+        open = Some((r, vec![p]));
+    }
+    if let Some((elems, params)) = open {
+        out.push(BucketInfo {
+            index: out.len(),
+            elems,
+            params,
+        });
+    }
+    out
+}
+
+/// The gradient bucket reducer of one rank. See the module docs.
+pub struct Reducer {
+    comm: Comm,
+    grads: Buffer,
+    params: Vec<ParamSpec>,
+    config: BucketConfig,
+    buckets: Vec<BucketInfo>,
+    views: Vec<View>,
+    /// bf16 side buffers, one per bucket (with `Compression::Bf16`).
+    side: Vec<Option<Buffer>>,
+    param_bucket: Vec<usize>,
+    /// Per step: which parameters were marked, how many are left per bucket,
+    /// and the next bucket to submit.
+    marked: Vec<bool>,
+    remaining: Vec<usize>,
+    next: usize,
+    sync: bool,
+    /// The first step's `grad_ready` order.
+    order: Vec<usize>,
+    recording: bool,
+    rebuilt: bool,
+    steps: u64,
+}
+
+impl fmt::Debug for Reducer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reducer")
+            .field("params", &self.params.len())
+            .field("buckets", &self.buckets.len())
+            .field("sync", &self.sync)
+            .field("rebuilt", &self.rebuilt)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl Reducer {
+    /// A reducer for the `f32` gradient buffer `grads`, whose parameters are
+    /// `params` in layout order (sorted, non-overlapping element ranges).
+    pub fn new(
+        rt: &Runtime,
+        comm: Comm,
+        grads: &Buffer,
+        params: Vec<ParamSpec>,
+        config: BucketConfig,
+    ) -> Result<Reducer> {
+        let bad = |m: String| Err(Error::Config(format!("gradient reducer: {m}")));
+        if grads.len() % 4 != 0 {
+            return bad(format!(
+                "gradient buffer `{}` is not a whole number of f32s",
+                grads.name()
+            ));
+        }
+        let n = grads.len() / 4;
+        let mut end = 0;
+        for p in &params {
+            if p.range.start > p.range.end || p.range.end > n {
+                return bad(format!(
+                    "parameter `{}` at {:?} does not fit the {n} gradients",
+                    p.name, p.range
+                ));
+            }
+            if p.range.start < end {
+                return bad(format!(
+                    "parameter `{}` at {:?} overlaps or precedes the previous one: list parameters in layout order",
+                    p.name, p.range
+                ));
+            }
+            end = p.range.end;
+        }
+        let order: Vec<usize> = (0..params.len()).rev().collect();
+        let buckets = form_buckets(&params, &order, config.first_cap_bytes, config.cap_bytes);
+        let mut r = Reducer {
+            comm,
+            grads: grads.clone(),
+            marked: vec![false; params.len()],
+            param_bucket: vec![0; params.len()],
+            params,
+            config,
+            buckets: Vec::new(),
+            views: Vec::new(),
+            side: Vec::new(),
+            remaining: Vec::new(),
+            next: 0,
+            sync: true,
+            order: Vec::new(),
+            recording: true,
+            rebuilt: false,
+            steps: 0,
+        };
+        r.set_layout(rt, buckets)?;
+        Ok(r)
+    }
+
+    fn set_layout(&mut self, rt: &Runtime, buckets: Vec<BucketInfo>) -> Result<()> {
+        self.views = buckets
+            .iter()
+            .map(|b| self.grads.view_of::<f32>(b.elems.clone()))
+            .collect::<Result<_>>()?;
+        self.side = match self.config.compression {
+            Compression::Bf16 => buckets
+                .iter()
+                .map(|b| {
+                    rt.alloc(format!("bf16 bucket {}", b.index), b.elems.len() * 2)
+                        .map(Some)
+                })
+                .collect::<Result<_>>()?,
+            _ => vec![None; buckets.len()],
+        };
+        for b in &buckets {
+            for &p in &b.params {
+                self.param_bucket[p] = b.index;
+            }
+        }
+        self.buckets = buckets;
+        self.reset_step();
+        Ok(())
+    }
+
+    fn reset_step(&mut self) {
+        self.marked.iter_mut().for_each(|m| *m = false);
+        self.remaining = self.buckets.iter().map(|b| b.params.len()).collect();
+        self.next = 0;
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// The parameters, in layout order.
+    pub fn params(&self) -> &[ParamSpec] {
+        &self.params
+    }
+
+    /// The current buckets, in the order they are reduced.
+    pub fn buckets(&self) -> &[BucketInfo] {
+        &self.buckets
+    }
+
+    /// Whether the buckets have been rebuilt from the observed order.
+    pub fn rebuilt(&self) -> bool {
+        self.rebuilt
+    }
+
+    /// The `grad_ready` order recorded in the first step.
+    pub fn ready_order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// Steps finished so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Whether gradients are all-reduced this step.
+    pub fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    /// Turns all-reduces on or off (between steps).
+    pub fn set_sync(&mut self, on: bool) {
+        self.sync = on;
+    }
+
+    /// Turns all-reduces off until the guard drops (gradient accumulation).
+    pub fn no_sync(&mut self) -> NoSync<'_> {
+        let prev = self.sync;
+        self.sync = false;
+        NoSync { r: self, prev }
+    }
+
+    /// Marks parameter `param` (its index in layout order) as having all its
+    /// gradient contributions submitted. Submits every bucket that is now
+    /// complete and next in order. Returns at once.
+    pub fn grad_ready(&mut self, rt: &Runtime, param: usize) -> Result<()> {
+        let Some(p) = self.params.get(param) else {
+            return Err(self.error(format!(
+                "no parameter #{param} (there are {})",
+                self.params.len()
+            )));
+        };
+        if self.marked[param] {
+            return Err(self.error(format!(
+                "parameter `{}` was marked ready twice in one step",
+                p.name
+            )));
+        }
+        self.marked[param] = true;
+        if self.recording {
+            self.order.push(param);
+        }
+        let b = self.param_bucket[param];
+        self.remaining[b] -= 1;
+        if self.sync {
+            while self.next < self.buckets.len() && self.remaining[self.next] == 0 {
+                self.reduce_bucket(rt, self.next)?;
+                self.next += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the backward pass of a step: submits every bucket not yet
+    /// submitted (when syncing), rebuilds the buckets after the first synced
+    /// step, and resets for the next step. Fails — after submitting, so every
+    /// rank still issues the same collectives — if a parameter was never
+    /// marked (its gradients are reduced as they are).
+    pub fn finish(&mut self, rt: &Runtime) -> Result<()> {
+        let missing: Vec<&str> = self
+            .params
+            .iter()
+            .zip(&self.marked)
+            .filter(|(_, &m)| !m)
+            .map(|(p, _)| p.name.as_str())
+            .collect();
+        let missing = if missing.is_empty() {
+            None
+        } else {
+            Some(self.error(format!(
+                "parameter(s) never marked ready in step {}: {}",
+                self.steps,
+                missing.join(", ")
+            )))
+        };
+        self.recording = false;
+        if self.sync {
+            while self.next < self.buckets.len() {
+                self.reduce_bucket(rt, self.next)?;
+                self.next += 1;
+            }
+            if self.config.rebuild && !self.rebuilt {
+                self.rebuild(rt)?;
+            }
+        }
+        self.steps += 1;
+        self.reset_step();
+        match missing {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Collective {
+            rank: self.comm.rank(),
+            index: self.comm.issued(),
+            op: "gradient reducer".into(),
+            message,
+        }
+    }
+
+    fn reduce_bucket(&self, rt: &Runtime, i: usize) -> Result<()> {
+        let view = &self.views[i];
+        let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
+        match &self.config.compression {
+            Compression::None => {
+                self.comm.submit_named(
+                    rt,
+                    format!("all_reduce bucket {i}"),
+                    avg,
+                    DType::F32,
+                    Buffers::InPlace(view.clone()),
+                )?;
+            }
+            Compression::Bf16 => {
+                let side = self.side[i]
+                    .clone()
+                    .ok_or_else(|| self.error(format!("bucket {i} has no bf16 side buffer")))?;
+                let cs = self.comm.comm_stream();
+                let (src, dst) = (view.clone(), side.whole());
+                rt.task(format!("compress bucket {i}"))
+                    .kind(TaskKind::Comm)
+                    .comm_stream(cs)
+                    .read(view)
+                    .write(&side)
+                    .run(move |ctx| {
+                        let (g, h) = (ctx.read::<f32>(&src)?, ctx.write::<Bf16>(&dst)?);
+                        for (h, g) in h.iter_mut().zip(g) {
+                            *h = Bf16::from_f32(*g);
+                        }
+                        Ok(())
+                    })?;
+                self.comm.submit_named(
+                    rt,
+                    format!("all_reduce bucket {i} (bf16)"),
+                    avg,
+                    DType::Bf16,
+                    Buffers::InPlace(side.whole()),
+                )?;
+                let (src, dst) = (side.whole(), view.clone());
+                rt.task(format!("decompress bucket {i}"))
+                    .kind(TaskKind::Comm)
+                    .comm_stream(cs)
+                    .read(&side)
+                    .write(view)
+                    .run(move |ctx| {
+                        let (h, g) = (ctx.read::<Bf16>(&src)?, ctx.write::<f32>(&dst)?);
+                        for (g, h) in g.iter_mut().zip(h) {
+                            *g = h.to_f32();
+                        }
+                        Ok(())
+                    })?;
+            }
+            Compression::Hook(h) => h.reduce(rt, &self.comm, &self.buckets[i], view)?,
+        }
+        Ok(())
+    }
+
+    /// Rank 0's first-step order, broadcast, then the new buckets.
+    fn rebuild(&mut self, rt: &Runtime) -> Result<()> {
+        let n = self.params.len();
+        let mut order = self.order.clone();
+        let mut seen = vec![false; n];
+        for &p in &order {
+            seen[p] = true;
+        }
+        order.extend((0..n).rev().filter(|&p| !seen[p]));
+        let buf = rt.alloc("bucket order", n * 4)?;
+        if self.comm.rank() == 0 {
+            let ids: Vec<i32> = order.iter().map(|&p| p as i32).collect();
+            rt.upload(&buf, &ids)?;
+        }
+        self.comm.submit_named(
+            rt,
+            "broadcast bucket order",
+            CollectiveKind::Broadcast { root: 0 },
+            DType::I32,
+            Buffers::InPlace(buf.whole()),
+        )?;
+        let got: Vec<i32> = rt.read_vec(&buf)?;
+        let mut seen = vec![false; n];
+        let mut order = Vec::with_capacity(n);
+        for &g in &got {
+            match usize::try_from(g) {
+                Ok(p) if p < n && !seen[p] => {
+                    seen[p] = true;
+                    order.push(p);
+                }
+                _ => {
+                    return Err(self.error(format!(
+                        "the bucket order broadcast by rank 0 is not a permutation of the {n} parameters"
+                    )))
+                }
+            }
+        }
+        let buckets = form_buckets(
+            &self.params,
+            &order,
+            self.config.first_cap_bytes,
+            self.config.cap_bytes,
+        );
+        self.set_layout(rt, buckets)?;
+        self.rebuilt = true;
+        Ok(())
+    }
+}
+
+/// Keeps all-reduces off while alive (see [`Reducer::no_sync`]); derefs to the
+/// reducer.
+#[derive(Debug)]
+pub struct NoSync<'a> {
+    r: &'a mut Reducer,
+    prev: bool,
+}
+
+impl Deref for NoSync<'_> {
+    type Target = Reducer;
+    fn deref(&self) -> &Reducer {
+        self.r
+    }
+}
+
+impl DerefMut for NoSync<'_> {
+    fn deref_mut(&mut self) -> &mut Reducer {
+        self.r
+    }
+}
+
+impl Drop for NoSync<'_> {
+    fn drop(&mut self) {
+        self.r.sync = self.prev;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs(sizes: &[usize]) -> Vec<ParamSpec> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let p = ParamSpec::new(format!("p{i}"), at..at + n);
+                at += n;
+                p
+            })
+            .collect()
+    }
+
+    fn ranges(b: &[BucketInfo]) -> Vec<Range<usize>> {
+        b.iter().map(|b| b.elems.clone()).collect()
+    }
+
+    #[test]
+    fn reverse_layout_with_first_and_later_caps() {
+        // 1 MiB = 262144 f32s; caps: first 1 MiB, then 25 MiB.
+        let mib = 1 << 18;
+        let p = specs(&[4 * mib, mib / 2, mib / 2, mib / 4, 30 * mib, mib]);
+        let order: Vec<usize> = (0..p.len()).rev().collect();
+        let b = form_buckets(&p, &order, 1 << 20, 25 << 20);
+        // p5 (1 MiB) fills the first bucket; p4 (30 MiB) is over the cap,
+        // alone; then p3..p0 fit one 25 MiB bucket (5.25 MiB).
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[0].params, vec![5]);
+        assert_eq!(b[1].params, vec![4]);
+        assert_eq!(b[2].params, vec![3, 2, 1, 0]);
+        assert_eq!(b[2].elems, 0..p[3].range.end);
+        for (i, x) in b.iter().enumerate() {
+            assert_eq!(x.index, i);
+        }
+    }
+
+    #[test]
+    fn buckets_from_ready_order_are_runs_of_adjacent_params() {
+        // Layout: w0 w1 w2 b0 b1 b2 (weights, then biases); backward order
+        // w2 b2 w1 b1 w0 b0: no two consecutive ones are memory neighbours,
+        // so each parameter gets a bucket of its own.
+        let p = specs(&[100, 100, 100, 10, 10, 10]);
+        let order = [2, 5, 1, 4, 0, 3];
+        let b = form_buckets(&p, &order, 1 << 20, 1 << 20);
+        assert_eq!(b.len(), 6);
+        // An order that visits memory neighbours in sequence merges them,
+        // growing at either end.
+        let order = [4, 3, 5, 1, 0, 2];
+        let b = form_buckets(&p, &order, 1 << 20, 1 << 20);
+        assert_eq!(ranges(&b), vec![300..330, 0..300]);
+        assert_eq!(b[0].params, vec![4, 3, 5]);
+        // Caps split runs: the first cap 40 bytes = 10 f32s.
+        let b = form_buckets(&p, &order, 40, 80);
+        assert_eq!(
+            ranges(&b),
+            vec![310..320, 300..310, 320..330, 100..200, 0..100, 200..300]
+        );
+    }
+}

@@ -1,0 +1,749 @@
+//! Collectives as tasks.
+//!
+//! A collective (all-reduce, reduce-scatter, all-gather, broadcast, barrier) is
+//! a task like any other: it declares its accesses on views, so the engine
+//! orders it after the tasks that write its input and before the tasks that
+//! read its output, and it runs on its communicator's comm stream. Because a
+//! stream is a FIFO and every collective of one communicator goes to the same
+//! comm stream, collectives start in submission order; a program that submits
+//! the same collectives in the same order on every rank therefore issues them
+//! identically everywhere (Semantics 5).
+//!
+//! Two layers:
+//!
+//! * [`Communicator`] — what a backend implements: *perform this collective
+//!   inside this task body*. The CPU implementation ([`LocalComm`]) reduces host
+//!   slices of ranks that are threads of one process; an NCCL implementation
+//!   takes device pointers from the task context
+//!   ([`TaskCtx::device_ptr`](crate::TaskCtx::device_ptr)) and calls
+//!   `ncclAllReduce` and friends on the raw stream the task runs on.
+//! * [`Comm`] — the generic submission layer every backend shares: it checks
+//!   view sizes, numbers collectives, declares the accesses, submits the task
+//!   with kind [`TaskKind::Comm`] on the communicator's comm stream, turns every
+//!   failure into [`Error::Collective`], and poisons itself after one (later
+//!   collectives fail fast, like `ncclCommAbort`).
+//!
+//! Around them: [`launch`] (N CPU ranks as threads), and the DDP gradient
+//! bucket [`Reducer`]. `docs/collectives.md` describes the protocols.
+
+mod bucket;
+mod launch;
+mod local;
+
+pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
+pub use launch::{launch, launch_with};
+pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
+
+use crate::buffer::View;
+use crate::error::{Error, Result};
+use crate::sync::{lock, Arc, Mutex};
+use crate::task::{TaskCtx, TaskHandle, TaskKind};
+use crate::Runtime;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::OnceLock;
+
+/// Element type of a collective's data. It travels with the operation, so
+/// ranks that disagree on it are detected rather than mis-summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// 32-bit signed integer (sums wrap; averages truncate toward zero).
+    I32,
+    /// bfloat16, stored as its `u16` bit pattern ([`Bf16`]). Reduced in `f32`
+    /// and rounded once (to nearest, ties to even) per element.
+    Bf16,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 => 8,
+            DType::Bf16 => 2,
+        }
+    }
+
+    /// The type's name (`f32`, `bf16`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A bfloat16 value as its bit pattern (the upper half of an `f32`).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    /// Rounds `x` to the nearest bfloat16 (ties to even); NaN stays NaN.
+    pub fn from_f32(x: f32) -> Bf16 {
+        let bits = x.to_bits();
+        if x.is_nan() {
+            // Keep it a (quiet) NaN whatever its payload.
+            return Bf16(((bits >> 16) as u16) | 0x0040);
+        }
+        let round = 0x7fff + ((bits >> 16) & 1);
+        Bf16((bits.wrapping_add(round) >> 16) as u16)
+    }
+
+    /// The exact `f32` value.
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+/// Element types the typed helpers of [`Comm`] accept.
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for Bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+
+/// How an all-reduce or reduce-scatter combines the ranks' elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Sum divided by the number of ranks.
+    Avg,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+}
+
+impl ReduceOp {
+    /// The operation's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
+/// Which collective, with its operation-specific parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    /// Every rank ends with the reduction of every rank's input.
+    AllReduce(ReduceOp),
+    /// Rank `r` ends with chunk `r` of the reduction (`count` elements each).
+    ReduceScatter(ReduceOp),
+    /// Every rank ends with every rank's `count` elements, in rank order.
+    AllGather,
+    /// Every rank ends with `root`'s data.
+    Broadcast {
+        /// The rank whose data is sent.
+        root: usize,
+    },
+    /// Every rank waits until all have arrived.
+    Barrier,
+}
+
+impl CollectiveKind {
+    /// The collective's name (`all_reduce`, …), used as the default task name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce(_) => "all_reduce",
+            CollectiveKind::ReduceScatter(_) => "reduce_scatter",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::Broadcast { .. } => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+        }
+    }
+}
+
+/// The data of a collective.
+#[derive(Debug, Clone)]
+pub enum Buffers {
+    /// No data (a barrier).
+    None,
+    /// One view is both input and output. All-reduce and broadcast: the
+    /// data itself. Reduce-scatter: `count × world` elements in, rank `r`'s
+    /// result lands in chunk `r`. All-gather: `count × world` elements out,
+    /// rank `r`'s input is chunk `r`. (NCCL's in-place conventions.)
+    InPlace(View),
+    /// Separate input and output views (they must not overlap).
+    OutOfPlace {
+        /// Input.
+        send: View,
+        /// Output.
+        recv: View,
+    },
+}
+
+/// One collective as a communicator performs it, inside its task body.
+#[derive(Debug, Clone)]
+pub struct Collective {
+    /// Position on its communicator, from 0: the same collective has the same
+    /// index on every rank.
+    pub index: u64,
+    /// What to do.
+    pub kind: CollectiveKind,
+    /// Element type.
+    pub dtype: DType,
+    /// Element count with NCCL's convention: all-reduce and broadcast, the
+    /// data; reduce-scatter, each rank's output; all-gather, each rank's input.
+    pub count: usize,
+    /// The data.
+    pub buffers: Buffers,
+}
+
+impl Collective {
+    /// Input view: for in-place reduce-scatter the whole view, for in-place
+    /// all-gather this rank's chunk of it. `None` for a barrier.
+    pub fn send_view(&self, rank: usize) -> Result<Option<View>> {
+        Ok(match &self.buffers {
+            Buffers::None => None,
+            Buffers::OutOfPlace { send, .. } => Some(send.clone()),
+            Buffers::InPlace(v) => Some(match self.kind {
+                CollectiveKind::AllGather => self.chunk(v, rank)?,
+                _ => v.clone(),
+            }),
+        })
+    }
+
+    /// Output view: for in-place reduce-scatter this rank's chunk, for
+    /// in-place all-gather the whole view. `None` for a barrier.
+    pub fn recv_view(&self, rank: usize) -> Result<Option<View>> {
+        Ok(match &self.buffers {
+            Buffers::None => None,
+            Buffers::OutOfPlace { recv, .. } => Some(recv.clone()),
+            Buffers::InPlace(v) => Some(match self.kind {
+                CollectiveKind::ReduceScatter(_) => self.chunk(v, rank)?,
+                _ => v.clone(),
+            }),
+        })
+    }
+
+    fn chunk(&self, v: &View, rank: usize) -> Result<View> {
+        let n = self.count * self.dtype.size();
+        v.view(rank * n..(rank + 1) * n)
+    }
+
+    /// Whether the data is in place.
+    pub fn in_place(&self) -> bool {
+        matches!(self.buffers, Buffers::InPlace(_))
+    }
+
+    /// What ranks must agree on: kind (with its operation or root), element
+    /// type and count.
+    pub fn signature(&self) -> (CollectiveKind, DType, usize) {
+        (self.kind, self.dtype, self.count)
+    }
+
+    /// A short description: `all_reduce(sum, f32 × 1024)`.
+    pub fn describe(&self) -> String {
+        describe(self.kind, self.dtype, self.count)
+    }
+}
+
+pub(crate) fn describe(kind: CollectiveKind, dtype: DType, count: usize) -> String {
+    let d = dtype.name();
+    match kind {
+        CollectiveKind::AllReduce(op) | CollectiveKind::ReduceScatter(op) => {
+            format!("{}({}, {d} × {count})", kind.name(), op.name())
+        }
+        CollectiveKind::Broadcast { root } => format!("broadcast(root {root}, {d} × {count})"),
+        CollectiveKind::AllGather => format!("all_gather({d} × {count})"),
+        CollectiveKind::Barrier => "barrier".to_string(),
+    }
+}
+
+/// What a collective backend implements: perform one collective inside the
+/// body of the task that stands for it.
+///
+/// The submission layer ([`Comm`]) has already declared the task's accesses
+/// (so `ctx` hands out the views of [`Collective::send_view`] and
+/// [`Collective::recv_view`]), placed it on stream [`comm_stream`] and numbered
+/// it. `run` is called on the stream thread and may block there (a CPU
+/// collective waits for its peers; NCCL enqueues on the task's raw stream).
+/// Collectives reach `run` in their index order, one at a time.
+///
+/// [`comm_stream`]: Communicator::comm_stream
+pub trait Communicator: Send + Sync + fmt::Debug {
+    /// This rank, `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Which comm stream of the runtime its collectives run on (modulo their
+    /// number; default 0).
+    fn comm_stream(&self) -> usize {
+        0
+    }
+
+    /// The backend's name (`local`, `nccl`).
+    fn backend(&self) -> &'static str;
+
+    /// Performs `op` inside the task body `ctx`.
+    fn run(&self, ctx: &TaskCtx<'_>, op: &Collective) -> Result<()>;
+
+    /// Gives up: pending and later collectives of every rank fail instead of
+    /// waiting (`ncclCommAbort`). Called by [`Comm`] when a collective of this
+    /// rank failed or will never run (its task was skipped). Default: nothing.
+    fn abort(&self, reason: &str) {
+        let _ = reason;
+    }
+}
+
+struct CommInner {
+    imp: Box<dyn Communicator>,
+    /// Collectives submitted so far; held while submitting, so numbering and
+    /// submission order agree even when several threads submit.
+    issued: Mutex<u64>,
+    /// The first failure; later collectives fail fast with it.
+    poisoned: OnceLock<Error>,
+}
+
+impl CommInner {
+    fn poison(&self, e: &Error) {
+        if self.poisoned.set(e.clone()).is_ok() {
+            self.imp.abort(&e.to_string());
+        }
+    }
+}
+
+/// A communicator as programs use it: submits collectives as tasks.
+///
+/// Cheap to clone; clones share the collective numbering, so use one `Comm`
+/// (and its clones) per communicator.
+#[derive(Clone)]
+pub struct Comm {
+    inner: Arc<CommInner>,
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Comm")
+            .field("backend", &self.inner.imp.backend())
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("issued", &self.issued())
+            .finish()
+    }
+}
+
+/// Drop guard inside a collective's task body: if the body is dropped without
+/// running (a task it depends on failed), the communicator is aborted so the
+/// other ranks fail now instead of waiting for a collective that will never
+/// come.
+struct RunGuard {
+    inner: Arc<CommInner>,
+    index: u64,
+    what: String,
+    ran: bool,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if !self.ran {
+            let e = Error::Collective {
+                rank: self.inner.imp.rank(),
+                index: self.index,
+                op: self.what.clone(),
+                message: "skipped on this rank because a task it depends on failed".into(),
+            };
+            self.inner.poison(&e);
+        }
+    }
+}
+
+impl Comm {
+    /// Wraps a backend's communicator.
+    pub fn new(imp: impl Communicator + 'static) -> Comm {
+        Comm {
+            inner: Arc::new(CommInner {
+                imp: Box::new(imp),
+                issued: Mutex::new(0),
+                poisoned: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.imp.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.inner.imp.world_size()
+    }
+
+    /// The comm stream index its collectives use.
+    pub fn comm_stream(&self) -> usize {
+        self.inner.imp.comm_stream()
+    }
+
+    /// The backend communicator.
+    pub fn communicator(&self) -> &dyn Communicator {
+        &*self.inner.imp
+    }
+
+    /// Number of collectives submitted so far (the next one's index).
+    pub fn issued(&self) -> u64 {
+        *lock(&self.inner.issued)
+    }
+
+    /// The failure that poisoned this communicator, if any.
+    pub fn poisoned(&self) -> Option<Error> {
+        self.inner.poisoned.get().cloned()
+    }
+
+    /// Aborts the communicator: this rank's pending and later collectives fail,
+    /// and so do the other ranks' (for backends that can tell them).
+    pub fn abort(&self, reason: &str) {
+        let e = Error::Collective {
+            rank: self.rank(),
+            index: self.issued(),
+            op: "abort".into(),
+            message: reason.to_string(),
+        };
+        self.inner.poison(&e);
+    }
+
+    /// Submits a collective named after its kind. See [`Comm::submit_named`].
+    pub fn submit(
+        &self,
+        rt: &Runtime,
+        kind: CollectiveKind,
+        dtype: DType,
+        buffers: Buffers,
+    ) -> Result<TaskHandle> {
+        self.submit_named(rt, kind.name(), kind, dtype, buffers)
+    }
+
+    /// Submits a collective as the task `name`: checks the views against the
+    /// kind and element type (an error here consumes no index), declares the
+    /// accesses (all-reduce, reduce-scatter and all-gather in place:
+    /// `read_write` on the view; broadcast in place: `read` on the root,
+    /// `read_write` elsewhere; out of place: `read` on the input, `write` on
+    /// the output) and places the task on the communicator's comm stream.
+    /// Returns at once.
+    pub fn submit_named(
+        &self,
+        rt: &Runtime,
+        name: impl Into<Cow<'static, str>>,
+        kind: CollectiveKind,
+        dtype: DType,
+        buffers: Buffers,
+    ) -> Result<TaskHandle> {
+        let name = name.into();
+        let rank = self.rank();
+        let count = self.check(&name, kind, dtype, &buffers)?;
+        let mut issued = lock(&self.inner.issued);
+        let index = *issued;
+        let op = Collective {
+            index,
+            kind,
+            dtype,
+            count,
+            buffers,
+        };
+        let what = if name == kind.name() {
+            op.describe()
+        } else {
+            format!("{name}: {}", op.describe())
+        };
+        let mut b = rt
+            .task(name)
+            .kind(TaskKind::Comm)
+            .comm_stream(self.comm_stream());
+        match &op.buffers {
+            Buffers::None => {}
+            Buffers::InPlace(v) => {
+                b = match kind {
+                    CollectiveKind::Broadcast { root } if root == rank => b.read(v),
+                    _ => b.read_write(v),
+                }
+            }
+            Buffers::OutOfPlace { send, recv } => b = b.read(send).write(recv),
+        }
+        let mut guard = RunGuard {
+            inner: self.inner.clone(),
+            index,
+            what: what.clone(),
+            ran: false,
+        };
+        let h = b.run(move |ctx| {
+            guard.ran = true;
+            let inner = &guard.inner;
+            if let Some(e) = inner.poisoned.get() {
+                return Err(Box::new(Error::Collective {
+                    rank,
+                    index,
+                    op: what,
+                    message: format!("communicator is poisoned by an earlier failure: {e}"),
+                }));
+            }
+            match inner.imp.run(ctx, &op) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let e = match e {
+                        e @ Error::Collective { .. } => e,
+                        other => Error::Collective {
+                            rank,
+                            index,
+                            op: what,
+                            message: other.to_string(),
+                        },
+                    };
+                    inner.poison(&e);
+                    Err(Box::new(e))
+                }
+            }
+        })?;
+        *issued += 1;
+        Ok(h)
+    }
+
+    /// Checks the views against the collective; returns the element count.
+    fn check(&self, name: &str, kind: CollectiveKind, dtype: DType, b: &Buffers) -> Result<usize> {
+        let world = self.world_size();
+        let sz = dtype.size();
+        let bad = |msg: String| Err(Error::Config(format!("collective `{name}`: {msg}")));
+        let elems = |v: &View, what: &str| -> Result<usize> {
+            if v.len() % sz != 0 {
+                return Err(Error::Config(format!(
+                    "collective `{name}`: {what} view of `{}` has {} bytes, not a whole number of {}",
+                    v.buffer().name(),
+                    v.len(),
+                    dtype.name()
+                )));
+            }
+            Ok(v.len() / sz)
+        };
+        let per_rank = |n: usize| -> Result<usize> {
+            if n % world != 0 {
+                return Err(Error::Config(format!(
+                    "collective `{name}`: {n} elements do not split evenly over {world} ranks"
+                )));
+            }
+            Ok(n / world)
+        };
+        if let CollectiveKind::Broadcast { root } = kind {
+            if root >= world {
+                return bad(format!("broadcast root {root} is not a rank of {world}"));
+            }
+        }
+        match (kind, b) {
+            (CollectiveKind::Barrier, Buffers::None) => Ok(0),
+            (CollectiveKind::Barrier, _) => bad("a barrier takes no data".into()),
+            (_, Buffers::None) => bad(format!("{} needs data", kind.name())),
+            (
+                CollectiveKind::AllReduce(_) | CollectiveKind::Broadcast { .. },
+                Buffers::InPlace(v),
+            ) => elems(v, "the"),
+            (CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather, Buffers::InPlace(v)) => {
+                per_rank(elems(v, "the")?)
+            }
+            (_, Buffers::OutOfPlace { send, recv }) => {
+                if send.buffer().id() == recv.buffer().id()
+                    && send.start < recv.end
+                    && recv.start < send.end
+                {
+                    return bad(format!(
+                        "out-of-place input {:?} and output {:?} overlap (use the in-place form)",
+                        send.range(),
+                        recv.range()
+                    ));
+                }
+                let (s, r) = (elems(send, "input")?, elems(recv, "output")?);
+                let (count, ok) = match kind {
+                    CollectiveKind::ReduceScatter(_) => (r, s == r * world),
+                    CollectiveKind::AllGather => (s, r == s * world),
+                    _ => (s, s == r),
+                };
+                if !ok {
+                    return bad(format!(
+                        "input of {s} and output of {r} elements do not fit {} over {world} ranks",
+                        kind.name()
+                    ));
+                }
+                Ok(count)
+            }
+        }
+    }
+
+    /// In-place all-reduce of the `T` elements of `v`.
+    pub fn all_reduce<T: Element>(
+        &self,
+        rt: &Runtime,
+        v: &View,
+        op: ReduceOp,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::AllReduce(op),
+            T::DTYPE,
+            Buffers::InPlace(v.clone()),
+        )
+    }
+
+    /// All-reduce of `send` into `recv` (same element count).
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        rt: &Runtime,
+        send: &View,
+        recv: &View,
+        op: ReduceOp,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::AllReduce(op),
+            T::DTYPE,
+            out_of_place(send, recv),
+        )
+    }
+
+    /// In-place reduce-scatter: `v` holds `count × world` elements; rank `r`'s
+    /// reduced chunk lands in chunk `r` of `v` (the other chunks keep their
+    /// input).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        rt: &Runtime,
+        v: &View,
+        op: ReduceOp,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::ReduceScatter(op),
+            T::DTYPE,
+            Buffers::InPlace(v.clone()),
+        )
+    }
+
+    /// Reduce-scatter of `send` (`count × world` elements) into `recv` (`count`).
+    pub fn reduce_scatter_into<T: Element>(
+        &self,
+        rt: &Runtime,
+        send: &View,
+        recv: &View,
+        op: ReduceOp,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::ReduceScatter(op),
+            T::DTYPE,
+            out_of_place(send, recv),
+        )
+    }
+
+    /// In-place all-gather: `v` holds `count × world` elements; rank `r`
+    /// contributes chunk `r`.
+    pub fn all_gather<T: Element>(&self, rt: &Runtime, v: &View) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::AllGather,
+            T::DTYPE,
+            Buffers::InPlace(v.clone()),
+        )
+    }
+
+    /// All-gather of `send` (`count`) into `recv` (`count × world`, rank order).
+    pub fn all_gather_into<T: Element>(
+        &self,
+        rt: &Runtime,
+        send: &View,
+        recv: &View,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::AllGather,
+            T::DTYPE,
+            out_of_place(send, recv),
+        )
+    }
+
+    /// In-place broadcast of `root`'s `v` to every rank's `v`.
+    pub fn broadcast<T: Element>(&self, rt: &Runtime, v: &View, root: usize) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::Broadcast { root },
+            T::DTYPE,
+            Buffers::InPlace(v.clone()),
+        )
+    }
+
+    /// Broadcast of `root`'s `send` into every rank's `recv`.
+    pub fn broadcast_into<T: Element>(
+        &self,
+        rt: &Runtime,
+        send: &View,
+        recv: &View,
+        root: usize,
+    ) -> Result<TaskHandle> {
+        self.submit(
+            rt,
+            CollectiveKind::Broadcast { root },
+            T::DTYPE,
+            out_of_place(send, recv),
+        )
+    }
+
+    /// A barrier: completes on each rank once every rank has reached it (in
+    /// stream order: it waits for nothing else on its own rank).
+    pub fn barrier(&self, rt: &Runtime) -> Result<TaskHandle> {
+        self.submit(rt, CollectiveKind::Barrier, DType::F32, Buffers::None)
+    }
+}
+
+fn out_of_place(send: &View, recv: &View) -> Buffers {
+    Buffers::OutOfPlace {
+        send: send.clone(),
+        recv: recv.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(Bf16::from_f32(1.0).to_f32(), 1.0);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
+        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+        // Just above halfway rounds up.
+        assert_eq!(
+            Bf16::from_f32(1.0 + 1.0 / 256.0 + 1.0 / 4096.0).to_f32(),
+            1.0 + 1.0 / 128.0
+        );
+        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+        assert_eq!(Bf16::from_f32(f32::INFINITY).to_f32(), f32::INFINITY);
+        assert_eq!(Bf16::from_f32(-2.5).to_f32(), -2.5);
+    }
+
+    #[test]
+    fn descriptions() {
+        let d = describe(CollectiveKind::AllReduce(ReduceOp::Avg), DType::F32, 10);
+        assert_eq!(d, "all_reduce(avg, f32 × 10)");
+        assert_eq!(describe(CollectiveKind::Barrier, DType::F32, 0), "barrier");
+    }
+}

@@ -1,0 +1,225 @@
+//! Shared helpers for the engine's integration tests: random programs and
+//! their sequential reference.
+#![allow(dead_code)]
+
+use braid::{Buffer, Mode, Policy, Runtime, View};
+use proptest::prelude::*;
+use std::ops::Range;
+
+/// One access of a generated task: buffer index, element range, mode.
+#[derive(Debug, Clone)]
+pub struct GenAccess {
+    pub buf: usize,
+    pub range: Range<usize>,
+    pub mode: Mode,
+}
+
+/// One generated task.
+#[derive(Debug, Clone)]
+pub struct GenTask {
+    pub accesses: Vec<GenAccess>,
+    pub salt: u32,
+    /// Busy-work iterations, to shake up interleavings.
+    pub spin: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub sizes: Vec<usize>,
+    pub tasks: Vec<GenTask>,
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![Just(Mode::Read), Just(Mode::Write), Just(Mode::ReadWrite)]
+}
+
+fn conflicting(a: &GenAccess, b: &GenAccess) -> bool {
+    a.buf == b.buf && a.range.start < b.range.end && b.range.start < a.range.end
+}
+
+/// Random programs: 1–4 buffers of 1–48 u32s, up to `max_tasks` tasks of
+/// 1–3 accesses each on random sub-ranges. Accesses of one task never
+/// overlap each other (a task declares each byte once).
+pub fn program(max_tasks: usize) -> impl Strategy<Value = Program> {
+    prop::collection::vec(1usize..48, 1..5).prop_flat_map(move |sizes| {
+        let nb = sizes.len();
+        let sz = sizes.clone();
+        let access = (0..nb, any::<(u16, u16)>(), mode()).prop_map(move |(b, (x, y), m)| {
+            let n = sz[b];
+            let (mut s, mut e) = (x as usize % (n + 1), y as usize % (n + 1));
+            if s > e {
+                std::mem::swap(&mut s, &mut e);
+            }
+            if s == e {
+                e = (s + 1).min(n);
+                s = e - 1;
+            }
+            GenAccess {
+                buf: b,
+                range: s..e,
+                mode: m,
+            }
+        });
+        let task = (prop::collection::vec(access, 1..4), any::<u32>(), 0u32..300).prop_map(
+            |(mut acc, salt, spin)| {
+                let mut keep: Vec<GenAccess> = Vec::new();
+                for a in acc.drain(..) {
+                    if !keep.iter().any(|k| conflicting(k, &a)) {
+                        keep.push(a);
+                    }
+                }
+                GenTask {
+                    accesses: keep,
+                    salt,
+                    spin,
+                }
+            },
+        );
+        (Just(sizes), prop::collection::vec(task, 1..max_tasks))
+            .prop_map(|(sizes, tasks)| Program { sizes, tasks })
+    })
+}
+
+/// The task body's arithmetic, shared by the engine run and the reference:
+/// fold every readable access into an accumulator, then overwrite (write) or
+/// update (read_write) every writable one.
+pub fn apply(t: &GenTask, reads: &[&[u32]], writes: &mut [&mut [u32]], modes: &[Mode]) {
+    let mut acc = t.salt;
+    for r in reads {
+        for (i, &x) in r.iter().enumerate() {
+            acc = acc.wrapping_mul(31).wrapping_add(x ^ i as u32);
+        }
+    }
+    let mut spin = acc;
+    for _ in 0..t.spin {
+        spin = std::hint::black_box(spin.rotate_left(5) ^ 0x9e37_79b9);
+    }
+    let mut wi = 0;
+    for m in modes {
+        if !m.writes() {
+            continue;
+        }
+        let w = &mut writes[wi];
+        wi += 1;
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = match m {
+                Mode::Write => acc.wrapping_add((i as u32).wrapping_mul(t.salt | 1)),
+                _ => x.wrapping_mul(3).wrapping_add(acc).wrapping_add(i as u32),
+            };
+        }
+    }
+    let _ = spin;
+}
+
+/// Runs the program one task at a time on plain vectors.
+pub fn sequential(p: &Program) -> Vec<Vec<u32>> {
+    let mut bufs: Vec<Vec<u32>> = p
+        .sizes
+        .iter()
+        .enumerate()
+        .map(|(b, &n)| (0..n as u32).map(|i| i * 7 + b as u32).collect())
+        .collect();
+    for t in &p.tasks {
+        let reads: Vec<Vec<u32>> = t
+            .accesses
+            .iter()
+            .filter(|a| a.mode.reads())
+            .map(|a| bufs[a.buf][a.range.clone()].to_vec())
+            .collect();
+        let mut outs: Vec<Vec<u32>> = t
+            .accesses
+            .iter()
+            .filter(|a| a.mode.writes())
+            .map(|a| bufs[a.buf][a.range.clone()].to_vec())
+            .collect();
+        {
+            let r: Vec<&[u32]> = reads.iter().map(|v| v.as_slice()).collect();
+            let mut w: Vec<&mut [u32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let modes: Vec<Mode> = t.accesses.iter().map(|a| a.mode).collect();
+            apply(t, &r, &mut w, &modes);
+        }
+        for (a, o) in t.accesses.iter().filter(|a| a.mode.writes()).zip(outs) {
+            bufs[a.buf][a.range.clone()].copy_from_slice(&o);
+        }
+    }
+    bufs
+}
+
+/// Runs the program on `rt` and reads every buffer back.
+pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
+    let bufs: Vec<Buffer> = p
+        .sizes
+        .iter()
+        .enumerate()
+        .map(|(b, &n)| {
+            let init: Vec<u32> = (0..n as u32).map(|i| i * 7 + b as u32).collect();
+            rt.alloc_from(format!("b{b}"), &init).unwrap()
+        })
+        .collect();
+    for t in &p.tasks {
+        let views: Vec<(View, Mode)> = t
+            .accesses
+            .iter()
+            .map(|a| (bufs[a.buf].view_of::<u32>(a.range.clone()).unwrap(), a.mode))
+            .collect();
+        let mut b = rt.task(format!("t{}", t.salt));
+        for (v, m) in &views {
+            b = b.access(v, *m);
+        }
+        let t = t.clone();
+        b.run(move |ctx| {
+            let mut reads = Vec::new();
+            for (v, m) in &views {
+                if *m == Mode::Read {
+                    reads.push(ctx.read::<u32>(v)?);
+                }
+            }
+            // read_write accesses are read through their exclusive slice.
+            let mut writes: Vec<&mut [u32]> = Vec::new();
+            for (v, m) in &views {
+                if m.writes() {
+                    writes.push(ctx.write::<u32>(v)?);
+                }
+            }
+            // Reads in declaration order, read_write ones included, as the
+            // reference folds them.
+            let mut all_reads: Vec<&[u32]> = Vec::new();
+            let (mut ri, mut wi) = (0, 0);
+            for (_, m) in &views {
+                match m {
+                    Mode::Read => {
+                        all_reads.push(reads[ri]);
+                        ri += 1;
+                    }
+                    Mode::ReadWrite => {
+                        all_reads.push(&*writes[wi]);
+                        wi += 1;
+                    }
+                    Mode::Write => wi += 1,
+                }
+            }
+            let snapshot: Vec<Vec<u32>> = all_reads.iter().map(|r| r.to_vec()).collect();
+            let r: Vec<&[u32]> = snapshot.iter().map(|v| v.as_slice()).collect();
+            let modes: Vec<Mode> = views.iter().map(|(_, m)| *m).collect();
+            apply(&t, &r, &mut writes, &modes);
+            Ok(())
+        })
+        .unwrap();
+    }
+    let out = bufs
+        .iter()
+        .map(|b| rt.read_vec::<u32>(b).unwrap())
+        .collect();
+    rt.synchronize().unwrap();
+    out
+}
+
+pub fn cpu_runtime(streams: usize, policy: Policy) -> Runtime {
+    Runtime::builder()
+        .backend(braid::BackendKind::Cpu)
+        .compute_streams(streams)
+        .comm_streams(1)
+        .policy(policy)
+        .build()
+        .unwrap()
+}

@@ -1,0 +1,459 @@
+//! Training checkpoints: parameters, AdamW moments, and everything needed to
+//! resume a run exactly (step, data loader position, RNG state, optimizer
+//! hyper-parameters).
+//!
+//! # On disk
+//!
+//! A checkpoint is a directory holding one file, [`CHECKPOINT_FILE`]: a
+//! safetensors file with three 1-D F32 tensors `params`, `adam_m`, `adam_v`
+//! (flat, in [`ParamLayout`](crate::layout::ParamLayout) order) and, under the
+//! metadata key [`METADATA_KEY`], a JSON object with the format version, the
+//! model configuration, the step, the loader state, the RNG state, the optimizer
+//! hyper-parameters and free-form extras. Any safetensors reader can open it;
+//! `head -c 4096 checkpoint.safetensors` shows the metadata.
+//!
+//! # Atomicity
+//!
+//! Everything lives in one file, written to a temporary file beside it, `fsync`ed
+//! and renamed over the old one (see `data::io`). A reader sees the old
+//! checkpoint or the new one, never a mix or a prefix; a failed save (full disk,
+//! bad path, invalid contents) leaves an existing checkpoint as it was, and a
+//! crash mid-save leaves at worst a stray `checkpoint.safetensors.braid-tmp-*`
+//! file that loading ignores.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Gpt2Config;
+use crate::data::io::write_atomic_with;
+use crate::data::loader::LoaderState;
+use crate::error::{Gpt2Error, Result};
+use crate::weights::{read_header, F32View, Header};
+
+/// Name of the file inside a checkpoint directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
+/// Safetensors metadata key holding the checkpoint's JSON metadata.
+pub const METADATA_KEY: &str = "braid.checkpoint";
+/// Version of the metadata format written by this crate.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+const TENSOR_NAMES: [&str; 3] = ["params", "adam_m", "adam_v"];
+
+/// AdamW hyper-parameters (the values in force when the checkpoint was taken).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdamWHyper {
+    /// Learning rate at the checkpointed step.
+    pub learning_rate: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWHyper {
+    /// llm.c's `train_gpt2.c` values: `lr 3e-4, betas (0.9, 0.999), eps 1e-8, wd 0`.
+    fn default() -> Self {
+        AdamWHyper {
+            learning_rate: 3e-4,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// Everything a training run needs to resume. Plain data: the trainer fills it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The model configuration (fixes the lengths of the three vectors).
+    pub config: Gpt2Config,
+    /// Optimizer steps completed (AdamW's `t`; bias correction uses it).
+    pub step: u64,
+    /// Parameters, flat in layout order, `config.num_parameters()` long.
+    pub params: Vec<f32>,
+    /// AdamW first moments, same layout and length.
+    pub adam_m: Vec<f32>,
+    /// AdamW second moments, same layout and length.
+    pub adam_v: Vec<f32>,
+    /// Optimizer hyper-parameters.
+    pub optimizer: AdamWHyper,
+    /// Data loader position (the same on every rank).
+    pub loader: LoaderState,
+    /// RNG state, if the run uses one (e.g. for sampling or dropout).
+    pub rng_state: Option<Vec<u64>>,
+    /// Anything else worth keeping (batch size, world size, schedule, ...).
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// A checkpoint's metadata without its tensors (read from the header only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointInfo {
+    /// The checkpoint file.
+    pub path: PathBuf,
+    /// The model configuration.
+    pub config: Gpt2Config,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Optimizer hyper-parameters.
+    pub optimizer: AdamWHyper,
+    /// Data loader position.
+    pub loader: LoaderState,
+    /// RNG state, if any.
+    pub rng_state: Option<Vec<u64>>,
+    /// Free-form extras.
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// [`Gpt2Config`] as stored in the JSON metadata.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct ConfigRecord {
+    max_seq_len: usize,
+    vocab_size: usize,
+    num_layers: usize,
+    num_heads: usize,
+    channels: usize,
+}
+
+impl From<Gpt2Config> for ConfigRecord {
+    fn from(c: Gpt2Config) -> Self {
+        ConfigRecord {
+            max_seq_len: c.max_seq_len,
+            vocab_size: c.vocab_size,
+            num_layers: c.num_layers,
+            num_heads: c.num_heads,
+            channels: c.channels,
+        }
+    }
+}
+
+impl From<ConfigRecord> for Gpt2Config {
+    fn from(c: ConfigRecord) -> Self {
+        Gpt2Config {
+            max_seq_len: c.max_seq_len,
+            vocab_size: c.vocab_size,
+            num_layers: c.num_layers,
+            num_heads: c.num_heads,
+            channels: c.channels,
+        }
+    }
+}
+
+/// The JSON metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct MetaRecord {
+    version: u32,
+    config: ConfigRecord,
+    step: u64,
+    optimizer: AdamWHyper,
+    loader: LoaderState,
+    #[serde(default)]
+    rng_state: Option<Vec<u64>>,
+    #[serde(default)]
+    extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn ckpt_err(path: &Path, reason: impl Into<String>) -> Gpt2Error {
+    Gpt2Error::Checkpoint {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// The checkpoint file inside a checkpoint directory.
+pub fn checkpoint_file(dir: impl AsRef<Path>) -> PathBuf {
+    dir.as_ref().join(CHECKPOINT_FILE)
+}
+
+fn validate(dir: &Path, ckpt: &Checkpoint) -> Result<()> {
+    ckpt.config
+        .validate()
+        .map_err(|e| ckpt_err(dir, format!("invalid configuration: {e}")))?;
+    let n = ckpt.config.num_parameters();
+    for (what, v) in TENSOR_NAMES
+        .iter()
+        .zip([&ckpt.params, &ckpt.adam_m, &ckpt.adam_v])
+    {
+        if v.len() != n {
+            return Err(Gpt2Error::LengthMismatch {
+                what: what.to_string(),
+                expected: n,
+                found: v.len(),
+            });
+        }
+    }
+    let o = &ckpt.optimizer;
+    for (name, x) in [
+        ("learning_rate", o.learning_rate),
+        ("beta1", o.beta1),
+        ("beta2", o.beta2),
+        ("eps", o.eps),
+        ("weight_decay", o.weight_decay),
+    ] {
+        if !x.is_finite() {
+            return Err(ckpt_err(
+                dir,
+                format!("optimizer {name} is {x}, which JSON cannot store"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Saves `ckpt` into directory `dir` (created if missing), atomically: on any
+/// failure an existing checkpoint in `dir` is left untouched.
+pub fn save_checkpoint(dir: impl AsRef<Path>, ckpt: &Checkpoint) -> Result<()> {
+    save_checkpoint_with(dir.as_ref(), ckpt, |_| Ok(()))
+}
+
+/// [`save_checkpoint`] with a hook run after the temporary file is complete and
+/// before it replaces the checkpoint (tests use it to fail a save half-way).
+fn save_checkpoint_with(
+    dir: &Path,
+    ckpt: &Checkpoint,
+    before_rename: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    validate(dir, ckpt)?;
+    if dir.exists() && !dir.is_dir() {
+        return Err(ckpt_err(
+            dir,
+            "the path exists and is not a directory; a checkpoint is a directory",
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating directory", dir, e))?;
+    let meta = MetaRecord {
+        version: CHECKPOINT_VERSION,
+        config: ckpt.config.into(),
+        step: ckpt.step,
+        optimizer: ckpt.optimizer,
+        loader: ckpt.loader,
+        rng_state: ckpt.rng_state.clone(),
+        extra: ckpt.extra.clone(),
+    };
+    let json = serde_json::to_string(&meta)
+        .map_err(|e| ckpt_err(dir, format!("encoding metadata: {e}")))?;
+    let metadata = HashMap::from([
+        (METADATA_KEY.to_string(), json),
+        ("format".to_string(), "braid".to_string()),
+    ]);
+    let shape = [ckpt.params.len()];
+    let views = TENSOR_NAMES
+        .iter()
+        .zip([&ckpt.params, &ckpt.adam_m, &ckpt.adam_v])
+        .map(|(name, v)| {
+            (
+                *name,
+                F32View {
+                    shape: &shape,
+                    data: v,
+                },
+            )
+        });
+    let file = checkpoint_file(dir);
+    write_atomic_with(&file, |tmp| {
+        safetensors::serialize_to_file(views, Some(metadata), tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => Gpt2Error::io("writing", tmp, source),
+            other => ckpt_err(tmp, other.to_string()),
+        })?;
+        before_rename(tmp)
+    })
+}
+
+fn open_checkpoint(dir: &Path) -> Result<(PathBuf, std::fs::File, Header, MetaRecord)> {
+    if !dir.is_dir() {
+        return Err(ckpt_err(
+            dir,
+            if dir.exists() {
+                "not a directory"
+            } else {
+                "no such directory"
+            },
+        ));
+    }
+    let file = checkpoint_file(dir);
+    if !file.is_file() {
+        return Err(ckpt_err(
+            dir,
+            format!("no {CHECKPOINT_FILE} in the directory"),
+        ));
+    }
+    let mut f = std::fs::File::open(&file).map_err(|e| Gpt2Error::io("opening", &file, e))?;
+    let header = read_header(&file, &mut f)?;
+    let json = header.metadata.get(METADATA_KEY).ok_or_else(|| {
+        ckpt_err(
+            &file,
+            format!("missing metadata key {METADATA_KEY:?}: not a Braid checkpoint"),
+        )
+    })?;
+    let meta: MetaRecord =
+        serde_json::from_str(json).map_err(|e| ckpt_err(&file, format!("bad metadata: {e}")))?;
+    if meta.version != CHECKPOINT_VERSION {
+        return Err(ckpt_err(
+            &file,
+            format!(
+                "checkpoint format version {} is not supported (this build reads {CHECKPOINT_VERSION})",
+                meta.version
+            ),
+        ));
+    }
+    let cfg: Gpt2Config = meta.config.into();
+    cfg.validate()
+        .map_err(|e| ckpt_err(&file, format!("invalid configuration {cfg:?}: {e}")))?;
+    Ok((file, f, header, meta))
+}
+
+fn info_from(path: PathBuf, meta: MetaRecord) -> CheckpointInfo {
+    CheckpointInfo {
+        path,
+        config: meta.config.into(),
+        step: meta.step,
+        optimizer: meta.optimizer,
+        loader: meta.loader,
+        rng_state: meta.rng_state,
+        extra: meta.extra,
+    }
+}
+
+/// Reads a checkpoint's metadata (config, step, loader, ...) without its tensors.
+pub fn read_checkpoint_info(dir: impl AsRef<Path>) -> Result<CheckpointInfo> {
+    let (file, _, _, meta) = open_checkpoint(dir.as_ref())?;
+    Ok(info_from(file, meta))
+}
+
+/// Loads and validates the checkpoint in `dir`: metadata present and complete,
+/// configuration valid, each tensor present, F32, 1-D and
+/// `config.num_parameters()` long. Errors name the file and what is wrong.
+pub fn load_checkpoint(dir: impl AsRef<Path>) -> Result<Checkpoint> {
+    let (file, mut f, header, meta) = open_checkpoint(dir.as_ref())?;
+    let cfg: Gpt2Config = meta.config.into();
+    let n = cfg.num_parameters();
+    let mut tensors = Vec::with_capacity(3);
+    for name in TENSOR_NAMES {
+        let entry = header
+            .tensors
+            .get(name)
+            .ok_or_else(|| ckpt_err(&file, format!("missing tensor {name:?}")))?;
+        if entry.dtype != "F32" {
+            return Err(ckpt_err(
+                &file,
+                format!("tensor {name:?} has dtype {}, expected F32", entry.dtype),
+            ));
+        }
+        if entry.shape != [n] || entry.end - entry.begin != 4 * n as u64 {
+            return Err(ckpt_err(
+                &file,
+                format!(
+                    "tensor {name:?} has shape {:?}, expected [{n}] for {cfg:?}",
+                    entry.shape
+                ),
+            ));
+        }
+        let mut v = vec![0.0f32; n];
+        f.seek(SeekFrom::Start(header.data_start + entry.begin))
+            .map_err(|e| Gpt2Error::io("seeking in", &file, e))?;
+        f.read_exact(bytemuck::cast_slice_mut(&mut v))
+            .map_err(|e| Gpt2Error::io("reading", &file, e))?;
+        if cfg!(target_endian = "big") {
+            for x in &mut v {
+                *x = f32::from_bits(u32::from_le(x.to_bits()));
+            }
+        }
+        tensors.push(v);
+    }
+    debug_assert!(header.file_len >= header.data_start);
+    let adam_v = tensors.pop().expect("three tensors");
+    let adam_m = tensors.pop().expect("three tensors");
+    let params = tensors.pop().expect("three tensors");
+    Ok(Checkpoint {
+        config: cfg,
+        step: meta.step,
+        params,
+        adam_m,
+        adam_v,
+        optimizer: meta.optimizer,
+        loader: meta.loader,
+        rng_state: meta.rng_state,
+        extra: meta.extra,
+    })
+}
+
+/// The checkpoint with the highest step among the sub-directories of `root`
+/// that hold a [`CHECKPOINT_FILE`]; `None` if there is none (or no `root`).
+pub fn latest_checkpoint(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
+    let root = root.as_ref();
+    if !root.is_dir() {
+        return Ok(None);
+    }
+    let mut best: Option<(u64, PathBuf)> = None;
+    let entries = std::fs::read_dir(root).map_err(|e| Gpt2Error::io("listing", root, e))?;
+    for entry in entries {
+        let dir = entry.map_err(|e| Gpt2Error::io("listing", root, e))?.path();
+        if !checkpoint_file(&dir).is_file() {
+            continue;
+        }
+        let info = read_checkpoint_info(&dir)?;
+        let better = match &best {
+            None => true,
+            Some((step, _)) => info.step > *step,
+        };
+        if better {
+            best = Some((info.step, dir));
+        }
+    }
+    Ok(best.map(|(_, dir)| dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_checkpoint(seed: f32) -> Checkpoint {
+        let config = Gpt2Config::tiny();
+        let n = config.num_parameters();
+        Checkpoint {
+            config,
+            step: 7,
+            params: (0..n).map(|i| seed + i as f32).collect(),
+            adam_m: vec![seed; n],
+            adam_v: vec![seed * 2.0; n],
+            optimizer: AdamWHyper::default(),
+            loader: LoaderState {
+                position: 3,
+                epoch: 1,
+            },
+            rng_state: None,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_save_failing_after_the_data_is_written_keeps_the_old_checkpoint() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ckpt");
+        let old = tiny_checkpoint(1.0);
+        save_checkpoint(&dir, &old).unwrap();
+        let new = tiny_checkpoint(2.0);
+        let err = save_checkpoint_with(&dir, &new, |tmp| {
+            // The new checkpoint is complete in the temporary file...
+            let len = std::fs::metadata(tmp).unwrap().len();
+            assert!(len > 3 * 4 * new.params.len() as u64);
+            // ...and then the machine "fails".
+            Err(ckpt_err(tmp, "simulated failure"))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("simulated failure"));
+        assert_eq!(load_checkpoint(&dir).unwrap(), old);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![CHECKPOINT_FILE.to_string()]);
+    }
+}

@@ -1,0 +1,215 @@
+//! GPT-2 model configuration: the five sizes that fix every tensor shape.
+//!
+//! There is no padded vocabulary: `V = vocab_size` everywhere (the logits are
+//! `(B, T, V)` and `wte` is `(V, C)`).
+
+use thiserror::Error;
+
+/// The shape-defining hyper-parameters of a GPT-2 model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gpt2Config {
+    /// Maximum sequence length `maxT` (rows of `wpe`).
+    pub max_seq_len: usize,
+    /// Vocabulary size `V` (rows of `wte`, columns of the logits).
+    pub vocab_size: usize,
+    /// Number of transformer blocks `L`.
+    pub num_layers: usize,
+    /// Number of attention heads `NH`.
+    pub num_heads: usize,
+    /// Embedding width `C`; must be divisible by `num_heads`.
+    pub channels: usize,
+}
+
+/// What is wrong with a [`Gpt2Config`], or an unknown configuration name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// A size that must be positive is zero.
+    #[error("GPT-2 config: `{field}` must be nonzero")]
+    Zero {
+        /// The offending field's name.
+        field: &'static str,
+    },
+    /// `channels` is not a multiple of `num_heads`.
+    #[error("GPT-2 config: channels ({channels}) must be divisible by num_heads ({num_heads})")]
+    HeadsDoNotDivide {
+        /// `C`.
+        channels: usize,
+        /// `NH`.
+        num_heads: usize,
+    },
+    /// [`Gpt2Config::from_name`] got a name it does not know.
+    #[error(
+        "unknown GPT-2 config name `{0}` (expected one of: gpt2, gpt2-medium, gpt2-large, \
+         gpt2-xl, small, tiny)"
+    )]
+    UnknownName(String),
+}
+
+impl Gpt2Config {
+    /// GPT-2 small, 124M parameters: `maxT 1024, V 50257, L 12, NH 12, C 768`.
+    pub const fn gpt2_124m() -> Self {
+        Self::gpt2_sized(12, 12, 768)
+    }
+
+    /// GPT-2 medium, 350M: `L 24, NH 16, C 1024`.
+    pub const fn gpt2_medium() -> Self {
+        Self::gpt2_sized(24, 16, 1024)
+    }
+
+    /// GPT-2 large, 774M: `L 36, NH 20, C 1280`.
+    pub const fn gpt2_large() -> Self {
+        Self::gpt2_sized(36, 20, 1280)
+    }
+
+    /// GPT-2 XL, 1558M: `L 48, NH 25, C 1600`.
+    pub const fn gpt2_xl() -> Self {
+        Self::gpt2_sized(48, 25, 1600)
+    }
+
+    const fn gpt2_sized(num_layers: usize, num_heads: usize, channels: usize) -> Self {
+        Self {
+            max_seq_len: 1024,
+            vocab_size: 50257,
+            num_layers,
+            num_heads,
+            channels,
+        }
+    }
+
+    /// A model for CPU training demos on GPT-2 BPE tokens (so `V = 50257`):
+    /// `maxT 256, L 4, NH 4, C 128`, about 7.3M parameters, 6.4M of them in `wte`.
+    ///
+    /// The tied classifier `(B·T, C) x (C, V)` dominates the cost (about
+    /// `6·B·T·V·C` flops per step, forward and backward), so demos should use
+    /// short batches such as `B 4, T 64`: about a quarter of a second for a
+    /// forward and backward pass of the sequential reference model on one core.
+    pub const fn small() -> Self {
+        Self {
+            max_seq_len: 256,
+            vocab_size: 50257,
+            num_layers: 4,
+            num_heads: 4,
+            channels: 128,
+        }
+    }
+
+    /// A model for tests: `maxT 64, V 512, L 2, NH 4, C 64` (head size 16),
+    /// 136,960 parameters. The PyTorch fixture is made with this config.
+    pub const fn tiny() -> Self {
+        Self {
+            max_seq_len: 64,
+            vocab_size: 512,
+            num_layers: 2,
+            num_heads: 4,
+            channels: 64,
+        }
+    }
+
+    /// Looks a configuration up by name: `gpt2` (also `gpt2-124m`, `124m`),
+    /// `gpt2-medium` (`350m`), `gpt2-large` (`774m`), `gpt2-xl` (`1558m`),
+    /// `small`, `tiny`. Case-insensitive.
+    pub fn from_name(name: &str) -> Result<Self, ConfigError> {
+        match name.to_ascii_lowercase().as_str() {
+            "gpt2" | "gpt2-124m" | "124m" | "d12" => Ok(Self::gpt2_124m()),
+            "gpt2-medium" | "gpt2-350m" | "350m" | "d24" => Ok(Self::gpt2_medium()),
+            "gpt2-large" | "gpt2-774m" | "774m" | "d36" => Ok(Self::gpt2_large()),
+            "gpt2-xl" | "gpt2-1558m" | "1558m" | "d48" => Ok(Self::gpt2_xl()),
+            "small" => Ok(Self::small()),
+            "tiny" => Ok(Self::tiny()),
+            _ => Err(ConfigError::UnknownName(name.to_owned())),
+        }
+    }
+
+    /// Checks that every size is nonzero and that `C` is divisible by `NH`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("max_seq_len", self.max_seq_len),
+            ("vocab_size", self.vocab_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("channels", self.channels),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        if self.channels % self.num_heads != 0 {
+            return Err(ConfigError::HeadsDoNotDivide {
+                channels: self.channels,
+                num_heads: self.num_heads,
+            });
+        }
+        Ok(())
+    }
+
+    /// Head size `hs = C / NH`.
+    pub const fn head_size(&self) -> usize {
+        self.channels / self.num_heads
+    }
+
+    /// Total number of parameters (the length of the flat parameter buffer).
+    pub const fn num_parameters(&self) -> usize {
+        let (v, c, t, l) = (
+            self.vocab_size,
+            self.channels,
+            self.max_seq_len,
+            self.num_layers,
+        );
+        v * c + t * c + l * Self::layer_parameters(c) + 2 * c
+    }
+
+    /// Parameters in one transformer block: `12·C² + 13·C`.
+    pub const fn layer_parameters(c: usize) -> usize {
+        // ln1 (2C) + qkv (3C·C + 3C) + attproj (C·C + C) + ln2 (2C)
+        // + fc (4C·C + 4C) + fcproj (C·4C + C)
+        12 * c * c + 13 * c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_configs_are_valid_and_have_known_sizes() {
+        for name in [
+            "gpt2",
+            "gpt2-medium",
+            "gpt2-large",
+            "gpt2-xl",
+            "small",
+            "tiny",
+        ] {
+            Gpt2Config::from_name(name).unwrap().validate().unwrap();
+        }
+        // The published count for GPT-2 small without padding, counting wte once.
+        assert_eq!(Gpt2Config::gpt2_124m().num_parameters(), 124_439_808);
+        assert_eq!(Gpt2Config::tiny().num_parameters(), 136_960);
+        assert_eq!(
+            Gpt2Config::from_name("GPT2-XL").unwrap(),
+            Gpt2Config::gpt2_xl()
+        );
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected_with_the_reason() {
+        let mut c = Gpt2Config::tiny();
+        c.num_heads = 3;
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::HeadsDoNotDivide {
+                channels: 64,
+                num_heads: 3
+            })
+        );
+        c.num_heads = 0;
+        assert_eq!(c.validate(), Err(ConfigError::Zero { field: "num_heads" }));
+        let mut c = Gpt2Config::tiny();
+        c.vocab_size = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+        assert!(matches!(
+            Gpt2Config::from_name("gpt3"),
+            Err(ConfigError::UnknownName(n)) if n == "gpt3"
+        ));
+    }
+}

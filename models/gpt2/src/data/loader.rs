@@ -1,0 +1,309 @@
+//! The data-parallel training loader and the evaluation windows.
+//!
+//! # Sharding invariant
+//!
+//! All ranks share one global position `p` (the same on every rank, saved in
+//! [`LoaderState`]). With per-rank batch `B`, sequence length `T` and `W`
+//! ranks, one step consumes the `B·W·T + 1` tokens starting at `p`; rank `r`
+//! reads the `B·T + 1` tokens starting at `p + r·B·T` and splits them into
+//! `B` rows of inputs and targets shifted by one. Hence:
+//!
+//! > the concatenation over `r = 0..W` of rank `r`'s inputs (and targets) for a
+//! > step equals the inputs (and targets) that a single rank with batch `B·W`
+//! > reads for that step,
+//!
+//! and ranks read disjoint rows. Before a step, if `p + B·W·T + 1` exceeds the
+//! data, `p` wraps to 0 and the epoch counter increases — the decision depends
+//! only on global quantities, so every rank wraps on the same step. Everything is
+//! deterministic: a loader restored from a saved state produces exactly the
+//! batches the original would have produced next.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Gpt2Config;
+use crate::data::source::TokenSource;
+use crate::error::{Gpt2Error, Result};
+
+/// Where a [`DataLoader`] is: everything needed to resume it. Identical on every
+/// rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct LoaderState {
+    /// Global token offset where the next step starts (before any wrap).
+    pub position: usize,
+    /// How many times the data has wrapped around.
+    pub epoch: u64,
+}
+
+/// One rank's batch: `inputs` and `targets`, each `(B, T)` row-major, with
+/// `targets[b][t] = inputs[b][t + 1]` in the underlying stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// `(B, T)` input token ids.
+    pub inputs: Vec<u32>,
+    /// `(B, T)` target token ids (the next token of each input).
+    pub targets: Vec<u32>,
+    /// `B`.
+    pub batch_size: usize,
+    /// `T`.
+    pub seq_len: usize,
+}
+
+/// Sharded, deterministic, resumable batches for data-parallel training (see the
+/// module docs for the sharding invariant).
+#[derive(Debug, Clone)]
+pub struct DataLoader {
+    tokens: Arc<[u16]>,
+    origin: String,
+    batch_size: usize,
+    seq_len: usize,
+    rank: usize,
+    world_size: usize,
+    state: LoaderState,
+}
+
+impl DataLoader {
+    /// A loader for rank `rank` of `world_size`, with per-rank batch `batch_size`
+    /// and sequence length `seq_len`, starting at the beginning of `source`.
+    pub fn new(
+        source: &TokenSource,
+        batch_size: usize,
+        seq_len: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<Self> {
+        let invalid = |reason: String| Err(Gpt2Error::InvalidLoader { reason });
+        if batch_size == 0 || seq_len == 0 {
+            return invalid(format!(
+                "batch size ({batch_size}) and sequence length ({seq_len}) must be positive"
+            ));
+        }
+        if world_size == 0 || rank >= world_size {
+            return invalid(format!("rank {rank} is not below world size {world_size}"));
+        }
+        let needed = batch_size
+            .checked_mul(world_size)
+            .and_then(|x| x.checked_mul(seq_len))
+            .and_then(|x| x.checked_add(1))
+            .ok_or_else(|| Gpt2Error::InvalidLoader {
+                reason: "batch size x world size x sequence length overflows".into(),
+            })?;
+        if source.len() < needed {
+            return Err(Gpt2Error::DatasetTooSmall {
+                origin: source.origin().to_string(),
+                tokens: source.len(),
+                needed,
+                batch_size,
+                seq_len,
+                world_size,
+            });
+        }
+        Ok(DataLoader {
+            tokens: source.shared(),
+            origin: source.origin().to_string(),
+            batch_size,
+            seq_len,
+            rank,
+            world_size,
+            state: LoaderState::default(),
+        })
+    }
+
+    /// [`new`](Self::new) for training `cfg`: also checks that every token id is
+    /// below `cfg.vocab_size` (the error names the id and its position) and that
+    /// `seq_len <= cfg.max_seq_len`.
+    pub fn for_config(
+        source: &TokenSource,
+        cfg: &Gpt2Config,
+        batch_size: usize,
+        seq_len: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<Self> {
+        if seq_len > cfg.max_seq_len {
+            return Err(Gpt2Error::InvalidLoader {
+                reason: format!(
+                    "sequence length {seq_len} exceeds the model's max_seq_len {}",
+                    cfg.max_seq_len
+                ),
+            });
+        }
+        source.check_vocab(cfg.vocab_size)?;
+        Self::new(source, batch_size, seq_len, rank, world_size)
+    }
+
+    /// Per-rank batch size `B`.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Sequence length `T`.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// This loader's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Where the tokens came from.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Tokens consumed per step by all ranks together, `B·W·T`.
+    pub fn tokens_per_step(&self) -> usize {
+        self.batch_size * self.world_size * self.seq_len
+    }
+
+    /// Steps in one pass over the data before it wraps.
+    pub fn steps_per_epoch(&self) -> usize {
+        (self.tokens.len() - 1) / self.tokens_per_step()
+    }
+
+    /// The state to save for resuming.
+    pub fn state(&self) -> LoaderState {
+        self.state
+    }
+
+    /// Restores a saved state. The position must lie within the data; it need not
+    /// be a multiple of the step size (a run may resume with another world size).
+    pub fn set_state(&mut self, state: LoaderState) -> Result<()> {
+        if state.position > self.tokens.len() {
+            return Err(Gpt2Error::BadLoaderPosition {
+                position: state.position,
+                tokens: self.tokens.len(),
+            });
+        }
+        self.state = state;
+        Ok(())
+    }
+
+    /// Back to the start of the data, epoch 0.
+    pub fn reset(&mut self) {
+        self.state = LoaderState::default();
+    }
+
+    /// Fills `inputs` and `targets` (each `B·T` long) with this rank's next batch.
+    pub fn next_batch_into(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
+        let bt = self.batch_size * self.seq_len;
+        if inputs.len() != bt || targets.len() != bt {
+            return Err(Gpt2Error::InvalidLoader {
+                reason: format!(
+                    "batch buffers hold {} inputs and {} targets, expected B*T = {bt} each",
+                    inputs.len(),
+                    targets.len()
+                ),
+            });
+        }
+        let step = self.tokens_per_step();
+        if self.state.position + step + 1 > self.tokens.len() {
+            self.state.position = 0;
+            self.state.epoch += 1;
+        }
+        let start = self.state.position + self.rank * bt;
+        let window = &self.tokens[start..start + bt + 1];
+        for (i, (x, y)) in inputs.iter_mut().zip(targets.iter_mut()).enumerate() {
+            *x = u32::from(window[i]);
+            *y = u32::from(window[i + 1]);
+        }
+        self.state.position += step;
+        Ok(())
+    }
+
+    /// This rank's next batch.
+    pub fn next_batch(&mut self) -> Batch {
+        let bt = self.batch_size * self.seq_len;
+        let mut inputs = vec![0; bt];
+        let mut targets = vec![0; bt];
+        self.next_batch_into(&mut inputs, &mut targets)
+            .expect("buffers are B*T long");
+        Batch {
+            inputs,
+            targets,
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+        }
+    }
+}
+
+/// One evaluation window: `inputs` are tokens `i·T .. i·T+T-1` and `targets`
+/// tokens `i·T+1 .. i·T+T`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvalWindow {
+    /// Window index `i`.
+    pub index: usize,
+    /// `(T)` input ids.
+    pub inputs: Vec<u32>,
+    /// `(T)` target ids.
+    pub targets: Vec<u32>,
+}
+
+/// Consecutive, non-overlapping evaluation windows over a token stream; see
+/// [`eval_windows`].
+#[derive(Debug, Clone)]
+pub struct EvalWindows {
+    tokens: Arc<[u16]>,
+    seq_len: usize,
+    next: usize,
+    count: usize,
+}
+
+/// Iterates over the `(len - 1) / T` windows of `source`: window `i` has inputs
+/// `i·T .. i·T+T-1` and targets `i·T+1 .. i·T+T`, so every token after the first
+/// is predicted once. A trailing partial window is skipped. `seq_len` must be
+/// positive.
+pub fn eval_windows(source: &TokenSource, seq_len: usize) -> Result<EvalWindows> {
+    if seq_len == 0 {
+        return Err(Gpt2Error::InvalidLoader {
+            reason: "evaluation sequence length must be positive".into(),
+        });
+    }
+    let count = source.len().saturating_sub(1) / seq_len;
+    Ok(EvalWindows {
+        tokens: source.shared(),
+        seq_len,
+        next: 0,
+        count,
+    })
+}
+
+impl EvalWindows {
+    /// Total number of windows.
+    pub fn num_windows(&self) -> usize {
+        self.count
+    }
+}
+
+impl Iterator for EvalWindows {
+    type Item = EvalWindow;
+
+    fn next(&mut self) -> Option<EvalWindow> {
+        if self.next >= self.count {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        let t = self.seq_len;
+        let w = &self.tokens[i * t..i * t + t + 1];
+        Some(EvalWindow {
+            index: i,
+            inputs: w[..t].iter().map(|&x| u32::from(x)).collect(),
+            targets: w[1..].iter().map(|&x| u32::from(x)).collect(),
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.count - self.next;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for EvalWindows {}

@@ -1,0 +1,299 @@
+//! The crate's one error type.
+//!
+//! Every variant is structured and its message names what was wrong: the file,
+//! the tensor, the expected and the found shape, the token id and its position.
+//! Callers can match on variants; people reading a log get the whole story from
+//! the `Display` text alone.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `braid-gpt2`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Gpt2Error {
+    // ----- configuration -------------------------------------------------
+    /// A model configuration is invalid or unknown.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+
+    /// A tensor handed to a layout conversion has the wrong length.
+    #[error(transparent)]
+    Layout(#[from] crate::layout::LayoutError),
+
+    /// A parameter layout was made for another configuration than the one given.
+    #[error("the parameter layout is for {layout}, but the configuration given is {config}")]
+    LayoutMismatch {
+        /// The layout's configuration (`Debug` form).
+        layout: String,
+        /// The configuration given (`Debug` form).
+        config: String,
+    },
+
+    // ----- files ---------------------------------------------------------
+    /// An operating-system error while touching a file.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("reading", "writing", "renaming to", ...).
+        op: &'static str,
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    // ----- tokenizer and token data --------------------------------------
+    /// The BPE tokenizer could not be built or could not decode.
+    #[error("GPT-2 tokenizer: {message}")]
+    Tokenizer {
+        /// What went wrong.
+        message: String,
+    },
+
+    /// A token file does not start with llm.c's magic number.
+    #[error(
+        "{}: not an llm.c token file (magic number {found}, expected {expected})",
+        path.display()
+    )]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+        /// The first int32 of the file.
+        found: i32,
+        /// [`crate::data::TOKEN_FILE_MAGIC`].
+        expected: i32,
+    },
+
+    /// A token file has a version this reader does not understand.
+    #[error(
+        "{}: unsupported llm.c token file version {found} (expected {expected})",
+        path.display()
+    )]
+    BadVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version in the header.
+        found: i32,
+        /// The version this reader supports.
+        expected: i32,
+    },
+
+    /// A token file's header is malformed (too short, negative count).
+    #[error("{}: malformed llm.c token file header: {reason}", path.display())]
+    BadTokenHeader {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A token file holds fewer tokens than its header declares.
+    #[error(
+        "{}: truncated token file: header declares {declared} tokens but the file holds {found}",
+        path.display()
+    )]
+    TruncatedTokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Token count in the header.
+        declared: usize,
+        /// Whole tokens actually present after the header.
+        found: usize,
+    },
+
+    /// A token file holds bytes past the tokens its header declares.
+    #[error(
+        "{}: token file has {extra_bytes} bytes after the {declared} tokens its header declares",
+        path.display()
+    )]
+    TrailingTokenData {
+        /// The file.
+        path: PathBuf,
+        /// Token count in the header.
+        declared: usize,
+        /// Bytes past the declared tokens.
+        extra_bytes: usize,
+    },
+
+    /// A text file is not valid UTF-8.
+    #[error("{}: not valid UTF-8 text (first bad byte at offset {offset})", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the first invalid sequence.
+        offset: usize,
+    },
+
+    /// A token id is not below the vocabulary size.
+    #[error(
+        "{origin}: token id {id} at position {position} is out of range for vocabulary size {vocab_size}"
+    )]
+    TokenOutOfRange {
+        /// Where the tokens came from (a path, "built-in corpus", ...).
+        origin: String,
+        /// Index of the token in the sequence.
+        position: usize,
+        /// The offending id.
+        id: u32,
+        /// The vocabulary size it must be below.
+        vocab_size: usize,
+    },
+
+    /// A token id does not fit the 16-bit storage of llm.c token files.
+    #[error("token id {id} at position {position} does not fit in 16 bits (llm.c token files store uint16)")]
+    TokenTooWide {
+        /// Index of the token in the sequence.
+        position: usize,
+        /// The offending id.
+        id: u32,
+    },
+
+    // ----- data loader ---------------------------------------------------
+    /// A data loader was asked for something impossible (zero batch, rank >= world size, ...).
+    #[error("invalid data loader settings: {reason}")]
+    InvalidLoader {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The token stream is too short for even one global batch.
+    #[error(
+        "{origin}: {tokens} tokens are too few for one step of {world_size} rank(s) x batch {batch_size} x sequence {seq_len} (needs at least {needed})"
+    )]
+    DatasetTooSmall {
+        /// Where the tokens came from.
+        origin: String,
+        /// Tokens available.
+        tokens: usize,
+        /// Tokens one global step needs (`B*W*T + 1`).
+        needed: usize,
+        /// Per-rank batch size.
+        batch_size: usize,
+        /// Sequence length.
+        seq_len: usize,
+        /// Number of ranks.
+        world_size: usize,
+    },
+
+    /// A saved loader position does not fit the data it is restored onto.
+    #[error("cannot restore data loader position {position}: the data holds only {tokens} tokens")]
+    BadLoaderPosition {
+        /// The saved position.
+        position: usize,
+        /// Tokens in the data.
+        tokens: usize,
+    },
+
+    // ----- safetensors / weights -----------------------------------------
+    /// A safetensors file could not be parsed.
+    #[error("{}: unreadable or corrupt safetensors file: {message}", path.display())]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        message: String,
+    },
+
+    /// A tensor the model needs is not in the file.
+    #[error("{}: missing tensor {name:?}", path.display())]
+    MissingTensor {
+        /// The file.
+        path: PathBuf,
+        /// The name that was looked for.
+        name: String,
+    },
+
+    /// A tensor has the wrong shape.
+    #[error("{}: tensor {name:?} has shape {found:?}, expected {expected:?}", path.display())]
+    ShapeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// The shape the configuration implies (as stored in the file's convention).
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+
+    /// A tensor has a dtype that cannot be converted to f32.
+    #[error(
+        "{}: tensor {name:?} has unsupported dtype {dtype} (supported: F32, F16, BF16)",
+        path.display()
+    )]
+    UnsupportedDtype {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+
+    /// The file holds a tensor the model does not have (e.g. more layers than the config).
+    #[error(
+        "{}: unexpected tensor {name:?} (not part of the model for this configuration)",
+        path.display()
+    )]
+    UnexpectedTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+
+    /// The model configuration cannot be inferred from a weights file.
+    #[error("{}: cannot infer the GPT-2 configuration: {reason}", path.display())]
+    ConfigInference {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
+
+    /// A flat buffer has the wrong length for the parameter layout.
+    #[error("{what} has {found} floats, expected {expected} for this configuration")]
+    LengthMismatch {
+        /// Which buffer ("params", "adam_m", ...).
+        what: String,
+        /// Length the layout implies.
+        expected: usize,
+        /// Length given.
+        found: usize,
+    },
+
+    // ----- checkpoints ---------------------------------------------------
+    /// A checkpoint is missing, malformed or inconsistent.
+    #[error("checkpoint {}: {reason}", path.display())]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Gpt2Error {
+    /// Wraps an I/O error with the operation and the path it concerns.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Gpt2Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `Result` with [`Gpt2Error`].
+pub type Result<T, E = Gpt2Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_cross_threads() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Gpt2Error>();
+    }
+}

@@ -1,0 +1,309 @@
+//! Linear layers: `out = inp · Wᵀ + bias` with `W` stored `(OC, C)`, and the
+//! two halves of its backward pass, which the engine runs as separate tasks
+//! (the input gradient is on the critical path, the weight gradient is not).
+
+use gemm::{gemm, Parallelism};
+
+use super::check_len;
+
+/// A row-major-or-strided view of an `rows x cols` matrix inside a slice.
+#[derive(Clone, Copy)]
+struct Strided {
+    rows: usize,
+    cols: usize,
+    /// Element stride between consecutive rows.
+    rs: usize,
+    /// Element stride between consecutive columns.
+    cs: usize,
+}
+
+impl Strided {
+    /// Elements needed to hold the matrix (0 for an empty one).
+    fn span(self) -> usize {
+        if self.rows == 0 || self.cols == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+        }
+    }
+}
+
+/// `dst (m, n) = [dst +] lhs (m, k) · rhs (k, n)`, single-threaded, bounds-checked.
+fn sgemm(
+    dst: &mut [f32],
+    d: Strided,
+    accumulate: bool,
+    lhs: &[f32],
+    l: Strided,
+    rhs: &[f32],
+    r: Strided,
+) {
+    assert!(
+        d.rows == l.rows && d.cols == r.cols && l.cols == r.rows,
+        "sgemm: shape mismatch"
+    );
+    assert!(
+        d.span() <= dst.len() && l.span() <= lhs.len() && r.span() <= rhs.len(),
+        "sgemm: out of bounds"
+    );
+    let as_isize = |x: usize| isize::try_from(x).expect("sgemm: stride overflows isize");
+    if d.rows == 0 || d.cols == 0 {
+        return;
+    }
+    // SAFETY: the asserts above keep every element gemm touches, at
+    // `row·rs + col·cs` for row < rows and col < cols, inside its slice; the
+    // strides are nonnegative. `dst` is borrowed `&mut`, so it cannot alias the
+    // shared `lhs` and `rhs`. gemm is called with `Parallelism::None`, so it
+    // spawns no threads that could outlive the borrows.
+    unsafe {
+        gemm(
+            d.rows,
+            d.cols,
+            l.cols,
+            dst.as_mut_ptr(),
+            as_isize(d.cs),
+            as_isize(d.rs),
+            accumulate,
+            lhs.as_ptr(),
+            as_isize(l.cs),
+            as_isize(l.rs),
+            rhs.as_ptr(),
+            as_isize(r.cs),
+            as_isize(r.rs),
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// `out[bt, o] = bias[o] + Σ_c inp[bt, c] · weight[o, c]`.
+pub fn matmul_forward(
+    out: &mut [f32],      // (B, T, OC)
+    inp: &[f32],          // (B, T, C)
+    weight: &[f32],       // (OC, C)
+    bias: Option<&[f32]>, // (OC)
+    b: usize,
+    t: usize,
+    c: usize,
+    oc: usize,
+) {
+    let n = b * t;
+    check_len("matmul_forward", "out", out.len(), n * oc);
+    check_len("matmul_forward", "inp", inp.len(), n * c);
+    check_len("matmul_forward", "weight", weight.len(), oc * c);
+    if let Some(bias) = bias {
+        check_len("matmul_forward", "bias", bias.len(), oc);
+        for out_bt in out.chunks_exact_mut(oc) {
+            out_bt.copy_from_slice(bias);
+        }
+    }
+    sgemm(
+        out,
+        Strided {
+            rows: n,
+            cols: oc,
+            rs: oc,
+            cs: 1,
+        },
+        bias.is_some(),
+        inp,
+        Strided {
+            rows: n,
+            cols: c,
+            rs: c,
+            cs: 1,
+        },
+        // weightᵀ: element (c, o) is weight[o·C + c]
+        weight,
+        Strided {
+            rows: c,
+            cols: oc,
+            rs: 1,
+            cs: c,
+        },
+    );
+}
+
+/// Accumulates the input gradient: `dinp += dout · weight`.
+pub fn matmul_backward_input(
+    dinp: &mut [f32], // (B, T, C)
+    dout: &[f32],     // (B, T, OC)
+    weight: &[f32],   // (OC, C)
+    b: usize,
+    t: usize,
+    c: usize,
+    oc: usize,
+) {
+    let n = b * t;
+    check_len("matmul_backward_input", "dinp", dinp.len(), n * c);
+    check_len("matmul_backward_input", "dout", dout.len(), n * oc);
+    check_len("matmul_backward_input", "weight", weight.len(), oc * c);
+    sgemm(
+        dinp,
+        Strided {
+            rows: n,
+            cols: c,
+            rs: c,
+            cs: 1,
+        },
+        true,
+        dout,
+        Strided {
+            rows: n,
+            cols: oc,
+            rs: oc,
+            cs: 1,
+        },
+        weight,
+        Strided {
+            rows: oc,
+            cols: c,
+            rs: c,
+            cs: 1,
+        },
+    );
+}
+
+/// Accumulates the parameter gradients: `dweight += doutᵀ · inp` and, when
+/// given, `dbias += Σ_bt dout[bt, :]`.
+pub fn matmul_backward_weight(
+    dweight: &mut [f32],       // (OC, C)
+    dbias: Option<&mut [f32]>, // (OC)
+    dout: &[f32],              // (B, T, OC)
+    inp: &[f32],               // (B, T, C)
+    b: usize,
+    t: usize,
+    c: usize,
+    oc: usize,
+) {
+    let n = b * t;
+    check_len("matmul_backward_weight", "dweight", dweight.len(), oc * c);
+    check_len("matmul_backward_weight", "dout", dout.len(), n * oc);
+    check_len("matmul_backward_weight", "inp", inp.len(), n * c);
+    sgemm(
+        dweight,
+        Strided {
+            rows: oc,
+            cols: c,
+            rs: c,
+            cs: 1,
+        },
+        true,
+        // doutᵀ: element (o, bt) is dout[bt·OC + o]
+        dout,
+        Strided {
+            rows: oc,
+            cols: n,
+            rs: 1,
+            cs: oc,
+        },
+        inp,
+        Strided {
+            rows: n,
+            cols: c,
+            rs: c,
+            cs: 1,
+        },
+    );
+    if let Some(dbias) = dbias {
+        check_len("matmul_backward_weight", "dbias", dbias.len(), oc);
+        for dout_bt in dout.chunks_exact(oc) {
+            for (d, &g) in dbias.iter_mut().zip(dout_bt) {
+                *d += g;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, randn};
+    use super::*;
+
+    /// The naive triple loop, in f64.
+    fn naive_forward(
+        inp: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0; n * oc];
+        for r in 0..n {
+            for o in 0..oc {
+                let mut acc = bias.map_or(0.0, |bb| bb[o] as f64);
+                for i in 0..c {
+                    acc += inp[r * c + i] as f64 * weight[o * c + i] as f64;
+                }
+                out[r * oc + o] = acc as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matmul_forward_and_backward_match_naive_loops() {
+        let (b, t, c, oc) = (2, 5, 7, 11);
+        let n = b * t;
+        let inp = randn(n * c, 1.0, 20);
+        let weight = randn(oc * c, 1.0, 21);
+        let bias = randn(oc, 1.0, 22);
+        let mut out = vec![f32::NAN; n * oc];
+        matmul_forward(&mut out, &inp, &weight, Some(&bias), b, t, c, oc);
+        assert_close(
+            &out,
+            &naive_forward(&inp, &weight, Some(&bias), n, c, oc),
+            1e-5,
+            1e-5,
+            "fwd",
+        );
+        // Without bias the old contents of `out` must be ignored.
+        matmul_forward(&mut out, &inp, &weight, None, b, t, c, oc);
+        assert_close(
+            &out,
+            &naive_forward(&inp, &weight, None, n, c, oc),
+            1e-5,
+            1e-5,
+            "fwd nobias",
+        );
+
+        let dout = randn(n * oc, 1.0, 23);
+        let prior = randn(n * c, 1.0, 24);
+        let mut dinp = prior.clone();
+        matmul_backward_input(&mut dinp, &dout, &weight, b, t, c, oc);
+        let mut want = prior.clone();
+        for r in 0..n {
+            for i in 0..c {
+                let s: f64 = (0..oc)
+                    .map(|o| dout[r * oc + o] as f64 * weight[o * c + i] as f64)
+                    .sum();
+                want[r * c + i] += s as f32;
+            }
+        }
+        assert_close(&dinp, &want, 1e-5, 1e-5, "dinp (accumulated)");
+
+        let wprior = randn(oc * c, 1.0, 25);
+        let mut dweight = wprior.clone();
+        let mut dbias = vec![1.0; oc];
+        matmul_backward_weight(&mut dweight, Some(&mut dbias), &dout, &inp, b, t, c, oc);
+        let mut want = wprior.clone();
+        for o in 0..oc {
+            for i in 0..c {
+                let s: f64 = (0..n)
+                    .map(|r| dout[r * oc + o] as f64 * inp[r * c + i] as f64)
+                    .sum();
+                want[o * c + i] += s as f32;
+            }
+        }
+        assert_close(&dweight, &want, 1e-5, 1e-5, "dweight (accumulated)");
+        let want_b: Vec<f32> = (0..oc)
+            .map(|o| 1.0 + (0..n).map(|r| dout[r * oc + o]).sum::<f32>())
+            .collect();
+        assert_close(&dbias, &want_b, 1e-5, 1e-5, "dbias (accumulated)");
+    }
+}

@@ -1,0 +1,119 @@
+// AdamW with torch.optim.AdamW semantics, gradient-norm clipping and scaling
+// (fp32 parameters, double norm accumulation). Semantics:
+// models/gpt2/src/kernels/cpu/adamw.rs. Deterministic: the norm is reduced in a
+// fixed tree over a fixed grid (use the same grid size every step).
+
+static __device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One AdamW step for step number t (1-based). The host computes, in double as
+// the CPU kernel does, then rounds to float:
+//   step_size      = lr / (1 - beta1^t)
+//   bc2_sqrt       = sqrt(1 - beta2^t)
+//   decay          = 1 - lr * weight_decay
+// and per element:
+//   g  = grads[i] * (*grad_scale)        (grad_scale may be null: 1)
+//   p  = p * decay
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * g * g
+//   p -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+//   params, grads, m, v (N)
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void adamw_update(float* __restrict__ params, const float* __restrict__ grads,
+                                        float* __restrict__ m, float* __restrict__ v,
+                                        const float* __restrict__ grad_scale, long long N,
+                                        float step_size, float bc2_sqrt, float beta1, float beta2,
+                                        float eps, float decay) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float g = grads[i];
+    if (grad_scale != nullptr) g *= grad_scale[0];
+    float p = params[i] * decay;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    p -= step_size * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+    params[i] = p;
+}
+
+// Stage 1 of the squared L2 norm: partials[blockIdx.x] = sum of g^2 over the
+// elements this block visits (grid-stride), in double.
+//   partials (gridDim.x), grads (N)
+// Launch: a FIXED grid (e.g. 2 * number of SMs, at most 1024), block 512.
+extern "C" __global__ void grad_norm_sq_partial(double* __restrict__ partials,
+                                                const float* __restrict__ grads, long long N) {
+    __shared__ double scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    double s = 0.0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
+        const double g = (double)grads[i];
+        s += g * g;
+    }
+    s = warp_sum_d(s);
+    if (lane == 0) scratch[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = (lane < warps) ? scratch[lane] : 0.0;
+        s = warp_sum_d(s);
+        if (lane == 0) partials[blockIdx.x] = s;
+    }
+}
+
+// Stage 2: out[0] = sum of partials[0..P] (fixed order per thread, fixed tree).
+//   out (1), partials (P)
+// Launch: grid 1, block 1024.
+extern "C" __global__ void grad_norm_sq_finalize(double* __restrict__ out,
+                                                 const double* __restrict__ partials, int P) {
+    __shared__ double scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) s += partials[i];
+    s = warp_sum_d(s);
+    if (lane == 0) scratch[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = (lane < warps) ? scratch[lane] : 0.0;
+        s = warp_sum_d(s);
+        if (lane == 0) out[0] = s;
+    }
+}
+
+// scale[0] = min(1, max_norm / (sqrt(sum_k norm_sq[k]) + 1e-6)); 1 when the norm
+// is not finite (as torch.nn.utils.clip_grad_norm_ computes the coefficient).
+// norm_sq holds K partial squared norms (per bucket, or per rank after an
+// all-reduce), summed in order. Keeps clipping on the device: no host sync.
+// Launch: grid 1, block 1.
+extern "C" __global__ void grad_clip_scale(float* __restrict__ scale,
+                                           const double* __restrict__ norm_sq, int K,
+                                           float max_norm) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double total = 0.0;
+    for (int k = 0; k < K; k++) total += norm_sq[k];
+    const double norm = sqrt(total);
+    float s = 1.0f;
+    if (isfinite(norm)) {
+        const double coef = (double)max_norm / (norm + 1e-6);
+        s = (float)(coef < 1.0 ? coef : 1.0);
+    }
+    scale[0] = s;
+}
+
+// x[i] *= s (host scalar)
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void scale_inplace(float* __restrict__ x, long long N, float s) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) x[i] *= s;
+}
+
+// x[i] *= s[0] (device scalar, e.g. from grad_clip_scale)
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void scale_inplace_dev(float* __restrict__ x, long long N,
+                                             const float* __restrict__ s) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) x[i] *= s[0];
+}

@@ -1,0 +1,162 @@
+// GPT-2 causal self-attention helpers (fp32), llm.c's cuBLAS formulation.
+// Semantics: models/gpt2/src/kernels/cpu/attention.rs; the products run as
+// strided-batched cuBLAS sgemms over the B*NH heads (row-major terms, see
+// core/src/backend/cuda/cublas.rs):
+//
+// forward, with hs = C / NH and scale = 1 / sqrt(hs):
+//   attention_permute          inp (B, T, 3C)      -> q, k, v (B, NH, T, hs)
+//   preatt = scale · q · kᵀ    Gemm(N, T, T, T, hs).scaled(scale, 0), batch B*NH,
+//                              strides T*hs, T*hs, T*T        -> preatt (B, NH, T, T)
+//   attention_softmax_forward  preatt -> att (B, NH, T, T), causal; att[t2 > t] = 0
+//   vaccum = att · v           Gemm(N, N, T, hs, T), strides T*T, T*hs, T*hs
+//   attention_unpermute        vaccum (B, NH, T, hs) -> out (B, T, C)
+//
+// backward (dinp accumulates, like every backward kernel):
+//   attention_unpermute_backward  dout (B, T, C) -> dvaccum (B, NH, T, hs)
+//   datt = dvaccum · vᵀ           Gemm(N, T, T, T, hs)
+//   dv   = attᵀ · dvaccum         Gemm(T, N, T, hs, T)
+//   attention_softmax_backward    att, datt -> dpreatt (B, NH, T, T), already
+//                                 multiplied by `scale`, i.e. the gradient of the
+//                                 unscaled scores q · kᵀ
+//   dq   = dpreatt · k            Gemm(N, N, T, hs, T)
+//   dk   = dpreattᵀ · q           Gemm(T, N, T, hs, T)
+//   attention_permute_backward    dinp (B, T, 3C) += dq | dk | dv
+//
+// Unlike the CPU kernel, the upper (masked) triangle of preatt is left as cuBLAS
+// wrote it (the full product); att's upper triangle is 0 as on the CPU.
+// All reductions use a fixed warp-shuffle butterfly: deterministic.
+
+#define NEG_INF __int_as_float(0xff800000)
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Index helpers: element (b, h, t, i) of a (B, NH, T, hs) tensor and its place in
+// the packed (B, T, 3C) qkv activation (query part; + C for key, + 2C for value).
+struct HeadIndex {
+    long long packed;  // offset of the query element in (B, T, 3C)
+    long long unpacked;  // offset in (B, T, C) (for out / dout)
+};
+
+static __device__ __forceinline__ HeadIndex head_index(long long idx, int T, int NH, int hs) {
+    const int i = (int)(idx % hs);
+    long long r = idx / hs;
+    const int t = (int)(r % T);
+    r /= T;
+    const int h = (int)(r % NH);
+    const long long b = r / NH;
+    const long long C = (long long)NH * hs;
+    HeadIndex out;
+    out.packed = (b * T + t) * 3 * C + (long long)h * hs + i;
+    out.unpacked = (b * T + t) * C + (long long)h * hs + i;
+    return out;
+}
+
+// q, k, v (B, NH, T, hs) <- inp (B, T, 3C)
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_permute(float* __restrict__ q, float* __restrict__ k,
+                                             float* __restrict__ v,
+                                             const float* __restrict__ inp, int B, int T,
+                                             int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    const long long C = (long long)NH * hs;
+    const HeadIndex h = head_index(idx, T, NH, hs);
+    q[idx] = inp[h.packed];
+    k[idx] = inp[h.packed + C];
+    v[idx] = inp[h.packed + 2 * C];
+}
+
+// dinp (B, T, 3C) += dq | dk | dv, each (B, NH, T, hs)
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_permute_backward(float* __restrict__ dinp,
+                                                      const float* __restrict__ dq,
+                                                      const float* __restrict__ dk,
+                                                      const float* __restrict__ dv, int B,
+                                                      int T, int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    const long long C = (long long)NH * hs;
+    const HeadIndex h = head_index(idx, T, NH, hs);
+    dinp[h.packed] += dq[idx];
+    dinp[h.packed + C] += dk[idx];
+    dinp[h.packed + 2 * C] += dv[idx];
+}
+
+// out (B, T, C) <- vaccum (B, NH, T, hs)
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_unpermute(float* __restrict__ out,
+                                               const float* __restrict__ vaccum, int B, int T,
+                                               int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    out[head_index(idx, T, NH, hs).unpacked] = vaccum[idx];
+}
+
+// dvaccum (B, NH, T, hs) <- dout (B, T, C)   (overwrites: dvaccum is scratch)
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_unpermute_backward(float* __restrict__ dvaccum,
+                                                        const float* __restrict__ dout, int B,
+                                                        int T, int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    dvaccum[idx] = dout[head_index(idx, T, NH, hs).unpacked];
+}
+
+// att[r, t2] = exp(scale*preatt[r, t2] - max) / sum  for t2 <= t, 0 for t2 > t,
+// where row r = (b*NH + h)*T + t. Pass scale = 1 when the q·kᵀ product already
+// applied 1/sqrt(hs) (as above), to match the CPU kernel's scaled preatt.
+//   att, preatt (B*NH, T, T)
+// Launch: one warp per row: block 256 (8 rows), grid ceil(B*NH*T / 8).
+extern "C" __global__ void attention_softmax_forward(float* __restrict__ att,
+                                                     const float* __restrict__ preatt, int BNH,
+                                                     int T, float scale) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)BNH * T) return;
+    const int t = (int)(row % T);
+    const float* x = preatt + row * T;
+    float* y = att + row * T;
+    float mx = NEG_INF;
+    for (int t2 = lane; t2 <= t; t2 += 32) mx = fmaxf(mx, scale * x[t2]);
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) {
+        const float e = expf(scale * x[t2] - mx);
+        y[t2] = e;
+        s += e;
+    }
+    const float inv = 1.0f / warp_sum(s);
+    // Each lane rescales exactly the elements it wrote above: no sync needed.
+    for (int t2 = lane; t2 < T; t2 += 32) y[t2] = (t2 <= t) ? y[t2] * inv : 0.0f;
+}
+
+// dpreatt[r, t2] = scale * att[r, t2] * (datt[r, t2] - sum_{t3<=t} att[r, t3]*datt[r, t3])
+// for t2 <= t, 0 above the diagonal (overwrites: dpreatt is scratch).
+//   dpreatt, datt, att (B*NH, T, T)
+// Launch: one warp per row: block 256, grid ceil(B*NH*T / 8).
+extern "C" __global__ void attention_softmax_backward(float* __restrict__ dpreatt,
+                                                      const float* __restrict__ datt,
+                                                      const float* __restrict__ att, int BNH,
+                                                      int T, float scale) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)BNH * T) return;
+    const int t = (int)(row % T);
+    const float* a = att + row * T;
+    const float* d = datt + row * T;
+    float* o = dpreatt + row * T;
+    float dot = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) dot += a[t2] * d[t2];
+    dot = warp_sum(dot);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        o[t2] = (t2 <= t) ? scale * (a[t2] * (d[t2] - dot)) : 0.0f;
+    }
+}

@@ -1,0 +1,11 @@
+//! GPT-2 as Braid tasks: configuration, parameter layout, kernels, data, weights
+//! and the data-parallel trainer.
+
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod kernels;
+pub mod layout;
+pub mod reference;
+pub mod weights;

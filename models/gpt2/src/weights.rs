@@ -1,0 +1,477 @@
+//! Hugging Face `GPT2LMHeadModel` weights in safetensors format.
+//!
+//! Loading accepts tensor names with or without the `transformer.` prefix (the
+//! published `gpt2` checkpoints have none, `save_pretrained` of a
+//! `GPT2LMHeadModel` writes it), ignores `lm_head.weight` (tied to `wte`) and the
+//! attention buffers `h.N.attn.bias` / `h.N.attn.masked_bias`, converts F32, F16
+//! and BF16 to f32, and transposes the `Conv1D` weights, stored `(in, out)` by
+//! Hugging Face, into Braid's `(out, in)` layout. Anything else in the file is an
+//! error, as is a missing tensor or a wrong shape: a checkpoint for another
+//! configuration is never loaded half-way.
+//!
+//! Saving writes the `transformer.`-prefixed names and Hugging Face's storage
+//! order, without `lm_head.weight` (as `save_pretrained` does for tied weights),
+//! with the model sizes in the safetensors metadata so that
+//! [`infer_config_from_safetensors`] can read them back, heads included.
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+
+use crate::config::Gpt2Config;
+use crate::data::io::write_atomic_with;
+use crate::error::{Gpt2Error, Result};
+use crate::layout::ParamLayout;
+
+/// Prefix of the transformer's tensors in `GPT2LMHeadModel`.
+pub const HF_PREFIX: &str = "transformer.";
+
+/// Strips the optional `transformer.` prefix.
+fn short_name(name: &str) -> &str {
+    name.strip_prefix(HF_PREFIX).unwrap_or(name)
+}
+
+/// Whether a (short) name is a tensor the loader skips on purpose: the tied
+/// classifier and the attention mask buffers.
+fn is_ignored(short: &str) -> bool {
+    if short == "lm_head.weight" {
+        return true;
+    }
+    let parts: Vec<&str> = short.split('.').collect();
+    matches!(
+        parts.as_slice(),
+        ["h", n, "attn", "bias" | "masked_bias"] if n.parse::<usize>().is_ok()
+    )
+}
+
+/// IEEE 754 half precision to single precision (exact).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: value = man * 2^-24; normalise it.
+            let shift = man.leading_zeros() - 21; // bring the top bit to bit 10
+            let man = (man << shift) & 0x3ff;
+            let exp = 127 - 15 + 1 - shift;
+            sign | (exp << 23) | (man << 13)
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, _) => sign | 0x7fc0_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// bfloat16 to single precision (exact).
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+    let data = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        other => {
+            return Err(Gpt2Error::UnsupportedDtype {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                dtype: other.to_string(),
+            })
+        }
+    })
+}
+
+fn check_layout(cfg: &Gpt2Config, layout: &ParamLayout) -> Result<()> {
+    if layout.config() != cfg {
+        return Err(Gpt2Error::LayoutMismatch {
+            layout: format!("{:?}", layout.config()),
+            config: format!("{cfg:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Loads a Hugging Face `GPT2LMHeadModel` `model.safetensors` into one flat f32
+/// buffer in `layout`'s order (see the module docs for what is accepted).
+pub fn load_hf_safetensors(
+    path: impl AsRef<Path>,
+    cfg: &Gpt2Config,
+    layout: &ParamLayout,
+) -> Result<Vec<f32>> {
+    let path = path.as_ref();
+    check_layout(cfg, layout)?;
+    let bytes = std::fs::read(path).map_err(|e| Gpt2Error::io("reading", path, e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| Gpt2Error::Safetensors {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+
+    // short name -> (name in the file, view)
+    let mut by_short: HashMap<&str, (&str, TensorView<'_>)> = HashMap::new();
+    let known: BTreeSet<&str> = layout.tensors.iter().map(|t| short_name(&t.name)).collect();
+    for (name, view) in st.iter() {
+        let short = short_name(name);
+        if is_ignored(short) {
+            continue;
+        }
+        if !known.contains(short) {
+            return Err(Gpt2Error::UnexpectedTensor {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+            });
+        }
+        if let Some((other, _)) = by_short.insert(short, (name, view)) {
+            return Err(Gpt2Error::Safetensors {
+                path: path.to_path_buf(),
+                message: format!("tensor {short:?} appears twice (as {other:?} and {name:?})"),
+            });
+        }
+    }
+
+    let mut flat = vec![0.0f32; layout.total];
+    for t in &layout.tensors {
+        let short = short_name(&t.name);
+        let Some((name, view)) = by_short.get(short) else {
+            return Err(Gpt2Error::MissingTensor {
+                path: path.to_path_buf(),
+                name: t.name.clone(),
+            });
+        };
+        let expected = t.hf_shape();
+        if view.shape() != expected.as_slice() {
+            return Err(Gpt2Error::ShapeMismatch {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                expected,
+                found: view.shape().to_vec(),
+            });
+        }
+        let data = to_f32(path, name, view)?;
+        t.copy_from_hf(&data, &mut flat)?;
+    }
+    Ok(flat)
+}
+
+/// One tensor's entry in a safetensors header.
+#[derive(Debug, Clone)]
+pub(crate) struct HeaderEntry {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Byte range within the data section.
+    pub begin: u64,
+    pub end: u64,
+}
+
+/// The JSON header of a safetensors file, read without loading the tensors.
+#[derive(Debug)]
+pub(crate) struct Header {
+    pub tensors: HashMap<String, HeaderEntry>,
+    pub metadata: HashMap<String, String>,
+    /// File offset of the data section.
+    pub data_start: u64,
+    /// Size of the file.
+    pub file_len: u64,
+}
+
+/// Reads and checks the header of a safetensors file: every tensor's byte range
+/// lies inside the file and the data section ends where the file ends.
+pub(crate) fn read_header(path: &Path, f: &mut std::fs::File) -> Result<Header> {
+    let corrupt = |message: String| Gpt2Error::Safetensors {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file_len = f
+        .metadata()
+        .map_err(|e| Gpt2Error::io("reading", path, e))?
+        .len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .map_err(|_| corrupt(format!("file is {file_len} bytes, too short for a header")))?;
+    let n = u64::from_le_bytes(n);
+    if n > 100_000_000 || n + 8 > file_len {
+        return Err(corrupt(format!(
+            "header length {n} does not fit a {file_len}-byte file"
+        )));
+    }
+    let mut buf = vec![0u8; n as usize];
+    f.read_exact(&mut buf)
+        .map_err(|e| Gpt2Error::io("reading", path, e))?;
+    let json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&buf).map_err(|e| corrupt(format!("header is not JSON: {e}")))?;
+    let data_start = 8 + n;
+    let data_len = file_len - data_start;
+    let mut tensors = HashMap::new();
+    let mut metadata = HashMap::new();
+    let mut data_end = 0;
+    for (name, value) in json {
+        if name == "__metadata__" {
+            if let Some(m) = value.as_object() {
+                for (k, v) in m {
+                    if let Some(s) = v.as_str() {
+                        metadata.insert(k.clone(), s.to_string());
+                    }
+                }
+            }
+            continue;
+        }
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            dtype: String,
+            shape: Vec<usize>,
+            data_offsets: (u64, u64),
+        }
+        let raw: Raw = serde_json::from_value(value)
+            .map_err(|e| corrupt(format!("bad header entry for tensor {name:?}: {e}")))?;
+        let (begin, end) = raw.data_offsets;
+        if begin > end || end > data_len {
+            return Err(corrupt(format!(
+                "tensor {name:?} claims bytes {begin}..{end} of a {data_len}-byte data section"
+            )));
+        }
+        data_end = data_end.max(end);
+        tensors.insert(
+            name,
+            HeaderEntry {
+                dtype: raw.dtype,
+                shape: raw.shape,
+                begin,
+                end,
+            },
+        );
+    }
+    if data_end != data_len {
+        return Err(corrupt(format!(
+            "the tensors cover {data_end} bytes but the data section has {data_len}"
+        )));
+    }
+    Ok(Header {
+        tensors,
+        metadata,
+        data_start,
+        file_len,
+    })
+}
+
+/// Heads of the published GPT-2 sizes, by channels.
+pub fn standard_num_heads(channels: usize) -> Option<usize> {
+    match channels {
+        768 => Some(12),
+        1024 => Some(16),
+        1280 => Some(20),
+        1600 => Some(25),
+        _ => None,
+    }
+}
+
+/// Metadata keys (and `config.json` keys) that may hold the number of heads.
+const HEAD_KEYS: [&str; 3] = ["n_head", "num_heads", "num_attention_heads"];
+
+fn heads_from_config_json(path: &Path) -> Option<usize> {
+    let cfg_path = path.parent()?.join("config.json");
+    let text = std::fs::read_to_string(cfg_path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    HEAD_KEYS
+        .iter()
+        .find_map(|k| json.get(*k)?.as_u64())
+        .map(|h| h as usize)
+}
+
+/// Infers the model configuration from a `GPT2LMHeadModel` safetensors file by
+/// reading only its header: `vocab_size` and `channels` from `wte`,
+/// `max_seq_len` from `wpe`, `num_layers` from the `h.N.` blocks. The number of
+/// heads is not visible in any shape: it comes from the file's metadata
+/// (`n_head`, as [`save_hf_safetensors`] writes it), else from `config.json`
+/// beside the file (a Hugging Face model directory), else from the published
+/// sizes (768→12, 1024→16, 1280→20, 1600→25).
+pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Config> {
+    let path = path.as_ref();
+    let mut f = std::fs::File::open(path).map_err(|e| Gpt2Error::io("opening", path, e))?;
+    let header = read_header(path, &mut f)?;
+    let fail = |reason: String| Gpt2Error::ConfigInference {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let shape_of = |short: &str| -> Option<&Vec<usize>> {
+        header
+            .tensors
+            .get(short)
+            .or_else(|| header.tensors.get(&format!("{HF_PREFIX}{short}")))
+            .map(|e| &e.shape)
+    };
+    let wte = shape_of("wte.weight").ok_or_else(|| fail("no wte.weight tensor".into()))?;
+    let wpe = shape_of("wpe.weight").ok_or_else(|| fail("no wpe.weight tensor".into()))?;
+    let (&[vocab_size, channels], &[max_seq_len, wpe_c]) = (wte.as_slice(), wpe.as_slice()) else {
+        return Err(fail(format!(
+            "wte.weight has shape {wte:?} and wpe.weight {wpe:?}; both must be 2-D"
+        )));
+    };
+    if wpe_c != channels {
+        return Err(fail(format!(
+            "wte.weight has {channels} columns but wpe.weight has {wpe_c}"
+        )));
+    }
+    let layers: BTreeSet<usize> = header
+        .tensors
+        .keys()
+        .filter_map(|name| {
+            let rest = short_name(name).strip_prefix("h.")?;
+            rest.split('.').next()?.parse().ok()
+        })
+        .collect();
+    let num_layers = layers.len();
+    if num_layers == 0 {
+        return Err(fail("no transformer blocks (h.N.*) in the file".into()));
+    }
+    if layers.iter().next_back() != Some(&(num_layers - 1)) {
+        return Err(fail(format!(
+            "transformer blocks are not numbered 0..{num_layers}: found {layers:?}"
+        )));
+    }
+    let from_meta = HEAD_KEYS.iter().find_map(|k| header.metadata.get(*k));
+    let num_heads = match from_meta {
+        Some(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| fail(format!("metadata n_head {v:?} is not a number")))?,
+        None => heads_from_config_json(path)
+            .or_else(|| standard_num_heads(channels))
+            .ok_or_else(|| {
+                fail(format!(
+                    "the number of heads is not in the metadata and {channels} channels is not \
+                     a published GPT-2 size (768, 1024, 1280, 1600)"
+                ))
+            })?,
+    };
+    let cfg = Gpt2Config {
+        max_seq_len,
+        vocab_size,
+        num_layers,
+        num_heads,
+        channels,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Infers the configuration of a `GPT2LMHeadModel` safetensors file and loads
+/// it: what a user with a published checkpoint on disk needs, no config named.
+pub fn load_hf_model(path: impl AsRef<Path>) -> Result<(Gpt2Config, Vec<f32>)> {
+    let path = path.as_ref();
+    let cfg = infer_config_from_safetensors(path)?;
+    let layout = ParamLayout::new(&cfg);
+    let params = load_hf_safetensors(path, &cfg, &layout)?;
+    Ok((cfg, params))
+}
+
+/// Hugging Face `config.json` field names and values for `cfg`, written into
+/// the safetensors metadata (with `format: pt`, which `transformers` requires).
+fn hf_metadata(cfg: &Gpt2Config) -> HashMap<String, String> {
+    [
+        ("format", "pt".to_string()),
+        ("model_type", "gpt2".to_string()),
+        ("n_layer", cfg.num_layers.to_string()),
+        ("n_head", cfg.num_heads.to_string()),
+        ("n_embd", cfg.channels.to_string()),
+        ("n_positions", cfg.max_seq_len.to_string()),
+        ("n_ctx", cfg.max_seq_len.to_string()),
+        ("vocab_size", cfg.vocab_size.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Writes `params` (flat, in `layout`) as a `GPT2LMHeadModel` safetensors file:
+/// `transformer.`-prefixed names, `Conv1D` weights transposed back to
+/// `(in, out)`, F32, the sizes in the metadata. Atomic: a reader sees the old
+/// file or the new one, never a partial one.
+pub fn save_hf_safetensors(
+    path: impl AsRef<Path>,
+    params: &[f32],
+    cfg: &Gpt2Config,
+    layout: &ParamLayout,
+) -> Result<()> {
+    let path = path.as_ref();
+    check_layout(cfg, layout)?;
+    if params.len() != layout.total {
+        return Err(Gpt2Error::LengthMismatch {
+            what: "params".into(),
+            expected: layout.total,
+            found: params.len(),
+        });
+    }
+    let mut hf_tensors: Vec<(String, Vec<usize>, Vec<f32>)> =
+        Vec::with_capacity(layout.tensors.len());
+    for t in &layout.tensors {
+        let mut hf = vec![0.0f32; t.len];
+        t.copy_to_hf(params, &mut hf)?;
+        hf_tensors.push((t.name.clone(), t.hf_shape(), hf));
+    }
+    let views = hf_tensors
+        .iter()
+        .map(|(name, shape, data)| (name.as_str(), F32View { shape, data }));
+    write_safetensors(path, views, hf_metadata(cfg))
+}
+
+/// A borrowed f32 tensor for the safetensors serialiser (no copy on
+/// little-endian machines).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct F32View<'a> {
+    pub shape: &'a [usize],
+    pub data: &'a [f32],
+}
+
+impl safetensors::View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        if cfg!(target_endian = "little") {
+            Cow::Borrowed(bytemuck::cast_slice(self.data))
+        } else {
+            Cow::Owned(self.data.iter().flat_map(|x| x.to_le_bytes()).collect())
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// Writes F32 tensors and metadata as a safetensors file, atomically, streaming
+/// the tensor data (no second copy of the whole file in memory).
+pub(crate) fn write_safetensors<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a str, F32View<'a>)>,
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    write_atomic_with(path, |tmp| {
+        safetensors::serialize_to_file(tensors, Some(metadata), tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => Gpt2Error::io("writing", tmp, source),
+            other => Gpt2Error::Safetensors {
+                path: path.to_path_buf(),
+                message: other.to_string(),
+            },
+        })
+    })
+}
