@@ -25,7 +25,29 @@
 mod tests;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
+
+/// Buffer ids are small sequential integers: hash them by identity (a
+/// multiplicative mix), not with SipHash, which shows up in the per-task cost.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | b as u64;
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// How a task touches a byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,13 +118,13 @@ impl<T> Default for BufState<T> {
 /// Dependency tracker over all buffers of one runtime.
 #[derive(Debug)]
 pub(crate) struct Tracker<T> {
-    bufs: HashMap<u64, BufState<T>>,
+    bufs: IdMap<BufState<T>>,
 }
 
 impl<T> Default for Tracker<T> {
     fn default() -> Self {
         Tracker {
-            bufs: HashMap::new(),
+            bufs: IdMap::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ mod loom_tests;
 
 use crate::error::{Error, Result};
 use crate::graph::{TaskRef, Tracker};
-use crate::sync::{lock, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicU8, Mutex, Ordering};
 use crate::task::{Access, Body, TaskKind};
 use crate::trace::Span;
 use gate::Gate;
@@ -47,6 +47,8 @@ pub(crate) struct TaskShared {
     pub(crate) clock: Clock,
     status: AtomicU8,
     error: OnceLock<Error>,
+    /// Set at submission, taken by the stream thread (one allocation per task).
+    pub(crate) launch: Mutex<Option<Launch>>,
 }
 
 impl std::fmt::Debug for TaskShared {
@@ -105,10 +107,10 @@ impl TaskRef for Arc<TaskShared> {
     }
 }
 
-/// What a stream thread receives: the task, the waits it must issue first,
-/// and what it needs to run it.
+/// What a stream thread needs to run a task, besides its identity: the
+/// waits it must issue first, its predecessors and its body. Lives inside the
+/// task's one allocation and is taken once, by the stream thread.
 pub(crate) struct Launch {
-    pub(crate) task: Arc<TaskShared>,
     /// Cross-stream waits `(stream, seq)` not already implied by earlier waits.
     pub(crate) waits: SmallVec<[(u16, u64); 4]>,
     /// Unfinished predecessors (a failed one means this task is skipped).
@@ -118,15 +120,23 @@ pub(crate) struct Launch {
 }
 
 /// Ids of dropped buffers, for the tracker to forget at the next submission.
+/// `any` lets submission skip the lock when nothing was dropped.
 #[derive(Debug, Default)]
-pub(crate) struct Dropped(Mutex<Vec<u64>>);
+pub(crate) struct Dropped {
+    ids: Mutex<Vec<u64>>,
+    any: AtomicBool,
+}
 
 impl Dropped {
     pub(crate) fn push(&self, id: u64) {
-        lock(&self.0).push(id);
+        lock(&self.ids).push(id);
+        self.any.store(true, Ordering::Release);
     }
     fn drain(&self) -> Vec<u64> {
-        std::mem::take(&mut *lock(&self.0))
+        if !self.any.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.ids))
     }
 }
 
@@ -136,7 +146,7 @@ pub(crate) struct StreamShared {
     pub(crate) is_comm: bool,
     /// Sequence number of the last completed task.
     pub(crate) done: Gate,
-    pub(crate) queue: Queue<Launch>,
+    pub(crate) queue: Queue<Arc<TaskShared>>,
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
 }
@@ -315,6 +325,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             *c = (*c).max(pc);
         }
     }
+    let (edges, nwaits) = (preds.len() as u64, waits.len() as u64);
     st.placed[s] += 1;
     let seq = st.placed[s];
     clock[s] = seq;
@@ -329,24 +340,25 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         clock: clock.clone(),
         status: AtomicU8::new(PENDING),
         error: OnceLock::new(),
+        launch: Mutex::new(Some(Launch {
+            waits,
+            preds: preds.drain(..).collect(),
+            accesses: t.accesses,
+            body: t.body,
+        })),
     });
-    for a in &t.accesses {
-        st.tracker
-            .record(a.view.buf.id(), a.view.range(), a.mode, &task);
+    if let Some(l) = lock(&task.launch).as_ref() {
+        for a in &l.accesses {
+            st.tracker
+                .record(a.view.buf.id(), a.view.range(), a.mode, &task);
+        }
     }
     st.tail[s] = id;
     st.stats.tasks += 1;
-    st.stats.edges += preds.len() as u64;
-    st.stats.waits += waits.len() as u64;
+    st.stats.edges += edges;
+    st.stats.waits += nwaits;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
-    let launch = Launch {
-        task: task.clone(),
-        waits,
-        preds: preds.drain(..).collect(),
-        accesses: t.accesses,
-        body: t.body,
-    };
     st.preds = preds;
-    shared.streams[s].queue.push(launch);
+    shared.streams[s].queue.push(task.clone());
     task
 }

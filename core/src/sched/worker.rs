@@ -1,6 +1,6 @@
 //! The stream thread: runs its FIFO, issuing cross-stream waits first.
 
-use super::{Launch, Shared, IN_TASK_OF};
+use super::{Launch, Shared, TaskShared, IN_TASK_OF};
 use crate::backend::DeviceCtx;
 use crate::error::Error;
 use crate::sync::{lock, Arc};
@@ -29,14 +29,16 @@ pub(crate) fn spawn(shared: Arc<Shared>, s: usize) -> std::io::Result<std::threa
     })
 }
 
-fn execute(shared: &Shared, s: usize, l: Launch) {
-    let Launch {
-        task,
+fn execute(shared: &Shared, s: usize, task: Arc<TaskShared>) {
+    let Some(Launch {
         waits,
         preds,
         accesses,
         body,
-    } = l;
+    }) = lock(&task.launch).take()
+    else {
+        unreachable!("a task is queued once")
+    };
     for &(j, n) in &waits {
         shared.streams[j as usize].done.wait_at_least(n);
     }
@@ -98,11 +100,12 @@ fn execute(shared: &Shared, s: usize, l: Launch) {
         }
     }
     task.finish(outcome);
+    let seq = task.seq;
     // Release the buffers before announcing completion, so memory is free once
     // a synchronisation point returns.
     drop(accesses);
     drop(preds);
-    debug_assert_eq!(shared.streams[s].done.get() + 1, task.seq);
+    debug_assert_eq!(shared.streams[s].done.get() + 1, seq);
     shared.streams[s].done.add(1);
     shared.completed.add(1);
 }
