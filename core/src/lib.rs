@@ -40,6 +40,8 @@ mod task;
 pub mod topo;
 pub mod trace;
 
+pub use backend::cuda;
+pub use backend::gpu::CudaTaskCtx;
 pub use backend::{BackendKind, DeviceCtx};
 pub use buffer::{AsView, Buffer, View};
 pub use comm::{launch, launch_with, Comm, Communicator, LocalComm, LocalCommConfig, Reducer};

@@ -114,7 +114,7 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
-        let backend = Backend::open(self.backend)?;
+        let backend = Backend::open(self.backend, self.compute_streams, self.comm_streams)?;
         let mut streams = Vec::with_capacity(n);
         for s in 0..n {
             let is_comm = s >= self.compute_streams;
@@ -127,6 +127,7 @@ impl RuntimeBuilder {
                 name,
                 is_comm,
                 done: Gate::default(),
+                launched: Gate::default(),
                 queue: Queue::new(),
                 spans: Mutex::new(Vec::new()),
             });
@@ -148,7 +149,11 @@ impl RuntimeBuilder {
         let state = SubmitState::new(placement::make(self.policy, layout), n);
         let mut threads = Vec::with_capacity(n);
         for s in 0..n {
-            match sched::spawn_worker(shared.clone(), s) {
+            let driver = match &backend {
+                Backend::Cpu => None,
+                Backend::Cuda(c) => Some(c.driver(s)),
+            };
+            match sched::spawn_worker(shared.clone(), s, driver) {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     for st in &shared.streams {
@@ -213,6 +218,14 @@ impl Runtime {
         self.shared.streams.len()
     }
 
+    /// The CUDA device this runtime drives, if any.
+    pub fn cuda_device(&self) -> Option<&crate::cuda::CudaDevice> {
+        match &self.backend {
+            Backend::Cpu => None,
+            Backend::Cuda(c) => Some(&c.device),
+        }
+    }
+
     /// Number of compute streams.
     pub fn compute_streams(&self) -> usize {
         self.config.compute_streams
@@ -270,10 +283,7 @@ impl Runtime {
         self.task("upload")
             .kind(TaskKind::Host)
             .write(&v)
-            .run(move |ctx| {
-                ctx.write::<u8>(&dst)?.copy_from_slice(&bytes);
-                Ok(())
-            })
+            .run(move |ctx| Ok(ctx.write_from_slice(&dst, &bytes)?))
     }
 
     /// Reads `v` back after every earlier write to it (a synchronisation point
@@ -295,8 +305,7 @@ impl Runtime {
             .kind(TaskKind::Host)
             .read(&v)
             .run(move |ctx| {
-                let bytes = ctx.read::<u8>(&src)?;
-                *lock(&sink) = bytes.to_vec();
+                *lock(&sink) = ctx.read_to_vec::<u8>(&src)?;
                 Ok(())
             })?;
         h.wait()?;

@@ -166,6 +166,18 @@ impl<'rt> TaskBuilder<'rt> {
     }
 }
 
+fn check_elems<T>(v: &View) -> Result<()> {
+    let sz = size_of::<T>();
+    if sz == 0 || v.len() % sz != 0 {
+        return Err(Error::Misaligned {
+            buffer: v.buf.name().to_string(),
+            range: v.range(),
+            ty: std::any::type_name::<T>(),
+        });
+    }
+    Ok(())
+}
+
 /// A submitted task. Waiting on it is a synchronisation point.
 #[derive(Clone)]
 pub struct TaskHandle {
@@ -205,6 +217,8 @@ impl TaskHandle {
     }
 }
 
+type Borrow = (u64, usize, usize, bool);
+
 /// What a task body sees: its declared data, and the stream it runs on.
 ///
 /// Data is reachable only here, only for the accesses the task declared and
@@ -219,7 +233,8 @@ pub struct TaskCtx<'a> {
     pub(crate) stream: usize,
     pub(crate) rank: usize,
     pub(crate) device: DeviceCtx<'a>,
-    borrows: RefCell<SmallVec<[(u64, usize, usize, bool); 4]>>,
+    /// Host borrows handed out so far: (buffer id, start, end, exclusive).
+    borrows: RefCell<SmallVec<[Borrow; 4]>>,
 }
 
 impl fmt::Debug for TaskCtx<'_> {
@@ -272,7 +287,7 @@ impl<'a> TaskCtx<'a> {
     /// Shared host slice of a declared access (any mode) covering `v`.
     pub fn read<T: bytemuck::Pod>(&self, v: impl AsView) -> Result<&[T]> {
         let v = v.as_view();
-        let (ptr, len) = self.borrow_host::<T>(&v, false)?;
+        let (ptr, len) = self.borrow_host::<T>(&v, false, true)?;
         // SAFETY: `borrow_host` checked that `v` lies inside a declared access of
         // this task, that the bytes are a whole aligned `[T]`, and recorded the
         // borrow so no exclusive borrow of overlapping bytes exists or can be
@@ -286,7 +301,7 @@ impl<'a> TaskCtx<'a> {
     #[allow(clippy::mut_from_ref)]
     pub fn write<T: bytemuck::Pod>(&self, v: impl AsView) -> Result<&mut [T]> {
         let v = v.as_view();
-        let (ptr, len) = self.borrow_host::<T>(&v, true)?;
+        let (ptr, len) = self.borrow_host::<T>(&v, true, true)?;
         // SAFETY: as in `read`, and the recorded exclusive borrow makes any other
         // borrow of overlapping bytes through this context fail, so this is the
         // only reference to them.
@@ -309,6 +324,54 @@ impl<'a> TaskCtx<'a> {
             })
     }
 
+    /// Copies the bytes of a declared access covering `v` into a new vector,
+    /// on any backend (on CUDA: a copy on the task's stream, waited for).
+    pub fn read_to_vec<T: bytemuck::Pod>(&self, v: impl AsView) -> Result<Vec<T>> {
+        let v = v.as_view();
+        match &self.device {
+            DeviceCtx::Cuda(c) => {
+                self.check_declared(&v, false)?;
+                check_elems::<T>(&v)?;
+                let ptr = self.device_ptr(&v, false)?;
+                let mut bytes = vec![0u8; v.len()];
+                crate::backend::gpu::download(c.stream(), ptr, &mut bytes)?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            }
+            _ => {
+                // A copy: no borrow outlives this call, so none is recorded.
+                let (ptr, len) = self.borrow_host::<T>(&v, false, false)?;
+                // SAFETY: as in `read`; the slice lives only for this copy.
+                Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<T>(), len) }.to_vec())
+            }
+        }
+    }
+
+    /// Overwrites a declared writable access covering `v` with `data`, on any
+    /// backend (on CUDA: a copy on the task's stream, waited for).
+    pub fn write_from_slice<T: bytemuck::Pod>(&self, v: impl AsView, data: &[T]) -> Result<()> {
+        let v = v.as_view();
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if bytes.len() != v.len() {
+            return Err(Error::Misaligned {
+                buffer: v.buf.name().to_string(),
+                range: v.range(),
+                ty: std::any::type_name::<T>(),
+            });
+        }
+        match &self.device {
+            DeviceCtx::Cuda(c) => {
+                let ptr = self.device_ptr(&v, true)?;
+                crate::backend::gpu::upload(c.stream(), ptr, bytes)
+            }
+            _ => {
+                let (ptr, len) = self.borrow_host::<u8>(&v, true, false)?;
+                // SAFETY: as in `write`; the slice lives only for this copy.
+                unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
     fn check_declared(&self, v: &View, write: bool) -> Result<()> {
         let ok = self.accesses.iter().any(|a| {
             a.view.buf.id() == v.buf.id()
@@ -328,7 +391,9 @@ impl<'a> TaskCtx<'a> {
         }
     }
 
-    fn borrow_host<T>(&self, v: &View, write: bool) -> Result<(*mut u8, usize)> {
+    /// Checks a host access to `v` and, with `keep`, records it as a borrow
+    /// that lasts as long as the context.
+    fn borrow_host<T>(&self, v: &View, write: bool, keep: bool) -> Result<(*mut u8, usize)> {
         self.check_declared(v, write)?;
         let sz = size_of::<T>();
         let base = v
@@ -362,7 +427,9 @@ impl<'a> TaskCtx<'a> {
                 range: v.range(),
             });
         }
-        b.push((id, v.start, v.end, write));
+        if keep {
+            b.push((id, v.start, v.end, write));
+        }
         Ok((ptr, v.len() / sz))
     }
 }

@@ -24,15 +24,18 @@ proptest! {
         policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
         window in prop_oneof![Just(1usize), Just(3), Just(4096)],
     ) {
-        let rt = braid::Runtime::builder()
-            .backend(braid::BackendKind::Cpu)
-            .compute_streams(streams)
-            .policy(policy)
-            .launch_window(window)
-            .build()
-            .unwrap();
-        let got = on_engine(&rt, &p);
-        prop_assert_eq!(got, sequential(&p));
+        let expected = sequential(&p);
+        for backend in backends() {
+            let rt = braid::Runtime::builder()
+                .backend(backend)
+                .compute_streams(streams)
+                .policy(policy)
+                .launch_window(window)
+                .build()
+                .unwrap();
+            let got = on_engine(&rt, &p);
+            prop_assert_eq!(&got, &expected, "backend {:?}", backend);
+        }
     }
 }
 

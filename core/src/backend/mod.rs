@@ -3,6 +3,8 @@
 //! a backend.
 
 pub(crate) mod cpu;
+pub mod cuda;
+pub(crate) mod gpu;
 
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
@@ -39,39 +41,61 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
+impl From<cuda::CudaError> for Error {
+    fn from(e: cuda::CudaError) -> Self {
+        match e {
+            cuda::CudaError::LibraryMissing { .. } => Error::BackendUnavailable {
+                backend: "cuda",
+                reason: e.to_string(),
+            },
+            e => Error::Device {
+                backend: "cuda",
+                op: "cuda".into(),
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
 /// The storage behind a buffer.
 #[derive(Debug)]
 pub(crate) enum Storage {
     Host(cpu::HostMem),
+    Device(cuda::DeviceBuffer),
 }
 
 impl Storage {
     pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match self {
             Storage::Host(m) => Some(m.ptr()),
+            Storage::Device(_) => None,
         }
     }
 
-    pub(crate) fn device_ptr(&self, _offset: usize) -> Option<u64> {
+    pub(crate) fn device_ptr(&self, offset: usize) -> Option<u64> {
         match self {
             Storage::Host(_) => None,
+            Storage::Device(b) => Some(b.device_ptr() + offset as u64),
         }
     }
 
     pub(crate) fn device_name(&self) -> &'static str {
         match self {
             Storage::Host(_) => "the host",
+            Storage::Device(_) => "a CUDA device",
         }
     }
 }
 
-/// What a task body gets for its device: nothing extra on the CPU, the raw
-/// stream (and library handles) on CUDA.
+/// What a task body gets for its device: nothing extra on the CPU, the stream
+/// it runs on (and its cuBLAS handle) on CUDA.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum DeviceCtx<'a> {
     /// The task runs on a host stream thread.
     Cpu(PhantomData<&'a ()>),
+    /// The task runs on a CUDA stream.
+    Cuda(gpu::CudaTaskCtx<'a>),
 }
 
 impl DeviceCtx<'_> {
@@ -79,34 +103,64 @@ impl DeviceCtx<'_> {
     pub fn is_cpu(&self) -> bool {
         matches!(self, DeviceCtx::Cpu(_))
     }
+
+    /// The raw `CUstream` the task runs on (null on the CPU), for launching
+    /// one's own kernels.
+    pub fn cuda_stream(&self) -> cudarc::driver::sys::CUstream {
+        match self {
+            DeviceCtx::Cpu(_) => std::ptr::null_mut(),
+            DeviceCtx::Cuda(c) => c.stream().raw(),
+        }
+    }
+
+    /// The CUDA context of the task, if it runs on CUDA.
+    pub fn cuda(&self) -> Option<&gpu::CudaTaskCtx<'_>> {
+        match self {
+            DeviceCtx::Cpu(_) => None,
+            DeviceCtx::Cuda(c) => Some(c),
+        }
+    }
 }
 
 /// The engine's view of a backend.
 #[derive(Debug)]
 pub(crate) enum Backend {
     Cpu,
+    Cuda(gpu::CudaBackend),
 }
 
 impl Backend {
-    pub(crate) fn open(kind: BackendKind) -> Result<Self> {
+    pub(crate) fn open(kind: BackendKind, compute: usize, comm: usize) -> Result<Self> {
         match kind {
-            BackendKind::Auto | BackendKind::Cpu => Ok(Backend::Cpu),
-            BackendKind::Cuda { .. } => Err(Error::BackendUnavailable {
-                backend: "cuda",
-                reason: "this build's CUDA backend is not wired yet".into(),
-            }),
+            BackendKind::Cpu => Ok(Backend::Cpu),
+            BackendKind::Auto => match cuda::cuda_available() {
+                Ok(n) if n > 0 => Ok(Backend::Cuda(gpu::CudaBackend::open(0, compute, comm)?)),
+                _ => Ok(Backend::Cpu),
+            },
+            BackendKind::Cuda { device } => {
+                let n = cuda::cuda_available()?;
+                if device >= n {
+                    return Err(Error::BackendUnavailable {
+                        backend: "cuda",
+                        reason: format!("device {device} requested, {n} present"),
+                    });
+                }
+                Ok(Backend::Cuda(gpu::CudaBackend::open(device, compute, comm)?))
+            }
         }
     }
 
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
+            Backend::Cuda(_) => "cuda",
         }
     }
 
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Storage> {
         match self {
             Backend::Cpu => Ok(Storage::Host(cpu::HostMem::zeroed(bytes)?)),
+            Backend::Cuda(c) => Ok(Storage::Device(c.alloc(bytes)?)),
         }
     }
 }

@@ -13,7 +13,10 @@
 //! [`reduce_scatter`](NcclComm::reduce_scatter),
 //! [`all_gather`](NcclComm::all_gather), [`broadcast`](NcclComm::broadcast)) take
 //! raw device pointers — the engine hands them out of a task's declared views —
-//! and a [`CudaStream`] (the communicator's high-priority comm stream). They only
+//! and a stream: a [`CudaStream`](crate::backend::cuda::CudaStream), or the raw
+//! stream a task body runs on wrapped in
+//! [`RawStream`](crate::backend::cuda::RawStream) (the communicator's
+//! high-priority comm stream). They only
 //! enqueue work; completion is observed with an event recorded after them.
 //! Collectives on one communicator must be issued in the same order on every rank
 //! (Semantics 5); NCCL hangs otherwise.
@@ -47,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys as nc;
 
-use crate::backend::cuda::{CudaDevice, CudaError, CudaStream, DevicePtr};
+use crate::backend::cuda::{AsRawStream, CudaDevice, CudaError, DevicePtr};
 
 /// How long [`NcclComm::abort`] waits for calls that are enqueuing to leave.
 pub const ABORT_GRACE: Duration = Duration::from_millis(200);
@@ -150,18 +153,16 @@ fn catch<T>(during: &'static str, f: impl FnOnce() -> NcclResult<T>) -> NcclResu
     }
 }
 
-fn dlopen_ok(name: &str) -> bool {
-    let c = std::ffi::CString::new(name).expect("no NUL in library name");
-    // SAFETY: `dlopen` with a valid C string; the handle is closed right away.
-    unsafe {
-        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        if h.is_null() {
-            false
-        } else {
-            libc::dlclose(h);
-            true
-        }
+/// Whether `name` exists in a directory the dynamic loader searches (only used
+/// to make the "library missing" message precise; no `dlopen`).
+fn on_loader_path(name: &str) -> bool {
+    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    for d in ["/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"] {
+        dirs.push(d.into());
     }
+    dirs.iter().any(|d| d.join(name).exists())
 }
 
 /// True when cudarc can load libnccl. Cached.
@@ -177,8 +178,8 @@ fn require_nccl() -> NcclResult<()> {
     if nccl_library_present() {
         return Ok(());
     }
-    let detail = if dlopen_ok("libnccl.so.2") {
-        "libnccl.so.2 is loadable but cudarc looks for libnccl.so: put a directory holding a \
+    let detail = if on_loader_path("libnccl.so.2") {
+        "libnccl.so.2 is on the loader path but cudarc looks for libnccl.so: put a directory holding a \
          symlink libnccl.so -> libnccl.so.2 on LD_LIBRARY_PATH (scripts/gpu-validate.sh does this)"
             .to_string()
     } else {
@@ -487,22 +488,27 @@ impl NcclComm {
     }
 
     /// Registers a call (abort protocol) and prepares the thread.
-    fn enter(&self, stream: Option<&CudaStream>) -> NcclResult<Active<'_>> {
+    fn enter(&self, stream_device: Option<&CudaDevice>) -> NcclResult<Active<'_>> {
         self.active.fetch_add(1, Ordering::SeqCst);
         let guard = Active(&self.active);
         if self.aborted.load(Ordering::SeqCst) {
             return Err(NcclError::Aborted { rank: self.rank });
         }
-        if let Some(s) = stream {
-            self.device.check_same(s.device(), "NCCL stream")?;
+        if let Some(d) = stream_device {
+            self.device.check_same(d, "NCCL stream")?;
         }
         self.device.bind_to_thread()?;
         Ok(guard)
     }
 
-    fn call(&self, name: &'static str, stream: &CudaStream, f: impl FnOnce(nc::cudaStream_t) -> nc::ncclResult_t) -> NcclResult<()> {
-        let _g = self.enter(Some(stream))?;
-        let raw_stream = stream.raw() as nc::cudaStream_t;
+    fn call<S: AsRawStream + ?Sized>(
+        &self,
+        name: &'static str,
+        stream: &S,
+        f: impl FnOnce(nc::cudaStream_t) -> nc::ncclResult_t,
+    ) -> NcclResult<()> {
+        let _g = self.enter(stream.stream_device())?;
+        let raw_stream = stream.raw_stream() as nc::cudaStream_t;
         catch(name, || check(name, Some(self.rank), self.raw, f(raw_stream)))
     }
 
@@ -512,15 +518,16 @@ impl NcclComm {
     /// # Safety
     /// `send` and `recv` must be device memory of this communicator's device
     /// holding `count` elements of `dtype`, alive and not accessed by other
-    /// streams until the collective completes on `stream`.
-    pub unsafe fn all_reduce(
+    /// streams until the collective completes on `stream`; a `RawStream` must
+    /// be a live stream of this communicator's device.
+    pub unsafe fn all_reduce<S: AsRawStream + ?Sized>(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &CudaStream,
+        stream: &S,
     ) -> NcclResult<()> {
         self.call("ncclAllReduce", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live (checked in `enter`).
@@ -534,14 +541,14 @@ impl NcclComm {
     /// # Safety
     /// As [`all_reduce`](Self::all_reduce); `send` holds `world_size · recv_count`
     /// elements, `recv` holds `recv_count`.
-    pub unsafe fn reduce_scatter(
+    pub unsafe fn reduce_scatter<S: AsRawStream + ?Sized>(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
         recv_count: usize,
         dtype: DataType,
         op: ReduceOp,
-        stream: &CudaStream,
+        stream: &S,
     ) -> NcclResult<()> {
         self.call("ncclReduceScatter", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
@@ -556,13 +563,13 @@ impl NcclComm {
     /// # Safety
     /// As [`all_reduce`](Self::all_reduce); `send` holds `send_count` elements,
     /// `recv` holds `world_size · send_count`.
-    pub unsafe fn all_gather(
+    pub unsafe fn all_gather<S: AsRawStream + ?Sized>(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
         send_count: usize,
         dtype: DataType,
-        stream: &CudaStream,
+        stream: &S,
     ) -> NcclResult<()> {
         self.call("ncclAllGather", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
@@ -575,14 +582,14 @@ impl NcclComm {
     ///
     /// # Safety
     /// As [`all_reduce`](Self::all_reduce).
-    pub unsafe fn broadcast(
+    pub unsafe fn broadcast<S: AsRawStream + ?Sized>(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
         root: usize,
-        stream: &CudaStream,
+        stream: &S,
     ) -> NcclResult<()> {
         if root >= self.world_size {
             return Err(NcclError::InvalidArgument(format!("root {root} >= world size {}", self.world_size)));
@@ -666,7 +673,7 @@ pub fn group<R>(f: impl FnOnce() -> NcclResult<R>) -> NcclResult<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::{gpu_or_skip, DeviceBuffer};
+    use crate::backend::cuda::{gpu_or_skip, CudaStream, DeviceBuffer};
 
     #[test]
     fn unique_id_bytes_roundtrip() {

@@ -19,7 +19,6 @@
 //! Checked by the loom models in `loom_tests.rs`.
 
 use crate::sync::{lock, spin_hint, AtomicU64, Condvar, Mutex, Ordering, SPIN};
-use std::time::{Duration, Instant};
 
 const SLEEPERS: u64 = 1 << 63;
 
@@ -48,60 +47,26 @@ impl Gate {
 
     /// Blocks until the counter is at least `target`.
     pub(crate) fn wait_at_least(&self, target: u64) {
-        let ok = self.wait_inner(target, None);
-        debug_assert!(ok);
-    }
-
-    /// Blocks until the counter is at least `target` or `timeout` passes;
-    /// returns whether the target was reached.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn wait_at_least_for(&self, target: u64, timeout: Duration) -> bool {
-        self.wait_inner(target, Some(Instant::now() + timeout))
-    }
-
-    fn wait_inner(&self, target: u64, deadline: Option<Instant>) -> bool {
         for _ in 0..SPIN {
             if self.get() >= target {
-                return true;
+                return;
             }
             spin_hint();
         }
         if self.get() >= target {
-            return true;
+            return;
         }
         let mut sleepers = lock(&self.lock);
         *sleepers += 1;
-        let reached = loop {
-            let v = self.word.fetch_or(SLEEPERS, Ordering::AcqRel) & !SLEEPERS;
-            if v >= target {
-                break true;
-            }
-            match deadline {
-                None => {
-                    sleepers = match self.cv.wait(sleepers) {
-                        Ok(g) => g,
-                        Err(p) => p.into_inner(),
-                    }
-                }
-                #[cfg(not(loom))]
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        break false;
-                    }
-                    sleepers = match self.cv.wait_timeout(sleepers, d - now) {
-                        Ok((g, _)) => g,
-                        Err(p) => p.into_inner().0,
-                    }
-                }
-                #[cfg(loom)]
-                Some(_) => unreachable!("loom models use untimed waits"),
-            }
-        };
+        while self.word.fetch_or(SLEEPERS, Ordering::AcqRel) & !SLEEPERS < target {
+            sleepers = match self.cv.wait(sleepers) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
         *sleepers -= 1;
         if *sleepers == 0 {
             self.word.fetch_and(!SLEEPERS, Ordering::AcqRel);
         }
-        reached
     }
 }

@@ -49,6 +49,10 @@ pub(crate) struct TaskShared {
     error: OnceLock<Error>,
     /// Set at submission, taken by the stream thread (one allocation per task).
     pub(crate) launch: Mutex<Option<Launch>>,
+    /// CUDA: the event recorded after the task's work on its stream; other
+    /// streams wait on it. Set by the launching stream thread before it
+    /// advances its `launched` gate.
+    pub(crate) event: OnceLock<crate::backend::cuda::CudaEvent>,
 }
 
 impl std::fmt::Debug for TaskShared {
@@ -146,6 +150,10 @@ pub(crate) struct StreamShared {
     pub(crate) is_comm: bool,
     /// Sequence number of the last completed task.
     pub(crate) done: Gate,
+    /// Sequence number of the last launched task (CUDA: its end event is
+    /// recorded; on the CPU launch and completion coincide, and only `done`
+    /// is used).
+    pub(crate) launched: Gate,
     pub(crate) queue: Queue<Arc<TaskShared>>,
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
@@ -340,6 +348,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         clock: clock.clone(),
         status: AtomicU8::new(PENDING),
         error: OnceLock::new(),
+        event: OnceLock::new(),
         launch: Mutex::new(Some(Launch {
             waits,
             preds: preds.drain(..).collect(),

@@ -52,6 +52,26 @@ impl<T> Queue<T> {
         self.cv.notify_one();
     }
 
+    /// Like [`Queue::pop_batch`], but gives up after `timeout` with an empty
+    /// `out` (returning `true`: the queue is still open).
+    #[cfg(not(loom))]
+    pub(crate) fn pop_batch_timeout(&self, out: &mut VecDeque<T>, timeout: std::time::Duration) -> bool {
+        debug_assert!(out.is_empty());
+        let mut g = lock(&self.inner);
+        if g.items.is_empty() && !g.closed {
+            g.sleeping = true;
+            g = match self.cv.wait_timeout(g, timeout) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        if !g.items.is_empty() {
+            std::mem::swap(&mut g.items, out);
+            return true;
+        }
+        !g.closed
+    }
+
     /// Moves every queued item into `out` (which must be empty), blocking while
     /// the queue is empty. Returns `false` once the queue is closed and drained.
     pub(crate) fn pop_batch(&self, out: &mut VecDeque<T>) -> bool {

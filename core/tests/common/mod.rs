@@ -168,40 +168,28 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
         }
         let t = t.clone();
         b.run(move |ctx| {
-            let mut reads = Vec::new();
+            // One body for every backend: copy the declared data out, compute
+            // on the host, copy the results back (on CUDA these are copies on
+            // the task's stream, so they are ordered by the engine's events).
+            let mut reads: Vec<Vec<u32>> = Vec::new();
+            let mut writes: Vec<Vec<u32>> = Vec::new();
             for (v, m) in &views {
-                if *m == Mode::Read {
-                    reads.push(ctx.read::<u32>(v)?);
+                if m.reads() {
+                    reads.push(ctx.read_to_vec::<u32>(v)?);
                 }
-            }
-            // read_write accesses are read through their exclusive slice.
-            let mut writes: Vec<&mut [u32]> = Vec::new();
-            for (v, m) in &views {
-                if m.writes() {
-                    writes.push(ctx.write::<u32>(v)?);
-                }
-            }
-            // Reads in declaration order, read_write ones included, as the
-            // reference folds them.
-            let mut all_reads: Vec<&[u32]> = Vec::new();
-            let (mut ri, mut wi) = (0, 0);
-            for (_, m) in &views {
                 match m {
-                    Mode::Read => {
-                        all_reads.push(reads[ri]);
-                        ri += 1;
-                    }
-                    Mode::ReadWrite => {
-                        all_reads.push(&*writes[wi]);
-                        wi += 1;
-                    }
-                    Mode::Write => wi += 1,
+                    Mode::Write => writes.push(vec![0; v.len() / 4]),
+                    Mode::ReadWrite => writes.push(reads.last().expect("just pushed").clone()),
+                    Mode::Read => {}
                 }
             }
-            let snapshot: Vec<Vec<u32>> = all_reads.iter().map(|r| r.to_vec()).collect();
-            let r: Vec<&[u32]> = snapshot.iter().map(|v| v.as_slice()).collect();
+            let r: Vec<&[u32]> = reads.iter().map(|v| v.as_slice()).collect();
+            let mut w: Vec<&mut [u32]> = writes.iter_mut().map(|v| v.as_mut_slice()).collect();
             let modes: Vec<Mode> = views.iter().map(|(_, m)| *m).collect();
-            apply(&t, &r, &mut writes, &modes);
+            apply(&t, &r, &mut w, &modes);
+            for ((v, _), data) in views.iter().filter(|(_, m)| m.writes()).zip(&writes) {
+                ctx.write_from_slice(v, data)?;
+            }
             Ok(())
         })
         .unwrap();
@@ -212,6 +200,16 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
         .collect();
     rt.synchronize().unwrap();
     out
+}
+
+/// The backends to run a test body on: the CPU always, CUDA when a device is
+/// present (and required when `BRAID_REQUIRE_GPU=1`).
+pub fn backends() -> Vec<braid::BackendKind> {
+    let mut v = vec![braid::BackendKind::Cpu];
+    if braid::cuda::gpu_or_skip("CUDA backend") {
+        v.push(braid::BackendKind::Cuda { device: 0 });
+    }
+    v
 }
 
 pub fn cpu_runtime(streams: usize, policy: Policy) -> Runtime {

@@ -7,7 +7,7 @@
 //!
 //! 1. **raw**: `cudarc::{driver, nvrtc, cublas}::sys` — the foreign functions,
 //!    resolved lazily from the shared libraries at first use;
-//! 2. **checked**: every raw call goes through [`error::check`] (or its cuBLAS and
+//! 2. **checked**: every raw call goes through `error::check` (or its cuBLAS and
 //!    NVRTC siblings) right where it is made, so a failure becomes a
 //!    [`CudaError`] naming the call and carrying the library's message;
 //! 3. **safe RAII types**: [`CudaDevice`], [`CudaStream`], [`CudaEvent`],
@@ -60,7 +60,7 @@ pub use nvrtc::{
     compile, CompileOptions, CompiledKernel, CudaFunction, CudaModule, KernelArgs, KernelCache,
     LaunchConfig,
 };
-pub use stream::{CudaStream, StreamPriority};
+pub use stream::{AsRawStream, CudaStream, RawStream, StreamPriority};
 
 use std::sync::OnceLock;
 

@@ -49,7 +49,7 @@ use cudarc::nvrtc::sys as nv;
 use super::device::CudaDevice;
 use super::error::{catch_panic, check, CudaError, CudaResult};
 use super::memory::DevicePtr;
-use super::stream::CudaStream;
+use super::stream::AsRawStream;
 
 /// Options for one NVRTC compile.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -320,7 +320,8 @@ impl KernelCache {
     }
 
     fn key_text(source: &str, program: &str, opts: &CompileOptions) -> (u128, String) {
-        let ver = nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|_| "?".into());
+        static VERSION: OnceLock<String> = OnceLock::new();
+        let ver = VERSION.get_or_init(|| nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|_| "?".into()));
         let args = opts.to_args().join(" ");
         let src_hash = fnv128(&[source.as_bytes()]);
         let text = format!("nvrtc {ver}\nprogram {program}\nargs {args}\nsource {src_hash:032x} {}", source.len());
@@ -658,16 +659,19 @@ impl CudaFunction {
         })
     }
 
-    /// Queues the kernel on `stream`.
+    /// Queues the kernel on `stream` (a [`CudaStream`] or a [`super::RawStream`]).
     ///
     /// # Safety
     /// `args` must match the kernel's parameter list exactly (count, order, and
     /// size of each); every pointer argument must address device memory of this
     /// device that stays allocated until the kernel has run and that the kernel
     /// may access as it does without racing other streams (the engine's
-    /// declared-access rules guarantee this).
-    pub unsafe fn launch(&self, stream: &CudaStream, cfg: LaunchConfig, args: &KernelArgs) -> CudaResult<()> {
-        self.module.device.check_same(stream.device(), "launch stream")?;
+    /// declared-access rules guarantee this). A raw stream must be a live stream
+    /// of this function's device.
+    pub unsafe fn launch<S: AsRawStream + ?Sized>(&self, stream: &S, cfg: LaunchConfig, args: &KernelArgs) -> CudaResult<()> {
+        if let Some(d) = stream.stream_device() {
+            self.module.device.check_same(d, "launch stream")?;
+        }
         self.module.device.bind_to_thread()?;
         // The driver copies the argument values during the call, so pointers into
         // this local copy suffice.
@@ -687,7 +691,7 @@ impl CudaFunction {
                 cfg.block.1,
                 cfg.block.2,
                 cfg.shared_mem_bytes,
-                stream.raw(),
+                stream.raw_stream(),
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
@@ -794,6 +798,7 @@ extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
             return;
         }
         use super::super::memory::DeviceBuffer;
+        use super::super::stream::CudaStream;
         let dev = CudaDevice::open(0).unwrap();
         let s = CudaStream::compute(&dev).unwrap();
         let m = CudaModule::from_source(&dev, GOOD, "scale.cu").unwrap();

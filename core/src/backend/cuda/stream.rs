@@ -143,6 +143,46 @@ impl CudaStream {
     }
 }
 
+/// Anything that names a stream: a [`CudaStream`], or a raw `CUstream` handed
+/// out by the engine, wrapped in [`RawStream`]. Collectives and launches accept
+/// either.
+pub trait AsRawStream {
+    /// The raw handle.
+    fn raw_stream(&self) -> drv::CUstream;
+    /// Its device, when known (a [`RawStream`] does not know it; calls then skip
+    /// the same-device check, which becomes part of their safety contract).
+    fn stream_device(&self) -> Option<&CudaDevice>;
+}
+
+impl AsRawStream for CudaStream {
+    fn raw_stream(&self) -> drv::CUstream {
+        self.inner.raw
+    }
+    fn stream_device(&self) -> Option<&CudaDevice> {
+        Some(&self.inner.device)
+    }
+}
+
+/// A borrowed raw stream handle (e.g. the one a task body runs on). It must
+/// belong to the device of the object it is used with and outlive the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawStream(pub drv::CUstream);
+
+// SAFETY: a plain handle value; using it is governed by the `unsafe` contracts
+// of the functions that take it.
+unsafe impl Send for RawStream {}
+// SAFETY: see `Send`.
+unsafe impl Sync for RawStream {}
+
+impl AsRawStream for RawStream {
+    fn raw_stream(&self) -> drv::CUstream {
+        self.0
+    }
+    fn stream_device(&self) -> Option<&CudaDevice> {
+        None
+    }
+}
+
 impl Drop for StreamInner {
     fn drop(&mut self) {
         // Destroying a stream with pending work is allowed: the driver releases it

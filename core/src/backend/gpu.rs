@@ -1,0 +1,171 @@
+//! The CUDA backend as the engine sees it: one CUDA stream per engine stream,
+//! the task context handed to bodies, and the per-stream driver used by the
+//! stream thread (events for cross-stream waits and for device timing).
+//!
+//! A CUDA stream thread *launches* its tasks: it makes its stream wait on the
+//! end events of predecessors on other streams, records a start event, runs
+//! the body (which enqueues kernels and returns at once), and records an end
+//! event. A task is *complete* only when its end event has completed on the
+//! device; until then it keeps its buffers alive (semantics 7) and counts
+//! against the launch window.
+
+use super::cuda::{
+    CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream, DeviceBuffer, EventKind,
+    EventPool, Timeline,
+};
+use crate::error::{Error, Result};
+use std::cell::OnceCell;
+use std::sync::Arc;
+
+/// Per-runtime CUDA state.
+#[derive(Debug)]
+pub(crate) struct CudaBackend {
+    pub(crate) device: CudaDevice,
+    /// One CUDA stream per engine stream: compute streams at normal priority,
+    /// communication streams at the highest.
+    pub(crate) streams: Vec<CudaStream>,
+    /// Allocations and frees are ordered on this stream.
+    alloc_stream: CudaStream,
+    pub(crate) events: EventPool,
+    pub(crate) timeline: Arc<TimelineAt>,
+}
+
+/// A device timeline anchored on the process-wide host timeline.
+#[derive(Debug)]
+pub(crate) struct TimelineAt {
+    pub(crate) timeline: Timeline,
+    /// `trace::now_ns()` when the reference event was recorded.
+    pub(crate) epoch_ns: u64,
+}
+
+impl CudaBackend {
+    pub(crate) fn open(ordinal: usize, compute: usize, comm: usize) -> Result<Self> {
+        let device = CudaDevice::open(ordinal)?;
+        let mut streams = Vec::with_capacity(compute + comm);
+        for _ in 0..compute {
+            streams.push(CudaStream::compute(&device)?);
+        }
+        for _ in 0..comm {
+            streams.push(CudaStream::comm(&device)?);
+        }
+        let alloc_stream = CudaStream::compute(&device)?;
+        let epoch_ns = crate::trace::now_ns();
+        let timeline = Timeline::start(&alloc_stream)?;
+        alloc_stream.synchronize()?;
+        let events = EventPool::new(&device, EventKind::Timing);
+        Ok(CudaBackend {
+            device,
+            streams,
+            alloc_stream,
+            events,
+            timeline: Arc::new(TimelineAt { timeline, epoch_ns }),
+        })
+    }
+
+    /// Zeroed device memory, ready for use on any stream when this returns.
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let b = DeviceBuffer::zeroed(&self.alloc_stream, bytes)?;
+        self.alloc_stream.synchronize()?;
+        Ok(b)
+    }
+
+    pub(crate) fn driver(&self, s: usize) -> StreamDriver {
+        StreamDriver {
+            stream: self.streams[s].clone(),
+            events: self.events.clone(),
+            timeline: self.timeline.clone(),
+            cublas: OnceCell::new(),
+        }
+    }
+}
+
+/// What a CUDA stream thread owns.
+pub(crate) struct StreamDriver {
+    pub(crate) stream: CudaStream,
+    pub(crate) events: EventPool,
+    pub(crate) timeline: Arc<TimelineAt>,
+    /// Created on first use, bound to this stream for the thread's life.
+    pub(crate) cublas: OnceCell<CublasHandle>,
+}
+
+impl StreamDriver {
+    pub(crate) fn ctx(&self) -> CudaTaskCtx<'_> {
+        CudaTaskCtx {
+            stream: &self.stream,
+            cublas: &self.cublas,
+        }
+    }
+
+    pub(crate) fn record(&self) -> Result<CudaEvent> {
+        Ok(self.events.record(&self.stream)?)
+    }
+
+    /// `(start_ns, end_ns)` on the process timeline of a completed span.
+    pub(crate) fn span_ns(&self, start: &CudaEvent, end: &CudaEvent) -> Result<(u64, u64)> {
+        let (s_ms, d_ms) = self.timeline.timeline.span_ms(start, end)?;
+        let s = self.timeline.epoch_ns as f64 + s_ms * 1e6;
+        Ok((s.max(0.0) as u64, (s + d_ms * 1e6).max(0.0) as u64))
+    }
+}
+
+/// What a task body running on a CUDA stream gets: the stream (raw handle via
+/// [`CudaStream::raw`]) and a cuBLAS handle bound to it.
+pub struct CudaTaskCtx<'a> {
+    stream: &'a CudaStream,
+    cublas: &'a OnceCell<CublasHandle>,
+}
+
+impl std::fmt::Debug for CudaTaskCtx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaTaskCtx").field("stream", self.stream).finish()
+    }
+}
+
+impl<'a> CudaTaskCtx<'a> {
+    /// The stream the task runs on.
+    pub fn stream(&self) -> &'a CudaStream {
+        self.stream
+    }
+
+    /// The device.
+    pub fn device(&self) -> &'a CudaDevice {
+        self.stream.device()
+    }
+
+    /// The stream's cuBLAS handle (created on first use).
+    pub fn cublas(&self) -> Result<&'a CublasHandle> {
+        if let Some(h) = self.cublas.get() {
+            return Ok(h);
+        }
+        let h = CublasHandle::new(self.stream)?;
+        let _ = self.cublas.set(h);
+        Ok(self.cublas.get().expect("just set"))
+    }
+}
+
+/// Copies device bytes at `ptr` into `dst`, on `stream`, and waits for them.
+pub(crate) fn download(stream: &CudaStream, ptr: u64, dst: &mut [u8]) -> Result<()> {
+    // SAFETY: `ptr..ptr+len` lies inside a live device buffer (a declared access
+    // of the running task, which holds the buffer); `dst` is valid for writes
+    // of its length and outlives the copy because we synchronise before return.
+    unsafe { super::cuda::memory::memcpy_dtoh_async(dst.as_mut_ptr(), ptr, dst.len(), stream)? };
+    stream.synchronize()?;
+    Ok(())
+}
+
+/// Copies `src` to device bytes at `ptr`, on `stream`, and waits for it.
+pub(crate) fn upload(stream: &CudaStream, ptr: u64, src: &[u8]) -> Result<()> {
+    // SAFETY: as in `download`, with `src` valid for reads until the stream
+    // synchronises.
+    unsafe { super::cuda::memory::memcpy_htod_async(ptr, src.as_ptr(), src.len(), stream)? };
+    stream.synchronize()?;
+    Ok(())
+}
+
+pub(crate) fn device_error(op: &str, e: CudaError) -> Error {
+    Error::Device {
+        backend: "cuda",
+        op: op.to_string(),
+        message: e.to_string(),
+    }
+}

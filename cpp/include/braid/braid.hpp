@@ -1,0 +1,866 @@
+// Braid's C++ API: an idiomatic C++17 layer over the cxx bridge (crate
+// `braid-ffi`, header `braid-ffi/src/lib.rs.h`).
+//
+//   auto rt = braid::Runtime::builder().backend(braid::BackendKind::Cpu)
+//                 .compute_streams(2).profile(true).build();
+//   braid::Buffer x = rt.alloc_from<float>("x", {1, 2, 3, 4});
+//   braid::Buffer y = rt.alloc("y", x.size());
+//   rt.task("double").read(x).write(y).run([=](braid::TaskContext& ctx) {
+//     auto in = ctx.read<float>(x);
+//     auto out = ctx.write<float>(y);
+//     for (std::size_t i = 0; i < in.size(); ++i) out[i] = 2 * in[i];
+//   });
+//   std::vector<float> v = rt.read_vec<float>(y);  // {2, 4, 6, 8}
+//
+// Semantics are those of the Rust engine (docs/DESIGN.md): the result is that
+// of running the tasks one at a time in submission order; a task reaches only
+// the views it declared; a failing task's error, naming it, surfaces at the
+// next synchronisation point and its dependents are skipped.
+//
+// Errors: every call that can fail throws braid::Error (a std::runtime_error)
+// with Braid's message. A task body that throws fails its task (the message is
+// the exception's what()); the exception never leaves the stream thread.
+//
+// Threads: a task body runs later, on one of Braid's stream threads. What the
+// lambda captures must still be alive then, and be safe to use from that
+// thread; capture handles (Buffer, View) by value, and capture by reference
+// only what outlives the task (wait on it, or synchronize, before it goes).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "braid-ffi/src/lib.rs.h"
+#include "rust/cxx.h"
+
+namespace braid {
+
+using BackendKind = ffi::BackendKind;  // Auto, Cpu, Cuda
+using Policy = ffi::Policy;            // Single, RoundRobin, Affinity
+using TaskKind = ffi::TaskKind;        // Compute, Comm, Copy, Host
+using Priority = ffi::Priority;        // Main, Side, Comm
+using Mode = ffi::Mode;                // Read, Write, ReadWrite
+
+// Everything that goes wrong in Braid, with Braid's message.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// The version of the Braid library linked in.
+inline std::string version() { return std::string(ffi::version()); }
+
+namespace detail {
+// Calls into the bridge, turning cxx's rust::Error into braid::Error.
+template <class F>
+decltype(auto) call(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const rust::Error& e) {
+    throw Error(e.what());
+  } catch (const std::invalid_argument& e) {
+    // cxx's check that a string crossing to Rust is UTF-8 (paths, names).
+    throw Error(std::string("braid: ") + e.what());
+  }
+}
+
+inline std::string str(rust::Str s) { return std::string(s.data(), s.size()); }
+
+// A name for Rust (buffer, task, collective): invalid UTF-8 becomes U+FFFD.
+inline rust::String name(const std::string& s) { return rust::String::lossy(s); }
+
+// size_t multiply that saturates, so an overflowing element range is reported
+// by Braid as out of bounds instead of wrapping around.
+inline std::size_t mul(std::size_t a, std::size_t b) noexcept {
+  if (b != 0 && a > static_cast<std::size_t>(-1) / b) return static_cast<std::size_t>(-1);
+  return a * b;
+}
+}  // namespace detail
+
+// A contiguous run of T: std::span's C++17 stand-in (pointer and length).
+template <class T>
+class Span {
+ public:
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+  using size_type = std::size_t;
+  using iterator = T*;
+
+  constexpr Span() noexcept = default;
+  constexpr Span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  // Span<T> converts to Span<const T>.
+  template <class U, class = std::enable_if_t<std::is_convertible<U (*)[], T (*)[]>::value>>
+  constexpr Span(const Span<U>& other) noexcept : data_(other.data()), size_(other.size()) {}
+
+  constexpr T* data() const noexcept { return data_; }
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  constexpr bool empty() const noexcept { return size_ == 0; }
+  constexpr T* begin() const noexcept { return data_; }
+  constexpr T* end() const noexcept { return data_ + size_; }
+  constexpr T& operator[](std::size_t i) const noexcept { return data_[i]; }
+  // Bounds-checked access: throws std::out_of_range.
+  T& at(std::size_t i) const {
+    if (i >= size_) throw std::out_of_range("braid::Span::at: index out of range");
+    return data_[i];
+  }
+  constexpr Span subspan(std::size_t offset, std::size_t count) const noexcept {
+    return Span(data_ + offset, count);
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+class Buffer;
+class Communicator;
+class Runtime;
+class TaskBuilder;
+
+// A byte range of a Buffer. Tasks declare accesses on views; two accesses
+// conflict when their ranges overlap and at least one writes. Copies are cheap
+// (a reference count) and name the same bytes.
+class View {
+ public:
+  // The whole buffer (implicit, so a Buffer goes wherever a View does).
+  View(const Buffer& b);  // NOLINT(google-explicit-constructor)
+  View(const View& other) : inner_(ffi::clone_view(*other.inner_)) {}
+  View(View&&) noexcept = default;
+  View& operator=(const View& other) {
+    if (this != &other) inner_ = ffi::clone_view(*other.inner_);
+    return *this;
+  }
+  View& operator=(View&&) noexcept = default;
+  ~View() = default;
+
+  // Byte offset of the view in its buffer.
+  std::size_t offset() const noexcept { return inner_->start(); }
+  // Length in bytes.
+  std::size_t size() const noexcept { return inner_->len(); }
+  bool empty() const noexcept { return size() == 0; }
+  // Number of whole T elements.
+  template <class T>
+  std::size_t count() const noexcept {
+    return size() / sizeof(T);
+  }
+
+  // A sub-view of the bytes [start, end) relative to this view. Throws when it
+  // does not fit.
+  View view(std::size_t start, std::size_t end) const {
+    return View(detail::call([&] { return inner_->sub_view(start, end); }));
+  }
+  // A sub-view of the elements [first, last), counted in Ts from this view's start.
+  template <class T>
+  View view_of(std::size_t first, std::size_t last) const {
+    return view(detail::mul(first, sizeof(T)), detail::mul(last, sizeof(T)));
+  }
+
+  // The buffer this view belongs to.
+  Buffer buffer() const;
+
+  const ffi::View& raw() const noexcept { return *inner_; }
+
+ private:
+  friend class Buffer;
+  explicit View(rust::Box<ffi::View> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::View> inner_;
+};
+
+// A block of memory owned by a Runtime. Copies are cheap and share it; it is
+// released once the last handle is gone and every task that touched it has
+// completed. Its contents are reachable only inside tasks that declare an
+// access to it, and through Runtime::upload / Runtime::read_vec.
+class Buffer {
+ public:
+  Buffer(const Buffer& other) : inner_(ffi::clone_buffer(*other.inner_)) {}
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(const Buffer& other) {
+    if (this != &other) inner_ = ffi::clone_buffer(*other.inner_);
+    return *this;
+  }
+  Buffer& operator=(Buffer&&) noexcept = default;
+  ~Buffer() = default;
+
+  // Size in bytes.
+  std::size_t size() const noexcept { return inner_->len(); }
+  bool empty() const noexcept { return size() == 0; }
+  template <class T>
+  std::size_t count() const noexcept {
+    return size() / sizeof(T);
+  }
+  // The name given at allocation (used in errors and traces).
+  std::string name() const { return detail::str(inner_->name()); }
+
+  // The view of the bytes [start, end). Throws when it does not fit.
+  View view(std::size_t start, std::size_t end) const {
+    return View(detail::call([&] { return inner_->view(start, end); }));
+  }
+  // The view of the elements [first, last), counted in Ts.
+  template <class T>
+  View view_of(std::size_t first, std::size_t last) const {
+    return view(detail::mul(first, sizeof(T)), detail::mul(last, sizeof(T)));
+  }
+  // The view of the whole buffer.
+  View whole() const { return View(inner_->whole()); }
+
+  const ffi::Buffer& raw() const noexcept { return *inner_; }
+
+ private:
+  friend class Runtime;
+  friend class View;
+  explicit Buffer(rust::Box<ffi::Buffer> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::Buffer> inner_;
+};
+
+inline View::View(const Buffer& b) : inner_(b.raw().whole()) {}
+inline Buffer View::buffer() const { return Buffer(inner_->buffer()); }
+
+// A submitted task. Waiting on it is a synchronisation point for it alone.
+class TaskHandle {
+ public:
+  TaskHandle(const TaskHandle& other) : inner_(ffi::clone_handle(*other.inner_)) {}
+  TaskHandle(TaskHandle&&) noexcept = default;
+  TaskHandle& operator=(const TaskHandle& other) {
+    if (this != &other) inner_ = ffi::clone_handle(*other.inner_);
+    return *this;
+  }
+  TaskHandle& operator=(TaskHandle&&) noexcept = default;
+  ~TaskHandle() = default;
+
+  // Blocks until the task has completed; throws braid::Error if it failed or
+  // was skipped because a task it depends on failed. (An error reported here
+  // is not reported again by Runtime::synchronize.)
+  void wait() const {
+    detail::call([&] { inner_->wait(); });
+  }
+  // Whether the task has finished, successfully or not.
+  bool done() const noexcept { return inner_->is_done(); }
+  std::string name() const { return detail::str(inner_->name()); }
+  // The stream the task was placed on.
+  std::size_t stream() const noexcept { return inner_->stream(); }
+
+  const ffi::TaskHandle& raw() const noexcept { return *inner_; }
+
+ private:
+  friend class TaskBuilder;
+  friend class Runtime;
+  friend class Communicator;
+  explicit TaskHandle(rust::Box<ffi::TaskHandle> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::TaskHandle> inner_;
+};
+
+// What a task body sees: its declared data and the stream it runs on. Valid
+// only during the body's call.
+class TaskContext {
+ public:
+  explicit TaskContext(const ffi::Ctx& ctx) noexcept : ctx_(ctx) {}
+  TaskContext(const TaskContext&) = delete;
+  TaskContext& operator=(const TaskContext&) = delete;
+
+  // Shared host access to a declared view (any mode), as Ts. Throws
+  // braid::Error when the task did not declare it, when it is not a whole,
+  // aligned run of T, when it would alias a writable span this body holds, or
+  // when the data is not on the host (a GPU buffer: use device_ptr).
+  template <class T>
+  Span<const T> read(const View& v) const {
+    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
+    const ffi::RawSlice s = detail::call([&] { return ctx_.read(v.raw(), sizeof(T), alignof(T)); });
+    return Span<const T>(reinterpret_cast<const T*>(s.ptr), s.len);
+  }
+
+  // Exclusive host access to a view declared write or read_write, as Ts.
+  // Throws like read, and when the view was declared read only.
+  template <class T>
+  Span<T> write(const View& v) const {
+    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
+    static_assert(!std::is_const<T>::value, "braid: write<T> needs a non-const T");
+    const ffi::RawSlice s = detail::call([&] { return ctx_.write(v.raw(), sizeof(T), alignof(T)); });
+    return Span<T>(reinterpret_cast<T*>(s.ptr), s.len);
+  }
+
+  // Raw device address of a declared view of a GPU buffer, for launching your
+  // own kernels (`write` asks for a writable access). Throws on the CPU.
+  std::uint64_t device_ptr(const View& v, bool write = false) const {
+    return detail::call([&] { return ctx_.device_ptr(v.raw(), write); });
+  }
+
+  // The raw stream the task runs on (a cudaStream_t / CUstream): launch your
+  // kernels on it and Braid orders them with everything else. nullptr on the
+  // CPU backend.
+  void* cuda_stream() const noexcept { return reinterpret_cast<void*>(ctx_.cuda_stream()); }
+
+  bool is_cpu() const noexcept { return ctx_.is_cpu(); }
+  std::string name() const { return detail::str(ctx_.name()); }
+  std::size_t stream_index() const noexcept { return ctx_.stream_index(); }
+  std::size_t rank() const noexcept { return ctx_.rank(); }
+
+  const ffi::Ctx& raw() const noexcept { return ctx_; }
+
+ private:
+  const ffi::Ctx& ctx_;
+};
+
+// A task body.
+using TaskBody = std::function<void(TaskContext&)>;
+
+// Builds one task: name, accesses, kind, priority, then run().
+class TaskBuilder {
+ public:
+  TaskBuilder(TaskBuilder&&) noexcept = default;
+  TaskBuilder& operator=(TaskBuilder&&) noexcept = default;
+  TaskBuilder(const TaskBuilder&) = delete;
+  TaskBuilder& operator=(const TaskBuilder&) = delete;
+  ~TaskBuilder() = default;
+
+  // Declares that the task reads v.
+  TaskBuilder& read(const View& v) { return access(v, Mode::Read); }
+  // Declares that the task overwrites v without reading it.
+  TaskBuilder& write(const View& v) { return access(v, Mode::Write); }
+  // Declares that the task reads and writes v.
+  TaskBuilder& read_write(const View& v) { return access(v, Mode::ReadWrite); }
+  TaskBuilder& access(const View& v, Mode mode) {
+    spec().access(v.raw(), mode);
+    return *this;
+  }
+  // The task's kind (default compute; comm tasks go to communication streams).
+  TaskBuilder& kind(TaskKind k) {
+    spec().set_kind(k);
+    return *this;
+  }
+  // A scheduling hint (default main).
+  TaskBuilder& priority(Priority p) {
+    spec().set_priority(p);
+    return *this;
+  }
+  // An explicit edge: run after h (rarely needed; data dependencies are inferred).
+  TaskBuilder& after(const TaskHandle& h) {
+    spec().after(h.raw());
+    return *this;
+  }
+  // Pins the task to stream `index`, overriding the placement policy.
+  TaskBuilder& on_stream(std::size_t index) {
+    spec().on_stream(index);
+    return *this;
+  }
+  // Which communication stream a comm task uses (modulo their number).
+  TaskBuilder& comm_stream(std::size_t index) {
+    spec().comm_stream(index);
+    return *this;
+  }
+
+  // Submits the task and returns at once; `body` runs later on the stream the
+  // task is placed on. Throws braid::Error for misuse found at submission (a
+  // buffer of another runtime, a stream out of range, an empty body, a second
+  // run of the same builder).
+  TaskHandle run(TaskBody body) {
+    if (!body) throw Error("braid: task `" + name_ + "` was given an empty body");
+    auto fn = std::make_unique<ffi::TaskFn>();
+    fn->body = [f = std::move(body)](const ffi::Ctx& c) {
+      TaskContext ctx(c);
+      f(ctx);
+    };
+    rust::Box<ffi::TaskSpec> spec = take();
+    return TaskHandle(detail::call([&] { return rt_->submit(std::move(spec), std::move(fn)); }));
+  }
+
+ private:
+  friend class Runtime;
+  TaskBuilder(const ffi::Runtime& rt, std::string name)
+      : rt_(&rt), name_(std::move(name)), spec_(std::make_unique<rust::Box<ffi::TaskSpec>>(ffi::new_task(detail::name(name_)))) {}
+
+  ffi::TaskSpec& spec() {
+    if (!spec_) throw Error("braid: task `" + name_ + "` was already submitted");
+    return **spec_;
+  }
+  rust::Box<ffi::TaskSpec> take() {
+    spec();
+    rust::Box<ffi::TaskSpec> s = std::move(*spec_);
+    spec_.reset();
+    return s;
+  }
+
+  const ffi::Runtime* rt_;
+  std::string name_;
+  // Empty once submitted (rust::Box has no empty state of its own).
+  std::unique_ptr<rust::Box<ffi::TaskSpec>> spec_;
+};
+
+// Busy time of one stream.
+struct StreamBusy {
+  std::string name;
+  std::uint64_t busy_ns = 0;
+  std::size_t tasks = 0;
+};
+
+// What a profile says about overlap (all times in nanoseconds).
+struct Summary {
+  std::size_t tasks = 0;
+  // From the first task's start to the last task's end.
+  std::uint64_t wall_ns = 0;
+  std::vector<StreamBusy> streams;
+  // Time during which two or more streams were busy at once.
+  std::uint64_t overlap_ns = 0;
+  // Time during which communication tasks ran, and the part of it during
+  // which a non-communication task also ran.
+  std::uint64_t comm_ns = 0;
+  std::uint64_t comm_hidden_ns = 0;
+  // Longest chain of dependent tasks, weighted by their durations.
+  std::uint64_t critical_path_ns = 0;
+  // The summary as Braid prints it.
+  std::string text;
+
+  // Share of communication time hidden under computation (0 without any).
+  double hidden_share() const noexcept {
+    return comm_ns == 0 ? 0.0 : static_cast<double>(comm_hidden_ns) / static_cast<double>(comm_ns);
+  }
+  // Number of streams that ran at least one task.
+  std::size_t busy_streams() const noexcept {
+    std::size_t n = 0;
+    for (const auto& s : streams) n += s.tasks > 0 ? 1 : 0;
+    return n;
+  }
+};
+
+inline std::ostream& operator<<(std::ostream& os, const Summary& s) { return os << s.text; }
+
+// One task's execution as the profile recorded it.
+struct TaskSpan {
+  std::uint64_t id = 0;  // submission index
+  std::string name;
+  TaskKind kind = TaskKind::Compute;
+  std::size_t stream = 0;
+  std::uint64_t start_ns = 0;  // on a process-wide timeline
+  std::uint64_t end_ns = 0;
+  bool ok = true;
+};
+
+namespace detail {
+inline Summary to_summary(const ffi::SummaryRecord& r) {
+  Summary s;
+  s.tasks = r.tasks;
+  s.wall_ns = r.wall_ns;
+  for (const auto& b : r.streams) s.streams.push_back(StreamBusy{std::string(b.name), b.busy_ns, b.tasks});
+  s.overlap_ns = r.overlap_ns;
+  s.comm_ns = r.comm_ns;
+  s.comm_hidden_ns = r.comm_hidden_ns;
+  s.critical_path_ns = r.critical_path_ns;
+  s.text = std::string(r.text);
+  return s;
+}
+
+inline std::vector<TaskSpan> to_spans(const rust::Vec<ffi::SpanRecord>& records) {
+  std::vector<TaskSpan> out;
+  out.reserve(records.size());
+  for (const auto& r : records) {
+    out.push_back(TaskSpan{r.id, std::string(r.name), r.kind, r.stream, r.start_ns, r.end_ns, r.ok});
+  }
+  return out;
+}
+}  // namespace detail
+
+// A snapshot of the spans a runtime recorded (it outlives the runtime): for
+// summaries, and for one trace holding several ranks (braid::write_trace).
+class Profile {
+ public:
+  Profile(const Profile& other) : inner_(ffi::clone_profile(*other.inner_)) {}
+  Profile(Profile&&) noexcept = default;
+  Profile& operator=(const Profile& other) {
+    if (this != &other) inner_ = ffi::clone_profile(*other.inner_);
+    return *this;
+  }
+  Profile& operator=(Profile&&) noexcept = default;
+  ~Profile() = default;
+
+  // The rank of the runtime it came from (the trace's process).
+  std::size_t rank() const noexcept { return inner_->rank(); }
+  Summary summary() const { return detail::to_summary(inner_->summary()); }
+  std::vector<TaskSpan> spans() const { return detail::to_spans(inner_->spans()); }
+
+  const ffi::Profile& raw() const noexcept { return *inner_; }
+
+ private:
+  friend class Runtime;
+  explicit Profile(rust::Box<ffi::Profile> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::Profile> inner_;
+};
+
+// Writes the profiles (typically one per rank) as one Chrome trace: one
+// process per rank, one track per stream.
+inline void write_trace(const std::string& path, const std::vector<Profile>& profiles) {
+  rust::Box<ffi::TraceSet> set = ffi::new_trace_set();
+  for (const auto& p : profiles) set->add(p.raw());
+  detail::call([&] { set->write(path); });
+}
+
+class RuntimeBuilder;
+
+// The engine: owns the streams; buffers are allocated from it and tasks
+// submitted to it. Several threads may submit at once. Destroying it waits for
+// every task, stops its stream threads and writes the trace, if one was asked for.
+class Runtime {
+ public:
+  // Defaults: auto backend, 2 compute streams, 1 comm stream, affinity placement.
+  static RuntimeBuilder builder();
+  // The CPU backend with the default settings.
+  static Runtime cpu();
+
+  Runtime(Runtime&&) noexcept = default;
+  Runtime& operator=(Runtime&&) noexcept = default;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime() = default;
+
+  // "cpu" or "cuda".
+  std::string backend_name() const { return detail::str(inner_->backend_name()); }
+  // Total number of streams (compute, then comm).
+  std::size_t streams() const noexcept { return inner_->streams(); }
+  std::size_t compute_streams() const noexcept { return inner_->compute_streams(); }
+  std::size_t rank() const noexcept { return inner_->rank(); }
+
+  // Allocates `bytes` zeroed bytes on the runtime's device.
+  Buffer alloc(const std::string& name, std::size_t bytes) const {
+    return Buffer(detail::call([&] { return inner_->alloc(detail::name(name), bytes); }));
+  }
+  // Allocates a buffer holding a copy of `data` (the upload is a task).
+  template <class T>
+  Buffer alloc_from(const std::string& name, const T* data, std::size_t count) const {
+    Buffer b = alloc(name, detail::mul(count, sizeof(T)));
+    upload(b, data, count);
+    return b;
+  }
+  template <class T>
+  Buffer alloc_from(const std::string& name, const std::vector<T>& data) const {
+    return alloc_from(name, data.data(), data.size());
+  }
+  template <class T>
+  Buffer alloc_from(const std::string& name, std::initializer_list<T> data) const {
+    return alloc_from(name, data.begin(), data.size());
+  }
+
+  // Copies `count` Ts into v, whose size must be exactly count * sizeof(T) (a
+  // write task: returns at once; the data is copied before it returns).
+  template <class T>
+  TaskHandle upload(const View& v, const T* data, std::size_t count) const {
+    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(data);
+    rust::Slice<const std::uint8_t> slice(count == 0 ? nullptr : bytes, detail::mul(count, sizeof(T)));
+    return TaskHandle(detail::call([&] { return inner_->upload(v.raw(), slice); }));
+  }
+  template <class T>
+  TaskHandle upload(const View& v, const std::vector<T>& data) const {
+    return upload(v, data.data(), data.size());
+  }
+
+  // Reads v back as Ts after every earlier write to it (a synchronisation
+  // point for this view only).
+  template <class T>
+  std::vector<T> read_vec(const View& v) const {
+    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
+    rust::Vec<std::uint8_t> bytes = detail::call([&] { return inner_->read_bytes(v.raw(), sizeof(T)); });
+    std::vector<T> out(bytes.size() / sizeof(T));
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+
+  // Starts a task named `name`.
+  TaskBuilder task(std::string name) const { return TaskBuilder(*inner_, std::move(name)); }
+
+  // Waits for every task submitted so far; throws braid::Error naming the
+  // failed task(s) if any failed since the last synchronisation point
+  // (dependents of a failed task are skipped and not reported separately).
+  // The runtime stays usable either way.
+  void synchronize() const {
+    detail::call([&] { inner_->synchronize(); });
+  }
+
+  // The summary of the spans recorded so far (profiling must be on).
+  Summary summary() const { return detail::to_summary(inner_->summary()); }
+  // The spans recorded so far, sorted by start time.
+  std::vector<TaskSpan> spans() const { return detail::to_spans(inner_->spans()); }
+  // A snapshot of the spans recorded so far.
+  Profile profile() const { return Profile(inner_->profile()); }
+  // Forgets the spans recorded so far (e.g. after warm-up).
+  void clear_profile() const noexcept { inner_->clear_profile(); }
+  // Writes the profile as a Chrome trace (chrome://tracing, Perfetto).
+  void write_trace(const std::string& path) const {
+    detail::call([&] { inner_->write_trace(path); });
+  }
+
+  const ffi::Runtime& raw() const noexcept { return *inner_; }
+
+ private:
+  friend class RuntimeBuilder;
+  explicit Runtime(rust::Box<ffi::Runtime> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::Runtime> inner_;
+};
+
+// Configures a Runtime.
+class RuntimeBuilder {
+ public:
+  RuntimeBuilder() : cfg_(ffi::default_config()) {}
+
+  // Which device to drive (default auto); `device` is the CUDA ordinal.
+  RuntimeBuilder& backend(BackendKind b, std::size_t device = 0) {
+    cfg_.backend = b;
+    cfg_.device = device;
+    return *this;
+  }
+  RuntimeBuilder& compute_streams(std::size_t n) {
+    cfg_.compute_streams = n;
+    return *this;
+  }
+  RuntimeBuilder& comm_streams(std::size_t n) {
+    cfg_.comm_streams = n;
+    return *this;
+  }
+  RuntimeBuilder& policy(Policy p) {
+    cfg_.policy = p;
+    return *this;
+  }
+  // How many submitted tasks may be unfinished before submission blocks.
+  RuntimeBuilder& launch_window(std::size_t n) {
+    cfg_.launch_window = n;
+    return *this;
+  }
+  // Record a span per task (for summary(), spans(), write_trace()).
+  RuntimeBuilder& profile(bool on = true) {
+    cfg_.profile = on;
+    return *this;
+  }
+  // Record spans and write a Chrome trace to `path` when the runtime is destroyed.
+  RuntimeBuilder& trace(const std::string& path) {
+    detail::call([&] { cfg_.trace = rust::String(path); });
+    cfg_.profile = cfg_.profile || !path.empty();
+    return *this;
+  }
+  // The rank this runtime plays in a data-parallel job (the trace's process).
+  RuntimeBuilder& rank(std::size_t r) {
+    cfg_.rank = r;
+    return *this;
+  }
+
+  // Starts the runtime's stream threads. Throws braid::Error for an unusable
+  // configuration or an unavailable backend.
+  Runtime build() const {
+    return Runtime(detail::call([&] { return ffi::new_runtime(cfg_); }));
+  }
+
+ private:
+  ffi::RuntimeConfig cfg_;
+};
+
+inline RuntimeBuilder Runtime::builder() { return RuntimeBuilder(); }
+inline Runtime Runtime::cpu() { return builder().backend(BackendKind::Cpu).build(); }
+
+// ---- communication ---------------------------------------------------------------
+
+using ReduceOp = ffi::ReduceOp;  // Sum, Avg, Max, Min
+using DType = ffi::DType;        // F32, F64, I32, Bf16
+
+// A bfloat16 value as its bit pattern (the upper half of a float).
+struct Bf16 {
+  std::uint16_t bits = 0;
+};
+
+// The collective element type of T: float, double, std::int32_t or braid::Bf16.
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr DType value = DType::I32;
+};
+template <>
+struct dtype_of<Bf16> {
+  static constexpr DType value = DType::Bf16;
+};
+
+// A communicator: submits collectives as tasks of a runtime. A collective
+// declares its accesses like any task (so it runs after the tasks that write
+// its input and before those that read its output) and runs on the
+// communicator's comm stream. Every rank must submit the same collectives in
+// the same order. A failed collective poisons the communicator: later ones
+// fail fast, on every rank. Copies share the collective numbering.
+class Communicator {
+ public:
+  Communicator(const Communicator& other) : inner_(ffi::clone_comm(*other.inner_)) {}
+  Communicator(Communicator&&) noexcept = default;
+  Communicator& operator=(const Communicator& other) {
+    if (this != &other) inner_ = ffi::clone_comm(*other.inner_);
+    return *this;
+  }
+  Communicator& operator=(Communicator&&) noexcept = default;
+  ~Communicator() = default;
+
+  std::size_t rank() const noexcept { return inner_->rank(); }
+  std::size_t world_size() const noexcept { return inner_->world_size(); }
+  // The comm stream (of each rank's runtime) its collectives run on.
+  std::size_t comm_stream() const noexcept { return inner_->comm_stream(); }
+  // "local" (CPU ranks) or "nccl".
+  std::string backend() const { return std::string(inner_->backend()); }
+  // Collectives submitted so far.
+  std::uint64_t issued() const noexcept { return inner_->issued(); }
+  // Why the communicator is poisoned; empty when it is not.
+  std::string poisoned() const { return std::string(inner_->poisoned()); }
+  // Gives up: pending and later collectives fail on every rank.
+  void abort(const std::string& reason) const { inner_->abort(reason); }
+
+  // In-place all-reduce of the Ts of v.
+  template <class T>
+  TaskHandle all_reduce(const Runtime& rt, const View& v, ReduceOp op = ReduceOp::Sum,
+                        const std::string& name = "") const {
+    return in_place(rt, spec<T>(ffi::CollectiveKind::AllReduce, op, 0, name), v);
+  }
+  // All-reduce of send into recv (same element count, not overlapping).
+  template <class T>
+  TaskHandle all_reduce_into(const Runtime& rt, const View& send, const View& recv, ReduceOp op = ReduceOp::Sum,
+                             const std::string& name = "") const {
+    return out_of_place(rt, spec<T>(ffi::CollectiveKind::AllReduce, op, 0, name), send, recv);
+  }
+  // In-place reduce-scatter: v holds count * world Ts; rank r's reduced chunk
+  // lands in chunk r of v.
+  template <class T>
+  TaskHandle reduce_scatter(const Runtime& rt, const View& v, ReduceOp op = ReduceOp::Sum,
+                            const std::string& name = "") const {
+    return in_place(rt, spec<T>(ffi::CollectiveKind::ReduceScatter, op, 0, name), v);
+  }
+  // Reduce-scatter of send (count * world Ts) into recv (count Ts).
+  template <class T>
+  TaskHandle reduce_scatter_into(const Runtime& rt, const View& send, const View& recv, ReduceOp op = ReduceOp::Sum,
+                                 const std::string& name = "") const {
+    return out_of_place(rt, spec<T>(ffi::CollectiveKind::ReduceScatter, op, 0, name), send, recv);
+  }
+  // In-place all-gather: v holds count * world Ts; rank r contributes chunk r.
+  template <class T>
+  TaskHandle all_gather(const Runtime& rt, const View& v, const std::string& name = "") const {
+    return in_place(rt, spec<T>(ffi::CollectiveKind::AllGather, ReduceOp::Sum, 0, name), v);
+  }
+  // All-gather of send (count Ts) into recv (count * world Ts, in rank order).
+  template <class T>
+  TaskHandle all_gather_into(const Runtime& rt, const View& send, const View& recv, const std::string& name = "") const {
+    return out_of_place(rt, spec<T>(ffi::CollectiveKind::AllGather, ReduceOp::Sum, 0, name), send, recv);
+  }
+  // In-place broadcast of root's v to every rank's v.
+  template <class T>
+  TaskHandle broadcast(const Runtime& rt, const View& v, std::size_t root, const std::string& name = "") const {
+    return in_place(rt, spec<T>(ffi::CollectiveKind::Broadcast, ReduceOp::Sum, root, name), v);
+  }
+  // Broadcast of root's send into every rank's recv.
+  template <class T>
+  TaskHandle broadcast_into(const Runtime& rt, const View& send, const View& recv, std::size_t root,
+                            const std::string& name = "") const {
+    return out_of_place(rt, spec<T>(ffi::CollectiveKind::Broadcast, ReduceOp::Sum, root, name), send, recv);
+  }
+  // Completes on each rank once every rank has reached it.
+  TaskHandle barrier(const Runtime& rt, const std::string& name = "") const {
+    return TaskHandle(detail::call([&] { return inner_->barrier(rt.raw(), detail::name(name)); }));
+  }
+
+  const ffi::Comm& raw() const noexcept { return *inner_; }
+
+ private:
+  friend std::vector<Communicator> local_group(std::size_t, std::chrono::milliseconds, std::size_t);
+  friend std::vector<std::string> try_launch(std::size_t, std::function<void(std::size_t, Communicator&)>,
+                                             std::chrono::milliseconds, std::size_t);
+  explicit Communicator(rust::Box<ffi::Comm> inner) : inner_(std::move(inner)) {}
+
+  template <class T>
+  static ffi::CollectiveSpec spec(ffi::CollectiveKind kind, ReduceOp op, std::size_t root, const std::string& name) {
+    ffi::CollectiveSpec s;
+    s.kind = kind;
+    s.op = op;
+    s.root = root;
+    s.dtype = dtype_of<T>::value;
+    s.name = detail::name(name);
+    return s;
+  }
+  TaskHandle in_place(const Runtime& rt, const ffi::CollectiveSpec& s, const View& v) const {
+    return TaskHandle(detail::call([&] { return inner_->submit_in_place(rt.raw(), s, v.raw()); }));
+  }
+  TaskHandle out_of_place(const Runtime& rt, const ffi::CollectiveSpec& s, const View& send, const View& recv) const {
+    return TaskHandle(detail::call([&] { return inner_->submit_out_of_place(rt.raw(), s, send.raw(), recv.raw()); }));
+  }
+
+  rust::Box<ffi::Comm> inner_;
+};
+
+// A rank's function for braid::launch.
+using RankBody = std::function<void(std::size_t rank, Communicator& comm)>;
+
+// Default time a rank waits for the others at one step of a collective.
+constexpr std::chrono::milliseconds kDefaultCommTimeout{60000};
+
+// Runs `body(rank, comm)` on `world_size` CPU rank threads of this process, one
+// communicator each (ranks share memory; collectives use a chunked ring), and
+// joins them. Returns each rank's error message, empty for a rank that
+// succeeded. `body` is called concurrently from every rank thread. A rank
+// usually builds its own Runtime with .rank(rank); the runtime must be
+// destroyed (or synchronized) before `body` returns. Failure is whole-job, as
+// with torchrun: when one rank fails, ranks waiting for it fail too.
+inline std::vector<std::string> try_launch(std::size_t world_size, RankBody body,
+                                           std::chrono::milliseconds timeout = kDefaultCommTimeout,
+                                           std::size_t comm_stream = 0) {
+  if (!body) throw Error("braid::launch was given an empty rank function");
+  auto fn = std::make_unique<ffi::RankFn>();
+  fn->body = [f = std::move(body)](std::size_t rank, const ffi::Comm& c) {
+    Communicator comm(ffi::clone_comm(c));
+    f(rank, comm);
+  };
+  rust::Vec<ffi::RankOutcome> outcomes = detail::call([&] {
+    return ffi::launch_local(world_size, static_cast<std::uint64_t>(timeout.count() < 0 ? 0 : timeout.count()),
+                             comm_stream, std::move(fn));
+  });
+  std::vector<std::string> errors;
+  for (const auto& o : outcomes) errors.push_back(o.ok ? std::string() : std::string(o.error));
+  return errors;
+}
+
+// try_launch that throws braid::Error naming every failed rank.
+inline void launch(std::size_t world_size, RankBody body, std::chrono::milliseconds timeout = kDefaultCommTimeout,
+                   std::size_t comm_stream = 0) {
+  std::vector<std::string> errors = try_launch(world_size, std::move(body), timeout, comm_stream);
+  std::string message;
+  std::size_t failed = 0;
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    message += (failed++ == 0 ? "" : "; ") + ("rank " + std::to_string(r) + ": " + errors[r]);
+  }
+  if (failed > 0) throw Error(std::to_string(failed) + " of " + std::to_string(world_size) + " ranks failed: " + message);
+}
+
+// The communicators of a group of CPU ranks, in rank order, for programs that
+// start their rank threads themselves (braid::launch does it for you, and also
+// makes the others fail at once when one rank's function ends early; here they
+// wait for the timeout).
+inline std::vector<Communicator> local_group(std::size_t world_size,
+                                             std::chrono::milliseconds timeout = kDefaultCommTimeout,
+                                             std::size_t comm_stream = 0) {
+  rust::Box<ffi::CommGroup> group = detail::call([&] {
+    return ffi::local_group(world_size, static_cast<std::uint64_t>(timeout.count() < 0 ? 0 : timeout.count()),
+                            comm_stream);
+  });
+  std::vector<Communicator> out;
+  for (std::size_t r = 0; r < world_size; ++r) out.push_back(Communicator(detail::call([&] { return group->take(r); })));
+  return out;
+}
+
+}  // namespace braid
