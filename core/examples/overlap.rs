@@ -16,7 +16,9 @@ fn work(x: &mut [f32], rounds: usize) {
 }
 
 fn main() -> braid::Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "trace.json".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "trace.json".into());
     for policy in [Policy::Single, Policy::Affinity] {
         let rt = Runtime::builder()
             .backend(braid::BackendKind::Cpu)
@@ -56,7 +58,9 @@ fn main() -> braid::Result<()> {
         println!("policy {policy}:\n{s}\n");
         if policy == Policy::Affinity {
             rt.write_trace(&path)?;
-            println!("trace written to {path} (open it in https://ui.perfetto.dev or chrome://tracing)");
+            println!(
+                "trace written to {path} (open it in https://ui.perfetto.dev or chrome://tracing)"
+            );
         }
     }
     Ok(())

@@ -28,6 +28,11 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// The README's Rust example runs as a doctest, so it stays in step with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 mod backend;
 mod buffer;
 pub mod comm;

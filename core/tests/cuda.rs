@@ -28,7 +28,13 @@ fn detection_never_panics() {
                 .build()
                 .unwrap_err();
             assert!(
-                matches!(e, Error::BackendUnavailable { backend: "cuda", .. }),
+                matches!(
+                    e,
+                    Error::BackendUnavailable {
+                        backend: "cuda",
+                        ..
+                    }
+                ),
                 "{e}"
             );
             assert!(e.to_string().contains("cuda"), "{e}");
@@ -45,9 +51,13 @@ fn spin_kernels_overlap_on_two_streams() {
     }
     let rt = gpu_runtime(2);
     let dev = rt.cuda_device().unwrap().clone();
-    let module = KernelCache::global().module(&dev, test_kernels::SPIN, "spin.cu").unwrap();
+    let module = KernelCache::global()
+        .module(&dev, test_kernels::SPIN, "spin.cu")
+        .unwrap();
     let spin = std::sync::Arc::new(module.function("spin").unwrap());
-    let outs: Vec<_> = (0..2).map(|i| rt.alloc(format!("out{i}"), 8).unwrap()).collect();
+    let outs: Vec<_> = (0..2)
+        .map(|i| rt.alloc(format!("out{i}"), 8).unwrap())
+        .collect();
     // ~50 ms at ~2 GHz.
     let cycles: i64 = 100_000_000;
     for out in &outs {
@@ -74,7 +84,10 @@ fn spin_kernels_overlap_on_two_streams() {
     assert_eq!(spins.len(), 2);
     assert_ne!(spins[0].stream, spins[1].stream);
     let (a, b) = (spins[0], spins[1]);
-    assert!(a.start_ns < b.end_ns && b.start_ns < a.end_ns, "device spans do not intersect: {a:?} {b:?}");
+    assert!(
+        a.start_ns < b.end_ns && b.start_ns < a.end_ns,
+        "device spans do not intersect: {a:?} {b:?}"
+    );
     let s = p.summary();
     println!("{s}");
     assert!(s.overlap_ns > 0);
@@ -89,7 +102,9 @@ fn cross_stream_read_after_write_waits_for_the_event() {
     }
     let rt = gpu_runtime(2);
     let dev = rt.cuda_device().unwrap().clone();
-    let module = KernelCache::global().module(&dev, test_kernels::SPIN, "spin.cu").unwrap();
+    let module = KernelCache::global()
+        .module(&dev, test_kernels::SPIN, "spin.cu")
+        .unwrap();
     let f = std::sync::Arc::new(module.function("spin_then_add").unwrap());
     let n = 1024usize;
     let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
@@ -100,7 +115,10 @@ fn cross_stream_read_after_write_waits_for_the_event() {
         .run(move |ctx| {
             let cu = ctx.device().cuda().expect("cuda ctx");
             let mut args = KernelArgs::new();
-            args.i64(50_000_000).ptr(ctx.device_ptr(&xx, true)?).i32(n as i32).f32(2.0);
+            args.i64(50_000_000)
+                .ptr(ctx.device_ptr(&xx, true)?)
+                .i32(n as i32)
+                .f32(2.0);
             // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
             unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
             Ok(())

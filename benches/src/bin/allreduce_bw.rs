@@ -73,7 +73,11 @@ fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "# braid CPU all-reduce (LocalComm, f32 sum, {}), {cores} hardware threads",
-        if a.out_of_place { "out of place" } else { "in place" }
+        if a.out_of_place {
+            "out of place"
+        } else {
+            "in place"
+        }
     );
     println!("# algbw = bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests)");
     println!(

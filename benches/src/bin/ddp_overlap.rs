@@ -14,7 +14,9 @@ use std::ops::Range;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(about = "Bucketed, overlapped all-reduce vs one all-reduce after backward (toy MLP, CPU ranks)")]
+#[command(
+    about = "Bucketed, overlapped all-reduce vs one all-reduce after backward (toy MLP, CPU ranks)"
+)]
 struct Args {
     /// Number of ranks.
     #[arg(long, default_value_t = 2)]
@@ -38,7 +40,7 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     steps: usize,
     /// Rounds (each runs both modes).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 6)]
     rounds: usize,
 }
 
@@ -57,7 +59,12 @@ fn uniform(seed: u64) -> f32 {
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
             acc[i] += x[i] * y[i];
@@ -139,7 +146,9 @@ impl Mlp {
     fn load_batch(&self, rt: &Runtime, step: u64, rank: usize) -> braid::Result<()> {
         let (d0, dl) = (self.dims[0], self.dims[self.layers()]);
         let seed = (step << 40) ^ ((rank as u64) << 32);
-        let x: Vec<f32> = (0..self.batch * d0).map(|i| uniform(seed ^ i as u64)).collect();
+        let x: Vec<f32> = (0..self.batch * d0)
+            .map(|i| uniform(seed ^ i as u64))
+            .collect();
         let t: Vec<f32> = (0..self.batch * dl)
             .map(|i| uniform(seed ^ (1 << 30) ^ i as u64))
             .collect();
@@ -181,15 +190,27 @@ impl Mlp {
     fn backward(&self, rt: &Runtime, mut reducer: Option<&mut Reducer>) -> braid::Result<()> {
         let l = self.layers();
         let bsz = self.batch;
-        let (y, t, dz) = (self.acts[l].whole(), self.target.whole(), self.dz[l - 1].whole());
+        let (y, t, dz) = (
+            self.acts[l].whole(),
+            self.target.whole(),
+            self.dz[l - 1].whole(),
+        );
         let (y2, t2, dz2) = (y.clone(), t.clone(), dz.clone());
-        rt.task("loss grad").read(&y).read(&t).write(&dz).run(move |ctx| {
-            let (y, t, d) = (ctx.read::<f32>(&y2)?, ctx.read::<f32>(&t2)?, ctx.write::<f32>(&dz2)?);
-            for ((d, y), t) in d.iter_mut().zip(y).zip(t) {
-                *d = (y - t) / bsz as f32;
-            }
-            Ok(())
-        })?;
+        rt.task("loss grad")
+            .read(&y)
+            .read(&t)
+            .write(&dz)
+            .run(move |ctx| {
+                let (y, t, d) = (
+                    ctx.read::<f32>(&y2)?,
+                    ctx.read::<f32>(&t2)?,
+                    ctx.write::<f32>(&dz2)?,
+                );
+                for ((d, y), t) in d.iter_mut().zip(y).zip(t) {
+                    *d = (y - t) / bsz as f32;
+                }
+                Ok(())
+            })?;
         for i in (0..l).rev() {
             let (n_in, n_out) = (self.dims[i], self.dims[i + 1]);
             let (dz, x) = (self.dz[i].whole(), self.acts[i].whole());
@@ -201,7 +222,11 @@ impl Mlp {
                 .read(&x)
                 .read_write(&gw)
                 .run(move |ctx| {
-                    let (d, x, g) = (ctx.read::<f32>(&dz2)?, ctx.read::<f32>(&x2)?, ctx.write::<f32>(&gw2)?);
+                    let (d, x, g) = (
+                        ctx.read::<f32>(&dz2)?,
+                        ctx.read::<f32>(&x2)?,
+                        ctx.write::<f32>(&gw2)?,
+                    );
                     for r in 0..bsz {
                         let xr = &x[r * n_in..(r + 1) * n_in];
                         for o in 0..n_out {
@@ -244,7 +269,11 @@ impl Mlp {
                     .read(&x)
                     .write(&prev)
                     .run(move |ctx| {
-                        let (d, w, x) = (ctx.read::<f32>(&dz2)?, ctx.read::<f32>(&wv2)?, ctx.read::<f32>(&x2)?);
+                        let (d, w, x) = (
+                            ctx.read::<f32>(&dz2)?,
+                            ctx.read::<f32>(&wv2)?,
+                            ctx.read::<f32>(&x2)?,
+                        );
                         let p = ctx.write::<f32>(&prev2)?;
                         for r in 0..bsz {
                             let pr = &mut p[r * n_in..(r + 1) * n_in];
@@ -364,7 +393,10 @@ fn main() -> anyhow::Result<()> {
         }
         let mut stats = [Stats::default(), Stats::default()];
         for _ in 0..a.rounds {
-            for (k, mode) in [Mode::Bucketed, Mode::AfterBackward].into_iter().enumerate() {
+            for (k, mode) in [Mode::Bucketed, Mode::AfterBackward]
+                .into_iter()
+                .enumerate()
+            {
                 rt.clear_profile();
                 for _ in 0..a.steps {
                     let t = run(mode, &mut red)?;
@@ -384,7 +416,10 @@ fn main() -> anyhow::Result<()> {
         "mode", "median_ms", "best_ms", "comm_ms/step", "hidden_share"
     );
     let mut med = [0.0; 2];
-    for (k, name) in [(0, format!("bucketed ({buckets})")), (1, "after backward".to_string())] {
+    for (k, name) in [
+        (0, format!("bucketed ({buckets})")),
+        (1, "after backward".to_string()),
+    ] {
         // Step time: the slowest rank's median.
         let m = per_rank
             .iter()
@@ -405,7 +440,11 @@ fn main() -> anyhow::Result<()> {
             m * 1e3,
             best * 1e3,
             comm as f64 / 1e6 / n_steps,
-            if comm > 0 { 100.0 * hidden as f64 / comm as f64 } else { 0.0 }
+            if comm > 0 {
+                100.0 * hidden as f64 / comm as f64
+            } else {
+                0.0
+            }
         );
     }
     println!(

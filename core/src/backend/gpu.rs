@@ -10,8 +10,8 @@
 //! against the launch window.
 
 use super::cuda::{
-    CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream, DeviceBuffer, EventKind,
-    EventPool, Timeline,
+    CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream, DeviceBuffer, EventKind, EventPool,
+    Timeline,
 };
 use crate::error::{Error, Result};
 use std::cell::OnceCell;
@@ -117,7 +117,9 @@ pub struct CudaTaskCtx<'a> {
 
 impl std::fmt::Debug for CudaTaskCtx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaTaskCtx").field("stream", self.stream).finish()
+        f.debug_struct("CudaTaskCtx")
+            .field("stream", self.stream)
+            .finish()
     }
 }
 

@@ -145,7 +145,9 @@ impl Backend {
                         reason: format!("device {device} requested, {n} present"),
                     });
                 }
-                Ok(Backend::Cuda(gpu::CudaBackend::open(device, compute, comm)?))
+                Ok(Backend::Cuda(gpu::CudaBackend::open(
+                    device, compute, comm,
+                )?))
             }
         }
     }

@@ -36,12 +36,12 @@ where
     F: Fn(usize, Comm) -> Result<T> + Sync,
 {
     let comms = LocalComm::group(world_size, config);
-    let probe = comms.first().cloned();
+    let probe = comms.first().map(LocalComm::handle);
     let mut results: Vec<(Result<T>, u64)> = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(world_size);
         for (rank, local) in comms.into_iter().enumerate() {
             let f = &f;
-            let keep = local.clone();
+            let keep = local.handle();
             let spawned = std::thread::Builder::new()
                 .name(format!("braid-rank{rank}"))
                 .spawn_scoped(s, move || run_rank(rank, local, f));
@@ -93,7 +93,7 @@ fn run_rank<T, F>(rank: usize, local: LocalComm, f: &F) -> (Result<T>, u64)
 where
     F: Fn(usize, Comm) -> Result<T>,
 {
-    let depart = local.clone();
+    let depart = local.handle();
     let comm = Comm::new(local);
     let counter = comm.clone();
     let out = catch_unwind(AssertUnwindSafe(|| f(rank, comm)));

@@ -320,7 +320,9 @@ impl Group {
 /// One rank of a group of CPU ranks. Make a group with [`LocalComm::group`]
 /// (or let [`launch`](super::launch) do it), give each rank's thread its
 /// communicator, wrap it in a [`Comm`](super::Comm) and submit collectives.
-#[derive(Clone)]
+///
+/// Not `Clone`: one communicator per rank, numbered by one `Comm` (whose
+/// clones share the numbering).
 pub struct LocalComm {
     rank: usize,
     comm_stream: usize,
@@ -359,6 +361,16 @@ impl LocalComm {
                 group: group.clone(),
             })
             .collect()
+    }
+
+    /// A second handle on the same rank, for the launcher's bookkeeping
+    /// (never wrapped in a second `Comm`).
+    pub(crate) fn handle(&self) -> LocalComm {
+        LocalComm {
+            rank: self.rank,
+            comm_stream: self.comm_stream,
+            group: self.group.clone(),
+        }
     }
 
     /// The timeout of the group.
@@ -436,15 +448,16 @@ impl LocalComm {
                         _ => chunk,
                     },
                 )?;
-                // SAFETY (for the `add`s): the view holds `count × world`
-                // elements for reduce-scatter and all-gather (checked above),
-                // so chunk `rank` is inside it.
                 match op.kind {
-                    CollectiveKind::ReduceScatter(_) => {
-                        (p.cast_const(), unsafe { p.add(self.rank * chunk) })
-                    }
-                    CollectiveKind::AllGather => {
-                        (unsafe { p.add(self.rank * chunk) }.cast_const(), p)
+                    CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather => {
+                        // SAFETY: the view holds `count × world` elements
+                        // (checked above), so chunk `rank` is inside it.
+                        let mine = unsafe { p.add(self.rank * chunk) };
+                        if matches!(op.kind, CollectiveKind::AllGather) {
+                            (mine.cast_const(), p)
+                        } else {
+                            (p.cast_const(), mine)
+                        }
                     }
                     _ => (p.cast_const(), p),
                 }

@@ -29,6 +29,8 @@
 mod bucket;
 mod launch;
 mod local;
+pub mod nccl;
+pub mod rendezvous;
 
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
 pub use launch::{launch, launch_with};
@@ -46,6 +48,7 @@ use std::sync::OnceLock;
 /// Element type of a collective's data. It travels with the operation, so
 /// ranks that disagree on it are detected rather than mis-summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     /// 32-bit float.
     F32,

@@ -126,7 +126,12 @@ fn cstr_or_empty(p: *const std::ffi::c_char) -> String {
     }
 }
 
-fn check(call: &'static str, rank: Option<usize>, comm: nc::ncclComm_t, r: nc::ncclResult_t) -> NcclResult<()> {
+fn check(
+    call: &'static str,
+    rank: Option<usize>,
+    comm: nc::ncclComm_t,
+    r: nc::ncclResult_t,
+) -> NcclResult<()> {
     match r {
         nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress => Ok(()),
         _ => {
@@ -134,7 +139,13 @@ fn check(call: &'static str, rank: Option<usize>, comm: nc::ncclComm_t, r: nc::n
             let name = cstr_or_empty(unsafe { nc::ncclGetErrorString(r) });
             // SAFETY: as above (`comm` is null or a live communicator).
             let detail = cstr_or_empty(unsafe { nc::ncclGetLastError(comm) });
-            Err(NcclError::Call { call, rank, code: r as u32, name, detail })
+            Err(NcclError::Call {
+                call,
+                rank,
+                code: r as u32,
+                name,
+                detail,
+            })
         }
     }
 }
@@ -159,7 +170,13 @@ fn on_loader_path(name: &str) -> bool {
     let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
-    for d in ["/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"] {
+    for d in [
+        "/usr/local/cuda/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/lib/x86_64-linux-gnu",
+    ] {
         dirs.push(d.into());
     }
     dirs.iter().any(|d| d.join(name).exists())
@@ -196,10 +213,16 @@ pub fn nccl_version() -> NcclResult<(u32, u32, u32)> {
     catch("ncclGetVersion", || {
         let mut v = 0i32;
         // SAFETY: out-pointer valid.
-        check("ncclGetVersion", None, std::ptr::null_mut(), unsafe { nc::ncclGetVersion(&mut v) })?;
+        check("ncclGetVersion", None, std::ptr::null_mut(), unsafe {
+            nc::ncclGetVersion(&mut v)
+        })?;
         let v = v as u32;
         // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
-        Ok(if v >= 10000 { (v / 10000, (v % 10000) / 100, v % 100) } else { (v / 1000, (v % 1000) / 100, v % 100) })
+        Ok(if v >= 10000 {
+            (v / 10000, (v % 10000) / 100, v % 100)
+        } else {
+            (v / 1000, (v % 1000) / 100, v % 100)
+        })
     })
 }
 
@@ -227,7 +250,9 @@ impl NcclUniqueId {
         catch("ncclGetUniqueId", || {
             let mut id = nc::ncclUniqueId { internal: [0; 128] };
             // SAFETY: out-pointer valid.
-            check("ncclGetUniqueId", None, std::ptr::null_mut(), unsafe { nc::ncclGetUniqueId(&mut id) })?;
+            check("ncclGetUniqueId", None, std::ptr::null_mut(), unsafe {
+                nc::ncclGetUniqueId(&mut id)
+            })?;
             Ok(Self::from_raw(&id))
         })
     }
@@ -235,7 +260,11 @@ impl NcclUniqueId {
     /// From the bytes received over the rendezvous.
     pub fn from_bytes(bytes: &[u8]) -> NcclResult<Self> {
         let arr: [u8; Self::LEN] = bytes.try_into().map_err(|_| {
-            NcclError::InvalidArgument(format!("an NCCL unique id is {} bytes, got {}", Self::LEN, bytes.len()))
+            NcclError::InvalidArgument(format!(
+                "an NCCL unique id is {} bytes, got {}",
+                Self::LEN,
+                bytes.len()
+            ))
         })?;
         Ok(NcclUniqueId(arr))
     }
@@ -372,17 +401,26 @@ impl Drop for Active<'_> {
 impl NcclComm {
     /// Joins communicator `id` as `rank` of `world_size` on `device`. Blocks until
     /// every rank has joined (run the rendezvous, with its timeout, first).
-    pub fn init_rank(device: &CudaDevice, id: &NcclUniqueId, rank: usize, world_size: usize) -> NcclResult<Self> {
+    pub fn init_rank(
+        device: &CudaDevice,
+        id: &NcclUniqueId,
+        rank: usize,
+        world_size: usize,
+    ) -> NcclResult<Self> {
         require_nccl()?;
         if rank >= world_size {
-            return Err(NcclError::InvalidArgument(format!("rank {rank} >= world size {world_size}")));
+            return Err(NcclError::InvalidArgument(format!(
+                "rank {rank} >= world size {world_size}"
+            )));
         }
         device.bind_to_thread()?;
         let raw = catch("ncclCommInitRank", || {
             let mut comm: nc::ncclComm_t = std::ptr::null_mut();
             // SAFETY: the device's primary context is current (so NCCL's current
             // CUDA device is `device`); out-pointer valid; the id is passed by value.
-            let r = unsafe { nc::ncclCommInitRank(&mut comm, world_size as i32, id.to_raw(), rank as i32) };
+            let r = unsafe {
+                nc::ncclCommInitRank(&mut comm, world_size as i32, id.to_raw(), rank as i32)
+            };
             check("ncclCommInitRank", Some(rank), std::ptr::null_mut(), r)?;
             Ok(comm)
         })?;
@@ -394,7 +432,9 @@ impl NcclComm {
     pub fn init_all(devices: &[CudaDevice]) -> NcclResult<Vec<Self>> {
         require_nccl()?;
         if devices.is_empty() {
-            return Err(NcclError::InvalidArgument("init_all needs at least one device".into()));
+            return Err(NcclError::InvalidArgument(
+                "init_all needs at least one device".into(),
+            ));
         }
         devices[0].bind_to_thread()?;
         let ordinals: Vec<i32> = devices.iter().map(|d| d.ordinal() as i32).collect();
@@ -402,12 +442,19 @@ impl NcclComm {
             let mut comms: Vec<nc::ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
             // SAFETY: `comms` has room for `ndev` handles; `ordinals` lists `ndev`
             // device ordinals.
-            let r = unsafe { nc::ncclCommInitAll(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr()) };
+            let r = unsafe {
+                nc::ncclCommInitAll(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
+            };
             check("ncclCommInitAll", None, std::ptr::null_mut(), r)?;
             Ok(comms)
         })?;
         let n = devices.len();
-        Ok(raws.into_iter().zip(devices).enumerate().map(|(i, (raw, d))| Self::wrap(raw, i, n, d)).collect())
+        Ok(raws
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(i, (raw, d))| Self::wrap(raw, i, n, d))
+            .collect())
     }
 
     /// Communicators for several local devices that are ranks `ranks[i]` of a
@@ -420,20 +467,28 @@ impl NcclComm {
     ) -> NcclResult<Vec<Self>> {
         require_nccl()?;
         if devices.len() != ranks.len() || devices.is_empty() {
-            return Err(NcclError::InvalidArgument("devices and ranks must be non-empty and of equal length".into()));
+            return Err(NcclError::InvalidArgument(
+                "devices and ranks must be non-empty and of equal length".into(),
+            ));
         }
         if let Some(r) = ranks.iter().find(|&&r| r >= world_size) {
-            return Err(NcclError::InvalidArgument(format!("rank {r} >= world size {world_size}")));
+            return Err(NcclError::InvalidArgument(format!(
+                "rank {r} >= world size {world_size}"
+            )));
         }
         let raws = catch("ncclCommInitRank (group)", || {
             let mut comms: Vec<nc::ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
             // SAFETY: group calls have no preconditions.
-            check("ncclGroupStart", None, std::ptr::null_mut(), unsafe { nc::ncclGroupStart() })?;
+            check("ncclGroupStart", None, std::ptr::null_mut(), unsafe {
+                nc::ncclGroupStart()
+            })?;
             let mut first_err = None;
             for ((d, &rank), slot) in devices.iter().zip(ranks).zip(comms.iter_mut()) {
                 let r = d.bind_to_thread().map_err(NcclError::from).and_then(|()| {
                     // SAFETY: the device's context is current; out-pointer valid.
-                    let r = unsafe { nc::ncclCommInitRank(slot, world_size as i32, id.to_raw(), rank as i32) };
+                    let r = unsafe {
+                        nc::ncclCommInitRank(slot, world_size as i32, id.to_raw(), rank as i32)
+                    };
                     check("ncclCommInitRank", Some(rank), std::ptr::null_mut(), r)
                 });
                 if let Err(e) = r {
@@ -441,7 +496,9 @@ impl NcclComm {
                 }
             }
             // SAFETY: closes the group opened above.
-            let end = check("ncclGroupEnd", None, std::ptr::null_mut(), unsafe { nc::ncclGroupEnd() });
+            let end = check("ncclGroupEnd", None, std::ptr::null_mut(), unsafe {
+                nc::ncclGroupEnd()
+            });
             if let Some(e) = first_err {
                 return Err(e);
             }
@@ -509,7 +566,9 @@ impl NcclComm {
     ) -> NcclResult<()> {
         let _g = self.enter(stream.stream_device())?;
         let raw_stream = stream.raw_stream() as nc::cudaStream_t;
-        catch(name, || check(name, Some(self.rank), self.raw, f(raw_stream)))
+        catch(name, || {
+            check(name, Some(self.rank), self.raw, f(raw_stream))
+        })
     }
 
     /// `recv[i] = op over ranks of send[i]`, `count` elements. In place when
@@ -531,7 +590,17 @@ impl NcclComm {
     ) -> NcclResult<()> {
         self.call("ncclAllReduce", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live (checked in `enter`).
-            unsafe { nc::ncclAllReduce(send as *const _, recv as *mut _, count, dtype.raw(), op.raw(), self.raw, s) }
+            unsafe {
+                nc::ncclAllReduce(
+                    send as *const _,
+                    recv as *mut _,
+                    count,
+                    dtype.raw(),
+                    op.raw(),
+                    self.raw,
+                    s,
+                )
+            }
         })
     }
 
@@ -553,7 +622,15 @@ impl NcclComm {
         self.call("ncclReduceScatter", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
             unsafe {
-                nc::ncclReduceScatter(send as *const _, recv as *mut _, recv_count, dtype.raw(), op.raw(), self.raw, s)
+                nc::ncclReduceScatter(
+                    send as *const _,
+                    recv as *mut _,
+                    recv_count,
+                    dtype.raw(),
+                    op.raw(),
+                    self.raw,
+                    s,
+                )
             }
         })
     }
@@ -573,7 +650,16 @@ impl NcclComm {
     ) -> NcclResult<()> {
         self.call("ncclAllGather", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
-            unsafe { nc::ncclAllGather(send as *const _, recv as *mut _, send_count, dtype.raw(), self.raw, s) }
+            unsafe {
+                nc::ncclAllGather(
+                    send as *const _,
+                    recv as *mut _,
+                    send_count,
+                    dtype.raw(),
+                    self.raw,
+                    s,
+                )
+            }
         })
     }
 
@@ -592,11 +678,24 @@ impl NcclComm {
         stream: &S,
     ) -> NcclResult<()> {
         if root >= self.world_size {
-            return Err(NcclError::InvalidArgument(format!("root {root} >= world size {}", self.world_size)));
+            return Err(NcclError::InvalidArgument(format!(
+                "root {root} >= world size {}",
+                self.world_size
+            )));
         }
         self.call("ncclBroadcast", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
-            unsafe { nc::ncclBroadcast(send as *const _, recv as *mut _, count, dtype.raw(), root as i32, self.raw, s) }
+            unsafe {
+                nc::ncclBroadcast(
+                    send as *const _,
+                    recv as *mut _,
+                    count,
+                    dtype.raw(),
+                    root as i32,
+                    self.raw,
+                    s,
+                )
+            }
         })
     }
 
@@ -630,7 +729,12 @@ impl NcclComm {
         catch("ncclCommAbort", || {
             // SAFETY: comm created by init and not yet destroyed (the `aborted`
             // swap above makes this the only abort, and Drop skips destroy).
-            check("ncclCommAbort", Some(self.rank), std::ptr::null_mut(), unsafe { nc::ncclCommAbort(self.raw) })
+            check(
+                "ncclCommAbort",
+                Some(self.rank),
+                std::ptr::null_mut(),
+                unsafe { nc::ncclCommAbort(self.raw) },
+            )
         })
     }
 }
@@ -640,17 +744,27 @@ impl Drop for NcclComm {
         if *self.aborted.get_mut() {
             return;
         }
-        let r = self.device.bind_to_thread().map_err(NcclError::from).and_then(|()| {
-            catch("ncclCommDestroy", || {
-                // SAFETY: last owner; comm live and not aborted. Destroy finalises
-                // (waits for this rank's pending operations) and frees.
-                check("ncclCommDestroy", Some(self.rank), std::ptr::null_mut(), unsafe {
-                    nc::ncclCommDestroy(self.raw)
+        let r = self
+            .device
+            .bind_to_thread()
+            .map_err(NcclError::from)
+            .and_then(|()| {
+                catch("ncclCommDestroy", || {
+                    // SAFETY: last owner; comm live and not aborted. Destroy finalises
+                    // (waits for this rank's pending operations) and frees.
+                    check(
+                        "ncclCommDestroy",
+                        Some(self.rank),
+                        std::ptr::null_mut(),
+                        unsafe { nc::ncclCommDestroy(self.raw) },
+                    )
                 })
-            })
-        });
+            });
         if let Err(e) = r {
-            self.device.record_deferred(CudaError::InvalidArgument(format!("dropping NCCL communicator: {e}")));
+            self.device
+                .record_deferred(CudaError::InvalidArgument(format!(
+                    "dropping NCCL communicator: {e}"
+                )));
         }
     }
 }
@@ -660,11 +774,17 @@ impl Drop for NcclComm {
 /// driving several GPUs), so NCCL launches them together instead of deadlocking.
 pub fn group<R>(f: impl FnOnce() -> NcclResult<R>) -> NcclResult<R> {
     require_nccl()?;
-    // SAFETY: no preconditions.
-    catch("ncclGroupStart", || check("ncclGroupStart", None, std::ptr::null_mut(), unsafe { nc::ncclGroupStart() }))?;
+    catch("ncclGroupStart", || {
+        // SAFETY: no preconditions.
+        let r = unsafe { nc::ncclGroupStart() };
+        check("ncclGroupStart", None, std::ptr::null_mut(), r)
+    })?;
     let out = f();
-    // SAFETY: closes the group opened above, also when `f` failed.
-    let end = catch("ncclGroupEnd", || check("ncclGroupEnd", None, std::ptr::null_mut(), unsafe { nc::ncclGroupEnd() }));
+    let end = catch("ncclGroupEnd", || {
+        // SAFETY: closes the group opened above, also when `f` failed.
+        let r = unsafe { nc::ncclGroupEnd() };
+        check("ncclGroupEnd", None, std::ptr::null_mut(), r)
+    });
     let out = out?;
     end?;
     Ok(out)
@@ -699,11 +819,17 @@ mod tests {
     #[test]
     fn version_and_unique_id_need_no_gpu() {
         if !nccl_library_present() {
-            eprintln!("SKIPPED nccl::version_and_unique_id_need_no_gpu: {}", require_nccl().unwrap_err());
+            eprintln!(
+                "SKIPPED nccl::version_and_unique_id_need_no_gpu: {}",
+                require_nccl().unwrap_err()
+            );
             return;
         }
         let (major, minor, _) = nccl_version().unwrap();
-        assert!(major == 2 && minor >= 18, "NCCL {major}.{minor} is older than 2.18");
+        assert!(
+            major == 2 && minor >= 18,
+            "NCCL {major}.{minor} is older than 2.18"
+        );
         let a = NcclUniqueId::new().unwrap();
         let b = NcclUniqueId::new().unwrap();
         assert_ne!(a, b, "two unique ids must differ");
@@ -719,7 +845,10 @@ mod tests {
             detail: "socket closed".into(),
         };
         let s = e.to_string();
-        assert!(s.contains("rank 3") && s.contains("socket closed") && s.contains("ncclAllReduce"), "{s}");
+        assert!(
+            s.contains("rank 3") && s.contains("socket closed") && s.contains("ncclAllReduce"),
+            "{s}"
+        );
     }
 
     /// All local GPUs, one process: all-reduce sum/avg, reduce-scatter,
@@ -730,10 +859,19 @@ mod tests {
             return;
         }
         if !nccl_library_present() {
-            if std::env::var("BRAID_REQUIRE_GPU").map(|v| v == "1").unwrap_or(false) {
-                panic!("BRAID_REQUIRE_GPU=1 but libnccl is missing: {}", require_nccl().unwrap_err());
+            if std::env::var("BRAID_REQUIRE_GPU")
+                .map(|v| v == "1")
+                .unwrap_or(false)
+            {
+                panic!(
+                    "BRAID_REQUIRE_GPU=1 but libnccl is missing: {}",
+                    require_nccl().unwrap_err()
+                );
             }
-            eprintln!("SKIPPED nccl::collectives_on_all_local_gpus: {}", require_nccl().unwrap_err());
+            eprintln!(
+                "SKIPPED nccl::collectives_on_all_local_gpus: {}",
+                require_nccl().unwrap_err()
+            );
             return;
         }
         eprintln!("NCCL version {:?}", nccl_version().unwrap());
@@ -747,13 +885,25 @@ mod tests {
             .enumerate()
             .map(|(r, s)| DeviceBuffer::from_host(s, &vec![(r + 1) as f32; len]).unwrap())
             .collect();
-        let outs: Vec<DeviceBuffer> = streams.iter().map(|s| DeviceBuffer::zeroed(s, len * 4 * n).unwrap()).collect();
+        let outs: Vec<DeviceBuffer> = streams
+            .iter()
+            .map(|s| DeviceBuffer::zeroed(s, len * 4 * n).unwrap())
+            .collect();
         let sum = (n * (n + 1) / 2) as f32;
         // Sum, in place.
         group(|| {
             for ((c, b), s) in comms.iter().zip(&bufs).zip(&streams) {
                 // SAFETY: b holds len floats on c's device; synced below.
-                unsafe { c.all_reduce(b.device_ptr(), b.device_ptr(), len, DataType::F32, ReduceOp::Sum, s)? };
+                unsafe {
+                    c.all_reduce(
+                        b.device_ptr(),
+                        b.device_ptr(),
+                        len,
+                        DataType::F32,
+                        ReduceOp::Sum,
+                        s,
+                    )?
+                };
             }
             Ok(())
         })
@@ -765,7 +915,16 @@ mod tests {
         group(|| {
             for (((c, b), o), s) in comms.iter().zip(&bufs).zip(&outs).zip(&streams) {
                 // SAFETY: as above; outs hold >= len floats.
-                unsafe { c.all_reduce(b.device_ptr(), o.device_ptr(), len, DataType::F32, ReduceOp::Avg, s)? };
+                unsafe {
+                    c.all_reduce(
+                        b.device_ptr(),
+                        o.device_ptr(),
+                        len,
+                        DataType::F32,
+                        ReduceOp::Avg,
+                        s,
+                    )?
+                };
             }
             Ok(())
         })
@@ -786,19 +945,34 @@ mod tests {
         group(|| {
             for (((c, b), o), s) in comms.iter().zip(&bufs).zip(&outs).zip(&streams) {
                 // SAFETY: send holds n·len floats, recv holds len.
-                unsafe { c.reduce_scatter(o.device_ptr(), b.device_ptr(), len, DataType::F32, ReduceOp::Sum, s)? };
+                unsafe {
+                    c.reduce_scatter(
+                        o.device_ptr(),
+                        b.device_ptr(),
+                        len,
+                        DataType::F32,
+                        ReduceOp::Sum,
+                        s,
+                    )?
+                };
             }
             Ok(())
         })
         .unwrap();
         for (b, s) in bufs.iter().zip(&streams) {
-            assert!(b.to_host_vec::<f32>(s).unwrap().iter().all(|&x| x == sum * n as f32));
+            assert!(b
+                .to_host_vec::<f32>(s)
+                .unwrap()
+                .iter()
+                .all(|&x| x == sum * n as f32));
         }
         // Broadcast from the last rank.
         group(|| {
             for ((c, o), s) in comms.iter().zip(&outs).zip(&streams) {
                 // SAFETY: len floats.
-                unsafe { c.broadcast(o.device_ptr(), o.device_ptr(), len, DataType::F32, n - 1, s)? };
+                unsafe {
+                    c.broadcast(o.device_ptr(), o.device_ptr(), len, DataType::F32, n - 1, s)?
+                };
             }
             Ok(())
         })
@@ -810,7 +984,8 @@ mod tests {
         comms[0].abort().unwrap();
         assert!(comms[0].is_aborted());
         // SAFETY: rejected before reaching NCCL.
-        let e = unsafe { comms[0].all_reduce(0, 0, 1, DataType::F32, ReduceOp::Sum, &streams[0]) }.unwrap_err();
+        let e = unsafe { comms[0].all_reduce(0, 0, 1, DataType::F32, ReduceOp::Sum, &streams[0]) }
+            .unwrap_err();
         assert!(matches!(e, NcclError::Aborted { rank: 0 }), "{e}");
         for c in &comms[1..] {
             c.abort().unwrap();

@@ -96,7 +96,11 @@ fn parse_num<T: std::str::FromStr>(var: &'static str, value: String) -> Result<T
 where
     T::Err: std::fmt::Display,
 {
-    value.trim().parse::<T>().map_err(|e| EnvError::Invalid { var, value: value.clone(), reason: e.to_string() })
+    value.trim().parse::<T>().map_err(|e| EnvError::Invalid {
+        var,
+        value: value.clone(),
+        reason: e.to_string(),
+    })
 }
 
 impl DistEnv {
@@ -124,12 +128,29 @@ impl DistEnv {
         let world = get("WORLD_SIZE");
         let (rank, world_size) = match (rank, world) {
             (None, None) => (0usize, 1usize),
-            (Some(_), None) => return Err(EnvError::Missing { var: "WORLD_SIZE", because: "RANK" }),
-            (None, Some(_)) => return Err(EnvError::Missing { var: "RANK", because: "WORLD_SIZE" }),
-            (Some(r), Some(w)) => (parse_num::<usize>("RANK", r)?, parse_num::<usize>("WORLD_SIZE", w)?),
+            (Some(_), None) => {
+                return Err(EnvError::Missing {
+                    var: "WORLD_SIZE",
+                    because: "RANK",
+                })
+            }
+            (None, Some(_)) => {
+                return Err(EnvError::Missing {
+                    var: "RANK",
+                    because: "WORLD_SIZE",
+                })
+            }
+            (Some(r), Some(w)) => (
+                parse_num::<usize>("RANK", r)?,
+                parse_num::<usize>("WORLD_SIZE", w)?,
+            ),
         };
         if world_size == 0 {
-            return Err(EnvError::Invalid { var: "WORLD_SIZE", value: "0".into(), reason: "must be at least 1".into() });
+            return Err(EnvError::Invalid {
+                var: "WORLD_SIZE",
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            });
         }
         if rank >= world_size {
             return Err(EnvError::Invalid {
@@ -160,18 +181,31 @@ impl DistEnv {
                 reason: format!("must be less than LOCAL_WORLD_SIZE={local_world_size}"),
             });
         }
-        let master_addr = get("MASTER_ADDR").map(|s| s.trim().to_string()).unwrap_or_else(|| DEFAULT_MASTER_ADDR.into());
+        let master_addr = get("MASTER_ADDR")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| DEFAULT_MASTER_ADDR.into());
         let master_port = match get("MASTER_PORT") {
             Some(v) => {
                 let p = parse_num::<u16>("MASTER_PORT", v.clone())?;
                 if p == 0 {
-                    return Err(EnvError::Invalid { var: "MASTER_PORT", value: v, reason: "port 0 is not a rendezvous port".into() });
+                    return Err(EnvError::Invalid {
+                        var: "MASTER_PORT",
+                        value: v,
+                        reason: "port 0 is not a rendezvous port".into(),
+                    });
                 }
                 p
             }
             None => DEFAULT_MASTER_PORT,
         };
-        Ok(DistEnv { rank, world_size, local_rank, local_world_size, master_addr, master_port })
+        Ok(DistEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+        })
     }
 
     /// True when more than one rank takes part.
@@ -316,12 +350,20 @@ impl RendezvousConfig {
     }
 
     fn validate(&self) -> Result<(), RendezvousError> {
-        let bad = |reason: String| Err(RendezvousError::InvalidConfig { addr: self.addr.clone(), reason });
+        let bad = |reason: String| {
+            Err(RendezvousError::InvalidConfig {
+                addr: self.addr.clone(),
+                reason,
+            })
+        };
         if self.world_size == 0 {
             return bad("world size 0".into());
         }
         if self.rank >= self.world_size {
-            return bad(format!("rank {} >= world size {}", self.rank, self.world_size));
+            return bad(format!(
+                "rank {} >= world size {}",
+                self.rank, self.world_size
+            ));
         }
         if self.timeout.is_zero() {
             return bad("zero timeout".into());
@@ -344,8 +386,12 @@ pub struct Rendezvous {
 #[derive(Debug)]
 enum Role {
     /// `peers[r - 1]` is rank `r`.
-    Root { peers: Vec<TcpStream> },
-    Leaf { root: TcpStream },
+    Root {
+        peers: Vec<TcpStream>,
+    },
+    Leaf {
+        root: TcpStream,
+    },
     Alone,
 }
 
@@ -358,7 +404,12 @@ pub struct RendezvousListener {
 }
 
 fn io_err(addr: &str, rank: usize, op: &'static str, e: impl std::fmt::Display) -> RendezvousError {
-    RendezvousError::Io { addr: addr.to_string(), rank, op, detail: e.to_string() }
+    RendezvousError::Io {
+        addr: addr.to_string(),
+        rank,
+        op,
+        detail: e.to_string(),
+    }
 }
 
 fn set_timeouts(s: &TcpStream, t: Duration) -> std::io::Result<()> {
@@ -378,7 +429,10 @@ fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     s.read_exact(&mut len)?;
     let len = u64::from_le_bytes(len);
     if len > MAX_FRAME {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, format!("frame of {len} bytes exceeds the 1 GiB limit")));
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the 1 GiB limit"),
+        ));
     }
     let mut buf = vec![0u8; len as usize];
     s.read_exact(&mut buf)?;
@@ -402,16 +456,29 @@ impl RendezvousListener {
     pub fn bind(cfg: &RendezvousConfig) -> Result<Self, RendezvousError> {
         cfg.validate()?;
         if cfg.rank != 0 {
-            return Err(RendezvousError::InvalidConfig { addr: cfg.addr.clone(), reason: "only rank 0 listens".into() });
+            return Err(RendezvousError::InvalidConfig {
+                addr: cfg.addr.clone(),
+                reason: "only rank 0 listens".into(),
+            });
         }
-        let listener = TcpListener::bind(cfg.addr.as_str())
-            .map_err(|e| RendezvousError::Bind { addr: cfg.addr.clone(), detail: e.to_string() })?;
-        Ok(RendezvousListener { listener, cfg: cfg.clone() })
+        let listener = TcpListener::bind(cfg.addr.as_str()).map_err(|e| RendezvousError::Bind {
+            addr: cfg.addr.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(RendezvousListener {
+            listener,
+            cfg: cfg.clone(),
+        })
     }
 
     /// The address actually bound (the real port when `cfg.addr` used port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, RendezvousError> {
-        self.listener.local_addr().map_err(|e| RendezvousError::Bind { addr: self.cfg.addr.clone(), detail: e.to_string() })
+        self.listener
+            .local_addr()
+            .map_err(|e| RendezvousError::Bind {
+                addr: self.cfg.addr.clone(),
+                detail: e.to_string(),
+            })
     }
 
     /// Accepts every other rank (or fails after the timeout), then answers all.
@@ -424,32 +491,53 @@ impl RendezvousListener {
         let mut peers: Vec<Option<TcpStream>> = (1..n).map(|_| None).collect();
         let mut joined = 1usize;
         let mut failure: Option<RendezvousError> = None;
-        self.listener.set_nonblocking(true).map_err(|e| io_err(&addr, 0, "configuring the listener", e))?;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err(&addr, 0, "configuring the listener", e))?;
 
         while joined < n && failure.is_none() {
             let now = Instant::now();
             if now >= deadline {
                 let missing = (1..n).filter(|r| peers[r - 1].is_none()).collect();
-                failure = Some(RendezvousError::AcceptTimeout { addr: addr.clone(), missing, waited: now - start });
+                failure = Some(RendezvousError::AcceptTimeout {
+                    addr: addr.clone(),
+                    missing,
+                    waited: now - start,
+                });
                 break;
             }
             match self.listener.accept() {
                 Ok((mut s, _peer)) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                    if s.set_nonblocking(false).is_err() || set_timeouts(&s, remaining.min(Duration::from_secs(10))).is_err() {
+                    let remaining = deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1));
+                    if s.set_nonblocking(false).is_err()
+                        || set_timeouts(&s, remaining.min(Duration::from_secs(10))).is_err()
+                    {
                         continue;
                     }
                     let mut hello = [0u8; 16];
                     if s.read_exact(&mut hello).is_err() || &hello[..8] != MAGIC {
                         continue; // Not one of ours: drop it and keep listening.
                     }
-                    let rank = u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes")) as usize;
-                    let world = u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes")) as usize;
+                    let rank =
+                        u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes")) as usize;
+                    let world =
+                        u32::from_le_bytes(hello[12..16].try_into().expect("4 bytes")) as usize;
                     let _ = set_timeouts(&s, cfg.timeout);
                     let err = if world != n {
-                        Some(RendezvousError::WorldSizeMismatch { addr: addr.clone(), rank, expected: n, got: world })
+                        Some(RendezvousError::WorldSizeMismatch {
+                            addr: addr.clone(),
+                            rank,
+                            expected: n,
+                            got: world,
+                        })
                     } else if rank == 0 || rank >= n || peers[rank - 1].is_some() {
-                        Some(RendezvousError::BadRank { addr: addr.clone(), rank, world_size: n })
+                        Some(RendezvousError::BadRank {
+                            addr: addr.clone(),
+                            rank,
+                            world_size: n,
+                        })
                     } else {
                         None
                     };
@@ -464,7 +552,9 @@ impl RendezvousListener {
                         }
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
+                {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err(e) => failure = Some(io_err(&addr, 0, "accepting", e)),
@@ -488,7 +578,13 @@ impl RendezvousListener {
             return Err(e);
         }
         let peers = peers.into_iter().map(|p| p.expect("all joined")).collect();
-        Ok(Rendezvous { addr, rank: 0, world_size: n, timeout: cfg.timeout, role: Role::Root { peers } })
+        Ok(Rendezvous {
+            addr,
+            rank: 0,
+            world_size: n,
+            timeout: cfg.timeout,
+            role: Role::Root { peers },
+        })
     }
 }
 
@@ -521,14 +617,20 @@ impl Rendezvous {
         let mut stream = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(RendezvousError::ConnectTimeout { addr, rank, waited: start.elapsed(), last_error });
+                return Err(RendezvousError::ConnectTimeout {
+                    addr,
+                    rank,
+                    waited: start.elapsed(),
+                    last_error,
+                });
             }
             // Resolve on every attempt: the host name may appear late.
             match addr.to_socket_addrs() {
                 Ok(addrs) => {
                     let mut connected = None;
                     for a in addrs {
-                        match TcpStream::connect_timeout(&a, remaining.min(Duration::from_secs(5))) {
+                        match TcpStream::connect_timeout(&a, remaining.min(Duration::from_secs(5)))
+                        {
                             Ok(s) => {
                                 connected = Some(s);
                                 break;
@@ -542,19 +644,29 @@ impl Rendezvous {
                 }
                 Err(e) => last_error = format!("cannot resolve: {e}"),
             }
-            std::thread::sleep(cfg.retry_interval.min(deadline.saturating_duration_since(Instant::now())));
+            std::thread::sleep(
+                cfg.retry_interval
+                    .min(deadline.saturating_duration_since(Instant::now())),
+            );
         };
-        set_timeouts(&stream, cfg.timeout).map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
+        set_timeouts(&stream, cfg.timeout)
+            .map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
         let mut hello = Vec::with_capacity(16);
         hello.extend_from_slice(MAGIC);
         hello.extend_from_slice(&(rank as u32).to_le_bytes());
         hello.extend_from_slice(&(cfg.world_size as u32).to_le_bytes());
-        stream.write_all(&hello).map_err(|e| io_err(&addr, rank, "sending hello", e))?;
+        stream
+            .write_all(&hello)
+            .map_err(|e| io_err(&addr, rank, "sending hello", e))?;
         // Rank 0 answers once everyone joined (or it gave up): wait up to the
         // remaining join time plus a margin for rank 0's own deadline.
-        let wait = deadline.saturating_duration_since(Instant::now()) + cfg.timeout.min(Duration::from_secs(30));
-        stream.set_read_timeout(Some(wait)).map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
-        let status = read_frame(&mut stream).map_err(|e| io_err(&addr, rank, "waiting for rank 0's answer", e))?;
+        let wait = deadline.saturating_duration_since(Instant::now())
+            + cfg.timeout.min(Duration::from_secs(30));
+        stream
+            .set_read_timeout(Some(wait))
+            .map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
+        let status = read_frame(&mut stream)
+            .map_err(|e| io_err(&addr, rank, "waiting for rank 0's answer", e))?;
         match status.split_first() {
             Some((0, _)) => {}
             Some((1, reason)) => {
@@ -564,10 +676,25 @@ impl Rendezvous {
                     reason: String::from_utf8_lossy(reason).into_owned(),
                 })
             }
-            _ => return Err(io_err(&addr, rank, "reading rank 0's answer", "malformed status frame")),
+            _ => {
+                return Err(io_err(
+                    &addr,
+                    rank,
+                    "reading rank 0's answer",
+                    "malformed status frame",
+                ))
+            }
         }
-        stream.set_read_timeout(Some(cfg.timeout)).map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
-        Ok(Rendezvous { addr, rank, world_size: cfg.world_size, timeout: cfg.timeout, role: Role::Leaf { root: stream } })
+        stream
+            .set_read_timeout(Some(cfg.timeout))
+            .map_err(|e| io_err(&addr, rank, "configuring the socket", e))?;
+        Ok(Rendezvous {
+            addr,
+            rank,
+            world_size: cfg.world_size,
+            timeout: cfg.timeout,
+            role: Role::Leaf { root: stream },
+        })
     }
 
     /// This rank.
@@ -596,10 +723,14 @@ impl Rendezvous {
     pub fn broadcast(&mut self, payload: Option<&[u8]>) -> Result<Vec<u8>, RendezvousError> {
         let addr = self.addr.clone();
         match &mut self.role {
-            Role::Alone => payload.map(<[u8]>::to_vec).ok_or_else(|| RendezvousError::InvalidConfig {
-                addr,
-                reason: "rank 0 must provide the broadcast payload".into(),
-            }),
+            Role::Alone => {
+                payload
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| RendezvousError::InvalidConfig {
+                        addr,
+                        reason: "rank 0 must provide the broadcast payload".into(),
+                    })
+            }
             Role::Root { peers } => {
                 let data = payload.ok_or_else(|| RendezvousError::InvalidConfig {
                     addr: addr.clone(),
@@ -609,17 +740,25 @@ impl Rendezvous {
                     write_frame(p, data).map_err(|e| io_err(&addr, i + 1, "broadcast send", e))?;
                 }
                 for (i, p) in peers.iter_mut().enumerate() {
-                    let ack = read_frame(p).map_err(|e| io_err(&addr, i + 1, "broadcast acknowledgement", e))?;
+                    let ack = read_frame(p)
+                        .map_err(|e| io_err(&addr, i + 1, "broadcast acknowledgement", e))?;
                     if !ack.is_empty() {
-                        return Err(io_err(&addr, i + 1, "broadcast acknowledgement", "unexpected payload"));
+                        return Err(io_err(
+                            &addr,
+                            i + 1,
+                            "broadcast acknowledgement",
+                            "unexpected payload",
+                        ));
                     }
                 }
                 Ok(data.to_vec())
             }
             Role::Leaf { root } => {
                 let rank = self.rank;
-                let data = read_frame(root).map_err(|e| io_err(&addr, rank, "broadcast receive", e))?;
-                write_frame(root, &[]).map_err(|e| io_err(&addr, rank, "broadcast acknowledgement", e))?;
+                let data =
+                    read_frame(root).map_err(|e| io_err(&addr, rank, "broadcast receive", e))?;
+                write_frame(root, &[])
+                    .map_err(|e| io_err(&addr, rank, "broadcast acknowledgement", e))?;
                 Ok(data)
             }
         }
@@ -633,7 +772,9 @@ impl Rendezvous {
             Role::Root { peers } => {
                 let mut all = vec![mine.to_vec()];
                 for (i, p) in peers.iter_mut().enumerate() {
-                    all.push(read_frame(p).map_err(|e| io_err(&addr, i + 1, "all_gather receive", e))?);
+                    all.push(
+                        read_frame(p).map_err(|e| io_err(&addr, i + 1, "all_gather receive", e))?,
+                    );
                 }
                 let mut packed = Vec::new();
                 for part in &all {
@@ -641,29 +782,36 @@ impl Rendezvous {
                     packed.extend_from_slice(part);
                 }
                 for (i, p) in peers.iter_mut().enumerate() {
-                    write_frame(p, &packed).map_err(|e| io_err(&addr, i + 1, "all_gather send", e))?;
+                    write_frame(p, &packed)
+                        .map_err(|e| io_err(&addr, i + 1, "all_gather send", e))?;
                 }
                 Ok(all)
             }
             Role::Leaf { root } => {
                 let rank = self.rank;
                 write_frame(root, mine).map_err(|e| io_err(&addr, rank, "all_gather send", e))?;
-                let packed = read_frame(root).map_err(|e| io_err(&addr, rank, "all_gather receive", e))?;
+                let packed =
+                    read_frame(root).map_err(|e| io_err(&addr, rank, "all_gather receive", e))?;
                 let mut out = Vec::with_capacity(self.world_size);
                 let mut rest = packed.as_slice();
                 while !rest.is_empty() {
-                    let (len, tail) = rest
-                        .split_at_checked(8)
-                        .ok_or_else(|| io_err(&addr, rank, "all_gather receive", "truncated frame"))?;
+                    let (len, tail) = rest.split_at_checked(8).ok_or_else(|| {
+                        io_err(&addr, rank, "all_gather receive", "truncated frame")
+                    })?;
                     let len = u64::from_le_bytes(len.try_into().expect("8 bytes")) as usize;
-                    let (part, tail) = tail
-                        .split_at_checked(len)
-                        .ok_or_else(|| io_err(&addr, rank, "all_gather receive", "truncated frame"))?;
+                    let (part, tail) = tail.split_at_checked(len).ok_or_else(|| {
+                        io_err(&addr, rank, "all_gather receive", "truncated frame")
+                    })?;
                     out.push(part.to_vec());
                     rest = tail;
                 }
                 if out.len() != self.world_size {
-                    return Err(io_err(&addr, rank, "all_gather receive", format!("{} parts for {} ranks", out.len(), self.world_size)));
+                    return Err(io_err(
+                        &addr,
+                        rank,
+                        "all_gather receive",
+                        format!("{} parts for {} ranks", out.len(), self.world_size),
+                    ));
                 }
                 Ok(out)
             }
@@ -678,7 +826,10 @@ impl Rendezvous {
 
 /// One-shot: joins, broadcasts rank 0's `payload` (e.g. the NCCL unique id) to
 /// every rank, closes. Rank 0 must pass `Some`.
-pub fn broadcast_bytes(cfg: &RendezvousConfig, payload: Option<&[u8]>) -> Result<Vec<u8>, RendezvousError> {
+pub fn broadcast_bytes(
+    cfg: &RendezvousConfig,
+    payload: Option<&[u8]>,
+) -> Result<Vec<u8>, RendezvousError> {
     let mut r = Rendezvous::connect(cfg)?;
     r.broadcast(payload)
 }
@@ -689,7 +840,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
@@ -712,10 +866,16 @@ mod tests {
             ("MASTER_PORT", "1234"),
         ]))
         .unwrap();
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (5, 8, 1, 4));
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.local_world_size),
+            (5, 8, 1, 4)
+        );
         assert_eq!(e.master_endpoint(), "node0:1234");
         assert!(e.is_distributed());
-        let v6 = DistEnv { master_addr: "::1".into(), ..e };
+        let v6 = DistEnv {
+            master_addr: "::1".into(),
+            ..e
+        };
         assert_eq!(v6.master_endpoint(), "[::1]:1234");
         // LOCAL_* default to one node.
         let e = DistEnv::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "3")])).unwrap();
@@ -730,10 +890,26 @@ mod tests {
             (&[("RANK", "x"), ("WORLD_SIZE", "2")], "RANK"),
             (&[("RANK", "2"), ("WORLD_SIZE", "2")], "RANK"),
             (&[("RANK", "0"), ("WORLD_SIZE", "0")], "WORLD_SIZE"),
-            (&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "2")], "LOCAL_RANK"),
-            (&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "3")], "LOCAL_WORLD_SIZE"),
-            (&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "70000")], "MASTER_PORT"),
-            (&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "0")], "MASTER_PORT"),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "2")],
+                "LOCAL_RANK",
+            ),
+            (
+                &[
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "2"),
+                    ("LOCAL_WORLD_SIZE", "3"),
+                ],
+                "LOCAL_WORLD_SIZE",
+            ),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "70000")],
+                "MASTER_PORT",
+            ),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "0")],
+                "MASTER_PORT",
+            ),
         ];
         for (pairs, var) in cases {
             let err = DistEnv::from_vars(vars(pairs)).unwrap_err();
@@ -759,7 +935,9 @@ mod tests {
         let handles: Vec<_> = (1..world)
             .map(|r| {
                 let (addr, f) = (addr.clone(), f.clone());
-                std::thread::spawn(move || f(&mut Rendezvous::connect(&quick(&addr, r, world)).unwrap()))
+                std::thread::spawn(move || {
+                    f(&mut Rendezvous::connect(&quick(&addr, r, world)).unwrap())
+                })
             })
             .collect();
         let mut root = listener.accept_all().unwrap();
@@ -774,9 +952,17 @@ mod tests {
             let id: Vec<u8> = (0..128u8).map(|b| b.wrapping_mul(31)).collect();
             let id2 = id.clone();
             let got = run_world(world, move |rz| {
-                let first = rz.broadcast((rz.rank() == 0).then_some(id2.as_slice())).unwrap();
-                let blob: Vec<u8> = if rz.rank() == 0 { vec![9; 100_000] } else { vec![] };
-                let second = rz.broadcast((rz.rank() == 0).then_some(blob.as_slice())).unwrap();
+                let first = rz
+                    .broadcast((rz.rank() == 0).then_some(id2.as_slice()))
+                    .unwrap();
+                let blob: Vec<u8> = if rz.rank() == 0 {
+                    vec![9; 100_000]
+                } else {
+                    vec![]
+                };
+                let second = rz
+                    .broadcast((rz.rank() == 0).then_some(blob.as_slice()))
+                    .unwrap();
                 let gathered = rz.all_gather(&[rz.rank() as u8; 3]).unwrap();
                 rz.barrier().unwrap();
                 (first, second.len(), gathered)
@@ -794,7 +980,11 @@ mod tests {
     #[test]
     fn leaves_retry_until_rank0_listens() {
         // Pick a free port, release it, start the leaves first.
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr = format!("127.0.0.1:{port}");
         let world = 3;
         let leaves: Vec<_> = (1..world)
@@ -827,7 +1017,9 @@ mod tests {
         let err = listener.accept_all().unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(5));
         match &err {
-            RendezvousError::AcceptTimeout { addr: a, missing, .. } => {
+            RendezvousError::AcceptTimeout {
+                addr: a, missing, ..
+            } => {
                 assert_eq!(missing, &vec![2]);
                 assert_eq!(a, "127.0.0.1:0");
             }
@@ -846,14 +1038,21 @@ mod tests {
 
     #[test]
     fn leaf_without_rank0_times_out_naming_addr_and_rank() {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr = format!("127.0.0.1:{port}");
         let mut cfg = quick(&addr, 2, 4);
         cfg.timeout = Duration::from_millis(300);
         let t = Instant::now();
         let err = Rendezvous::connect(&cfg).unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(5));
-        assert!(matches!(err, RendezvousError::ConnectTimeout { rank: 2, .. }), "{err:?}");
+        assert!(
+            matches!(err, RendezvousError::ConnectTimeout { rank: 2, .. }),
+            "{err:?}"
+        );
         let msg = err.to_string();
         assert!(msg.contains(&addr) && msg.contains("rank 2"), "{msg}");
     }
@@ -864,7 +1063,18 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let leaf = std::thread::spawn(move || Rendezvous::connect(&quick(&addr, 1, 3)).map(|_| ()));
         let err = listener.accept_all().unwrap_err();
-        assert!(matches!(err, RendezvousError::WorldSizeMismatch { rank: 1, expected: 2, got: 3, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                RendezvousError::WorldSizeMismatch {
+                    rank: 1,
+                    expected: 2,
+                    got: 3,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         let leaf_err = leaf.join().unwrap().unwrap_err();
         assert!(leaf_err.to_string().contains("WORLD_SIZE=3"), "{leaf_err}");
     }

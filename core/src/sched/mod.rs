@@ -212,7 +212,6 @@ pub(crate) struct SubmitState {
     tail: Vec<u64>,
     clocks: Vec<Clock>,
     next_id: u64,
-    load: Vec<u64>,
     preds: Vec<Arc<TaskShared>>,
     pub(crate) stats: Stats,
 }
@@ -240,7 +239,6 @@ impl SubmitState {
             tail: vec![u64::MAX; streams],
             clocks: vec![Clock::from_elem(0, streams); streams],
             next_id: 0,
-            load: vec![0; streams],
             preds: Vec::new(),
             stats: Stats::default(),
         }
@@ -292,9 +290,6 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let s = match t.stream {
         Some(s) => s,
         None => {
-            for (i, l) in st.load.iter_mut().enumerate() {
-                *l = st.placed[i] - shared.streams[i].done.get().min(st.placed[i]);
-            }
             let req = Request {
                 kind: t.kind,
                 priority: t.priority,
@@ -302,7 +297,9 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
                     .map(|p| (p.stream as usize, st.tail[p.stream as usize] == p.id)),
                 comm_index: t.comm_index,
             };
-            st.placer.place(&req, &st.load)
+            let placed = &st.placed;
+            let load = |i: usize| placed[i] - shared.streams[i].done.get().min(placed[i]);
+            st.placer.place(&req, &load)
         }
     };
 

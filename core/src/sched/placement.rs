@@ -74,8 +74,9 @@ pub(crate) struct Request {
 
 /// The small trait every placement policy implements.
 pub(crate) trait Place: Send {
-    /// `load[s]` is the number of tasks placed on stream `s` not yet completed.
-    fn place(&mut self, req: &Request, load: &[u64]) -> usize;
+    /// `load(s)` is the number of tasks placed on stream `s` not yet
+    /// completed (read from the stream threads' counters only when asked).
+    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> usize;
 }
 
 /// The stream layout: compute streams first, then communication streams.
@@ -91,12 +92,13 @@ impl Layout {
             .then(|| self.compute + req.comm_index % self.comm)
     }
 
-    fn least_loaded(&self, load: &[u64], avoid: Option<usize>) -> usize {
+    fn least_loaded(&self, load: &dyn Fn(usize) -> u64, avoid: Option<usize>) -> usize {
         let mut best = None;
-        for (s, &l) in load.iter().enumerate().take(self.compute) {
+        for s in 0..self.compute {
             if Some(s) == avoid && self.compute > 1 {
                 continue;
             }
+            let l = load(s);
             if best.is_none_or(|(_, bl)| l < bl) {
                 best = Some((s, l));
             }
@@ -116,7 +118,7 @@ pub(crate) fn make(policy: Policy, layout: Layout) -> Box<dyn Place> {
 struct Single;
 
 impl Place for Single {
-    fn place(&mut self, _: &Request, _: &[u64]) -> usize {
+    fn place(&mut self, _: &Request, _: &dyn Fn(usize) -> u64) -> usize {
         0
     }
 }
@@ -127,7 +129,7 @@ struct RoundRobin {
 }
 
 impl Place for RoundRobin {
-    fn place(&mut self, req: &Request, _: &[u64]) -> usize {
+    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> usize {
         if let Some(s) = self.layout.comm_stream(req) {
             return s;
         }
@@ -142,7 +144,7 @@ struct Affinity {
 }
 
 impl Place for Affinity {
-    fn place(&mut self, req: &Request, load: &[u64]) -> usize {
+    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> usize {
         if let Some(s) = self.layout.comm_stream(req) {
             return s;
         }
@@ -162,6 +164,10 @@ impl Place for Affinity {
 mod tests {
     use super::*;
 
+    fn at(v: &[u64]) -> impl Fn(usize) -> u64 + '_ {
+        move |s| v[s]
+    }
+
     fn req(kind: TaskKind, latest_pred: Option<(usize, bool)>) -> Request {
         Request {
             kind,
@@ -179,23 +185,26 @@ mod tests {
         };
         let mut p = make(Policy::Affinity, l);
         assert_eq!(
-            p.place(&req(TaskKind::Compute, Some((2, true))), &[0, 0, 5, 0]),
+            p.place(&req(TaskKind::Compute, Some((2, true))), &at(&[0, 0, 5, 0])),
             2
         );
         // The predecessor's stream moved on: pick the least loaded.
         assert_eq!(
-            p.place(&req(TaskKind::Compute, Some((2, false))), &[3, 1, 5, 0]),
+            p.place(
+                &req(TaskKind::Compute, Some((2, false))),
+                &at(&[3, 1, 5, 0])
+            ),
             1
         );
         assert_eq!(
-            p.place(&req(TaskKind::Comm, Some((0, true))), &[0, 0, 0, 9]),
+            p.place(&req(TaskKind::Comm, Some((0, true))), &at(&[0, 0, 0, 9])),
             3
         );
         let side = Request {
             priority: Priority::Side,
             ..req(TaskKind::Compute, Some((0, true)))
         };
-        assert_eq!(p.place(&side, &[0, 2, 1, 0]), 2);
+        assert_eq!(p.place(&side, &at(&[0, 2, 1, 0])), 2);
     }
 
     #[test]
@@ -205,12 +214,12 @@ mod tests {
             comm: 1,
         };
         let mut s = make(Policy::Single, l);
-        assert_eq!(s.place(&req(TaskKind::Comm, None), &[0, 0, 0]), 0);
+        assert_eq!(s.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])), 0);
         let mut rr = make(Policy::RoundRobin, l);
         let got: Vec<usize> = (0..4)
-            .map(|_| rr.place(&req(TaskKind::Compute, None), &[0, 0, 0]))
+            .map(|_| rr.place(&req(TaskKind::Compute, None), &at(&[0, 0, 0])))
             .collect();
         assert_eq!(got, vec![0, 1, 0, 1]);
-        assert_eq!(rr.place(&req(TaskKind::Comm, None), &[0, 0, 0]), 2);
+        assert_eq!(rr.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])), 2);
     }
 }

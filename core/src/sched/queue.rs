@@ -7,7 +7,7 @@
 //! once per task. `close` marks the queue closed; the consumer drains what is
 //! left and then gets `false`. Items are delivered in push order.
 
-use crate::sync::{lock, Condvar, Mutex};
+use crate::sync::{lock, spin_hint, AtomicU64, Condvar, Mutex, Ordering};
 use std::collections::VecDeque;
 
 #[derive(Debug)]
@@ -21,7 +21,14 @@ struct Inner<T> {
 pub(crate) struct Queue<T> {
     inner: Mutex<Inner<T>>,
     cv: Condvar,
+    pushed: AtomicU64,
 }
+
+/// Spin iterations before the consumer sleeps (about 10–50 µs).
+#[cfg(not(loom))]
+const IDLE_SPIN: u32 = 2000;
+#[cfg(loom)]
+const IDLE_SPIN: u32 = 1;
 
 impl<T> Queue<T> {
     pub(crate) fn new() -> Self {
@@ -32,12 +39,14 @@ impl<T> Queue<T> {
                 sleeping: false,
             }),
             cv: Condvar::new(),
+            pushed: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn push(&self, item: T) {
         let mut g = lock(&self.inner);
         g.items.push_back(item);
+        self.pushed.fetch_add(1, Ordering::Release);
         if g.sleeping {
             g.sleeping = false;
             drop(g);
@@ -55,7 +64,11 @@ impl<T> Queue<T> {
     /// Like [`Queue::pop_batch`], but gives up after `timeout` with an empty
     /// `out` (returning `true`: the queue is still open).
     #[cfg(not(loom))]
-    pub(crate) fn pop_batch_timeout(&self, out: &mut VecDeque<T>, timeout: std::time::Duration) -> bool {
+    pub(crate) fn pop_batch_timeout(
+        &self,
+        out: &mut VecDeque<T>,
+        timeout: std::time::Duration,
+    ) -> bool {
         debug_assert!(out.is_empty());
         let mut g = lock(&self.inner);
         if g.items.is_empty() && !g.closed {
@@ -84,6 +97,25 @@ impl<T> Queue<T> {
             }
             if g.closed {
                 return false;
+            }
+            // Spin without the lock for a little while before sleeping.
+            let seen = self.pushed.load(Ordering::Acquire);
+            drop(g);
+            let mut more = false;
+            for i in 0..IDLE_SPIN {
+                if self.pushed.load(Ordering::Acquire) != seen {
+                    more = true;
+                    break;
+                }
+                if i % 64 == 63 {
+                    #[cfg(not(loom))]
+                    std::thread::yield_now();
+                }
+                spin_hint();
+            }
+            g = lock(&self.inner);
+            if more || !g.items.is_empty() || g.closed {
+                continue;
             }
             g.sleeping = true;
             g = match self.cv.wait(g) {

@@ -31,7 +31,11 @@ pub(crate) fn spawn(
     s: usize,
     driver: Option<StreamDriver>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let name = format!("braid-r{}-{}", shared.rank, shared.streams[s].name.replace(' ', ""));
+    let name = format!(
+        "braid-r{}-{}",
+        shared.rank,
+        shared.streams[s].name.replace(' ', "")
+    );
     std::thread::Builder::new().name(name).spawn(move || {
         crate::topo::pin_stream_thread(s);
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
@@ -209,7 +213,11 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
             }
         }
     }
-    let start = if shared.profiling { d.record().ok() } else { None };
+    let start = if shared.profiling {
+        d.record().ok()
+    } else {
+        None
+    };
     let outcome = match err {
         Some(e) => Err(e),
         None => run_body(&task, &preds, &accesses, body, s, shared.rank, || {
@@ -242,7 +250,13 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
 
 /// Completes in-flight tasks whose end events have completed, in FIFO order.
 /// With `block`, waits for all of them.
-fn poll(shared: &Shared, s: usize, d: &StreamDriver, inflight: &mut VecDeque<InFlight>, block: bool) {
+fn poll(
+    shared: &Shared,
+    s: usize,
+    d: &StreamDriver,
+    inflight: &mut VecDeque<InFlight>,
+    block: bool,
+) {
     while let Some(f) = inflight.front() {
         let ev = f.task.event.get();
         let status = match ev {

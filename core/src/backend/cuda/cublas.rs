@@ -90,7 +90,18 @@ impl Gemm {
         // Stored A is m×k (N) or k×m (T); stored B is k×n (N) or n×k (T).
         let lda = if trans_a == Transpose::N { k } else { m };
         let ldb = if trans_b == Transpose::N { n } else { k };
-        Gemm { trans_a, trans_b, m, n, k, alpha: 1.0, beta: 0.0, lda, ldb, ldc: n }
+        Gemm {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            beta: 0.0,
+            lda,
+            ldb,
+            ldc: n,
+        }
     }
 
     /// Sets `alpha` and `beta`.
@@ -102,17 +113,29 @@ impl Gemm {
 
     fn validate(&self) -> CudaResult<()> {
         let fits = |x: usize| x <= i32::MAX as usize;
-        let (ra, ca) = if self.trans_a == Transpose::N { (self.m, self.k) } else { (self.k, self.m) };
-        let (_rb, cb_) = if self.trans_b == Transpose::N { (self.k, self.n) } else { (self.n, self.k) };
+        let (ra, ca) = if self.trans_a == Transpose::N {
+            (self.m, self.k)
+        } else {
+            (self.k, self.m)
+        };
+        let (_rb, cb_) = if self.trans_b == Transpose::N {
+            (self.k, self.n)
+        } else {
+            (self.n, self.k)
+        };
         let _ = ra;
-        let ok = [self.m, self.n, self.k, self.lda, self.ldb, self.ldc].iter().all(|&x| fits(x))
+        let ok = [self.m, self.n, self.k, self.lda, self.ldb, self.ldc]
+            .iter()
+            .all(|&x| fits(x))
             && self.lda >= ca.max(1)
             && self.ldb >= cb_.max(1)
             && self.ldc >= self.n.max(1);
         if ok {
             Ok(())
         } else {
-            Err(CudaError::InvalidArgument(format!("invalid gemm shape {self:?}")))
+            Err(CudaError::InvalidArgument(format!(
+                "invalid gemm shape {self:?}"
+            )))
         }
     }
 }
@@ -132,7 +155,10 @@ unsafe impl Sync for CublasHandle {}
 
 impl std::fmt::Debug for CublasHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CublasHandle").field("stream", &self.stream).field("tf32", &self.tf32).finish()
+        f.debug_struct("CublasHandle")
+            .field("stream", &self.stream)
+            .field("tf32", &self.tf32)
+            .finish()
     }
 }
 
@@ -147,7 +173,11 @@ impl CublasHandle {
             check_cublas("cublasCreate", unsafe { cb::cublasCreate_v2(&mut h) })?;
             Ok(h)
         })?;
-        let handle = CublasHandle { raw: Mutex::new(raw), stream: stream.clone(), tf32: false };
+        let handle = CublasHandle {
+            raw: Mutex::new(raw),
+            stream: stream.clone(),
+            tf32: false,
+        };
         handle.bind(stream)?;
         Ok(handle)
     }
@@ -156,12 +186,16 @@ impl CublasHandle {
         let h = self.raw.lock().expect("cublas handle poisoned");
         // SAFETY: handle valid; the stream outlives its use (we keep a clone);
         // cuBLAS's `cudaStream_t` is the same pointer type as `CUstream`.
-        check_cublas("cublasSetStream", unsafe { cb::cublasSetStream_v2(*h, stream.raw() as cb::cudaStream_t) })
+        check_cublas("cublasSetStream", unsafe {
+            cb::cublasSetStream_v2(*h, stream.raw() as cb::cudaStream_t)
+        })
     }
 
     /// Binds the handle to another stream of the same device.
     pub fn rebind(&mut self, stream: &CudaStream) -> CudaResult<()> {
-        self.stream.device().check_same(stream.device(), "cuBLAS stream")?;
+        self.stream
+            .device()
+            .check_same(stream.device(), "cuBLAS stream")?;
         stream.device().bind_to_thread()?;
         self.bind(stream)?;
         self.stream = stream.clone();
@@ -183,7 +217,9 @@ impl CublasHandle {
         self.stream.device().bind_to_thread()?;
         let h = self.raw.lock().expect("cublas handle poisoned");
         // SAFETY: handle valid.
-        check_cublas("cublasSetMathMode", unsafe { cb::cublasSetMathMode(*h, mode) })?;
+        check_cublas("cublasSetMathMode", unsafe {
+            cb::cublasSetMathMode(*h, mode)
+        })?;
         drop(h);
         self.tf32 = enabled;
         Ok(())
@@ -200,7 +236,13 @@ impl CublasHandle {
     /// `a`, `b`, `c` must be device pointers of this device to matrices of the
     /// sizes `g` describes (`a` at least `rows(A)·lda` floats, …), alive until the
     /// product has run, with no conflicting concurrent access.
-    pub unsafe fn sgemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> CudaResult<()> {
+    pub unsafe fn sgemm(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+    ) -> CudaResult<()> {
         g.validate()?;
         self.stream.device().bind_to_thread()?;
         let h = self.raw.lock().expect("cublas handle poisoned");
@@ -247,7 +289,9 @@ impl CublasHandle {
     ) -> CudaResult<()> {
         g.validate()?;
         if batch > i32::MAX as usize {
-            return Err(CudaError::InvalidArgument(format!("batch {batch} too large")));
+            return Err(CudaError::InvalidArgument(format!(
+                "batch {batch} too large"
+            )));
         }
         self.stream.device().bind_to_thread()?;
         let h = self.raw.lock().expect("cublas handle poisoned");
@@ -304,8 +348,16 @@ mod tests {
             for j in 0..g.n {
                 let mut s = 0f64;
                 for p in 0..g.k {
-                    let av = if g.trans_a == Transpose::N { a[i * g.lda + p] } else { a[p * g.lda + i] };
-                    let bv = if g.trans_b == Transpose::N { b[p * g.ldb + j] } else { b[j * g.ldb + p] };
+                    let av = if g.trans_a == Transpose::N {
+                        a[i * g.lda + p]
+                    } else {
+                        a[p * g.lda + i]
+                    };
+                    let bv = if g.trans_b == Transpose::N {
+                        b[p * g.ldb + j]
+                    } else {
+                        b[j * g.ldb + p]
+                    };
                     s += f64::from(av) * f64::from(bv);
                 }
                 c[i * g.ldc + j] = s as f32;
@@ -342,7 +394,10 @@ mod tests {
             for tb in [Transpose::N, Transpose::T] {
                 let g = Gemm::new(ta, tb, m, n, k);
                 // SAFETY: buffers hold m·k, k·n and m·n floats; synced below.
-                unsafe { h.sgemm(&g, da.device_ptr(), db.device_ptr(), dc.device_ptr()).unwrap() };
+                unsafe {
+                    h.sgemm(&g, da.device_ptr(), db.device_ptr(), dc.device_ptr())
+                        .unwrap()
+                };
                 let got: Vec<f32> = dc.to_host_vec(&s).unwrap();
                 let want = reference(&g, &a, &b);
                 for (x, y) in got.iter().zip(&want) {
@@ -359,7 +414,17 @@ mod tests {
         let dc = DeviceBuffer::zeroed(&s, 8 * 4).unwrap();
         // SAFETY: 2 batches of 2×2 matrices, stride 4 elements.
         unsafe {
-            h.sgemm_strided_batched(&g, da.device_ptr(), 4, db.device_ptr(), 4, dc.device_ptr(), 4, 2).unwrap()
+            h.sgemm_strided_batched(
+                &g,
+                da.device_ptr(),
+                4,
+                db.device_ptr(),
+                4,
+                dc.device_ptr(),
+                4,
+                2,
+            )
+            .unwrap()
         };
         let got: Vec<f32> = dc.to_host_vec(&s).unwrap();
         assert_eq!(got, vec![1., 2., 3., 4., 10., 12., 14., 16.]);

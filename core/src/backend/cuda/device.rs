@@ -71,7 +71,9 @@ pub struct PoolStats {
 fn attribute(dev: drv::CUdevice, attr: drv::CUdevice_attribute) -> CudaResult<i32> {
     let mut v = 0i32;
     // SAFETY: `dev` came from `cuDeviceGet`; `v` is valid for one write.
-    check("cuDeviceGetAttribute", unsafe { drv::cuDeviceGetAttribute(&mut v, attr, dev) })?;
+    check("cuDeviceGetAttribute", unsafe {
+        drv::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
     Ok(v)
 }
 
@@ -90,7 +92,9 @@ impl CudaDevice {
         use drv::CUdevice_attribute as A;
         let mut cu_device: drv::CUdevice = 0;
         // SAFETY: driver initialised by `cuda_available`; out-pointer valid.
-        check("cuDeviceGet", unsafe { drv::cuDeviceGet(&mut cu_device, ordinal as i32) })?;
+        check("cuDeviceGet", unsafe {
+            drv::cuDeviceGet(&mut cu_device, ordinal as i32)
+        })?;
 
         let mut ctx: drv::CUcontext = std::ptr::null_mut();
         // SAFETY: `cu_device` is valid; out-pointer valid. Balanced by
@@ -117,7 +121,9 @@ impl CudaDevice {
             drv::cuDeviceGetName(name_buf.as_mut_ptr(), name_buf.len() as i32, cu_device)
         })?;
         // SAFETY: NUL-terminated by the driver within the buffer.
-        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
 
         let major = attribute(cu_device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(cu_device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -132,7 +138,9 @@ impl CudaDevice {
 
         let mut total_memory = 0usize;
         // SAFETY: valid device and out-pointer.
-        check("cuDeviceTotalMem", unsafe { drv::cuDeviceTotalMem_v2(&mut total_memory, cu_device) })?;
+        check("cuDeviceTotalMem", unsafe {
+            drv::cuDeviceTotalMem_v2(&mut total_memory, cu_device)
+        })?;
 
         let (mut least, mut greatest) = (0i32, 0i32);
         // SAFETY: the context is current (set above); out-pointers valid.
@@ -188,7 +196,9 @@ impl CudaDevice {
         check("cuCtxGetCurrent", unsafe { drv::cuCtxGetCurrent(&mut cur) })?;
         if cur != self.inner.ctx {
             // SAFETY: `ctx` is retained for as long as `self.inner` lives.
-            check("cuCtxSetCurrent", unsafe { drv::cuCtxSetCurrent(self.inner.ctx) })?;
+            check("cuCtxSetCurrent", unsafe {
+                drv::cuCtxSetCurrent(self.inner.ctx)
+            })?;
         }
         Ok(())
     }
@@ -241,7 +251,9 @@ impl CudaDevice {
         self.bind_to_thread()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: context current; out-pointers valid.
-        check("cuMemGetInfo", unsafe { drv::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        check("cuMemGetInfo", unsafe {
+            drv::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
         Ok((free, total))
     }
 
@@ -269,7 +281,9 @@ impl CudaDevice {
     pub fn trim_pool(&self, keep_bytes: usize) -> CudaResult<()> {
         self.bind_to_thread()?;
         // SAFETY: pool valid for the device's lifetime.
-        check("cuMemPoolTrimTo", unsafe { drv::cuMemPoolTrimTo(self.inner.mem_pool, keep_bytes) })
+        check("cuMemPoolTrimTo", unsafe {
+            drv::cuMemPoolTrimTo(self.inner.mem_pool, keep_bytes)
+        })
     }
 
     /// Records an error found where it could not be returned (a `Drop`). The
@@ -282,7 +296,11 @@ impl CudaDevice {
 
     /// Takes the errors recorded by `Drop` impls since the last call.
     pub fn take_deferred_errors(&self) -> Vec<CudaError> {
-        self.inner.deferred.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default()
+        self.inner
+            .deferred
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
     }
 
     /// True when both handles refer to the same opened device.
@@ -299,7 +317,11 @@ impl CudaDevice {
         if self.same_device(other) {
             Ok(())
         } else {
-            Err(CudaError::DeviceMismatch { what, expected: self.ordinal(), got: other.ordinal() })
+            Err(CudaError::DeviceMismatch {
+                what,
+                expected: self.ordinal(),
+                got: other.ordinal(),
+            })
         }
     }
 }

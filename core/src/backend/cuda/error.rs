@@ -13,9 +13,7 @@ use cudarc::driver::sys as drv;
 #[non_exhaustive]
 pub enum CudaError {
     /// A CUDA library could not be loaded (dynamic loading found no file).
-    #[error(
-        "{library} could not be loaded ({what}); {hint}"
-    )]
+    #[error("{library} could not be loaded ({what}); {hint}")]
     LibraryMissing {
         /// `"libcuda (the NVIDIA driver)"`, `"libnvrtc"`, `"libcublas"`, `"libnccl"`.
         library: &'static str,
@@ -160,7 +158,12 @@ pub(crate) fn check(call: &'static str, status: drv::CUresult) -> CudaResult<()>
 #[cold]
 pub(crate) fn driver_error(call: &'static str, status: drv::CUresult) -> CudaError {
     let (name, message) = describe(status);
-    CudaError::Driver { call, code: status as i32, name, message }
+    CudaError::Driver {
+        call,
+        code: status as i32,
+        name,
+        message,
+    }
 }
 
 fn describe(status: drv::CUresult) -> (String, String) {
@@ -178,13 +181,17 @@ fn describe(status: drv::CUresult) -> (String, String) {
     };
     let name = if n == drv::CUresult::CUDA_SUCCESS && !name_ptr.is_null() {
         // SAFETY: non-null, NUL-terminated static string from the driver.
-        unsafe { CStr::from_ptr(name_ptr) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name_ptr) }
+            .to_string_lossy()
+            .into_owned()
     } else {
         format!("{status:?}")
     };
     let message = if m == drv::CUresult::CUDA_SUCCESS && !msg_ptr.is_null() {
         // SAFETY: as above.
-        unsafe { CStr::from_ptr(msg_ptr) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(msg_ptr) }
+            .to_string_lossy()
+            .into_owned()
     } else {
         "unknown error".to_string()
     };
@@ -193,16 +200,25 @@ fn describe(status: drv::CUresult) -> (String, String) {
 
 /// Checks a cuBLAS status, naming the call on failure.
 #[inline]
-pub(crate) fn check_cublas(call: &'static str, status: cublas_sys::cublasStatus_t) -> CudaResult<()> {
+pub(crate) fn check_cublas(
+    call: &'static str,
+    status: cublas_sys::cublasStatus_t,
+) -> CudaResult<()> {
     if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(CudaError::Cublas { call, status: format!("{status:?}") })
+        Err(CudaError::Cublas {
+            call,
+            status: format!("{status:?}"),
+        })
     }
 }
 
 /// Runs `f`, turning a panic inside cudarc (missing library or symbol) into an error.
-pub(crate) fn catch_panic<T>(during: &'static str, f: impl FnOnce() -> CudaResult<T>) -> CudaResult<T> {
+pub(crate) fn catch_panic<T>(
+    during: &'static str,
+    f: impl FnOnce() -> CudaResult<T>,
+) -> CudaResult<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {

@@ -90,7 +90,9 @@ fn create_raw(device: &CudaDevice, kind: EventKind) -> CudaResult<drv::CUevent> 
     device.bind_to_thread()?;
     let mut raw: drv::CUevent = std::ptr::null_mut();
     // SAFETY: context current; out-pointer valid; flags valid.
-    check("cuEventCreate", unsafe { drv::cuEventCreate(&mut raw, kind.flags()) })?;
+    check("cuEventCreate", unsafe {
+        drv::cuEventCreate(&mut raw, kind.flags())
+    })?;
     Ok(raw)
 }
 
@@ -108,7 +110,12 @@ fn destroy_raw(device: &CudaDevice, raw: drv::CUevent) {
 impl CudaEvent {
     /// Creates a standalone event (not pooled).
     pub fn new(device: &CudaDevice, kind: EventKind) -> CudaResult<Self> {
-        Ok(CudaEvent { raw: create_raw(device, kind)?, kind, device: device.clone(), pool: None })
+        Ok(CudaEvent {
+            raw: create_raw(device, kind)?,
+            kind,
+            device: device.clone(),
+            pool: None,
+        })
     }
 
     /// Creates an event and records it on `stream` right away.
@@ -122,17 +129,22 @@ impl CudaEvent {
     /// that work has. Re-recording moves the capture point.
     #[inline]
     pub fn record(&self, stream: &CudaStream) -> CudaResult<()> {
-        self.device.check_same(stream.device(), "stream recorded on")?;
+        self.device
+            .check_same(stream.device(), "stream recorded on")?;
         self.device.bind_to_thread()?;
         // SAFETY: event and stream alive and in the current context.
-        check("cuEventRecord", unsafe { drv::cuEventRecord(self.raw, stream.raw()) })
+        check("cuEventRecord", unsafe {
+            drv::cuEventRecord(self.raw, stream.raw())
+        })
     }
 
     /// Blocks the host until the recorded work is done.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.device.bind_to_thread()?;
         // SAFETY: event alive.
-        check("cuEventSynchronize", unsafe { drv::cuEventSynchronize(self.raw) })
+        check("cuEventSynchronize", unsafe {
+            drv::cuEventSynchronize(self.raw)
+        })
     }
 
     /// `Ok(true)` when the recorded work is done (or the event was never
@@ -163,7 +175,9 @@ impl CudaEvent {
         start.device.bind_to_thread()?;
         let mut ms = 0f32;
         // SAFETY: both events alive, timing-enabled, same context; out-pointer valid.
-        check("cuEventElapsedTime", unsafe { drv::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw) })?;
+        check("cuEventElapsedTime", unsafe {
+            drv::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw)
+        })?;
         Ok(ms)
     }
 
@@ -263,7 +277,11 @@ impl EventPool {
         for _ in 0..n {
             made.push(create_raw(&self.inner.device, self.inner.kind)?);
         }
-        self.inner.free.lock().expect("event pool poisoned").extend(made);
+        self.inner
+            .free
+            .lock()
+            .expect("event pool poisoned")
+            .extend(made);
         Ok(())
     }
 
@@ -325,7 +343,10 @@ impl Timeline {
         let reference = CudaEvent::new(stream.device(), EventKind::Timing)?;
         let host_epoch = Instant::now();
         reference.record(stream)?;
-        Ok(Timeline { reference, host_epoch })
+        Ok(Timeline {
+            reference,
+            host_epoch,
+        })
     }
 
     /// Re-records the reference on `stream` (call at a step boundary, after the

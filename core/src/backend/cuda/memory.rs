@@ -108,8 +108,15 @@ impl DeviceBuffer {
         let mut ptr: drv::CUdeviceptr = 0;
         // SAFETY: context current; stream alive; out-pointer valid. Freed by
         // `free_on`/`free_after`/`Drop`, exactly once (`freed` flag).
-        check("cuMemAllocAsync", unsafe { drv::cuMemAllocAsync(&mut ptr, bytes.max(1), stream.raw()) })?;
-        Ok(DeviceBuffer { ptr, bytes, home: stream.clone(), freed: false })
+        check("cuMemAllocAsync", unsafe {
+            drv::cuMemAllocAsync(&mut ptr, bytes.max(1), stream.raw())
+        })?;
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            home: stream.clone(),
+            freed: false,
+        })
     }
 
     /// Allocates and zero-fills (both queued on `stream`).
@@ -159,7 +166,8 @@ impl DeviceBuffer {
     /// Changes the stream `Drop` frees on (e.g. when ownership moves to another
     /// stream's tasks and the old home stream may be destroyed first).
     pub fn set_home_stream(&mut self, stream: &CudaStream) -> CudaResult<()> {
-        self.device().check_same(stream.device(), "new home stream")?;
+        self.device()
+            .check_same(stream.device(), "new home stream")?;
         self.home = stream.clone();
         Ok(())
     }
@@ -196,30 +204,51 @@ impl DeviceBuffer {
     }
 
     /// Queues `memset(ptr + offset, value, len)` on `stream` (asynchronous).
-    pub fn memset(&self, stream: &CudaStream, offset: usize, len: usize, value: u8) -> CudaResult<()> {
+    pub fn memset(
+        &self,
+        stream: &CudaStream,
+        offset: usize,
+        len: usize,
+        value: u8,
+    ) -> CudaResult<()> {
         let dst = self.ptr_at(offset, len)?;
         self.device().check_same(stream.device(), "stream")?;
         stream.device().bind_to_thread()?;
         // SAFETY: range checked to lie inside this live allocation; stream alive.
-        check("cuMemsetD8Async", unsafe { drv::cuMemsetD8Async(dst, value, len, stream.raw()) })
+        check("cuMemsetD8Async", unsafe {
+            drv::cuMemsetD8Async(dst, value, len, stream.raw())
+        })
     }
 
     /// Queues a fill of `count` 32-bit words starting at byte `offset` (4-aligned)
     /// with `bits` (e.g. `f32::to_bits(1.0)`).
-    pub fn fill_u32(&self, stream: &CudaStream, offset: usize, count: usize, bits: u32) -> CudaResult<()> {
+    pub fn fill_u32(
+        &self,
+        stream: &CudaStream,
+        offset: usize,
+        count: usize,
+        bits: u32,
+    ) -> CudaResult<()> {
         if offset & 3 != 0 {
-            return Err(CudaError::InvalidArgument(format!("fill_u32 offset {offset} is not 4-aligned")));
+            return Err(CudaError::InvalidArgument(format!(
+                "fill_u32 offset {offset} is not 4-aligned"
+            )));
         }
-        let dst = self.ptr_at(offset, count.checked_mul(4).ok_or(CudaError::OutOfBounds {
+        let dst = self.ptr_at(
             offset,
-            len: usize::MAX,
-            size: self.bytes,
-        })?)?;
+            count.checked_mul(4).ok_or(CudaError::OutOfBounds {
+                offset,
+                len: usize::MAX,
+                size: self.bytes,
+            })?,
+        )?;
         self.device().check_same(stream.device(), "stream")?;
         stream.device().bind_to_thread()?;
         // SAFETY: range checked; 4-byte alignment holds because pool allocations
         // are at least 256-byte aligned and `offset` is a multiple of 4.
-        check("cuMemsetD32Async", unsafe { drv::cuMemsetD32Async(dst, bits, count, stream.raw()) })
+        check("cuMemsetD32Async", unsafe {
+            drv::cuMemsetD32Async(dst, bits, count, stream.raw())
+        })
     }
 
     /// Queues a device-to-device copy of `len` bytes from `src[src_offset..]` to
@@ -238,12 +267,19 @@ impl DeviceBuffer {
         self.device().check_same(src.device(), "source buffer")?;
         stream.device().bind_to_thread()?;
         // SAFETY: both ranges checked inside live allocations of this device.
-        check("cuMemcpyDtoDAsync", unsafe { drv::cuMemcpyDtoDAsync_v2(dst, s, len, stream.raw()) })
+        check("cuMemcpyDtoDAsync", unsafe {
+            drv::cuMemcpyDtoDAsync_v2(dst, s, len, stream.raw())
+        })
     }
 
     /// Uploads `src` to byte `offset`; queued on `stream`, then **blocks until
     /// `stream` is idle** (see the module docs for why).
-    pub fn copy_from_host<T: DeviceRepr>(&self, stream: &CudaStream, offset: usize, src: &[T]) -> CudaResult<()> {
+    pub fn copy_from_host<T: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        offset: usize,
+        src: &[T],
+    ) -> CudaResult<()> {
         let len = std::mem::size_of_val(src);
         self.ptr_at(offset, len)?;
         self.device().check_same(stream.device(), "stream")?;
@@ -255,13 +291,25 @@ impl DeviceBuffer {
 
     /// Downloads into `dst` from byte `offset`; queued on `stream`, then blocks
     /// until `stream` is idle.
-    pub fn copy_to_host<T: DeviceRepr>(&self, stream: &CudaStream, offset: usize, dst: &mut [T]) -> CudaResult<()> {
+    pub fn copy_to_host<T: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        offset: usize,
+        dst: &mut [T],
+    ) -> CudaResult<()> {
         let len = std::mem::size_of_val(dst);
         self.ptr_at(offset, len)?;
         self.device().check_same(stream.device(), "stream")?;
         // SAFETY: range checked; `dst` is exclusively borrowed until the stream
         // sync returns, and any bit pattern is a valid `T` (`DeviceRepr`).
-        unsafe { memcpy_dtoh_async(dst.as_mut_ptr().cast(), self.ptr + offset as u64, len, stream)? };
+        unsafe {
+            memcpy_dtoh_async(
+                dst.as_mut_ptr().cast(),
+                self.ptr + offset as u64,
+                len,
+                stream,
+            )?
+        };
         stream.synchronize()
     }
 
@@ -290,7 +338,9 @@ fn free_async(device: &CudaDevice, ptr: DevicePtr, stream: &CudaStream) -> CudaR
     // SAFETY: `ptr` came from `cuMemAllocAsync` on this device and is freed exactly
     // once (callers set `freed` first); the stream is alive. Stream ordering makes
     // the memory reusable only after prior work on `stream` completes.
-    check("cuMemFreeAsync", unsafe { drv::cuMemFreeAsync(ptr, stream.raw()) })
+    check("cuMemFreeAsync", unsafe {
+        drv::cuMemFreeAsync(ptr, stream.raw())
+    })
 }
 
 /// Queues a host-to-device copy on `stream`.
@@ -299,10 +349,17 @@ fn free_async(device: &CudaDevice, ptr: DevicePtr, stream: &CudaStream) -> CudaR
 /// `src..src+bytes` must be readable host memory that stays alive and unmodified
 /// until `stream` has executed the copy; `dst..dst+bytes` must be device memory
 /// of the stream's device that no other stream accesses concurrently.
-pub unsafe fn memcpy_htod_async(dst: DevicePtr, src: *const u8, bytes: usize, stream: &CudaStream) -> CudaResult<()> {
+pub unsafe fn memcpy_htod_async(
+    dst: DevicePtr,
+    src: *const u8,
+    bytes: usize,
+    stream: &CudaStream,
+) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyHtoDAsync", unsafe { drv::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.raw()) })
+    check("cuMemcpyHtoDAsync", unsafe {
+        drv::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.raw())
+    })
 }
 
 /// Queues a device-to-host copy on `stream`.
@@ -311,10 +368,17 @@ pub unsafe fn memcpy_htod_async(dst: DevicePtr, src: *const u8, bytes: usize, st
 /// `dst..dst+bytes` must be writable host memory that stays alive and is neither
 /// read nor written by the host until `stream` has executed the copy;
 /// `src..src+bytes` must be device memory of the stream's device.
-pub unsafe fn memcpy_dtoh_async(dst: *mut u8, src: DevicePtr, bytes: usize, stream: &CudaStream) -> CudaResult<()> {
+pub unsafe fn memcpy_dtoh_async(
+    dst: *mut u8,
+    src: DevicePtr,
+    bytes: usize,
+    stream: &CudaStream,
+) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyDtoHAsync", unsafe { drv::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream.raw()) })
+    check("cuMemcpyDtoHAsync", unsafe {
+        drv::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream.raw())
+    })
 }
 
 /// Queues a device-to-device copy on `stream`.
@@ -322,10 +386,17 @@ pub unsafe fn memcpy_dtoh_async(dst: *mut u8, src: DevicePtr, bytes: usize, stre
 /// # Safety
 /// Both ranges must be device memory of the stream's device, alive until the copy
 /// has run, and not accessed concurrently by other streams in conflicting ways.
-pub unsafe fn memcpy_dtod_async(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: &CudaStream) -> CudaResult<()> {
+pub unsafe fn memcpy_dtod_async(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    stream: &CudaStream,
+) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyDtoDAsync", unsafe { drv::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.raw()) })
+    check("cuMemcpyDtoDAsync", unsafe {
+        drv::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.raw())
+    })
 }
 
 /// Queues a byte memset on `stream`.
@@ -333,10 +404,17 @@ pub unsafe fn memcpy_dtod_async(dst: DevicePtr, src: DevicePtr, bytes: usize, st
 /// # Safety
 /// `dst..dst+bytes` must be device memory of the stream's device, alive until the
 /// memset has run.
-pub unsafe fn memset_d8_async(dst: DevicePtr, value: u8, bytes: usize, stream: &CudaStream) -> CudaResult<()> {
+pub unsafe fn memset_d8_async(
+    dst: DevicePtr,
+    value: u8,
+    bytes: usize,
+    stream: &CudaStream,
+) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemsetD8Async", unsafe { drv::cuMemsetD8Async(dst, value, bytes, stream.raw()) })
+    check("cuMemsetD8Async", unsafe {
+        drv::cuMemsetD8Async(dst, value, bytes, stream.raw())
+    })
 }
 
 /// Page-locked host memory (`cuMemHostAlloc`, portable): the staging area for
@@ -355,7 +433,9 @@ unsafe impl Sync for PinnedHostBuffer {}
 
 impl std::fmt::Debug for PinnedHostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinnedHostBuffer").field("bytes", &self.bytes).finish()
+        f.debug_struct("PinnedHostBuffer")
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 
@@ -370,7 +450,11 @@ impl PinnedHostBuffer {
         })?;
         // SAFETY: the allocation is at least `bytes.max(1)` bytes and ours.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes.max(1)) };
-        Ok(PinnedHostBuffer { ptr: p.cast(), bytes, device: device.clone() })
+        Ok(PinnedHostBuffer {
+            ptr: p.cast(),
+            bytes,
+            device: device.clone(),
+        })
     }
 
     /// Size in bytes.
@@ -413,7 +497,9 @@ impl Drop for PinnedHostBuffer {
             // SAFETY: allocated by `cuMemHostAlloc`, freed once. The owner must not
             // drop it while an async copy using it is pending (the engine holds it
             // until the copy's completion event).
-            check("cuMemFreeHost", unsafe { drv::cuMemFreeHost(self.ptr.cast()) })
+            check("cuMemFreeHost", unsafe {
+                drv::cuMemFreeHost(self.ptr.cast())
+            })
         });
         if let Err(e) = r {
             self.device.record_deferred(e);
@@ -423,8 +509,8 @@ impl Drop for PinnedHostBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::event::EventKind;
+    use super::*;
 
     #[test]
     fn upload_download_memset_free_after() {
@@ -455,7 +541,10 @@ mod tests {
         c.free_after(&[&e1b, &e2], &s1).unwrap();
         s1.synchronize().unwrap();
 
-        assert!(matches!(a.ptr_at(3990, 20), Err(CudaError::OutOfBounds { .. })));
+        assert!(matches!(
+            a.ptr_at(3990, 20),
+            Err(CudaError::OutOfBounds { .. })
+        ));
         let stats = dev.pool_stats().unwrap();
         assert!(stats.used_current > 0 && stats.reserved_current >= stats.used_current);
         drop(a);

@@ -55,7 +55,7 @@ pub use cublas::{CublasHandle, Gemm, Transpose};
 pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};
-pub use memory::{DevicePtr, DeviceBuffer, DeviceRepr, PinnedHostBuffer};
+pub use memory::{DeviceBuffer, DevicePtr, DeviceRepr, PinnedHostBuffer};
 pub use nvrtc::{
     compile, CompileOptions, CompiledKernel, CudaFunction, CudaModule, KernelArgs, KernelCache,
     LaunchConfig,
@@ -182,7 +182,9 @@ pub fn cuda_available() -> CudaResult<usize> {
     error::catch_panic("cuDeviceGetCount", || {
         let mut count = 0i32;
         // SAFETY: the driver is initialised; `count` is valid for one write.
-        error::check("cuDeviceGetCount", unsafe { drv::cuDeviceGetCount(&mut count) })?;
+        error::check("cuDeviceGetCount", unsafe {
+            drv::cuDeviceGetCount(&mut count)
+        })?;
         Ok(count.max(0) as usize)
     })
 }
@@ -192,7 +194,9 @@ pub fn cuda_available() -> CudaResult<usize> {
 /// `BRAID_REQUIRE_GPU=1` is set (the GPU validation run), so a missing GPU there
 /// is a failure, never a silent skip.
 pub fn gpu_or_skip(test: &str) -> bool {
-    let require = std::env::var("BRAID_REQUIRE_GPU").map(|v| v == "1").unwrap_or(false);
+    let require = std::env::var("BRAID_REQUIRE_GPU")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     let reason = match cuda_available() {
         Ok(n) if n > 0 => return true,
         Ok(_) => "the CUDA driver reports 0 devices".to_string(),
@@ -231,7 +235,10 @@ mod tests {
             eprintln!("SKIPPED test_kernels_compile_without_a_gpu: libnvrtc not found");
             return;
         }
-        for (src, name) in [(test_kernels::SPIN, "spin.cu"), (test_kernels::AXPB, "axpb.cu")] {
+        for (src, name) in [
+            (test_kernels::SPIN, "spin.cu"),
+            (test_kernels::AXPB, "axpb.cu"),
+        ] {
             let k = compile(src, name, &CompileOptions::for_arch("sm_90")).unwrap();
             assert!(k.is_cubin && !k.image.is_empty());
         }
@@ -247,9 +254,17 @@ mod tests {
         let s = CudaStream::compute(&dev).unwrap();
         let m = CudaModule::from_source(&dev, test_kernels::AXPB, "axpb.cu").unwrap();
         let n = 4099usize;
-        let ins: Vec<Vec<f32>> =
-            (0..4).map(|j| (0..n).map(|i| ((i * 7 + j * 13) % 101) as f32 * 0.37 - 11.0).collect()).collect();
-        let dins: Vec<DeviceBuffer> = ins.iter().map(|v| DeviceBuffer::from_host(&s, v).unwrap()).collect();
+        let ins: Vec<Vec<f32>> = (0..4)
+            .map(|j| {
+                (0..n)
+                    .map(|i| ((i * 7 + j * 13) % 101) as f32 * 0.37 - 11.0)
+                    .collect()
+            })
+            .collect();
+        let dins: Vec<DeviceBuffer> = ins
+            .iter()
+            .map(|v| DeviceBuffer::from_host(&s, v).unwrap())
+            .collect();
         let out = DeviceBuffer::zeroed(&s, n * 4).unwrap();
         let (a, b) = (1.0009765f32, -0.3333f32);
         for k in 1..=4usize {
@@ -261,7 +276,12 @@ mod tests {
             args.i32(k as i32).f32(a).f32(b).i32(n as i32);
             // SAFETY: signature (float*, 4 x const float*, int, float, float, int);
             // every used input holds n floats; synced by to_host_vec.
-            unsafe { m.function("axpb_sum").unwrap().launch(&s, LaunchConfig::linear(n, 256), &args).unwrap() };
+            unsafe {
+                m.function("axpb_sum")
+                    .unwrap()
+                    .launch(&s, LaunchConfig::linear(n, 256), &args)
+                    .unwrap()
+            };
             let got: Vec<f32> = out.to_host_vec(&s).unwrap();
             for i in 0..n {
                 let mut acc = ins[0][i];
@@ -275,9 +295,17 @@ mod tests {
         let mut args = KernelArgs::new();
         args.ptr(dins[0].device_ptr()).f32(a).f32(b).i32(n as i32);
         // SAFETY: (float*, float, float, int); n floats.
-        unsafe { m.function("axpb_inplace").unwrap().launch(&s, LaunchConfig::linear(n, 256), &args).unwrap() };
+        unsafe {
+            m.function("axpb_inplace")
+                .unwrap()
+                .launch(&s, LaunchConfig::linear(n, 256), &args)
+                .unwrap()
+        };
         let got: Vec<f32> = dins[0].to_host_vec(&s).unwrap();
-        assert!(got.iter().zip(&ins[0]).all(|(g, x)| g.to_bits() == (a * x + b).to_bits()));
+        assert!(got
+            .iter()
+            .zip(&ins[0])
+            .all(|(g, x)| g.to_bits() == (a * x + b).to_bits()));
     }
 
     /// Two spin kernels on two streams run at the same time (their device
@@ -302,7 +330,10 @@ mod tests {
             let mut args = KernelArgs::new();
             args.i64(cycles).ptr(out.device_ptr() + 8 * slot);
             // SAFETY: (long long, long long*); out holds 2 slots.
-            unsafe { spin.launch(s, LaunchConfig::grid_block(1, 1), &args).unwrap() };
+            unsafe {
+                spin.launch(s, LaunchConfig::grid_block(1, 1), &args)
+                    .unwrap()
+            };
             (a, pool.record(s).unwrap())
         };
         let (a1, b1) = run(&s1, 0);
@@ -311,8 +342,15 @@ mod tests {
         s2.synchronize().unwrap();
         let (st1, d1) = tl.span_ms(&a1, &b1).unwrap();
         let (st2, d2) = tl.span_ms(&a2, &b2).unwrap();
-        eprintln!("two streams: [{st1:.3}, {:.3}] and [{st2:.3}, {:.3}] ms", st1 + d1, st2 + d2);
-        assert!(st2 < st1 + d1 && st1 < st2 + d2, "spans on two streams did not overlap");
+        eprintln!(
+            "two streams: [{st1:.3}, {:.3}] and [{st2:.3}, {:.3}] ms",
+            st1 + d1,
+            st2 + d2
+        );
+        assert!(
+            st2 < st1 + d1 && st1 < st2 + d2,
+            "spans on two streams did not overlap"
+        );
         let spent: Vec<i64> = out.to_host_vec(&s1).unwrap();
         assert!(spent.iter().all(|&c| c >= cycles), "{spent:?}");
         // Same stream: the second starts after the first ended.

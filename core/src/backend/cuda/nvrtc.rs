@@ -68,7 +68,12 @@ pub struct CompileOptions {
 impl CompileOptions {
     /// Defaults for an explicit architecture, e.g. `"sm_90"`.
     pub fn for_arch(arch: impl Into<String>) -> Self {
-        CompileOptions { arch: arch.into(), fast_math: false, line_info: true, extra: Vec::new() }
+        CompileOptions {
+            arch: arch.into(),
+            fast_math: false,
+            line_info: true,
+            extra: Vec::new(),
+        }
     }
 
     /// Defaults for a device's compute capability (`sm_XY`).
@@ -121,7 +126,9 @@ pub fn nvrtc_version() -> CudaResult<(i32, i32)> {
     catch_panic("nvrtcVersion", || {
         let (mut ma, mut mi) = (0, 0);
         // SAFETY: out-pointers valid.
-        nv_check("nvrtcVersion", unsafe { nv::nvrtcVersion(&mut ma, &mut mi) })?;
+        nv_check("nvrtcVersion", unsafe {
+            nv::nvrtcVersion(&mut ma, &mut mi)
+        })?;
         Ok((ma, mi))
     })
 }
@@ -141,7 +148,10 @@ fn nv_check(call: &'static str, status: nv::nvrtcResult) -> CudaResult<()> {
     if status == nv::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(CudaError::Nvrtc { call, message: nv_message(status) })
+        Err(CudaError::Nvrtc {
+            call,
+            message: nv_message(status),
+        })
     }
 }
 
@@ -162,7 +172,9 @@ fn program_log(prog: &Program) -> String {
     }
     let mut buf = vec![0u8; size.max(1)];
     // SAFETY: buffer holds `size` bytes as NVRTC requires.
-    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) } != nv::nvrtcResult::NVRTC_SUCCESS {
+    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) }
+        != nv::nvrtcResult::NVRTC_SUCCESS
+    {
         return String::new();
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
@@ -177,14 +189,19 @@ pub fn compile(source: &str, program: &str, opts: &CompileOptions) -> CudaResult
 }
 
 fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResult<CompiledKernel> {
-    let src = CString::new(source)
-        .map_err(|_| CudaError::InvalidArgument(format!("{program}: source contains a NUL byte")))?;
-    let name = CString::new(program)
-        .map_err(|_| CudaError::InvalidArgument(format!("program name {program:?} contains a NUL byte")))?;
+    let src = CString::new(source).map_err(|_| {
+        CudaError::InvalidArgument(format!("{program}: source contains a NUL byte"))
+    })?;
+    let name = CString::new(program).map_err(|_| {
+        CudaError::InvalidArgument(format!("program name {program:?} contains a NUL byte"))
+    })?;
     let args: Vec<CString> = opts
         .to_args()
         .into_iter()
-        .map(|a| CString::new(a).map_err(|_| CudaError::InvalidArgument("option contains a NUL byte".into())))
+        .map(|a| {
+            CString::new(a)
+                .map_err(|_| CudaError::InvalidArgument("option contains a NUL byte".into()))
+        })
         .collect::<Result<_, _>>()?;
     let arg_ptrs: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();
 
@@ -192,32 +209,56 @@ fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResu
     let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: `src` and `name` are NUL-terminated and outlive the call; no headers.
     nv_check("nvrtcCreateProgram", unsafe {
-        nv::nvrtcCreateProgram(&mut raw, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        nv::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
     })?;
     let prog = Program(raw);
     // SAFETY: valid program; `arg_ptrs` points at `args.len()` live C strings.
-    let status = unsafe { nv::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
+    let status =
+        unsafe { nv::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
     let log = program_log(&prog);
     if status != nv::nvrtcResult::NVRTC_SUCCESS {
-        let log = if log.is_empty() { nv_message(status) } else { log };
-        return Err(CudaError::Compile { program: program.to_string(), arch: opts.arch.clone(), log });
+        let log = if log.is_empty() {
+            nv_message(status)
+        } else {
+            log
+        };
+        return Err(CudaError::Compile {
+            program: program.to_string(),
+            arch: opts.arch.clone(),
+            log,
+        });
     }
     let is_cubin = opts.produces_cubin();
     let image = if is_cubin {
         let mut size = 0usize;
         // SAFETY: compiled program; out-pointer valid.
-        nv_check("nvrtcGetCUBINSize", unsafe { nv::nvrtcGetCUBINSize(prog.0, &mut size) })?;
+        nv_check("nvrtcGetCUBINSize", unsafe {
+            nv::nvrtcGetCUBINSize(prog.0, &mut size)
+        })?;
         let mut buf = vec![0u8; size];
         // SAFETY: buffer of the size NVRTC reported.
-        nv_check("nvrtcGetCUBIN", unsafe { nv::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr().cast()) })?;
+        nv_check("nvrtcGetCUBIN", unsafe {
+            nv::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr().cast())
+        })?;
         buf
     } else {
         let mut size = 0usize;
         // SAFETY: as above.
-        nv_check("nvrtcGetPTXSize", unsafe { nv::nvrtcGetPTXSize(prog.0, &mut size) })?;
+        nv_check("nvrtcGetPTXSize", unsafe {
+            nv::nvrtcGetPTXSize(prog.0, &mut size)
+        })?;
         let mut buf = vec![0u8; size];
         // SAFETY: as above; the size includes the trailing NUL.
-        nv_check("nvrtcGetPTX", unsafe { nv::nvrtcGetPTX(prog.0, buf.as_mut_ptr().cast()) })?;
+        nv_check("nvrtcGetPTX", unsafe {
+            nv::nvrtcGetPTX(prog.0, buf.as_mut_ptr().cast())
+        })?;
         if buf.last() != Some(&0) {
             buf.push(0);
         }
@@ -271,7 +312,10 @@ pub struct KernelCache {
 
 impl std::fmt::Debug for KernelCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelCache").field("disk_dir", &self.disk_dir).field("stats", &self.stats()).finish()
+        f.debug_struct("KernelCache")
+            .field("disk_dir", &self.disk_dir)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -297,7 +341,10 @@ impl KernelCache {
     /// `$BRAID_KERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/braid/kernels`, else
     /// `$HOME/.cache/braid/kernels`; `None` when `BRAID_KERNEL_CACHE=0`.
     pub fn default_disk_dir() -> Option<PathBuf> {
-        if std::env::var("BRAID_KERNEL_CACHE").map(|v| v == "0").unwrap_or(false) {
+        if std::env::var("BRAID_KERNEL_CACHE")
+            .map(|v| v == "0")
+            .unwrap_or(false)
+        {
             return None;
         }
         if let Some(d) = std::env::var_os("BRAID_KERNEL_CACHE_DIR") {
@@ -306,7 +353,12 @@ impl KernelCache {
         if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
             return Some(PathBuf::from(x).join("braid").join("kernels"));
         }
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("braid").join("kernels"))
+        std::env::var_os("HOME").map(|h| {
+            PathBuf::from(h)
+                .join(".cache")
+                .join("braid")
+                .join("kernels")
+        })
     }
 
     /// Where compiled images are stored, if anywhere.
@@ -321,15 +373,27 @@ impl KernelCache {
 
     fn key_text(source: &str, program: &str, opts: &CompileOptions) -> (u128, String) {
         static VERSION: OnceLock<String> = OnceLock::new();
-        let ver = VERSION.get_or_init(|| nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|_| "?".into()));
+        let ver = VERSION.get_or_init(|| {
+            nvrtc_version()
+                .map(|(a, b)| format!("{a}.{b}"))
+                .unwrap_or_else(|_| "?".into())
+        });
         let args = opts.to_args().join(" ");
         let src_hash = fnv128(&[source.as_bytes()]);
-        let text = format!("nvrtc {ver}\nprogram {program}\nargs {args}\nsource {src_hash:032x} {}", source.len());
+        let text = format!(
+            "nvrtc {ver}\nprogram {program}\nargs {args}\nsource {src_hash:032x} {}",
+            source.len()
+        );
         (fnv128(&[text.as_bytes()]), text)
     }
 
     /// Returns the compiled image for `source`, from memory, disk, or NVRTC.
-    pub fn get_or_compile(&self, source: &str, program: &str, opts: &CompileOptions) -> CudaResult<Arc<CompiledKernel>> {
+    pub fn get_or_compile(
+        &self,
+        source: &str,
+        program: &str,
+        opts: &CompileOptions,
+    ) -> CudaResult<Arc<CompiledKernel>> {
         let (key, text) = Self::key_text(source, program, opts);
         if let Some(k) = self.images.lock().expect("kernel cache poisoned").get(&key) {
             self.bump(|s| s.memory_hits += 1);
@@ -338,7 +402,10 @@ impl KernelCache {
         if let Some(k) = self.load_disk(key, &text, program, opts) {
             self.bump(|s| s.disk_hits += 1);
             let k = Arc::new(k);
-            self.images.lock().expect("kernel cache poisoned").insert(key, k.clone());
+            self.images
+                .lock()
+                .expect("kernel cache poisoned")
+                .insert(key, k.clone());
             return Ok(k);
         }
         let k = compile(source, program, opts)?;
@@ -349,13 +416,21 @@ impl KernelCache {
         // A failed disk write only costs a recompile next time.
         let _ = self.store_disk(key, &text, &k);
         let k = Arc::new(k);
-        self.images.lock().expect("kernel cache poisoned").insert(key, k.clone());
+        self.images
+            .lock()
+            .expect("kernel cache poisoned")
+            .insert(key, k.clone());
         Ok(k)
     }
 
     /// Compiles (through the cache) for `device` and loads the module, reusing a
     /// module already loaded in this context for the same image.
-    pub fn module(&self, device: &CudaDevice, source: &str, program: &str) -> CudaResult<CudaModule> {
+    pub fn module(
+        &self,
+        device: &CudaDevice,
+        source: &str,
+        program: &str,
+    ) -> CudaResult<CudaModule> {
         self.module_with(device, source, program, &CompileOptions::for_device(device))
     }
 
@@ -369,12 +444,21 @@ impl KernelCache {
     ) -> CudaResult<CudaModule> {
         let (key, _) = Self::key_text(source, program, opts);
         let mkey = (device.raw_context() as usize, key);
-        if let Some(inner) = self.modules.lock().expect("kernel cache poisoned").get(&mkey).and_then(Weak::upgrade) {
+        if let Some(inner) = self
+            .modules
+            .lock()
+            .expect("kernel cache poisoned")
+            .get(&mkey)
+            .and_then(Weak::upgrade)
+        {
             return Ok(CudaModule { inner });
         }
         let image = self.get_or_compile(source, program, opts)?;
         let m = CudaModule::load(device, &image)?;
-        self.modules.lock().expect("kernel cache poisoned").insert(mkey, Arc::downgrade(&m.inner));
+        self.modules
+            .lock()
+            .expect("kernel cache poisoned")
+            .insert(mkey, Arc::downgrade(&m.inner));
         Ok(m)
     }
 
@@ -385,10 +469,18 @@ impl KernelCache {
     }
 
     fn path_for(&self, key: u128) -> Option<PathBuf> {
-        self.disk_dir.as_ref().map(|d| d.join(format!("{key:032x}.bin")))
+        self.disk_dir
+            .as_ref()
+            .map(|d| d.join(format!("{key:032x}.bin")))
     }
 
-    fn load_disk(&self, key: u128, text: &str, program: &str, opts: &CompileOptions) -> Option<CompiledKernel> {
+    fn load_disk(
+        &self,
+        key: u128,
+        text: &str,
+        program: &str,
+        opts: &CompileOptions,
+    ) -> Option<CompiledKernel> {
         let bytes = std::fs::read(self.path_for(key)?).ok()?;
         // Layout: magic(8) | key_len u32 LE | key text | is_cubin u8 | image.
         let rest = bytes.strip_prefix(DISK_MAGIC.as_slice())?;
@@ -413,7 +505,9 @@ impl KernelCache {
     }
 
     fn store_disk(&self, key: u128, text: &str, k: &CompiledKernel) -> CudaResult<()> {
-        let Some(path) = self.path_for(key) else { return Ok(()) };
+        let Some(path) = self.path_for(key) else {
+            return Ok(());
+        };
         let io = |e: std::io::Error, p: &std::path::Path| CudaError::CacheIo {
             path: p.display().to_string(),
             message: e.to_string(),
@@ -471,14 +565,22 @@ impl CudaModule {
     pub fn load(device: &CudaDevice, kernel: &CompiledKernel) -> CudaResult<Self> {
         device.bind_to_thread()?;
         if !kernel.is_cubin && kernel.image.last() != Some(&0) {
-            return Err(CudaError::InvalidArgument("PTX image must be NUL-terminated".into()));
+            return Err(CudaError::InvalidArgument(
+                "PTX image must be NUL-terminated".into(),
+            ));
         }
         let mut raw: drv::CUmodule = std::ptr::null_mut();
         // SAFETY: context current; the image is a complete CUBIN, or NUL-terminated
         // PTX, that outlives the call (the driver copies it).
-        check("cuModuleLoadData", unsafe { drv::cuModuleLoadData(&mut raw, kernel.image.as_ptr().cast()) })?;
+        check("cuModuleLoadData", unsafe {
+            drv::cuModuleLoadData(&mut raw, kernel.image.as_ptr().cast())
+        })?;
         Ok(CudaModule {
-            inner: Arc::new(ModuleInner { raw, device: device.clone(), program: kernel.program.clone() }),
+            inner: Arc::new(ModuleInner {
+                raw,
+                device: device.clone(),
+                program: kernel.program.clone(),
+            }),
         })
     }
 
@@ -489,16 +591,24 @@ impl CudaModule {
 
     /// Looks up an `extern "C" __global__` kernel by name.
     pub fn function(&self, name: &str) -> CudaResult<CudaFunction> {
-        let cname = CString::new(name).map_err(|_| CudaError::InvalidArgument("kernel name has a NUL".into()))?;
+        let cname = CString::new(name)
+            .map_err(|_| CudaError::InvalidArgument("kernel name has a NUL".into()))?;
         self.inner.device.bind_to_thread()?;
         let mut raw: drv::CUfunction = std::ptr::null_mut();
         // SAFETY: module loaded; name NUL-terminated; out-pointer valid.
         let status = unsafe { drv::cuModuleGetFunction(&mut raw, self.inner.raw, cname.as_ptr()) };
         if status == drv::CUresult::CUDA_ERROR_NOT_FOUND {
-            return Err(CudaError::KernelNotFound { module: self.inner.program.clone(), kernel: name.to_string() });
+            return Err(CudaError::KernelNotFound {
+                module: self.inner.program.clone(),
+                kernel: name.to_string(),
+            });
         }
         check("cuModuleGetFunction", status)?;
-        Ok(CudaFunction { raw, module: self.inner.clone(), name: name.to_string() })
+        Ok(CudaFunction {
+            raw,
+            module: self.inner.clone(),
+            name: name.to_string(),
+        })
     }
 
     /// Program name.
@@ -535,12 +645,20 @@ impl LaunchConfig {
     /// 1-D launch covering `n` elements with `block` threads per block.
     pub fn linear(n: usize, block: u32) -> Self {
         let blocks = n.div_ceil(block as usize).max(1);
-        LaunchConfig { grid: (blocks as u32, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: (blocks as u32, 1, 1),
+            block: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// Explicit 1-D grid and block.
     pub fn grid_block(grid: u32, block: u32) -> Self {
-        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// Sets the dynamic shared memory.
@@ -563,7 +681,9 @@ pub struct KernelArgs {
 
 impl std::fmt::Debug for KernelArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelArgs").field("len", &self.slots.len()).finish()
+        f.debug_struct("KernelArgs")
+            .field("len", &self.slots.len())
+            .finish()
     }
 }
 
@@ -636,7 +756,10 @@ unsafe impl Sync for CudaFunction {}
 
 impl std::fmt::Debug for CudaFunction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaFunction").field("name", &self.name).field("program", &self.module.program).finish()
+        f.debug_struct("CudaFunction")
+            .field("name", &self.name)
+            .field("program", &self.module.program)
+            .finish()
     }
 }
 
@@ -650,13 +773,16 @@ impl CudaFunction {
     pub fn set_max_dynamic_shared_mem(&self, bytes: u32) -> CudaResult<()> {
         self.module.device.bind_to_thread()?;
         // SAFETY: function handle valid while the module is loaded.
-        check("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", unsafe {
-            drv::cuFuncSetAttribute(
-                self.raw,
-                drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-        })
+        check(
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            unsafe {
+                drv::cuFuncSetAttribute(
+                    self.raw,
+                    drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            },
+        )
     }
 
     /// Queues the kernel on `stream` (a [`CudaStream`] or a [`super::RawStream`]).
@@ -668,7 +794,12 @@ impl CudaFunction {
     /// may access as it does without racing other streams (the engine's
     /// declared-access rules guarantee this). A raw stream must be a live stream
     /// of this function's device.
-    pub unsafe fn launch<S: AsRawStream + ?Sized>(&self, stream: &S, cfg: LaunchConfig, args: &KernelArgs) -> CudaResult<()> {
+    pub unsafe fn launch<S: AsRawStream + ?Sized>(
+        &self,
+        stream: &S,
+        cfg: LaunchConfig,
+        args: &KernelArgs,
+    ) -> CudaResult<()> {
         if let Some(d) = stream.stream_device() {
             self.module.device.check_same(d, "launch stream")?;
         }
@@ -676,8 +807,10 @@ impl CudaFunction {
         // The driver copies the argument values during the call, so pointers into
         // this local copy suffice.
         let mut slots = args.slots.clone();
-        let mut params: Vec<*mut std::ffi::c_void> =
-            slots.iter_mut().map(|s| (s as *mut Slot).cast::<std::ffi::c_void>()).collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|s| (s as *mut Slot).cast::<std::ffi::c_void>())
+            .collect();
         // SAFETY: the function is loaded in the current context; `params` holds one
         // pointer per kernel parameter (caller's contract), each to 8 readable
         // bytes whose prefix is the parameter's value; the stream is alive.
@@ -714,7 +847,10 @@ extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
         if super::super::nvrtc_library_present() {
             return true;
         }
-        if std::env::var("BRAID_REQUIRE_NVRTC").map(|v| v == "1").unwrap_or(false) {
+        if std::env::var("BRAID_REQUIRE_NVRTC")
+            .map(|v| v == "1")
+            .unwrap_or(false)
+        {
             panic!("{test}: BRAID_REQUIRE_NVRTC=1 but libnvrtc could not be loaded");
         }
         eprintln!("SKIPPED {test}: libnvrtc not found (run scripts/install-nvrtc.sh and set LD_LIBRARY_PATH)");
@@ -803,13 +939,19 @@ extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
         let s = CudaStream::compute(&dev).unwrap();
         let m = CudaModule::from_source(&dev, GOOD, "scale.cu").unwrap();
         let f = m.function("scale").unwrap();
-        assert!(matches!(m.function("nope"), Err(CudaError::KernelNotFound { .. })));
+        assert!(matches!(
+            m.function("nope"),
+            Err(CudaError::KernelNotFound { .. })
+        ));
         let n = 1000usize;
         let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let inp = DeviceBuffer::from_host(&s, &x).unwrap();
         let out = DeviceBuffer::alloc(&s, n * 4).unwrap();
         let mut args = KernelArgs::new();
-        args.ptr(out.device_ptr()).ptr(inp.device_ptr()).f32(3.0).i32(n as i32);
+        args.ptr(out.device_ptr())
+            .ptr(inp.device_ptr())
+            .f32(3.0)
+            .i32(n as i32);
         // SAFETY: signature (float*, const float*, float, int) matches; buffers
         // hold n floats and live past the sync in `to_host_vec`.
         unsafe { f.launch(&s, LaunchConfig::linear(n, 256), &args).unwrap() };

@@ -77,7 +77,13 @@ impl CudaStream {
                 prio,
             )
         })?;
-        Ok(CudaStream { inner: Arc::new(StreamInner { raw, device: device.clone(), priority: prio }) })
+        Ok(CudaStream {
+            inner: Arc::new(StreamInner {
+                raw,
+                device: device.clone(),
+                priority: prio,
+            }),
+        })
     }
 
     /// A compute stream (normal priority).
@@ -111,18 +117,24 @@ impl CudaStream {
     /// has completed. Asynchronous: the host does not block.
     #[inline]
     pub fn wait_event(&self, event: &CudaEvent) -> CudaResult<()> {
-        self.inner.device.check_same(event.device(), "event waited on")?;
+        self.inner
+            .device
+            .check_same(event.device(), "event waited on")?;
         self.inner.device.bind_to_thread()?;
         // SAFETY: both handles are alive (borrowed) and belong to the current
         // context; flag 0 is CU_EVENT_WAIT_DEFAULT.
-        check("cuStreamWaitEvent", unsafe { drv::cuStreamWaitEvent(self.inner.raw, event.raw(), 0) })
+        check("cuStreamWaitEvent", unsafe {
+            drv::cuStreamWaitEvent(self.inner.raw, event.raw(), 0)
+        })
     }
 
     /// Blocks the calling thread until all work queued on this stream is done.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.inner.device.bind_to_thread()?;
         // SAFETY: the stream is alive.
-        check("cuStreamSynchronize", unsafe { drv::cuStreamSynchronize(self.inner.raw) })
+        check("cuStreamSynchronize", unsafe {
+            drv::cuStreamSynchronize(self.inner.raw)
+        })
     }
 
     /// `Ok(true)` when all queued work is done, `Ok(false)` while some is pending.
@@ -189,7 +201,9 @@ impl Drop for StreamInner {
         // once the work completes.
         let r = self.device.bind_to_thread().and_then(|()| {
             // SAFETY: last owner of the handle; never used again.
-            check("cuStreamDestroy", unsafe { drv::cuStreamDestroy_v2(self.raw) })
+            check("cuStreamDestroy", unsafe {
+                drv::cuStreamDestroy_v2(self.raw)
+            })
         });
         if let Err(e) = r {
             self.device.record_deferred(e);
