@@ -30,11 +30,13 @@ mod bucket;
 mod launch;
 mod local;
 pub mod nccl;
+mod nccl_comm;
 pub mod rendezvous;
 
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
 pub use launch::{launch, launch_with};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
+pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 
 use crate::buffer::View;
 use crate::error::{Error, Result};

@@ -1,0 +1,277 @@
+//! NCCL behind the [`Communicator`] trait: a collective task's body enqueues
+//! the NCCL call on the CUDA stream the task runs on, with the device
+//! addresses of its declared views. Ordering against the compute streams comes
+//! from the engine's events, exactly as for a kernel.
+//!
+//! Timeouts: NCCL collectives are asynchronous, so a rank that never arrives
+//! shows up as a collective that never completes on the device. A watchdog
+//! thread per communicator checks the end event of every collective it has
+//! enqueued; past the timeout it calls `ncclCommAbort`, which makes the
+//! pending NCCL kernels return, so the stream drains instead of hanging. The
+//! abort is recorded: the next collective on this communicator, and the next
+//! synchronisation of the runtime through it, fail with an error naming the
+//! collective that timed out.
+
+use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
+use super::rendezvous::{DistEnv, Rendezvous};
+use super::{Collective, CollectiveKind, Comm, Communicator, DType, ReduceOp};
+use crate::backend::cuda::{CudaEvent, DeviceBuffer, EventKind};
+use crate::error::{Error, Result};
+use crate::task::TaskCtx;
+use crate::Runtime;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Default collective timeout of NCCL communicators.
+pub const NCCL_TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Pending {
+    index: u64,
+    what: String,
+    event: CudaEvent,
+    since: Instant,
+}
+
+struct Shared {
+    comm: NcclComm,
+    pending: Mutex<Vec<Pending>>,
+    aborted: OnceLock<String>,
+    timeout: Duration,
+}
+
+/// One NCCL rank as a [`Communicator`].
+pub struct NcclCommunicator {
+    shared: Arc<Shared>,
+    /// One element of scratch for barriers (an all-reduce of nothing).
+    scratch: Mutex<Option<DeviceBuffer>>,
+    _watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NcclCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclCommunicator")
+            .field("rank", &self.shared.comm.rank())
+            .field("world_size", &self.shared.comm.world_size())
+            .finish()
+    }
+}
+
+fn nccl_err(rank: usize, index: u64, op: &str, e: NcclError) -> Error {
+    Error::Collective {
+        rank,
+        index,
+        op: op.to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl NcclCommunicator {
+    /// Wraps an initialised NCCL communicator, with a watchdog that aborts it
+    /// when a collective has not completed after `timeout`.
+    pub fn new(comm: NcclComm, timeout: Duration) -> Self {
+        let shared = Arc::new(Shared {
+            comm,
+            pending: Mutex::new(Vec::new()),
+            aborted: OnceLock::new(),
+            timeout,
+        });
+        let weak = Arc::downgrade(&shared);
+        let watchdog = std::thread::Builder::new()
+            .name("braid-nccl-watchdog".into())
+            .spawn(move || watchdog(weak))
+            .ok();
+        NcclCommunicator {
+            shared,
+            scratch: Mutex::new(None),
+            _watchdog: watchdog,
+        }
+    }
+
+    /// The NCCL communicator of this process's rank in a `torchrun`-style job
+    /// (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`): rank 0
+    /// creates the unique id and sends it to the others through the TCP
+    /// rendezvous; each rank then joins on the runtime's GPU.
+    pub fn from_env(rt: &Runtime) -> Result<Comm> {
+        let env = DistEnv::from_env().map_err(|e| Error::Config(e.to_string()))?;
+        Self::join(rt, &env)
+    }
+
+    /// Joins the job described by `env` on the runtime's GPU.
+    pub fn join(rt: &Runtime, env: &DistEnv) -> Result<Comm> {
+        let dev = rt.cuda_device().ok_or_else(|| Error::BackendUnavailable {
+            backend: "nccl",
+            reason: "NCCL needs a runtime on the CUDA backend".into(),
+        })?;
+        let collective = |e: String| Error::Collective {
+            rank: env.rank,
+            index: 0,
+            op: "init".into(),
+            message: e,
+        };
+        let mut rdv =
+            Rendezvous::connect(&env.rendezvous_config()).map_err(|e| collective(e.to_string()))?;
+        let id = if env.rank == 0 {
+            let id = NcclUniqueId::new().map_err(|e| collective(e.to_string()))?;
+            rdv.broadcast(Some(id.as_bytes()))
+                .map_err(|e| collective(e.to_string()))?;
+            id
+        } else {
+            let bytes = rdv.broadcast(None).map_err(|e| collective(e.to_string()))?;
+            NcclUniqueId::from_bytes(&bytes).map_err(|e| collective(e.to_string()))?
+        };
+        let comm = NcclComm::init_rank(dev, &id, env.rank, env.world_size)
+            .map_err(|e| collective(e.to_string()))?;
+        Ok(Comm::new(NcclCommunicator::new(comm, NCCL_TIMEOUT)))
+    }
+
+    /// A communicator of one rank on the runtime's GPU (world size 1).
+    pub fn single(rt: &Runtime) -> Result<Comm> {
+        Self::join(rt, &DistEnv::single())
+    }
+
+    fn check_aborted(&self, index: u64, what: &str) -> Result<()> {
+        match self.shared.aborted.get() {
+            Some(why) => Err(Error::Collective {
+                rank: self.shared.comm.rank(),
+                index,
+                op: what.to_string(),
+                message: format!("the communicator was aborted: {why}"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn watchdog(shared: std::sync::Weak<Shared>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let Some(sh) = shared.upgrade() else { return };
+        let mut late = None;
+        {
+            let mut p = sh.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.retain(|x| !matches!(x.event.query(), Ok(true) | Err(_)));
+            if let Some(x) = p.iter().find(|x| x.since.elapsed() > sh.timeout) {
+                late = Some(format!(
+                    "collective #{} `{}` did not complete within {:?}",
+                    x.index, x.what, sh.timeout
+                ));
+            }
+            if late.is_some() {
+                p.clear();
+            }
+        }
+        if let Some(why) = late {
+            let _ = sh.aborted.set(why);
+            let _ = sh.comm.abort();
+        }
+    }
+}
+
+fn dtype(d: DType) -> DataType {
+    match d {
+        DType::F32 => DataType::F32,
+        DType::F64 => DataType::F64,
+        DType::I32 => DataType::I32,
+        DType::Bf16 => DataType::BF16,
+    }
+}
+
+fn op(o: ReduceOp) -> NcclOp {
+    match o {
+        ReduceOp::Sum => NcclOp::Sum,
+        ReduceOp::Avg => NcclOp::Avg,
+        ReduceOp::Max => NcclOp::Max,
+        ReduceOp::Min => NcclOp::Min,
+    }
+}
+
+impl Communicator for NcclCommunicator {
+    fn rank(&self) -> usize {
+        self.shared.comm.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.comm.world_size()
+    }
+
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn run(&self, ctx: &TaskCtx<'_>, c: &Collective) -> Result<()> {
+        let what = c.describe();
+        let rank = self.rank();
+        self.check_aborted(c.index, &what)?;
+        let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
+            buffer: what.clone(),
+            actual: "the host",
+            wanted: "a CUDA stream (NCCL)",
+        })?;
+        let stream = cu.stream();
+        let err = |e| nccl_err(rank, c.index, &what, e);
+        let ptr = |v: Option<crate::View>, write: bool| -> Result<u64> {
+            match v {
+                Some(v) => ctx.device_ptr(&v, write),
+                None => Ok(0),
+            }
+        };
+        let (send, recv) = (
+            ptr(c.send_view(rank)?, false)?,
+            ptr(c.recv_view(rank)?, true)?,
+        );
+        let dt = dtype(c.dtype);
+        // SAFETY: `send` and `recv` are device addresses of views the task
+        // declared (checked by `device_ptr`), sized by `Comm` for `count`
+        // elements of `dtype` with NCCL's conventions; the task holds the
+        // buffers until the stream has finished the collective.
+        unsafe {
+            match c.kind {
+                CollectiveKind::AllReduce(o) => {
+                    self.shared
+                        .comm
+                        .all_reduce(send, recv, c.count, dt, op(o), stream)
+                }
+                CollectiveKind::ReduceScatter(o) => {
+                    self.shared
+                        .comm
+                        .reduce_scatter(send, recv, c.count, dt, op(o), stream)
+                }
+                CollectiveKind::AllGather => {
+                    self.shared.comm.all_gather(send, recv, c.count, dt, stream)
+                }
+                CollectiveKind::Broadcast { root } => self
+                    .shared
+                    .comm
+                    .broadcast(send, recv, c.count, dt, root, stream),
+                CollectiveKind::Barrier => {
+                    let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                    if s.is_none() {
+                        *s = Some(DeviceBuffer::zeroed(stream, 4)?);
+                    }
+                    let p = s.as_ref().map_or(0, |b| b.device_ptr());
+                    self.shared
+                        .comm
+                        .all_reduce(p, p, 1, DataType::F32, NcclOp::Sum, stream)
+                }
+            }
+        }
+        .map_err(err)?;
+        let event = CudaEvent::recorded(stream, EventKind::Sync)?;
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Pending {
+                index: c.index,
+                what,
+                event,
+                since: Instant::now(),
+            });
+        Ok(())
+    }
+
+    fn abort(&self, reason: &str) {
+        let _ = self.shared.aborted.set(reason.to_string());
+        let _ = self.shared.comm.abort();
+    }
+}

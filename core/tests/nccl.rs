@@ -1,0 +1,62 @@
+//! NCCL through the `Communicator` trait, on one GPU (world size 1: one GPU
+//! cannot hold two NCCL ranks; multi-rank paths are tested with CPU ranks).
+//! Skips without a GPU; fails instead when `BRAID_REQUIRE_GPU=1`.
+
+use braid::comm::{nccl::nccl_library_present, NcclCommunicator, ReduceOp};
+use braid::cuda::gpu_or_skip;
+use braid::{BackendKind, Runtime};
+
+#[test]
+fn nccl_world_size_one_collectives_as_tasks() {
+    if !gpu_or_skip("nccl_world_size_one_collectives_as_tasks") {
+        return;
+    }
+    assert!(
+        nccl_library_present(),
+        "a GPU is present but libnccl could not be loaded"
+    );
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .comm_streams(1)
+        .profile(true)
+        .build()
+        .unwrap();
+    let comm = NcclCommunicator::single(&rt).unwrap();
+    assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+    let data: Vec<f32> = (0..4099).map(|i| i as f32 * 0.5).collect();
+    let x = rt.alloc_from("x", &data).unwrap();
+    // A compute task writes x, then the all-reduce (avg over one rank) runs on
+    // the comm stream after it, then a compute task reads the result.
+    let xx = x.clone();
+    rt.task("scale")
+        .read_write(&x)
+        .run(move |ctx| {
+            let v: Vec<f32> = ctx
+                .read_to_vec::<f32>(&xx)?
+                .iter()
+                .map(|a| a * 2.0)
+                .collect();
+            ctx.write_from_slice(&xx, &v)?;
+            Ok(())
+        })
+        .unwrap();
+    let h = comm
+        .all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Avg)
+        .unwrap();
+    assert_eq!(h.stream(), 2, "collectives run on the comm stream");
+    let y = rt.alloc("y", data.len() * 4).unwrap();
+    comm.all_gather_into::<f32>(&rt, &x.whole(), &y.whole())
+        .unwrap();
+    comm.broadcast::<f32>(&rt, &y.whole(), 0).unwrap();
+    comm.barrier(&rt).unwrap();
+    rt.synchronize().unwrap();
+    let want: Vec<f32> = data.iter().map(|a| a * 2.0).collect();
+    assert_eq!(rt.read_vec::<f32>(&x).unwrap(), want);
+    assert_eq!(rt.read_vec::<f32>(&y).unwrap(), want);
+    let s = rt.profile().summary();
+    assert!(
+        s.comm_ns > 0,
+        "collectives were traced on the comm stream: {s}"
+    );
+}
