@@ -21,7 +21,9 @@ impl std::str::FromStr for Shape {
             "chain" => Ok(Shape::Chain),
             "fanout" => Ok(Shape::Fanout),
             "random" => Ok(Shape::Random),
-            _ => Err(format!("unknown shape `{s}` (expected chain, fanout or random)")),
+            _ => Err(format!(
+                "unknown shape `{s}` (expected chain, fanout or random)"
+            )),
         }
     }
 }

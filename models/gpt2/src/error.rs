@@ -29,6 +29,22 @@ pub enum Gpt2Error {
         config: String,
     },
 
+    /// A setting of the model, optimizer or trainer is unusable (zero steps,
+    /// a sequence longer than the model's context, ...).
+    #[error("invalid {what}: {reason}")]
+    InvalidSetting {
+        /// The setting.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    // ----- engine --------------------------------------------------------
+    /// The Braid engine reported an error (a failed task, an unavailable
+    /// backend, a failed collective).
+    #[error(transparent)]
+    Engine(#[from] braid::Error),
+
     // ----- files ---------------------------------------------------------
     /// An operating-system error while touching a file.
     #[error("{op} {}: {source}", path.display())]

@@ -7,5 +7,8 @@ pub mod data;
 pub mod error;
 pub mod kernels;
 pub mod layout;
+pub mod model;
+pub mod optim;
 pub mod reference;
+pub mod trainer;
 pub mod weights;

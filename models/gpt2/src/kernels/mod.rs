@@ -3,5 +3,6 @@
 //! comment on every argument). The engine runs each call as one task.
 
 pub mod cpu;
+pub mod cuda;
 
 pub use cpu::{check_tokens, TokenError};

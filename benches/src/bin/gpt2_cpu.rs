@@ -1,0 +1,153 @@
+//! GPT-2 data-parallel training on CPU ranks: the `single` placement policy
+//! (everything, collectives included, on one stream per rank: no overlap)
+//! against the default policy, in the same run. The two alternate round by
+//! round; each training run starts from the same initial parameters and data
+//! and leaves its first step out of the timing (warm-up). Prints step time,
+//! tokens/s, their ratio and the share of communication time hidden under
+//! computation. Figures only; nothing is asserted.
+//!
+//! `cargo run --release -p braid-benches --bin gpt2_cpu -- --ranks 2 --steps 4 --rounds 2`
+
+use anyhow::Result;
+use braid::{BackendKind, Policy};
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::TokenSource;
+use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(about = "GPT-2 CPU data-parallel training: single-stream placement vs the default")]
+struct Args {
+    /// Model name (tiny, small, ...).
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// CPU ranks (threads).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Compute streams per rank.
+    #[arg(long, default_value_t = 2)]
+    streams: usize,
+    /// Sequences per rank per step.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Measured steps per policy per round (plus one warm-up step).
+    #[arg(long, default_value_t = 4)]
+    steps: u64,
+    /// Rounds; each runs both policies.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Gradient bucket cap, MiB.
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
+    /// First bucket's cap, MiB.
+    #[arg(long, default_value_t = 1.0)]
+    first_bucket_mb: f64,
+}
+
+#[derive(Default)]
+struct Tally {
+    step_s: Vec<f64>,
+    hidden: Vec<f64>,
+    comm_s: Vec<f64>,
+}
+
+impl Tally {
+    fn add(&mut self, r: &TrainReport) {
+        self.step_s.push(r.mean_step_seconds());
+        self.hidden.push(r.hidden_comm_share());
+        self.comm_s
+            .push(r.comm_seconds() / r.steps.len().max(1) as f64);
+    }
+    fn mean(v: &[f64]) -> f64 {
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let cfg = Gpt2Config::from_name(&a.model)?;
+    let data = if cfg.vocab_size >= braid_gpt2::data::GPT2_VOCAB_SIZE {
+        TokenSource::resolve("builtin")?
+    } else {
+        // Tokens the model's vocabulary holds.
+        let ids: Vec<u32> = (0..32_768u32)
+            .map(|i| (i * 7 + i / 13) % cfg.vocab_size as u32)
+            .collect();
+        TokenSource::from_ids(&ids, "synthetic")?
+    };
+    let start = StartState::fresh(&cfg, 1);
+    let base = TrainOptions {
+        model: cfg,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len,
+        steps: a.steps + 1,
+        backend: BackendKind::Cpu,
+        ranks: a.ranks,
+        streams: a.streams,
+        bucket_cap_bytes: (a.bucket_cap_mb * (1 << 20) as f64) as usize,
+        first_bucket_bytes: (a.first_bucket_mb * (1 << 20) as f64) as usize,
+        ..TrainOptions::default()
+    };
+    let tokens = a.batch_size * a.seq_len * a.ranks;
+    println!(
+        "gpt2_cpu: model {} ({} parameters), {} ranks x {} streams, {} tokens per step, \
+         {} measured steps x {} rounds per policy",
+        a.model,
+        cfg.num_parameters(),
+        a.ranks,
+        a.streams,
+        tokens,
+        a.steps,
+        a.rounds
+    );
+    let policies = [Policy::Single, Policy::Affinity];
+    let mut tallies: Vec<Tally> = policies.iter().map(|_| Tally::default()).collect();
+    for round in 0..a.rounds {
+        // Alternate the order so neither policy always runs first.
+        let order: Vec<usize> = if round % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
+        for i in order {
+            let opts = TrainOptions {
+                policy: policies[i],
+                ..base.clone()
+            };
+            let r = train(&opts, start.clone(), &data, &|_| {})?;
+            println!(
+                "round {round} {:<12} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden",
+                policies[i].name(),
+                r.mean_step_seconds() * 1e3,
+                r.tokens_per_second(),
+                r.comm_seconds() * 1e3 / r.steps.len().max(1) as f64,
+                100.0 * r.hidden_comm_share()
+            );
+            tallies[i].add(&r);
+        }
+    }
+    println!();
+    for (p, t) in policies.iter().zip(&tallies) {
+        let step = Tally::mean(&t.step_s);
+        println!(
+            "{:<12} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
+            p.name(),
+            step * 1e3,
+            tokens as f64 / step,
+            Tally::mean(&t.comm_s) * 1e3,
+            100.0 * Tally::mean(&t.hidden)
+        );
+    }
+    let single = Tally::mean(&tallies[0].step_s);
+    let default = Tally::mean(&tallies[1].step_s);
+    println!(
+        "speed-up of {} over single: {:.3}x (step time single / {})",
+        Policy::Affinity.name(),
+        single / default,
+        Policy::Affinity.name()
+    );
+    Ok(())
+}

@@ -1,0 +1,496 @@
+//! `braid-gpt2`: train GPT-2 data-parallel on Braid, evaluate it, sample from it.
+//!
+//! ```text
+//! braid-gpt2                      # = train: small model, built-in data, 2 CPU ranks, trace.json
+//! braid-gpt2 train --model tiny --data tokens.bin --steps 20 --ranks 4 --trace t.json
+//! braid-gpt2 eval --weights model.safetensors --tokens val.bin --seq-len 64
+//! braid-gpt2 sample --checkpoint ckpt/ --prompt "Once upon a time" --tokens 40
+//! ```
+//!
+//! Every input is checked before anything is written: a bad weights file,
+//! token file, configuration or checkpoint stops the program with a message
+//! naming the problem and a non-zero exit status, leaving existing files as
+//! they were.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use braid::{BackendKind, Policy};
+use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::{TokenSource, Tokenizer};
+use braid_gpt2::model::Sampler;
+use braid_gpt2::trainer::{evaluate, model_runtime, train, StartState, StepReport, TrainOptions};
+use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "braid-gpt2",
+    version,
+    about = "GPT-2 as Braid tasks: data-parallel training, evaluation and sampling",
+    long_about = "GPT-2 as Braid tasks: data-parallel training, evaluation and sampling.\n\n\
+                  Without a command it trains the `small` model on the built-in data with \
+                  2 CPU ranks and writes trace.json."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train (data-parallel over --ranks ranks).
+    Train(TrainArgs),
+    /// Mean next-token cross-entropy of weights on a token or text file.
+    Eval(EvalArgs),
+    /// Generate text.
+    Sample(SampleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+struct TrainArgs {
+    /// Model: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a JSON
+    /// config file ({"max_seq_len", "vocab_size", "num_layers", "num_heads",
+    /// "channels"}). Default: small, or the configuration of --init-from /
+    /// --resume.
+    #[arg(long)]
+    model: Option<String>,
+    /// Training data: `builtin` (built-in corpus), a llm.c .bin token file or
+    /// a UTF-8 text file.
+    #[arg(long, default_value = "builtin")]
+    data: String,
+    /// Train until this many steps are done (a resumed run continues to it).
+    #[arg(long, default_value_t = 40)]
+    steps: u64,
+    /// Sequences per rank per step.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// AdamW learning rate (constant).
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f32,
+    /// AdamW decoupled weight decay.
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
+    /// Clip the global gradient norm to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f32,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: BackendKind,
+    /// Data-parallel ranks (CPU: threads; GPU: devices, or torchrun's WORLD_SIZE).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Compute streams per rank.
+    #[arg(long, default_value_t = 2)]
+    streams: usize,
+    /// Placement policy: single, round-robin or affinity.
+    #[arg(long, default_value = "affinity", value_parser = parse_policy)]
+    policy: Policy,
+    /// Gradient bucket cap in MiB.
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
+    /// Cap of the first gradient bucket in MiB.
+    #[arg(long, default_value_t = 1.0)]
+    first_bucket_mb: f64,
+    /// Save a checkpoint (params, AdamW moments, step, data position) in this
+    /// directory at the end.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also save the checkpoint every N steps.
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Continue the checkpoint in --checkpoint-dir.
+    #[arg(long, requires = "checkpoint_dir")]
+    resume: bool,
+    /// Start from Hugging Face GPT-2 weights (model.safetensors).
+    #[arg(long, conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
+    /// Save the final weights as Hugging Face safetensors.
+    #[arg(long)]
+    save_weights: Option<PathBuf>,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of every rank.
+    #[arg(long, default_value = "trace.json")]
+    trace: PathBuf,
+    /// Do not write a trace.
+    #[arg(long)]
+    no_trace: bool,
+    /// Seed of the parameter initialisation.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+}
+
+impl Default for TrainArgs {
+    fn default() -> Self {
+        // The defaults clap would fill in.
+        match Cli::parse_from(["braid-gpt2", "train"]).command {
+            Some(Command::Train(a)) => a,
+            _ => unreachable!("`train` parses as the train command"),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct EvalArgs {
+    /// Hugging Face GPT-2 weights (model.safetensors).
+    #[arg(long)]
+    weights: PathBuf,
+    /// Tokens to score: a llm.c .bin token file or a UTF-8 text file.
+    #[arg(long)]
+    tokens: PathBuf,
+    /// Window length T: window i predicts tokens i·T+1 … i·T+T.
+    #[arg(long)]
+    seq_len: usize,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: BackendKind,
+    /// Windows per forward pass.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// Compute streams.
+    #[arg(long, default_value_t = 2)]
+    streams: usize,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["weights", "checkpoint"])))]
+struct SampleArgs {
+    /// Hugging Face GPT-2 weights (model.safetensors).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// A training checkpoint directory.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Text to continue (default: start of a document).
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Sampling temperature (0: always the most likely token).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: BackendKind,
+}
+
+fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
+    s.parse().map_err(|e: braid::Error| e.to_string())
+}
+
+fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
+    s.parse().map_err(|e: braid::Error| e.to_string())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        None => cmd_train(TrainArgs::default()),
+        Some(Command::Train(a)) => cmd_train(a),
+        Some(Command::Eval(a)) => cmd_eval(a),
+        Some(Command::Sample(a)) => cmd_sample(a),
+    }
+}
+
+/// A model name or a JSON configuration file.
+fn parse_model(spec: &str) -> Result<Gpt2Config> {
+    let path = Path::new(spec);
+    if path.extension().is_some_and(|e| e == "json") || path.is_file() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading model config {}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("model config {} is not JSON", path.display()))?;
+        let get = |keys: &[&str]| -> Result<usize> {
+            keys.iter()
+                .find_map(|k| json.get(*k).and_then(|v| v.as_u64()))
+                .map(|v| v as usize)
+                .with_context(|| {
+                    format!(
+                        "model config {} lacks `{}` (a positive integer)",
+                        path.display(),
+                        keys[0]
+                    )
+                })
+        };
+        let cfg = Gpt2Config {
+            max_seq_len: get(&["max_seq_len", "n_positions"])?,
+            vocab_size: get(&["vocab_size"])?,
+            num_layers: get(&["num_layers", "n_layer"])?,
+            num_heads: get(&["num_heads", "n_head"])?,
+            channels: get(&["channels", "n_embd"])?,
+        };
+        cfg.validate()
+            .with_context(|| format!("model config {}", path.display()))?;
+        return Ok(cfg);
+    }
+    Ok(Gpt2Config::from_name(spec)?)
+}
+
+/// Checks that the configuration the user named agrees with the one a file
+/// implies.
+fn agree(named: Option<&str>, found: Gpt2Config, source: &str) -> Result<Gpt2Config> {
+    if let Some(spec) = named {
+        let want = parse_model(spec)?;
+        if want != found {
+            bail!(
+                "--model {spec} is {want:?}, but {source} holds a model with {found:?}; \
+                 drop --model or pick the matching one"
+            );
+        }
+    }
+    Ok(found)
+}
+
+fn cmd_train(a: TrainArgs) -> Result<()> {
+    // 1. Everything is read and checked before anything is written.
+    let (cfg, start) = if a.resume {
+        let dir = a
+            .checkpoint_dir
+            .as_ref()
+            .expect("clap: --resume requires it");
+        let ckpt = load_checkpoint(dir).context("--resume")?;
+        let cfg = agree(a.model.as_deref(), ckpt.config, &dir.display().to_string())?;
+        if ckpt.step >= a.steps {
+            bail!(
+                "the checkpoint in {} is at step {}, already at or past --steps {}",
+                dir.display(),
+                ckpt.step,
+                a.steps
+            );
+        }
+        (cfg, StartState::from_checkpoint(ckpt))
+    } else {
+        if let Some(dir) = &a.checkpoint_dir {
+            let file = checkpoint_file(dir);
+            if file.exists() {
+                bail!(
+                    "{} already holds a checkpoint; pass --resume to continue it or choose \
+                     another --checkpoint-dir (nothing was overwritten)",
+                    dir.display()
+                );
+            }
+        }
+        match &a.init_from {
+            Some(path) => {
+                let (found, params) = load_hf_model(path).context("--init-from")?;
+                let cfg = agree(a.model.as_deref(), found, &path.display().to_string())?;
+                (cfg, StartState::from_params(params))
+            }
+            None => {
+                let cfg = parse_model(a.model.as_deref().unwrap_or("small"))?;
+                (cfg, StartState::fresh(&cfg, a.seed))
+            }
+        }
+    };
+    for (flag, path) in [
+        ("--save-weights", a.save_weights.as_ref()),
+        ("--trace", (!a.no_trace).then_some(&a.trace)),
+    ] {
+        if let Some(path) = path {
+            let parent = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !parent.is_dir() {
+                bail!(
+                    "{flag} {}: the directory {} does not exist",
+                    path.display(),
+                    parent.display()
+                );
+            }
+        }
+    }
+    let data = TokenSource::resolve(&a.data).with_context(|| format!("--data {}", a.data))?;
+    data.check_vocab(cfg.vocab_size).with_context(|| {
+        format!(
+            "--data {} does not fit the model's vocabulary of {} tokens",
+            a.data, cfg.vocab_size
+        )
+    })?;
+    let mib = |x: f64, what: &str| -> Result<usize> {
+        if !(x.is_finite() && x > 0.0) {
+            bail!("{what} must be a positive number of MiB, not {x}");
+        }
+        Ok(((x * (1 << 20) as f64) as usize).max(4))
+    };
+    let opts = TrainOptions {
+        model: cfg,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len,
+        steps: a.steps,
+        optimizer: AdamWHyper {
+            learning_rate: a.lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: a.weight_decay,
+        },
+        max_grad_norm: (a.grad_clip > 0.0).then_some(a.grad_clip),
+        backend: a.device,
+        ranks: a.ranks,
+        streams: a.streams,
+        policy: a.policy,
+        bucket_cap_bytes: mib(a.bucket_cap_mb, "--bucket-cap-mb")?,
+        first_bucket_bytes: mib(a.first_bucket_mb, "--first-bucket-mb")?,
+        seed: a.seed,
+        checkpoint_dir: a.checkpoint_dir.clone(),
+        checkpoint_every: a.checkpoint_every,
+        trace: (!a.no_trace).then(|| a.trace.clone()),
+        comm_timeout: Duration::from_secs(120),
+    };
+
+    // 2. Train.
+    eprintln!(
+        "training {} ({} parameters) on {} ({} tokens): {} rank(s) x batch {} x {} tokens, \
+         {} stream(s) per rank, {} placement, steps {}..={}",
+        a.model
+            .as_deref()
+            .unwrap_or(if a.init_from.is_some() || a.resume {
+                "the loaded model"
+            } else {
+                "small"
+            }),
+        cfg.num_parameters(),
+        data.origin(),
+        data.len(),
+        a.ranks,
+        a.batch_size,
+        a.seq_len,
+        a.streams,
+        a.policy,
+        start.step + 1,
+        a.steps
+    );
+    let pb = ProgressBar::new(a.steps.saturating_sub(start.step));
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise}]")
+            .expect("valid template"),
+    );
+    let on_step = |s: &StepReport| {
+        let line = format!(
+            "loss {:.4}  norm {:.3}  {:.0} tokens/s",
+            s.loss,
+            s.grad_norm,
+            s.tokens as f64 / s.seconds
+        );
+        if pb.is_hidden() {
+            eprintln!("step {:>5}  {line}  ({:.0} ms)", s.step, s.seconds * 1e3);
+        }
+        pb.set_message(line);
+        pb.inc(1);
+    };
+    let report = train(&opts, start, &data, &on_step)?;
+    pb.finish_and_clear();
+
+    // 3. Outputs.
+    if let Some(path) = &a.save_weights {
+        save_hf_safetensors(
+            path,
+            &report.params,
+            &cfg,
+            &braid_gpt2::layout::ParamLayout::new(&cfg),
+        )
+        .with_context(|| format!("--save-weights {}", path.display()))?;
+        println!("weights          {}", path.display());
+    }
+    if let (Some(first), Some(last)) = (report.steps.first(), report.steps.last()) {
+        println!("first loss       {:.4} (step {})", first.loss, first.step);
+        println!("last loss        {:.4} (step {})", last.loss, last.step);
+    }
+    println!("{report}");
+    Ok(())
+}
+
+fn cmd_eval(a: EvalArgs) -> Result<()> {
+    let (cfg, params) = load_hf_model(&a.weights).context("--weights")?;
+    let tokens = TokenSource::open(&a.tokens).context("--tokens")?;
+    let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
+    eprintln!(
+        "evaluating {} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
+        a.weights.display(),
+        tokens.origin(),
+        tokens.len(),
+        a.seq_len,
+        a.batch_size,
+        rt.backend_name()
+    );
+    let r = evaluate(
+        &rt,
+        &cfg,
+        &params,
+        &tokens,
+        a.seq_len,
+        a.batch_size,
+        |i, n| {
+            if i == n || i % 50 == 0 {
+                eprintln!("batch {i}/{n}");
+            }
+        },
+    )
+    .with_context(|| format!("evaluating on {}", a.tokens.display()))?;
+    eprintln!(
+        "{} windows, {} predicted tokens, perplexity {:.3}",
+        r.windows,
+        r.tokens,
+        r.loss.exp()
+    );
+    println!("loss={:.6}", r.loss);
+    Ok(())
+}
+
+fn cmd_sample(a: SampleArgs) -> Result<()> {
+    let (cfg, params) = match (&a.weights, &a.checkpoint) {
+        (Some(w), _) => load_hf_model(w).context("--weights")?,
+        (None, Some(dir)) => {
+            let c = load_checkpoint(dir).context("--checkpoint")?;
+            (c.config, c.params)
+        }
+        (None, None) => unreachable!("clap requires one of them"),
+    };
+    let tok = Tokenizer::gpt2()?;
+    let context = if a.prompt.is_empty() {
+        if tok.eot() as usize >= cfg.vocab_size {
+            bail!(
+                "--prompt is empty, and the model's vocabulary of {} tokens lacks GPT-2's \
+                 <|endoftext|> ({}) to start a document with; give a --prompt",
+                cfg.vocab_size,
+                tok.eot()
+            );
+        }
+        vec![tok.eot()]
+    } else {
+        tok.encode_with_eot(&a.prompt)
+    };
+    braid_gpt2::data::check_ids(&context, cfg.vocab_size, "--prompt").with_context(|| {
+        format!(
+            "the prompt's tokens do not fit the model's vocabulary of {}",
+            cfg.vocab_size
+        )
+    })?;
+    let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
+    let window = (context.len() + a.tokens).min(cfg.max_seq_len);
+    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed)?;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", a.prompt)?;
+    sampler.generate(&rt, &context, a.tokens, |t| {
+        // A token outside GPT-2's vocabulary (a model with a bigger one)
+        // cannot be shown as text.
+        let s = tok.decode_one(t).unwrap_or_else(|_| format!("<{t}>"));
+        let _ = write!(out, "{s}");
+        let _ = out.flush();
+        Ok(())
+    })?;
+    writeln!(out)?;
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! AdamW with decoupled weight decay and global-norm gradient clipping, as
+//! tasks.
+//!
+//! The parameters are split into fixed chunks (by default the model's
+//! [`param_groups`](crate::model::Gpt2Model::param_groups), large ones cut to
+//! at most [`MAX_CHUNK`] elements). One step submits
+//!
+//! ```text
+//! grad sumsq i   read grads[i]       write partials[i] (f64)                  one per chunk
+//! clip scale     read partials       write scale = min(1, max/(norm+1e-6))    when clipping
+//! adamw i        read scale, grads[i]   read_write params[i], m[i], v[i]      one per chunk
+//! ```
+//!
+//! The update multiplies each gradient by the clip factor as it reads it
+//! (the products `scale_in_place` would form) and leaves `grads` as the
+//! backward pass and the all-reduces left them. The sum-of-squares tasks
+//! also declare a small per-chunk scratch (`write`) that a GPU reduction
+//! needs and the CPU does not touch, so the graph is the same on every
+//! backend.
+//!
+//! A chunk's sum of squares starts as soon as every task writing its gradients
+//! (backward, and in data-parallel training the bucket all-reduces) is done, so
+//! most of the norm is computed under the rest of the backward pass; the
+//! update tasks are independent of each other and spread over the streams.
+//!
+//! The chunks are fixed by the layout, never by the gradient buckets (which
+//! are rebuilt after the first step), so the partial sums, and hence every
+//! result, do not depend on the bucketing: a resumed run is bit-identical to
+//! an uninterrupted one. The norm sums the per-chunk `f64` partials in chunk
+//! order, where the sequential reference sums all squares in one pass: the two
+//! norms agree to `f64` rounding, and the clip factors (rounded to `f32`)
+//! almost always bit for bit.
+
+use std::ops::Range;
+
+use braid::{Buffer, Priority, Runtime};
+
+use crate::checkpoint::AdamWHyper;
+use crate::error::{Gpt2Error, Result};
+use crate::model::ops::{global_norm, submit, Op};
+use crate::model::Gpt2Model;
+
+/// The largest chunk (in elements) of one sum-of-squares or update task.
+pub const MAX_CHUNK: usize = 1 << 20;
+
+/// `f64` partial sums a GPU sum-of-squares kernel writes per chunk (a fixed
+/// count, so the summation order is fixed too).
+pub const NORM_SCRATCH: usize = 512;
+
+/// The optimizer: AdamW state on a runtime, and the tasks of one step.
+#[derive(Debug)]
+pub struct AdamW {
+    hyper: AdamWHyper,
+    max_grad_norm: Option<f32>,
+    n: usize,
+    chunks: Vec<Range<usize>>,
+    m: Buffer,
+    v: Buffer,
+    /// `(chunks)` f64: each chunk's sum of squares.
+    partials: Buffer,
+    /// `(chunks, NORM_SCRATCH)` f64: device scratch of the sums of squares.
+    scratch: Buffer,
+    /// `(1)` f32: the clip factor.
+    scale: Buffer,
+    step: u64,
+}
+
+impl AdamW {
+    /// An optimizer for `n` parameters updated in `chunks` (element ranges
+    /// that partition `0..n`, in order), with zero moments at step 0.
+    /// `max_grad_norm` clips the global gradient norm (PyTorch's
+    /// `clip_grad_norm_`); `None` never clips.
+    pub fn new(
+        rt: &Runtime,
+        n: usize,
+        chunks: Vec<Range<usize>>,
+        hyper: AdamWHyper,
+        max_grad_norm: Option<f32>,
+    ) -> Result<Self> {
+        let mut at = 0;
+        for c in &chunks {
+            if c.start != at || c.end <= c.start {
+                return Err(Gpt2Error::InvalidSetting {
+                    what: "optimizer chunks",
+                    reason: format!("chunk {c:?} does not continue at element {at}"),
+                });
+            }
+            at = c.end;
+        }
+        if at != n {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "optimizer chunks",
+                reason: format!("the chunks cover {at} of {n} parameters"),
+            });
+        }
+        if let Some(m) = max_grad_norm {
+            if !(m > 0.0 && m.is_finite()) {
+                return Err(Gpt2Error::InvalidSetting {
+                    what: "max gradient norm",
+                    reason: format!("{m} is not a positive number"),
+                });
+            }
+        }
+        Ok(AdamW {
+            hyper,
+            max_grad_norm,
+            n,
+            m: rt.alloc("adam_m", n * 4)?,
+            v: rt.alloc("adam_v", n * 4)?,
+            partials: rt.alloc("grad norm partials", chunks.len().max(1) * 8)?,
+            scratch: rt.alloc("grad norm scratch", chunks.len().max(1) * NORM_SCRATCH * 8)?,
+            scale: rt.alloc("clip scale", 4)?,
+            chunks,
+            step: 0,
+        })
+    }
+
+    /// An optimizer for `model`'s parameters, chunked by its parameter groups
+    /// (cut to at most [`MAX_CHUNK`] elements).
+    pub fn for_model(
+        rt: &Runtime,
+        model: &Gpt2Model,
+        hyper: AdamWHyper,
+        max_grad_norm: Option<f32>,
+    ) -> Result<Self> {
+        let mut chunks = Vec::new();
+        for g in model.param_groups() {
+            let mut s = g.start;
+            while s < g.end {
+                let e = (s + MAX_CHUNK).min(g.end);
+                chunks.push(s..e);
+                s = e;
+            }
+        }
+        Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)
+    }
+
+    /// The hyper-parameters.
+    pub fn hyper(&self) -> &AdamWHyper {
+        &self.hyper
+    }
+
+    /// Changes the learning rate of later steps.
+    pub fn set_learning_rate(&mut self, lr: f32) {
+        self.hyper.learning_rate = lr;
+    }
+
+    /// The clipping threshold.
+    pub fn max_grad_norm(&self) -> Option<f32> {
+        self.max_grad_norm
+    }
+
+    /// Steps taken so far (AdamW's `t` of the last step).
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// The update chunks.
+    pub fn chunks(&self) -> &[Range<usize>] {
+        &self.chunks
+    }
+
+    /// Restores the moments and the step count (from a checkpoint).
+    pub fn load_state(&mut self, rt: &Runtime, m: &[f32], v: &[f32], step: u64) -> Result<()> {
+        for (what, x) in [("adam_m", m), ("adam_v", v)] {
+            if x.len() != self.n {
+                return Err(Gpt2Error::LengthMismatch {
+                    what: what.into(),
+                    expected: self.n,
+                    found: x.len(),
+                });
+            }
+        }
+        rt.upload(&self.m, m)?;
+        rt.upload(&self.v, v)?;
+        self.step = step;
+        Ok(())
+    }
+
+    /// The moments `(m, v)`, after every submitted step.
+    pub fn read_state(&self, rt: &Runtime) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((rt.read_vec(&self.m)?, rt.read_vec(&self.v)?))
+    }
+
+    /// The global gradient norm (before clipping) of the last step.
+    pub fn read_grad_norm(&self, rt: &Runtime) -> Result<f32> {
+        let partials: Vec<f64> = rt.read_vec(&self.partials)?;
+        Ok(global_norm(&partials[..self.chunks.len()]) as f32)
+    }
+
+    /// Submits one step: the global norm of `grads`, the clip factor, and the
+    /// update of `params` and the moments with the clipped gradients
+    /// (`grads` is left as it is). Returns at once.
+    pub fn step(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
+        for (what, b) in [("params", params), ("grads", grads)] {
+            if b.len() != self.n * 4 {
+                return Err(Gpt2Error::LengthMismatch {
+                    what: what.into(),
+                    expected: self.n,
+                    found: b.len() / 4,
+                });
+            }
+        }
+        self.step += 1;
+        let h = self.hyper;
+        // The norm is computed even without clipping, for logging.
+        for (i, c) in self.chunks.iter().enumerate() {
+            submit(
+                rt,
+                format!("grad sumsq {i}"),
+                Priority::Side,
+                Op::SumSquares {
+                    partial: self.partials.view_of::<f64>(i..i + 1)?,
+                    scratch: self
+                        .scratch
+                        .view_of::<f64>(i * NORM_SCRATCH..(i + 1) * NORM_SCRATCH)?,
+                    grads: grads.view_of::<f32>(c.clone())?,
+                },
+            )?;
+        }
+        if let Some(max_norm) = self.max_grad_norm {
+            submit(
+                rt,
+                "clip scale",
+                Priority::Main,
+                Op::ClipScale {
+                    scale: self.scale.whole(),
+                    partials: self.partials.view_of::<f64>(0..self.chunks.len())?,
+                    max_norm,
+                },
+            )?;
+        }
+        for (i, c) in self.chunks.iter().enumerate() {
+            submit(
+                rt,
+                format!("adamw {i}"),
+                Priority::Main,
+                Op::AdamW {
+                    params: params.view_of::<f32>(c.clone())?,
+                    grads: grads.view_of::<f32>(c.clone())?,
+                    m: self.m.view_of::<f32>(c.clone())?,
+                    v: self.v.view_of::<f32>(c.clone())?,
+                    scale: self.max_grad_norm.map(|_| self.scale.whole()),
+                    step: self.step,
+                    lr: h.learning_rate,
+                    beta1: h.beta1,
+                    beta2: h.beta2,
+                    eps: h.eps,
+                    weight_decay: h.weight_decay,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}

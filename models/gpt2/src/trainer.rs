@@ -1,0 +1,959 @@
+//! Data-parallel training, evaluation and the summary of a run.
+//!
+//! # Flow of one rank
+//!
+//! ```text
+//! setup   runtime (rank r), model buffers, AdamW state, DataLoader shard r/W,
+//!         gradient Reducer over the gradient buffer (W > 1), broadcast of
+//!         rank 0's parameters (W > 1)
+//! step    upload batch → zero grads → forward
+//!         → backward, calling Reducer::grad_ready after the last task writing
+//!           each parameter's gradient (bucket all-reduces start under the
+//!           rest of the backward pass) → Reducer::finish
+//!         → all-reduce(avg) of the loss (W > 1)
+//!         → per-chunk sum of squares → clip scale → per-chunk AdamW
+//!         → synchronize, read loss and norm
+//! end     rank 0 saves the checkpoint (params, m, v, step, loader state)
+//! ```
+//!
+//! Every rank submits the same collectives in the same order (the buckets in
+//! bucket order, the one-time bucket rebuild broadcast, then the loss
+//! all-reduce), as the collectives require.
+//!
+//! # Ranks
+//!
+//! CPU ranks are threads of this process started by [`braid::launch_with`],
+//! each with its own [`Runtime`] and a [`LocalComm`](braid::LocalComm). GPU
+//! ranks are one per device, or one per process under `torchrun`'s variables
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, read by [`DistEnv::from_env`]); they use
+//! the same per-rank code with a CUDA runtime, which fails with a clear error
+//! until the engine's CUDA backend and the NCCL communicator are available.
+//!
+//! # Determinism
+//!
+//! Given the options, the data and the starting state, a run is deterministic
+//! bit for bit: kernels are sequential, the engine is sequentially consistent,
+//! the CPU all-reduce reduces each element in rank order, and the optimizer's
+//! chunks are fixed. So a run resumed from a checkpoint continues exactly as
+//! the uninterrupted run would have (`tests/ddp.rs`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid::comm::{BucketConfig, ReduceOp};
+use braid::trace::{Profile, Summary};
+use braid::{BackendKind, Comm, LocalCommConfig, Policy, Reducer, Runtime};
+
+use crate::checkpoint::{save_checkpoint, AdamWHyper, Checkpoint};
+use crate::config::Gpt2Config;
+use crate::data::{eval_windows, DataLoader, LoaderState, TokenSource};
+use crate::error::{Gpt2Error, Result};
+use crate::model::{init_params, runs_on, Gpt2Model};
+use crate::optim::AdamW;
+
+/// Everything that shapes a training run.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The model.
+    pub model: Gpt2Config,
+    /// Sequences per rank per step (`B`).
+    pub batch_size: usize,
+    /// Tokens per sequence (`T`).
+    pub seq_len: usize,
+    /// Train until this many optimizer steps are done in total (a resumed run
+    /// continues from its checkpoint's step).
+    pub steps: u64,
+    /// AdamW settings (constant learning rate).
+    pub optimizer: AdamWHyper,
+    /// Clip the global gradient norm to this (`None`: no clipping).
+    pub max_grad_norm: Option<f32>,
+    /// The device.
+    pub backend: BackendKind,
+    /// Data-parallel ranks (CPU: threads of this process).
+    pub ranks: usize,
+    /// Compute streams per rank.
+    pub streams: usize,
+    /// Placement policy.
+    pub policy: Policy,
+    /// Gradient bucket cap in bytes.
+    pub bucket_cap_bytes: usize,
+    /// Cap of the first gradient bucket in bytes.
+    pub first_bucket_bytes: usize,
+    /// Seed of the parameter initialisation (fresh runs).
+    pub seed: u64,
+    /// Where rank 0 saves checkpoints (`None`: no checkpoints).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also save every this many steps (`None`: only at the end).
+    pub checkpoint_every: Option<u64>,
+    /// Write a Chrome trace of every rank here at the end.
+    pub trace: Option<PathBuf>,
+    /// How long a CPU rank waits for the others in a collective.
+    pub comm_timeout: Duration,
+}
+
+impl Default for TrainOptions {
+    /// The tiny model, 2 CPU ranks, `B 4 × T 32`, 10 steps, AdamW `lr 1e-3,
+    /// betas (0.9, 0.95), wd 0.1`, clip at 1.0, PyTorch's bucket caps.
+    fn default() -> Self {
+        TrainOptions {
+            model: Gpt2Config::tiny(),
+            batch_size: 4,
+            seq_len: 32,
+            steps: 10,
+            optimizer: AdamWHyper {
+                learning_rate: 1e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            },
+            max_grad_norm: Some(1.0),
+            backend: BackendKind::Cpu,
+            ranks: 2,
+            streams: 2,
+            policy: Policy::Affinity,
+            bucket_cap_bytes: 25 << 20,
+            first_bucket_bytes: 1 << 20,
+            seed: 1337,
+            checkpoint_dir: None,
+            checkpoint_every: None,
+            trace: None,
+            comm_timeout: braid::comm::DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl TrainOptions {
+    fn check(&self) -> Result<()> {
+        self.model.validate()?;
+        let bad =
+            |what: &'static str, reason: String| Err(Gpt2Error::InvalidSetting { what, reason });
+        if self.ranks == 0 {
+            return bad("number of ranks", "must be at least 1".into());
+        }
+        if self.streams == 0 {
+            return bad("number of streams", "must be at least 1".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch size", "must be positive".into());
+        }
+        if self.seq_len == 0 || self.seq_len > self.model.max_seq_len {
+            return bad(
+                "sequence length",
+                format!(
+                    "{} is not in 1..={} (the model's context)",
+                    self.seq_len, self.model.max_seq_len
+                ),
+            );
+        }
+        if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
+            return bad("bucket cap", "must be positive".into());
+        }
+        let lr = self.optimizer.learning_rate;
+        if !(lr.is_finite() && lr > 0.0) {
+            return bad("learning rate", format!("{lr} is not a positive number"));
+        }
+        if self.checkpoint_every == Some(0) {
+            return bad("checkpoint interval", "must be at least 1 step".into());
+        }
+        Ok(())
+    }
+}
+
+/// AdamW's first and second moments, in layout order.
+pub type Moments = (Arc<Vec<f32>>, Arc<Vec<f32>>);
+
+/// Where a run starts: parameters, optimizer state, step and data position.
+#[derive(Debug, Clone)]
+pub struct StartState {
+    /// Parameters in layout order.
+    pub params: Arc<Vec<f32>>,
+    /// AdamW moments `(m, v)`, when resuming.
+    pub moments: Option<Moments>,
+    /// Steps already taken.
+    pub step: u64,
+    /// Data loader position.
+    pub loader: LoaderState,
+}
+
+impl StartState {
+    /// A fresh run from GPT-2's initialisation with `seed`.
+    pub fn fresh(cfg: &Gpt2Config, seed: u64) -> Self {
+        Self::from_params(init_params(cfg, seed))
+    }
+
+    /// A fresh run from given parameters (e.g. pretrained weights).
+    pub fn from_params(params: Vec<f32>) -> Self {
+        StartState {
+            params: Arc::new(params),
+            moments: None,
+            step: 0,
+            loader: LoaderState::default(),
+        }
+    }
+
+    /// A run resumed from a checkpoint.
+    pub fn from_checkpoint(c: Checkpoint) -> Self {
+        StartState {
+            params: Arc::new(c.params),
+            moments: Some((Arc::new(c.adam_m), Arc::new(c.adam_v))),
+            step: c.step,
+            loader: c.loader,
+        }
+    }
+}
+
+/// One finished step, as rank 0 saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// The step number (1-based, counting resumed steps).
+    pub step: u64,
+    /// Mean loss over the global batch.
+    pub loss: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Wall time of the step (submission to completion).
+    pub seconds: f64,
+    /// Tokens in the global batch.
+    pub tokens: usize,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// The steps taken in this run, in order.
+    pub steps: Vec<StepReport>,
+    /// The last step number (the checkpoint's step).
+    pub final_step: u64,
+    /// Rank 0's parameters at the end.
+    pub params: Vec<f32>,
+    /// A hash of each rank's final parameters (all equal in a correct run).
+    pub param_hashes: Vec<u64>,
+    /// Each rank's profile.
+    pub profiles: Vec<Profile>,
+    /// Each rank's summary of its profile.
+    pub summaries: Vec<Summary>,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Tokens per step over all ranks.
+    pub tokens_per_step: usize,
+    /// The backend the ranks ran on.
+    pub backend: &'static str,
+    /// The trace written, if any.
+    pub trace: Option<PathBuf>,
+    /// The checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl TrainReport {
+    /// Mean wall time per step, leaving out the first step of the run (warm-up)
+    /// when there is more than one.
+    pub fn mean_step_seconds(&self) -> f64 {
+        let s = if self.steps.len() > 1 {
+            &self.steps[1..]
+        } else {
+            &self.steps[..]
+        };
+        if s.is_empty() {
+            0.0
+        } else {
+            s.iter().map(|x| x.seconds).sum::<f64>() / s.len() as f64
+        }
+    }
+
+    /// Tokens processed per second (all ranks), from the mean step time.
+    pub fn tokens_per_second(&self) -> f64 {
+        let t = self.mean_step_seconds();
+        if t > 0.0 {
+            self.tokens_per_step as f64 / t
+        } else {
+            0.0
+        }
+    }
+
+    /// Share of communication time hidden under computation, averaged over
+    /// ranks (0 without communication).
+    pub fn hidden_comm_share(&self) -> f64 {
+        let with_comm: Vec<f64> = self
+            .summaries
+            .iter()
+            .filter(|s| s.comm_ns > 0)
+            .map(|s| s.hidden_share())
+            .collect();
+        if with_comm.is_empty() {
+            0.0
+        } else {
+            with_comm.iter().sum::<f64>() / with_comm.len() as f64
+        }
+    }
+
+    /// Communication time per rank, averaged, in seconds.
+    pub fn comm_seconds(&self) -> f64 {
+        if self.summaries.is_empty() {
+            return 0.0;
+        }
+        self.summaries.iter().map(|s| s.comm_ns as f64).sum::<f64>()
+            / self.summaries.len() as f64
+            / 1e9
+    }
+}
+
+impl fmt::Display for TrainReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(first), Some(last)) = (self.steps.first(), self.steps.last()) {
+            writeln!(
+                f,
+                "loss             {:.4} (step {}) -> {:.4} (step {})",
+                first.loss, first.step, last.loss, last.step
+            )?;
+        }
+        writeln!(
+            f,
+            "ranks            {} on {} ({} tokens per step)",
+            self.ranks, self.backend, self.tokens_per_step
+        )?;
+        writeln!(
+            f,
+            "mean step time   {:.1} ms",
+            self.mean_step_seconds() * 1e3
+        )?;
+        writeln!(
+            f,
+            "throughput       {:.0} tokens/s",
+            self.tokens_per_second()
+        )?;
+        writeln!(
+            f,
+            "communication    {:.1} ms per rank, {:.0}% hidden under compute",
+            self.comm_seconds() * 1e3,
+            100.0 * self.hidden_comm_share()
+        )?;
+        if let Some(s) = self.summaries.first() {
+            let overlap = if s.wall_ns > 0 {
+                100.0 * s.overlap_ns as f64 / s.wall_ns as f64
+            } else {
+                0.0
+            };
+            writeln!(
+                f,
+                "rank 0           {} tasks, 2+ streams busy {overlap:.0}% of {:.1} ms, critical path {:.1} ms",
+                s.tasks,
+                s.wall_ns as f64 / 1e6,
+                s.critical_path_ns as f64 / 1e6
+            )?;
+        }
+        if let Some(c) = &self.checkpoint {
+            writeln!(f, "checkpoint       {}", c.display())?;
+        }
+        match &self.trace {
+            Some(t) => write!(f, "trace            {}", t.display()),
+            None => write!(f, "trace            (none; pass --trace FILE)"),
+        }
+    }
+}
+
+/// Where this process sits in a `torchrun`-style launch: `RANK`,
+/// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistEnv {
+    /// Global rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank on this node: the GPU ordinal.
+    pub local_rank: usize,
+    /// Rank 0's address for the rendezvous.
+    pub master_addr: String,
+    /// Rank 0's port for the rendezvous.
+    pub master_port: u16,
+}
+
+impl DistEnv {
+    /// Reads the process environment; `None` when `RANK` and `WORLD_SIZE`
+    /// are both unset (not launched by torchrun).
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the variables through `get`.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let bad = |reason: String| Gpt2Error::InvalidSetting {
+            what: "distributed environment",
+            reason,
+        };
+        let num = |k: &str, v: String| -> Result<usize> {
+            v.trim()
+                .parse()
+                .map_err(|_| bad(format!("{k}={v:?} is not a number")))
+        };
+        let (rank, world_size) = match (get("RANK"), get("WORLD_SIZE")) {
+            (None, None) => return Ok(None),
+            (Some(r), Some(w)) => (num("RANK", r)?, num("WORLD_SIZE", w)?),
+            (Some(_), None) => return Err(bad("RANK is set but WORLD_SIZE is not".into())),
+            (None, Some(_)) => return Err(bad("WORLD_SIZE is set but RANK is not".into())),
+        };
+        if world_size == 0 || rank >= world_size {
+            return Err(bad(format!(
+                "RANK={rank} is not below WORLD_SIZE={world_size}"
+            )));
+        }
+        let local_rank = match get("LOCAL_RANK") {
+            Some(v) => num("LOCAL_RANK", v)?,
+            None => rank,
+        };
+        let master_port = match get("MASTER_PORT") {
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("MASTER_PORT={v:?} is not a port")))?,
+            None => 29500,
+        };
+        Ok(Some(DistEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr: get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port,
+        }))
+    }
+}
+
+/// What `auto` means for the model: the device the engine picks when the
+/// model's kernels run there ([`runs_on`]), the CPU otherwise. Other kinds
+/// are returned as they are.
+pub fn resolve_backend(kind: BackendKind) -> Result<BackendKind> {
+    Ok(match kind {
+        BackendKind::Auto => {
+            let probe = Runtime::builder()
+                .backend(BackendKind::Auto)
+                .compute_streams(1)
+                .comm_streams(0)
+                .build()?;
+            match probe.backend_name() {
+                name if name != "cpu" && runs_on(name) => BackendKind::Cuda { device: 0 },
+                _ => BackendKind::Cpu,
+            }
+        }
+        other => other,
+    })
+}
+
+/// Builds a runtime for the model on `backend`, failing with a clear error
+/// when the device is missing or the model's kernels do not run on it.
+pub fn model_runtime(
+    backend: BackendKind,
+    streams: usize,
+    policy: Policy,
+    rank: usize,
+) -> Result<Runtime> {
+    let rt = Runtime::builder()
+        .backend(resolve_backend(backend)?)
+        .compute_streams(streams)
+        .comm_streams(1)
+        .policy(policy)
+        .rank(rank)
+        .profile(true)
+        .build()?;
+    if !runs_on(rt.backend_name()) {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "device",
+            reason: format!(
+                "the GPT-2 kernels are wired into the model's tasks for {:?} only, not for \
+                 `{}` (its sources are in src/kernels/cuda/); use --device cpu",
+                crate::model::KERNEL_BACKENDS,
+                rt.backend_name()
+            ),
+        });
+    }
+    Ok(rt)
+}
+
+/// Builds a rank's runtime.
+fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
+    model_runtime(backend, opts.streams, opts.policy, rank)
+}
+
+/// What a rank hands back.
+struct RankOutcome {
+    steps: Vec<StepReport>,
+    params: Option<Vec<f32>>,
+    hash: u64,
+    profile: Profile,
+    checkpoint: Option<PathBuf>,
+}
+
+fn hash_f32s(x: &[f32]) -> u64 {
+    // FNV-1a over the bit patterns.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in x {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The body of one rank (CPU thread or GPU process).
+#[allow(clippy::too_many_arguments)]
+fn run_rank(
+    opts: &TrainOptions,
+    backend: BackendKind,
+    rank: usize,
+    world: usize,
+    comm: Option<Comm>,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<RankOutcome> {
+    let cfg = opts.model;
+    let (b, t) = (opts.batch_size, opts.seq_len);
+    let rt = build_runtime(opts, backend, rank)?;
+    let mut model = Gpt2Model::new(&rt, &cfg, b, t)?;
+    model.upload_params(&rt, &start.params)?;
+    let mut opt = AdamW::for_model(&rt, &model, opts.optimizer, opts.max_grad_norm)?;
+    if let Some((m, v)) = &start.moments {
+        opt.load_state(&rt, m, v, start.step)?;
+    } else if start.step != 0 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "start state",
+            reason: format!("step {} without optimizer moments", start.step),
+        });
+    }
+    let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
+    loader.set_state(start.loader)?;
+    let comm = comm.filter(|_| world > 1);
+    let mut reducer = match &comm {
+        Some(c) => {
+            // Every rank starts from rank 0's parameters, as DDP does.
+            c.broadcast::<f32>(&rt, &model.params().whole(), 0)?;
+            Some(Reducer::new(
+                &rt,
+                c.clone(),
+                model.grads(),
+                model.param_specs(),
+                BucketConfig::default()
+                    .cap_bytes(opts.bucket_cap_bytes)
+                    .first_cap_bytes(opts.first_bucket_bytes),
+            )?)
+        }
+        None => None,
+    };
+    rt.synchronize()?;
+    rt.clear_profile();
+
+    let tokens = b * t * world;
+    let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
+    let mut steps = Vec::new();
+    let mut checkpoint = None;
+    let save =
+        |model: &Gpt2Model, opt: &AdamW, loader: &DataLoader, step: u64| -> Result<PathBuf> {
+            let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
+            let (adam_m, adam_v) = opt.read_state(&rt)?;
+            let mut extra = BTreeMap::new();
+            extra.insert("batch_size".into(), b.into());
+            extra.insert("seq_len".into(), t.into());
+            extra.insert("world_size".into(), world.into());
+            extra.insert("seed".into(), opts.seed.into());
+            extra.insert(
+                "max_grad_norm".into(),
+                opts.max_grad_norm.map(f64::from).into(),
+            );
+            save_checkpoint(
+                dir,
+                &Checkpoint {
+                    config: cfg,
+                    step,
+                    params: model.read_params(&rt)?,
+                    adam_m,
+                    adam_v,
+                    optimizer: *opt.hyper(),
+                    loader: loader.state(),
+                    rng_state: None,
+                    extra,
+                },
+            )?;
+            Ok(dir.clone())
+        };
+    for step in start.step + 1..=opts.steps.max(start.step) {
+        let t0 = Instant::now();
+        loader.next_batch_into(&mut x, &mut y)?;
+        model.zero_grad(&rt)?;
+        model.forward(&rt, &x, Some(&y))?;
+        match &mut reducer {
+            Some(r) => {
+                model.backward(&rt, 1.0, |p| r.grad_ready(&rt, p))?;
+                r.finish(&rt)?;
+            }
+            None => model.backward(&rt, 1.0, |_| Ok(()))?,
+        }
+        if let Some(c) = &comm {
+            // After the buckets, so it never holds them up on the comm stream
+            // (it waits for the slowest rank's forward pass).
+            c.all_reduce::<f32>(&rt, &model.loss_view(), ReduceOp::Avg)?;
+        }
+        opt.step(&rt, model.params(), model.grads())?;
+        rt.synchronize()?;
+        let report = StepReport {
+            step,
+            loss: model.read_loss(&rt)?,
+            grad_norm: opt.read_grad_norm(&rt)?,
+            seconds: t0.elapsed().as_secs_f64(),
+            tokens,
+        };
+        if rank == 0 {
+            on_step(&report);
+            if let Some(every) = opts.checkpoint_every {
+                if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
+                    checkpoint = Some(save(&model, &opt, &loader, step)?);
+                }
+            }
+        }
+        steps.push(report);
+    }
+    let final_step = opts.steps.max(start.step);
+    let params = model.read_params(&rt)?;
+    if rank == 0 && opts.checkpoint_dir.is_some() {
+        checkpoint = Some(save(&model, &opt, &loader, final_step)?);
+    }
+    rt.synchronize()?;
+    Ok(RankOutcome {
+        steps,
+        hash: hash_f32s(&params),
+        params: (rank == 0).then_some(params),
+        profile: rt.profile(),
+        checkpoint,
+    })
+}
+
+/// Whether an error is only a consequence of another rank's failure.
+fn is_secondary(e: &Gpt2Error) -> bool {
+    matches!(
+        e,
+        Gpt2Error::Engine(braid::Error::Collective { .. })
+            | Gpt2Error::Engine(braid::Error::DependencyFailed { .. })
+    )
+}
+
+/// Trains data-parallel from `start` on `data`; `on_step` is called by rank 0
+/// after each step. Returns the report after every rank has finished (and the
+/// trace and the checkpoint, if asked for, are written). On failure the
+/// error of the rank that failed first is returned, not the errors of the
+/// ranks that stopped because of it.
+pub fn train(
+    opts: &TrainOptions,
+    start: StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<TrainReport> {
+    opts.check()?;
+    if start.params.len() != opts.model.num_parameters() {
+        return Err(Gpt2Error::LengthMismatch {
+            what: "initial params".into(),
+            expected: opts.model.num_parameters(),
+            found: start.params.len(),
+        });
+    }
+    // Check the data once, before any rank starts.
+    DataLoader::for_config(
+        data,
+        &opts.model,
+        opts.batch_size,
+        opts.seq_len,
+        0,
+        opts.ranks,
+    )?;
+    let backend = resolve_backend(opts.backend)?;
+    let outcomes = match backend {
+        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step)?,
+        BackendKind::Cuda { device } => train_gpu(opts, device, &start, data, on_step)?,
+    };
+    let mut report = TrainReport {
+        steps: Vec::new(),
+        final_step: opts.steps.max(start.step),
+        params: Vec::new(),
+        param_hashes: Vec::new(),
+        profiles: Vec::new(),
+        summaries: Vec::new(),
+        ranks: outcomes.len(),
+        tokens_per_step: opts.batch_size * opts.seq_len * outcomes.len(),
+        backend: match backend {
+            BackendKind::Cuda { .. } => "cuda",
+            _ => "cpu",
+        },
+        trace: None,
+        checkpoint: None,
+    };
+    for (rank, o) in outcomes.into_iter().enumerate() {
+        if rank == 0 {
+            report.steps = o.steps;
+            report.params = o.params.unwrap_or_default();
+            report.checkpoint = o.checkpoint;
+        }
+        report.param_hashes.push(o.hash);
+        report.summaries.push(o.profile.summary());
+        report.profiles.push(o.profile);
+    }
+    if let Some(path) = &opts.trace {
+        let refs: Vec<&Profile> = report.profiles.iter().collect();
+        braid::trace::write_chrome_trace(path, &refs)?;
+        report.trace = Some(path.clone());
+    }
+    Ok(report)
+}
+
+/// CPU ranks: threads of this process.
+fn train_cpu(
+    opts: &TrainOptions,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<Vec<RankOutcome>> {
+    let world = opts.ranks;
+    // The ranks' own errors, kept apart from what the launcher makes of them.
+    let failures: Mutex<Vec<(usize, Gpt2Error)>> = Mutex::new(Vec::new());
+    let results = braid::launch_with(
+        world,
+        LocalCommConfig::default().timeout(opts.comm_timeout),
+        |rank, comm| {
+            run_rank(
+                opts,
+                BackendKind::Cpu,
+                rank,
+                world,
+                Some(comm),
+                start,
+                data,
+                on_step,
+            )
+            .map_err(|e| {
+                let message = e.to_string();
+                failures
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((rank, e));
+                braid::Error::TaskFailed {
+                    task: format!("rank {rank}"),
+                    message,
+                }
+            })
+        },
+    );
+    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !failures.is_empty() {
+        // The root cause: the first error that is not a consequence of another.
+        let i = failures
+            .iter()
+            .position(|(_, e)| !is_secondary(e))
+            .unwrap_or(0);
+        return Err(failures.swap_remove(i).1);
+    }
+    results
+        .into_iter()
+        .map(|r| r.map_err(Gpt2Error::from))
+        .collect()
+}
+
+/// GPU ranks: one per device, or this process's rank under torchrun.
+fn train_gpu(
+    opts: &TrainOptions,
+    device: usize,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<Vec<RankOutcome>> {
+    let env = DistEnv::from_env()?;
+    let (rank, world, device) = match &env {
+        Some(e) => (e.rank, e.world_size, e.local_rank),
+        None => (0, opts.ranks, device),
+    };
+    // Fails with the engine's reason when there is no usable CUDA backend.
+    build_runtime(opts, BackendKind::Cuda { device }, rank)?;
+    if world > 1 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "device",
+            reason: format!(
+                "{world} GPU ranks need an NCCL communicator (core/src/comm/nccl.rs and \
+                 rendezvous.rs), which braid does not offer as a `Communicator` yet; \
+                 train on one GPU or on CPU ranks (--device cpu)"
+            ),
+        });
+    }
+    let out = run_rank(
+        opts,
+        BackendKind::Cuda { device },
+        0,
+        1,
+        None,
+        start,
+        data,
+        on_step,
+    )?;
+    Ok(vec![out])
+}
+
+/// The result of [`evaluate`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalReport {
+    /// Mean next-token cross-entropy (nats).
+    pub loss: f64,
+    /// Windows evaluated.
+    pub windows: usize,
+    /// Tokens predicted.
+    pub tokens: usize,
+}
+
+/// Mean next-token cross-entropy of `params` over the consecutive windows of
+/// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
+/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass.
+pub fn evaluate(
+    rt: &Runtime,
+    cfg: &Gpt2Config,
+    params: &[f32],
+    source: &TokenSource,
+    seq_len: usize,
+    batch_size: usize,
+    mut on_batch: impl FnMut(usize, usize),
+) -> Result<EvalReport> {
+    if batch_size == 0 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "batch size",
+            reason: "must be positive".into(),
+        });
+    }
+    if seq_len == 0 || seq_len > cfg.max_seq_len {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "sequence length",
+            reason: format!(
+                "{seq_len} is not in 1..={} (the model's context)",
+                cfg.max_seq_len
+            ),
+        });
+    }
+    source.check_vocab(cfg.vocab_size)?;
+    let windows: Vec<_> = eval_windows(source, seq_len)?.collect();
+    if windows.is_empty() {
+        return Err(Gpt2Error::DatasetTooSmall {
+            origin: source.origin().to_string(),
+            tokens: source.len(),
+            needed: seq_len + 1,
+            batch_size: 1,
+            seq_len,
+            world_size: 1,
+        });
+    }
+    let mut model: Option<Gpt2Model> = None;
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for (i, batch) in windows.chunks(batch_size).enumerate() {
+        let b = batch.len();
+        if model.as_ref().is_none_or(|m| m.batch_size() != b) {
+            let m = Gpt2Model::new(rt, cfg, b, seq_len)?;
+            m.upload_params(rt, params)?;
+            model = Some(m);
+        }
+        let m = model.as_mut().expect("just made");
+        let x: Vec<u32> = batch
+            .iter()
+            .flat_map(|w| w.inputs.iter().copied())
+            .collect();
+        let y: Vec<u32> = batch
+            .iter()
+            .flat_map(|w| w.targets.iter().copied())
+            .collect();
+        m.forward(rt, &x, Some(&y))?;
+        let losses = m.read_losses(rt)?;
+        sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+        count += losses.len();
+        on_batch(i + 1, windows.len().div_ceil(batch_size));
+    }
+    rt.synchronize()?;
+    Ok(EvalReport {
+        loss: sum / count as f64,
+        windows: windows.len(),
+        tokens: count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> Result<Option<DistEnv>> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        DistEnv::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        assert_eq!(env(&[]).unwrap(), None);
+        let e = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            e,
+            DistEnv {
+                rank: 3,
+                world_size: 4,
+                local_rank: 1,
+                master_addr: "node0".into(),
+                master_port: 1234
+            }
+        );
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2")]).unwrap().unwrap();
+        assert_eq!((e.local_rank, e.master_port), (0, 29500));
+        for bad in [
+            &[("RANK", "2"), ("WORLD_SIZE", "2")][..],
+            &[("RANK", "0")][..],
+            &[("RANK", "x"), ("WORLD_SIZE", "2")][..],
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "99999")][..],
+        ] {
+            let err = env(bad).unwrap_err().to_string();
+            assert!(err.contains("distributed environment"), "{err}");
+        }
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let ok = TrainOptions::default();
+        ok.check().unwrap();
+        for (opts, what) in [
+            (
+                TrainOptions {
+                    ranks: 0,
+                    ..ok.clone()
+                },
+                "ranks",
+            ),
+            (
+                TrainOptions {
+                    seq_len: 65,
+                    ..ok.clone()
+                },
+                "sequence length",
+            ),
+            (
+                TrainOptions {
+                    checkpoint_every: Some(0),
+                    ..ok.clone()
+                },
+                "checkpoint interval",
+            ),
+        ] {
+            let err = opts.check().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! The `braid-gpt2` program: a short training run, evaluation and sampling of
+//! what it saved, and bad inputs that must stop it with a clear message, a
+//! non-zero exit status and no file touched.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use braid_gpt2::data::{write_token_file, Tokenizer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_braid-gpt2");
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the program runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs `args`, expects failure with a message containing every `needles`.
+fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
+    let out = run(dir, args);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded:\n{err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "{args:?}: the message does not mention {n:?}:\n{err}"
+        );
+    }
+}
+
+/// Tokens below the tiny model's vocabulary (runs of consecutive ids).
+fn tokens(n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|i| ((i / 7 * 13 + i % 7) % 512) as u16)
+        .collect()
+}
+
+/// Every file under `dir` with its contents.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(snapshot(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn train_eval_sample_and_bad_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    write_token_file(d.join("val.bin"), &tokens(700)).unwrap();
+
+    // A short training run: exits 0, prints the losses and the summary,
+    // writes the trace, the weights and the checkpoint.
+    let out = ok(
+        d,
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            "train.bin",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--ranks",
+            "2",
+            "--bucket-cap-mb",
+            "0.1",
+            "--first-bucket-mb",
+            "0.05",
+            "--trace",
+            "t.json",
+            "--save-weights",
+            "w.safetensors",
+            "--checkpoint-dir",
+            "ckpt",
+        ],
+    );
+    for needle in ["first loss", "last loss", "tokens/s", "hidden", "t.json"] {
+        assert!(out.contains(needle), "no {needle:?} in:\n{out}");
+    }
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("t.json")).unwrap()).unwrap();
+    let names: Vec<&str> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("all_reduce bucket")));
+    assert!(d.join("ckpt/checkpoint.safetensors").is_file());
+
+    // Eval prints a parseable loss on its own line.
+    let out = ok(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "w.safetensors",
+            "--tokens",
+            "val.bin",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "3",
+        ],
+    );
+    let loss: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("loss="))
+        .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
+        .parse()
+        .unwrap();
+    assert!(loss.is_finite() && loss > 0.0 && loss < 7.0, "loss {loss}");
+
+    // Sampling from the checkpoint and from the weights, deterministic in the seed.
+    assert!(Tokenizer::gpt2()
+        .unwrap()
+        .encode("a")
+        .iter()
+        .all(|&t| t < 512));
+    let args = ["--prompt", "a", "--tokens", "5", "--seed", "3"];
+    let from_ckpt = ok(
+        d,
+        &[&["sample", "--checkpoint", "ckpt"][..], &args].concat(),
+    );
+    let from_weights = ok(
+        d,
+        &[&["sample", "--weights", "w.safetensors"][..], &args].concat(),
+    );
+    assert!(from_ckpt.starts_with('a') && from_ckpt.len() > 1);
+    assert_eq!(from_ckpt, from_weights);
+
+    // Bad inputs: each fails, names the problem, and touches nothing.
+    let before = snapshot(d);
+    let train_tiny = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--trace",
+            "t.json",
+            "--save-weights",
+            "w.safetensors",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let check = |args: Vec<String>, needles: &[&str]| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(d, &a, needles);
+    };
+
+    // Out-of-vocabulary ids: the built-in corpus is GPT-2 BPE (ids up to 50256).
+    check(
+        train_tiny(&["--data", "builtin"]),
+        &["vocabulary", "512", "builtin:train"],
+    );
+    let mut wide = tokens(600);
+    wide[123] = 600;
+    write_token_file(d.join("wide.bin"), &wide).unwrap();
+    fails(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "w.safetensors",
+            "--tokens",
+            "wide.bin",
+            "--seq-len",
+            "16",
+        ],
+        &["600", "position 123"],
+    );
+    // A truncated token file.
+    let mut bytes = std::fs::read(d.join("val.bin")).unwrap();
+    bytes.truncate(bytes.len() - 11);
+    std::fs::write(d.join("cut.bin"), &bytes).unwrap();
+    check(
+        train_tiny(&["--data", "cut.bin"]),
+        &["truncated", "cut.bin"],
+    );
+    fails(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "w.safetensors",
+            "--tokens",
+            "cut.bin",
+            "--seq-len",
+            "16",
+        ],
+        &["truncated"],
+    );
+    // Missing and mismatched tensors.
+    let st = std::fs::read(d.join("w.safetensors")).unwrap();
+    let (missing, misshaped) = broken_weights(&st);
+    std::fs::write(d.join("missing.safetensors"), missing).unwrap();
+    std::fs::write(d.join("misshaped.safetensors"), misshaped).unwrap();
+    fails(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "missing.safetensors",
+            "--tokens",
+            "val.bin",
+            "--seq-len",
+            "16",
+        ],
+        &["missing tensor", "ln_f.bias"],
+    );
+    fails(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "misshaped.safetensors",
+            "--tokens",
+            "val.bin",
+            "--seq-len",
+            "16",
+        ],
+        &["h.1.mlp.c_fc.bias", "shape"],
+    );
+    check(
+        train_tiny(&["--data", "train.bin", "--init-from", "missing.safetensors"]),
+        &["missing tensor"],
+    );
+    // A configuration that does not match the weights.
+    fails(
+        d,
+        &[
+            "train",
+            "--model",
+            "small",
+            "--init-from",
+            "w.safetensors",
+            "--data",
+            "train.bin",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--trace",
+            "t.json",
+        ],
+        &["--model small", "w.safetensors"],
+    );
+    // A sequence longer than the model's context.
+    check(
+        train_tiny(&["--data", "train.bin", "--seq-len", "65"]),
+        &["sequence length", "65"],
+    );
+    // An existing checkpoint is not overwritten without --resume...
+    check(
+        train_tiny(&["--data", "train.bin", "--checkpoint-dir", "ckpt"]),
+        &["already holds a checkpoint", "--resume"],
+    );
+    // ...and an unreadable one is reported, not replaced.
+    std::fs::create_dir(d.join("bad")).unwrap();
+    std::fs::write(d.join("bad/checkpoint.safetensors"), b"not a checkpoint").unwrap();
+    let before_bad = snapshot(d);
+    check(
+        train_tiny(&["--data", "train.bin", "--checkpoint-dir", "bad", "--resume"]),
+        &["bad", "checkpoint"],
+    );
+    fails(
+        d,
+        &["sample", "--checkpoint", "bad", "--prompt", "a"],
+        &["bad"],
+    );
+    fails(
+        d,
+        &["sample", "--checkpoint", "nowhere", "--prompt", "a"],
+        &["nowhere", "no such directory"],
+    );
+    // No device.
+    check(
+        train_tiny(&["--data", "train.bin", "--device", "cuda"]),
+        &["cuda"],
+    );
+    assert!(snapshot(d) == before_bad, "a failed command changed files");
+    let after: Vec<_> = snapshot(d)
+        .into_iter()
+        .filter(|(p, _)| before.iter().any(|(q, _)| q == p))
+        .collect();
+    assert!(after == before, "a failed command changed existing files");
+}
+
+/// Two damaged copies of a safetensors file: one without
+/// `transformer.ln_f.bias`, one whose `transformer.h.1.mlp.c_fc.bias` has the
+/// wrong shape.
+fn broken_weights(bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+    let meta = meta.metadata().clone();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let write = |skip: &str, reshape: &str| {
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .filter(|(n, _, _)| n != skip)
+            .map(|(n, shape, data)| {
+                let (shape, data) = if n == reshape {
+                    (vec![shape[0] - 1], &data[..data.len() - 4])
+                } else {
+                    (shape.clone(), &data[..])
+                };
+                (n.clone(), TensorView::new(Dtype::F32, shape, data).unwrap())
+            })
+            .collect();
+        safetensors::serialize(views, meta.clone()).unwrap()
+    };
+    (
+        write("transformer.ln_f.bias", ""),
+        write("", "transformer.h.1.mlp.c_fc.bias"),
+    )
+}

@@ -1,0 +1,228 @@
+//! Data-parallel training on CPU ranks (threads with their own runtimes and a
+//! `LocalComm`): W ranks reproduce one rank on the combined batch, a resumed
+//! run is bit-identical, and the trace shows gradient all-reduces running
+//! under the backward pass.
+
+use braid::trace::Profile;
+use braid::{BackendKind, Policy};
+use braid_gpt2::checkpoint::load_checkpoint;
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::TokenSource;
+use braid_gpt2::model::Rng;
+use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
+
+/// Learnable tokens below the tiny vocabulary: runs of consecutive ids from
+/// random starting points.
+fn data() -> TokenSource {
+    let mut rng = Rng::new(99);
+    let mut ids = Vec::new();
+    while ids.len() < 4096 {
+        let start = (rng.next_u64() % 512) as u32;
+        ids.extend((0..12).map(|i| (start + i) % 512));
+    }
+    TokenSource::from_ids(&ids, "counting runs").unwrap()
+}
+
+fn options(ranks: usize, batch_size: usize, steps: u64) -> TrainOptions {
+    TrainOptions {
+        model: Gpt2Config::tiny(),
+        batch_size,
+        seq_len: 16,
+        steps,
+        backend: BackendKind::Cpu,
+        ranks,
+        streams: 2,
+        policy: Policy::Affinity,
+        // Several buckets even for the tiny model.
+        bucket_cap_bytes: 96 << 10,
+        first_bucket_bytes: 32 << 10,
+        ..TrainOptions::default()
+    }
+}
+
+fn run(opts: &TrainOptions, start: StartState) -> TrainReport {
+    train(opts, start, &data(), &|_| {}).unwrap()
+}
+
+fn losses(r: &TrainReport) -> Vec<f32> {
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+#[test]
+fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
+    let steps = 3;
+    let start = StartState::fresh(&Gpt2Config::tiny(), 5);
+    let single = run(&options(1, 4, steps), start.clone());
+    let l1 = losses(&single);
+    assert!(l1.iter().all(|l| l.is_finite() && *l > 1.0), "{l1:?}");
+    for ranks in [2, 4] {
+        let r = run(&options(ranks, 4 / ranks, steps), start.clone());
+        assert_eq!(r.ranks, ranks);
+        assert!(
+            r.param_hashes.iter().all(|&h| h == r.param_hashes[0]),
+            "{ranks} ranks ended with different parameters"
+        );
+        for (i, (a, b)) in losses(&r).iter().zip(&l1).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{ranks} ranks, step {}: loss {a} vs single rank {b}",
+                i + 1
+            );
+        }
+        // Parameters: float tolerance. Adam divides each step by the
+        // gradient's own magnitude, so where a gradient is rounding noise
+        // (e.g. the attention key bias, whose true gradient is 0) the step
+        // itself is noise, bounded by lr per step.
+        let lr = r.steps.len() as f32 * 1e-3;
+        let (mut tight, mut total) = (0usize, 0usize);
+        for (i, (a, b)) in r.params.iter().zip(&single.params).enumerate() {
+            let err = (a - b).abs();
+            assert!(err <= 2.0 * lr, "{ranks} ranks: param {i}: {a} vs {b}");
+            total += 1;
+            if err <= 1e-6 + 1e-4 * b.abs() {
+                tight += 1;
+            }
+        }
+        assert!(
+            tight as f64 >= 0.99 * total as f64,
+            "{ranks} ranks: only {tight} of {total} parameters within 1e-4 relative"
+        );
+    }
+}
+
+#[test]
+fn a_resumed_run_continues_bit_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = StartState::fresh(&Gpt2Config::tiny(), 8);
+    let straight = run(&options(2, 2, 4), start.clone());
+
+    let mut first = options(2, 2, 2);
+    first.checkpoint_dir = Some(dir.path().join("ckpt"));
+    let half = run(&first, start);
+    assert_eq!(half.final_step, 2);
+    let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    assert_eq!(ckpt.params, half.params);
+
+    let rest = run(&options(2, 2, 4), StartState::from_checkpoint(ckpt));
+    assert_eq!(
+        rest.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&losses(&rest)), bits(&losses(&straight)[2..]));
+    assert_eq!(
+        bits(&rest.params),
+        bits(&straight.params),
+        "final parameters"
+    );
+}
+
+/// Spans of one rank whose name contains `pat`.
+fn spans<'a>(p: &'a Profile, pat: &'a str) -> impl Iterator<Item = &'a braid::trace::Span> + 'a {
+    p.spans.iter().filter(move |s| s.name.contains(pat))
+}
+
+/// Per step of a profile (steps begin at their `encoder forward` task, in
+/// submission order): the earliest start of a bucket all-reduce and the
+/// latest end of a backward task.
+fn per_step(p: &Profile) -> Vec<(u64, u64)> {
+    let mut by_id: Vec<&braid::trace::Span> = p.spans.iter().collect();
+    by_id.sort_by_key(|s| s.id);
+    let mut steps: Vec<(u64, u64)> = Vec::new();
+    for s in by_id {
+        if s.name == "encoder forward" {
+            steps.push((u64::MAX, 0));
+        }
+        let Some(step) = steps.last_mut() else {
+            continue;
+        };
+        if s.name.starts_with("all_reduce bucket") {
+            step.0 = step.0.min(s.start_ns);
+        }
+        if s.name.contains("backward") {
+            step.1 = step.1.max(s.end_ns);
+        }
+    }
+    steps
+}
+
+#[test]
+fn gradient_all_reduces_start_before_the_backward_pass_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    // Four layers, so that much of the backward pass remains after the first
+    // bucket (the final layer norm and the last layer's bias) is ready.
+    let cfg = Gpt2Config {
+        num_layers: 4,
+        ..Gpt2Config::tiny()
+    };
+    let steps = 3;
+    let mut opts = options(2, 2, steps);
+    opts.model = cfg;
+    opts.seq_len = 32;
+    opts.trace = Some(trace.clone());
+    let r = run(&opts, StartState::fresh(&cfg, 3));
+    assert_eq!(r.profiles.len(), 2);
+    for p in &r.profiles {
+        let per_step = per_step(p);
+        assert_eq!(per_step.len(), steps as usize);
+        assert!(per_step.iter().all(|&(a, b)| a < u64::MAX && b > 0));
+        eprintln!(
+            "rank {}: per step, first bucket all-reduce start minus last backward end: {:?} µs",
+            p.rank,
+            per_step
+                .iter()
+                .map(|&(a, b)| (a as i64 - b as i64) / 1000)
+                .collect::<Vec<_>>()
+        );
+        // The all-reduce may start only once its bucket's gradients are
+        // written, which is long before the backward pass ends; a step where
+        // the comm stream's thread was not scheduled in time does not count
+        // against it (the machine may be busy), so one step of three must
+        // show it.
+        assert!(
+            per_step
+                .iter()
+                .any(|&(first_bucket, last_backward)| first_bucket < last_backward),
+            "rank {}: in no step did a bucket all-reduce start before the backward pass \
+             ended: {per_step:?}",
+            p.rank
+        );
+        // Collectives ran on the comm stream, kernels on compute streams.
+        for s in spans(p, "all_reduce") {
+            assert!(p.streams[s.stream].is_comm && p.streams[s.stream].name.contains("comm"));
+        }
+        for s in spans(p, "backward") {
+            assert!(p.streams[s.stream].name.contains("compute"));
+        }
+    }
+    assert!(r.summaries.iter().all(|s| s.comm_ns > 0));
+    // One trace, one process per rank, named stream tracks.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let pids: std::collections::BTreeSet<u64> =
+        events.iter().filter_map(|e| e["pid"].as_u64()).collect();
+    assert_eq!(pids.into_iter().collect::<Vec<_>>(), [0, 1]);
+    let tracks: Vec<&str> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    assert!(tracks.contains(&"comm 0") && tracks.contains(&"compute 1"));
+}
+
+#[test]
+fn a_failing_rank_reports_its_own_error() {
+    // Four ranks need 4 × 2 × 16 + 1 tokens per step; these are too few.
+    let short = TokenSource::from_ids(&[1; 100], "short").unwrap();
+    let err = train(
+        &options(4, 2, 1),
+        StartState::fresh(&Gpt2Config::tiny(), 1),
+        &short,
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("too few"), "{err}");
+}

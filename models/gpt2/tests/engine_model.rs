@@ -1,0 +1,432 @@
+//! The model as Braid tasks against the sequential reference and PyTorch.
+//!
+//! * Bit-identical to `reference.rs` — forward activations, logits,
+//!   probabilities, loss, and every parameter gradient — on 1, 2 and 4 compute
+//!   streams under every placement policy: each task runs the reference's
+//!   kernel on the same inputs, and the engine keeps every accumulation into a
+//!   gradient in submission order (the reference's order).
+//! * The engine optimizer (chunked norm, clip, AdamW tasks) against the
+//!   reference loop: equal to within `f64` rounding of the norm (the partial
+//!   sums are added per chunk), checked at 1e-6 relative.
+//! * Against the PyTorch fixture with the tolerances of
+//!   `tests/reference_pytorch.rs`.
+
+use std::collections::HashMap;
+
+use braid::{BackendKind, Policy, Runtime};
+use braid_gpt2::checkpoint::AdamWHyper;
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::kernels::cpu as k;
+use braid_gpt2::layout::ParamLayout;
+use braid_gpt2::model::{init_params, Gpt2Model, Rng};
+use braid_gpt2::optim::AdamW;
+use braid_gpt2::reference::Reference;
+use safetensors::{Dtype, SafeTensors};
+
+fn runtime(streams: usize, policy: Policy) -> Runtime {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(streams)
+        .comm_streams(1)
+        .policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// Parameters where every tensor matters: GPT-2 init, then noise on the
+/// biases and gains (which init sets to constants).
+fn params_for(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
+    let mut p = init_params(cfg, seed);
+    let mut rng = Rng::new(seed + 1);
+    for x in &mut p {
+        *x += 0.05 * rng.normal();
+    }
+    p
+}
+
+fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() % v as u64) as u32).collect()
+}
+
+fn assert_bits_eq(what: &str, ours: &[f32], theirs: &[f32]) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+    if let Some(i) = ours
+        .iter()
+        .zip(theirs)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        panic!(
+            "{what}[{i}]: engine {} vs reference {} (not bit-identical)",
+            ours[i], theirs[i]
+        );
+    }
+}
+
+#[test]
+fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_policy() {
+    let cfg = Gpt2Config::tiny();
+    let (b, t) = (2, 16);
+    let layout = ParamLayout::new(&cfg);
+    let params = params_for(&cfg, 7);
+    let tokens = ids(b * t, cfg.vocab_size, 1);
+    let targets = ids(b * t, cfg.vocab_size, 2);
+
+    let mut reference = Reference::new(&cfg, b, t).unwrap();
+    let loss = reference
+        .forward(&params, &tokens, Some(&targets))
+        .unwrap()
+        .unwrap();
+    let mut grads = vec![0.0; layout.total];
+    reference.backward(&params, &mut grads, 1.0).unwrap();
+    // A second, accumulated backward pass (dloss 0.5) on other data.
+    let tokens2 = ids(b * t, cfg.vocab_size, 3);
+    let mut grads2 = grads.clone();
+    let mut reference2 = Reference::new(&cfg, b, t).unwrap();
+    reference2
+        .forward(&params, &tokens2, Some(&targets))
+        .unwrap();
+    reference2.backward(&params, &mut grads2, 0.5).unwrap();
+
+    for streams in [1, 2, 4] {
+        for policy in Policy::ALL {
+            let what = format!("{streams} streams, {policy}");
+            let rt = runtime(streams, policy);
+            let mut model = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
+            model.upload_params(&rt, &params).unwrap();
+            model.zero_grad(&rt).unwrap();
+            model.forward(&rt, &tokens, Some(&targets)).unwrap();
+            let mut ready = Vec::new();
+            model
+                .backward(&rt, 1.0, |p| {
+                    ready.push(p);
+                    Ok(())
+                })
+                .unwrap();
+            let engine_loss = model.read_loss(&rt).unwrap();
+            assert_eq!(engine_loss.to_bits(), loss.to_bits(), "{what}: loss");
+            let acts: Vec<f32> = rt.read_vec(model.activations()).unwrap();
+            assert_bits_eq(
+                &format!("{what}: activations"),
+                &acts,
+                reference.activations(),
+            );
+            assert_bits_eq(
+                &format!("{what}: logits"),
+                &model.read_logits(&rt).unwrap(),
+                reference.logits(),
+            );
+            assert_bits_eq(
+                &format!("{what}: gradients"),
+                &model.read_grads(&rt).unwrap(),
+                &grads,
+            );
+            // Every parameter was announced exactly once, last layer first.
+            let mut sorted = ready.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..layout.tensors.len()).collect::<Vec<_>>());
+            assert_eq!(layout.tensors[ready[0]].name, "transformer.ln_f.bias");
+            assert_eq!(
+                layout.tensors[*ready.last().unwrap()].name,
+                "transformer.wte.weight"
+            );
+            // Accumulation without zeroing, as the reference does it.
+            model.forward(&rt, &tokens2, Some(&targets)).unwrap();
+            model.backward(&rt, 0.5, |_| Ok(())).unwrap();
+            assert_bits_eq(
+                &format!("{what}: accumulated gradients"),
+                &model.read_grads(&rt).unwrap(),
+                &grads2,
+            );
+            rt.synchronize().unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_and_submit_nothing() {
+    let cfg = Gpt2Config::tiny();
+    let rt = runtime(2, Policy::Affinity);
+    assert!(Gpt2Model::new(&rt, &cfg, 1, cfg.max_seq_len + 1)
+        .unwrap_err()
+        .to_string()
+        .contains("sequence length"));
+    let mut model = Gpt2Model::new(&rt, &cfg, 1, 4).unwrap();
+    let err = model.forward(&rt, &[1, 2, 512, 3], None).unwrap_err();
+    assert!(err.to_string().contains("512"), "{err}");
+    let err = model.forward(&rt, &[1, 2, 3], None).unwrap_err();
+    assert!(err.to_string().contains("tokens"), "{err}");
+    let err = model.backward(&rt, 1.0, |_| Ok(())).unwrap_err();
+    assert!(err.to_string().contains("targets"), "{err}");
+    assert!(model.upload_params(&rt, &[0.0; 3]).is_err());
+    rt.synchronize().unwrap();
+    assert_eq!(rt.stats().tasks, 0);
+}
+
+/// The reference training loop of `tests/reference_pytorch.rs`.
+#[allow(clippy::too_many_arguments)]
+fn reference_steps(
+    cfg: &Gpt2Config,
+    b: usize,
+    t: usize,
+    params: &mut [f32],
+    tokens: &[u32],
+    targets: &[u32],
+    h: AdamWHyper,
+    max_norm: f32,
+    steps: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = params.len();
+    let mut model = Reference::new(cfg, b, t).unwrap();
+    let mut grads = vec![0.0; n];
+    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    for step in 1..=steps {
+        grads.fill(0.0);
+        let loss = model
+            .forward(params, tokens, Some(targets))
+            .unwrap()
+            .unwrap();
+        model.backward(params, &mut grads, 1.0).unwrap();
+        let norm = k::grad_norm_sq(&grads).sqrt();
+        k::scale_in_place(&mut grads, k::clip_scale(norm, max_norm));
+        k::adamw_update(
+            params,
+            &grads,
+            &mut m,
+            &mut v,
+            step as u64,
+            h.learning_rate,
+            h.beta1,
+            h.beta2,
+            h.eps,
+            h.weight_decay,
+        );
+        losses.push(loss);
+        norms.push(norm as f32);
+    }
+    (losses, norms)
+}
+
+/// The engine's training loop: zero, forward, backward, optimizer tasks.
+#[allow(clippy::too_many_arguments)]
+fn engine_steps(
+    rt: &Runtime,
+    cfg: &Gpt2Config,
+    b: usize,
+    t: usize,
+    params: &[f32],
+    tokens: &[u32],
+    targets: &[u32],
+    h: AdamWHyper,
+    max_norm: f32,
+    steps: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut model = Gpt2Model::new(rt, cfg, b, t).unwrap();
+    model.upload_params(rt, params).unwrap();
+    let mut opt = AdamW::for_model(rt, &model, h, Some(max_norm)).unwrap();
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        model.zero_grad(rt).unwrap();
+        model.forward(rt, tokens, Some(targets)).unwrap();
+        model.backward(rt, 1.0, |_| Ok(())).unwrap();
+        opt.step(rt, model.params(), model.grads()).unwrap();
+        losses.push(model.read_loss(rt).unwrap());
+        norms.push(opt.read_grad_norm(rt).unwrap());
+    }
+    (losses, norms, model.read_params(rt).unwrap())
+}
+
+fn assert_close(what: &str, ours: &[f32], theirs: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+    for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
+        let err = (a - b).abs();
+        assert!(
+            err <= atol + rtol * b.abs(),
+            "{what}[{i}]: ours {a}, expected {b} (error {err})"
+        );
+    }
+}
+
+#[test]
+fn optimizer_tasks_match_the_reference_training_loop() {
+    let cfg = Gpt2Config::tiny();
+    let (b, t) = (2, 8);
+    let init = params_for(&cfg, 11);
+    let tokens = ids(b * t, cfg.vocab_size, 4);
+    let targets = ids(b * t, cfg.vocab_size, 5);
+    let h = AdamWHyper {
+        learning_rate: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut ref_params = init.clone();
+    let (ref_losses, ref_norms) =
+        reference_steps(&cfg, b, t, &mut ref_params, &tokens, &targets, h, 1.0, 4);
+    let rt = runtime(2, Policy::Affinity);
+    let (losses, norms, params) =
+        engine_steps(&rt, &cfg, b, t, &init, &tokens, &targets, h, 1.0, 4);
+    assert_close("losses", &losses, &ref_losses, 0.0, 1e-6);
+    assert_close("norms", &norms, &ref_norms, 0.0, 1e-6);
+    assert_close("params", &params, &ref_params, 1e-7, 1e-6);
+    assert!(ref_norms[0] > 1.0, "clipping engaged");
+    assert!(losses[3] < losses[0]);
+}
+
+// ----- PyTorch fixture ---------------------------------------------------------
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/gpt2_tiny_reference.safetensors"
+);
+
+struct Fixture {
+    b: usize,
+    t: usize,
+    meta: HashMap<String, String>,
+    f32s: HashMap<String, Vec<f32>>,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Fixture {
+    fn load() -> Self {
+        let bytes = std::fs::read(FIXTURE).expect("fixture");
+        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = header.metadata().clone().unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (mut f32s, mut ints) = (HashMap::new(), HashMap::new());
+        for (name, view) in st.tensors() {
+            let words = view
+                .data()
+                .chunks_exact(4)
+                .map(|w| [w[0], w[1], w[2], w[3]]);
+            match view.dtype() {
+                Dtype::F32 => {
+                    f32s.insert(name, words.map(f32::from_le_bytes).collect());
+                }
+                Dtype::I32 => {
+                    ints.insert(name, words.map(|w| i32::from_le_bytes(w) as u32).collect());
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        Fixture {
+            b: meta["batch_size"].parse().unwrap(),
+            t: meta["seq_len"].parse().unwrap(),
+            tokens: ints.remove("tokens").unwrap(),
+            targets: ints.remove("targets").unwrap(),
+            meta,
+            f32s,
+        }
+    }
+
+    fn tensor(&self, name: &str) -> &[f32] {
+        &self.f32s[name]
+    }
+
+    fn hparam(&self, name: &str) -> f32 {
+        self.meta[name].parse().unwrap()
+    }
+
+    fn flat(&self, layout: &ParamLayout, prefix: &str) -> Vec<f32> {
+        let mut flat = vec![f32::NAN; layout.total];
+        for t in &layout.tensors {
+            t.copy_from_hf(self.tensor(&format!("{prefix}{}", t.name)), &mut flat)
+                .unwrap();
+        }
+        flat
+    }
+}
+
+#[test]
+fn engine_model_matches_pytorch() {
+    let fx = Fixture::load();
+    let cfg = Gpt2Config::tiny();
+    let layout = ParamLayout::new(&cfg);
+    let params = fx.flat(&layout, "");
+    let rt = runtime(2, Policy::Affinity);
+
+    // Forward and backward: loss 1e-5, logits 1e-5 + 1e-4 rel, gradients 1e-4 rel.
+    let mut model = Gpt2Model::new(&rt, &cfg, fx.b, fx.t).unwrap();
+    model.upload_params(&rt, &params).unwrap();
+    model.zero_grad(&rt).unwrap();
+    model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
+    model.backward(&rt, 1.0, |_| Ok(())).unwrap();
+    let loss = model.read_loss(&rt).unwrap();
+    assert!((loss - fx.tensor("loss")[0]).abs() <= 1e-5, "loss {loss}");
+    assert_close(
+        "logits",
+        &model.read_logits(&rt).unwrap(),
+        fx.tensor("logits"),
+        1e-5,
+        1e-4,
+    );
+    let torch_grads = fx.flat(&layout, "grad.");
+    let grads = model.read_grads(&rt).unwrap();
+    for t in &layout.tensors {
+        assert_close(
+            &format!("grad.{}", t.name),
+            &grads[t.range()],
+            &torch_grads[t.range()],
+            1e-7,
+            1e-4,
+        );
+    }
+
+    // Five clipped AdamW steps: losses 1e-4, pre-clip norms 1e-4 rel, final
+    // parameters 1e-6 + 1e-4 rel where the gradient is well conditioned.
+    let steps: usize = fx.meta["steps"].parse().unwrap();
+    let h = AdamWHyper {
+        learning_rate: fx.hparam("lr"),
+        beta1: fx.hparam("beta1"),
+        beta2: fx.hparam("beta2"),
+        eps: fx.hparam("eps"),
+        weight_decay: fx.hparam("weight_decay"),
+    };
+    let (losses, norms, final_params) = engine_steps(
+        &rt,
+        &cfg,
+        fx.b,
+        fx.t,
+        &params,
+        &fx.tokens,
+        &fx.targets,
+        h,
+        fx.hparam("max_grad_norm"),
+        steps,
+    );
+    assert_close("step_losses", &losses, fx.tensor("step_losses"), 1e-4, 0.0);
+    assert_close(
+        "step_grad_norms",
+        &norms,
+        fx.tensor("step_grad_norms"),
+        0.0,
+        1e-4,
+    );
+    let mut compared = 0;
+    for t in &layout.tensors {
+        let name = format!("final.{}", t.name);
+        let Some(theirs) = fx.f32s.get(&name) else {
+            continue;
+        };
+        let mut ours = vec![0.0; t.len];
+        t.copy_to_hf(&final_params, &mut ours).unwrap();
+        let grad0 = fx.tensor(&format!("grad.{}", t.name));
+        for (i, ((&a, &b), &g)) in ours.iter().zip(theirs).zip(grad0).enumerate() {
+            // See reference_pytorch.rs: elements with a ~zero gradient move by
+            // rounding noise, bounded by 2·lr per step.
+            let tol = if g.abs() < 1e-6 {
+                2.0 * h.learning_rate * steps as f32
+            } else {
+                1e-6 + 1e-4 * b.abs()
+            };
+            assert!((a - b).abs() <= tol, "{name}[{i}]: ours {a}, torch {b}");
+            compared += 1;
+        }
+    }
+    assert!(compared > 1000, "compared {compared} final parameters");
+    assert!(losses[steps - 1] < losses[0] - 0.1);
+}
