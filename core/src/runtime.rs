@@ -165,6 +165,7 @@ impl RuntimeBuilder {
         }
         Ok(Runtime {
             shared,
+            seen_completed: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(state),
             threads,
             backend,
@@ -179,6 +180,8 @@ impl RuntimeBuilder {
 /// order in which submissions take the runtime's lock.
 pub struct Runtime {
     shared: Arc<Shared>,
+    /// The last value of `shared.completed` this runtime read (back-pressure).
+    seen_completed: std::sync::atomic::AtomicU64,
     state: Mutex<SubmitState>,
     threads: Vec<std::thread::JoinHandle<()>>,
     backend: Backend,
@@ -343,10 +346,23 @@ impl Runtime {
         }
         // Back-pressure: wait until the window has room (not from inside a
         // task of this runtime, which the window might be waiting for).
+        // `completed` is written by every stream thread; read it only when the
+        // last value seen says the window may be full, so the common case
+        // touches no shared cache line.
         let window = self.config.window as u64;
         let submitted = self.shared.submitted.load(Ordering::Relaxed);
-        if submitted >= window && self.shared.check_not_in_task("submit").is_ok() {
-            self.shared.completed.wait_at_least(submitted + 1 - window);
+        if submitted >= window + self.seen_completed.load(Ordering::Relaxed) {
+            let done = self.shared.completed.get();
+            if done + window <= submitted && self.shared.check_not_in_task("submit").is_ok() {
+                // Full: wait until half the window has drained (hysteresis), so
+                // a submitter that outpaces the streams sleeps once per half
+                // window, not once per task.
+                self.shared
+                    .completed
+                    .wait_at_least(submitted + 1 - window.div_ceil(2).min(window));
+            }
+            self.seen_completed
+                .store(self.shared.completed.get(), Ordering::Relaxed);
         }
         let task = {
             let mut st = lock(&self.state);
