@@ -85,6 +85,17 @@ impl<T> Queue<T> {
         !g.closed
     }
 
+    /// Under loom: a non-blocking poll (loom models no timed waits).
+    #[cfg(loom)]
+    pub(crate) fn pop_batch_timeout(&self, out: &mut VecDeque<T>, _: std::time::Duration) -> bool {
+        let mut g = lock(&self.inner);
+        if !g.items.is_empty() {
+            std::mem::swap(&mut g.items, out);
+            return true;
+        }
+        !g.closed
+    }
+
     /// Moves every queued item into `out` (which must be empty), blocking while
     /// the queue is empty. Returns `false` once the queue is closed and drained.
     pub(crate) fn pop_batch(&self, out: &mut VecDeque<T>) -> bool {
