@@ -3,6 +3,8 @@
 //! ```text
 //! braid-gpt2                      # = train: small model, built-in data, 2 CPU ranks, trace.json
 //! braid-gpt2 train --model tiny --data tokens.bin --steps 20 --ranks 4 --trace t.json
+//! braid-gpt2 train --device cuda --ranks 1 --model gpt2 --batch-size 8 --seq-len 1024
+//! torchrun --standalone --nproc-per-node 4 --no-python braid-gpt2 train --device cuda --model gpt2
 //! braid-gpt2 eval --weights model.safetensors --tokens val.bin --seq-len 64
 //! braid-gpt2 sample --checkpoint ckpt/ --prompt "Once upon a time" --tokens 40
 //! ```
@@ -16,12 +18,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use braid::comm::Compression;
 use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::model::Sampler;
-use braid_gpt2::trainer::{evaluate, model_runtime, train, StartState, StepReport, TrainOptions};
+use braid_gpt2::trainer::{
+    evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
+    TrainOptions,
+};
 use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -81,10 +87,14 @@ struct TrainArgs {
     /// Clip the global gradient norm to this (0: no clipping).
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f32,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda or cuda:N. `auto` trains on GPUs when there are
+    /// --ranks of them (or under torchrun), on CPU ranks otherwise.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
-    /// Data-parallel ranks (CPU: threads; GPU: devices, or torchrun's WORLD_SIZE).
+    /// Data-parallel ranks. CPU: threads of this process. GPU: devices N,
+    /// N+1, … of `cuda:N`, one thread each, NCCL between them. Under torchrun
+    /// (RANK and WORLD_SIZE set) WORLD_SIZE decides, and this process is rank
+    /// RANK on device LOCAL_RANK.
     #[arg(long, default_value_t = 2)]
     ranks: usize,
     /// Compute streams per rank.
@@ -99,6 +109,9 @@ struct TrainArgs {
     /// Cap of the first gradient bucket in MiB.
     #[arg(long, default_value_t = 1.0)]
     first_bucket_mb: f64,
+    /// How gradient buckets travel: none (f32) or bf16 (CPU ranks only).
+    #[arg(long, default_value = "none", value_parser = parse_compression)]
+    compression: CompressionArg,
     /// Save a checkpoint (params, AdamW moments, step, data position) in this
     /// directory at the end.
     #[arg(long)]
@@ -190,6 +203,21 @@ fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
     s.parse().map_err(|e: braid::Error| e.to_string())
+}
+
+/// `--compression`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CompressionArg {
+    None,
+    Bf16,
+}
+
+fn parse_compression(s: &str) -> std::result::Result<CompressionArg, String> {
+    match s {
+        "none" => Ok(CompressionArg::None),
+        "bf16" => Ok(CompressionArg::Bf16),
+        _ => Err(format!("unknown compression `{s}` (expected none or bf16)")),
+    }
 }
 
 fn main() -> Result<()> {
@@ -347,12 +375,33 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         checkpoint_every: a.checkpoint_every,
         trace: (!a.no_trace).then(|| a.trace.clone()),
         comm_timeout: Duration::from_secs(120),
+        compression: match a.compression {
+            CompressionArg::None => Compression::None,
+            CompressionArg::Bf16 => Compression::Bf16,
+        },
     };
+    let device = resolve_train_backend(&opts)?;
+    let dist = match device {
+        BackendKind::Cuda { .. } => DistEnv::from_env()?,
+        _ => None,
+    };
+    let device_name = match (device, &dist) {
+        (BackendKind::Cuda { .. }, Some(d)) => format!(
+            "cuda:{} (torchrun rank {} of {})",
+            d.local_rank, d.rank, d.world_size
+        ),
+        (BackendKind::Cuda { device }, None) if a.ranks > 1 => {
+            format!("cuda:{device}..=cuda:{}", device + a.ranks - 1)
+        }
+        (BackendKind::Cuda { device }, None) => format!("cuda:{device}"),
+        _ => "cpu".into(),
+    };
+    let ranks = dist.as_ref().map_or(a.ranks, |d| d.world_size);
 
     // 2. Train.
     eprintln!(
-        "training {} ({} parameters) on {} ({} tokens): {} rank(s) x batch {} x {} tokens, \
-         {} stream(s) per rank, {} placement, steps {}..={}",
+        "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
+         x {} tokens per rank, {} stream(s) per rank, {} placement, steps {}..={}",
         a.model
             .as_deref()
             .unwrap_or(if a.init_from.is_some() || a.resume {
@@ -363,7 +412,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         cfg.num_parameters(),
         data.origin(),
         data.len(),
-        a.ranks,
+        ranks,
         a.batch_size,
         a.seq_len,
         a.streams,
@@ -392,8 +441,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let report = train(&opts, start, &data, &on_step)?;
     pb.finish_and_clear();
 
-    // 3. Outputs.
-    if let Some(path) = &a.save_weights {
+    // 3. Outputs (rank 0's, in a torchrun job).
+    let rank0 = report.process_rank.unwrap_or(0) == 0;
+    if let Some(path) = a.save_weights.as_ref().filter(|_| rank0) {
         save_hf_safetensors(
             path,
             &report.params,

@@ -24,10 +24,24 @@
 //!
 //! CPU ranks are threads of this process started by [`braid::launch_with`],
 //! each with its own [`Runtime`] and a [`LocalComm`](braid::LocalComm). GPU
-//! ranks are one per device, or one per process under `torchrun`'s variables
-//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, read by [`DistEnv::from_env`]); they use
-//! the same per-rank code with a CUDA runtime, which fails with a clear error
-//! until the engine's CUDA backend and the NCCL communicator are available.
+//! ranks run the same per-rank code on a CUDA runtime, in one of three ways:
+//!
+//! * **one GPU** (`ranks == 1`): one CUDA runtime, no communicator;
+//! * **one process, N GPUs** (`ranks == N`, no torchrun variables): one
+//!   runtime per device `d, d+1, …, d+N-1` (`d` from `cuda:d`), NCCL
+//!   communicators made together (`ncclCommInitAll`), one thread per rank;
+//! * **one process per GPU** under `torchrun` (`RANK`, `WORLD_SIZE`,
+//!   `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, read by
+//!   [`DistEnv::from_env`]): this process is rank `RANK` of `WORLD_SIZE` on
+//!   device `LOCAL_RANK`, and joins the NCCL communicator through braid's
+//!   TCP rendezvous at `MASTER_ADDR` ([`NcclCommunicator::join`]; the port
+//!   is [`rendezvous_port`]'s); `ranks` is ignored. The report holds
+//!   this process's rank only; rank 0 saves the checkpoint, and a rank `r > 0`
+//!   writes its trace next to the requested one ([`rank_trace_path`]).
+//!
+//! A missing driver, device, NVRTC or NCCL is an error naming what is
+//! missing, never a panic. The bf16 bucket compression runs on host buffers
+//! only, so it is refused on GPUs.
 //!
 //! # Determinism
 //!
@@ -43,7 +57,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid::comm::{BucketConfig, ReduceOp};
+use braid::comm::{BucketConfig, Compression, NcclCommunicator, ReduceOp, NCCL_TIMEOUT};
 use braid::trace::{Profile, Summary};
 use braid::{BackendKind, Comm, LocalCommConfig, Policy, Reducer, Runtime};
 
@@ -92,6 +106,9 @@ pub struct TrainOptions {
     pub trace: Option<PathBuf>,
     /// How long a CPU rank waits for the others in a collective.
     pub comm_timeout: Duration,
+    /// How gradient buckets travel (default: plain `f32`).
+    /// [`Compression::Bf16`] runs on host buffers: CPU ranks only.
+    pub compression: Compression,
 }
 
 impl Default for TrainOptions {
@@ -122,6 +139,7 @@ impl Default for TrainOptions {
             checkpoint_every: None,
             trace: None,
             comm_timeout: braid::comm::DEFAULT_TIMEOUT,
+            compression: Compression::None,
         }
     }
 }
@@ -224,20 +242,25 @@ pub struct StepReport {
 /// What a run did.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
-    /// The steps taken in this run, in order.
+    /// The steps taken in this run, in order (rank 0's view; under torchrun,
+    /// this process's rank: the losses are the global means on every rank).
     pub steps: Vec<StepReport>,
     /// The last step number (the checkpoint's step).
     pub final_step: u64,
-    /// Rank 0's parameters at the end.
+    /// Rank 0's parameters at the end (empty in a torchrun process of
+    /// another rank).
     pub params: Vec<f32>,
     /// A hash of each rank's final parameters (all equal in a correct run).
     pub param_hashes: Vec<u64>,
-    /// Each rank's profile.
+    /// Each rank's profile (this process's ranks).
     pub profiles: Vec<Profile>,
     /// Each rank's summary of its profile.
     pub summaries: Vec<Summary>,
-    /// Number of ranks.
+    /// Number of ranks in the job.
     pub ranks: usize,
+    /// Under torchrun: the rank this process played (the report then holds
+    /// that rank alone). `None` when this process ran every rank.
+    pub process_rank: Option<usize>,
     /// Tokens per step over all ranks.
     pub tokens_per_step: usize,
     /// The backend the ranks ran on.
@@ -312,8 +335,14 @@ impl fmt::Display for TrainReport {
         }
         writeln!(
             f,
-            "ranks            {} on {} ({} tokens per step)",
-            self.ranks, self.backend, self.tokens_per_step
+            "ranks            {} on {} ({} tokens per step){}",
+            self.ranks,
+            self.backend,
+            self.tokens_per_step,
+            match self.process_rank {
+                Some(r) => format!("; this process is rank {r}"),
+                None => String::new(),
+            }
         )?;
         writeln!(
             f,
@@ -442,8 +471,30 @@ pub fn resolve_backend(kind: BackendKind) -> Result<BackendKind> {
     })
 }
 
+/// The device a training run with `opts` uses. `auto` means the GPUs when the
+/// job fits them — under torchrun (one GPU per process), or when this machine
+/// has at least `opts.ranks` devices — and CPU ranks otherwise (so `auto`
+/// with 2 ranks on a one-GPU machine trains on 2 CPU ranks). Other kinds are
+/// returned as they are.
+pub fn resolve_train_backend(opts: &TrainOptions) -> Result<BackendKind> {
+    let kind = resolve_backend(opts.backend)?;
+    if opts.backend != BackendKind::Auto || kind == BackendKind::Cpu {
+        return Ok(kind);
+    }
+    if DistEnv::from_env()?.is_some() || opts.ranks <= 1 {
+        return Ok(kind);
+    }
+    Ok(match braid::cuda::cuda_available() {
+        Ok(n) if n >= opts.ranks => kind,
+        _ => BackendKind::Cpu,
+    })
+}
+
 /// Builds a runtime for the model on `backend`, failing with a clear error
-/// when the device is missing or the model's kernels do not run on it.
+/// when the device is missing or the model's kernels do not run on it. On a
+/// GPU the model's CUDA kernels are compiled (NVRTC, cached on disk) and
+/// loaded now, so that a missing NVRTC or a compile error is reported here
+/// and no step pays for it.
 pub fn model_runtime(
     backend: BackendKind,
     streams: usize,
@@ -462,12 +513,14 @@ pub fn model_runtime(
         return Err(Gpt2Error::InvalidSetting {
             what: "device",
             reason: format!(
-                "the GPT-2 kernels are wired into the model's tasks for {:?} only, not for \
-                 `{}` (its sources are in src/kernels/cuda/); use --device cpu",
+                "the GPT-2 kernels are wired into the model's tasks for {:?}, not for `{}`",
                 crate::model::KERNEL_BACKENDS,
                 rt.backend_name()
             ),
         });
+    }
+    if let Some(dev) = rt.cuda_device() {
+        crate::kernels::cuda::preload(dev)?;
     }
     Ok(rt)
 }
@@ -475,6 +528,24 @@ pub fn model_runtime(
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
     model_runtime(backend, opts.streams, opts.policy, rank)
+}
+
+/// Where rank `rank` of a torchrun job writes its trace when rank 0 writes
+/// `path`: `path` itself for rank 0, `trace.rank3.json` for rank 3 of
+/// `trace.json`.
+pub fn rank_trace_path(path: &std::path::Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "trace".into());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
 }
 
 /// What a rank hands back.
@@ -497,11 +568,12 @@ fn hash_f32s(x: &[f32]) -> u64 {
     h
 }
 
-/// The body of one rank (CPU thread or GPU process).
+/// The body of one rank (CPU thread, GPU thread or GPU process) on its
+/// runtime `rt`.
 #[allow(clippy::too_many_arguments)]
 fn run_rank(
     opts: &TrainOptions,
-    backend: BackendKind,
+    rt: Runtime,
     rank: usize,
     world: usize,
     comm: Option<Comm>,
@@ -511,7 +583,6 @@ fn run_rank(
 ) -> Result<RankOutcome> {
     let cfg = opts.model;
     let (b, t) = (opts.batch_size, opts.seq_len);
-    let rt = build_runtime(opts, backend, rank)?;
     let mut model = Gpt2Model::new(&rt, &cfg, b, t)?;
     model.upload_params(&rt, &start.params)?;
     let mut opt = AdamW::for_model(&rt, &model, opts.optimizer, opts.max_grad_norm)?;
@@ -537,7 +608,8 @@ fn run_rank(
                 model.param_specs(),
                 BucketConfig::default()
                     .cap_bytes(opts.bucket_cap_bytes)
-                    .first_cap_bytes(opts.first_bucket_bytes),
+                    .first_cap_bytes(opts.first_bucket_bytes)
+                    .compression(opts.compression.clone()),
             )?)
         }
         None => None,
@@ -657,19 +729,29 @@ pub fn train(
             found: start.params.len(),
         });
     }
+    let backend = resolve_train_backend(opts)?;
+    let dist = match backend {
+        BackendKind::Cuda { .. } => DistEnv::from_env()?,
+        _ => None,
+    };
+    let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
+    if matches!(backend, BackendKind::Cuda { .. }) && matches!(opts.compression, Compression::Bf16)
+    {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "bucket compression",
+            reason: "bf16 compression casts the buckets on host buffers (CPU ranks only); \
+                     train on GPUs without compression"
+                .into(),
+        });
+    }
     // Check the data once, before any rank starts.
-    DataLoader::for_config(
-        data,
-        &opts.model,
-        opts.batch_size,
-        opts.seq_len,
-        0,
-        opts.ranks,
-    )?;
-    let backend = resolve_backend(opts.backend)?;
+    DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
     let outcomes = match backend {
         BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step)?,
-        BackendKind::Cuda { device } => train_gpu(opts, device, &start, data, on_step)?,
+        BackendKind::Cuda { device } => match &dist {
+            Some(env) => vec![train_torchrun(opts, env, &start, data, on_step)?],
+            None => train_gpus(opts, device, &start, data, on_step)?,
+        },
     };
     let mut report = TrainReport {
         steps: Vec::new(),
@@ -678,8 +760,9 @@ pub fn train(
         param_hashes: Vec::new(),
         profiles: Vec::new(),
         summaries: Vec::new(),
-        ranks: outcomes.len(),
-        tokens_per_step: opts.batch_size * opts.seq_len * outcomes.len(),
+        ranks: world,
+        process_rank: dist.as_ref().map(|d| d.rank),
+        tokens_per_step: opts.batch_size * opts.seq_len * world,
         backend: match backend {
             BackendKind::Cuda { .. } => "cuda",
             _ => "cpu",
@@ -687,8 +770,8 @@ pub fn train(
         trace: None,
         checkpoint: None,
     };
-    for (rank, o) in outcomes.into_iter().enumerate() {
-        if rank == 0 {
+    for (i, o) in outcomes.into_iter().enumerate() {
+        if i == 0 {
             report.steps = o.steps;
             report.params = o.params.unwrap_or_default();
             report.checkpoint = o.checkpoint;
@@ -698,11 +781,22 @@ pub fn train(
         report.profiles.push(o.profile);
     }
     if let Some(path) = &opts.trace {
+        let path = rank_trace_path(path, dist.as_ref().map_or(0, |d| d.rank));
         let refs: Vec<&Profile> = report.profiles.iter().collect();
-        braid::trace::write_chrome_trace(path, &refs)?;
-        report.trace = Some(path.clone());
+        braid::trace::write_chrome_trace(&path, &refs)?;
+        report.trace = Some(path);
     }
     Ok(report)
+}
+
+/// The root cause among the ranks' errors: the first that is not a
+/// consequence of another rank's failure.
+fn root_cause(mut failures: Vec<(usize, Gpt2Error)>) -> Gpt2Error {
+    let i = failures
+        .iter()
+        .position(|(_, e)| !is_secondary(e))
+        .unwrap_or(0);
+    failures.swap_remove(i).1
 }
 
 /// CPU ranks: threads of this process.
@@ -719,37 +813,24 @@ fn train_cpu(
         world,
         LocalCommConfig::default().timeout(opts.comm_timeout),
         |rank, comm| {
-            run_rank(
-                opts,
-                BackendKind::Cpu,
-                rank,
-                world,
-                Some(comm),
-                start,
-                data,
-                on_step,
-            )
-            .map_err(|e| {
-                let message = e.to_string();
-                failures
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((rank, e));
-                braid::Error::TaskFailed {
-                    task: format!("rank {rank}"),
-                    message,
-                }
-            })
+            build_runtime(opts, BackendKind::Cpu, rank)
+                .and_then(|rt| run_rank(opts, rt, rank, world, Some(comm), start, data, on_step))
+                .map_err(|e| {
+                    let message = e.to_string();
+                    failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((rank, e));
+                    braid::Error::TaskFailed {
+                        task: format!("rank {rank}"),
+                        message,
+                    }
+                })
         },
     );
-    let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     if !failures.is_empty() {
-        // The root cause: the first error that is not a consequence of another.
-        let i = failures
-            .iter()
-            .position(|(_, e)| !is_secondary(e))
-            .unwrap_or(0);
-        return Err(failures.swap_remove(i).1);
+        return Err(root_cause(failures));
     }
     results
         .into_iter()
@@ -757,42 +838,240 @@ fn train_cpu(
         .collect()
 }
 
-/// GPU ranks: one per device, or this process's rank under torchrun.
-fn train_gpu(
+/// An NCCL failure while setting up GPU ranks, as the engine's collective
+/// error.
+fn nccl_setup_error(rank: usize, e: impl fmt::Display) -> Gpt2Error {
+    Gpt2Error::Engine(braid::Error::Collective {
+        rank,
+        index: 0,
+        op: "init".into(),
+        message: e.to_string(),
+    })
+}
+
+/// GPU ranks of this process: `opts.ranks` devices from `first`, one thread
+/// and one runtime per device, NCCL communicators between them.
+fn train_gpus(
     opts: &TrainOptions,
-    device: usize,
+    first: usize,
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<Vec<RankOutcome>> {
-    let env = DistEnv::from_env()?;
-    let (rank, world, device) = match &env {
-        Some(e) => (e.rank, e.world_size, e.local_rank),
-        None => (0, opts.ranks, device),
-    };
-    // Fails with the engine's reason when there is no usable CUDA backend.
-    build_runtime(opts, BackendKind::Cuda { device }, rank)?;
-    if world > 1 {
+    let world = opts.ranks;
+    // Rank 0's runtime first: a missing driver or device is reported as the
+    // engine finds it.
+    let rt0 = build_runtime(opts, BackendKind::Cuda { device: first }, 0)?;
+    if world == 1 {
+        return Ok(vec![run_rank(opts, rt0, 0, 1, None, start, data, on_step)?]);
+    }
+    let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;
+    if first + world > count {
         return Err(Gpt2Error::InvalidSetting {
-            what: "device",
+            what: "number of ranks",
             reason: format!(
-                "{world} GPU ranks need an NCCL communicator (core/src/comm/nccl.rs and \
-                 rendezvous.rs), which braid does not offer as a `Communicator` yet; \
-                 train on one GPU or on CPU ranks (--device cpu)"
+                "{world} GPU ranks from cuda:{first} need devices {first}..={}, but this \
+                 machine has {count} CUDA device(s); pass --ranks {} or fewer, or train on \
+                 CPU ranks (--device cpu)",
+                first + world - 1,
+                count.saturating_sub(first).max(1)
             ),
         });
     }
-    let out = run_rank(
+    let mut rts = vec![rt0];
+    for rank in 1..world {
+        rts.push(build_runtime(
+            opts,
+            BackendKind::Cuda {
+                device: first + rank,
+            },
+            rank,
+        )?);
+    }
+    let devices: Vec<braid::cuda::CudaDevice> = rts
+        .iter()
+        .map(|rt| {
+            rt.cuda_device()
+                .cloned()
+                .expect("a CUDA runtime has a device")
+        })
+        .collect();
+    let comms: Vec<Comm> = braid::comm::nccl::NcclComm::init_all(&devices)
+        .map_err(|e| nccl_setup_error(0, e))?
+        .into_iter()
+        .map(|c| Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+        .collect();
+    let failures: Mutex<Vec<(usize, Gpt2Error)>> = Mutex::new(Vec::new());
+    let outcomes: Vec<Option<RankOutcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = rts
+            .into_iter()
+            .zip(comms.iter().cloned())
+            .enumerate()
+            .map(|(rank, (rt, comm))| {
+                let (comms, failures) = (&comms, &failures);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("braid-gpt2 rank {rank}"))
+                    .spawn_scoped(s, move || {
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            run_rank(opts, rt, rank, world, Some(comm), start, data, on_step)
+                        });
+                        let result = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+                            let what = p
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "a panic".into());
+                            Err(Gpt2Error::Engine(braid::Error::TaskFailed {
+                                task: format!("rank {rank}"),
+                                message: format!("panicked: {what}"),
+                            }))
+                        });
+                        match result {
+                            Ok(o) => Some(o),
+                            Err(e) => {
+                                // The other ranks would wait for this one's
+                                // collectives: abort them all now.
+                                let why = format!("rank {rank} failed: {e}");
+                                for c in comms {
+                                    c.abort(&why);
+                                }
+                                failures
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((rank, e));
+                                None
+                            }
+                        }
+                    });
+                if let Err(e) = &spawned {
+                    let why = format!("the thread of rank {rank} could not be started: {e}");
+                    for c in comms {
+                        c.abort(&why);
+                    }
+                }
+                spawned
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.ok().and_then(|h| h.join().ok().flatten()))
+            .collect()
+    });
+    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    if !failures.is_empty() {
+        return Err(root_cause(failures));
+    }
+    outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(rank, o)| {
+            o.ok_or_else(|| {
+                Gpt2Error::Engine(braid::Error::TaskFailed {
+                    task: format!("rank {rank}"),
+                    message: "its thread could not be started".into(),
+                })
+            })
+        })
+        .collect()
+}
+
+/// Overrides the port of braid's own TCP rendezvous in a torchrun job.
+pub const RENDEZVOUS_PORT_VAR: &str = "BRAID_MASTER_PORT";
+
+/// The port of braid's TCP rendezvous (which hands the NCCL unique id from
+/// rank 0 to the others) in a torchrun job whose `MASTER_PORT` is
+/// `master_port`, reading variables through `get`:
+///
+/// * `BRAID_MASTER_PORT` when it is set;
+/// * `MASTER_PORT + 1` when `TORCHELASTIC_USE_AGENT_STORE=True`: torchrun's
+///   agent then serves its own store on `MASTER_PORT` (PyTorch's default
+///   since the rendezvous store is shared; `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
+///   turns that off), so rank 0 could not listen there;
+/// * `MASTER_PORT` otherwise.
+///
+/// Every rank sees the same variables, so every rank picks the same port.
+pub fn rendezvous_port(master_port: u16, get: impl Fn(&str) -> Option<String>) -> Result<u16> {
+    if let Some(v) = get(RENDEZVOUS_PORT_VAR).filter(|v| !v.trim().is_empty()) {
+        return match v.trim().parse::<u16>() {
+            Ok(p) if p != 0 => Ok(p),
+            _ => Err(Gpt2Error::InvalidSetting {
+                what: "distributed environment",
+                reason: format!("{RENDEZVOUS_PORT_VAR}={v:?} is not a port"),
+            }),
+        };
+    }
+    let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true") || v.trim() == "1");
+    if agent_store {
+        return master_port.checked_add(1).ok_or(Gpt2Error::InvalidSetting {
+            what: "distributed environment",
+            reason: format!(
+                "MASTER_PORT={master_port} is torchrun's store; set {RENDEZVOUS_PORT_VAR} to a \
+                 free port for braid's rendezvous"
+            ),
+        });
+    }
+    Ok(master_port)
+}
+
+/// This process's rank of a torchrun job: device `LOCAL_RANK`, NCCL through
+/// the rendezvous at `MASTER_ADDR:MASTER_PORT`.
+fn train_torchrun(
+    opts: &TrainOptions,
+    env: &DistEnv,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<RankOutcome> {
+    let rt = build_runtime(
         opts,
-        BackendKind::Cuda { device },
-        0,
-        1,
-        None,
+        BackendKind::Cuda {
+            device: env.local_rank,
+        },
+        env.rank,
+    )?;
+    let comm = if env.world_size > 1 {
+        let mut core_env = braid::comm::rendezvous::DistEnv::from_env().map_err(|e| {
+            Gpt2Error::InvalidSetting {
+                what: "distributed environment",
+                reason: e.to_string(),
+            }
+        })?;
+        core_env.master_port = rendezvous_port(core_env.master_port, |k| std::env::var(k).ok())?;
+        let endpoint = core_env.master_endpoint();
+        Some(NcclCommunicator::join(&rt, &core_env).map_err(|e| {
+            let hint = format!(
+                " (braid's rendezvous used {endpoint}; set {RENDEZVOUS_PORT_VAR} to a port \
+                 free on rank 0's host to choose another)"
+            );
+            match e {
+                braid::Error::Collective {
+                    rank,
+                    index,
+                    op,
+                    message,
+                } => braid::Error::Collective {
+                    rank,
+                    index,
+                    op,
+                    message: message + &hint,
+                },
+                other => other,
+            }
+        })?)
+    } else {
+        None
+    };
+    run_rank(
+        opts,
+        rt,
+        env.rank,
+        env.world_size,
+        comm,
         start,
         data,
         on_step,
-    )?;
-    Ok(vec![out])
+    )
 }
 
 /// The result of [`evaluate`].
@@ -881,6 +1160,7 @@ pub fn evaluate(
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::path::Path;
 
     fn env(vars: &[(&str, &str)]) -> Result<Option<DistEnv>> {
         let m: HashMap<String, String> = vars
@@ -923,6 +1203,48 @@ mod tests {
             let err = env(bad).unwrap_err().to_string();
             assert!(err.contains("distributed environment"), "{err}");
         }
+    }
+
+    #[test]
+    fn rendezvous_port_avoids_torchruns_store() {
+        let port = |vars: &[(&str, &str)]| {
+            let m: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            rendezvous_port(29500, |k| m.get(k).cloned())
+        };
+        assert_eq!(port(&[]).unwrap(), 29500);
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "True")]).unwrap(),
+            29501
+        );
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "False")]).unwrap(),
+            29500
+        );
+        assert_eq!(
+            port(&[
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("BRAID_MASTER_PORT", "40000")
+            ])
+            .unwrap(),
+            40000
+        );
+        let err = port(&[("BRAID_MASTER_PORT", "0")]).unwrap_err().to_string();
+        assert!(err.contains("BRAID_MASTER_PORT"), "{err}");
+        assert_eq!(
+            rank_trace_path(Path::new("out/t.json"), 0),
+            Path::new("out/t.json")
+        );
+        assert_eq!(
+            rank_trace_path(Path::new("out/t.json"), 3),
+            Path::new("out/t.rank3.json")
+        );
+        assert_eq!(
+            rank_trace_path(Path::new("trace"), 1),
+            Path::new("trace.rank1")
+        );
     }
 
     #[test]

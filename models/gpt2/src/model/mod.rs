@@ -27,7 +27,9 @@
 //! ([`Priority::Side`]), which the placement policy puts beside the main
 //! chain, so weight gradients of layer `l` run while the input gradients of
 //! layers `l, l-1, …` proceed. Zeroing gradients is a task too. The device
-//! seam is `ops::Op::run`; the graph itself does not depend on the device.
+//! seam is `ops::Op::run` (the CPU kernels of `kernels::cpu`, or the CUDA
+//! launchers of `kernels::cuda` with the same views); the graph itself does
+//! not depend on the device.
 //!
 //! # Numerics
 //!
@@ -38,6 +40,11 @@
 //! activation and parameter gradient) are **bit-identical** to
 //! [`Reference`](crate::reference::Reference) on any number of streams and under
 //! any placement policy (`tests/engine_model.rs` checks it).
+//!
+//! On CUDA the kernels reduce in their own (fixed) orders and cuBLAS sums
+//! products in its own, so results agree with the CPU and with PyTorch to
+//! float tolerance, not bit for bit (`tests/cuda_model.rs`); they are still
+//! deterministic for a given shape.
 
 pub(crate) mod ops;
 mod sample;
@@ -46,7 +53,7 @@ pub use ops::KERNEL_BACKENDS;
 pub use sample::{sample_next, Sampler};
 
 /// Whether the model's tasks can run on the backend named `backend`
-/// ([`Runtime::backend_name`]): `cpu` today.
+/// ([`Runtime::backend_name`]): `cpu` and `cuda`.
 pub fn runs_on(backend: &str) -> bool {
     KERNEL_BACKENDS.contains(&backend)
 }
@@ -56,6 +63,7 @@ use braid::{Buffer, Priority, Runtime, TaskHandle, View};
 
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::cuda;
 use crate::layout::{ParamLayout, Span};
 use crate::reference::ActivationLayout;
 use ops::{submit, Op};
@@ -258,8 +266,12 @@ pub struct Gpt2Model {
     tokens: Buffer,
     targets: Buffer,
     loss: Buffer,
-    /// Device scratch of the attention kernels (see [`attention_scratch_bytes`]).
-    scratch: Buffer,
+    /// The prefix of the attention scratch buffer (see
+    /// [`attention_scratch_bytes`]) the attention forward task declares:
+    /// exactly what `kernels::cuda::attention_forward` takes.
+    att_scratch_fwd: View,
+    /// The prefix of the same buffer the attention backward task declares.
+    att_scratch_bwd: View,
     p: ParamViews,
     g: ParamViews,
     a: ActViews,
@@ -301,10 +313,12 @@ impl Gpt2Model {
         let tokens = rt.alloc("tokens", b * t * 4)?;
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
-        let scratch = rt.alloc(
-            "attention scratch",
-            attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads),
-        )?;
+        let (c, nh) = (cfg.channels, cfg.num_heads);
+        let scratch = rt.alloc("attention scratch", attention_scratch_bytes(b, t, c, nh))?;
+        let att_scratch_fwd =
+            scratch.view(0..cuda::attention_forward_scratch_bytes(b, t, c, nh))?;
+        let att_scratch_bwd =
+            scratch.view(0..cuda::attention_backward_scratch_bytes(b, t, c, nh))?;
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
@@ -324,7 +338,8 @@ impl Gpt2Model {
             tokens,
             targets,
             loss,
-            scratch,
+            att_scratch_fwd,
+            att_scratch_bwd,
             groups,
             has_targets: false,
         })
@@ -539,7 +554,7 @@ impl Gpt2Model {
                     preatt: la.preatt.clone(),
                     att: la.att.clone(),
                     inp: la.qkv.clone(),
-                    scratch: self.scratch.whole(),
+                    scratch: self.att_scratch_fwd.clone(),
                     b,
                     t,
                     c,
@@ -991,7 +1006,7 @@ impl Gpt2Model {
                     dout: lda.atty.clone(),
                     inp: la.qkv.clone(),
                     att: la.att.clone(),
-                    scratch: self.scratch.whole(),
+                    scratch: self.att_scratch_bwd.clone(),
                     b,
                     t,
                     c,
@@ -1071,17 +1086,18 @@ impl Gpt2Model {
     }
 }
 
-/// Bytes of device scratch the attention tasks declare (`write`): the larger
-/// of what the GPU attention kernels need forward (`4·B·T·C` f32: the heads
-/// of `q`, `k`, `v` permuted, and `att · v`) and backward (`6·B·T·C +
-/// 2·B·NH·T·T` f32), as `kernels/cuda.rs` documents them. The CPU kernels
-/// use none of it; the task graph declares it on every backend so that the
-/// graph is the same everywhere. One buffer serves every layer: the
-/// attention tasks are in one chain anyway.
+/// Bytes of device scratch the attention tasks use: the larger of what the
+/// GPU attention kernels need forward (`4·B·T·C` f32: the heads of `q`, `k`,
+/// `v` permuted, and `att · v`) and backward (`6·B·T·C + 2·B·NH·T·T` f32),
+/// as `kernels/cuda.rs` documents them. The forward task declares (`write`)
+/// the forward size from the start of the buffer, the backward task the
+/// backward size, exactly what the launchers take. The CPU kernels use none
+/// of it; the task graph declares it on every backend so that the graph is
+/// the same everywhere. One buffer serves every layer: the attention tasks
+/// are in one chain anyway.
 pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize) -> usize {
-    let forward = 4 * b * t * c;
-    let backward = 6 * b * t * c + 2 * b * nh * t * t;
-    4 * forward.max(backward)
+    cuda::attention_forward_scratch_bytes(b, t, c, nh)
+        .max(cuda::attention_backward_scratch_bytes(b, t, c, nh))
 }
 
 /// GPT-2's initialisation (as in nanoGPT and llm.c): weights `N(0, 0.02)`, the

@@ -5,28 +5,48 @@
 //! its views and sizes. [`Op::accesses`] derives the task's declared accesses
 //! from the op alone, so the task graph is the same on every backend by
 //! construction; [`Op::run`] is the task body, and the only place that looks at
-//! the device. On the CPU backend it borrows the declared host slices from the
-//! task context and calls the kernels of [`crate::kernels::cpu`].
+//! the device:
 //!
-//! The ops are cut the way the GPU launchers of `kernels/cuda.rs` are (same
-//! views, same order, plus the scratch views those need), so the GPU arm is
-//! one more `match` arm here — `DeviceCtx::Cuda(_)`, calling the launcher of
-//! each op with the same views — and `"cuda"` in [`KERNEL_BACKENDS`]. Until
-//! then a CUDA runtime is refused up front by
-//! [`trainer::model_runtime`](crate::trainer::model_runtime), and a task of
-//! this crate that still lands on a device without an arm fails with
-//! [`braid::Error::BackendUnavailable`] at the next synchronisation point (no
-//! panic, no hang).
+//! * `DeviceCtx::Cpu` borrows the declared host slices from the task context
+//!   and calls the kernels of [`crate::kernels::cpu`];
+//! * `DeviceCtx::Cuda` calls the launcher of [`crate::kernels::cuda`] with the
+//!   same views (each launcher resolves them to device addresses through the
+//!   task's declared accesses and queues its kernels and cuBLAS products on
+//!   the task's stream); zeroing is a `cuMemsetD8Async` on that stream.
+//!
+//! The ops are cut the way the GPU launchers are (softmax and cross-entropy in
+//! one task, a scratch view for attention and for the norm's partial sums, the
+//! clip factor applied as AdamW reads the gradients), so each op is one
+//! launcher call. The CPU kernels take one `(N, C)` matrix where the launchers
+//! take `(B, T, C)`: ops of `n = B·T` rows call them with `B = 1, T = n`, the
+//! same memory. A task that lands on a device without an arm (a backend added
+//! to the engine later) fails with [`braid::Error::BackendUnavailable`] at the
+//! next synchronisation point (no panic, no hang).
+//!
+//! # Token ids on the GPU
+//!
+//! Three launchers index memory with ids read on the device
+//! (`encoder_forward`, `encoder_backward`, `softmax_crossentropy_forward`) and
+//! are `unsafe`: every id must be below the vocabulary size. The views they
+//! get here are the model's private `tokens` and `targets` buffers, which are
+//! zero when allocated and written only by `Gpt2Model::forward`, after it
+//! checked every id against the vocabulary on the host
+//! (`crate::data::check_ids`, the check of [`crate::kernels::check_tokens`]);
+//! `V` is the configuration's vocabulary, the row count of `wte` and of every
+//! probability row.
 
 use std::borrow::Cow;
 
-use braid::{DeviceCtx, Mode, Priority, Runtime, TaskCtx, TaskError, TaskHandle, View};
+use braid::{
+    CudaTaskCtx, DeviceCtx, Mode, Priority, Runtime, TaskCtx, TaskError, TaskHandle, View,
+};
 
 use crate::kernels::cpu as k;
+use crate::kernels::cuda as gk;
 
 /// The backends (by [`Runtime::backend_name`]) whose kernels `Op::run`
 /// dispatches to. A backend is added here together with its arm in `run`.
-pub const KERNEL_BACKENDS: &[&str] = &["cpu"];
+pub const KERNEL_BACKENDS: &[&str] = &["cpu", "cuda"];
 
 /// One kernel launch: the kernel, the views it touches, and its sizes.
 ///
@@ -360,11 +380,11 @@ impl Op {
     pub(crate) fn run(&self, ctx: &TaskCtx<'_>) -> Result<(), TaskError> {
         match ctx.device() {
             DeviceCtx::Cpu(_) => self.run_cpu(ctx),
+            DeviceCtx::Cuda(cu) => self.run_cuda(ctx, cu),
             _ => Err(Box::new(braid::Error::BackendUnavailable {
-                backend: "cuda",
+                backend: "unknown",
                 reason: format!(
-                    "task `{}`: the GPT-2 kernels run on the CPU backend only so far \
-                     (see `KERNEL_BACKENDS`)",
+                    "task `{}`: the GPT-2 kernels run on {KERNEL_BACKENDS:?} only",
                     ctx.name()
                 ),
             })),
@@ -658,6 +678,205 @@ impl Op {
                     *weight_decay,
                 );
             }
+        }
+        Ok(())
+    }
+}
+
+impl Op {
+    /// The CUDA backend: the launchers of [`crate::kernels::cuda`] on the same
+    /// views, queued on the task's stream (`cu`). Launchers check every view
+    /// against its shape, its declaration and its mode before queuing
+    /// anything, so a mismatch is an error of this task, never a bad access.
+    fn run_cuda(&self, ctx: &TaskCtx<'_>, cu: &CudaTaskCtx<'_>) -> Result<(), TaskError> {
+        match self {
+            Op::Encoder {
+                out,
+                tokens,
+                wte,
+                wpe,
+                b,
+                t,
+                c,
+            } => {
+                // SAFETY: `tokens` is the model's token buffer, whose ids were
+                // all checked to be below the vocabulary size (the rows of
+                // `wte`) on the host before they were uploaded (module docs).
+                unsafe { gk::encoder_forward(ctx, out, tokens, wte, wpe, *b, *t, *c) }?
+            }
+            Op::EncoderBackward {
+                dwte,
+                dwpe,
+                dout,
+                tokens,
+                b,
+                t,
+                c,
+            } => {
+                // SAFETY: as for `Op::Encoder`: the same checked token buffer,
+                // `dwte` has the vocabulary's rows.
+                unsafe { gk::encoder_backward(ctx, dwte, dwpe, dout, tokens, *b, *t, *c) }?
+            }
+            Op::LayerNorm {
+                out,
+                mean,
+                rstd,
+                inp,
+                weight,
+                bias,
+                n,
+                c,
+            } => gk::layernorm_forward(ctx, out, mean, rstd, inp, weight, bias, 1, *n, *c)?,
+            Op::LayerNormBackward {
+                dinp,
+                dweight,
+                dbias,
+                dout,
+                inp,
+                weight,
+                mean,
+                rstd,
+                n,
+                c,
+            } => gk::layernorm_backward(
+                ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, 1, *n, *c,
+            )?,
+            Op::Matmul {
+                out,
+                inp,
+                weight,
+                bias,
+                n,
+                c,
+                oc,
+            } => gk::matmul_forward(ctx, out, inp, weight, bias.as_ref(), 1, *n, *c, *oc)?,
+            Op::MatmulBackwardInput {
+                dinp,
+                dout,
+                weight,
+                n,
+                c,
+                oc,
+            } => gk::matmul_backward_input(ctx, dinp, dout, weight, 1, *n, *c, *oc)?,
+            Op::MatmulBackwardWeight {
+                dweight,
+                dbias,
+                dout,
+                inp,
+                n,
+                c,
+                oc,
+            } => {
+                gk::matmul_backward_weight(ctx, dweight, dbias.as_ref(), dout, inp, 1, *n, *c, *oc)?
+            }
+            Op::Attention {
+                out,
+                preatt,
+                att,
+                inp,
+                scratch,
+                b,
+                t,
+                c,
+                nh,
+            } => gk::attention_forward(ctx, out, preatt, att, inp, scratch, *b, *t, *c, *nh)?,
+            Op::AttentionBackward {
+                dinp,
+                dout,
+                inp,
+                att,
+                scratch,
+                b,
+                t,
+                c,
+                nh,
+            } => gk::attention_backward(ctx, dinp, dout, inp, att, scratch, *b, *t, *c, *nh)?,
+            Op::Gelu { out, inp } => gk::gelu_forward(ctx, out, inp)?,
+            Op::GeluBackward { dinp, inp, dout } => gk::gelu_backward(ctx, dinp, inp, dout)?,
+            Op::Residual { out, a, b } => gk::residual_forward(ctx, out, a, b)?,
+            Op::ResidualBackward { da, db, dout } => gk::residual_backward(ctx, da, db, dout)?,
+            Op::Softmax {
+                probs,
+                logits,
+                n,
+                v,
+            } => gk::softmax_forward(ctx, probs, logits, 1, *n, *v)?,
+            Op::SoftmaxCrossEntropy {
+                probs,
+                losses,
+                logits,
+                targets,
+                n,
+                v,
+            } => {
+                // SAFETY: `targets` is the model's target buffer, checked on
+                // the host to hold ids below the vocabulary size `v` before
+                // upload (module docs).
+                unsafe {
+                    gk::softmax_crossentropy_forward(ctx, probs, losses, logits, targets, 1, *n, *v)
+                }?
+            }
+            Op::MeanLoss { loss, losses } => gk::mean_loss(ctx, loss, losses)?,
+            Op::CrossEntropySoftmaxBackward {
+                dlogits,
+                probs,
+                targets,
+                dloss,
+                n,
+                v,
+            } => {
+                gk::crossentropy_softmax_backward(ctx, dlogits, probs, targets, *dloss, 1, *n, *v)?
+            }
+            Op::Zero { out } => {
+                // Checks that `out` is declared `write` by this task and lives
+                // on this device; the address of its first byte.
+                let ptr = ctx.device_ptr(out, true)?;
+                if !out.is_empty() {
+                    // SAFETY: `ptr..ptr + out.len()` is the declared, exclusive
+                    // (`write`) view `out` of a live device buffer of the
+                    // stream's device (checked by `device_ptr`); the engine
+                    // keeps the buffer alive until the task's end event, which
+                    // is recorded on this stream after the memset.
+                    unsafe { braid::cuda::memory::memset_d8_async(ptr, 0, out.len(), cu.stream()) }
+                        .map_err(braid::Error::from)?;
+                }
+            }
+            Op::SumSquares {
+                partial,
+                scratch,
+                grads,
+            } => gk::grad_norm_sq(ctx, partial, scratch, grads)?,
+            Op::ClipScale {
+                scale,
+                partials,
+                max_norm,
+            } => gk::grad_clip_scale(ctx, scale, partials, *max_norm)?,
+            Op::AdamW {
+                params,
+                grads,
+                m,
+                v,
+                scale,
+                step,
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => gk::adamw_update(
+                ctx,
+                params,
+                grads,
+                m,
+                v,
+                scale.as_ref(),
+                *step,
+                *lr,
+                *beta1,
+                *beta2,
+                *eps,
+                *weight_decay,
+            )?,
         }
         Ok(())
     }

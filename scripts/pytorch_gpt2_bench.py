@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""GPT-2 124M training steps in PyTorch: the baseline for braid's ``gpt2_gpu``.
+
+The same model and step as ``benches/src/bin/gpt2_gpu.rs``: GPT-2 small
+(``transformers.GPT2Config()``: 12 layers, 12 heads, 768 channels, vocabulary
+50257, context 1024, tied embeddings, tanh GELU, no dropout), fp32 with TF32
+off, random token ids (new each step), the mean cross-entropy of the logits
+against independent random targets (no label shift, as braid), global-norm
+clipping at 1.0 and ``torch.optim.AdamW`` (lr 3e-4, betas (0.9, 0.95), eps
+1e-8, weight decay 0.1 on every parameter). Warm-up steps, then timed steps,
+each between two ``torch.cuda.synchronize()`` calls.
+
+Prints one ``key=value`` line per figure, among them::
+
+    tokens_per_s=...     (B*T / median step time)
+    step_ms=...          (median step time)
+
+Usage (on the GPU machine)::
+
+    python3 scripts/pytorch_gpt2_bench.py --batch-size 8 --seq-len 1024
+    python3 scripts/pytorch_gpt2_bench.py --batch-size 8 --seq-len 1024 --attn eager
+
+``--attn eager`` materialises the (B, NH, T, T) attention matrices as braid
+does (its kernels are llm.c's); ``--attn sdpa`` (the default, Hugging Face's
+default too) uses ``scaled_dot_product_attention`` (fused kernels). Without
+``transformers`` (or with ``--impl nanogpt``) a minimal nanoGPT-style module
+defined here is used instead, with the same parameters and computation.
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch-size", type=int, default=8, help="B (default 8)")
+    p.add_argument("--seq-len", type=int, default=1024, help="T (default 1024)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    p.add_argument(
+        "--impl",
+        choices=["auto", "hf", "nanogpt"],
+        default="auto",
+        help="transformers.GPT2LMHeadModel (hf), the module in this script "
+        "(nanogpt), or hf when transformers is installed (auto)",
+    )
+    p.add_argument(
+        "--attn",
+        choices=["sdpa", "eager"],
+        default="sdpa",
+        help="attention: fused scaled_dot_product_attention (sdpa) or the "
+        "explicit softmax(q k^T) v with (B, NH, T, T) matrices (eager)",
+    )
+    p.add_argument("--grad-clip", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--seed", type=int, default=1337)
+    return p.parse_args()
+
+
+# ----- a minimal GPT-2 (nanoGPT style), used without transformers ------------
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, n_ctx, attn):
+        super().__init__()
+        self.n_head = n_head
+        self.attn = attn
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        mask = torch.tril(torch.ones(n_ctx, n_ctx, dtype=torch.bool))
+        self.register_buffer("mask", mask.view(1, 1, n_ctx, n_ctx), persistent=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        hs = c // self.n_head
+        q = q.view(b, t, self.n_head, hs).transpose(1, 2)
+        k = k.view(b, t, self.n_head, hs).transpose(1, 2)
+        v = v.view(b, t, self.n_head, hs).transpose(1, 2)
+        if self.attn == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, n_ctx, attn):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(n_embd, n_head, n_ctx, attn)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=1e-5)
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        h = F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")
+        return x + self.c_proj(h)
+
+
+class NanoGPT2(nn.Module):
+    """GPT-2 without dropout; the head is tied to the token embedding."""
+
+    def __init__(self, vocab_size=50257, n_ctx=1024, n_layer=12, n_head=12, n_embd=768, attn="sdpa"):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(n_ctx, n_embd)
+        self.h = nn.ModuleList([Block(n_embd, n_head, n_ctx, attn) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+# ----- the benchmark ----------------------------------------------------------
+
+
+def build_model(args):
+    """Returns (module, forward(idx) -> logits, description)."""
+    impl = args.impl
+    if impl in ("auto", "hf"):
+        try:
+            import transformers
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError as e:
+            if impl == "hf":
+                sys.exit(f"--impl hf: transformers is not installed ({e})")
+            impl = "nanogpt"
+        else:
+            cfg = GPT2Config(
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                activation_function="gelu_new",
+                layer_norm_epsilon=1e-5,
+                attn_implementation=args.attn,
+            )
+            model = GPT2LMHeadModel(cfg)
+            model.config.use_cache = False
+            used = getattr(model.config, "_attn_implementation", args.attn)
+            if used != args.attn:
+                sys.exit(f"--attn {args.attn}: transformers chose {used!r} instead")
+
+            def forward(idx, model=model):
+                return model(input_ids=idx, use_cache=False).logits
+
+            desc = f"transformers {transformers.__version__} GPT2LMHeadModel(GPT2Config())"
+            return model, forward, desc
+    model = NanoGPT2(attn=args.attn)
+    return model, model, "nanoGPT-style module (this script)"
+
+
+def main():
+    args = parse_args()
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("no CUDA device visible to PyTorch; pass --device cpu for a dry run")
+    # fp32 throughout, TF32 off (braid's cuBLAS products are plain FP32).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.manual_seed(args.seed)
+
+    model, forward, desc = build_model(args)
+    model.to(device=device, dtype=torch.float32)
+    model.train()
+    if args.compile:
+        forward = torch.compile(forward)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
+    )
+    b, t = args.batch_size, args.seq_len
+    vocab = 50257
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def step():
+        x = torch.randint(0, vocab, (b, t), device=device, generator=gen)
+        y = torch.randint(0, vocab, (b, t), device=device, generator=gen)
+        opt.zero_grad(set_to_none=False)
+        logits = forward(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        return loss
+
+    print(f"model={desc}")
+    print(f"parameters={n_params}")
+    print(f"attention={args.attn}")
+    print(f"device={torch.cuda.get_device_name(device) if cuda else 'cpu'}")
+    print(f"torch={torch.__version__}")
+    print(f"batch_size={b}")
+    print(f"seq_len={t}")
+    print("dtype=float32 tf32=off")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(args.warmup):
+        step()
+    sync()
+    times = []
+    loss = None
+    for _ in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    print(f"loss={loss.item():.4f}")
+    print(f"step_ms={med * 1e3:.2f}")
+    print(f"step_ms_mean={statistics.fmean(times) * 1e3:.2f}")
+    print(f"step_ms_min={min(times) * 1e3:.2f}")
+    print(f"tokens_per_s={b * t / med:.0f}")
+    if cuda:
+        print(f"peak_memory_gib={torch.cuda.max_memory_allocated(device) / 2**30:.2f}")
+
+
+if __name__ == "__main__":
+    main()
