@@ -215,9 +215,13 @@ impl Communicator for NcclCommunicator {
                 None => Ok(0),
             }
         };
+        // The root of an in-place broadcast only reads its data (the task
+        // declared it so); NCCL is given the same address as its output.
+        let root_in_place =
+            matches!(c.kind, CollectiveKind::Broadcast { root } if root == rank) && c.in_place();
         let (send, recv) = (
             ptr(c.send_view(rank)?, false)?,
-            ptr(c.recv_view(rank)?, true)?,
+            ptr(c.recv_view(rank)?, !root_in_place)?,
         );
         let dt = dtype(c.dtype);
         // SAFETY: `send` and `recv` are device addresses of views the task
