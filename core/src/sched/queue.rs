@@ -28,7 +28,7 @@ pub(crate) struct Queue<T> {
 #[cfg(not(loom))]
 const IDLE_SPIN: u32 = 500;
 #[cfg(loom)]
-const IDLE_SPIN: u32 = 500;
+const IDLE_SPIN: u32 = 0;
 
 impl<T> Queue<T> {
     pub(crate) fn new() -> Self {
