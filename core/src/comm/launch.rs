@@ -59,7 +59,7 @@ where
                 Ok(h) => h.join().unwrap_or_else(|p| {
                     let e = Error::TaskPanicked {
                         task: format!("rank {rank}"),
-                        message: panic_message(&*p),
+                        message: crate::sched::panic_message(&*p),
                     };
                     (Err(e), 0)
                 }),
@@ -105,7 +105,7 @@ where
             (Err(e), why)
         }
         Err(p) => {
-            let message = panic_message(&*p);
+            let message = crate::sched::panic_message(&*p);
             let why = format!("its closure panicked: {message}");
             let e = Error::TaskPanicked {
                 task: format!("rank {rank}"),
@@ -116,14 +116,4 @@ where
     };
     depart.depart(issued, why);
     (out, issued)
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
 }

@@ -22,7 +22,7 @@ use std::borrow::Cow;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-pub(crate) use worker::spawn as spawn_worker;
+pub(crate) use worker::{panic_message, spawn as spawn_worker};
 
 const PENDING: u8 = 0;
 const OK: u8 = 1;

@@ -306,7 +306,8 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+/// The message of a caught panic (its `&str` or `String` payload).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {

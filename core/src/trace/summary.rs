@@ -146,6 +146,15 @@ impl Summary {
         }
     }
 
+    /// Share of the wall time during which two or more streams were busy.
+    pub fn overlap_share(&self) -> f64 {
+        if self.wall_ns == 0 {
+            0.0
+        } else {
+            self.overlap_ns as f64 / self.wall_ns as f64
+        }
+    }
+
     /// Share of communication time hidden under computation (0 when there was
     /// no communication).
     pub fn hidden_share(&self) -> f64 {

@@ -361,11 +361,7 @@ impl fmt::Display for TrainReport {
             100.0 * self.hidden_comm_share()
         )?;
         if let Some(s) = self.summaries.first() {
-            let overlap = if s.wall_ns > 0 {
-                100.0 * s.overlap_ns as f64 / s.wall_ns as f64
-            } else {
-                0.0
-            };
+            let overlap = 100.0 * s.overlap_share();
             writeln!(
                 f,
                 "rank 0           {} tasks, 2+ streams busy {overlap:.0}% of {:.1} ms, critical path {:.1} ms",
