@@ -34,7 +34,9 @@
 //! step instead: Adam divides by the gradient's own magnitude, so where the
 //! gradient is noise the step is noise (see `tests/reference_pytorch.rs`).
 
-use std::collections::{BTreeSet, HashMap};
+mod common;
+
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
@@ -43,11 +45,10 @@ use braid::{BackendKind, Policy, Runtime, TaskKind};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{write_token_file, TokenSource};
-use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::model::{Gpt2Model, Rng};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::trainer::{model_runtime, train, StartState, TrainOptions, TrainReport};
-use safetensors::{Dtype, SafeTensors};
+use common::{check_all, compare, setup, Worst};
 
 const LOSS_ATOL: f32 = 1e-4;
 const LOGITS_ATOL: f32 = 1e-4;
@@ -76,170 +77,6 @@ fn gpu_count() -> usize {
     braid::cuda::cuda_available().unwrap_or(0)
 }
 
-/// The PyTorch fixture, decoded.
-struct Fixture {
-    b: usize,
-    t: usize,
-    meta: HashMap<String, String>,
-    f32s: HashMap<String, Vec<f32>>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
-}
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/gpt2_tiny_reference.safetensors"
-);
-
-impl Fixture {
-    fn load() -> Self {
-        let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| {
-            panic!("{FIXTURE}: {e} (regenerate with models/gpt2/scripts/make_reference.py)")
-        });
-        let (_, header) = SafeTensors::read_metadata(&bytes).expect("safetensors header");
-        let meta = header.metadata().clone().expect("fixture metadata");
-        let st = SafeTensors::deserialize(&bytes).expect("safetensors file");
-        let (mut f32s, mut ints) = (HashMap::new(), HashMap::new());
-        for (name, view) in st.tensors() {
-            let words = view
-                .data()
-                .chunks_exact(4)
-                .map(|w| [w[0], w[1], w[2], w[3]]);
-            match view.dtype() {
-                Dtype::F32 => {
-                    f32s.insert(name, words.map(f32::from_le_bytes).collect::<Vec<_>>());
-                }
-                Dtype::I32 => {
-                    let ids: Vec<u32> = words
-                        .map(|w| u32::try_from(i32::from_le_bytes(w)).expect("negative token"))
-                        .collect();
-                    ints.insert(name, ids);
-                }
-                other => panic!("{name}: unexpected dtype {other:?}"),
-            }
-        }
-        let fx = Fixture {
-            b: meta["batch_size"].parse().unwrap(),
-            t: meta["seq_len"].parse().unwrap(),
-            tokens: ints.remove("tokens").expect("tokens"),
-            targets: ints.remove("targets").expect("targets"),
-            meta,
-            f32s,
-        };
-        let cfg: serde_json::Value = serde_json::from_str(&fx.meta["config"]).unwrap();
-        assert_eq!(
-            cfg["vocab_size"].as_u64(),
-            Some(Gpt2Config::tiny().vocab_size as u64),
-            "the fixture is made with Gpt2Config::tiny()"
-        );
-        fx
-    }
-
-    fn tensor(&self, name: &str) -> &[f32] {
-        self.f32s
-            .get(name)
-            .unwrap_or_else(|| panic!("fixture lacks `{name}`"))
-    }
-
-    fn hparam(&self, name: &str) -> f32 {
-        self.meta[name]
-            .parse()
-            .unwrap_or_else(|e| panic!("metadata {name}: {e}"))
-    }
-
-    /// `prefix + hf name` tensors gathered into the flat layout.
-    fn flat(&self, layout: &ParamLayout, prefix: &str) -> Vec<f32> {
-        let mut flat = vec![f32::NAN; layout.total];
-        for t in &layout.tensors {
-            t.copy_from_hf(self.tensor(&format!("{prefix}{}", t.name)), &mut flat)
-                .unwrap();
-        }
-        assert!(flat.iter().all(|x| x.is_finite()));
-        flat
-    }
-}
-
-/// The worst element of one comparison.
-#[derive(Debug, Clone)]
-struct Worst {
-    what: String,
-    index: usize,
-    ours: f32,
-    theirs: f32,
-    /// `|ours - theirs| - (atol + rtol·|theirs|)`: positive is a failure.
-    excess: f32,
-    max_abs_err: f32,
-    max_rel_err: f32,
-}
-
-fn compare(what: &str, ours: &[f32], theirs: &[f32], atol: f32, rtol: f32) -> Worst {
-    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
-    assert!(!ours.is_empty(), "{what}: nothing to compare");
-    let mut w = Worst {
-        what: what.to_owned(),
-        index: 0,
-        ours: ours[0],
-        theirs: theirs[0],
-        excess: f32::NEG_INFINITY,
-        max_abs_err: 0.0,
-        max_rel_err: 0.0,
-    };
-    for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
-        let err = (a - b).abs();
-        let excess = if err.is_nan() {
-            f32::INFINITY
-        } else {
-            err - (atol + rtol * b.abs())
-        };
-        w.max_abs_err = w.max_abs_err.max(err);
-        if b.abs() > 1e-6 {
-            w.max_rel_err = w.max_rel_err.max(err / b.abs());
-        }
-        if excess > w.excess {
-            (w.index, w.ours, w.theirs, w.excess) = (i, a, b, excess);
-        }
-    }
-    w
-}
-
-/// Prints the worst errors; panics with the worst element if any comparison
-/// is beyond its tolerance.
-fn check_all(kind: &str, results: &[Worst]) {
-    let worst = results
-        .iter()
-        .max_by(|a, b| a.excess.total_cmp(&b.excess))
-        .expect("nothing compared");
-    let max_abs = results.iter().map(|w| w.max_abs_err).fold(0.0, f32::max);
-    let max_rel = results
-        .iter()
-        .max_by(|a, b| a.max_rel_err.total_cmp(&b.max_rel_err))
-        .unwrap();
-    eprintln!(
-        "{kind}: {} tensors; max abs err {max_abs:.3e}; max rel err {:.3e} (in {}); closest \
-         to tolerance: {}[{}] gpu {} torch {} (excess {:.3e})",
-        results.len(),
-        max_rel.max_rel_err,
-        max_rel.what,
-        worst.what,
-        worst.index,
-        worst.ours,
-        worst.theirs,
-        worst.excess
-    );
-    assert!(
-        worst.excess <= 0.0,
-        "{kind}: {}[{}] differs from PyTorch: gpu {}, torch {} (beyond tolerance by {:.3e}; \
-         max abs err {max_abs:.3e}, max rel err {:.3e} in {})",
-        worst.what,
-        worst.index,
-        worst.ours,
-        worst.theirs,
-        worst.excess,
-        max_rel.max_rel_err,
-        max_rel.what
-    );
-}
-
 // ----- (a) forward and backward against PyTorch ---------------------------------
 
 #[test]
@@ -247,10 +84,7 @@ fn cuda_model_matches_pytorch_on_any_streams_and_policy() {
     if !braid::cuda::gpu_or_skip("cuda_model_matches_pytorch_on_any_streams_and_policy") {
         return;
     }
-    let fx = Fixture::load();
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let params = fx.flat(&layout, "");
+    let (fx, layout, params) = setup();
     let torch_grads = fx.flat(&layout, "grad.");
     let torch_loss = fx.tensor("loss")[0];
     let mut first: Option<(String, Vec<f32>)> = None;
@@ -258,7 +92,7 @@ fn cuda_model_matches_pytorch_on_any_streams_and_policy() {
         for policy in Policy::ALL {
             let what = format!("{streams} stream(s), {policy}");
             let rt = gpu_runtime(streams, policy);
-            let mut model = Gpt2Model::new(&rt, &cfg, fx.b, fx.t).unwrap();
+            let mut model = Gpt2Model::new(&rt, &fx.cfg, fx.b, fx.t).unwrap();
             model.upload_params(&rt, &params).unwrap();
             model.zero_grad(&rt).unwrap();
             model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
@@ -340,25 +174,16 @@ fn cuda_adamw_steps_match_pytorch() {
     if !braid::cuda::gpu_or_skip("cuda_adamw_steps_match_pytorch") {
         return;
     }
-    let fx = Fixture::load();
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let params = fx.flat(&layout, "");
-    let steps: usize = fx.meta["steps"].parse().unwrap();
-    let h = AdamWHyper {
-        learning_rate: fx.hparam("lr"),
-        beta1: fx.hparam("beta1"),
-        beta2: fx.hparam("beta2"),
-        eps: fx.hparam("eps"),
-        weight_decay: fx.hparam("weight_decay"),
-    };
+    let (fx, layout, params) = setup();
+    let steps = fx.steps();
+    let h = fx.adamw_hyper();
     assert_eq!(fx.meta["weight_decay_applies_to"], "all parameters");
     let max_norm = fx.hparam("max_grad_norm");
 
     for (streams, policy) in [(2, Policy::Affinity), (4, Policy::RoundRobin)] {
         let what = format!("{streams} streams, {policy}");
         let rt = gpu_runtime(streams, policy);
-        let mut model = Gpt2Model::new(&rt, &cfg, fx.b, fx.t).unwrap();
+        let mut model = Gpt2Model::new(&rt, &fx.cfg, fx.b, fx.t).unwrap();
         model.upload_params(&rt, &params).unwrap();
         let mut opt = AdamW::for_model(&rt, &model, h, Some(max_norm)).unwrap();
         let (mut losses, mut norms) = (Vec::new(), Vec::new());
@@ -395,7 +220,7 @@ fn cuda_adamw_steps_match_pytorch() {
         let mut compared = 0;
         for t in &layout.tensors {
             let name = format!("final.{}", t.name);
-            let Some(theirs) = fx.f32s.get(&name) else {
+            let Some(theirs) = fx.try_tensor(&name) else {
                 continue;
             };
             let mut ours = vec![0.0; t.len];

@@ -11,7 +11,7 @@
 //! * Against the PyTorch fixture with the tolerances of
 //!   `tests/reference_pytorch.rs`.
 
-use std::collections::HashMap;
+mod common;
 
 use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
@@ -21,7 +21,6 @@ use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::model::{init_params, Gpt2Model, Rng};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
-use safetensors::{Dtype, SafeTensors};
 
 fn runtime(streams: usize, policy: Policy) -> Runtime {
     Runtime::builder()
@@ -277,80 +276,14 @@ fn optimizer_tasks_match_the_reference_training_loop() {
 
 // ----- PyTorch fixture ---------------------------------------------------------
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/gpt2_tiny_reference.safetensors"
-);
-
-struct Fixture {
-    b: usize,
-    t: usize,
-    meta: HashMap<String, String>,
-    f32s: HashMap<String, Vec<f32>>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
-}
-
-impl Fixture {
-    fn load() -> Self {
-        let bytes = std::fs::read(FIXTURE).expect("fixture");
-        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
-        let meta = header.metadata().clone().unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let (mut f32s, mut ints) = (HashMap::new(), HashMap::new());
-        for (name, view) in st.tensors() {
-            let words = view
-                .data()
-                .chunks_exact(4)
-                .map(|w| [w[0], w[1], w[2], w[3]]);
-            match view.dtype() {
-                Dtype::F32 => {
-                    f32s.insert(name, words.map(f32::from_le_bytes).collect());
-                }
-                Dtype::I32 => {
-                    ints.insert(name, words.map(|w| i32::from_le_bytes(w) as u32).collect());
-                }
-                other => panic!("{name}: {other:?}"),
-            }
-        }
-        Fixture {
-            b: meta["batch_size"].parse().unwrap(),
-            t: meta["seq_len"].parse().unwrap(),
-            tokens: ints.remove("tokens").unwrap(),
-            targets: ints.remove("targets").unwrap(),
-            meta,
-            f32s,
-        }
-    }
-
-    fn tensor(&self, name: &str) -> &[f32] {
-        &self.f32s[name]
-    }
-
-    fn hparam(&self, name: &str) -> f32 {
-        self.meta[name].parse().unwrap()
-    }
-
-    fn flat(&self, layout: &ParamLayout, prefix: &str) -> Vec<f32> {
-        let mut flat = vec![f32::NAN; layout.total];
-        for t in &layout.tensors {
-            t.copy_from_hf(self.tensor(&format!("{prefix}{}", t.name)), &mut flat)
-                .unwrap();
-        }
-        flat
-    }
-}
-
 #[test]
 fn engine_model_matches_pytorch() {
-    let fx = Fixture::load();
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let params = fx.flat(&layout, "");
+    let (fx, layout, params) = common::setup();
+    let cfg = &fx.cfg;
     let rt = runtime(2, Policy::Affinity);
 
     // Forward and backward: loss 1e-5, logits 1e-5 + 1e-4 rel, gradients 1e-4 rel.
-    let mut model = Gpt2Model::new(&rt, &cfg, fx.b, fx.t).unwrap();
+    let mut model = Gpt2Model::new(&rt, cfg, fx.b, fx.t).unwrap();
     model.upload_params(&rt, &params).unwrap();
     model.zero_grad(&rt).unwrap();
     model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
@@ -378,17 +311,11 @@ fn engine_model_matches_pytorch() {
 
     // Five clipped AdamW steps: losses 1e-4, pre-clip norms 1e-4 rel, final
     // parameters 1e-6 + 1e-4 rel where the gradient is well conditioned.
-    let steps: usize = fx.meta["steps"].parse().unwrap();
-    let h = AdamWHyper {
-        learning_rate: fx.hparam("lr"),
-        beta1: fx.hparam("beta1"),
-        beta2: fx.hparam("beta2"),
-        eps: fx.hparam("eps"),
-        weight_decay: fx.hparam("weight_decay"),
-    };
+    let steps = fx.steps();
+    let h = fx.adamw_hyper();
     let (losses, norms, final_params) = engine_steps(
         &rt,
-        &cfg,
+        cfg,
         fx.b,
         fx.t,
         &params,
@@ -409,7 +336,7 @@ fn engine_model_matches_pytorch() {
     let mut compared = 0;
     for t in &layout.tensors {
         let name = format!("final.{}", t.name);
-        let Some(theirs) = fx.f32s.get(&name) else {
+        let Some(theirs) = fx.try_tensor(&name) else {
             continue;
         };
         let mut ours = vec![0.0; t.len];

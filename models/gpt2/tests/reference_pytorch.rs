@@ -7,209 +7,11 @@
 //! elementwise; on failure the message names the worst tensor and element.
 //! Run with `--nocapture` to see the worst errors reached.
 
-use std::collections::HashMap;
+mod common;
 
-use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu as k;
-use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::reference::Reference;
-use safetensors::{Dtype, SafeTensors};
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/gpt2_tiny_reference.safetensors"
-);
-
-/// The fixture, decoded.
-struct Fixture {
-    cfg: Gpt2Config,
-    b: usize,
-    t: usize,
-    meta: HashMap<String, String>,
-    f32s: HashMap<String, (Vec<usize>, Vec<f32>)>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
-}
-
-impl Fixture {
-    fn load() -> Self {
-        let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| {
-            panic!("{FIXTURE}: {e} (regenerate with models/gpt2/scripts/make_reference.py)")
-        });
-        let (_, header) = SafeTensors::read_metadata(&bytes).expect("safetensors header");
-        let meta = header.metadata().clone().expect("fixture metadata");
-        let st = SafeTensors::deserialize(&bytes).expect("safetensors file");
-        let mut f32s = HashMap::new();
-        let mut ints = HashMap::new();
-        for (name, view) in st.tensors() {
-            let words = view
-                .data()
-                .chunks_exact(4)
-                .map(|w| [w[0], w[1], w[2], w[3]]);
-            match view.dtype() {
-                Dtype::F32 => {
-                    let data = words.map(f32::from_le_bytes).collect();
-                    f32s.insert(name, (view.shape().to_vec(), data));
-                }
-                Dtype::I32 => {
-                    let data: Vec<u32> = words
-                        .map(|w| u32::try_from(i32::from_le_bytes(w)).expect("negative token"))
-                        .collect();
-                    ints.insert(name, data);
-                }
-                other => panic!("{name}: unexpected dtype {other:?}"),
-            }
-        }
-        let cfg: serde_json::Value = serde_json::from_str(&meta["config"]).expect("config json");
-        let get = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config.{k}")) as usize;
-        let cfg = Gpt2Config {
-            max_seq_len: get("max_seq_len"),
-            vocab_size: get("vocab_size"),
-            num_layers: get("num_layers"),
-            num_heads: get("num_heads"),
-            channels: get("channels"),
-        };
-        let b = meta["batch_size"].parse().unwrap();
-        let t = meta["seq_len"].parse().unwrap();
-        Self {
-            cfg,
-            b,
-            t,
-            f32s,
-            tokens: ints.remove("tokens").expect("tokens"),
-            targets: ints.remove("targets").expect("targets"),
-            meta,
-        }
-    }
-
-    fn tensor(&self, name: &str) -> &[f32] {
-        &self
-            .f32s
-            .get(name)
-            .unwrap_or_else(|| panic!("fixture lacks `{name}`"))
-            .1
-    }
-
-    fn hparam(&self, name: &str) -> f32 {
-        self.meta[name]
-            .parse()
-            .unwrap_or_else(|e| panic!("metadata {name}: {e}"))
-    }
-
-    /// Gathers `prefix + hf name` tensors into the flat layout, transposing
-    /// Conv1D weights; checks every shape against the layout.
-    fn flat(&self, layout: &ParamLayout, prefix: &str) -> Vec<f32> {
-        let mut flat = vec![f32::NAN; layout.total];
-        for t in &layout.tensors {
-            let name = format!("{prefix}{}", t.name);
-            let (shape, data) = self
-                .f32s
-                .get(&name)
-                .unwrap_or_else(|| panic!("fixture lacks `{name}`"));
-            assert_eq!(shape, &t.hf_shape(), "{name}: shape");
-            t.copy_from_hf(data, &mut flat).unwrap();
-        }
-        assert!(flat.iter().all(|x| x.is_finite()));
-        flat
-    }
-}
-
-/// The worst element of a comparison.
-#[derive(Debug, Clone)]
-struct Worst {
-    what: String,
-    index: usize,
-    ours: f32,
-    theirs: f32,
-    /// `|ours - theirs| - (atol + rtol·|theirs|)`: positive means a failure.
-    excess: f32,
-    max_abs_err: f32,
-    max_rel_err: f32,
-}
-
-/// Compares elementwise; returns the worst element (by excess over the tolerance).
-fn compare(what: &str, ours: &[f32], theirs: &[f32], atol: f32, rtol: f32) -> Worst {
-    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
-    let mut worst = Worst {
-        what: what.to_owned(),
-        index: 0,
-        ours: ours[0],
-        theirs: theirs[0],
-        excess: f32::NEG_INFINITY,
-        max_abs_err: 0.0,
-        max_rel_err: 0.0,
-    };
-    for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
-        let err = (a - b).abs();
-        // NaN compares false everywhere: make it an infinite excess instead.
-        let excess = if err.is_nan() {
-            f32::INFINITY
-        } else {
-            err - (atol + rtol * b.abs())
-        };
-        worst.max_abs_err = worst.max_abs_err.max(err);
-        if b.abs() > 1e-6 {
-            worst.max_rel_err = worst.max_rel_err.max(err / b.abs());
-        }
-        if excess > worst.excess {
-            (worst.index, worst.ours, worst.theirs, worst.excess) = (i, a, b, excess);
-        }
-    }
-    worst
-}
-
-/// Panics with the worst tensor if any comparison failed; prints a summary.
-fn check_all(kind: &str, results: &[Worst]) {
-    let worst = results
-        .iter()
-        .max_by(|a, b| a.excess.total_cmp(&b.excess))
-        .expect("nothing compared");
-    let max_abs = results.iter().map(|w| w.max_abs_err).fold(0.0, f32::max);
-    let max_rel_tensor = results
-        .iter()
-        .max_by(|a, b| a.max_rel_err.total_cmp(&b.max_rel_err))
-        .unwrap();
-    eprintln!(
-        "{kind}: {} tensors; max abs err {max_abs:.3e}; max rel err {:.3e} (in {}); \
-         closest to tolerance: {}[{}] ours {} torch {} (excess {:.3e})",
-        results.len(),
-        max_rel_tensor.max_rel_err,
-        max_rel_tensor.what,
-        worst.what,
-        worst.index,
-        worst.ours,
-        worst.theirs,
-        worst.excess
-    );
-    assert!(
-        worst.excess <= 0.0,
-        "{kind}: {}[{}] differs from PyTorch: ours {}, torch {} (beyond tolerance by {})",
-        worst.what,
-        worst.index,
-        worst.ours,
-        worst.theirs,
-        worst.excess
-    );
-}
-
-fn setup() -> (Fixture, ParamLayout, Vec<f32>) {
-    let fx = Fixture::load();
-    assert_eq!(
-        fx.cfg,
-        Gpt2Config::tiny(),
-        "fixture config differs from Gpt2Config::tiny()"
-    );
-    let layout = ParamLayout::new(&fx.cfg);
-    // Every parameter in the fixture maps to the layout, and the reverse.
-    let n_params = fx
-        .f32s
-        .keys()
-        .filter(|k| k.starts_with("transformer."))
-        .count();
-    assert_eq!(n_params, layout.tensors.len(), "parameter count");
-    let params = fx.flat(&layout, "");
-    (fx, layout, params)
-}
+use common::{check_all, compare, setup, Worst};
 
 // Tolerances (see the module docs for the form).
 const LOSS_ATOL: f32 = 1e-5;
@@ -283,15 +85,9 @@ fn backward_matches_pytorch() {
 #[test]
 fn adamw_steps_match_pytorch() {
     let (fx, layout, mut params) = setup();
-    let steps = fx.meta["steps"].parse::<usize>().unwrap();
-    let (lr, beta1, beta2, eps, wd, max_norm) = (
-        fx.hparam("lr"),
-        fx.hparam("beta1"),
-        fx.hparam("beta2"),
-        fx.hparam("eps"),
-        fx.hparam("weight_decay"),
-        fx.hparam("max_grad_norm"),
-    );
+    let steps = fx.steps();
+    let h = fx.adamw_hyper();
+    let max_norm = fx.hparam("max_grad_norm");
     assert_eq!(fx.meta["weight_decay_applies_to"], "all parameters");
     let mut model = Reference::new(&fx.cfg, fx.b, fx.t).unwrap();
     let mut grads = vec![0.0; layout.total];
@@ -312,11 +108,11 @@ fn adamw_steps_match_pytorch() {
             &mut m,
             &mut v,
             step as u64,
-            lr,
-            beta1,
-            beta2,
-            eps,
-            wd,
+            h.learning_rate,
+            h.beta1,
+            h.beta2,
+            h.eps,
+            h.weight_decay,
         );
         losses.push(loss);
         norms.push(norm as f32);
@@ -369,7 +165,7 @@ fn adamw_steps_match_pytorch() {
             }
             results.push(compare(&name, &strict.0, &strict.1, PARAM_ATOL, PARAM_RTOL));
             if !noisy.0.is_empty() {
-                let noise_bound = 2.0 * lr * steps as f32;
+                let noise_bound = 2.0 * h.learning_rate * steps as f32;
                 results.push(compare(
                     &format!("{name} (|grad| < {ILL_CONDITIONED_GRAD:e})"),
                     &noisy.0,

@@ -1,0 +1,241 @@
+//! Shared by the tests against the PyTorch fixture
+//! (`tests/fixtures/gpt2_tiny_reference.safetensors`, which
+//! `scripts/make_reference.py` makes with Hugging Face's `GPT2LMHeadModel`):
+//! the decoded fixture, and the llm.c-style elementwise comparison
+//! `|ours - torch| <= atol + rtol·|torch|` that names the worst tensor and
+//! element. Each test file keeps its own tolerances.
+
+// Each test crate compiles this module on its own and uses only part of it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use braid_gpt2::checkpoint::AdamWHyper;
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::layout::ParamLayout;
+use safetensors::{Dtype, SafeTensors};
+
+pub const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/gpt2_tiny_reference.safetensors"
+);
+
+/// The fixture, decoded.
+#[derive(Debug)]
+pub struct Fixture {
+    pub cfg: Gpt2Config,
+    pub b: usize,
+    pub t: usize,
+    pub meta: HashMap<String, String>,
+    /// Every `f32` tensor: its shape and its data.
+    pub f32s: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    pub tokens: Vec<u32>,
+    pub targets: Vec<u32>,
+}
+
+impl Fixture {
+    pub fn load() -> Self {
+        let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| {
+            panic!("{FIXTURE}: {e} (regenerate with models/gpt2/scripts/make_reference.py)")
+        });
+        let (_, header) = SafeTensors::read_metadata(&bytes).expect("safetensors header");
+        let meta = header.metadata().clone().expect("fixture metadata");
+        let st = SafeTensors::deserialize(&bytes).expect("safetensors file");
+        let mut f32s = HashMap::new();
+        let mut ints = HashMap::new();
+        for (name, view) in st.tensors() {
+            let words = view
+                .data()
+                .chunks_exact(4)
+                .map(|w| [w[0], w[1], w[2], w[3]]);
+            match view.dtype() {
+                Dtype::F32 => {
+                    let data = words.map(f32::from_le_bytes).collect();
+                    f32s.insert(name, (view.shape().to_vec(), data));
+                }
+                Dtype::I32 => {
+                    let data: Vec<u32> = words
+                        .map(|w| u32::try_from(i32::from_le_bytes(w)).expect("negative token"))
+                        .collect();
+                    ints.insert(name, data);
+                }
+                other => panic!("{name}: unexpected dtype {other:?}"),
+            }
+        }
+        let cfg: serde_json::Value = serde_json::from_str(&meta["config"]).expect("config json");
+        let get = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config.{k}")) as usize;
+        let cfg = Gpt2Config {
+            max_seq_len: get("max_seq_len"),
+            vocab_size: get("vocab_size"),
+            num_layers: get("num_layers"),
+            num_heads: get("num_heads"),
+            channels: get("channels"),
+        };
+        let b = meta["batch_size"].parse().unwrap();
+        let t = meta["seq_len"].parse().unwrap();
+        Self {
+            cfg,
+            b,
+            t,
+            f32s,
+            tokens: ints.remove("tokens").expect("tokens"),
+            targets: ints.remove("targets").expect("targets"),
+            meta,
+        }
+    }
+
+    /// The `f32` tensor `name`, if the fixture has it.
+    pub fn try_tensor(&self, name: &str) -> Option<&[f32]> {
+        self.f32s.get(name).map(|(_, data)| data.as_slice())
+    }
+
+    pub fn tensor(&self, name: &str) -> &[f32] {
+        self.try_tensor(name)
+            .unwrap_or_else(|| panic!("fixture lacks `{name}`"))
+    }
+
+    pub fn hparam(&self, name: &str) -> f32 {
+        self.meta[name]
+            .parse()
+            .unwrap_or_else(|e| panic!("metadata {name}: {e}"))
+    }
+
+    /// The number of AdamW steps the fixture records.
+    pub fn steps(&self) -> usize {
+        self.meta["steps"].parse().unwrap()
+    }
+
+    /// The AdamW hyperparameters of those steps (the clipping norm is
+    /// `hparam("max_grad_norm")`).
+    pub fn adamw_hyper(&self) -> AdamWHyper {
+        AdamWHyper {
+            learning_rate: self.hparam("lr"),
+            beta1: self.hparam("beta1"),
+            beta2: self.hparam("beta2"),
+            eps: self.hparam("eps"),
+            weight_decay: self.hparam("weight_decay"),
+        }
+    }
+
+    /// Gathers `prefix + hf name` tensors into the flat layout, transposing
+    /// Conv1D weights; checks every shape against the layout.
+    pub fn flat(&self, layout: &ParamLayout, prefix: &str) -> Vec<f32> {
+        let mut flat = vec![f32::NAN; layout.total];
+        for t in &layout.tensors {
+            let name = format!("{prefix}{}", t.name);
+            let (shape, data) = self
+                .f32s
+                .get(&name)
+                .unwrap_or_else(|| panic!("fixture lacks `{name}`"));
+            assert_eq!(shape, &t.hf_shape(), "{name}: shape");
+            t.copy_from_hf(data, &mut flat).unwrap();
+        }
+        assert!(flat.iter().all(|x| x.is_finite()));
+        flat
+    }
+}
+
+/// The fixture, its layout and its parameters in the flat layout; checks
+/// that it is made with `Gpt2Config::tiny()` and that its parameters and the
+/// layout's tensors match one to one.
+pub fn setup() -> (Fixture, ParamLayout, Vec<f32>) {
+    let fx = Fixture::load();
+    assert_eq!(
+        fx.cfg,
+        Gpt2Config::tiny(),
+        "fixture config differs from Gpt2Config::tiny()"
+    );
+    let layout = ParamLayout::new(&fx.cfg);
+    // Every parameter in the fixture maps to the layout, and the reverse.
+    let n_params = fx
+        .f32s
+        .keys()
+        .filter(|k| k.starts_with("transformer."))
+        .count();
+    assert_eq!(n_params, layout.tensors.len(), "parameter count");
+    let params = fx.flat(&layout, "");
+    (fx, layout, params)
+}
+
+/// The worst element of a comparison.
+#[derive(Debug, Clone)]
+pub struct Worst {
+    pub what: String,
+    pub index: usize,
+    pub ours: f32,
+    pub theirs: f32,
+    /// `|ours - theirs| - (atol + rtol·|theirs|)`: positive means a failure.
+    pub excess: f32,
+    pub max_abs_err: f32,
+    pub max_rel_err: f32,
+}
+
+/// Compares elementwise; returns the worst element (by excess over the tolerance).
+pub fn compare(what: &str, ours: &[f32], theirs: &[f32], atol: f32, rtol: f32) -> Worst {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+    assert!(!ours.is_empty(), "{what}: nothing to compare");
+    let mut worst = Worst {
+        what: what.to_owned(),
+        index: 0,
+        ours: ours[0],
+        theirs: theirs[0],
+        excess: f32::NEG_INFINITY,
+        max_abs_err: 0.0,
+        max_rel_err: 0.0,
+    };
+    for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
+        let err = (a - b).abs();
+        // NaN compares false everywhere: make it an infinite excess instead.
+        let excess = if err.is_nan() {
+            f32::INFINITY
+        } else {
+            err - (atol + rtol * b.abs())
+        };
+        worst.max_abs_err = worst.max_abs_err.max(err);
+        if b.abs() > 1e-6 {
+            worst.max_rel_err = worst.max_rel_err.max(err / b.abs());
+        }
+        if excess > worst.excess {
+            (worst.index, worst.ours, worst.theirs, worst.excess) = (i, a, b, excess);
+        }
+    }
+    worst
+}
+
+/// Prints the worst errors; panics with the worst element if any comparison
+/// is beyond its tolerance.
+pub fn check_all(kind: &str, results: &[Worst]) {
+    let worst = results
+        .iter()
+        .max_by(|a, b| a.excess.total_cmp(&b.excess))
+        .expect("nothing compared");
+    let max_abs = results.iter().map(|w| w.max_abs_err).fold(0.0, f32::max);
+    let max_rel = results
+        .iter()
+        .max_by(|a, b| a.max_rel_err.total_cmp(&b.max_rel_err))
+        .unwrap();
+    eprintln!(
+        "{kind}: {} tensors; max abs err {max_abs:.3e}; max rel err {:.3e} (in {}); closest \
+         to tolerance: {}[{}] ours {} torch {} (excess {:.3e})",
+        results.len(),
+        max_rel.max_rel_err,
+        max_rel.what,
+        worst.what,
+        worst.index,
+        worst.ours,
+        worst.theirs,
+        worst.excess
+    );
+    assert!(
+        worst.excess <= 0.0,
+        "{kind}: {}[{}] differs from PyTorch: ours {}, torch {} (beyond tolerance by {:.3e}; \
+         max abs err {max_abs:.3e}, max rel err {:.3e} in {})",
+        worst.what,
+        worst.index,
+        worst.ours,
+        worst.theirs,
+        worst.excess,
+        max_rel.max_rel_err,
+        max_rel.what
+    );
+}
