@@ -397,10 +397,15 @@ impl Runtime {
         for (s, &seq) in frontier.iter().enumerate() {
             self.shared.streams[s].done.wait_at_least(seq);
         }
-        let errors: Vec<Error> = std::mem::take(&mut *lock(&self.shared.errors))
+        let mut errors: Vec<Error> = std::mem::take(&mut *lock(&self.shared.errors))
             .into_iter()
             .map(|(_, e)| e)
             .collect();
+        // Errors the CUDA layer found in `Drop` (a failed free, event destroy)
+        // are recorded on the device and reported here, as cudarc does.
+        if let Backend::Cuda(c) = &self.backend {
+            errors.extend(c.device.take_deferred_errors().into_iter().map(Error::from));
+        }
         // Everything before this point is finished: forget it, failures
         // included, so new work does not inherit reported failures.
         lock(&self.state).prune_finished();
