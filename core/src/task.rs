@@ -219,6 +219,9 @@ impl TaskHandle {
 
 type Borrow = (u64, usize, usize, bool);
 
+/// A check run once the task's work has completed (see [`TaskCtx::on_complete`]).
+pub(crate) type Check = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
+
 /// What a task body sees: its declared data, and the stream it runs on.
 ///
 /// Data is reachable only here, only for the accesses the task declared and
@@ -235,6 +238,7 @@ pub struct TaskCtx<'a> {
     pub(crate) device: DeviceCtx<'a>,
     /// Host borrows handed out so far: (buffer id, start, end, exclusive).
     borrows: RefCell<SmallVec<[Borrow; 4]>>,
+    checks: RefCell<Vec<Check>>,
 }
 
 impl fmt::Debug for TaskCtx<'_> {
@@ -261,7 +265,21 @@ impl<'a> TaskCtx<'a> {
             rank,
             device,
             borrows: RefCell::new(SmallVec::new()),
+            checks: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Registers `check` to run when this task's work has completed: on the
+    /// CPU right after the body returns, on CUDA once the task's end event has
+    /// completed on the device. An error from it fails the task, as if the
+    /// body had returned it — the way asynchronous device-side failures (an
+    /// aborted collective, say) reach the task that caused them.
+    pub fn on_complete(&self, check: impl FnOnce() -> Result<()> + Send + 'static) {
+        self.checks.borrow_mut().push(Box::new(check));
+    }
+
+    pub(crate) fn take_checks(&self) -> Vec<Check> {
+        std::mem::take(&mut *self.checks.borrow_mut())
     }
 
     /// The task's name.

@@ -438,3 +438,38 @@ fn chrome_trace_names_streams_and_tasks() {
     assert_eq!(bye["cat"], "comm");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A completion check registered by a body fails its task (the path by which
+/// asynchronous device failures, like an aborted collective, reach the task).
+#[test]
+fn completion_checks_can_fail_the_task() {
+    let rt = rt(2);
+    let x = rt.alloc("x", 4).unwrap();
+    let ok = rt
+        .task("fine")
+        .write(&x)
+        .run(|ctx| {
+            ctx.on_complete(|| Ok(()));
+            Ok(())
+        })
+        .unwrap();
+    ok.wait().unwrap();
+    let bad = rt
+        .task("aborted later")
+        .read_write(&x)
+        .run(|ctx| {
+            ctx.on_complete(|| {
+                Err(Error::Device {
+                    backend: "test",
+                    op: "check".into(),
+                    message: "the device said no".into(),
+                })
+            });
+            Ok(())
+        })
+        .unwrap();
+    let dep = rt.task("after").read(&x).run(|_| Ok(())).unwrap();
+    assert!(matches!(bad.wait(), Err(Error::Device { .. })));
+    assert!(matches!(dep.wait(), Err(Error::DependencyFailed { .. })));
+    rt.synchronize().unwrap();
+}

@@ -7,10 +7,10 @@
 //! shows up as a collective that never completes on the device. A watchdog
 //! thread per communicator checks the end event of every collective it has
 //! enqueued; past the timeout it calls `ncclCommAbort`, which makes the
-//! pending NCCL kernels return, so the stream drains instead of hanging. The
-//! abort is recorded: the next collective on this communicator, and the next
-//! synchronisation of the runtime through it, fail with an error naming the
-//! collective that timed out.
+//! pending NCCL kernels return, so the stream drains instead of hanging. Every
+//! collective still pending then fails its own task (through a completion
+//! check, `TaskCtx::on_complete`), with an error naming the collective that
+//! timed out, and later collectives on the communicator fail at once.
 
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
 use super::rendezvous::{DistEnv, Rendezvous};
@@ -36,6 +36,8 @@ struct Shared {
     comm: NcclComm,
     pending: Mutex<Vec<Pending>>,
     aborted: OnceLock<String>,
+    /// Collectives that were still pending when the communicator was aborted.
+    killed: Mutex<Vec<u64>>,
     timeout: Duration,
 }
 
@@ -73,6 +75,7 @@ impl NcclCommunicator {
             comm,
             pending: Mutex::new(Vec::new()),
             aborted: OnceLock::new(),
+            killed: Mutex::new(Vec::new()),
             timeout,
         });
         let weak = Arc::downgrade(&shared);
@@ -157,6 +160,10 @@ fn watchdog(shared: std::sync::Weak<Shared>) {
                 ));
             }
             if late.is_some() {
+                sh.killed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(p.iter().map(|x| x.index));
                 p.clear();
             }
         }
@@ -267,10 +274,24 @@ impl Communicator for NcclCommunicator {
             .unwrap_or_else(|e| e.into_inner())
             .push(Pending {
                 index: c.index,
-                what,
+                what: what.clone(),
                 event,
                 since: Instant::now(),
             });
+        // When the work has completed on the device: was it aborted?
+        let (shared, index) = (self.shared.clone(), c.index);
+        ctx.on_complete(move || {
+            let killed = shared.killed.lock().unwrap_or_else(|e| e.into_inner());
+            match (killed.contains(&index), shared.aborted.get()) {
+                (true, Some(why)) => Err(Error::Collective {
+                    rank,
+                    index,
+                    op: what,
+                    message: format!("aborted: {why}"),
+                }),
+                _ => Ok(()),
+            }
+        });
         Ok(())
     }
 

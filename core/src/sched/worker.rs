@@ -17,7 +17,7 @@ use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::error::Error;
 use crate::sync::{lock, Arc};
-use crate::task::{Access, TaskCtx};
+use crate::task::{Access, Check, TaskCtx};
 use crate::trace::{now_ns, Span};
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -67,9 +67,11 @@ fn run_cpu(shared: &Shared, s: usize) {
                 shared.streams[j as usize].done.wait_at_least(n);
             }
             let start = if shared.profiling { now_ns() } else { 0 };
-            let outcome = run_body(&task, &preds, &accesses, body, s, shared.rank, || {
-                DeviceCtx::Cpu(PhantomData)
-            });
+            let (outcome, checks) =
+                run_body(&task, &preds, &accesses, body, s, shared.rank, || {
+                    DeviceCtx::Cpu(PhantomData)
+                });
+            let outcome = outcome.and_then(|()| run_checks(checks));
             if shared.profiling {
                 push_span(shared, s, &task, &preds, start, now_ns(), outcome.is_ok());
             }
@@ -83,7 +85,13 @@ fn run_cpu(shared: &Shared, s: usize) {
     }
 }
 
-/// Runs a task's body unless a predecessor failed; catches panics.
+/// Runs completion checks in order; the first error wins.
+fn run_checks(checks: Vec<Check>) -> Result<(), Error> {
+    checks.into_iter().try_for_each(|c| c())
+}
+
+/// Runs a task's body unless a predecessor failed; catches panics. Returns
+/// the outcome and the checks the body registered for its completion.
 fn run_body<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
@@ -92,15 +100,16 @@ fn run_body<'a>(
     s: usize,
     rank: usize,
     device: impl FnOnce() -> DeviceCtx<'a>,
-) -> Result<(), Error> {
+) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
-        return Err(Error::DependencyFailed {
+        let e = Error::DependencyFailed {
             task: task.name.to_string(),
             cause: p.name.to_string(),
-        });
+        };
+        return (Err(e), Vec::new());
     }
     let ctx = TaskCtx::new(&task.name, accesses, s, rank, device());
-    match catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
+    let outcome = match catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
         Ok(Ok(())) => Ok(()),
         // A collective's own error (timeout, mismatch, poisoned communicator)
         // already names the collective and its rank: keep it as it is.
@@ -119,7 +128,8 @@ fn run_body<'a>(
             task: task.name.to_string(),
             message: panic_message(&*panic),
         }),
-    }
+    };
+    (outcome, ctx.take_checks())
 }
 
 /// Publishes a task's final status; root failures go to the error list.
@@ -166,8 +176,10 @@ struct InFlight {
     /// complete on the device (semantics 7).
     _accesses: SmallVec<[Access; 4]>,
     start: Option<CudaEvent>,
-    /// `None` when the task failed or was skipped at launch.
+    /// `Some` when the task failed or was skipped at launch.
     outcome: Option<Error>,
+    /// Run when the end event has completed (`TaskCtx::on_complete`).
+    checks: Vec<Check>,
 }
 
 fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
@@ -218,8 +230,8 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     } else {
         None
     };
-    let outcome = match err {
-        Some(e) => Err(e),
+    let (outcome, checks) = match err {
+        Some(e) => (Err(e), Vec::new()),
         None => run_body(&task, &preds, &accesses, body, s, shared.rank, || {
             DeviceCtx::Cuda(d.ctx())
         }),
@@ -245,6 +257,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
         _accesses: accesses,
         start,
         outcome,
+        checks,
     }
 }
 
@@ -269,24 +282,21 @@ fn poll(
             Ok(true) => None,
             Err(e) => Some(device_error("kernel execution", e)),
         };
-        let f = inflight.pop_front().expect("front exists");
+        let mut f = inflight.pop_front().expect("front exists");
         if f.outcome.is_none() {
-            report(
-                shared,
-                &f.task,
-                match device_err {
-                    None => Ok(()),
-                    Some(e) => Err(Error::TaskFailed {
-                        task: f.task.name.to_string(),
-                        message: e.to_string(),
-                    }),
-                },
-            );
+            let result = match device_err {
+                None => run_checks(std::mem::take(&mut f.checks)),
+                Some(e) => Err(Error::TaskFailed {
+                    task: f.task.name.to_string(),
+                    message: e.to_string(),
+                }),
+            };
+            report(shared, &f.task, result);
         }
         if shared.profiling {
             if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
                 if let Ok((a, b)) = d.span_ns(start, end) {
-                    push_span(shared, s, &f.task, &f.preds, a, b, f.outcome.is_none());
+                    push_span(shared, s, &f.task, &f.preds, a, b, !f.task.failed());
                 }
             }
         }
