@@ -48,7 +48,7 @@ use braid_gpt2::data::{write_token_file, TokenSource};
 use braid_gpt2::model::{Gpt2Model, Rng};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::trainer::{model_runtime, train, StartState, TrainOptions, TrainReport};
-use common::{check_all, compare, setup, Worst};
+use common::{check_all, compare, setup, split_by_gradient, Worst};
 
 const LOSS_ATOL: f32 = 1e-4;
 const LOGITS_ATOL: f32 = 1e-4;
@@ -226,16 +226,7 @@ fn cuda_adamw_steps_match_pytorch() {
             let mut ours = vec![0.0; t.len];
             t.copy_to_hf(&final_params, &mut ours).unwrap();
             let grad0 = fx.tensor(&format!("grad.{}", t.name));
-            let (mut strict, mut noisy) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
-            for ((&a, &b), &g) in ours.iter().zip(theirs).zip(grad0) {
-                let side = if g.abs() < ILL_CONDITIONED_GRAD {
-                    &mut noisy
-                } else {
-                    &mut strict
-                };
-                side.0.push(a);
-                side.1.push(b);
-            }
+            let (strict, noisy) = split_by_gradient(&ours, theirs, grad0, ILL_CONDITIONED_GRAD);
             if !strict.0.is_empty() {
                 results.push(compare(&name, &strict.0, &strict.1, PARAM_ATOL, PARAM_RTOL));
             }

@@ -11,7 +11,7 @@ mod common;
 
 use braid_gpt2::kernels::cpu as k;
 use braid_gpt2::reference::Reference;
-use common::{check_all, compare, setup, Worst};
+use common::{check_all, compare, setup, split_by_gradient, Worst};
 
 // Tolerances (see the module docs for the form).
 const LOSS_ATOL: f32 = 1e-5;
@@ -153,16 +153,7 @@ fn adamw_steps_match_pytorch() {
             // zero: it shifts a whole row of scores, which the softmax ignores.
             // Such elements are held only to the bound that noise can reach.
             let grad0 = fx.tensor(&format!("grad.{}", t.name));
-            let (mut strict, mut noisy) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
-            for ((&a, &b), &g) in ours.iter().zip(theirs).zip(grad0) {
-                let side = if g.abs() < ILL_CONDITIONED_GRAD {
-                    &mut noisy
-                } else {
-                    &mut strict
-                };
-                side.0.push(a);
-                side.1.push(b);
-            }
+            let (strict, noisy) = split_by_gradient(&ours, theirs, grad0, ILL_CONDITIONED_GRAD);
             results.push(compare(&name, &strict.0, &strict.1, PARAM_ATOL, PARAM_RTOL));
             if !noisy.0.is_empty() {
                 let noise_bound = 2.0 * h.learning_rate * steps as f32;

@@ -239,3 +239,29 @@ pub fn check_all(kind: &str, results: &[Worst]) {
         max_rel.what
     );
 }
+
+/// Pairs of (ours, theirs) values split by the size of the element's initial
+/// gradient: `(strict, noisy)`, where `noisy` holds the elements whose
+/// `|grad| < threshold`. Adam divides by the gradient's own magnitude, so where
+/// the true gradient is near zero rounding noise becomes steps of up to ~lr;
+/// callers hold those elements only to the bound that noise can reach.
+pub type Pairs = (Vec<f32>, Vec<f32>);
+
+pub fn split_by_gradient(
+    ours: &[f32],
+    theirs: &[f32],
+    grad0: &[f32],
+    threshold: f32,
+) -> (Pairs, Pairs) {
+    let (mut strict, mut noisy): (Pairs, Pairs) = Default::default();
+    for ((&a, &b), &g) in ours.iter().zip(theirs).zip(grad0) {
+        let side = if g.abs() < threshold {
+            &mut noisy
+        } else {
+            &mut strict
+        };
+        side.0.push(a);
+        side.1.push(b);
+    }
+    (strict, noisy)
+}
