@@ -65,7 +65,7 @@ pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<
                 }
             }
         };
-        b.run(|_| Ok(()))?;
+        b.run_ctx(|_| Ok(()))?;
     }
     rt.synchronize()
 }

@@ -34,7 +34,7 @@ fn main() -> braid::Result<()> {
         for (name, buf) in [("chain a", &a), ("chain b", &b)] {
             for _ in 0..6 {
                 let v = buf.clone();
-                rt.task(name).read_write(buf).run(move |ctx| {
+                rt.task(name).read_write(buf).run_ctx(move |ctx| {
                     work(ctx.write::<f32>(&v)?, 40);
                     Ok(())
                 })?;
@@ -46,7 +46,7 @@ fn main() -> braid::Result<()> {
                     .kind(TaskKind::Comm)
                     .read(&a)
                     .write(&sum)
-                    .run(move |ctx| {
+                    .run_ctx(move |ctx| {
                         let s: f32 = ctx.read::<f32>(&src)?.iter().sum();
                         ctx.write::<f32>(&dst)?[0] = s;
                         Ok(())

@@ -71,6 +71,9 @@ pub enum Error {
     /// where it could only deadlock.
     #[error("`{what}` called from inside task `{task}` would wait for itself")]
     WaitInsideTask { what: &'static str, task: String },
+    /// A task was submitted to a runtime whose backend it has no body for.
+    #[error("task `{task}` has no body for the {backend} backend (submit it with `run_any`, or with `run_cuda` on CUDA)")]
+    NoBody { task: String, backend: &'static str },
     /// The runtime configuration is unusable.
     #[error("invalid runtime configuration: {0}")]
     Config(String),

@@ -2,7 +2,7 @@
 //! dependencies and runs independent ones side by side on several streams.
 //!
 //! ```
-//! use braid::{Runtime, TaskKind};
+//! use braid::Runtime;
 //!
 //! let rt = Runtime::builder().compute_streams(2).build()?;
 //! let x = rt.alloc_from("x", &[1.0f32, 2.0, 3.0, 4.0])?;
@@ -10,12 +10,10 @@
 //! // Two independent halves: they may run on two streams at once.
 //! for half in 0..2 {
 //!     let (xs, ys) = (x.view_of::<f32>(half * 2..half * 2 + 2)?, y.view_of::<f32>(half * 2..half * 2 + 2)?);
-//!     rt.task("double").read(&xs).write(&ys).run(move |ctx| {
-//!         let (xs, ys) = (ctx.read::<f32>(&xs)?, ctx.write::<f32>(&ys)?);
+//!     rt.task("double").run((xs.read::<f32>(), ys.write::<f32>()), |(xs, ys)| {
 //!         for (o, i) in ys.iter_mut().zip(xs) {
 //!             *o = 2.0 * i;
 //!         }
-//!         Ok(())
 //!     })?;
 //! }
 //! assert_eq!(rt.read_vec::<f32>(&y)?, vec![2.0, 4.0, 6.0, 8.0]);
@@ -33,6 +31,7 @@
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+mod access;
 mod backend;
 mod buffer;
 pub mod comm;
@@ -45,6 +44,9 @@ mod task;
 pub mod topo;
 pub mod trace;
 
+pub use access::{
+    Accesses, DevBytes, DevSlice, DevSliceMut, DynAccess, HostBytes, Read, ReadWrite, Write,
+};
 pub use backend::cuda;
 pub use backend::gpu::CudaTaskCtx;
 pub use backend::{BackendKind, DeviceCtx};
@@ -55,4 +57,4 @@ pub use graph::Mode;
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use sched::placement::Policy;
 pub use sched::Stats;
-pub use task::{Priority, TaskBuilder, TaskCtx, TaskHandle, TaskKind};
+pub use task::{Priority, TaskBuilder, TaskCtx, TaskHandle, TaskKind, TaskResult};

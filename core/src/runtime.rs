@@ -282,11 +282,17 @@ impl Runtime {
                 v.buffer().name()
             )));
         }
-        let dst = v.clone();
-        self.task("upload")
-            .kind(TaskKind::Host)
-            .write(&v)
-            .run(move |ctx| Ok(ctx.write_from_slice(&dst, &bytes)?))
+        // One copy of the data, shared by whichever body the backend runs.
+        let host = Arc::new(bytes);
+        let dev_bytes = host.clone();
+        self.task("upload").kind(TaskKind::Host).run_any(
+            v.write::<u8>(),
+            move |dst| dst.copy_from_slice(&host),
+            move |dst, cu| {
+                crate::backend::gpu::upload(cu.stream(), dst.ptr(), &dev_bytes)?;
+                Ok(())
+            },
+        )
     }
 
     /// Reads `v` back after every earlier write to it (a synchronisation point
@@ -302,15 +308,17 @@ impl Runtime {
             });
         }
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let (src, sink) = (v.clone(), out.clone());
-        let h = self
-            .task("read back")
-            .kind(TaskKind::Host)
-            .read(&v)
-            .run(move |ctx| {
-                *lock(&sink) = ctx.read_to_vec::<u8>(&src)?;
+        let (sink, dev_sink) = (out.clone(), out.clone());
+        let h = self.task("read back").kind(TaskKind::Host).run_any(
+            v.read::<u8>(),
+            move |src| *lock(&sink) = src.to_vec(),
+            move |src, cu| {
+                let mut bytes = vec![0u8; src.len()];
+                crate::backend::gpu::download(cu.stream(), src.ptr(), &mut bytes)?;
+                *lock(&dev_sink) = bytes;
                 Ok(())
-            })?;
+            },
+        )?;
         h.wait()?;
         let bytes = std::mem::take(&mut *lock(&out));
         Ok(bytemuck::pod_collect_to_vec(&bytes))

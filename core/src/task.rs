@@ -1,5 +1,7 @@
 //! Tasks: what a program submits, what a task body sees, and handles.
 
+use crate::access::Accesses;
+use crate::backend::gpu::CudaTaskCtx;
 use crate::backend::DeviceCtx;
 use crate::buffer::{AsView, View};
 use crate::error::{Error, Result, TaskError};
@@ -154,15 +156,127 @@ impl<'rt> TaskBuilder<'rt> {
         self
     }
 
-    /// Submits the task. Returns at once; `body` runs later on the stream the
-    /// task is placed on. Errors here are misuse found at submission (a buffer of
-    /// another runtime, a stream index out of range).
-    pub fn run<F>(self, body: F) -> Result<TaskHandle>
+    /// Submits the task with a CPU body: `body` gets the host data of
+    /// `accesses` (`&[T]` for each read token, `&mut [T]` for each write), in
+    /// the shape of the set, and returns `()` or a `Result`.
+    ///
+    /// Returns at once; the body runs later on the stream the task is placed
+    /// on. Errors here are misuse found at submission: a buffer of another
+    /// runtime, a stream index out of range, a view that is not a whole
+    /// aligned `[T]`, two tokens that overlap where one writes, or a runtime
+    /// whose backend is not the CPU (use [`TaskBuilder::run_any`] there).
+    pub fn run<A, F, R>(self, accesses: A, body: F) -> Result<TaskHandle>
+    where
+        A: Accesses,
+        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
+        R: TaskResult + 'static,
+    {
+        self.submit_typed(accesses, Some(body), None::<NoCuda<A, R>>)
+    }
+
+    /// Submits the task with a CUDA body: `body` gets typed device addresses
+    /// of `accesses` ([`DevSlice`](crate::DevSlice) for each read token,
+    /// [`DevSliceMut`](crate::DevSliceMut) for each write) and the task's
+    /// CUDA context (its stream and cuBLAS handle). It enqueues work on the
+    /// stream and returns; the task completes when that work has.
+    pub fn run_cuda<A, G, R>(self, accesses: A, body: G) -> Result<TaskHandle>
+    where
+        A: Accesses,
+        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> R + Send + 'static,
+        R: TaskResult + 'static,
+    {
+        self.submit_typed(accesses, None::<NoCpu<A, R>>, Some(body))
+    }
+
+    /// Submits the task with a body per backend (StarPU's codelet, candle's
+    /// `CustomOp`): `cpu` as in [`TaskBuilder::run`], `cuda` as in
+    /// [`TaskBuilder::run_cuda`]; the runtime's backend picks one.
+    pub fn run_any<A, F, G, R, S>(self, accesses: A, cpu: F, cuda: G) -> Result<TaskHandle>
+    where
+        A: Accesses,
+        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
+        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        R: TaskResult + 'static,
+        S: TaskResult + 'static,
+    {
+        self.submit_typed(accesses, Some(cpu), Some(cuda))
+    }
+
+    fn submit_typed<A, F, G, R, S>(
+        mut self,
+        accesses: A,
+        cpu: Option<F>,
+        cuda: Option<G>,
+    ) -> Result<TaskHandle>
+    where
+        A: Accesses,
+        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
+        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        R: TaskResult + 'static,
+        S: TaskResult + 'static,
+    {
+        crate::access::collect(&self.name, &accesses, &mut self.accesses)?;
+        let backend = self.rt.backend_name();
+        let body: Body = match (backend, cpu, cuda) {
+            ("cpu", Some(f), _) => Box::new(move |_ctx| {
+                // SAFETY: the tracker runs this body only while no other task
+                // writes what it reads or touches what it writes, the
+                // submission check made its write tokens disjoint from every
+                // other token, and the launch holds the buffers.
+                let data = unsafe { accesses.host() }?;
+                f(data).into_task_result()
+            }),
+            ("cuda", _, Some(g)) => Box::new(move |ctx| {
+                let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
+                    buffer: ctx.name().to_string(),
+                    actual: "the host",
+                    wanted: "a CUDA stream",
+                })?;
+                g(accesses.device()?, cu).into_task_result()
+            }),
+            (backend, _, _) => {
+                return Err(Error::NoBody {
+                    task: self.name.to_string(),
+                    backend,
+                })
+            }
+        };
+        let rt = self.rt;
+        rt.submit(self, body)
+    }
+
+    /// Submits the task with a body that gets the raw task context, for
+    /// accesses declared with [`TaskBuilder::access`] (the low-level form the
+    /// FFI and the collectives build on).
+    #[doc(hidden)]
+    pub fn run_ctx<F>(self, body: F) -> Result<TaskHandle>
     where
         F: FnOnce(&TaskCtx<'_>) -> Result<(), TaskError> + Send + 'static,
     {
         let rt = self.rt;
         rt.submit(self, Box::new(body))
+    }
+}
+
+type NoCpu<A, R> = fn(<A as Accesses>::Host<'_>) -> R;
+type NoCuda<A, R> = fn(<A as Accesses>::Device, &CudaTaskCtx<'_>) -> R;
+
+/// What a task body may return: `()`, or a `Result` whose error fails the
+/// task (it is reported, naming the task, at the next synchronisation point).
+pub trait TaskResult {
+    /// The body's outcome as the engine records it.
+    fn into_task_result(self) -> Result<(), TaskError>;
+}
+
+impl TaskResult for () {
+    fn into_task_result(self) -> Result<(), TaskError> {
+        Ok(())
+    }
+}
+
+impl TaskResult for Result<(), TaskError> {
+    fn into_task_result(self) -> Result<(), TaskError> {
+        self
     }
 }
 

@@ -267,7 +267,7 @@ fn check_world(w: usize, sizes: &[usize], dtypes: &[DType], jitter: bool) {
                 // Keep a compute stream busy for a while, and sometimes the
                 // host too, so ranks reach each collective at different times.
                 let d = Duration::from_micros(200 * ((i * 7 + rank * 13) % 5) as u64);
-                rt.task("jitter").run(move |_| {
+                rt.task("jitter").run_ctx(move |_| {
                     std::thread::sleep(d);
                     Ok(())
                 })?;
@@ -359,7 +359,7 @@ fn collectives_are_comm_tasks_ordered_by_their_accesses() {
         let x = rt.alloc("x", 4 * 100)?;
         let (xv, r) = (x.whole(), rank as f32);
         // The writer sleeps: the all-reduce must still see its data.
-        rt.task("slow write").write(&x).run(move |ctx| {
+        rt.task("slow write").write(&x).run_ctx(move |ctx| {
             std::thread::sleep(Duration::from_millis(20));
             ctx.write::<f32>(&xv)?.iter_mut().for_each(|v| *v = r + 1.0);
             Ok(())
@@ -368,7 +368,7 @@ fn collectives_are_comm_tasks_ordered_by_their_accesses() {
         assert_eq!(h.stream(), rt.compute_streams() + comm.comm_stream());
         // A later writer must wait for the all-reduce (write after read).
         let xv = x.whole();
-        rt.task("overwrite").write(&x).run(move |ctx| {
+        rt.task("overwrite").write(&x).run_ctx(move |ctx| {
             ctx.write::<f32>(&xv)?[0] = -1.0;
             Ok(())
         })?;
@@ -508,7 +508,7 @@ fn a_skipped_collective_fails_everyone() {
     let out = launch_with(2, short(30_000), |rank, comm| {
         let rt = runtime(rank)?;
         let x = rt.alloc("x", 64)?;
-        rt.task("writer").write(&x).run(move |_| {
+        rt.task("writer").write(&x).run_ctx(move |_| {
             if rank == 1 {
                 Err("writer failed".into())
             } else {

@@ -64,7 +64,7 @@ fn spin_kernels_overlap_on_two_streams() {
         let (o, f) = (out.clone(), spin.clone());
         rt.task("spin")
             .write(out)
-            .run(move |ctx| {
+            .run_ctx(move |ctx| {
                 let cu = ctx.device().cuda().expect("cuda ctx");
                 let mut args = KernelArgs::new();
                 args.i64(cycles).ptr(ctx.device_ptr(&o, true)?);
@@ -112,7 +112,7 @@ fn cross_stream_read_after_write_waits_for_the_event() {
     rt.task("slow add")
         .read_write(&x)
         .on_stream(0)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             let cu = ctx.device().cuda().expect("cuda ctx");
             let mut args = KernelArgs::new();
             args.i64(50_000_000)
@@ -130,7 +130,7 @@ fn cross_stream_read_after_write_waits_for_the_event() {
         .read(&x)
         .write(&out)
         .on_stream(1)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             let v = ctx.read_to_vec::<f32>(&src)?;
             ctx.write_from_slice(&dst, &v)?;
             Ok(())

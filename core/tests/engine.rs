@@ -32,7 +32,7 @@ fn independent_tasks_overlap_in_the_trace() {
     for buf in [&a, &b] {
         rt.task("long")
             .write(buf)
-            .run(|_| {
+            .run_ctx(|_| {
                 std::thread::sleep(Duration::from_millis(150));
                 Ok(())
             })
@@ -65,7 +65,7 @@ fn single_policy_never_overlaps() {
         let b = rt.alloc(format!("b{i}"), 4).unwrap();
         rt.task("t")
             .write(&b)
-            .run(|_| {
+            .run_ctx(|_| {
                 std::thread::sleep(Duration::from_millis(5));
                 Ok(())
             })
@@ -86,21 +86,25 @@ fn failing_task_skips_dependents_and_runtime_stays_usable() {
         let ran = Arc::new(AtomicUsize::new(0));
         rt.task("bad")
             .write(&x)
-            .run(|_| Err("disk on fire".into()))
+            .run_ctx(|_| Err("disk on fire".into()))
             .unwrap();
         let r = ran.clone();
         let dep = rt
             .task("dependent")
             .read(&x)
             .write(&y)
-            .run(move |_| {
+            .run_ctx(move |_| {
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             })
             .unwrap();
         // Independent work still runs.
         let z = rt.alloc("z", 4).unwrap();
-        let ok = rt.task("independent").write(&z).run(|_| Ok(())).unwrap();
+        let ok = rt
+            .task("independent")
+            .write(&z)
+            .run_ctx(|_| Ok(()))
+            .unwrap();
         let e = rt.synchronize().unwrap_err();
         assert!(
             matches!(&e, Error::TaskFailed { task, message } if task == "bad" && message == "disk on fire"),
@@ -130,7 +134,7 @@ fn panicking_task_is_an_error_naming_it() {
     let h = rt
         .task("boom")
         .write(&x)
-        .run(|_| panic!("kaboom {}", 7))
+        .run_ctx(|_| panic!("kaboom {}", 7))
         .unwrap();
     let e = h.wait().unwrap_err();
     assert_eq!(
@@ -144,7 +148,7 @@ fn panicking_task_is_an_error_naming_it() {
     rt.synchronize().unwrap();
     rt.task("after")
         .write(&x)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap()
         .wait()
         .unwrap();
@@ -157,7 +161,7 @@ fn several_failures_are_all_reported() {
         let b = rt.alloc(format!("b{i}"), 4).unwrap();
         rt.task(format!("f{i}"))
             .write(&b)
-            .run(|_| Err("no".into()))
+            .run_ctx(|_| Err("no".into()))
             .unwrap();
     }
     match rt.synchronize().unwrap_err() {
@@ -174,7 +178,7 @@ fn undeclared_and_wrong_mode_access_fail_the_task() {
     let (yy, xx) = (y.clone(), x.clone());
     rt.task("sneaky")
         .read(&x)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             ctx.read::<f32>(&yy)?;
             Ok(())
         })
@@ -186,7 +190,7 @@ fn undeclared_and_wrong_mode_access_fail_the_task() {
     );
     rt.task("reader-writes")
         .read(&x)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             ctx.write::<f32>(&xx)?;
             Ok(())
         })
@@ -197,7 +201,7 @@ fn undeclared_and_wrong_mode_access_fail_the_task() {
     let whole = x.clone();
     rt.task("too-far")
         .read(&part)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             ctx.read::<u8>(&whole)?;
             Ok(())
         })
@@ -213,7 +217,7 @@ fn aliasing_borrows_are_refused() {
     let h = rt
         .task("alias")
         .read_write(&x)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             let _a = ctx.write::<u32>(&xx)?;
             let _b = ctx.read::<u32>(&xx)?;
             Ok(())
@@ -234,9 +238,9 @@ fn misuse_is_an_error_at_submission() {
         x.view_of::<f32>(1..3),
         Err(Error::ViewOutOfBounds { .. })
     ));
-    let e = b.task("t").read(&x).run(|_| Ok(())).unwrap_err();
+    let e = b.task("t").read(&x).run_ctx(|_| Ok(())).unwrap_err();
     assert!(matches!(e, Error::ForeignBuffer { .. }), "{e}");
-    let e = a.task("t").on_stream(9).run(|_| Ok(())).unwrap_err();
+    let e = a.task("t").on_stream(9).run_ctx(|_| Ok(())).unwrap_err();
     assert!(e.to_string().contains("stream 9"));
     assert!(Runtime::builder().compute_streams(0).build().is_err());
     let y = a.alloc("y", 6).unwrap();
@@ -252,7 +256,7 @@ fn waiting_inside_a_task_is_an_error_not_a_deadlock() {
     let inner = rt.clone();
     let h = rt
         .task("waits")
-        .run(move |_| {
+        .run_ctx(move |_| {
             inner.synchronize()?;
             Ok(())
         })
@@ -281,7 +285,7 @@ fn waits_implied_by_earlier_waits_are_elided() {
     rt.task("a")
         .write(&a)
         .on_stream(0)
-        .run(move |_| {
+        .run_ctx(move |_| {
             g.wait();
             Ok(())
         })
@@ -290,20 +294,20 @@ fn waits_implied_by_earlier_waits_are_elided() {
         .read(&a)
         .write(&b)
         .on_stream(1)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap(); // waits 0:1
     rt.task("c")
         .read(&b)
         .write(&c)
         .on_stream(2)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap(); // waits 1:1
                    // Depends on a (stream 0) and c (stream 2): c's clock already covers a.
     rt.task("d")
         .read(&a)
         .read(&c)
         .on_stream(2)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap();
     let s = rt.stats();
     gate.wait();
@@ -327,7 +331,7 @@ fn many_submitting_threads() {
                     let v = b.clone();
                     rt.task("inc")
                         .read_write(b)
-                        .run(move |ctx| {
+                        .run_ctx(move |ctx| {
                             ctx.write::<u32>(&v)?[0] += 1;
                             Ok(())
                         })
@@ -360,7 +364,7 @@ fn launch_window_bounds_unfinished_tasks() {
         let f2 = f.clone();
         rt.task("t")
             .write(&b)
-            .run(move |_| {
+            .run_ctx(move |_| {
                 std::thread::sleep(Duration::from_micros(200));
                 f2.fetch_sub(1, Ordering::SeqCst);
                 Ok(())
@@ -388,7 +392,7 @@ fn comm_tasks_go_to_comm_streams() {
         .task("ar")
         .kind(TaskKind::Comm)
         .read_write(&x)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap();
     assert_eq!(h.stream(), 2);
     let h = rt
@@ -396,7 +400,7 @@ fn comm_tasks_go_to_comm_streams() {
         .kind(TaskKind::Comm)
         .comm_stream(1)
         .read_write(&x)
-        .run(|_| Ok(()))
+        .run_ctx(|_| Ok(()))
         .unwrap();
     assert_eq!(h.stream(), 3);
     rt.synchronize().unwrap();
@@ -415,11 +419,11 @@ fn chrome_trace_names_streams_and_tasks() {
             .build()
             .unwrap();
         let x = rt.alloc("x", 4).unwrap();
-        rt.task("hello").write(&x).run(|_| Ok(())).unwrap();
+        rt.task("hello").write(&x).run_ctx(|_| Ok(())).unwrap();
         rt.task("bye")
             .kind(TaskKind::Comm)
             .read(&x)
-            .run(|_| Ok(()))
+            .run_ctx(|_| Ok(()))
             .unwrap();
     }
     let doc: serde_json::Value =
@@ -448,7 +452,7 @@ fn completion_checks_can_fail_the_task() {
     let ok = rt
         .task("fine")
         .write(&x)
-        .run(|ctx| {
+        .run_ctx(|ctx| {
             ctx.on_complete(|| Ok(()));
             Ok(())
         })
@@ -457,7 +461,7 @@ fn completion_checks_can_fail_the_task() {
     let bad = rt
         .task("aborted later")
         .read_write(&x)
-        .run(|ctx| {
+        .run_ctx(|ctx| {
             ctx.on_complete(|| {
                 Err(Error::Device {
                     backend: "test",
@@ -468,7 +472,7 @@ fn completion_checks_can_fail_the_task() {
             Ok(())
         })
         .unwrap();
-    let dep = rt.task("after").read(&x).run(|_| Ok(())).unwrap();
+    let dep = rt.task("after").read(&x).run_ctx(|_| Ok(())).unwrap();
     assert!(matches!(bad.wait(), Err(Error::Device { .. })));
     assert!(matches!(dep.wait(), Err(Error::DependencyFailed { .. })));
     rt.synchronize().unwrap();

@@ -31,7 +31,7 @@ fn nccl_world_size_one_collectives_as_tasks() {
     let xx = x.clone();
     rt.task("scale")
         .read_write(&x)
-        .run(move |ctx| {
+        .run_ctx(move |ctx| {
             let v: Vec<f32> = ctx
                 .read_to_vec::<f32>(&xx)?
                 .iter()

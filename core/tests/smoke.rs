@@ -6,7 +6,7 @@ fn doc_example_and_errors() -> Result<(), Error> {
     let x = rt.alloc_from("x", &[1.0f32, 2.0, 3.0, 4.0])?;
     let y = rt.alloc("y", 16)?;
     let (xs, ys) = (x.clone(), y.clone());
-    rt.task("double").read(&x).write(&y).run(move |ctx| {
+    rt.task("double").read(&x).write(&y).run_ctx(move |ctx| {
         let (a, b) = (ctx.read::<f32>(&xs)?, ctx.write::<f32>(&ys)?);
         for (o, i) in b.iter_mut().zip(a) {
             *o = 2.0 * i;

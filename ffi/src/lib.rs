@@ -490,7 +490,7 @@ impl Runtime {
                 b = b.on_stream(s);
             }
             let body = CppBody(body);
-            Ok(Box::new(TaskHandle(b.run(move |ctx| body.call(ctx))?)))
+            Ok(Box::new(TaskHandle(b.run_ctx(move |ctx| body.call(ctx))?)))
         })
     }
 

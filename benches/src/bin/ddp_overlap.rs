@@ -171,7 +171,7 @@ impl Mlp {
                 .read(&bv)
                 .read(&x)
                 .write(&y)
-                .run(move |ctx| {
+                .run_ctx(move |ctx| {
                     let (w, b) = (ctx.read::<f32>(&wv2)?, ctx.read::<f32>(&bv2)?);
                     let (x, y) = (ctx.read::<f32>(&x2)?, ctx.write::<f32>(&y2)?);
                     for r in 0..bsz {
@@ -200,7 +200,7 @@ impl Mlp {
             .read(&y)
             .read(&t)
             .write(&dz)
-            .run(move |ctx| {
+            .run_ctx(move |ctx| {
                 let (y, t, d) = (
                     ctx.read::<f32>(&y2)?,
                     ctx.read::<f32>(&t2)?,
@@ -221,7 +221,7 @@ impl Mlp {
                 .read(&dz)
                 .read(&x)
                 .read_write(&gw)
-                .run(move |ctx| {
+                .run_ctx(move |ctx| {
                     let (d, x, g) = (
                         ctx.read::<f32>(&dz2)?,
                         ctx.read::<f32>(&x2)?,
@@ -247,7 +247,7 @@ impl Mlp {
                 .priority(Priority::Side)
                 .read(&dz)
                 .read_write(&gb)
-                .run(move |ctx| {
+                .run_ctx(move |ctx| {
                     let (d, g) = (ctx.read::<f32>(&dz2)?, ctx.write::<f32>(&gb2)?);
                     for r in 0..bsz {
                         for (g, d) in g.iter_mut().zip(&d[r * n_out..(r + 1) * n_out]) {
@@ -268,7 +268,7 @@ impl Mlp {
                     .read(&wv)
                     .read(&x)
                     .write(&prev)
-                    .run(move |ctx| {
+                    .run_ctx(move |ctx| {
                         let (d, w, x) = (
                             ctx.read::<f32>(&dz2)?,
                             ctx.read::<f32>(&wv2)?,
@@ -300,7 +300,7 @@ impl Mlp {
     fn sgd(&self, rt: &Runtime, lr: f32) -> braid::Result<()> {
         let (p, g) = (self.params.whole(), self.grads.whole());
         let (p2, g2) = (p.clone(), g.clone());
-        rt.task("sgd").read(&g).read_write(&p).run(move |ctx| {
+        rt.task("sgd").read(&g).read_write(&p).run_ctx(move |ctx| {
             let (g, p) = (ctx.read::<f32>(&g2)?, ctx.write::<f32>(&p2)?);
             for (p, g) in p.iter_mut().zip(g) {
                 *p -= lr * g;
@@ -308,7 +308,7 @@ impl Mlp {
             Ok(())
         })?;
         let g3 = g.clone();
-        rt.task("zero grad").write(&g).run(move |ctx| {
+        rt.task("zero grad").write(&g).run_ctx(move |ctx| {
             ctx.write::<f32>(&g3)?.iter_mut().for_each(|v| *v = 0.0);
             Ok(())
         })?;

@@ -477,7 +477,7 @@ impl Reducer {
                     .comm_stream(cs)
                     .read(view)
                     .write(&side)
-                    .run(move |ctx| {
+                    .run_ctx(move |ctx| {
                         let (g, h) = (ctx.read::<f32>(&src)?, ctx.write::<Bf16>(&dst)?);
                         for (h, g) in h.iter_mut().zip(g) {
                             *h = Bf16::from_f32(*g);
@@ -497,7 +497,7 @@ impl Reducer {
                     .comm_stream(cs)
                     .read(&side)
                     .write(view)
-                    .run(move |ctx| {
+                    .run_ctx(move |ctx| {
                         let (h, g) = (ctx.read::<Bf16>(&src)?, ctx.write::<f32>(&dst)?);
                         for (g, h) in g.iter_mut().zip(h) {
                             *g = h.to_f32();

@@ -496,7 +496,7 @@ impl Comm {
             what: what.clone(),
             ran: false,
         };
-        let h = b.run(move |ctx| {
+        let h = b.run_ctx(move |ctx| {
             guard.ran = true;
             let inner = &guard.inner;
             if let Some(e) = inner.poisoned.get() {

@@ -167,7 +167,7 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
             b = b.access(v, *m);
         }
         let t = t.clone();
-        b.run(move |ctx| {
+        b.run_ctx(move |ctx| {
             // One body for every backend: copy the declared data out, compute
             // on the host, copy the results back (on CUDA these are copies on
             // the task's stream, so they are ordered by the engine's events).

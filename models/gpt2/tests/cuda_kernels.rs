@@ -137,7 +137,7 @@ fn run_on(
     for b in writes {
         task = task.read_write(*b);
     }
-    task.run(move |ctx| Ok(body(ctx)?))?.wait()
+    task.run_ctx(move |ctx| Ok(body(ctx)?))?.wait()
 }
 
 // ---------------------------------------------------------------------------

@@ -898,5 +898,5 @@ pub(crate) fn submit(
     for (view, mode) in op.accesses() {
         b = b.access(view, mode);
     }
-    b.run(move |ctx| op.run(ctx))
+    b.run_ctx(move |ctx| op.run(ctx))
 }

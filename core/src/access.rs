@@ -1,0 +1,623 @@
+//! Typed access tokens: a task names each access once.
+//!
+//! `x.read::<f32>()`, `y.write::<f32>()` and `z.read_write::<f32>()` (on a
+//! [`Buffer`] or a [`View`]) make small tokens that carry the view and the
+//! element type. A task is submitted with a set of tokens — one token, a tuple
+//! of up to twelve, an `Option`, a `Vec` or an array of them — and
+//! [`TaskBuilder::run`](crate::TaskBuilder::run) declares exactly those
+//! accesses to the dependency tracker and hands the body exactly that data:
+//!
+//! | token | CPU body gets | CUDA body gets |
+//! |---|---|---|
+//! | [`Read<T>`] | `&[T]` | [`DevSlice<T>`] |
+//! | [`Write<T>`], [`ReadWrite<T>`] | `&mut [T]` | [`DevSliceMut<T>`] |
+//! | [`DynAccess`] (mode known at run time) | [`HostBytes`] | [`DevBytes`] |
+//! | `(A, B, …)`, `Option<A>`, `Vec<A>`, `[A; N]` | the same shape | the same shape |
+//!
+//! A body therefore cannot reach a buffer it did not declare, nor write
+//! through a read token: the compiler says so, not the run time.
+//!
+//! ```compile_fail,E0594
+//! # use braid::Runtime;
+//! # let rt = Runtime::cpu()?;
+//! # let x = rt.alloc("x", 16)?;
+//! // A read token gives `&[f32]`: writing through it does not compile.
+//! rt.task("bad").run(x.read::<f32>(), |x| x[0] = 1.0)?;
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! # What is checked when
+//!
+//! At submission, before the task enters the graph: every token's view fits a
+//! whole number of `T`s at an aligned offset ([`Error::Misaligned`]), and no
+//! two tokens of one task overlap where either writes
+//! ([`Error::BorrowConflict`]) — so the `&mut [T]` a body gets never aliases
+//! another slice it gets. While the body runs, the dependency tracker
+//! guarantees no other task touches bytes this task writes, nor writes bytes
+//! it reads (semantics 2 and 3).
+
+use crate::buffer::{Buffer, View};
+use crate::error::{Error, Result};
+use crate::graph::Mode;
+use std::fmt;
+use std::marker::PhantomData;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A set of typed accesses: a token, or a tuple, `Option`, `Vec` or array of
+/// tokens. Implemented by Braid only (the set is what makes the body's data
+/// safe to hand out).
+pub trait Accesses: sealed::Sealed + Send + 'static {
+    /// What a CPU body gets: `&[T]` for reads, `&mut [T]` for writes, in the
+    /// shape of the set.
+    type Host<'a>;
+    /// What a CUDA body gets: typed device addresses, in the shape of the set.
+    type Device;
+
+    /// Calls `f` once per access with its view, mode, element size and alignment.
+    #[doc(hidden)]
+    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem));
+
+    /// The host slices of the accesses.
+    ///
+    /// # Safety
+    /// The caller guarantees that while the returned slices live, no other
+    /// code reads bytes a write token covers nor writes bytes any token
+    /// covers (the engine's dependency tracking and the submission-time
+    /// overlap check give this), and that the buffers outlive them.
+    #[doc(hidden)]
+    unsafe fn host(&self) -> Result<Self::Host<'_>>;
+
+    /// The device addresses of the accesses.
+    #[doc(hidden)]
+    fn device(&self) -> Result<Self::Device>;
+}
+
+/// The element type of a token, as the submission checks see it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Elem {
+    size: usize,
+    align: usize,
+    name: &'static str,
+}
+
+impl Elem {
+    fn of<T>() -> Elem {
+        Elem {
+            size: size_of::<T>(),
+            align: align_of::<T>(),
+            name: std::any::type_name::<T>(),
+        }
+    }
+}
+
+/// Host pointer to the first byte of `v`, or an error if it lives on a device.
+fn host_ptr(v: &View) -> Result<*mut u8> {
+    let base = v
+        .buf
+        .inner
+        .storage
+        .host_ptr()
+        .ok_or_else(|| Error::WrongDevice {
+            buffer: v.buf.name().to_string(),
+            actual: v.buf.inner.storage.device_name(),
+            wanted: "the host",
+        })?;
+    // SAFETY: `v.start <= v.end <= len` holds for every view (checked when the
+    // view was made), so the offset stays inside the allocation.
+    Ok(unsafe { base.add(v.start) })
+}
+
+/// Device address of the first byte of `v`, or an error if it lives on the host.
+fn device_ptr(v: &View) -> Result<u64> {
+    v.buf
+        .inner
+        .storage
+        .device_ptr(v.start)
+        .ok_or_else(|| Error::WrongDevice {
+            buffer: v.buf.name().to_string(),
+            actual: v.buf.inner.storage.device_name(),
+            wanted: "a GPU",
+        })
+}
+
+macro_rules! token {
+    ($(#[$doc:meta])* $name:ident, $mode:expr, $host:ty, $dev:ident, $from_raw:ident) => {
+        $(#[$doc])*
+        pub struct $name<T> {
+            view: View,
+            _t: PhantomData<fn() -> T>,
+        }
+
+        impl<T> $name<T> {
+            /// The view this token accesses.
+            pub fn view(&self) -> &View {
+                &self.view
+            }
+        }
+
+        impl<T> Clone for $name<T> {
+            fn clone(&self) -> Self {
+                $name { view: self.view.clone(), _t: PhantomData }
+            }
+        }
+
+        impl<T> fmt::Debug for $name<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}<{}>({:?})", stringify!($name), std::any::type_name::<T>(), self.view)
+            }
+        }
+
+        impl<T> sealed::Sealed for $name<T> {}
+
+        impl<T: bytemuck::Pod + Send + Sync> Accesses for $name<T> {
+            type Host<'a> = $host;
+            type Device = $dev<T>;
+
+            fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+                f(&self.view, $mode, Elem::of::<T>());
+            }
+
+            unsafe fn host(&self) -> Result<Self::Host<'_>> {
+                let p = host_ptr(&self.view)?.cast::<T>();
+                let n = self.view.len() / size_of::<T>();
+                // SAFETY: the submission check made the view a whole, aligned
+                // `[T]`; the caller guarantees exclusivity as this function's
+                // contract states; `T: Pod` makes any bytes a valid `T`.
+                Ok(unsafe { std::slice::$from_raw(p, n) })
+            }
+
+            fn device(&self) -> Result<Self::Device> {
+                Ok($dev {
+                    ptr: device_ptr(&self.view)?,
+                    len: self.view.len() / size_of::<T>(),
+                    _t: PhantomData,
+                })
+            }
+        }
+    };
+}
+
+token!(
+    /// Reads a view as `[T]`: made by [`View::read`] or [`Buffer::read`].
+    Read, Mode::Read, &'a [T], DevSlice, from_raw_parts
+);
+token!(
+    /// Overwrites a view as `[T]` without reading it first: made by
+    /// [`View::write`] or [`Buffer::write`].
+    Write, Mode::Write, &'a mut [T], DevSliceMut, from_raw_parts_mut
+);
+token!(
+    /// Reads and updates a view as `[T]`: made by [`View::read_write`] or
+    /// [`Buffer::read_write`].
+    ReadWrite, Mode::ReadWrite, &'a mut [T], DevSliceMut, from_raw_parts_mut
+);
+
+macro_rules! dev_slice {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct $name<T> {
+            ptr: u64,
+            len: usize,
+            _t: PhantomData<fn() -> T>,
+        }
+
+        impl<T> Clone for $name<T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<T> Copy for $name<T> {}
+
+        impl<T> fmt::Debug for $name<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}<{}>({:#x}, {})", stringify!($name), std::any::type_name::<T>(), self.ptr, self.len)
+            }
+        }
+
+        impl<T> $name<T> {
+            /// The device address of the first element.
+            pub fn ptr(&self) -> u64 {
+                self.ptr
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether the slice is empty.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// Length in bytes.
+            pub fn bytes(&self) -> usize {
+                self.len * size_of::<T>()
+            }
+        }
+    };
+}
+
+dev_slice!(
+    /// A declared read on a CUDA device: `len` elements of `T` at `ptr`.
+    DevSlice
+);
+dev_slice!(
+    /// A declared write (or read-write) on a CUDA device: `len` elements of
+    /// `T` at `ptr`.
+    DevSliceMut
+);
+
+impl<T> DevSliceMut<T> {
+    /// The same memory as a read-only slice.
+    pub fn as_read(&self) -> DevSlice<T> {
+        DevSlice {
+            ptr: self.ptr,
+            len: self.len,
+            _t: PhantomData,
+        }
+    }
+}
+
+/// An access whose mode is known only at run time, on raw bytes (the form the
+/// collectives and the C++ API use).
+#[derive(Clone, Debug)]
+pub struct DynAccess {
+    view: View,
+    mode: Mode,
+}
+
+impl DynAccess {
+    /// An access to `v` in `mode`.
+    pub fn new(v: View, mode: Mode) -> DynAccess {
+        DynAccess { view: v, mode }
+    }
+
+    /// The view.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+/// The host bytes of a [`DynAccess`]: shared for a read, exclusive otherwise.
+#[derive(Debug)]
+pub enum HostBytes<'a> {
+    /// A declared read.
+    Read(&'a [u8]),
+    /// A declared write or read-write.
+    Write(&'a mut [u8]),
+}
+
+impl HostBytes<'_> {
+    /// The bytes, readable in either mode.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            HostBytes::Read(b) => b,
+            HostBytes::Write(b) => b,
+        }
+    }
+
+    /// The bytes, if the access writes.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        match self {
+            HostBytes::Read(_) => None,
+            HostBytes::Write(b) => Some(b),
+        }
+    }
+}
+
+/// The device bytes of a [`DynAccess`].
+#[derive(Debug, Clone, Copy)]
+pub struct DevBytes {
+    /// Device address of the first byte.
+    pub ptr: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// Whether the access writes.
+    pub writes: bool,
+}
+
+impl sealed::Sealed for DynAccess {}
+
+impl Accesses for DynAccess {
+    type Host<'a> = HostBytes<'a>;
+    type Device = DevBytes;
+
+    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+        f(&self.view, self.mode, Elem::of::<u8>());
+    }
+
+    unsafe fn host(&self) -> Result<HostBytes<'_>> {
+        let p = host_ptr(&self.view)?;
+        let n = self.view.len();
+        // SAFETY: as for the typed tokens; bytes need no alignment.
+        Ok(unsafe {
+            if self.mode.writes() {
+                HostBytes::Write(std::slice::from_raw_parts_mut(p, n))
+            } else {
+                HostBytes::Read(std::slice::from_raw_parts(p, n))
+            }
+        })
+    }
+
+    fn device(&self) -> Result<DevBytes> {
+        Ok(DevBytes {
+            ptr: device_ptr(&self.view)?,
+            len: self.view.len(),
+            writes: self.mode.writes(),
+        })
+    }
+}
+
+impl sealed::Sealed for () {}
+
+impl Accesses for () {
+    type Host<'a> = ();
+    type Device = ();
+
+    fn declare(&self, _: &mut dyn FnMut(&View, Mode, Elem)) {}
+
+    unsafe fn host(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn device(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<A: Accesses> sealed::Sealed for Option<A> {}
+
+impl<A: Accesses> Accesses for Option<A> {
+    type Host<'a> = Option<A::Host<'a>>;
+    type Device = Option<A::Device>;
+
+    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+        if let Some(a) = self {
+            a.declare(f);
+        }
+    }
+
+    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+        // SAFETY: the caller's guarantee covers every token of the set.
+        self.as_ref().map(|a| unsafe { a.host() }).transpose()
+    }
+
+    fn device(&self) -> Result<Self::Device> {
+        self.as_ref().map(A::device).transpose()
+    }
+}
+
+impl<A: Accesses> sealed::Sealed for Vec<A> {}
+
+impl<A: Accesses> Accesses for Vec<A> {
+    type Host<'a> = Vec<A::Host<'a>>;
+    type Device = Vec<A::Device>;
+
+    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+        for a in self {
+            a.declare(f);
+        }
+    }
+
+    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+        // SAFETY: the caller's guarantee covers every token of the set.
+        self.iter().map(|a| unsafe { a.host() }).collect()
+    }
+
+    fn device(&self) -> Result<Self::Device> {
+        self.iter().map(A::device).collect()
+    }
+}
+
+impl<A: Accesses, const N: usize> sealed::Sealed for [A; N] {}
+
+impl<A: Accesses, const N: usize> Accesses for [A; N] {
+    type Host<'a> = [A::Host<'a>; N];
+    type Device = [A::Device; N];
+
+    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+        for a in self {
+            a.declare(f);
+        }
+    }
+
+    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+        // SAFETY: the caller's guarantee covers every token of the set.
+        let v: Vec<A::Host<'_>> = self
+            .iter()
+            .map(|a| unsafe { a.host() })
+            .collect::<Result<_>>()?;
+        Ok(v.try_into()
+            .unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+
+    fn device(&self) -> Result<Self::Device> {
+        let v: Vec<A::Device> = self.iter().map(A::device).collect::<Result<_>>()?;
+        Ok(v.try_into()
+            .unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+}
+
+macro_rules! tuple {
+    ($($a:ident $i:tt),+) => {
+        impl<$($a: Accesses),+> sealed::Sealed for ($($a,)+) {}
+
+        impl<$($a: Accesses),+> Accesses for ($($a,)+) {
+            type Host<'a> = ($($a::Host<'a>,)+);
+            type Device = ($($a::Device,)+);
+
+            fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+                $(self.$i.declare(f);)+
+            }
+
+            unsafe fn host(&self) -> Result<Self::Host<'_>> {
+                // SAFETY: the caller's guarantee covers every token of the set.
+                Ok(($(unsafe { self.$i.host() }?,)+))
+            }
+
+            fn device(&self) -> Result<Self::Device> {
+                Ok(($(self.$i.device()?,)+))
+            }
+        }
+    };
+}
+
+tuple!(A 0);
+tuple!(A 0, B 1);
+tuple!(A 0, B 1, C 2);
+tuple!(A 0, B 1, C 2, D 3);
+tuple!(A 0, B 1, C 2, D 3, E 4);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
+tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
+
+/// Collects the declared accesses of `set` for task `task` and checks them:
+/// each view a whole, aligned `[T]`; no two overlapping where either writes.
+pub(crate) fn collect(
+    task: &str,
+    set: &dyn DeclareDyn,
+    out: &mut smallvec::SmallVec<[crate::task::Access; 4]>,
+) -> Result<()> {
+    let mut err = None;
+    set.declare_dyn(&mut |v: &View, mode, e: Elem| {
+        if err.is_some() {
+            return;
+        }
+        if e.size == 0 || v.len() % e.size != 0 || v.start % e.align != 0 {
+            err = Some(Error::Misaligned {
+                buffer: v.buf.name().to_string(),
+                range: v.range(),
+                ty: e.name,
+            });
+            return;
+        }
+        out.push(crate::task::Access {
+            view: v.clone(),
+            mode,
+        });
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    check_disjoint(task, out)
+}
+
+/// Object-safe access to [`Accesses::declare`] (so `collect` is not generic).
+pub(crate) trait DeclareDyn {
+    fn declare_dyn(&self, f: &mut dyn FnMut(&View, Mode, Elem));
+}
+
+impl<A: Accesses> DeclareDyn for A {
+    fn declare_dyn(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+        self.declare(f)
+    }
+}
+
+/// No two accesses of one task overlap where either writes: the slices its
+/// body gets never alias a `&mut`.
+fn check_disjoint(task: &str, acc: &[crate::task::Access]) -> Result<()> {
+    let conflict = |a: &crate::task::Access, b: &crate::task::Access| {
+        a.view.buf.id() == b.view.buf.id()
+            && a.view.start < b.view.end
+            && b.view.start < a.view.end
+            && (a.mode.writes() || b.mode.writes())
+    };
+    let error = |a: &crate::task::Access| Error::BorrowConflict {
+        task: task.to_string(),
+        buffer: a.view.buf.name().to_string(),
+        range: a.view.range(),
+    };
+    if acc.len() <= 16 {
+        for (i, a) in acc.iter().enumerate() {
+            if let Some(b) = acc[i + 1..].iter().find(|b| conflict(a, b)) {
+                let _ = b;
+                return Err(error(a));
+            }
+        }
+        return Ok(());
+    }
+    // Many accesses (a bucket's views): sort by position, then each access
+    // only needs checking against those that start before it ends.
+    let mut idx: Vec<usize> = (0..acc.len()).collect();
+    idx.sort_by_key(|&i| (acc[i].view.buf.id(), acc[i].view.start));
+    for (k, &i) in idx.iter().enumerate() {
+        for &j in &idx[k + 1..] {
+            let (a, b) = (&acc[i], &acc[j]);
+            if b.view.buf.id() != a.view.buf.id() || b.view.start >= a.view.end {
+                break;
+            }
+            if conflict(a, b) {
+                return Err(error(a));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl View {
+    /// A token that reads this view as `[T]`.
+    pub fn read<T>(&self) -> Read<T> {
+        Read {
+            view: self.clone(),
+            _t: PhantomData,
+        }
+    }
+
+    /// A token that overwrites this view as `[T]` (its old contents are not read).
+    pub fn write<T>(&self) -> Write<T> {
+        Write {
+            view: self.clone(),
+            _t: PhantomData,
+        }
+    }
+
+    /// A token that reads and updates this view as `[T]`.
+    pub fn read_write<T>(&self) -> ReadWrite<T> {
+        ReadWrite {
+            view: self.clone(),
+            _t: PhantomData,
+        }
+    }
+
+    /// A byte access in a mode chosen at run time.
+    pub fn access(&self, mode: Mode) -> DynAccess {
+        DynAccess::new(self.clone(), mode)
+    }
+}
+
+impl Buffer {
+    /// A token that reads the whole buffer as `[T]`.
+    pub fn read<T>(&self) -> Read<T> {
+        self.whole().read()
+    }
+
+    /// A token that overwrites the whole buffer as `[T]`.
+    pub fn write<T>(&self) -> Write<T> {
+        self.whole().write()
+    }
+
+    /// A token that reads and updates the whole buffer as `[T]`.
+    pub fn read_write<T>(&self) -> ReadWrite<T> {
+        self.whole().read_write()
+    }
+
+    /// A byte access to the whole buffer in a mode chosen at run time.
+    pub fn access(&self, mode: Mode) -> DynAccess {
+        self.whole().access(mode)
+    }
+}
