@@ -491,7 +491,7 @@ tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 pub(crate) fn collect(
     task: &str,
     set: &dyn DeclareDyn,
-    out: &mut smallvec::SmallVec<[crate::task::Access; 4]>,
+    out: &mut smallvec::SmallVec<[crate::ctx::Access; 4]>,
 ) -> Result<()> {
     let mut err = None;
     set.declare_dyn(&mut |v: &View, mode, e: Elem| {
@@ -506,7 +506,7 @@ pub(crate) fn collect(
             });
             return;
         }
-        out.push(crate::task::Access {
+        out.push(crate::ctx::Access {
             view: v.clone(),
             mode,
         });
@@ -530,14 +530,14 @@ impl<A: Accesses> DeclareDyn for A {
 
 /// No two accesses of one task overlap where either writes: the slices its
 /// body gets never alias a `&mut`.
-fn check_disjoint(task: &str, acc: &[crate::task::Access]) -> Result<()> {
-    let conflict = |a: &crate::task::Access, b: &crate::task::Access| {
+fn check_disjoint(task: &str, acc: &[crate::ctx::Access]) -> Result<()> {
+    let conflict = |a: &crate::ctx::Access, b: &crate::ctx::Access| {
         a.view.buf.id() == b.view.buf.id()
             && a.view.start < b.view.end
             && b.view.start < a.view.end
             && (a.mode.writes() || b.mode.writes())
     };
-    let error = |a: &crate::task::Access| Error::BorrowConflict {
+    let error = |a: &crate::ctx::Access| Error::BorrowConflict {
         task: task.to_string(),
         buffer: a.view.buf.name().to_string(),
         range: a.view.range(),

@@ -2,7 +2,7 @@
 
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::sync::Arc;
+use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
@@ -14,12 +14,33 @@ pub(crate) struct BufferInner {
     pub(crate) len: usize,
     pub(crate) storage: Storage,
     /// Told when the buffer is dropped, so the tracker can forget it.
-    pub(crate) on_drop: Arc<crate::sched::Dropped>,
+    pub(crate) on_drop: Arc<Dropped>,
 }
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
         self.on_drop.push(self.id);
+    }
+}
+
+/// Ids of dropped buffers, for the tracker to forget at the next submission.
+/// `any` lets submission skip the lock when nothing was dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Dropped {
+    ids: Mutex<Vec<u64>>,
+    any: AtomicBool,
+}
+
+impl Dropped {
+    pub(crate) fn push(&self, id: u64) {
+        lock(&self.ids).push(id);
+        self.any.store(true, Ordering::Release);
+    }
+    pub(crate) fn drain(&self) -> Vec<u64> {
+        if !self.any.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.ids))
     }
 }
 

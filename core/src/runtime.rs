@@ -1,16 +1,14 @@
 //! The runtime: configuration, buffers, submission and synchronisation.
 
 use crate::backend::{Backend, BackendKind};
-use crate::buffer::{check_runtime, AsView, Buffer, BufferInner};
+use crate::buffer::{check_runtime, AsView, Buffer, BufferInner, Dropped};
 use crate::error::{Error, Result};
+use crate::kind::TaskKind;
 use crate::sched::placement::{self, Layout, Policy};
-use crate::sched::{
-    self, gate::Gate, queue::Queue, Dropped, NewTask, Shared, StreamShared, SubmitState,
-};
+use crate::sched::TaskHandle;
+use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
-use crate::task::{Body, Priority, TaskBuilder, TaskHandle, TaskKind};
 use crate::trace::{Profile, StreamInfo};
-use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::path::PathBuf;
 
@@ -324,21 +322,7 @@ impl Runtime {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// Starts a task named `name`.
-    pub fn task(&self, name: impl Into<Cow<'static, str>>) -> TaskBuilder<'_> {
-        TaskBuilder {
-            rt: self,
-            name: name.into(),
-            accesses: SmallVec::new(),
-            kind: TaskKind::Compute,
-            priority: Priority::Main,
-            after: SmallVec::new(),
-            comm_index: 0,
-            stream: None,
-        }
-    }
-
-    pub(crate) fn submit(&self, b: TaskBuilder<'_>, body: Body) -> Result<TaskHandle> {
+    pub(crate) fn submit(&self, b: NewTask) -> Result<TaskHandle> {
         let _span = tracing::trace_span!("submit", task = %b.name).entered();
         for a in &b.accesses {
             check_runtime(&a.view, self.shared.runtime_id)?;
@@ -374,20 +358,7 @@ impl Runtime {
         }
         let task = {
             let mut st = lock(&self.state);
-            sched::submit(
-                &mut st,
-                &self.shared,
-                NewTask {
-                    name: b.name,
-                    kind: b.kind,
-                    priority: b.priority,
-                    comm_index: b.comm_index,
-                    stream: b.stream,
-                    accesses: b.accesses,
-                    after: b.after,
-                    body,
-                },
-            )
+            sched::submit(&mut st, &self.shared, b)
         };
         Ok(TaskHandle {
             task,

@@ -49,7 +49,7 @@ impl CudaBackend {
             streams.push(CudaStream::comm(&device)?);
         }
         let alloc_stream = CudaStream::compute(&device)?;
-        let epoch_ns = crate::trace::now_ns();
+        let epoch_ns = crate::clock::now_ns();
         let timeline = Timeline::start(&alloc_stream)?;
         alloc_stream.synchronize()?;
         let events = EventPool::new(&device, EventKind::Timing);

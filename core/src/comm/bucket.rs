@@ -52,7 +52,7 @@
 use super::{Bf16, Buffers, CollectiveKind, Comm, DType, ReduceOp};
 use crate::buffer::{Buffer, View};
 use crate::error::{Error, Result};
-use crate::task::TaskKind;
+use crate::kind::TaskKind;
 use crate::Runtime;
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};

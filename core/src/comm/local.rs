@@ -82,8 +82,8 @@
 
 use super::{Collective, CollectiveKind, Communicator, DType, Element, ReduceOp};
 use crate::buffer::View;
+use crate::ctx::TaskCtx;
 use crate::error::{Error, Result};
-use crate::task::TaskCtx;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 

@@ -39,9 +39,11 @@ pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 
 use crate::buffer::View;
+use crate::ctx::TaskCtx;
 use crate::error::{Error, Result};
+use crate::kind::TaskKind;
+use crate::sched::TaskHandle;
 use crate::sync::{lock, Arc, Mutex};
-use crate::task::{TaskCtx, TaskHandle, TaskKind};
 use crate::Runtime;
 use std::borrow::Cow;
 use std::fmt;

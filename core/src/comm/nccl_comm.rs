@@ -16,8 +16,8 @@ use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclO
 use super::rendezvous::{DistEnv, Rendezvous};
 use super::{Collective, CollectiveKind, Comm, Communicator, DType, ReduceOp};
 use crate::backend::cuda::{CudaEvent, DeviceBuffer, EventKind};
+use crate::ctx::TaskCtx;
 use crate::error::{Error, Result};
-use crate::task::TaskCtx;
 use crate::Runtime;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -9,10 +9,12 @@ mod worker;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+use crate::buffer::Dropped;
+use crate::ctx::{Access, Body};
 use crate::error::{Error, Result};
 use crate::graph::{TaskRef, Tracker};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicU8, Mutex, Ordering};
-use crate::task::{Access, Body, TaskKind};
+use crate::kind::TaskKind;
+use crate::sync::{lock, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 use crate::trace::Span;
 use gate::Gate;
 use placement::{Place, Request};
@@ -20,6 +22,7 @@ use queue::Queue;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::fmt;
 use std::sync::OnceLock;
 
 pub(crate) use worker::{panic_message, spawn as spawn_worker};
@@ -121,27 +124,6 @@ pub(crate) struct Launch {
     pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: Body,
-}
-
-/// Ids of dropped buffers, for the tracker to forget at the next submission.
-/// `any` lets submission skip the lock when nothing was dropped.
-#[derive(Debug, Default)]
-pub(crate) struct Dropped {
-    ids: Mutex<Vec<u64>>,
-    any: AtomicBool,
-}
-
-impl Dropped {
-    pub(crate) fn push(&self, id: u64) {
-        lock(&self.ids).push(id);
-        self.any.store(true, Ordering::Release);
-    }
-    fn drain(&self) -> Vec<u64> {
-        if !self.any.swap(false, Ordering::Acquire) {
-            return Vec::new();
-        }
-        std::mem::take(&mut *lock(&self.ids))
-    }
 }
 
 /// Per-stream state shared with its thread.
@@ -259,7 +241,7 @@ impl SubmitState {
 pub(crate) struct NewTask {
     pub(crate) name: Cow<'static, str>,
     pub(crate) kind: TaskKind,
-    pub(crate) priority: crate::task::Priority,
+    pub(crate) priority: crate::kind::Priority,
     pub(crate) comm_index: usize,
     pub(crate) stream: Option<usize>,
     pub(crate) accesses: SmallVec<[Access; 4]>,
@@ -367,4 +349,43 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     st.preds = preds;
     shared.streams[s].queue.push(task.clone());
     task
+}
+
+/// A submitted task. Waiting on it is a synchronisation point.
+#[derive(Clone)]
+pub struct TaskHandle {
+    pub(crate) task: Arc<TaskShared>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for TaskHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskHandle")
+            .field("name", &self.task.name)
+            .field("stream", &self.task.stream)
+            .finish()
+    }
+}
+
+impl TaskHandle {
+    /// Blocks until the task has completed; returns its error if it failed or
+    /// was skipped because a dependency failed.
+    pub fn wait(&self) -> Result<()> {
+        self.shared.wait_task(&self.task)
+    }
+
+    /// The task's name.
+    pub fn name(&self) -> &str {
+        &self.task.name
+    }
+
+    /// The stream the task was placed on.
+    pub fn stream(&self) -> usize {
+        self.task.stream as usize
+    }
+
+    /// Whether the task has finished (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.task.is_finished()
+    }
 }

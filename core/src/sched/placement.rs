@@ -6,7 +6,7 @@
 //! functions of that input and their own state, so the same program places the
 //! same way on every rank (which keeps collective order identical).
 
-use crate::task::{Priority, TaskKind};
+use crate::kind::{Priority, TaskKind};
 
 /// How tasks are spread over streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -15,10 +15,11 @@ use super::{Launch, Shared, TaskShared, IN_TASK_OF};
 use crate::backend::cuda::CudaEvent;
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
+use crate::clock::now_ns;
+use crate::ctx::{Access, Check, TaskCtx};
 use crate::error::Error;
 use crate::sync::{lock, Arc};
-use crate::task::{Access, Check, TaskCtx};
-use crate::trace::{now_ns, Span};
+use crate::trace::Span;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -96,7 +97,7 @@ fn run_body<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
     accesses: &'a [Access],
-    body: crate::task::Body,
+    body: crate::ctx::Body,
     s: usize,
     rank: usize,
     device: impl FnOnce() -> DeviceCtx<'a>,

@@ -12,18 +12,9 @@ mod summary;
 pub use chrome::{write_chrome_trace, HostTraceGuard};
 pub use summary::{StreamBusy, Summary};
 
-use crate::task::TaskKind;
+use crate::kind::TaskKind;
 use smallvec::SmallVec;
 use std::borrow::Cow;
-use std::sync::OnceLock;
-use std::time::Instant;
-
-/// Nanoseconds since a process-wide epoch, so the spans of every runtime of a
-/// process (one per rank) share one timeline.
-pub(crate) fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 /// One task's execution on its stream.
 #[derive(Debug, Clone)]

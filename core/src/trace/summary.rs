@@ -1,7 +1,7 @@
 //! The summary of a profile.
 
 use super::Profile;
-use crate::task::TaskKind;
+use crate::kind::TaskKind;
 use std::collections::HashMap;
 use std::fmt;
 
