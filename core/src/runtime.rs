@@ -7,15 +7,10 @@ use crate::kind::TaskKind;
 use crate::sched::placement::{self, Layout, Policy};
 use crate::sched::TaskHandle;
 use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
-use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, next_id, Arc, AtomicU64, IdKind, Mutex, Ordering};
 use crate::trace::{Profile, StreamInfo};
 use std::borrow::Cow;
 use std::path::PathBuf;
-
-// Process-wide id counters: plain std atomics (statics need const
-// constructors, and ids are not part of any loom model).
-static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-static NEXT_BUFFER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Configures a [`Runtime`].
 #[derive(Debug, Clone)]
@@ -131,7 +126,7 @@ impl RuntimeBuilder {
             });
         }
         let shared = Arc::new(Shared {
-            runtime_id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
+            runtime_id: next_id(IdKind::Runtime),
             rank: self.rank,
             streams,
             completed: Gate::default(),
@@ -163,7 +158,7 @@ impl RuntimeBuilder {
         }
         Ok(Runtime {
             shared,
-            seen_completed: std::sync::atomic::AtomicU64::new(0),
+            seen_completed: AtomicU64::new(0),
             state: Mutex::new(state),
             threads,
             backend,
@@ -179,7 +174,7 @@ impl RuntimeBuilder {
 pub struct Runtime {
     shared: Arc<Shared>,
     /// The last value of `shared.completed` this runtime read (back-pressure).
-    seen_completed: std::sync::atomic::AtomicU64,
+    seen_completed: AtomicU64,
     state: Mutex<SubmitState>,
     threads: Vec<std::thread::JoinHandle<()>>,
     backend: Backend,
@@ -247,7 +242,7 @@ impl Runtime {
         let storage = self.backend.alloc(bytes)?;
         Ok(Buffer {
             inner: Arc::new(BufferInner {
-                id: NEXT_BUFFER.fetch_add(1, Ordering::Relaxed),
+                id: next_id(IdKind::Buffer),
                 runtime: self.shared.runtime_id,
                 name: name.into(),
                 len: bytes,

@@ -39,3 +39,22 @@ pub(crate) fn spin_hint() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+/// What a process-wide id numbers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum IdKind {
+    Runtime,
+    Buffer,
+}
+
+/// The next process-wide id of `kind`, from 1. Plain std atomics even under
+/// loom: statics need const constructors, and ids are part of no loom model.
+pub(crate) fn next_id(kind: IdKind) -> u64 {
+    static RUNTIMES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    static BUFFERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let counter = match kind {
+        IdKind::Runtime => &RUNTIMES,
+        IdKind::Buffer => &BUFFERS,
+    };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
