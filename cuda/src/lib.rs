@@ -48,6 +48,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod memory;
+pub mod nccl;
 pub mod nvrtc;
 pub mod stream;
 
@@ -73,9 +74,9 @@ use cudarc::driver::sys as drv;
 /// comments in the files for exact semantics and launch shapes).
 pub mod test_kernels {
     /// `core/kernels/spin.cu`.
-    pub const SPIN: &str = include_str!("../../../kernels/spin.cu");
+    pub const SPIN: &str = include_str!("../kernels/spin.cu");
     /// `core/kernels/axpb.cu`.
-    pub const AXPB: &str = include_str!("../../../kernels/axpb.cu");
+    pub const AXPB: &str = include_str!("../kernels/axpb.cu");
 }
 
 /// Where users are told to look when the driver is missing.

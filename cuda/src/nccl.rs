@@ -3,7 +3,7 @@
 //! One [`NcclComm`] per GPU rank. Creation:
 //!
 //! * **one process per GPU** (torchrun style): rank 0 makes an [`NcclUniqueId`],
-//!   the rendezvous ([`super::rendezvous`]) sends its 128 bytes to every rank,
+//!   a rendezvous (the engine's `braid::comm::rendezvous`) sends its 128 bytes to every rank,
 //!   and each rank calls [`NcclComm::init_rank`] (blocks until all ranks joined);
 //! * **one process for all GPUs of a node**: [`NcclComm::init_all`]
 //!   (`ncclCommInitAll`), or [`NcclComm::init_local_ranks`] when a process drives
@@ -13,9 +13,9 @@
 //! [`reduce_scatter`](NcclComm::reduce_scatter),
 //! [`all_gather`](NcclComm::all_gather), [`broadcast`](NcclComm::broadcast)) take
 //! raw device pointers — the engine hands them out of a task's declared views —
-//! and a stream: a [`CudaStream`](crate::backend::cuda::CudaStream), or the raw
+//! and a stream: a [`CudaStream`](crate::CudaStream), or the raw
 //! stream a task body runs on wrapped in
-//! [`RawStream`](crate::backend::cuda::RawStream) (the communicator's
+//! [`RawStream`](crate::RawStream) (the communicator's
 //! high-priority comm stream). They only
 //! enqueue work; completion is observed with an event recorded after them.
 //! Collectives on one communicator must be issued in the same order on every rank
@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys as nc;
 
-use crate::backend::cuda::{AsRawStream, CudaDevice, CudaError, DevicePtr};
+use crate::{AsRawStream, CudaDevice, CudaError, DevicePtr};
 
 /// How long [`NcclComm::abort`] waits for calls that are enqueuing to leave.
 pub const ABORT_GRACE: Duration = Duration::from_millis(200);
@@ -793,7 +793,7 @@ pub fn group<R>(f: impl FnOnce() -> NcclResult<R>) -> NcclResult<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::{gpu_or_skip, CudaStream, DeviceBuffer};
+    use crate::{gpu_or_skip, CudaStream, DeviceBuffer};
 
     #[test]
     fn unique_id_bytes_roundtrip() {
@@ -875,7 +875,7 @@ mod tests {
             return;
         }
         eprintln!("NCCL version {:?}", nccl_version().unwrap());
-        let n = crate::backend::cuda::cuda_available().unwrap();
+        let n = crate::cuda_available().unwrap();
         let devs: Vec<CudaDevice> = (0..n).map(|i| CudaDevice::open(i).unwrap()).collect();
         let streams: Vec<CudaStream> = devs.iter().map(|d| CudaStream::comm(d).unwrap()).collect();
         let comms = NcclComm::init_all(&devs).unwrap();
