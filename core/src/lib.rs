@@ -50,9 +50,11 @@ pub mod trace;
 pub use access::{
     Accesses, DevBytes, DevSlice, DevSliceMut, DynAccess, HostBytes, Read, ReadWrite, Write,
 };
-pub use backend::cuda;
 pub use backend::gpu::CudaTaskCtx;
 pub use backend::{BackendKind, DeviceCtx};
+/// The CUDA layer: the `braid-cuda` crate (devices, streams, events, memory,
+/// NVRTC kernels, cuBLAS, NCCL), re-exported.
+pub use braid_cuda as cuda;
 pub use buffer::{AsView, Buffer, View};
 pub use comm::{launch, launch_with, Comm, Communicator, LocalComm, LocalCommConfig, Reducer};
 pub use ctx::TaskCtx;

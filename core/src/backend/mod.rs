@@ -3,8 +3,11 @@
 //! a backend.
 
 pub(crate) mod cpu;
-pub mod cuda;
 pub(crate) mod gpu;
+
+/// The CUDA layer (crate `braid-cuda`) under the path engine code uses for it;
+/// [`gpu`] is the engine's glue on top of it.
+pub(crate) use braid_cuda as cuda;
 
 use crate::error::{Error, Result};
 use std::marker::PhantomData;

@@ -29,10 +29,11 @@
 mod bucket;
 mod launch;
 mod local;
-pub mod nccl;
 mod nccl_comm;
 pub mod rendezvous;
 
+/// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
+pub use braid_cuda::nccl;
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
 pub use launch::{launch, launch_with};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};

@@ -15,7 +15,7 @@
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
 use super::rendezvous::{DistEnv, Rendezvous};
 use super::{Collective, CollectiveKind, Comm, Communicator, DType, ReduceOp};
-use crate::backend::cuda::{CudaEvent, DeviceBuffer, EventKind};
+use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
 use crate::ctx::TaskCtx;
 use crate::error::{Error, Result};
 use crate::Runtime;

@@ -55,7 +55,7 @@ pub(crate) struct TaskShared {
     /// CUDA: the event recorded after the task's work on its stream; other
     /// streams wait on it. Set by the launching stream thread before it
     /// advances its `launched` gate.
-    pub(crate) event: OnceLock<crate::backend::cuda::CudaEvent>,
+    pub(crate) event: OnceLock<crate::cuda::CudaEvent>,
 }
 
 impl std::fmt::Debug for TaskShared {

@@ -12,7 +12,7 @@
 //!   record its device-timed span.
 
 use super::{Launch, Shared, TaskShared, IN_TASK_OF};
-use crate::backend::cuda::CudaEvent;
+use crate::cuda::CudaEvent;
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;

@@ -22,7 +22,8 @@ use std::time::Instant;
 use cudarc::nvrtc::sys as nv;
 
 /// NVRTC options; keep in sync with `CompileOptions::to_args` in
-/// core/src/backend/cuda/nvrtc.rs.
+/// cuda/src/nvrtc.rs (not a dependency: this binary builds with NVRTC bindings
+/// only).
 fn nvrtc_args(arch: &str, fast_math: bool) -> Vec<String> {
     let mut a = vec![
         format!("--gpu-architecture={arch}"),

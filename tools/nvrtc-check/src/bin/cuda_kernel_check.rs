@@ -10,14 +10,12 @@
 //! cuda-kernel-check            # exit 0: all match; 1: a mismatch; 2: no GPU
 //! ```
 //!
-//! It includes the CUDA layer (`core/src/backend/cuda`) and the CPU kernels by
-//! path, so it builds while the engine crate is in flux.
+//! It uses the CUDA layer (the `braid-cuda` crate, `cuda/`) and includes the
+//! CPU kernels by path, so it builds without the engine crate.
 
 #![allow(clippy::too_many_arguments)]
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../../../core/src/backend/cuda/mod.rs"]
-mod cuda;
+use braid_cuda as cuda;
 
 #[allow(dead_code, unused_imports, clippy::all)]
 #[path = "../../../../models/gpt2/src/kernels/cpu/mod.rs"]

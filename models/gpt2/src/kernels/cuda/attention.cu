@@ -1,7 +1,7 @@
 // GPT-2 causal self-attention helpers (fp32), llm.c's cuBLAS formulation.
 // Semantics: models/gpt2/src/kernels/cpu/attention.rs; the products run as
 // strided-batched cuBLAS sgemms over the B*NH heads (row-major terms, see
-// core/src/backend/cuda/cublas.rs):
+// cuda/src/cublas.rs):
 //
 // forward, with hs = C / NH and scale = 1 / sqrt(hs):
 //   attention_permute          inp (B, T, 3C)      -> q, k, v (B, NH, T, hs)

@@ -1,5 +1,5 @@
 // Bias parts of GPT-2's linear layers (the products themselves go through
-// cuBLAS: out = inp · Wᵀ, see core/src/backend/cuda/cublas.rs).
+// cuBLAS: out = inp · Wᵀ, see cuda/src/cublas.rs).
 // Semantics: models/gpt2/src/kernels/cpu/matmul.rs. Deterministic, no atomics.
 
 // out[n, o] += bias[o]

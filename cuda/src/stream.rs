@@ -9,10 +9,11 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys as drv;
 
 use super::device::CudaDevice;
-use super::error::{check, CudaResult};
+use super::error::{CudaResult, Named};
 use super::event::CudaEvent;
 
 /// Scheduling priority of a stream.
@@ -67,16 +68,9 @@ impl CudaStream {
             // Numerically: greatest <= p <= least.
             StreamPriority::Exact(p) => p.clamp(greatest, least),
         };
-        let mut raw: drv::CUstream = std::ptr::null_mut();
-        // SAFETY: context current; out-pointer valid; flags are a valid
-        // `CUstream_flags` value. Destroyed in `Drop for StreamInner`.
-        check("cuStreamCreateWithPriority", unsafe {
-            drv::cuStreamCreateWithPriority(
-                &mut raw,
-                drv::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                prio,
-            )
-        })?;
+        // Context current. Destroyed in `Drop for StreamInner`.
+        let raw = result::stream::create_with_priority(StreamKind::NonBlocking, prio)
+            .named("cuStreamCreateWithPriority")?;
         Ok(CudaStream {
             inner: Arc::new(StreamInner {
                 raw,
@@ -122,30 +116,34 @@ impl CudaStream {
             .check_same(event.device(), "event waited on")?;
         self.inner.device.bind_to_thread()?;
         // SAFETY: both handles are alive (borrowed) and belong to the current
-        // context; flag 0 is CU_EVENT_WAIT_DEFAULT.
-        check("cuStreamWaitEvent", unsafe {
-            drv::cuStreamWaitEvent(self.inner.raw, event.raw(), 0)
-        })
+        // context.
+        unsafe {
+            result::stream::wait_event(
+                self.inner.raw,
+                event.raw(),
+                drv::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .named("cuStreamWaitEvent")
     }
 
     /// Blocks the calling thread until all work queued on this stream is done.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.inner.device.bind_to_thread()?;
         // SAFETY: the stream is alive.
-        check("cuStreamSynchronize", unsafe {
-            drv::cuStreamSynchronize(self.inner.raw)
-        })
+        unsafe { result::stream::synchronize(self.inner.raw) }.named("cuStreamSynchronize")
     }
 
     /// `Ok(true)` when all queued work is done, `Ok(false)` while some is pending.
     pub fn query(&self) -> CudaResult<bool> {
         self.inner.device.bind_to_thread()?;
-        // SAFETY: the stream is alive.
+        // SAFETY: the stream is alive. (cudarc's checked layer has no
+        // `cuStreamQuery`.)
         let status = unsafe { drv::cuStreamQuery(self.inner.raw) };
         if status == drv::CUresult::CUDA_ERROR_NOT_READY {
             Ok(false)
         } else {
-            check("cuStreamQuery", status).map(|()| true)
+            status.result().named("cuStreamQuery").map(|()| true)
         }
     }
 
@@ -201,9 +199,7 @@ impl Drop for StreamInner {
         // once the work completes.
         let r = self.device.bind_to_thread().and_then(|()| {
             // SAFETY: last owner of the handle; never used again.
-            check("cuStreamDestroy", unsafe {
-                drv::cuStreamDestroy_v2(self.raw)
-            })
+            unsafe { result::stream::destroy(self.raw) }.named("cuStreamDestroy")
         });
         if let Err(e) = r {
             self.device.record_deferred(e);

@@ -36,10 +36,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cudarc::driver::sys as drv;
+use cudarc::driver::{result, sys as drv};
 
 use super::device::CudaDevice;
-use super::error::{check, CudaResult};
+use super::error::{CudaResult, Named};
 use super::stream::CudaStream;
 
 /// What an event can be used for.
@@ -52,10 +52,10 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    fn flags(self) -> u32 {
+    fn flags(self) -> drv::CUevent_flags {
         match self {
-            EventKind::Sync => drv::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            EventKind::Timing => drv::CUevent_flags::CU_EVENT_DEFAULT as u32,
+            EventKind::Sync => drv::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            EventKind::Timing => drv::CUevent_flags::CU_EVENT_DEFAULT,
         }
     }
 }
@@ -88,19 +88,14 @@ impl std::fmt::Debug for CudaEvent {
 
 fn create_raw(device: &CudaDevice, kind: EventKind) -> CudaResult<drv::CUevent> {
     device.bind_to_thread()?;
-    let mut raw: drv::CUevent = std::ptr::null_mut();
-    // SAFETY: context current; out-pointer valid; flags valid.
-    check("cuEventCreate", unsafe {
-        drv::cuEventCreate(&mut raw, kind.flags())
-    })?;
-    Ok(raw)
+    result::event::create(kind.flags()).named("cuEventCreate")
 }
 
 fn destroy_raw(device: &CudaDevice, raw: drv::CUevent) {
     let r = device.bind_to_thread().and_then(|()| {
         // SAFETY: the caller owns `raw` and never uses it again. Destroying an
         // event whose recorded work is pending is allowed (released at completion).
-        check("cuEventDestroy", unsafe { drv::cuEventDestroy_v2(raw) })
+        unsafe { result::event::destroy(raw) }.named("cuEventDestroy")
     });
     if let Err(e) = r {
         device.record_deferred(e);
@@ -133,18 +128,14 @@ impl CudaEvent {
             .check_same(stream.device(), "stream recorded on")?;
         self.device.bind_to_thread()?;
         // SAFETY: event and stream alive and in the current context.
-        check("cuEventRecord", unsafe {
-            drv::cuEventRecord(self.raw, stream.raw())
-        })
+        unsafe { result::event::record(self.raw, stream.raw()) }.named("cuEventRecord")
     }
 
     /// Blocks the host until the recorded work is done.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.device.bind_to_thread()?;
         // SAFETY: event alive.
-        check("cuEventSynchronize", unsafe {
-            drv::cuEventSynchronize(self.raw)
-        })
+        unsafe { result::event::synchronize(self.raw) }.named("cuEventSynchronize")
     }
 
     /// `Ok(true)` when the recorded work is done (or the event was never
@@ -153,11 +144,9 @@ impl CudaEvent {
     pub fn query(&self) -> CudaResult<bool> {
         self.device.bind_to_thread()?;
         // SAFETY: event alive.
-        let status = unsafe { drv::cuEventQuery(self.raw) };
-        if status == drv::CUresult::CUDA_ERROR_NOT_READY {
-            Ok(false)
-        } else {
-            check("cuEventQuery", status).map(|()| true)
+        match unsafe { result::event::query(self.raw) } {
+            Err(e) if e.0 == drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => r.named("cuEventQuery").map(|()| true),
         }
     }
 
@@ -173,12 +162,8 @@ impl CudaEvent {
         }
         start.device.check_same(&end.device, "end event")?;
         start.device.bind_to_thread()?;
-        let mut ms = 0f32;
-        // SAFETY: both events alive, timing-enabled, same context; out-pointer valid.
-        check("cuEventElapsedTime", unsafe {
-            drv::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw)
-        })?;
-        Ok(ms)
+        // SAFETY: both events alive, timing-enabled, same context.
+        unsafe { result::event::elapsed(start.raw, end.raw) }.named("cuEventElapsedTime")
     }
 
     /// Like [`elapsed_ms`](Self::elapsed_ms) but `Ok(None)` while pending.

@@ -35,9 +35,9 @@
 
 use std::sync::Mutex;
 
-use cudarc::cublas::sys as cb;
+use cudarc::cublas::{result, sys as cb};
 
-use super::error::{catch_panic, check_cublas, CudaError, CudaResult};
+use super::error::{catch_panic, CudaError, CudaResult, Named};
 use super::memory::DevicePtr;
 use super::stream::CudaStream;
 
@@ -167,11 +167,9 @@ impl CublasHandle {
     pub fn new(stream: &CudaStream) -> CudaResult<Self> {
         super::require_cublas()?;
         stream.device().bind_to_thread()?;
+        // Context current. Destroyed in `Drop`.
         let raw = catch_panic("cublasCreate", || {
-            let mut h: cb::cublasHandle_t = std::ptr::null_mut();
-            // SAFETY: context current; out-pointer valid. Destroyed in `Drop`.
-            check_cublas("cublasCreate", unsafe { cb::cublasCreate_v2(&mut h) })?;
-            Ok(h)
+            result::create_handle().named("cublasCreate")
         })?;
         let handle = CublasHandle {
             raw: Mutex::new(raw),
@@ -186,9 +184,7 @@ impl CublasHandle {
         let h = self.raw.lock().expect("cublas handle poisoned");
         // SAFETY: handle valid; the stream outlives its use (we keep a clone);
         // cuBLAS's `cudaStream_t` is the same pointer type as `CUstream`.
-        check_cublas("cublasSetStream", unsafe {
-            cb::cublasSetStream_v2(*h, stream.raw() as cb::cudaStream_t)
-        })
+        unsafe { result::set_stream(*h, stream.raw() as cb::cudaStream_t) }.named("cublasSetStream")
     }
 
     /// Binds the handle to another stream of the same device.
@@ -216,10 +212,11 @@ impl CublasHandle {
         };
         self.stream.device().bind_to_thread()?;
         let h = self.raw.lock().expect("cublas handle poisoned");
-        // SAFETY: handle valid.
-        check_cublas("cublasSetMathMode", unsafe {
-            cb::cublasSetMathMode(*h, mode)
-        })?;
+        // SAFETY: handle valid. (cudarc's checked layer has no
+        // `cublasSetMathMode`.)
+        unsafe { cb::cublasSetMathMode(*h, mode) }
+            .result()
+            .named("cublasSetMathMode")?;
         drop(h);
         self.tf32 = enabled;
         Ok(())
@@ -249,8 +246,8 @@ impl CublasHandle {
         // SAFETY: the row-major → column-major mapping described in the module
         // docs; pointer validity is the caller's contract; alpha/beta are host
         // scalars (default pointer mode).
-        check_cublas("cublasSgemm", unsafe {
-            cb::cublasSgemm_v2(
+        unsafe {
+            result::sgemm(
                 *h,
                 g.trans_b.op(),
                 g.trans_a.op(),
@@ -266,7 +263,8 @@ impl CublasHandle {
                 c as *mut f32,
                 g.ldc as i32,
             )
-        })
+        }
+        .named("cublasSgemm")
     }
 
     /// `batch` independent products `C[i] = alpha · op(A[i]) · op(B[i]) + beta · C[i]`
@@ -296,8 +294,8 @@ impl CublasHandle {
         self.stream.device().bind_to_thread()?;
         let h = self.raw.lock().expect("cublas handle poisoned");
         // SAFETY: as in `sgemm`, operands swapped for the row-major mapping.
-        check_cublas("cublasSgemmStridedBatched", unsafe {
-            cb::cublasSgemmStridedBatched(
+        unsafe {
+            result::sgemm_strided_batched(
                 *h,
                 g.trans_b.op(),
                 g.trans_a.op(),
@@ -317,7 +315,8 @@ impl CublasHandle {
                 stride_c,
                 batch as i32,
             )
-        })
+        }
+        .named("cublasSgemmStridedBatched")
     }
 }
 
@@ -327,7 +326,7 @@ impl Drop for CublasHandle {
         let r = self.stream.device().bind_to_thread().and_then(|()| {
             // SAFETY: created in `new`, destroyed once. cublasDestroy waits for the
             // handle's pending work on its stream.
-            check_cublas("cublasDestroy", unsafe { cb::cublasDestroy_v2(h) })
+            unsafe { result::destroy_handle(h) }.named("cublasDestroy")
         });
         if let Err(e) = r {
             self.stream.device().record_deferred(e);

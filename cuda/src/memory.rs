@@ -33,10 +33,10 @@
 //!   untouched until the stream has passed the copy (the engine guarantees this
 //!   by holding the host buffer until the task's completion event fires).
 
-use cudarc::driver::sys as drv;
+use cudarc::driver::{result, sys as drv};
 
 use super::device::CudaDevice;
-use super::error::{check, CudaError, CudaResult};
+use super::error::{CudaError, CudaResult, Named};
 use super::event::CudaEvent;
 use super::stream::CudaStream;
 
@@ -105,12 +105,10 @@ impl DeviceBuffer {
     /// A zero-byte request allocates one byte so the pointer is valid and unique.
     pub fn alloc(stream: &CudaStream, bytes: usize) -> CudaResult<Self> {
         stream.device().bind_to_thread()?;
-        let mut ptr: drv::CUdeviceptr = 0;
-        // SAFETY: context current; stream alive; out-pointer valid. Freed by
+        // SAFETY: context current; stream alive. Freed by
         // `free_on`/`free_after`/`Drop`, exactly once (`freed` flag).
-        check("cuMemAllocAsync", unsafe {
-            drv::cuMemAllocAsync(&mut ptr, bytes.max(1), stream.raw())
-        })?;
+        let ptr =
+            unsafe { result::malloc_async(stream.raw(), bytes.max(1)) }.named("cuMemAllocAsync")?;
         Ok(DeviceBuffer {
             ptr,
             bytes,
@@ -215,9 +213,7 @@ impl DeviceBuffer {
         self.device().check_same(stream.device(), "stream")?;
         stream.device().bind_to_thread()?;
         // SAFETY: range checked to lie inside this live allocation; stream alive.
-        check("cuMemsetD8Async", unsafe {
-            drv::cuMemsetD8Async(dst, value, len, stream.raw())
-        })
+        unsafe { result::memset_d8_async(dst, value, len, stream.raw()) }.named("cuMemsetD8Async")
     }
 
     /// Queues a fill of `count` 32-bit words starting at byte `offset` (4-aligned)
@@ -245,10 +241,11 @@ impl DeviceBuffer {
         self.device().check_same(stream.device(), "stream")?;
         stream.device().bind_to_thread()?;
         // SAFETY: range checked; 4-byte alignment holds because pool allocations
-        // are at least 256-byte aligned and `offset` is a multiple of 4.
-        check("cuMemsetD32Async", unsafe {
-            drv::cuMemsetD32Async(dst, bits, count, stream.raw())
-        })
+        // are at least 256-byte aligned and `offset` is a multiple of 4. (cudarc's
+        // checked layer has no `cuMemsetD32Async`.)
+        unsafe { drv::cuMemsetD32Async(dst, bits, count, stream.raw()) }
+            .result()
+            .named("cuMemsetD32Async")
     }
 
     /// Queues a device-to-device copy of `len` bytes from `src[src_offset..]` to
@@ -267,9 +264,7 @@ impl DeviceBuffer {
         self.device().check_same(src.device(), "source buffer")?;
         stream.device().bind_to_thread()?;
         // SAFETY: both ranges checked inside live allocations of this device.
-        check("cuMemcpyDtoDAsync", unsafe {
-            drv::cuMemcpyDtoDAsync_v2(dst, s, len, stream.raw())
-        })
+        unsafe { result::memcpy_dtod_async(dst, s, len, stream.raw()) }.named("cuMemcpyDtoDAsync")
     }
 
     /// Uploads `src` to byte `offset`; queued on `stream`, then **blocks until
@@ -338,9 +333,7 @@ fn free_async(device: &CudaDevice, ptr: DevicePtr, stream: &CudaStream) -> CudaR
     // SAFETY: `ptr` came from `cuMemAllocAsync` on this device and is freed exactly
     // once (callers set `freed` first); the stream is alive. Stream ordering makes
     // the memory reusable only after prior work on `stream` completes.
-    check("cuMemFreeAsync", unsafe {
-        drv::cuMemFreeAsync(ptr, stream.raw())
-    })
+    unsafe { result::free_async(ptr, stream.raw()) }.named("cuMemFreeAsync")
 }
 
 /// Queues a host-to-device copy on `stream`.
@@ -356,10 +349,11 @@ pub unsafe fn memcpy_htod_async(
     stream: &CudaStream,
 ) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
-    // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyHtoDAsync", unsafe {
-        drv::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.raw())
-    })
+    // SAFETY: forwarded to the caller's contract. (Raw call: cudarc's checked
+    // `memcpy_htod_async` takes a slice, this takes a pointer and a length.)
+    unsafe { drv::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.raw()) }
+        .result()
+        .named("cuMemcpyHtoDAsync")
 }
 
 /// Queues a device-to-host copy on `stream`.
@@ -375,10 +369,11 @@ pub unsafe fn memcpy_dtoh_async(
     stream: &CudaStream,
 ) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
-    // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyDtoHAsync", unsafe {
-        drv::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream.raw())
-    })
+    // SAFETY: forwarded to the caller's contract. (Raw call, as in
+    // `memcpy_htod_async`.)
+    unsafe { drv::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream.raw()) }
+        .result()
+        .named("cuMemcpyDtoHAsync")
 }
 
 /// Queues a device-to-device copy on `stream`.
@@ -394,9 +389,7 @@ pub unsafe fn memcpy_dtod_async(
 ) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemcpyDtoDAsync", unsafe {
-        drv::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.raw())
-    })
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }.named("cuMemcpyDtoDAsync")
 }
 
 /// Queues a byte memset on `stream`.
@@ -412,9 +405,7 @@ pub unsafe fn memset_d8_async(
 ) -> CudaResult<()> {
     stream.device().bind_to_thread()?;
     // SAFETY: forwarded to the caller's contract.
-    check("cuMemsetD8Async", unsafe {
-        drv::cuMemsetD8Async(dst, value, bytes, stream.raw())
-    })
+    unsafe { result::memset_d8_async(dst, value, bytes, stream.raw()) }.named("cuMemsetD8Async")
 }
 
 /// Page-locked host memory (`cuMemHostAlloc`, portable): the staging area for
@@ -443,11 +434,9 @@ impl PinnedHostBuffer {
     /// Allocates `bytes` of pinned, zeroed host memory (usable with any context).
     pub fn new(device: &CudaDevice, bytes: usize) -> CudaResult<Self> {
         device.bind_to_thread()?;
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: context current; out-pointer valid. Freed in `Drop`.
-        check("cuMemHostAlloc", unsafe {
-            drv::cuMemHostAlloc(&mut p, bytes.max(1), drv::CU_MEMHOSTALLOC_PORTABLE)
-        })?;
+        // SAFETY: context current. Freed in `Drop`.
+        let p = unsafe { result::malloc_host(bytes.max(1), drv::CU_MEMHOSTALLOC_PORTABLE) }
+            .named("cuMemHostAlloc")?;
         // SAFETY: the allocation is at least `bytes.max(1)` bytes and ours.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes.max(1)) };
         Ok(PinnedHostBuffer {
@@ -497,9 +486,7 @@ impl Drop for PinnedHostBuffer {
             // SAFETY: allocated by `cuMemHostAlloc`, freed once. The owner must not
             // drop it while an async copy using it is pending (the engine holds it
             // until the copy's completion event).
-            check("cuMemFreeHost", unsafe {
-                drv::cuMemFreeHost(self.ptr.cast())
-            })
+            unsafe { result::free_host(self.ptr.cast()) }.named("cuMemFreeHost")
         });
         if let Err(e) = r {
             self.device.record_deferred(e);

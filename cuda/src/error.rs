@@ -1,12 +1,18 @@
 //! The one error type of the CUDA layer.
 //!
-//! Every foreign call goes through a `check_*` function here, which turns the raw
-//! status into a [`CudaError`] naming the call that failed and carrying the
-//! library's own message (`cuGetErrorName`/`cuGetErrorString`, the NVRTC log,
-//! `cublasGetStatusString`).
+//! Every foreign call is checked where it is made: through a function of
+//! cudarc's checked layer (`cudarc::driver::result`, `cudarc::nvrtc::result`,
+//! `cudarc::cublas::result`) or, where that layer has none, the raw call's
+//! `.result()`; then `Named::named` turns cudarc's bare status error into a
+//! [`CudaError`] naming the call that failed and carrying the library's own
+//! message (`cuGetErrorName`/`cuGetErrorString`, `nvrtcGetErrorString`, the
+//! cuBLAS status name). NVRTC compile failures carry the program log.
 
-use cudarc::cublas::sys as cublas_sys;
+use cudarc::cublas::result::CublasError;
+use cudarc::driver::result::DriverError;
 use cudarc::driver::sys as drv;
+use cudarc::nvrtc::result::NvrtcError;
+use cudarc::nvrtc::sys as nv;
 
 /// Everything that can go wrong in the CUDA backend.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -144,73 +150,81 @@ impl CudaError {
 /// Result alias of the CUDA layer.
 pub type CudaResult<T> = Result<T, CudaError>;
 
-/// Checks a driver status, naming the call on failure.
-#[inline]
-pub(crate) fn check(call: &'static str, status: drv::CUresult) -> CudaResult<()> {
-    if status == drv::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(driver_error(call, status))
+/// Names the call behind a result of cudarc's checked layer.
+///
+/// cudarc's `result` modules (and the `.result()` methods on the raw status
+/// enums) already turn a status into `Result<T, DriverError>` (or `CublasError`,
+/// `NvrtcError`); that error carries only the status code. `.named("cuFoo")`
+/// turns it into a [`CudaError`] that says which call failed, with the
+/// library's own description of the status.
+pub(crate) trait Named<T> {
+    /// Converts the error, naming `call` as the call that failed.
+    fn named(self, call: &'static str) -> CudaResult<T>;
+}
+
+impl<T> Named<T> for Result<T, DriverError> {
+    #[inline]
+    fn named(self, call: &'static str) -> CudaResult<T> {
+        self.map_err(|e| driver_error(call, e))
     }
 }
 
-/// Builds a [`CudaError::Driver`] with the driver's name and description.
+impl<T> Named<T> for Result<T, CublasError> {
+    #[inline]
+    fn named(self, call: &'static str) -> CudaResult<T> {
+        self.map_err(|e| CudaError::Cublas {
+            call,
+            status: format!("{:?}", e.0),
+        })
+    }
+}
+
+impl<T> Named<T> for Result<T, NvrtcError> {
+    #[inline]
+    fn named(self, call: &'static str) -> CudaResult<T> {
+        self.map_err(|e| CudaError::Nvrtc {
+            call,
+            message: nvrtc_message(e.0),
+        })
+    }
+}
+
+/// Builds a [`CudaError::Driver`] with the driver's name and description of
+/// the status (`cuGetErrorName`, `cuGetErrorString`).
 #[cold]
-pub(crate) fn driver_error(call: &'static str, status: drv::CUresult) -> CudaError {
-    let (name, message) = describe(status);
+fn driver_error(call: &'static str, e: DriverError) -> CudaError {
+    // `error_name`/`error_string` call the driver: it is loaded, since the
+    // status came from it. The strings are static storage owned by the driver.
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let message = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown error".to_string());
     CudaError::Driver {
         call,
-        code: status as i32,
+        code: e.0 as i32,
         name,
         message,
     }
 }
 
-fn describe(status: drv::CUresult) -> (String, String) {
-    use std::ffi::CStr;
-    let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
-    let mut msg_ptr: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: the driver library is loaded (we only get a status from it after
-    // loading); both out-pointers are valid for one write; the returned strings
-    // are static storage owned by the driver.
-    let (n, m) = unsafe {
-        (
-            drv::cuGetErrorName(status, &mut name_ptr),
-            drv::cuGetErrorString(status, &mut msg_ptr),
-        )
-    };
-    let name = if n == drv::CUresult::CUDA_SUCCESS && !name_ptr.is_null() {
-        // SAFETY: non-null, NUL-terminated static string from the driver.
-        unsafe { CStr::from_ptr(name_ptr) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
+/// `nvrtcGetErrorString` of a status (cudarc's `NvrtcError` shows only the
+/// enum name).
+#[cold]
+pub(crate) fn nvrtc_message(status: nv::nvrtcResult) -> String {
+    // SAFETY: NVRTC is loaded (the status came from it); nvrtcGetErrorString
+    // returns a static NUL-terminated string for any status.
+    let p = unsafe { nv::nvrtcGetErrorString(status) };
+    if p.is_null() {
         format!("{status:?}")
-    };
-    let message = if m == drv::CUresult::CUDA_SUCCESS && !msg_ptr.is_null() {
-        // SAFETY: as above.
-        unsafe { CStr::from_ptr(msg_ptr) }
+    } else {
+        // SAFETY: non-null static string.
+        unsafe { std::ffi::CStr::from_ptr(p) }
             .to_string_lossy()
             .into_owned()
-    } else {
-        "unknown error".to_string()
-    };
-    (name, message)
-}
-
-/// Checks a cuBLAS status, naming the call on failure.
-#[inline]
-pub(crate) fn check_cublas(
-    call: &'static str,
-    status: cublas_sys::cublasStatus_t,
-) -> CudaResult<()> {
-    if status == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Cublas {
-            call,
-            status: format!("{status:?}"),
-        })
     }
 }
 

@@ -38,16 +38,16 @@
 //! pointers to the slots.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
-use cudarc::driver::sys as drv;
-use cudarc::nvrtc::sys as nv;
+use cudarc::driver::{result as drv_result, sys as drv};
+use cudarc::nvrtc::{result as nvrtc_result, sys as nv};
 
 use super::device::CudaDevice;
-use super::error::{catch_panic, check, CudaError, CudaResult};
+use super::error::{catch_panic, nvrtc_message, CudaError, CudaResult, Named};
 use super::memory::DevicePtr;
 use super::stream::AsRawStream;
 
@@ -125,34 +125,13 @@ pub fn nvrtc_version() -> CudaResult<(i32, i32)> {
     super::require_nvrtc()?;
     catch_panic("nvrtcVersion", || {
         let (mut ma, mut mi) = (0, 0);
-        // SAFETY: out-pointers valid.
-        nv_check("nvrtcVersion", unsafe {
-            nv::nvrtcVersion(&mut ma, &mut mi)
-        })?;
+        // SAFETY: out-pointers valid. (cudarc's checked layer has no
+        // `nvrtcVersion`.)
+        unsafe { nv::nvrtcVersion(&mut ma, &mut mi) }
+            .result()
+            .named("nvrtcVersion")?;
         Ok((ma, mi))
     })
-}
-
-fn nv_message(status: nv::nvrtcResult) -> String {
-    // SAFETY: nvrtcGetErrorString returns a static NUL-terminated string.
-    let p = unsafe { nv::nvrtcGetErrorString(status) };
-    if p.is_null() {
-        format!("{status:?}")
-    } else {
-        // SAFETY: non-null static string.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
-}
-
-fn nv_check(call: &'static str, status: nv::nvrtcResult) -> CudaResult<()> {
-    if status == nv::nvrtcResult::NVRTC_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Nvrtc {
-            call,
-            message: nv_message(status),
-        })
-    }
 }
 
 /// Destroys an NVRTC program on every exit path.
@@ -160,23 +139,22 @@ struct Program(nv::nvrtcProgram);
 impl Drop for Program {
     fn drop(&mut self) {
         // SAFETY: created by nvrtcCreateProgram, destroyed once here.
-        unsafe { nv::nvrtcDestroyProgram(&mut self.0) };
+        let _ = unsafe { nvrtc_result::destroy_program(self.0) };
     }
 }
 
+/// NVRTC's text output (log, PTX), `c_char`s as bytes.
+fn c_chars_to_bytes(chars: Vec<std::ffi::c_char>) -> Vec<u8> {
+    chars.into_iter().map(|c| c as u8).collect()
+}
+
+/// The program log, trimmed; empty when NVRTC cannot report it.
 fn program_log(prog: &Program) -> String {
-    let mut size = 0usize;
-    // SAFETY: valid program; out-pointer valid.
-    if unsafe { nv::nvrtcGetProgramLogSize(prog.0, &mut size) } != nv::nvrtcResult::NVRTC_SUCCESS {
-        return String::new();
-    }
-    let mut buf = vec![0u8; size.max(1)];
-    // SAFETY: buffer holds `size` bytes as NVRTC requires.
-    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) }
-        != nv::nvrtcResult::NVRTC_SUCCESS
-    {
-        return String::new();
-    }
+    // SAFETY: valid program (not yet destroyed).
+    let buf = match unsafe { nvrtc_result::get_program_log(prog.0) } {
+        Ok(buf) => c_chars_to_bytes(buf),
+        Err(_) => return String::new(),
+    };
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).trim_end().to_string()
 }
@@ -195,37 +173,25 @@ fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResu
     let name = CString::new(program).map_err(|_| {
         CudaError::InvalidArgument(format!("program name {program:?} contains a NUL byte"))
     })?;
-    let args: Vec<CString> = opts
-        .to_args()
-        .into_iter()
-        .map(|a| {
-            CString::new(a)
-                .map_err(|_| CudaError::InvalidArgument("option contains a NUL byte".into()))
-        })
-        .collect::<Result<_, _>>()?;
-    let arg_ptrs: Vec<*const std::ffi::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    let args = opts.to_args();
+    // `compile_program` makes C strings of the options and panics on a NUL:
+    // reject those here.
+    if args.iter().any(|a| a.contains('\0')) {
+        return Err(CudaError::InvalidArgument(
+            "option contains a NUL byte".into(),
+        ));
+    }
 
     let start = Instant::now();
-    let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: `src` and `name` are NUL-terminated and outlive the call; no headers.
-    nv_check("nvrtcCreateProgram", unsafe {
-        nv::nvrtcCreateProgram(
-            &mut raw,
-            src.as_ptr(),
-            name.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    })?;
-    let prog = Program(raw);
-    // SAFETY: valid program; `arg_ptrs` points at `args.len()` live C strings.
-    let status =
-        unsafe { nv::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
+    // `src` and `name` outlive the program (destroyed when `prog` drops, below).
+    let prog =
+        Program(nvrtc_result::create_program(&src, Some(&name)).named("nvrtcCreateProgram")?);
+    // SAFETY: valid program.
+    let compiled = unsafe { nvrtc_result::compile_program(prog.0, &args) };
     let log = program_log(&prog);
-    if status != nv::nvrtcResult::NVRTC_SUCCESS {
+    if let Err(e) = compiled {
         let log = if log.is_empty() {
-            nv_message(status)
+            nvrtc_message(e.0)
         } else {
             log
         };
@@ -237,28 +203,22 @@ fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResu
     }
     let is_cubin = opts.produces_cubin();
     let image = if is_cubin {
+        // cudarc's checked layer has no CUBIN getters: raw calls.
         let mut size = 0usize;
         // SAFETY: compiled program; out-pointer valid.
-        nv_check("nvrtcGetCUBINSize", unsafe {
-            nv::nvrtcGetCUBINSize(prog.0, &mut size)
-        })?;
+        unsafe { nv::nvrtcGetCUBINSize(prog.0, &mut size) }
+            .result()
+            .named("nvrtcGetCUBINSize")?;
         let mut buf = vec![0u8; size];
         // SAFETY: buffer of the size NVRTC reported.
-        nv_check("nvrtcGetCUBIN", unsafe {
-            nv::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr().cast())
-        })?;
+        unsafe { nv::nvrtcGetCUBIN(prog.0, buf.as_mut_ptr().cast()) }
+            .result()
+            .named("nvrtcGetCUBIN")?;
         buf
     } else {
-        let mut size = 0usize;
-        // SAFETY: as above.
-        nv_check("nvrtcGetPTXSize", unsafe {
-            nv::nvrtcGetPTXSize(prog.0, &mut size)
-        })?;
-        let mut buf = vec![0u8; size];
-        // SAFETY: as above; the size includes the trailing NUL.
-        nv_check("nvrtcGetPTX", unsafe {
-            nv::nvrtcGetPTX(prog.0, buf.as_mut_ptr().cast())
-        })?;
+        // SAFETY: compiled program. The size NVRTC reports includes the NUL.
+        let ptx = unsafe { nvrtc_result::get_ptx(prog.0) }.named("nvrtcGetPTX")?;
+        let mut buf = c_chars_to_bytes(ptx);
         if buf.last() != Some(&0) {
             buf.push(0);
         }
@@ -569,12 +529,10 @@ impl CudaModule {
                 "PTX image must be NUL-terminated".into(),
             ));
         }
-        let mut raw: drv::CUmodule = std::ptr::null_mut();
         // SAFETY: context current; the image is a complete CUBIN, or NUL-terminated
         // PTX, that outlives the call (the driver copies it).
-        check("cuModuleLoadData", unsafe {
-            drv::cuModuleLoadData(&mut raw, kernel.image.as_ptr().cast())
-        })?;
+        let raw = unsafe { drv_result::module::load_data(kernel.image.as_ptr().cast()) }
+            .named("cuModuleLoadData")?;
         Ok(CudaModule {
             inner: Arc::new(ModuleInner {
                 raw,
@@ -594,16 +552,16 @@ impl CudaModule {
         let cname = CString::new(name)
             .map_err(|_| CudaError::InvalidArgument("kernel name has a NUL".into()))?;
         self.inner.device.bind_to_thread()?;
-        let mut raw: drv::CUfunction = std::ptr::null_mut();
-        // SAFETY: module loaded; name NUL-terminated; out-pointer valid.
-        let status = unsafe { drv::cuModuleGetFunction(&mut raw, self.inner.raw, cname.as_ptr()) };
-        if status == drv::CUresult::CUDA_ERROR_NOT_FOUND {
-            return Err(CudaError::KernelNotFound {
-                module: self.inner.program.clone(),
-                kernel: name.to_string(),
-            });
-        }
-        check("cuModuleGetFunction", status)?;
+        // SAFETY: module loaded (held by `self.inner`).
+        let raw = match unsafe { drv_result::module::get_function(self.inner.raw, cname) } {
+            Err(e) if e.0 == drv::CUresult::CUDA_ERROR_NOT_FOUND => {
+                return Err(CudaError::KernelNotFound {
+                    module: self.inner.program.clone(),
+                    kernel: name.to_string(),
+                })
+            }
+            r => r.named("cuModuleGetFunction")?,
+        };
         Ok(CudaFunction {
             raw,
             module: self.inner.clone(),
@@ -622,7 +580,7 @@ impl Drop for ModuleInner {
         let r = self.device.bind_to_thread().and_then(|()| {
             // SAFETY: loaded once, unloaded once; every `CudaFunction` holds an
             // `Arc<ModuleInner>`, so no function handle outlives the module.
-            check("cuModuleUnload", unsafe { drv::cuModuleUnload(self.raw) })
+            unsafe { drv_result::module::unload(self.raw) }.named("cuModuleUnload")
         });
         if let Err(e) = r {
             self.device.record_deferred(e);
@@ -773,19 +731,17 @@ impl CudaFunction {
     pub fn set_max_dynamic_shared_mem(&self, bytes: u32) -> CudaResult<()> {
         self.module.device.bind_to_thread()?;
         // SAFETY: function handle valid while the module is loaded.
-        check(
-            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-            unsafe {
-                drv::cuFuncSetAttribute(
-                    self.raw,
-                    drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes as i32,
-                )
-            },
-        )
+        unsafe {
+            drv_result::function::set_function_attribute(
+                self.raw,
+                drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .named("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
     }
 
-    /// Queues the kernel on `stream` (a [`CudaStream`] or a [`super::RawStream`]).
+    /// Queues the kernel on `stream` (a [`CudaStream`](super::CudaStream) or a [`super::RawStream`]).
     ///
     /// # Safety
     /// `args` must match the kernel's parameter list exactly (count, order, and
@@ -814,21 +770,17 @@ impl CudaFunction {
         // SAFETY: the function is loaded in the current context; `params` holds one
         // pointer per kernel parameter (caller's contract), each to 8 readable
         // bytes whose prefix is the parameter's value; the stream is alive.
-        check("cuLaunchKernel", unsafe {
-            drv::cuLaunchKernel(
+        unsafe {
+            drv_result::launch_kernel(
                 self.raw,
-                cfg.grid.0,
-                cfg.grid.1,
-                cfg.grid.2,
-                cfg.block.0,
-                cfg.block.1,
-                cfg.block.2,
+                cfg.grid,
+                cfg.block,
                 cfg.shared_mem_bytes,
                 stream.raw_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
+                &mut params,
             )
-        })
+        }
+        .named("cuLaunchKernel")
     }
 }
 

@@ -8,12 +8,11 @@
 //! keep their memory for reuse instead of returning it to the driver at every
 //! synchronisation (release threshold = `u64::MAX`).
 
-use std::ffi::CStr;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys as drv;
+use cudarc::driver::{result, sys as drv};
 
-use super::error::{catch_panic, check, CudaError, CudaResult};
+use super::error::{catch_panic, CudaError, CudaResult, Named};
 
 /// Handle to one CUDA device (its primary context). Clones share it.
 #[derive(Clone)]
@@ -69,12 +68,8 @@ pub struct PoolStats {
 }
 
 fn attribute(dev: drv::CUdevice, attr: drv::CUdevice_attribute) -> CudaResult<i32> {
-    let mut v = 0i32;
-    // SAFETY: `dev` came from `cuDeviceGet`; `v` is valid for one write.
-    check("cuDeviceGetAttribute", unsafe {
-        drv::cuDeviceGetAttribute(&mut v, attr, dev)
-    })?;
-    Ok(v)
+    // SAFETY: `dev` came from `cuDeviceGet`.
+    unsafe { result::device::get_attribute(dev, attr) }.named("cuDeviceGetAttribute")
 }
 
 impl CudaDevice {
@@ -90,40 +85,27 @@ impl CudaDevice {
 
     fn open_inner(ordinal: usize) -> CudaResult<Self> {
         use drv::CUdevice_attribute as A;
-        let mut cu_device: drv::CUdevice = 0;
-        // SAFETY: driver initialised by `cuda_available`; out-pointer valid.
-        check("cuDeviceGet", unsafe {
-            drv::cuDeviceGet(&mut cu_device, ordinal as i32)
-        })?;
+        // The driver is initialised by `cuda_available`.
+        let cu_device = result::device::get(ordinal as i32).named("cuDeviceGet")?;
 
-        let mut ctx: drv::CUcontext = std::ptr::null_mut();
-        // SAFETY: `cu_device` is valid; out-pointer valid. Balanced by
+        // SAFETY: `cu_device` came from `cuDeviceGet`. Balanced by
         // `cuDevicePrimaryCtxRelease_v2` in `Drop for DeviceInner`.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            drv::cuDevicePrimaryCtxRetain(&mut ctx, cu_device)
-        })?;
+        let ctx =
+            unsafe { result::primary_ctx::retain(cu_device) }.named("cuDevicePrimaryCtxRetain")?;
         // From here on, `guard` releases the retain if a later step fails.
         struct Release(drv::CUdevice);
         impl Drop for Release {
             fn drop(&mut self) {
                 // SAFETY: balances the successful retain above.
-                unsafe { drv::cuDevicePrimaryCtxRelease_v2(self.0) };
+                let _ = unsafe { result::primary_ctx::release(self.0) };
             }
         }
         let guard = Release(cu_device);
 
         // SAFETY: `ctx` is the retained primary context.
-        check("cuCtxSetCurrent", unsafe { drv::cuCtxSetCurrent(ctx) })?;
+        unsafe { result::ctx::set_current(ctx) }.named("cuCtxSetCurrent")?;
 
-        let mut name_buf = [0 as std::ffi::c_char; 256];
-        // SAFETY: buffer valid for `len` bytes; the driver NUL-terminates.
-        check("cuDeviceGetName", unsafe {
-            drv::cuDeviceGetName(name_buf.as_mut_ptr(), name_buf.len() as i32, cu_device)
-        })?;
-        // SAFETY: NUL-terminated by the driver within the buffer.
-        let name = unsafe { CStr::from_ptr(name_buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = result::device::get_name(cu_device).named("cuDeviceGetName")?;
 
         let major = attribute(cu_device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(cu_device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -136,33 +118,29 @@ impl CudaDevice {
             )));
         }
 
-        let mut total_memory = 0usize;
-        // SAFETY: valid device and out-pointer.
-        check("cuDeviceTotalMem", unsafe {
-            drv::cuDeviceTotalMem_v2(&mut total_memory, cu_device)
-        })?;
+        // SAFETY: valid device.
+        let total_memory =
+            unsafe { result::device::total_mem(cu_device) }.named("cuDeviceTotalMem")?;
 
-        let (mut least, mut greatest) = (0i32, 0i32);
-        // SAFETY: the context is current (set above); out-pointers valid.
-        check("cuCtxGetStreamPriorityRange", unsafe {
-            drv::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
-        })?;
+        // The context is current (set above).
+        let (least, greatest) =
+            result::stream::get_priority_range().named("cuCtxGetStreamPriorityRange")?;
 
-        let mut mem_pool: drv::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: valid device; out-pointer valid. The default pool lives as long
-        // as the device and is never destroyed by us.
-        check("cuDeviceGetDefaultMemPool", unsafe {
-            drv::cuDeviceGetDefaultMemPool(&mut mem_pool, cu_device)
-        })?;
+        // SAFETY: valid device. The default pool lives as long as the device and
+        // is never destroyed by us.
+        let mem_pool = unsafe { result::device::get_default_mem_pool(cu_device) }
+            .named("cuDeviceGetDefaultMemPool")?;
         let mut threshold: u64 = u64::MAX;
-        // SAFETY: RELEASE_THRESHOLD takes a `cuuint64_t*`; the pointer is valid.
-        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", unsafe {
-            drv::cuMemPoolSetAttribute(
+        // SAFETY: the pool is valid; RELEASE_THRESHOLD takes a `cuuint64_t*`, and
+        // the pointer is valid for the call.
+        unsafe {
+            result::mem_pool::set_attribute(
                 mem_pool,
                 drv::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 (&mut threshold as *mut u64).cast(),
             )
-        })?;
+        }
+        .named("cuMemPoolSetAttribute(RELEASE_THRESHOLD)")?;
 
         std::mem::forget(guard);
         Ok(CudaDevice {
@@ -190,15 +168,11 @@ impl CudaDevice {
     /// is not already. Cheap enough to call before every driver call.
     #[inline]
     pub fn bind_to_thread(&self) -> CudaResult<()> {
-        let mut cur: drv::CUcontext = std::ptr::null_mut();
-        // SAFETY: the driver is loaded and initialised (a device exists);
-        // out-pointer valid.
-        check("cuCtxGetCurrent", unsafe { drv::cuCtxGetCurrent(&mut cur) })?;
-        if cur != self.inner.ctx {
+        // The driver is loaded and initialised (a device exists).
+        let cur = result::ctx::get_current().named("cuCtxGetCurrent")?;
+        if cur != Some(self.inner.ctx) {
             // SAFETY: `ctx` is retained for as long as `self.inner` lives.
-            check("cuCtxSetCurrent", unsafe {
-                drv::cuCtxSetCurrent(self.inner.ctx)
-            })?;
+            unsafe { result::ctx::set_current(self.inner.ctx) }.named("cuCtxSetCurrent")?;
         }
         Ok(())
     }
@@ -206,8 +180,7 @@ impl CudaDevice {
     /// Blocks until all work on all streams of this device is done (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> CudaResult<()> {
         self.bind_to_thread()?;
-        // SAFETY: context current.
-        check("cuCtxSynchronize", unsafe { drv::cuCtxSynchronize() })
+        result::ctx::synchronize().named("cuCtxSynchronize")
     }
 
     /// 0-based ordinal.
@@ -249,12 +222,7 @@ impl CudaDevice {
     /// `(free, total)` bytes from `cuMemGetInfo`.
     pub fn memory_info(&self) -> CudaResult<(usize, usize)> {
         self.bind_to_thread()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: context current; out-pointers valid.
-        check("cuMemGetInfo", unsafe {
-            drv::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
-        Ok((free, total))
+        result::mem_get_info().named("cuMemGetInfo")
     }
 
     /// Occupancy of the default memory pool.
@@ -262,10 +230,16 @@ impl CudaDevice {
         use drv::CUmemPool_attribute as P;
         let get = |attr| -> CudaResult<u64> {
             let mut v: u64 = 0;
-            // SAFETY: these four attributes are `cuuint64_t`; pool valid.
-            check("cuMemPoolGetAttribute", unsafe {
-                drv::cuMemPoolGetAttribute(self.inner.mem_pool, attr, (&mut v as *mut u64).cast())
-            })?;
+            // SAFETY: these four attributes are `cuuint64_t`; pool valid; the
+            // pointer is valid for the call.
+            unsafe {
+                result::mem_pool::get_attribute(
+                    self.inner.mem_pool,
+                    attr,
+                    (&mut v as *mut u64).cast(),
+                )
+            }
+            .named("cuMemPoolGetAttribute")?;
             Ok(v)
         };
         Ok(PoolStats {
@@ -281,9 +255,8 @@ impl CudaDevice {
     pub fn trim_pool(&self, keep_bytes: usize) -> CudaResult<()> {
         self.bind_to_thread()?;
         // SAFETY: pool valid for the device's lifetime.
-        check("cuMemPoolTrimTo", unsafe {
-            drv::cuMemPoolTrimTo(self.inner.mem_pool, keep_bytes)
-        })
+        unsafe { result::mem_pool::trim_to(self.inner.mem_pool, keep_bytes) }
+            .named("cuMemPoolTrimTo")
     }
 
     /// Records an error found where it could not be returned (a `Drop`). The
@@ -330,9 +303,7 @@ impl Drop for DeviceInner {
     fn drop(&mut self) {
         // SAFETY: balances the retain in `open_inner`. Every object created in
         // this context holds a `CudaDevice` clone, so none outlives this.
-        unsafe {
-            drv::cuDevicePrimaryCtxRelease_v2(self.cu_device);
-        }
+        let _ = unsafe { result::primary_ctx::release(self.cu_device) };
     }
 }
 

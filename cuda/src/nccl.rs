@@ -3,7 +3,7 @@
 //! One [`NcclComm`] per GPU rank. Creation:
 //!
 //! * **one process per GPU** (torchrun style): rank 0 makes an [`NcclUniqueId`],
-//!   the rendezvous ([`super::rendezvous`]) sends its 128 bytes to every rank,
+//!   a rendezvous (the engine's `braid::comm::rendezvous`) sends its 128 bytes to every rank,
 //!   and each rank calls [`NcclComm::init_rank`] (blocks until all ranks joined);
 //! * **one process for all GPUs of a node**: [`NcclComm::init_all`]
 //!   (`ncclCommInitAll`), or [`NcclComm::init_local_ranks`] when a process drives
@@ -13,9 +13,9 @@
 //! [`reduce_scatter`](NcclComm::reduce_scatter),
 //! [`all_gather`](NcclComm::all_gather), [`broadcast`](NcclComm::broadcast)) take
 //! raw device pointers — the engine hands them out of a task's declared views —
-//! and a stream: a [`CudaStream`](crate::backend::cuda::CudaStream), or the raw
+//! and a stream: a [`CudaStream`](crate::CudaStream), or the raw
 //! stream a task body runs on wrapped in
-//! [`RawStream`](crate::backend::cuda::RawStream) (the communicator's
+//! [`RawStream`](crate::RawStream) (the communicator's
 //! high-priority comm stream). They only
 //! enqueue work; completion is observed with an event recorded after them.
 //! Collectives on one communicator must be issued in the same order on every rank
@@ -48,9 +48,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use cudarc::nccl::sys as nc;
+use cudarc::nccl::{result, sys as nc};
 
-use crate::backend::cuda::{AsRawStream, CudaDevice, CudaError, DevicePtr};
+use crate::{AsRawStream, CudaDevice, CudaError, DevicePtr};
 
 /// How long [`NcclComm::abort`] waits for calls that are enqueuing to leave.
 pub const ABORT_GRACE: Duration = Duration::from_millis(200);
@@ -126,29 +126,44 @@ fn cstr_or_empty(p: *const std::ffi::c_char) -> String {
     }
 }
 
-fn check(
+/// Names the call behind a result of cudarc's checked NCCL layer
+/// (`cudarc::nccl::result`, or a raw status's `.result()`, which count
+/// `ncclSuccess` and `ncclInProgress` as success): the bare status error
+/// becomes [`NcclError::Call`] with the call, the rank, `ncclGetErrorString` and
+/// `ncclGetLastError(comm)`.
+trait Named<T> {
+    fn named(self, call: &'static str, rank: Option<usize>, comm: nc::ncclComm_t) -> NcclResult<T>;
+}
+
+impl<T> Named<T> for Result<T, result::NcclError> {
+    #[inline]
+    fn named(self, call: &'static str, rank: Option<usize>, comm: nc::ncclComm_t) -> NcclResult<T> {
+        self.map_err(|e| call_error(call, rank, comm, e.0))
+    }
+}
+
+#[cold]
+fn call_error(
     call: &'static str,
     rank: Option<usize>,
     comm: nc::ncclComm_t,
     r: nc::ncclResult_t,
-) -> NcclResult<()> {
-    match r {
-        nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress => Ok(()),
-        _ => {
-            // SAFETY: both functions accept any result code / a null or live comm.
-            let name = cstr_or_empty(unsafe { nc::ncclGetErrorString(r) });
-            // SAFETY: as above (`comm` is null or a live communicator).
-            let detail = cstr_or_empty(unsafe { nc::ncclGetLastError(comm) });
-            Err(NcclError::Call {
-                call,
-                rank,
-                code: r as u32,
-                name,
-                detail,
-            })
-        }
+) -> NcclError {
+    // SAFETY: both functions accept any result code / a null or live comm.
+    let name = cstr_or_empty(unsafe { nc::ncclGetErrorString(r) });
+    // SAFETY: as above (`comm` is null or a live communicator).
+    let detail = cstr_or_empty(unsafe { nc::ncclGetLastError(comm) });
+    NcclError::Call {
+        call,
+        rank,
+        code: r as u32,
+        name,
+        detail,
     }
 }
+
+/// "No communicator" for [`Named::named`] (`ncclGetLastError(NULL)`).
+const NO_COMM: nc::ncclComm_t = std::ptr::null_mut();
 
 fn catch<T>(during: &'static str, f: impl FnOnce() -> NcclResult<T>) -> NcclResult<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -211,12 +226,7 @@ fn require_nccl() -> NcclResult<()> {
 pub fn nccl_version() -> NcclResult<(u32, u32, u32)> {
     require_nccl()?;
     catch("ncclGetVersion", || {
-        let mut v = 0i32;
-        // SAFETY: out-pointer valid.
-        check("ncclGetVersion", None, std::ptr::null_mut(), unsafe {
-            nc::ncclGetVersion(&mut v)
-        })?;
-        let v = v as u32;
+        let v = result::get_nccl_version().named("ncclGetVersion", None, NO_COMM)? as u32;
         // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before).
         Ok(if v >= 10000 {
             (v / 10000, (v % 10000) / 100, v % 100)
@@ -248,11 +258,7 @@ impl NcclUniqueId {
     pub fn new() -> NcclResult<Self> {
         require_nccl()?;
         catch("ncclGetUniqueId", || {
-            let mut id = nc::ncclUniqueId { internal: [0; 128] };
-            // SAFETY: out-pointer valid.
-            check("ncclGetUniqueId", None, std::ptr::null_mut(), unsafe {
-                nc::ncclGetUniqueId(&mut id)
-            })?;
+            let id = result::get_uniqueid().named("ncclGetUniqueId", None, NO_COMM)?;
             Ok(Self::from_raw(&id))
         })
     }
@@ -418,10 +424,10 @@ impl NcclComm {
             let mut comm: nc::ncclComm_t = std::ptr::null_mut();
             // SAFETY: the device's primary context is current (so NCCL's current
             // CUDA device is `device`); out-pointer valid; the id is passed by value.
-            let r = unsafe {
-                nc::ncclCommInitRank(&mut comm, world_size as i32, id.to_raw(), rank as i32)
-            };
-            check("ncclCommInitRank", Some(rank), std::ptr::null_mut(), r)?;
+            unsafe {
+                result::comm_init_rank(&mut comm, world_size as i32, id.to_raw(), rank as i32)
+            }
+            .named("ncclCommInitRank", Some(rank), NO_COMM)?;
             Ok(comm)
         })?;
         Ok(Self::wrap(raw, rank, world_size, device))
@@ -442,10 +448,10 @@ impl NcclComm {
             let mut comms: Vec<nc::ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
             // SAFETY: `comms` has room for `ndev` handles; `ordinals` lists `ndev`
             // device ordinals.
-            let r = unsafe {
-                nc::ncclCommInitAll(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
-            };
-            check("ncclCommInitAll", None, std::ptr::null_mut(), r)?;
+            unsafe {
+                result::comm_init_all(comms.as_mut_ptr(), ordinals.len() as i32, ordinals.as_ptr())
+            }
+            .named("ncclCommInitAll", None, NO_COMM)?;
             Ok(comms)
         })?;
         let n = devices.len();
@@ -478,27 +484,22 @@ impl NcclComm {
         }
         let raws = catch("ncclCommInitRank (group)", || {
             let mut comms: Vec<nc::ncclComm_t> = vec![std::ptr::null_mut(); devices.len()];
-            // SAFETY: group calls have no preconditions.
-            check("ncclGroupStart", None, std::ptr::null_mut(), unsafe {
-                nc::ncclGroupStart()
-            })?;
+            result::group_start().named("ncclGroupStart", None, NO_COMM)?;
             let mut first_err = None;
             for ((d, &rank), slot) in devices.iter().zip(ranks).zip(comms.iter_mut()) {
                 let r = d.bind_to_thread().map_err(NcclError::from).and_then(|()| {
                     // SAFETY: the device's context is current; out-pointer valid.
-                    let r = unsafe {
-                        nc::ncclCommInitRank(slot, world_size as i32, id.to_raw(), rank as i32)
-                    };
-                    check("ncclCommInitRank", Some(rank), std::ptr::null_mut(), r)
+                    unsafe {
+                        result::comm_init_rank(slot, world_size as i32, id.to_raw(), rank as i32)
+                    }
+                    .named("ncclCommInitRank", Some(rank), NO_COMM)
                 });
                 if let Err(e) = r {
                     first_err.get_or_insert(e);
                 }
             }
-            // SAFETY: closes the group opened above.
-            let end = check("ncclGroupEnd", None, std::ptr::null_mut(), unsafe {
-                nc::ncclGroupEnd()
-            });
+            // Closes the group opened above.
+            let end = result::group_end().named("ncclGroupEnd", None, NO_COMM);
             if let Some(e) = first_err {
                 return Err(e);
             }
@@ -562,12 +563,13 @@ impl NcclComm {
         &self,
         name: &'static str,
         stream: &S,
-        f: impl FnOnce(nc::cudaStream_t) -> nc::ncclResult_t,
+        f: impl FnOnce(nc::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
     ) -> NcclResult<()> {
         let _g = self.enter(stream.stream_device())?;
         let raw_stream = stream.raw_stream() as nc::cudaStream_t;
         catch(name, || {
-            check(name, Some(self.rank), self.raw, f(raw_stream))
+            f(raw_stream).named(name, Some(self.rank), self.raw)?;
+            Ok(())
         })
     }
 
@@ -591,7 +593,7 @@ impl NcclComm {
         self.call("ncclAllReduce", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live (checked in `enter`).
             unsafe {
-                nc::ncclAllReduce(
+                result::all_reduce(
                     send as *const _,
                     recv as *mut _,
                     count,
@@ -622,7 +624,7 @@ impl NcclComm {
         self.call("ncclReduceScatter", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
             unsafe {
-                nc::ncclReduceScatter(
+                result::reduce_scatter(
                     send as *const _,
                     recv as *mut _,
                     recv_count,
@@ -651,7 +653,7 @@ impl NcclComm {
         self.call("ncclAllGather", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
             unsafe {
-                nc::ncclAllGather(
+                result::all_gather(
                     send as *const _,
                     recv as *mut _,
                     send_count,
@@ -686,7 +688,7 @@ impl NcclComm {
         self.call("ncclBroadcast", stream, |s| {
             // SAFETY: caller's contract on the buffers; comm live.
             unsafe {
-                nc::ncclBroadcast(
+                result::broadcast(
                     send as *const _,
                     recv as *mut _,
                     count,
@@ -705,11 +707,14 @@ impl NcclComm {
         let _g = self.enter(None)?;
         catch("ncclCommGetAsyncError", || {
             let mut r = nc::ncclResult_t::ncclSuccess;
-            // SAFETY: comm live; out-pointer valid.
-            check("ncclCommGetAsyncError", Some(self.rank), self.raw, unsafe {
-                nc::ncclCommGetAsyncError(self.raw, &mut r)
-            })?;
-            check("(asynchronous NCCL error)", Some(self.rank), self.raw, r)
+            // SAFETY: comm live; out-pointer valid. (cudarc's checked layer has
+            // no `ncclCommGetAsyncError`.)
+            unsafe { nc::ncclCommGetAsyncError(self.raw, &mut r) }
+                .result()
+                .named("ncclCommGetAsyncError", Some(self.rank), self.raw)?;
+            r.result()
+                .named("(asynchronous NCCL error)", Some(self.rank), self.raw)?;
+            Ok(())
         })
     }
 
@@ -729,12 +734,12 @@ impl NcclComm {
         catch("ncclCommAbort", || {
             // SAFETY: comm created by init and not yet destroyed (the `aborted`
             // swap above makes this the only abort, and Drop skips destroy).
-            check(
+            unsafe { result::comm_abort(self.raw) }.named(
                 "ncclCommAbort",
                 Some(self.rank),
-                std::ptr::null_mut(),
-                unsafe { nc::ncclCommAbort(self.raw) },
-            )
+                NO_COMM,
+            )?;
+            Ok(())
         })
     }
 }
@@ -752,12 +757,12 @@ impl Drop for NcclComm {
                 catch("ncclCommDestroy", || {
                     // SAFETY: last owner; comm live and not aborted. Destroy finalises
                     // (waits for this rank's pending operations) and frees.
-                    check(
+                    unsafe { result::comm_destroy(self.raw) }.named(
                         "ncclCommDestroy",
                         Some(self.rank),
-                        std::ptr::null_mut(),
-                        unsafe { nc::ncclCommDestroy(self.raw) },
-                    )
+                        NO_COMM,
+                    )?;
+                    Ok(())
                 })
             });
         if let Err(e) = r {
@@ -775,15 +780,12 @@ impl Drop for NcclComm {
 pub fn group<R>(f: impl FnOnce() -> NcclResult<R>) -> NcclResult<R> {
     require_nccl()?;
     catch("ncclGroupStart", || {
-        // SAFETY: no preconditions.
-        let r = unsafe { nc::ncclGroupStart() };
-        check("ncclGroupStart", None, std::ptr::null_mut(), r)
+        result::group_start().named("ncclGroupStart", None, NO_COMM)
     })?;
     let out = f();
+    // Closes the group opened above, also when `f` failed.
     let end = catch("ncclGroupEnd", || {
-        // SAFETY: closes the group opened above, also when `f` failed.
-        let r = unsafe { nc::ncclGroupEnd() };
-        check("ncclGroupEnd", None, std::ptr::null_mut(), r)
+        result::group_end().named("ncclGroupEnd", None, NO_COMM)
     });
     let out = out?;
     end?;
@@ -793,7 +795,7 @@ pub fn group<R>(f: impl FnOnce() -> NcclResult<R>) -> NcclResult<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::{gpu_or_skip, CudaStream, DeviceBuffer};
+    use crate::{gpu_or_skip, CudaStream, DeviceBuffer};
 
     #[test]
     fn unique_id_bytes_roundtrip() {
@@ -875,7 +877,7 @@ mod tests {
             return;
         }
         eprintln!("NCCL version {:?}", nccl_version().unwrap());
-        let n = crate::backend::cuda::cuda_available().unwrap();
+        let n = crate::cuda_available().unwrap();
         let devs: Vec<CudaDevice> = (0..n).map(|i| CudaDevice::open(i).unwrap()).collect();
         let streams: Vec<CudaStream> = devs.iter().map(|d| CudaStream::comm(d).unwrap()).collect();
         let comms = NcclComm::init_all(&devs).unwrap();

@@ -1,25 +1,41 @@
-//! The CUDA backend's device layer: devices, streams, events, memory, NVRTC
-//! kernels and cuBLAS, over `cudarc` with dynamic loading.
+//! Braid's CUDA layer (crate `braid-cuda`): devices, streams, events, memory,
+//! NVRTC kernels, cuBLAS and NCCL, over `cudarc` with dynamic loading. It knows
+//! nothing of the engine; the engine (crate `braid`) builds its CUDA backend on
+//! it and re-exports it as `braid::cuda`.
 //!
 //! # Layering
 //!
 //! Three layers, as in cudarc itself:
 //!
-//! 1. **raw**: `cudarc::{driver, nvrtc, cublas}::sys` — the foreign functions,
-//!    resolved lazily from the shared libraries at first use;
-//! 2. **checked**: every raw call goes through `error::check` (or its cuBLAS and
-//!    NVRTC siblings) right where it is made, so a failure becomes a
-//!    [`CudaError`] naming the call and carrying the library's message;
-//! 3. **safe RAII types**: [`CudaDevice`], [`CudaStream`], [`CudaEvent`],
-//!    [`DeviceBuffer`], [`PinnedHostBuffer`], [`CudaModule`]/[`CudaFunction`] and
-//!    [`CublasHandle`]. Only these cross module boundaries. Each owns its handle
-//!    and releases it in `Drop`; errors found in `Drop` are recorded on the device
-//!    ([`CudaDevice::take_deferred_errors`]) so the engine can report them at its
-//!    next synchronisation point.
+//! 1. **raw**: `cudarc::{driver, nvrtc, cublas, nccl}::sys` — the foreign
+//!    functions, resolved lazily from the shared libraries at first use;
+//! 2. **checked**: cudarc's own checked layer — the `result` modules
+//!    (`cudarc::driver::result::stream::create_with_priority`,
+//!    `cudarc::nvrtc::result::compile_program`, …) and, for the few calls it does
+//!    not wrap (`cuStreamQuery`, `cuMemsetD32Async`, the CUBIN getters,
+//!    `cublasSetMathMode`, …), the raw status's `.result()`. Its errors carry
+//!    only a status code, so every call site names itself (`.named("cuFoo")`),
+//!    and a failure becomes a [`CudaError`] naming the call and carrying the
+//!    library's message;
+//! 3. **safe RAII types**: [`CudaDevice`], [`CudaStream`], [`CudaEvent`] /
+//!    [`EventPool`], [`DeviceBuffer`], [`PinnedHostBuffer`],
+//!    [`CudaModule`]/[`CudaFunction`], [`CublasHandle`] and [`nccl::NcclComm`].
+//!    These (and `unsafe` functions taking them, such as
+//!    [`memory::memcpy_htod_async`]) are what crosses module boundaries. Each
+//!    owns its handle and releases it in `Drop`; errors found in `Drop` are
+//!    recorded on the device ([`CudaDevice::take_deferred_errors`]) so the engine
+//!    can report them at its next synchronisation point.
 //!
-//! We deliberately do **not** use cudarc's safe `CudaContext`/`CudaSlice`: they
-//! track read/write events per slice themselves, which is the engine's job here
-//! (Semantics 3 and 4), and would double the event traffic.
+//! We do **not** use cudarc's safe layer (`CudaContext`, `CudaStream`,
+//! `CudaSlice`, …). By default it tracks read/write events per slice, which is
+//! the engine's job here (Semantics 3 and 4) and would double the event traffic.
+//! `CudaContext::disable_event_tracking` turns that off, but the rest still does
+//! not fit: its `Drop` impls record only the last error *code* per context (we
+//! keep every error, naming its call), a `CudaSlice` is freed on the one stream
+//! it belongs to (the engine frees after the last uses on several streams,
+//! [`DeviceBuffer::free_after`]), events are created one by one (the engine
+//! recycles two per task through an [`EventPool`]), and opening a context leaves
+//! the memory pool's release threshold at the driver's default.
 //!
 //! # Threads and contexts
 //!
@@ -35,11 +51,11 @@
 //! # No driver, no panic
 //!
 //! cudarc panics when a library is missing. Every entry point here checks for the
-//! library first ([`driver_library_present`] and friends) and returns
-//! [`CudaError::LibraryMissing`] instead; calls that could still panic inside
-//! cudarc (a symbol missing from an old library) are wrapped in `catch_unwind`.
-//! [`cuda_available`] is the cheap "is there a GPU?" probe for tests and for the
-//! backend selection.
+//! library first ([`driver_library_present`] and friends,
+//! [`nccl::nccl_library_present`]) and returns [`CudaError::LibraryMissing`]
+//! instead; calls that could still panic inside cudarc (a symbol missing from an
+//! old library) are wrapped in `catch_unwind`. [`cuda_available`] is the cheap
+//! "is there a GPU?" probe for tests and for the backend selection.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -48,6 +64,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod memory;
+pub mod nccl;
 pub mod nvrtc;
 pub mod stream;
 
@@ -64,18 +81,19 @@ pub use stream::{AsRawStream, CudaStream, RawStream, StreamPriority};
 
 use std::sync::OnceLock;
 
-use cudarc::driver::sys as drv;
+use cudarc::driver::{result as drv_result, sys as drv};
+use error::Named;
 
-/// CUDA C sources of the engine's own test kernels (`core/kernels/`), for
+/// CUDA C sources of the engine's own test kernels (`cuda/kernels/`), for
 /// [`KernelCache::module`]: `spin` / `spin_then_add` (busy-wait `clock64()`
 /// cycles, for overlap tests) and `axpb`, `axpb_inplace`, `axpb_sum`, `fill`
 /// (deterministic f32 arithmetic for the random-program property test; see the
 /// comments in the files for exact semantics and launch shapes).
 pub mod test_kernels {
-    /// `core/kernels/spin.cu`.
-    pub const SPIN: &str = include_str!("../../../kernels/spin.cu");
-    /// `core/kernels/axpb.cu`.
-    pub const AXPB: &str = include_str!("../../../kernels/axpb.cu");
+    /// `cuda/kernels/spin.cu`.
+    pub const SPIN: &str = include_str!("../kernels/spin.cu");
+    /// `cuda/kernels/axpb.cu`.
+    pub const AXPB: &str = include_str!("../kernels/axpb.cu");
 }
 
 /// Where users are told to look when the driver is missing.
@@ -155,11 +173,7 @@ pub(crate) fn init_driver() -> CudaResult<()> {
     static INIT: OnceLock<CudaResult<()>> = OnceLock::new();
     INIT.get_or_init(|| {
         require_driver()?;
-        error::catch_panic("cuInit", || {
-            // SAFETY: cuInit has no preconditions; flags must be 0.
-            let status = unsafe { drv::cuInit(0) };
-            error::check("cuInit", status)
-        })
+        error::catch_panic("cuInit", || drv_result::init().named("cuInit"))
     })
     .clone()
 }
@@ -180,11 +194,7 @@ pub fn cuda_available() -> CudaResult<usize> {
         Err(e) => return Err(e),
     }
     error::catch_panic("cuDeviceGetCount", || {
-        let mut count = 0i32;
-        // SAFETY: the driver is initialised; `count` is valid for one write.
-        error::check("cuDeviceGetCount", unsafe {
-            drv::cuDeviceGetCount(&mut count)
-        })?;
+        let count = drv_result::device::get_count().named("cuDeviceGetCount")?;
         Ok(count.max(0) as usize)
     })
 }
