@@ -7,8 +7,9 @@
 #   3. install, then build a consumer with find_package(Braid), and another with
 #      add_subdirectory(braid), and run both  (build/cpp-install, build/cpp-consumer-*)
 #
-# The Rust static library is built once by cargo (release profile, in the
-# workspace's target/) and shared by every build directory. Exits non-zero on
+# The Rust static library is built once by cargo (release profile, in
+# $CARGO_TARGET_DIR when set, else the workspace's target/) and shared by every
+# build directory, the add_subdirectory consumer's included. Exits non-zero on
 # the first failure. Set BRAID_JOBS to change build parallelism (default 2).
 set -euo pipefail
 

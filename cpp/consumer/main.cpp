@@ -10,9 +10,7 @@ int main() {
     braid::Buffer y = rt.alloc("y", x.size());
     for (std::size_t half = 0; half < 2; ++half) {
       braid::View xs = x.view_of<float>(2 * half, 2 * half + 2), ys = y.view_of<float>(2 * half, 2 * half + 2);
-      rt.task("double").read(xs).write(ys).run([xs, ys](braid::TaskContext& ctx) {
-        auto in = ctx.read<float>(xs);
-        auto out = ctx.write<float>(ys);
+      rt.task("double").run(braid::read<float>(xs), braid::write<float>(ys), [](auto in, auto out) {
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = 2 * in[i];
       });
     }

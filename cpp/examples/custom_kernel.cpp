@@ -1,20 +1,24 @@
 // Your own kernel on Braid's stream.
 //
-// A task body gets the raw stream it runs on (ctx.cuda_stream(), a CUstream /
-// cudaStream_t) and the device addresses of the views it declared
-// (ctx.device_ptr(view)). Launch your kernel there and Braid orders it with
-// every other task: no extra synchronisation.
+// A task submitted with run_cuda (or run_any, one body per backend) names its
+// accesses as tokens, and its CUDA body gets their typed device addresses
+// (braid::DeviceSpan<const float> for a read, braid::DeviceSpan<float> for a
+// write; they convert to const float* / float*) and the stream it runs on
+// (braid::CudaStream, which converts to cudaStream_t / CUstream). Launch your
+// kernel there and Braid orders it with every other task: no extra
+// synchronisation.
 //
 // This file is plain C++ (no nvcc needed): the kernel is PTX text, loaded and
 // launched through the CUDA driver API, whose entry points are looked up at
-// run time with dlopen("libcuda.so.1"). With nvcc you would write
-// `scale<<<grid, block, 0, (cudaStream_t)ctx.cuda_stream()>>>(...)` instead.
+// run time with dlopen("libcuda.so.1"). With nvcc the CUDA body would be
+//   [](const float* x, float* y, cudaStream_t s) { scale<<<grid, block, 0, s>>>(y, x, a, n); }
 //
 // Without a GPU — or with a Braid build whose runtime falls back to the CPU —
-// it says so, prints "SKIPPED (GPU part)", and runs the same task with a CPU
-// loop over the host spans, so the rest of the program (declared accesses,
-// ordering, read-back) still runs and is checked. It exits 0 in both cases and
-// non-zero only when a result is wrong or the driver reports an error.
+// it says so, prints "SKIPPED (GPU part)", and run_any runs the task's CPU
+// body (a loop over the host spans) instead, so the rest of the program
+// (declared accesses, ordering, read-back) still runs and is checked. It exits
+// 0 in both cases and non-zero only when a result is wrong or the driver
+// reports an error.
 #include <braid/braid.hpp>
 
 #include <dlfcn.h>
@@ -104,23 +108,18 @@ struct Driver {
   }
 };
 
-// Launches y = a * x on the task's stream.
-void launch_scale(const braid::TaskContext& ctx, const braid::View& x, const braid::View& y, float a, unsigned n) {
+// Launches y = a * x (n elements, device addresses) on `stream`.
+void launch_scale(const float* x, float* y, float a, unsigned n, void* stream) {
   const Driver* drv = Driver::load();
   if (drv == nullptr) throw std::runtime_error("libcuda.so.1 could not be loaded");
-  void* stream = ctx.cuda_stream();
-  if (stream == nullptr) {
-    throw std::runtime_error("this Braid build does not hand out its raw CUDA stream yet");
-  }
+  if (stream == nullptr) throw std::runtime_error("no CUDA stream");
   // The context is current on Braid's stream threads. (Load the module once
   // per program in real code; this example launches once.)
   Driver::CUmodule module = nullptr;
   Driver::CUfunction fn = nullptr;
   drv->check(drv->cuModuleLoadData(&module, kScalePtx), "cuModuleLoadData");
   drv->check(drv->cuModuleGetFunction(&fn, module, "braid_scale"), "cuModuleGetFunction");
-  std::uint64_t py = ctx.device_ptr(y, /*write=*/true);
-  std::uint64_t px = ctx.device_ptr(x);
-  void* args[] = {&py, &px, &a, &n};
+  void* args[] = {&y, &x, &a, &n};
   const unsigned block = 256, grid = (n + block - 1) / block;
   drv->check(drv->cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
 }
@@ -142,24 +141,20 @@ int main() {
     if (!gpu) {
       std::printf("custom_kernel: backend is `%s`, not cuda: no GPU to launch a kernel on.\n",
                   rt.backend_name().c_str());
-      std::printf("SKIPPED (GPU part): the PTX launch on ctx.cuda_stream() needs a CUDA device.\n");
-      std::printf("Running the same task graph with a CPU loop instead.\n");
+      std::printf("SKIPPED (GPU part): the PTX launch on the task's CUDA stream needs a CUDA device.\n");
+      std::printf("Running the same task graph with its CPU body instead.\n");
     }
     // scale: y = a * x (the custom kernel), then a dependent task: z = y + 1.
-    rt.task("scale").read(x).write(y).run([=](braid::TaskContext& ctx) {
-      if (gpu) {
-        launch_scale(ctx, x, y, a, n);
-        return;
-      }
-      if (ctx.cuda_stream() != nullptr) throw std::runtime_error("a CUDA stream on the CPU backend");
-      auto in = ctx.read<float>(x);
-      auto out = ctx.write<float>(y);
-      for (std::size_t i = 0; i < in.size(); ++i) out[i] = a * in[i];
-    });
+    rt.task("scale").run_any(
+        braid::read<float>(x), braid::write<float>(y),
+        [](braid::Span<const float> in, braid::Span<float> out) {
+          for (std::size_t i = 0; i < in.size(); ++i) out[i] = a * in[i];
+        },
+        [](braid::DeviceSpan<const float> in, braid::DeviceSpan<float> out, braid::CudaStream stream) {
+          launch_scale(in, out, a, static_cast<unsigned>(out.size()), stream);
+        });
     if (!gpu) {
-      rt.task("plus one").read(y).write(z).run([=](braid::TaskContext& ctx) {
-        auto in = ctx.read<float>(y);
-        auto out = ctx.write<float>(z);
+      rt.task("plus one").run(braid::read<float>(y), braid::write<float>(z), [](auto in, auto out) {
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] + 1.0f;
       });
     }

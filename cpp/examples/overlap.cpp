@@ -87,16 +87,13 @@ int main(int argc, char** argv) {
 
       for (std::size_t l = 0; l < kLayers; ++l) {
         braid::View x = layer(acts, l), w = layer(params, l), y = layer(acts, l + 1);
-        rt.task("forward " + std::to_string(l)).read(x).read(w).write(y).run([=](braid::TaskContext& ctx) {
-          layer_forward(ctx.read<float>(x), ctx.read<float>(w), ctx.write<float>(y));
-        });
+        rt.task("forward " + std::to_string(l))
+            .run(braid::read<float>(x), braid::read<float>(w), braid::write<float>(y), layer_forward);
       }
       // The loss gradient: dy = y (a stand-in).
       {
         braid::View y = layer(acts, kLayers), dy = layer(dacts, kLayers);
-        rt.task("loss").read(y).write(dy).run([=](braid::TaskContext& ctx) {
-          auto in = ctx.read<float>(y);
-          auto out = ctx.write<float>(dy);
+        rt.task("loss").run(braid::read<float>(y), braid::write<float>(dy), [](auto in, auto out) {
           for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
         });
       }
@@ -104,20 +101,17 @@ int main(int argc, char** argv) {
       for (std::size_t l = kLayers; l-- > 0;) {
         braid::View x = layer(acts, l), w = layer(params, l), dy = layer(dacts, l + 1);
         braid::View dw = layer(grads, l), dx = layer(dacts, l);
-        rt.task("backward " + std::to_string(l)).read(x).read(w).read(dy).write(dw).write(dx).run(
-            [=](braid::TaskContext& ctx) {
-              layer_backward(ctx.read<float>(x), ctx.read<float>(w), ctx.read<float>(dy), ctx.write<float>(dw),
-                             ctx.write<float>(dx));
-            });
+        rt.task("backward " + std::to_string(l))
+            .run(braid::read<float>(x), braid::read<float>(w), braid::read<float>(dy), braid::write<float>(dw),
+                 braid::write<float>(dx), layer_backward);
         // The bucket is ready: average it over the ranks, under the rest of backward.
         reduces.push_back(comm.all_reduce<float>(rt, dw, braid::ReduceOp::Avg, "all_reduce grads " + std::to_string(l)));
       }
       for (std::size_t l = 0; l < kLayers; ++l) {
         braid::View w = layer(params, l), dw = layer(grads, l);
-        rt.task("sgd " + std::to_string(l)).priority(braid::Priority::Side).read(dw).read_write(w).run(
-            [=](braid::TaskContext& ctx) {
-              auto g = ctx.read<float>(dw);
-              auto p = ctx.write<float>(w);
+        rt.task("sgd " + std::to_string(l))
+            .priority(braid::Priority::Side)
+            .run(braid::read<float>(dw), braid::read_write<float>(w), [](auto g, auto p) {
               for (std::size_t i = 0; i < p.size(); ++i) p[i] -= 0.01f * g[i];
             });
       }

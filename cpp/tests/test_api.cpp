@@ -1,7 +1,11 @@
-// The C++ surface itself: handles, views, spans, upload / read-back, task
-// handles, several submitting threads, the launch window, comm placement.
+// The C++ surface itself: handles, views, tokens and spans, upload /
+// read-back, task handles, several submitting threads, the launch window,
+// comm placement.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <cstdint>
@@ -9,6 +13,8 @@
 #include <vector>
 
 #include "check.hpp"
+
+struct CUstream_st;  // what cudaStream_t and CUstream point to (CUDA's headers are not needed)
 
 namespace {
 
@@ -66,7 +72,7 @@ void buffers_and_views() {
   CHECK(rt.read_vec<float>(empty).empty());
   // Names need not be UTF-8 (replaced); paths must be (an error, not a crash).
   CHECK(rt.alloc("bad\xff name", 4).name() == "bad\xef\xbf\xbd name");
-  rt.task("task \xfe").run([](braid::TaskContext&) {}).wait();
+  rt.task("task \xfe").run([] {}).wait();
   const std::string msg = ERROR_OF(rt.write_trace("trace-\xff.json"));
   CHECK_CONTAINS(msg, "utf-8");
   CHECK_CONTAINS(ERROR_OF(braid::Runtime::builder().trace("t\xff.json")), "utf-8");
@@ -76,9 +82,8 @@ void spans_in_a_task() {
   braid::Runtime rt = cpu();
   braid::Buffer in = rt.alloc_from<float>("in", {1, 2, 3, 4});
   braid::Buffer out = rt.alloc("out", in.size());
-  braid::TaskHandle h = rt.task("spans").read(in).write(out).run([in, out](braid::TaskContext& ctx) {
-    braid::Span<const float> x = ctx.read<float>(in);
-    braid::Span<float> y = ctx.write<float>(out);
+  braid::TaskHandle h =
+      rt.task("spans").run(braid::read<float>(in), braid::write<float>(out), [](braid::Span<const float> x, braid::Span<float> y) {
     if (x.size() != 4 || y.size() != 4 || x.size_bytes() != 16) throw std::logic_error("sizes");
     braid::Span<const float> cy = y;  // Span<T> -> Span<const T>
     (void)cy;
@@ -93,7 +98,6 @@ void spans_in_a_task() {
       threw = true;
     }
     if (!threw) throw std::logic_error("Span::at did not check");
-    if (ctx.name() != "spans") throw std::logic_error("name");
   });
   h.wait();
   CHECK(h.done());
@@ -108,13 +112,12 @@ void explicit_edges_and_pinning() {
   braid::Buffer a = rt.alloc("a", 4), b = rt.alloc("b", 4);
   std::atomic<int> order{0};
   std::atomic<int> second_saw{-1};
-  braid::TaskHandle first = rt.task("first").write(a).on_stream(2).run([&order](braid::TaskContext& ctx) {
-    if (ctx.stream_index() != 2) throw std::logic_error("not pinned");
+  braid::TaskHandle first = rt.task("first").on_stream(2).run(braid::write(a), [&order](braid::Span<std::byte>) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     order = 1;
   });
   // No data dependency on `first`: only the explicit edge orders them.
-  rt.task("second").write(b).after(first).on_stream(0).run([&order, &second_saw](braid::TaskContext&) {
+  rt.task("second").after(first).on_stream(0).run(braid::write(b), [&order, &second_saw](auto) {
     second_saw = order.load();
   });
   rt.synchronize();
@@ -129,10 +132,10 @@ void comm_tasks_go_to_comm_streams() {
                           .comm_streams(2)
                           .build();
   braid::Buffer g = rt.alloc("g", 8);
-  braid::TaskHandle c0 = rt.task("c0").kind(braid::TaskKind::Comm).read_write(g.view(0, 4)).run([](braid::TaskContext&) {});
+  braid::TaskHandle c0 = rt.task("c0").kind(braid::TaskKind::Comm).run(braid::read_write(g.view(0, 4)), [](auto) {});
   braid::TaskHandle c1 =
-      rt.task("c1").kind(braid::TaskKind::Comm).comm_stream(1).read_write(g.view(4, 8)).run([](braid::TaskContext&) {});
-  braid::TaskHandle side = rt.task("side").priority(braid::Priority::Side).read(g).run([](braid::TaskContext&) {});
+      rt.task("c1").kind(braid::TaskKind::Comm).comm_stream(1).run(braid::read_write(g.view(4, 8)), [](auto) {});
+  braid::TaskHandle side = rt.task("side").priority(braid::Priority::Side).run(braid::read(g), [](auto) {});
   rt.synchronize();
   CHECK_EQ(c0.stream(), static_cast<std::size_t>(2));
   CHECK_EQ(c1.stream(), static_cast<std::size_t>(3));
@@ -147,7 +150,7 @@ void many_submitting_threads() {
     threads.emplace_back([&rt, counters, t] {
       braid::View mine = counters.view_of<std::uint64_t>(t, t + 1);
       for (int i = 0; i < 200; ++i) {
-        rt.task("inc").read_write(mine).run([mine](braid::TaskContext& ctx) { ctx.write<std::uint64_t>(mine)[0] += 1; });
+        rt.task("inc").run(braid::read_write<std::uint64_t>(mine), [](braid::Span<std::uint64_t> c) { c[0] += 1; });
       }
     });
   }
@@ -166,7 +169,7 @@ void launch_window_bounds_unfinished_tasks() {
   std::vector<braid::Buffer> bufs;
   for (int i = 0; i < 32; ++i) {
     bufs.push_back(rt.alloc("w", 4));
-    rt.task("w").write(bufs.back()).run([&finished](braid::TaskContext&) {
+    rt.task("w").run(braid::write(bufs.back()), [&finished](auto) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       finished.fetch_add(1);
     });
@@ -178,6 +181,69 @@ void launch_window_bounds_unfinished_tasks() {
   CHECK_EQ(finished.load(), 32);
 }
 
+// What each token form gives a body: typed spans in token order (bytes without
+// a type), a std::vector of spans for a std::vector of tokens.
+void token_forms() {
+  braid::Runtime rt = cpu(3);
+  braid::Buffer b = rt.alloc_from<std::int32_t>("b", {1, 2, 3, 4, 5, 6, 7, 8});
+  std::vector<braid::Read<std::int32_t>> parts;
+  for (std::size_t i = 0; i < 4; ++i) parts.push_back(braid::read<std::int32_t>(b.view_of<std::int32_t>(2 * i, 2 * i + 2)));
+  CHECK_EQ(parts[1].view().offset(), static_cast<std::size_t>(8));
+  braid::Buffer sums = rt.alloc("sums", 4 * sizeof(std::int64_t));
+  braid::Buffer bytes = rt.alloc("bytes", 3);
+  rt.task("gather").run(parts, braid::write<std::int64_t>(sums), braid::write(bytes),
+                        [](std::vector<braid::Span<const std::int32_t>> in, braid::Span<std::int64_t> out,
+                           braid::Span<std::byte> raw) {
+                          if (in.size() != 4 || raw.size() != 3) throw std::logic_error("shape");
+                          for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i][0] + in[i][1];
+                          raw[0] = std::byte{7};
+                        });
+  CHECK(rt.read_vec<std::int64_t>(sums) == std::vector<std::int64_t>({3, 7, 11, 15}));
+  CHECK(rt.read_vec<std::uint8_t>(bytes) == std::vector<std::uint8_t>({7, 0, 0}));
+  // An empty vector of tokens declares nothing and gives an empty vector.
+  rt.task("none").run(std::vector<braid::Write<float>>(), [](std::vector<braid::Span<float>> v) {
+    if (!v.empty()) throw std::logic_error("not empty");
+  }).wait();
+  // Every writer of a view of a vector is ordered before a reader of it.
+  std::vector<braid::ReadWrite<std::int32_t>> all;
+  for (const auto& p : parts) all.push_back(braid::read_write<std::int32_t>(p.view()));
+  rt.task("negate").run(all, [](std::vector<braid::Span<std::int32_t>> v) {
+    for (auto s : v)
+      for (auto& x : s) x = -x;
+  });
+  CHECK(rt.read_vec<std::int32_t>(b) == std::vector<std::int32_t>({-1, -2, -3, -4, -5, -6, -7, -8}));
+}
+
+// run_any runs the CPU body on the CPU backend; bodies may be move-only and
+// mutable; the CUDA body's parameters convert to plain device pointers and
+// the stream to cudaStream_t (checked here at compile time).
+void bodies() {
+  braid::Runtime rt = cpu();
+  braid::Buffer x = rt.alloc_from<float>("x", {1, 2}), y = rt.alloc("y", 8);
+  std::atomic<int> cuda_ran{0};
+  auto owned = std::make_unique<float>(10.0f);
+  rt.task("any").run_any(
+      braid::read<float>(x), braid::write<float>(y),
+      [k = std::move(owned)](braid::Span<const float> in, braid::Span<float> out) mutable {
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * *k;
+      },
+      [&cuda_ran](const float*, float*, braid::CudaStream) { cuda_ran = 1; });
+  CHECK(rt.read_vec<float>(y) == std::vector<float>({10, 20}));
+  CHECK_EQ(cuda_ran.load(), 0);
+  using Kernel = void (*)(const float*, float*, CUstream_st*);
+  static_assert(std::is_invocable<Kernel, braid::DeviceSpan<const float>, braid::DeviceSpan<float>, braid::CudaStream>::value,
+                "device spans convert to pointers, the stream to cudaStream_t");
+  static_assert(!std::is_invocable<void (*)(float*), braid::DeviceSpan<const float>>::value,
+                "a read gives no writable device pointer");
+  static_assert(std::is_convertible<braid::Span<float>, braid::Span<const float>>::value, "write spans read too");
+  static_assert(!std::is_convertible<braid::Span<const float>, braid::Span<float>>::value, "read spans do not write");
+  braid::DeviceSpan<float> d(nullptr, 3);
+  braid::DeviceSpan<const float> cd = d;
+  CHECK_EQ(cd.size_bytes(), static_cast<std::size_t>(12));
+  int dummy = 0;
+  CHECK(static_cast<void*>(braid::CudaStream(&dummy)) == &dummy);
+}
+
 }  // namespace
 
 int main() {
@@ -185,6 +251,8 @@ int main() {
   t.run("runtime_properties", runtime_properties);
   t.run("buffers_and_views", buffers_and_views);
   t.run("spans_in_a_task", spans_in_a_task);
+  t.run("token_forms", token_forms);
+  t.run("bodies", bodies);
   t.run("explicit_edges_and_pinning", explicit_edges_and_pinning);
   t.run("comm_tasks_go_to_comm_streams", comm_tasks_go_to_comm_streams);
   t.run("many_submitting_threads", many_submitting_threads);

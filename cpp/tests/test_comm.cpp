@@ -99,14 +99,12 @@ void collectives_are_ordered_by_their_accesses() {
     braid::Runtime rt = rank_runtime(rank);
     braid::Buffer grads = rt.alloc("grads", 1024 * sizeof(float));
     braid::Buffer out = rt.alloc("out", grads.size());
-    rt.task("backward").write(grads).run([grads, rank](braid::TaskContext& ctx) {
+    rt.task("backward").run(braid::write<float>(grads), [rank](braid::Span<float> out) {
       std::this_thread::sleep_for(milliseconds(30));
-      for (float& g : ctx.write<float>(grads)) g = static_cast<float>(rank + 1);
+      for (float& g : out) g = static_cast<float>(rank + 1);
     });
     comm.all_reduce<float>(rt, grads, braid::ReduceOp::Sum);
-    rt.task("step").read(grads).write(out).run([grads, out](braid::TaskContext& ctx) {
-      auto in = ctx.read<float>(grads);
-      auto o = ctx.write<float>(out);
+    rt.task("step").run(braid::read<float>(grads), braid::write<float>(out), [](braid::Span<const float> in, braid::Span<float> o) {
       for (std::size_t i = 0; i < in.size(); ++i) o[i] = in[i] * 2.0f;
     });
     for (float v : rt.read_vec<float>(out)) require(v == 6.0f, "step saw the reduced gradients");
@@ -202,7 +200,7 @@ void one_trace_for_all_ranks() {
   braid::launch(2, [&](std::size_t rank, braid::Communicator& comm) {
     braid::Runtime rt = rank_runtime(rank);
     braid::Buffer g = rt.alloc("g", 64);
-    rt.task("compute").write(g).run([](braid::TaskContext&) { std::this_thread::sleep_for(milliseconds(2)); });
+    rt.task("compute").run(braid::write(g), [](auto) { std::this_thread::sleep_for(milliseconds(2)); });
     comm.all_reduce<float>(rt, g);
     rt.synchronize();
     std::lock_guard<std::mutex> lock(mu);

@@ -49,7 +49,7 @@ void chain() {
       braid::Buffer x = rt.alloc_from("x", init);
       for (std::size_t s = 0; s < steps; ++s) {
         const float a = 1.0f + 0.01f * static_cast<float>(s), b = static_cast<float>(s) * 0.5f;
-        rt.task("step").read_write(x).run([x, a, b](braid::TaskContext& ctx) { affine(ctx.write<float>(x), a, b); });
+        rt.task("step").run(braid::read_write<float>(x), [a, b](braid::Span<float> v) { affine(v, a, b); });
       }
       CHECK(bit_equal(rt.read_vec<float>(x), expected));
       rt.synchronize();
@@ -97,16 +97,11 @@ void diamond() {
       for (std::size_t k = 0; k < 4; ++k) v.push_back(buf.view_of<float>(k * n, (k + 1) * n));
       for (std::size_t r = 0; r < rounds; ++r) {
         const float k = 0.25f * static_cast<float>(r);
-        rt.task("top").read_write(v[0]).run([v, k](braid::TaskContext& ctx) { Diamond::top(ctx.write<float>(v[0]), k); });
-        rt.task("left").read(v[0]).read_write(v[1]).run([v](braid::TaskContext& ctx) {
-          Diamond::left(ctx.read<float>(v[0]), ctx.write<float>(v[1]));
-        });
-        rt.task("right").read(v[0]).read_write(v[2]).run([v](braid::TaskContext& ctx) {
-          Diamond::right(ctx.read<float>(v[0]), ctx.write<float>(v[2]));
-        });
-        rt.task("join").read(v[1]).read(v[2]).read_write(v[3]).run([v](braid::TaskContext& ctx) {
-          Diamond::join(ctx.read<float>(v[1]), ctx.read<float>(v[2]), ctx.write<float>(v[3]));
-        });
+        rt.task("top").run(braid::read_write<float>(v[0]), [k](braid::Span<float> v0) { Diamond::top(v0, k); });
+        rt.task("left").run(braid::read<float>(v[0]), braid::read_write<float>(v[1]), Diamond::left);
+        rt.task("right").run(braid::read<float>(v[0]), braid::read_write<float>(v[2]), Diamond::right);
+        rt.task("join").run(braid::read<float>(v[1]), braid::read<float>(v[2]), braid::read_write<float>(v[3]),
+                            Diamond::join);
       }
       CHECK(bit_equal(rt.read_vec<float>(buf), expected));
       rt.synchronize();
@@ -123,9 +118,8 @@ void disjoint_views_are_independent() {
   const braid::View lo = buf.view_of<std::uint32_t>(0, 64), hi = buf.view_of<std::uint32_t>(64, 128);
   std::atomic<int> started{0};
   std::atomic<int> met{0};
-  auto body = [&started, &met](braid::View v, std::uint32_t value) {
-    return [&started, &met, v, value](braid::TaskContext& ctx) {
-      auto out = ctx.write<std::uint32_t>(v);
+  auto body = [&started, &met](std::uint32_t value) {
+    return [&started, &met, value](braid::Span<std::uint32_t> out) {
       started.fetch_add(1);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
@@ -133,8 +127,8 @@ void disjoint_views_are_independent() {
       for (auto& x : out) x = value;
     };
   };
-  braid::TaskHandle a = rt.task("lo").write(lo).run(body(lo, 1));
-  braid::TaskHandle b = rt.task("hi").write(hi).run(body(hi, 2));
+  braid::TaskHandle a = rt.task("lo").run(braid::write<std::uint32_t>(lo), body(1));
+  braid::TaskHandle b = rt.task("hi").run(braid::write<std::uint32_t>(hi), body(2));
   rt.synchronize();
   CHECK_EQ(met.load(), 2);
   CHECK(a.stream() != b.stream());
@@ -150,12 +144,12 @@ void overlapping_views_are_ordered() {
     braid::Runtime rt = runtime(streams, braid::Policy::RoundRobin, true);
     braid::Buffer buf = rt.alloc("b", 16 * sizeof(int));
     const braid::View first = buf.view_of<int>(0, 10), second = buf.view_of<int>(6, 16);
-    rt.task("first").write(first).run([first](braid::TaskContext& ctx) {
+    rt.task("first").run(braid::write<int>(first), [](braid::Span<int> out) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      for (int& x : ctx.write<int>(first)) x = 1;
+      for (int& x : out) x = 1;
     });
-    rt.task("second").read_write(second).run([second](braid::TaskContext& ctx) {
-      for (int& x : ctx.write<int>(second)) x = x * 10 + 2;
+    rt.task("second").run(braid::read_write<int>(second), [](braid::Span<int> out) {
+      for (int& x : out) x = x * 10 + 2;
     });
     std::vector<int> out = rt.read_vec<int>(buf);
     for (std::size_t i = 0; i < 16; ++i) CHECK_EQ(out[i], i < 6 ? 1 : (i < 10 ? 12 : 2));
@@ -181,15 +175,13 @@ void writer_waits_for_every_reader() {
     for (int r = 0; r < 3; ++r) {
       dst.push_back(rt.alloc("dst", 4 * sizeof(int)));
       braid::Buffer d = dst.back();
-      rt.task("reader").read(src).write(d).run([src, d, r](braid::TaskContext& ctx) {
+      rt.task("reader").run(braid::read<int>(src), braid::write<int>(d), [r](braid::Span<const int> in, braid::Span<int> out) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5 * (3 - r)));
-        auto in = ctx.read<int>(src);
-        auto out = ctx.write<int>(d);
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i];
       });
     }
-    rt.task("writer").write(src).run([src](braid::TaskContext& ctx) {
-      for (int& x : ctx.write<int>(src)) x = -1;
+    rt.task("writer").run(braid::write<int>(src), [](braid::Span<int> out) {
+      for (int& x : out) x = -1;
     });
     for (const auto& d : dst) CHECK(rt.read_vec<int>(d) == std::vector<int>({5, 6, 7, 8}));
     CHECK(rt.read_vec<int>(src) == std::vector<int>({-1, -1, -1, -1}));

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -25,7 +24,7 @@ void independent_tasks_overlap() {
                           .build();
   braid::Buffer a = rt.alloc("a", 4), b = rt.alloc("b", 4);
   for (const braid::Buffer& buf : {a, b}) {
-    rt.task("long").write(buf).run([](braid::TaskContext&) { sleep_ms(150); });
+    rt.task("long").run(braid::write(buf), [](auto) { sleep_ms(150); });
   }
   rt.synchronize();
   std::vector<braid::TaskSpan> spans = rt.spans();
@@ -56,7 +55,7 @@ void single_policy_never_overlaps() {
   std::vector<braid::Buffer> bufs;
   for (int i = 0; i < 4; ++i) {
     bufs.push_back(rt.alloc("b" + std::to_string(i), 4));
-    rt.task("t").write(bufs.back()).run([](braid::TaskContext&) { sleep_ms(5); });
+    rt.task("t").run(braid::write(bufs.back()), [](auto) { sleep_ms(5); });
   }
   rt.synchronize();
   braid::Summary s = rt.summary();
@@ -75,11 +74,10 @@ void comm_hidden_under_compute() {
                           .profile(true)
                           .build();
   braid::Buffer grads = rt.alloc("grads", 64), acts = rt.alloc("acts", 64);
-  braid::TaskHandle c = rt.task("allreduce").kind(braid::TaskKind::Comm).read_write(grads).run([](braid::TaskContext& ctx) {
-    if (ctx.stream_index() != 1) throw std::runtime_error("comm task not on the comm stream");
+  braid::TaskHandle c = rt.task("allreduce").kind(braid::TaskKind::Comm).run(braid::read_write(grads), [](auto) {
     sleep_ms(80);
   });
-  rt.task("backward").read_write(acts).run([](braid::TaskContext&) { sleep_ms(120); });
+  rt.task("backward").run(braid::read_write(acts), [](auto) { sleep_ms(120); });
   rt.synchronize();
   CHECK_EQ(c.stream(), static_cast<std::size_t>(1));
   braid::Summary s = rt.summary();
@@ -110,7 +108,7 @@ void trace_files_name_streams_and_tasks() {
                             .rank(3)
                             .build();
     braid::Buffer a = rt.alloc("a", 4);
-    rt.task("traced-task").write(a).run([](braid::TaskContext&) { sleep_ms(1); });
+    rt.task("traced-task").run(braid::write(a), [](auto) { sleep_ms(1); });
     rt.synchronize();
     rt.write_trace(explicit_path);
   }  // the runtime writes on_drop_path here

@@ -1,13 +1,18 @@
 // The C++ half of the task trampoline, included by the cxx-generated bridge
 // header (braid-ffi/src/lib.rs.h). Users include braid/braid.hpp instead.
 //
-// Protocol: a C++ task body is a `TaskFn` owned by Rust (`UniquePtr<TaskFn>`)
-// from submission until its task runs — on a Braid stream thread — or is
-// skipped because a dependency failed (then it is destroyed without being
-// called). Rust calls it through `call_task`, which never lets an exception
-// escape: a throwing body becomes `false` plus the exception's message, which
-// Rust turns into the task's error. No C++ exception ever unwinds through a
-// Rust frame, and no Rust panic reaches C++ (the bridge functions catch them).
+// Protocol: a C++ task is a `TaskFn` owned by Rust (`UniquePtr<TaskFn>`) from
+// submission until its task runs — on a Braid stream thread — or is skipped
+// because a dependency failed (then it is destroyed without being called). It
+// holds a CPU body, a CUDA body or both; the runtime's backend picks one and
+// Rust calls it once, through `call_host` or `call_cuda`, with the bytes of
+// the task's declared accesses in declaration order (`RawAccess`: host
+// addresses on the CPU, device addresses on CUDA). The bodies are the
+// trampolines braid.hpp builds: they turn the bytes into the lambda's typed
+// spans. Neither call lets an exception escape: a throwing body becomes
+// `false` plus the exception's message, which Rust turns into the task's
+// error. No C++ exception ever unwinds through a Rust frame, and no Rust panic
+// reaches C++ (the bridge functions catch them).
 #pragma once
 
 #include <cstddef>
@@ -18,17 +23,27 @@
 namespace braid {
 namespace ffi {
 
-struct Ctx;   // an extern "Rust" type of the bridge: the running task's context
-struct Comm;  // an extern "Rust" type of the bridge: a communicator
+struct Comm;       // an extern "Rust" type of the bridge: a communicator
+struct RawAccess;  // a shared struct of the bridge: the bytes of one access
 
-// A C++ task body.
+// A C++ task: either body may be empty, not both.
 struct TaskFn {
-  std::function<void(const Ctx&)> body;
+  // The CPU body: host bytes of the accesses.
+  std::function<void(rust::Slice<const RawAccess>)> host;
+  // The CUDA body: device bytes of the accesses and the raw CUstream.
+  std::function<void(rust::Slice<const RawAccess>, void*)> cuda;
 };
 
-// Runs `f.body(ctx)`. Returns true when it returned normally; false when it
+inline bool has_host_body(const TaskFn& f) noexcept { return static_cast<bool>(f.host); }
+inline bool has_cuda_body(const TaskFn& f) noexcept { return static_cast<bool>(f.cuda); }
+
+// Runs `f.host(data)`. Returns true when it returned normally; false when it
 // threw, with the exception's message (what() for std::exception) in `error`.
-bool call_task(TaskFn& f, const Ctx& ctx, rust::String& error) noexcept;
+bool call_host(const TaskFn& f, rust::Slice<const RawAccess> data, rust::String& error) noexcept;
+
+// Runs `f.cuda(data, stream)`; like call_host, never lets an exception escape.
+bool call_cuda(const TaskFn& f, rust::Slice<const RawAccess> data, std::size_t stream,
+               rust::String& error) noexcept;
 
 // A C++ rank function for braid::launch: called once per rank, concurrently,
 // each on its rank's thread, with that rank's communicator.

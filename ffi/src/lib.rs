@@ -3,9 +3,8 @@
 //! This crate builds `libbraid_cxx.a`: the engine, this bridge and the C++
 //! task trampoline (`src/glue.cc`) in one static library. C++ programs use it
 //! through `cpp/include/braid/braid.hpp`, an idiomatic C++17 layer (RAII
-//! handles, `std::function` task bodies, exceptions) over the generated
-//! header `braid-ffi/src/lib.rs.h`; nobody is meant to call the bridge
-//! directly.
+//! handles, typed access tokens, exceptions) over the generated header
+//! `braid-ffi/src/lib.rs.h`; nobody is meant to call the bridge directly.
 //!
 //! # Boundary rules
 //!
@@ -14,20 +13,28 @@
 //!   `Err` into a `rust::Error` exception on the C++ side, and braid.hpp
 //!   rethrows it as `braid::Error`.
 //! * **No C++ exception crosses into Rust.** A C++ task body is called only
-//!   through `call_task` (glue.cc), which is `noexcept` and catches everything;
-//!   a throwing body becomes the task's error, exactly like a Rust task body
-//!   returning `Err`.
-//! * **Declared means enforced.** A C++ body reaches buffer contents only via
-//!   [`Ctx::read`] / [`Ctx::write`], which go through Braid's checked
-//!   accessors ([`braid::TaskCtx::read`] / [`braid::TaskCtx::write`]): an
-//!   undeclared access is an exception inside the body, which then fails the
-//!   task with Braid's `Undeclared` message.
+//!   through `call_host` / `call_cuda` (glue.cc), which are `noexcept` and
+//!   catch everything; a throwing body becomes the task's error, exactly like
+//!   a Rust task body returning `Err`.
+//! * **Declared means enforced, and declared once.** A C++ task names each
+//!   access once, as a typed token (`braid::read<float>(x)`); the header
+//!   declares the tokens here ([`TaskSpec::access`]: view, mode, element size
+//!   and alignment) and the task is submitted with them as a
+//!   `Vec<`[`braid::DynAccess`]`>` through [`braid::TaskBuilder::run_any`]
+//!   (or `run` / `run_cuda` when C++ gave one body). The body gets exactly the
+//!   bytes of those accesses, in declaration order ([`RawAccess`]), and the
+//!   header's trampoline turns them into the lambda's typed spans:
+//!   `braid::Span<const T>` for a read, `braid::Span<T>` for a write. A view
+//!   that is not a whole, aligned run of its element type, and two tokens that
+//!   overlap where one writes, are refused at submission.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
+use braid::{CudaTaskCtx, DevBytes, HostBytes};
 use cxx::UniquePtr;
 
 #[cxx::bridge(namespace = "braid::ffi")]
@@ -137,10 +144,12 @@ mod bridge {
         rank: usize,
     }
 
-    /// A host slice handed to a C++ task body: `len` elements at address `ptr`.
+    /// The bytes of one declared access as a C++ body gets them: a host
+    /// address on the CPU, a device address on CUDA.
     #[derive(Debug)]
-    struct RawSlice {
-        ptr: usize,
+    struct RawAccess {
+        addr: usize,
+        /// Length in bytes (a whole number of the token's elements).
         len: usize,
     }
 
@@ -184,7 +193,6 @@ mod bridge {
         type View;
         type TaskSpec;
         type TaskHandle;
-        type Ctx;
         type Comm;
         type CommGroup;
         type Profile;
@@ -271,7 +279,7 @@ mod bridge {
         fn buffer(self: &View) -> Box<Buffer>;
 
         fn new_task(name: &str) -> Box<TaskSpec>;
-        fn access(self: &mut TaskSpec, v: &View, mode: Mode);
+        fn access(self: &mut TaskSpec, v: &View, mode: Mode, elem_size: usize, elem_align: usize);
         fn set_kind(self: &mut TaskSpec, kind: TaskKind);
         fn set_priority(self: &mut TaskSpec, p: Priority);
         fn after(self: &mut TaskSpec, h: &TaskHandle);
@@ -283,25 +291,24 @@ mod bridge {
         fn name(self: &TaskHandle) -> &str;
         fn stream(self: &TaskHandle) -> usize;
         fn is_done(self: &TaskHandle) -> bool;
-
-        fn name(self: &Ctx) -> &str;
-        fn stream_index(self: &Ctx) -> usize;
-        fn rank(self: &Ctx) -> usize;
-        fn is_cpu(self: &Ctx) -> bool;
-        fn cuda_stream(self: &Ctx) -> usize;
-        fn read(self: &Ctx, v: &View, elem_size: usize, elem_align: usize) -> Result<RawSlice>;
-        fn write(self: &Ctx, v: &View, elem_size: usize, elem_align: usize) -> Result<RawSlice>;
-        fn device_ptr(self: &Ctx, v: &View, write: bool) -> Result<u64>;
     }
 
     unsafe extern "C++" {
         include!("braid-ffi/src/glue.h");
 
-        /// A C++ task body (`std::function<void(const Ctx&)>`).
+        /// A C++ task: a CPU body, a CUDA body, or both.
         type TaskFn;
 
-        /// Runs the body; never throws. `false` and a message when it threw.
-        fn call_task(f: Pin<&mut TaskFn>, ctx: &Ctx, error: &mut String) -> bool;
+        /// Whether the task has a CPU body.
+        fn has_host_body(f: &TaskFn) -> bool;
+        /// Whether the task has a CUDA body.
+        fn has_cuda_body(f: &TaskFn) -> bool;
+        /// Runs the CPU body on the host bytes of the task's accesses; never
+        /// throws. `false` and a message when it threw.
+        fn call_host(f: &TaskFn, data: &[RawAccess], error: &mut String) -> bool;
+        /// Runs the CUDA body on the device bytes of the task's accesses and
+        /// the raw stream (`CUstream`) the task runs on; never throws.
+        fn call_cuda(f: &TaskFn, data: &[RawAccess], stream: usize, error: &mut String) -> bool;
 
         /// A C++ rank function for `launch_local`
         /// (`std::function<void(std::size_t, const Comm&)>`).
@@ -315,7 +322,7 @@ mod bridge {
 
 pub use bridge::{
     BackendKind, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
-    RawSlice, ReduceOp, RuntimeConfig, SpanRecord, StreamBusy, SummaryRecord, TaskKind,
+    RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StreamBusy, SummaryRecord, TaskKind,
 };
 
 /// The error every fallible bridge function returns; cxx throws it in C++ as
@@ -340,18 +347,20 @@ impl From<braid::Error> for FfiError {
 type FfiResult<T> = Result<T, FfiError>;
 
 /// Runs `f`, turning a panic into an error so that it never unwinds into C++.
-fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, braid::Error>) -> FfiResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r.map_err(FfiError::from),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".into());
-            Err(FfiError(format!("braid panicked in {what}: {msg}")))
-        }
-    }
+fn guard<T>(what: &str, f: impl FnOnce() -> braid::Result<T>) -> FfiResult<T> {
+    guard_ffi(what, || f().map_err(FfiError::from))
+}
+
+/// [`guard`] for a body that makes its own messages.
+fn guard_ffi<T>(what: &str, f: impl FnOnce() -> FfiResult<T>) -> FfiResult<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-string panic payload".into());
+        Err(FfiError(format!("braid panicked in {what}: {msg}")))
+    })
 }
 
 fn version() -> &'static str {
@@ -442,13 +451,8 @@ impl Runtime {
 
     fn read_bytes(&self, v: &View, elem_size: usize) -> FfiResult<Vec<u8>> {
         guard("Runtime::read_vec", || {
-            if elem_size == 0 || v.0.len() % elem_size != 0 {
-                return Err(braid::Error::Misaligned {
-                    buffer: v.0.buffer().name().to_string(),
-                    range: v.0.range(),
-                    ty: element_name(elem_size),
-                });
-            }
+            // A copy: the element's alignment does not matter.
+            check_elements(&v.0, elem_size, 1)?;
             self.0.read_vec::<u8>(&v.0)
         })
     }
@@ -458,13 +462,7 @@ impl Runtime {
         spec: Box<TaskSpec>,
         body: UniquePtr<bridge::TaskFn>,
     ) -> FfiResult<Box<TaskHandle>> {
-        guard("TaskBuilder::run", || {
-            if body.is_null() {
-                return Err(braid::Error::Config(format!(
-                    "task `{}` was submitted without a body",
-                    spec.name
-                )));
-            }
+        guard_ffi("TaskBuilder::run", || {
             let TaskSpec {
                 name,
                 accesses,
@@ -474,23 +472,40 @@ impl Runtime {
                 stream,
                 comm_index,
             } = *spec;
+            let (host, cuda) = match body.as_ref() {
+                Some(f) => (bridge::has_host_body(f), bridge::has_cuda_body(f)),
+                None => (false, false),
+            };
+            if !host && !cuda {
+                return Err(braid::Error::Config(format!(
+                    "task `{name}` was submitted without a body"
+                ))
+                .into());
+            }
+            let accesses = dyn_accesses(&name, accesses)?;
             let mut b = self
                 .0
                 .task(name)
                 .kind(kind)
                 .priority(priority)
                 .comm_stream(comm_index);
-            for (v, m) in accesses {
-                b = b.access(v, m);
-            }
             for h in &after {
                 b = b.after(h);
             }
             if let Some(s) = stream {
                 b = b.on_stream(s);
             }
-            let body = CppBody(body);
-            Ok(Box::new(TaskHandle(b.run_ctx(move |ctx| body.call(ctx))?)))
+            // One body object behind both closures: the engine runs one of them.
+            let cpu = Arc::new(CppBody(body));
+            let gpu = Arc::clone(&cpu);
+            let cpu = move |data: Vec<HostBytes<'_>>| cpu.host(data);
+            let gpu = move |data: Vec<DevBytes>, cu: &CudaTaskCtx<'_>| gpu.cuda(&data, cu);
+            let h = match (host, cuda) {
+                (true, true) => b.run_any(accesses, cpu, gpu),
+                (true, false) => b.run(accesses, cpu),
+                (false, _) => b.run_cuda(accesses, gpu),
+            }?;
+            Ok(Box::new(TaskHandle(h)))
         })
     }
 
@@ -576,26 +591,96 @@ fn element_name(size: usize) -> &'static str {
     }
 }
 
-/// A C++ task body on its way to a stream thread.
+/// Checks that `v` is a whole, aligned run of elements of `size` bytes
+/// aligned to `align` (host and device memory are at least 64-byte aligned,
+/// so the view's offset decides the alignment).
+fn check_elements(v: &braid::View, size: usize, align: usize) -> braid::Result<()> {
+    let ok =
+        size != 0 && align.is_power_of_two() && v.len() % size == 0 && v.range().start % align == 0;
+    if ok {
+        Ok(())
+    } else {
+        Err(braid::Error::Misaligned {
+            buffer: v.buffer().name().to_string(),
+            range: v.range(),
+            ty: element_name(size),
+        })
+    }
+}
+
+/// The accesses C++ declared for task `task`, checked against their element
+/// types, as the engine's byte accesses (which it checks for aliasing).
+fn dyn_accesses(task: &str, accesses: Vec<TypedAccess>) -> FfiResult<Vec<braid::DynAccess>> {
+    accesses
+        .into_iter()
+        .map(|a| {
+            check_elements(&a.view, a.elem_size, a.elem_align)
+                .map_err(|e| FfiError(format!("task `{task}`: {e}")))?;
+            Ok(a.view.access(a.mode))
+        })
+        .collect()
+}
+
+/// A C++ task (its CPU body, its CUDA body or both) on its way to a stream
+/// thread.
 struct CppBody(UniquePtr<bridge::TaskFn>);
 
-// SAFETY: the body is moved to exactly one stream thread, which calls it at most
-// once and then drops it; no other thread touches it after submission, so the
-// only requirement is that a `std::function` may be invoked and destroyed on a
-// thread other than the one that built it. That holds for `std::function`
-// itself; what the user's lambda captures is the user's responsibility, as it
-// is for any C++ callback run on a worker thread (documented in braid.hpp).
+// SAFETY: the body is called at most once, on one stream thread, and dropped
+// once; `submit` shares it between the CPU and the CUDA closure of one task,
+// of which the engine runs exactly one (or none, for a skipped task), so it is
+// never called from two threads, nor while it is being dropped. What remains
+// is that a `std::function` may be invoked and destroyed on a thread other
+// than the one that built it: that holds for `std::function` itself, and what
+// the user's lambda captures is the user's responsibility, as for any C++
+// callback run on a worker thread (documented in braid.hpp).
 unsafe impl Send for CppBody {}
+// SAFETY: see `Send`: no two threads ever use the body at the same time.
+unsafe impl Sync for CppBody {}
 
 impl CppBody {
-    /// Calls the body (taking `self` whole, so the closure captures the `Send`
-    /// wrapper rather than the bare `UniquePtr`).
-    fn call(mut self, ctx: &braid::TaskCtx<'_>) -> Result<(), braid::TaskError> {
-        let ctx = Ctx {
-            ptr: (ctx as *const braid::TaskCtx<'_>).cast::<braid::TaskCtx<'static>>(),
-        };
+    /// Runs the CPU body on the host bytes of the task's accesses.
+    fn host(&self, mut data: Vec<HostBytes<'_>>) -> Result<(), braid::TaskError> {
+        let raw: Vec<RawAccess> = data
+            .iter_mut()
+            .map(|b| match b {
+                HostBytes::Read(s) => RawAccess {
+                    addr: s.as_ptr() as usize,
+                    len: s.len(),
+                },
+                HostBytes::Write(s) => RawAccess {
+                    addr: s.as_mut_ptr() as usize,
+                    len: s.len(),
+                },
+            })
+            .collect();
+        // `data` keeps the borrows alive (and unused) while C++ works on them.
+        self.call(|f, error| bridge::call_host(f, &raw, error))
+    }
+
+    /// Runs the CUDA body on the device bytes of the task's accesses, with
+    /// the task's stream.
+    fn cuda(&self, data: &[DevBytes], cu: &CudaTaskCtx<'_>) -> Result<(), braid::TaskError> {
+        let raw = data
+            .iter()
+            .map(|d| {
+                Ok(RawAccess {
+                    addr: usize::try_from(d.ptr)
+                        .map_err(|_| "a device address does not fit a host pointer")?,
+                    len: d.len,
+                })
+            })
+            .collect::<Result<Vec<_>, &str>>()?;
+        let stream = cu.stream().raw() as usize;
+        self.call(|f, error| bridge::call_cuda(f, &raw, stream, error))
+    }
+
+    fn call(
+        &self,
+        run: impl FnOnce(&bridge::TaskFn, &mut String) -> bool,
+    ) -> Result<(), braid::TaskError> {
+        let f = self.0.as_ref().ok_or("the task's body is missing")?;
         let mut error = String::new();
-        if bridge::call_task(self.0.pin_mut(), &ctx, &mut error) {
+        if run(f, &mut error) {
             Ok(())
         } else {
             Err(error.into())
@@ -668,7 +753,7 @@ fn clone_view(v: &View) -> Box<View> {
 #[derive(Debug)]
 pub struct TaskSpec {
     name: String,
-    accesses: Vec<(braid::View, braid::Mode)>,
+    accesses: Vec<TypedAccess>,
     kind: braid::TaskKind,
     priority: braid::Priority,
     after: Vec<braid::TaskHandle>,
@@ -688,15 +773,30 @@ fn new_task(name: &str) -> Box<TaskSpec> {
     })
 }
 
+/// One token of a C++ task: a view, a mode and the element type's layout.
+#[derive(Debug)]
+struct TypedAccess {
+    view: braid::View,
+    mode: braid::Mode,
+    elem_size: usize,
+    elem_align: usize,
+}
+
 impl TaskSpec {
-    fn access(&mut self, v: &View, mode: Mode) {
+    /// Declares a token (checked when the task is submitted).
+    fn access(&mut self, v: &View, mode: Mode, elem_size: usize, elem_align: usize) {
         let mode = match mode {
             Mode::Read => braid::Mode::Read,
             Mode::Write => braid::Mode::Write,
             // An unknown value is treated as the strictest mode.
             _ => braid::Mode::ReadWrite,
         };
-        self.accesses.push((v.0.clone(), mode));
+        self.accesses.push(TypedAccess {
+            view: v.0.clone(),
+            mode,
+            elem_size,
+            elem_align,
+        });
     }
 
     fn set_kind(&mut self, kind: TaskKind) {
@@ -757,102 +857,6 @@ impl TaskHandle {
 
 fn clone_handle(h: &TaskHandle) -> Box<TaskHandle> {
     Box::new(h.clone())
-}
-
-/// The running task's context as a C++ body sees it (`braid::TaskContext`).
-///
-/// It is made only by [`CppBody::call`], on its stack, around the one call of
-/// the body, and C++ cannot make, copy or move an opaque Rust type; so the
-/// pointer it holds is valid whenever one of its methods runs (a C++ body that
-/// keeps the reference past its return holds a dangling reference, as with any
-/// C++ callback argument). The lifetime is erased only because cxx cannot name
-/// it in safe bridge functions.
-pub struct Ctx {
-    ptr: *const braid::TaskCtx<'static>,
-}
-
-impl fmt::Debug for Ctx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner().fmt(f)
-    }
-}
-
-impl Ctx {
-    fn inner(&self) -> &braid::TaskCtx<'_> {
-        // SAFETY: see the type's comment: `ptr` points to the task context that
-        // `CppBody::call` borrowed for the whole life of this `Ctx`.
-        unsafe { &*self.ptr }
-    }
-
-    fn name(&self) -> &str {
-        self.inner().name()
-    }
-
-    fn stream_index(&self) -> usize {
-        self.inner().stream_index()
-    }
-
-    fn rank(&self) -> usize {
-        self.inner().rank()
-    }
-
-    fn is_cpu(&self) -> bool {
-        self.inner().device().is_cpu()
-    }
-
-    /// The raw CUDA stream (`CUstream`) the task runs on, as an address; 0 on
-    /// the CPU.
-    fn cuda_stream(&self) -> usize {
-        self.inner().device().cuda_stream() as usize
-    }
-
-    /// Checks that `v` is a whole, aligned slice of elements of `size` bytes
-    /// before borrowing it (host memory is 64-byte aligned, so the view's
-    /// offset decides the alignment).
-    fn check_typed(v: &braid::View, size: usize, align: usize) -> braid::Result<()> {
-        let ok = size != 0
-            && align != 0
-            && align.is_power_of_two()
-            && v.len() % size == 0
-            && v.range().start % align == 0;
-        if ok {
-            Ok(())
-        } else {
-            Err(braid::Error::Misaligned {
-                buffer: v.buffer().name().to_string(),
-                range: v.range(),
-                ty: element_name(size),
-            })
-        }
-    }
-
-    fn read(&self, v: &View, elem_size: usize, elem_align: usize) -> FfiResult<RawSlice> {
-        guard("TaskContext::read", || {
-            Self::check_typed(&v.0, elem_size, elem_align)?;
-            let bytes = self.inner().read::<u8>(&v.0)?;
-            Ok(RawSlice {
-                ptr: bytes.as_ptr() as usize,
-                len: bytes.len() / elem_size,
-            })
-        })
-    }
-
-    fn write(&self, v: &View, elem_size: usize, elem_align: usize) -> FfiResult<RawSlice> {
-        guard("TaskContext::write", || {
-            Self::check_typed(&v.0, elem_size, elem_align)?;
-            let bytes = self.inner().write::<u8>(&v.0)?;
-            Ok(RawSlice {
-                ptr: bytes.as_mut_ptr() as usize,
-                len: bytes.len() / elem_size,
-            })
-        })
-    }
-
-    fn device_ptr(&self, v: &View, write: bool) -> FfiResult<u64> {
-        guard("TaskContext::device_ptr", || {
-            self.inner().device_ptr(&v.0, write)
-        })
-    }
 }
 
 /// A snapshot of a runtime's recorded spans (`braid::Profile`).
@@ -1086,21 +1090,34 @@ impl Comm {
         self.0.abort(reason)
     }
 
-    fn submit_with(
+    /// Submits one collective as a task of `rt`, named `name` (or after the
+    /// collective when empty): the one place the bridge calls the
+    /// collectives' task API.
+    fn submit(
+        &self,
+        rt: &Runtime,
+        name: &str,
+        kind: braid::comm::CollectiveKind,
+        dtype: braid::comm::DType,
+        buffers: braid::comm::Buffers,
+    ) -> braid::Result<Box<TaskHandle>> {
+        let name = if name.is_empty() { kind.name() } else { name };
+        let h = self
+            .0
+            .submit_named(&rt.0, name.to_string(), kind, dtype, buffers)?;
+        Ok(Box::new(TaskHandle(h)))
+    }
+
+    fn submit_spec(
         &self,
         rt: &Runtime,
         spec: &CollectiveSpec,
         buffers: braid::comm::Buffers,
-    ) -> braid::Result<Box<TaskHandle>> {
-        let (kind, dtype) = collective(spec)?;
-        let name = if spec.name.is_empty() {
-            kind.name().to_string()
-        } else {
-            spec.name.clone()
-        };
-        Ok(Box::new(TaskHandle(
-            self.0.submit_named(&rt.0, name, kind, dtype, buffers)?,
-        )))
+    ) -> FfiResult<Box<TaskHandle>> {
+        guard("Communicator::submit", || {
+            let (kind, dtype) = collective(spec)?;
+            self.submit(rt, &spec.name, kind, dtype, buffers)
+        })
     }
 
     fn submit_in_place(
@@ -1109,9 +1126,7 @@ impl Comm {
         spec: &CollectiveSpec,
         v: &View,
     ) -> FfiResult<Box<TaskHandle>> {
-        guard("Communicator::submit", || {
-            self.submit_with(rt, spec, braid::comm::Buffers::InPlace(v.0.clone()))
-        })
+        self.submit_spec(rt, spec, braid::comm::Buffers::InPlace(v.0.clone()))
     }
 
     fn submit_out_of_place(
@@ -1121,26 +1136,17 @@ impl Comm {
         send: &View,
         recv: &View,
     ) -> FfiResult<Box<TaskHandle>> {
-        guard("Communicator::submit", || {
-            let buffers = braid::comm::Buffers::OutOfPlace {
-                send: send.0.clone(),
-                recv: recv.0.clone(),
-            };
-            self.submit_with(rt, spec, buffers)
-        })
+        let buffers = braid::comm::Buffers::OutOfPlace {
+            send: send.0.clone(),
+            recv: recv.0.clone(),
+        };
+        self.submit_spec(rt, spec, buffers)
     }
 
     fn barrier(&self, rt: &Runtime, name: &str) -> FfiResult<Box<TaskHandle>> {
         guard("Communicator::barrier", || {
-            let name = if name.is_empty() { "barrier" } else { name };
-            let h = self.0.submit_named(
-                &rt.0,
-                name.to_string(),
-                braid::comm::CollectiveKind::Barrier,
-                braid::comm::DType::F32,
-                braid::comm::Buffers::None,
-            )?;
-            Ok(Box::new(TaskHandle(h)))
+            use braid::comm::{Buffers, CollectiveKind, DType};
+            self.submit(rt, name, CollectiveKind::Barrier, DType::F32, Buffers::None)
         })
     }
 }
@@ -1183,10 +1189,44 @@ mod tests {
     fn typed_checks() {
         let rt = cpu(false);
         let b = rt.alloc("x", 16).unwrap();
-        assert!(Ctx::check_typed(&b.0.view(0..16).unwrap(), 4, 4).is_ok());
-        assert!(Ctx::check_typed(&b.0.view(2..6).unwrap(), 4, 4).is_err());
-        assert!(Ctx::check_typed(&b.0.view(0..6).unwrap(), 4, 4).is_err());
-        assert!(Ctx::check_typed(&b.0.view(0..6).unwrap(), 0, 1).is_err());
+        assert!(check_elements(&b.0.view(0..16).unwrap(), 4, 4).is_ok());
+        assert!(check_elements(&b.0.view(2..6).unwrap(), 4, 4).is_err());
+        assert!(check_elements(&b.0.view(2..6).unwrap(), 4, 1).is_ok());
+        assert!(check_elements(&b.0.view(0..6).unwrap(), 4, 4).is_err());
+        assert!(check_elements(&b.0.view(0..6).unwrap(), 0, 1).is_err());
+        assert!(check_elements(&b.0.view(0..6).unwrap(), 2, 3).is_err());
+    }
+
+    #[test]
+    fn tokens_are_checked_against_their_element_type() {
+        let rt = cpu(false);
+        let b = rt.alloc("x", 16).unwrap();
+        let mut spec = new_task("t");
+        spec.access(&b.whole(), Mode::Read, 4, 4);
+        spec.access(&b.view(4, 8).unwrap(), Mode::Write, 2, 2);
+        let acc = dyn_accesses(&spec.name, spec.accesses).unwrap();
+        let modes: Vec<_> = acc.iter().map(|a| (a.view().range(), a.mode())).collect();
+        assert_eq!(
+            modes,
+            vec![(0..16, braid::Mode::Read), (4..8, braid::Mode::Write)]
+        );
+        let mut spec = new_task("odd");
+        spec.access(&b.view(2, 10).unwrap(), Mode::ReadWrite, 4, 4);
+        let e = dyn_accesses(&spec.name, spec.accesses).unwrap_err();
+        assert!(
+            e.0.contains("task `odd`") && e.0.contains("aligned slice") && e.0.contains("2..10"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_task_without_a_body_is_refused() {
+        let rt = cpu(false);
+        let e = rt.submit(new_task("empty"), UniquePtr::null()).unwrap_err();
+        assert!(
+            e.0.contains("empty") && e.0.contains("without a body"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -5,26 +5,35 @@
 //                 .compute_streams(2).profile(true).build();
 //   braid::Buffer x = rt.alloc_from<float>("x", {1, 2, 3, 4});
 //   braid::Buffer y = rt.alloc("y", x.size());
-//   rt.task("double").read(x).write(y).run([=](braid::TaskContext& ctx) {
-//     auto in = ctx.read<float>(x);
-//     auto out = ctx.write<float>(y);
-//     for (std::size_t i = 0; i < in.size(); ++i) out[i] = 2 * in[i];
-//   });
+//   rt.task("double").run(braid::read<float>(x), braid::write<float>(y),
+//                         [](braid::Span<const float> in, braid::Span<float> out) {
+//                           for (std::size_t i = 0; i < in.size(); ++i) out[i] = 2 * in[i];
+//                         });
 //   std::vector<float> v = rt.read_vec<float>(y);  // {2, 4, 6, 8}
 //
-// Semantics are those of the Rust engine (docs/DESIGN.md): the result is that
-// of running the tasks one at a time in submission order; a task reaches only
-// the views it declared; a failing task's error, naming it, surfaces at the
-// next synchronisation point and its dependents are skipped.
+// Semantics are those of the Rust engine (DESIGN.md): the result is that of
+// running the tasks one at a time in submission order; a failing task's
+// error, naming it, surfaces at the next synchronisation point and its
+// dependents are skipped.
+//
+// Declared means enforced, and declared once: a task names each access once,
+// as a typed token (braid::read<T>(view), braid::write<T>(view),
+// braid::read_write<T>(view)), and its body gets exactly those data, in that
+// order: Span<const T> for a read, Span<T> for a write on the CPU; typed
+// device addresses and the stream on CUDA. Buffers and views hold no data
+// accessors, so a body cannot reach data it did not declare, and a read gives
+// const data, so writing through it does not compile.
 //
 // Errors: every call that can fail throws braid::Error (a std::runtime_error)
-// with Braid's message. A task body that throws fails its task (the message is
-// the exception's what()); the exception never leaves the stream thread.
+// with Braid's message; misuse of tokens (a view that is not a whole, aligned
+// run of its T; two tokens that overlap where one writes) throws at
+// submission. A task body that throws fails its task (the message is the
+// exception's what()); the exception never leaves the stream thread.
 //
 // Threads: a task body runs later, on one of Braid's stream threads. What the
 // lambda captures must still be alive then, and be safe to use from that
-// thread; capture handles (Buffer, View) by value, and capture by reference
-// only what outlives the task (wait on it, or synchronize, before it goes).
+// thread; capture by value, and capture by reference only what outlives the
+// task (wait on it, or synchronize, before it goes).
 #pragma once
 
 #include <chrono>
@@ -37,6 +46,7 @@
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -180,8 +190,9 @@ class View {
 
 // A block of memory owned by a Runtime. Copies are cheap and share it; it is
 // released once the last handle is gone and every task that touched it has
-// completed. Its contents are reachable only inside tasks that declare an
-// access to it, and through Runtime::upload / Runtime::read_vec.
+// completed. Its contents are reachable only in the body of a task that names
+// it (or a view of it) in an access token, and through Runtime::upload /
+// Runtime::read_vec.
 class Buffer {
  public:
   Buffer(const Buffer& other) : inner_(ffi::clone_buffer(*other.inner_)) {}
@@ -261,61 +272,217 @@ class TaskHandle {
   rust::Box<ffi::TaskHandle> inner_;
 };
 
-// What a task body sees: its declared data and the stream it runs on. Valid
-// only during the body's call.
-class TaskContext {
+// ---- access tokens ----------------------------------------------------------------
+
+// A typed access token: task `t` reads (or writes, or reads and updates) view
+// `v` as a run of Ts. Made by braid::read<T>(v), braid::write<T>(v) and
+// braid::read_write<T>(v); a task names each of its accesses once, as a token,
+// and its body gets exactly the data of its tokens, in their order.
+template <class T, Mode M>
+class Access {
+  static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
+  static_assert(!std::is_const<T>::value && !std::is_volatile<T>::value,
+                "braid: name the element type without const (a read token already gives const data)");
+
  public:
-  explicit TaskContext(const ffi::Ctx& ctx) noexcept : ctx_(ctx) {}
-  TaskContext(const TaskContext&) = delete;
-  TaskContext& operator=(const TaskContext&) = delete;
+  using element_type = T;
+  static constexpr Mode mode = M;
+  static constexpr bool writes = M != Mode::Read;
+  // The element as the body sees it: const for a read.
+  using value_type = std::conditional_t<writes, T, const T>;
 
-  // Shared host access to a declared view (any mode), as Ts. Throws
-  // braid::Error when the task did not declare it, when it is not a whole,
-  // aligned run of T, when it would alias a writable span this body holds, or
-  // when the data is not on the host (a GPU buffer: use device_ptr).
-  template <class T>
-  Span<const T> read(const View& v) const {
-    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
-    const ffi::RawSlice s = detail::call([&] { return ctx_.read(v.raw(), sizeof(T), alignof(T)); });
-    return Span<const T>(reinterpret_cast<const T*>(s.ptr), s.len);
-  }
-
-  // Exclusive host access to a view declared write or read_write, as Ts.
-  // Throws like read, and when the view was declared read only.
-  template <class T>
-  Span<T> write(const View& v) const {
-    static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
-    static_assert(!std::is_const<T>::value, "braid: write<T> needs a non-const T");
-    const ffi::RawSlice s = detail::call([&] { return ctx_.write(v.raw(), sizeof(T), alignof(T)); });
-    return Span<T>(reinterpret_cast<T*>(s.ptr), s.len);
-  }
-
-  // Raw device address of a declared view of a GPU buffer, for launching your
-  // own kernels (`write` asks for a writable access). Throws on the CPU.
-  std::uint64_t device_ptr(const View& v, bool write = false) const {
-    return detail::call([&] { return ctx_.device_ptr(v.raw(), write); });
-  }
-
-  // The raw stream the task runs on (a cudaStream_t / CUstream): launch your
-  // kernels on it and Braid orders them with everything else. nullptr on the
-  // CPU backend.
-  void* cuda_stream() const noexcept { return reinterpret_cast<void*>(ctx_.cuda_stream()); }
-
-  bool is_cpu() const noexcept { return ctx_.is_cpu(); }
-  std::string name() const { return detail::str(ctx_.name()); }
-  std::size_t stream_index() const noexcept { return ctx_.stream_index(); }
-  std::size_t rank() const noexcept { return ctx_.rank(); }
-
-  const ffi::Ctx& raw() const noexcept { return ctx_; }
+  explicit Access(View v) : view_(std::move(v)) {}
+  const View& view() const noexcept { return view_; }
 
  private:
-  const ffi::Ctx& ctx_;
+  View view_;
 };
 
-// A task body.
-using TaskBody = std::function<void(TaskContext&)>;
+template <class T>
+using Read = Access<T, Mode::Read>;
+template <class T>
+using Write = Access<T, Mode::Write>;
+template <class T>
+using ReadWrite = Access<T, Mode::ReadWrite>;
 
-// Builds one task: name, accesses, kind, priority, then run().
+// Reads v as Ts: a CPU body gets Span<const T>, a CUDA body DeviceSpan<const T>.
+// Without T, the bytes (std::byte).
+template <class T = std::byte>
+Read<T> read(const View& v) {
+  return Read<T>(v);
+}
+// Overwrites v as Ts without reading it first: Span<T> / DeviceSpan<T>.
+template <class T = std::byte>
+Write<T> write(const View& v) {
+  return Write<T>(v);
+}
+// Reads and updates v as Ts: Span<T> / DeviceSpan<T>.
+template <class T = std::byte>
+ReadWrite<T> read_write(const View& v) {
+  return ReadWrite<T>(v);
+}
+
+// A declared access on a GPU: `size()` Ts at device address `data()`. It
+// converts to T* for a kernel argument (const T* for a read); never
+// dereference it on the host.
+template <class T>
+class DeviceSpan {
+ public:
+  using element_type = T;
+
+  constexpr DeviceSpan() noexcept = default;
+  constexpr DeviceSpan(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
+  // DeviceSpan<T> converts to DeviceSpan<const T>.
+  template <class U, class = std::enable_if_t<std::is_convertible<U (*)[], T (*)[]>::value>>
+  constexpr DeviceSpan(const DeviceSpan<U>& other) noexcept : data_(other.data()), size_(other.size()) {}
+
+  constexpr T* data() const noexcept { return data_; }
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+  constexpr bool empty() const noexcept { return size_ == 0; }
+  constexpr operator T*() const noexcept { return data_; }  // NOLINT(google-explicit-constructor)
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// The CUDA stream a task runs on. It converts to cudaStream_t and CUstream
+// (both `CUstream_st*`) without braid.hpp including a CUDA header; launch the
+// task's kernels on it and Braid orders them with every other task.
+class CudaStream {
+ public:
+  explicit CudaStream(void* raw) noexcept : raw_(raw) {}
+  void* raw() const noexcept { return raw_; }
+  template <class S>
+  operator S*() const noexcept {  // NOLINT(google-explicit-constructor)
+    return static_cast<S*>(raw_);
+  }
+
+ private:
+  void* raw_;
+};
+
+namespace detail {
+
+// What a token (or a std::vector of tokens) declares and what a body gets
+// for it. `valid` is false for anything else.
+template <class Tok>
+struct token {
+  static constexpr bool valid = false;
+  using host = void;
+  using device = void;
+};
+
+template <class T, Mode M>
+struct token<Access<T, M>> {
+  static constexpr bool valid = true;
+  using host = Span<typename Access<T, M>::value_type>;
+  using device = DeviceSpan<typename Access<T, M>::value_type>;
+
+  static void declare(const Access<T, M>& a, ffi::TaskSpec& spec) {
+    spec.access(a.view().raw(), M, sizeof(T), alignof(T));
+  }
+  static std::size_t count(const Access<T, M>&) noexcept { return 1; }
+  // The span (host or device) of the next access; Braid checked at
+  // submission that its bytes are a whole, aligned run of Ts.
+  template <class S>
+  static S make(const Access<T, M>&, const ffi::RawAccess*& next) {
+    const ffi::RawAccess& raw = *next++;
+    return S(reinterpret_cast<typename Access<T, M>::value_type*>(raw.addr), raw.len / sizeof(T));
+  }
+};
+
+template <class Tok>
+struct token<std::vector<Tok>> {
+  static constexpr bool valid = token<Tok>::valid;
+  using host = std::vector<typename token<Tok>::host>;
+  using device = std::vector<typename token<Tok>::device>;
+
+  static void declare(const std::vector<Tok>& v, ffi::TaskSpec& spec) {
+    for (const Tok& t : v) token<Tok>::declare(t, spec);
+  }
+  static std::size_t count(const std::vector<Tok>& v) noexcept {
+    std::size_t n = 0;
+    for (const Tok& t : v) n += token<Tok>::count(t);
+    return n;
+  }
+  template <class S>
+  static S make(const std::vector<Tok>& v, const ffi::RawAccess*& next) {
+    S out;
+    out.reserve(v.size());
+    for (const Tok& t : v) out.push_back(token<Tok>::template make<typename S::value_type>(t, next));
+    return out;
+  }
+};
+
+template <class Tok>
+using host_t = typename token<Tok>::host;
+template <class Tok>
+using device_t = typename token<Tok>::device;
+
+// A task's tokens, and the trampolines that turn the bytes Rust hands over
+// into the typed spans of the body's parameters.
+template <class... Toks>
+class Tokens {
+  static_assert(std::conjunction<std::bool_constant<token<Toks>::valid>...>::value,
+                "braid: every argument of run() before the body must be an access token: braid::read<T>(view), "
+                "braid::write<T>(view), braid::read_write<T>(view), or a std::vector of them");
+
+ public:
+  explicit Tokens(const Toks&... toks) : toks_(toks...) {}
+
+  // Whether a Body takes the spans of kind Kind (then Extra...).
+  template <class Body, template <class> class Kind, class... Extra>
+  static constexpr bool accepts() {
+    return std::is_invocable<Body&, Kind<Toks>..., Extra...>::value;
+  }
+
+  void declare(ffi::TaskSpec& spec) const {
+    std::apply([&](const Toks&... t) { (token<Toks>::declare(t, spec), ...); }, toks_);
+  }
+
+  // Calls body(spans..., extra...), the spans of kind `host_t` or `device_t`
+  // made from `data` in declaration order.
+  template <template <class> class Kind, class Body, class... Extra>
+  void call(Body& body, rust::Slice<const ffi::RawAccess> data, Extra... extra) const {
+    std::apply(
+        [&](const Toks&... t) {
+          std::size_t n = 0;
+          ((n += token<Toks>::count(t)), ...);
+          if (n != data.size()) throw Error("braid: a task body got " + std::to_string(data.size()) +
+                                            " accesses for its " + std::to_string(n) + " tokens");
+          const ffi::RawAccess* next = data.data();
+          // Braced: the spans are made left to right.
+          std::tuple<Kind<Toks>...> spans{token<Toks>::template make<Kind<Toks>>(t, next)...};
+          (void)next;  // unused without tokens
+          std::apply([&](auto&... s) { body(std::move(s)..., extra...); }, spans);
+        },
+        toks_);
+  }
+
+ private:
+  std::tuple<Toks...> toks_;
+};
+
+// Whether a body is an empty std::function or a null function pointer.
+template <class B>
+bool empty_body(const B&) noexcept {
+  return false;
+}
+template <class R, class... A>
+bool empty_body(const std::function<R(A...)>& f) noexcept {
+  return !f;
+}
+template <class R, class... A>
+bool empty_body(R (*f)(A...)) noexcept {
+  return f == nullptr;
+}
+
+}  // namespace detail
+
+// Builds one task: name, kind, priority, then run() with its access tokens
+// and body.
 class TaskBuilder {
  public:
   TaskBuilder(TaskBuilder&&) noexcept = default;
@@ -324,16 +491,6 @@ class TaskBuilder {
   TaskBuilder& operator=(const TaskBuilder&) = delete;
   ~TaskBuilder() = default;
 
-  // Declares that the task reads v.
-  TaskBuilder& read(const View& v) { return access(v, Mode::Read); }
-  // Declares that the task overwrites v without reading it.
-  TaskBuilder& write(const View& v) { return access(v, Mode::Write); }
-  // Declares that the task reads and writes v.
-  TaskBuilder& read_write(const View& v) { return access(v, Mode::ReadWrite); }
-  TaskBuilder& access(const View& v, Mode mode) {
-    spec().access(v.raw(), mode);
-    return *this;
-  }
   // The task's kind (default compute; comm tasks go to communication streams).
   TaskBuilder& kind(TaskKind k) {
     spec().set_kind(k);
@@ -360,19 +517,46 @@ class TaskBuilder {
     return *this;
   }
 
-  // Submits the task and returns at once; `body` runs later on the stream the
-  // task is placed on. Throws braid::Error for misuse found at submission (a
-  // buffer of another runtime, a stream out of range, an empty body, a second
-  // run of the same builder).
-  TaskHandle run(TaskBody body) {
-    if (!body) throw Error("braid: task `" + name_ + "` was given an empty body");
-    auto fn = std::make_unique<ffi::TaskFn>();
-    fn->body = [f = std::move(body)](const ffi::Ctx& c) {
-      TaskContext ctx(c);
-      f(ctx);
-    };
-    rust::Box<ffi::TaskSpec> spec = take();
-    return TaskHandle(detail::call([&] { return rt_->submit(std::move(spec), std::move(fn)); }));
+  // run(tokens..., body): submits the task with a CPU body, which gets one
+  // span per token (Span<const T> for read<T>, Span<T> for write<T> and
+  // read_write<T>; a std::vector of those for a std::vector of tokens):
+  //
+  //   rt.task("scale").run(braid::read<float>(x), braid::write<float>(y),
+  //                        [](braid::Span<const float> x, braid::Span<float> y) { ... });
+  //
+  // Returns at once; the body runs later on the stream the task is placed
+  // on. Throws braid::Error for misuse found at submission: a view that is
+  // not a whole, aligned run of its T, two tokens that overlap where one
+  // writes, a buffer of another runtime, a stream out of range, an empty
+  // body, a second run of the same builder, or a runtime whose backend is not
+  // the CPU (use run_any there).
+  template <class... Args>
+  TaskHandle run(Args&&... args) {
+    static_assert(sizeof...(Args) >= 1, "braid: run(tokens..., body)");
+    return submit<1>(std::forward_as_tuple(std::forward<Args>(args)...));
+  }
+
+  // run_cuda(tokens..., body): submits the task with a CUDA body, which gets
+  // one DeviceSpan per token (DeviceSpan<const T> for a read; they convert to
+  // const T* / T*) and the task's CudaStream; it enqueues work on the stream
+  // and returns, and the task completes when that work has:
+  //
+  //   rt.task("scale").run_cuda(braid::read<float>(x), braid::write<float>(y),
+  //                             [](const float* x, float* y, cudaStream_t s) { kernel<<<g, b, 0, s>>>(x, y); });
+  //
+  // Throws like run, and on a runtime whose backend is not CUDA.
+  template <class... Args>
+  TaskHandle run_cuda(Args&&... args) {
+    static_assert(sizeof...(Args) >= 1, "braid: run_cuda(tokens..., body)");
+    return submit<-1>(std::forward_as_tuple(std::forward<Args>(args)...));
+  }
+
+  // run_any(tokens..., cpu_body, cuda_body): one body per backend, as in run
+  // and run_cuda; the runtime's backend picks one.
+  template <class... Args>
+  TaskHandle run_any(Args&&... args) {
+    static_assert(sizeof...(Args) >= 2, "braid: run_any(tokens..., cpu_body, cuda_body)");
+    return submit<2>(std::forward_as_tuple(std::forward<Args>(args)...));
   }
 
  private:
@@ -384,11 +568,50 @@ class TaskBuilder {
     if (!spec_) throw Error("braid: task `" + name_ + "` was already submitted");
     return **spec_;
   }
-  rust::Box<ffi::TaskSpec> take() {
-    spec();
-    rust::Box<ffi::TaskSpec> s = std::move(*spec_);
+
+  // The last arguments are the bodies: 1 (a CPU body), -1 (a CUDA body) or 2
+  // (both); the ones before them are the tokens.
+  template <int Bodies, class All>
+  TaskHandle submit(All all) {
+    constexpr std::size_t n = std::tuple_size<All>::value - (Bodies == 2 ? 2 : 1);
+    return submit<Bodies>(all, std::make_index_sequence<n>());
+  }
+
+  template <int Bodies, class All, std::size_t... I>
+  TaskHandle submit(All& all, std::index_sequence<I...>) {
+    using Toks = detail::Tokens<std::decay_t<std::tuple_element_t<I, All>>...>;
+    constexpr std::size_t cpu = sizeof...(I), cuda = cpu + (Bodies == 2 ? 1 : 0);
+    ffi::TaskSpec& s = spec();
+    auto toks = std::make_shared<const Toks>(std::get<I>(all)...);
+    auto fn = std::make_unique<ffi::TaskFn>();
+    if constexpr (Bodies != -1) {
+      auto f = body(std::forward<std::tuple_element_t<cpu, All>>(std::get<cpu>(all)));
+      static_assert(Toks::template accepts<decltype(*f), detail::host_t>(),
+                    "braid: the CPU body must take one argument per token, in order: braid::Span<const T> for "
+                    "read<T>, braid::Span<T> for write<T> / read_write<T> (or auto)");
+      fn->host = [toks, f](rust::Slice<const ffi::RawAccess> data) { toks->template call<detail::host_t>(*f, data); };
+    }
+    if constexpr (Bodies != 1) {
+      auto f = body(std::forward<std::tuple_element_t<cuda, All>>(std::get<cuda>(all)));
+      static_assert(Toks::template accepts<decltype(*f), detail::device_t, CudaStream>(),
+                    "braid: the CUDA body must take one argument per token, in order, then the stream: "
+                    "braid::DeviceSpan<const T> (or const T*) for read<T>, braid::DeviceSpan<T> (or T*) for "
+                    "write<T> / read_write<T>, then braid::CudaStream (or cudaStream_t)");
+      fn->cuda = [toks, f](rust::Slice<const ffi::RawAccess> data, void* stream) {
+        toks->template call<detail::device_t>(*f, data, CudaStream(stream));
+      };
+    }
+    toks->declare(s);
+    rust::Box<ffi::TaskSpec> owned = std::move(*spec_);
     spec_.reset();
-    return s;
+    return TaskHandle(detail::call([&] { return rt_->submit(std::move(owned), std::move(fn)); }));
+  }
+
+  // The body, shared by the copies std::function makes (so it may be move-only).
+  template <class Body>
+  std::shared_ptr<std::decay_t<Body>> body(Body&& b) const {
+    if (detail::empty_body(b)) throw Error("braid: task `" + name_ + "` was given an empty body");
+    return std::make_shared<std::decay_t<Body>>(std::forward<Body>(b));
   }
 
   const ffi::Runtime* rt_;
