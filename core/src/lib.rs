@@ -2,9 +2,9 @@
 //! dependencies and runs independent ones side by side on several streams.
 //!
 //! ```
-//! use braid::Runtime;
+//! use braid::{BackendKind, Runtime};
 //!
-//! let rt = Runtime::builder().compute_streams(2).build()?;
+//! let rt = Runtime::builder().backend(BackendKind::Cpu).compute_streams(2).build()?;
 //! let x = rt.alloc_from("x", &[1.0f32, 2.0, 3.0, 4.0])?;
 //! let y = rt.alloc("y", 16)?;
 //! // Two independent halves: they may run on two streams at once.
