@@ -1,7 +1,10 @@
 //! Shared pieces of Braid's benchmarks: the task-graph shapes used to measure
-//! the engine's per-task overhead.
+//! the engine's per-task overhead, and the toy MLP trained data-parallel by
+//! `ddp_overlap` (and checked by the workspace tests).
 
-use braid::{Buffer, Result, Runtime};
+use braid::{Accesses, Buffer, Result, Runtime};
+
+pub mod toy_mlp;
 
 /// The shape of a generated task graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,24 +51,30 @@ pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<
         rng
     };
     for i in 0..tasks {
-        let b = rt.task("empty");
-        let b = match shape {
-            Shape::Chain => b.read_write(&bufs[0]),
-            Shape::Fanout if i == 0 => b.write(&bufs[0]),
-            Shape::Fanout => b.read(&bufs[0]).write(&bufs[i]),
+        match shape {
+            Shape::Chain => empty(rt, bufs[0].read_write::<u8>())?,
+            Shape::Fanout if i == 0 => empty(rt, bufs[0].write::<u8>())?,
+            Shape::Fanout => empty(rt, (bufs[0].read::<u8>(), bufs[i].write::<u8>()))?,
             Shape::Random => {
                 let n = bufs.len() as u64;
                 let (x, y, z) = (next() % n, next() % n, next() % n);
-                let b = b.write(&bufs[z as usize]);
-                let b = if x != z { b.read(&bufs[x as usize]) } else { b };
-                if y != z && y != x {
-                    b.read(&bufs[y as usize])
-                } else {
-                    b
-                }
+                let read = |k: u64, ok: bool| ok.then(|| bufs[k as usize].read::<u8>());
+                empty(
+                    rt,
+                    (
+                        bufs[z as usize].write::<u8>(),
+                        read(x, x != z),
+                        read(y, y != z && y != x),
+                    ),
+                )?
             }
-        };
-        b.run_ctx(|_| Ok(()))?;
+        }
     }
     rt.synchronize()
+}
+
+/// Submits one task with `accesses` and a body that does nothing.
+fn empty<A: Accesses>(rt: &Runtime, accesses: A) -> Result<()> {
+    rt.task("empty").run(accesses, |_| ())?;
+    Ok(())
 }

@@ -33,24 +33,17 @@ fn main() -> braid::Result<()> {
         let sum = rt.alloc("sum", 4)?;
         for (name, buf) in [("chain a", &a), ("chain b", &b)] {
             for _ in 0..6 {
-                let v = buf.clone();
-                rt.task(name).read_write(buf).run_ctx(move |ctx| {
-                    work(ctx.write::<f32>(&v)?, 40);
-                    Ok(())
-                })?;
+                rt.task(name)
+                    .run(buf.read_write::<f32>(), |x| work(x, 40))?;
             }
             if name == "chain a" {
                 // "Communicate" chain a's result while chain b still computes.
-                let (src, dst) = (a.clone(), sum.clone());
-                rt.task("reduce a")
-                    .kind(TaskKind::Comm)
-                    .read(&a)
-                    .write(&sum)
-                    .run_ctx(move |ctx| {
-                        let s: f32 = ctx.read::<f32>(&src)?.iter().sum();
-                        ctx.write::<f32>(&dst)?[0] = s;
-                        Ok(())
-                    })?;
+                rt.task("reduce a").kind(TaskKind::Comm).run(
+                    (a.read::<f32>(), sum.write::<f32>()),
+                    |(a, s)| {
+                        s[0] = a.iter().sum();
+                    },
+                )?;
             }
         }
         rt.synchronize()?;

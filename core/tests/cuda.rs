@@ -2,16 +2,32 @@
 //! GPU tests skip with a message when no device is present and fail instead
 //! when `BRAID_REQUIRE_GPU=1`.
 
-use braid::cuda::{gpu_or_skip, test_kernels, KernelArgs, KernelCache, LaunchConfig};
-use braid::{BackendKind, Error, Runtime};
+use braid::cuda::memory::memcpy_dtod_async;
+use braid::cuda::{gpu_or_skip, test_kernels, CudaFunction, KernelArgs, KernelCache, LaunchConfig};
+use braid::{BackendKind, Error, Runtime, TaskError};
+use std::sync::Arc;
 
-fn gpu_runtime(streams: usize) -> Runtime {
-    Runtime::builder()
+/// A profiled CUDA runtime for `test`, or `None` (after saying so) without a GPU.
+fn gpu_runtime(test: &str, streams: usize) -> Option<Runtime> {
+    if !gpu_or_skip(test) {
+        return None;
+    }
+    let rt = Runtime::builder()
         .backend(BackendKind::Cuda { device: 0 })
         .compute_streams(streams)
         .profile(true)
         .build()
-        .expect("CUDA runtime")
+        .expect("CUDA runtime");
+    Some(rt)
+}
+
+/// Kernel `name` of the engine's spin test kernels, on the runtime's device.
+fn spin_kernel(rt: &Runtime, name: &str) -> Arc<CudaFunction> {
+    let dev = rt.cuda_device().unwrap().clone();
+    let module = KernelCache::global()
+        .module(&dev, test_kernels::SPIN, "spin.cu")
+        .unwrap();
+    Arc::new(module.function(name).unwrap())
 }
 
 /// Without a GPU, asking for CUDA is a clear error and `auto` falls back to
@@ -46,28 +62,21 @@ fn detection_never_panics() {
 /// device: their device-timed spans intersect.
 #[test]
 fn spin_kernels_overlap_on_two_streams() {
-    if !gpu_or_skip("spin_kernels_overlap_on_two_streams") {
+    let Some(rt) = gpu_runtime("spin_kernels_overlap_on_two_streams", 2) else {
         return;
-    }
-    let rt = gpu_runtime(2);
-    let dev = rt.cuda_device().unwrap().clone();
-    let module = KernelCache::global()
-        .module(&dev, test_kernels::SPIN, "spin.cu")
-        .unwrap();
-    let spin = std::sync::Arc::new(module.function("spin").unwrap());
+    };
+    let spin = spin_kernel(&rt, "spin");
     let outs: Vec<_> = (0..2)
         .map(|i| rt.alloc(format!("out{i}"), 8).unwrap())
         .collect();
     // ~50 ms at ~2 GHz.
     let cycles: i64 = 100_000_000;
     for out in &outs {
-        let (o, f) = (out.clone(), spin.clone());
+        let f = spin.clone();
         rt.task("spin")
-            .write(out)
-            .run_ctx(move |ctx| {
-                let cu = ctx.device().cuda().expect("cuda ctx");
+            .run_cuda(out.write::<i64>(), move |o, cu| -> Result<(), TaskError> {
                 let mut args = KernelArgs::new();
-                args.i64(cycles).ptr(ctx.device_ptr(&o, true)?);
+                args.i64(cycles).ptr(o.ptr());
                 // SAFETY: `spin(long long, long long*)` with a declared 8-byte output.
                 unsafe { f.launch(cu.stream(), LaunchConfig::grid_block(1, 1), &args)? };
                 Ok(())
@@ -97,44 +106,38 @@ fn spin_kernels_overlap_on_two_streams() {
 /// written data only if the cross-stream event wait was issued.
 #[test]
 fn cross_stream_read_after_write_waits_for_the_event() {
-    if !gpu_or_skip("cross_stream_read_after_write_waits_for_the_event") {
+    let Some(rt) = gpu_runtime("cross_stream_read_after_write_waits_for_the_event", 2) else {
         return;
-    }
-    let rt = gpu_runtime(2);
-    let dev = rt.cuda_device().unwrap().clone();
-    let module = KernelCache::global()
-        .module(&dev, test_kernels::SPIN, "spin.cu")
-        .unwrap();
-    let f = std::sync::Arc::new(module.function("spin_then_add").unwrap());
+    };
+    let f = spin_kernel(&rt, "spin_then_add");
     let n = 1024usize;
     let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
-    let xx = x.clone();
     rt.task("slow add")
-        .read_write(&x)
         .on_stream(0)
-        .run_ctx(move |ctx| {
-            let cu = ctx.device().cuda().expect("cuda ctx");
-            let mut args = KernelArgs::new();
-            args.i64(50_000_000)
-                .ptr(ctx.device_ptr(&xx, true)?)
-                .i32(n as i32)
-                .f32(2.0);
-            // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
-            unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
-            Ok(())
-        })
+        .run_cuda(
+            x.read_write::<f32>(),
+            move |x, cu| -> Result<(), TaskError> {
+                let mut args = KernelArgs::new();
+                args.i64(50_000_000).ptr(x.ptr()).i32(n as i32).f32(2.0);
+                // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
+                unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                Ok(())
+            },
+        )
         .unwrap();
     let out = rt.alloc("copy", n * 4).unwrap();
-    let (src, dst) = (x.clone(), out.clone());
     rt.task("copy on stream 1")
-        .read(&x)
-        .write(&out)
         .on_stream(1)
-        .run_ctx(move |ctx| {
-            let v = ctx.read_to_vec::<f32>(&src)?;
-            ctx.write_from_slice(&dst, &v)?;
-            Ok(())
-        })
+        .run_cuda(
+            (x.read::<f32>(), out.write::<f32>()),
+            |(src, dst), cu| -> Result<(), TaskError> {
+                // SAFETY: both are declared accesses of this task, `n` floats
+                // each, disjoint (two buffers), and the engine keeps every
+                // conflicting task off them until this copy has run.
+                unsafe { memcpy_dtod_async(dst.ptr(), src.ptr(), src.bytes(), cu.stream())? };
+                Ok(())
+            },
+        )
         .unwrap();
     assert_eq!(rt.read_vec::<f32>(&out).unwrap(), vec![3.0f32; n]);
     assert!(rt.stats().waits >= 1);

@@ -15,7 +15,7 @@ fn host_spans_are_written_as_a_chrome_trace() {
             .unwrap();
         let x = rt.alloc("x", 16).unwrap();
         for _ in 0..3 {
-            rt.task("work").read_write(&x).run_ctx(|_| Ok(())).unwrap();
+            rt.task("work").run(x.read_write::<u8>(), |_| ()).unwrap();
         }
         rt.synchronize().unwrap();
     }

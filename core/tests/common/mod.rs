@@ -2,7 +2,8 @@
 //! their sequential reference.
 #![allow(dead_code)]
 
-use braid::{Buffer, Mode, Policy, Runtime, View};
+use braid::cuda::memory::{memcpy_dtoh_async, memcpy_htod_async};
+use braid::{Buffer, CudaTaskCtx, DevBytes, DynAccess, Mode, Policy, Runtime, TaskError};
 use proptest::prelude::*;
 use std::ops::Range;
 
@@ -111,6 +112,28 @@ pub fn apply(t: &GenTask, reads: &[&[u32]], writes: &mut [&mut [u32]], modes: &[
     let _ = spin;
 }
 
+/// Runs task `t` on `data`, one vector per access in declaration order: folds
+/// the readable ones, then overwrites or updates the writable ones in place.
+pub fn execute(t: &GenTask, data: &mut [Vec<u32>]) {
+    let reads: Vec<Vec<u32>> = t
+        .accesses
+        .iter()
+        .zip(data.iter())
+        .filter(|(a, _)| a.mode.reads())
+        .map(|(_, d)| d.clone())
+        .collect();
+    let r: Vec<&[u32]> = reads.iter().map(|v| v.as_slice()).collect();
+    let mut w: Vec<&mut [u32]> = t
+        .accesses
+        .iter()
+        .zip(data.iter_mut())
+        .filter(|(a, _)| a.mode.writes())
+        .map(|(_, d)| d.as_mut_slice())
+        .collect();
+    let modes: Vec<Mode> = t.accesses.iter().map(|a| a.mode).collect();
+    apply(t, &r, &mut w, &modes);
+}
+
 /// Runs the program one task at a time on plain vectors.
 pub fn sequential(p: &Program) -> Vec<Vec<u32>> {
     let mut bufs: Vec<Vec<u32>> = p
@@ -120,26 +143,16 @@ pub fn sequential(p: &Program) -> Vec<Vec<u32>> {
         .map(|(b, &n)| (0..n as u32).map(|i| i * 7 + b as u32).collect())
         .collect();
     for t in &p.tasks {
-        let reads: Vec<Vec<u32>> = t
+        let mut data: Vec<Vec<u32>> = t
             .accesses
             .iter()
-            .filter(|a| a.mode.reads())
             .map(|a| bufs[a.buf][a.range.clone()].to_vec())
             .collect();
-        let mut outs: Vec<Vec<u32>> = t
-            .accesses
-            .iter()
-            .filter(|a| a.mode.writes())
-            .map(|a| bufs[a.buf][a.range.clone()].to_vec())
-            .collect();
-        {
-            let r: Vec<&[u32]> = reads.iter().map(|v| v.as_slice()).collect();
-            let mut w: Vec<&mut [u32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-            let modes: Vec<Mode> = t.accesses.iter().map(|a| a.mode).collect();
-            apply(t, &r, &mut w, &modes);
-        }
-        for (a, o) in t.accesses.iter().filter(|a| a.mode.writes()).zip(outs) {
-            bufs[a.buf][a.range.clone()].copy_from_slice(&o);
+        execute(t, &mut data);
+        for (a, d) in t.accesses.iter().zip(data) {
+            if a.mode.writes() {
+                bufs[a.buf][a.range.clone()].copy_from_slice(&d);
+            }
         }
     }
     bufs
@@ -157,42 +170,49 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
         })
         .collect();
     for t in &p.tasks {
-        let views: Vec<(View, Mode)> = t
+        // Modes chosen at run time: byte accesses, one per generated access.
+        let tokens: Vec<DynAccess> = t
             .accesses
             .iter()
-            .map(|a| (bufs[a.buf].view_of::<u32>(a.range.clone()).unwrap(), a.mode))
+            .map(|a| {
+                let v = bufs[a.buf].view_of::<u32>(a.range.clone()).unwrap();
+                v.access(a.mode)
+            })
             .collect();
-        let mut b = rt.task(format!("t{}", t.salt));
-        for (v, m) in &views {
-            b = b.access(v, *m);
-        }
-        let t = t.clone();
-        b.run_ctx(move |ctx| {
-            // One body for every backend: copy the declared data out, compute
-            // on the host, copy the results back (on CUDA these are copies on
-            // the task's stream, so they are ordered by the engine's events).
-            let mut reads: Vec<Vec<u32>> = Vec::new();
-            let mut writes: Vec<Vec<u32>> = Vec::new();
-            for (v, m) in &views {
-                if m.reads() {
-                    reads.push(ctx.read_to_vec::<u32>(v)?);
-                }
-                match m {
-                    Mode::Write => writes.push(vec![0; v.len() / 4]),
-                    Mode::ReadWrite => writes.push(reads.last().expect("just pushed").clone()),
-                    Mode::Read => {}
-                }
-            }
-            let r: Vec<&[u32]> = reads.iter().map(|v| v.as_slice()).collect();
-            let mut w: Vec<&mut [u32]> = writes.iter_mut().map(|v| v.as_mut_slice()).collect();
-            let modes: Vec<Mode> = views.iter().map(|(_, m)| *m).collect();
-            apply(&t, &r, &mut w, &modes);
-            for ((v, _), data) in views.iter().filter(|(_, m)| m.writes()).zip(&writes) {
-                ctx.write_from_slice(v, data)?;
-            }
-            Ok(())
-        })
-        .unwrap();
+        let (t, t2) = (t.clone(), t.clone());
+        // The same arithmetic on every backend: copy the declared data out,
+        // compute on the host, copy the results back (on CUDA these are
+        // copies on the task's stream, ordered by the engine's events).
+        rt.task(format!("t{}", t.salt))
+            .run_any(
+                tokens,
+                move |mut host| {
+                    let mut data: Vec<Vec<u32>> = host
+                        .iter()
+                        .map(|h| bytemuck::pod_collect_to_vec(h.as_slice()))
+                        .collect();
+                    execute(&t, &mut data);
+                    for (h, d) in host.iter_mut().zip(&data) {
+                        if let Some(out) = h.as_mut_slice() {
+                            out.copy_from_slice(bytemuck::cast_slice(d));
+                        }
+                    }
+                },
+                move |dev, cu| -> Result<(), TaskError> {
+                    let mut data = dev
+                        .iter()
+                        .map(|d| download(cu, d))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    execute(&t2, &mut data);
+                    for (d, v) in dev.iter().zip(&data) {
+                        if d.writes {
+                            upload(cu, d, v)?;
+                        }
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
     }
     let out = bufs
         .iter()
@@ -200,6 +220,28 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
         .collect();
     rt.synchronize().unwrap();
     out
+}
+
+/// Copies the device bytes of a declared access into a new vector.
+fn download(cu: &CudaTaskCtx<'_>, d: &DevBytes) -> Result<Vec<u32>, TaskError> {
+    let mut out = vec![0u32; d.len / 4];
+    // SAFETY: `d` is a declared access of the running task, so `d.len` bytes
+    // of live device memory at `d.ptr` that no other task writes meanwhile;
+    // `out` holds `d.len` bytes and outlives the copy (synchronised below).
+    unsafe { memcpy_dtoh_async(out.as_mut_ptr().cast(), d.ptr, d.len, cu.stream())? };
+    cu.stream().synchronize()?;
+    Ok(out)
+}
+
+/// Overwrites the device bytes of a declared writable access with `data`.
+fn upload(cu: &CudaTaskCtx<'_>, d: &DevBytes, data: &[u32]) -> Result<(), TaskError> {
+    assert_eq!(d.len, data.len() * 4);
+    // SAFETY: `d` is a declared write of the running task, so no other task
+    // touches its `d.len` device bytes meanwhile; `data` outlives the copy
+    // (synchronised below).
+    unsafe { memcpy_htod_async(d.ptr, data.as_ptr().cast(), d.len, cu.stream())? };
+    cu.stream().synchronize()?;
+    Ok(())
 }
 
 /// The backends to run a test body on: the CPU always, CUDA when a device is
