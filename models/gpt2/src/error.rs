@@ -300,6 +300,15 @@ impl Gpt2Error {
     }
 }
 
+impl From<braid::comm::EnvError> for Gpt2Error {
+    fn from(e: braid::comm::EnvError) -> Self {
+        Gpt2Error::InvalidSetting {
+            what: "distributed environment",
+            reason: e.to_string(),
+        }
+    }
+}
+
 /// `Result` with [`Gpt2Error`].
 pub type Result<T, E = Gpt2Error> = std::result::Result<T, E>;
 
