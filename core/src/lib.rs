@@ -37,6 +37,7 @@ mod backend;
 mod buffer;
 pub mod comm;
 mod error;
+pub mod fs;
 mod graph;
 mod runtime;
 mod sched;

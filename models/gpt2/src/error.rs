@@ -300,6 +300,12 @@ impl Gpt2Error {
     }
 }
 
+impl From<braid::fs::FileError> for Gpt2Error {
+    fn from(e: braid::fs::FileError) -> Self {
+        Gpt2Error::io(e.op, e.path, e.source)
+    }
+}
+
 impl From<braid::comm::EnvError> for Gpt2Error {
     fn from(e: braid::comm::EnvError) -> Self {
         Gpt2Error::InvalidSetting {
