@@ -2,6 +2,7 @@
 //! the engine's per-task overhead.
 
 use braid::{Buffer, Result, Runtime};
+use braid_gpt2::rng::Rng;
 
 /// The shape of a generated task graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,13 +41,8 @@ pub fn buffers(rt: &Runtime, shape: Shape, tasks: usize) -> Result<Vec<Buffer>> 
 
 /// Submits `tasks` empty tasks of the given shape and waits for all of them.
 pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<()> {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0);
+    let mut next = move || rng.next_u64();
     for i in 0..tasks {
         let b = rt.task("empty");
         let b = match shape {

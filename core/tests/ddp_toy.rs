@@ -7,6 +7,8 @@
 use braid::comm::{BucketConfig, Compression, ParamSpec, ReduceOp};
 use braid::trace::Profile;
 use braid::{launch, BackendKind, Buffer, Comm, Error, Priority, Reducer, Runtime};
+use rand::rngs::Xoshiro256PlusPlus as TestRng;
+use rand::{RngExt, SeedableRng};
 use std::ops::Range;
 
 fn runtime(rank: usize) -> braid::Result<Runtime> {
@@ -19,16 +21,9 @@ fn runtime(rank: usize) -> braid::Result<Runtime> {
         .build()
 }
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 /// Uniform in [-1, 1).
-fn uniform(seed: u64) -> f32 {
-    (mix(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+fn uniform(rng: &mut TestRng) -> f32 {
+    rng.random_range(-1.0..1.0)
 }
 
 /// A multi-layer perceptron: `L` linear layers, ReLU between them, squared
@@ -108,13 +103,14 @@ impl Mlp {
 
     fn initial_params(&self) -> Vec<f32> {
         let mut p = vec![0.0f32; self.n_params()];
+        let mut rng = TestRng::seed_from_u64(0xA000_0000);
         for i in 0..self.layers() {
             let scale = 1.0 / (self.dims[i] as f32).sqrt();
             for e in self.w[i].clone() {
-                p[e] = uniform(0xA000_0000 + e as u64) * scale;
+                p[e] = uniform(&mut rng) * scale;
             }
             for e in self.b[i].clone() {
-                p[e] = 0.1 * uniform(0xB000_0000 + e as u64);
+                p[e] = 0.1 * uniform(&mut rng);
             }
         }
         p
@@ -127,9 +123,10 @@ impl Mlp {
         let mut x = Vec::with_capacity(self.batch * d0);
         let mut t = Vec::with_capacity(self.batch * dl);
         for r in rows {
-            let seed = (step << 48) ^ ((r as u64) << 24);
-            x.extend((0..d0).map(|k| uniform(seed ^ k as u64)));
-            t.extend((0..dl).map(|k| uniform(seed ^ (1 << 20) ^ k as u64)));
+            // One generator per row: a row is the same whichever rank loads it.
+            let mut rng = TestRng::seed_from_u64((step << 48) ^ ((r as u64) << 24));
+            x.extend((0..d0).map(|_| uniform(&mut rng)));
+            t.extend((0..dl).map(|_| uniform(&mut rng)));
         }
         rt.upload(&self.acts[0], &x)?;
         rt.upload(&self.target, &t)?;

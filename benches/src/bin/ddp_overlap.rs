@@ -9,6 +9,7 @@
 
 use braid::comm::{BucketConfig, ParamSpec, ReduceOp};
 use braid::{launch, BackendKind, Buffer, Comm, Priority, Reducer, Runtime};
+use braid_gpt2::rng::Rng;
 use clap::Parser;
 use std::ops::Range;
 use std::time::Instant;
@@ -44,15 +45,9 @@ struct Args {
     rounds: usize,
 }
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn uniform(seed: u64) -> f32 {
-    (mix(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+/// Uniform in [-1, 1).
+fn uniform(rng: &mut Rng) -> f32 {
+    (2.0 * rng.uniform() - 1.0) as f32
 }
 
 /// Dot product with eight independent accumulators (so it vectorises).
@@ -131,10 +126,11 @@ impl Mlp {
     fn init(&self, rt: &Runtime, comm: &Comm) -> braid::Result<()> {
         if comm.rank() == 0 {
             let mut p = vec![0.0f32; self.b[self.layers() - 1].end];
+            let mut rng = Rng::new(0);
             for i in 0..self.layers() {
                 let scale = 1.0 / (self.dims[i] as f32).sqrt();
                 for e in self.w[i].clone() {
-                    p[e] = uniform(e as u64) * scale;
+                    p[e] = uniform(&mut rng) * scale;
                 }
             }
             rt.upload(&self.params, &p)?;
@@ -145,13 +141,9 @@ impl Mlp {
 
     fn load_batch(&self, rt: &Runtime, step: u64, rank: usize) -> braid::Result<()> {
         let (d0, dl) = (self.dims[0], self.dims[self.layers()]);
-        let seed = (step << 40) ^ ((rank as u64) << 32);
-        let x: Vec<f32> = (0..self.batch * d0)
-            .map(|i| uniform(seed ^ i as u64))
-            .collect();
-        let t: Vec<f32> = (0..self.batch * dl)
-            .map(|i| uniform(seed ^ (1 << 30) ^ i as u64))
-            .collect();
+        let mut rng = Rng::new((step << 40) ^ ((rank as u64) << 32));
+        let x: Vec<f32> = (0..self.batch * d0).map(|_| uniform(&mut rng)).collect();
+        let t: Vec<f32> = (0..self.batch * dl).map(|_| uniform(&mut rng)).collect();
         rt.upload(&self.acts[0], &x)?;
         rt.upload(&self.target, &t)?;
         Ok(())
