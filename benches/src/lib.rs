@@ -3,6 +3,7 @@
 //! `ddp_overlap` (and checked by the workspace tests).
 
 use braid::{Accesses, Buffer, Result, Runtime};
+use braid_gpt2::rng::Rng;
 
 pub mod toy_mlp;
 
@@ -43,13 +44,8 @@ pub fn buffers(rt: &Runtime, shape: Shape, tasks: usize) -> Result<Vec<Buffer>> 
 
 /// Submits `tasks` empty tasks of the given shape and waits for all of them.
 pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<()> {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0);
+    let mut next = move || rng.next_u64();
     for i in 0..tasks {
         match shape {
             Shape::Chain => empty(rt, bufs[0].read_write::<u8>())?,

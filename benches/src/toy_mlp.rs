@@ -10,18 +10,13 @@
 
 use braid::comm::ParamSpec;
 use braid::{Buffer, Comm, Priority, Reducer, Result, Runtime, View};
+use braid_gpt2::rng::Rng;
 use std::ops::Range;
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// Uniform in [-1, 1), a pure function of `seed`.
-pub fn uniform(seed: u64) -> f32 {
-    (mix(seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+/// `n` values uniform in [-1, 1), a pure function of `seed`.
+pub fn uniform(seed: u64, n: usize) -> impl Iterator<Item = f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(move |_| (2.0 * rng.uniform() - 1.0) as f32)
 }
 
 /// Dot product with eight independent accumulators (so it vectorises).
@@ -144,11 +139,12 @@ impl Mlp {
         let mut p = vec![0.0f32; self.n_params()];
         for i in 0..self.layers() {
             let scale = 1.0 / (self.dims[i] as f32).sqrt();
-            for e in self.w[i].clone() {
-                p[e] = uniform(0xA000_0000 + e as u64) * scale;
+            let (w, b) = (self.w[i].clone(), self.b[i].clone());
+            for (e, u) in w.clone().zip(uniform(0xA000_0000 + i as u64, w.len())) {
+                p[e] = u * scale;
             }
-            for e in self.b[i].clone() {
-                p[e] = 0.1 * uniform(0xB000_0000 + e as u64);
+            for (e, u) in b.clone().zip(uniform(0xB000_0000 + i as u64, b.len())) {
+                p[e] = 0.1 * u;
             }
         }
         p
@@ -177,8 +173,8 @@ impl Mlp {
         let mut t = Vec::with_capacity(self.batch * dl);
         for r in rows {
             let seed = (step << 48) ^ ((r as u64) << 24);
-            x.extend((0..d0).map(|k| uniform(seed ^ k as u64)));
-            t.extend((0..dl).map(|k| uniform(seed ^ (1 << 20) ^ k as u64)));
+            x.extend(uniform(seed, d0));
+            t.extend(uniform(seed ^ (1 << 20), dl));
         }
         rt.upload(&self.acts[0], &x)?;
         rt.upload(&self.target, &t)?;

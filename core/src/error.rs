@@ -107,6 +107,12 @@ pub enum Error {
     },
 }
 
+impl From<crate::fs::FileError> for Error {
+    fn from(e: crate::fs::FileError) -> Self {
+        Error::io(e.op, &e.path, e.source)
+    }
+}
+
 impl Error {
     pub(crate) fn io(op: &'static str, path: &std::path::Path, e: std::io::Error) -> Self {
         Error::Io {

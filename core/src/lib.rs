@@ -38,6 +38,7 @@ mod clock;
 pub mod comm;
 mod ctx;
 mod error;
+pub mod fs;
 mod graph;
 mod kind;
 mod runtime;

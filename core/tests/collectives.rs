@@ -8,6 +8,8 @@ use braid::comm::{Bf16, CollectiveKind, DType, Element, ReduceOp};
 use braid::{
     launch, launch_with, BackendKind, Buffer, Comm, Error, LocalCommConfig, Runtime, View,
 };
+use rand::rngs::Xoshiro256PlusPlus as TestRng;
+use rand::{RngExt, SeedableRng};
 use std::fmt::Debug;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -21,35 +23,26 @@ fn runtime(rank: usize) -> braid::Result<Runtime> {
         .build()
 }
 
-/// A deterministic hash (splitmix64).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 /// Element types under test, with the reference reduction.
 trait TestElem: Element + Copy + PartialEq + Debug {
-    fn gen(seed: u64) -> Self;
+    fn gen(rng: &mut TestRng) -> Self;
     /// `op` over `xs` in rank order, with the communicator's arithmetic.
     fn reduce(xs: &[Self], op: ReduceOp) -> Self;
 }
 
 /// Floats spread over magnitudes 1e-3..1e3 with both signs, so the summation
 /// order matters and a different order would show.
-fn gen_f64(seed: u64) -> f64 {
-    let h = mix(seed);
+fn gen_f64(rng: &mut TestRng) -> f64 {
     const SCALE: [f64; 7] = [1e-3, 1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3];
-    let mant = ((h % 20001) as f64 - 10000.0) / 10000.0;
-    mant * SCALE[((h >> 20) % 7) as usize]
+    let mant = rng.random_range(-10000..=10000) as f64 / 10000.0;
+    mant * SCALE[rng.random_range(0..SCALE.len())]
 }
 
 macro_rules! float_elem {
     ($t:ty) => {
         impl TestElem for $t {
-            fn gen(seed: u64) -> Self {
-                gen_f64(seed) as $t
+            fn gen(rng: &mut TestRng) -> Self {
+                gen_f64(rng) as $t
             }
             fn reduce(xs: &[Self], op: ReduceOp) -> Self {
                 let mut acc = xs[0];
@@ -72,9 +65,9 @@ float_elem!(f32);
 float_elem!(f64);
 
 impl TestElem for i32 {
-    fn gen(seed: u64) -> Self {
+    fn gen(rng: &mut TestRng) -> Self {
         // Large magnitudes, so sums wrap.
-        mix(seed) as u32 as i32
+        rng.random()
     }
     fn reduce(xs: &[Self], op: ReduceOp) -> Self {
         match op {
@@ -87,8 +80,8 @@ impl TestElem for i32 {
 }
 
 impl TestElem for Bf16 {
-    fn gen(seed: u64) -> Self {
-        Bf16::from_f32(gen_f64(seed) as f32)
+    fn gen(rng: &mut TestRng) -> Self {
+        Bf16::from_f32(gen_f64(rng) as f32)
     }
     fn reduce(xs: &[Self], op: ReduceOp) -> Self {
         let fs: Vec<f32> = xs.iter().map(|x| x.to_f32()).collect();
@@ -114,9 +107,13 @@ struct Case {
 }
 
 fn input<T: TestElem>(case: &Case, rank: usize, len: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| T::gen((case.id << 40) ^ ((rank as u64) << 32) ^ i as u64))
-        .collect()
+    let mut rng = TestRng::seed_from_u64((case.id << 40) ^ ((rank as u64) << 32));
+    (0..len).map(|_| T::gen(&mut rng)).collect()
+}
+
+/// One value drawn from a generator seeded with `seed`.
+fn one<T: TestElem>(seed: u64) -> T {
+    T::gen(&mut TestRng::seed_from_u64(seed))
 }
 
 fn input_len(case: &Case, w: usize) -> usize {
@@ -179,7 +176,7 @@ fn submit<T: TestElem>(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> b
         // In-place all-gather: the view holds `n × w`; this rank's input is chunk `rank`.
         let buf: Buffer = match case.kind {
             Kind::AllGather => {
-                let mut all = vec![T::gen(u64::MAX); case.n * w];
+                let mut all = vec![one::<T>(u64::MAX); case.n * w];
                 all[rank * case.n..(rank + 1) * case.n].copy_from_slice(&data);
                 rt.alloc_from("inout", &all)?
             }
@@ -196,7 +193,7 @@ fn submit<T: TestElem>(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> b
     } else {
         let send = rt.alloc_from("send", &data)?.whole();
         // Garbage in the output, so a missing write shows.
-        let junk = vec![T::gen(u64::MAX - 1); output_len(case, w)];
+        let junk = vec![one::<T>(u64::MAX - 1); output_len(case, w)];
         let recv = rt.alloc_from("recv", &junk)?.whole();
         match case.kind {
             Kind::AllReduce(op) => comm.all_reduce_into::<T>(rt, &send, &recv, op)?,

@@ -27,6 +27,7 @@
 //! bucket [`Reducer`]. `docs/collectives.md` describes the protocols.
 
 mod bucket;
+mod env;
 mod launch;
 mod local;
 mod nccl_comm;
@@ -35,6 +36,7 @@ pub mod rendezvous;
 /// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
 pub use braid_cuda::nccl;
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
+pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
 pub use launch::{launch, launch_with};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};

@@ -13,10 +13,11 @@
 //! timed out, and later collectives on the communicator fail at once.
 
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
-use super::rendezvous::{DistEnv, Rendezvous};
+use super::rendezvous::exchange_id;
+use super::DistEnv;
 use super::{Collective, CollectiveKind, Comm, Communicator, DType, ReduceOp};
-use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
 use crate::ctx::TaskCtx;
+use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
 use crate::error::{Error, Result};
 use crate::Runtime;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -111,17 +112,14 @@ impl NcclCommunicator {
             op: "init".into(),
             message: e,
         };
-        let mut rdv =
-            Rendezvous::connect(&env.rendezvous_config()).map_err(|e| collective(e.to_string()))?;
-        let id = if env.rank == 0 {
-            let id = NcclUniqueId::new().map_err(|e| collective(e.to_string()))?;
-            rdv.broadcast(Some(id.as_bytes()))
-                .map_err(|e| collective(e.to_string()))?;
-            id
-        } else {
-            let bytes = rdv.broadcast(None).map_err(|e| collective(e.to_string()))?;
-            NcclUniqueId::from_bytes(&bytes).map_err(|e| collective(e.to_string()))?
-        };
+        // Rank 0 makes the id once every rank has joined; all receive it.
+        let bytes = exchange_id(&env.rendezvous_config(), || {
+            NcclUniqueId::new()
+                .map(|id| *id.as_bytes())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| collective(e.to_string()))?;
+        let id = NcclUniqueId::from_bytes(&bytes).map_err(|e| collective(e.to_string()))?;
         let comm = NcclComm::init_rank(dev, &id, env.rank, env.world_size)
             .map_err(|e| collective(e.to_string()))?;
         Ok(Comm::new(NcclCommunicator::new(comm, NCCL_TIMEOUT)))

@@ -12,11 +12,11 @@
 //!   record its device-timed span.
 
 use super::{Launch, Shared, TaskShared, IN_TASK_OF};
-use crate::cuda::CudaEvent;
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
 use crate::ctx::{Access, Check, TaskCtx};
+use crate::cuda::CudaEvent;
 use crate::error::Error;
 use crate::sync::{lock, Arc};
 use crate::trace::Span;

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 /// Writes the profiles of one or more ranks as one Chrome trace, atomically
-/// (a temporary file beside `path`, then a rename).
+/// ([`crate::fs::write_atomic_with`]).
 pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Result<()> {
     let path = path.as_ref();
     let mut events: Vec<Value> = Vec::new();
@@ -46,17 +46,13 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
         }
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
-    let tmp = path.with_extension("json.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        serde_json::to_writer(&mut f, &doc)?;
-        f.flush()?;
-        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io("writing trace", path, e)
+    crate::fs::write_atomic_with(path, |tmp| {
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create_new(tmp)?);
+            serde_json::to_writer(&mut f, &doc)?;
+            f.flush()
+        };
+        write().map_err(|e| Error::io("writing trace", path, e))
     })
 }
 

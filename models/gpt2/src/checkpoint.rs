@@ -15,7 +15,7 @@
 //! # Atomicity
 //!
 //! Everything lives in one file, written to a temporary file beside it, `fsync`ed
-//! and renamed over the old one (see `data::io`). A reader sees the old
+//! and renamed over the old one (see `braid::fs`). A reader sees the old
 //! checkpoint or the new one, never a mix or a prefix; a failed save (full disk,
 //! bad path, invalid contents) leaves an existing checkpoint as it was, and a
 //! crash mid-save leaves at worst a stray `checkpoint.safetensors.braid-tmp-*`
@@ -25,10 +25,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use braid::fs::write_atomic_with;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Gpt2Config;
-use crate::data::io::write_atomic_with;
 use crate::data::loader::LoaderState;
 use crate::error::{Gpt2Error, Result};
 use crate::weights::{read_header, F32View, Header};

@@ -300,6 +300,21 @@ impl Gpt2Error {
     }
 }
 
+impl From<braid::fs::FileError> for Gpt2Error {
+    fn from(e: braid::fs::FileError) -> Self {
+        Gpt2Error::io(e.op, e.path, e.source)
+    }
+}
+
+impl From<braid::comm::EnvError> for Gpt2Error {
+    fn from(e: braid::comm::EnvError) -> Self {
+        Gpt2Error::InvalidSetting {
+            what: "distributed environment",
+            reason: e.to_string(),
+        }
+    }
+}
+
 /// `Result` with [`Gpt2Error`].
 pub type Result<T, E = Gpt2Error> = std::result::Result<T, E>;
 

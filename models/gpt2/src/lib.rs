@@ -10,5 +10,6 @@ pub mod layout;
 pub mod model;
 pub mod optim;
 pub mod reference;
+pub mod rng;
 pub mod trainer;
 pub mod weights;

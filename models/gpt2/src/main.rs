@@ -382,7 +382,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let device = resolve_train_backend(&opts)?;
     let dist = match device {
-        BackendKind::Cuda { .. } => DistEnv::from_env()?,
+        BackendKind::Cuda { .. } => DistEnv::launched()?,
         _ => None,
     };
     let device_name = match (device, &dist) {

@@ -32,7 +32,7 @@
 //!   communicators made together (`ncclCommInitAll`), one thread per rank;
 //! * **one process per GPU** under `torchrun` (`RANK`, `WORLD_SIZE`,
 //!   `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, read by
-//!   [`DistEnv::from_env`]): this process is rank `RANK` of `WORLD_SIZE` on
+//!   [`DistEnv::launched`]): this process is rank `RANK` of `WORLD_SIZE` on
 //!   device `LOCAL_RANK`, and joins the NCCL communicator through braid's
 //!   TCP rendezvous at `MASTER_ADDR` ([`NcclCommunicator::join`]; the port
 //!   is [`rendezvous_port`]'s); `ranks` is ignored. The report holds
@@ -67,6 +67,10 @@ use crate::data::{eval_windows, DataLoader, LoaderState, TokenSource};
 use crate::error::{Gpt2Error, Result};
 use crate::model::{init_params, runs_on, Gpt2Model};
 use crate::optim::AdamW;
+
+/// Where this process sits in a `torchrun` launch (braid's one parser of
+/// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
+pub use braid::comm::DistEnv;
 
 /// Everything that shapes a training run.
 #[derive(Debug, Clone)]
@@ -380,73 +384,6 @@ impl fmt::Display for TrainReport {
     }
 }
 
-/// Where this process sits in a `torchrun`-style launch: `RANK`,
-/// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DistEnv {
-    /// Global rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world_size: usize,
-    /// Rank on this node: the GPU ordinal.
-    pub local_rank: usize,
-    /// Rank 0's address for the rendezvous.
-    pub master_addr: String,
-    /// Rank 0's port for the rendezvous.
-    pub master_port: u16,
-}
-
-impl DistEnv {
-    /// Reads the process environment; `None` when `RANK` and `WORLD_SIZE`
-    /// are both unset (not launched by torchrun).
-    pub fn from_env() -> Result<Option<Self>> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
-
-    /// Reads the variables through `get`.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
-        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let bad = |reason: String| Gpt2Error::InvalidSetting {
-            what: "distributed environment",
-            reason,
-        };
-        let num = |k: &str, v: String| -> Result<usize> {
-            v.trim()
-                .parse()
-                .map_err(|_| bad(format!("{k}={v:?} is not a number")))
-        };
-        let (rank, world_size) = match (get("RANK"), get("WORLD_SIZE")) {
-            (None, None) => return Ok(None),
-            (Some(r), Some(w)) => (num("RANK", r)?, num("WORLD_SIZE", w)?),
-            (Some(_), None) => return Err(bad("RANK is set but WORLD_SIZE is not".into())),
-            (None, Some(_)) => return Err(bad("WORLD_SIZE is set but RANK is not".into())),
-        };
-        if world_size == 0 || rank >= world_size {
-            return Err(bad(format!(
-                "RANK={rank} is not below WORLD_SIZE={world_size}"
-            )));
-        }
-        let local_rank = match get("LOCAL_RANK") {
-            Some(v) => num("LOCAL_RANK", v)?,
-            None => rank,
-        };
-        let master_port = match get("MASTER_PORT") {
-            Some(v) => v
-                .trim()
-                .parse()
-                .map_err(|_| bad(format!("MASTER_PORT={v:?} is not a port")))?,
-            None => 29500,
-        };
-        Ok(Some(DistEnv {
-            rank,
-            world_size,
-            local_rank,
-            master_addr: get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
-            master_port,
-        }))
-    }
-}
-
 /// What `auto` means for the model: the device the engine picks when the
 /// model's kernels run there ([`runs_on`]), the CPU otherwise. Other kinds
 /// are returned as they are.
@@ -477,7 +414,7 @@ pub fn resolve_train_backend(opts: &TrainOptions) -> Result<BackendKind> {
     if opts.backend != BackendKind::Auto || kind == BackendKind::Cpu {
         return Ok(kind);
     }
-    if DistEnv::from_env()?.is_some() || opts.ranks <= 1 {
+    if DistEnv::launched()?.is_some() || opts.ranks <= 1 {
         return Ok(kind);
     }
     Ok(match braid::cuda::cuda_available() {
@@ -727,7 +664,7 @@ pub fn train(
     }
     let backend = resolve_train_backend(opts)?;
     let dist = match backend {
-        BackendKind::Cuda { .. } => DistEnv::from_env()?,
+        BackendKind::Cuda { .. } => DistEnv::launched()?,
         _ => None,
     };
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
@@ -1027,15 +964,12 @@ fn train_torchrun(
         env.rank,
     )?;
     let comm = if env.world_size > 1 {
-        let mut core_env = braid::comm::rendezvous::DistEnv::from_env().map_err(|e| {
-            Gpt2Error::InvalidSetting {
-                what: "distributed environment",
-                reason: e.to_string(),
-            }
-        })?;
-        core_env.master_port = rendezvous_port(core_env.master_port, |k| std::env::var(k).ok())?;
-        let endpoint = core_env.master_endpoint();
-        Some(NcclCommunicator::join(&rt, &core_env).map_err(|e| {
+        let rdv_env = DistEnv {
+            master_port: rendezvous_port(env.master_port, |k| std::env::var(k).ok())?,
+            ..env.clone()
+        };
+        let endpoint = rdv_env.master_endpoint();
+        Some(NcclCommunicator::join(&rt, &rdv_env).map_err(|e| {
             let hint = format!(
                 " (braid's rendezvous used {endpoint}; set {RENDEZVOUS_PORT_VAR} to a port \
                  free on rank 0's host to choose another)"
@@ -1163,7 +1097,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        DistEnv::from_vars(|k| m.get(k).cloned())
+        Ok(DistEnv::launched_from_vars(|k| m.get(k).cloned())?)
     }
 
     #[test]
@@ -1184,6 +1118,7 @@ mod tests {
                 rank: 3,
                 world_size: 4,
                 local_rank: 1,
+                local_world_size: 4,
                 master_addr: "node0".into(),
                 master_port: 1234
             }

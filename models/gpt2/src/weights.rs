@@ -19,11 +19,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::path::Path;
 
+use braid::fs::write_atomic_with;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use crate::config::Gpt2Config;
-use crate::data::io::write_atomic_with;
 use crate::error::{Gpt2Error, Result};
 use crate::layout::ParamLayout;
 

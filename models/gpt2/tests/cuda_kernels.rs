@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use braid::{BackendKind, Buffer, Error, Runtime, TaskCtx};
 use braid_gpt2::kernels::{check_tokens, cpu, cuda as gk};
+use braid_gpt2::rng::randn;
 
 // Small shapes, not multiples of the block sizes.
 const B: usize = 2;
@@ -18,25 +19,6 @@ const T: usize = 37;
 const C: usize = 96;
 const NH: usize = 4;
 const V: usize = 333;
-
-/// Deterministic normal-ish samples (splitmix64 + Box-Muller).
-fn randn(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (uniform(), uniform());
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std as f64) as f32
-        })
-        .collect()
-}
 
 /// Token ids below `V`, with repeats (embedding gradients accumulate).
 fn tokens(n: usize, seed: u64) -> Vec<u32> {

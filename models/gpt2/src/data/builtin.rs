@@ -50,6 +50,8 @@ impl Split {
 }
 
 /// SplitMix64: tiny, fast, and fully specified, so the corpus never changes.
+/// The one generator of braid-gpt2 outside `crate::rng`: the corpus text is
+/// pinned byte for byte (`tests/data.rs`), and `rand` exposes no SplitMix64.
 struct Rng(u64);
 
 impl Rng {

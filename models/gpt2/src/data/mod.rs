@@ -10,7 +10,6 @@
 //! ```
 
 pub mod builtin;
-pub(crate) mod io;
 pub mod loader;
 pub mod source;
 pub mod tokenfile;

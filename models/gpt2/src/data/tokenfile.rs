@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use crate::data::io::write_atomic;
+use braid::fs::write_atomic;
+
 use crate::error::{Gpt2Error, Result};
 
 /// First `int32` of every llm.c token file.

@@ -1130,45 +1130,5 @@ pub fn init_params(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
     params
 }
 
-/// A small deterministic random number generator (SplitMix64): the same
-/// numbers on every platform and every run, for initialisation and sampling.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_F00D)
-    }
-
-    /// The state (for checkpoints).
-    pub fn state(&self) -> u64 {
-        self.0
-    }
-
-    /// A generator continuing from `state`.
-    pub fn from_state(state: u64) -> Self {
-        Rng(state)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = self.uniform().max(f64::MIN_POSITIVE);
-        let u2 = self.uniform();
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    }
-}
+/// The seeded generator of initialisation and sampling ([`crate::rng`]).
+pub use crate::rng::Rng;

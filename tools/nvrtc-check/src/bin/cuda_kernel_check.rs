@@ -11,7 +11,8 @@
 //! ```
 //!
 //! It uses the CUDA layer (the `braid-cuda` crate, `cuda/`) and includes the
-//! CPU kernels by path, so it builds without the engine crate.
+//! CPU kernels and braid-gpt2's seeded generator (`models/gpt2/src/rng.rs`)
+//! by path, so it builds without the engine crate.
 
 #![allow(clippy::too_many_arguments)]
 
@@ -21,7 +22,14 @@ use braid_cuda as cuda;
 #[path = "../../../../models/gpt2/src/kernels/cpu/mod.rs"]
 mod cpu;
 
+/// braid-gpt2's seeded generator (`randn`: the test data).
+#[allow(dead_code)]
+#[path = "../../../../models/gpt2/src/rng.rs"]
+mod rng;
+
 use std::process::ExitCode;
+
+use rng::randn;
 
 use cuda::cublas::{CublasHandle, Gemm, Transpose};
 use cuda::{CudaDevice, CudaFunction, CudaModule, CudaStream, DeviceBuffer, KernelArgs, LaunchConfig};
@@ -40,25 +48,6 @@ type Check = fn(&Gpu) -> R<()>;
 
 fn e<E: std::fmt::Display>(x: E) -> String {
     x.to_string()
-}
-
-/// Deterministic normal-ish samples (splitmix64 + Box-Muller).
-fn randn(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (uniform(), uniform());
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std as f64) as f32
-        })
-        .collect()
 }
 
 struct Gpu {

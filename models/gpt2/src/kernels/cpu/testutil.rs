@@ -1,26 +1,7 @@
 //! Helpers for kernel unit tests: deterministic random data, closeness checks
 //! and central finite differences.
 
-/// `n` deterministic normal samples with standard deviation `std`.
-pub(crate) fn randn(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    // splitmix64 + Box-Muller: no dependency, same numbers everywhere.
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (uniform(), uniform());
-            let r = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-            (r * std as f64) as f32
-        })
-        .collect()
-}
+pub(crate) use crate::rng::randn;
 
 /// Asserts `|got - want| <= atol + rtol·|want|` elementwise, naming the worst element.
 #[track_caller]
