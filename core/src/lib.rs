@@ -51,7 +51,9 @@ pub use backend::cuda;
 pub use backend::gpu::CudaTaskCtx;
 pub use backend::{BackendKind, DeviceCtx};
 pub use buffer::{AsView, Buffer, View};
-pub use comm::{launch, launch_with, Comm, Communicator, LocalComm, LocalCommConfig, Reducer};
+pub use comm::{
+    launch, launch_with, BoundComm, Comm, Communicator, LocalComm, LocalCommConfig, Reducer,
+};
 pub use error::{Error, Result, TaskError};
 pub use graph::Mode;
 pub use runtime::{Runtime, RuntimeBuilder};

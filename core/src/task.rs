@@ -393,7 +393,11 @@ impl<'a> TaskCtx<'a> {
     }
 
     pub(crate) fn take_checks(&self) -> Vec<Check> {
-        std::mem::take(&mut *self.checks.borrow_mut())
+        let mut checks = std::mem::take(&mut *self.checks.borrow_mut());
+        if let DeviceCtx::Cuda(c) = &self.device {
+            checks.append(&mut c.take_checks());
+        }
+        checks
     }
 
     /// The task's name.

@@ -6,7 +6,7 @@
 
 use braid::comm::{BucketConfig, Compression, ParamSpec, ReduceOp};
 use braid::trace::Profile;
-use braid::{launch, BackendKind, Buffer, Comm, Error, Priority, Reducer, Runtime};
+use braid::{launch, BackendKind, BoundComm, Buffer, Error, Priority, Reducer, Runtime};
 use std::ops::Range;
 
 fn runtime(rank: usize) -> braid::Result<Runtime> {
@@ -224,7 +224,7 @@ impl Mlp {
                     Ok(())
                 })?;
             if let Some(r) = reducer.as_deref_mut() {
-                r.grad_ready(rt, self.w_index(i))?;
+                r.grad_ready(self.w_index(i))?;
             }
             // db_i += Σ_rows dz_i
             let gb = self.grads.view_of::<f32>(self.b[i].clone())?;
@@ -243,7 +243,7 @@ impl Mlp {
                     Ok(())
                 })?;
             if let Some(r) = reducer.as_deref_mut() {
-                r.grad_ready(rt, self.b_index(i))?;
+                r.grad_ready(self.b_index(i))?;
             }
             if i > 0 {
                 // dz_{i-1} = (dz_i · W_i) ⊙ [x_i > 0]   (B, n_in)
@@ -308,13 +308,13 @@ impl Mlp {
     }
 
     /// Uploads the initial parameters on rank 0 and broadcasts them.
-    fn init(&self, rt: &Runtime, comm: Option<&Comm>) -> braid::Result<()> {
+    fn init(&self, rt: &Runtime, comm: Option<&BoundComm<'_>>) -> braid::Result<()> {
         match comm {
             Some(c) => {
                 if c.rank() == 0 {
                     rt.upload(&self.params, &self.initial_params())?;
                 }
-                c.broadcast::<f32>(rt, &self.params.whole(), 0)?;
+                c.broadcast::<f32>(&self.params.whole(), 0)?;
             }
             None => {
                 rt.upload(&self.params, &self.initial_params())?;
@@ -362,16 +362,17 @@ struct RankRun {
 fn train_ddp(world: usize, batch: usize) -> Vec<RankRun> {
     launch(world, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let m = Mlp::new(&rt, DIMS, batch)?;
         m.init(&rt, Some(&comm))?;
-        let mut red = Reducer::new(&rt, comm, &m.grads, m.specs(), small_buckets())?;
+        let mut red = Reducer::new(comm, &m.grads, m.specs(), small_buckets())?;
         let buckets_before = red.buckets().len();
         let mut params = Vec::new();
         for s in 0..STEPS {
             m.load_batch(&rt, s, rank * batch..(rank + 1) * batch)?;
             m.forward(&rt)?;
             m.backward(&rt, Some(&mut red))?;
-            red.finish(&rt)?;
+            red.finish()?;
             m.sgd(&rt, LR)?;
             params.push(rt.read_vec::<f32>(&m.params)?);
         }
@@ -477,9 +478,10 @@ fn overlap_run(config: BucketConfig, steps: u64) -> Vec<(Vec<bool>, u64, u64)> {
     let batch = 32;
     launch(2, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let m = Mlp::new(&rt, &dims, batch)?;
         m.init(&rt, Some(&comm))?;
-        let mut red = Reducer::new(&rt, comm, &m.grads, m.specs(), config.clone())?;
+        let mut red = Reducer::new(comm, &m.grads, m.specs(), config.clone())?;
         let (mut early, mut hidden, mut comm_ns) = (Vec::new(), 0, 0);
         for s in 0..steps {
             m.load_batch(&rt, s, rank * batch..(rank + 1) * batch)?;
@@ -487,7 +489,7 @@ fn overlap_run(config: BucketConfig, steps: u64) -> Vec<(Vec<bool>, u64, u64)> {
             rt.clear_profile();
             m.forward(&rt)?;
             m.backward(&rt, Some(&mut red))?;
-            red.finish(&rt)?;
+            red.finish()?;
             m.sgd(&rt, LR)?;
             rt.synchronize()?;
             if s > 0 {
@@ -537,9 +539,10 @@ fn no_sync_accumulates_then_reduces_the_sum() {
     let (world, batch) = (2, 5);
     let out = launch(world, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let m = Mlp::new(&rt, DIMS, batch)?;
         m.init(&rt, Some(&comm))?;
-        let mut red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), small_buckets())?;
+        let mut red = Reducer::new(comm.clone(), &m.grads, m.specs(), small_buckets())?;
         let rows = rank * batch..(rank + 1) * batch;
         // Reduced gradients of micro-batch a (step 10) and b (step 11), each
         // in a synced step of its own.
@@ -549,7 +552,7 @@ fn no_sync_accumulates_then_reduces_the_sum() {
             m.load_batch(&rt, s, rows.clone())?;
             m.forward(&rt)?;
             m.backward(&rt, Some(&mut red))?;
-            red.finish(&rt)?;
+            red.finish()?;
             single.push(rt.read_vec::<f32>(&m.grads)?);
         }
         // Accumulate: a without sync, then b with sync.
@@ -560,14 +563,14 @@ fn no_sync_accumulates_then_reduces_the_sum() {
             m.load_batch(&rt, 10, rows.clone())?;
             m.forward(&rt)?;
             m.backward(&rt, Some(&mut quiet))?;
-            quiet.finish(&rt)?;
+            quiet.finish()?;
         }
         let during = comm.issued() - before;
         assert!(red.is_sync());
         m.load_batch(&rt, 11, rows)?;
         m.forward(&rt)?;
         m.backward(&rt, Some(&mut red))?;
-        red.finish(&rt)?;
+        red.finish()?;
         let acc = rt.read_vec::<f32>(&m.grads)?;
         Ok((single, acc, during))
     });
@@ -600,14 +603,15 @@ fn bf16_compression_matches_within_bf16_tolerance() {
     let grads = |compression: Compression| {
         launch(world, |rank, comm| {
             let rt = runtime(rank)?;
+            let comm = comm.bind(&rt)?;
             let m = Mlp::new(&rt, DIMS, batch)?;
             m.init(&rt, Some(&comm))?;
             let cfg = small_buckets().compression(compression.clone());
-            let mut red = Reducer::new(&rt, comm, &m.grads, m.specs(), cfg)?;
+            let mut red = Reducer::new(comm, &m.grads, m.specs(), cfg)?;
             m.load_batch(&rt, 3, rank * batch..(rank + 1) * batch)?;
             m.forward(&rt)?;
             m.backward(&rt, Some(&mut red))?;
-            red.finish(&rt)?;
+            red.finish()?;
             rt.read_vec::<f32>(&m.grads)
         })
         .into_iter()
@@ -644,19 +648,20 @@ fn bf16_compression_matches_within_bf16_tolerance() {
 fn reducer_reports_unmarked_and_twice_marked_parameters() {
     let out = launch(2, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let m = Mlp::new(&rt, DIMS, 2)?;
-        let mut red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), small_buckets())?;
+        let mut red = Reducer::new(comm.clone(), &m.grads, m.specs(), small_buckets())?;
         // Mark everything but b2 (index 5), and W0 twice.
         for p in [0, 1, 2, 3, 4] {
-            red.grad_ready(&rt, p)?;
+            red.grad_ready(p)?;
         }
-        let twice = red.grad_ready(&rt, 0).unwrap_err();
-        let missing = red.finish(&rt).unwrap_err();
+        let twice = red.grad_ready(0).unwrap_err();
+        let missing = red.finish().unwrap_err();
         // The collectives went out anyway (3 buckets + the rebuild broadcast),
         // so the ranks stay in step: a further all-reduce still works.
         let issued = comm.issued();
         let x = rt.alloc_from("x", &[rank as f32])?;
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         let sum = rt.read_vec::<f32>(&x)?;
         Ok((twice, missing, issued, sum))
     });
@@ -686,10 +691,16 @@ fn reducer_rejects_bad_layouts() {
         vec![ParamSpec::new("a", 0..11)],
     ];
     for specs in bad {
-        assert!(Reducer::new(&rt, comm(), &g, specs, BucketConfig::default()).is_err());
+        assert!(Reducer::new(
+            comm().bind(&rt).unwrap(),
+            &g,
+            specs,
+            BucketConfig::default()
+        )
+        .is_err());
     }
     let ok = vec![ParamSpec::new("a", 0..4), ParamSpec::new("b", 6..10)];
-    let r = Reducer::new(&rt, comm(), &g, ok, BucketConfig::default()).unwrap();
+    let r = Reducer::new(comm().bind(&rt).unwrap(), &g, ok, BucketConfig::default()).unwrap();
     // A gap between parameters splits buckets (buckets are contiguous views
     // holding only gradients).
     assert_eq!(r.buckets().len(), 2);

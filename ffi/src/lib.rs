@@ -1099,7 +1099,9 @@ impl Comm {
             spec.name.clone()
         };
         Ok(Box::new(TaskHandle(
-            self.0.submit_named(&rt.0, name, kind, dtype, buffers)?,
+            self.0
+                .bind(&rt.0)?
+                .submit_named(name, kind, dtype, buffers)?,
         )))
     }
 
@@ -1133,8 +1135,7 @@ impl Comm {
     fn barrier(&self, rt: &Runtime, name: &str) -> FfiResult<Box<TaskHandle>> {
         guard("Communicator::barrier", || {
             let name = if name.is_empty() { "barrier" } else { name };
-            let h = self.0.submit_named(
-                &rt.0,
+            let h = self.0.bind(&rt.0)?.submit_named(
                 name.to_string(),
                 braid::comm::CollectiveKind::Barrier,
                 braid::comm::DType::F32,

@@ -139,7 +139,7 @@ impl Mlp {
             }
             rt.upload(&self.params, &p)?;
         }
-        comm.broadcast::<f32>(rt, &self.params.whole(), 0)?;
+        comm.bind(rt)?.broadcast::<f32>(&self.params.whole(), 0)?;
         Ok(())
     }
 
@@ -239,7 +239,7 @@ impl Mlp {
                     Ok(())
                 })?;
             if let Some(r) = reducer.as_deref_mut() {
-                r.grad_ready(rt, i)?;
+                r.grad_ready(i)?;
             }
             let gb = self.grads.view_of::<f32>(self.b[i].clone())?;
             let (dz2, gb2) = (dz.clone(), gb.clone());
@@ -257,7 +257,7 @@ impl Mlp {
                     Ok(())
                 })?;
             if let Some(r) = reducer.as_deref_mut() {
-                r.grad_ready(rt, l + i)?;
+                r.grad_ready(l + i)?;
             }
             if i > 0 {
                 let wv = self.params.view_of::<f32>(self.w[i].clone())?;
@@ -365,7 +365,7 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         let m = Mlp::new(&rt, &a.dims, a.batch)?;
         m.init(&rt, &comm)?;
-        let mut red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), cfg.clone())?;
+        let mut red = Reducer::new(comm.bind(&rt)?, &m.grads, m.specs(), cfg.clone())?;
         let mut step = 0u64;
         let mut run = |mode: Mode, red: &mut Reducer| -> braid::Result<f64> {
             let t = Instant::now();
@@ -374,11 +374,12 @@ fn main() -> anyhow::Result<()> {
             match mode {
                 Mode::Bucketed => {
                     m.backward(&rt, Some(red))?;
-                    red.finish(&rt)?;
+                    red.finish()?;
                 }
                 Mode::AfterBackward => {
                     m.backward(&rt, None)?;
-                    comm.all_reduce::<f32>(&rt, &m.grads.whole(), ReduceOp::Avg)?;
+                    comm.bind(&rt)?
+                        .all_reduce::<f32>(&m.grads.whole(), ReduceOp::Avg)?;
                 }
             }
             m.sgd(&rt, 1e-3)?;
