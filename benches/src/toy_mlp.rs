@@ -38,9 +38,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Marks parameter `param` ready on the reducer, if there is one.
-pub fn mark_ready(reducer: Option<&mut Reducer>, rt: &Runtime, param: usize) -> Result<()> {
+pub fn mark_ready(reducer: Option<&mut Reducer>, param: usize) -> Result<()> {
     match reducer {
-        Some(r) => r.grad_ready(rt, param),
+        Some(r) => r.grad_ready(param),
         None => Ok(()),
     }
 }
@@ -158,7 +158,7 @@ impl Mlp {
             rt.upload(&self.params, &self.initial_params())?;
         }
         if let Some(c) = comm {
-            c.broadcast::<f32>(rt, &self.params.whole(), 0)?;
+            c.bind(rt)?.broadcast::<f32>(&self.params.whole(), 0)?;
         }
         Ok(())
     }
@@ -249,7 +249,7 @@ impl Mlp {
                         }
                     },
                 )?;
-            mark_ready(reducer.as_deref_mut(), rt, self.w_index(i))?;
+            mark_ready(reducer.as_deref_mut(), self.w_index(i))?;
             // db_i += Σ_rows dz_i
             let gb = Self::part(&self.grads, &self.b[i])?;
             rt.task(format!("bwd db {i}"))
@@ -261,7 +261,7 @@ impl Mlp {
                         }
                     }
                 })?;
-            mark_ready(reducer.as_deref_mut(), rt, self.b_index(i))?;
+            mark_ready(reducer.as_deref_mut(), self.b_index(i))?;
             if i > 0 {
                 // dz_{i-1} = (dz_i · W_i) ⊙ [x_i > 0]   (B, n_in)
                 let w = Self::part(&self.params, &self.w[i])?;
@@ -301,7 +301,7 @@ impl Mlp {
         self.forward(rt)?;
         self.backward(rt, reducer.as_deref_mut())?;
         match reducer {
-            Some(r) => r.finish(rt),
+            Some(r) => r.finish(),
             None => Ok(()),
         }
     }

@@ -33,8 +33,7 @@ fn check_elems<T>(v: &View) -> Result<()> {
 
 type Borrow = (u64, usize, usize, bool);
 
-/// A check run once the task's work has completed (see [`TaskCtx::on_complete`]).
-pub(crate) type Check = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
+pub(crate) use crate::backend::Check;
 
 /// What a task body sees: its declared data, and the stream it runs on.
 ///
@@ -93,7 +92,11 @@ impl<'a> TaskCtx<'a> {
     }
 
     pub(crate) fn take_checks(&self) -> Vec<Check> {
-        std::mem::take(&mut *self.checks.borrow_mut())
+        let mut checks = std::mem::take(&mut *self.checks.borrow_mut());
+        if let DeviceCtx::Cuda(c) = &self.device {
+            checks.append(&mut c.take_checks());
+        }
+        checks
     }
 
     /// The task's name.

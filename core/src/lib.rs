@@ -57,7 +57,9 @@ pub use backend::{BackendKind, DeviceCtx};
 /// NVRTC kernels, cuBLAS, NCCL), re-exported.
 pub use braid_cuda as cuda;
 pub use buffer::{AsView, Buffer, View};
-pub use comm::{launch, launch_with, Comm, Communicator, LocalComm, LocalCommConfig, Reducer};
+pub use comm::{
+    launch, launch_with, BoundComm, Comm, Communicator, LocalComm, LocalCommConfig, Reducer,
+};
 pub use ctx::TaskCtx;
 pub use error::{Error, Result, TaskError};
 pub use graph::Mode;

@@ -237,6 +237,11 @@ impl Runtime {
         self.shared.rank
     }
 
+    /// The process-unique id of this runtime (the owner its buffers record).
+    pub(crate) fn id(&self) -> u64 {
+        self.shared.runtime_id
+    }
+
     /// Allocates `bytes` zeroed bytes on the runtime's device.
     pub fn alloc(&self, name: impl Into<Cow<'static, str>>, bytes: usize) -> Result<Buffer> {
         let storage = self.backend.alloc(bytes)?;

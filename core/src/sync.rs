@@ -2,7 +2,8 @@
 //!
 //! Under `cfg(loom)` every primitive is loom's model-checked twin, so the small
 //! concurrent pieces (gates, latches, the submission queue) can be checked
-//! exhaustively with `RUSTFLAGS="--cfg loom" cargo test -p braid --lib loom`.
+//! exhaustively with `RUSTFLAGS="--cfg loom" cargo test -p braid --lib loom`
+//! (the CPU collectives' phase barrier among them, in `comm/local.rs`).
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
@@ -15,6 +16,47 @@ pub(crate) use loom::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
     Arc, Condvar, Mutex, MutexGuard,
 };
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::OnceLock;
+
+/// loom has no `OnceLock`: this twin keeps std's API (`new`, `get`, `set`)
+/// over a loom mutex, so loom sees the synchronisation a `set` and a `get`
+/// perform. The value is boxed and, once set, never moved, replaced or
+/// dropped before the cell, so `get` can hand out a reference that outlives
+/// the lock.
+#[cfg(loom)]
+pub(crate) struct OnceLock<T> {
+    cell: Mutex<Option<Box<T>>>,
+}
+
+#[cfg(loom)]
+impl<T> OnceLock<T> {
+    pub(crate) fn new() -> Self {
+        OnceLock {
+            cell: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<&T> {
+        let g = lock(&self.cell);
+        let p: *const T = &**g.as_ref()?;
+        drop(g);
+        // SAFETY: the box behind `p` was set once and is never replaced nor
+        // dropped while `self` lives (there is no `take`), so `p` stays valid
+        // and unaliased by any `&mut` for the lifetime of `&self`.
+        Some(unsafe { &*p })
+    }
+
+    pub(crate) fn set(&self, value: T) -> Result<(), T> {
+        let mut g = lock(&self.cell);
+        if g.is_some() {
+            return Err(value);
+        }
+        *g = Some(Box::new(value));
+        Ok(())
+    }
+}
 
 /// Locks a mutex, ignoring poisoning: the engine never panics while holding one
 /// of its own locks (task bodies run outside every lock), so a poisoned lock

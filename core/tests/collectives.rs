@@ -6,7 +6,7 @@
 
 use braid::comm::{Bf16, CollectiveKind, DType, Element, ReduceOp};
 use braid::{
-    launch, launch_with, BackendKind, Buffer, Comm, Error, LocalCommConfig, Runtime, View,
+    launch, launch_with, BackendKind, BoundComm, Buffer, Error, LocalCommConfig, Runtime, View,
 };
 use rand::rngs::Xoshiro256PlusPlus as TestRng;
 use rand::{RngExt, SeedableRng};
@@ -169,7 +169,12 @@ fn expected<T: TestElem>(case: &Case, w: usize) -> Vec<Vec<u8>> {
 }
 
 /// Submits the case on this rank; returns the view to read back.
-fn submit<T: TestElem>(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> braid::Result<View> {
+fn submit<T: TestElem>(
+    case: &Case,
+    rt: &Runtime,
+    comm: &BoundComm<'_>,
+    rank: usize,
+) -> braid::Result<View> {
     let w = comm.world_size();
     let data = input::<T>(case, rank, input_len(case, w));
     if case.in_place {
@@ -184,10 +189,10 @@ fn submit<T: TestElem>(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> b
         };
         let v = buf.whole();
         match case.kind {
-            Kind::AllReduce(op) => comm.all_reduce::<T>(rt, &v, op)?,
-            Kind::ReduceScatter(op) => comm.reduce_scatter::<T>(rt, &v, op)?,
-            Kind::AllGather => comm.all_gather::<T>(rt, &v)?,
-            Kind::Broadcast(root) => comm.broadcast::<T>(rt, &v, root)?,
+            Kind::AllReduce(op) => comm.all_reduce::<T>(&v, op)?,
+            Kind::ReduceScatter(op) => comm.reduce_scatter::<T>(&v, op)?,
+            Kind::AllGather => comm.all_gather::<T>(&v)?,
+            Kind::Broadcast(root) => comm.broadcast::<T>(&v, root)?,
         };
         Ok(v)
     } else {
@@ -196,10 +201,10 @@ fn submit<T: TestElem>(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> b
         let junk = vec![one::<T>(u64::MAX - 1); output_len(case, w)];
         let recv = rt.alloc_from("recv", &junk)?.whole();
         match case.kind {
-            Kind::AllReduce(op) => comm.all_reduce_into::<T>(rt, &send, &recv, op)?,
-            Kind::ReduceScatter(op) => comm.reduce_scatter_into::<T>(rt, &send, &recv, op)?,
-            Kind::AllGather => comm.all_gather_into::<T>(rt, &send, &recv)?,
-            Kind::Broadcast(root) => comm.broadcast_into::<T>(rt, &send, &recv, root)?,
+            Kind::AllReduce(op) => comm.all_reduce_into::<T>(&send, &recv, op)?,
+            Kind::ReduceScatter(op) => comm.reduce_scatter_into::<T>(&send, &recv, op)?,
+            Kind::AllGather => comm.all_gather_into::<T>(&send, &recv)?,
+            Kind::Broadcast(root) => comm.broadcast_into::<T>(&send, &recv, root)?,
         };
         Ok(recv)
     }
@@ -232,7 +237,7 @@ fn cases(w: usize, sizes: &[usize], dtypes: &[DType]) -> Vec<Case> {
     out
 }
 
-fn submit_dyn(case: &Case, rt: &Runtime, comm: &Comm, rank: usize) -> braid::Result<View> {
+fn submit_dyn(case: &Case, rt: &Runtime, comm: &BoundComm<'_>, rank: usize) -> braid::Result<View> {
     match case.dtype {
         DType::F32 => submit::<f32>(case, rt, comm, rank),
         DType::F64 => submit::<f64>(case, rt, comm, rank),
@@ -258,16 +263,14 @@ fn check_world(w: usize, sizes: &[usize], dtypes: &[DType], jitter: bool) {
     let cases = cases(w, sizes, dtypes);
     let results = launch(w, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let mut outs = Vec::new();
         for (i, case) in cases.iter().enumerate() {
             if jitter && (i + rank) % 3 == 0 {
                 // Keep a compute stream busy for a while, and sometimes the
                 // host too, so ranks reach each collective at different times.
                 let d = Duration::from_micros(200 * ((i * 7 + rank * 13) % 5) as u64);
-                rt.task("jitter").run_ctx(move |_| {
-                    std::thread::sleep(d);
-                    Ok(())
-                })?;
+                rt.task("jitter").run((), move |()| std::thread::sleep(d))?;
                 if (i + rank) % 2 == 0 {
                     std::thread::sleep(d);
                 }
@@ -353,23 +356,20 @@ fn results_do_not_depend_on_timing() {
 fn collectives_are_comm_tasks_ordered_by_their_accesses() {
     let results = launch(3, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let x = rt.alloc("x", 4 * 100)?;
-        let (xv, r) = (x.whole(), rank as f32);
+        let r = rank as f32;
         // The writer sleeps: the all-reduce must still see its data.
-        rt.task("slow write").write(&x).run_ctx(move |ctx| {
+        rt.task("slow write").run(x.write::<f32>(), move |x| {
             std::thread::sleep(Duration::from_millis(20));
-            ctx.write::<f32>(&xv)?.iter_mut().for_each(|v| *v = r + 1.0);
-            Ok(())
+            x.iter_mut().for_each(|v| *v = r + 1.0);
         })?;
-        let h = comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        let h = comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         assert_eq!(h.stream(), rt.compute_streams() + comm.comm_stream());
         // A later writer must wait for the all-reduce (write after read).
-        let xv = x.whole();
-        rt.task("overwrite").write(&x).run_ctx(move |ctx| {
-            ctx.write::<f32>(&xv)?[0] = -1.0;
-            Ok(())
-        })?;
-        let b = comm.barrier(&rt)?;
+        rt.task("overwrite")
+            .run(x.write::<f32>(), |x| x[0] = -1.0)?;
+        let b = comm.barrier()?;
         let got = rt.read_vec::<f32>(&x)?;
         b.wait()?;
         assert_eq!(comm.issued(), 2);
@@ -386,25 +386,24 @@ fn collectives_are_comm_tasks_ordered_by_their_accesses() {
 fn misuse_is_caught_at_submission() {
     let out = launch(2, |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let a = rt.alloc("a", 12)?;
         let b = rt.alloc("b", 16)?;
         // 3 f32s do not split over 2 ranks; sizes that do not fit; bad root.
         let errs = [
-            comm.reduce_scatter::<f32>(&rt, &a.whole(), ReduceOp::Sum)
+            comm.reduce_scatter::<f32>(&a.whole(), ReduceOp::Sum)
                 .is_err(),
-            comm.all_reduce_into::<f32>(&rt, &a.whole(), &b.whole(), ReduceOp::Sum)
+            comm.all_reduce_into::<f32>(&a.whole(), &b.whole(), ReduceOp::Sum)
                 .is_err(),
-            comm.all_gather_into::<f32>(&rt, &a.whole(), &b.whole())
-                .is_err(),
-            comm.broadcast::<f32>(&rt, &a.whole(), 2).is_err(),
-            comm.all_reduce::<f64>(&rt, &a.whole(), ReduceOp::Sum)
-                .is_err(),
-            comm.all_reduce_into::<f32>(&rt, &b.view(0..8)?, &b.view(4..12)?, ReduceOp::Sum)
+            comm.all_gather_into::<f32>(&a.whole(), &b.whole()).is_err(),
+            comm.broadcast::<f32>(&a.whole(), 2).is_err(),
+            comm.all_reduce::<f64>(&a.whole(), ReduceOp::Sum).is_err(),
+            comm.all_reduce_into::<f32>(&b.view(0..8)?, &b.view(4..12)?, ReduceOp::Sum)
                 .is_err(),
         ];
         // None consumed an index: this all-reduce is #0 on both ranks.
         assert_eq!(comm.issued(), 0);
-        comm.all_reduce::<f32>(&rt, &a.whole(), ReduceOp::Sum)?;
+        comm.all_reduce::<f32>(&a.whole(), ReduceOp::Sum)?;
         rt.synchronize()?;
         Ok(errs)
     });
@@ -439,7 +438,8 @@ fn a_late_rank_times_out_everywhere() {
         if rank == 2 {
             std::thread::sleep(Duration::from_millis(1200));
         }
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.bind(&rt)?
+            .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         rt.synchronize()
     });
     for (rank, r) in out.into_iter().enumerate() {
@@ -461,7 +461,8 @@ fn a_rank_that_never_arrives_fails_everyone() {
         if rank == 1 {
             return Ok(());
         }
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.bind(&rt)?
+            .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         rt.synchronize()
     });
     for (rank, r) in out.into_iter().enumerate() {
@@ -479,7 +480,8 @@ fn a_panicking_rank_fails_everyone() {
         if rank == 0 {
             panic!("boom");
         }
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.bind(&rt)?
+            .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         rt.synchronize()
     });
     match &out[0] {
@@ -504,15 +506,17 @@ fn a_skipped_collective_fails_everyone() {
     let seen = Mutex::new(Vec::new());
     let out = launch_with(2, short(30_000), |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let x = rt.alloc("x", 64)?;
-        rt.task("writer").write(&x).run_ctx(move |_| {
-            if rank == 1 {
-                Err("writer failed".into())
-            } else {
-                Ok(())
-            }
-        })?;
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        rt.task("writer")
+            .run(x.write::<f32>(), move |_| -> Result<(), braid::TaskError> {
+                if rank == 1 {
+                    Err("writer failed".into())
+                } else {
+                    Ok(())
+                }
+            })?;
+        comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         let r = rt.synchronize();
         seen.lock().unwrap().push((rank, comm.poisoned().is_some()));
         r
@@ -531,7 +535,7 @@ fn a_skipped_collective_fails_everyone() {
     );
 }
 
-type Issue = fn(&Comm, &Runtime, &Buffer) -> braid::Result<()>;
+type Issue = fn(&BoundComm<'_>, &Buffer) -> braid::Result<()>;
 
 /// Runs `issue[rank]` on each rank, then a second all-reduce that must fail
 /// fast because the communicator is poisoned. Every rank must report a
@@ -540,10 +544,11 @@ fn check_mismatch(what: &str, issue: &[Issue]) {
     let second = Mutex::new(Vec::new());
     let out = launch_with(issue.len(), short(5_000), |rank, comm| {
         let rt = runtime(rank)?;
+        let comm = comm.bind(&rt)?;
         let x = rt.alloc("x", 4 * 12)?;
-        issue[rank](&comm, &rt, &x)?;
+        issue[rank](&comm, &x)?;
         let first = rt.synchronize();
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         second.lock().unwrap().push(rt.synchronize());
         first
     });
@@ -561,45 +566,43 @@ fn check_mismatch(what: &str, issue: &[Issue]) {
     }
 }
 
-fn ar_sum(c: &Comm, rt: &Runtime, x: &Buffer) -> braid::Result<()> {
-    c.all_reduce::<f32>(rt, &x.whole(), ReduceOp::Sum).map(drop)
+fn ar_sum(c: &BoundComm<'_>, x: &Buffer) -> braid::Result<()> {
+    c.all_reduce::<f32>(&x.whole(), ReduceOp::Sum).map(drop)
 }
 
 #[test]
 fn mismatches_fail_on_every_rank() {
     check_mismatch(
         "count",
-        &[ar_sum, |c, rt, x| {
-            c.all_reduce::<f32>(rt, &x.view_of::<f32>(0..8)?, ReduceOp::Sum)
+        &[ar_sum, |c, x| {
+            c.all_reduce::<f32>(&x.view_of::<f32>(0..8)?, ReduceOp::Sum)
                 .map(drop)
         }],
     );
     check_mismatch(
         "dtype",
-        &[ar_sum, |c, rt, x| {
-            c.all_reduce::<i32>(rt, &x.whole(), ReduceOp::Sum).map(drop)
+        &[ar_sum, |c, x| {
+            c.all_reduce::<i32>(&x.whole(), ReduceOp::Sum).map(drop)
         }],
     );
     check_mismatch(
         "op",
-        &[ar_sum, ar_sum, |c, rt, x| {
-            c.all_reduce::<f32>(rt, &x.whole(), ReduceOp::Avg).map(drop)
+        &[ar_sum, ar_sum, |c, x| {
+            c.all_reduce::<f32>(&x.whole(), ReduceOp::Avg).map(drop)
         }],
     );
     check_mismatch(
         "kind",
-        &[ar_sum, |c, rt, x| {
-            c.broadcast::<f32>(rt, &x.whole(), 0).map(drop)
-        }],
+        &[ar_sum, |c, x| c.broadcast::<f32>(&x.whole(), 0).map(drop)],
     );
     check_mismatch(
         "root",
         &[
-            |c, rt, x| c.broadcast::<f32>(rt, &x.whole(), 0).map(drop),
-            |c, rt, x| c.broadcast::<f32>(rt, &x.whole(), 1).map(drop),
+            |c, x| c.broadcast::<f32>(&x.whole(), 0).map(drop),
+            |c, x| c.broadcast::<f32>(&x.whole(), 1).map(drop),
         ],
     );
-    check_mismatch("barrier", &[ar_sum, |c, rt, _| c.barrier(rt).map(drop)]);
+    check_mismatch("barrier", &[ar_sum, |c, _| c.barrier().map(drop)]);
 }
 
 #[test]
@@ -607,8 +610,7 @@ fn untyped_submission_and_signatures() {
     let out = launch(2, |rank, comm| {
         let rt = runtime(rank)?;
         let x = rt.alloc_from("x", &[rank as i32 + 1, 10])?;
-        comm.submit_named(
-            &rt,
+        comm.bind(&rt)?.submit_named(
             "my all-reduce",
             CollectiveKind::AllReduce(ReduceOp::Max),
             DType::I32,

@@ -4,6 +4,7 @@
 
 use braid::comm::{nccl::nccl_library_present, NcclCommunicator, ReduceOp};
 use braid::cuda::gpu_or_skip;
+use braid::cuda::memory::{memcpy_dtoh_async, memcpy_htod_async};
 use braid::{BackendKind, Runtime};
 
 #[test]
@@ -22,34 +23,37 @@ fn nccl_world_size_one_collectives_as_tasks() {
         .profile(true)
         .build()
         .unwrap();
-    let comm = NcclCommunicator::single(&rt).unwrap();
+    let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
     assert_eq!((comm.rank(), comm.world_size()), (0, 1));
     let data: Vec<f32> = (0..4099).map(|i| i as f32 * 0.5).collect();
     let x = rt.alloc_from("x", &data).unwrap();
     // A compute task writes x, then the all-reduce (avg over one rank) runs on
     // the comm stream after it, then a compute task reads the result.
-    let xx = x.clone();
     rt.task("scale")
-        .read_write(&x)
-        .run_ctx(move |ctx| {
-            let v: Vec<f32> = ctx
-                .read_to_vec::<f32>(&xx)?
-                .iter()
-                .map(|a| a * 2.0)
-                .collect();
-            ctx.write_from_slice(&xx, &v)?;
-            Ok(())
-        })
+        .run_cuda(
+            x.read_write::<f32>(),
+            |x, cu| -> Result<(), braid::TaskError> {
+                let (s, mut v) = (cu.stream(), vec![0f32; x.len()]);
+                // SAFETY: `x` is the task's declared read-write view, `x.bytes()`
+                // bytes at `x.ptr()` on this stream's device; `v` holds as many
+                // bytes and is not touched until the stream has synchronised.
+                unsafe { memcpy_dtoh_async(v.as_mut_ptr().cast(), x.ptr(), x.bytes(), s)? };
+                s.synchronize()?;
+                v.iter_mut().for_each(|a| *a *= 2.0);
+                // SAFETY: as above, the other way; `v` lives until the stream
+                // has synchronised.
+                unsafe { memcpy_htod_async(x.ptr(), v.as_ptr().cast(), x.bytes(), s)? };
+                s.synchronize()?;
+                Ok(())
+            },
+        )
         .unwrap();
-    let h = comm
-        .all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Avg)
-        .unwrap();
+    let h = comm.all_reduce::<f32>(&x.whole(), ReduceOp::Avg).unwrap();
     assert_eq!(h.stream(), 2, "collectives run on the comm stream");
     let y = rt.alloc("y", data.len() * 4).unwrap();
-    comm.all_gather_into::<f32>(&rt, &x.whole(), &y.whole())
-        .unwrap();
-    comm.broadcast::<f32>(&rt, &y.whole(), 0).unwrap();
-    comm.barrier(&rt).unwrap();
+    comm.all_gather_into::<f32>(&x.whole(), &y.whole()).unwrap();
+    comm.broadcast::<f32>(&y.whole(), 0).unwrap();
+    comm.barrier().unwrap();
     rt.synchronize().unwrap();
     let want: Vec<f32> = data.iter().map(|a| a * 2.0).collect();
     assert_eq!(rt.read_vec::<f32>(&x).unwrap(), want);

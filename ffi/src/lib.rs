@@ -1104,7 +1104,8 @@ impl Comm {
         let name = if name.is_empty() { kind.name() } else { name };
         let h = self
             .0
-            .submit_named(&rt.0, name.to_string(), kind, dtype, buffers)?;
+            .bind(&rt.0)?
+            .submit_named(name.to_string(), kind, dtype, buffers)?;
         Ok(Box::new(TaskHandle(h)))
     }
 

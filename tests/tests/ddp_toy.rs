@@ -42,20 +42,28 @@ fn reference(world: usize, batch: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Rank `rank`'s runtime, its model (initial parameters broadcast from rank
-/// 0) and its reducer over `comm`.
+/// Rank `rank`'s runtime and its model (initial parameters broadcast from
+/// rank 0 over `comm`).
 fn ddp_rank(
     rank: usize,
     comm: &Comm,
     dims: &[usize],
     batch: usize,
-    config: BucketConfig,
-) -> braid::Result<(Runtime, Mlp, Reducer)> {
+) -> braid::Result<(Runtime, Mlp)> {
     let rt = runtime(rank)?;
     let m = Mlp::new(&rt, dims, batch)?;
     m.init(&rt, Some(comm))?;
-    let red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), config)?;
-    Ok((rt, m, red))
+    Ok((rt, m))
+}
+
+/// The model's gradient reducer over `comm`, bound to `rt`.
+fn reducer<'rt>(
+    rt: &'rt Runtime,
+    comm: &Comm,
+    m: &Mlp,
+    config: BucketConfig,
+) -> braid::Result<Reducer<'rt>> {
+    Reducer::new(comm.bind(rt)?, &m.grads, m.specs(), config)
 }
 
 fn small_buckets() -> BucketConfig {
@@ -74,7 +82,8 @@ struct RankRun {
 
 fn train_ddp(world: usize, batch: usize) -> Vec<RankRun> {
     launch(world, |rank, comm| {
-        let (rt, m, mut red) = ddp_rank(rank, &comm, DIMS, batch, small_buckets())?;
+        let (rt, m) = ddp_rank(rank, &comm, DIMS, batch)?;
+        let mut red = reducer(&rt, &comm, &m, small_buckets())?;
         let buckets_before = red.buckets().len();
         let mut params = Vec::new();
         for s in 0..STEPS {
@@ -184,7 +193,8 @@ fn overlap_run(config: BucketConfig, steps: u64) -> Vec<(Vec<bool>, u64, u64)> {
     let dims = [64, 192, 192, 192, 32];
     let batch = 32;
     launch(2, |rank, comm| {
-        let (rt, m, mut red) = ddp_rank(rank, &comm, &dims, batch, config.clone())?;
+        let (rt, m) = ddp_rank(rank, &comm, &dims, batch)?;
+        let mut red = reducer(&rt, &comm, &m, config.clone())?;
         let (mut early, mut hidden, mut comm_ns) = (Vec::new(), 0, 0);
         for s in 0..steps {
             m.load_batch(&rt, s, rank * batch..(rank + 1) * batch)?;
@@ -239,7 +249,8 @@ fn all_reduce_overlaps_backward_in_the_trace() {
 fn no_sync_accumulates_then_reduces_the_sum() {
     let (world, batch) = (2, 5);
     let out = launch(world, |rank, comm| {
-        let (rt, m, mut red) = ddp_rank(rank, &comm, DIMS, batch, small_buckets())?;
+        let (rt, m) = ddp_rank(rank, &comm, DIMS, batch)?;
+        let mut red = reducer(&rt, &comm, &m, small_buckets())?;
         let rows = rank * batch..(rank + 1) * batch;
         // Reduced gradients of micro-batch a (step 10) and b (step 11), each
         // in a synced step of its own.
@@ -293,13 +304,9 @@ fn bf16_compression_matches_within_bf16_tolerance() {
     let (world, batch) = (3, 4);
     let grads = |compression: Compression| {
         launch(world, |rank, comm| {
-            let (rt, m, mut red) = ddp_rank(
-                rank,
-                &comm,
-                DIMS,
-                batch,
-                small_buckets().compression(compression.clone()),
-            )?;
+            let (rt, m) = ddp_rank(rank, &comm, DIMS, batch)?;
+            let config = small_buckets().compression(compression.clone());
+            let mut red = reducer(&rt, &comm, &m, config)?;
             m.load_batch(&rt, 3, rank * batch..(rank + 1) * batch)?;
             m.gradients(&rt, Some(&mut red))?;
             rt.read_vec::<f32>(&m.grads)
@@ -339,18 +346,19 @@ fn reducer_reports_unmarked_and_twice_marked_parameters() {
     let out = launch(2, |rank, comm| {
         let rt = runtime(rank)?;
         let m = Mlp::new(&rt, DIMS, 2)?;
-        let mut red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), small_buckets())?;
+        let mut red = reducer(&rt, &comm, &m, small_buckets())?;
         // Mark everything but b2 (index 5), and W0 twice.
         for p in [0, 1, 2, 3, 4] {
-            red.grad_ready(&rt, p)?;
+            red.grad_ready(p)?;
         }
-        let twice = red.grad_ready(&rt, 0).unwrap_err();
-        let missing = red.finish(&rt).unwrap_err();
+        let twice = red.grad_ready(0).unwrap_err();
+        let missing = red.finish().unwrap_err();
         // The collectives went out anyway (3 buckets + the rebuild broadcast),
         // so the ranks stay in step: a further all-reduce still works.
         let issued = comm.issued();
         let x = rt.alloc_from("x", &[rank as f32])?;
-        comm.all_reduce::<f32>(&rt, &x.whole(), ReduceOp::Sum)?;
+        comm.bind(&rt)?
+            .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
         let sum = rt.read_vec::<f32>(&x)?;
         Ok((twice, missing, issued, sum))
     });
@@ -380,10 +388,16 @@ fn reducer_rejects_bad_layouts() {
         vec![ParamSpec::new("a", 0..11)],
     ];
     for specs in bad {
-        assert!(Reducer::new(&rt, comm(), &g, specs, BucketConfig::default()).is_err());
+        assert!(Reducer::new(
+            comm().bind(&rt).unwrap(),
+            &g,
+            specs,
+            BucketConfig::default()
+        )
+        .is_err());
     }
     let ok = vec![ParamSpec::new("a", 0..4), ParamSpec::new("b", 6..10)];
-    let r = Reducer::new(&rt, comm(), &g, ok, BucketConfig::default()).unwrap();
+    let r = Reducer::new(comm().bind(&rt).unwrap(), &g, ok, BucketConfig::default()).unwrap();
     // A gap between parameters splits buckets (buckets are contiguous views
     // holding only gradients).
     assert_eq!(r.buckets().len(), 2);

@@ -42,15 +42,16 @@ struct Args {
 }
 
 fn measure(comm: &Comm, rt: &Runtime, bytes: usize, iters: usize, oop: bool) -> braid::Result<f64> {
+    let comm = comm.bind(rt)?;
     let n = bytes / 4;
     let a = rt.alloc("send", n * 4)?;
     let b = rt.alloc("recv", n * 4)?;
     let (av, bv) = (a.whole(), b.whole());
     let once = || -> braid::Result<()> {
         if oop {
-            comm.all_reduce_into::<f32>(rt, &av, &bv, ReduceOp::Sum)?;
+            comm.all_reduce_into::<f32>(&av, &bv, ReduceOp::Sum)?;
         } else {
-            comm.all_reduce::<f32>(rt, &av, ReduceOp::Sum)?;
+            comm.all_reduce::<f32>(&av, ReduceOp::Sum)?;
         }
         Ok(())
     };
@@ -58,7 +59,7 @@ fn measure(comm: &Comm, rt: &Runtime, bytes: usize, iters: usize, oop: bool) -> 
     for _ in 0..2 {
         once()?;
     }
-    comm.barrier(rt)?;
+    comm.barrier()?;
     rt.synchronize()?;
     let t = Instant::now();
     for _ in 0..iters {

@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         let m = Mlp::new(&rt, &a.dims, a.batch)?;
         m.init(&rt, Some(&comm))?;
-        let mut red = Reducer::new(&rt, comm.clone(), &m.grads, m.specs(), cfg.clone())?;
+        let mut red = Reducer::new(comm.bind(&rt)?, &m.grads, m.specs(), cfg.clone())?;
         let mut step = 0u64;
         let mut run = |mode: Mode, red: &mut Reducer| -> braid::Result<f64> {
             let t = Instant::now();
@@ -102,7 +102,8 @@ fn main() -> anyhow::Result<()> {
                 Mode::Bucketed => m.gradients(&rt, Some(red))?,
                 Mode::AfterBackward => {
                     m.gradients(&rt, None)?;
-                    comm.all_reduce::<f32>(&rt, &m.grads.whole(), ReduceOp::Avg)?;
+                    comm.bind(&rt)?
+                        .all_reduce::<f32>(&m.grads.whole(), ReduceOp::Avg)?;
                 }
             }
             m.sgd(&rt, 1e-3)?;

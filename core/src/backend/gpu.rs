@@ -13,8 +13,9 @@ use super::cuda::{
     CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream, DeviceBuffer, EventKind, EventPool,
     Timeline,
 };
+use super::Check;
 use crate::error::{Error, Result};
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::sync::Arc;
 
 /// Per-runtime CUDA state.
@@ -93,6 +94,7 @@ impl StreamDriver {
         CudaTaskCtx {
             stream: &self.stream,
             cublas: &self.cublas,
+            checks: RefCell::new(Vec::new()),
         }
     }
 
@@ -109,10 +111,12 @@ impl StreamDriver {
 }
 
 /// What a task body running on a CUDA stream gets: the stream (raw handle via
-/// [`CudaStream::raw`]) and a cuBLAS handle bound to it.
+/// [`CudaStream::raw`]), a cuBLAS handle bound to it, and checks to run once
+/// the task's work has completed ([`CudaTaskCtx::on_complete`]).
 pub struct CudaTaskCtx<'a> {
     stream: &'a CudaStream,
     cublas: &'a OnceCell<CublasHandle>,
+    checks: RefCell<Vec<Check>>,
 }
 
 impl std::fmt::Debug for CudaTaskCtx<'_> {
@@ -142,6 +146,18 @@ impl<'a> CudaTaskCtx<'a> {
         let h = CublasHandle::new(self.stream)?;
         let _ = self.cublas.set(h);
         Ok(self.cublas.get().expect("just set"))
+    }
+
+    /// Registers `check` to run once the task's end event has completed on
+    /// the device; an error from it fails the task, as if the body had
+    /// returned it. This is how asynchronous device-side failures (an aborted
+    /// collective, say) reach the task whose work they were.
+    pub fn on_complete(&self, check: impl FnOnce() -> Result<()> + Send + 'static) {
+        self.checks.borrow_mut().push(Box::new(check));
+    }
+
+    pub(crate) fn take_checks(&self) -> Vec<Check> {
+        std::mem::take(&mut *self.checks.borrow_mut())
     }
 }
 

@@ -12,6 +12,10 @@ pub(crate) use braid_cuda as cuda;
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
 
+/// A check run once a task's work has completed (see
+/// [`TaskCtx::on_complete`](crate::TaskCtx::on_complete)); an error fails the task.
+pub(crate) type Check = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
+
 /// Which device a runtime drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {

@@ -2,9 +2,33 @@
 //!
 //! Parameters and gradients each live in one flat `f32` allocation (llm.c's
 //! layout), so a bucket is a view of the gradient buffer: a contiguous range
-//! of whole parameters. The program calls [`Reducer::grad_ready`] right after
-//! it submitted the task that writes a parameter's last gradient contribution;
-//! once every parameter of the next bucket is marked, the reducer submits that
+//! of whole parameters. The reducer holds a [`BoundComm`], so it submits on
+//! that communicator's runtime:
+//!
+//! ```
+//! use braid::comm::{BucketConfig, ParamSpec};
+//! use braid::{BackendKind, Reducer, Runtime};
+//!
+//! let out = braid::launch(2, |rank, comm| {
+//!     let rt = Runtime::builder().backend(BackendKind::Cpu).rank(rank).build()?;
+//!     let grads = rt.alloc_from("grads", &[rank as f32 + 1.0; 8])?; // (8,)
+//!     let specs = vec![ParamSpec::new("w", 0..6), ParamSpec::new("b", 6..8)];
+//!     let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs, BucketConfig::default())?;
+//!     // Backward: right after submitting the last task writing a gradient.
+//!     red.grad_ready(1)?;
+//!     red.grad_ready(0)?;
+//!     red.finish()?; // end of backward
+//!     rt.read_vec::<f32>(&grads)
+//! });
+//! for r in out {
+//!     assert_eq!(r?, vec![1.5; 8]); // averaged over the ranks
+//! }
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! The program calls [`Reducer::grad_ready`] right after it submitted the
+//! task that writes a parameter's last gradient contribution; once every
+//! parameter of the next bucket is marked, the reducer submits that
 //! bucket's all-reduce (average) with `read_write` on the bucket view. The
 //! all-reduce *starts* when the engine's dependency inference says so — after
 //! every task that writes into the view — never because of a host wait, so it
@@ -49,11 +73,10 @@
 //! gradients accumulate locally. The next synchronised step reduces the
 //! accumulated gradients. Switch between steps, not inside one.
 
-use super::{Bf16, Buffers, CollectiveKind, Comm, DType, ReduceOp};
+use super::{Bf16, BoundComm, Buffers, CollectiveKind, DType, ReduceOp};
 use crate::buffer::{Buffer, View};
 use crate::error::{Error, Result};
 use crate::kind::TaskKind;
-use crate::Runtime;
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
@@ -92,8 +115,10 @@ pub struct BucketInfo {
 /// compression). Called in bucket order, identically on every rank; it must
 /// submit tasks (never wait) that leave the bucket averaged over the ranks.
 pub trait BucketHook: Send + Sync + fmt::Debug {
-    /// Submits the tasks that average `view` (the `f32` gradients of `bucket`).
-    fn reduce(&self, rt: &Runtime, comm: &Comm, bucket: &BucketInfo, view: &View) -> Result<()>;
+    /// Submits the tasks that average `view` (the `f32` gradients of
+    /// `bucket`): collectives through `comm`, other tasks on
+    /// `comm.runtime()`.
+    fn reduce(&self, comm: &BoundComm<'_>, bucket: &BucketInfo, view: &View) -> Result<()>;
 }
 
 /// How buckets travel.
@@ -104,7 +129,8 @@ pub enum Compression {
     None,
     /// Cast the bucket to bf16 into a side buffer, all-reduce that (averaging
     /// in `f32`, rounding once), cast back into the bucket: three tasks on the
-    /// comm stream, half the bytes. Host buffers only (CPU backend).
+    /// comm stream, half the bytes. CPU backend only: the casts have no CUDA
+    /// body, so on CUDA submitting them fails ([`Error::NoBody`]).
     Bf16,
     /// A user hook.
     Hook(Arc<dyn BucketHook>),
@@ -201,9 +227,10 @@ pub(crate) fn form_buckets(
     out
 }
 
-/// The gradient bucket reducer of one rank. See the module docs.
-pub struct Reducer {
-    comm: Comm,
+/// The gradient bucket reducer of one rank, submitting on the runtime its
+/// communicator is bound to. See the module docs.
+pub struct Reducer<'rt> {
+    comm: BoundComm<'rt>,
     grads: Buffer,
     params: Vec<ParamSpec>,
     config: BucketConfig,
@@ -225,7 +252,7 @@ pub struct Reducer {
     steps: u64,
 }
 
-impl fmt::Debug for Reducer {
+impl fmt::Debug for Reducer<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reducer")
             .field("params", &self.params.len())
@@ -237,16 +264,16 @@ impl fmt::Debug for Reducer {
     }
 }
 
-impl Reducer {
+impl<'rt> Reducer<'rt> {
     /// A reducer for the `f32` gradient buffer `grads`, whose parameters are
-    /// `params` in layout order (sorted, non-overlapping element ranges).
+    /// `params` in layout order (sorted, non-overlapping element ranges); its
+    /// collectives and tasks go to `comm`'s runtime.
     pub fn new(
-        rt: &Runtime,
-        comm: Comm,
+        comm: BoundComm<'rt>,
         grads: &Buffer,
         params: Vec<ParamSpec>,
         config: BucketConfig,
-    ) -> Result<Reducer> {
+    ) -> Result<Reducer<'rt>> {
         let bad = |m: String| Err(Error::Config(format!("gradient reducer: {m}")));
         if grads.len() % 4 != 0 {
             return bad(format!(
@@ -291,11 +318,12 @@ impl Reducer {
             rebuilt: false,
             steps: 0,
         };
-        r.set_layout(rt, buckets)?;
+        r.set_layout(buckets)?;
         Ok(r)
     }
 
-    fn set_layout(&mut self, rt: &Runtime, buckets: Vec<BucketInfo>) -> Result<()> {
+    fn set_layout(&mut self, buckets: Vec<BucketInfo>) -> Result<()> {
+        let rt = self.comm.runtime();
         self.views = buckets
             .iter()
             .map(|b| self.grads.view_of::<f32>(b.elems.clone()))
@@ -326,8 +354,8 @@ impl Reducer {
         self.next = 0;
     }
 
-    /// The communicator.
-    pub fn comm(&self) -> &Comm {
+    /// The communicator (bound to the reducer's runtime).
+    pub fn comm(&self) -> &BoundComm<'rt> {
         &self.comm
     }
 
@@ -367,7 +395,7 @@ impl Reducer {
     }
 
     /// Turns all-reduces off until the guard drops (gradient accumulation).
-    pub fn no_sync(&mut self) -> NoSync<'_> {
+    pub fn no_sync(&mut self) -> NoSync<'_, 'rt> {
         let prev = self.sync;
         self.sync = false;
         NoSync { r: self, prev }
@@ -376,7 +404,7 @@ impl Reducer {
     /// Marks parameter `param` (its index in layout order) as having all its
     /// gradient contributions submitted. Submits every bucket that is now
     /// complete and next in order. Returns at once.
-    pub fn grad_ready(&mut self, rt: &Runtime, param: usize) -> Result<()> {
+    pub fn grad_ready(&mut self, param: usize) -> Result<()> {
         let Some(p) = self.params.get(param) else {
             return Err(self.error(format!(
                 "no parameter #{param} (there are {})",
@@ -397,7 +425,7 @@ impl Reducer {
         self.remaining[b] -= 1;
         if self.sync {
             while self.next < self.buckets.len() && self.remaining[self.next] == 0 {
-                self.reduce_bucket(rt, self.next)?;
+                self.reduce_bucket(self.next)?;
                 self.next += 1;
             }
         }
@@ -409,7 +437,7 @@ impl Reducer {
     /// step, and resets for the next step. Fails — after submitting, so every
     /// rank still issues the same collectives — if a parameter was never
     /// marked (its gradients are reduced as they are).
-    pub fn finish(&mut self, rt: &Runtime) -> Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         let missing: Vec<&str> = self
             .params
             .iter()
@@ -429,11 +457,11 @@ impl Reducer {
         self.recording = false;
         if self.sync {
             while self.next < self.buckets.len() {
-                self.reduce_bucket(rt, self.next)?;
+                self.reduce_bucket(self.next)?;
                 self.next += 1;
             }
             if self.config.rebuild && !self.rebuilt {
-                self.rebuild(rt)?;
+                self.rebuild()?;
             }
         }
         self.steps += 1;
@@ -453,13 +481,12 @@ impl Reducer {
         }
     }
 
-    fn reduce_bucket(&self, rt: &Runtime, i: usize) -> Result<()> {
+    fn reduce_bucket(&self, i: usize) -> Result<()> {
         let view = &self.views[i];
         let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
         match &self.config.compression {
             Compression::None => {
                 self.comm.submit_named(
-                    rt,
                     format!("all_reduce bucket {i}"),
                     avg,
                     DType::F32,
@@ -470,48 +497,39 @@ impl Reducer {
                 let side = self.side[i]
                     .clone()
                     .ok_or_else(|| self.error(format!("bucket {i} has no bf16 side buffer")))?;
+                let rt = self.comm.runtime();
                 let cs = self.comm.comm_stream();
-                let (src, dst) = (view.clone(), side.whole());
                 rt.task(format!("compress bucket {i}"))
                     .kind(TaskKind::Comm)
                     .comm_stream(cs)
-                    .read(view)
-                    .write(&side)
-                    .run_ctx(move |ctx| {
-                        let (g, h) = (ctx.read::<f32>(&src)?, ctx.write::<Bf16>(&dst)?);
+                    .run((view.read::<f32>(), side.write::<Bf16>()), |(g, h)| {
                         for (h, g) in h.iter_mut().zip(g) {
                             *h = Bf16::from_f32(*g);
                         }
-                        Ok(())
                     })?;
                 self.comm.submit_named(
-                    rt,
                     format!("all_reduce bucket {i} (bf16)"),
                     avg,
                     DType::Bf16,
                     Buffers::InPlace(side.whole()),
                 )?;
-                let (src, dst) = (side.whole(), view.clone());
                 rt.task(format!("decompress bucket {i}"))
                     .kind(TaskKind::Comm)
                     .comm_stream(cs)
-                    .read(&side)
-                    .write(view)
-                    .run_ctx(move |ctx| {
-                        let (h, g) = (ctx.read::<Bf16>(&src)?, ctx.write::<f32>(&dst)?);
+                    .run((side.read::<Bf16>(), view.write::<f32>()), |(h, g)| {
                         for (g, h) in g.iter_mut().zip(h) {
                             *g = h.to_f32();
                         }
-                        Ok(())
                     })?;
             }
-            Compression::Hook(h) => h.reduce(rt, &self.comm, &self.buckets[i], view)?,
+            Compression::Hook(h) => h.reduce(&self.comm, &self.buckets[i], view)?,
         }
         Ok(())
     }
 
     /// Rank 0's first-step order, broadcast, then the new buckets.
-    fn rebuild(&mut self, rt: &Runtime) -> Result<()> {
+    fn rebuild(&mut self) -> Result<()> {
+        let rt = self.comm.runtime();
         let n = self.params.len();
         let mut order = self.order.clone();
         let mut seen = vec![false; n];
@@ -525,7 +543,6 @@ impl Reducer {
             rt.upload(&buf, &ids)?;
         }
         self.comm.submit_named(
-            rt,
             "broadcast bucket order",
             CollectiveKind::Broadcast { root: 0 },
             DType::I32,
@@ -553,7 +570,7 @@ impl Reducer {
             self.config.first_cap_bytes,
             self.config.cap_bytes,
         );
-        self.set_layout(rt, buckets)?;
+        self.set_layout(buckets)?;
         self.rebuilt = true;
         Ok(())
     }
@@ -562,25 +579,25 @@ impl Reducer {
 /// Keeps all-reduces off while alive (see [`Reducer::no_sync`]); derefs to the
 /// reducer.
 #[derive(Debug)]
-pub struct NoSync<'a> {
-    r: &'a mut Reducer,
+pub struct NoSync<'a, 'rt> {
+    r: &'a mut Reducer<'rt>,
     prev: bool,
 }
 
-impl Deref for NoSync<'_> {
-    type Target = Reducer;
-    fn deref(&self) -> &Reducer {
+impl<'rt> Deref for NoSync<'_, 'rt> {
+    type Target = Reducer<'rt>;
+    fn deref(&self) -> &Reducer<'rt> {
         self.r
     }
 }
 
-impl DerefMut for NoSync<'_> {
-    fn deref_mut(&mut self) -> &mut Reducer {
+impl<'rt> DerefMut for NoSync<'_, 'rt> {
+    fn deref_mut(&mut self) -> &mut Reducer<'rt> {
         self.r
     }
 }
 
-impl Drop for NoSync<'_> {
+impl Drop for NoSync<'_, '_> {
     fn drop(&mut self) {
         self.r.sync = self.prev;
     }

@@ -2,9 +2,24 @@
 //!
 //! [`launch`] makes a group of [`LocalComm`]s, starts one thread per rank,
 //! hands each its [`Comm`], and joins them all. A rank's closure usually
-//! builds its own [`Runtime`](crate::Runtime) with `.rank(rank)`, submits its
-//! work and returns a result; the runtime drops (and so finishes its tasks,
-//! collectives included) before the closure returns.
+//! builds its own [`Runtime`](crate::Runtime) with `.rank(rank)`, binds the
+//! communicator to it ([`Comm::bind`]), submits its work and returns a
+//! result; the runtime drops (and so finishes its tasks, collectives
+//! included) before the closure returns.
+//!
+//! ```
+//! use braid::comm::ReduceOp;
+//! use braid::{BackendKind, Runtime};
+//!
+//! let sums = braid::launch(3, |rank, comm| {
+//!     let rt = Runtime::builder().backend(BackendKind::Cpu).rank(rank).build()?;
+//!     let comm = comm.bind(&rt)?;
+//!     let x = rt.alloc_from("x", &[rank as i32])?;
+//!     comm.all_reduce::<i32>(&x.whole(), ReduceOp::Sum)?;
+//!     Ok(rt.read_vec::<i32>(&x)?[0])
+//! });
+//! assert!(sums.into_iter().all(|s| s.ok() == Some(3)));
+//! ```
 //!
 //! Failure is whole-job, as with `torchrun`: when a rank's closure ends —
 //! returning `Ok`, returning an error or panicking (caught, and turned into

@@ -9,8 +9,9 @@
 //!
 //! * `slots[rank][k % 2]` — what the rank published for collective `k`: its
 //!   index, its signature (kind with op or root, dtype, count) and raw
-//!   pointers to its input and output (taken from its task context, so they
-//!   are declared accesses of a task that is running);
+//!   pointers to its input and output (derived from the host slices its task
+//!   body got for its declared accesses, so they point into memory a running
+//!   task holds);
 //! * `arrived[rank]` — the stamp `4k + phase` of the last barrier it reached
 //!   (phases 1 `arrive`, 2 `reduced`, 3 `gathered`); stamps only grow;
 //! * `departed[rank]` — set by the launcher once the rank's closure is over:
@@ -31,9 +32,9 @@
 //!
 //! A **collective** `k` on rank `r`:
 //!
-//! 1. Fail fast if poisoned. Take the pointers from the task context, publish
-//!    the slot for `k` and pass barrier `(k, arrive)`. The slots are double
-//!    buffered by parity: a rank can publish `k + 1` only after passing every
+//! 1. Fail fast if poisoned. Take the pointers from the task's host data,
+//!    publish the slot for `k` and pass barrier `(k, arrive)`. The slots are
+//!    double buffered by parity: a rank can publish `k + 1` only after passing every
 //!    barrier of `k`, and can reach `k + 2` only after everyone arrived at
 //!    `k + 1`, so slot `k % 2` is stable while anyone still reads it.
 //!    Still under the lock, compare every rank's signature; on a mismatch every
@@ -57,17 +58,24 @@
 //!    A final barrier (`gathered` for all-reduce, `reduced` for the others)
 //!    keeps every rank inside its task — so its buffers stay alive and
 //!    untouched by its other tasks — until no rank reads them any more.
-//! 3. Leave: `busy -= 1`. On failure after step 1, a rank first waits until
-//!    `busy == 0`: the group is poisoned, so every rank inside finishes its
-//!    current copy, fails at its next barrier and leaves; only then may the
-//!    failing rank's task end and its buffers be reused or freed.
+//! 3. Leave: `busy -= 1`. On failure after publishing its slot — at the
+//!    arrival barrier itself, at the signature check or in step 2 — a rank
+//!    first waits until `busy == 0`: the group is poisoned, so every rank
+//!    inside finishes its current copy, fails at its next barrier and leaves;
+//!    only then may the failing rank's task end and its buffers be reused or
+//!    freed. (Failing at the arrival barrier counts: another rank may have
+//!    passed it, seeing this rank's arrival, just before the poison, and be
+//!    reading this rank's input now. The loom model
+//!    `loom_failed_arrival_waits_for_readers` checks exactly this.)
 //!
 //! Each element is reduced by exactly one rank, in rank order `0, 1, …, N-1`
 //! (accumulating in `f32` for bf16, `i64` for i32), and every other rank copies
 //! the result: results are bit-identical on every rank and do not depend on
 //! thread timing. Ranks reduce their chunks in parallel.
 //!
-//! **Orderings.** Everything shared goes through the one mutex, whose
+//! **Orderings.** Everything shared goes through the one mutex (from
+//! `crate::sync`, so loom checks the protocol: see the models at the end of
+//! this file), whose
 //! unlock/lock pairs order each rank's writes of phase `p` before every other
 //! rank's reads in phase `p + 1` (a rank passes a barrier only after the lock
 //! showed it every other rank's arrival, made after their phase-`p` writes).
@@ -80,11 +88,10 @@
 //! waiting for a collective it never issued fail at once instead of at the
 //! timeout.
 
-use super::{Collective, CollectiveKind, Communicator, DType, Element, ReduceOp};
-use crate::buffer::View;
-use crate::ctx::TaskCtx;
+use super::{Collective, CollectiveKind, Communicator, DType, Element, HostData, ReduceOp};
+use crate::access::HostBytes;
 use crate::error::{Error, Result};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Default time a rank waits for the others at one step of a collective.
@@ -170,10 +177,7 @@ struct Group {
 
 impl Group {
     fn lock(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        lock(&self.state)
     }
 
     fn poison_locked(&self, st: &mut State, reason: String) {
@@ -255,12 +259,28 @@ impl Group {
 
     /// Step 1 of the protocol: publish, arrive, compare signatures.
     fn arrive(&self, rank: usize, slot: Slot) -> std::result::Result<Vec<Slot>, String> {
-        let k = slot.index;
         let mut st = self.lock();
         if let Some(m) = Self::poisoned_msg(&st) {
             return Err(m);
         }
-        st.slots[rank][(k % 2) as usize] = Some(slot);
+        st.slots[rank][(slot.index % 2) as usize] = Some(slot);
+        // Published: a rank that passes the arrival barrier from now on may
+        // read this rank's memory, even if this rank itself fails here (the
+        // poison may land between that rank passing and this one waking). So
+        // a failure from here waits until no rank is inside.
+        self.pass_arrival(st, rank, slot).inspect_err(|_| {
+            let st = self.lock();
+            self.wait_idle(st);
+        })
+    }
+
+    fn pass_arrival<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        rank: usize,
+        slot: Slot,
+    ) -> std::result::Result<Vec<Slot>, String> {
+        let k = slot.index;
         let mut st = self.barrier(st, rank, k, ARRIVE)?;
         let mut slots = Vec::with_capacity(self.world);
         for j in 0..self.world {
@@ -307,18 +327,25 @@ impl Group {
             self.cv.notify_all();
         }
         if failed {
-            while st.busy > 0 {
-                st = match self.cv.wait(st) {
-                    Ok(g) => g,
-                    Err(p) => p.into_inner(),
-                };
-            }
+            self.wait_idle(st);
+        }
+    }
+
+    /// Waits until no rank is inside a collective. Called only once the
+    /// group is poisoned (every failure poisons it), so no rank enters any
+    /// more and every rank inside comes out at its next barrier.
+    fn wait_idle(&self, mut st: MutexGuard<'_, State>) {
+        while st.busy > 0 {
+            st = match self.cv.wait(st) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
         }
     }
 }
 
 /// One rank of a group of CPU ranks. Make a group with [`LocalComm::group`]
-/// (or let [`launch`](super::launch) do it), give each rank's thread its
+/// (or let [`launch`](super::launch()) do it), give each rank's thread its
 /// communicator, wrap it in a [`Comm`](super::Comm) and submit collectives.
 ///
 /// Not `Clone`: one communicator per rank, numbered by one `Comm` (whose
@@ -396,10 +423,10 @@ impl LocalComm {
 
     fn run_typed<T: Reduce>(
         &self,
-        ctx: &TaskCtx<'_>,
         op: &Collective,
+        data: HostData<'_>,
     ) -> std::result::Result<(), String> {
-        let (send, recv) = self.pointers::<T>(ctx, op).inspect_err(|m| {
+        let (send, recv) = self.pointers::<T>(op, data).inspect_err(|m| {
             let mut st = self.group.lock();
             self.group.poison_locked(
                 &mut st,
@@ -419,38 +446,33 @@ impl LocalComm {
     }
 
     /// The input and output of this rank, as raw pointers derived from the
-    /// slices the task context hands out (declared accesses). After this, the
-    /// rank touches its own data only through these pointers too.
+    /// host slices of the task's declared accesses. After this, the rank
+    /// touches its own data only through these pointers too (other ranks read
+    /// it through them).
     fn pointers<T: Reduce>(
         &self,
-        ctx: &TaskCtx<'_>,
         op: &Collective,
+        data: HostData<'_>,
     ) -> std::result::Result<(*const T, *mut T), String> {
-        let e = |e: Error| e.to_string();
         let chunk = op.count;
-        Ok(match &op.buffers {
-            super::Buffers::None => (std::ptr::null(), std::ptr::null_mut()),
-            super::Buffers::InPlace(v) => {
-                let root_reads =
-                    matches!(op.kind, CollectiveKind::Broadcast { root } if root == self.rank);
-                let p: *mut T = if root_reads {
-                    ctx.read::<T>(v).map_err(e)?.as_ptr().cast_mut()
-                } else {
-                    ctx.write::<T>(v).map_err(e)?.as_mut_ptr()
+        let world = self.group.world;
+        Ok(match data {
+            HostData::None => (std::ptr::null(), std::ptr::null_mut()),
+            HostData::InPlace(bytes) => {
+                let whole = match op.kind {
+                    CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather => chunk * world,
+                    _ => chunk,
                 };
-                check_len(
-                    v,
-                    op,
-                    match op.kind {
-                        CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather => {
-                            chunk * self.group.world
-                        }
-                        _ => chunk,
-                    },
-                )?;
+                // The root of an in-place broadcast declared a read: it is
+                // only read, by every rank (it is the input, and its own
+                // output is skipped as the same memory).
+                let p: *mut T = match bytes {
+                    HostBytes::Read(b) => read_ptr::<T>(b, op, whole, "data")?.cast_mut(),
+                    HostBytes::Write(b) => write_ptr::<T>(b, op, whole, "data")?,
+                };
                 match op.kind {
                     CollectiveKind::ReduceScatter(_) | CollectiveKind::AllGather => {
-                        // SAFETY: the view holds `count × world` elements
+                        // SAFETY: the data holds `count × world` elements
                         // (checked above), so chunk `rank` is inside it.
                         let mine = unsafe { p.add(self.rank * chunk) };
                         if matches!(op.kind, CollectiveKind::AllGather) {
@@ -462,17 +484,16 @@ impl LocalComm {
                     _ => (p.cast_const(), p),
                 }
             }
-            super::Buffers::OutOfPlace { send, recv } => {
+            HostData::OutOfPlace { send, recv } => {
                 let (sn, rn) = match op.kind {
-                    CollectiveKind::ReduceScatter(_) => (chunk * self.group.world, chunk),
-                    CollectiveKind::AllGather => (chunk, chunk * self.group.world),
+                    CollectiveKind::ReduceScatter(_) => (chunk * world, chunk),
+                    CollectiveKind::AllGather => (chunk, chunk * world),
                     _ => (chunk, chunk),
                 };
-                check_len(send, op, sn)?;
-                check_len(recv, op, rn)?;
-                let s = ctx.read::<T>(send).map_err(e)?.as_ptr();
-                let r = ctx.write::<T>(recv).map_err(e)?.as_mut_ptr();
-                (s, r)
+                (
+                    read_ptr::<T>(send, op, sn, "input")?,
+                    write_ptr::<T>(recv, op, rn, "output")?,
+                )
             }
         })
     }
@@ -541,17 +562,45 @@ impl LocalComm {
     }
 }
 
-fn check_len(v: &View, op: &Collective, want: usize) -> std::result::Result<(), String> {
-    let have = v.len() / op.dtype.size();
-    if have != want || v.len() % op.dtype.size() != 0 {
+/// Checks that `len` bytes at `p` are exactly `want` aligned `T`s.
+fn check_elements<T>(
+    p: *const u8,
+    len: usize,
+    op: &Collective,
+    want: usize,
+    what: &str,
+) -> std::result::Result<(), String> {
+    if len != want * size_of::<T>() || (p as usize) % align_of::<T>() != 0 {
         return Err(format!(
-            "view {:?} of `{}` holds {have} elements, {} needs {want}",
-            v.range(),
-            v.buffer().name(),
+            "the {what} ({len} bytes at {p:?}) is not {want} aligned elements, as {} needs",
             op.describe()
         ));
     }
     Ok(())
+}
+
+/// `bytes` as a pointer to `want` `T`s (checked), keeping its provenance:
+/// read-only.
+fn read_ptr<T>(
+    bytes: &[u8],
+    op: &Collective,
+    want: usize,
+    what: &str,
+) -> std::result::Result<*const T, String> {
+    check_elements::<T>(bytes.as_ptr(), bytes.len(), op, want, what)?;
+    Ok(bytes.as_ptr().cast())
+}
+
+/// `bytes` as a pointer to `want` `T`s (checked), keeping its provenance:
+/// writable.
+fn write_ptr<T>(
+    bytes: &mut [u8],
+    op: &Collective,
+    want: usize,
+    what: &str,
+) -> std::result::Result<*mut T, String> {
+    check_elements::<T>(bytes.as_ptr(), bytes.len(), op, want, what)?;
+    Ok(bytes.as_mut_ptr().cast())
 }
 
 impl Communicator for LocalComm {
@@ -571,12 +620,12 @@ impl Communicator for LocalComm {
         "local"
     }
 
-    fn run(&self, ctx: &TaskCtx<'_>, op: &Collective) -> Result<()> {
+    fn run_host(&self, op: &Collective, data: HostData<'_>) -> Result<()> {
         let out = match op.dtype {
-            DType::F32 => self.run_typed::<f32>(ctx, op),
-            DType::F64 => self.run_typed::<f64>(ctx, op),
-            DType::I32 => self.run_typed::<i32>(ctx, op),
-            DType::Bf16 => self.run_typed::<super::Bf16>(ctx, op),
+            DType::F32 => self.run_typed::<f32>(op, data),
+            DType::F64 => self.run_typed::<f64>(op, data),
+            DType::I32 => self.run_typed::<i32>(op, data),
+            DType::Bf16 => self.run_typed::<super::Bf16>(op, data),
         };
         out.map_err(|message| Error::Collective {
             rank: self.rank,
@@ -791,5 +840,117 @@ mod tests {
         // SAFETY: all three arrays live, `out` is one of the inputs.
         unsafe { reduce::<f32>(&inputs, out, 3, ReduceOp::Sum, 3) };
         assert_eq!(b, [(1.0 + 1e-8) + 2.0, (1e8 - 1e8) + 1.0, 0.0]);
+    }
+}
+
+/// loom models of the phase barrier: two ranks, one collective each. Run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p braid --lib --release loom`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::comm::Buffers;
+    use loom::thread;
+
+    const N: usize = 2;
+
+    /// Ranks 0 and 1 of a group. No timeout: loom's condition variable never
+    /// times out, so the models check that every wait is woken.
+    fn ranks() -> (LocalComm, LocalComm) {
+        let config = LocalCommConfig::default().timeout(Duration::from_secs(3600));
+        let mut g = LocalComm::group(2, config);
+        let c1 = g.pop().expect("two ranks");
+        (g.pop().expect("two ranks"), c1)
+    }
+
+    fn sum() -> Collective {
+        Collective {
+            index: 0,
+            kind: CollectiveKind::AllReduce(ReduceOp::Sum),
+            dtype: DType::F32,
+            count: N,
+            buffers: Buffers::None,
+        }
+    }
+
+    fn all_reduce(c: &LocalComm, x: &mut [f32; N]) -> Result<()> {
+        let bytes = HostBytes::Write(bytemuck::cast_slice_mut(x));
+        c.run_host(&sum(), HostData::InPlace(bytes))
+    }
+
+    fn busy(c: &LocalComm) -> usize {
+        c.group.lock().busy
+    }
+
+    /// Both ranks pass the three phases and hold the sum; nobody is left
+    /// inside.
+    #[test]
+    fn loom_phase_barrier_all_reduce() {
+        loom::model(|| {
+            let (c0, c1) = ranks();
+            let t = thread::spawn(move || {
+                let mut x = [10.0f32, 20.0];
+                all_reduce(&c1, &mut x).expect("rank 1");
+                x
+            });
+            let mut x = [1.0f32, 2.0];
+            all_reduce(&c0, &mut x).expect("rank 0");
+            assert_eq!(x, [11.0, 22.0]);
+            assert_eq!(t.join().expect("rank 1 thread"), [11.0, 22.0]);
+            assert_eq!(busy(&c0), 0);
+        });
+    }
+
+    /// An abort while a rank waits for the other (or before it arrives) fails
+    /// that rank instead of leaving it waiting.
+    #[test]
+    fn loom_abort_wakes_a_waiting_rank() {
+        loom::model(|| {
+            let (c0, c1) = ranks();
+            let t = thread::spawn(move || {
+                let mut x = [1.0f32, 2.0];
+                let r = all_reduce(&c1, &mut x);
+                (r.is_err(), busy(&c1))
+            });
+            c0.abort("test");
+            let (failed, inside) = t.join().expect("rank 1 thread");
+            assert!(failed, "rank 1 passed a barrier rank 0 never reached");
+            assert_eq!(inside, 0);
+        });
+    }
+
+    /// Rank 1 waits at the arrival barrier, its input published; rank 0
+    /// arrives (so the barrier is passed, and rank 0 may read rank 1's input)
+    /// and is then aborted. Whenever rank 1's collective fails, no rank may be
+    /// inside any more: its task is about to end and its buffers to be reused.
+    #[test]
+    fn loom_failed_arrival_waits_for_readers() {
+        loom::model(|| {
+            let (c0, c1) = ranks();
+            let t = thread::spawn(move || {
+                let mut x = [10.0f32, 20.0];
+                let r = all_reduce(&c1, &mut x);
+                assert!(r.is_err(), "rank 0 never reached the second phase");
+                assert_eq!(
+                    busy(&c1),
+                    0,
+                    "rank 1 left while rank 0 could read its input"
+                );
+            });
+            // Rank 0 by hand: publish and arrive, then abort from inside.
+            let mut x = [1.0f32, 2.0];
+            let p = x.as_mut_ptr();
+            let slot = Slot {
+                index: 0,
+                sig: sum().signature(),
+                send: p.cast_const().cast(),
+                recv: p.cast(),
+            };
+            let g = c0.group.clone();
+            g.arrive(0, slot).expect("nobody else poisons");
+            c0.abort("test");
+            assert!(g.wait_phase(0, 0, REDUCED).is_err());
+            g.leave(true);
+            t.join().expect("rank 1 thread");
+        });
     }
 }

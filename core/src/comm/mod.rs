@@ -9,22 +9,62 @@
 //! the same collectives in the same order on every rank therefore issues them
 //! identically everywhere (Semantics 5).
 //!
-//! Two layers:
+//! ```
+//! use braid::comm::ReduceOp;
+//! use braid::{BackendKind, Runtime};
+//!
+//! let results = braid::launch(2, |rank, comm| {
+//!     let rt = Runtime::builder().backend(BackendKind::Cpu).rank(rank).build()?;
+//!     let comm = comm.bind(&rt)?; // this rank's collectives go to `rt`
+//!     let x = rt.alloc_from("x", &[rank as f32 + 1.0; 4])?;
+//!     comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?; // returns at once
+//!     rt.read_vec::<f32>(&x) // waits for it
+//! });
+//! for r in results {
+//!     assert_eq!(r?, vec![3.0; 4]);
+//! }
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! Three pieces:
 //!
 //! * [`Communicator`] — what a backend implements: *perform this collective
-//!   inside this task body*. The CPU implementation ([`LocalComm`]) reduces host
-//!   slices of ranks that are threads of one process; an NCCL implementation
-//!   takes device pointers from the task context
-//!   ([`TaskCtx::device_ptr`](crate::TaskCtx::device_ptr)) and calls
-//!   `ncclAllReduce` and friends on the raw stream the task runs on.
-//! * [`Comm`] — the generic submission layer every backend shares: it checks
-//!   view sizes, numbers collectives, declares the accesses, submits the task
-//!   with kind [`TaskKind::Comm`] on the communicator's comm stream, turns every
-//!   failure into [`Error::Collective`], and poisons itself after one (later
-//!   collectives fail fast, like `ncclCommAbort`).
+//!   with this data*. The data arrives resolved from the task's declared
+//!   accesses: host bytes ([`HostData`]) in [`Communicator::run_host`] — the
+//!   CPU implementation [`LocalComm`] reduces the host memory of ranks that are
+//!   threads of one process — or device addresses ([`DeviceData`]) and the CUDA
+//!   task context in [`Communicator::run_cuda`], where [`NcclCommunicator`]
+//!   calls `ncclAllReduce` and friends on the task's stream.
+//! * [`Comm`] — a rank's handle on a communicator (what [`launch()`] and
+//!   [`NcclCommunicator::join`] give): cheap to clone, `'static`, shares the
+//!   collective numbering and the poison (a failure fails later collectives
+//!   fast, like `ncclCommAbort`) between its clones.
+//! * [`BoundComm`] — a `Comm` bound to the [`Runtime`] its collectives run on
+//!   ([`Comm::bind`]): the submission layer every backend shares. It checks
+//!   view sizes, numbers collectives, submits each as a task of kind
+//!   [`TaskKind::Comm`] on the communicator's comm stream with one access token
+//!   per view (a `Vec` of [`DynAccess`]) and a CPU and a CUDA body
+//!   ([`TaskBuilder::run_any`](crate::TaskBuilder::run_any)), and turns every
+//!   failure into [`Error::Collective`].
 //!
-//! Around them: [`launch`] (N CPU ranks as threads), and the DDP gradient
+//! Around them: [`launch()`] (N CPU ranks as threads), and the DDP gradient
 //! bucket [`Reducer`]. `docs/collectives.md` describes the protocols.
+//!
+//! # API change: typed tokens (the port off `TaskCtx`)
+//!
+//! | before | now |
+//! |---|---|
+//! | `comm.all_reduce::<f32>(&rt, &v, op)` (every call took the runtime) | `let comm = comm.bind(&rt)?;` once, then `comm.all_reduce::<f32>(&v, op)` |
+//! | `comm.submit_named(&rt, name, kind, dtype, buffers)`, `barrier(&rt)`, … | the same on [`BoundComm`], without `&rt` |
+//! | `Communicator::run(&self, ctx: &TaskCtx, op)`, reading views with `ctx.read/write/device_ptr` | [`Communicator::run_host`]`(op, HostData)` and [`Communicator::run_cuda`]`(op, DeviceData, &CudaTaskCtx)`, data already resolved |
+//! | `ctx.on_complete(check)` | [`CudaTaskCtx::on_complete`] |
+//! | `Reducer::new(&rt, comm, …)`, `grad_ready(&rt, p)`, `finish(&rt)` | `Reducer::new(comm.bind(&rt)?, …)`, `grad_ready(p)`, `finish()` |
+//! | `BucketHook::reduce(&self, rt, comm, bucket, view)` | `reduce(&self, comm: &BoundComm, bucket, view)` (`comm.runtime()` for other tasks) |
+//!
+//! A `Comm` binds to one runtime for good: binding it to a second one is an
+//! error (its collectives would no longer share one comm stream, and so one
+//! order). `BoundComm<'rt>` borrows the runtime; the [`Reducer`] holds one and
+//! so borrows it too.
 
 mod bucket;
 mod env;
@@ -41,16 +81,18 @@ pub use launch::{launch, launch_with};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 
-use crate::buffer::View;
-use crate::ctx::TaskCtx;
-use crate::error::{Error, Result};
+use crate::access::{DevBytes, DynAccess, HostBytes};
+use crate::backend::gpu::CudaTaskCtx;
+use crate::buffer::{check_runtime, View};
+use crate::error::{Error, Result, TaskError};
+use crate::graph::Mode;
 use crate::kind::TaskKind;
 use crate::sched::TaskHandle;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, OnceLock, Ordering};
 use crate::Runtime;
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::OnceLock;
+use std::ops::Deref;
 
 /// Element type of a collective's data. It travels with the operation, so
 /// ranks that disagree on it are detected rather than mis-summed.
@@ -284,17 +326,130 @@ pub(crate) fn describe(kind: CollectiveKind, dtype: DType, count: usize) -> Stri
     }
 }
 
-/// What a collective backend implements: perform one collective inside the
-/// body of the task that stands for it.
+/// A collective's data on the host, resolved from the accesses its task
+/// declared (what [`Communicator::run_host`] gets). The shape follows
+/// [`Collective::buffers`].
+#[derive(Debug)]
+pub enum HostData<'a> {
+    /// No data (a barrier).
+    None,
+    /// The one view that is both input and output: writable
+    /// ([`HostBytes::Write`]) except for the root of an in-place broadcast,
+    /// which only reads it ([`HostBytes::Read`]).
+    InPlace(HostBytes<'a>),
+    /// Separate input and output.
+    OutOfPlace {
+        /// The input bytes.
+        send: &'a [u8],
+        /// The output bytes.
+        recv: &'a mut [u8],
+    },
+}
+
+/// A collective's data on a CUDA device, resolved from the accesses its task
+/// declared (what [`Communicator::run_cuda`] gets). The shape follows
+/// [`Collective::buffers`].
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceData {
+    /// No data (a barrier).
+    None,
+    /// The one view that is both input and output (read-only for the root of
+    /// an in-place broadcast: `writes` is false there).
+    InPlace(DevBytes),
+    /// Separate input and output.
+    OutOfPlace {
+        /// The input.
+        send: DevBytes,
+        /// The output.
+        recv: DevBytes,
+    },
+}
+
+impl DeviceData {
+    /// The input and output device addresses of `rank` for `op`, with NCCL's
+    /// in-place conventions: in-place reduce-scatter writes chunk `rank` of
+    /// the view, in-place all-gather reads chunk `rank` of it (a chunk is
+    /// `op.count` elements). `(0, 0)` for a barrier.
+    pub fn addresses(&self, op: &Collective, rank: usize) -> (u64, u64) {
+        let chunk = (rank * op.count * op.dtype.size()) as u64;
+        match self {
+            DeviceData::None => (0, 0),
+            DeviceData::InPlace(b) => match op.kind {
+                CollectiveKind::ReduceScatter(_) => (b.ptr, b.ptr + chunk),
+                CollectiveKind::AllGather => (b.ptr + chunk, b.ptr),
+                _ => (b.ptr, b.ptr),
+            },
+            DeviceData::OutOfPlace { send, recv } => (send.ptr, recv.ptr),
+        }
+    }
+
+    /// The device data of the tokens made by [`tokens`].
+    fn from_parts(parts: Vec<DevBytes>) -> Result<DeviceData> {
+        Ok(match *parts.as_slice() {
+            [] => DeviceData::None,
+            [b] => DeviceData::InPlace(b),
+            [send, recv] if !send.writes && recv.writes => DeviceData::OutOfPlace { send, recv },
+            _ => return Err(shape_error("device", parts.len())),
+        })
+    }
+}
+
+/// The access tokens of `op` on `rank`, one per view: in place `read_write`
+/// (`read` for the root of a broadcast, which only sends), out of place
+/// `read` on the input and `write` on the output.
+fn tokens(op: &Collective, rank: usize) -> Vec<DynAccess> {
+    match &op.buffers {
+        Buffers::None => Vec::new(),
+        Buffers::InPlace(v) => {
+            let mode = match op.kind {
+                CollectiveKind::Broadcast { root } if root == rank => Mode::Read,
+                _ => Mode::ReadWrite,
+            };
+            vec![v.access(mode)]
+        }
+        Buffers::OutOfPlace { send, recv } => {
+            vec![send.access(Mode::Read), recv.access(Mode::Write)]
+        }
+    }
+}
+
+fn shape_error(what: &str, n: usize) -> Error {
+    Error::Config(format!(
+        "internal error: a collective's task got {n} {what} accesses, not the shape it declared"
+    ))
+}
+
+impl<'a> HostData<'a> {
+    /// The host data of the tokens made by [`tokens`].
+    fn from_parts(parts: Vec<HostBytes<'a>>) -> Result<HostData<'a>> {
+        let n = parts.len();
+        let mut it = parts.into_iter();
+        Ok(match (it.next(), it.next(), it.next()) {
+            (None, None, None) => HostData::None,
+            (Some(b), None, None) => HostData::InPlace(b),
+            (Some(HostBytes::Read(send)), Some(HostBytes::Write(recv)), None) => {
+                HostData::OutOfPlace { send, recv }
+            }
+            _ => return Err(shape_error("host", n)),
+        })
+    }
+}
+
+/// What a collective backend implements: perform one collective, inside the
+/// body of the task that stands for it, on the data that task declared.
 ///
-/// The submission layer ([`Comm`]) has already declared the task's accesses
-/// (so `ctx` hands out the views of [`Collective::send_view`] and
-/// [`Collective::recv_view`]), placed it on stream [`comm_stream`] and numbered
-/// it. `run` is called on the stream thread and may block there (a CPU
-/// collective waits for its peers; NCCL enqueues on the task's raw stream).
-/// Collectives reach `run` in their index order, one at a time.
+/// The submission layer ([`BoundComm`]) has already checked the views against
+/// the collective, declared one access per view (see [`HostData`]), placed the
+/// task on stream [`comm_stream`] and numbered it. A backend implements the
+/// body for the device it drives — [`run_host`] on the CPU backend,
+/// [`run_cuda`] on CUDA; the other keeps its default, an error. Bodies run on
+/// the stream thread and may block there (a CPU collective waits for its
+/// peers; NCCL enqueues on the task's stream and returns). Collectives reach
+/// them in their index order, one at a time.
 ///
 /// [`comm_stream`]: Communicator::comm_stream
+/// [`run_host`]: Communicator::run_host
+/// [`run_cuda`]: Communicator::run_cuda
 pub trait Communicator: Send + Sync + fmt::Debug {
     /// This rank, `0..world_size`.
     fn rank(&self) -> usize;
@@ -311,8 +466,37 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// The backend's name (`local`, `nccl`).
     fn backend(&self) -> &'static str;
 
-    /// Performs `op` inside the task body `ctx`.
-    fn run(&self, ctx: &TaskCtx<'_>, op: &Collective) -> Result<()>;
+    /// Performs `op` on host memory (a task on the CPU backend). Default: an
+    /// error saying this backend does not run there.
+    fn run_host(&self, op: &Collective, data: HostData<'_>) -> Result<()> {
+        let _ = data;
+        Err(Error::Collective {
+            rank: self.rank(),
+            index: op.index,
+            op: op.describe(),
+            message: format!(
+                "the `{}` communicator cannot run on the CPU backend",
+                self.backend()
+            ),
+        })
+    }
+
+    /// Performs `op` on device memory: enqueues it on `cu`'s stream (a task on
+    /// the CUDA backend). A failure found only once the work has completed on
+    /// the device is reported through [`CudaTaskCtx::on_complete`]. Default:
+    /// an error saying this backend does not run there.
+    fn run_cuda(&self, op: &Collective, data: DeviceData, cu: &CudaTaskCtx<'_>) -> Result<()> {
+        let _ = (data, cu);
+        Err(Error::Collective {
+            rank: self.rank(),
+            index: op.index,
+            op: op.describe(),
+            message: format!(
+                "the `{}` communicator cannot run on a CUDA stream",
+                self.backend()
+            ),
+        })
+    }
 
     /// Gives up: pending and later collectives of every rank fail instead of
     /// waiting (`ncclCommAbort`). Called by [`Comm`] when a collective of this
@@ -329,6 +513,8 @@ struct CommInner {
     issued: Mutex<u64>,
     /// The first failure; later collectives fail fast with it.
     poisoned: OnceLock<Error>,
+    /// The id of the runtime this communicator is bound to.
+    runtime: OnceLock<u64>,
 }
 
 impl CommInner {
@@ -339,10 +525,12 @@ impl CommInner {
     }
 }
 
-/// A communicator as programs use it: submits collectives as tasks.
+/// A rank's handle on a communicator: what [`launch()`] and the NCCL
+/// constructors give. Bind it to the runtime its collectives run on with
+/// [`Comm::bind`] to submit them.
 ///
-/// Cheap to clone; clones share the collective numbering, so use one `Comm`
-/// (and its clones) per communicator.
+/// Cheap to clone; clones share the collective numbering and the poison, so
+/// use one `Comm` (and its clones) per communicator.
 #[derive(Clone)]
 pub struct Comm {
     inner: Arc<CommInner>,
@@ -359,31 +547,6 @@ impl fmt::Debug for Comm {
     }
 }
 
-/// Drop guard inside a collective's task body: if the body is dropped without
-/// running (a task it depends on failed), the communicator is aborted so the
-/// other ranks fail now instead of waiting for a collective that will never
-/// come.
-struct RunGuard {
-    inner: Arc<CommInner>,
-    index: u64,
-    what: String,
-    ran: bool,
-}
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        if !self.ran {
-            let e = Error::Collective {
-                rank: self.inner.imp.rank(),
-                index: self.index,
-                op: self.what.clone(),
-                message: "skipped on this rank because a task it depends on failed".into(),
-            };
-            self.inner.poison(&e);
-        }
-    }
-}
-
 impl Comm {
     /// Wraps a backend's communicator.
     pub fn new(imp: impl Communicator + 'static) -> Comm {
@@ -392,6 +555,27 @@ impl Comm {
                 imp: Box::new(imp),
                 issued: Mutex::new(0),
                 poisoned: OnceLock::new(),
+                runtime: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Binds the communicator to `rt`, the runtime of this rank its
+    /// collectives run on. A communicator binds to one runtime for good
+    /// (binding it again to the same one is fine): its collectives must share
+    /// one comm stream to keep their order. Fails for another runtime.
+    pub fn bind<'rt>(&self, rt: &'rt Runtime) -> Result<BoundComm<'rt>> {
+        let id = rt.id();
+        let _ = self.inner.runtime.set(id);
+        match self.inner.runtime.get() {
+            Some(&bound) if bound != id => Err(Error::Config(format!(
+                "the communicator of rank {} is bound to another runtime; one communicator \
+                 submits to one runtime, so that its collectives keep one order",
+                self.rank()
+            ))),
+            _ => Ok(BoundComm {
+                comm: self.clone(),
+                rt,
             }),
         }
     }
@@ -438,101 +622,6 @@ impl Comm {
         self.inner.poison(&e);
     }
 
-    /// Submits a collective named after its kind. See [`Comm::submit_named`].
-    pub fn submit(
-        &self,
-        rt: &Runtime,
-        kind: CollectiveKind,
-        dtype: DType,
-        buffers: Buffers,
-    ) -> Result<TaskHandle> {
-        self.submit_named(rt, kind.name(), kind, dtype, buffers)
-    }
-
-    /// Submits a collective as the task `name`: checks the views against the
-    /// kind and element type (an error here consumes no index), declares the
-    /// accesses (all-reduce, reduce-scatter and all-gather in place:
-    /// `read_write` on the view; broadcast in place: `read` on the root,
-    /// `read_write` elsewhere; out of place: `read` on the input, `write` on
-    /// the output) and places the task on the communicator's comm stream.
-    /// Returns at once.
-    pub fn submit_named(
-        &self,
-        rt: &Runtime,
-        name: impl Into<Cow<'static, str>>,
-        kind: CollectiveKind,
-        dtype: DType,
-        buffers: Buffers,
-    ) -> Result<TaskHandle> {
-        let name = name.into();
-        let rank = self.rank();
-        let count = self.check(&name, kind, dtype, &buffers)?;
-        let mut issued = lock(&self.inner.issued);
-        let index = *issued;
-        let op = Collective {
-            index,
-            kind,
-            dtype,
-            count,
-            buffers,
-        };
-        let what = if name == kind.name() {
-            op.describe()
-        } else {
-            format!("{name}: {}", op.describe())
-        };
-        let mut b = rt
-            .task(name)
-            .kind(TaskKind::Comm)
-            .comm_stream(self.comm_stream());
-        match &op.buffers {
-            Buffers::None => {}
-            Buffers::InPlace(v) => {
-                b = match kind {
-                    CollectiveKind::Broadcast { root } if root == rank => b.read(v),
-                    _ => b.read_write(v),
-                }
-            }
-            Buffers::OutOfPlace { send, recv } => b = b.read(send).write(recv),
-        }
-        let mut guard = RunGuard {
-            inner: self.inner.clone(),
-            index,
-            what: what.clone(),
-            ran: false,
-        };
-        let h = b.run_ctx(move |ctx| {
-            guard.ran = true;
-            let inner = &guard.inner;
-            if let Some(e) = inner.poisoned.get() {
-                return Err(Box::new(Error::Collective {
-                    rank,
-                    index,
-                    op: what,
-                    message: format!("communicator is poisoned by an earlier failure: {e}"),
-                }));
-            }
-            match inner.imp.run(ctx, &op) {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    let e = match e {
-                        e @ Error::Collective { .. } => e,
-                        other => Error::Collective {
-                            rank,
-                            index,
-                            op: what,
-                            message: other.to_string(),
-                        },
-                    };
-                    inner.poison(&e);
-                    Err(Box::new(e))
-                }
-            }
-        })?;
-        *issued += 1;
-        Ok(h)
-    }
-
     /// Checks the views against the collective; returns the element count.
     fn check(&self, name: &str, kind: CollectiveKind, dtype: DType, b: &Buffers) -> Result<usize> {
         let world = self.world_size();
@@ -546,6 +635,15 @@ impl Comm {
                     v.len(),
                     dtype.name()
                 )));
+            }
+            // Buffers are aligned for every element type, so an element
+            // boundary offset is an aligned address.
+            if v.start % sz != 0 {
+                return Err(Error::Misaligned {
+                    buffer: v.buffer().name().to_string(),
+                    range: v.range(),
+                    ty: dtype.name(),
+                });
             }
             Ok(v.len() / sz)
         };
@@ -600,16 +698,196 @@ impl Comm {
             }
         }
     }
+}
+
+/// One submitted collective, shared by its task's two bodies (CPU and CUDA;
+/// the runtime runs one and drops the other at submission).
+///
+/// If it is dropped without having run — its task was skipped because a task
+/// it depends on failed — the communicator is aborted, so the other ranks fail
+/// now instead of waiting for a collective that will never come.
+struct Job {
+    inner: Arc<CommInner>,
+    op: Collective,
+    /// `kind(op, dtype × count)`, prefixed by the task's name if it differs.
+    what: String,
+    /// Set when a body ran, or when the submission failed (the task never
+    /// existed, so nobody waits for it).
+    settled: AtomicBool,
+}
+
+impl Job {
+    /// The body: fail fast if poisoned, else `f`; a failure becomes an
+    /// [`Error::Collective`] and poisons the communicator.
+    fn run(
+        &self,
+        f: impl FnOnce(&dyn Communicator, &Collective) -> Result<()>,
+    ) -> std::result::Result<(), TaskError> {
+        self.settled.store(true, Ordering::Relaxed);
+        let (inner, op) = (&self.inner, &self.op);
+        let rank = inner.imp.rank();
+        if let Some(e) = inner.poisoned.get() {
+            return Err(Box::new(Error::Collective {
+                rank,
+                index: op.index,
+                op: self.what.clone(),
+                message: format!("communicator is poisoned by an earlier failure: {e}"),
+            }));
+        }
+        match f(&*inner.imp, op) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let e = match e {
+                    e @ Error::Collective { .. } => e,
+                    other => Error::Collective {
+                        rank,
+                        index: op.index,
+                        op: self.what.clone(),
+                        message: other.to_string(),
+                    },
+                };
+                inner.poison(&e);
+                Err(Box::new(e))
+            }
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.settled.load(Ordering::Relaxed) {
+            let e = Error::Collective {
+                rank: self.inner.imp.rank(),
+                index: self.op.index,
+                op: self.what.clone(),
+                message: "skipped on this rank because a task it depends on failed".into(),
+            };
+            self.inner.poison(&e);
+        }
+    }
+}
+
+/// A communicator bound to the runtime its collectives run on ([`Comm::bind`]):
+/// submits collectives as tasks. Derefs to its [`Comm`] (rank, numbering,
+/// poison, abort).
+#[derive(Clone)]
+pub struct BoundComm<'rt> {
+    comm: Comm,
+    rt: &'rt Runtime,
+}
+
+impl fmt::Debug for BoundComm<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundComm")
+            .field("comm", &self.comm)
+            .field("runtime", &self.rt)
+            .finish()
+    }
+}
+
+impl Deref for BoundComm<'_> {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.comm
+    }
+}
+
+impl<'rt> BoundComm<'rt> {
+    /// The runtime the collectives run on.
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.rt
+    }
+
+    /// The communicator, unbound.
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// Submits a collective named after its kind. See [`BoundComm::submit_named`].
+    pub fn submit(
+        &self,
+        kind: CollectiveKind,
+        dtype: DType,
+        buffers: Buffers,
+    ) -> Result<TaskHandle> {
+        self.submit_named(kind.name(), kind, dtype, buffers)
+    }
+
+    /// Submits a collective as the task `name`: checks the views against the
+    /// kind and element type and the runtime (an error here consumes no
+    /// index), declares one access per view (all-reduce, reduce-scatter and
+    /// all-gather in place: `read_write` on the view; broadcast in place:
+    /// `read` on the root, `read_write` elsewhere; out of place: `read` on the
+    /// input, `write` on the output) and places the task on the
+    /// communicator's comm stream. Returns at once.
+    pub fn submit_named(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        kind: CollectiveKind,
+        dtype: DType,
+        buffers: Buffers,
+    ) -> Result<TaskHandle> {
+        let name = name.into();
+        let rank = self.rank();
+        let count = self.comm.check(&name, kind, dtype, &buffers)?;
+        match &buffers {
+            Buffers::None => {}
+            Buffers::InPlace(v) => check_runtime(v, self.rt.id())?,
+            Buffers::OutOfPlace { send, recv } => {
+                check_runtime(send, self.rt.id())?;
+                check_runtime(recv, self.rt.id())?;
+            }
+        }
+        let mut issued = lock(&self.comm.inner.issued);
+        let op = Collective {
+            index: *issued,
+            kind,
+            dtype,
+            count,
+            buffers,
+        };
+        let what = if name == kind.name() {
+            op.describe()
+        } else {
+            format!("{name}: {}", op.describe())
+        };
+        let tokens = tokens(&op, rank);
+        let job = Arc::new(Job {
+            inner: self.comm.inner.clone(),
+            op,
+            what,
+            settled: AtomicBool::new(false),
+        });
+        let (cpu, cuda) = (job.clone(), job.clone());
+        let submitted = self
+            .rt
+            .task(name)
+            .kind(TaskKind::Comm)
+            .comm_stream(self.comm_stream())
+            .run_any(
+                tokens,
+                move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),
+                move |data, cu| {
+                    cuda.run(|imp, op| imp.run_cuda(op, DeviceData::from_parts(data)?, cu))
+                },
+            );
+        match submitted {
+            Ok(h) => {
+                *issued += 1;
+                Ok(h)
+            }
+            Err(e) => {
+                // The task never existed: nobody waits for it, and its index
+                // goes to the next collective.
+                job.settled.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
 
     /// In-place all-reduce of the `T` elements of `v`.
-    pub fn all_reduce<T: Element>(
-        &self,
-        rt: &Runtime,
-        v: &View,
-        op: ReduceOp,
-    ) -> Result<TaskHandle> {
+    pub fn all_reduce<T: Element>(&self, v: &View, op: ReduceOp) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::AllReduce(op),
             T::DTYPE,
             Buffers::InPlace(v.clone()),
@@ -619,13 +897,11 @@ impl Comm {
     /// All-reduce of `send` into `recv` (same element count).
     pub fn all_reduce_into<T: Element>(
         &self,
-        rt: &Runtime,
         send: &View,
         recv: &View,
         op: ReduceOp,
     ) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::AllReduce(op),
             T::DTYPE,
             out_of_place(send, recv),
@@ -635,14 +911,8 @@ impl Comm {
     /// In-place reduce-scatter: `v` holds `count × world` elements; rank `r`'s
     /// reduced chunk lands in chunk `r` of `v` (the other chunks keep their
     /// input).
-    pub fn reduce_scatter<T: Element>(
-        &self,
-        rt: &Runtime,
-        v: &View,
-        op: ReduceOp,
-    ) -> Result<TaskHandle> {
+    pub fn reduce_scatter<T: Element>(&self, v: &View, op: ReduceOp) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::ReduceScatter(op),
             T::DTYPE,
             Buffers::InPlace(v.clone()),
@@ -652,13 +922,11 @@ impl Comm {
     /// Reduce-scatter of `send` (`count × world` elements) into `recv` (`count`).
     pub fn reduce_scatter_into<T: Element>(
         &self,
-        rt: &Runtime,
         send: &View,
         recv: &View,
         op: ReduceOp,
     ) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::ReduceScatter(op),
             T::DTYPE,
             out_of_place(send, recv),
@@ -667,9 +935,8 @@ impl Comm {
 
     /// In-place all-gather: `v` holds `count × world` elements; rank `r`
     /// contributes chunk `r`.
-    pub fn all_gather<T: Element>(&self, rt: &Runtime, v: &View) -> Result<TaskHandle> {
+    pub fn all_gather<T: Element>(&self, v: &View) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::AllGather,
             T::DTYPE,
             Buffers::InPlace(v.clone()),
@@ -677,14 +944,8 @@ impl Comm {
     }
 
     /// All-gather of `send` (`count`) into `recv` (`count × world`, rank order).
-    pub fn all_gather_into<T: Element>(
-        &self,
-        rt: &Runtime,
-        send: &View,
-        recv: &View,
-    ) -> Result<TaskHandle> {
+    pub fn all_gather_into<T: Element>(&self, send: &View, recv: &View) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::AllGather,
             T::DTYPE,
             out_of_place(send, recv),
@@ -692,9 +953,8 @@ impl Comm {
     }
 
     /// In-place broadcast of `root`'s `v` to every rank's `v`.
-    pub fn broadcast<T: Element>(&self, rt: &Runtime, v: &View, root: usize) -> Result<TaskHandle> {
+    pub fn broadcast<T: Element>(&self, v: &View, root: usize) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::Broadcast { root },
             T::DTYPE,
             Buffers::InPlace(v.clone()),
@@ -704,13 +964,11 @@ impl Comm {
     /// Broadcast of `root`'s `send` into every rank's `recv`.
     pub fn broadcast_into<T: Element>(
         &self,
-        rt: &Runtime,
         send: &View,
         recv: &View,
         root: usize,
     ) -> Result<TaskHandle> {
         self.submit(
-            rt,
             CollectiveKind::Broadcast { root },
             T::DTYPE,
             out_of_place(send, recv),
@@ -719,8 +977,8 @@ impl Comm {
 
     /// A barrier: completes on each rank once every rank has reached it (in
     /// stream order: it waits for nothing else on its own rank).
-    pub fn barrier(&self, rt: &Runtime) -> Result<TaskHandle> {
-        self.submit(rt, CollectiveKind::Barrier, DType::F32, Buffers::None)
+    pub fn barrier(&self) -> Result<TaskHandle> {
+        self.submit(CollectiveKind::Barrier, DType::F32, Buffers::None)
     }
 }
 

@@ -1,7 +1,8 @@
-//! NCCL behind the [`Communicator`] trait: a collective task's body enqueues
-//! the NCCL call on the CUDA stream the task runs on, with the device
-//! addresses of its declared views. Ordering against the compute streams comes
-//! from the engine's events, exactly as for a kernel.
+//! NCCL behind the [`Communicator`] trait: a collective task's CUDA body
+//! ([`Communicator::run_cuda`]) enqueues the NCCL call on the CUDA stream the
+//! task runs on, with the device addresses of its declared views
+//! ([`DeviceData`]). Ordering against the compute streams comes from the
+//! engine's events, exactly as for a kernel.
 //!
 //! Timeouts: NCCL collectives are asynchronous, so a rank that never arrives
 //! shows up as a collective that never completes on the device. A watchdog
@@ -9,18 +10,22 @@
 //! enqueued; past the timeout it calls `ncclCommAbort`, which makes the
 //! pending NCCL kernels return, so the stream drains instead of hanging. Every
 //! collective still pending then fails its own task (through a completion
-//! check, `TaskCtx::on_complete`), with an error naming the collective that
-//! timed out, and later collectives on the communicator fail at once.
+//! check, [`CudaTaskCtx::on_complete`]), with an error naming the collective
+//! that timed out, and later collectives on the communicator fail at once.
+//!
+//! The watchdog shares the state; dropping the communicator stops it (a flag,
+//! then an unpark) and joins it, so the watchdog never outlives the
+//! communicator nor ends up destroying the NCCL communicator itself.
 
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
 use super::rendezvous::exchange_id;
 use super::DistEnv;
-use super::{Collective, CollectiveKind, Comm, Communicator, DType, ReduceOp};
-use crate::ctx::TaskCtx;
+use super::{Collective, CollectiveKind, Comm, Communicator, DType, DeviceData, ReduceOp};
+use crate::backend::gpu::CudaTaskCtx;
 use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
 use crate::error::{Error, Result};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, OnceLock, Ordering};
 use crate::Runtime;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default collective timeout of NCCL communicators.
@@ -40,6 +45,8 @@ struct Shared {
     /// Collectives that were still pending when the communicator was aborted.
     killed: Mutex<Vec<u64>>,
     timeout: Duration,
+    /// Set when the communicator is dropped: the watchdog exits.
+    stop: AtomicBool,
 }
 
 /// One NCCL rank as a [`Communicator`].
@@ -47,7 +54,17 @@ pub struct NcclCommunicator {
     shared: Arc<Shared>,
     /// One element of scratch for barriers (an all-reduce of nothing).
     scratch: Mutex<Option<DeviceBuffer>>,
-    _watchdog: Option<std::thread::JoinHandle<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watchdog.take() {
+            w.thread().unpark();
+            let _ = w.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for NcclCommunicator {
@@ -78,16 +95,17 @@ impl NcclCommunicator {
             aborted: OnceLock::new(),
             killed: Mutex::new(Vec::new()),
             timeout,
+            stop: AtomicBool::new(false),
         });
-        let weak = Arc::downgrade(&shared);
+        let sh = shared.clone();
         let watchdog = std::thread::Builder::new()
             .name("braid-nccl-watchdog".into())
-            .spawn(move || watchdog(weak))
+            .spawn(move || watchdog(&sh))
             .ok();
         NcclCommunicator {
             shared,
             scratch: Mutex::new(None),
-            _watchdog: watchdog,
+            watchdog,
         }
     }
 
@@ -143,13 +161,15 @@ impl NcclCommunicator {
     }
 }
 
-fn watchdog(shared: std::sync::Weak<Shared>) {
+fn watchdog(sh: &Shared) {
     loop {
-        std::thread::sleep(Duration::from_millis(20));
-        let Some(sh) = shared.upgrade() else { return };
+        std::thread::park_timeout(Duration::from_millis(20));
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
         let mut late = None;
         {
-            let mut p = sh.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = lock(&sh.pending);
             p.retain(|x| !matches!(x.event.query(), Ok(true) | Err(_)));
             if let Some(x) = p.iter().find(|x| x.since.elapsed() > sh.timeout) {
                 late = Some(format!(
@@ -158,10 +178,7 @@ fn watchdog(shared: std::sync::Weak<Shared>) {
                 ));
             }
             if late.is_some() {
-                sh.killed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(p.iter().map(|x| x.index));
+                lock(&sh.killed).extend(p.iter().map(|x| x.index));
                 p.clear();
             }
         }
@@ -203,36 +220,21 @@ impl Communicator for NcclCommunicator {
         "nccl"
     }
 
-    fn run(&self, ctx: &TaskCtx<'_>, c: &Collective) -> Result<()> {
+    fn run_cuda(&self, c: &Collective, data: DeviceData, cu: &CudaTaskCtx<'_>) -> Result<()> {
         let what = c.describe();
         let rank = self.rank();
         self.check_aborted(c.index, &what)?;
-        let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
-            buffer: what.clone(),
-            actual: "the host",
-            wanted: "a CUDA stream (NCCL)",
-        })?;
         let stream = cu.stream();
         let err = |e| nccl_err(rank, c.index, &what, e);
-        let ptr = |v: Option<crate::View>, write: bool| -> Result<u64> {
-            match v {
-                Some(v) => ctx.device_ptr(&v, write),
-                None => Ok(0),
-            }
-        };
         // The root of an in-place broadcast only reads its data (the task
-        // declared it so); NCCL is given the same address as its output.
-        let root_in_place =
-            matches!(c.kind, CollectiveKind::Broadcast { root } if root == rank) && c.in_place();
-        let (send, recv) = (
-            ptr(c.send_view(rank)?, false)?,
-            ptr(c.recv_view(rank)?, !root_in_place)?,
-        );
+        // declared it so); NCCL is given the same address as its output and
+        // reads it.
+        let (send, recv) = data.addresses(c, rank);
         let dt = dtype(c.dtype);
-        // SAFETY: `send` and `recv` are device addresses of views the task
-        // declared (checked by `device_ptr`), sized by `Comm` for `count`
-        // elements of `dtype` with NCCL's conventions; the task holds the
-        // buffers until the stream has finished the collective.
+        // SAFETY: `send` and `recv` are device addresses inside the views the
+        // task declared (resolved from its access tokens), sized by `Comm`
+        // for `count` elements of `dtype` with NCCL's conventions; the task
+        // holds the buffers until the stream has finished the collective.
         unsafe {
             match c.kind {
                 CollectiveKind::AllReduce(o) => {
@@ -253,7 +255,7 @@ impl Communicator for NcclCommunicator {
                     .comm
                     .broadcast(send, recv, c.count, dt, root, stream),
                 CollectiveKind::Barrier => {
-                    let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut s = lock(&self.scratch);
                     if s.is_none() {
                         *s = Some(DeviceBuffer::zeroed(stream, 4)?);
                     }
@@ -266,20 +268,16 @@ impl Communicator for NcclCommunicator {
         }
         .map_err(err)?;
         let event = CudaEvent::recorded(stream, EventKind::Sync)?;
-        self.shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Pending {
-                index: c.index,
-                what: what.clone(),
-                event,
-                since: Instant::now(),
-            });
+        lock(&self.shared.pending).push(Pending {
+            index: c.index,
+            what: what.clone(),
+            event,
+            since: Instant::now(),
+        });
         // When the work has completed on the device: was it aborted?
         let (shared, index) = (self.shared.clone(), c.index);
-        ctx.on_complete(move || {
-            let killed = shared.killed.lock().unwrap_or_else(|e| e.into_inner());
+        cu.on_complete(move || {
+            let killed = lock(&shared.killed);
             match (killed.contains(&index), shared.aborted.get()) {
                 (true, Some(why)) => Err(Error::Collective {
                     rank,

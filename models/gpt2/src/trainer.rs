@@ -529,13 +529,15 @@ fn run_rank(
     }
     let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
     loader.set_state(start.loader)?;
-    let comm = comm.filter(|_| world > 1);
+    let comm = comm
+        .filter(|_| world > 1)
+        .map(|c| c.bind(&rt))
+        .transpose()?;
     let mut reducer = match &comm {
         Some(c) => {
             // Every rank starts from rank 0's parameters, as DDP does.
-            c.broadcast::<f32>(&rt, &model.params().whole(), 0)?;
+            c.broadcast::<f32>(&model.params().whole(), 0)?;
             Some(Reducer::new(
-                &rt,
                 c.clone(),
                 model.grads(),
                 model.param_specs(),
@@ -590,15 +592,15 @@ fn run_rank(
         model.forward(&rt, &x, Some(&y))?;
         match &mut reducer {
             Some(r) => {
-                model.backward(&rt, 1.0, |p| r.grad_ready(&rt, p))?;
-                r.finish(&rt)?;
+                model.backward(&rt, 1.0, |p| r.grad_ready(p))?;
+                r.finish()?;
             }
             None => model.backward(&rt, 1.0, |_| Ok(()))?,
         }
         if let Some(c) = &comm {
             // After the buckets, so it never holds them up on the comm stream
             // (it waits for the slowest rank's forward pass).
-            c.all_reduce::<f32>(&rt, &model.loss_view(), ReduceOp::Avg)?;
+            c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
         }
         opt.step(&rt, model.params(), model.grads())?;
         rt.synchronize()?;
