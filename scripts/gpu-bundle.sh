@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything a GPU validation run needs (test harnesses, benchmark
-# programs, the braid-gpt2 CLI, the kernel checkers) in release mode on a
+# programs, the braid-gpt2 CLI, the NVRTC checker) in release mode on a
 # machine with a Rust toolchain, and copies the stripped binaries into
 # BUNDLE_DIR (default .gpu/bins) in the layout scripts/gpu-validate.sh expects:
 #   tests/*  libtest harnesses       bin/*  checkers run as plain programs (+ NAME.args)
@@ -30,8 +30,8 @@ cargo build --release -p braid-benches --bins -p braid-gpt2 --bin braid-gpt2
 for b in dag_overhead allreduce_bw ddp_overlap gpt2_cpu gpt2_gpu braid-gpt2; do
     [ -x "target/release/$b" ] && cp "target/release/$b" "$out/bench/"
 done
-(cd tools/nvrtc-check && cargo build --release --features gpu-check --quiet)
-cp tools/nvrtc-check/target/release/{nvrtc-check,cuda-kernel-check} "$out/bin/"
+(cd tools/nvrtc-check && cargo build --release --quiet)
+cp tools/nvrtc-check/target/release/nvrtc-check "$out/bin/"
 echo "--root ." > "$out/bin/nvrtc-check.args"
 strip "$out"/tests/* "$out"/bin/* "$out"/bench/* 2>/dev/null || true
 du -sh "$out"

@@ -168,33 +168,68 @@ impl ParamTensor {
     }
 }
 
-/// Where each tensor of one transformer block lies in the flat buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerParams {
+/// The twelve tensors of one transformer block, each as a `T`: where it lies
+/// in the flat buffer ([`Span`], what [`ParamLayout::layer`] gives), a view
+/// of the parameter or gradient buffer (the model's), an index into
+/// [`ParamLayout::tensors`], …; [`map`](Self::map) turns one into another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerParams<T = Span> {
     /// `(C)` first layer norm weight.
-    pub ln1w: Span,
+    pub ln1w: T,
     /// `(C)` first layer norm bias.
-    pub ln1b: Span,
+    pub ln1b: T,
     /// `(3C, C)` query/key/value projection weight.
-    pub qkvw: Span,
+    pub qkvw: T,
     /// `(3C)` query/key/value projection bias.
-    pub qkvb: Span,
+    pub qkvb: T,
     /// `(C, C)` attention output projection weight.
-    pub attprojw: Span,
+    pub attprojw: T,
     /// `(C)` attention output projection bias.
-    pub attprojb: Span,
+    pub attprojb: T,
     /// `(C)` second layer norm weight.
-    pub ln2w: Span,
+    pub ln2w: T,
     /// `(C)` second layer norm bias.
-    pub ln2b: Span,
+    pub ln2b: T,
     /// `(4C, C)` MLP up projection weight.
-    pub fcw: Span,
+    pub fcw: T,
     /// `(4C)` MLP up projection bias.
-    pub fcb: Span,
+    pub fcb: T,
     /// `(C, 4C)` MLP down projection weight.
-    pub fcprojw: Span,
+    pub fcprojw: T,
     /// `(C)` MLP down projection bias.
-    pub fcprojb: Span,
+    pub fcprojb: T,
+}
+
+impl<T> LayerParams<T> {
+    /// `f` of each tensor, or its first error.
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&T) -> Result<U, E>,
+    ) -> Result<LayerParams<U>, E> {
+        Ok(LayerParams {
+            ln1w: f(&self.ln1w)?,
+            ln1b: f(&self.ln1b)?,
+            qkvw: f(&self.qkvw)?,
+            qkvb: f(&self.qkvb)?,
+            attprojw: f(&self.attprojw)?,
+            attprojb: f(&self.attprojb)?,
+            ln2w: f(&self.ln2w)?,
+            ln2b: f(&self.ln2b)?,
+            fcw: f(&self.fcw)?,
+            fcb: f(&self.fcb)?,
+            fcprojw: f(&self.fcprojw)?,
+            fcprojb: f(&self.fcprojb)?,
+        })
+    }
+
+    /// `f` of each tensor.
+    pub fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> LayerParams<U> {
+        let never = self.try_map(|x| Ok::<U, std::convert::Infallible>(f(x)));
+        match never {
+            Ok(m) => m,
+            Err(e) => match e {},
+        }
+    }
 }
 
 /// The positions of all parameter tensors in the flat buffer.

@@ -11,6 +11,9 @@
 //! adamw i        read scale, grads[i]   read_write params[i], m[i], v[i]      one per chunk
 //! ```
 //!
+//! (the tasks of [`kernels::norm`](crate::kernels::norm) and
+//! [`kernels::adamw`](crate::kernels::adamw)).
+//!
 //! The update multiplies each gradient by the clip factor as it reads it
 //! (the products `scale_in_place` would form) and leaves `grads` as the
 //! backward pass and the all-reduces left them. The sum-of-squares tasks
@@ -37,7 +40,7 @@ use braid::{Buffer, Priority, Runtime};
 
 use crate::checkpoint::AdamWHyper;
 use crate::error::{Gpt2Error, Result};
-use crate::model::ops::{global_norm, submit, Op};
+use crate::kernels::{adamw, norm};
 use crate::model::Gpt2Model;
 
 /// The largest chunk (in elements) of one sum-of-squares or update task.
@@ -185,7 +188,7 @@ impl AdamW {
     /// The global gradient norm (before clipping) of the last step.
     pub fn read_grad_norm(&self, rt: &Runtime) -> Result<f32> {
         let partials: Vec<f64> = rt.read_vec(&self.partials)?;
-        Ok(global_norm(&partials[..self.chunks.len()]) as f32)
+        Ok(norm::global_norm(&partials[..self.chunks.len()]) as f32)
     }
 
     /// Submits one step: the global norm of `grads`, the clip factor, and the
@@ -202,52 +205,32 @@ impl AdamW {
             }
         }
         self.step += 1;
-        let h = self.hyper;
         // The norm is computed even without clipping, for logging.
         for (i, c) in self.chunks.iter().enumerate() {
-            submit(
-                rt,
-                format!("grad sumsq {i}"),
-                Priority::Side,
-                Op::SumSquares {
-                    partial: self.partials.view_of::<f64>(i..i + 1)?,
-                    scratch: self
-                        .scratch
-                        .view_of::<f64>(i * NORM_SCRATCH..(i + 1) * NORM_SCRATCH)?,
-                    grads: grads.view_of::<f32>(c.clone())?,
-                },
+            norm::sum_squares(
+                rt.task(format!("grad sumsq {i}")).priority(Priority::Side),
+                &self.partials.view_of::<f64>(i..i + 1)?,
+                &self
+                    .scratch
+                    .view_of::<f64>(i * NORM_SCRATCH..(i + 1) * NORM_SCRATCH)?,
+                &grads.view_of::<f32>(c.clone())?,
             )?;
         }
+        let scale = self.scale.whole();
         if let Some(max_norm) = self.max_grad_norm {
-            submit(
-                rt,
-                "clip scale",
-                Priority::Main,
-                Op::ClipScale {
-                    scale: self.scale.whole(),
-                    partials: self.partials.view_of::<f64>(0..self.chunks.len())?,
-                    max_norm,
-                },
-            )?;
+            let partials = self.partials.view_of::<f64>(0..self.chunks.len())?;
+            norm::clip_factor(rt.task("clip scale"), &scale, &partials, max_norm)?;
         }
         for (i, c) in self.chunks.iter().enumerate() {
-            submit(
-                rt,
-                format!("adamw {i}"),
-                Priority::Main,
-                Op::AdamW {
-                    params: params.view_of::<f32>(c.clone())?,
-                    grads: grads.view_of::<f32>(c.clone())?,
-                    m: self.m.view_of::<f32>(c.clone())?,
-                    v: self.v.view_of::<f32>(c.clone())?,
-                    scale: self.max_grad_norm.map(|_| self.scale.whole()),
-                    step: self.step,
-                    lr: h.learning_rate,
-                    beta1: h.beta1,
-                    beta2: h.beta2,
-                    eps: h.eps,
-                    weight_decay: h.weight_decay,
-                },
+            adamw::update(
+                rt.task(format!("adamw {i}")),
+                &params.view_of::<f32>(c.clone())?,
+                &grads.view_of::<f32>(c.clone())?,
+                &self.m.view_of::<f32>(c.clone())?,
+                &self.v.view_of::<f32>(c.clone())?,
+                self.max_grad_norm.map(|_| &scale),
+                self.step,
+                self.hyper,
             )?;
         }
         Ok(())

@@ -52,41 +52,90 @@ use crate::kernels::cpu as k;
 use crate::kernels::TokenError;
 use crate::layout::{ParamLayout, Span};
 
-/// Where each activation of one transformer block lies (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerActivations {
+/// The activations of one transformer block (see the module docs), each as a
+/// `T`: where it lies in the activation buffer ([`Span`], what
+/// [`ActivationLayout`] holds), or a view of that buffer (the model's);
+/// [`map`](Self::map) turns one into another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerActivations<T = Span> {
     /// `(B, T, C)`
-    pub ln1: Span,
+    pub ln1: T,
     /// `(B, T)`
-    pub ln1_mean: Span,
+    pub ln1_mean: T,
     /// `(B, T)`
-    pub ln1_rstd: Span,
+    pub ln1_rstd: T,
     /// `(B, T, 3C)`
-    pub qkv: Span,
+    pub qkv: T,
     /// `(B, T, C)`
-    pub atty: Span,
+    pub atty: T,
     /// `(B, NH, T, T)`
-    pub preatt: Span,
+    pub preatt: T,
     /// `(B, NH, T, T)`
-    pub att: Span,
+    pub att: T,
     /// `(B, T, C)`
-    pub attproj: Span,
+    pub attproj: T,
     /// `(B, T, C)`
-    pub residual2: Span,
+    pub residual2: T,
     /// `(B, T, C)`
-    pub ln2: Span,
+    pub ln2: T,
     /// `(B, T)`
-    pub ln2_mean: Span,
+    pub ln2_mean: T,
     /// `(B, T)`
-    pub ln2_rstd: Span,
+    pub ln2_rstd: T,
     /// `(B, T, 4C)`
-    pub fch: Span,
+    pub fch: T,
     /// `(B, T, 4C)`
-    pub fch_gelu: Span,
+    pub fch_gelu: T,
     /// `(B, T, C)`
-    pub fcproj: Span,
+    pub fcproj: T,
     /// `(B, T, C)`
-    pub residual3: Span,
+    pub residual3: T,
+}
+
+impl<T> LayerActivations<T> {
+    /// `f` of each activation, or its first error.
+    pub fn try_map<U, E>(
+        &self,
+        mut f: impl FnMut(&T) -> Result<U, E>,
+    ) -> Result<LayerActivations<U>, E> {
+        Ok(LayerActivations {
+            ln1: f(&self.ln1)?,
+            ln1_mean: f(&self.ln1_mean)?,
+            ln1_rstd: f(&self.ln1_rstd)?,
+            qkv: f(&self.qkv)?,
+            atty: f(&self.atty)?,
+            preatt: f(&self.preatt)?,
+            att: f(&self.att)?,
+            attproj: f(&self.attproj)?,
+            residual2: f(&self.residual2)?,
+            ln2: f(&self.ln2)?,
+            ln2_mean: f(&self.ln2_mean)?,
+            ln2_rstd: f(&self.ln2_rstd)?,
+            fch: f(&self.fch)?,
+            fch_gelu: f(&self.fch_gelu)?,
+            fcproj: f(&self.fcproj)?,
+            residual3: f(&self.residual3)?,
+        })
+    }
+
+    /// `f` of each activation.
+    pub fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> LayerActivations<U> {
+        let never = self.try_map(|x| Ok::<U, std::convert::Infallible>(f(x)));
+        match never {
+            Ok(m) => m,
+            Err(e) => match e {},
+        }
+    }
+}
+
+impl LayerActivations {
+    /// The whole block, contiguous (from `ln1` to `residual3`).
+    pub fn all(&self) -> Span {
+        Span {
+            offset: self.ln1.offset,
+            len: self.residual3.end() - self.ln1.offset,
+        }
+    }
 }
 
 /// Where every activation of a `(B, T)` forward pass lies in one allocation.
@@ -702,7 +751,7 @@ mod tests {
         };
         let (b, t) = (2, 4);
         let lay = ParamLayout::new(&cfg);
-        let mut params = crate::kernels::cpu::testutil::randn(lay.total, 0.3, 50);
+        let mut params = crate::kernels::testutil::randn(lay.total, 0.3, 50);
         for name in ["ln_1.weight", "ln_2.weight"] {
             for l in 0..cfg.num_layers {
                 let r = lay

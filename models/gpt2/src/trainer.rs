@@ -453,7 +453,7 @@ pub fn model_runtime(
         });
     }
     if let Some(dev) = rt.cuda_device() {
-        crate::kernels::cuda::preload(dev)?;
+        crate::kernels::preload(dev)?;
     }
     Ok(rt)
 }

@@ -1,17 +1,30 @@
-//! The CUDA launchers of `braid_gpt2::kernels::cuda`, each run inside a Braid
-//! task on the CUDA backend and compared with the CPU kernel on the same
-//! inputs (tolerances as in `tools/nvrtc-check`'s `cuda-kernel-check`).
+//! The kernel families of `braid_gpt2::kernels`, each task run on the CUDA
+//! backend and compared with its CPU kernel on the same inputs; and misuse,
+//! one test body on every backend present.
 //!
 //! GPU tests skip with a message when no GPU is present and fail instead when
-//! `BRAID_REQUIRE_GPU=1`. Without a GPU, the argument checks (which run before
-//! the backend is looked at) and an NVRTC compile of every source (when
-//! libnvrtc is found; required with `BRAID_REQUIRE_NVRTC=1`) still run.
+//! `BRAID_REQUIRE_GPU=1`. Without a GPU, the misuse tests run on the CPU and
+//! an NVRTC compile of every source runs (when libnvrtc is found; required
+//! with `BRAID_REQUIRE_NVRTC=1`).
+//!
+//! What a task may touch is checked by the compiler (a body gets exactly the
+//! slices its tokens declare, read-only for a read) and at submission (no
+//! written token overlaps another, every view is aligned for its type), so
+//! the remaining misuse is a wrong shape: the CUDA launchers refuse it before
+//! queuing anything and the CPU kernels before any work, failing the task
+//! with a message that names the argument.
 
-use std::sync::{Arc, Mutex};
+#[macro_use]
+mod common;
 
-use braid::{BackendKind, Buffer, Error, Runtime, TaskCtx};
-use braid_gpt2::kernels::{check_tokens, cpu, cuda as gk};
+use braid::{Buffer, Error, Runtime, TaskHandle};
+use braid_gpt2::checkpoint::AdamWHyper;
+use braid_gpt2::kernels::{
+    adamw, attention, check_tokens, cpu, encoder, gelu, kernel_sources, layernorm, loss, matmul,
+    norm, preload, residual,
+};
 use braid_gpt2::rng::randn;
+use common::Device;
 
 // Small shapes, not multiples of the block sizes.
 const B: usize = 2;
@@ -54,25 +67,27 @@ fn compare(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
     );
 }
 
-/// A CUDA runtime and helpers to move data and run one launcher per task.
-struct Gpu {
+/// A runtime of one backend and helpers to move data.
+struct Dev {
     rt: Runtime,
 }
 
-impl Gpu {
-    /// `None` (after printing why) when there is no GPU; panics instead under
-    /// `BRAID_REQUIRE_GPU=1`.
-    fn new(test: &str) -> Option<Gpu> {
-        if !braid::cuda::gpu_or_skip(test) {
-            return None;
-        }
+impl Dev {
+    fn new(dev: Device) -> Dev {
         let rt = Runtime::builder()
-            .backend(BackendKind::Cuda { device: 0 })
+            .backend(dev.backend())
             .build()
-            .expect("CUDA runtime");
-        gk::preload(rt.cuda_device().expect("a CUDA runtime has a device"))
-            .expect("every GPT-2 kernel compiles and loads");
-        Some(Gpu { rt })
+            .expect("runtime");
+        if let Some(d) = rt.cuda_device() {
+            preload(d).expect("every GPT-2 kernel compiles and loads");
+        }
+        Dev { rt }
+    }
+
+    /// A CUDA runtime, or `None` (after printing why) when there is no GPU;
+    /// panics instead under `BRAID_REQUIRE_GPU=1`.
+    fn gpu(test: &str) -> Option<Dev> {
+        Device::Cuda.present(test).then(|| Dev::new(Device::Cuda))
     }
 
     fn up(&self, data: &[f32]) -> Buffer {
@@ -91,35 +106,12 @@ impl Gpu {
     fn down(&self, b: &Buffer) -> Vec<f32> {
         self.rt.read_vec(b).unwrap()
     }
-
-    /// Runs `body` as one task declaring `read` on `reads` and `read_write`
-    /// on `writes`, and waits for it.
-    fn run(
-        &self,
-        name: &'static str,
-        reads: &[&Buffer],
-        writes: &[&Buffer],
-        body: impl FnOnce(&TaskCtx<'_>) -> braid::Result<()> + Send + 'static,
-    ) -> braid::Result<()> {
-        run_on(&self.rt, name, reads, writes, body)
-    }
 }
 
-fn run_on(
-    rt: &Runtime,
-    name: &'static str,
-    reads: &[&Buffer],
-    writes: &[&Buffer],
-    body: impl FnOnce(&TaskCtx<'_>) -> braid::Result<()> + Send + 'static,
-) -> braid::Result<()> {
-    let mut task = rt.task(name);
-    for b in reads {
-        task = task.read(*b);
-    }
-    for b in writes {
-        task = task.read_write(*b);
-    }
-    task.run_ctx(move |ctx| Ok(body(ctx)?))?.wait()
+/// Waits for a submitted task.
+#[track_caller]
+fn done(h: braid::Result<TaskHandle>) {
+    h.expect("submitted").wait().expect("the task ran");
 }
 
 // ---------------------------------------------------------------------------
@@ -138,8 +130,8 @@ fn kernel_sources_compile_with_nvrtc() {
         );
         return;
     }
-    let sources = gk::kernel_sources();
-    assert_eq!(sources.len(), 8);
+    let sources = kernel_sources();
+    assert_eq!(sources.len(), 9);
     let opts = braid::cuda::CompileOptions::for_arch("sm_90");
     for (name, source) in sources {
         let k = braid::cuda::compile(source, name, &opts)
@@ -148,94 +140,114 @@ fn kernel_sources_compile_with_nvrtc() {
     }
 }
 
-/// Launchers check shapes before anything else, so a wrong view is a typed
-/// error naming the argument even on the CPU backend; with correct shapes, a
-/// CPU task gets `BackendUnavailable`, never a panic or a launch.
-#[test]
-fn launchers_reject_bad_shapes_and_cpu_tasks() {
-    let rt = Runtime::cpu().unwrap();
-    let n = B * T;
-    let f = |len: usize| rt.alloc("x", len * 4).unwrap();
-    let (out, short, mean, rstd, inp, w, bias) =
-        (f(n * C), f(n * C - 1), f(n), f(n), f(n * C), f(C), f(C));
-    let errors = Arc::new(Mutex::new(Vec::<Error>::new()));
-    let sink = errors.clone();
-    let (out_v, short_v, mean_v, rstd_v, inp_v, w_v, bias_v) = (
-        out.whole(),
-        short.whole(),
-        mean.whole(),
-        rstd.whole(),
-        inp.whole(),
-        w.whole(),
-        bias.whole(),
-    );
-    run_on(
-        &rt,
-        "misuse",
-        &[&inp, &w, &bias],
-        &[&out, &short, &mean, &rstd],
-        move |ctx| {
-            let mut e = sink.lock().unwrap();
-            let mut push = |r: braid::Result<()>| e.push(r.expect_err("must fail"));
-            // 0: out one element short.
-            push(gk::layernorm_forward(
-                ctx, &short_v, &mean_v, &rstd_v, &inp_v, &w_v, &bias_v, B, T, C,
-            ));
-            // 1: correct shapes, but a CPU task.
-            push(gk::layernorm_forward(
-                ctx, &out_v, &mean_v, &rstd_v, &inp_v, &w_v, &bias_v, B, T, C,
-            ));
-            // 2: lengths differ.
-            push(gk::gelu_forward(ctx, &out_v, &short_v));
-            // 3: C not divisible by NH.
-            push(gk::attention_forward(
-                ctx, &out_v, &mean_v, &rstd_v, &inp_v, &w_v, B, T, C, 5,
-            ));
-            // 4: a zero dimension.
-            push(gk::matmul_forward(
-                ctx, &out_v, &inp_v, &w_v, None, B, 0, C, C,
-            ));
-            // 5: step 0.
-            push(gk::adamw_update(
-                ctx, &w_v, &bias_v, &out_v, &out_v, None, 0, 1e-3, 0.9, 0.95, 1e-8, 0.0,
-            ));
-            Ok(())
-        },
-    )
-    .unwrap();
-    let errors = errors.lock().unwrap();
-    let device_err = |i: usize, op: &str, needle: &str| match &errors[i] {
-        Error::Device { op: o, message, .. } => {
-            assert_eq!(o, op, "error {i}");
-            assert!(message.contains(needle), "error {i}: {message}");
-        }
-        other => panic!("error {i}: expected a shape error, got {other:?}"),
-    };
-    device_err(0, "layernorm_forward", "`out`");
+// ---------------------------------------------------------------------------
+// Misuse, on every backend
+// ---------------------------------------------------------------------------
+
+/// Overlapping outputs and misaligned views are refused at submission, with
+/// nothing submitted and nothing written.
+fn misuse_is_refused_at_submission(dev: Device) {
+    let g = Dev::new(dev);
+    let n = 1000;
+    let (a, b, big) = (g.up(&randn(n, 1.0, 80)), g.zeros(n), g.zeros(2 * n + 1));
+    let half = |lo: usize| big.view_of::<f32>(lo..lo + n).unwrap();
+    // The output overlapping the input.
+    let e = gelu::forward(g.rt.task("overlap"), &half(0), &half(n / 2)).unwrap_err();
     assert!(
-        matches!(
-            &errors[1],
-            Error::BackendUnavailable {
-                backend: "cuda",
-                ..
-            }
-        ),
-        "{:?}",
-        errors[1]
+        matches!(&e, Error::BorrowConflict { task, .. } if task == "overlap"),
+        "{e}"
     );
-    device_err(2, "gelu_forward", "`inp`");
-    device_err(3, "attention_forward", "not divisible");
-    device_err(4, "matmul_forward", "T is 0");
-    device_err(5, "adamw_update", "from 1");
+    // Residual gradients into overlapping views.
+    let e = residual::backward(g.rt.task("overlap 2"), &half(0), &half(1), &a.whole()).unwrap_err();
+    assert!(matches!(&e, Error::BorrowConflict { .. }), "{e}");
+    // A misaligned output (starts 2 bytes into the buffer).
+    let odd = big.view(2..2 + 4 * n).unwrap();
+    let e = gelu::forward(g.rt.task("odd"), &odd, &a.whole()).unwrap_err();
+    assert!(matches!(&e, Error::Misaligned { .. }), "{e}");
+    g.rt.synchronize().unwrap();
+    assert!(g.down(&b).iter().all(|&x| x == 0.0));
+    assert!(g.down(&big).iter().all(|&x| x == 0.0));
 }
 
+test_device!(
+    misuse_is_refused_at_submission,
+    misuse_is_refused_at_submission_cpu,
+    misuse_is_refused_at_submission_cuda
+);
+
+/// A wrong shape fails the task, naming the kernel and the argument: a
+/// launcher's typed error on CUDA (before anything is queued), the CPU
+/// kernel's assertion on the CPU (before any work).
+fn bad_shapes_fail_the_task(dev: Device) {
+    let g = Dev::new(dev);
+    let n = B * T;
+    // Fresh buffers for every case: a failed task's outputs fail its readers.
+    let f = |len: usize| g.zeros(len).whole();
+    let fails = |h: braid::Result<TaskHandle>, task: &str, needles: &[&str]| {
+        let e = h.expect("a shape error is not a submission error").wait();
+        let msg = e.expect_err("a wrong shape must fail the task").to_string();
+        assert!(msg.contains(task), "{dev:?}: {msg}");
+        for needle in needles {
+            assert!(msg.contains(needle), "{dev:?}: `{needle}` not in: {msg}");
+        }
+    };
+    // `out` one element short.
+    let h = layernorm::forward(
+        g.rt.task("short out"),
+        &f(n * C - 1),
+        &f(n),
+        &f(n),
+        &f(n * C),
+        &f(C),
+        &f(C),
+        n,
+        C,
+    );
+    fails(h, "short out", &["layernorm_forward", "`out`"]);
+    // Lengths that differ.
+    let h = gelu::forward(g.rt.task("lengths"), &f(n * C), &f(n * C - 1));
+    fails(h, "lengths", &["gelu_forward", "`inp`"]);
+    // C not divisible by NH.
+    let h = attention::forward(
+        g.rt.task("heads"),
+        &f(n * C),
+        &f(B * 5 * T * T),
+        &f(B * 5 * T * T),
+        &f(n * 3 * C),
+        &f(4 * n * C),
+        B,
+        T,
+        C,
+        5,
+    );
+    fails(h, "heads", &["not divisible"]);
+    // Step 0.
+    let h = adamw::update(
+        g.rt.task("step 0"),
+        &f(C),
+        &f(C),
+        &f(C),
+        &f(C),
+        None,
+        0,
+        AdamWHyper::default(),
+    );
+    fails(h, "step 0", &["from 1"]);
+}
+
+test_device!(
+    bad_shapes_fail_the_task,
+    bad_shapes_fail_the_task_cpu,
+    bad_shapes_fail_the_task_cuda
+);
+
 // ---------------------------------------------------------------------------
-// On the GPU: each launcher against its CPU kernel
+// On the GPU: each family's task against its CPU kernel
 // ---------------------------------------------------------------------------
 
 #[test]
 fn encoder_matches_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::encoder_matches_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::encoder_matches_cpu") else {
         return;
     };
     let max_t = T + 5; // wpe may have more rows than T
@@ -244,24 +256,18 @@ fn encoder_matches_cpu() {
     let mut want = vec![0.0; B * T * C];
     cpu::encoder_forward(&mut want, &tok, &wte, &wpe, B, T, C);
     let (dwte, dwpe, dtok, out) = (g.up(&wte), g.up(&wpe), g.up_u32(&tok), g.zeros(B * T * C));
-    g.run("encoder_forward", &[&dtok, &dwte, &dwpe], &[&out], {
-        let (o, tk, te, pe) = (out.whole(), dtok.whole(), dwte.whole(), dwpe.whole());
-        // SAFETY: every token id is < V (checked by `tokens`).
-        move |ctx| unsafe { gk::encoder_forward(ctx, &o, &tk, &te, &pe, B, T, C) }
-    })
-    .unwrap();
+    let (o, tk, te, pe) = (out.whole(), dtok.whole(), dwte.whole(), dwpe.whole());
+    // SAFETY: every token id is < V (checked by `tokens`).
+    done(unsafe { encoder::forward(g.rt.task("encoder_forward"), &o, &tk, &te, &pe, B, T, C) });
     compare("encoder_forward", &g.down(&out), &want, 0.0, 0.0);
 
     let dout = randn(B * T * C, 1.0, 4);
     let (mut gwte, mut gwpe) = (randn(V * C, 0.1, 5), randn(max_t * C, 0.1, 6));
     let (bwte, bwpe, bdout) = (g.up(&gwte), g.up(&gwpe), g.up(&dout));
     cpu::encoder_backward(&mut gwte, &mut gwpe, &dout, &tok, B, T, C);
-    g.run("encoder_backward", &[&bdout, &dtok], &[&bwte, &bwpe], {
-        let (te, pe, d, tk) = (bwte.whole(), bwpe.whole(), bdout.whole(), dtok.whole());
-        // SAFETY: every token id is < V (checked by `tokens`).
-        move |ctx| unsafe { gk::encoder_backward(ctx, &te, &pe, &d, &tk, B, T, C) }
-    })
-    .unwrap();
+    let (te, pe, d) = (bwte.whole(), bwpe.whole(), bdout.whole());
+    // SAFETY: every token id is < V (checked by `tokens`).
+    done(unsafe { encoder::backward(g.rt.task("encoder_backward"), &te, &pe, &d, &tk, B, T, C) });
     // Same summation order as the CPU: bitwise equal.
     compare("encoder_backward dwpe", &g.down(&bwpe), &gwpe, 0.0, 0.0);
     compare("encoder_backward dwte", &g.down(&bwte), &gwte, 0.0, 0.0);
@@ -269,7 +275,7 @@ fn encoder_matches_cpu() {
 
 #[test]
 fn layernorm_matches_cpu_and_is_deterministic() {
-    let Some(g) = Gpu::new("cuda_kernels::layernorm_matches_cpu_and_is_deterministic") else {
+    let Some(g) = Dev::gpu("cuda_kernels::layernorm_matches_cpu_and_is_deterministic") else {
         return;
     };
     let n = B * T;
@@ -280,16 +286,18 @@ fn layernorm_matches_cpu_and_is_deterministic() {
     cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, B, T, C);
     let (dinp, dw, db) = (g.up(&inp), g.up(&w), g.up(&bias));
     let (gout, gmean, grstd) = (g.zeros(n * C), g.zeros(n), g.zeros(n));
-    g.run(
-        "layernorm_forward",
-        &[&dinp, &dw, &db],
-        &[&gout, &gmean, &grstd],
-        {
-            let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
-            move |ctx| gk::layernorm_forward(ctx, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], B, T, C)
-        },
-    )
-    .unwrap();
+    let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
+    done(layernorm::forward(
+        g.rt.task("layernorm_forward"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        &v[5],
+        n,
+        C,
+    ));
     compare("layernorm_forward out", &g.down(&gout), &out, 1e-5, 1e-4);
     compare("layernorm_forward mean", &g.down(&gmean), &mean, 1e-6, 1e-4);
     compare("layernorm_forward rstd", &g.down(&grstd), &rstd, 1e-6, 1e-4);
@@ -299,20 +307,20 @@ fn layernorm_matches_cpu_and_is_deterministic() {
     let mut results = Vec::new();
     for _ in 0..2 {
         let (bi, bw, bb, bdout) = (g.up(&gi), g.up(&gw), g.up(&gb), g.up(&dout));
-        g.run(
-            "layernorm_backward",
-            &[&bdout, &dinp, &dw, &gmean, &grstd],
-            &[&bi, &bw, &bb],
-            {
-                let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &gmean, &grstd].map(|b| b.whole());
-                move |ctx| {
-                    gk::layernorm_backward(
-                        ctx, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], B, T, C,
-                    )
-                }
-            },
-        )
-        .unwrap();
+        let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &gmean, &grstd].map(|b| b.whole());
+        done(layernorm::backward(
+            g.rt.task("layernorm_backward"),
+            &v[0],
+            &v[1],
+            &v[2],
+            &v[3],
+            &v[4],
+            &v[5],
+            &v[6],
+            &v[7],
+            n,
+            C,
+        ));
         results.push((g.down(&bi), g.down(&bw), g.down(&bb)));
     }
     assert!(
@@ -329,7 +337,7 @@ fn layernorm_matches_cpu_and_is_deterministic() {
 
 #[test]
 fn matmul_matches_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::matmul_matches_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::matmul_matches_cpu") else {
         return;
     };
     let (n, oc) = (B * T, 3 * C);
@@ -350,14 +358,18 @@ fn matmul_matches_cpu() {
             oc,
         );
         let out = g.zeros(n * oc);
-        g.run("matmul_forward", &[&binp, &bw, &bbias], &[&out], {
-            let v = [&out, &binp, &bw, &bbias].map(|b| b.whole());
-            move |ctx| {
-                let bias = with_bias.then_some(&v[3]);
-                gk::matmul_forward(ctx, &v[0], &v[1], &v[2], bias, B, T, C, oc)
-            }
-        })
-        .unwrap();
+        let v = [&out, &binp, &bw, &bbias].map(|b| b.whole());
+        let b = with_bias.then_some(&v[3]);
+        done(matmul::forward(
+            g.rt.task("matmul_forward"),
+            &v[0],
+            &v[1],
+            &v[2],
+            b,
+            n,
+            C,
+            oc,
+        ));
         compare(
             &format!("matmul_forward (bias: {with_bias})"),
             &g.down(&out),
@@ -372,11 +384,16 @@ fn matmul_matches_cpu() {
     let mut gi = randn(n * C, 0.1, 24);
     let bgi = g.up(&gi);
     cpu::matmul_backward_input(&mut gi, &dout, &w, B, T, C, oc);
-    g.run("matmul_backward_input", &[&bdout, &bw], &[&bgi], {
-        let v = [&bgi, &bdout, &bw].map(|b| b.whole());
-        move |ctx| gk::matmul_backward_input(ctx, &v[0], &v[1], &v[2], B, T, C, oc)
-    })
-    .unwrap();
+    let v = [&bgi, &bdout, &bw].map(|b| b.whole());
+    done(matmul::backward_input(
+        g.rt.task("matmul_backward_input"),
+        &v[0],
+        &v[1],
+        &v[2],
+        n,
+        C,
+        oc,
+    ));
     compare("matmul_backward_input", &g.down(&bgi), &gi, 1e-4, 1e-4);
 
     for with_bias in [true, false] {
@@ -393,14 +410,18 @@ fn matmul_matches_cpu() {
             C,
             oc,
         );
-        g.run("matmul_backward_weight", &[&bdout, &binp], &[&bgw, &bgb], {
-            let v = [&bgw, &bgb, &bdout, &binp].map(|b| b.whole());
-            move |ctx| {
-                let dbias = with_bias.then_some(&v[1]);
-                gk::matmul_backward_weight(ctx, &v[0], dbias, &v[2], &v[3], B, T, C, oc)
-            }
-        })
-        .unwrap();
+        let v = [&bgw, &bgb, &bdout, &binp].map(|b| b.whole());
+        let dbias = with_bias.then_some(&v[1]);
+        done(matmul::backward_weight(
+            g.rt.task("matmul_backward_weight"),
+            &v[0],
+            dbias,
+            &v[2],
+            &v[3],
+            n,
+            C,
+            oc,
+        ));
         compare(
             "matmul_backward_weight dweight",
             &g.down(&bgw),
@@ -418,7 +439,7 @@ fn matmul_matches_cpu() {
 
 #[test]
 fn attention_matches_cpu_and_is_deterministic() {
-    let Some(g) = Gpu::new("cuda_kernels::attention_matches_cpu_and_is_deterministic") else {
+    let Some(g) = Dev::gpu("cuda_kernels::attention_matches_cpu_and_is_deterministic") else {
         return;
     };
     let bnh = B * NH;
@@ -436,17 +457,20 @@ fn attention_matches_cpu_and_is_deterministic() {
         g.zeros(bnh * T * T),
         g.zeros(bnh * T * T),
     );
-    let fwd_scratch = g.zeros(gk::attention_forward_scratch_bytes(B, T, C, NH) / 4);
-    g.run(
-        "attention_forward",
-        &[&binp],
-        &[&gout, &gpre, &gatt, &fwd_scratch],
-        {
-            let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
-            move |ctx| gk::attention_forward(ctx, &v[0], &v[1], &v[2], &v[3], &v[4], B, T, C, NH)
-        },
-    )
-    .unwrap();
+    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH) / 4);
+    let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
+    done(attention::forward(
+        g.rt.task("attention_forward"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        B,
+        T,
+        C,
+        NH,
+    ));
     let gatt_host = g.down(&gatt);
     compare("attention_forward att", &gatt_host, &att, 1e-6, 1e-4);
     compare("attention_forward out", &g.down(&gout), &out, 1e-5, 1e-4);
@@ -468,22 +492,23 @@ fn attention_matches_cpu_and_is_deterministic() {
     let dout = randn(B * T * C, 1.0, 31);
     let mut dinp = randn(B * T * 3 * C, 0.1, 32);
     let bdout = g.up(&dout);
-    let bwd_scratch = g.zeros(gk::attention_backward_scratch_bytes(B, T, C, NH) / 4);
+    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH) / 4);
     let mut results = Vec::new();
     for _ in 0..2 {
         let bdinp = g.up(&dinp);
-        g.run(
-            "attention_backward",
-            &[&bdout, &binp, &gatt],
-            &[&bdinp, &bwd_scratch],
-            {
-                let v = [&bdinp, &bdout, &binp, &gatt, &bwd_scratch].map(|b| b.whole());
-                move |ctx| {
-                    gk::attention_backward(ctx, &v[0], &v[1], &v[2], &v[3], &v[4], B, T, C, NH)
-                }
-            },
-        )
-        .unwrap();
+        let v = [&bdinp, &bdout, &binp, &gatt, &bwd_scratch].map(|b| b.whole());
+        done(attention::backward(
+            g.rt.task("attention_backward"),
+            &v[0],
+            &v[1],
+            &v[2],
+            &v[3],
+            &v[4],
+            B,
+            T,
+            C,
+            NH,
+        ));
         results.push(g.down(&bdinp));
     }
     assert!(
@@ -496,7 +521,7 @@ fn attention_matches_cpu_and_is_deterministic() {
 
 #[test]
 fn gelu_and_residual_match_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::gelu_and_residual_match_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::gelu_and_residual_match_cpu") else {
         return;
     };
     let n = 4099;
@@ -504,49 +529,55 @@ fn gelu_and_residual_match_cpu() {
     let mut want = vec![0.0; n];
     cpu::gelu_forward(&mut want, &x);
     let (bx, out) = (g.up(&x), g.zeros(n));
-    g.run("gelu_forward", &[&bx], &[&out], {
-        let (o, i) = (out.whole(), bx.whole());
-        move |ctx| gk::gelu_forward(ctx, &o, &i)
-    })
-    .unwrap();
+    done(gelu::forward(
+        g.rt.task("gelu_forward"),
+        &out.whole(),
+        &bx.whole(),
+    ));
     compare("gelu_forward", &g.down(&out), &want, 1e-6, 1e-5);
 
     let dout = randn(n, 1.0, 41);
     let mut dinp = randn(n, 0.1, 42);
     let (bd, bdout) = (g.up(&dinp), g.up(&dout));
     cpu::gelu_backward(&mut dinp, &x, &dout);
-    g.run("gelu_backward", &[&bx, &bdout], &[&bd], {
-        let v = [&bd, &bx, &bdout].map(|b| b.whole());
-        move |ctx| gk::gelu_backward(ctx, &v[0], &v[1], &v[2])
-    })
-    .unwrap();
+    let v = [&bd, &bx, &bdout].map(|b| b.whole());
+    done(gelu::backward(
+        g.rt.task("gelu_backward"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
     compare("gelu_backward", &g.down(&bd), &dinp, 1e-6, 1e-5);
 
     let (a1, a2) = (randn(n, 1.0, 43), randn(n, 1.0, 44));
     let mut want = vec![0.0; n];
     cpu::residual_forward(&mut want, &a1, &a2);
     let (b1, b2) = (g.up(&a1), g.up(&a2));
-    g.run("residual_forward", &[&b1, &b2], &[&out], {
-        let v = [&out, &b1, &b2].map(|b| b.whole());
-        move |ctx| gk::residual_forward(ctx, &v[0], &v[1], &v[2])
-    })
-    .unwrap();
+    let v = [&out, &b1, &b2].map(|b| b.whole());
+    done(residual::forward(
+        g.rt.task("residual_forward"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
     compare("residual_forward", &g.down(&out), &want, 0.0, 0.0);
 
     let (mut d1, mut d2) = (a1.clone(), a2.clone());
     cpu::residual_backward(&mut d1, &mut d2, &dout);
-    g.run("residual_backward", &[&bdout], &[&b1, &b2], {
-        let v = [&b1, &b2, &bdout].map(|b| b.whole());
-        move |ctx| gk::residual_backward(ctx, &v[0], &v[1], &v[2])
-    })
-    .unwrap();
+    let v = [&b1, &b2, &bdout].map(|b| b.whole());
+    done(residual::backward(
+        g.rt.task("residual_backward"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
     compare("residual_backward dinp1", &g.down(&b1), &d1, 0.0, 0.0);
     compare("residual_backward dinp2", &g.down(&b2), &d2, 0.0, 0.0);
 }
 
 #[test]
 fn softmax_and_crossentropy_match_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::softmax_and_crossentropy_match_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::softmax_and_crossentropy_match_cpu") else {
         return;
     };
     let n = B * T;
@@ -558,27 +589,29 @@ fn softmax_and_crossentropy_match_cpu() {
     let (bl, bt) = (g.up(&logits), g.up_u32(&targets));
 
     let bp_only = g.zeros(n * V);
-    g.run("softmax_forward", &[&bl], &[&bp_only], {
-        let (p, l) = (bp_only.whole(), bl.whole());
-        move |ctx| gk::softmax_forward(ctx, &p, &l, B, T, V)
-    })
-    .unwrap();
+    done(loss::softmax(
+        g.rt.task("softmax_forward"),
+        &bp_only.whole(),
+        &bl.whole(),
+        n,
+        V,
+    ));
     compare("softmax_forward", &g.down(&bp_only), &probs, 1e-7, 1e-4);
 
     let (bp, bloss, bmean) = (g.zeros(n * V), g.zeros(n), g.zeros(1));
-    g.run(
-        "softmax_crossentropy_forward",
-        &[&bl, &bt],
-        &[&bp, &bloss],
-        {
-            let v = [&bp, &bloss, &bl, &bt].map(|b| b.whole());
-            // SAFETY: every target is < V (checked by `tokens`).
-            move |ctx| unsafe {
-                gk::softmax_crossentropy_forward(ctx, &v[0], &v[1], &v[2], &v[3], B, T, V)
-            }
-        },
-    )
-    .unwrap();
+    let v = [&bp, &bloss, &bl, &bt].map(|b| b.whole());
+    // SAFETY: every target is < V (checked by `tokens`).
+    done(unsafe {
+        loss::softmax_crossentropy(
+            g.rt.task("softmax_crossentropy_forward"),
+            &v[0],
+            &v[1],
+            &v[2],
+            &v[3],
+            n,
+            V,
+        )
+    });
     compare(
         "softmax_crossentropy_forward probs",
         &g.down(&bp),
@@ -594,11 +627,11 @@ fn softmax_and_crossentropy_match_cpu() {
         1e-4,
     );
 
-    g.run("mean_loss", &[&bloss], &[&bmean], {
-        let (m, l) = (bmean.whole(), bloss.whole());
-        move |ctx| gk::mean_loss(ctx, &m, &l)
-    })
-    .unwrap();
+    done(loss::mean(
+        g.rt.task("mean_loss"),
+        &bmean.whole(),
+        &bloss.whole(),
+    ));
     compare(
         "mean_loss",
         &g.down(&bmean),
@@ -611,11 +644,16 @@ fn softmax_and_crossentropy_match_cpu() {
     let mut dlogits = randn(n * V, 0.01, 52);
     let bd = g.up(&dlogits);
     cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V);
-    g.run("crossentropy_softmax_backward", &[&bp, &bt], &[&bd], {
-        let v = [&bd, &bp, &bt].map(|b| b.whole());
-        move |ctx| gk::crossentropy_softmax_backward(ctx, &v[0], &v[1], &v[2], dloss, B, T, V)
-    })
-    .unwrap();
+    let v = [&bd, &bp, &bt].map(|b| b.whole());
+    done(loss::backward(
+        g.rt.task("crossentropy_softmax_backward"),
+        &v[0],
+        &v[1],
+        &v[2],
+        dloss,
+        n,
+        V,
+    ));
     compare(
         "crossentropy_softmax_backward",
         &g.down(&bd),
@@ -627,11 +665,17 @@ fn softmax_and_crossentropy_match_cpu() {
 
 #[test]
 fn adamw_matches_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::adamw_matches_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::adamw_matches_cpu") else {
         return;
     };
     let n = 100_003;
-    let (lr, b1, b2, eps, wd) = (1e-3f32, 0.9f32, 0.95f32, 1e-8f32, 0.1f32);
+    let h = AdamWHyper {
+        learning_rate: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
     // Plain steps, and steps whose gradients are scaled on the device.
     for grad_scale in [None, Some(0.37f32)] {
         let mut p = randn(n, 1.0, 60);
@@ -644,16 +688,20 @@ fn adamw_matches_cpu() {
             if let Some(s) = grad_scale {
                 cpu::scale_in_place(&mut grads, s);
             }
+            let (lr, b1, b2, eps, wd) = (h.learning_rate, h.beta1, h.beta2, h.eps, h.weight_decay);
             cpu::adamw_update(&mut p, &grads, &mut m, &mut v, step, lr, b1, b2, eps, wd);
-            g.run("adamw_update", &[&bg, &bs], &[&bp, &bm, &bv], {
-                let views = [&bp, &bg, &bm, &bv, &bs].map(|b| b.whole());
-                move |ctx| {
-                    let [p, gr, m, v, s] = &views;
-                    let s = grad_scale.map(|_| s);
-                    gk::adamw_update(ctx, p, gr, m, v, s, step, lr, b1, b2, eps, wd)
-                }
-            })
-            .unwrap();
+            let [vp, vg, vm, vv, vs] = [&bp, &bg, &bm, &bv, &bs].map(|b| b.whole());
+            let s = grad_scale.map(|_| &vs);
+            done(adamw::update(
+                g.rt.task("adamw_update"),
+                &vp,
+                &vg,
+                &vm,
+                &vv,
+                s,
+                step,
+                h,
+            ));
         }
         let what = format!("adamw (grad_scale {grad_scale:?})");
         compare(&format!("{what} params"), &g.down(&bp), &p, 1e-6, 1e-5);
@@ -664,20 +712,23 @@ fn adamw_matches_cpu() {
 
 #[test]
 fn grad_norm_clip_and_scale_match_cpu() {
-    let Some(g) = Gpu::new("cuda_kernels::grad_norm_clip_and_scale_match_cpu") else {
+    let Some(g) = Dev::gpu("cuda_kernels::grad_norm_clip_and_scale_match_cpu") else {
         return;
     };
     let n = 100_003;
     let grads = randn(n, 0.5, 70);
     let bg = g.up(&grads);
-    let norm = g.rt.alloc("norm_sq", 8).unwrap();
-    let partials = g.rt.alloc("partials", gk::GRAD_NORM_PARTIALS * 8).unwrap();
-    g.run("grad_norm_sq", &[&bg], &[&norm, &partials], {
-        let v = [&norm, &partials, &bg].map(|b| b.whole());
-        move |ctx| gk::grad_norm_sq(ctx, &v[0], &v[1], &v[2])
-    })
-    .unwrap();
-    let got: Vec<f64> = g.rt.read_vec(&norm).unwrap();
+    let norm_sq = g.rt.alloc("norm_sq", 8).unwrap();
+    let partials =
+        g.rt.alloc("partials", norm::GRAD_NORM_PARTIALS * 8)
+            .unwrap();
+    done(norm::sum_squares(
+        g.rt.task("grad_norm_sq"),
+        &norm_sq.whole(),
+        &partials.whole(),
+        &bg.whole(),
+    ));
+    let got: Vec<f64> = g.rt.read_vec(&norm_sq).unwrap();
     let want = cpu::grad_norm_sq(&grads);
     eprintln!("    grad_norm_sq: gpu {} cpu {want}", got[0]);
     assert!(
@@ -688,11 +739,12 @@ fn grad_norm_clip_and_scale_match_cpu() {
 
     let scale = g.zeros(1);
     let max_norm = (want.sqrt() * 0.5) as f32;
-    g.run("grad_clip_scale", &[&norm], &[&scale], {
-        let (s, nm) = (scale.whole(), norm.whole());
-        move |ctx| gk::grad_clip_scale(ctx, &s, &nm, max_norm)
-    })
-    .unwrap();
+    done(norm::clip_factor(
+        g.rt.task("grad_clip_scale"),
+        &scale.whole(),
+        &norm_sq.whole(),
+        max_norm,
+    ));
     let s = g.down(&scale)[0];
     compare(
         "grad_clip_scale",
@@ -702,67 +754,16 @@ fn grad_norm_clip_and_scale_match_cpu() {
         1e-6,
     );
 
-    g.run("scale_in_place_dev", &[&scale], &[&bg], {
-        let (x, s) = (bg.whole(), scale.whole());
-        move |ctx| gk::scale_in_place_dev(ctx, &x, &s)
-    })
-    .unwrap();
+    done(norm::scale_by(
+        g.rt.task("scale_in_place_dev"),
+        &bg.whole(),
+        &scale.whole(),
+    ));
     let mut want_scaled = grads.clone();
     cpu::scale_in_place(&mut want_scaled, s);
     compare("scale_in_place_dev", &g.down(&bg), &want_scaled, 0.0, 0.0);
 
-    g.run("scale_in_place", &[], &[&bg], {
-        let x = bg.whole();
-        move |ctx| gk::scale_in_place(ctx, &x, 0.25)
-    })
-    .unwrap();
+    done(norm::scale(g.rt.task("scale_in_place"), &bg.whole(), 0.25));
     cpu::scale_in_place(&mut want_scaled, 0.25);
     compare("scale_in_place", &g.down(&bg), &want_scaled, 0.0, 0.0);
-}
-
-/// On the GPU, a view the task did not declare (or declared read-only for an
-/// output), overlapping outputs and misaligned views are errors before any
-/// launch.
-#[test]
-fn misuse_is_an_error_not_a_launch() {
-    let Some(g) = Gpu::new("cuda_kernels::misuse_is_an_error_not_a_launch") else {
-        return;
-    };
-    let n = 1000;
-    let (a, b, big) = (g.up(&randn(n, 1.0, 80)), g.zeros(n), g.zeros(2 * n + 1));
-    let errors = Arc::new(Mutex::new(Vec::<Error>::new()));
-    let sink = errors.clone();
-    let (av, bv, bigv) = (a.whole(), b.whole(), big.whole());
-    // `b` is declared read-only.
-    g.run("misuse", &[&a, &b], &[&big], move |ctx| {
-        let mut e = sink.lock().unwrap();
-        let mut push = |r: braid::Result<()>| e.push(r.expect_err("must fail"));
-        let half = |lo: usize| bigv.view_of::<f32>(lo..lo + n).unwrap();
-        // 0: output declared read-only.
-        push(gk::gelu_forward(ctx, &bv, &av));
-        // 1: output overlapping the input.
-        push(gk::gelu_forward(ctx, &half(0), &half(n / 2)));
-        // 2: misaligned output (starts 2 bytes into the buffer).
-        let odd = bigv.view(2..2 + 4 * n).unwrap();
-        push(gk::gelu_forward(ctx, &odd, &av));
-        Ok(())
-    })
-    .unwrap();
-    // 3: a view of a buffer the task did not declare at all.
-    let undeclared = g.run("undeclared", &[&a], &[], {
-        let (av, bv) = (a.whole(), b.whole());
-        move |ctx| gk::gelu_forward(ctx, &bv, &av)
-    });
-    let errors = errors.lock().unwrap();
-    assert!(
-        matches!(&errors[0], Error::Undeclared { mode: "write", .. }),
-        "{:?}",
-        errors[0]
-    );
-    assert!(errors[1].to_string().contains("overlap"), "{}", errors[1]);
-    assert!(errors[2].to_string().contains("aligned"), "{}", errors[2]);
-    let e = undeclared.expect_err("undeclared view must fail the task");
-    assert!(e.to_string().contains("without declaring"), "{e}");
-    // Nothing was launched into `b`.
-    assert!(g.down(&b).iter().all(|&x| x == 0.0));
 }

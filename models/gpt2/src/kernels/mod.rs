@@ -1,8 +1,214 @@
-//! GPT-2 kernels. [`cpu`] holds the host versions: plain single-threaded
-//! functions on slices, in llm.c's style (`op_forward` / `op_backward`, a shape
-//! comment on every argument). The engine runs each call as one task.
+//! GPT-2's kernels, one module per kernel family, each the family's one
+//! home (candle's `CustomOp { cpu_fwd, cuda_fwd }`, StarPU's codelet, llm.c's
+//! `llmc/*.cuh`):
+//!
+//! - **the tasks**: functions that take a [`TaskBuilder`](braid::TaskBuilder)
+//!   (the task's name, priority, …), the [`View`](braid::View)s the kernel
+//!   touches and its sizes, declare exactly those accesses as typed tokens
+//!   (`out.write::<f32>()`, `inp.read::<f32>()`) and submit with
+//!   [`run_any`](braid::TaskBuilder::run_any): one body per backend, picked
+//!   at submission. The task graph is the same on every backend by
+//!   construction. [`Gpt2Model`](crate::model::Gpt2Model) and
+//!   [`AdamW`](crate::optim::AdamW) are made of these calls.
+//! - **the CPU kernels**, plain functions on slices after llm.c's
+//!   `train_gpt2.c` (`layernorm_forward`, …), which the CPU bodies call and
+//!   the sequential [`Reference`](crate::reference::Reference) calls directly
+//!   ([`cpu`] lists them).
+//! - **the CUDA launchers** (`layernorm_forward_cuda`, …), which take the
+//!   task's typed device slices and its [`CudaTaskCtx`](braid::CudaTaskCtx),
+//!   check the shapes and queue the family's kernels (and cuBLAS products) on
+//!   the task's stream.
+//! - **the `.cu` program** beside the module (`layernorm.cu`), compiled by
+//!   NVRTC at run time ([`kernel_sources`] lists them for the compile check).
+//!
+//! | module | tasks | `.cu` |
+//! |---|---|---|
+//! | [`encoder`] | `forward`, `backward` (`unsafe`: token ids) | `encoder.cu` |
+//! | [`layernorm`] | `forward`, `backward` | `layernorm.cu` |
+//! | [`matmul`] | `forward`, `backward_input`, `backward_weight` | `matmul.cu` + cuBLAS |
+//! | [`attention`] | `forward`, `backward` | `attention.cu` + cuBLAS |
+//! | [`gelu`] | `forward`, `backward` | `gelu.cu` |
+//! | [`residual`] | `forward`, `backward` | `residual.cu` |
+//! | [`loss`] | `softmax`, `softmax_crossentropy` (`unsafe`: target ids), `mean`, `backward` | `loss.cu` |
+//! | [`adamw`] | `update` | `adamw.cu` |
+//! | [`norm`] | `sum_squares`, `clip_factor`, `scale`, `scale_by` | `norm.cu` |
+//! | [`fill`] | `zero` | (a memset) |
+//!
+//! Shared CUDA plumbing (the per-device program cache, shape checks,
+//! launching on the task's stream) is in `cuda_common.rs`.
+//!
+//! # Conventions
+//!
+//! - **Shapes** are given by explicit `b, t, c, ...` arguments and written next
+//!   to each argument (`// (B, T, C)`), row-major. The CPU kernels take one
+//!   `(B, T, C)` activation where the row-wise tasks and launchers take
+//!   `(N, C)` with `N = B·T`: the tasks call them with `B = 1, T = N`, the
+//!   same memory. Slices must have exactly the documented length; on the CPU
+//!   a mismatch is a programming error and panics (an `assert!` at the top of
+//!   the kernel, before any work; in a task, the task fails with the message),
+//!   a CUDA launcher returns [`braid::Error::Device`] naming the argument
+//!   before it queues anything.
+//! - **Single-threaded CPU kernels.** Parallelism comes from the engine running
+//!   independent kernels as concurrent tasks; matrix products go through `gemm`
+//!   with `Parallelism::None`.
+//! - **Forward kernels overwrite** their outputs (declared `write`).
+//! - **Backward kernels accumulate** (`+=`) into every gradient they are given,
+//!   parameter gradients and activation gradients alike, as llm.c does
+//!   (declared `read_write`): the caller zeroes gradient buffers before a
+//!   backward pass (or not, to accumulate micro-batches).
+//! - **Tokens** are `u32` ids. Kernels index embedding rows with them, so the
+//!   caller validates them first with [`check_tokens`]; out-of-range ids are an
+//!   input error to report, not something kernels check. On CUDA they cannot
+//!   be checked at all without a host synchronisation: the tasks and
+//!   launchers that index memory with ids are `unsafe` (see [`encoder`] and
+//!   [`loss`]).
+//! - **Numerics.** CPU reductions over a row (layer norm statistics, softmax
+//!   denominators, the gradient norm) accumulate in `f64`; everything else is
+//!   `f32`. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
+//!   its own order, so the backends agree to about 1e-4 relative (the
+//!   tolerances of `tests/cuda_kernels.rs`), not bit for bit; encoder,
+//!   residual and scaling are bit-exact. Every CUDA kernel is deterministic:
+//!   no atomics, a fixed reduction order for a given shape.
 
-pub mod cpu;
-pub mod cuda;
+// llm.c-style kernels take every dimension as its own argument.
+#![allow(clippy::too_many_arguments)]
 
-pub use cpu::{check_tokens, TokenError};
+pub mod adamw;
+pub mod attention;
+mod cuda_common;
+pub mod encoder;
+pub mod fill;
+pub mod gelu;
+pub mod layernorm;
+pub mod loss;
+pub mod matmul;
+pub mod norm;
+pub mod residual;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use cuda_common::Program;
+
+/// The backends (by [`braid::Runtime::backend_name`]) the tasks have a body
+/// for.
+pub const KERNEL_BACKENDS: &[&str] = &["cpu", "cuda"];
+
+/// Every family's CUDA program.
+static PROGRAMS: [&Program; 9] = [
+    &encoder::CUDA,
+    &layernorm::CUDA,
+    &matmul::CUDA,
+    &attention::CUDA,
+    &gelu::CUDA,
+    &residual::CUDA,
+    &loss::CUDA,
+    &adamw::CUDA,
+    &norm::CUDA,
+];
+
+/// Every GPT-2 CUDA program as `(file name, source)`, e.g. for an NVRTC
+/// compile check. The launchers compile them through
+/// [`KernelCache::global`](braid::cuda::KernelCache::global) on first use,
+/// once per device.
+pub fn kernel_sources() -> Vec<(&'static str, &'static str)> {
+    PROGRAMS.iter().map(|p| (p.file, p.source)).collect()
+}
+
+/// Compiles (or loads from NVRTC's disk cache) and looks up every GPT-2
+/// kernel on `device` now, so a compile error surfaces here rather than in
+/// the first task, and no task pays for NVRTC. Optional: launchers load what
+/// they need on first use. Use [`braid::Runtime::cuda_device`] for `device`.
+pub fn preload(device: &braid::cuda::CudaDevice) -> braid::Result<()> {
+    PROGRAMS.iter().try_for_each(|p| p.preload(device))
+}
+
+/// The CPU kernels by their llm.c names, as the sequential
+/// [`Reference`](crate::reference::Reference) and the tests call them.
+pub mod cpu {
+    pub use super::adamw::adamw_update;
+    pub use super::attention::{attention_backward, attention_forward};
+    pub use super::encoder::{encoder_backward, encoder_forward};
+    pub use super::gelu::{gelu_backward, gelu_forward};
+    pub use super::layernorm::{layernorm_backward, layernorm_forward, LAYERNORM_EPS};
+    pub use super::loss::{
+        crossentropy_forward, crossentropy_softmax_backward, mean_loss, softmax_forward,
+    };
+    pub use super::matmul::{matmul_backward_input, matmul_backward_weight, matmul_forward};
+    pub use super::norm::{clip_scale, global_norm, grad_norm_sq, scale_in_place};
+    pub use super::residual::{residual_backward, residual_forward};
+    pub use super::{check_tokens, TokenError};
+}
+
+use thiserror::Error;
+
+/// A token id is not below the vocabulary size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("token {token} at position {index} is outside the vocabulary (size {vocab_size})")]
+pub struct TokenError {
+    /// Position of the first bad token in the slice.
+    pub index: usize,
+    /// The bad token id.
+    pub token: u32,
+    /// The vocabulary size it was checked against.
+    pub vocab_size: usize,
+}
+
+/// Checks that every id in `tokens` is `< vocab_size`; reports the first that
+/// is not. Call it on inputs and targets before handing them to kernels.
+pub fn check_tokens(tokens: &[u32], vocab_size: usize) -> Result<(), TokenError> {
+    match tokens.iter().position(|&tok| tok as usize >= vocab_size) {
+        None => Ok(()),
+        Some(index) => Err(TokenError {
+            index,
+            token: tokens[index],
+            vocab_size,
+        }),
+    }
+}
+
+/// Panics with the kernel and argument name if `s` does not have `expected` elements.
+#[track_caller]
+fn check_len(kernel: &str, arg: &str, len: usize, expected: usize) {
+    assert!(
+        len == expected,
+        "{kernel}: `{arg}` has {len} elements, expected {expected}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel a launcher uses is an `extern "C" __global__` of its
+    /// family's program, so a lookup by name cannot miss.
+    #[test]
+    fn every_kernel_is_declared_in_its_program() {
+        for p in PROGRAMS {
+            assert!(p.file.ends_with(".cu"));
+            for name in p.kernels {
+                let decl = format!("extern \"C\" __global__ void {name}(");
+                assert!(
+                    p.source.contains(&decl),
+                    "{} does not declare `{name}`",
+                    p.file
+                );
+            }
+        }
+        assert_eq!(kernel_sources().len(), PROGRAMS.len());
+    }
+
+    #[test]
+    fn check_tokens_reports_the_first_bad_id() {
+        assert_eq!(check_tokens(&[0, 1, 511], 512), Ok(()));
+        assert_eq!(
+            check_tokens(&[0, 512, 7, 900], 512),
+            Err(TokenError {
+                index: 1,
+                token: 512,
+                vocab_size: 512
+            })
+        );
+        assert!(check_tokens(&[u32::MAX], 50257).is_err());
+    }
+}

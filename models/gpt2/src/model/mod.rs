@@ -12,24 +12,37 @@
 //! ```
 //!
 //! plus `tokens` and `targets` (`(B, T)` `u32`) and `loss` (one `f32`).
-//! Every tensor is a [`View`] of its allocation, so each task declares exactly
-//! the bytes it touches: layer `l`'s layer norm reads layer `l`'s `ln1w` view,
-//! not the parameter buffer. Tasks that touch disjoint views never wait for
-//! each other; the engine orders the others (read-after-write,
-//! write-after-read, write-after-write) in submission order.
+//! Every tensor is a [`View`] of its allocation, held in the same structs
+//! the layouts use, generic over the handle ([`LayerParams<View>`] for
+//! [`LayerParams<Span>`](LayerParams), [`LayerActivations<View>`] for the
+//! spans of [`ActivationLayout`]), so each task declares exactly the bytes it
+//! touches: layer `l`'s layer norm reads layer `l`'s `ln1w` view, not the
+//! parameter buffer. Tasks that touch disjoint views never wait for each
+//! other; the engine orders the others (read-after-write, write-after-read,
+//! write-after-write) in submission order.
 //!
 //! # Tasks
 //!
-//! One task per kernel call, submitted in the order of the sequential
-//! [`Reference`](crate::reference::Reference) (llm.c's order). The backward
-//! pass splits each matrix product into its input-gradient task
-//! ([`Priority::Main`], the critical path) and its weight-gradient task
-//! ([`Priority::Side`]), which the placement policy puts beside the main
-//! chain, so weight gradients of layer `l` run while the input gradients of
-//! layers `l, l-1, …` proceed. Zeroing gradients is a task too. The device
-//! seam is `ops::Op::run` (the CPU kernels of `kernels::cpu`, or the CUDA
-//! launchers of `kernels::cuda` with the same views); the graph itself does
-//! not depend on the device.
+//! [`forward`](Gpt2Model::forward) and [`backward`](Gpt2Model::backward)
+//! read like the sequential [`Reference`](crate::reference::Reference): one
+//! call per kernel, in llm.c's order, each call a task of its family in
+//! [`crate::kernels`] (which declares the accesses and carries a CPU and a
+//! CUDA body). The backward pass splits each matrix product into its
+//! input-gradient task ([`Priority::Main`], the critical path) and its
+//! weight-gradient task ([`Priority::Side`]), which the placement policy puts
+//! beside the main chain, so weight gradients of layer `l` run while the
+//! input gradients of layers `l, l-1, …` proceed. Zeroing gradients is a task
+//! too. The graph does not depend on the device.
+//!
+//! # Token ids
+//!
+//! The encoder and loss tasks are `unsafe`: on CUDA their kernels index
+//! memory with the ids they read on the device. The views they get here are
+//! the model's private `tokens` and `targets` buffers, which are zero when
+//! allocated and written only by [`Gpt2Model::forward`], after it checked
+//! every id against the vocabulary on the host (`crate::data::check_ids`, the
+//! check of [`crate::kernels::check_tokens`]); `V` is the configuration's
+//! vocabulary, the row count of `wte` and of every probability row.
 //!
 //! # Numerics
 //!
@@ -43,13 +56,12 @@
 //!
 //! On CUDA the kernels reduce in their own (fixed) orders and cuBLAS sums
 //! products in its own, so results agree with the CPU and with PyTorch to
-//! float tolerance, not bit for bit (`tests/cuda_model.rs`); they are still
-//! deterministic for a given shape.
+//! float tolerance, not bit for bit (`tests/reference_pytorch.rs`); they are
+//! still deterministic for a given shape.
 
-pub(crate) mod ops;
 mod sample;
 
-pub use ops::KERNEL_BACKENDS;
+pub use crate::kernels::KERNEL_BACKENDS;
 pub use sample::{sample_next, Sampler};
 
 /// Whether the model's tasks can run on the backend named `backend`
@@ -59,192 +71,122 @@ pub fn runs_on(backend: &str) -> bool {
 }
 
 use braid::comm::ParamSpec;
-use braid::{Buffer, Priority, Runtime, TaskHandle, View};
+use braid::{Buffer, Priority, Runtime, View};
 
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
-use crate::kernels::cuda;
-use crate::layout::{ParamLayout, Span};
-use crate::reference::ActivationLayout;
-use ops::{submit, Op};
+use crate::kernels::{attention, encoder, fill, gelu, layernorm, loss, matmul, residual};
+use crate::layout::{LayerParams, ParamLayout, Span};
+use crate::reference::{ActivationLayout, LayerActivations};
 
-/// A parameter tensor's view and its index in [`ParamLayout::tensors`] (the
+/// Every parameter tensor of the model as a `T`: a view of the parameter or
+/// gradient buffer, or the tensor's index in [`ParamLayout::tensors`] (the
 /// index the gradient reducer knows it by).
 #[derive(Debug, Clone)]
-struct PView {
-    view: View,
-    index: usize,
+struct Params<T> {
+    /// `(V, C)`
+    wte: T,
+    /// `(T, C)` as views: only the rows a `(B, T)` batch uses.
+    wpe: T,
+    layers: Vec<LayerParams<T>>,
+    /// `(C)`
+    lnfw: T,
+    /// `(C)`
+    lnfb: T,
 }
 
-/// The twelve tensors of one block, as views of the parameter (or gradient)
-/// buffer.
-#[derive(Debug, Clone)]
-struct LayerP {
-    ln1w: PView,
-    ln1b: PView,
-    qkvw: PView,
-    qkvb: PView,
-    attprojw: PView,
-    attprojb: PView,
-    ln2w: PView,
-    ln2b: PView,
-    fcw: PView,
-    fcb: PView,
-    fcprojw: PView,
-    fcprojb: PView,
-}
-
-/// Every parameter tensor as a view of one flat buffer.
-#[derive(Debug, Clone)]
-struct ParamViews {
-    wte: PView,
-    /// `(T, C)`: only the rows a `(B, T)` batch uses.
-    wpe_t: PView,
-    wpe: PView,
-    layers: Vec<LayerP>,
-    lnfw: PView,
-    lnfb: PView,
-}
-
-impl ParamViews {
-    fn new(buf: &Buffer, layout: &ParamLayout, t: usize) -> Result<Self> {
-        let index_of = |s: Span| {
-            layout
-                .tensors
-                .binary_search_by_key(&s.offset, |x| x.offset)
-                .expect("every span is a tensor of the layout")
-        };
-        let pv = |s: Span| -> Result<PView> {
-            Ok(PView {
-                view: buf.view_of::<f32>(s.range())?,
-                index: index_of(s),
-            })
-        };
-        let span = |r: std::ops::Range<usize>| Span {
-            offset: r.start,
-            len: r.len(),
-        };
-        let c = layout.config().channels;
-        let wpe = span(layout.wpe());
-        let layers = (0..layout.config().num_layers)
-            .map(|l| {
-                let p = layout.layer(l);
-                Ok(LayerP {
-                    ln1w: pv(p.ln1w)?,
-                    ln1b: pv(p.ln1b)?,
-                    qkvw: pv(p.qkvw)?,
-                    qkvb: pv(p.qkvb)?,
-                    attprojw: pv(p.attprojw)?,
-                    attprojb: pv(p.attprojb)?,
-                    ln2w: pv(p.ln2w)?,
-                    ln2b: pv(p.ln2b)?,
-                    fcw: pv(p.fcw)?,
-                    fcb: pv(p.fcb)?,
-                    fcprojw: pv(p.fcprojw)?,
-                    fcprojb: pv(p.fcprojb)?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(ParamViews {
-            wte: pv(span(layout.wte()))?,
-            wpe_t: PView {
-                view: buf.view_of::<f32>(wpe.offset..wpe.offset + t * c)?,
-                index: index_of(wpe),
-            },
-            wpe: pv(wpe)?,
-            layers,
-            lnfw: pv(span(layout.lnfw()))?,
-            lnfb: pv(span(layout.lnfb()))?,
+impl Params<View> {
+    fn views(buf: &Buffer, layout: &ParamLayout, t: usize) -> Result<Self> {
+        let view = |s: &Span| buf.view_of::<f32>(s.range());
+        let wpe = layout.wpe().start;
+        Ok(Params {
+            wte: buf.view_of::<f32>(layout.wte())?,
+            wpe: buf.view_of::<f32>(wpe..wpe + t * layout.config().channels)?,
+            layers: (0..layout.config().num_layers)
+                .map(|l| layout.layer(l).try_map(view))
+                .collect::<braid::Result<_>>()?,
+            lnfw: buf.view_of::<f32>(layout.lnfw())?,
+            lnfb: buf.view_of::<f32>(layout.lnfb())?,
         })
     }
 }
 
-/// One block's activations (or their gradients) as views.
-#[derive(Debug, Clone)]
-struct LayerA {
-    ln1: View,
-    ln1_mean: View,
-    ln1_rstd: View,
-    qkv: View,
-    atty: View,
-    preatt: View,
-    att: View,
-    attproj: View,
-    residual2: View,
-    ln2: View,
-    ln2_mean: View,
-    ln2_rstd: View,
-    fch: View,
-    fch_gelu: View,
-    fcproj: View,
-    residual3: View,
-    /// The whole block (for zeroing gradients).
-    all: View,
+impl Params<usize> {
+    fn indices(layout: &ParamLayout) -> Self {
+        let index = |start: usize| {
+            layout
+                .tensors
+                .binary_search_by_key(&start, |x| x.offset)
+                .expect("every span is a tensor of the layout")
+        };
+        Params {
+            wte: index(layout.wte().start),
+            wpe: index(layout.wpe().start),
+            layers: (0..layout.config().num_layers)
+                .map(|l| layout.layer(l).map(|s| index(s.offset)))
+                .collect(),
+            lnfw: index(layout.lnfw().start),
+            lnfb: index(layout.lnfb().start),
+        }
+    }
 }
 
-/// Every activation (or activation gradient) as a view of one buffer.
+/// Every activation (or activation gradient) as a view of one buffer: the
+/// spans of an [`ActivationLayout`] made views.
 #[derive(Debug, Clone)]
-struct ActViews {
+struct Acts {
     encoded: View,
-    layers: Vec<LayerA>,
+    layers: Vec<LayerActivations<View>>,
     lnf: View,
     lnf_mean: View,
     lnf_rstd: View,
     logits: View,
     probs: View,
     losses: View,
+    /// Each block whole (for zeroing gradients).
+    blocks: Vec<View>,
     /// From `lnf` to the end (for zeroing gradients).
     head: View,
 }
 
-impl ActViews {
-    fn new(buf: &Buffer, a: &ActivationLayout) -> Result<Self> {
-        let v = |s: Span| buf.view_of::<f32>(s.range());
-        let layers = a
-            .layers
-            .iter()
-            .map(|la| {
-                Ok(LayerA {
-                    ln1: v(la.ln1)?,
-                    ln1_mean: v(la.ln1_mean)?,
-                    ln1_rstd: v(la.ln1_rstd)?,
-                    qkv: v(la.qkv)?,
-                    atty: v(la.atty)?,
-                    preatt: v(la.preatt)?,
-                    att: v(la.att)?,
-                    attproj: v(la.attproj)?,
-                    residual2: v(la.residual2)?,
-                    ln2: v(la.ln2)?,
-                    ln2_mean: v(la.ln2_mean)?,
-                    ln2_rstd: v(la.ln2_rstd)?,
-                    fch: v(la.fch)?,
-                    fch_gelu: v(la.fch_gelu)?,
-                    fcproj: v(la.fcproj)?,
-                    residual3: v(la.residual3)?,
-                    all: buf.view_of::<f32>(la.ln1.offset..la.residual3.end())?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(ActViews {
-            encoded: v(a.encoded)?,
-            layers,
-            lnf: v(a.lnf)?,
-            lnf_mean: v(a.lnf_mean)?,
-            lnf_rstd: v(a.lnf_rstd)?,
-            logits: v(a.logits)?,
-            probs: v(a.probs)?,
-            losses: v(a.losses)?,
+impl Acts {
+    fn views(buf: &Buffer, a: &ActivationLayout) -> Result<Self> {
+        let v = |s: &Span| buf.view_of::<f32>(s.range());
+        Ok(Acts {
+            encoded: v(&a.encoded)?,
+            layers: a
+                .layers
+                .iter()
+                .map(|la| la.try_map(v))
+                .collect::<braid::Result<_>>()?,
+            lnf: v(&a.lnf)?,
+            lnf_mean: v(&a.lnf_mean)?,
+            lnf_rstd: v(&a.lnf_rstd)?,
+            logits: v(&a.logits)?,
+            probs: v(&a.probs)?,
+            losses: v(&a.losses)?,
+            blocks: a
+                .layers
+                .iter()
+                .map(|la| v(&la.all()))
+                .collect::<braid::Result<_>>()?,
             head: buf.view_of::<f32>(a.lnf.offset..a.total)?,
         })
     }
 
-    /// The input of block `l`'s residual stream.
+    /// The input of block `l`'s residual stream: `encoded`, or block
+    /// `l - 1`'s output.
     fn residual_in(&self, l: usize) -> &View {
         if l == 0 {
             &self.encoded
         } else {
             &self.layers[l - 1].residual3
         }
+    }
+
+    /// The last block's output.
+    fn residual_out(&self) -> &View {
+        self.residual_in(self.layers.len())
     }
 }
 
@@ -268,14 +210,15 @@ pub struct Gpt2Model {
     loss: Buffer,
     /// The prefix of the attention scratch buffer (see
     /// [`attention_scratch_bytes`]) the attention forward task declares:
-    /// exactly what `kernels::cuda::attention_forward` takes.
+    /// exactly what [`attention::attention_forward_cuda`] takes.
     att_scratch_fwd: View,
     /// The prefix of the same buffer the attention backward task declares.
     att_scratch_bwd: View,
-    p: ParamViews,
-    g: ParamViews,
-    a: ActViews,
-    da: ActViews,
+    p: Params<View>,
+    g: Params<View>,
+    ids: Params<usize>,
+    a: Acts,
+    da: Acts,
     /// Element ranges of the gradient zeroing tasks (and of the optimizer's
     /// chunks): the embeddings, each block, the final layer norm.
     groups: Vec<std::ops::Range<usize>>,
@@ -315,18 +258,17 @@ impl Gpt2Model {
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
         let scratch = rt.alloc("attention scratch", attention_scratch_bytes(b, t, c, nh))?;
-        let att_scratch_fwd =
-            scratch.view(0..cuda::attention_forward_scratch_bytes(b, t, c, nh))?;
-        let att_scratch_bwd =
-            scratch.view(0..cuda::attention_backward_scratch_bytes(b, t, c, nh))?;
+        let att_scratch_fwd = scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh))?;
+        let att_scratch_bwd = scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh))?;
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
         Ok(Gpt2Model {
-            p: ParamViews::new(&params, &layout, t)?,
-            g: ParamViews::new(&grads, &layout, t)?,
-            a: ActViews::new(&acts, &al)?,
-            da: ActViews::new(&dacts, &gl)?,
+            p: Params::views(&params, &layout, t)?,
+            g: Params::views(&grads, &layout, t)?,
+            ids: Params::indices(&layout),
+            a: Acts::views(&acts, &al)?,
+            da: Acts::views(&dacts, &gl)?,
             cfg: *cfg,
             layout,
             b,
@@ -476,10 +418,6 @@ impl Gpt2Model {
         crate::data::check_ids(ids, self.cfg.vocab_size, what)
     }
 
-    fn op(&self, rt: &Runtime, name: String, priority: Priority, op: Op) -> Result<TaskHandle> {
-        Ok(submit(rt, name, priority, op)?)
-    }
-
     /// Submits the forward pass on `tokens` `(B, T)`; with `targets` `(B, T)`
     /// also the per-position losses and their mean (read it with
     /// [`read_loss`](Self::read_loss)). Ids are checked against the vocabulary
@@ -494,225 +432,154 @@ impl Gpt2Model {
             rt.upload(&self.targets, targets)?;
         }
         self.has_targets = targets.is_some();
-        let (b, t) = (self.b, self.t);
-        let cfg = self.cfg;
-        let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
-        let n = b * t;
+        let (b, t, n) = (self.b, self.t, self.b * self.t);
+        let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
         let (p, a) = (&self.p, &self.a);
-        let main = Priority::Main;
+        let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
+        let (scratch_fwd, loss) = (&self.att_scratch_fwd, self.loss.whole());
 
-        self.op(
-            rt,
-            "encoder forward".into(),
-            main,
-            Op::Encoder {
-                out: a.encoded.clone(),
-                tokens: self.tokens.whole(),
-                wte: p.wte.view.clone(),
-                wpe: p.wpe_t.view.clone(),
+        // encoded = wte[tokens] + wpe
+        // SAFETY: `tokens` holds ids checked against V above (module docs).
+        unsafe {
+            encoder::forward(
+                rt.task("encoder forward"),
+                &a.encoded,
+                &tokens,
+                &p.wte,
+                &p.wpe,
                 b,
                 t,
                 c,
-            },
-        )?;
+            )
+        }?;
         for (l, (la, lp)) in a.layers.iter().zip(&p.layers).enumerate() {
-            self.op(
-                rt,
-                format!("L{l} ln1 forward"),
-                main,
-                Op::LayerNorm {
-                    out: la.ln1.clone(),
-                    mean: la.ln1_mean.clone(),
-                    rstd: la.ln1_rstd.clone(),
-                    inp: a.residual_in(l).clone(),
-                    weight: lp.ln1w.view.clone(),
-                    bias: lp.ln1b.view.clone(),
-                    n,
-                    c,
-                },
+            let task = |what: &str| rt.task(format!("L{l} {what}"));
+            let residual = a.residual_in(l);
+            layernorm::forward(
+                task("ln1 forward"),
+                &la.ln1,
+                &la.ln1_mean,
+                &la.ln1_rstd,
+                residual,
+                &lp.ln1w,
+                &lp.ln1b,
+                n,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} qkv forward"),
-                main,
-                Op::Matmul {
-                    out: la.qkv.clone(),
-                    inp: la.ln1.clone(),
-                    weight: lp.qkvw.view.clone(),
-                    bias: Some(lp.qkvb.view.clone()),
-                    n,
-                    c,
-                    oc: 3 * c,
-                },
+            matmul::forward(
+                task("qkv forward"),
+                &la.qkv,
+                &la.ln1,
+                &lp.qkvw,
+                Some(&lp.qkvb),
+                n,
+                c,
+                3 * c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} attention forward"),
-                main,
-                Op::Attention {
-                    out: la.atty.clone(),
-                    preatt: la.preatt.clone(),
-                    att: la.att.clone(),
-                    inp: la.qkv.clone(),
-                    scratch: self.att_scratch_fwd.clone(),
-                    b,
-                    t,
-                    c,
-                    nh,
-                },
+            attention::forward(
+                task("attention forward"),
+                &la.atty,
+                &la.preatt,
+                &la.att,
+                &la.qkv,
+                scratch_fwd,
+                b,
+                t,
+                c,
+                nh,
             )?;
-            self.op(
-                rt,
-                format!("L{l} attproj forward"),
-                main,
-                Op::Matmul {
-                    out: la.attproj.clone(),
-                    inp: la.atty.clone(),
-                    weight: lp.attprojw.view.clone(),
-                    bias: Some(lp.attprojb.view.clone()),
-                    n,
-                    c,
-                    oc: c,
-                },
+            matmul::forward(
+                task("attproj forward"),
+                &la.attproj,
+                &la.atty,
+                &lp.attprojw,
+                Some(&lp.attprojb),
+                n,
+                c,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} residual2 forward"),
-                main,
-                Op::Residual {
-                    out: la.residual2.clone(),
-                    a: a.residual_in(l).clone(),
-                    b: la.attproj.clone(),
-                },
+            residual::forward(
+                task("residual2 forward"),
+                &la.residual2,
+                residual,
+                &la.attproj,
             )?;
-            self.op(
-                rt,
-                format!("L{l} ln2 forward"),
-                main,
-                Op::LayerNorm {
-                    out: la.ln2.clone(),
-                    mean: la.ln2_mean.clone(),
-                    rstd: la.ln2_rstd.clone(),
-                    inp: la.residual2.clone(),
-                    weight: lp.ln2w.view.clone(),
-                    bias: lp.ln2b.view.clone(),
-                    n,
-                    c,
-                },
+            layernorm::forward(
+                task("ln2 forward"),
+                &la.ln2,
+                &la.ln2_mean,
+                &la.ln2_rstd,
+                &la.residual2,
+                &lp.ln2w,
+                &lp.ln2b,
+                n,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} fc forward"),
-                main,
-                Op::Matmul {
-                    out: la.fch.clone(),
-                    inp: la.ln2.clone(),
-                    weight: lp.fcw.view.clone(),
-                    bias: Some(lp.fcb.view.clone()),
-                    n,
-                    c,
-                    oc: 4 * c,
-                },
+            matmul::forward(
+                task("fc forward"),
+                &la.fch,
+                &la.ln2,
+                &lp.fcw,
+                Some(&lp.fcb),
+                n,
+                c,
+                4 * c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} gelu forward"),
-                main,
-                Op::Gelu {
-                    out: la.fch_gelu.clone(),
-                    inp: la.fch.clone(),
-                },
+            gelu::forward(task("gelu forward"), &la.fch_gelu, &la.fch)?;
+            matmul::forward(
+                task("fcproj forward"),
+                &la.fcproj,
+                &la.fch_gelu,
+                &lp.fcprojw,
+                Some(&lp.fcprojb),
+                n,
+                4 * c,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} fcproj forward"),
-                main,
-                Op::Matmul {
-                    out: la.fcproj.clone(),
-                    inp: la.fch_gelu.clone(),
-                    weight: lp.fcprojw.view.clone(),
-                    bias: Some(lp.fcprojb.view.clone()),
-                    n,
-                    c: 4 * c,
-                    oc: c,
-                },
-            )?;
-            self.op(
-                rt,
-                format!("L{l} residual3 forward"),
-                main,
-                Op::Residual {
-                    out: la.residual3.clone(),
-                    a: la.residual2.clone(),
-                    b: la.fcproj.clone(),
-                },
+            residual::forward(
+                task("residual3 forward"),
+                &la.residual3,
+                &la.residual2,
+                &la.fcproj,
             )?;
         }
-        let last = a.residual_in(cfg.num_layers).clone();
-        self.op(
-            rt,
-            "lnf forward".into(),
-            main,
-            Op::LayerNorm {
-                out: a.lnf.clone(),
-                mean: a.lnf_mean.clone(),
-                rstd: a.lnf_rstd.clone(),
-                inp: last,
-                weight: p.lnfw.view.clone(),
-                bias: p.lnfb.view.clone(),
-                n,
-                c,
-            },
+        layernorm::forward(
+            rt.task("lnf forward"),
+            &a.lnf,
+            &a.lnf_mean,
+            &a.lnf_rstd,
+            a.residual_out(),
+            &p.lnfw,
+            &p.lnfb,
+            n,
+            c,
         )?;
-        self.op(
-            rt,
-            "logits forward".into(),
-            main,
-            Op::Matmul {
-                out: a.logits.clone(),
-                inp: a.lnf.clone(),
-                weight: p.wte.view.clone(),
-                bias: None,
-                n,
-                c,
-                oc: v,
-            },
+        matmul::forward(
+            rt.task("logits forward"),
+            &a.logits,
+            &a.lnf,
+            &p.wte,
+            None,
+            n,
+            c,
+            v,
         )?;
-        if targets.is_none() {
-            self.op(
-                rt,
-                "softmax forward".into(),
-                main,
-                Op::Softmax {
-                    probs: a.probs.clone(),
-                    logits: a.logits.clone(),
+        if self.has_targets {
+            // SAFETY: `targets` holds ids checked against V above (module docs).
+            unsafe {
+                loss::softmax_crossentropy(
+                    rt.task("softmax crossentropy forward"),
+                    &a.probs,
+                    &a.losses,
+                    &a.logits,
+                    &targets,
                     n,
                     v,
-                },
-            )?;
+                )
+            }?;
+            loss::mean(rt.task("mean loss"), &loss, &a.losses)?;
         } else {
-            self.op(
-                rt,
-                "softmax crossentropy forward".into(),
-                main,
-                Op::SoftmaxCrossEntropy {
-                    probs: a.probs.clone(),
-                    losses: a.losses.clone(),
-                    logits: a.logits.clone(),
-                    targets: self.targets.whole(),
-                    n,
-                    v,
-                },
-            )?;
-            self.op(
-                rt,
-                "mean loss".into(),
-                main,
-                Op::MeanLoss {
-                    loss: self.loss.whole(),
-                    losses: a.losses.clone(),
-                },
-            )?;
+            loss::softmax(rt.task("softmax forward"), &a.probs, &a.logits, n, v)?;
         }
         Ok(())
     }
@@ -721,14 +588,8 @@ impl Gpt2Model {
     /// [`param_group`](Self::param_groups).
     pub fn zero_grad(&self, rt: &Runtime) -> Result<()> {
         for (i, r) in self.groups.iter().enumerate() {
-            self.op(
-                rt,
-                format!("zero grads {i}"),
-                Priority::Side,
-                Op::Zero {
-                    out: self.grads.view_of::<f32>(r.clone())?,
-                },
-            )?;
+            let task = rt.task(format!("zero grads {i}")).priority(Priority::Side);
+            fill::zero(task, &self.grads.view_of::<f32>(r.clone())?)?;
         }
         Ok(())
     }
@@ -754,334 +615,244 @@ impl Gpt2Model {
                 reason: "it needs a forward pass with targets first".into(),
             });
         }
-        let (b, t) = (self.b, self.t);
-        let cfg = self.cfg;
-        let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
-        let n = b * t;
-        let (p, g, a, da) = (&self.p, &self.g, &self.a, &self.da);
-        let (main, side) = (Priority::Main, Priority::Side);
+        let (b, t, n) = (self.b, self.t, self.b * self.t);
+        let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
+        let (p, g, a, da, id) = (&self.p, &self.g, &self.a, &self.da, &self.ids);
+        let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
+        let scratch_bwd = &self.att_scratch_bwd;
+        let side = |name: String| rt.task(name).priority(Priority::Side);
 
         // Activation gradients accumulate, so they start from zero: one task
         // per block, in the order backward needs them.
-        self.op(
-            rt,
-            "zero dacts head".into(),
-            side,
-            Op::Zero {
-                out: da.head.clone(),
-            },
-        )?;
-        for l in (0..cfg.num_layers).rev() {
-            self.op(
-                rt,
-                format!("L{l} zero dacts"),
-                side,
-                Op::Zero {
-                    out: da.layers[l].all.clone(),
-                },
-            )?;
+        fill::zero(side("zero dacts head".into()), &da.head)?;
+        for l in (0..self.cfg.num_layers).rev() {
+            fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l])?;
         }
-        self.op(
-            rt,
-            "zero dacts encoded".into(),
-            side,
-            Op::Zero {
-                out: da.encoded.clone(),
-            },
-        )?;
+        fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
 
-        self.op(
-            rt,
-            "crossentropy softmax backward".into(),
-            main,
-            Op::CrossEntropySoftmaxBackward {
-                dlogits: da.logits.clone(),
-                probs: a.probs.clone(),
-                targets: self.targets.whole(),
-                dloss,
-                n,
-                v,
-            },
+        loss::backward(
+            rt.task("crossentropy softmax backward"),
+            &da.logits,
+            &a.probs,
+            &targets,
+            dloss,
+            n,
+            v,
         )?;
-        self.op(
-            rt,
-            "logits backward input".into(),
-            main,
-            Op::MatmulBackwardInput {
-                dinp: da.lnf.clone(),
-                dout: da.logits.clone(),
-                weight: p.wte.view.clone(),
-                n,
-                c,
-                oc: v,
-            },
+        // logits = lnf · wteᵀ
+        matmul::backward_input(
+            rt.task("logits backward input"),
+            &da.lnf,
+            &da.logits,
+            &p.wte,
+            n,
+            c,
+            v,
         )?;
-        self.op(
-            rt,
-            "logits backward weight".into(),
-            side,
-            Op::MatmulBackwardWeight {
-                dweight: g.wte.view.clone(),
-                dbias: None,
-                dout: da.logits.clone(),
-                inp: a.lnf.clone(),
-                n,
-                c,
-                oc: v,
-            },
+        matmul::backward_weight(
+            side("logits backward weight".into()),
+            &g.wte,
+            None,
+            &da.logits,
+            &a.lnf,
+            n,
+            c,
+            v,
         )?;
-        let last = cfg.num_layers;
-        self.op(
-            rt,
-            "lnf backward".into(),
-            main,
-            Op::LayerNormBackward {
-                dinp: da.residual_in(last).clone(),
-                dweight: g.lnfw.view.clone(),
-                dbias: g.lnfb.view.clone(),
-                dout: da.lnf.clone(),
-                inp: a.residual_in(last).clone(),
-                weight: p.lnfw.view.clone(),
-                mean: a.lnf_mean.clone(),
-                rstd: a.lnf_rstd.clone(),
-                n,
-                c,
-            },
+        // lnf = layernorm(residual_out)
+        layernorm::backward(
+            rt.task("lnf backward"),
+            da.residual_out(),
+            &g.lnfw,
+            &g.lnfb,
+            &da.lnf,
+            a.residual_out(),
+            &p.lnfw,
+            &a.lnf_mean,
+            &a.lnf_rstd,
+            n,
+            c,
         )?;
-        ready(g.lnfb.index)?;
-        ready(g.lnfw.index)?;
+        ready(id.lnfb)?;
+        ready(id.lnfw)?;
 
-        for l in (0..cfg.num_layers).rev() {
-            let (la, lda, lp, lg) = (&a.layers[l], &da.layers[l], &p.layers[l], &g.layers[l]);
+        for l in (0..self.cfg.num_layers).rev() {
+            let (la, lda, lp, lg, li) = (
+                &a.layers[l],
+                &da.layers[l],
+                &p.layers[l],
+                &g.layers[l],
+                &id.layers[l],
+            );
+            let task = |what: &str| rt.task(format!("L{l} {what}"));
+            let side = |what: &str| task(what).priority(Priority::Side);
             // residual3 = residual2 + fcproj
-            self.op(
-                rt,
-                format!("L{l} residual3 backward"),
-                main,
-                Op::ResidualBackward {
-                    da: lda.residual2.clone(),
-                    db: lda.fcproj.clone(),
-                    dout: lda.residual3.clone(),
-                },
+            residual::backward(
+                task("residual3 backward"),
+                &lda.residual2,
+                &lda.fcproj,
+                &lda.residual3,
             )?;
             // fcproj = fch_gelu · fcprojwᵀ + fcprojb
-            self.op(
-                rt,
-                format!("L{l} fcproj backward input"),
-                main,
-                Op::MatmulBackwardInput {
-                    dinp: lda.fch_gelu.clone(),
-                    dout: lda.fcproj.clone(),
-                    weight: lp.fcprojw.view.clone(),
-                    n,
-                    c: 4 * c,
-                    oc: c,
-                },
+            matmul::backward_input(
+                task("fcproj backward input"),
+                &lda.fch_gelu,
+                &lda.fcproj,
+                &lp.fcprojw,
+                n,
+                4 * c,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} fcproj backward weight"),
-                side,
-                Op::MatmulBackwardWeight {
-                    dweight: lg.fcprojw.view.clone(),
-                    dbias: Some(lg.fcprojb.view.clone()),
-                    dout: lda.fcproj.clone(),
-                    inp: la.fch_gelu.clone(),
-                    n,
-                    c: 4 * c,
-                    oc: c,
-                },
+            matmul::backward_weight(
+                side("fcproj backward weight"),
+                &lg.fcprojw,
+                Some(&lg.fcprojb),
+                &lda.fcproj,
+                &la.fch_gelu,
+                n,
+                4 * c,
+                c,
             )?;
-            ready(lg.fcprojb.index)?;
-            ready(lg.fcprojw.index)?;
+            ready(li.fcprojb)?;
+            ready(li.fcprojw)?;
             // fch_gelu = gelu(fch)
-            self.op(
-                rt,
-                format!("L{l} gelu backward"),
-                main,
-                Op::GeluBackward {
-                    dinp: lda.fch.clone(),
-                    inp: la.fch.clone(),
-                    dout: lda.fch_gelu.clone(),
-                },
-            )?;
+            gelu::backward(task("gelu backward"), &lda.fch, &la.fch, &lda.fch_gelu)?;
             // fch = ln2 · fcwᵀ + fcb
-            self.op(
-                rt,
-                format!("L{l} fc backward input"),
-                main,
-                Op::MatmulBackwardInput {
-                    dinp: lda.ln2.clone(),
-                    dout: lda.fch.clone(),
-                    weight: lp.fcw.view.clone(),
-                    n,
-                    c,
-                    oc: 4 * c,
-                },
+            matmul::backward_input(
+                task("fc backward input"),
+                &lda.ln2,
+                &lda.fch,
+                &lp.fcw,
+                n,
+                c,
+                4 * c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} fc backward weight"),
-                side,
-                Op::MatmulBackwardWeight {
-                    dweight: lg.fcw.view.clone(),
-                    dbias: Some(lg.fcb.view.clone()),
-                    dout: lda.fch.clone(),
-                    inp: la.ln2.clone(),
-                    n,
-                    c,
-                    oc: 4 * c,
-                },
+            matmul::backward_weight(
+                side("fc backward weight"),
+                &lg.fcw,
+                Some(&lg.fcb),
+                &lda.fch,
+                &la.ln2,
+                n,
+                c,
+                4 * c,
             )?;
-            ready(lg.fcb.index)?;
-            ready(lg.fcw.index)?;
+            ready(li.fcb)?;
+            ready(li.fcw)?;
             // ln2 = layernorm(residual2)
-            self.op(
-                rt,
-                format!("L{l} ln2 backward"),
-                main,
-                Op::LayerNormBackward {
-                    dinp: lda.residual2.clone(),
-                    dweight: lg.ln2w.view.clone(),
-                    dbias: lg.ln2b.view.clone(),
-                    dout: lda.ln2.clone(),
-                    inp: la.residual2.clone(),
-                    weight: lp.ln2w.view.clone(),
-                    mean: la.ln2_mean.clone(),
-                    rstd: la.ln2_rstd.clone(),
-                    n,
-                    c,
-                },
+            layernorm::backward(
+                task("ln2 backward"),
+                &lda.residual2,
+                &lg.ln2w,
+                &lg.ln2b,
+                &lda.ln2,
+                &la.residual2,
+                &lp.ln2w,
+                &la.ln2_mean,
+                &la.ln2_rstd,
+                n,
+                c,
             )?;
-            ready(lg.ln2b.index)?;
-            ready(lg.ln2w.index)?;
+            ready(li.ln2b)?;
+            ready(li.ln2w)?;
             // residual2 = residual_in + attproj
-            self.op(
-                rt,
-                format!("L{l} residual2 backward"),
-                main,
-                Op::ResidualBackward {
-                    da: da.residual_in(l).clone(),
-                    db: lda.attproj.clone(),
-                    dout: lda.residual2.clone(),
-                },
+            residual::backward(
+                task("residual2 backward"),
+                da.residual_in(l),
+                &lda.attproj,
+                &lda.residual2,
             )?;
             // attproj = atty · attprojwᵀ + attprojb
-            self.op(
-                rt,
-                format!("L{l} attproj backward input"),
-                main,
-                Op::MatmulBackwardInput {
-                    dinp: lda.atty.clone(),
-                    dout: lda.attproj.clone(),
-                    weight: lp.attprojw.view.clone(),
-                    n,
-                    c,
-                    oc: c,
-                },
+            matmul::backward_input(
+                task("attproj backward input"),
+                &lda.atty,
+                &lda.attproj,
+                &lp.attprojw,
+                n,
+                c,
+                c,
             )?;
-            self.op(
-                rt,
-                format!("L{l} attproj backward weight"),
-                side,
-                Op::MatmulBackwardWeight {
-                    dweight: lg.attprojw.view.clone(),
-                    dbias: Some(lg.attprojb.view.clone()),
-                    dout: lda.attproj.clone(),
-                    inp: la.atty.clone(),
-                    n,
-                    c,
-                    oc: c,
-                },
+            matmul::backward_weight(
+                side("attproj backward weight"),
+                &lg.attprojw,
+                Some(&lg.attprojb),
+                &lda.attproj,
+                &la.atty,
+                n,
+                c,
+                c,
             )?;
-            ready(lg.attprojb.index)?;
-            ready(lg.attprojw.index)?;
+            ready(li.attprojb)?;
+            ready(li.attprojw)?;
             // atty = attention(qkv)
-            self.op(
-                rt,
-                format!("L{l} attention backward"),
-                main,
-                Op::AttentionBackward {
-                    dinp: lda.qkv.clone(),
-                    dout: lda.atty.clone(),
-                    inp: la.qkv.clone(),
-                    att: la.att.clone(),
-                    scratch: self.att_scratch_bwd.clone(),
-                    b,
-                    t,
-                    c,
-                    nh,
-                },
-            )?;
-            // qkv = ln1 · qkvwᵀ + qkvb
-            self.op(
-                rt,
-                format!("L{l} qkv backward input"),
-                main,
-                Op::MatmulBackwardInput {
-                    dinp: lda.ln1.clone(),
-                    dout: lda.qkv.clone(),
-                    weight: lp.qkvw.view.clone(),
-                    n,
-                    c,
-                    oc: 3 * c,
-                },
-            )?;
-            self.op(
-                rt,
-                format!("L{l} qkv backward weight"),
-                side,
-                Op::MatmulBackwardWeight {
-                    dweight: lg.qkvw.view.clone(),
-                    dbias: Some(lg.qkvb.view.clone()),
-                    dout: lda.qkv.clone(),
-                    inp: la.ln1.clone(),
-                    n,
-                    c,
-                    oc: 3 * c,
-                },
-            )?;
-            ready(lg.qkvb.index)?;
-            ready(lg.qkvw.index)?;
-            // ln1 = layernorm(residual_in)
-            self.op(
-                rt,
-                format!("L{l} ln1 backward"),
-                main,
-                Op::LayerNormBackward {
-                    dinp: da.residual_in(l).clone(),
-                    dweight: lg.ln1w.view.clone(),
-                    dbias: lg.ln1b.view.clone(),
-                    dout: lda.ln1.clone(),
-                    inp: a.residual_in(l).clone(),
-                    weight: lp.ln1w.view.clone(),
-                    mean: la.ln1_mean.clone(),
-                    rstd: la.ln1_rstd.clone(),
-                    n,
-                    c,
-                },
-            )?;
-            ready(lg.ln1b.index)?;
-            ready(lg.ln1w.index)?;
-        }
-
-        // encoded = wte[tokens] + wpe
-        self.op(
-            rt,
-            "encoder backward".into(),
-            main,
-            Op::EncoderBackward {
-                dwte: g.wte.view.clone(),
-                dwpe: g.wpe_t.view.clone(),
-                dout: da.encoded.clone(),
-                tokens: self.tokens.whole(),
+            attention::backward(
+                task("attention backward"),
+                &lda.qkv,
+                &lda.atty,
+                &la.qkv,
+                &la.att,
+                scratch_bwd,
                 b,
                 t,
                 c,
-            },
-        )?;
-        ready(g.wpe.index)?;
-        ready(g.wte.index)?;
+                nh,
+            )?;
+            // qkv = ln1 · qkvwᵀ + qkvb
+            matmul::backward_input(
+                task("qkv backward input"),
+                &lda.ln1,
+                &lda.qkv,
+                &lp.qkvw,
+                n,
+                c,
+                3 * c,
+            )?;
+            matmul::backward_weight(
+                side("qkv backward weight"),
+                &lg.qkvw,
+                Some(&lg.qkvb),
+                &lda.qkv,
+                &la.ln1,
+                n,
+                c,
+                3 * c,
+            )?;
+            ready(li.qkvb)?;
+            ready(li.qkvw)?;
+            // ln1 = layernorm(residual_in)
+            layernorm::backward(
+                task("ln1 backward"),
+                da.residual_in(l),
+                &lg.ln1w,
+                &lg.ln1b,
+                &lda.ln1,
+                a.residual_in(l),
+                &lp.ln1w,
+                &la.ln1_mean,
+                &la.ln1_rstd,
+                n,
+                c,
+            )?;
+            ready(li.ln1b)?;
+            ready(li.ln1w)?;
+        }
+
+        // encoded = wte[tokens] + wpe
+        // SAFETY: `tokens` holds ids checked against V by `forward` (module docs).
+        unsafe {
+            encoder::backward(
+                rt.task("encoder backward"),
+                &g.wte,
+                &g.wpe,
+                &da.encoded,
+                &tokens,
+                b,
+                t,
+                c,
+            )
+        }?;
+        ready(id.wpe)?;
+        ready(id.wte)?;
         Ok(())
     }
 }
@@ -1089,15 +860,16 @@ impl Gpt2Model {
 /// Bytes of device scratch the attention tasks use: the larger of what the
 /// GPU attention kernels need forward (`4·B·T·C` f32: the heads of `q`, `k`,
 /// `v` permuted, and `att · v`) and backward (`6·B·T·C + 2·B·NH·T·T` f32),
-/// as `kernels/cuda.rs` documents them. The forward task declares (`write`)
+/// as [`attention::forward_scratch_bytes`] and
+/// [`attention::backward_scratch_bytes`] document them. The forward task declares (`write`)
 /// the forward size from the start of the buffer, the backward task the
 /// backward size, exactly what the launchers take. The CPU kernels use none
 /// of it; the task graph declares it on every backend so that the graph is
 /// the same everywhere. One buffer serves every layer: the attention tasks
 /// are in one chain anyway.
 pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize) -> usize {
-    cuda::attention_forward_scratch_bytes(b, t, c, nh)
-        .max(cuda::attention_backward_scratch_bytes(b, t, c, nh))
+    attention::forward_scratch_bytes(b, t, c, nh)
+        .max(attention::backward_scratch_bytes(b, t, c, nh))
 }
 
 /// GPT-2's initialisation (as in nanoGPT and llm.c): weights `N(0, 0.02)`, the

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use braid::BackendKind;
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
@@ -264,4 +265,50 @@ pub fn split_by_gradient(
         side.1.push(b);
     }
     (strict, noisy)
+}
+
+/// A backend a test body runs on: one body, one `#[test]` per backend
+/// ([`test_device!`], after candle's macro of that name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn backend(self) -> BackendKind {
+        match self {
+            Device::Cpu => BackendKind::Cpu,
+            Device::Cuda => BackendKind::Cuda { device: 0 },
+        }
+    }
+
+    /// Whether the device is present. Without a GPU the CUDA test prints why
+    /// it skips and passes; under `BRAID_REQUIRE_GPU=1` it fails instead.
+    pub fn present(self, test: &str) -> bool {
+        match self {
+            Device::Cpu => true,
+            Device::Cuda => braid::cuda::gpu_or_skip(test),
+        }
+    }
+}
+
+/// `test_device!(body, body_cpu, body_cuda)`: `body(Device)` as one test per
+/// backend; the CUDA one skips with a message when there is no GPU. (Bring
+/// it in with `#[macro_use] mod common;`.)
+#[allow(unused_macros)]
+macro_rules! test_device {
+    ($body:ident, $cpu:ident, $cuda:ident) => {
+        #[test]
+        fn $cpu() {
+            $body($crate::common::Device::Cpu);
+        }
+
+        #[test]
+        fn $cuda() {
+            if $crate::common::Device::Cuda.present(stringify!($cuda)) {
+                $body($crate::common::Device::Cuda);
+            }
+        }
+    };
 }

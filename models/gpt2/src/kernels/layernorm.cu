@@ -1,5 +1,5 @@
 // GPT-2 layer normalisation over channels, forward and backward (fp32).
-// Semantics: models/gpt2/src/kernels/cpu/layernorm.rs (biased variance,
+// Semantics: models/gpt2/src/kernels/layernorm.rs (biased variance,
 // eps = 1e-5, saves mean and rstd). Row statistics are reduced with a fixed
 // butterfly of warp shuffles and parameter gradients by one thread per channel
 // in row order: deterministic, no atomics.

@@ -1,5 +1,5 @@
 // GELU, tanh approximation, forward and backward (fp32).
-// Semantics: models/gpt2/src/kernels/cpu/gelu.rs (same constants, same order).
+// Semantics: models/gpt2/src/kernels/gelu.rs (same constants, same order).
 
 #define GELU_SCALING_FACTOR 0.7978846f  // sqrt(2 / pi)
 #define GELU_CUBIC 0.044715f

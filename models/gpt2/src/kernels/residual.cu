@@ -1,4 +1,4 @@
-// Residual connection (fp32). Semantics: models/gpt2/src/kernels/cpu/residual.rs.
+// Residual connection (fp32). Semantics: models/gpt2/src/kernels/residual.rs.
 
 // out[i] = inp1[i] + inp2[i]
 // Launch: grid ceil(N / block), block 256.

@@ -1,5 +1,5 @@
 // GPT-2 causal self-attention helpers (fp32), llm.c's cuBLAS formulation.
-// Semantics: models/gpt2/src/kernels/cpu/attention.rs; the products run as
+// Semantics: models/gpt2/src/kernels/attention.rs; the products run as
 // strided-batched cuBLAS sgemms over the B*NH heads (row-major terms, see
 // cuda/src/cublas.rs):
 //

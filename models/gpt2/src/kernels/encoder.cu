@@ -1,5 +1,5 @@
 // GPT-2 token + position embedding, forward and backward (fp32).
-// Semantics: models/gpt2/src/kernels/cpu/encoder.rs. Deterministic: no atomics;
+// Semantics: models/gpt2/src/kernels/encoder.rs. Deterministic: no atomics;
 // every gradient element is accumulated by one thread in (b, t) order, as the
 // CPU kernel does.
 

@@ -1,5 +1,5 @@
 // Softmax over the vocabulary fused with the cross-entropy loss, its backward,
-// and the mean loss (fp32). Semantics: models/gpt2/src/kernels/cpu/loss.rs.
+// and the mean loss (fp32). Semantics: models/gpt2/src/kernels/loss.rs.
 // Block reductions use a fixed tree (warp butterflies, then one warp over the
 // per-warp partials): deterministic.
 

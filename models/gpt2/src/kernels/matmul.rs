@@ -1,10 +1,109 @@
 //! Linear layers: `out = inp · Wᵀ + bias` with `W` stored `(OC, C)`, and the
 //! two halves of its backward pass, which the engine runs as separate tasks
 //! (the input gradient is on the critical path, the weight gradient is not).
+//!
+//! The family's one home: the tasks [`forward`], [`backward_input`] and
+//! [`backward_weight`], the CPU kernels [`matmul_forward`],
+//! [`matmul_backward_input`] and [`matmul_backward_weight`] (through `gemm`,
+//! single-threaded), their CUDA launchers (cuBLAS for the products, `matmul.cu`
+//! for the bias). Rows are `n = B·T` positions.
 
+use braid::cuda::{Gemm, KernelArgs, Transpose};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
 use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "matmul.cu",
+    include_str!("matmul.cu"),
+    &["bias_broadcast", "bias_backward"],
+);
+static BIAS_BROADCAST: Kernel = Kernel::new(&CUDA, 0);
+static BIAS_BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `out = inp · weightᵀ + bias` as `task`.
+pub fn forward(
+    task: TaskBuilder<'_>,
+    out: &View,          // (N, OC)
+    inp: &View,          // (N, C)
+    weight: &View,       // (OC, C)
+    bias: Option<&View>, // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            out.write::<f32>(),
+            inp.read::<f32>(),
+            weight.read::<f32>(),
+            bias.map(|b| b.read::<f32>()),
+        ),
+        move |(out, inp, w, bias)| matmul_forward(out, inp, w, bias, 1, n, c, oc),
+        move |(out, inp, w, bias), cu| {
+            task_result(matmul_forward_cuda(cu, out, inp, w, bias, n, c, oc))
+        },
+    )
+}
+
+/// Submits `dinp += dout · weight` as `task` (the critical path of backward).
+pub fn backward_input(
+    task: TaskBuilder<'_>,
+    dinp: &View,   // (N, C) accumulated
+    dout: &View,   // (N, OC)
+    weight: &View, // (OC, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dinp.read_write::<f32>(),
+            dout.read::<f32>(),
+            weight.read::<f32>(),
+        ),
+        move |(dinp, dout, w)| matmul_backward_input(dinp, dout, w, 1, n, c, oc),
+        move |(dinp, dout, w), cu| {
+            task_result(matmul_backward_input_cuda(cu, dinp, dout, w, n, c, oc))
+        },
+    )
+}
+
+/// Submits `dweight += doutᵀ · inp; dbias += Σ dout` as `task` (off the
+/// critical path: give it [`Priority::Side`](braid::Priority::Side)).
+pub fn backward_weight(
+    task: TaskBuilder<'_>,
+    dweight: &View,       // (OC, C) accumulated
+    dbias: Option<&View>, // (OC) accumulated
+    dout: &View,          // (N, OC)
+    inp: &View,           // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dweight.read_write::<f32>(),
+            dbias.map(|d| d.read_write::<f32>()),
+            dout.read::<f32>(),
+            inp.read::<f32>(),
+        ),
+        move |(dw, db, dout, inp)| matmul_backward_weight(dw, db, dout, inp, 1, n, c, oc),
+        move |(dw, db, dout, inp), cu| {
+            task_result(matmul_backward_weight_cuda(cu, dw, db, dout, inp, n, c, oc))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
 
 /// A row-major-or-strided view of an `rows x cols` matrix inside a slice.
 #[derive(Clone, Copy)]
@@ -217,6 +316,106 @@ pub fn matmul_backward_weight(
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// [`matmul_forward`] on the task's stream: the bias is broadcast into `out`
+/// first and the cuBLAS product added with `beta = 1`, the CPU kernel's order.
+pub fn matmul_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<f32>,       // (N, OC)
+    inp: DevSlice<f32>,          // (N, C)
+    weight: DevSlice<f32>,       // (OC, C)
+    bias: Option<DevSlice<f32>>, // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<()> {
+    let k = Check::new("matmul_forward");
+    let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
+    k.dim("C", c)?;
+    k.exact("out", &out, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
+    k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
+    if let Some(bias) = &bias {
+        k.exact("bias", bias, "(OC)", oc)?;
+    }
+    let l = Launcher::new(k, cu);
+    let beta = if let Some(bias) = bias {
+        let mut a = KernelArgs::new();
+        a.ptr(out.ptr()).ptr(bias.ptr()).i32(ni).i32(oci);
+        // SAFETY: bias_broadcast(float* out, const float* bias, int N, int
+        // OC); out is (N, OC), bias (OC) (checked).
+        unsafe { l.launch(&BIAS_BROADCAST, l.linear(n * oc, 256)?, &a)? };
+        1.0
+    } else {
+        0.0
+    };
+    let g = Gemm::new(Transpose::N, Transpose::T, n, oc, c).scaled(1.0, beta);
+    // SAFETY: inp (N, C) · weight (OC, C)ᵀ into out (N, OC), sizes checked.
+    unsafe { l.gemm(&g, inp.ptr(), weight.ptr(), out.ptr()) }
+}
+
+/// [`matmul_backward_input`] on the task's stream (cuBLAS, `beta = 1`).
+pub fn matmul_backward_input_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<f32>, // (N, C) accumulated
+    dout: DevSlice<f32>,    // (N, OC)
+    weight: DevSlice<f32>,  // (OC, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<()> {
+    let k = Check::new("matmul_backward_input");
+    k.dim("N", n)?;
+    k.dim("C", c)?;
+    k.dim("OC", oc)?;
+    k.exact("dinp", &dinp, "(N, C)", k.mul(n, c)?)?;
+    k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
+    let l = Launcher::new(k, cu);
+    let g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 1.0);
+    // SAFETY: dout (N, OC) · weight (OC, C) added to dinp (N, C), sizes checked.
+    unsafe { l.gemm(&g, dout.ptr(), weight.ptr(), dinp.ptr()) }
+}
+
+/// [`matmul_backward_weight`] on the task's stream: `dweight += doutᵀ · inp`
+/// (cuBLAS, `beta = 1`) and, with `dbias`, `dbias += Σ_rows dout` (one thread
+/// per channel, rows in order).
+pub fn matmul_backward_weight_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dweight: DevSliceMut<f32>,       // (OC, C) accumulated
+    dbias: Option<DevSliceMut<f32>>, // (OC) accumulated
+    dout: DevSlice<f32>,             // (N, OC)
+    inp: DevSlice<f32>,              // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<()> {
+    let k = Check::new("matmul_backward_weight");
+    let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
+    k.dim("C", c)?;
+    k.exact("dweight", &dweight, "(OC, C)", k.mul(oc, c)?)?;
+    if let Some(dbias) = &dbias {
+        k.exact("dbias", dbias, "(OC)", oc)?;
+    }
+    k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
+    let l = Launcher::new(k, cu);
+    let g = Gemm::new(Transpose::T, Transpose::N, oc, c, n).scaled(1.0, 1.0);
+    // SAFETY: dout (N, OC)ᵀ · inp (N, C) added to dweight (OC, C), sizes checked.
+    unsafe { l.gemm(&g, dout.ptr(), inp.ptr(), dweight.ptr())? };
+    if let Some(dbias) = dbias {
+        let mut a = KernelArgs::new();
+        a.ptr(dbias.ptr()).ptr(dout.ptr()).i32(ni).i32(oci);
+        // SAFETY: bias_backward(float* dbias, const float* dout, int N, int
+        // OC); dbias (OC), dout (N, OC) (checked).
+        unsafe { l.launch(&BIAS_BACKWARD, l.linear(oc, 128)?, &a)? };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 // Bias parts of GPT-2's linear layers (the products themselves go through
 // cuBLAS: out = inp · Wᵀ, see cuda/src/cublas.rs).
-// Semantics: models/gpt2/src/kernels/cpu/matmul.rs. Deterministic, no atomics.
+// Semantics: models/gpt2/src/kernels/matmul.rs. Deterministic, no atomics.
 
 // out[n, o] += bias[o]
 //   out (N, OC), bias (OC); N = B*T

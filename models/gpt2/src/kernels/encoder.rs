@@ -1,0 +1,254 @@
+//! Token + position embedding: `encoded = wte[tokens] + wpe[:T]`.
+//!
+//! The family's one home: the tasks [`forward`] and [`backward`], the CPU
+//! kernels [`encoder_forward`] and [`encoder_backward`], their CUDA launchers
+//! [`encoder_forward_cuda`] and [`encoder_backward_cuda`], and `encoder.cu`.
+//!
+//! # Token ids
+//!
+//! The CUDA kernels index `wte` (`dwte`) with ids they read on the device,
+//! where they cannot be checked without a host synchronisation, so the
+//! launchers and the tasks are `unsafe` with the contract "every id is below
+//! the vocabulary size `V`" (validate on the host with
+//! [`check_tokens`](super::check_tokens) before the ids are uploaded). The CPU
+//! kernels index with bounds checks: a bad id panics there, failing the task.
+
+use braid::cuda::{KernelArgs, LaunchConfig};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "encoder.cu",
+    include_str!("encoder.cu"),
+    &[
+        "encoder_forward",
+        "encoder_backward_wpe",
+        "encoder_backward_wte",
+    ],
+);
+static FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static BACKWARD_WPE: Kernel = Kernel::new(&CUDA, 1);
+static BACKWARD_WTE: Kernel = Kernel::new(&CUDA, 2);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `out = wte[tokens] + wpe[:T]` as `task` ([`encoder_forward`] on
+/// the CPU, [`encoder_forward_cuda`] on CUDA).
+///
+/// # Safety
+/// When the task runs, every id in `tokens` is below `V` (the rows of `wte`):
+/// the CUDA kernel reads `wte` at the ids it finds, unchecked (module docs).
+pub unsafe fn forward(
+    task: TaskBuilder<'_>,
+    out: &View,    // (B, T, C)
+    tokens: &View, // (B, T) u32, each < V
+    wte: &View,    // (V, C)
+    wpe: &View,    // (maxT, C), maxT >= T
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            out.write::<f32>(),
+            tokens.read::<u32>(),
+            wte.read::<f32>(),
+            wpe.read::<f32>(),
+        ),
+        move |(out, tokens, wte, wpe)| encoder_forward(out, tokens, wte, wpe, b, t, c),
+        move |(out, tokens, wte, wpe), cu| {
+            // SAFETY: the ids are below V, this function's contract.
+            task_result(unsafe { encoder_forward_cuda(cu, out, tokens, wte, wpe, b, t, c) })
+        },
+    )
+}
+
+/// Submits `dwte[tokens] += dout; dwpe[:T] += Σ_b dout` as `task`.
+///
+/// # Safety
+/// As for [`forward`]: every id in `tokens` is below `V` (the rows of
+/// `dwte`) when the task runs.
+pub unsafe fn backward(
+    task: TaskBuilder<'_>,
+    dwte: &View,   // (V, C) accumulated
+    dwpe: &View,   // (maxT, C), maxT >= T, accumulated
+    dout: &View,   // (B, T, C)
+    tokens: &View, // (B, T) u32, each < V
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dwte.read_write::<f32>(),
+            dwpe.read_write::<f32>(),
+            dout.read::<f32>(),
+            tokens.read::<u32>(),
+        ),
+        move |(dwte, dwpe, dout, tokens)| encoder_backward(dwte, dwpe, dout, tokens, b, t, c),
+        move |(dwte, dwpe, dout, tokens), cu| {
+            // SAFETY: the ids are below V, this function's contract.
+            task_result(unsafe { encoder_backward_cuda(cu, dwte, dwpe, dout, tokens, b, t, c) })
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
+/// `out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]`.
+///
+/// Every token must be `< V` (see [`check_tokens`](super::check_tokens));
+/// `wpe` may have more rows than `t` (`maxT >= T`).
+pub fn encoder_forward(
+    out: &mut [f32], // (B, T, C)
+    tokens: &[u32],  // (B, T)
+    wte: &[f32],     // (V, C)
+    wpe: &[f32],     // (maxT, C), maxT >= T
+    b: usize,
+    t: usize,
+    c: usize,
+) {
+    check_len("encoder_forward", "out", out.len(), b * t * c);
+    check_len("encoder_forward", "tokens", tokens.len(), b * t);
+    assert!(
+        wpe.len() >= t * c,
+        "encoder_forward: `wpe` has fewer than T rows"
+    );
+    for (bt, (out_bt, &tok)) in out.chunks_exact_mut(c).zip(tokens).enumerate() {
+        let pos = bt % t;
+        let wte_ix = &wte[tok as usize * c..][..c];
+        let wpe_t = &wpe[pos * c..][..c];
+        for ((o, &e), &p) in out_bt.iter_mut().zip(wte_ix).zip(wpe_t) {
+            *o = e + p;
+        }
+    }
+}
+
+/// Accumulates the embedding gradients: `dwte[tokens[b, t], :] += dout[b, t, :]`
+/// and `dwpe[t, :] += dout[b, t, :]`.
+pub fn encoder_backward(
+    dwte: &mut [f32], // (V, C)
+    dwpe: &mut [f32], // (maxT, C), maxT >= T
+    dout: &[f32],     // (B, T, C)
+    tokens: &[u32],   // (B, T)
+    b: usize,
+    t: usize,
+    c: usize,
+) {
+    check_len("encoder_backward", "dout", dout.len(), b * t * c);
+    check_len("encoder_backward", "tokens", tokens.len(), b * t);
+    assert!(
+        dwpe.len() >= t * c,
+        "encoder_backward: `dwpe` has fewer than T rows"
+    );
+    for (bt, (dout_bt, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
+        let pos = bt % t;
+        let dwte_ix = &mut dwte[tok as usize * c..][..c];
+        for (d, &g) in dwte_ix.iter_mut().zip(dout_bt) {
+            *d += g;
+        }
+        let dwpe_t = &mut dwpe[pos * c..][..c];
+        for (d, &g) in dwpe_t.iter_mut().zip(dout_bt) {
+            *d += g;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// [`encoder_forward`] on the task's stream. Bit-exact with the CPU.
+///
+/// # Safety
+/// Every id in `tokens` must be below `V` (the rows of `wte`): the kernel
+/// reads `wte` at the ids it finds on the device. Everything else is checked.
+pub unsafe fn encoder_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<f32>, // (B, T, C)
+    tokens: DevSlice<u32>, // (B, T), each < V
+    wte: DevSlice<f32>,    // (V, C)
+    wpe: DevSlice<f32>,    // (maxT, C), maxT >= T
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("encoder_forward");
+    let (bi, ti, ci) = (k.dim("B", b)?, k.dim("T", t)?, k.dim("C", c)?);
+    let bt = k.mul(b, t)?;
+    let btc = k.mul(bt, c)?;
+    k.exact("out", &out, "(B, T, C)", btc)?;
+    k.exact("tokens", &tokens, "(B, T)", bt)?;
+    k.rows("wte", &wte, "(V, C)", c, 1)?;
+    k.rows("wpe", &wpe, "(maxT, C)", c, t)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr())
+        .ptr(tokens.ptr())
+        .ptr(wte.ptr())
+        .ptr(wpe.ptr())
+        .i32(bi)
+        .i32(ti)
+        .i32(ci);
+    // SAFETY: encoder_forward(float*, const uint*, const float*, const float*,
+    // int B, int T, int C); out and tokens hold B·T·C and B·T elements, wpe at
+    // least T rows; wte rows are indexed by ids < V (the caller's contract).
+    unsafe { l.launch(&FORWARD, l.linear(btc, 256)?, &a) }
+}
+
+/// Number of token-residue classes `encoder_backward_wte` splits `dwte` into
+/// (`gridDim.y`); any value gives the same result.
+const WTE_PARTS: u32 = 32;
+
+/// [`encoder_backward`] on the task's stream, summed in `(b, t)` order:
+/// bit-exact with the CPU. Only the first `T` rows of `dwpe` are touched.
+///
+/// # Safety
+/// Every id in `tokens` must be below `V` (the rows of `dwte`): the kernel
+/// writes `dwte` at the ids it finds on the device.
+pub unsafe fn encoder_backward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dwte: DevSliceMut<f32>, // (V, C) accumulated
+    dwpe: DevSliceMut<f32>, // (maxT, C), maxT >= T, accumulated
+    dout: DevSlice<f32>,    // (B, T, C)
+    tokens: DevSlice<u32>,  // (B, T), each < V
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("encoder_backward");
+    let (bi, ti, ci) = (k.dim("B", b)?, k.dim("T", t)?, k.dim("C", c)?);
+    let bt = k.mul(b, t)?;
+    let bti = k.dim("B·T", bt)?;
+    let btc = k.mul(bt, c)?;
+    k.rows("dwte", &dwte, "(V, C)", c, 1)?;
+    k.rows("dwpe", &dwpe, "(maxT, C)", c, t)?;
+    k.exact("dout", &dout, "(B, T, C)", btc)?;
+    k.exact("tokens", &tokens, "(B, T)", bt)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dwpe.ptr()).ptr(dout.ptr()).i32(bi).i32(ti).i32(ci);
+    // SAFETY: encoder_backward_wpe(float* dwpe, const float* dout, int B, int
+    // T, int C) touches the first T rows of dwpe and all of dout (checked).
+    unsafe { l.launch(&BACKWARD_WPE, l.linear(t * c, 256)?, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(dwte.ptr())
+        .ptr(dout.ptr())
+        .ptr(tokens.ptr())
+        .i32(bti)
+        .i32(ci);
+    let cfg = LaunchConfig {
+        grid: (l.grid(c.div_ceil(128))?, WTE_PARTS, 1),
+        block: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const uint*
+    // tokens, int BT, int C); dout and tokens hold B·T rows (checked); dwte
+    // rows are indexed by ids < V (the caller's contract).
+    unsafe { l.launch(&BACKWARD_WTE, cfg, &a) }
+}

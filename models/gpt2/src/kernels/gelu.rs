@@ -1,0 +1,176 @@
+//! GELU, tanh approximation (`gelu_new` in Hugging Face, `approximate="tanh"`
+//! in PyTorch): `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+//!
+//! The family's one home: the tasks [`forward`] and [`backward`], the CPU
+//! kernels [`gelu_forward`] and [`gelu_backward`], their CUDA launchers
+//! [`gelu_forward_cuda`] and [`gelu_backward_cuda`], and `gelu.cu` (same
+//! constants, same order of operations).
+
+use braid::cuda::KernelArgs;
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "gelu.cu",
+    include_str!("gelu.cu"),
+    &["gelu_forward", "gelu_backward"],
+);
+static FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `out = gelu(inp)` (elementwise, equal lengths) as `task`.
+pub fn forward(
+    task: TaskBuilder<'_>,
+    out: &View, // (N)
+    inp: &View, // (N)
+) -> Result<TaskHandle> {
+    task.run_any(
+        (out.write::<f32>(), inp.read::<f32>()),
+        |(out, inp)| gelu_forward(out, inp),
+        |(out, inp), cu| task_result(gelu_forward_cuda(cu, out, inp)),
+    )
+}
+
+/// Submits `dinp += gelu'(inp) · dout` as `task`.
+pub fn backward(
+    task: TaskBuilder<'_>,
+    dinp: &View, // (N) accumulated
+    inp: &View,  // (N)
+    dout: &View, // (N)
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dinp.read_write::<f32>(),
+            inp.read::<f32>(),
+            dout.read::<f32>(),
+        ),
+        |(dinp, inp, dout)| gelu_backward(dinp, inp, dout),
+        |(dinp, inp, dout), cu| task_result(gelu_backward_cuda(cu, dinp, inp, dout)),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
+
+const GELU_SCALING_FACTOR: f32 = 0.797_884_6; // sqrt(2 / pi)
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// `out = gelu(inp)` elementwise.
+pub fn gelu_forward(
+    out: &mut [f32], // (N)
+    inp: &[f32],     // (N)
+) {
+    check_len("gelu_forward", "inp", inp.len(), out.len());
+    for (o, &x) in out.iter_mut().zip(inp) {
+        let cube = GELU_CUBIC * x * x * x;
+        *o = 0.5 * x * (1.0 + (GELU_SCALING_FACTOR * (x + cube)).tanh());
+    }
+}
+
+/// `dinp += gelu'(inp) · dout` elementwise.
+pub fn gelu_backward(
+    dinp: &mut [f32], // (N)
+    inp: &[f32],      // (N)
+    dout: &[f32],     // (N)
+) {
+    check_len("gelu_backward", "inp", inp.len(), dinp.len());
+    check_len("gelu_backward", "dout", dout.len(), dinp.len());
+    for ((d, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
+        let cube = GELU_CUBIC * x * x * x;
+        let tanh_out = (GELU_SCALING_FACTOR * (x + cube)).tanh();
+        // sech² = 1 - tanh², which stays finite where cosh would overflow.
+        let sech2 = 1.0 - tanh_out * tanh_out;
+        let local_grad = 0.5 * (1.0 + tanh_out)
+            + x * 0.5 * sech2 * GELU_SCALING_FACTOR * (1.0 + 3.0 * GELU_CUBIC * x * x);
+        *d += local_grad * g;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// [`gelu_forward`] on the task's stream.
+pub fn gelu_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<f32>, // (N)
+    inp: DevSlice<f32>,    // (N)
+) -> Result<()> {
+    let k = Check::new("gelu_forward");
+    let n = out.len();
+    k.exact("inp", &inp, "(N)", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr()).ptr(inp.ptr()).i64(n as i64);
+    // SAFETY: gelu_forward(float* out, const float* inp, long long N); both N.
+    unsafe { l.launch(&FORWARD, l.linear(n, 256)?, &a) }
+}
+
+/// [`gelu_backward`] on the task's stream: `dinp += gelu'(inp) · dout`.
+pub fn gelu_backward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<f32>, // (N) accumulated
+    inp: DevSlice<f32>,     // (N)
+    dout: DevSlice<f32>,    // (N)
+) -> Result<()> {
+    let k = Check::new("gelu_backward");
+    let n = dinp.len();
+    k.exact("inp", &inp, "(N)", n)?;
+    k.exact("dout", &dout, "(N)", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dinp.ptr())
+        .ptr(inp.ptr())
+        .ptr(dout.ptr())
+        .i64(n as i64);
+    // SAFETY: gelu_backward(float* dinp, const float* inp, const float* dout,
+    // long long N); all N.
+    unsafe { l.launch(&BACKWARD, l.linear(n, 256)?, &a) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, fd_check, randn};
+    use super::*;
+
+    #[test]
+    fn gelu_matches_known_values() {
+        let x = [-3.0f32, -1.0, 0.0, 0.5, 2.0];
+        let mut y = [0.0; 5];
+        gelu_forward(&mut y, &x);
+        // torch.nn.functional.gelu(x, approximate="tanh")
+        let want = [-0.003_637_392, -0.158_808, 0.0, 0.345_714, 1.954_597_7];
+        assert_close(&y, &want, 1e-6, 1e-5, "gelu");
+    }
+
+    #[test]
+    fn gelu_backward_matches_finite_differences() {
+        let x = randn(64, 1.5, 1);
+        let w = randn(64, 1.0, 2);
+        let mut dx = vec![0.0; 64];
+        gelu_backward(&mut dx, &x, &w);
+        fd_check(
+            &x,
+            &dx,
+            |x| {
+                let mut y = vec![0.0; 64];
+                gelu_forward(&mut y, x);
+                y.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum()
+            },
+            "gelu dinp",
+        );
+    }
+}

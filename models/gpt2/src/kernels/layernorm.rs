@@ -1,0 +1,356 @@
+//! Layer normalisation over the channel dimension.
+//!
+//! The family's one home: the tasks [`forward`] and [`backward`], the CPU
+//! kernels [`layernorm_forward`] and [`layernorm_backward`], their CUDA
+//! launchers [`layernorm_forward_cuda`] and [`layernorm_backward_cuda`], and
+//! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels.
+
+use braid::cuda::KernelArgs;
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "layernorm.cu",
+    include_str!("layernorm.cu"),
+    &[
+        "layernorm_forward",
+        "layernorm_backward_input",
+        "layernorm_backward_params",
+    ],
+);
+static FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static BACKWARD_INPUT: Kernel = Kernel::new(&CUDA, 1);
+static BACKWARD_PARAMS: Kernel = Kernel::new(&CUDA, 2);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `out, mean, rstd = layernorm(inp; weight, bias)` as `task`.
+pub fn forward(
+    task: TaskBuilder<'_>,
+    out: &View,    // (N, C)
+    mean: &View,   // (N)
+    rstd: &View,   // (N)
+    inp: &View,    // (N, C)
+    weight: &View, // (C)
+    bias: &View,   // (C)
+    n: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            out.write::<f32>(),
+            mean.write::<f32>(),
+            rstd.write::<f32>(),
+            inp.read::<f32>(),
+            weight.read::<f32>(),
+            bias.read::<f32>(),
+        ),
+        move |(out, mean, rstd, inp, w, bias)| {
+            layernorm_forward(out, mean, rstd, inp, w, bias, 1, n, c)
+        },
+        move |(out, mean, rstd, inp, w, bias), cu| {
+            task_result(layernorm_forward_cuda(
+                cu, out, mean, rstd, inp, w, bias, n, c,
+            ))
+        },
+    )
+}
+
+/// Submits the backward pass of [`forward`] as `task`: accumulates `dinp`,
+/// `dweight` and `dbias`.
+pub fn backward(
+    task: TaskBuilder<'_>,
+    dinp: &View,    // (N, C) accumulated
+    dweight: &View, // (C) accumulated
+    dbias: &View,   // (C) accumulated
+    dout: &View,    // (N, C)
+    inp: &View,     // (N, C)
+    weight: &View,  // (C)
+    mean: &View,    // (N)
+    rstd: &View,    // (N)
+    n: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dinp.read_write::<f32>(),
+            dweight.read_write::<f32>(),
+            dbias.read_write::<f32>(),
+            dout.read::<f32>(),
+            inp.read::<f32>(),
+            weight.read::<f32>(),
+            mean.read::<f32>(),
+            rstd.read::<f32>(),
+        ),
+        move |(dinp, dw, db, dout, inp, w, mean, rstd)| {
+            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, 1, n, c)
+        },
+        move |(dinp, dw, db, dout, inp, w, mean, rstd), cu| {
+            task_result(layernorm_backward_cuda(
+                cu, dinp, dw, db, dout, inp, w, mean, rstd, n, c,
+            ))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
+/// The epsilon GPT-2 uses inside the square root (`layer_norm_epsilon`).
+pub const LAYERNORM_EPS: f32 = 1e-5;
+
+/// `out = (inp - mean) · rstd · weight + bias` per row, with the biased
+/// variance; saves each row's `mean` and `rstd = 1 / sqrt(var + 1e-5)` for the
+/// backward pass.
+pub fn layernorm_forward(
+    out: &mut [f32],  // (B, T, C)
+    mean: &mut [f32], // (B, T)
+    rstd: &mut [f32], // (B, T)
+    inp: &[f32],      // (B, T, C)
+    weight: &[f32],   // (C)
+    bias: &[f32],     // (C)
+    b: usize,
+    t: usize,
+    c: usize,
+) {
+    let n = b * t;
+    check_len("layernorm_forward", "out", out.len(), n * c);
+    check_len("layernorm_forward", "mean", mean.len(), n);
+    check_len("layernorm_forward", "rstd", rstd.len(), n);
+    check_len("layernorm_forward", "inp", inp.len(), n * c);
+    check_len("layernorm_forward", "weight", weight.len(), c);
+    check_len("layernorm_forward", "bias", bias.len(), c);
+    let rows = out.chunks_exact_mut(c).zip(inp.chunks_exact(c));
+    for (row, (out_bt, inp_bt)) in rows.enumerate() {
+        let m = inp_bt.iter().map(|&x| x as f64).sum::<f64>() / c as f64;
+        let var = inp_bt
+            .iter()
+            .map(|&x| {
+                let d = x as f64 - m;
+                d * d
+            })
+            .sum::<f64>()
+            / c as f64;
+        let s = 1.0 / (var + LAYERNORM_EPS as f64).sqrt();
+        let (m, s) = (m as f32, s as f32);
+        for (((o, &x), &w), &bb) in out_bt.iter_mut().zip(inp_bt).zip(weight).zip(bias) {
+            *o = (x - m) * s * w + bb;
+        }
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+/// Accumulates `dinp`, `dweight` and `dbias` from `dout`, using the `mean`
+/// and `rstd` saved by [`layernorm_forward`].
+pub fn layernorm_backward(
+    dinp: &mut [f32],    // (B, T, C)
+    dweight: &mut [f32], // (C)
+    dbias: &mut [f32],   // (C)
+    dout: &[f32],        // (B, T, C)
+    inp: &[f32],         // (B, T, C)
+    weight: &[f32],      // (C)
+    mean: &[f32],        // (B, T)
+    rstd: &[f32],        // (B, T)
+    b: usize,
+    t: usize,
+    c: usize,
+) {
+    let n = b * t;
+    check_len("layernorm_backward", "dinp", dinp.len(), n * c);
+    check_len("layernorm_backward", "dweight", dweight.len(), c);
+    check_len("layernorm_backward", "dbias", dbias.len(), c);
+    check_len("layernorm_backward", "dout", dout.len(), n * c);
+    check_len("layernorm_backward", "inp", inp.len(), n * c);
+    check_len("layernorm_backward", "weight", weight.len(), c);
+    check_len("layernorm_backward", "mean", mean.len(), n);
+    check_len("layernorm_backward", "rstd", rstd.len(), n);
+    for row in 0..n {
+        let dout_bt = &dout[row * c..][..c];
+        let inp_bt = &inp[row * c..][..c];
+        let dinp_bt = &mut dinp[row * c..][..c];
+        let (m, s) = (mean[row], rstd[row]);
+        // Two reductions: mean(dnorm) and mean(dnorm · norm).
+        let mut dnorm_mean = 0.0f64;
+        let mut dnorm_norm_mean = 0.0f64;
+        for i in 0..c {
+            let norm_i = (inp_bt[i] - m) * s;
+            let dnorm_i = weight[i] * dout_bt[i];
+            dnorm_mean += dnorm_i as f64;
+            dnorm_norm_mean += (dnorm_i * norm_i) as f64;
+        }
+        let dnorm_mean = (dnorm_mean / c as f64) as f32;
+        let dnorm_norm_mean = (dnorm_norm_mean / c as f64) as f32;
+        for i in 0..c {
+            let norm_i = (inp_bt[i] - m) * s;
+            let dnorm_i = weight[i] * dout_bt[i];
+            dbias[i] += dout_bt[i];
+            dweight[i] += norm_i * dout_bt[i];
+            dinp_bt[i] += (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * s;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// [`layernorm_forward`] on the task's stream (statistics reduced in `f32`
+/// warp trees where the CPU accumulates in `f64`).
+pub fn layernorm_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<f32>,  // (N, C)
+    mean: DevSliceMut<f32>, // (N)
+    rstd: DevSliceMut<f32>, // (N)
+    inp: DevSlice<f32>,     // (N, C)
+    weight: DevSlice<f32>,  // (C)
+    bias: DevSlice<f32>,    // (C)
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("layernorm_forward");
+    let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
+    let nc = k.mul(n, c)?;
+    k.exact("out", &out, "(N, C)", nc)?;
+    k.exact("mean", &mean, "(N)", n)?;
+    k.exact("rstd", &rstd, "(N)", n)?;
+    k.exact("inp", &inp, "(N, C)", nc)?;
+    k.exact("weight", &weight, "(C)", c)?;
+    k.exact("bias", &bias, "(C)", c)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr())
+        .ptr(mean.ptr())
+        .ptr(rstd.ptr())
+        .ptr(inp.ptr())
+        .ptr(weight.ptr())
+        .ptr(bias.ptr())
+        .i32(ni)
+        .i32(ci);
+    // SAFETY: layernorm_forward(float* out, float* mean, float* rstd, const
+    // float* inp, const float* weight, const float* bias, int N, int C) with
+    // every buffer sized for N rows of C (checked).
+    unsafe { l.launch(&FORWARD, l.warp_rows(n)?, &a) }
+}
+
+/// [`layernorm_backward`] on the task's stream: accumulates `dinp`,
+/// `dweight`, `dbias`.
+pub fn layernorm_backward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<f32>,    // (N, C) accumulated
+    dweight: DevSliceMut<f32>, // (C) accumulated
+    dbias: DevSliceMut<f32>,   // (C) accumulated
+    dout: DevSlice<f32>,       // (N, C)
+    inp: DevSlice<f32>,        // (N, C)
+    weight: DevSlice<f32>,     // (C)
+    mean: DevSlice<f32>,       // (N)
+    rstd: DevSlice<f32>,       // (N)
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("layernorm_backward");
+    let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
+    let nc = k.mul(n, c)?;
+    k.exact("dinp", &dinp, "(N, C)", nc)?;
+    k.exact("dweight", &dweight, "(C)", c)?;
+    k.exact("dbias", &dbias, "(C)", c)?;
+    k.exact("dout", &dout, "(N, C)", nc)?;
+    k.exact("inp", &inp, "(N, C)", nc)?;
+    k.exact("weight", &weight, "(C)", c)?;
+    k.exact("mean", &mean, "(N)", n)?;
+    k.exact("rstd", &rstd, "(N)", n)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dinp.ptr())
+        .ptr(dout.ptr())
+        .ptr(inp.ptr())
+        .ptr(weight.ptr())
+        .ptr(mean.ptr())
+        .ptr(rstd.ptr())
+        .i32(ni)
+        .i32(ci);
+    // SAFETY: layernorm_backward_input(float* dinp, const float* dout, const
+    // float* inp, const float* weight, const float* mean, const float* rstd,
+    // int N, int C), buffers sized for N rows of C (checked).
+    unsafe { l.launch(&BACKWARD_INPUT, l.warp_rows(n)?, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(dweight.ptr())
+        .ptr(dbias.ptr())
+        .ptr(dout.ptr())
+        .ptr(inp.ptr())
+        .ptr(mean.ptr())
+        .ptr(rstd.ptr())
+        .i32(ni)
+        .i32(ci);
+    // SAFETY: layernorm_backward_params(float* dweight, float* dbias, const
+    // float* dout, const float* inp, const float* mean, const float* rstd, int
+    // N, int C), same sizes.
+    unsafe { l.launch(&BACKWARD_PARAMS, l.linear(c, 128)?, &a) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{fd_check, randn};
+    use super::*;
+
+    #[test]
+    fn layernorm_backward_matches_finite_differences() {
+        let (b, t, c) = (2, 3, 8);
+        let inp = randn(b * t * c, 1.0, 10);
+        let weight: Vec<f32> = randn(c, 0.3, 11).iter().map(|w| 1.0 + w).collect();
+        let bias = randn(c, 0.3, 12);
+        let probe = randn(b * t * c, 1.0, 13);
+        let objective = |inp: &[f32], weight: &[f32], bias: &[f32]| -> f64 {
+            let (mut out, mut mean, mut rstd) =
+                (vec![0.0; b * t * c], vec![0.0; b * t], vec![0.0; b * t]);
+            layernorm_forward(&mut out, &mut mean, &mut rstd, inp, weight, bias, b, t, c);
+            out.iter()
+                .zip(&probe)
+                .map(|(&o, &p)| o as f64 * p as f64)
+                .sum()
+        };
+        let (mut out, mut mean, mut rstd) =
+            (vec![0.0; b * t * c], vec![0.0; b * t], vec![0.0; b * t]);
+        layernorm_forward(
+            &mut out, &mut mean, &mut rstd, &inp, &weight, &bias, b, t, c,
+        );
+        let mut dinp = vec![0.0; b * t * c];
+        let mut dweight = vec![0.0; c];
+        let mut dbias = vec![0.0; c];
+        layernorm_backward(
+            &mut dinp,
+            &mut dweight,
+            &mut dbias,
+            &probe,
+            &inp,
+            &weight,
+            &mean,
+            &rstd,
+            b,
+            t,
+            c,
+        );
+        fd_check(
+            &inp,
+            &dinp,
+            |x| objective(x, &weight, &bias),
+            "layernorm dinp",
+        );
+        fd_check(
+            &weight,
+            &dweight,
+            |w| objective(&inp, w, &bias),
+            "layernorm dweight",
+        );
+        fd_check(
+            &bias,
+            &dbias,
+            |bb| objective(&inp, &weight, bb),
+            "layernorm dbias",
+        );
+    }
+}

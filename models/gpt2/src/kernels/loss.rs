@@ -1,0 +1,396 @@
+//! Softmax over the vocabulary and the cross-entropy loss.
+//!
+//! The family's one home: the tasks [`softmax`], [`softmax_crossentropy`],
+//! [`mean`] and [`backward`], the CPU kernels ([`softmax_forward`],
+//! [`crossentropy_forward`], [`mean_loss`], [`crossentropy_softmax_backward`]),
+//! their CUDA launchers and `loss.cu`. On CUDA the softmax and the loss are
+//! one fused kernel ([`softmax_crossentropy_forward_cuda`]); there is no
+//! stand-alone cross-entropy launcher. Rows are `n = B·T` positions of a
+//! vocabulary of `v`.
+//!
+//! # Target ids
+//!
+//! The fused CUDA kernel reads `probs` at the target ids it finds on the
+//! device, unchecked, so [`softmax_crossentropy`] and its launcher are
+//! `unsafe` with the contract "every id is below `V`" (validate on the host
+//! with [`check_tokens`](super::check_tokens) before upload). The backward
+//! kernel only compares ids with column indices and is safe.
+
+use braid::cuda::{KernelArgs, LaunchConfig};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "loss.cu",
+    include_str!("loss.cu"),
+    &[
+        "softmax_crossentropy_forward",
+        "crossentropy_softmax_backward",
+        "loss_mean",
+    ],
+);
+static SOFTMAX_CROSSENTROPY_FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static CROSSENTROPY_SOFTMAX_BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+static LOSS_MEAN: Kernel = Kernel::new(&CUDA, 2);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `probs = softmax(logits)` (over each row of `v`) as `task`.
+pub fn softmax(
+    task: TaskBuilder<'_>,
+    probs: &View,  // (N, V)
+    logits: &View, // (N, V)
+    n: usize,
+    v: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (probs.write::<f32>(), logits.read::<f32>()),
+        move |(probs, logits)| softmax_forward(probs, logits, 1, n, v),
+        move |(probs, logits), cu| task_result(softmax_forward_cuda(cu, probs, logits, n, v)),
+    )
+}
+
+/// Submits `probs = softmax(logits); losses = -ln probs[targets]` as one
+/// `task` (the two CPU kernels in turn; one fused kernel on CUDA).
+///
+/// # Safety
+/// When the task runs, every id in `targets` is below `v` (module docs).
+pub unsafe fn softmax_crossentropy(
+    task: TaskBuilder<'_>,
+    probs: &View,   // (N, V)
+    losses: &View,  // (N)
+    logits: &View,  // (N, V)
+    targets: &View, // (N) u32, each < V
+    n: usize,
+    v: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            probs.write::<f32>(),
+            losses.write::<f32>(),
+            logits.read::<f32>(),
+            targets.read::<u32>(),
+        ),
+        move |(probs, losses, logits, targets)| {
+            softmax_forward(probs, logits, 1, n, v);
+            crossentropy_forward(losses, probs, targets, 1, n, v);
+        },
+        move |(probs, losses, logits, targets), cu| {
+            // SAFETY: the ids are below V, this function's contract.
+            task_result(unsafe {
+                softmax_crossentropy_forward_cuda(cu, probs, losses, logits, targets, n, v)
+            })
+        },
+    )
+}
+
+/// Submits `loss[0] = mean(losses)` (accumulated in `f64`) as `task`.
+pub fn mean(
+    task: TaskBuilder<'_>,
+    loss: &View,   // (1)
+    losses: &View, // (N)
+) -> Result<TaskHandle> {
+    task.run_any(
+        (loss.write::<f32>(), losses.read::<f32>()),
+        |(loss, losses)| loss[0] = mean_loss(losses),
+        |(loss, losses), cu| task_result(mean_loss_cuda(cu, loss, losses)),
+    )
+}
+
+/// Submits the backward pass of the mean loss through the softmax as
+/// `task`: `dlogits += (probs - onehot(targets)) · dloss / N`.
+pub fn backward(
+    task: TaskBuilder<'_>,
+    dlogits: &View, // (N, V) accumulated
+    probs: &View,   // (N, V)
+    targets: &View, // (N) u32
+    dloss: f32,
+    n: usize,
+    v: usize,
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dlogits.read_write::<f32>(),
+            probs.read::<f32>(),
+            targets.read::<u32>(),
+        ),
+        move |(dlogits, probs, targets)| {
+            crossentropy_softmax_backward(dlogits, probs, targets, dloss, 1, n, v)
+        },
+        move |(dlogits, probs, targets), cu| {
+            task_result(crossentropy_softmax_backward_cuda(
+                cu, dlogits, probs, targets, dloss, n, v,
+            ))
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
+
+/// `probs[bt, :] = softmax(logits[bt, :])`, numerically stable (the row
+/// maximum is subtracted before `exp`).
+pub fn softmax_forward(
+    probs: &mut [f32], // (B, T, V)
+    logits: &[f32],    // (B, T, V)
+    b: usize,
+    t: usize,
+    v: usize,
+) {
+    check_len("softmax_forward", "probs", probs.len(), b * t * v);
+    check_len("softmax_forward", "logits", logits.len(), b * t * v);
+    for (probs_bt, logits_bt) in probs.chunks_exact_mut(v).zip(logits.chunks_exact(v)) {
+        let maxval = logits_bt.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f64;
+        for (p, &l) in probs_bt.iter_mut().zip(logits_bt) {
+            let e = (l - maxval).exp();
+            *p = e;
+            sum += e as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        for p in probs_bt.iter_mut() {
+            *p *= inv;
+        }
+    }
+}
+
+/// `losses[bt] = -ln(probs[bt, targets[bt]])`. Targets must be `< V`.
+pub fn crossentropy_forward(
+    losses: &mut [f32], // (B, T)
+    probs: &[f32],      // (B, T, V)
+    targets: &[u32],    // (B, T)
+    b: usize,
+    t: usize,
+    v: usize,
+) {
+    check_len("crossentropy_forward", "losses", losses.len(), b * t);
+    check_len("crossentropy_forward", "probs", probs.len(), b * t * v);
+    check_len("crossentropy_forward", "targets", targets.len(), b * t);
+    for ((loss, probs_bt), &tgt) in losses.iter_mut().zip(probs.chunks_exact(v)).zip(targets) {
+        *loss = -probs_bt[tgt as usize].ln();
+    }
+}
+
+/// The mean of the per-position losses (accumulated in `f64`).
+pub fn mean_loss(losses: &[f32], // (B, T)
+) -> f32 {
+    let sum: f64 = losses.iter().map(|&l| l as f64).sum();
+    (sum / losses.len() as f64) as f32
+}
+
+/// Backward of the mean cross-entropy through the softmax, straight to the
+/// logits: `dlogits[bt, i] += (probs[bt, i] - [i == targets[bt]]) · dloss / (B·T)`.
+///
+/// `dloss` is the gradient of the objective with respect to the mean loss:
+/// 1 for a plain step, `1 / accumulation_steps` when accumulating micro-batches.
+pub fn crossentropy_softmax_backward(
+    dlogits: &mut [f32], // (B, T, V)
+    probs: &[f32],       // (B, T, V)
+    targets: &[u32],     // (B, T)
+    dloss: f32,
+    b: usize,
+    t: usize,
+    v: usize,
+) {
+    check_len(
+        "crossentropy_softmax_backward",
+        "dlogits",
+        dlogits.len(),
+        b * t * v,
+    );
+    check_len(
+        "crossentropy_softmax_backward",
+        "probs",
+        probs.len(),
+        b * t * v,
+    );
+    check_len(
+        "crossentropy_softmax_backward",
+        "targets",
+        targets.len(),
+        b * t,
+    );
+    let d = dloss / (b * t) as f32;
+    let rows = dlogits.chunks_exact_mut(v).zip(probs.chunks_exact(v));
+    for ((dlogits_bt, probs_bt), &tgt) in rows.zip(targets) {
+        for (dl, &p) in dlogits_bt.iter_mut().zip(probs_bt) {
+            *dl += p * d;
+        }
+        dlogits_bt[tgt as usize] -= d;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// Threads per row of the softmax kernel (one block per row).
+const SOFTMAX_BLOCK: u32 = 1024;
+
+/// [`softmax_forward`] on the task's stream (row max subtracted; sums in
+/// `f32` block trees).
+pub fn softmax_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    probs: DevSliceMut<f32>, // (N, V)
+    logits: DevSlice<f32>,   // (N, V)
+    n: usize,
+    v: usize,
+) -> Result<()> {
+    let k = Check::new("softmax_forward");
+    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
+    let nv = k.mul(n, v)?;
+    k.exact("probs", &probs, "(N, V)", nv)?;
+    k.exact("logits", &logits, "(N, V)", nv)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(probs.ptr())
+        .ptr(0)
+        .ptr(logits.ptr())
+        .ptr(0)
+        .i32(ni)
+        .i32(vi);
+    // SAFETY: softmax_crossentropy_forward(float* probs, float* losses, const
+    // float* logits, const uint* targets, int N, int V) with null losses and
+    // targets (the kernel then skips the loss); probs, logits (N, V) (checked).
+    unsafe {
+        l.launch(
+            &SOFTMAX_CROSSENTROPY_FORWARD,
+            LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK),
+            &a,
+        )
+    }
+}
+
+/// [`softmax_forward`] then [`crossentropy_forward`], in one kernel on the
+/// task's stream.
+///
+/// # Safety
+/// Every id in `targets` must be below `V`: the kernel reads `probs` at the
+/// ids it finds on the device.
+pub unsafe fn softmax_crossentropy_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    probs: DevSliceMut<f32>,  // (N, V)
+    losses: DevSliceMut<f32>, // (N)
+    logits: DevSlice<f32>,    // (N, V)
+    targets: DevSlice<u32>,   // (N), each < V
+    n: usize,
+    v: usize,
+) -> Result<()> {
+    let k = Check::new("softmax_crossentropy_forward");
+    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
+    let nv = k.mul(n, v)?;
+    k.exact("probs", &probs, "(N, V)", nv)?;
+    k.exact("losses", &losses, "(N)", n)?;
+    k.exact("logits", &logits, "(N, V)", nv)?;
+    k.exact("targets", &targets, "(N)", n)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(probs.ptr())
+        .ptr(losses.ptr())
+        .ptr(logits.ptr())
+        .ptr(targets.ptr())
+        .i32(ni)
+        .i32(vi);
+    // SAFETY: softmax_crossentropy_forward(float* probs, float* losses, const
+    // float* logits, const uint* targets, int N, int V), buffers checked; the
+    // row of probs is indexed by targets < V (the caller's contract).
+    unsafe {
+        l.launch(
+            &SOFTMAX_CROSSENTROPY_FORWARD,
+            LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK),
+            &a,
+        )
+    }
+}
+
+/// [`mean_loss`] on the task's stream, accumulated in `f64`, written to
+/// `loss[0]`.
+pub fn mean_loss_cuda(
+    cu: &CudaTaskCtx<'_>,
+    loss: DevSliceMut<f32>, // (1)
+    losses: DevSlice<f32>,  // (N)
+) -> Result<()> {
+    let k = Check::new("mean_loss");
+    k.exact("loss", &loss, "(1)", 1)?;
+    let ni = k.dim("N", losses.len())?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(loss.ptr()).ptr(losses.ptr()).i32(ni);
+    // SAFETY: loss_mean(float* out, const float* losses, int N); out (1),
+    // losses (N) (checked).
+    unsafe { l.launch(&LOSS_MEAN, LaunchConfig::grid_block(1, 1024), &a) }
+}
+
+/// [`crossentropy_softmax_backward`] on the task's stream. Safe for any
+/// target id: ids are only compared, never used as addresses.
+pub fn crossentropy_softmax_backward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dlogits: DevSliceMut<f32>, // (N, V) accumulated
+    probs: DevSlice<f32>,      // (N, V)
+    targets: DevSlice<u32>,    // (N)
+    dloss: f32,
+    n: usize,
+    v: usize,
+) -> Result<()> {
+    let k = Check::new("crossentropy_softmax_backward");
+    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
+    let nv = k.mul(n, v)?;
+    k.exact("dlogits", &dlogits, "(N, V)", nv)?;
+    k.exact("probs", &probs, "(N, V)", nv)?;
+    k.exact("targets", &targets, "(N)", n)?;
+    let l = Launcher::new(k, cu);
+    // The CPU kernel's scalar, computed the same way.
+    let d = dloss / n as f32;
+    let mut a = KernelArgs::new();
+    a.ptr(dlogits.ptr())
+        .ptr(probs.ptr())
+        .ptr(targets.ptr())
+        .f32(d)
+        .i32(ni)
+        .i32(vi);
+    // SAFETY: crossentropy_softmax_backward(float* dlogits, const float*
+    // probs, const uint* targets, float d, int N, int V); buffers checked;
+    // targets are compared with column indices only.
+    unsafe { l.launch(&CROSSENTROPY_SOFTMAX_BACKWARD, l.linear(nv, 256)?, &a) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{fd_check, randn};
+    use super::*;
+
+    #[test]
+    fn softmax_is_stable_for_large_logits() {
+        let logits = [1000.0f32, 1000.0, -1000.0, 999.0];
+        let mut probs = [0.0; 4];
+        softmax_forward(&mut probs, &logits, 1, 1, 4);
+        assert!(probs.iter().all(|p| p.is_finite()));
+        assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(probs[2], 0.0);
+    }
+
+    #[test]
+    fn crossentropy_softmax_backward_matches_finite_differences() {
+        let (b, t, v) = (2, 3, 7);
+        let logits = randn(b * t * v, 2.0, 40);
+        let targets = [0u32, 6, 3, 3, 1, 5];
+        let loss_of = |logits: &[f32]| -> f64 {
+            let mut probs = vec![0.0; b * t * v];
+            let mut losses = vec![0.0; b * t];
+            softmax_forward(&mut probs, logits, b, t, v);
+            crossentropy_forward(&mut losses, &probs, &targets, b, t, v);
+            // scaled so the gradient is O(1) and f32 rounding stays small
+            mean_loss(&losses) as f64 * 3.0
+        };
+        let mut probs = vec![0.0; b * t * v];
+        softmax_forward(&mut probs, &logits, b, t, v);
+        let mut dlogits = vec![0.0; b * t * v];
+        crossentropy_softmax_backward(&mut dlogits, &probs, &targets, 3.0, b, t, v);
+        fd_check(&logits, &dlogits, loss_of, "dlogits");
+    }
+}

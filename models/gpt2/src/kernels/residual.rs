@@ -1,0 +1,144 @@
+//! Residual connection: elementwise sum.
+//!
+//! The family's one home: the tasks [`forward`] and [`backward`], the CPU
+//! kernels [`residual_forward`] and [`residual_backward`], their CUDA
+//! launchers [`residual_forward_cuda`] and [`residual_backward_cuda`]
+//! (bit-exact with the CPU), and `residual.cu`.
+
+use braid::cuda::KernelArgs;
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+
+pub(crate) static CUDA: Program = Program::new(
+    "residual.cu",
+    include_str!("residual.cu"),
+    &["residual_forward", "residual_backward"],
+);
+static FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+
+// ---------------------------------------------------------------------------
+// Tasks
+// ---------------------------------------------------------------------------
+
+/// Submits `out = inp1 + inp2` as `task`.
+pub fn forward(
+    task: TaskBuilder<'_>,
+    out: &View,  // (N)
+    inp1: &View, // (N)
+    inp2: &View, // (N)
+) -> Result<TaskHandle> {
+    task.run_any(
+        (out.write::<f32>(), inp1.read::<f32>(), inp2.read::<f32>()),
+        |(out, a, b)| residual_forward(out, a, b),
+        |(out, a, b), cu| task_result(residual_forward_cuda(cu, out, a, b)),
+    )
+}
+
+/// Submits `dinp1 += dout; dinp2 += dout` as `task`.
+pub fn backward(
+    task: TaskBuilder<'_>,
+    dinp1: &View, // (N) accumulated
+    dinp2: &View, // (N) accumulated
+    dout: &View,  // (N)
+) -> Result<TaskHandle> {
+    task.run_any(
+        (
+            dinp1.read_write::<f32>(),
+            dinp2.read_write::<f32>(),
+            dout.read::<f32>(),
+        ),
+        |(d1, d2, dout)| residual_backward(d1, d2, dout),
+        |(d1, d2, dout), cu| task_result(residual_backward_cuda(cu, d1, d2, dout)),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------
+
+/// `out = inp1 + inp2`.
+pub fn residual_forward(
+    out: &mut [f32], // (N)
+    inp1: &[f32],    // (N)
+    inp2: &[f32],    // (N)
+) {
+    let n = out.len();
+    check_len("residual_forward", "inp1", inp1.len(), n);
+    check_len("residual_forward", "inp2", inp2.len(), n);
+    for ((o, &a), &b) in out.iter_mut().zip(inp1).zip(inp2) {
+        *o = a + b;
+    }
+}
+
+/// `dinp1 += dout; dinp2 += dout`.
+pub fn residual_backward(
+    dinp1: &mut [f32], // (N)
+    dinp2: &mut [f32], // (N)
+    dout: &[f32],      // (N)
+) {
+    let n = dout.len();
+    check_len("residual_backward", "dinp1", dinp1.len(), n);
+    check_len("residual_backward", "dinp2", dinp2.len(), n);
+    for ((d1, d2), &g) in dinp1.iter_mut().zip(dinp2.iter_mut()).zip(dout) {
+        *d1 += g;
+        *d2 += g;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+/// [`residual_forward`] on the task's stream. Bit-exact with the CPU.
+pub fn residual_forward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<f32>, // (N)
+    inp1: DevSlice<f32>,   // (N)
+    inp2: DevSlice<f32>,   // (N)
+) -> Result<()> {
+    let k = Check::new("residual_forward");
+    let n = out.len();
+    k.exact("inp1", &inp1, "(N)", n)?;
+    k.exact("inp2", &inp2, "(N)", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr())
+        .ptr(inp1.ptr())
+        .ptr(inp2.ptr())
+        .i64(n as i64);
+    // SAFETY: residual_forward(float* out, const float* inp1, const float*
+    // inp2, long long N); all N.
+    unsafe { l.launch(&FORWARD, l.linear(n, 256)?, &a) }
+}
+
+/// [`residual_backward`] on the task's stream. Bit-exact with the CPU.
+pub fn residual_backward_cuda(
+    cu: &CudaTaskCtx<'_>,
+    dinp1: DevSliceMut<f32>, // (N) accumulated
+    dinp2: DevSliceMut<f32>, // (N) accumulated
+    dout: DevSlice<f32>,     // (N)
+) -> Result<()> {
+    let k = Check::new("residual_backward");
+    let n = dinp1.len();
+    k.exact("dinp2", &dinp2, "(N)", n)?;
+    k.exact("dout", &dout, "(N)", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dinp1.ptr())
+        .ptr(dinp2.ptr())
+        .ptr(dout.ptr())
+        .i64(n as i64);
+    // SAFETY: residual_backward(float* dinp1, float* dinp2, const float* dout,
+    // long long N); all N, dinp1 and dinp2 disjoint (the engine checked the
+    // task's write tokens at submission).
+    unsafe { l.launch(&BACKWARD, l.linear(n, 256)?, &a) }
+}
