@@ -26,6 +26,29 @@
 //! # Ok::<(), braid::Error>(())
 //! ```
 //!
+//! Device addresses live only as long as the body: a CUDA body cannot keep
+//! one for a later task, after its buffer may have been freed.
+//!
+//! ```compile_fail
+//! # use braid::{DevSlice, Runtime};
+//! # let rt = Runtime::cpu()?;
+//! # let x = rt.alloc("x", 16)?;
+//! let (keep, _kept) = std::sync::mpsc::channel::<DevSlice<'static, f32>>();
+//! rt.task("leak").run_cuda(x.read::<f32>(), move |x, _cu| keep.send(x).unwrap())?;
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
+//! ```
+//! # use braid::{DevSlice, Runtime};
+//! # let rt = Runtime::cpu()?;
+//! # let x = rt.alloc("x", 16)?;
+//! // Using the address inside the body is fine (on this CPU runtime the task
+//! // is refused at submission: it has no CPU body).
+//! let r = rt.task("use").run_cuda(x.read::<f32>(), |x, _cu| assert_eq!(x.len(), 4));
+//! assert!(matches!(r, Err(braid::Error::NoBody { .. })));
+//! # Ok::<(), braid::Error>(())
+//! ```
+//!
 //! # What is checked when
 //!
 //! At submission, before the task enters the graph: every token's view fits a
@@ -53,8 +76,9 @@ pub trait Accesses: sealed::Sealed + Send + 'static {
     /// What a CPU body gets: `&[T]` for reads, `&mut [T]` for writes, in the
     /// shape of the set.
     type Host<'a>;
-    /// What a CUDA body gets: typed device addresses, in the shape of the set.
-    type Device;
+    /// What a CUDA body gets: typed device addresses, in the shape of the set,
+    /// valid only while the body runs (they cannot leave it).
+    type Device<'a>;
 
     /// Calls `f` once per access with its view, mode, element size and alignment.
     #[doc(hidden)]
@@ -72,7 +96,7 @@ pub trait Accesses: sealed::Sealed + Send + 'static {
 
     /// The device addresses of the accesses.
     #[doc(hidden)]
-    fn device(&self) -> Result<Self::Device>;
+    fn device(&self) -> Result<Self::Device<'_>>;
 }
 
 /// The element type of a token, as the submission checks see it.
@@ -155,7 +179,7 @@ macro_rules! token {
 
         impl<T: bytemuck::Pod + Send + Sync> Accesses for $name<T> {
             type Host<'a> = $host;
-            type Device = $dev<T>;
+            type Device<'a> = $dev<'a, T>;
 
             fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
                 f(&self.view, $mode, Elem::of::<T>());
@@ -170,7 +194,7 @@ macro_rules! token {
                 Ok(unsafe { std::slice::$from_raw(p, n) })
             }
 
-            fn device(&self) -> Result<Self::Device> {
+            fn device(&self) -> Result<Self::Device<'_>> {
                 Ok($dev {
                     ptr: device_ptr(&self.view)?,
                     len: self.view.len() / size_of::<T>(),
@@ -199,27 +223,27 @@ token!(
 macro_rules! dev_slice {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        pub struct $name<T> {
+        pub struct $name<'a, T> {
             ptr: u64,
             len: usize,
-            _t: PhantomData<fn() -> T>,
+            _t: PhantomData<(fn() -> T, &'a ())>,
         }
 
-        impl<T> Clone for $name<T> {
+        impl<T> Clone for $name<'_, T> {
             fn clone(&self) -> Self {
                 *self
             }
         }
 
-        impl<T> Copy for $name<T> {}
+        impl<T> Copy for $name<'_, T> {}
 
-        impl<T> fmt::Debug for $name<T> {
+        impl<T> fmt::Debug for $name<'_, T> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{}<{}>({:#x}, {})", stringify!($name), std::any::type_name::<T>(), self.ptr, self.len)
             }
         }
 
-        impl<T> $name<T> {
+        impl<T> $name<'_, T> {
             /// The device address of the first element.
             pub fn ptr(&self) -> u64 {
                 self.ptr
@@ -253,9 +277,9 @@ dev_slice!(
     DevSliceMut
 );
 
-impl<T> DevSliceMut<T> {
+impl<'a, T> DevSliceMut<'a, T> {
     /// The same memory as a read-only slice.
-    pub fn as_read(&self) -> DevSlice<T> {
+    pub fn as_read(&self) -> DevSlice<'a, T> {
         DevSlice {
             ptr: self.ptr,
             len: self.len,
@@ -316,22 +340,23 @@ impl HostBytes<'_> {
     }
 }
 
-/// The device bytes of a [`DynAccess`].
+/// The device bytes of a [`DynAccess`], valid while the task body runs.
 #[derive(Debug, Clone, Copy)]
-pub struct DevBytes {
+pub struct DevBytes<'a> {
     /// Device address of the first byte.
     pub ptr: u64,
     /// Length in bytes.
     pub len: usize,
     /// Whether the access writes.
     pub writes: bool,
+    _body: PhantomData<&'a ()>,
 }
 
 impl sealed::Sealed for DynAccess {}
 
 impl Accesses for DynAccess {
     type Host<'a> = HostBytes<'a>;
-    type Device = DevBytes;
+    type Device<'a> = DevBytes<'a>;
 
     fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
         f(&self.view, self.mode, Elem::of::<u8>());
@@ -350,11 +375,12 @@ impl Accesses for DynAccess {
         })
     }
 
-    fn device(&self) -> Result<DevBytes> {
+    fn device(&self) -> Result<DevBytes<'_>> {
         Ok(DevBytes {
             ptr: device_ptr(&self.view)?,
             len: self.view.len(),
             writes: self.mode.writes(),
+            _body: PhantomData,
         })
     }
 }
@@ -363,7 +389,7 @@ impl sealed::Sealed for () {}
 
 impl Accesses for () {
     type Host<'a> = ();
-    type Device = ();
+    type Device<'a> = ();
 
     fn declare(&self, _: &mut dyn FnMut(&View, Mode, Elem)) {}
 
@@ -380,7 +406,7 @@ impl<A: Accesses> sealed::Sealed for Option<A> {}
 
 impl<A: Accesses> Accesses for Option<A> {
     type Host<'a> = Option<A::Host<'a>>;
-    type Device = Option<A::Device>;
+    type Device<'a> = Option<A::Device<'a>>;
 
     fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
         if let Some(a) = self {
@@ -393,7 +419,7 @@ impl<A: Accesses> Accesses for Option<A> {
         self.as_ref().map(|a| unsafe { a.host() }).transpose()
     }
 
-    fn device(&self) -> Result<Self::Device> {
+    fn device(&self) -> Result<Self::Device<'_>> {
         self.as_ref().map(A::device).transpose()
     }
 }
@@ -402,7 +428,7 @@ impl<A: Accesses> sealed::Sealed for Vec<A> {}
 
 impl<A: Accesses> Accesses for Vec<A> {
     type Host<'a> = Vec<A::Host<'a>>;
-    type Device = Vec<A::Device>;
+    type Device<'a> = Vec<A::Device<'a>>;
 
     fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
         for a in self {
@@ -415,7 +441,7 @@ impl<A: Accesses> Accesses for Vec<A> {
         self.iter().map(|a| unsafe { a.host() }).collect()
     }
 
-    fn device(&self) -> Result<Self::Device> {
+    fn device(&self) -> Result<Self::Device<'_>> {
         self.iter().map(A::device).collect()
     }
 }
@@ -424,7 +450,7 @@ impl<A: Accesses, const N: usize> sealed::Sealed for [A; N] {}
 
 impl<A: Accesses, const N: usize> Accesses for [A; N] {
     type Host<'a> = [A::Host<'a>; N];
-    type Device = [A::Device; N];
+    type Device<'a> = [A::Device<'a>; N];
 
     fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
         for a in self {
@@ -442,8 +468,8 @@ impl<A: Accesses, const N: usize> Accesses for [A; N] {
             .unwrap_or_else(|_| unreachable!("N elements in, N out")))
     }
 
-    fn device(&self) -> Result<Self::Device> {
-        let v: Vec<A::Device> = self.iter().map(A::device).collect::<Result<_>>()?;
+    fn device(&self) -> Result<Self::Device<'_>> {
+        let v: Vec<A::Device<'_>> = self.iter().map(A::device).collect::<Result<_>>()?;
         Ok(v.try_into()
             .unwrap_or_else(|_| unreachable!("N elements in, N out")))
     }
@@ -455,7 +481,7 @@ macro_rules! tuple {
 
         impl<$($a: Accesses),+> Accesses for ($($a,)+) {
             type Host<'a> = ($($a::Host<'a>,)+);
-            type Device = ($($a::Device,)+);
+            type Device<'a> = ($($a::Device<'a>,)+);
 
             fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
                 $(self.$i.declare(f);)+
@@ -466,7 +492,7 @@ macro_rules! tuple {
                 Ok(($(unsafe { self.$i.host() }?,)+))
             }
 
-            fn device(&self) -> Result<Self::Device> {
+            fn device(&self) -> Result<Self::Device<'_>> {
                 Ok(($(self.$i.device()?,)+))
             }
         }

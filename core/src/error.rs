@@ -24,15 +24,8 @@ pub enum Error {
         owner: u64,
         runtime: u64,
     },
-    /// A task body reached data it did not declare, or in a mode it did not declare.
-    #[error("task `{task}` accessed bytes {range:?} of buffer `{buffer}` for {mode} without declaring it")]
-    Undeclared {
-        task: String,
-        buffer: String,
-        range: Range<usize>,
-        mode: &'static str,
-    },
-    /// A task body asked for a slice that would alias one it already holds mutably.
+    /// Two accesses of one task overlap where one writes (so its body would
+    /// get aliasing slices); refused at submission.
     #[error(
         "task `{task}` borrowed bytes {range:?} of buffer `{buffer}` twice while one borrow writes"
     )]

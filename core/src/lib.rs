@@ -52,7 +52,7 @@ pub use access::{
     Accesses, DevBytes, DevSlice, DevSliceMut, DynAccess, HostBytes, Read, ReadWrite, Write,
 };
 pub use backend::gpu::CudaTaskCtx;
-pub use backend::{BackendKind, DeviceCtx};
+pub use backend::BackendKind;
 /// The CUDA layer: the `braid-cuda` crate (devices, streams, events, memory,
 /// NVRTC kernels, cuBLAS, NCCL), re-exported.
 pub use braid_cuda as cuda;
@@ -60,7 +60,6 @@ pub use buffer::{AsView, Buffer, View};
 pub use comm::{
     launch, launch_with, BoundComm, Comm, Communicator, LocalComm, LocalCommConfig, Reducer,
 };
-pub use ctx::TaskCtx;
 pub use error::{Error, Result, TaskError};
 pub use graph::Mode;
 pub use kind::{Priority, TaskKind};

@@ -4,10 +4,8 @@
 
 use crate::access::Accesses;
 use crate::backend::gpu::CudaTaskCtx;
-use crate::buffer::AsView;
-use crate::ctx::{Access, Body, TaskCtx};
+use crate::ctx::{Access, Body};
 use crate::error::{Error, Result, TaskError};
-use crate::graph::Mode;
 use crate::kind::{Priority, TaskKind};
 use crate::sched::{NewTask, TaskHandle, TaskShared};
 use crate::sync::Arc;
@@ -39,42 +37,6 @@ impl fmt::Debug for TaskBuilder<'_> {
 }
 
 impl<'rt> TaskBuilder<'rt> {
-    /// Declares that the task reads `v`.
-    pub fn read(mut self, v: impl AsView) -> Self {
-        self.accesses.push(Access {
-            view: v.as_view(),
-            mode: Mode::Read,
-        });
-        self
-    }
-
-    /// Declares that the task overwrites `v` without reading it.
-    pub fn write(mut self, v: impl AsView) -> Self {
-        self.accesses.push(Access {
-            view: v.as_view(),
-            mode: Mode::Write,
-        });
-        self
-    }
-
-    /// Declares that the task reads and writes `v`.
-    pub fn read_write(mut self, v: impl AsView) -> Self {
-        self.accesses.push(Access {
-            view: v.as_view(),
-            mode: Mode::ReadWrite,
-        });
-        self
-    }
-
-    /// Declares an access in the given mode.
-    pub fn access(mut self, v: impl AsView, mode: Mode) -> Self {
-        self.accesses.push(Access {
-            view: v.as_view(),
-            mode,
-        });
-        self
-    }
-
     /// Sets the task's kind (default: compute).
     pub fn kind(mut self, kind: TaskKind) -> Self {
         self.kind = kind;
@@ -135,7 +97,7 @@ impl<'rt> TaskBuilder<'rt> {
     pub fn run_cuda<A, G, R>(self, accesses: A, body: G) -> Result<TaskHandle>
     where
         A: Accesses,
-        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> R + Send + 'static,
+        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> R + Send + 'static,
         R: TaskResult + 'static,
     {
         self.submit_typed(accesses, None::<NoCpu<A, R>>, Some(body))
@@ -148,7 +110,7 @@ impl<'rt> TaskBuilder<'rt> {
     where
         A: Accesses,
         F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
-        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
         R: TaskResult + 'static,
         S: TaskResult + 'static,
     {
@@ -164,7 +126,7 @@ impl<'rt> TaskBuilder<'rt> {
     where
         A: Accesses,
         F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
-        G: for<'a> FnOnce(A::Device, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
         R: TaskResult + 'static,
         S: TaskResult + 'static,
     {
@@ -196,17 +158,6 @@ impl<'rt> TaskBuilder<'rt> {
         };
         self.into_new_task(body)
     }
-
-    /// Submits the task with a body that gets the raw task context, for
-    /// accesses declared with [`TaskBuilder::access`] (the low-level form the
-    /// FFI and the collectives build on).
-    #[doc(hidden)]
-    pub fn run_ctx<F>(self, body: F) -> Result<TaskHandle>
-    where
-        F: FnOnce(&TaskCtx<'_>) -> Result<(), TaskError> + Send + 'static,
-    {
-        self.into_new_task(Box::new(body))
-    }
 }
 
 impl TaskBuilder<'_> {
@@ -225,7 +176,7 @@ impl TaskBuilder<'_> {
 }
 
 type NoCpu<A, R> = fn(<A as Accesses>::Host<'_>) -> R;
-type NoCuda<A, R> = fn(<A as Accesses>::Device, &CudaTaskCtx<'_>) -> R;
+type NoCuda<A, R> = for<'a> fn(<A as Accesses>::Device<'a>, &CudaTaskCtx<'a>) -> R;
 
 /// What a task body may return: `()`, or a `Result` whose error fails the
 /// task (it is reported, naming the task, at the next synchronisation point).
@@ -259,5 +210,60 @@ impl crate::Runtime {
             comm_index: 0,
             stream: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ctx::{Access, TaskCtx};
+    use crate::graph::Mode;
+    use crate::{BackendKind, Buffer, Error, Result, Runtime, TaskBuilder, TaskHandle};
+
+    /// Submits `body` with the raw context the scheduler hands every body
+    /// (the typed forms are built on it), declaring `mode` on `x`.
+    fn raw(
+        b: TaskBuilder<'_>,
+        x: &Buffer,
+        mode: Mode,
+        body: impl FnOnce(&TaskCtx<'_>) + Send + 'static,
+    ) -> Result<TaskHandle> {
+        let mut b = b;
+        b.accesses.push(Access {
+            view: x.whole(),
+            mode,
+        });
+        b.into_new_task(Box::new(move |ctx| {
+            body(ctx);
+            Ok(())
+        }))
+    }
+
+    #[test]
+    fn completion_checks_can_fail_the_task() {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .build()
+            .unwrap();
+        let x = rt.alloc("x", 4).unwrap();
+        let ok = raw(rt.task("fine"), &x, Mode::Write, |ctx| {
+            ctx.on_complete(|| Ok(()));
+        })
+        .unwrap();
+        ok.wait().unwrap();
+        let bad = raw(rt.task("aborted later"), &x, Mode::ReadWrite, |ctx| {
+            ctx.on_complete(|| {
+                Err(Error::Device {
+                    backend: "test",
+                    op: "check".into(),
+                    message: "the device said no".into(),
+                })
+            });
+        })
+        .unwrap();
+        let dep = rt.task("after").run(x.read::<f32>(), |_| ()).unwrap();
+        assert!(matches!(bad.wait(), Err(Error::Device { .. })));
+        assert!(matches!(dep.wait(), Err(Error::DependencyFailed { .. })));
+        rt.synchronize().unwrap();
     }
 }

@@ -94,11 +94,10 @@ impl Storage {
     }
 }
 
-/// What a task body gets for its device: nothing extra on the CPU, the stream
-/// it runs on (and its cuBLAS handle) on CUDA.
+/// What the scheduler hands a body for its device: nothing on the CPU, the
+/// stream it runs on (and its cuBLAS handle) on CUDA.
 #[derive(Debug)]
-#[non_exhaustive]
-pub enum DeviceCtx<'a> {
+pub(crate) enum DeviceCtx<'a> {
     /// The task runs on a host stream thread.
     Cpu(PhantomData<&'a ()>),
     /// The task runs on a CUDA stream.
@@ -106,22 +105,8 @@ pub enum DeviceCtx<'a> {
 }
 
 impl DeviceCtx<'_> {
-    /// Whether the task runs on the CPU backend.
-    pub fn is_cpu(&self) -> bool {
-        matches!(self, DeviceCtx::Cpu(_))
-    }
-
-    /// The raw `CUstream` the task runs on (null on the CPU), for launching
-    /// one's own kernels.
-    pub fn cuda_stream(&self) -> cudarc::driver::sys::CUstream {
-        match self {
-            DeviceCtx::Cpu(_) => std::ptr::null_mut(),
-            DeviceCtx::Cuda(c) => c.stream().raw(),
-        }
-    }
-
     /// The CUDA context of the task, if it runs on CUDA.
-    pub fn cuda(&self) -> Option<&gpu::CudaTaskCtx<'_>> {
+    pub(crate) fn cuda(&self) -> Option<&gpu::CudaTaskCtx<'_>> {
         match self {
             DeviceCtx::Cpu(_) => None,
             DeviceCtx::Cuda(c) => Some(c),

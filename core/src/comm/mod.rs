@@ -350,22 +350,22 @@ pub enum HostData<'a> {
 /// declared (what [`Communicator::run_cuda`] gets). The shape follows
 /// [`Collective::buffers`].
 #[derive(Debug, Clone, Copy)]
-pub enum DeviceData {
+pub enum DeviceData<'a> {
     /// No data (a barrier).
     None,
     /// The one view that is both input and output (read-only for the root of
     /// an in-place broadcast: `writes` is false there).
-    InPlace(DevBytes),
+    InPlace(DevBytes<'a>),
     /// Separate input and output.
     OutOfPlace {
         /// The input.
-        send: DevBytes,
+        send: DevBytes<'a>,
         /// The output.
-        recv: DevBytes,
+        recv: DevBytes<'a>,
     },
 }
 
-impl DeviceData {
+impl<'a> DeviceData<'a> {
     /// The input and output device addresses of `rank` for `op`, with NCCL's
     /// in-place conventions: in-place reduce-scatter writes chunk `rank` of
     /// the view, in-place all-gather reads chunk `rank` of it (a chunk is
@@ -384,7 +384,7 @@ impl DeviceData {
     }
 
     /// The device data of the tokens made by [`tokens`].
-    fn from_parts(parts: Vec<DevBytes>) -> Result<DeviceData> {
+    fn from_parts(parts: Vec<DevBytes<'a>>) -> Result<DeviceData<'a>> {
         Ok(match *parts.as_slice() {
             [] => DeviceData::None,
             [b] => DeviceData::InPlace(b),
@@ -485,7 +485,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// the CUDA backend). A failure found only once the work has completed on
     /// the device is reported through [`CudaTaskCtx::on_complete`]. Default:
     /// an error saying this backend does not run there.
-    fn run_cuda(&self, op: &Collective, data: DeviceData, cu: &CudaTaskCtx<'_>) -> Result<()> {
+    fn run_cuda(&self, op: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
         let _ = (data, cu);
         Err(Error::Collective {
             rank: self.rank(),

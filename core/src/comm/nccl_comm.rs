@@ -220,7 +220,7 @@ impl Communicator for NcclCommunicator {
         "nccl"
     }
 
-    fn run_cuda(&self, c: &Collective, data: DeviceData, cu: &CudaTaskCtx<'_>) -> Result<()> {
+    fn run_cuda(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
         let what = c.describe();
         let rank = self.rank();
         self.check_aborted(c.index, &what)?;

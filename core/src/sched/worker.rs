@@ -68,10 +68,7 @@ fn run_cpu(shared: &Shared, s: usize) {
                 shared.streams[j as usize].done.wait_at_least(n);
             }
             let start = if shared.profiling { now_ns() } else { 0 };
-            let (outcome, checks) =
-                run_body(&task, &preds, &accesses, body, s, shared.rank, || {
-                    DeviceCtx::Cpu(PhantomData)
-                });
+            let (outcome, checks) = run_body(&task, &preds, body, || DeviceCtx::Cpu(PhantomData));
             let outcome = outcome.and_then(|()| run_checks(checks));
             if shared.profiling {
                 push_span(shared, s, &task, &preds, start, now_ns(), outcome.is_ok());
@@ -96,10 +93,7 @@ fn run_checks(checks: Vec<Check>) -> Result<(), Error> {
 fn run_body<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
-    accesses: &'a [Access],
     body: crate::ctx::Body,
-    s: usize,
-    rank: usize,
     device: impl FnOnce() -> DeviceCtx<'a>,
 ) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
@@ -109,7 +103,7 @@ fn run_body<'a>(
         };
         return (Err(e), Vec::new());
     }
-    let ctx = TaskCtx::new(&task.name, accesses, s, rank, device());
+    let ctx = TaskCtx::new(&task.name, device());
     let outcome = match catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
         Ok(Ok(())) => Ok(()),
         // A collective's own error (timeout, mismatch, poisoned communicator)
@@ -233,9 +227,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     };
     let (outcome, checks) = match err {
         Some(e) => (Err(e), Vec::new()),
-        None => run_body(&task, &preds, &accesses, body, s, shared.rank, || {
-            DeviceCtx::Cuda(d.ctx())
-        }),
+        None => run_body(&task, &preds, body, || DeviceCtx::Cuda(d.ctx())),
     };
     match d.record() {
         Ok(ev) => {

@@ -165,7 +165,7 @@ pub(crate) trait Elems {
     fn elem_name(&self) -> &'static str;
 }
 
-impl<T> Elems for DevSlice<T> {
+impl<T> Elems for DevSlice<'_, T> {
     fn elems(&self) -> usize {
         self.len()
     }
@@ -174,7 +174,7 @@ impl<T> Elems for DevSlice<T> {
     }
 }
 
-impl<T> Elems for DevSliceMut<T> {
+impl<T> Elems for DevSliceMut<'_, T> {
     fn elems(&self) -> usize {
         self.len()
     }
