@@ -1,0 +1,78 @@
+//! Evaluation of given parameters: the mean next-token loss over a token
+//! source's consecutive windows.
+
+use braid::Runtime;
+
+use super::options::check_batch_shape;
+use crate::config::Gpt2Config;
+use crate::data::{eval_windows, TokenSource};
+use crate::error::{Gpt2Error, Result};
+use crate::model::Gpt2Model;
+
+/// The result of [`evaluate`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalReport {
+    /// Mean next-token cross-entropy (nats).
+    pub loss: f64,
+    /// Windows evaluated.
+    pub windows: usize,
+    /// Tokens predicted.
+    pub tokens: usize,
+}
+
+/// Mean next-token cross-entropy of `params` over the consecutive windows of
+/// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
+/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass.
+pub fn evaluate(
+    rt: &Runtime,
+    cfg: &Gpt2Config,
+    params: &[f32],
+    source: &TokenSource,
+    seq_len: usize,
+    batch_size: usize,
+    mut on_batch: impl FnMut(usize, usize),
+) -> Result<EvalReport> {
+    check_batch_shape(batch_size, seq_len, cfg)?;
+    source.check_vocab(cfg.vocab_size)?;
+    let windows: Vec<_> = eval_windows(source, seq_len)?.collect();
+    if windows.is_empty() {
+        return Err(Gpt2Error::DatasetTooSmall {
+            origin: source.origin().to_string(),
+            tokens: source.len(),
+            needed: seq_len + 1,
+            batch_size: 1,
+            seq_len,
+            world_size: 1,
+        });
+    }
+    let mut model: Option<Gpt2Model> = None;
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for (i, batch) in windows.chunks(batch_size).enumerate() {
+        let b = batch.len();
+        if model.as_ref().is_none_or(|m| m.batch_size() != b) {
+            let m = Gpt2Model::new(rt, cfg, b, seq_len)?;
+            m.upload_params(rt, params)?;
+            model = Some(m);
+        }
+        let m = model.as_mut().expect("just made");
+        let x: Vec<u32> = batch
+            .iter()
+            .flat_map(|w| w.inputs.iter().copied())
+            .collect();
+        let y: Vec<u32> = batch
+            .iter()
+            .flat_map(|w| w.targets.iter().copied())
+            .collect();
+        m.forward(rt, &x, Some(&y))?;
+        let losses = m.read_losses(rt)?;
+        sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+        count += losses.len();
+        on_batch(i + 1, windows.len().div_ceil(batch_size));
+    }
+    rt.synchronize()?;
+    Ok(EvalReport {
+        loss: sum / count as f64,
+        windows: windows.len(),
+        tokens: count,
+    })
+}

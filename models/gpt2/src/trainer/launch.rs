@@ -1,0 +1,516 @@
+//! How the ranks are launched: the device a run uses, each rank's runtime,
+//! and the three ways of starting ranks — CPU ranks as threads of this
+//! process ([`train_cpu`]), one thread per GPU in one process with NCCL
+//! communicators made together ([`train_gpus`]), and one process per GPU
+//! under torchrun joining braid's rendezvous ([`train_torchrun`]) — with the
+//! root cause picked out of the ranks' errors.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use braid::comm::{NcclCommunicator, NCCL_TIMEOUT};
+use braid::{BackendKind, Comm, LocalCommConfig, Policy, Runtime};
+
+use super::rank::{run_rank, RankOutcome};
+use super::{DistEnv, StartState, StepReport, TrainOptions};
+use crate::data::TokenSource;
+use crate::error::{Gpt2Error, Result};
+use crate::model::runs_on;
+
+/// What `auto` means for the model: the device the engine picks when the
+/// model's kernels run there ([`runs_on`]), the CPU otherwise. Other kinds
+/// are returned as they are.
+pub fn resolve_backend(kind: BackendKind) -> Result<BackendKind> {
+    Ok(match kind {
+        BackendKind::Auto => {
+            let probe = Runtime::builder()
+                .backend(BackendKind::Auto)
+                .compute_streams(1)
+                .comm_streams(0)
+                .build()?;
+            match probe.backend_name() {
+                name if name != "cpu" && runs_on(name) => BackendKind::Cuda { device: 0 },
+                _ => BackendKind::Cpu,
+            }
+        }
+        other => other,
+    })
+}
+
+/// The device a training run with `opts` uses. `auto` means the GPUs when the
+/// job fits them — under torchrun (one GPU per process), or when this machine
+/// has at least `opts.ranks` devices — and CPU ranks otherwise (so `auto`
+/// with 2 ranks on a one-GPU machine trains on 2 CPU ranks). Other kinds are
+/// returned as they are.
+pub fn resolve_train_backend(opts: &TrainOptions) -> Result<BackendKind> {
+    let kind = resolve_backend(opts.backend)?;
+    if opts.backend != BackendKind::Auto || kind == BackendKind::Cpu {
+        return Ok(kind);
+    }
+    if DistEnv::launched()?.is_some() || opts.ranks <= 1 {
+        return Ok(kind);
+    }
+    Ok(match braid::cuda::cuda_available() {
+        Ok(n) if n >= opts.ranks => kind,
+        _ => BackendKind::Cpu,
+    })
+}
+
+/// Builds a runtime for the model on `backend`, failing with a clear error
+/// when the device is missing or the model's kernels do not run on it. On a
+/// GPU the model's CUDA kernels are compiled (NVRTC, cached on disk) and
+/// loaded now, so that a missing NVRTC or a compile error is reported here
+/// and no step pays for it.
+pub fn model_runtime(
+    backend: BackendKind,
+    streams: usize,
+    policy: Policy,
+    rank: usize,
+) -> Result<Runtime> {
+    let rt = Runtime::builder()
+        .backend(resolve_backend(backend)?)
+        .compute_streams(streams)
+        .comm_streams(1)
+        .policy(policy)
+        .rank(rank)
+        .profile(true)
+        .build()?;
+    if !runs_on(rt.backend_name()) {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "device",
+            reason: format!(
+                "the GPT-2 kernels are wired into the model's tasks for {:?}, not for `{}`",
+                crate::model::KERNEL_BACKENDS,
+                rt.backend_name()
+            ),
+        });
+    }
+    if let Some(dev) = rt.cuda_device() {
+        crate::kernels::preload(dev)?;
+    }
+    Ok(rt)
+}
+
+/// Builds a rank's runtime.
+fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
+    model_runtime(backend, opts.streams, opts.policy, rank)
+}
+
+/// Where rank `rank` of a torchrun job writes its trace when rank 0 writes
+/// `path`: `path` itself for rank 0, `trace.rank3.json` for rank 3 of
+/// `trace.json`.
+pub fn rank_trace_path(path: &std::path::Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "trace".into());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Whether an error is only a consequence of another rank's failure.
+fn is_secondary(e: &Gpt2Error) -> bool {
+    matches!(
+        e,
+        Gpt2Error::Engine(braid::Error::Collective { .. })
+            | Gpt2Error::Engine(braid::Error::DependencyFailed { .. })
+    )
+}
+
+/// The ranks' own errors, kept apart from what the launcher makes of them.
+#[derive(Default)]
+struct Failures(Mutex<Vec<(usize, Gpt2Error)>>);
+
+impl Failures {
+    /// Records the error of rank `rank`.
+    fn push(&self, rank: usize, e: Gpt2Error) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((rank, e));
+    }
+
+    /// The root cause among the recorded errors, if any: the first that is
+    /// not a consequence of another rank's failure.
+    fn into_root_cause(self) -> Option<Gpt2Error> {
+        let mut failures = self.0.into_inner().unwrap_or_else(|p| p.into_inner());
+        if failures.is_empty() {
+            return None;
+        }
+        let i = failures
+            .iter()
+            .position(|(_, e)| !is_secondary(e))
+            .unwrap_or(0);
+        Some(failures.swap_remove(i).1)
+    }
+}
+
+/// The engine's error for a rank that failed with `message`.
+fn rank_failed(rank: usize, message: String) -> braid::Error {
+    braid::Error::TaskFailed {
+        task: format!("rank {rank}"),
+        message,
+    }
+}
+
+/// Aborts every communicator of this process's ranks, so that no rank waits
+/// for the collectives of one that `why` stopped.
+fn abort_all(comms: &[Comm], why: &str) {
+    for c in comms {
+        c.abort(why);
+    }
+}
+
+/// CPU ranks: threads of this process.
+pub(super) fn train_cpu(
+    opts: &TrainOptions,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<Vec<RankOutcome>> {
+    let world = opts.ranks;
+    let failures = Failures::default();
+    let results = braid::launch_with(
+        world,
+        LocalCommConfig::default().timeout(opts.comm_timeout),
+        |rank, comm| {
+            build_runtime(opts, BackendKind::Cpu, rank)
+                .and_then(|rt| run_rank(opts, rt, rank, world, Some(comm), start, data, on_step))
+                .map_err(|e| {
+                    let message = e.to_string();
+                    failures.push(rank, e);
+                    rank_failed(rank, message)
+                })
+        },
+    );
+    if let Some(e) = failures.into_root_cause() {
+        return Err(e);
+    }
+    results
+        .into_iter()
+        .map(|r| r.map_err(Gpt2Error::from))
+        .collect()
+}
+
+/// An NCCL failure while setting up GPU ranks, as the engine's collective
+/// error.
+fn nccl_setup_error(rank: usize, e: impl fmt::Display) -> Gpt2Error {
+    Gpt2Error::Engine(braid::Error::Collective {
+        rank,
+        index: 0,
+        op: "init".into(),
+        message: e.to_string(),
+    })
+}
+
+/// GPU ranks of this process: `opts.ranks` devices from `first`, one thread
+/// and one runtime per device, NCCL communicators between them.
+pub(super) fn train_gpus(
+    opts: &TrainOptions,
+    first: usize,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<Vec<RankOutcome>> {
+    let world = opts.ranks;
+    // Rank 0's runtime first: a missing driver or device is reported as the
+    // engine finds it.
+    let rt0 = build_runtime(opts, BackendKind::Cuda { device: first }, 0)?;
+    if world == 1 {
+        return Ok(vec![run_rank(opts, rt0, 0, 1, None, start, data, on_step)?]);
+    }
+    let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;
+    if first + world > count {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "number of ranks",
+            reason: format!(
+                "{world} GPU ranks from cuda:{first} need devices {first}..={}, but this \
+                 machine has {count} CUDA device(s); pass --ranks {} or fewer, or train on \
+                 CPU ranks (--device cpu)",
+                first + world - 1,
+                count.saturating_sub(first).max(1)
+            ),
+        });
+    }
+    let mut rts = vec![rt0];
+    for rank in 1..world {
+        rts.push(build_runtime(
+            opts,
+            BackendKind::Cuda {
+                device: first + rank,
+            },
+            rank,
+        )?);
+    }
+    let devices: Vec<braid::cuda::CudaDevice> = rts
+        .iter()
+        .map(|rt| {
+            rt.cuda_device()
+                .cloned()
+                .expect("a CUDA runtime has a device")
+        })
+        .collect();
+    let comms: Vec<Comm> = braid::comm::nccl::NcclComm::init_all(&devices)
+        .map_err(|e| nccl_setup_error(0, e))?
+        .into_iter()
+        .map(|c| Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+        .collect();
+    let failures = Failures::default();
+    let outcomes: Vec<Option<RankOutcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = rts
+            .into_iter()
+            .zip(comms.iter().cloned())
+            .enumerate()
+            .map(|(rank, (rt, comm))| {
+                let (comms, failures) = (&comms, &failures);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("braid-gpt2 rank {rank}"))
+                    .spawn_scoped(s, move || {
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            run_rank(opts, rt, rank, world, Some(comm), start, data, on_step)
+                        });
+                        let result = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+                            let what = p
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "a panic".into());
+                            Err(Gpt2Error::Engine(rank_failed(
+                                rank,
+                                format!("panicked: {what}"),
+                            )))
+                        });
+                        match result {
+                            Ok(o) => Some(o),
+                            Err(e) => {
+                                // The other ranks would wait for this one's
+                                // collectives: abort them all now.
+                                abort_all(comms, &format!("rank {rank} failed: {e}"));
+                                failures.push(rank, e);
+                                None
+                            }
+                        }
+                    });
+                if let Err(e) = &spawned {
+                    abort_all(
+                        comms,
+                        &format!("the thread of rank {rank} could not be started: {e}"),
+                    );
+                }
+                spawned
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.ok().and_then(|h| h.join().ok().flatten()))
+            .collect()
+    });
+    if let Some(e) = failures.into_root_cause() {
+        return Err(e);
+    }
+    outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(rank, o)| {
+            o.ok_or_else(|| {
+                Gpt2Error::Engine(rank_failed(rank, "its thread could not be started".into()))
+            })
+        })
+        .collect()
+}
+
+/// Overrides the port of braid's own TCP rendezvous in a torchrun job.
+pub const RENDEZVOUS_PORT_VAR: &str = "BRAID_MASTER_PORT";
+
+/// The port of braid's TCP rendezvous (which hands the NCCL unique id from
+/// rank 0 to the others) in a torchrun job whose `MASTER_PORT` is
+/// `master_port`, reading variables through `get`:
+///
+/// * `BRAID_MASTER_PORT` when it is set;
+/// * `MASTER_PORT + 1` when `TORCHELASTIC_USE_AGENT_STORE=True`: torchrun's
+///   agent then serves its own store on `MASTER_PORT` (PyTorch's default
+///   since the rendezvous store is shared; `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
+///   turns that off), so rank 0 could not listen there;
+/// * `MASTER_PORT` otherwise.
+///
+/// Every rank sees the same variables, so every rank picks the same port.
+pub fn rendezvous_port(master_port: u16, get: impl Fn(&str) -> Option<String>) -> Result<u16> {
+    if let Some(v) = get(RENDEZVOUS_PORT_VAR).filter(|v| !v.trim().is_empty()) {
+        return match v.trim().parse::<u16>() {
+            Ok(p) if p != 0 => Ok(p),
+            _ => Err(Gpt2Error::InvalidSetting {
+                what: "distributed environment",
+                reason: format!("{RENDEZVOUS_PORT_VAR}={v:?} is not a port"),
+            }),
+        };
+    }
+    let agent_store = get("TORCHELASTIC_USE_AGENT_STORE")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true") || v.trim() == "1");
+    if agent_store {
+        return master_port.checked_add(1).ok_or(Gpt2Error::InvalidSetting {
+            what: "distributed environment",
+            reason: format!(
+                "MASTER_PORT={master_port} is torchrun's store; set {RENDEZVOUS_PORT_VAR} to a \
+                 free port for braid's rendezvous"
+            ),
+        });
+    }
+    Ok(master_port)
+}
+
+/// This process's rank of a torchrun job: device `LOCAL_RANK`, NCCL through
+/// the rendezvous at `MASTER_ADDR:MASTER_PORT`.
+pub(super) fn train_torchrun(
+    opts: &TrainOptions,
+    env: &DistEnv,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<RankOutcome> {
+    let rt = build_runtime(
+        opts,
+        BackendKind::Cuda {
+            device: env.local_rank,
+        },
+        env.rank,
+    )?;
+    let comm = if env.world_size > 1 {
+        let rdv_env = DistEnv {
+            master_port: rendezvous_port(env.master_port, |k| std::env::var(k).ok())?,
+            ..env.clone()
+        };
+        let endpoint = rdv_env.master_endpoint();
+        Some(NcclCommunicator::join(&rt, &rdv_env).map_err(|e| {
+            let hint = format!(
+                " (braid's rendezvous used {endpoint}; set {RENDEZVOUS_PORT_VAR} to a port \
+                 free on rank 0's host to choose another)"
+            );
+            match e {
+                braid::Error::Collective {
+                    rank,
+                    index,
+                    op,
+                    message,
+                } => braid::Error::Collective {
+                    rank,
+                    index,
+                    op,
+                    message: message + &hint,
+                },
+                other => other,
+            }
+        })?)
+    } else {
+        None
+    };
+    run_rank(
+        opts,
+        rt,
+        env.rank,
+        env.world_size,
+        comm,
+        start,
+        data,
+        on_step,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    fn env(vars: &[(&str, &str)]) -> Result<Option<DistEnv>> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Ok(DistEnv::launched_from_vars(|k| m.get(k).cloned())?)
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        assert_eq!(env(&[]).unwrap(), None);
+        let e = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            e,
+            DistEnv {
+                rank: 3,
+                world_size: 4,
+                local_rank: 1,
+                local_world_size: 4,
+                master_addr: "node0".into(),
+                master_port: 1234
+            }
+        );
+        let e = env(&[("RANK", "0"), ("WORLD_SIZE", "2")]).unwrap().unwrap();
+        assert_eq!((e.local_rank, e.master_port), (0, 29500));
+        for bad in [
+            &[("RANK", "2"), ("WORLD_SIZE", "2")][..],
+            &[("RANK", "0")][..],
+            &[("RANK", "x"), ("WORLD_SIZE", "2")][..],
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "99999")][..],
+        ] {
+            let err = env(bad).unwrap_err().to_string();
+            assert!(err.contains("distributed environment"), "{err}");
+        }
+    }
+
+    #[test]
+    fn rendezvous_port_avoids_torchruns_store() {
+        let port = |vars: &[(&str, &str)]| {
+            let m: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            rendezvous_port(29500, |k| m.get(k).cloned())
+        };
+        assert_eq!(port(&[]).unwrap(), 29500);
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "True")]).unwrap(),
+            29501
+        );
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "False")]).unwrap(),
+            29500
+        );
+        assert_eq!(
+            port(&[
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("BRAID_MASTER_PORT", "40000")
+            ])
+            .unwrap(),
+            40000
+        );
+        let err = port(&[("BRAID_MASTER_PORT", "0")]).unwrap_err().to_string();
+        assert!(err.contains("BRAID_MASTER_PORT"), "{err}");
+        assert_eq!(
+            rank_trace_path(Path::new("out/t.json"), 0),
+            Path::new("out/t.json")
+        );
+        assert_eq!(
+            rank_trace_path(Path::new("out/t.json"), 3),
+            Path::new("out/t.rank3.json")
+        );
+        assert_eq!(
+            rank_trace_path(Path::new("trace"), 1),
+            Path::new("trace.rank1")
+        );
+    }
+}

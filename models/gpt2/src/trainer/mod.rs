@@ -1,0 +1,167 @@
+//! Data-parallel training, evaluation and the summary of a run.
+//!
+//! # Flow of one rank
+//!
+//! ```text
+//! setup   runtime (rank r), model buffers, AdamW state, DataLoader shard r/W,
+//!         gradient Reducer over the gradient buffer (W > 1), broadcast of
+//!         rank 0's parameters (W > 1)
+//! step    upload batch → zero grads → forward
+//!         → backward, calling Reducer::grad_ready after the last task writing
+//!           each parameter's gradient (bucket all-reduces start under the
+//!           rest of the backward pass) → Reducer::finish
+//!         → all-reduce(avg) of the loss (W > 1)
+//!         → per-chunk sum of squares → clip scale → per-chunk AdamW
+//!         → synchronize, read loss and norm
+//! end     rank 0 saves the checkpoint (params, m, v, step, loader state)
+//! ```
+//!
+//! Every rank submits the same collectives in the same order (the buckets in
+//! bucket order, the one-time bucket rebuild broadcast, then the loss
+//! all-reduce), as the collectives require.
+//!
+//! # Ranks
+//!
+//! CPU ranks are threads of this process started by [`braid::launch_with`],
+//! each with its own [`Runtime`](braid::Runtime) and a [`LocalComm`](braid::LocalComm). GPU
+//! ranks run the same per-rank code on a CUDA runtime, in one of three ways:
+//!
+//! * **one GPU** (`ranks == 1`): one CUDA runtime, no communicator;
+//! * **one process, N GPUs** (`ranks == N`, no torchrun variables): one
+//!   runtime per device `d, d+1, …, d+N-1` (`d` from `cuda:d`), NCCL
+//!   communicators made together (`ncclCommInitAll`), one thread per rank;
+//! * **one process per GPU** under `torchrun` (`RANK`, `WORLD_SIZE`,
+//!   `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, read by
+//!   [`DistEnv::launched`]): this process is rank `RANK` of `WORLD_SIZE` on
+//!   device `LOCAL_RANK`, and joins the NCCL communicator through braid's
+//!   TCP rendezvous at `MASTER_ADDR` ([`NcclCommunicator::join`](braid::comm::NcclCommunicator::join); the port
+//!   is [`rendezvous_port`]'s); `ranks` is ignored. The report holds
+//!   this process's rank only; rank 0 saves the checkpoint, and a rank `r > 0`
+//!   writes its trace next to the requested one ([`rank_trace_path`]).
+//!
+//! A missing driver, device, NVRTC or NCCL is an error naming what is
+//! missing, never a panic. The bf16 bucket compression runs on host buffers
+//! only, so it is refused on GPUs.
+//!
+//! # Determinism
+//!
+//! Given the options, the data and the starting state, a run is deterministic
+//! bit for bit: kernels are sequential, the engine is sequentially consistent,
+//! the CPU all-reduce reduces each element in rank order, and the optimizer's
+//! chunks are fixed. So a run resumed from a checkpoint continues exactly as
+//! the uninterrupted run would have (`tests/ddp.rs`).
+//!
+//! # Files
+//!
+//! * `options.rs`: [`TrainOptions`] and [`StartState`];
+//! * `report.rs`: [`StepReport`] and [`TrainReport`];
+//! * `launch.rs`: the device, the ranks' runtimes and the three launch modes
+//!   (CPU threads, one process with N GPUs, torchrun processes);
+//! * `rank.rs`: the per-rank training loop;
+//! * `eval.rs`: [`evaluate`] and [`EvalReport`];
+//! * this file: [`train`], which checks the options and picks the launch mode.
+
+mod eval;
+mod launch;
+mod options;
+mod rank;
+mod report;
+
+use braid::comm::Compression;
+use braid::trace::Profile;
+use braid::BackendKind;
+
+use crate::data::{DataLoader, TokenSource};
+use crate::error::{Gpt2Error, Result};
+use launch::{train_cpu, train_gpus, train_torchrun};
+
+pub use eval::{evaluate, EvalReport};
+pub use launch::{
+    model_runtime, rank_trace_path, rendezvous_port, resolve_backend, resolve_train_backend,
+    RENDEZVOUS_PORT_VAR,
+};
+pub use options::{Moments, StartState, TrainOptions};
+pub use report::{StepReport, TrainReport};
+
+/// Where this process sits in a `torchrun` launch (braid's one parser of
+/// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
+pub use braid::comm::DistEnv;
+
+/// Trains data-parallel from `start` on `data`; `on_step` is called by rank 0
+/// after each step. Returns the report after every rank has finished (and the
+/// trace and the checkpoint, if asked for, are written). On failure the
+/// error of the rank that failed first is returned, not the errors of the
+/// ranks that stopped because of it.
+pub fn train(
+    opts: &TrainOptions,
+    start: StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<TrainReport> {
+    opts.check()?;
+    if start.params.len() != opts.model.num_parameters() {
+        return Err(Gpt2Error::LengthMismatch {
+            what: "initial params".into(),
+            expected: opts.model.num_parameters(),
+            found: start.params.len(),
+        });
+    }
+    let backend = resolve_train_backend(opts)?;
+    let dist = match backend {
+        BackendKind::Cuda { .. } => DistEnv::launched()?,
+        _ => None,
+    };
+    let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
+    if matches!(backend, BackendKind::Cuda { .. }) && matches!(opts.compression, Compression::Bf16)
+    {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "bucket compression",
+            reason: "bf16 compression casts the buckets on host buffers (CPU ranks only); \
+                     train on GPUs without compression"
+                .into(),
+        });
+    }
+    // Check the data once, before any rank starts.
+    DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
+    let outcomes = match backend {
+        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step)?,
+        BackendKind::Cuda { device } => match &dist {
+            Some(env) => vec![train_torchrun(opts, env, &start, data, on_step)?],
+            None => train_gpus(opts, device, &start, data, on_step)?,
+        },
+    };
+    let mut report = TrainReport {
+        steps: Vec::new(),
+        final_step: opts.steps.max(start.step),
+        params: Vec::new(),
+        param_hashes: Vec::new(),
+        profiles: Vec::new(),
+        summaries: Vec::new(),
+        ranks: world,
+        process_rank: dist.as_ref().map(|d| d.rank),
+        tokens_per_step: opts.batch_size * opts.seq_len * world,
+        backend: match backend {
+            BackendKind::Cuda { .. } => "cuda",
+            _ => "cpu",
+        },
+        trace: None,
+        checkpoint: None,
+    };
+    for (i, o) in outcomes.into_iter().enumerate() {
+        if i == 0 {
+            report.steps = o.steps;
+            report.params = o.params.unwrap_or_default();
+            report.checkpoint = o.checkpoint;
+        }
+        report.param_hashes.push(o.hash);
+        report.summaries.push(o.profile.summary());
+        report.profiles.push(o.profile);
+    }
+    if let Some(path) = &opts.trace {
+        let path = rank_trace_path(path, dist.as_ref().map_or(0, |d| d.rank));
+        let refs: Vec<&Profile> = report.profiles.iter().collect();
+        braid::trace::write_chrome_trace(&path, &refs)?;
+        report.trace = Some(path);
+    }
+    Ok(report)
+}

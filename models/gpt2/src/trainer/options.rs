@@ -1,0 +1,221 @@
+//! What shapes a run ([`TrainOptions`], checked before any rank starts) and
+//! where it starts ([`StartState`]: fresh, from given parameters or from a
+//! checkpoint).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid::comm::Compression;
+use braid::{BackendKind, Policy};
+
+use crate::checkpoint::{AdamWHyper, Checkpoint};
+use crate::config::Gpt2Config;
+use crate::data::LoaderState;
+use crate::error::{Gpt2Error, Result};
+use crate::model::init_params;
+
+/// Everything that shapes a training run.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The model.
+    pub model: Gpt2Config,
+    /// Sequences per rank per step (`B`).
+    pub batch_size: usize,
+    /// Tokens per sequence (`T`).
+    pub seq_len: usize,
+    /// Train until this many optimizer steps are done in total (a resumed run
+    /// continues from its checkpoint's step).
+    pub steps: u64,
+    /// AdamW settings (constant learning rate).
+    pub optimizer: AdamWHyper,
+    /// Clip the global gradient norm to this (`None`: no clipping).
+    pub max_grad_norm: Option<f32>,
+    /// The device.
+    pub backend: BackendKind,
+    /// Data-parallel ranks (CPU: threads of this process).
+    pub ranks: usize,
+    /// Compute streams per rank.
+    pub streams: usize,
+    /// Placement policy.
+    pub policy: Policy,
+    /// Gradient bucket cap in bytes.
+    pub bucket_cap_bytes: usize,
+    /// Cap of the first gradient bucket in bytes.
+    pub first_bucket_bytes: usize,
+    /// Seed of the parameter initialisation (fresh runs).
+    pub seed: u64,
+    /// Where rank 0 saves checkpoints (`None`: no checkpoints).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also save every this many steps (`None`: only at the end).
+    pub checkpoint_every: Option<u64>,
+    /// Write a Chrome trace of every rank here at the end.
+    pub trace: Option<PathBuf>,
+    /// How long a CPU rank waits for the others in a collective.
+    pub comm_timeout: Duration,
+    /// How gradient buckets travel (default: plain `f32`).
+    /// [`Compression::Bf16`] runs on host buffers: CPU ranks only.
+    pub compression: Compression,
+}
+
+impl Default for TrainOptions {
+    /// The tiny model, 2 CPU ranks, `B 4 × T 32`, 10 steps, AdamW `lr 1e-3,
+    /// betas (0.9, 0.95), wd 0.1`, clip at 1.0, PyTorch's bucket caps.
+    fn default() -> Self {
+        TrainOptions {
+            model: Gpt2Config::tiny(),
+            batch_size: 4,
+            seq_len: 32,
+            steps: 10,
+            optimizer: AdamWHyper {
+                learning_rate: 1e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            },
+            max_grad_norm: Some(1.0),
+            backend: BackendKind::Cpu,
+            ranks: 2,
+            streams: 2,
+            policy: Policy::Affinity,
+            bucket_cap_bytes: 25 << 20,
+            first_bucket_bytes: 1 << 20,
+            seed: 1337,
+            checkpoint_dir: None,
+            checkpoint_every: None,
+            trace: None,
+            comm_timeout: braid::comm::DEFAULT_TIMEOUT,
+            compression: Compression::None,
+        }
+    }
+}
+
+impl TrainOptions {
+    /// Checks the options before any rank starts.
+    pub(super) fn check(&self) -> Result<()> {
+        self.model.validate()?;
+        let bad =
+            |what: &'static str, reason: String| Err(Gpt2Error::InvalidSetting { what, reason });
+        if self.ranks == 0 {
+            return bad("number of ranks", "must be at least 1".into());
+        }
+        if self.streams == 0 {
+            return bad("number of streams", "must be at least 1".into());
+        }
+        check_batch_shape(self.batch_size, self.seq_len, &self.model)?;
+        if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
+            return bad("bucket cap", "must be positive".into());
+        }
+        let lr = self.optimizer.learning_rate;
+        if !(lr.is_finite() && lr > 0.0) {
+            return bad("learning rate", format!("{lr} is not a positive number"));
+        }
+        if self.checkpoint_every == Some(0) {
+            return bad("checkpoint interval", "must be at least 1 step".into());
+        }
+        Ok(())
+    }
+}
+
+/// Checks `batch_size` sequences of `seq_len` tokens for `cfg`: a positive
+/// batch, a sequence length within the model's context (training and
+/// evaluation alike).
+pub(super) fn check_batch_shape(batch_size: usize, seq_len: usize, cfg: &Gpt2Config) -> Result<()> {
+    if batch_size == 0 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "batch size",
+            reason: "must be positive".into(),
+        });
+    }
+    if seq_len == 0 || seq_len > cfg.max_seq_len {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "sequence length",
+            reason: format!(
+                "{seq_len} is not in 1..={} (the model's context)",
+                cfg.max_seq_len
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// AdamW's first and second moments, in layout order.
+pub type Moments = (Arc<Vec<f32>>, Arc<Vec<f32>>);
+
+/// Where a run starts: parameters, optimizer state, step and data position.
+#[derive(Debug, Clone)]
+pub struct StartState {
+    /// Parameters in layout order.
+    pub params: Arc<Vec<f32>>,
+    /// AdamW moments `(m, v)`, when resuming.
+    pub moments: Option<Moments>,
+    /// Steps already taken.
+    pub step: u64,
+    /// Data loader position.
+    pub loader: LoaderState,
+}
+
+impl StartState {
+    /// A fresh run from GPT-2's initialisation with `seed`.
+    pub fn fresh(cfg: &Gpt2Config, seed: u64) -> Self {
+        Self::from_params(init_params(cfg, seed))
+    }
+
+    /// A fresh run from given parameters (e.g. pretrained weights).
+    pub fn from_params(params: Vec<f32>) -> Self {
+        StartState {
+            params: Arc::new(params),
+            moments: None,
+            step: 0,
+            loader: LoaderState::default(),
+        }
+    }
+
+    /// A run resumed from a checkpoint.
+    pub fn from_checkpoint(c: Checkpoint) -> Self {
+        StartState {
+            params: Arc::new(c.params),
+            moments: Some((Arc::new(c.adam_m), Arc::new(c.adam_v))),
+            step: c.step,
+            loader: c.loader,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked() {
+        let ok = TrainOptions::default();
+        ok.check().unwrap();
+        for (opts, what) in [
+            (
+                TrainOptions {
+                    ranks: 0,
+                    ..ok.clone()
+                },
+                "ranks",
+            ),
+            (
+                TrainOptions {
+                    seq_len: 65,
+                    ..ok.clone()
+                },
+                "sequence length",
+            ),
+            (
+                TrainOptions {
+                    checkpoint_every: Some(0),
+                    ..ok.clone()
+                },
+                "checkpoint interval",
+            ),
+        ] {
+            let err = opts.check().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
+}

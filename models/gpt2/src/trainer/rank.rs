@@ -1,0 +1,172 @@
+//! The body of one rank, whichever way it was launched: setup, the training
+//! steps, the checkpoints, and what the rank hands back.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use braid::comm::{BucketConfig, ReduceOp};
+use braid::trace::Profile;
+use braid::{Comm, Reducer, Runtime};
+
+use super::{StartState, StepReport, TrainOptions};
+use crate::checkpoint::{save_checkpoint, Checkpoint};
+use crate::data::{DataLoader, TokenSource};
+use crate::error::{Gpt2Error, Result};
+use crate::model::Gpt2Model;
+use crate::optim::AdamW;
+
+/// What a rank hands back.
+pub(super) struct RankOutcome {
+    pub(super) steps: Vec<StepReport>,
+    pub(super) params: Option<Vec<f32>>,
+    pub(super) hash: u64,
+    pub(super) profile: Profile,
+    pub(super) checkpoint: Option<PathBuf>,
+}
+
+fn hash_f32s(x: &[f32]) -> u64 {
+    // FNV-1a over the bit patterns.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in x {
+        for b in v.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The body of one rank (CPU thread, GPU thread or GPU process) on its
+/// runtime `rt`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_rank(
+    opts: &TrainOptions,
+    rt: Runtime,
+    rank: usize,
+    world: usize,
+    comm: Option<Comm>,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+) -> Result<RankOutcome> {
+    let cfg = opts.model;
+    let (b, t) = (opts.batch_size, opts.seq_len);
+    let mut model = Gpt2Model::new(&rt, &cfg, b, t)?;
+    model.upload_params(&rt, &start.params)?;
+    let mut opt = AdamW::for_model(&rt, &model, opts.optimizer, opts.max_grad_norm)?;
+    if let Some((m, v)) = &start.moments {
+        opt.load_state(&rt, m, v, start.step)?;
+    } else if start.step != 0 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "start state",
+            reason: format!("step {} without optimizer moments", start.step),
+        });
+    }
+    let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
+    loader.set_state(start.loader)?;
+    let comm = comm
+        .filter(|_| world > 1)
+        .map(|c| c.bind(&rt))
+        .transpose()?;
+    let mut reducer = match &comm {
+        Some(c) => {
+            // Every rank starts from rank 0's parameters, as DDP does.
+            c.broadcast::<f32>(&model.params().whole(), 0)?;
+            Some(Reducer::new(
+                c.clone(),
+                model.grads(),
+                model.param_specs(),
+                BucketConfig::default()
+                    .cap_bytes(opts.bucket_cap_bytes)
+                    .first_cap_bytes(opts.first_bucket_bytes)
+                    .compression(opts.compression.clone()),
+            )?)
+        }
+        None => None,
+    };
+    rt.synchronize()?;
+    rt.clear_profile();
+
+    let tokens = b * t * world;
+    let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
+    let mut steps = Vec::new();
+    let mut checkpoint = None;
+    let save =
+        |model: &Gpt2Model, opt: &AdamW, loader: &DataLoader, step: u64| -> Result<PathBuf> {
+            let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
+            let (adam_m, adam_v) = opt.read_state(&rt)?;
+            let mut extra = BTreeMap::new();
+            extra.insert("batch_size".into(), b.into());
+            extra.insert("seq_len".into(), t.into());
+            extra.insert("world_size".into(), world.into());
+            extra.insert("seed".into(), opts.seed.into());
+            extra.insert(
+                "max_grad_norm".into(),
+                opts.max_grad_norm.map(f64::from).into(),
+            );
+            save_checkpoint(
+                dir,
+                &Checkpoint {
+                    config: cfg,
+                    step,
+                    params: model.read_params(&rt)?,
+                    adam_m,
+                    adam_v,
+                    optimizer: *opt.hyper(),
+                    loader: loader.state(),
+                    rng_state: None,
+                    extra,
+                },
+            )?;
+            Ok(dir.clone())
+        };
+    for step in start.step + 1..=opts.steps.max(start.step) {
+        let t0 = Instant::now();
+        loader.next_batch_into(&mut x, &mut y)?;
+        model.zero_grad(&rt)?;
+        model.forward(&rt, &x, Some(&y))?;
+        match &mut reducer {
+            Some(r) => {
+                model.backward(&rt, 1.0, |p| r.grad_ready(p))?;
+                r.finish()?;
+            }
+            None => model.backward(&rt, 1.0, |_| Ok(()))?,
+        }
+        if let Some(c) = &comm {
+            // After the buckets, so it never holds them up on the comm stream
+            // (it waits for the slowest rank's forward pass).
+            c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
+        }
+        opt.step(&rt, model.params(), model.grads())?;
+        rt.synchronize()?;
+        let report = StepReport {
+            step,
+            loss: model.read_loss(&rt)?,
+            grad_norm: opt.read_grad_norm(&rt)?,
+            seconds: t0.elapsed().as_secs_f64(),
+            tokens,
+        };
+        if rank == 0 {
+            on_step(&report);
+            if let Some(every) = opts.checkpoint_every {
+                if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
+                    checkpoint = Some(save(&model, &opt, &loader, step)?);
+                }
+            }
+        }
+        steps.push(report);
+    }
+    let final_step = opts.steps.max(start.step);
+    let params = model.read_params(&rt)?;
+    if rank == 0 && opts.checkpoint_dir.is_some() {
+        checkpoint = Some(save(&model, &opt, &loader, final_step)?);
+    }
+    rt.synchronize()?;
+    Ok(RankOutcome {
+        steps,
+        hash: hash_f32s(&params),
+        params: (rank == 0).then_some(params),
+        profile: rt.profile(),
+        checkpoint,
+    })
+}

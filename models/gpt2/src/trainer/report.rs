@@ -1,0 +1,164 @@
+//! What a run reports: each step as rank 0 saw it ([`StepReport`]) and the
+//! whole run ([`TrainReport`], with its throughput, communication figures and
+//! printed summary).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use braid::trace::{Profile, Summary};
+
+/// One finished step, as rank 0 saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// The step number (1-based, counting resumed steps).
+    pub step: u64,
+    /// Mean loss over the global batch.
+    pub loss: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Wall time of the step (submission to completion).
+    pub seconds: f64,
+    /// Tokens in the global batch.
+    pub tokens: usize,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// The steps taken in this run, in order (rank 0's view; under torchrun,
+    /// this process's rank: the losses are the global means on every rank).
+    pub steps: Vec<StepReport>,
+    /// The last step number (the checkpoint's step).
+    pub final_step: u64,
+    /// Rank 0's parameters at the end (empty in a torchrun process of
+    /// another rank).
+    pub params: Vec<f32>,
+    /// A hash of each rank's final parameters (all equal in a correct run).
+    pub param_hashes: Vec<u64>,
+    /// Each rank's profile (this process's ranks).
+    pub profiles: Vec<Profile>,
+    /// Each rank's summary of its profile.
+    pub summaries: Vec<Summary>,
+    /// Number of ranks in the job.
+    pub ranks: usize,
+    /// Under torchrun: the rank this process played (the report then holds
+    /// that rank alone). `None` when this process ran every rank.
+    pub process_rank: Option<usize>,
+    /// Tokens per step over all ranks.
+    pub tokens_per_step: usize,
+    /// The backend the ranks ran on.
+    pub backend: &'static str,
+    /// The trace written, if any.
+    pub trace: Option<PathBuf>,
+    /// The checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl TrainReport {
+    /// Mean wall time per step, leaving out the first step of the run (warm-up)
+    /// when there is more than one.
+    pub fn mean_step_seconds(&self) -> f64 {
+        let s = if self.steps.len() > 1 {
+            &self.steps[1..]
+        } else {
+            &self.steps[..]
+        };
+        if s.is_empty() {
+            0.0
+        } else {
+            s.iter().map(|x| x.seconds).sum::<f64>() / s.len() as f64
+        }
+    }
+
+    /// Tokens processed per second (all ranks), from the mean step time.
+    pub fn tokens_per_second(&self) -> f64 {
+        let t = self.mean_step_seconds();
+        if t > 0.0 {
+            self.tokens_per_step as f64 / t
+        } else {
+            0.0
+        }
+    }
+
+    /// Share of communication time hidden under computation, averaged over
+    /// ranks (0 without communication).
+    pub fn hidden_comm_share(&self) -> f64 {
+        let with_comm: Vec<f64> = self
+            .summaries
+            .iter()
+            .filter(|s| s.comm_ns > 0)
+            .map(|s| s.hidden_share())
+            .collect();
+        if with_comm.is_empty() {
+            0.0
+        } else {
+            with_comm.iter().sum::<f64>() / with_comm.len() as f64
+        }
+    }
+
+    /// Communication time per rank, averaged, in seconds.
+    pub fn comm_seconds(&self) -> f64 {
+        if self.summaries.is_empty() {
+            return 0.0;
+        }
+        self.summaries.iter().map(|s| s.comm_ns as f64).sum::<f64>()
+            / self.summaries.len() as f64
+            / 1e9
+    }
+}
+
+impl fmt::Display for TrainReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(first), Some(last)) = (self.steps.first(), self.steps.last()) {
+            writeln!(
+                f,
+                "loss             {:.4} (step {}) -> {:.4} (step {})",
+                first.loss, first.step, last.loss, last.step
+            )?;
+        }
+        writeln!(
+            f,
+            "ranks            {} on {} ({} tokens per step){}",
+            self.ranks,
+            self.backend,
+            self.tokens_per_step,
+            match self.process_rank {
+                Some(r) => format!("; this process is rank {r}"),
+                None => String::new(),
+            }
+        )?;
+        writeln!(
+            f,
+            "mean step time   {:.1} ms",
+            self.mean_step_seconds() * 1e3
+        )?;
+        writeln!(
+            f,
+            "throughput       {:.0} tokens/s",
+            self.tokens_per_second()
+        )?;
+        writeln!(
+            f,
+            "communication    {:.1} ms per rank, {:.0}% hidden under compute",
+            self.comm_seconds() * 1e3,
+            100.0 * self.hidden_comm_share()
+        )?;
+        if let Some(s) = self.summaries.first() {
+            let overlap = 100.0 * s.overlap_share();
+            writeln!(
+                f,
+                "rank 0           {} tasks, 2+ streams busy {overlap:.0}% of {:.1} ms, critical path {:.1} ms",
+                s.tasks,
+                s.wall_ns as f64 / 1e6,
+                s.critical_path_ns as f64 / 1e6
+            )?;
+        }
+        if let Some(c) = &self.checkpoint {
+            writeln!(f, "checkpoint       {}", c.display())?;
+        }
+        match &self.trace {
+            Some(t) => write!(f, "trace            {}", t.display()),
+            None => write!(f, "trace            (none; pass --trace FILE)"),
+        }
+    }
+}
