@@ -80,23 +80,45 @@ pub trait Accesses: sealed::Sealed + Send + 'static {
     /// valid only while the body runs (they cannot leave it).
     type Device<'a>;
 
-    /// Calls `f` once per access with its view, mode, element size and alignment.
+    /// The set's addresses, resolved at submission: plain data the body
+    /// carries instead of the views (so a task holds one reference to each
+    /// buffer, in its declared accesses, and none is dropped on a stream
+    /// thread).
     #[doc(hidden)]
-    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem));
+    type Raw: Send + 'static;
 
-    /// The host slices of the accesses.
+    /// The addresses of the accesses: host pointers, or device addresses
+    /// with `device`.
+    #[doc(hidden)]
+    fn resolve(&self, device: bool) -> Result<Self::Raw>;
+
+    /// Consumes the set, calling `f` once per access with its view, mode,
+    /// element size and alignment.
+    #[doc(hidden)]
+    fn declare(self, f: &mut dyn FnMut(View, Mode, Elem));
+
+    /// The host slices at `raw`.
     ///
     /// # Safety
-    /// The caller guarantees that while the returned slices live, no other
-    /// code reads bytes a write token covers nor writes bytes any token
-    /// covers (the engine's dependency tracking and the submission-time
-    /// overlap check give this), and that the buffers outlive them.
+    /// `raw` was resolved for the host from a set that passed the submission
+    /// checks, and while the returned slices live no other code reads bytes
+    /// a write token covers nor writes bytes any token covers (the engine's
+    /// dependency tracking gives this) and the buffers stay alive (the task's
+    /// declared accesses hold them).
     #[doc(hidden)]
-    unsafe fn host(&self) -> Result<Self::Host<'_>>;
+    unsafe fn host(raw: &Self::Raw) -> Self::Host<'_>;
 
-    /// The device addresses of the accesses.
+    /// The device slices at `raw`.
     #[doc(hidden)]
-    fn device(&self) -> Result<Self::Device<'_>>;
+    fn device(raw: &Self::Raw) -> Self::Device<'_>;
+}
+
+/// A resolved access: its first byte's address and its length (elements).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawSlice {
+    addr: u64,
+    len: usize,
 }
 
 /// The element type of a token, as the submission checks see it.
@@ -133,6 +155,15 @@ fn host_ptr(v: &View) -> Result<*mut u8> {
     // SAFETY: `v.start <= v.end <= len` holds for every view (checked when the
     // view was made), so the offset stays inside the allocation.
     Ok(unsafe { base.add(v.start) })
+}
+
+/// The address of `v`'s first byte: on the device with `device`, else on the host.
+fn resolve(v: &View, device: bool) -> Result<u64> {
+    if device {
+        device_ptr(v)
+    } else {
+        host_ptr(v).map(|p| p as usize as u64)
+    }
 }
 
 /// Device address of the first byte of `v`, or an error if it lives on the host.
@@ -181,25 +212,33 @@ macro_rules! token {
             type Host<'a> = $host;
             type Device<'a> = $dev<'a, T>;
 
-            fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
-                f(&self.view, $mode, Elem::of::<T>());
-            }
+            type Raw = RawSlice;
 
-            unsafe fn host(&self) -> Result<Self::Host<'_>> {
-                let p = host_ptr(&self.view)?.cast::<T>();
-                let n = self.view.len() / size_of::<T>();
-                // SAFETY: the submission check made the view a whole, aligned
-                // `[T]`; the caller guarantees exclusivity as this function's
-                // contract states; `T: Pod` makes any bytes a valid `T`.
-                Ok(unsafe { std::slice::$from_raw(p, n) })
-            }
-
-            fn device(&self) -> Result<Self::Device<'_>> {
-                Ok($dev {
-                    ptr: device_ptr(&self.view)?,
-                    len: self.view.len() / size_of::<T>(),
-                    _t: PhantomData,
+            fn resolve(&self, device: bool) -> Result<RawSlice> {
+                Ok(RawSlice {
+                    addr: resolve(&self.view, device)?,
+                    len: self.view.len() / size_of::<T>().max(1),
                 })
+            }
+
+            fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
+                f(self.view, $mode, Elem::of::<T>());
+            }
+
+            unsafe fn host(raw: &RawSlice) -> Self::Host<'_> {
+                // SAFETY: the submission check made the view a whole, aligned
+                // `[T]` at this host address; the caller guarantees
+                // exclusivity and liveness as this function's contract
+                // states; `T: Pod` makes any bytes a valid `T`.
+                unsafe { std::slice::$from_raw(raw.addr as usize as *mut T, raw.len) }
+            }
+
+            fn device(raw: &RawSlice) -> Self::Device<'_> {
+                $dev {
+                    ptr: raw.addr,
+                    len: raw.len,
+                    _t: PhantomData,
+                }
             }
         }
     };
@@ -357,31 +396,39 @@ impl sealed::Sealed for DynAccess {}
 impl Accesses for DynAccess {
     type Host<'a> = HostBytes<'a>;
     type Device<'a> = DevBytes<'a>;
+    type Raw = (RawSlice, bool);
 
-    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
-        f(&self.view, self.mode, Elem::of::<u8>());
-    }
-
-    unsafe fn host(&self) -> Result<HostBytes<'_>> {
-        let p = host_ptr(&self.view)?;
-        let n = self.view.len();
-        // SAFETY: as for the typed tokens; bytes need no alignment.
-        Ok(unsafe {
-            if self.mode.writes() {
-                HostBytes::Write(std::slice::from_raw_parts_mut(p, n))
-            } else {
-                HostBytes::Read(std::slice::from_raw_parts(p, n))
-            }
-        })
-    }
-
-    fn device(&self) -> Result<DevBytes<'_>> {
-        Ok(DevBytes {
-            ptr: device_ptr(&self.view)?,
+    fn resolve(&self, device: bool) -> Result<(RawSlice, bool)> {
+        let raw = RawSlice {
+            addr: resolve(&self.view, device)?,
             len: self.view.len(),
-            writes: self.mode.writes(),
+        };
+        Ok((raw, self.mode.writes()))
+    }
+
+    fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
+        f(self.view, self.mode, Elem::of::<u8>());
+    }
+
+    unsafe fn host(&(raw, writes): &(RawSlice, bool)) -> HostBytes<'_> {
+        let p = raw.addr as usize as *mut u8;
+        // SAFETY: as for the typed tokens; bytes need no alignment.
+        unsafe {
+            if writes {
+                HostBytes::Write(std::slice::from_raw_parts_mut(p, raw.len))
+            } else {
+                HostBytes::Read(std::slice::from_raw_parts(p, raw.len))
+            }
+        }
+    }
+
+    fn device(&(raw, writes): &(RawSlice, bool)) -> DevBytes<'_> {
+        DevBytes {
+            ptr: raw.addr,
+            len: raw.len,
+            writes,
             _body: PhantomData,
-        })
+        }
     }
 }
 
@@ -390,16 +437,17 @@ impl sealed::Sealed for () {}
 impl Accesses for () {
     type Host<'a> = ();
     type Device<'a> = ();
+    type Raw = ();
 
-    fn declare(&self, _: &mut dyn FnMut(&View, Mode, Elem)) {}
-
-    unsafe fn host(&self) -> Result<()> {
+    fn resolve(&self, _: bool) -> Result<()> {
         Ok(())
     }
 
-    fn device(&self) -> Result<()> {
-        Ok(())
-    }
+    fn declare(self, _: &mut dyn FnMut(View, Mode, Elem)) {}
+
+    unsafe fn host(_: &()) {}
+
+    fn device(_: &()) {}
 }
 
 impl<A: Accesses> sealed::Sealed for Option<A> {}
@@ -407,20 +455,25 @@ impl<A: Accesses> sealed::Sealed for Option<A> {}
 impl<A: Accesses> Accesses for Option<A> {
     type Host<'a> = Option<A::Host<'a>>;
     type Device<'a> = Option<A::Device<'a>>;
+    type Raw = Option<A::Raw>;
 
-    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+    fn resolve(&self, device: bool) -> Result<Self::Raw> {
+        self.as_ref().map(|a| a.resolve(device)).transpose()
+    }
+
+    fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
         if let Some(a) = self {
             a.declare(f);
         }
     }
 
-    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+    unsafe fn host(raw: &Self::Raw) -> Self::Host<'_> {
         // SAFETY: the caller's guarantee covers every token of the set.
-        self.as_ref().map(|a| unsafe { a.host() }).transpose()
+        raw.as_ref().map(|r| unsafe { A::host(r) })
     }
 
-    fn device(&self) -> Result<Self::Device<'_>> {
-        self.as_ref().map(A::device).transpose()
+    fn device(raw: &Self::Raw) -> Self::Device<'_> {
+        raw.as_ref().map(A::device)
     }
 }
 
@@ -429,20 +482,25 @@ impl<A: Accesses> sealed::Sealed for Vec<A> {}
 impl<A: Accesses> Accesses for Vec<A> {
     type Host<'a> = Vec<A::Host<'a>>;
     type Device<'a> = Vec<A::Device<'a>>;
+    type Raw = Vec<A::Raw>;
 
-    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+    fn resolve(&self, device: bool) -> Result<Self::Raw> {
+        self.iter().map(|a| a.resolve(device)).collect()
+    }
+
+    fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
         for a in self {
             a.declare(f);
         }
     }
 
-    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+    unsafe fn host(raw: &Self::Raw) -> Self::Host<'_> {
         // SAFETY: the caller's guarantee covers every token of the set.
-        self.iter().map(|a| unsafe { a.host() }).collect()
+        raw.iter().map(|r| unsafe { A::host(r) }).collect()
     }
 
-    fn device(&self) -> Result<Self::Device<'_>> {
-        self.iter().map(A::device).collect()
+    fn device(raw: &Self::Raw) -> Self::Device<'_> {
+        raw.iter().map(A::device).collect()
     }
 }
 
@@ -451,27 +509,25 @@ impl<A: Accesses, const N: usize> sealed::Sealed for [A; N] {}
 impl<A: Accesses, const N: usize> Accesses for [A; N] {
     type Host<'a> = [A::Host<'a>; N];
     type Device<'a> = [A::Device<'a>; N];
+    type Raw = Vec<A::Raw>;
 
-    fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+    fn resolve(&self, device: bool) -> Result<Self::Raw> {
+        self.iter().map(|a| a.resolve(device)).collect()
+    }
+
+    fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
         for a in self {
             a.declare(f);
         }
     }
 
-    unsafe fn host(&self) -> Result<Self::Host<'_>> {
+    unsafe fn host(raw: &Self::Raw) -> Self::Host<'_> {
         // SAFETY: the caller's guarantee covers every token of the set.
-        let v: Vec<A::Host<'_>> = self
-            .iter()
-            .map(|a| unsafe { a.host() })
-            .collect::<Result<_>>()?;
-        Ok(v.try_into()
-            .unwrap_or_else(|_| unreachable!("N elements in, N out")))
+        std::array::from_fn(|i| unsafe { A::host(&raw[i]) })
     }
 
-    fn device(&self) -> Result<Self::Device<'_>> {
-        let v: Vec<A::Device<'_>> = self.iter().map(A::device).collect::<Result<_>>()?;
-        Ok(v.try_into()
-            .unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    fn device(raw: &Self::Raw) -> Self::Device<'_> {
+        std::array::from_fn(|i| A::device(&raw[i]))
     }
 }
 
@@ -482,18 +538,23 @@ macro_rules! tuple {
         impl<$($a: Accesses),+> Accesses for ($($a,)+) {
             type Host<'a> = ($($a::Host<'a>,)+);
             type Device<'a> = ($($a::Device<'a>,)+);
+            type Raw = ($($a::Raw,)+);
 
-            fn declare(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
+            fn resolve(&self, device: bool) -> Result<Self::Raw> {
+                Ok(($(self.$i.resolve(device)?,)+))
+            }
+
+            fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
                 $(self.$i.declare(f);)+
             }
 
-            unsafe fn host(&self) -> Result<Self::Host<'_>> {
+            unsafe fn host(raw: &Self::Raw) -> Self::Host<'_> {
                 // SAFETY: the caller's guarantee covers every token of the set.
-                Ok(($(unsafe { self.$i.host() }?,)+))
+                ($(unsafe { $a::host(&raw.$i) },)+)
             }
 
-            fn device(&self) -> Result<Self::Device<'_>> {
-                Ok(($(self.$i.device()?,)+))
+            fn device(raw: &Self::Raw) -> Self::Device<'_> {
+                ($($a::device(&raw.$i),)+)
             }
         }
     };
@@ -512,46 +573,33 @@ tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
 tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
 tuple!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 
-/// Collects the declared accesses of `set` for task `task` and checks them:
-/// each view a whole, aligned `[T]`; no two overlapping where either writes.
-pub(crate) fn collect(
+/// Declares the accesses of `set` for task `task` into `out` and checks
+/// them: each view a whole, aligned `[T]`; no two overlapping where either
+/// writes.
+pub(crate) fn collect<A: Accesses>(
     task: &str,
-    set: &dyn DeclareDyn,
+    set: A,
     out: &mut smallvec::SmallVec<[crate::ctx::Access; 4]>,
 ) -> Result<()> {
     let mut err = None;
-    set.declare_dyn(&mut |v: &View, mode, e: Elem| {
+    set.declare(&mut |view: View, mode, e: Elem| {
         if err.is_some() {
             return;
         }
-        if e.size == 0 || v.len() % e.size != 0 || v.start % e.align != 0 {
+        if e.size == 0 || view.len() % e.size != 0 || view.start % e.align != 0 {
             err = Some(Error::Misaligned {
-                buffer: v.buf.name().to_string(),
-                range: v.range(),
+                buffer: view.buf.name().to_string(),
+                range: view.range(),
                 ty: e.name,
             });
             return;
         }
-        out.push(crate::ctx::Access {
-            view: v.clone(),
-            mode,
-        });
+        out.push(crate::ctx::Access { view, mode });
     });
     if let Some(e) = err {
         return Err(e);
     }
     check_disjoint(task, out)
-}
-
-/// Object-safe access to [`Accesses::declare`] (so `collect` is not generic).
-pub(crate) trait DeclareDyn {
-    fn declare_dyn(&self, f: &mut dyn FnMut(&View, Mode, Elem));
-}
-
-impl<A: Accesses> DeclareDyn for A {
-    fn declare_dyn(&self, f: &mut dyn FnMut(&View, Mode, Elem)) {
-        self.declare(f)
-    }
 }
 
 /// No two accesses of one task overlap where either writes: the slices its

@@ -130,25 +130,33 @@ impl<'rt> TaskBuilder<'rt> {
         R: TaskResult + 'static,
         S: TaskResult + 'static,
     {
-        crate::access::collect(&self.name, &accesses, &mut self.accesses)?;
         let backend = self.rt.backend_name();
         let body: Body = match (backend, cpu, cuda) {
-            ("cpu", Some(f), _) => Box::new(move |_ctx| {
-                // SAFETY: the tracker runs this body only while no other task
-                // writes what it reads or touches what it writes, the
-                // submission check made its write tokens disjoint from every
-                // other token, and the launch holds the buffers.
-                let data = unsafe { accesses.host() }?;
-                f(data).into_task_result()
-            }),
-            ("cuda", _, Some(g)) => Box::new(move |ctx| {
-                let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
-                    buffer: ctx.name().to_string(),
-                    actual: "the host",
-                    wanted: "a CUDA stream",
-                })?;
-                g(accesses.device()?, cu).into_task_result()
-            }),
+            ("cpu", Some(f), _) => {
+                let raw = accesses.resolve(false)?;
+                crate::access::collect(&self.name, accesses, &mut self.accesses)?;
+                Box::new(move |_ctx| {
+                    // SAFETY: `raw` was resolved for the host from the set
+                    // `collect` just checked; the tracker runs this body only
+                    // while no other task writes what it reads or touches
+                    // what it writes; the task's declared accesses hold the
+                    // buffers until it completes.
+                    let data = unsafe { A::host(&raw) };
+                    f(data).into_task_result()
+                })
+            }
+            ("cuda", _, Some(g)) => {
+                let raw = accesses.resolve(true)?;
+                crate::access::collect(&self.name, accesses, &mut self.accesses)?;
+                Box::new(move |ctx| {
+                    let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
+                        buffer: ctx.name().to_string(),
+                        actual: "the host",
+                        wanted: "a CUDA stream",
+                    })?;
+                    g(A::device(&raw), cu).into_task_result()
+                })
+            }
             (backend, _, _) => {
                 return Err(Error::NoBody {
                     task: self.name.to_string(),
