@@ -24,7 +24,7 @@ use braid_gpt2::kernels::{
     norm, preload, residual,
 };
 use braid_gpt2::rng::randn;
-use common::Device;
+use common::{Device, TEST_ADAMW};
 
 // Small shapes, not multiples of the block sizes.
 const B: usize = 2;
@@ -669,13 +669,7 @@ fn adamw_matches_cpu() {
         return;
     };
     let n = 100_003;
-    let h = AdamWHyper {
-        learning_rate: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
+    let h = TEST_ADAMW;
     // Plain steps, and steps whose gradients are scaled on the device.
     for grad_scale in [None, Some(0.37f32)] {
         let mut p = randn(n, 1.0, 60);

@@ -12,14 +12,16 @@
 //! Against the PyTorch fixture, the model as tasks is checked on every
 //! backend present in `tests/reference_pytorch.rs`.
 
+mod common;
+
 use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
-use braid_gpt2::kernels::cpu as k;
 use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::model::{init_params, Gpt2Model, Rng};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
+use common::{reference_steps, TEST_ADAMW};
 
 fn runtime(streams: usize, policy: Policy) -> Runtime {
     Runtime::builder()
@@ -161,51 +163,6 @@ fn bad_inputs_are_errors_and_submit_nothing() {
     assert_eq!(rt.stats().tasks, 0);
 }
 
-/// The reference training loop of `tests/reference_pytorch.rs`.
-#[allow(clippy::too_many_arguments)]
-fn reference_steps(
-    cfg: &Gpt2Config,
-    b: usize,
-    t: usize,
-    params: &mut [f32],
-    tokens: &[u32],
-    targets: &[u32],
-    h: AdamWHyper,
-    max_norm: f32,
-    steps: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let n = params.len();
-    let mut model = Reference::new(cfg, b, t).unwrap();
-    let mut grads = vec![0.0; n];
-    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
-    let (mut losses, mut norms) = (Vec::new(), Vec::new());
-    for step in 1..=steps {
-        grads.fill(0.0);
-        let loss = model
-            .forward(params, tokens, Some(targets))
-            .unwrap()
-            .unwrap();
-        model.backward(params, &mut grads, 1.0).unwrap();
-        let norm = k::grad_norm_sq(&grads).sqrt();
-        k::scale_in_place(&mut grads, k::clip_scale(norm, max_norm));
-        k::adamw_update(
-            params,
-            &grads,
-            &mut m,
-            &mut v,
-            step as u64,
-            h.learning_rate,
-            h.beta1,
-            h.beta2,
-            h.eps,
-            h.weight_decay,
-        );
-        losses.push(loss);
-        norms.push(norm as f32);
-    }
-    (losses, norms)
-}
-
 /// The engine's training loop: zero, forward, backward, optimizer tasks.
 #[allow(clippy::too_many_arguments)]
 fn engine_steps(
@@ -253,13 +210,7 @@ fn optimizer_tasks_match_the_reference_training_loop() {
     let init = params_for(&cfg, 11);
     let tokens = ids(b * t, cfg.vocab_size, 4);
     let targets = ids(b * t, cfg.vocab_size, 5);
-    let h = AdamWHyper {
-        learning_rate: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
+    let h = TEST_ADAMW;
     let mut ref_params = init.clone();
     let (ref_losses, ref_norms) =
         reference_steps(&cfg, b, t, &mut ref_params, &tokens, &targets, h, 1.0, 4);

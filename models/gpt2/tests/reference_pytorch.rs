@@ -45,7 +45,7 @@ use braid_gpt2::model::Gpt2Model;
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use braid_gpt2::trainer::model_runtime;
-use common::{check_all, compare, setup, split_by_gradient, Device, Worst};
+use common::{check_all, compare, reference_steps, setup, split_by_gradient, Device, Worst};
 
 // Tolerances of the CPU (see the module docs for the form).
 const LOSS_ATOL: f32 = 1e-5;
@@ -123,34 +123,17 @@ fn adamw_steps_match_pytorch() {
     let h = fx.adamw_hyper();
     let max_norm = fx.hparam("max_grad_norm");
     assert_eq!(fx.meta["weight_decay_applies_to"], "all parameters");
-    let mut model = Reference::new(&fx.cfg, fx.b, fx.t).unwrap();
-    let mut grads = vec![0.0; layout.total];
-    let (mut m, mut v) = (vec![0.0; layout.total], vec![0.0; layout.total]);
-    let (mut losses, mut norms) = (Vec::new(), Vec::new());
-    for step in 1..=steps {
-        grads.fill(0.0);
-        let loss = model
-            .forward(&params, &fx.tokens, Some(&fx.targets))
-            .unwrap()
-            .unwrap();
-        model.backward(&params, &mut grads, 1.0).unwrap();
-        let norm = k::grad_norm_sq(&grads).sqrt();
-        k::scale_in_place(&mut grads, k::clip_scale(norm, max_norm));
-        k::adamw_update(
-            &mut params,
-            &grads,
-            &mut m,
-            &mut v,
-            step as u64,
-            h.learning_rate,
-            h.beta1,
-            h.beta2,
-            h.eps,
-            h.weight_decay,
-        );
-        losses.push(loss);
-        norms.push(norm as f32);
-    }
+    let (losses, norms) = reference_steps(
+        &fx.cfg,
+        fx.b,
+        fx.t,
+        &mut params,
+        &fx.tokens,
+        &fx.targets,
+        h,
+        max_norm,
+        steps,
+    );
     eprintln!(
         "step losses ours  {losses:?}\nstep losses torch {:?}",
         fx.tensor("step_losses")

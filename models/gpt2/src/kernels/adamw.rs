@@ -117,12 +117,11 @@ pub fn adamw_update(
     check_len("adamw_update", "m", m.len(), n);
     check_len("adamw_update", "v", v.len(), n);
     assert!(step >= 1, "adamw_update: steps are numbered from 1");
-    let step = i32::try_from(step).unwrap_or(i32::MAX);
-    let bias_correction1 = 1.0 - (beta1 as f64).powi(step);
-    let bias_correction2_sqrt = (1.0 - (beta2 as f64).powi(step)).sqrt();
-    let step_size = (lr as f64 / bias_correction1) as f32;
-    let bias_correction2_sqrt = bias_correction2_sqrt as f32;
-    let decay = 1.0 - lr * weight_decay;
+    let StepScalars {
+        step_size,
+        bias_correction2_sqrt,
+        decay,
+    } = StepScalars::new(step, lr, beta1, beta2, weight_decay);
     for (((p, &g), m), v) in params
         .iter_mut()
         .zip(grads)
@@ -140,6 +139,30 @@ pub fn adamw_update(
 // ---------------------------------------------------------------------------
 // CUDA
 // ---------------------------------------------------------------------------
+
+/// The per-step scalars of an update, from the bias corrections computed in
+/// `f64` on the host (the CPU kernel and the CUDA launcher share them).
+struct StepScalars {
+    /// `lr / (1 - beta1^step)`.
+    step_size: f32,
+    /// `sqrt(1 - beta2^step)`.
+    bias_correction2_sqrt: f32,
+    /// `1 - lr · weight_decay`.
+    decay: f32,
+}
+
+impl StepScalars {
+    fn new(step: u64, lr: f32, beta1: f32, beta2: f32, weight_decay: f32) -> StepScalars {
+        let step = i32::try_from(step).unwrap_or(i32::MAX);
+        let bias_correction1 = 1.0 - (beta1 as f64).powi(step);
+        let bias_correction2_sqrt = (1.0 - (beta2 as f64).powi(step)).sqrt();
+        StepScalars {
+            step_size: (lr as f64 / bias_correction1) as f32,
+            bias_correction2_sqrt: bias_correction2_sqrt as f32,
+            decay: 1.0 - lr * weight_decay,
+        }
+    }
+}
 
 /// [`adamw_update`] on the task's stream; the bias corrections are computed
 /// on the host in `f64` exactly as there. With `grad_scale`, each gradient is
@@ -173,11 +196,7 @@ pub fn adamw_update_cuda(
         return Ok(());
     }
     let l = Launcher::new(k, cu);
-    let step = i32::try_from(step).unwrap_or(i32::MAX);
-    let bias_correction1 = 1.0 - (beta1 as f64).powi(step);
-    let bias_correction2_sqrt = (1.0 - (beta2 as f64).powi(step)).sqrt();
-    let step_size = (lr as f64 / bias_correction1) as f32;
-    let decay = 1.0 - lr * weight_decay;
+    let sc = StepScalars::new(step, lr, beta1, beta2, weight_decay);
     let mut a = KernelArgs::new();
     a.ptr(params.ptr())
         .ptr(grads.ptr())
@@ -185,12 +204,12 @@ pub fn adamw_update_cuda(
         .ptr(v.ptr())
         .ptr(grad_scale.map_or(0, |s| s.ptr()))
         .i64(n as i64);
-    a.f32(step_size)
-        .f32(bias_correction2_sqrt as f32)
+    a.f32(sc.step_size)
+        .f32(sc.bias_correction2_sqrt)
         .f32(beta1)
         .f32(beta2)
         .f32(eps)
-        .f32(decay);
+        .f32(sc.decay);
     // SAFETY: adamw_update(float* params, const float* grads, float* m, float*
     // v, const float* grad_scale, long long N, float step_size, float
     // bc2_sqrt, float beta1, float beta2, float eps, float decay); the four

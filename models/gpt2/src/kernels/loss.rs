@@ -247,23 +247,9 @@ pub fn softmax_forward_cuda(
     k.exact("probs", &probs, "(N, V)", nv)?;
     k.exact("logits", &logits, "(N, V)", nv)?;
     let l = Launcher::new(k, cu);
-    let mut a = KernelArgs::new();
-    a.ptr(probs.ptr())
-        .ptr(0)
-        .ptr(logits.ptr())
-        .ptr(0)
-        .i32(ni)
-        .i32(vi);
-    // SAFETY: softmax_crossentropy_forward(float* probs, float* losses, const
-    // float* logits, const uint* targets, int N, int V) with null losses and
-    // targets (the kernel then skips the loss); probs, logits (N, V) (checked).
-    unsafe {
-        l.launch(
-            &SOFTMAX_CROSSENTROPY_FORWARD,
-            LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK),
-            &a,
-        )
-    }
+    // SAFETY: null losses and targets (the kernel then skips the loss);
+    // probs, logits (N, V) (checked).
+    unsafe { launch_softmax_crossentropy(&l, probs.ptr(), 0, logits.ptr(), 0, ni, vi) }
 }
 
 /// [`softmax_forward`] then [`crossentropy_forward`], in one kernel on the
@@ -289,23 +275,48 @@ pub unsafe fn softmax_crossentropy_forward_cuda(
     k.exact("logits", &logits, "(N, V)", nv)?;
     k.exact("targets", &targets, "(N)", n)?;
     let l = Launcher::new(k, cu);
-    let mut a = KernelArgs::new();
-    a.ptr(probs.ptr())
-        .ptr(losses.ptr())
-        .ptr(logits.ptr())
-        .ptr(targets.ptr())
-        .i32(ni)
-        .i32(vi);
-    // SAFETY: softmax_crossentropy_forward(float* probs, float* losses, const
-    // float* logits, const uint* targets, int N, int V), buffers checked; the
-    // row of probs is indexed by targets < V (the caller's contract).
+    // SAFETY: buffers checked; the row of probs is indexed by targets < V
+    // (the caller's contract).
     unsafe {
-        l.launch(
-            &SOFTMAX_CROSSENTROPY_FORWARD,
-            LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK),
-            &a,
+        launch_softmax_crossentropy(
+            &l,
+            probs.ptr(),
+            losses.ptr(),
+            logits.ptr(),
+            targets.ptr(),
+            ni,
+            vi,
         )
     }
+}
+
+/// Queues `softmax_crossentropy_forward`, one block of [`SOFTMAX_BLOCK`]
+/// threads per row.
+///
+/// # Safety
+/// The arguments match `softmax_crossentropy_forward(float* probs, float*
+/// losses, const float* logits, const uint* targets, int N, int V)`: `probs`
+/// and `logits` address `(N, V)`, `losses` and `targets` `(N)` or are both
+/// null (the kernel then skips the loss), and every target is below `V`.
+unsafe fn launch_softmax_crossentropy(
+    l: &Launcher<'_>,
+    probs: u64,
+    losses: u64,
+    logits: u64,
+    targets: u64,
+    n: i32,
+    v: i32,
+) -> Result<()> {
+    let mut a = KernelArgs::new();
+    a.ptr(probs)
+        .ptr(losses)
+        .ptr(logits)
+        .ptr(targets)
+        .i32(n)
+        .i32(v);
+    let cfg = LaunchConfig::grid_block(l.grid(n as usize)?, SOFTMAX_BLOCK);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(&SOFTMAX_CROSSENTROPY_FORWARD, cfg, &a) }
 }
 
 /// [`mean_loss`] on the task's stream, accumulated in `f64`, written to

@@ -117,6 +117,27 @@ struct Strided {
 }
 
 impl Strided {
+    /// A row-major `rows x cols` matrix.
+    fn row_major(rows: usize, cols: usize) -> Strided {
+        Strided {
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major `cols x rows` matrix, seen as
+    /// `rows x cols`: element `(i, j)` is at `j·rows + i`.
+    fn transposed(rows: usize, cols: usize) -> Strided {
+        Strided {
+            rows,
+            cols,
+            rs: 1,
+            cs: rows,
+        }
+    }
+
     /// Elements needed to hold the matrix (0 for an empty one).
     fn span(self) -> usize {
         if self.rows == 0 || self.cols == 0 {
@@ -202,28 +223,13 @@ pub fn matmul_forward(
     }
     sgemm(
         out,
-        Strided {
-            rows: n,
-            cols: oc,
-            rs: oc,
-            cs: 1,
-        },
+        Strided::row_major(n, oc),
         bias.is_some(),
         inp,
-        Strided {
-            rows: n,
-            cols: c,
-            rs: c,
-            cs: 1,
-        },
+        Strided::row_major(n, c),
         // weightᵀ: element (c, o) is weight[o·C + c]
         weight,
-        Strided {
-            rows: c,
-            cols: oc,
-            rs: 1,
-            cs: c,
-        },
+        Strided::transposed(c, oc),
     );
 }
 
@@ -243,27 +249,12 @@ pub fn matmul_backward_input(
     check_len("matmul_backward_input", "weight", weight.len(), oc * c);
     sgemm(
         dinp,
-        Strided {
-            rows: n,
-            cols: c,
-            rs: c,
-            cs: 1,
-        },
+        Strided::row_major(n, c),
         true,
         dout,
-        Strided {
-            rows: n,
-            cols: oc,
-            rs: oc,
-            cs: 1,
-        },
+        Strided::row_major(n, oc),
         weight,
-        Strided {
-            rows: oc,
-            cols: c,
-            rs: c,
-            cs: 1,
-        },
+        Strided::row_major(oc, c),
     );
 }
 
@@ -285,28 +276,13 @@ pub fn matmul_backward_weight(
     check_len("matmul_backward_weight", "inp", inp.len(), n * c);
     sgemm(
         dweight,
-        Strided {
-            rows: oc,
-            cols: c,
-            rs: c,
-            cs: 1,
-        },
+        Strided::row_major(oc, c),
         true,
         // doutᵀ: element (o, bt) is dout[bt·OC + o]
         dout,
-        Strided {
-            rows: oc,
-            cols: n,
-            rs: 1,
-            cs: oc,
-        },
+        Strided::transposed(oc, n),
         inp,
-        Strided {
-            rows: n,
-            cols: c,
-            rs: c,
-            cs: 1,
-        },
+        Strided::row_major(n, c),
     );
     if let Some(dbias) = dbias {
         check_len("matmul_backward_weight", "dbias", dbias.len(), oc);

@@ -8,28 +8,36 @@ static __device__ __forceinline__ double warp_sum_d(double v) {
     return v;
 }
 
-// Stage 1 of the squared L2 norm: partials[blockIdx.x] = sum of g^2 over the
-// elements this block visits (grid-stride), in double.
-//   partials (gridDim.x), grads (N)
-// Launch: a FIXED grid (e.g. 2 * number of SMs, at most 1024), block 512.
-extern "C" __global__ void grad_norm_sq_partial(double* __restrict__ partials,
-                                                const float* __restrict__ grads, long long N) {
+// Sum of each thread's s over the block (blockDim.x a multiple of 32), in a
+// fixed tree: warp butterflies, then warp 0 over the per-warp partials. The
+// result is valid in thread 0 only. Every thread of the block must call it.
+static __device__ __forceinline__ double block_sum_d(double s) {
     __shared__ double scratch[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    double s = 0.0;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
-        const double g = (double)grads[i];
-        s += g * g;
-    }
     s = warp_sum_d(s);
     if (lane == 0) scratch[warp] = s;
     __syncthreads();
     if (warp == 0) {
         s = (lane < warps) ? scratch[lane] : 0.0;
         s = warp_sum_d(s);
-        if (lane == 0) partials[blockIdx.x] = s;
     }
+    return s;
+}
+
+// Stage 1 of the squared L2 norm: partials[blockIdx.x] = sum of g^2 over the
+// elements this block visits (grid-stride), in double.
+//   partials (gridDim.x), grads (N)
+// Launch: a FIXED grid (e.g. 2 * number of SMs, at most 1024), block 512.
+extern "C" __global__ void grad_norm_sq_partial(double* __restrict__ partials,
+                                                const float* __restrict__ grads, long long N) {
+    double s = 0.0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
+        const double g = (double)grads[i];
+        s += g * g;
+    }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 // Stage 2: out[0] = sum of partials[0..P] (fixed order per thread, fixed tree).
@@ -37,18 +45,10 @@ extern "C" __global__ void grad_norm_sq_partial(double* __restrict__ partials,
 // Launch: grid 1, block 1024.
 extern "C" __global__ void grad_norm_sq_finalize(double* __restrict__ out,
                                                  const double* __restrict__ partials, int P) {
-    __shared__ double scratch[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     double s = 0.0;
     for (int i = threadIdx.x; i < P; i += blockDim.x) s += partials[i];
-    s = warp_sum_d(s);
-    if (lane == 0) scratch[warp] = s;
-    __syncthreads();
-    if (warp == 0) {
-        s = (lane < warps) ? scratch[lane] : 0.0;
-        s = warp_sum_d(s);
-        if (lane == 0) out[0] = s;
-    }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) out[0] = s;
 }
 
 // scale[0] = min(1, max_norm / (sqrt(sum_k norm_sq[k]) + 1e-6)); 1 when the norm

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use braid::BackendKind;
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::kernels::cpu;
 use braid_gpt2::layout::ParamLayout;
+use braid_gpt2::reference::Reference;
 use safetensors::{Dtype, SafeTensors};
 
 pub const FIXTURE: &str = concat!(
@@ -311,4 +313,62 @@ macro_rules! test_device {
             }
         }
     };
+}
+
+/// GPT-2's AdamW settings (betas 0.9, 0.95, weight decay 0.1) at `lr 1e-3`,
+/// as the kernel and engine tests use them.
+pub const TEST_ADAMW: AdamWHyper = AdamWHyper {
+    learning_rate: 1e-3,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
+
+/// The reference training loop: per step, zeroed gradients, forward and
+/// backward on [`Reference`], the gradients clipped to `max_norm`, one AdamW
+/// update. Returns the step losses and gradient norms; `params` ends as the
+/// parameters after the last step.
+#[allow(clippy::too_many_arguments)]
+pub fn reference_steps(
+    cfg: &Gpt2Config,
+    b: usize,
+    t: usize,
+    params: &mut [f32],
+    tokens: &[u32],
+    targets: &[u32],
+    h: AdamWHyper,
+    max_norm: f32,
+    steps: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = params.len();
+    let mut model = Reference::new(cfg, b, t).unwrap();
+    let mut grads = vec![0.0; n];
+    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    for step in 1..=steps {
+        grads.fill(0.0);
+        let loss = model
+            .forward(params, tokens, Some(targets))
+            .unwrap()
+            .unwrap();
+        model.backward(params, &mut grads, 1.0).unwrap();
+        let norm = cpu::grad_norm_sq(&grads).sqrt();
+        cpu::scale_in_place(&mut grads, cpu::clip_scale(norm, max_norm));
+        cpu::adamw_update(
+            params,
+            &grads,
+            &mut m,
+            &mut v,
+            step as u64,
+            h.learning_rate,
+            h.beta1,
+            h.beta2,
+            h.eps,
+            h.weight_decay,
+        );
+        losses.push(loss);
+        norms.push(norm as f32);
+    }
+    (losses, norms)
 }
