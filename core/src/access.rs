@@ -87,10 +87,11 @@ pub trait Accesses: sealed::Sealed + Send + 'static {
     #[doc(hidden)]
     type Raw: Send + 'static;
 
-    /// The addresses of the accesses: host pointers, or device addresses
-    /// with `device`.
+    /// The addresses of the accesses in the runtime `to` names: host
+    /// pointers, or device addresses on a GPU. The one place a view meets a
+    /// runtime: a buffer of another runtime is refused here.
     #[doc(hidden)]
-    fn resolve(&self, device: bool) -> Result<Self::Raw>;
+    fn resolve(&self, to: Target) -> Result<Self::Raw>;
 
     /// Consumes the set, calling `f` once per access with its view, mode,
     /// element size and alignment.
@@ -111,6 +112,14 @@ pub trait Accesses: sealed::Sealed + Send + 'static {
     /// The device slices at `raw`.
     #[doc(hidden)]
     fn device(raw: &Self::Raw) -> Self::Device<'_>;
+}
+
+/// Where a set is resolved: the runtime and whether its memory is a GPU's.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    pub(crate) runtime: u64,
+    pub(crate) device: bool,
 }
 
 /// A resolved access: its first byte's address and its length (elements).
@@ -157,9 +166,11 @@ fn host_ptr(v: &View) -> Result<*mut u8> {
     Ok(unsafe { base.add(v.start) })
 }
 
-/// The address of `v`'s first byte: on the device with `device`, else on the host.
-fn resolve(v: &View, device: bool) -> Result<u64> {
-    if device {
+/// The address of `v`'s first byte in `to` (on the device or the host),
+/// after checking that `v` belongs to `to`'s runtime.
+fn resolve(v: &View, to: Target) -> Result<u64> {
+    crate::buffer::check_runtime(v, to.runtime)?;
+    if to.device {
         device_ptr(v)
     } else {
         host_ptr(v).map(|p| p as usize as u64)
@@ -214,9 +225,9 @@ macro_rules! token {
 
             type Raw = RawSlice;
 
-            fn resolve(&self, device: bool) -> Result<RawSlice> {
+            fn resolve(&self, to: Target) -> Result<RawSlice> {
                 Ok(RawSlice {
-                    addr: resolve(&self.view, device)?,
+                    addr: resolve(&self.view, to)?,
                     len: self.view.len() / size_of::<T>().max(1),
                 })
             }
@@ -398,9 +409,9 @@ impl Accesses for DynAccess {
     type Device<'a> = DevBytes<'a>;
     type Raw = (RawSlice, bool);
 
-    fn resolve(&self, device: bool) -> Result<(RawSlice, bool)> {
+    fn resolve(&self, to: Target) -> Result<(RawSlice, bool)> {
         let raw = RawSlice {
-            addr: resolve(&self.view, device)?,
+            addr: resolve(&self.view, to)?,
             len: self.view.len(),
         };
         Ok((raw, self.mode.writes()))
@@ -439,7 +450,7 @@ impl Accesses for () {
     type Device<'a> = ();
     type Raw = ();
 
-    fn resolve(&self, _: bool) -> Result<()> {
+    fn resolve(&self, _: Target) -> Result<()> {
         Ok(())
     }
 
@@ -457,8 +468,8 @@ impl<A: Accesses> Accesses for Option<A> {
     type Device<'a> = Option<A::Device<'a>>;
     type Raw = Option<A::Raw>;
 
-    fn resolve(&self, device: bool) -> Result<Self::Raw> {
-        self.as_ref().map(|a| a.resolve(device)).transpose()
+    fn resolve(&self, to: Target) -> Result<Self::Raw> {
+        self.as_ref().map(|a| a.resolve(to)).transpose()
     }
 
     fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
@@ -484,8 +495,8 @@ impl<A: Accesses> Accesses for Vec<A> {
     type Device<'a> = Vec<A::Device<'a>>;
     type Raw = Vec<A::Raw>;
 
-    fn resolve(&self, device: bool) -> Result<Self::Raw> {
-        self.iter().map(|a| a.resolve(device)).collect()
+    fn resolve(&self, to: Target) -> Result<Self::Raw> {
+        self.iter().map(|a| a.resolve(to)).collect()
     }
 
     fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
@@ -511,8 +522,8 @@ impl<A: Accesses, const N: usize> Accesses for [A; N] {
     type Device<'a> = [A::Device<'a>; N];
     type Raw = Vec<A::Raw>;
 
-    fn resolve(&self, device: bool) -> Result<Self::Raw> {
-        self.iter().map(|a| a.resolve(device)).collect()
+    fn resolve(&self, to: Target) -> Result<Self::Raw> {
+        self.iter().map(|a| a.resolve(to)).collect()
     }
 
     fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
@@ -540,8 +551,8 @@ macro_rules! tuple {
             type Device<'a> = ($($a::Device<'a>,)+);
             type Raw = ($($a::Raw,)+);
 
-            fn resolve(&self, device: bool) -> Result<Self::Raw> {
-                Ok(($(self.$i.resolve(device)?,)+))
+            fn resolve(&self, to: Target) -> Result<Self::Raw> {
+                Ok(($(self.$i.resolve(to)?,)+))
             }
 
             fn declare(self, f: &mut dyn FnMut(View, Mode, Elem)) {
@@ -618,8 +629,7 @@ fn check_disjoint(task: &str, acc: &[crate::ctx::Access]) -> Result<()> {
     };
     if acc.len() <= 16 {
         for (i, a) in acc.iter().enumerate() {
-            if let Some(b) = acc[i + 1..].iter().find(|b| conflict(a, b)) {
-                let _ = b;
+            if acc[i + 1..].iter().any(|b| conflict(a, b)) {
                 return Err(error(a));
             }
         }

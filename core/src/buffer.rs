@@ -212,7 +212,7 @@ impl<T: AsView + ?Sized> AsView for &T {
     }
 }
 
-#[allow(dead_code)]
+/// Refuses a view of a buffer that another runtime owns.
 pub(crate) fn check_runtime(view: &View, runtime: u64) -> Result<()> {
     let owner = view.buf.inner.runtime;
     if owner != runtime {

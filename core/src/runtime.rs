@@ -1,7 +1,7 @@
 //! The runtime: configuration, buffers, submission and synchronisation.
 
 use crate::backend::{Backend, BackendKind};
-use crate::buffer::{check_runtime, AsView, Buffer, BufferInner, Dropped};
+use crate::buffer::{AsView, Buffer, BufferInner, Dropped};
 use crate::error::{Error, Result};
 use crate::kind::TaskKind;
 use crate::sched::placement::{self, Layout, Policy};
@@ -324,9 +324,6 @@ impl Runtime {
 
     pub(crate) fn submit(&self, b: NewTask) -> Result<TaskHandle> {
         let _span = tracing::trace_span!("submit", task = %b.name).entered();
-        for a in &b.accesses {
-            check_runtime(&a.view, self.shared.runtime_id)?;
-        }
         if let Some(s) = b.stream {
             if s >= self.streams() {
                 return Err(Error::Config(format!(

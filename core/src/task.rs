@@ -2,7 +2,7 @@
 //! The top of the engine's layering, beside the runtime: it hands finished
 //! task records to the scheduler.
 
-use crate::access::Accesses;
+use crate::access::{Accesses, Target};
 use crate::backend::gpu::CudaTaskCtx;
 use crate::ctx::{Access, Body};
 use crate::error::{Error, Result, TaskError};
@@ -131,9 +131,13 @@ impl<'rt> TaskBuilder<'rt> {
         S: TaskResult + 'static,
     {
         let backend = self.rt.backend_name();
+        let to = |device| Target {
+            runtime: self.rt.id(),
+            device,
+        };
         let body: Body = match (backend, cpu, cuda) {
             ("cpu", Some(f), _) => {
-                let raw = accesses.resolve(false)?;
+                let raw = accesses.resolve(to(false))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 Box::new(move |_ctx| {
                     // SAFETY: `raw` was resolved for the host from the set
@@ -146,7 +150,7 @@ impl<'rt> TaskBuilder<'rt> {
                 })
             }
             ("cuda", _, Some(g)) => {
-                let raw = accesses.resolve(true)?;
+                let raw = accesses.resolve(to(true))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 Box::new(move |ctx| {
                     let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {

@@ -83,7 +83,7 @@ pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 
 use crate::access::{DevBytes, DynAccess, HostBytes};
 use crate::backend::gpu::CudaTaskCtx;
-use crate::buffer::{check_runtime, View};
+use crate::buffer::View;
 use crate::error::{Error, Result, TaskError};
 use crate::graph::Mode;
 use crate::kind::TaskKind;
@@ -830,14 +830,6 @@ impl<'rt> BoundComm<'rt> {
         let name = name.into();
         let rank = self.rank();
         let count = self.comm.check(&name, kind, dtype, &buffers)?;
-        match &buffers {
-            Buffers::None => {}
-            Buffers::InPlace(v) => check_runtime(v, self.rt.id())?,
-            Buffers::OutOfPlace { send, recv } => {
-                check_runtime(send, self.rt.id())?;
-                check_runtime(recv, self.rt.id())?;
-            }
-        }
         let mut issued = lock(&self.comm.inner.issued);
         let op = Collective {
             index: *issued,
