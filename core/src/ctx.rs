@@ -22,7 +22,15 @@ pub(crate) struct Access {
 }
 
 /// A task body as the scheduler runs it.
-pub(crate) type Body = Box<dyn FnOnce(&TaskCtx<'_>) -> Result<(), TaskError> + Send + 'static>;
+pub(crate) type Body = Box<dyn FnMut(&TaskCtx<'_>) -> Result<(), TaskError> + Send + 'static>;
+
+/// A body kept by a recorded schedule: run once per replay, always by the
+/// stream thread of its task's stream (the lock is never contended).
+pub(crate) type SharedBody = std::sync::Arc<std::sync::Mutex<Body>>;
+
+/// Called when a task is skipped because a predecessor failed (a collective
+/// poisons its communicator, so the other ranks fail instead of waiting).
+pub(crate) type SkipHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// The context a body runs in.
 pub(crate) struct TaskCtx<'a> {

@@ -23,6 +23,7 @@ pub struct RuntimeBuilder {
     profile: bool,
     trace: Option<PathBuf>,
     rank: usize,
+    replay_as_tasks: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -36,6 +37,7 @@ impl Default for RuntimeBuilder {
             profile: false,
             trace: None,
             rank: 0,
+            replay_as_tasks: false,
         }
     }
 }
@@ -90,6 +92,15 @@ impl RuntimeBuilder {
     /// The rank this runtime plays in a data-parallel job (the trace's process).
     pub fn rank(mut self, r: usize) -> Self {
         self.rank = r;
+        self
+    }
+
+    /// Replays run as one task record per step through the ordinary launch
+    /// path, as on CUDA, instead of one program per CPU stream. For tests of
+    /// that path on machines without a GPU.
+    #[doc(hidden)]
+    pub fn replay_as_tasks(mut self, on: bool) -> Self {
+        self.replay_as_tasks = on;
         self
     }
 
@@ -333,8 +344,20 @@ impl Runtime {
                 )));
             }
         }
-        // Back-pressure: wait until the window has room (not from inside a
-        // task of this runtime, which the window might be waiting for).
+        self.wait_for_room();
+        let task = {
+            let mut st = lock(&self.state);
+            sched::submit(&mut st, &self.shared, b)
+        };
+        Ok(TaskHandle {
+            task,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Back-pressure: waits until the launch window has room (not from inside
+    /// a task of this runtime, which the window might be waiting for).
+    fn wait_for_room(&self) {
         // `completed` is written by every stream thread; read it only when the
         // last value seen says the window may be full, so the common case
         // touches no shared cache line.
@@ -353,9 +376,43 @@ impl Runtime {
             self.seen_completed
                 .store(self.shared.completed.get(), Ordering::Relaxed);
         }
+    }
+
+    /// Starts recording every task submitted from now on (`Runtime::record`).
+    pub(crate) fn start_recording(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        if st.recorder.is_some() {
+            return Err(Error::Config(
+                "a schedule is already being recorded on this runtime".into(),
+            ));
+        }
+        let first = st.next_id();
+        st.recorder = Some(sched::replay::Recorder::new(first));
+        Ok(())
+    }
+
+    /// Stops recording; the tasks kept, if a recording was on.
+    pub(crate) fn stop_recording(&self) -> Option<sched::replay::Recorder> {
+        lock(&self.state).recorder.take()
+    }
+
+    /// Submits one replay of `plan`; returns the handle of its end.
+    pub(crate) fn submit_replay(
+        &self,
+        plan: &std::sync::Arc<sched::replay::Plan>,
+    ) -> Result<TaskHandle> {
+        let _span = tracing::trace_span!("replay", schedule = %plan.name).entered();
+        self.wait_for_room();
+        let materialise = self.config.replay_as_tasks || !matches!(self.backend, Backend::Cpu);
         let task = {
             let mut st = lock(&self.state);
-            sched::submit(&mut st, &self.shared, b)
+            if st.recorder.is_some() {
+                return Err(Error::Config(format!(
+                    "schedule `{}` replayed while a schedule is being recorded",
+                    plan.name
+                )));
+            }
+            sched::replay::submit(&mut st, &self.shared, plan, materialise)
         };
         Ok(TaskHandle {
             task,

@@ -24,6 +24,7 @@ pub struct TaskBuilder<'rt> {
     pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
     pub(crate) comm_index: usize,
     pub(crate) stream: Option<usize>,
+    pub(crate) on_skip: Option<crate::ctx::SkipHook>,
 }
 
 impl fmt::Debug for TaskBuilder<'_> {
@@ -83,7 +84,7 @@ impl<'rt> TaskBuilder<'rt> {
     pub fn run<A, F, R>(self, accesses: A, body: F) -> Result<TaskHandle>
     where
         A: Accesses,
-        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
+        F: for<'a> FnMut(A::Host<'a>) -> R + Send + 'static,
         R: TaskResult + 'static,
     {
         self.submit_typed(accesses, Some(body), None::<NoCuda<A, R>>)
@@ -97,7 +98,7 @@ impl<'rt> TaskBuilder<'rt> {
     pub fn run_cuda<A, G, R>(self, accesses: A, body: G) -> Result<TaskHandle>
     where
         A: Accesses,
-        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> R + Send + 'static,
+        G: for<'a> FnMut(A::Device<'a>, &CudaTaskCtx<'a>) -> R + Send + 'static,
         R: TaskResult + 'static,
     {
         self.submit_typed(accesses, None::<NoCpu<A, R>>, Some(body))
@@ -109,8 +110,8 @@ impl<'rt> TaskBuilder<'rt> {
     pub fn run_any<A, F, G, R, S>(self, accesses: A, cpu: F, cuda: G) -> Result<TaskHandle>
     where
         A: Accesses,
-        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
-        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        F: for<'a> FnMut(A::Host<'a>) -> R + Send + 'static,
+        G: for<'a> FnMut(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
         R: TaskResult + 'static,
         S: TaskResult + 'static,
     {
@@ -125,8 +126,8 @@ impl<'rt> TaskBuilder<'rt> {
     ) -> Result<TaskHandle>
     where
         A: Accesses,
-        F: for<'a> FnOnce(A::Host<'a>) -> R + Send + 'static,
-        G: for<'a> FnOnce(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
+        F: for<'a> FnMut(A::Host<'a>) -> R + Send + 'static,
+        G: for<'a> FnMut(A::Device<'a>, &CudaTaskCtx<'a>) -> S + Send + 'static,
         R: TaskResult + 'static,
         S: TaskResult + 'static,
     {
@@ -139,6 +140,7 @@ impl<'rt> TaskBuilder<'rt> {
             ("cpu", Some(f), _) => {
                 let raw = accesses.resolve(to(false))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
+                let mut f = f;
                 Box::new(move |_ctx| {
                     // SAFETY: `raw` was resolved for the host from the set
                     // `collect` just checked; the tracker runs this body only
@@ -152,6 +154,7 @@ impl<'rt> TaskBuilder<'rt> {
             ("cuda", _, Some(g)) => {
                 let raw = accesses.resolve(to(true))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
+                let mut g = g;
                 Box::new(move |ctx| {
                     let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
                         buffer: ctx.name().to_string(),
@@ -183,7 +186,15 @@ impl TaskBuilder<'_> {
             accesses: self.accesses,
             after: self.after,
             body,
+            on_skip: self.on_skip,
         })
+    }
+
+    /// Calls `hook` if the task is skipped because a task it depends on
+    /// failed (in every run, replays included).
+    pub(crate) fn on_skip(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_skip = Some(std::sync::Arc::new(hook));
+        self
     }
 }
 
@@ -221,6 +232,7 @@ impl crate::Runtime {
             after: SmallVec::new(),
             comm_index: 0,
             stream: None,
+            on_skip: None,
         }
     }
 }
@@ -237,13 +249,14 @@ mod tests {
         b: TaskBuilder<'_>,
         x: &Buffer,
         mode: Mode,
-        body: impl FnOnce(&TaskCtx<'_>) + Send + 'static,
+        body: impl FnMut(&TaskCtx<'_>) + Send + 'static,
     ) -> Result<TaskHandle> {
         let mut b = b;
         b.accesses.push(Access {
             view: x.whole(),
             mode,
         });
+        let mut body = body;
         b.into_new_task(Box::new(move |ctx| {
             body(ctx);
             Ok(())

@@ -88,7 +88,7 @@ use crate::error::{Error, Result, TaskError};
 use crate::graph::Mode;
 use crate::kind::TaskKind;
 use crate::sched::TaskHandle;
-use crate::sync::{lock, Arc, AtomicBool, Mutex, OnceLock, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, OnceLock, Ordering};
 use crate::Runtime;
 use std::borrow::Cow;
 use std::fmt;
@@ -508,9 +508,14 @@ pub trait Communicator: Send + Sync + fmt::Debug {
 
 struct CommInner {
     imp: Box<dyn Communicator>,
-    /// Collectives submitted so far; held while submitting, so numbering and
-    /// submission order agree even when several threads submit.
+    /// Collectives submitted so far; held while submitting, so submissions
+    /// and their tasks' order on the comm stream agree even when several
+    /// threads submit.
     issued: Mutex<u64>,
+    /// Collectives run (or skipped) so far: a collective's index is taken
+    /// when its body runs, on the comm stream, so a replayed collective gets
+    /// a new index each time (see `Job::run`).
+    ran: AtomicU64,
     /// The first failure; later collectives fail fast with it.
     poisoned: OnceLock<Error>,
     /// The id of the runtime this communicator is bound to.
@@ -554,6 +559,7 @@ impl Comm {
             inner: Arc::new(CommInner {
                 imp: Box::new(imp),
                 issued: Mutex::new(0),
+                ran: AtomicU64::new(0),
                 poisoned: OnceLock::new(),
                 runtime: OnceLock::new(),
             }),
@@ -600,9 +606,10 @@ impl Comm {
         &*self.inner.imp
     }
 
-    /// Number of collectives submitted so far (the next one's index).
+    /// Number of collectives issued so far: submitted, or run by replays of
+    /// recorded schedules, whichever is more.
     pub fn issued(&self) -> u64 {
-        *lock(&self.inner.issued)
+        (*lock(&self.inner.issued)).max(self.inner.ran.load(Ordering::Acquire))
     }
 
     /// The failure that poisoned this communicator, if any.
@@ -719,29 +726,39 @@ struct Job {
 impl Job {
     /// The body: fail fast if poisoned, else `f`; a failure becomes an
     /// [`Error::Collective`] and poisons the communicator.
+    ///
+    /// The collective's index is taken here, when it runs: every collective of
+    /// a communicator runs on its one comm stream, in submission order, so
+    /// run order is program order on every rank — and a collective recorded
+    /// in a schedule gets the next index at each replay.
     fn run(
         &self,
         f: impl FnOnce(&dyn Communicator, &Collective) -> Result<()>,
     ) -> std::result::Result<(), TaskError> {
         self.settled.store(true, Ordering::Relaxed);
-        let (inner, op) = (&self.inner, &self.op);
+        let inner = &self.inner;
+        let index = inner.ran.fetch_add(1, Ordering::AcqRel);
+        let op = Collective {
+            index,
+            ..self.op.clone()
+        };
         let rank = inner.imp.rank();
         if let Some(e) = inner.poisoned.get() {
             return Err(Box::new(Error::Collective {
                 rank,
-                index: op.index,
+                index,
                 op: self.what.clone(),
                 message: format!("communicator is poisoned by an earlier failure: {e}"),
             }));
         }
-        match f(&*inner.imp, op) {
+        match f(&*inner.imp, &op) {
             Ok(()) => Ok(()),
             Err(e) => {
                 let e = match e {
                     e @ Error::Collective { .. } => e,
                     other => Error::Collective {
                         rank,
-                        index: op.index,
+                        index,
                         op: self.what.clone(),
                         message: other.to_string(),
                     },
@@ -751,17 +768,29 @@ impl Job {
             }
         }
     }
+
+    /// Its task was skipped because a task it depends on failed: the other
+    /// ranks must not wait for it.
+    fn skipped(&self) {
+        self.settled.store(true, Ordering::Relaxed);
+        let index = self.inner.ran.fetch_add(1, Ordering::AcqRel);
+        self.inner.poison(&self.skip_error(index));
+    }
+
+    fn skip_error(&self, index: u64) -> Error {
+        Error::Collective {
+            rank: self.inner.imp.rank(),
+            index,
+            op: self.what.clone(),
+            message: "skipped on this rank because a task it depends on failed".into(),
+        }
+    }
 }
 
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.settled.load(Ordering::Relaxed) {
-            let e = Error::Collective {
-                rank: self.inner.imp.rank(),
-                index: self.op.index,
-                op: self.what.clone(),
-                message: "skipped on this rank because a task it depends on failed".into(),
-            };
+            let e = self.skip_error(self.op.index);
             self.inner.poison(&e);
         }
     }
@@ -850,12 +879,13 @@ impl<'rt> BoundComm<'rt> {
             what,
             settled: AtomicBool::new(false),
         });
-        let (cpu, cuda) = (job.clone(), job.clone());
+        let (cpu, cuda, skip) = (job.clone(), job.clone(), job.clone());
         let submitted = self
             .rt
             .task(name)
             .kind(TaskKind::Comm)
             .comm_stream(self.comm_stream())
+            .on_skip(move || skip.skipped())
             .run_any(
                 tokens,
                 move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),

@@ -4,13 +4,14 @@
 pub(crate) mod gate;
 pub(crate) mod placement;
 pub(crate) mod queue;
+pub(crate) mod replay;
 mod worker;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
 use crate::buffer::Dropped;
-use crate::ctx::{Access, Body};
+use crate::ctx::{Access, Body, SharedBody, SkipHook};
 use crate::error::{Error, Result};
 use crate::graph::{TaskRef, Tracker};
 use crate::kind::TaskKind;
@@ -123,7 +124,26 @@ pub(crate) struct Launch {
     /// Unfinished predecessors (a failed one means this task is skipped).
     pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
     pub(crate) accesses: SmallVec<[Access; 4]>,
-    pub(crate) body: Body,
+    pub(crate) body: TaskBody,
+    /// Called when the task is skipped because a predecessor failed.
+    pub(crate) on_skip: Option<SkipHook>,
+}
+
+/// A task's body as its stream thread gets it.
+pub(crate) enum TaskBody {
+    /// Runs once (an eager task).
+    Once(Body),
+    /// Owned by a recorded schedule and run again on every replay.
+    Shared(SharedBody),
+    /// The end of a replay: no body, only its waits and predecessors.
+    Join,
+}
+
+/// What a stream's queue carries: one task, or a stream's share of a replay
+/// (its whole precomputed program, run by the CPU stream thread in a loop).
+pub(crate) enum Item {
+    Task(Arc<TaskShared>),
+    Program(Arc<replay::Run>),
 }
 
 /// Per-stream state shared with its thread.
@@ -136,7 +156,7 @@ pub(crate) struct StreamShared {
     /// recorded; on the CPU launch and completion coincide, and only `done`
     /// is used).
     pub(crate) launched: Gate,
-    pub(crate) queue: Queue<Arc<TaskShared>>,
+    pub(crate) queue: Queue<Item>,
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
 }
@@ -195,6 +215,8 @@ pub(crate) struct SubmitState {
     clocks: Vec<Clock>,
     next_id: u64,
     preds: Vec<Arc<TaskShared>>,
+    /// Set while a schedule is being recorded: every submitted task is kept.
+    pub(crate) recorder: Option<replay::Recorder>,
     pub(crate) stats: Stats,
 }
 
@@ -210,6 +232,11 @@ pub struct Stats {
     /// Cross-stream dependencies whose wait was implied by an earlier wait on
     /// the same stream (vector clocks) and so not issued.
     pub elided_waits: u64,
+    /// Replays of recorded schedules.
+    pub replays: u64,
+    /// Tasks run by replays (not counted in `tasks`: none was inferred or
+    /// placed).
+    pub replayed_tasks: u64,
 }
 
 impl SubmitState {
@@ -222,6 +249,7 @@ impl SubmitState {
             clocks: vec![Clock::from_elem(0, streams); streams],
             next_id: 0,
             preds: Vec::new(),
+            recorder: None,
             stats: Stats::default(),
         }
     }
@@ -230,6 +258,11 @@ impl SubmitState {
     /// to be complete.
     pub(crate) fn frontier(&self) -> Vec<u64> {
         self.placed.clone()
+    }
+
+    /// The id the next submitted task will get.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
     }
 
     pub(crate) fn prune_finished(&mut self) {
@@ -247,6 +280,7 @@ pub(crate) struct NewTask {
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
     pub(crate) body: Body,
+    pub(crate) on_skip: Option<SkipHook>,
 }
 
 /// Infers the task's predecessors, places it, computes its waits and hands it
@@ -287,37 +321,26 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
 
     // Waits: the latest predecessor on each other stream, unless this stream's
     // clock already covers it.
-    let mut waits: SmallVec<[(u16, u64); 4]> = SmallVec::new();
-    let mut by_stream: SmallVec<[&Arc<TaskShared>; 4]> = SmallVec::new();
-    for p in &preds {
-        if p.stream as usize == s {
-            continue;
-        }
-        match by_stream.iter_mut().find(|q| q.stream == p.stream) {
-            Some(q) if q.seq < p.seq => *q = p,
-            Some(_) => {}
-            None => by_stream.push(p),
-        }
-    }
-    by_stream.sort_by_key(|p| p.stream);
+    let waits = cross_waits(&mut st.clocks[s], s, &preds, &mut st.stats);
     let clock = &mut st.clocks[s];
-    for p in by_stream {
-        let j = p.stream as usize;
-        if clock[j] >= p.seq {
-            st.stats.elided_waits += 1; // implied by an earlier wait
-            continue;
-        }
-        waits.push((p.stream, p.seq));
-        for (c, &pc) in clock.iter_mut().zip(p.clock.iter()) {
-            *c = (*c).max(pc);
-        }
-    }
     let (edges, nwaits) = (preds.len() as u64, waits.len() as u64);
     st.placed[s] += 1;
     let seq = st.placed[s];
     clock[s] = seq;
     let id = st.next_id;
     st.next_id += 1;
+    let body = match &mut st.recorder {
+        Some(rec) => TaskBody::Shared(rec.keep(
+            id,
+            s,
+            (&t.name, t.kind),
+            &t.accesses,
+            &t.on_skip,
+            t.body,
+            &preds,
+        )),
+        None => TaskBody::Once(t.body),
+    };
     let task = Arc::new(TaskShared {
         id,
         name: t.name,
@@ -332,7 +355,8 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             waits,
             preds: preds.drain(..).collect(),
             accesses: t.accesses,
-            body: t.body,
+            body,
+            on_skip: t.on_skip,
         })),
     });
     if let Some(l) = lock(&task.launch).as_ref() {
@@ -347,8 +371,44 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     st.stats.waits += nwaits;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
     st.preds = preds;
-    shared.streams[s].queue.push(task.clone());
+    shared.streams[s].queue.push(Item::Task(task.clone()));
     task
+}
+
+/// The cross-stream waits a task on stream `s` needs for `preds`: the latest
+/// predecessor on each other stream, unless `clock` (stream `s`'s vector
+/// clock) already covers it; each wait issued merges that predecessor's clock.
+pub(crate) fn cross_waits(
+    clock: &mut Clock,
+    s: usize,
+    preds: &[Arc<TaskShared>],
+    stats: &mut Stats,
+) -> SmallVec<[(u16, u64); 4]> {
+    let mut waits = SmallVec::new();
+    let mut by_stream: SmallVec<[&Arc<TaskShared>; 4]> = SmallVec::new();
+    for p in preds {
+        if p.stream as usize == s {
+            continue;
+        }
+        match by_stream.iter_mut().find(|q| q.stream == p.stream) {
+            Some(q) if q.seq < p.seq => *q = p,
+            Some(_) => {}
+            None => by_stream.push(p),
+        }
+    }
+    by_stream.sort_by_key(|p| p.stream);
+    for p in by_stream {
+        let j = p.stream as usize;
+        if clock[j] >= p.seq {
+            stats.elided_waits += 1; // implied by an earlier wait
+            continue;
+        }
+        waits.push((p.stream, p.seq));
+        for (c, &pc) in clock.iter_mut().zip(p.clock.iter()) {
+            *c = (*c).max(pc);
+        }
+    }
+    waits
 }
 
 /// A submitted task. Waiting on it is a synchronisation point.

@@ -11,14 +11,15 @@
 //!   order; only then does the task count as done, release its buffers and
 //!   record its device-timed span.
 
-use super::{Launch, Shared, TaskShared, IN_TASK_OF};
+use super::replay::{join_error, Run, JOIN};
+use super::{Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK, SKIPPED};
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
-use crate::ctx::{Access, Check, TaskCtx};
+use crate::ctx::{Access, Body, Check, SkipHook, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
-use crate::sync::{lock, Arc};
+use crate::sync::{lock, Arc, Ordering};
 use crate::trace::Span;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -57,21 +58,31 @@ fn take_launch(task: &TaskShared) -> Launch {
 fn run_cpu(shared: &Shared, s: usize) {
     let mut batch = VecDeque::new();
     while shared.streams[s].queue.pop_batch(&mut batch) {
-        while let Some(task) = batch.pop_front() {
+        while let Some(item) = batch.pop_front() {
+            let task = match item {
+                Item::Task(task) => task,
+                Item::Program(run) => {
+                    run_program(shared, s, &run);
+                    continue;
+                }
+            };
             let Launch {
                 waits,
                 preds,
                 accesses,
                 body,
+                on_skip,
             } = take_launch(&task);
             for &(j, n) in &waits {
                 shared.streams[j as usize].done.wait_at_least(n);
             }
             let start = if shared.profiling { now_ns() } else { 0 };
-            let (outcome, checks) = run_body(&task, &preds, body, || DeviceCtx::Cpu(PhantomData));
+            let (outcome, checks) =
+                run_task(&task, &preds, body, on_skip, || DeviceCtx::Cpu(PhantomData));
             let outcome = outcome.and_then(|()| run_checks(checks));
             if shared.profiling {
-                push_span(shared, s, &task, &preds, start, now_ns(), outcome.is_ok());
+                let ids = preds.iter().map(|p| p.id).collect();
+                push_span(shared, s, &task, ids, start, now_ns(), outcome.is_ok());
             }
             report(shared, &task, outcome);
             // Release the buffers before announcing completion, so memory is
@@ -83,27 +94,127 @@ fn run_cpu(shared: &Shared, s: usize) {
     }
 }
 
+/// Runs stream `s`'s share of a replay: its program, step by step, with the
+/// precomputed waits (positions shifted by the run's base). Each step
+/// completes like an eager task: status, span, `done[s]` and `completed`.
+fn run_program(shared: &Shared, s: usize, run: &Run) {
+    let plan = &run.plan;
+    for &(j, n) in &run.entry[s] {
+        shared.streams[j as usize].done.wait_at_least(n);
+    }
+    let external = run.external.iter().find(|p| p.failed());
+    for step in &plan.programs[s] {
+        for &(j, m) in &step.waits {
+            let j = j as usize;
+            shared.streams[j].done.wait_at_least(run.base[j] + m as u64);
+        }
+        if step.task == JOIN {
+            // Every stream's last step is complete (waited for, directly or
+            // through the clocks): the replay's outcome is known.
+            let cause = external.map(|p| p.name.as_ref()).or_else(|| {
+                run.failed_task(0..plan.len() as u32)
+                    .map(|i| plan.tasks[i as usize].name.as_ref())
+            });
+            run.unit.finish(match cause {
+                None => Ok(()),
+                Some(c) => Err(join_error(plan, c)),
+            });
+            complete(shared, s);
+            continue;
+        }
+        let i = step.task as usize;
+        let t = &plan.tasks[i];
+        let id = run.id_base + i as u64;
+        let start = if shared.profiling { now_ns() } else { 0 };
+        let cause = external.map(|p| p.name.as_ref()).or_else(|| {
+            run.failed_task(t.preds.iter().copied())
+                .map(|p| plan.tasks[p as usize].name.as_ref())
+        });
+        let outcome = match cause {
+            Some(c) => {
+                if let Some(hook) = &t.on_skip {
+                    hook();
+                }
+                Err(Error::DependencyFailed {
+                    task: t.name.to_string(),
+                    cause: c.to_string(),
+                })
+            }
+            None => {
+                let mut body = t.body.lock().unwrap_or_else(|e| e.into_inner());
+                let (r, checks) = call_body(&t.name, &mut body, DeviceCtx::Cpu(PhantomData));
+                r.and_then(|()| run_checks(checks))
+            }
+        };
+        let status = match &outcome {
+            Ok(()) => OK,
+            Err(Error::DependencyFailed { .. }) => SKIPPED,
+            Err(e) => {
+                lock(&shared.errors).push((id, e.clone()));
+                FAILED
+            }
+        };
+        if shared.profiling {
+            let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();
+            lock(&shared.streams[s].spans).push(Span {
+                id,
+                name: t.name.clone(),
+                kind: t.kind,
+                stream: s,
+                start_ns: start,
+                end_ns: now_ns(),
+                preds,
+                ok: status == OK,
+            });
+        }
+        run.status[i].store(status, Ordering::Release);
+        complete(shared, s);
+    }
+}
+
 /// Runs completion checks in order; the first error wins.
 fn run_checks(checks: Vec<Check>) -> Result<(), Error> {
     checks.into_iter().try_for_each(|c| c())
 }
 
-/// Runs a task's body unless a predecessor failed; catches panics. Returns
-/// the outcome and the checks the body registered for its completion.
-fn run_body<'a>(
+/// Runs a task's body unless a predecessor failed (then calls its skip
+/// hook); catches panics. Returns the outcome and the checks the body
+/// registered for its completion.
+fn run_task<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
-    body: crate::ctx::Body,
+    body: TaskBody,
+    on_skip: Option<SkipHook>,
     device: impl FnOnce() -> DeviceCtx<'a>,
 ) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
+        if let Some(hook) = on_skip {
+            hook();
+        }
+        // (The join of a replay names the task of the replay that failed.)
         let e = Error::DependencyFailed {
             task: task.name.to_string(),
             cause: p.name.to_string(),
         };
         return (Err(e), Vec::new());
     }
-    let ctx = TaskCtx::new(&task.name, device());
+    match body {
+        TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
+        TaskBody::Shared(b) => {
+            let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+            call_body(&task.name, &mut b, device())
+        }
+        TaskBody::Join => (Ok(()), Vec::new()),
+    }
+}
+
+/// Calls a body in its context; catches panics and names the task in errors.
+fn call_body<'a>(
+    name: &'a str,
+    body: &mut Body,
+    device: DeviceCtx<'a>,
+) -> (Result<(), Error>, Vec<Check>) {
+    let ctx = TaskCtx::new(name, device);
     let outcome = match catch_unwind(AssertUnwindSafe(|| body(&ctx))) {
         Ok(Ok(())) => Ok(()),
         // A collective's own error (timeout, mismatch, poisoned communicator)
@@ -111,16 +222,16 @@ fn run_body<'a>(
         Ok(Err(e)) => match e.downcast::<Error>() {
             Ok(e) if matches!(*e, Error::Collective { .. }) => Err(*e),
             Ok(e) => Err(Error::TaskFailed {
-                task: task.name.to_string(),
+                task: name.to_string(),
                 message: error_chain(&*e),
             }),
             Err(e) => Err(Error::TaskFailed {
-                task: task.name.to_string(),
+                task: name.to_string(),
                 message: error_chain(&*e),
             }),
         },
         Err(panic) => Err(Error::TaskPanicked {
-            task: task.name.to_string(),
+            task: name.to_string(),
             message: panic_message(&*panic),
         }),
     };
@@ -146,7 +257,7 @@ fn push_span(
     shared: &Shared,
     s: usize,
     task: &TaskShared,
-    preds: &[Arc<TaskShared>],
+    preds: SmallVec<[u64; 4]>,
     start_ns: u64,
     end_ns: u64,
     ok: bool,
@@ -158,7 +269,7 @@ fn push_span(
         stream: s,
         start_ns,
         end_ns,
-        preds: preds.iter().map(|p| p.id).collect(),
+        preds,
         ok,
     });
 }
@@ -191,7 +302,16 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
                 .queue
                 .pop_batch_timeout(&mut batch, Duration::from_micros(50))
         };
-        while let Some(task) = batch.pop_front() {
+        while let Some(item) = batch.pop_front() {
+            let task = match item {
+                Item::Task(task) => task,
+                // CUDA replays are materialised as tasks (`replay::submit`).
+                Item::Program(run) => {
+                    let e = Error::Config("a replay program reached a CUDA stream".into());
+                    lock(&shared.errors).push((run.unit.id, e));
+                    continue;
+                }
+            };
             inflight.push_back(launch_cuda(shared, s, &d, task));
             poll(shared, s, &d, &mut inflight, false);
         }
@@ -209,6 +329,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
         preds,
         accesses,
         body,
+        on_skip,
     } = take_launch(&task);
     let mut err = None;
     for &(j, n) in &waits {
@@ -227,7 +348,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     };
     let (outcome, checks) = match err {
         Some(e) => (Err(e), Vec::new()),
-        None => run_body(&task, &preds, body, || DeviceCtx::Cuda(d.ctx())),
+        None => run_task(&task, &preds, body, on_skip, || DeviceCtx::Cuda(d.ctx())),
     };
     match d.record() {
         Ok(ev) => {
@@ -289,7 +410,8 @@ fn poll(
         if shared.profiling {
             if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
                 if let Ok((a, b)) = d.span_ns(start, end) {
-                    push_span(shared, s, &f.task, &f.preds, a, b, !f.task.failed());
+                    let ids = f.preds.iter().map(|p| p.id).collect();
+                    push_span(shared, s, &f.task, ids, a, b, !f.task.failed());
                 }
             }
         }

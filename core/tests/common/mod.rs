@@ -160,16 +160,26 @@ pub fn sequential(p: &Program) -> Vec<Vec<u32>> {
 
 /// Runs the program on `rt` and reads every buffer back.
 pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
-    let bufs: Vec<Buffer> = p
-        .sizes
+    let bufs = alloc_buffers(rt, p);
+    submit_tasks(rt, &bufs, &p.tasks);
+    read_back(rt, &bufs)
+}
+
+/// The program's buffers, with the same initial contents as `sequential`'s.
+pub fn alloc_buffers(rt: &Runtime, p: &Program) -> Vec<Buffer> {
+    p.sizes
         .iter()
         .enumerate()
         .map(|(b, &n)| {
             let init: Vec<u32> = (0..n as u32).map(|i| i * 7 + b as u32).collect();
             rt.alloc_from(format!("b{b}"), &init).unwrap()
         })
-        .collect();
-    for t in &p.tasks {
+        .collect()
+}
+
+/// Submits `tasks` on `bufs`, one engine task each.
+pub fn submit_tasks(rt: &Runtime, bufs: &[Buffer], tasks: &[GenTask]) {
+    for t in tasks {
         // Modes chosen at run time: byte accesses, one per generated access.
         let tokens: Vec<DynAccess> = t
             .accesses
@@ -214,6 +224,10 @@ pub fn on_engine(rt: &Runtime, p: &Program) -> Vec<Vec<u32>> {
             )
             .unwrap();
     }
+}
+
+/// Reads every buffer back, then synchronises (no task may have failed).
+pub fn read_back(rt: &Runtime, bufs: &[Buffer]) -> Vec<Vec<u32>> {
     let out = bufs
         .iter()
         .map(|b| rt.read_vec::<u32>(b).unwrap())

@@ -1,0 +1,457 @@
+//! Record once, replay: a recorded schedule is the tasks of one program
+//! step with their streams and the minimal cross-stream waits between them,
+//! resolved once; a replay runs it again with no dependency inference and no
+//! placement. The protocol is in README.md beside this file ("Replay").
+//!
+//! * Recording happens under the runtime's lock, beside ordinary submission:
+//!   every task submitted while the recorder is set runs as usual (the
+//!   recording run is the schedule's first run) and is also kept — its name,
+//!   stream, accesses and body (shared, so it can run again). Its predecessors
+//!   *within the schedule* come from the recorder's own tracker, which never
+//!   retires a task: a predecessor that had already finished when the
+//!   recording submitted its dependent is still an edge of the schedule.
+//! * [`Plan::new`] turns the kept tasks into one program per stream: each
+//!   step lists the waits it needs, as `(stream, position)` pairs local to the
+//!   schedule, elided with vector clocks exactly as eager submission does;
+//!   the stream of the last task ends with a *join* that waits for every
+//!   other stream's last step. The join is the replay's one task record.
+//! * To the tracker a replay is one unit: [`submit`] asks for the unfinished
+//!   tasks the union of the schedule's accesses conflicts with (the external
+//!   predecessors), makes every used stream wait for them before its first
+//!   step, records the union with the join as its task, and shifts the local
+//!   positions by each stream's current sequence number.
+//! * On the CPU a stream's share of a replay is one queue item: the stream
+//!   thread runs its program in a loop (`worker::run_program`). On CUDA (and
+//!   when asked, for tests) the replay is *materialised*: one task record per
+//!   step, with the precomputed waits and predecessors, through the ordinary
+//!   launch path.
+
+use super::{
+    cross_waits, Clock, Item, Launch, Shared, SubmitState, TaskBody, TaskShared, FAILED, PENDING,
+};
+use crate::ctx::{Access, Body, SharedBody, SkipHook};
+use crate::error::Error;
+use crate::graph::{Mode, TaskRef, Tracker};
+use crate::kind::TaskKind;
+use crate::sync::{Arc, AtomicU8, Mutex, OnceLock, Ordering};
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// The step index of a stream's join (no task).
+pub(crate) const JOIN: u32 = u32::MAX;
+
+/// One task as recorded.
+pub(crate) struct RecTask {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: TaskKind,
+    pub(crate) stream: u16,
+    pub(crate) accesses: SmallVec<[Access; 4]>,
+    pub(crate) body: SharedBody,
+    pub(crate) on_skip: Option<SkipHook>,
+    /// Predecessors within the schedule, by index.
+    pub(crate) preds: SmallVec<[u32; 4]>,
+}
+
+/// A recorded task as the recorder's tracker sees it: never retired.
+#[derive(Clone, Copy)]
+struct Local(u32);
+
+impl TaskRef for Local {
+    fn id(&self) -> u64 {
+        self.0 as u64
+    }
+    fn retired(&self) -> bool {
+        false
+    }
+}
+
+/// What is kept while a schedule is recorded.
+pub(crate) struct Recorder {
+    first_id: u64,
+    tracker: Tracker<Local>,
+    tasks: Vec<RecTask>,
+    local: Vec<Local>,
+}
+
+impl Recorder {
+    /// Starts a recording whose first task will get id `first_id`.
+    pub(crate) fn new(first_id: u64) -> Self {
+        Recorder {
+            first_id,
+            tracker: Tracker::default(),
+            tasks: Vec::new(),
+            local: Vec::new(),
+        }
+    }
+
+    /// Keeps the task being submitted (id `id`, on stream `s`) and returns
+    /// its body, shared between this run and the replays. `after` are its
+    /// eager predecessors; only explicit edges among them are read here (the
+    /// schedule's data edges come from the recorder's own tracker).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn keep(
+        &mut self,
+        id: u64,
+        s: usize,
+        (name, kind): (&Cow<'static, str>, TaskKind),
+        accesses: &SmallVec<[Access; 4]>,
+        on_skip: &Option<SkipHook>,
+        body: Body,
+        after: &[Arc<TaskShared>],
+    ) -> SharedBody {
+        let index = self.tasks.len() as u32;
+        debug_assert_eq!(id - self.first_id, index as u64);
+        self.local.clear();
+        for a in accesses {
+            let (buf, range) = (a.view.buf.id(), a.view.range());
+            self.tracker.preds(buf, range, a.mode, &mut self.local);
+        }
+        let mut preds: SmallVec<[u32; 4]> = self.local.iter().map(|l| l.0).collect();
+        // Explicit edges (`TaskBuilder::after`) to recorded tasks.
+        for p in after.iter().filter(|p| p.id >= self.first_id) {
+            let l = (p.id - self.first_id) as u32;
+            if !preds.contains(&l) {
+                preds.push(l);
+            }
+        }
+        for a in accesses {
+            let (buf, range) = (a.view.buf.id(), a.view.range());
+            self.tracker.record(buf, range, a.mode, &Local(index));
+        }
+        let body = std::sync::Arc::new(std::sync::Mutex::new(body));
+        self.tasks.push(RecTask {
+            name: name.clone(),
+            kind,
+            stream: s as u16,
+            accesses: accesses.clone(),
+            body: body.clone(),
+            on_skip: on_skip.clone(),
+            preds,
+        });
+        body
+    }
+
+    /// The kept tasks, in submission order.
+    pub(crate) fn into_tasks(self) -> Vec<RecTask> {
+        self.tasks
+    }
+}
+
+/// One step of a stream's program.
+pub(crate) struct Step {
+    /// The task's index in the schedule, or [`JOIN`].
+    pub(crate) task: u32,
+    /// Waits `(stream, position)`, positions local to the schedule (from 1).
+    pub(crate) waits: SmallVec<[(u16, u32); 2]>,
+}
+
+/// A recorded schedule, resolved: what a replay runs.
+pub(crate) struct Plan {
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) tasks: Vec<RecTask>,
+    /// Each stream's program (empty for a stream the schedule does not use).
+    pub(crate) programs: Vec<Vec<Step>>,
+    /// The stream whose program ends with the join.
+    pub(crate) join_stream: usize,
+    /// Each stream's vector clock after its program, local positions.
+    finals: Vec<SmallVec<[u32; 8]>>,
+    /// For each task: its stream's program and its position there (from 1).
+    pub(crate) position: Vec<u32>,
+    /// The union of the tasks' accesses: `(buffer, range, mode)`, reads
+    /// first, ranges merged per buffer and mode.
+    union: Vec<(u64, Range<usize>, Mode)>,
+}
+
+impl Plan {
+    /// Resolves recorded tasks into per-stream programs for `streams` streams.
+    pub(crate) fn new(name: Cow<'static, str>, tasks: Vec<RecTask>, streams: usize) -> Plan {
+        let zero: SmallVec<[u32; 8]> = SmallVec::from_elem(0, streams);
+        let mut clocks = vec![zero.clone(); streams];
+        let mut task_clock: Vec<SmallVec<[u32; 8]>> = Vec::with_capacity(tasks.len());
+        let mut position = Vec::with_capacity(tasks.len());
+        let mut programs: Vec<Vec<Step>> = (0..streams).map(|_| Vec::new()).collect();
+        for (i, t) in tasks.iter().enumerate() {
+            let s = t.stream as usize;
+            // The latest predecessor on each other stream.
+            let mut latest: SmallVec<[(u16, u32, usize); 4]> = SmallVec::new();
+            for &p in &t.preds {
+                let (ps, pos) = (tasks[p as usize].stream, position[p as usize]);
+                if ps as usize == s {
+                    continue;
+                }
+                match latest.iter_mut().find(|l| l.0 == ps) {
+                    Some(l) if l.1 < pos => *l = (ps, pos, p as usize),
+                    Some(_) => {}
+                    None => latest.push((ps, pos, p as usize)),
+                }
+            }
+            latest.sort_unstable();
+            let mut waits = SmallVec::new();
+            for (j, pos, p) in latest {
+                if clocks[s][j as usize] >= pos {
+                    continue;
+                }
+                waits.push((j, pos));
+                let pc = task_clock[p].clone();
+                merge(&mut clocks[s], &pc);
+            }
+            let pos = programs[s].len() as u32 + 1;
+            clocks[s][s] = pos;
+            position.push(pos);
+            task_clock.push(clocks[s].clone());
+            programs[s].push(Step {
+                task: i as u32,
+                waits,
+            });
+        }
+        // The join: on the last task's stream, after every other stream's end.
+        let f = tasks.last().map_or(0, |t| t.stream as usize);
+        let mut waits = SmallVec::new();
+        for j in 0..streams {
+            let len = programs[j].len() as u32;
+            if j != f && len > 0 && clocks[f][j] < len {
+                waits.push((j as u16, len));
+                let cj = clocks[j].clone();
+                merge(&mut clocks[f], &cj);
+            }
+        }
+        clocks[f][f] = programs[f].len() as u32 + 1;
+        programs[f].push(Step { task: JOIN, waits });
+        let union = union_of(&tasks);
+        Plan {
+            name,
+            tasks,
+            programs,
+            join_stream: f,
+            finals: clocks,
+            position,
+            union,
+        }
+    }
+
+    /// Number of recorded tasks.
+    pub(crate) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Steps on every stream, the join included.
+    fn steps(&self) -> u64 {
+        self.tasks.len() as u64 + 1
+    }
+}
+
+fn merge(into: &mut [u32], from: &[u32]) {
+    for (c, &f) in into.iter_mut().zip(from) {
+        *c = (*c).max(f);
+    }
+}
+
+/// Reads and writes of all tasks, merged per buffer: the replay's one unit.
+fn union_of(tasks: &[RecTask]) -> Vec<(u64, Range<usize>, Mode)> {
+    let mut all: Vec<(u64, bool, Range<usize>)> = tasks
+        .iter()
+        .flat_map(|t| t.accesses.iter())
+        .filter(|a| !a.view.range().is_empty())
+        .map(|a| (a.view.buf.id(), a.mode.writes(), a.view.range()))
+        .collect();
+    all.sort_by_key(|(b, w, r)| (*w, *b, r.start));
+    let mut out: Vec<(u64, Range<usize>, Mode)> = Vec::new();
+    for (b, w, r) in all {
+        let mode = if w { Mode::Write } else { Mode::Read };
+        match out.last_mut() {
+            Some((lb, lr, lm)) if *lb == b && *lm == mode && r.start <= lr.end => {
+                lr.end = lr.end.max(r.end);
+            }
+            _ => out.push((b, r, mode)),
+        }
+    }
+    out
+}
+
+/// One replay in flight, as the CPU stream threads run it.
+pub(crate) struct Run {
+    pub(crate) plan: std::sync::Arc<Plan>,
+    /// Each stream's sequence number before the replay.
+    pub(crate) base: Clock,
+    /// The id of the schedule's first task in this run.
+    pub(crate) id_base: u64,
+    /// Waits on the external predecessors, per stream, before its first step.
+    pub(crate) entry: Vec<SmallVec<[(u16, u64); 4]>>,
+    /// Unfinished tasks submitted before the replay that it depends on.
+    pub(crate) external: SmallVec<[Arc<TaskShared>; 4]>,
+    /// Each task's status in this run.
+    pub(crate) status: Box<[AtomicU8]>,
+    /// The join: the replay's task record (its handle, its tracker entry).
+    pub(crate) unit: Arc<TaskShared>,
+}
+
+impl Run {
+    /// The first failed task of this run, if any (statuses of the tasks
+    /// the caller has waited for).
+    pub(crate) fn failed_task(&self, among: impl IntoIterator<Item = u32>) -> Option<u32> {
+        among
+            .into_iter()
+            .find(|&i| self.status[i as usize].load(Ordering::Acquire) >= FAILED)
+    }
+}
+
+/// Submits one replay of `plan`; returns its join. Runs under the runtime's
+/// lock, like `sched::submit`. `materialise`: one task record per step
+/// through the ordinary launch path (CUDA), else one program per stream.
+pub(crate) fn submit(
+    st: &mut SubmitState,
+    shared: &Shared,
+    plan: &std::sync::Arc<Plan>,
+    materialise: bool,
+) -> Arc<TaskShared> {
+    for id in shared.dropped.drain() {
+        st.tracker.forget(id);
+    }
+    let nstreams = shared.streams.len();
+    // The replay as one unit: its external predecessors.
+    let mut ext = std::mem::take(&mut st.preds);
+    ext.clear();
+    for (buf, range, mode) in &plan.union {
+        st.tracker.preds(*buf, range.clone(), *mode, &mut ext);
+    }
+    let used: SmallVec<[usize; 8]> = (0..nstreams)
+        .filter(|&s| !plan.programs[s].is_empty())
+        .collect();
+    let base: Clock = st.placed.iter().copied().collect();
+    let mut entry: Vec<SmallVec<[(u16, u64); 4]>> = vec![SmallVec::new(); nstreams];
+    for &s in &used {
+        entry[s] = cross_waits(&mut st.clocks[s], s, &ext, &mut st.stats);
+        st.stats.waits += entry[s].len() as u64;
+    }
+    // Each used stream's clock after its program.
+    for &s in &used {
+        let clock = &mut st.clocks[s];
+        for (j, &f) in plan.finals[s].iter().enumerate() {
+            if f > 0 {
+                clock[j] = clock[j].max(base[j] + f as u64);
+            }
+        }
+        st.placed[s] += plan.programs[s].len() as u64;
+        st.tail[s] = u64::MAX;
+    }
+    let id_base = st.next_id;
+    st.next_id += plan.steps();
+    let f = plan.join_stream;
+    let unit = Arc::new(TaskShared {
+        id: id_base + plan.len() as u64,
+        name: plan.name.clone(),
+        kind: TaskKind::Host,
+        stream: f as u16,
+        seq: st.placed[f],
+        clock: st.clocks[f].clone(),
+        status: AtomicU8::new(PENDING),
+        error: OnceLock::new(),
+        event: OnceLock::new(),
+        launch: Mutex::new(None),
+    });
+    for (buf, range, mode) in &plan.union {
+        st.tracker.record(*buf, range.clone(), *mode, &unit);
+    }
+    st.tail[f] = unit.id;
+    st.stats.replays += 1;
+    st.stats.replayed_tasks += plan.len() as u64;
+    shared
+        .submitted
+        .fetch_add(plan.steps(), crate::sync::Ordering::Relaxed);
+    let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
+    st.preds = ext;
+    if materialise {
+        push_tasks(shared, plan, &base, id_base, &entry, &external, &unit);
+    } else {
+        let run = Arc::new(Run {
+            plan: plan.clone(),
+            base,
+            id_base,
+            entry,
+            external,
+            status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
+            unit: unit.clone(),
+        });
+        for &s in &used {
+            shared.streams[s].queue.push(Item::Program(run.clone()));
+        }
+    }
+    unit
+}
+
+/// The materialised replay: one task record per step, pushed in the
+/// schedule's order; the join (`unit`) last, depending on every task.
+fn push_tasks(
+    shared: &Shared,
+    plan: &Plan,
+    base: &[u64],
+    id_base: u64,
+    entry: &[SmallVec<[(u16, u64); 4]>],
+    external: &[Arc<TaskShared>],
+    unit: &Arc<TaskShared>,
+) {
+    let abs = |waits: &[(u16, u32)], first: Option<usize>| {
+        let mut w: SmallVec<[(u16, u64); 4]> = first
+            .map(|s| entry[s].iter().copied().collect())
+            .unwrap_or_default();
+        w.extend(waits.iter().map(|&(j, m)| (j, base[j as usize] + m as u64)));
+        w
+    };
+    let mut made: Vec<Arc<TaskShared>> = Vec::with_capacity(plan.len());
+    for (i, t) in plan.tasks.iter().enumerate() {
+        let s = t.stream as usize;
+        let pos = plan.position[i];
+        let first = (pos == 1).then_some(s);
+        let step = &plan.programs[s][pos as usize - 1];
+        let mut preds: SmallVec<[Arc<TaskShared>; 4]> =
+            t.preds.iter().map(|&p| made[p as usize].clone()).collect();
+        if t.preds.is_empty() || first.is_some() {
+            preds.extend(external.iter().cloned());
+        }
+        let task = Arc::new(TaskShared {
+            id: id_base + i as u64,
+            name: t.name.clone(),
+            kind: t.kind,
+            stream: t.stream,
+            seq: base[s] + pos as u64,
+            clock: Clock::new(),
+            status: AtomicU8::new(PENDING),
+            error: OnceLock::new(),
+            event: OnceLock::new(),
+            launch: Mutex::new(Some(Launch {
+                waits: abs(&step.waits, first),
+                preds,
+                accesses: t.accesses.clone(),
+                body: TaskBody::Shared(t.body.clone()),
+                on_skip: t.on_skip.clone(),
+            })),
+        });
+        shared.streams[s].queue.push(Item::Task(task.clone()));
+        made.push(task);
+    }
+    let f = plan.join_stream;
+    let join = plan.programs[f]
+        .last()
+        .expect("a program ends with its join");
+    let first = (plan.programs[f].len() == 1).then_some(f);
+    let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
+    preds.extend(external.iter().cloned());
+    *crate::sync::lock(&unit.launch) = Some(Launch {
+        waits: abs(&join.waits, first),
+        preds,
+        accesses: SmallVec::new(),
+        body: TaskBody::Join,
+        on_skip: None,
+    });
+    shared.streams[f].queue.push(Item::Task(unit.clone()));
+}
+
+/// The error of a replay's join when one of its tasks (or an external
+/// predecessor) failed: the replay names the task that failed.
+pub(crate) fn join_error(plan: &Plan, cause: &str) -> Error {
+    Error::DependencyFailed {
+        task: plan.name.to_string(),
+        cause: cause.to_string(),
+    }
+}

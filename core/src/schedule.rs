@@ -1,0 +1,127 @@
+//! Record once, replay: [`Runtime::record`] and [`Schedule`]. The design is
+//! in DESIGN.md ("Record and replay"); the scheduling side in
+//! `sched/replay.rs`.
+
+use crate::buffer::AsView;
+use crate::error::{Error, Result};
+use crate::sched::replay::Plan;
+use crate::{Runtime, TaskHandle};
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+/// A recorded program step: the tasks one call of [`Runtime::record`]
+/// submitted, with their streams and the cross-stream waits between them,
+/// resolved once. [`Schedule::replay`] runs the same tasks again — the same
+/// bodies on the same data — with no dependency inference and no placement.
+///
+/// A replay is equivalent, bit for bit, to submitting the same tasks again,
+/// and composes with ordinary submissions before and after it: the engine
+/// sees a replay as one unit with the union of its tasks' accesses, so it
+/// waits for earlier tasks that touch what the schedule touches, and later
+/// tasks wait for it.
+///
+/// Values that change from step to step live in buffers the tasks read;
+/// [`Schedule::replay_with`] writes such a block and replays.
+pub struct Schedule<'rt> {
+    rt: &'rt Runtime,
+    plan: Arc<Plan>,
+}
+
+impl fmt::Debug for Schedule<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schedule")
+            .field("name", &self.plan.name)
+            .field("tasks", &self.plan.len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Runs `program` — which submits tasks as usual, and may synchronise —
+    /// and records every task submitted to this runtime while it runs (from
+    /// any thread: record from one thread at a time). The tasks run now, as
+    /// ordinary tasks: the recording is the schedule's first run. Their
+    /// bodies are kept, so they must be callable again (`FnMut`).
+    ///
+    /// The schedule's edges are every dependency among the recorded tasks
+    /// (including those on tasks already finished when their dependent was
+    /// submitted) and explicit `after` edges among them; dependencies on
+    /// tasks submitted before the recording are found again at each replay.
+    ///
+    /// Errors: a recording already in progress (`Error::Config`), or the
+    /// error `program` returns (the tasks it submitted still run).
+    pub fn record(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        program: impl FnOnce(&Runtime) -> Result<()>,
+    ) -> Result<Schedule<'_>> {
+        /// Stops the recording if `program` panics.
+        struct Stop<'a>(&'a Runtime, bool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.stop_recording();
+                }
+            }
+        }
+        self.start_recording()?;
+        let mut stop = Stop(self, true);
+        let outcome = program(self);
+        stop.1 = false;
+        let recorder = self.stop_recording();
+        outcome?;
+        let recorder = recorder
+            .ok_or_else(|| Error::Config("the recording was stopped by someone else".into()))?;
+        let plan = Plan::new(name.into(), recorder.into_tasks(), self.streams());
+        Ok(Schedule {
+            rt: self,
+            plan: Arc::new(plan),
+        })
+    }
+}
+
+impl<'rt> Schedule<'rt> {
+    /// Runs the schedule again. Returns at once with the handle of the
+    /// replay's end: waiting on it waits for every task of the replay, and
+    /// fails with [`Error::DependencyFailed`] naming the first task that
+    /// failed (the failure itself is reported, once, at the next
+    /// synchronisation point, like any task's). Tasks that depend on a failed
+    /// task are skipped; later replays and tasks run as usual.
+    pub fn replay(&self) -> Result<TaskHandle> {
+        self.rt.submit_replay(&self.plan)
+    }
+
+    /// Copies `args` into `block` (an ordinary task, which the replay's tasks
+    /// that read `block` wait for), then replays: the per-replay argument
+    /// block for values that change from step to step (step number, learning
+    /// rate, data offsets).
+    pub fn replay_with<T: bytemuck::Pod>(
+        &self,
+        block: impl AsView,
+        args: &[T],
+    ) -> Result<TaskHandle> {
+        self.rt.upload(block, args)?;
+        self.replay()
+    }
+
+    /// The schedule's name.
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// Number of recorded tasks.
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Whether no task was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.plan.len() == 0
+    }
+
+    /// The runtime the schedule replays on.
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.rt
+    }
+}

@@ -1,0 +1,323 @@
+//! Record and replay: random programs recorded, replayed several times,
+//! interleaved with eager tasks and followed by a program that diverges give,
+//! bit for bit, the sequential result; failures inside a replay name the
+//! task, skip its dependents and leave the runtime usable.
+
+mod common;
+
+use braid::{BackendKind, Error, Policy, Runtime};
+use common::*;
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+fn cases() -> u32 {
+    std::env::var("BRAID_PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1500)
+        / 3
+}
+
+/// How a random program is cut: an eager prefix, the recorded step, eager
+/// tasks between some replays, and an eager suffix.
+#[derive(Debug, Clone)]
+struct Cut {
+    step: std::ops::Range<usize>,
+    between: std::ops::Range<usize>,
+    replays: usize,
+    /// Bit `k`: the `between` tasks are submitted before replay `k`.
+    mask: u8,
+}
+
+fn cut(n: usize) -> impl Strategy<Value = Cut> {
+    (0..=n, 0..=n, 0..=n, 1usize..4, any::<u8>()).prop_map(move |(a, b, c, replays, mask)| {
+        let mut v = [a, b, c];
+        v.sort_unstable();
+        Cut {
+            step: v[0]..v[1],
+            between: v[1]..v[2],
+            replays,
+            mask,
+        }
+    })
+}
+
+/// The task sequence the replays stand for, in program order.
+fn unrolled(p: &Program, c: &Cut) -> Program {
+    let t = &p.tasks;
+    let mut tasks: Vec<GenTask> = t[..c.step.start].to_vec();
+    tasks.extend_from_slice(&t[c.step.clone()]);
+    for k in 0..c.replays {
+        if c.mask >> k & 1 == 1 {
+            tasks.extend_from_slice(&t[c.between.clone()]);
+        }
+        tasks.extend_from_slice(&t[c.step.clone()]);
+    }
+    tasks.extend_from_slice(&t[c.between.end..]);
+    Program {
+        sizes: p.sizes.clone(),
+        tasks,
+    }
+}
+
+fn with_replays(rt: &Runtime, p: &Program, c: &Cut) -> Vec<Vec<u32>> {
+    let bufs = alloc_buffers(rt, p);
+    submit_tasks(rt, &bufs, &p.tasks[..c.step.start]);
+    let step = rt
+        .record("step", |rt| {
+            submit_tasks(rt, &bufs, &p.tasks[c.step.clone()]);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(step.len(), c.step.len());
+    for k in 0..c.replays {
+        if c.mask >> k & 1 == 1 {
+            submit_tasks(rt, &bufs, &p.tasks[c.between.clone()]);
+        }
+        step.replay().unwrap();
+    }
+    // The program diverges: eager tasks again.
+    submit_tasks(rt, &bufs, &p.tasks[c.between.end..]);
+    read_back(rt, &bufs)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn replays_match_sequential(
+        (p, c) in program(30).prop_flat_map(|p| { let n = p.tasks.len(); (Just(p), cut(n)) }),
+        streams in 1usize..=8,
+        policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
+        window in prop_oneof![Just(1usize), Just(3), Just(4096)],
+        as_tasks in any::<bool>(),
+    ) {
+        let expected = sequential(&unrolled(&p, &c));
+        for backend in backends() {
+            let rt = Runtime::builder()
+                .backend(backend)
+                .compute_streams(streams)
+                .policy(policy)
+                .launch_window(window)
+                .replay_as_tasks(as_tasks)
+                .build()
+                .unwrap();
+            let got = with_replays(&rt, &p, &c);
+            prop_assert_eq!(&got, &expected, "backend {:?}", backend);
+        }
+    }
+}
+
+/// Long steps replayed many times, on every stream count and policy.
+#[test]
+fn long_steps_replayed_many_times() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for streams in 1..=8 {
+        for policy in Policy::ALL {
+            for as_tasks in [false, true] {
+                let p = program(200).new_tree(&mut runner).unwrap().current();
+                let n = p.tasks.len();
+                let c = Cut {
+                    step: n / 4..n / 2,
+                    between: n / 2..n / 2 + 3.min(n - n / 2),
+                    replays: 3,
+                    mask: 0b101,
+                };
+                let rt = Runtime::builder()
+                    .backend(BackendKind::Cpu)
+                    .compute_streams(streams)
+                    .policy(policy)
+                    .replay_as_tasks(as_tasks)
+                    .build()
+                    .unwrap();
+                assert_eq!(
+                    with_replays(&rt, &p, &c),
+                    sequential(&unrolled(&p, &c)),
+                    "{streams} streams, {policy}, as tasks: {as_tasks}"
+                );
+            }
+        }
+    }
+}
+
+fn runtimes() -> Vec<Runtime> {
+    [false, true]
+        .into_iter()
+        .map(|as_tasks| {
+            Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .compute_streams(2)
+                .replay_as_tasks(as_tasks)
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
+    for rt in runtimes() {
+        let x = rt.alloc_from("x", &[1u32]).unwrap();
+        let y = rt.alloc("y", 4).unwrap();
+        let z = rt.alloc("z", 4).unwrap();
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("flaky").run(x.read_write::<u32>(), move |x| {
+                    // Fails in its second run (the first replay).
+                    if r.fetch_add(1, Ordering::Relaxed) == 1 {
+                        return Err("the second run fails".into());
+                    }
+                    x[0] += 1;
+                    Ok(())
+                })?;
+                rt.task("after flaky")
+                    .run((x.read::<u32>(), y.write::<u32>()), |(x, y)| y[0] = x[0])?;
+                rt.task("independent")
+                    .run(z.read_write::<u32>(), |z| z[0] += 10)?;
+                Ok(())
+            })
+            .unwrap();
+        rt.synchronize().unwrap();
+        let h = step.replay().unwrap();
+        match h.wait() {
+            Err(Error::DependencyFailed { task, cause }) => {
+                assert_eq!((task.as_str(), cause.as_str()), ("step", "flaky"));
+            }
+            other => panic!("expected the replay to name `flaky`, got {other:?}"),
+        }
+        let e = rt.synchronize().unwrap_err().to_string();
+        assert!(e.contains("flaky") && e.contains("second run fails"), "{e}");
+        // The dependent was skipped, the independent task ran.
+        assert_eq!(rt.read_vec::<u32>(&y).unwrap(), vec![2]);
+        assert_eq!(rt.read_vec::<u32>(&z).unwrap(), vec![20]);
+        // An eager task after the failed replay depends on it: skipped too;
+        // reported at synchronize (nothing left to report: it was a skip).
+        // Then the runtime and the schedule are usable again.
+        rt.synchronize().unwrap();
+        step.replay().unwrap().wait().unwrap();
+        assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![3]);
+        assert_eq!(rt.read_vec::<u32>(&y).unwrap(), vec![3]);
+        assert_eq!(rt.read_vec::<u32>(&z).unwrap(), vec![30]);
+        let stats = rt.stats();
+        assert_eq!((stats.replays, stats.replayed_tasks), (2, 6));
+    }
+}
+
+#[test]
+fn a_panic_in_a_replay_is_reported_and_nothing_hangs() {
+    for rt in runtimes() {
+        let x = rt.alloc("x", 4).unwrap();
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("panics later").run(x.write::<u32>(), move |x| {
+                    assert!(r.fetch_add(1, Ordering::Relaxed) == 0, "boom");
+                    x[0] = 1;
+                })?;
+                Ok(())
+            })
+            .unwrap();
+        step.replay().unwrap();
+        let after = rt.task("reader").run(x.read::<u32>(), |_| ()).unwrap();
+        assert!(matches!(after.wait(), Err(Error::DependencyFailed { .. })));
+        match rt.synchronize() {
+            Err(Error::TaskPanicked { task, message }) => {
+                assert_eq!(task, "panics later");
+                assert!(message.contains("boom"));
+            }
+            other => panic!("expected the panic, got {other:?}"),
+        }
+        rt.task("writer")
+            .run(x.write::<u32>(), |x| x[0] = 7)
+            .unwrap();
+        assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![7]);
+    }
+}
+
+#[test]
+fn recording_refuses_nesting_and_replaying_inside_a_recording() {
+    let rt = Runtime::cpu().unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    let step = rt
+        .record("outer", |rt| {
+            rt.task("inc").run(x.read_write::<u32>(), |x| x[0] += 1)?;
+            let nested = rt.record("inner", |_| Ok(()));
+            assert!(matches!(nested, Err(Error::Config(_))), "{nested:?}");
+            Ok(())
+        })
+        .unwrap();
+    let _again = rt
+        .record("other", |_| {
+            let e = step.replay().unwrap_err();
+            assert!(e.to_string().contains("outer"), "{e}");
+            Ok(())
+        })
+        .unwrap();
+    // An error from the program is returned; its tasks still ran.
+    let e = rt
+        .record("failing", |rt| {
+            rt.task("inc").run(x.read_write::<u32>(), |x| x[0] += 1)?;
+            Err(Error::Config("the program gave up".into()))
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("gave up"));
+    step.replay().unwrap();
+    assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![3]);
+}
+
+#[test]
+fn replay_with_writes_the_argument_block_first() {
+    for rt in runtimes() {
+        let args = rt.alloc("args", 4).unwrap();
+        let acc = rt.alloc("acc", 4).unwrap();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("add arg")
+                    .run((args.read::<u32>(), acc.read_write::<u32>()), |(a, acc)| {
+                        acc[0] = acc[0] * 10 + a[0]
+                    })?;
+                Ok(())
+            })
+            .unwrap();
+        for k in 1..=4u32 {
+            step.replay_with(&args, &[k]).unwrap();
+        }
+        assert_eq!(rt.read_vec::<u32>(&acc).unwrap(), vec![1234]);
+    }
+}
+
+/// Collectives recorded in a schedule get a new index at each replay, so the
+/// ranks keep matching; results equal the sequential sums.
+#[test]
+fn collectives_replay_across_ranks() {
+    let results = braid::launch(2, |rank, comm| -> braid::Result<Vec<f32>> {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .rank(rank)
+            .build()?;
+        let comm = comm.bind(&rt)?;
+        let x = rt.alloc_from("x", &[1.0f32 + comm.rank() as f32; 3])?;
+        let step = rt.record("step", |rt| {
+            rt.task("double").run(x.read_write::<f32>(), |x| {
+                x.iter_mut().for_each(|v| *v *= 2.0)
+            })?;
+            comm.all_reduce::<f32>(&x.whole(), braid::comm::ReduceOp::Sum)?;
+            Ok(())
+        })?;
+        step.replay()?;
+        step.replay()?;
+        let out = rt.read_vec::<f32>(&x)?;
+        rt.synchronize()?;
+        Ok(out)
+    });
+    // Each run doubles x on each rank, then sums over the two ranks.
+    // Run 1: (2 + 4) = 6; run 2: 12 + 12 = 24; run 3: 48 + 48 = 96.
+    for r in results {
+        assert_eq!(r.unwrap(), vec![96.0; 3]);
+    }
+}
