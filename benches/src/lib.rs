@@ -44,6 +44,12 @@ pub fn buffers(rt: &Runtime, shape: Shape, tasks: usize) -> Result<Vec<Buffer>> 
 
 /// Submits `tasks` empty tasks of the given shape and waits for all of them.
 pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<()> {
+    submit(rt, shape, tasks, bufs)?;
+    rt.synchronize()
+}
+
+/// Submits `tasks` empty tasks of the given shape (returns at once).
+pub fn submit(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<()> {
     let mut rng = Rng::new(0);
     let mut next = move || rng.next_u64();
     for i in 0..tasks {
@@ -66,7 +72,7 @@ pub fn run(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Result<
             }
         }
     }
-    rt.synchronize()
+    Ok(())
 }
 
 /// Submits one task with `accesses` and a body that does nothing.

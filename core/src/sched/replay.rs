@@ -119,7 +119,7 @@ impl Recorder {
             let (buf, range) = (a.view.buf.id(), a.view.range());
             self.tracker.record(buf, range, a.mode, &Local(index));
         }
-        let body = std::sync::Arc::new(std::sync::Mutex::new(body));
+        let body = std::sync::Arc::new(crate::ctx::BodyCell::new(body));
         self.tasks.push(RecTask {
             name: name.clone(),
             kind,
@@ -144,6 +144,9 @@ pub(crate) struct Step {
     pub(crate) task: u32,
     /// Waits `(stream, position)`, positions local to the schedule (from 1).
     pub(crate) waits: SmallVec<[(u16, u32); 2]>,
+    /// Another stream's step waits for this one: its completion must be
+    /// published at once (others are published in batches).
+    pub(crate) signal: bool,
 }
 
 /// A recorded schedule, resolved: what a replay runs.
@@ -203,6 +206,7 @@ impl Plan {
             programs[s].push(Step {
                 task: i as u32,
                 waits,
+                signal: false,
             });
         }
         // The join: on the last task's stream, after every other stream's end.
@@ -217,7 +221,18 @@ impl Plan {
             }
         }
         clocks[f][f] = programs[f].len() as u32 + 1;
-        programs[f].push(Step { task: JOIN, waits });
+        programs[f].push(Step {
+            task: JOIN,
+            waits,
+            signal: false,
+        });
+        let waited: Vec<(u16, u32)> = programs
+            .iter()
+            .flat_map(|p| p.iter().flat_map(|st| st.waits.iter().copied()))
+            .collect();
+        for (j, pos) in waited {
+            programs[j as usize][pos as usize - 1].signal = true;
+        }
         let union = union_of(&tasks);
         Plan {
             name,

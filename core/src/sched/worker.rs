@@ -96,13 +96,25 @@ fn run_cpu(shared: &Shared, s: usize) {
 
 /// Runs stream `s`'s share of a replay: its program, step by step, with the
 /// precomputed waits (positions shifted by the run's base). Each step
-/// completes like an eager task: status, span, `done[s]` and `completed`.
+/// completes like an eager task (status, span), but `done[s]` and
+/// `completed` advance in batches: at once only after a step another stream
+/// waits for, else at the end of the program — nothing else waits for a step
+/// inside a replay (later tasks wait for its join), and each advance may wake
+/// a sleeping thread.
 fn run_program(shared: &Shared, s: usize, run: &Run) {
     let plan = &run.plan;
     for &(j, n) in &run.entry[s] {
         shared.streams[j as usize].done.wait_at_least(n);
     }
     let external = run.external.iter().find(|p| p.failed());
+    let mut unpublished = 0;
+    let publish = |n: &mut u64| {
+        if *n > 0 {
+            shared.streams[s].done.add(*n);
+            shared.completed.add(*n);
+            *n = 0;
+        }
+    };
     for step in &plan.programs[s] {
         for &(j, m) in &step.waits {
             let j = j as usize;
@@ -119,7 +131,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 None => Ok(()),
                 Some(c) => Err(join_error(plan, c)),
             });
-            complete(shared, s);
+            unpublished += 1;
             continue;
         }
         let i = step.task as usize;
@@ -141,8 +153,10 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 })
             }
             None => {
-                let mut body = t.body.lock().unwrap_or_else(|e| e.into_inner());
-                let (r, checks) = call_body(&t.name, &mut body, DeviceCtx::Cpu(PhantomData));
+                // SAFETY: this is the thread of the task's stream, running one
+                // task at a time (`BodyCell`'s invariant).
+                let body = unsafe { t.body.get() };
+                let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
                 r.and_then(|()| run_checks(checks))
             }
         };
@@ -168,8 +182,12 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             });
         }
         run.status[i].store(status, Ordering::Release);
-        complete(shared, s);
+        unpublished += 1;
+        if step.signal {
+            publish(&mut unpublished);
+        }
     }
+    publish(&mut unpublished);
 }
 
 /// Runs completion checks in order; the first error wins.
@@ -201,8 +219,10 @@ fn run_task<'a>(
     match body {
         TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
         TaskBody::Shared(b) => {
-            let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-            call_body(&task.name, &mut b, device())
+            // SAFETY: stream threads run the tasks of their own stream only,
+            // one at a time, and a recorded task always runs on the stream it
+            // was recorded on (`BodyCell`'s invariant).
+            call_body(&task.name, unsafe { b.get() }, device())
         }
         TaskBody::Join => (Ok(()), Vec::new()),
     }
