@@ -32,7 +32,17 @@ pub(crate) type SharedBody = std::sync::Arc<BodyCell>;
 /// (programs and materialised tasks alike) place a recorded task on the
 /// stream it was recorded on, and each stream has exactly one thread — so
 /// calls never overlap. (A mutex here cost a cache-missing atomic per step.)
-pub(crate) struct BodyCell(std::cell::UnsafeCell<Body>);
+///
+/// A recorded task may move to another stream when its schedule is
+/// re-placed from measured durations (`Plan::replaced`); the first replay of
+/// the new plan waits for everything already submitted to every stream
+/// first, so no call of the old placement overlaps one of the new.
+pub(crate) struct BodyCell {
+    body: std::cell::UnsafeCell<Body>,
+    /// The body's last measured duration in nanoseconds (`u64::MAX`: none
+    /// yet), written by the stream thread that ran it.
+    nanos: std::sync::atomic::AtomicU64,
+}
 
 // SAFETY: the body is `Send`; calls are confined to one thread at a time by
 // the invariant above, and `call` is the only access.
@@ -40,7 +50,22 @@ unsafe impl Sync for BodyCell {}
 
 impl BodyCell {
     pub(crate) fn new(body: Body) -> Self {
-        BodyCell(std::cell::UnsafeCell::new(body))
+        BodyCell {
+            body: std::cell::UnsafeCell::new(body),
+            nanos: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Records a measured duration.
+    pub(crate) fn measured(&self, ns: u64) {
+        self.nanos
+            .store(ns.min(u64::MAX - 1), std::sync::atomic::Ordering::Release);
+    }
+
+    /// The last measured duration, if any.
+    pub(crate) fn nanos(&self) -> Option<u64> {
+        let ns = self.nanos.load(std::sync::atomic::Ordering::Acquire);
+        (ns != u64::MAX).then_some(ns)
     }
 
     /// The body, to call it.
@@ -52,7 +77,7 @@ impl BodyCell {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn get(&self) -> &mut Body {
         // SAFETY: exclusive by the caller's contract.
-        unsafe { &mut *self.0.get() }
+        unsafe { &mut *self.body.get() }
     }
 }
 

@@ -24,6 +24,7 @@ pub struct RuntimeBuilder {
     trace: Option<PathBuf>,
     rank: usize,
     replay_as_tasks: bool,
+    replace: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -38,6 +39,7 @@ impl Default for RuntimeBuilder {
             trace: None,
             rank: 0,
             replay_as_tasks: false,
+            replace: true,
         }
     }
 }
@@ -101,6 +103,14 @@ impl RuntimeBuilder {
     #[doc(hidden)]
     pub fn replay_as_tasks(mut self, on: bool) -> Self {
         self.replay_as_tasks = on;
+        self
+    }
+
+    /// Whether recorded schedules are placed again from their tasks' measured
+    /// durations (default: on; CPU backend only). Off keeps the placement the
+    /// recording run got.
+    pub fn replace_schedules(mut self, on: bool) -> Self {
+        self.replace = on;
         self
     }
 
@@ -396,14 +406,24 @@ impl Runtime {
         lock(&self.state).recorder.take()
     }
 
+    /// Whether schedules are re-placed from measured durations.
+    pub(crate) fn config_replace(&self) -> bool {
+        self.config.replace
+    }
+
+    /// Whether replays run as one task record per step (CUDA, or asked).
+    pub(crate) fn replays_materialised(&self) -> bool {
+        self.config.replay_as_tasks || !matches!(self.backend, Backend::Cpu)
+    }
+
     /// Submits one replay of `plan`; returns the handle of its end.
     pub(crate) fn submit_replay(
         &self,
         plan: &std::sync::Arc<sched::replay::Plan>,
+        how: sched::replay::How,
     ) -> Result<TaskHandle> {
         let _span = tracing::trace_span!("replay", schedule = %plan.name).entered();
         self.wait_for_room();
-        let materialise = self.config.replay_as_tasks || !matches!(self.backend, Backend::Cpu);
         let task = {
             let mut st = lock(&self.state);
             if st.recorder.is_some() {
@@ -412,7 +432,7 @@ impl Runtime {
                     plan.name
                 )));
             }
-            sched::replay::submit(&mut st, &self.shared, plan, materialise)
+            sched::replay::submit(&mut st, &self.shared, plan, how)
         };
         Ok(TaskHandle {
             task,

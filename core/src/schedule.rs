@@ -4,11 +4,16 @@
 
 use crate::buffer::AsView;
 use crate::error::{Error, Result};
-use crate::sched::replay::Plan;
+use crate::sched::replay::{How, Plan};
 use crate::{Runtime, TaskHandle};
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// What a cross-stream hand-off costs on the CPU backend, for re-placement:
+/// the waiting stream thread may have to be woken (a futex wake and a
+/// context switch, a few microseconds on the machines measured).
+const CPU_HANDOFF_NS: u64 = 5_000;
 
 /// A recorded program step: the tasks one call of [`Runtime::record`]
 /// submitted, with their streams and the cross-stream waits between them,
@@ -25,14 +30,18 @@ use std::sync::Arc;
 /// [`Schedule::replay_with`] writes such a block and replays.
 pub struct Schedule<'rt> {
     rt: &'rt Runtime,
-    plan: Arc<Plan>,
+    /// The current plan; replaced once, from measured durations (CPU).
+    plan: Mutex<Arc<Plan>>,
+    /// Whether the plan has been re-placed (or never will be).
+    settled: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Schedule<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plan = self.plan();
         f.debug_struct("Schedule")
-            .field("name", &self.plan.name)
-            .field("tasks", &self.plan.len())
+            .field("name", &plan.name)
+            .field("tasks", &plan.len())
             .finish()
     }
 }
@@ -74,9 +83,13 @@ impl Runtime {
         let recorder = recorder
             .ok_or_else(|| Error::Config("the recording was stopped by someone else".into()))?;
         let plan = Plan::new(name.into(), recorder.into_tasks(), self.streams());
+        // Re-placement from durations measured on the host: CPU programs only
+        // (a CUDA body's host time is its launch, not its kernels).
+        let settled = self.replays_materialised() || !self.config_replace();
         Ok(Schedule {
             rt: self,
-            plan: Arc::new(plan),
+            plan: Mutex::new(Arc::new(plan)),
+            settled: settled.into(),
         })
     }
 }
@@ -88,8 +101,45 @@ impl<'rt> Schedule<'rt> {
     /// failed (the failure itself is reported, once, at the next
     /// synchronisation point, like any task's). Tasks that depend on a failed
     /// task are skipped; later replays and tasks run as usual.
+    ///
+    /// On the CPU backend, once every recorded task has a measured duration,
+    /// the schedule is placed again by earliest finish time (a cost model:
+    /// short tasks gather on one stream, long independent ones spread out);
+    /// the first replay of the new placement waits for everything submitted
+    /// before it. Results do not depend on placement.
     pub fn replay(&self) -> Result<TaskHandle> {
-        self.rt.submit_replay(&self.plan)
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        let mut how = How {
+            materialise: self.rt.replays_materialised(),
+            fence: false,
+            measure: false,
+        };
+        let plan = {
+            let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.settled.load(Acquire) {
+                how.measure = true;
+                let compute = self.rt.compute_streams();
+                if let Some(p) = plan.replaced(compute, CPU_HANDOFF_NS) {
+                    *plan = Arc::new(p);
+                    self.settled.store(true, Release);
+                    how.fence = true;
+                }
+            }
+            plan.clone()
+        };
+        self.rt.submit_replay(&plan, how)
+    }
+
+    fn plan(&self) -> Arc<Plan> {
+        self.plan.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether the schedule has been placed again from measured durations.
+    #[doc(hidden)]
+    pub fn replaced(&self) -> bool {
+        self.settled.load(std::sync::atomic::Ordering::Acquire)
+            && !self.rt.replays_materialised()
+            && self.rt.config_replace()
     }
 
     /// Copies `args` into `block` (an ordinary task, which the replay's tasks
@@ -106,18 +156,18 @@ impl<'rt> Schedule<'rt> {
     }
 
     /// The schedule's name.
-    pub fn name(&self) -> &str {
-        &self.plan.name
+    pub fn name(&self) -> String {
+        self.plan().name.to_string()
     }
 
     /// Number of recorded tasks.
     pub fn len(&self) -> usize {
-        self.plan.len()
+        self.plan().len()
     }
 
     /// Whether no task was recorded.
     pub fn is_empty(&self) -> bool {
-        self.plan.len() == 0
+        self.len() == 0
     }
 
     /// The runtime the schedule replays on.

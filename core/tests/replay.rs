@@ -321,3 +321,55 @@ fn collectives_replay_across_ranks() {
         assert_eq!(r.unwrap(), vec![96.0; 3]);
     }
 }
+
+/// Once every recorded task has been measured, the schedule is placed again
+/// from the durations (CPU); results stay those of the sequential program.
+#[test]
+fn replacement_from_measured_durations_keeps_results() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for streams in [2, 4] {
+        let p = program(120).new_tree(&mut runner).unwrap().current();
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(streams)
+            .build()
+            .unwrap();
+        let bufs = alloc_buffers(&rt, &p);
+        let step = rt
+            .record("step", |rt| {
+                submit_tasks(rt, &bufs, &p.tasks);
+                Ok(())
+            })
+            .unwrap();
+        rt.synchronize().unwrap(); // every task measured
+        assert!(!step.replaced());
+        for _ in 0..3 {
+            step.replay().unwrap();
+        }
+        assert!(step.replaced());
+        let tasks: Vec<GenTask> = (0..4).flat_map(|_| p.tasks.clone()).collect();
+        let expected = sequential(&Program {
+            sizes: p.sizes.clone(),
+            tasks,
+        });
+        assert_eq!(read_back(&rt, &bufs), expected, "{streams} streams");
+    }
+    // Off by the builder switch.
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .replace_schedules(false)
+        .build()
+        .unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    let step = rt
+        .record("step", |rt| {
+            rt.task("inc").run(x.read_write::<u32>(), |x| x[0] += 1)?;
+            Ok(())
+        })
+        .unwrap();
+    rt.synchronize().unwrap();
+    step.replay().unwrap();
+    assert!(!step.replaced());
+    assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![2]);
+}

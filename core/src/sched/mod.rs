@@ -333,7 +333,11 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         Some(rec) => TaskBody::Shared(rec.keep(
             id,
             s,
-            (&t.name, t.kind),
+            (
+                &t.name,
+                t.kind,
+                t.stream.is_none() && t.kind != TaskKind::Comm,
+            ),
             &t.accesses,
             &t.on_skip,
             t.body,

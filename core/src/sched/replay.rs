@@ -42,6 +42,7 @@ use std::ops::Range;
 pub(crate) const JOIN: u32 = u32::MAX;
 
 /// One task as recorded.
+#[derive(Clone)]
 pub(crate) struct RecTask {
     pub(crate) name: Cow<'static, str>,
     pub(crate) kind: TaskKind,
@@ -51,6 +52,9 @@ pub(crate) struct RecTask {
     pub(crate) on_skip: Option<SkipHook>,
     /// Predecessors within the schedule, by index.
     pub(crate) preds: SmallVec<[u32; 4]>,
+    /// Placed by the policy on a compute stream (not pinned, not a
+    /// collective): a re-placement may move it to another compute stream.
+    pub(crate) movable: bool,
 }
 
 /// A recorded task as the recorder's tracker sees it: never retired.
@@ -94,7 +98,7 @@ impl Recorder {
         &mut self,
         id: u64,
         s: usize,
-        (name, kind): (&Cow<'static, str>, TaskKind),
+        (name, kind, movable): (&Cow<'static, str>, TaskKind, bool),
         accesses: &SmallVec<[Access; 4]>,
         on_skip: &Option<SkipHook>,
         body: Body,
@@ -128,6 +132,7 @@ impl Recorder {
             body: body.clone(),
             on_skip: on_skip.clone(),
             preds,
+            movable,
         });
         body
     }
@@ -254,6 +259,64 @@ impl Plan {
     fn steps(&self) -> u64 {
         self.tasks.len() as u64 + 1
     }
+
+    /// The same schedule placed by earliest finish time (HEFT's rule, with
+    /// the tasks in program order, a topological order) from each task's
+    /// last measured duration: a movable task goes to the compute stream
+    /// among the first `compute` where it would finish first, counting
+    /// `sync_ns` for each predecessor on another stream and once for each
+    /// extra stream the plan starts using (its thread must be woken); ties keep the
+    /// recorded stream. `None` until every task has been measured.
+    ///
+    /// Short tasks thus gather on one stream (a cross-stream hand-off costs
+    /// more than it saves) and long independent ones spread out.
+    pub(crate) fn replaced(&self, compute: usize, sync_ns: u64) -> Option<Plan> {
+        let dur: Vec<u64> = self
+            .tasks
+            .iter()
+            .map(|t| t.body.nanos())
+            .collect::<Option<_>>()?;
+        let mut tasks = self.tasks.clone();
+        let mut avail = vec![0u64; self.programs.len()];
+        let mut used = vec![false; self.programs.len()];
+        let mut finish = vec![0u64; tasks.len()];
+        for i in 0..tasks.len() {
+            let recorded = tasks[i].stream as usize;
+            let eft = |s: usize| {
+                let ready = tasks[i]
+                    .preds
+                    .iter()
+                    .map(|&p| {
+                        let p = p as usize;
+                        let hop = if tasks[p].stream as usize == s {
+                            0
+                        } else {
+                            sync_ns
+                        };
+                        finish[p] + hop
+                    })
+                    .max()
+                    .unwrap_or(0);
+                // An extra stream costs a wake-up; the first one is free.
+                let start = if used[s] || i == 0 { avail[s] } else { sync_ns };
+                ready.max(start) + dur[i]
+            };
+            let mut best = (recorded, eft(recorded));
+            if tasks[i].movable {
+                for s in (0..compute.max(1)).filter(|&s| s != recorded) {
+                    let e = eft(s);
+                    if e < best.1 {
+                        best = (s, e);
+                    }
+                }
+            }
+            tasks[i].stream = best.0 as u16;
+            finish[i] = best.1;
+            avail[best.0] = best.1;
+            used[best.0] = true;
+        }
+        Some(Plan::new(self.name.clone(), tasks, self.programs.len()))
+    }
 }
 
 fn merge(into: &mut [u32], from: &[u32]) {
@@ -299,6 +362,8 @@ pub(crate) struct Run {
     pub(crate) status: Box<[AtomicU8]>,
     /// The join: the replay's task record (its handle, its tracker entry).
     pub(crate) unit: Arc<TaskShared>,
+    /// Measure each body's duration (for re-placement).
+    pub(crate) measure: bool,
 }
 
 impl Run {
@@ -311,14 +376,26 @@ impl Run {
     }
 }
 
+/// How a replay is submitted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct How {
+    /// One task record per step through the ordinary launch path (CUDA),
+    /// else one program per stream.
+    pub(crate) materialise: bool,
+    /// Wait for everything submitted so far on every stream first (the first
+    /// replay of a re-placed plan).
+    pub(crate) fence: bool,
+    /// Measure the bodies' durations.
+    pub(crate) measure: bool,
+}
+
 /// Submits one replay of `plan`; returns its join. Runs under the runtime's
-/// lock, like `sched::submit`. `materialise`: one task record per step
-/// through the ordinary launch path (CUDA), else one program per stream.
+/// lock, like `sched::submit`.
 pub(crate) fn submit(
     st: &mut SubmitState,
     shared: &Shared,
     plan: &std::sync::Arc<Plan>,
-    materialise: bool,
+    how: How,
 ) -> Arc<TaskShared> {
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
@@ -337,6 +414,14 @@ pub(crate) fn submit(
     let mut entry: Vec<SmallVec<[(u16, u64); 4]>> = vec![SmallVec::new(); nstreams];
     for &s in &used {
         entry[s] = cross_waits(&mut st.clocks[s], s, &ext, &mut st.stats);
+        if how.fence {
+            for j in (0..nstreams).filter(|&j| j != s) {
+                if st.clocks[s][j] < base[j] {
+                    entry[s].push((j as u16, base[j]));
+                    st.clocks[s][j] = base[j];
+                }
+            }
+        }
         st.stats.waits += entry[s].len() as u64;
     }
     // Each used stream's clock after its program.
@@ -376,7 +461,7 @@ pub(crate) fn submit(
         .fetch_add(plan.steps(), crate::sync::Ordering::Relaxed);
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
-    if materialise {
+    if how.materialise {
         push_tasks(shared, plan, &base, id_base, &entry, &external, &unit);
     } else {
         let run = Arc::new(Run {
@@ -387,6 +472,7 @@ pub(crate) fn submit(
             external,
             status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
             unit: unit.clone(),
+            measure: how.measure,
         });
         for &s in &used {
             shared.streams[s].queue.push(Item::Program(run.clone()));
@@ -468,5 +554,78 @@ pub(crate) fn join_error(plan: &Plan, cause: &str) -> Error {
     Error::DependencyFailed {
         task: plan.name.to_string(),
         cause: cause.to_string(),
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ctx::BodyCell;
+
+    /// A recorded task on `stream` after `preds`, measured at `ns`.
+    fn task(stream: u16, preds: &[u32], ns: u64) -> RecTask {
+        let body = std::sync::Arc::new(BodyCell::new(Box::new(|_| Ok(()))));
+        body.measured(ns);
+        RecTask {
+            name: "t".into(),
+            kind: TaskKind::Compute,
+            stream,
+            accesses: SmallVec::new(),
+            body,
+            on_skip: None,
+            preds: preds.iter().copied().collect(),
+            movable: true,
+        }
+    }
+
+    fn streams(p: &Plan) -> Vec<u16> {
+        p.tasks.iter().map(|t| t.stream).collect()
+    }
+
+    #[test]
+    fn waits_are_local_and_elided_and_the_join_closes_every_stream() {
+        // 0 on s0; 1 on s1 after 0; 2 on s0 after 1; 3 on s1 after 0 (implied).
+        let p = Plan::new(
+            "p".into(),
+            vec![
+                task(0, &[], 1),
+                task(1, &[0], 1),
+                task(0, &[1], 1),
+                task(1, &[0], 1),
+            ],
+            3,
+        );
+        let waits: Vec<Vec<(u16, u32)>> = p.programs[1].iter().map(|s| s.waits.to_vec()).collect();
+        assert_eq!(waits, vec![vec![(0, 1)], vec![], vec![(0, 2)]]);
+        assert_eq!(p.join_stream, 1);
+        let join = p.programs[1].last().unwrap();
+        assert_eq!((join.task, join.waits.to_vec()), (JOIN, vec![(0, 2)]));
+        assert!(p.programs[0][0].signal && p.programs[0][1].signal);
+        assert!(p.programs[2].is_empty());
+    }
+
+    #[test]
+    fn replacement_gathers_short_tasks_and_spreads_long_independent_ones() {
+        // Short tasks alternating over two streams: one stream is better.
+        let short: Vec<RecTask> = (0..6).map(|i| task(i % 2, &[], 100)).collect();
+        let p = Plan::new("short".into(), short, 2)
+            .replaced(2, 5_000)
+            .unwrap();
+        assert_eq!(streams(&p), vec![0; 6]);
+        // Two long independent chains recorded on one stream: spread.
+        let long = vec![
+            task(0, &[], 1_000_000),
+            task(0, &[], 1_000_000),
+            task(0, &[0], 1_000_000),
+            task(0, &[1], 1_000_000),
+        ];
+        let p = Plan::new("long".into(), long, 2)
+            .replaced(2, 5_000)
+            .unwrap();
+        assert_eq!(streams(&p), vec![0, 1, 0, 1]);
+        // Unmeasured tasks: no replacement yet.
+        let mut t = task(0, &[], 1);
+        t.body = std::sync::Arc::new(BodyCell::new(Box::new(|_| Ok(()))));
+        assert!(Plan::new("x".into(), vec![t], 1).replaced(1, 0).is_none());
     }
 }

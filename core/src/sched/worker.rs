@@ -156,7 +156,11 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 // SAFETY: this is the thread of the task's stream, running one
                 // task at a time (`BodyCell`'s invariant).
                 let body = unsafe { t.body.get() };
+                let t0 = if run.measure { now_ns() } else { 0 };
                 let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
+                if run.measure {
+                    t.body.measured(now_ns() - t0);
+                }
                 r.and_then(|()| run_checks(checks))
             }
         };
@@ -220,9 +224,12 @@ fn run_task<'a>(
         TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
         TaskBody::Shared(b) => {
             // SAFETY: stream threads run the tasks of their own stream only,
-            // one at a time, and a recorded task always runs on the stream it
-            // was recorded on (`BodyCell`'s invariant).
-            call_body(&task.name, unsafe { b.get() }, device())
+            // one at a time, and calls of a recorded body never overlap
+            // (`BodyCell`'s invariant).
+            let t0 = now_ns();
+            let r = call_body(&task.name, unsafe { b.get() }, device());
+            b.measured(now_ns() - t0);
+            r
         }
         TaskBody::Join => (Ok(()), Vec::new()),
     }
