@@ -223,11 +223,12 @@ fn run_task<'a>(
     match body {
         TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
         TaskBody::Shared(b) => {
+            let t0 = now_ns();
             // SAFETY: stream threads run the tasks of their own stream only,
             // one at a time, and calls of a recorded body never overlap
             // (`BodyCell`'s invariant).
-            let t0 = now_ns();
-            let r = call_body(&task.name, unsafe { b.get() }, device());
+            let body = unsafe { b.get() };
+            let r = call_body(&task.name, body, device());
             b.measured(now_ns() - t0);
             r
         }
