@@ -137,6 +137,10 @@ struct TrainArgs {
     /// Seed of the parameter initialisation.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// Submit every step eagerly instead of recording the steady-state step
+    /// once and replaying it.
+    #[arg(long)]
+    no_replay: bool,
 }
 
 impl Default for TrainArgs {
@@ -379,6 +383,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             CompressionArg::None => Compression::None,
             CompressionArg::Bf16 => Compression::Bf16,
         },
+        replay: !a.no_replay,
     };
     let device = resolve_train_backend(&opts)?;
     let dist = match device {

@@ -90,6 +90,28 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
     }
 }
 
+/// Steps 3 onwards replay the recorded third step (reducer buckets and the
+/// loss all-reduce included): the run is bit-identical to an eager one.
+#[test]
+fn replayed_steps_equal_eager_steps_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 11);
+    for ranks in [1, 2] {
+        let mut eager = options(ranks, 4 / ranks, 6);
+        eager.replay = false;
+        let replayed = options(ranks, 4 / ranks, 6);
+        assert!(replayed.replay, "replay is the default");
+        let (a, b) = (run(&eager, start.clone()), run(&replayed, start.clone()));
+        assert_eq!(losses(&a), losses(&b), "{ranks} ranks");
+        assert_eq!(a.param_hashes, b.param_hashes, "{ranks} ranks");
+        assert_eq!(a.params, b.params, "{ranks} ranks");
+        let replayed = |r: &TrainReport| r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>();
+        assert_eq!(replayed(&a), [false; 6]);
+        assert_eq!(replayed(&b), [false, false, false, true, true, true]);
+        let tasks = |r: &TrainReport| r.profiles[0].spans.len();
+        assert_eq!(tasks(&a), tasks(&b), "the same tasks ran, {ranks} ranks");
+    }
+}
+
 #[test]
 fn a_resumed_run_continues_bit_identically() {
     let dir = tempfile::tempdir().unwrap();

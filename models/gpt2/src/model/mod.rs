@@ -423,6 +423,18 @@ impl Gpt2Model {
     /// [`read_loss`](Self::read_loss)). Ids are checked against the vocabulary
     /// first; nothing is submitted if one is out of range.
     pub fn forward(&mut self, rt: &Runtime, tokens: &[u32], targets: Option<&[u32]>) -> Result<()> {
+        self.upload_batch(rt, tokens, targets)?;
+        self.forward_uploaded(rt)
+    }
+
+    /// Checks and uploads a batch (`forward`'s first half): `tokens` `(B, T)`
+    /// and, for a pass with a loss, `targets` `(B, T)`.
+    pub fn upload_batch(
+        &mut self,
+        rt: &Runtime,
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+    ) -> Result<()> {
         self.check_ids("tokens", tokens)?;
         if let Some(targets) = targets {
             self.check_ids("targets", targets)?;
@@ -432,6 +444,14 @@ impl Gpt2Model {
             rt.upload(&self.targets, targets)?;
         }
         self.has_targets = targets.is_some();
+        Ok(())
+    }
+
+    /// Submits the forward pass on the batch last uploaded (`forward`'s
+    /// second half): the tasks read the batch from the model's token
+    /// buffers, so a recorded step replays on whatever batch was uploaded
+    /// before the replay.
+    pub fn forward_uploaded(&self, rt: &Runtime) -> Result<()> {
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
         let (p, a) = (&self.p, &self.a);

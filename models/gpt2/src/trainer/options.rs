@@ -56,6 +56,11 @@ pub struct TrainOptions {
     /// How gradient buckets travel (default: plain `f32`).
     /// [`Compression::Bf16`] runs on host buffers: CPU ranks only.
     pub compression: Compression,
+    /// Record the steady-state step (from the third step of a run: the
+    /// reducer's buckets are rebuilt after the first) and replay it after:
+    /// no dependency inference or placement per step. Off: every step is
+    /// submitted eagerly. The results are the same, bit for bit.
+    pub replay: bool,
 }
 
 impl Default for TrainOptions {
@@ -87,6 +92,7 @@ impl Default for TrainOptions {
             trace: None,
             comm_timeout: braid::comm::DEFAULT_TIMEOUT,
             compression: Compression::None,
+            replay: true,
         }
     }
 }

@@ -120,23 +120,55 @@ pub(super) fn run_rank(
             )?;
             Ok(dir.clone())
         };
-    for step in start.step + 1..=opts.steps.max(start.step) {
+    // Steps after the first two of this run replay the third: by then the
+    // reducer's bucket order is rebuilt and every step submits the same tasks.
+    let first = start.step + 1;
+    let mut schedule = None;
+    for step in first..=opts.steps.max(start.step) {
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
-        model.zero_grad(&rt)?;
-        model.forward(&rt, &x, Some(&y))?;
-        match &mut reducer {
-            Some(r) => {
-                model.backward(&rt, 1.0, |p| r.grad_ready(p))?;
-                r.finish()?;
+        model.upload_batch(&rt, &x, Some(&y))?;
+        // Gradients, the reducer's buckets and the mean loss across ranks: the
+        // same tasks every step, reading the batch just uploaded.
+        let mut submit_step = |rt: &Runtime| -> Result<()> {
+            model.zero_grad(rt)?;
+            model.forward_uploaded(rt)?;
+            match &mut reducer {
+                Some(r) => {
+                    model.backward(rt, 1.0, |p| r.grad_ready(p))?;
+                    r.finish()?;
+                }
+                None => model.backward(rt, 1.0, |_| Ok(()))?,
             }
-            None => model.backward(&rt, 1.0, |_| Ok(()))?,
+            if let Some(c) = &comm {
+                // After the buckets, so it never holds them up on the comm
+                // stream (it waits for the slowest rank's forward pass).
+                c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
+            }
+            Ok(())
+        };
+        let replayed = schedule.is_some();
+        match &schedule {
+            Some(s) => {
+                braid::Schedule::replay(s)?;
+            }
+            None if opts.replay && step >= first + 2 => {
+                let mut failed = None;
+                let recorded = rt.record("train step", |rt| {
+                    submit_step(rt).map_err(|e| {
+                        let msg = e.to_string();
+                        failed = Some(e);
+                        braid::Error::Config(msg)
+                    })
+                });
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                schedule = Some(recorded?);
+            }
+            None => submit_step(&rt)?,
         }
-        if let Some(c) = &comm {
-            // After the buckets, so it never holds them up on the comm stream
-            // (it waits for the slowest rank's forward pass).
-            c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
-        }
+        // The optimizer stays eager: its step number is an argument.
         opt.step(&rt, model.params(), model.grads())?;
         rt.synchronize()?;
         let report = StepReport {
@@ -145,6 +177,7 @@ pub(super) fn run_rank(
             grad_norm: opt.read_grad_norm(&rt)?,
             seconds: t0.elapsed().as_secs_f64(),
             tokens,
+            replayed,
         };
         if rank == 0 {
             on_step(&report);

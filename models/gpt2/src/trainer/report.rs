@@ -20,6 +20,8 @@ pub struct StepReport {
     pub seconds: f64,
     /// Tokens in the global batch.
     pub tokens: usize,
+    /// Whether the step was a replay of the recorded step.
+    pub replayed: bool,
 }
 
 /// What a run did.
