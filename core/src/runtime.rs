@@ -25,6 +25,7 @@ pub struct RuntimeBuilder {
     rank: usize,
     replay_as_tasks: bool,
     replace: bool,
+    auto_replay: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -40,6 +41,7 @@ impl Default for RuntimeBuilder {
             rank: 0,
             replay_as_tasks: false,
             replace: true,
+            auto_replay: true,
         }
     }
 }
@@ -114,6 +116,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Automatic replay (default: on): after a few identical steps (what is
+    /// submitted between two `synchronize` calls: the same task names, kinds
+    /// and accesses in the same order), later identical steps are submitted
+    /// from the memoised analysis — no inference, no placement — and the
+    /// moment a step diverges it continues eagerly, nothing lost.
+    pub fn auto_replay(mut self, on: bool) -> Self {
+        self.auto_replay = on;
+        self
+    }
+
     /// Starts the runtime's stream threads.
     pub fn build(self) -> Result<Runtime> {
         if self.compute_streams == 0 {
@@ -160,7 +172,10 @@ impl RuntimeBuilder {
             compute: self.compute_streams,
             comm: self.comm_streams,
         };
-        let state = SubmitState::new(placement::make(self.policy, layout), n);
+        let mut state = SubmitState::new(placement::make(self.policy, layout), n);
+        if self.auto_replay {
+            state.auto = Some(sched::auto::Auto::default());
+        }
         let mut threads = Vec::with_capacity(n);
         for s in 0..n {
             let driver = match &backend {
@@ -391,11 +406,16 @@ impl Runtime {
     /// Starts recording every task submitted from now on (`Runtime::record`).
     pub(crate) fn start_recording(&self) -> Result<()> {
         let mut st = lock(&self.state);
+        if st.recorder.as_ref().is_some_and(|r| r.is_auto()) {
+            // An automatic recording gives way to an explicit one.
+            st.recorder = None;
+        }
         if st.recorder.is_some() {
             return Err(Error::Config(
                 "a schedule is already being recorded on this runtime".into(),
             ));
         }
+        sched::auto::Auto::foreign(&mut st);
         let first = st.next_id();
         st.recorder = Some(sched::replay::Recorder::new(first));
         Ok(())
@@ -426,7 +446,7 @@ impl Runtime {
         self.wait_for_room();
         let task = {
             let mut st = lock(&self.state);
-            if st.recorder.is_some() {
+            if st.recorder.as_ref().is_some_and(|r| !r.is_auto()) {
                 return Err(Error::Config(format!(
                     "schedule `{}` replayed while a schedule is being recorded",
                     plan.name
@@ -446,7 +466,11 @@ impl Runtime {
     pub fn synchronize(&self) -> Result<()> {
         let _span = tracing::trace_span!("synchronize").entered();
         self.shared.check_not_in_task("Runtime::synchronize")?;
-        let frontier = lock(&self.state).frontier();
+        let frontier = {
+            let mut st = lock(&self.state);
+            sched::auto::Auto::boundary(&mut st);
+            st.frontier()
+        };
         for (s, &seq) in frontier.iter().enumerate() {
             self.shared.streams[s].done.wait_at_least(seq);
         }

@@ -373,3 +373,93 @@ fn replacement_from_measured_durations_keeps_results() {
     assert!(!step.replaced());
     assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![2]);
 }
+
+/// Automatic replay: a program repeated step after step (synchronising
+/// between steps), with steps that diverge part-way, gives the sequential
+/// result; repeated steps are submitted from the memoised analysis.
+fn auto_steps(rt: &Runtime, p: &Program, steps: &[Option<usize>]) -> Vec<Vec<u32>> {
+    let bufs = alloc_buffers(rt, p);
+    for s in steps {
+        match *s {
+            None => submit_tasks(rt, &bufs, &p.tasks),
+            // Diverge after `k` tasks: the rest in reverse order.
+            Some(k) => {
+                let k = k.min(p.tasks.len());
+                submit_tasks(rt, &bufs, &p.tasks[..k]);
+                let rest: Vec<GenTask> = p.tasks[k..].iter().rev().cloned().collect();
+                submit_tasks(rt, &bufs, &rest);
+            }
+        }
+        rt.synchronize().unwrap();
+    }
+    read_back(rt, &bufs)
+}
+
+fn auto_sequential(p: &Program, steps: &[Option<usize>]) -> Vec<Vec<u32>> {
+    let mut tasks = Vec::new();
+    for s in steps {
+        match *s {
+            None => tasks.extend_from_slice(&p.tasks),
+            Some(k) => {
+                let k = k.min(p.tasks.len());
+                tasks.extend_from_slice(&p.tasks[..k]);
+                tasks.extend(p.tasks[k..].iter().rev().cloned());
+            }
+        }
+    }
+    sequential(&Program {
+        sizes: p.sizes.clone(),
+        tasks,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn automatic_replay_matches_sequential(
+        p in program(30),
+        steps in prop::collection::vec(prop_oneof![4 => Just(None), 1 => (0usize..30).prop_map(Some)], 1..9),
+        streams in 1usize..=6,
+        policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
+    ) {
+        let expected = auto_sequential(&p, &steps);
+        for backend in backends() {
+            let rt = Runtime::builder()
+                .backend(backend)
+                .compute_streams(streams)
+                .policy(policy)
+                .build()
+                .unwrap();
+            prop_assert_eq!(&auto_steps(&rt, &p, &steps), &expected, "backend {:?}", backend);
+        }
+    }
+}
+
+#[test]
+fn automatic_replay_memoises_repeated_steps_and_can_be_turned_off() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let p = program(60).new_tree(&mut runner).unwrap().current();
+    let n = p.tasks.len() as u64;
+    let steps = [None, None, None, None, None, None, None, Some(3), None];
+    for on in [true, false] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .auto_replay(on)
+            .build()
+            .unwrap();
+        assert_eq!(auto_steps(&rt, &p, &steps), auto_sequential(&p, &steps));
+        let s = rt.stats();
+        if on {
+            // Step 1 also uploads the buffers; steps 2–4 are the same, so
+            // step 5 is recorded and steps 6–7 are memoised; step 8 follows
+            // the plan for 3 tasks (more if the reversed rest happens to
+            // match), step 9 is observed again.
+            assert!(s.auto_replayed >= 2 * n + 3, "{s:?}");
+            assert!(s.auto_replayed <= 3 * n, "{s:?}");
+        } else {
+            assert_eq!((s.auto_replayed, s.auto_divergences), (0, 0));
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Submission, placement and the stream threads. The protocol is in README.md
 //! beside this file.
 
+pub(crate) mod auto;
 pub(crate) mod gate;
 pub(crate) mod placement;
 pub(crate) mod queue;
@@ -217,6 +218,8 @@ pub(crate) struct SubmitState {
     preds: Vec<Arc<TaskShared>>,
     /// Set while a schedule is being recorded: every submitted task is kept.
     pub(crate) recorder: Option<replay::Recorder>,
+    /// Automatic replay of repeated steps (`None`: off).
+    pub(crate) auto: Option<auto::Auto>,
     pub(crate) stats: Stats,
 }
 
@@ -237,6 +240,11 @@ pub struct Stats {
     /// Tasks run by replays (not counted in `tasks`: none was inferred or
     /// placed).
     pub replayed_tasks: u64,
+    /// Tasks submitted through an automatically memoised step (counted in
+    /// `tasks` too): placed and given their waits from the plan, not inferred.
+    pub auto_replayed: u64,
+    /// Memoised steps the program left part-way (the rest ran eagerly).
+    pub auto_divergences: u64,
 }
 
 impl SubmitState {
@@ -250,6 +258,7 @@ impl SubmitState {
             next_id: 0,
             preds: Vec::new(),
             recorder: None,
+            auto: None,
             stats: Stats::default(),
         }
     }
@@ -286,6 +295,12 @@ pub(crate) struct NewTask {
 /// Infers the task's predecessors, places it, computes its waits and hands it
 /// to its stream. Runs under the runtime's lock; never blocks on a stream.
 pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<TaskShared> {
+    if st.auto.is_some() {
+        let h = auto::task_hash(&t);
+        if auto::Auto::admit(st, shared, &t, h) {
+            return auto::submit_memoised(st, shared, t);
+        }
+    }
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
     }
@@ -330,7 +345,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let id = st.next_id;
     st.next_id += 1;
     let body = match &mut st.recorder {
-        Some(rec) => TaskBody::Shared(rec.keep(
+        Some(rec) => rec.keep(
             id,
             s,
             (
@@ -342,7 +357,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             &t.on_skip,
             t.body,
             &preds,
-        )),
+        ),
         None => TaskBody::Once(t.body),
     };
     let task = Arc::new(TaskShared {

@@ -34,10 +34,10 @@ use crate::error::Error;
 use crate::graph::{Mode, TaskRef, Tracker};
 use crate::kind::TaskKind;
 use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
-use std::sync::OnceLock;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// The step index of a stream's join (no task).
 pub(crate) const JOIN: u32 = u32::MAX;
@@ -73,6 +73,9 @@ impl TaskRef for Local {
 
 /// What is kept while a schedule is recorded.
 pub(crate) struct Recorder {
+    /// Keep the bodies (an explicit recording, replayed with them), or only
+    /// the analysis (automatic replay: each step brings new bodies).
+    keep_bodies: bool,
     first_id: u64,
     tracker: Tracker<Local>,
     tasks: Vec<RecTask>,
@@ -82,7 +85,13 @@ pub(crate) struct Recorder {
 impl Recorder {
     /// Starts a recording whose first task will get id `first_id`.
     pub(crate) fn new(first_id: u64) -> Self {
+        Self::with_bodies(first_id, true)
+    }
+
+    /// A recording that keeps the bodies or not.
+    pub(crate) fn with_bodies(first_id: u64, keep_bodies: bool) -> Self {
         Recorder {
+            keep_bodies,
             first_id,
             tracker: Tracker::default(),
             tasks: Vec::new(),
@@ -91,7 +100,8 @@ impl Recorder {
     }
 
     /// Keeps the task being submitted (id `id`, on stream `s`) and returns
-    /// its body, shared between this run and the replays. `after` are its
+    /// its body: shared between this run and the replays when the recorder
+    /// keeps bodies, else as it came (it runs once). `after` are its
     /// eager predecessors; only explicit edges among them are read here (the
     /// schedule's data edges come from the recorder's own tracker).
     #[allow(clippy::too_many_arguments)]
@@ -104,7 +114,7 @@ impl Recorder {
         on_skip: &Option<SkipHook>,
         body: Body,
         after: &[Arc<TaskShared>],
-    ) -> SharedBody {
+    ) -> TaskBody {
         let index = self.tasks.len() as u32;
         debug_assert_eq!(id - self.first_id, index as u64);
         self.local.clear();
@@ -124,18 +134,36 @@ impl Recorder {
             let (buf, range) = (a.view.buf.id(), a.view.range());
             self.tracker.record(buf, range, a.mode, &Local(index));
         }
-        let body = std::sync::Arc::new(crate::ctx::BodyCell::new(body));
+        let (kept, body) = if self.keep_bodies {
+            let b = std::sync::Arc::new(crate::ctx::BodyCell::new(body));
+            (b.clone(), TaskBody::Shared(b))
+        } else {
+            let none: Body = Box::new(|_| Ok(()));
+            (
+                std::sync::Arc::new(crate::ctx::BodyCell::new(none)),
+                TaskBody::Once(body),
+            )
+        };
         self.tasks.push(RecTask {
             name: name.clone(),
             kind,
             stream: s as u16,
-            accesses: accesses.clone(),
-            body: body.clone(),
+            accesses: if self.keep_bodies {
+                accesses.clone()
+            } else {
+                SmallVec::new()
+            },
+            body: kept,
             on_skip: on_skip.clone(),
             preds,
             movable,
         });
         body
+    }
+
+    /// Whether this is an automatic (analysis-only) recording.
+    pub(crate) fn is_auto(&self) -> bool {
+        !self.keep_bodies
     }
 
     /// The kept tasks, in submission order.
@@ -167,6 +195,9 @@ pub(crate) struct Plan {
     finals: Vec<SmallVec<[u32; 8]>>,
     /// For each task: its stream's program and its position there (from 1).
     pub(crate) position: Vec<u32>,
+    /// For each task: its stream's vector clock right after it, local
+    /// positions (what its completion implies).
+    pub(crate) clocks: Vec<SmallVec<[u32; 8]>>,
     /// The union of the tasks' accesses: `(buffer, range, mode)`, reads
     /// first, ranges merged per buffer and mode.
     union: Vec<(u64, Range<usize>, Mode)>,
@@ -247,6 +278,7 @@ impl Plan {
             join_stream: f,
             finals: clocks,
             position,
+            clocks: task_clock,
             union,
         }
     }
@@ -398,6 +430,7 @@ pub(crate) fn submit(
     plan: &std::sync::Arc<Plan>,
     how: How,
 ) -> Arc<TaskShared> {
+    super::auto::Auto::foreign(st);
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
     }

@@ -1,0 +1,315 @@
+//! Automatic replay: the runtime notices a program repeating a step and
+//! stops re-analysing it.
+//!
+//! A *step* is what is submitted between two `Runtime::synchronize` calls (a
+//! training loop synchronises once per step). Each submitted task is hashed
+//! as it comes — name, kind, priority, pinned stream, comm stream, and every
+//! access (buffer, byte range, mode) — into a running hash of the step.
+//!
+//! * **Observe.** After two steps identical to the one before them (same
+//!   hash, same length), the next step is recorded.
+//! * **Record.** The step runs eagerly while a recorder (the explicit
+//!   recorder, without bodies) keeps its analysis. If the step ends identical
+//!   again, its plan is kept; else back to observing.
+//! * **Replay.** Each task of a following step is checked against the plan's
+//!   task at the same position (hash) and, if it matches, is submitted with
+//!   the plan's stream, waits and predecessors, and its *own* new body: no
+//!   inference, no placement. The step starts right after a
+//!   synchronisation, so nothing earlier is unfinished, and positions are
+//!   shifted by each stream's sequence number at the step's first task.
+//! * **Divergence** (a task that does not match, an explicit edge, a
+//!   submission the plan did not foresee): the tasks submitted so far in the
+//!   step are entered into the tracker, in order, as eager submission would
+//!   have, and the step continues eagerly — nothing is lost. At the next
+//!   synchronisation detection starts again.
+//!
+//! A step that ends early (fewer tasks) needs nothing: every task it did
+//! submit was placed consistently.
+
+use super::replay::{Plan, Recorder};
+use super::{Clock, Launch, NewTask, Shared, SubmitState, TaskBody, TaskShared, PENDING};
+use crate::ctx::Access;
+use crate::sync::{Arc, AtomicU8, Mutex};
+use smallvec::SmallVec;
+use std::sync::OnceLock;
+
+/// Identical steps in a row before one is recorded.
+const REPEATS: u32 = 2;
+
+/// What automatic replay keeps between submissions.
+#[derive(Default)]
+pub(crate) struct Auto {
+    /// The running hash and length of the current step.
+    hash: u64,
+    len: u64,
+    /// The previous step's.
+    prev: (u64, u64),
+    /// How many steps in a row equalled the one before.
+    same: u32,
+    /// The hashes of the step being recorded.
+    recorded: Vec<u64>,
+    state: State,
+}
+
+#[derive(Default)]
+enum State {
+    #[default]
+    Observe,
+    Record,
+    Replay(Box<Memo>),
+}
+
+/// A memoised step and the progress of the current one through it.
+struct Memo {
+    plan: Plan,
+    hashes: Vec<u64>,
+    /// Tasks of the current step submitted so far through the plan.
+    made: Vec<Arc<TaskShared>>,
+    accesses: Vec<SmallVec<[Access; 4]>>,
+    /// Each stream's sequence number before the step.
+    base: Clock,
+    /// The current step left the plan.
+    diverged: bool,
+}
+
+fn mix(h: u64, x: u64) -> u64 {
+    (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
+}
+
+/// A task's identity for repetition: everything its analysis depends on.
+pub(crate) fn task_hash(t: &NewTask) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for chunk in t.name.as_bytes().chunks(8) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        h = mix(h, u64::from_le_bytes(b));
+    }
+    h = mix(h, t.name.len() as u64);
+    h = mix(h, t.kind as u64 | (t.priority as u64) << 8);
+    h = mix(h, t.stream.map_or(u64::MAX, |s| s as u64));
+    h = mix(h, t.comm_index as u64);
+    for a in &t.accesses {
+        let r = a.view.range();
+        h = mix(h, a.view.buf.id());
+        h = mix(h, r.start as u64 ^ (r.end as u64) << 32);
+        h = mix(h, a.mode as u64);
+    }
+    h
+}
+
+impl Auto {
+    /// Notes a task about to be submitted; returns whether it matches the
+    /// memoised step at its position (then `submit_memoised` must be called).
+    /// On a mismatch during a replayed step, enters the step's tasks so far
+    /// into the tracker first (see `diverge`).
+    pub(crate) fn admit(st: &mut SubmitState, shared: &Shared, t: &NewTask, h: u64) -> bool {
+        let Some(auto) = st.auto.as_mut() else {
+            return false;
+        };
+        auto.hash = mix(auto.hash, h);
+        auto.len += 1;
+        if matches!(auto.state, State::Record) {
+            auto.recorded.push(h);
+        }
+        let explicit = st.recorder.is_some();
+        let fits = match &auto.state {
+            State::Replay(m) => {
+                let i = m.made.len();
+                !m.diverged
+                    && t.after.is_empty()
+                    && !explicit
+                    && i < m.hashes.len()
+                    && m.hashes[i] == h
+                    && fits_stream(&st.placed, m, i)
+                    // The step starts with nothing unfinished (its first task
+                    // follows a synchronisation, and no other thread slipped in).
+                    && (i > 0 || all_done(shared, &st.placed))
+            }
+            _ => false,
+        };
+        if !fits {
+            diverge(st);
+        }
+        fits
+    }
+
+    /// A step boundary (`Runtime::synchronize`, under the lock).
+    pub(crate) fn boundary(st: &mut SubmitState) {
+        let Some(mut auto) = st.auto.take() else {
+            return;
+        };
+        let step = (auto.hash, auto.len);
+        (auto.hash, auto.len) = (0, 0);
+        if step.1 == 0 {
+            // Nothing submitted since the last synchronisation: not a step.
+            st.auto = Some(auto);
+            return;
+        }
+        let repeated = step == auto.prev;
+        auto.same = if repeated { auto.same + 1 } else { 0 };
+        auto.prev = step;
+        auto.state = match std::mem::take(&mut auto.state) {
+            State::Observe if auto.same >= REPEATS && st.recorder.is_none() => {
+                st.recorder = Some(Recorder::with_bodies(st.next_id, false));
+                State::Record
+            }
+            State::Observe => State::Observe,
+            State::Record => match st.recorder.take() {
+                Some(rec) if rec.is_auto() && repeated => {
+                    let tasks = rec.into_tasks();
+                    let streams = st.placed.len();
+                    let plan = Plan::new("step".into(), tasks, streams);
+                    Self::memo(plan, std::mem::take(&mut auto.recorded))
+                }
+                other => {
+                    // An explicit recording took over, or the step changed.
+                    st.recorder = other.filter(|r| !r.is_auto());
+                    State::Observe
+                }
+            },
+            State::Replay(mut m) if repeated && !m.diverged && m.made.len() == m.hashes.len() => {
+                m.made.clear();
+                m.accesses.clear();
+                State::Replay(m)
+            }
+            State::Replay(_) => State::Observe,
+        };
+        auto.recorded.clear();
+        st.auto = Some(auto);
+    }
+
+    /// Something the plan does not know about enters the step (a replay of
+    /// an explicit schedule, an explicit recording): leave the memoised step
+    /// and make this step unlike any other.
+    pub(crate) fn foreign(st: &mut SubmitState) {
+        diverge(st);
+        if let Some(auto) = st.auto.as_mut() {
+            auto.hash = mix(auto.hash, 0x5eed);
+            auto.len += 1;
+        }
+    }
+
+    fn memo(plan: Plan, hashes: Vec<u64>) -> State {
+        if hashes.len() != plan.len() {
+            return State::Observe;
+        }
+        State::Replay(Box::new(Memo {
+            made: Vec::with_capacity(plan.len()),
+            accesses: Vec::with_capacity(plan.len()),
+            base: Clock::new(),
+            plan,
+            hashes,
+            diverged: false,
+        }))
+    }
+}
+
+/// The task at position `i` would land where the plan says: its stream's
+/// sequence number has not moved since the step began (nothing else was
+/// submitted to it).
+fn fits_stream(placed: &[u64], m: &Memo, i: usize) -> bool {
+    let s = m.plan.tasks[i].stream as usize;
+    let pos = m.plan.position[i] as u64;
+    let base = if i == 0 { placed[s] } else { m.base[s] };
+    placed[s] == base + pos - 1
+}
+
+fn all_done(shared: &Shared, placed: &[u64]) -> bool {
+    placed
+        .iter()
+        .zip(&shared.streams)
+        .all(|(&p, s)| s.done.get() >= p)
+}
+
+/// Leaves the memoised step: the tasks submitted through it so far enter the
+/// tracker, in submission order, so the rest of the step is inferred against
+/// them as if it had all been eager.
+fn diverge(st: &mut SubmitState) {
+    let Some(auto) = st.auto.as_mut() else { return };
+    let State::Replay(m) = &mut auto.state else {
+        return;
+    };
+    if m.diverged {
+        return;
+    }
+    m.diverged = true;
+    for (task, accesses) in m.made.iter().zip(&m.accesses) {
+        for a in accesses {
+            st.tracker
+                .record(a.view.buf.id(), a.view.range(), a.mode, task);
+        }
+    }
+    st.stats.auto_divergences += 1;
+}
+
+/// Submits `t` as the plan's next task: the plan's stream, waits and
+/// predecessors (this step's tasks), its own body. Under the lock.
+pub(crate) fn submit_memoised(
+    st: &mut SubmitState,
+    shared: &Shared,
+    t: NewTask,
+) -> Arc<TaskShared> {
+    let Some(State::Replay(m)) = st.auto.as_mut().map(|a| &mut a.state) else {
+        unreachable!("admitted by Auto::admit");
+    };
+    let i = m.made.len();
+    if i == 0 {
+        m.base = st.placed.iter().copied().collect();
+    }
+    let plan = &m.plan;
+    let s = plan.tasks[i].stream as usize;
+    let pos = plan.position[i];
+    let step = &plan.programs[s][pos as usize - 1];
+    let waits: SmallVec<[(u16, u64); 4]> = step
+        .waits
+        .iter()
+        .map(|&(j, p)| (j, m.base[j as usize] + p as u64))
+        .collect();
+    let preds: SmallVec<[Arc<TaskShared>; 4]> = plan.tasks[i]
+        .preds
+        .iter()
+        .map(|&p| m.made[p as usize].clone())
+        .collect();
+    let clock: Clock = plan.clocks[i]
+        .iter()
+        .zip(m.base.iter())
+        .map(|(&l, &b)| b + l as u64)
+        .collect();
+    let seq = m.base[s] + pos as u64;
+    st.placed[s] = seq;
+    st.clocks[s].clone_from(&clock);
+    let id = st.next_id;
+    st.next_id += 1;
+    st.tail[s] = id;
+    st.stats.tasks += 1;
+    st.stats.auto_replayed += 1;
+    st.stats.edges += preds.len() as u64;
+    st.stats.waits += waits.len() as u64;
+    m.accesses.push(t.accesses.clone());
+    let task = Arc::new(TaskShared {
+        id,
+        name: t.name,
+        kind: t.kind,
+        stream: s as u16,
+        seq,
+        clock,
+        status: AtomicU8::new(PENDING),
+        error: OnceLock::new(),
+        event: OnceLock::new(),
+        launch: Mutex::new(Some(Launch {
+            waits,
+            preds,
+            accesses: t.accesses,
+            body: TaskBody::Once(t.body),
+            on_skip: t.on_skip,
+        })),
+    });
+    m.made.push(task.clone());
+    shared
+        .submitted
+        .fetch_add(1, crate::sync::Ordering::Relaxed);
+    shared.streams[s]
+        .queue
+        .push(super::Item::Task(task.clone()));
+    task
+}
