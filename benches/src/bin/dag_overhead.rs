@@ -1,11 +1,14 @@
 //! Per-task cost of dependency inference plus dispatch: submits N empty tasks
 //! of a given shape and times submission through completion.
 //!
-//! With `--replay`, the shape is recorded once (`Runtime::record`) and each
-//! repetition times one replay of it through completion: no inference, no
-//! placement.
+//! `--mode eager` (the default) submits every task through inference and
+//! placement, automatic replay off. `--mode auto` leaves automatic replay on
+//! and warms up with enough identical steps that the timed ones are submitted
+//! from the memoised analysis (each repetition is one step: submit, then
+//! synchronize). `--mode replay` (or `--replay`) records the shape once
+//! (`Runtime::record`) and times one replay of it per repetition.
 //!
-//! `cargo run --release -p braid-benches --bin dag_overhead -- --shape chain --tasks 100000 [--replay]`
+//! `cargo run --release -p braid-benches --bin dag_overhead -- --shape chain --tasks 100000 [--mode replay]`
 
 use braid::{BackendKind, Policy, Runtime};
 use braid_benches::{buffers, run, submit, Shape};
@@ -30,21 +33,35 @@ struct Args {
     /// Repetitions (the best and the median are printed).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Time replays of the recorded shape instead of eager submission.
+    /// eager, auto or replay.
+    #[arg(long, default_value = "eager")]
+    mode: Mode,
+    /// Same as `--mode replay`.
     #[arg(long)]
     replay: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Eager,
+    Auto,
+    Replay,
+}
+
 fn main() -> anyhow::Result<()> {
-    let a = Args::parse();
+    let mut a = Args::parse();
+    if a.replay {
+        a.mode = Mode::Replay;
+    }
     let rt = Runtime::builder()
         .backend(BackendKind::Cpu)
         .compute_streams(a.streams)
         .policy(a.policy)
+        .auto_replay(a.mode == Mode::Auto)
         .build()?;
     let bufs = buffers(&rt, a.shape, a.tasks)?;
     let mut ns = Vec::with_capacity(a.reps);
-    if a.replay {
+    if a.mode == Mode::Replay {
         let step = rt.record("shape", |rt| submit(rt, a.shape, a.tasks, &bufs))?;
         rt.synchronize()?;
         step.replay()?.wait()?; // warm-up
@@ -55,7 +72,11 @@ fn main() -> anyhow::Result<()> {
             ns.push(t.elapsed().as_nanos() as f64 / a.tasks as f64);
         }
     } else {
-        run(&rt, a.shape, a.tasks.min(10_000), &bufs)?; // warm-up
+        // Warm-up; in auto mode enough identical steps to be memoised.
+        let warm = if a.mode == Mode::Auto { 5 } else { 1 };
+        for _ in 0..warm {
+            run(&rt, a.shape, a.tasks, &bufs)?;
+        }
         for _ in 0..a.reps {
             let t = Instant::now();
             run(&rt, a.shape, a.tasks, &bufs)?;
@@ -65,16 +86,17 @@ fn main() -> anyhow::Result<()> {
     ns.sort_by(f64::total_cmp);
     let s = rt.stats();
     println!(
-        "shape={:?} mode={} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={}",
+        "shape={:?} mode={} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={} memoised={}",
         a.shape,
-        if a.replay { "replay" } else { "eager" },
+        format!("{:?}", a.mode).to_lowercase(),
         a.tasks,
         a.streams,
         a.policy,
         ns[ns.len() / 2],
         ns[0],
         s.waits,
-        s.elided_waits
+        s.elided_waits,
+        s.auto_replayed
     );
     Ok(())
 }
