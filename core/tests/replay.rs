@@ -463,3 +463,40 @@ fn automatic_replay_memoises_repeated_steps_and_can_be_turned_off() {
         }
     }
 }
+
+/// Steps that replay an explicit schedule between eager tasks (the GPT-2
+/// trainer's loop) are never memoised by automatic replay — the memoised
+/// analysis would miss the replay — and give the sequential result.
+#[test]
+fn steps_with_explicit_replays_are_not_memoised() {
+    for as_tasks in [false, true] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .replay_as_tasks(as_tasks)
+            .build()
+            .unwrap();
+        let x = rt.alloc_from("x", &[1u64]).unwrap();
+        let y = rt.alloc("y", 8).unwrap();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("double")
+                    .run(x.read_write::<u64>(), |x| x[0] *= 2)?;
+                Ok(())
+            })
+            .unwrap();
+        let mut expect = 2u64;
+        for i in 0..12u64 {
+            rt.task("add")
+                .run(x.read_write::<u64>(), move |x| x[0] += i)
+                .unwrap();
+            step.replay().unwrap();
+            rt.task("copy")
+                .run((x.read::<u64>(), y.write::<u64>()), |(x, y)| y[0] = x[0])
+                .unwrap();
+            rt.synchronize().unwrap();
+            expect = (expect + i) * 2;
+        }
+        assert_eq!(rt.read_vec::<u64>(&y).unwrap(), vec![expect]);
+        assert_eq!(rt.stats().auto_replayed, 0);
+    }
+}

@@ -48,6 +48,8 @@ pub(crate) struct Auto {
     same: u32,
     /// The hashes of the step being recorded.
     recorded: Vec<u64>,
+    /// Foreign events so far (each makes its step unique).
+    foreign: u64,
     state: State,
 }
 
@@ -180,11 +182,13 @@ impl Auto {
 
     /// Something the plan does not know about enters the step (a replay of
     /// an explicit schedule, an explicit recording): leave the memoised step
-    /// and make this step unlike any other.
+    /// and make this step unlike any other, so it is never memoised (its
+    /// analysis would miss what the foreign work did).
     pub(crate) fn foreign(st: &mut SubmitState) {
         diverge(st);
         if let Some(auto) = st.auto.as_mut() {
-            auto.hash = mix(auto.hash, 0x5eed);
+            auto.foreign += 1;
+            auto.hash = mix(auto.hash, 0x5eed ^ auto.foreign);
             auto.len += 1;
         }
     }

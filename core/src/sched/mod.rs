@@ -356,7 +356,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             &t.accesses,
             &t.on_skip,
             t.body,
-            &preds,
+            &t.after,
         ),
         None => TaskBody::Once(t.body),
     };

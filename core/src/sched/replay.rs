@@ -79,6 +79,9 @@ pub(crate) struct Recorder {
     first_id: u64,
     tracker: Tracker<Local>,
     tasks: Vec<RecTask>,
+    /// The recorded tasks' ids, increasing (other work — a replay during an
+    /// automatic recording — may take ids in between).
+    ids: Vec<u64>,
     local: Vec<Local>,
 }
 
@@ -95,6 +98,7 @@ impl Recorder {
             first_id,
             tracker: Tracker::default(),
             tasks: Vec::new(),
+            ids: Vec::new(),
             local: Vec::new(),
         }
     }
@@ -102,8 +106,8 @@ impl Recorder {
     /// Keeps the task being submitted (id `id`, on stream `s`) and returns
     /// its body: shared between this run and the replays when the recorder
     /// keeps bodies, else as it came (it runs once). `after` are its
-    /// eager predecessors; only explicit edges among them are read here (the
-    /// schedule's data edges come from the recorder's own tracker).
+    /// explicit edges (`TaskBuilder::after`); the schedule's data edges come
+    /// from the recorder's own tracker.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn keep(
         &mut self,
@@ -116,7 +120,7 @@ impl Recorder {
         after: &[Arc<TaskShared>],
     ) -> TaskBody {
         let index = self.tasks.len() as u32;
-        debug_assert_eq!(id - self.first_id, index as u64);
+        debug_assert!(id >= self.first_id && self.ids.last().is_none_or(|&l| l < id));
         self.local.clear();
         for a in accesses {
             let (buf, range) = (a.view.buf.id(), a.view.range());
@@ -124,12 +128,15 @@ impl Recorder {
         }
         let mut preds: SmallVec<[u32; 4]> = self.local.iter().map(|l| l.0).collect();
         // Explicit edges (`TaskBuilder::after`) to recorded tasks.
-        for p in after.iter().filter(|p| p.id >= self.first_id) {
-            let l = (p.id - self.first_id) as u32;
-            if !preds.contains(&l) {
-                preds.push(l);
+        for p in after {
+            if let Ok(l) = self.ids.binary_search(&p.id) {
+                let l = l as u32;
+                if !preds.contains(&l) {
+                    preds.push(l);
+                }
             }
         }
+        self.ids.push(id);
         for a in accesses {
             let (buf, range) = (a.view.buf.id(), a.view.range());
             self.tracker.record(buf, range, a.mode, &Local(index));
