@@ -3,7 +3,8 @@
 #
 #   1. configures and builds benches/peers (dag_peers: OpenMP tasks with depend,
 #      a oneTBB flow graph) in target/peers, Release, and runs it;
-#   2. runs dag_overhead (cargo, release) for the same shapes;
+#   2. runs dag_overhead (cargo, release) for the same shapes, in each mode:
+#      eager (inferred and placed), auto (memoised steps), replay (recorded);
 #   3. prints the figures side by side, in ns per task: median (best).
 #
 # Usage:  scripts/peer-bench.sh [--shape chain|fanout|random|all] [--tasks N]
@@ -69,8 +70,10 @@ echo "== peers"
 target/peers/dag_peers --shape "$shape" --tasks "$tasks" --runs "$runs" --threads "$threads" | tee -a "$log"
 echo "== braid"
 for s in $shapes; do
-  cargo run --release -q -p braid-benches --bin dag_overhead -- \
-    --shape "$s" --tasks "$tasks" --reps "$runs" --streams "$threads" | tee -a "$log"
+  for m in eager auto replay; do
+    target/release/dag_overhead --mode "$m" \
+      --shape "$s" --tasks "$tasks" --reps "$runs" --streams "$threads" | tee -a "$log"
+  done
 done
 
 echo
@@ -80,18 +83,18 @@ awk -v shapes="$shapes" '
     delete kv
     for (i = 1; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }
     if (!("ns_per_task" in kv)) next
-    col = ("peer" in kv) ? kv["peer"] " " kv["mode"] : "braid"
+    col = ("peer" in kv) ? kv["peer"] " " kv["mode"] : "braid " kv["mode"]
     fig[tolower(kv["shape"]), col] = sprintf("%.0f (%.0f)", kv["ns_per_task"], kv["best_ns_per_task"])
   }
   END {
-    ncol = split("braid|openmp inferred|tbb-flow built_and_run|tbb-flow run_only", cols, "|")
+    ncol = split("braid eager|braid auto|braid replay|openmp inferred|tbb-flow built_and_run|tbb-flow run_only", cols, "|")
     printf "%-8s", "shape"
-    for (c = 1; c <= ncol; c++) printf "  %-24s", cols[c]
+    for (c = 1; c <= ncol; c++) printf "  %-22s", cols[c]
     printf "\n"
     n = split(shapes, sh, " ")
     for (s = 1; s <= n; s++) {
       printf "%-8s", sh[s]
-      for (c = 1; c <= ncol; c++) printf "  %-24s", ((sh[s], cols[c]) in fig) ? fig[sh[s], cols[c]] : "-"
+      for (c = 1; c <= ncol; c++) printf "  %-22s", ((sh[s], cols[c]) in fig) ? fig[sh[s], cols[c]] : "-"
       printf "\n"
     }
   }' "$log"
