@@ -170,6 +170,12 @@ impl<'rt> Schedule<'rt> {
         self.len() == 0
     }
 
+    /// How the current placement uses the streams: `(streams with work,
+    /// cross-stream waits per replay)`.
+    pub fn placement(&self) -> (usize, usize) {
+        self.plan().shape()
+    }
+
     /// The runtime the schedule replays on.
     pub fn runtime(&self) -> &'rt Runtime {
         self.rt

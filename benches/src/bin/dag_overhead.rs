@@ -71,6 +71,8 @@ fn main() -> anyhow::Result<()> {
             rt.synchronize()?;
             ns.push(t.elapsed().as_nanos() as f64 / a.tasks as f64);
         }
+        let (streams, waits) = step.placement();
+        eprintln!("replayed placement: {streams} streams, {waits} cross-stream waits per replay");
     } else {
         // Warm-up; in auto mode enough identical steps to be memoised.
         let warm = if a.mode == Mode::Auto { 5 } else { 1 };

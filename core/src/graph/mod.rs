@@ -119,13 +119,73 @@ impl<T> Default for BufState<T> {
 #[derive(Debug)]
 pub(crate) struct Tracker<T> {
     bufs: IdMap<BufState<T>>,
+    /// Tasks that stand for a whole set of accesses (a replay of a recorded
+    /// schedule), each with the union of its accesses: recorded in O(1)
+    /// instead of one entry per buffer, and found by `preds` like any writer
+    /// or reader. An eager write over a unit's range does not trim the unit
+    /// (later readers still wait for it): conservative, never wrong.
+    units: Vec<(T, std::sync::Arc<Union>)>,
 }
 
 impl<T> Default for Tracker<T> {
     fn default() -> Self {
         Tracker {
             bufs: IdMap::default(),
+            units: Vec::new(),
         }
+    }
+}
+
+/// The accesses of a set of tasks, merged: per buffer, byte ranges and
+/// whether the set writes them.
+#[derive(Debug, Default)]
+pub(crate) struct Union {
+    by_buf: IdMap<Vec<(usize, usize, bool)>>,
+    writes: bool,
+}
+
+impl Union {
+    /// The union of `(buffer, range, writes)` accesses.
+    pub(crate) fn new(accesses: impl IntoIterator<Item = (u64, Range<usize>, bool)>) -> Self {
+        let mut all: Vec<(u64, bool, Range<usize>)> = accesses
+            .into_iter()
+            .filter(|(_, r, _)| !r.is_empty())
+            .map(|(b, r, w)| (b, w, r))
+            .collect();
+        all.sort_by_key(|(b, w, r)| (*b, *w, r.start));
+        let mut u = Union::default();
+        for (b, w, r) in all {
+            u.writes |= w;
+            let v = u.by_buf.entry(b).or_default();
+            match v.last_mut() {
+                Some((_, end, lw)) if *lw == w && r.start <= *end => *end = (*end).max(r.end),
+                _ => v.push((r.start, r.end, w)),
+            }
+        }
+        u
+    }
+
+    /// Whether an access of `mode` to `range` of `buf` conflicts with it.
+    fn conflicts(&self, buf: u64, range: &Range<usize>, mode: Mode) -> bool {
+        self.by_buf.get(&buf).is_some_and(|v| {
+            v.iter()
+                .any(|&(s, e, w)| (w || mode.writes()) && overlaps(range, s, e))
+        })
+    }
+
+    /// Whether any access of `other` conflicts with this union.
+    fn conflicts_with(&self, other: &Union) -> bool {
+        let (small, big) = if self.by_buf.len() <= other.by_buf.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        small.by_buf.iter().any(|(&b, v)| {
+            v.iter().any(|&(s, e, w)| {
+                let mode = if w { Mode::Write } else { Mode::Read };
+                big.conflicts(b, &(s..e), mode)
+            })
+        })
     }
 }
 
@@ -150,6 +210,15 @@ impl<T: TaskRef> Tracker<T> {
         if range.is_empty() {
             return;
         }
+        for (t, u) in &self.units {
+            if u.conflicts(buf, &range, mode) {
+                push_unique(out, t);
+            }
+        }
+        self.buffer_preds(buf, range, mode, out);
+    }
+
+    fn buffer_preds(&self, buf: u64, range: Range<usize>, mode: Mode, out: &mut Vec<T>) {
         let Some(st) = self.bufs.get(&buf) else {
             return;
         };
@@ -206,12 +275,47 @@ impl<T: TaskRef> Tracker<T> {
     }
 
     /// Forgets a buffer (it was dropped: no task can name it again).
+    /// The unfinished tasks a set of accesses conflicts with.
+    pub(crate) fn preds_of_union(&self, union: &std::sync::Arc<Union>, out: &mut Vec<T>) {
+        for (t, u) in &self.units {
+            // Another replay of the same schedule: they conflict if it writes.
+            let hit = if std::sync::Arc::ptr_eq(u, union) {
+                u.writes
+            } else {
+                u.conflicts_with(union)
+            };
+            if hit {
+                push_unique(out, t);
+            }
+        }
+        if self.bufs.is_empty() {
+            return;
+        }
+        for (&b, v) in &union.by_buf {
+            if !self.bufs.contains_key(&b) {
+                continue;
+            }
+            for &(s, e, w) in v {
+                let mode = if w { Mode::Write } else { Mode::Read };
+                // Units were handled above: the buffer's records only.
+                self.buffer_preds(b, s..e, mode, out);
+            }
+        }
+    }
+
+    /// Records `task` as accessing every range of `union`.
+    pub(crate) fn record_unit(&mut self, task: &T, union: &std::sync::Arc<Union>) {
+        self.units.retain(|(t, _)| !t.retired());
+        self.units.push((task.clone(), union.clone()));
+    }
+
     pub(crate) fn forget(&mut self, buf: u64) {
         self.bufs.remove(&buf);
     }
 
     /// Drops every record whose task satisfies `done`.
     pub(crate) fn prune(&mut self, mut done: impl FnMut(&T) -> bool) {
+        self.units.retain(|(t, _)| !done(t));
         self.bufs.retain(|_, st| {
             st.writes.retain(|r| !done(&r.task));
             st.reads.retain(|r| !done(&r.task));

@@ -96,3 +96,38 @@ fn empty_ranges_never_conflict() {
     access(&mut tr, &task(1), 0, 4..4, Mode::Write);
     assert!(access(&mut tr, &task(2), 0, 0..8, Mode::Write).is_empty());
 }
+
+#[test]
+fn a_unit_stands_for_the_union_of_its_accesses() {
+    use super::Union;
+    use std::sync::Arc;
+    let mut t: Tracker<T> = Tracker::default();
+    let u = Arc::new(Union::new([
+        (1, 0..8, false),
+        (1, 8..16, true),
+        (2, 0..4, true),
+    ]));
+    t.record_unit(&T(7, Rc::new(Cell::new(false))), &u);
+    let preds = |t: &Tracker<T>, b, r: std::ops::Range<usize>, m| {
+        let mut out = Vec::new();
+        t.preds(b, r, m, &mut out);
+        out.iter().map(|p| p.0).collect::<Vec<_>>()
+    };
+    // Reading what the unit only reads: independent; writing it: an edge.
+    assert_eq!(preds(&t, 1, 0..8, Mode::Read), Vec::<u64>::new());
+    assert_eq!(preds(&t, 1, 4..6, Mode::Write), vec![7]);
+    // Reading what it writes: an edge; another buffer or range: none.
+    assert_eq!(preds(&t, 1, 12..20, Mode::Read), vec![7]);
+    assert_eq!(preds(&t, 3, 0..4, Mode::Write), Vec::<u64>::new());
+    // A second replay of the same union depends on the first (it writes).
+    let mut out = Vec::new();
+    t.preds_of_union(&u, &mut out);
+    assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![7]);
+    // A read-only union meets only the unit's writes.
+    let r = Arc::new(Union::new([(1, 0..8, false)]));
+    out.clear();
+    t.preds_of_union(&r, &mut out);
+    assert!(out.is_empty());
+    t.prune(|p| p.0 == 7);
+    assert_eq!(preds(&t, 2, 0..4, Mode::Read), Vec::<u64>::new());
+}

@@ -31,12 +31,11 @@ use super::{
 };
 use crate::ctx::{Access, Body, SharedBody, SkipHook};
 use crate::error::Error;
-use crate::graph::{Mode, TaskRef, Tracker};
+use crate::graph::{TaskRef, Tracker, Union};
 use crate::kind::TaskKind;
 use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
 use smallvec::SmallVec;
 use std::borrow::Cow;
-use std::ops::Range;
 use std::sync::OnceLock;
 
 /// The step index of a stream's join (no task).
@@ -188,6 +187,10 @@ pub(crate) struct Step {
     /// Another stream's step waits for this one: its completion must be
     /// published at once (others are published in batches).
     pub(crate) signal: bool,
+    /// The task's body and predecessors, copied here so a stream thread's
+    /// loop reads its program sequentially (the task records are cold).
+    pub(crate) body: Option<SharedBody>,
+    pub(crate) preds: SmallVec<[u32; 4]>,
 }
 
 /// A recorded schedule, resolved: what a replay runs.
@@ -205,9 +208,8 @@ pub(crate) struct Plan {
     /// For each task: its stream's vector clock right after it, local
     /// positions (what its completion implies).
     pub(crate) clocks: Vec<SmallVec<[u32; 8]>>,
-    /// The union of the tasks' accesses: `(buffer, range, mode)`, reads
-    /// first, ranges merged per buffer and mode.
-    union: Vec<(u64, Range<usize>, Mode)>,
+    /// The union of the tasks' accesses: what the replay is to the tracker.
+    union: std::sync::Arc<Union>,
 }
 
 impl Plan {
@@ -251,6 +253,8 @@ impl Plan {
                 task: i as u32,
                 waits,
                 signal: false,
+                body: Some(t.body.clone()),
+                preds: t.preds.clone(),
             });
         }
         // The join: on the last task's stream, after every other stream's end.
@@ -269,6 +273,8 @@ impl Plan {
             task: JOIN,
             waits,
             signal: false,
+            body: None,
+            preds: SmallVec::new(),
         });
         let waited: Vec<(u16, u32)> = programs
             .iter()
@@ -277,7 +283,11 @@ impl Plan {
         for (j, pos) in waited {
             programs[j as usize][pos as usize - 1].signal = true;
         }
-        let union = union_of(&tasks);
+        let union = std::sync::Arc::new(Union::new(tasks.iter().flat_map(|t| {
+            t.accesses
+                .iter()
+                .map(|a| (a.view.buf.id(), a.view.range(), a.mode.writes()))
+        })));
         Plan {
             name,
             tasks,
@@ -288,6 +298,17 @@ impl Plan {
             clocks: task_clock,
             union,
         }
+    }
+
+    /// Streams with work and cross-stream waits, the joins included.
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        let streams = self.programs.iter().filter(|p| !p.is_empty()).count();
+        let waits = self
+            .programs
+            .iter()
+            .flat_map(|p| p.iter().map(|s| s.waits.len()))
+            .sum();
+        (streams, waits)
     }
 
     /// Number of recorded tasks.
@@ -309,7 +330,9 @@ impl Plan {
     /// recorded stream. `None` until every task has been measured.
     ///
     /// Short tasks thus gather on one stream (a cross-stream hand-off costs
-    /// more than it saves) and long independent ones spread out.
+    /// more than it saves) and long independent ones spread out. If the
+    /// predicted makespan is no better than running every movable task on
+    /// one stream, they all go to the compute stream most of them were on.
     pub(crate) fn replaced(&self, compute: usize, sync_ns: u64) -> Option<Plan> {
         let dur: Vec<u64> = self
             .tasks
@@ -355,6 +378,25 @@ impl Plan {
             avail[best.0] = best.1;
             used[best.0] = true;
         }
+        // Greedy placement can spread a graph of short tasks whose hand-offs
+        // then dominate: keep it only if it beats one stream (the predicted
+        // makespan against the sum of the durations), so the cost model never
+        // predicts worse than the `single` baseline.
+        let makespan = finish.iter().copied().max().unwrap_or(0);
+        let serial: u64 = dur.iter().sum();
+        if serial <= makespan {
+            let mut tasks = self.tasks.clone();
+            let home = (0..compute.max(1))
+                .max_by_key(|&s| {
+                    let n = tasks.iter().filter(|t| t.stream as usize == s).count();
+                    (n, std::cmp::Reverse(s))
+                })
+                .unwrap_or(0) as u16;
+            for t in tasks.iter_mut().filter(|t| t.movable) {
+                t.stream = home;
+            }
+            return Some(Plan::new(self.name.clone(), tasks, self.programs.len()));
+        }
         Some(Plan::new(self.name.clone(), tasks, self.programs.len()))
     }
 }
@@ -363,28 +405,6 @@ fn merge(into: &mut [u32], from: &[u32]) {
     for (c, &f) in into.iter_mut().zip(from) {
         *c = (*c).max(f);
     }
-}
-
-/// Reads and writes of all tasks, merged per buffer: the replay's one unit.
-fn union_of(tasks: &[RecTask]) -> Vec<(u64, Range<usize>, Mode)> {
-    let mut all: Vec<(u64, bool, Range<usize>)> = tasks
-        .iter()
-        .flat_map(|t| t.accesses.iter())
-        .filter(|a| !a.view.range().is_empty())
-        .map(|a| (a.view.buf.id(), a.mode.writes(), a.view.range()))
-        .collect();
-    all.sort_by_key(|(b, w, r)| (*w, *b, r.start));
-    let mut out: Vec<(u64, Range<usize>, Mode)> = Vec::new();
-    for (b, w, r) in all {
-        let mode = if w { Mode::Write } else { Mode::Read };
-        match out.last_mut() {
-            Some((lb, lr, lm)) if *lb == b && *lm == mode && r.start <= lr.end => {
-                lr.end = lr.end.max(r.end);
-            }
-            _ => out.push((b, r, mode)),
-        }
-    }
-    out
 }
 
 /// One replay in flight, as the CPU stream threads run it.
@@ -398,8 +418,12 @@ pub(crate) struct Run {
     pub(crate) entry: Vec<SmallVec<[(u16, u64); 4]>>,
     /// Unfinished tasks submitted before the replay that it depends on.
     pub(crate) external: SmallVec<[Arc<TaskShared>; 4]>,
-    /// Each task's status in this run.
+    /// Each task's status in this run, written only when it is not OK (a
+    /// status byte written per step would bounce cache lines between the
+    /// stream threads running neighbouring tasks).
     pub(crate) status: Box<[AtomicU8]>,
+    /// Some task of this run failed or was skipped (then read `status`).
+    pub(crate) any_failed: crate::sync::AtomicBool,
     /// The join: the replay's task record (its handle, its tracker entry).
     pub(crate) unit: Arc<TaskShared>,
     /// Measure each body's duration (for re-placement).
@@ -410,9 +434,18 @@ impl Run {
     /// The first failed task of this run, if any (statuses of the tasks
     /// the caller has waited for).
     pub(crate) fn failed_task(&self, among: impl IntoIterator<Item = u32>) -> Option<u32> {
+        if !self.any_failed.load(Ordering::Acquire) {
+            return None;
+        }
         among
             .into_iter()
             .find(|&i| self.status[i as usize].load(Ordering::Acquire) >= FAILED)
+    }
+
+    /// Records a task's failure (or skip) in this run.
+    pub(crate) fn fail(&self, i: usize, status: u8) {
+        self.status[i].store(status, Ordering::Release);
+        self.any_failed.store(true, Ordering::Release);
     }
 }
 
@@ -445,9 +478,7 @@ pub(crate) fn submit(
     // The replay as one unit: its external predecessors.
     let mut ext = std::mem::take(&mut st.preds);
     ext.clear();
-    for (buf, range, mode) in &plan.union {
-        st.tracker.preds(*buf, range.clone(), *mode, &mut ext);
-    }
+    st.tracker.preds_of_union(&plan.union, &mut ext);
     let used: SmallVec<[usize; 8]> = (0..nstreams)
         .filter(|&s| !plan.programs[s].is_empty())
         .collect();
@@ -491,9 +522,7 @@ pub(crate) fn submit(
         event: OnceLock::new(),
         launch: Mutex::new(None),
     });
-    for (buf, range, mode) in &plan.union {
-        st.tracker.record(*buf, range.clone(), *mode, &unit);
-    }
+    st.tracker.record_unit(&unit, &plan.union);
     st.tail[f] = unit.id;
     st.stats.replays += 1;
     st.stats.replayed_tasks += plan.len() as u64;
@@ -512,6 +541,7 @@ pub(crate) fn submit(
             entry,
             external,
             status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
+            any_failed: crate::sync::AtomicBool::new(false),
             unit: unit.clone(),
             measure: how.measure,
         });

@@ -19,7 +19,7 @@ use crate::clock::now_ns;
 use crate::ctx::{Access, Body, Check, SkipHook, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
-use crate::sync::{lock, Arc, Ordering};
+use crate::sync::{lock, Arc};
 use crate::trace::Span;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -139,7 +139,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         let id = run.id_base + i as u64;
         let start = if shared.profiling { now_ns() } else { 0 };
         let cause = external.map(|p| p.name.as_ref()).or_else(|| {
-            run.failed_task(t.preds.iter().copied())
+            run.failed_task(step.preds.iter().copied())
                 .map(|p| plan.tasks[p as usize].name.as_ref())
         });
         let outcome = match cause {
@@ -155,11 +155,12 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             None => {
                 // SAFETY: this is the thread of the task's stream, running one
                 // task at a time (`BodyCell`'s invariant).
-                let body = unsafe { t.body.get() };
+                let cell = step.body.as_ref().expect("a task step has a body");
+                let body = unsafe { cell.get() };
                 let t0 = if run.measure { now_ns() } else { 0 };
                 let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
                 if run.measure {
-                    t.body.measured(now_ns() - t0);
+                    cell.measured(now_ns() - t0);
                 }
                 r.and_then(|()| run_checks(checks))
             }
@@ -185,7 +186,9 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 ok: status == OK,
             });
         }
-        run.status[i].store(status, Ordering::Release);
+        if status != OK {
+            run.fail(i, status);
+        }
         unpublished += 1;
         if step.signal {
             publish(&mut unpublished);
