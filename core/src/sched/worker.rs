@@ -156,6 +156,7 @@ fn push_span(
         name: task.name.clone(),
         kind: task.kind,
         stream: s,
+        placement: task.placement,
         start_ns,
         end_ns,
         preds: preds.iter().map(|p| p.id).collect(),
