@@ -40,3 +40,75 @@ pub enum Priority {
     /// Communication (comm streams run at the highest device priority).
     Comm,
 }
+
+impl Priority {
+    /// The hint's name in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Main => "main",
+            Priority::Side => "side",
+            Priority::Comm => "comm",
+        }
+    }
+}
+
+/// Why a task went to its stream: the rule the placement policy applied.
+/// Recorded with each task ([`crate::trace::Span::placement`]) and written as
+/// the `placed` argument of its Chrome-trace event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlaceReason {
+    /// The task named its stream (`TaskBuilder::on_stream`); no policy ran.
+    Pinned,
+    /// `Affinity`: it continues the stream of its latest unfinished
+    /// predecessor, still that stream's last task (no cross-stream wait).
+    Chain,
+    /// `Affinity`: the least-loaded usable compute stream.
+    LeastLoaded,
+    /// `Affinity`, `Priority::Side`: the least-loaded usable compute stream
+    /// other than its predecessor's (the only one when one is usable).
+    Side,
+    /// A communication task: the communication stream its index picks.
+    Comm,
+    /// `Single`: everything on stream 0.
+    Single,
+    /// `RoundRobin`: the next compute stream in turn.
+    RoundRobin,
+    /// A task of a recorded schedule's replay: the stream its plan gives it
+    /// (the recording's placement, or the cost model's re-placement).
+    Replayed,
+    /// A task of an automatically memoised step: the stream the recorded
+    /// step's analysis gave it.
+    Memoised,
+}
+
+impl PlaceReason {
+    /// The reason's name in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlaceReason::Pinned => "pinned",
+            PlaceReason::Chain => "chain",
+            PlaceReason::LeastLoaded => "least-loaded",
+            PlaceReason::Side => "side",
+            PlaceReason::Comm => "comm",
+            PlaceReason::Single => "single",
+            PlaceReason::RoundRobin => "round-robin",
+            PlaceReason::Replayed => "replayed",
+            PlaceReason::Memoised => "memoised",
+        }
+    }
+}
+
+/// A placement decision: why the task went where it went, how many compute
+/// streams the policy could use at that moment, and the task's priority hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Placement {
+    /// The rule applied.
+    pub reason: PlaceReason,
+    /// Compute streams the policy could choose from when it placed the task:
+    /// under `Affinity` on the CPU, this runtime's share of the process's core
+    /// budget (see `RuntimeBuilder::cpu_cores`); otherwise every compute
+    /// stream (1 under `Single`).
+    pub usable: u16,
+    /// The task's scheduling hint.
+    pub priority: Priority,
+}

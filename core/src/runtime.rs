@@ -4,7 +4,7 @@ use crate::backend::{Backend, BackendKind};
 use crate::buffer::{AsView, Buffer, BufferInner, Dropped};
 use crate::error::{Error, Result};
 use crate::kind::TaskKind;
-use crate::sched::placement::{self, Layout, Policy};
+use crate::sched::placement::{self, Claim, CoreBudget, Layout, Lease, Policy, Share};
 use crate::sched::TaskHandle;
 use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
 use crate::sync::{lock, next_id, Arc, AtomicU64, IdKind, Mutex, Ordering};
@@ -26,6 +26,8 @@ pub struct RuntimeBuilder {
     replay_as_tasks: bool,
     replace: bool,
     auto_replay: bool,
+    cpu_cores: Option<usize>,
+    oversubscribe: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -42,6 +44,8 @@ impl Default for RuntimeBuilder {
             replay_as_tasks: false,
             replace: true,
             auto_replay: true,
+            cpu_cores: None,
+            oversubscribe: false,
         }
     }
 }
@@ -126,6 +130,47 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The CPU cores the process may use, as this runtime counts them
+    /// (default: `BRAID_CPU_CORES` when set, else the cores detected by
+    /// [`crate::topo::cpu_cores`]). The CPU runtimes alive in the process
+    /// share them: under [`Policy::Affinity`] this runtime places compute
+    /// tasks on its share of its compute streams only, so that busy stream
+    /// threads across the ranks of a process do not outnumber the cores (two
+    /// ranks on two cores: one compute stream each; one rank: both).
+    /// Communication streams are not counted. CUDA runtimes ignore it.
+    pub fn cpu_cores(mut self, n: usize) -> Self {
+        self.cpu_cores = Some(n);
+        self
+    }
+
+    /// Let [`Policy::Affinity`] use every compute stream whatever the core
+    /// budget (default false; the behaviour before the budget existed). The
+    /// runtime still counts against the budget, so budgeted runtimes beside
+    /// it leave its cores to it.
+    pub fn oversubscribe(mut self, on: bool) -> Self {
+        self.oversubscribe = on;
+        self
+    }
+
+    /// The runtime's claim on the core budget (CPU runtimes only).
+    fn claim(&self) -> Result<Claim> {
+        let budget = match self.cpu_cores {
+            Some(0) => return Err(Error::Config("`cpu_cores` must be at least 1".into())),
+            Some(n) => n,
+            None => crate::topo::cpu_budget()?,
+        };
+        let (demand, flexible) = match self.policy {
+            Policy::Single => (1, false),
+            Policy::RoundRobin => (self.compute_streams, false),
+            Policy::Affinity => (self.compute_streams, !self.oversubscribe),
+        };
+        Ok(Claim {
+            budget,
+            demand,
+            flexible,
+        })
+    }
+
     /// Starts the runtime's stream threads.
     pub fn build(self) -> Result<Runtime> {
         if self.compute_streams == 0 {
@@ -141,6 +186,16 @@ impl RuntimeBuilder {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
         let backend = Backend::open(self.backend, self.compute_streams, self.comm_streams)?;
+        let runtime_id = next_id(IdKind::Runtime);
+        // CPU stream threads are busy threads: register with the process's
+        // core budget. CUDA stream threads mostly block: they do not count.
+        let lease = match backend {
+            Backend::Cpu => Some(CoreBudget::global().join(runtime_id, self.claim()?)),
+            Backend::Cuda(_) => None,
+        };
+        let share = lease
+            .as_ref()
+            .map_or_else(|| Share::fixed(self.compute_streams), Lease::share);
         let mut streams = Vec::with_capacity(n);
         for s in 0..n {
             let is_comm = s >= self.compute_streams;
@@ -159,7 +214,7 @@ impl RuntimeBuilder {
             });
         }
         let shared = Arc::new(Shared {
-            runtime_id: next_id(IdKind::Runtime),
+            runtime_id,
             rank: self.rank,
             streams,
             completed: Gate::default(),
@@ -172,7 +227,7 @@ impl RuntimeBuilder {
             compute: self.compute_streams,
             comm: self.comm_streams,
         };
-        let mut state = SubmitState::new(placement::make(self.policy, layout), n);
+        let mut state = SubmitState::new(placement::make(self.policy, layout, share.clone()), n);
         if self.auto_replay {
             state.auto = Some(sched::auto::Auto::default());
         }
@@ -198,6 +253,8 @@ impl RuntimeBuilder {
             state: Mutex::new(state),
             threads,
             backend,
+            share,
+            _lease: lease,
             config: self,
         })
     }
@@ -214,6 +271,11 @@ pub struct Runtime {
     state: Mutex<SubmitState>,
     threads: Vec<std::thread::JoinHandle<()>>,
     backend: Backend,
+    /// This runtime's share of the core budget (its compute streams on CUDA).
+    share: Share,
+    /// Its registration with the core budget (CPU), left on drop, after the
+    /// stream threads are joined.
+    _lease: Option<Lease>,
     config: RuntimeBuilder,
 }
 
@@ -261,6 +323,19 @@ impl Runtime {
     /// Number of compute streams.
     pub fn compute_streams(&self) -> usize {
         self.config.compute_streams
+    }
+
+    /// How many compute streams the placement policy may use now: under
+    /// [`Policy::Affinity`] on the CPU, this runtime's share of the process's
+    /// core budget (it changes as CPU runtimes start and stop; see
+    /// [`RuntimeBuilder::cpu_cores`]); 1 under `Single`; otherwise every
+    /// compute stream.
+    pub fn usable_compute_streams(&self) -> usize {
+        match self.config.policy {
+            Policy::Single => 1,
+            Policy::RoundRobin => self.config.compute_streams,
+            Policy::Affinity => self.share.get().min(self.config.compute_streams),
+        }
     }
 
     /// The placement policy.

@@ -3,8 +3,8 @@
 mod common;
 
 use braid::{
-    Accesses, BackendKind, Buffer, Error, Policy, Runtime, RuntimeBuilder, TaskBuilder, TaskError,
-    TaskHandle, TaskKind,
+    Accesses, BackendKind, Buffer, Error, Policy, Priority, Runtime, RuntimeBuilder, TaskBuilder,
+    TaskError, TaskHandle, TaskKind,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,11 +14,15 @@ fn rt(streams: usize) -> Runtime {
     common::cpu_runtime(streams, Policy::Affinity)
 }
 
-/// A CPU runtime with `streams` compute streams, to configure further.
+/// A CPU runtime with `streams` compute streams, to configure further. It
+/// uses all of them whatever the core budget (`oversubscribe`): the tests of
+/// this process run side by side, and placement here must not depend on how
+/// many of their runtimes are alive.
 fn cpu(streams: usize) -> RuntimeBuilder {
     Runtime::builder()
         .backend(BackendKind::Cpu)
         .compute_streams(streams)
+        .oversubscribe(true)
 }
 
 fn profiled(streams: usize, policy: Policy) -> Runtime {
@@ -393,4 +397,121 @@ fn chrome_trace_names_streams_and_tasks() {
     assert_eq!(bye["tid"], 2);
     assert_eq!(bye["cat"], "comm");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Each task's trace event says why it went where it went.
+#[test]
+fn chrome_trace_records_placement_decisions() {
+    let dir = std::env::temp_dir().join(format!("braid-placed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.json");
+    {
+        let rt = cpu(2).trace(&path).build().unwrap();
+        assert_eq!(rt.usable_compute_streams(), 2);
+        let x = rt.alloc("x", 4).unwrap();
+        let y = rt.alloc("y", 4).unwrap();
+        // Still running when its successors are placed.
+        sleeper(&rt, "first", &x, 100);
+        empty(rt.task("next"), x.read_write::<u8>());
+        empty(rt.task("aside").priority(Priority::Side), x.read::<u8>());
+        empty(rt.task("pinned").on_stream(1), y.write::<u8>());
+        empty(rt.task("bye").kind(TaskKind::Comm), x.read::<u8>());
+        let single = cpu(2)
+            .policy(Policy::Single)
+            .trace(dir.join("single.json"))
+            .build()
+            .unwrap();
+        let z = single.alloc("z", 4).unwrap();
+        empty(single.task("alone"), z.write::<u8>());
+    }
+    let events = |file: &str| -> Vec<serde_json::Value> {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
+        doc["traceEvents"].as_array().unwrap().clone()
+    };
+    let ev = events("t.json");
+    let args = |name: &str| {
+        ev.iter()
+            .find(|e| e["name"] == name && e["ph"] == "X")
+            .unwrap_or_else(|| panic!("no event {name}"))["args"]
+            .clone()
+    };
+    for (task, placed, tid) in [
+        ("first", "least-loaded", 0),
+        ("next", "chain", 0),
+        ("aside", "side", 1),
+        ("pinned", "pinned", 1),
+        ("bye", "comm", 2),
+    ] {
+        let a = args(task);
+        assert_eq!(a["placed"], placed, "{task}: {a}");
+        assert_eq!(a["usable_streams"], 2, "{task}: {a}");
+        let e = ev.iter().find(|e| e["name"] == task).unwrap();
+        assert_eq!(e["tid"], tid, "{task}");
+    }
+    assert_eq!(args("aside")["priority"], "side");
+    assert_eq!(args("next")["priority"], "main");
+    assert_eq!(args("bye")["priority"], "comm");
+    let ev = events("single.json");
+    let alone = ev.iter().find(|e| e["name"] == "alone").unwrap();
+    assert_eq!(alone["args"]["placed"], "single");
+    assert_eq!(alone["args"]["usable_streams"], 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Under the default policy a CPU runtime places compute tasks on its share
+/// of the core budget; communication keeps its own stream; `oversubscribe`
+/// keeps every stream.
+#[test]
+fn core_budget_limits_affinity_compute_streams() {
+    let budgeted = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .cpu_cores(1)
+        .build()
+        .unwrap();
+    assert_eq!(budgeted.usable_compute_streams(), 1);
+    let bufs: Vec<Buffer> = (0..6)
+        .map(|i| budgeted.alloc(format!("b{i}"), 4).unwrap())
+        .collect();
+    for b in &bufs {
+        let h = sleeper(&budgeted, "independent", b, 2);
+        assert_eq!(h.stream(), 0);
+    }
+    let h = empty(
+        budgeted.task("ar").kind(TaskKind::Comm),
+        bufs[0].read::<u8>(),
+    );
+    assert_eq!(h.stream(), 2);
+    budgeted.synchronize().unwrap();
+    let all = cpu(2).cpu_cores(1).build().unwrap();
+    assert_eq!(all.usable_compute_streams(), 2);
+    let e = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .cpu_cores(0)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
+}
+
+/// Ranks launched as threads of one process share the budget: two ranks on a
+/// two-core budget use one compute stream each while both are alive.
+#[test]
+fn launched_ranks_share_the_core_budget() {
+    let both_built = std::sync::Barrier::new(2);
+    let usable = braid::launch(2, |rank, _comm| {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .cpu_cores(2)
+            .rank(rank)
+            .build()?;
+        both_built.wait();
+        let n = rt.usable_compute_streams();
+        both_built.wait();
+        Ok(n)
+    });
+    for (rank, n) in usable.into_iter().enumerate() {
+        assert_eq!(n.unwrap(), 1, "rank {rank}");
+    }
 }

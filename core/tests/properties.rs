@@ -23,6 +23,9 @@ proptest! {
         streams in 1usize..=8,
         policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
         window in prop_oneof![Just(1usize), Just(3), Just(4096)],
+        // Budgeted placement (the default: its share of the cores, which
+        // changes as other tests' runtimes come and go) or every stream.
+        oversubscribe in any::<bool>(),
     ) {
         let expected = sequential(&p);
         for backend in backends() {
@@ -31,6 +34,7 @@ proptest! {
                 .compute_streams(streams)
                 .policy(policy)
                 .launch_window(window)
+                .oversubscribe(oversubscribe)
                 .build()
                 .unwrap();
             let got = on_engine(&rt, &p);

@@ -29,6 +29,7 @@
 use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Shared, SubmitState, TaskBody, TaskShared, PENDING};
 use crate::ctx::Access;
+use crate::kind::{PlaceReason, Placement};
 use crate::sync::{Arc, AtomicU8, Mutex};
 use smallvec::SmallVec;
 use std::sync::OnceLock;
@@ -290,6 +291,11 @@ pub(crate) fn submit_memoised(
     st.stats.edges += preds.len() as u64;
     st.stats.waits += waits.len() as u64;
     m.accesses.push(t.accesses.clone());
+    let placement = Placement {
+        reason: PlaceReason::Memoised,
+        usable: m.plan.used,
+        priority: t.priority,
+    };
     let task = Arc::new(TaskShared {
         id,
         name: t.name,
@@ -297,6 +303,7 @@ pub(crate) fn submit_memoised(
         stream: s as u16,
         seq,
         clock,
+        placement,
         status: AtomicU8::new(PENDING),
         error: OnceLock::new(),
         event: OnceLock::new(),

@@ -45,6 +45,8 @@ pub(crate) struct TaskShared {
     pub(crate) name: Cow<'static, str>,
     pub(crate) kind: TaskKind,
     pub(crate) stream: u16,
+    /// Why it went to `stream` (copied into its span).
+    pub(crate) placement: crate::kind::Placement,
     /// Position in its stream's FIFO, from 1.
     pub(crate) seq: u64,
     /// The stream's vector clock right after this task: what its completion
@@ -318,8 +320,8 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
 
     // Placement.
     let latest = preds.iter().max_by_key(|p| p.id);
-    let s = match t.stream {
-        Some(s) => s,
+    let (s, placement) = match t.stream {
+        Some(s) => (s, st.placer.pinned(t.priority)),
         None => {
             let req = Request {
                 kind: t.kind,
@@ -365,6 +367,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         name: t.name,
         kind: t.kind,
         stream: s as u16,
+        placement,
         seq,
         clock: clock.clone(),
         status: AtomicU8::new(PENDING),

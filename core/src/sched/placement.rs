@@ -1,12 +1,30 @@
-//! Placement: which stream runs a task.
+//! Placement: which stream runs a task, and why.
 //!
 //! A policy sees the task's kind and priority, where its latest predecessor
 //! runs and whether that stream has moved on since, and how many tasks each
-//! stream has queued. It returns a stream index. Policies are deterministic
-//! functions of that input and their own state, so the same program places the
-//! same way on every rank (which keeps collective order identical).
+//! stream has queued. It returns a stream index and a [`Placement`] (the rule
+//! it applied, recorded in the trace). Communication tasks always go to the
+//! communication streams, by their index alone, so collective order is the
+//! same on every rank whatever happens to compute tasks.
+//!
+//! **The core budget.** Stream threads of a CPU runtime are busy threads: two
+//! ranks of one process with two compute streams each are four busy threads,
+//! and on two cores they only take turns (issue 10 measured `affinity` at
+//! 0.91–1.00× of `single` there). So the CPU runtimes of a process share a
+//! budget of cores ([`crate::topo::cpu_budget`], or the builder's
+//! `cpu_cores`): each registers with [`CoreBudget`] while it lives, and
+//! `Affinity` places compute tasks on the first [`CoreBudget`] share of its
+//! compute streams only (see [`fair_shares`] for the rule). Communication
+//! streams are not counted: a comm thread mostly waits for its peers. CUDA
+//! runtimes do not register (their stream threads mostly block on the
+//! device). Runtimes built with `oversubscribe(true)` (placement over every
+//! compute stream, as before the budget), `Single` runtimes (1 stream) and
+//! `RoundRobin` runtimes (every compute stream) register what they use
+//! without being limited, so the budgeted runtimes leave those cores to them.
 
-use crate::kind::{Priority, TaskKind};
+use crate::kind::{PlaceReason, Placement, Priority, TaskKind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How tasks are spread over streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +94,24 @@ pub(crate) struct Request {
 pub(crate) trait Place: Send {
     /// `load(s)` is the number of tasks placed on stream `s` not yet
     /// completed (read from the stream threads' counters only when asked).
-    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> usize;
+    /// Returns the stream and why.
+    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> (usize, Placement);
+
+    /// How many compute streams the policy may use now.
+    fn usable(&self) -> usize;
+
+    /// The record of a task pinned to its stream, bypassing the policy.
+    fn pinned(&self, priority: Priority) -> Placement {
+        placement(PlaceReason::Pinned, self.usable(), priority)
+    }
+}
+
+fn placement(reason: PlaceReason, usable: usize, priority: Priority) -> Placement {
+    Placement {
+        reason,
+        usable: usable.min(u16::MAX as usize) as u16,
+        priority,
+    }
 }
 
 /// The stream layout: compute streams first, then communication streams.
@@ -92,10 +127,17 @@ impl Layout {
             .then(|| self.compute + req.comm_index % self.comm)
     }
 
-    fn least_loaded(&self, load: &dyn Fn(usize) -> u64, avoid: Option<usize>) -> usize {
+    /// The least-loaded of compute streams `0..usable`, avoiding `avoid`
+    /// when another is usable; the lowest index on ties.
+    fn least_loaded(
+        &self,
+        usable: usize,
+        load: &dyn Fn(usize) -> u64,
+        avoid: Option<usize>,
+    ) -> usize {
         let mut best = None;
-        for s in 0..self.compute {
-            if Some(s) == avoid && self.compute > 1 {
+        for s in 0..usable.clamp(1, self.compute) {
+            if Some(s) == avoid && usable > 1 {
                 continue;
             }
             let l = load(s);
@@ -107,19 +149,40 @@ impl Layout {
     }
 }
 
-pub(crate) fn make(policy: Policy, layout: Layout) -> Box<dyn Place> {
+/// How many compute streams a policy may use: this runtime's share of the
+/// core budget, kept up to date by [`CoreBudget`] as runtimes come and go
+/// (read once per placement, relaxed: any recent value is a valid choice).
+#[derive(Debug, Clone)]
+pub(crate) struct Share(Arc<AtomicUsize>);
+
+impl Share {
+    /// A share that never changes.
+    pub(crate) fn fixed(n: usize) -> Self {
+        Share(Arc::new(AtomicUsize::new(n.max(1))))
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+}
+
+pub(crate) fn make(policy: Policy, layout: Layout, share: Share) -> Box<dyn Place> {
     match policy {
         Policy::Single => Box::new(Single),
         Policy::RoundRobin => Box::new(RoundRobin { layout, next: 0 }),
-        Policy::Affinity => Box::new(Affinity { layout }),
+        Policy::Affinity => Box::new(Affinity { layout, share }),
     }
 }
 
 struct Single;
 
 impl Place for Single {
-    fn place(&mut self, _: &Request, _: &dyn Fn(usize) -> u64) -> usize {
-        0
+    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+        (0, placement(PlaceReason::Single, 1, req.priority))
+    }
+
+    fn usable(&self) -> usize {
+        1
     }
 }
 
@@ -129,34 +192,176 @@ struct RoundRobin {
 }
 
 impl Place for RoundRobin {
-    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> usize {
+    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+        let n = self.layout.compute;
         if let Some(s) = self.layout.comm_stream(req) {
-            return s;
+            return (s, placement(PlaceReason::Comm, n, req.priority));
         }
-        let s = self.next % self.layout.compute;
+        let s = self.next % n;
         self.next = self.next.wrapping_add(1);
-        s
+        (s, placement(PlaceReason::RoundRobin, n, req.priority))
+    }
+
+    fn usable(&self) -> usize {
+        self.layout.compute
     }
 }
 
 struct Affinity {
     layout: Layout,
+    share: Share,
 }
 
 impl Place for Affinity {
-    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> usize {
-        if let Some(s) = self.layout.comm_stream(req) {
-            return s;
-        }
-        match req.latest_pred {
-            // The predecessor is the tail of a compute stream: continue the chain
-            // there, unless this is side work that should leave it to the chain.
-            Some((s, true)) if s < self.layout.compute && req.priority != Priority::Side => s,
-            Some((s, _)) if req.priority == Priority::Side => {
-                self.layout.least_loaded(load, Some(s))
+    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+        let usable = self.usable();
+        let (s, why) = if let Some(s) = self.layout.comm_stream(req) {
+            (s, PlaceReason::Comm)
+        } else {
+            match req.latest_pred {
+                // The predecessor is the tail of a usable compute stream:
+                // continue the chain there, unless this is side work that
+                // should leave it to the chain.
+                Some((s, true)) if s < usable && req.priority != Priority::Side => {
+                    (s, PlaceReason::Chain)
+                }
+                Some((s, _)) if req.priority == Priority::Side => (
+                    self.layout.least_loaded(usable, load, Some(s)),
+                    PlaceReason::Side,
+                ),
+                _ => (
+                    self.layout.least_loaded(usable, load, None),
+                    PlaceReason::LeastLoaded,
+                ),
             }
-            _ => self.layout.least_loaded(load, None),
+        };
+        (s, placement(why, usable, req.priority))
+    }
+
+    fn usable(&self) -> usize {
+        self.share.get().min(self.layout.compute)
+    }
+}
+
+/// What a runtime asks of the core budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// The budget as this runtime sees it (the process's, or its builder's).
+    pub budget: usize,
+    /// Compute streams it would keep busy.
+    pub demand: usize,
+    /// Whether its share may be smaller than its demand (`Affinity` without
+    /// `oversubscribe`); otherwise it always gets its demand.
+    pub flexible: bool,
+}
+
+/// The shares of the core budget, one per claim, in the claims' order (the
+/// order the runtimes registered in). A fixed claim gets its demand. The
+/// flexible ones divide what the fixed ones leave by water-filling: smallest
+/// demand first, each gets `min(demand, max(1, left / claims left))`, so a
+/// runtime that needs less than an even split leaves the rest to the others,
+/// no runtime gets fewer than one stream, and the shares never add up to more
+/// than the budget unless that minimum forces it. With equal demands and
+/// `budget = runtimes × k` every runtime gets `k` (2 ranks on 2 cores: one
+/// compute stream each; 1 rank: both); a remainder goes to the latest
+/// registered (4 cores, 3 ranks of 2 streams: 1, 1, 2), since a core left
+/// idle helps no rank. Each claim is computed against its own `budget`.
+pub(crate) fn fair_shares(claims: &[Claim]) -> Vec<usize> {
+    let share_of = |i: usize| -> usize {
+        let me = claims[i];
+        if !me.flexible {
+            return me.demand.max(1);
         }
+        let fixed: usize = claims
+            .iter()
+            .filter(|c| !c.flexible)
+            .map(|c| c.demand)
+            .sum();
+        let mut left = me.budget.saturating_sub(fixed);
+        let mut order: Vec<usize> = (0..claims.len()).filter(|&j| claims[j].flexible).collect();
+        order.sort_by_key(|&j| (claims[j].demand, j));
+        let mut n = order.len();
+        for j in order {
+            let give = claims[j].demand.min((left / n).max(1));
+            if j == i {
+                return give.max(1);
+            }
+            left = left.saturating_sub(give);
+            n -= 1;
+        }
+        unreachable!("a flexible claim is in the order")
+    };
+    (0..claims.len()).map(share_of).collect()
+}
+
+/// The process-wide registry of live CPU runtimes and their claims on the
+/// core budget. Registering or leaving recomputes every share
+/// ([`fair_shares`]) and publishes it to each runtime's [`Share`]. Plain std
+/// primitives: a process-wide static, part of no loom model.
+#[derive(Debug, Default)]
+pub(crate) struct CoreBudget {
+    live: Mutex<Vec<(u64, Claim, Share)>>,
+}
+
+impl CoreBudget {
+    /// The process's registry.
+    pub(crate) fn global() -> &'static Arc<CoreBudget> {
+        static GLOBAL: OnceLock<Arc<CoreBudget>> = OnceLock::new();
+        GLOBAL.get_or_init(Arc::default)
+    }
+
+    /// Registers runtime `id` with `claim`; its share lives in the lease's
+    /// [`Share`] until the lease drops.
+    pub(crate) fn join(self: &Arc<Self>, id: u64, claim: Claim) -> Lease {
+        let share = Share::fixed(claim.demand);
+        let mut live = self.lock();
+        live.push((id, claim, share.clone()));
+        Self::publish(&live);
+        Lease {
+            budget: self.clone(),
+            id,
+            share,
+        }
+    }
+
+    /// How many runtimes are registered.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Claim, Share)>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(live: &[(u64, Claim, Share)]) {
+        let claims: Vec<Claim> = live.iter().map(|(_, c, _)| *c).collect();
+        for ((_, _, share), n) in live.iter().zip(fair_shares(&claims)) {
+            share.0.store(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A runtime's registration with the [`CoreBudget`]; leaving on drop.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    budget: Arc<CoreBudget>,
+    id: u64,
+    share: Share,
+}
+
+impl Lease {
+    /// The share the registry keeps up to date.
+    pub(crate) fn share(&self) -> Share {
+        self.share.clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut live = self.budget.lock();
+        live.retain(|(id, _, _)| *id != self.id);
+        CoreBudget::publish(&live);
     }
 }
 
@@ -177,34 +382,37 @@ mod tests {
         }
     }
 
+    fn all(compute: usize) -> Share {
+        Share::fixed(compute)
+    }
+
     #[test]
     fn affinity_continues_chains_and_forks_to_idle_streams() {
         let l = Layout {
             compute: 3,
             comm: 1,
         };
-        let mut p = make(Policy::Affinity, l);
-        assert_eq!(
-            p.place(&req(TaskKind::Compute, Some((2, true))), &at(&[0, 0, 5, 0])),
-            2
-        );
+        let mut p = make(Policy::Affinity, l, all(3));
+        let (s, why) = p.place(&req(TaskKind::Compute, Some((2, true))), &at(&[0, 0, 5, 0]));
+        assert_eq!((s, why.reason, why.usable), (2, PlaceReason::Chain, 3));
         // The predecessor's stream moved on: pick the least loaded.
-        assert_eq!(
-            p.place(
-                &req(TaskKind::Compute, Some((2, false))),
-                &at(&[3, 1, 5, 0])
-            ),
-            1
+        let (s, why) = p.place(
+            &req(TaskKind::Compute, Some((2, false))),
+            &at(&[3, 1, 5, 0]),
         );
-        assert_eq!(
-            p.place(&req(TaskKind::Comm, Some((0, true))), &at(&[0, 0, 0, 9])),
-            3
-        );
+        assert_eq!((s, why.reason), (1, PlaceReason::LeastLoaded));
+        let (s, why) = p.place(&req(TaskKind::Comm, Some((0, true))), &at(&[0, 0, 0, 9]));
+        assert_eq!((s, why.reason), (3, PlaceReason::Comm));
         let side = Request {
             priority: Priority::Side,
             ..req(TaskKind::Compute, Some((0, true)))
         };
-        assert_eq!(p.place(&side, &at(&[0, 2, 1, 0])), 2);
+        let (s, why) = p.place(&side, &at(&[0, 2, 1, 0]));
+        assert_eq!(
+            (s, why.reason, why.priority),
+            (2, PlaceReason::Side, Priority::Side)
+        );
+        assert_eq!(p.pinned(Priority::Main).reason, PlaceReason::Pinned);
     }
 
     #[test]
@@ -213,13 +421,123 @@ mod tests {
             compute: 2,
             comm: 1,
         };
-        let mut s = make(Policy::Single, l);
-        assert_eq!(s.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])), 0);
-        let mut rr = make(Policy::RoundRobin, l);
+        let mut s = make(Policy::Single, l, all(2));
+        let (st, why) = s.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0]));
+        assert_eq!((st, why.reason, why.usable), (0, PlaceReason::Single, 1));
+        let mut rr = make(Policy::RoundRobin, l, all(2));
         let got: Vec<usize> = (0..4)
-            .map(|_| rr.place(&req(TaskKind::Compute, None), &at(&[0, 0, 0])))
+            .map(|_| rr.place(&req(TaskKind::Compute, None), &at(&[0, 0, 0])).0)
             .collect();
         assert_eq!(got, vec![0, 1, 0, 1]);
-        assert_eq!(rr.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])), 2);
+        assert_eq!(rr.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])).0, 2);
+    }
+
+    fn flex(budget: usize, demand: usize) -> Claim {
+        Claim {
+            budget,
+            demand,
+            flexible: true,
+        }
+    }
+
+    #[test]
+    fn fair_shares_split_the_budget() {
+        // The issue's machine: two cores.
+        assert_eq!(fair_shares(&[flex(2, 2)]), vec![2]);
+        assert_eq!(fair_shares(&[flex(2, 2), flex(2, 2)]), vec![1, 1]);
+        // Never below one stream, even past the budget.
+        assert_eq!(fair_shares(&[flex(2, 2); 3]), vec![1, 1, 1]);
+        // Never above the demand; what one leaves goes to the others.
+        assert_eq!(fair_shares(&[flex(8, 1), flex(8, 8)]), vec![1, 7]);
+        // A remainder goes to the latest registered.
+        assert_eq!(fair_shares(&[flex(4, 2); 3]), vec![1, 1, 2]);
+        // Fixed claims (oversubscribe, Single, RoundRobin) keep their demand
+        // and the flexible ones leave it to them.
+        let fixed = Claim {
+            flexible: false,
+            ..flex(4, 3)
+        };
+        assert_eq!(fair_shares(&[fixed, flex(4, 4)]), vec![3, 1]);
+        assert_eq!(fair_shares(&[fixed, flex(2, 4)]), vec![3, 1]);
+    }
+
+    /// Independent tasks (no predecessor) over `n` placements: the streams used.
+    fn streams_used(p: &mut dyn Place, n: usize) -> Vec<usize> {
+        let mut load = [0u64; 4];
+        let mut used = Vec::new();
+        for _ in 0..n {
+            let (s, why) = p.place(&req(TaskKind::Compute, None), &|i| load[i]);
+            assert_eq!(why.reason, PlaceReason::LeastLoaded);
+            load[s] += 1;
+            if !used.contains(&s) {
+                used.push(s);
+            }
+        }
+        used.sort_unstable();
+        used
+    }
+
+    #[test]
+    fn two_runtimes_on_two_cores_use_one_compute_stream_each() {
+        let budget = Arc::new(CoreBudget::default());
+        let l = Layout {
+            compute: 2,
+            comm: 1,
+        };
+        let claim = flex(2, 2);
+        let a = budget.join(1, claim);
+        let mut pa = make(Policy::Affinity, l, a.share());
+        // Alone: both compute streams.
+        assert_eq!(pa.usable(), 2);
+        assert_eq!(streams_used(&mut *pa, 4), vec![0, 1]);
+        // A second rank joins: one each, and the first sees it at once.
+        let b = budget.join(2, claim);
+        let mut pb = make(Policy::Affinity, l, b.share());
+        assert_eq!((pa.usable(), pb.usable()), (1, 1));
+        assert_eq!(streams_used(&mut *pa, 4), vec![0]);
+        assert_eq!(streams_used(&mut *pb, 4), vec![0]);
+        // A chain on a stream no longer usable moves to a usable one.
+        let (s, why) = pa.place(&req(TaskKind::Compute, Some((1, true))), &at(&[0, 0, 0]));
+        assert_eq!(
+            (s, why.reason, why.usable),
+            (0, PlaceReason::LeastLoaded, 1)
+        );
+        // Side work shares the one usable stream.
+        let side = Request {
+            priority: Priority::Side,
+            ..req(TaskKind::Compute, Some((0, true)))
+        };
+        assert_eq!(pa.place(&side, &at(&[0, 0, 0])).0, 0);
+        // Communication keeps its own stream.
+        assert_eq!(pb.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])).0, 2);
+        // The second leaves: the first gets both back.
+        drop(b);
+        assert_eq!(budget.live(), 1);
+        assert_eq!(pa.usable(), 2);
+        drop(a);
+        assert_eq!(budget.live(), 0);
+    }
+
+    #[test]
+    fn oversubscribe_keeps_every_stream() {
+        let budget = Arc::new(CoreBudget::default());
+        let l = Layout {
+            compute: 2,
+            comm: 1,
+        };
+        let fixed = Claim {
+            flexible: false,
+            ..flex(2, 2)
+        };
+        let a = budget.join(1, fixed);
+        let b = budget.join(2, fixed);
+        let mut pa = make(Policy::Affinity, l, a.share());
+        let mut pb = make(Policy::Affinity, l, b.share());
+        assert_eq!(streams_used(&mut *pa, 4), vec![0, 1]);
+        assert_eq!(streams_used(&mut *pb, 4), vec![0, 1]);
+        // A budgeted runtime beside them gets the minimum.
+        let c = budget.join(3, flex(2, 2));
+        assert_eq!(make(Policy::Affinity, l, c.share()).usable(), 1);
+        assert_eq!(pa.usable(), 2);
     }
 }

@@ -210,6 +210,8 @@ pub(crate) struct Plan {
     pub(crate) clocks: Vec<SmallVec<[u32; 8]>>,
     /// The union of the tasks' accesses: what the replay is to the tracker.
     union: std::sync::Arc<Union>,
+    /// Streams with work.
+    pub(crate) used: u16,
 }
 
 impl Plan {
@@ -288,7 +290,9 @@ impl Plan {
                 .iter()
                 .map(|a| (a.view.buf.id(), a.view.range(), a.mode.writes()))
         })));
+        let used = programs.iter().filter(|p| !p.is_empty()).count() as u16;
         Plan {
+            used,
             name,
             tasks,
             programs,
@@ -517,6 +521,7 @@ pub(crate) fn submit(
         stream: f as u16,
         seq: st.placed[f],
         clock: st.clocks[f].clone(),
+        placement: replayed(plan),
         status: AtomicU8::new(PENDING),
         error: OnceLock::new(),
         event: OnceLock::new(),
@@ -588,6 +593,7 @@ fn push_tasks(
             stream: t.stream,
             seq: base[s] + pos as u64,
             clock: Clock::new(),
+            placement: replayed(plan),
             status: AtomicU8::new(PENDING),
             error: OnceLock::new(),
             event: OnceLock::new(),
@@ -617,6 +623,15 @@ fn push_tasks(
         on_skip: None,
     });
     shared.streams[f].queue.push(Item::Task(unit.clone()));
+}
+
+/// The placement record of a replayed task.
+pub(crate) fn replayed(plan: &Plan) -> crate::kind::Placement {
+    crate::kind::Placement {
+        reason: crate::kind::PlaceReason::Replayed,
+        usable: plan.used,
+        priority: crate::kind::Priority::Main,
+    }
 }
 
 /// The error of a replay's join when one of its tasks (or an external

@@ -184,6 +184,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 end_ns: now_ns(),
                 preds,
                 ok: status == OK,
+                placement: super::replay::replayed(plan),
             });
         }
         if status != OK {
@@ -298,6 +299,7 @@ fn push_span(
         name: task.name.clone(),
         kind: task.kind,
         stream: s,
+        placement: task.placement,
         start_ns,
         end_ns,
         preds,

@@ -1,5 +1,8 @@
 //! Chrome trace JSON (`chrome://tracing`, Perfetto): one process per rank,
-//! one thread track per stream, each task a complete (`X`) event.
+//! one thread track per stream, each task a complete (`X`) event whose args
+//! are its submission index, outcome, predecessors and placement decision
+//! (`placed`: the rule, `usable_streams`: the compute streams the policy
+//! could choose from, `priority`: the task's hint).
 
 use super::Profile;
 use crate::error::{Error, Result};
@@ -41,7 +44,14 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
                 "tid": s.stream,
                 "ts": s.start_ns as f64 / 1e3,
                 "dur": (s.end_ns.saturating_sub(s.start_ns)) as f64 / 1e3,
-                "args": {"task": s.id, "ok": s.ok, "after": s.preds.as_slice()},
+                "args": {
+                    "task": s.id,
+                    "ok": s.ok,
+                    "after": s.preds.as_slice(),
+                    "placed": s.placement.reason.name(),
+                    "usable_streams": s.placement.usable,
+                    "priority": s.placement.priority.name(),
+                },
             }));
         }
     }

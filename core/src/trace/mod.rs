@@ -12,7 +12,7 @@ mod summary;
 pub use chrome::{write_chrome_trace, HostTraceGuard};
 pub use summary::{StreamBusy, Summary};
 
-use crate::kind::TaskKind;
+use crate::kind::{Placement, TaskKind};
 use smallvec::SmallVec;
 use std::borrow::Cow;
 
@@ -27,6 +27,9 @@ pub struct Span {
     pub kind: TaskKind,
     /// The stream it ran on.
     pub stream: usize,
+    /// Why placement put it there (the Chrome trace's `placed`,
+    /// `usable_streams` and `priority` arguments).
+    pub placement: Placement,
     /// Start, in nanoseconds on the process-wide timeline.
     pub start_ns: u64,
     /// End, in nanoseconds on the process-wide timeline.

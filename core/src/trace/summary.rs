@@ -210,6 +210,11 @@ mod tests {
             name: "t".into(),
             kind,
             stream,
+            placement: crate::kind::Placement {
+                reason: crate::kind::PlaceReason::Pinned,
+                usable: 1,
+                priority: crate::kind::Priority::Main,
+            },
             start_ns: s,
             end_ns: e,
             preds: preds.iter().copied().collect(),

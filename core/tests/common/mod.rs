@@ -268,12 +268,16 @@ pub fn backends() -> Vec<braid::BackendKind> {
     v
 }
 
+/// A CPU runtime that uses all its compute streams whatever the core budget
+/// (`oversubscribe`), so tests cover every stream count however many other
+/// tests' runtimes are alive in the process.
 pub fn cpu_runtime(streams: usize, policy: Policy) -> Runtime {
     Runtime::builder()
         .backend(braid::BackendKind::Cpu)
         .compute_streams(streams)
         .comm_streams(1)
         .policy(policy)
+        .oversubscribe(true)
         .build()
         .unwrap()
 }

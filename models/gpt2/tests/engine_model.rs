@@ -23,12 +23,15 @@ use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use common::{reference_steps, TEST_ADAMW};
 
+/// Every compute stream is used whatever the core budget (`oversubscribe`),
+/// however many other tests' runtimes are alive, so "any streams" holds.
 fn runtime(streams: usize, policy: Policy) -> Runtime {
     Runtime::builder()
         .backend(BackendKind::Cpu)
         .compute_streams(streams)
         .comm_streams(1)
         .policy(policy)
+        .oversubscribe(true)
         .build()
         .unwrap()
 }
