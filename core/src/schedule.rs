@@ -118,7 +118,7 @@ impl<'rt> Schedule<'rt> {
             let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
             if !self.settled.load(Acquire) {
                 how.measure = true;
-                let compute = self.rt.compute_streams();
+                let compute = self.rt.usable_compute_streams();
                 if let Some(p) = plan.replaced(compute, CPU_HANDOFF_NS) {
                     *plan = Arc::new(p);
                     self.settled.store(true, Release);
