@@ -1,7 +1,8 @@
 //! GPT-2 data-parallel training on CPU ranks: the `single` placement policy
 //! (everything, collectives included, on one stream per rank: no overlap)
-//! against the default policy, in the same run. The two alternate round by
-//! round; each training run starts from the same initial parameters and data
+//! against the default policy, and the default policy with every step
+//! submitted eagerly (`replay: false`) against the trainer's replayed step,
+//! in the same run. The configurations take turns round by round; each training run starts from the same initial parameters and data
 //! and leaves its first step out of the timing (warm-up). Prints step time,
 //! tokens/s and the share of communication time hidden under computation, and
 //! ends with the default policy's speed-up over `single`: the geometric mean
@@ -134,26 +135,31 @@ fn main() -> Result<()> {
         a.rounds
     );
     println!("cores: {}", braid::topo::describe());
-    let policies = [Policy::Single, Policy::default()];
+    // Each policy with the trainer's replayed step (the default), and the
+    // default policy with every step submitted eagerly.
+    let policies = [Policy::Single, Policy::default(), Policy::default()];
+    let replay = [true, true, false];
+    let label = |i: usize| match replay[i] {
+        true => policies[i].name().to_string(),
+        false => format!("{} eager", policies[i].name()),
+    };
     let mut tallies: Vec<Tally> = policies.iter().map(|_| Tally::default()).collect();
     let mut ratios = Vec::with_capacity(a.rounds);
+    let mut replay_ratios = Vec::with_capacity(a.rounds);
     for round in 0..a.rounds {
-        // Alternate the order so neither policy always runs first.
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1]
-        } else {
-            vec![1, 0]
-        };
+        // Rotate the order so no configuration always runs first.
+        let order: Vec<usize> = (0..3).map(|k| (k + round) % 3).collect();
         for i in order {
             let opts = TrainOptions {
                 policy: policies[i],
+                replay: replay[i],
                 ..base.clone()
             };
             let r = train(&opts, start.clone(), &data, &|_| {})?;
             println!(
-                "round {round} {:<12} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
+                "round {round} {:<15} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
                  compute streams used/usable per rank {}",
-                policies[i].name(),
+                label(i),
                 r.mean_step_seconds() * 1e3,
                 r.tokens_per_second(),
                 r.comm_seconds() * 1e3 / r.steps.len().max(1) as f64,
@@ -162,20 +168,22 @@ fn main() -> Result<()> {
             );
             tallies[i].add(&r);
         }
-        let (single, default) = (&tallies[0].step_s, &tallies[1].step_s);
-        let ratio = single[round] / default[round];
+        let step = |i: usize| tallies[i].step_s[round];
+        let ratio = step(0) / step(1);
+        let replay_ratio = step(2) / step(1);
         println!(
-            "round {round} speed-up of {} over single: {ratio:.3}x",
+            "round {round} speed-up of {} over single: {ratio:.3}x; replay over eager: {replay_ratio:.3}x",
             policies[1].name()
         );
         ratios.push(ratio);
+        replay_ratios.push(replay_ratio);
     }
     println!();
-    for (p, t) in policies.iter().zip(&tallies) {
+    for (i, t) in tallies.iter().enumerate() {
         let step = Tally::mean(&t.step_s);
         println!(
-            "{:<12} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
-            p.name(),
+            "{:<15} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
+            label(i),
             step * 1e3,
             tokens as f64 / step,
             Tally::mean(&t.comm_s) * 1e3,
@@ -184,7 +192,13 @@ fn main() -> Result<()> {
     }
     // Geometric mean of the paired per-round ratios: each pairs two runs
     // taken back to back, so slow drifts of the machine's load cancel.
-    let speed_up = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64).exp();
+    let geo = |v: &[f64]| (v.iter().map(|r| r.ln()).sum::<f64>() / v.len().max(1) as f64).exp();
+    let speed_up = geo(&ratios);
+    println!(
+        "replay over eager ({}): {:.3}x",
+        policies[1].name(),
+        geo(&replay_ratios)
+    );
     println!(
         "speed-up of {} over single: {speed_up:.3}x",
         policies[1].name()
