@@ -28,10 +28,11 @@
 
 use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Shared, SubmitState, TaskBody, TaskShared, PENDING};
-use crate::ctx::Access;
+use crate::graph::Mode;
 use crate::kind::{PlaceReason, Placement};
 use crate::sync::{Arc, AtomicU8, Mutex};
 use smallvec::SmallVec;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 /// Identical steps in a row before one is recorded.
@@ -68,7 +69,9 @@ struct Memo {
     hashes: Vec<u64>,
     /// Tasks of the current step submitted so far through the plan.
     made: Vec<Arc<TaskShared>>,
-    accesses: Vec<SmallVec<[Access; 4]>>,
+    /// Their accesses as the tracker records them: `(buffer, range, mode)`
+    /// (no buffer handles: no reference counts touched per task).
+    accesses: Vec<SmallVec<[(u64, Range<usize>, Mode); 4]>>,
     /// Each stream's sequence number before the step.
     base: Clock,
     /// The current step left the plan.
@@ -239,9 +242,8 @@ fn diverge(st: &mut SubmitState) {
     }
     m.diverged = true;
     for (task, accesses) in m.made.iter().zip(&m.accesses) {
-        for a in accesses {
-            st.tracker
-                .record(a.view.buf.id(), a.view.range(), a.mode, task);
+        for (buf, range, mode) in accesses {
+            st.tracker.record(*buf, range.clone(), *mode, task);
         }
     }
     st.stats.auto_divergences += 1;
@@ -290,7 +292,12 @@ pub(crate) fn submit_memoised(
     st.stats.auto_replayed += 1;
     st.stats.edges += preds.len() as u64;
     st.stats.waits += waits.len() as u64;
-    m.accesses.push(t.accesses.clone());
+    m.accesses.push(
+        t.accesses
+            .iter()
+            .map(|a| (a.view.buf.id(), a.view.range(), a.mode))
+            .collect(),
+    );
     let placement = Placement {
         reason: PlaceReason::Memoised,
         usable: m.plan.used,

@@ -354,6 +354,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
                 &t.name,
                 t.kind,
                 t.stream.is_none() && t.kind != TaskKind::Comm,
+                t.priority == crate::kind::Priority::Side,
             ),
             &t.accesses,
             &t.on_skip,

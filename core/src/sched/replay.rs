@@ -81,6 +81,8 @@ pub(crate) struct Recorder {
     /// The recorded tasks' ids, increasing (other work — a replay during an
     /// automatic recording — may take ids in between).
     ids: Vec<u64>,
+    /// The last recorded task of each stream.
+    tails: Vec<Option<u32>>,
     local: Vec<Local>,
 }
 
@@ -98,6 +100,7 @@ impl Recorder {
             tracker: Tracker::default(),
             tasks: Vec::new(),
             ids: Vec::new(),
+            tails: Vec::new(),
             local: Vec::new(),
         }
     }
@@ -112,7 +115,7 @@ impl Recorder {
         &mut self,
         id: u64,
         s: usize,
-        (name, kind, movable): (&Cow<'static, str>, TaskKind, bool),
+        (name, kind, movable, side): (&Cow<'static, str>, TaskKind, bool, bool),
         accesses: &SmallVec<[Access; 4]>,
         on_skip: &Option<SkipHook>,
         body: Body,
@@ -150,10 +153,30 @@ impl Recorder {
                 TaskBody::Once(body),
             )
         };
+        // Eager placement saw only unfinished predecessors: a task whose
+        // predecessor had already finished was placed as if it had none, which
+        // a plan (whose edges are all there) would pay for in cross-stream
+        // waits. An analysis-only plan places it as `Affinity` would have with
+        // the predecessor unfinished: on its stream when it is still that
+        // stream's last recorded task. (Not for kept bodies: a recorded body
+        // runs on the stream it was recorded on.)
+        let mut s = s as u16;
+        if !self.keep_bodies && movable && !side {
+            if let Some(&p) = preds.iter().max() {
+                let ps = self.tasks[p as usize].stream;
+                if self.tails.get(ps as usize) == Some(&Some(p)) {
+                    s = ps;
+                }
+            }
+        }
+        if self.tails.len() <= s as usize {
+            self.tails.resize(s as usize + 1, None);
+        }
+        self.tails[s as usize] = Some(index);
         self.tasks.push(RecTask {
             name: name.clone(),
             kind,
-            stream: s as u16,
+            stream: s,
             accesses: if self.keep_bodies {
                 accesses.clone()
             } else {
