@@ -43,7 +43,7 @@ impl Default for RuntimeBuilder {
             rank: 0,
             replay_as_tasks: false,
             replace: true,
-            auto_replay: true,
+            auto_replay: false,
             cpu_cores: None,
             oversubscribe: false,
         }
@@ -120,11 +120,14 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Automatic replay (default: on): after a few identical steps (what is
+    /// Automatic replay (default: off): after a few identical steps (what is
     /// submitted between two `synchronize` calls: the same task names, kinds
     /// and accesses in the same order), later identical steps are submitted
     /// from the memoised analysis — no inference, no placement — and the
-    /// moment a step diverges it continues eagerly, nothing lost.
+    /// moment a step diverges it continues eagerly, nothing lost. Off by
+    /// default because it has not measured faster than eager submission on
+    /// the CPU (docs/replay.md): the hand-off of each task, not its analysis,
+    /// dominates there. An explicit [`Runtime::record`] saves both.
     pub fn auto_replay(mut self, on: bool) -> Self {
         self.auto_replay = on;
         self

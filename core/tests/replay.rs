@@ -429,6 +429,7 @@ proptest! {
                 .backend(backend)
                 .compute_streams(streams)
                 .policy(policy)
+                .auto_replay(true)
                 .build()
                 .unwrap();
             prop_assert_eq!(&auto_steps(&rt, &p, &steps), &expected, "backend {:?}", backend);
@@ -473,6 +474,7 @@ fn steps_with_explicit_replays_are_not_memoised() {
         let rt = Runtime::builder()
             .backend(BackendKind::Cpu)
             .replay_as_tasks(as_tasks)
+            .auto_replay(true)
             .build()
             .unwrap();
         let x = rt.alloc_from("x", &[1u64]).unwrap();

@@ -68,17 +68,6 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, true)
-}
-
-/// [`model_runtime`], with automatic replay of repeated steps on or off.
-pub fn model_runtime_with(
-    backend: BackendKind,
-    streams: usize,
-    policy: Policy,
-    rank: usize,
-    auto_replay: bool,
-) -> Result<Runtime> {
     let rt = Runtime::builder()
         .backend(resolve_backend(backend)?)
         .compute_streams(streams)
@@ -86,7 +75,6 @@ pub fn model_runtime_with(
         .policy(policy)
         .rank(rank)
         .profile(true)
-        .auto_replay(auto_replay)
         .build()?;
     if !runs_on(rt.backend_name()) {
         return Err(Gpt2Error::InvalidSetting {
@@ -106,8 +94,7 @@ pub fn model_runtime_with(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    // `--no-replay`: every step eager, automatic replay included.
-    model_runtime_with(backend, opts.streams, opts.policy, rank, opts.replay)
+    model_runtime(backend, opts.streams, opts.policy, rank)
 }
 
 /// Where rank `rank` of a torchrun job writes its trace when rank 0 writes

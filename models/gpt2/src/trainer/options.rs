@@ -59,8 +59,7 @@ pub struct TrainOptions {
     /// Record the steady-state step (from the third step of a run: the
     /// reducer's buckets are rebuilt after the first) and replay it after:
     /// no dependency inference or placement per step. Off: every step is
-    /// submitted eagerly (automatic replay off too). The results are the
-    /// same, bit for bit.
+    /// submitted eagerly. The results are the same, bit for bit.
     pub replay: bool,
 }
 
