@@ -82,7 +82,8 @@ impl Runtime {
         outcome?;
         let recorder = recorder
             .ok_or_else(|| Error::Config("the recording was stopped by someone else".into()))?;
-        let plan = Plan::new(name.into(), recorder.into_tasks(), self.streams());
+        let mut plan = Plan::new(name.into(), recorder.into_tasks(), self.streams());
+        plan.usable = self.usable_compute_streams() as u16;
         // Re-placement from durations measured on the host: CPU programs only
         // (a CUDA body's host time is its launch, not its kernels).
         let settled = self.replays_materialised() || !self.config_replace();

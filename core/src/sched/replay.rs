@@ -235,6 +235,9 @@ pub(crate) struct Plan {
     union: std::sync::Arc<Union>,
     /// Streams with work.
     pub(crate) used: u16,
+    /// Compute streams the placement could use when the plan was made (the
+    /// trace's `usable`): set by whoever knows it, else the streams used.
+    pub(crate) usable: u16,
 }
 
 impl Plan {
@@ -316,6 +319,7 @@ impl Plan {
         let used = programs.iter().filter(|p| !p.is_empty()).count() as u16;
         Plan {
             used,
+            usable: used,
             name,
             tasks,
             programs,
@@ -422,9 +426,13 @@ impl Plan {
             for t in tasks.iter_mut().filter(|t| t.movable) {
                 t.stream = home;
             }
-            return Some(Plan::new(self.name.clone(), tasks, self.programs.len()));
+            let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
+            p.usable = compute as u16;
+            return Some(p);
         }
-        Some(Plan::new(self.name.clone(), tasks, self.programs.len()))
+        let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
+        p.usable = compute as u16;
+        Some(p)
     }
 }
 
@@ -652,7 +660,7 @@ fn push_tasks(
 pub(crate) fn replayed(plan: &Plan) -> crate::kind::Placement {
     crate::kind::Placement {
         reason: crate::kind::PlaceReason::Replayed,
-        usable: plan.used,
+        usable: plan.usable,
         priority: crate::kind::Priority::Main,
     }
 }
