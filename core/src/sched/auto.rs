@@ -63,6 +63,9 @@ enum State {
     Replay(Box<Memo>),
 }
 
+/// One access as the tracker records it: buffer, byte range, mode.
+type Touch = (u64, Range<usize>, Mode);
+
 /// A memoised step and the progress of the current one through it.
 struct Memo {
     plan: Plan,
@@ -71,7 +74,7 @@ struct Memo {
     made: Vec<Arc<TaskShared>>,
     /// Their accesses as the tracker records them: `(buffer, range, mode)`
     /// (no buffer handles: no reference counts touched per task).
-    accesses: Vec<SmallVec<[(u64, Range<usize>, Mode); 4]>>,
+    accesses: Vec<SmallVec<[Touch; 4]>>,
     /// Each stream's sequence number before the step.
     base: Clock,
     /// The current step left the plan.

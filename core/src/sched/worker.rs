@@ -153,9 +153,9 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 })
             }
             None => {
+                let cell = step.body.as_ref().expect("a task step has a body");
                 // SAFETY: this is the thread of the task's stream, running one
                 // task at a time (`BodyCell`'s invariant).
-                let cell = step.body.as_ref().expect("a task step has a body");
                 let body = unsafe { cell.get() };
                 let t0 = if run.measure { now_ns() } else { 0 };
                 let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
