@@ -1,9 +1,12 @@
 //! GPT-2 data-parallel training on CPU ranks: the `single` placement policy
 //! (everything, collectives included, on one stream per rank: no overlap)
-//! against the default policy, in the same run. The two alternate round by
-//! round; each training run starts from the same initial parameters and data
-//! and leaves its first step out of the timing (warm-up). Prints step time,
-//! tokens/s and the share of communication time hidden under computation, and
+//! against the default policy, in the same run (with `--oversubscribed`, also
+//! the default policy on every compute stream whatever the core budget: the
+//! placement before the budget). The variants take turns within each round,
+//! in an order that rotates round by round; each training run starts from the
+//! same initial parameters and data and leaves its first step out of the
+//! timing (warm-up). Prints step time, tokens/s, the share of communication
+//! time hidden under computation and the compute streams each rank used, and
 //! ends with the default policy's speed-up over `single`: the geometric mean
 //! of the rounds' paired ratios (step time of `single` / step time of the
 //! default, both measured in the same round). Figures only; nothing is
@@ -13,7 +16,7 @@
 //! process's core budget (`BRAID_CPU_CORES`, else the cores the process may
 //! use), so ranks × streams may exceed the cores without oversubscribing them.
 //!
-//! `cargo run --release -p braid-benches --bin gpt2_cpu -- --ranks 2 --steps 4 --rounds 2`
+//! `cargo run --release -p braid-benches --bin gpt2_cpu -- --ranks 2 --steps 4 --rounds 2 [--oversubscribed]`
 
 use anyhow::Result;
 use braid::trace::Span;
@@ -45,9 +48,14 @@ struct Args {
     /// Measured steps per policy per round (plus one warm-up step).
     #[arg(long, default_value_t = 4)]
     steps: u64,
-    /// Rounds; each runs both policies.
+    /// Rounds; each runs every variant.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Also run the default policy with `oversubscribe` (every compute stream
+    /// of every rank, whatever the core budget): the placement before the
+    /// budget, in the same rounds.
+    #[arg(long)]
+    oversubscribed: bool,
     /// Gradient bucket cap, MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
@@ -134,26 +142,39 @@ fn main() -> Result<()> {
         a.rounds
     );
     println!("cores: {}", braid::topo::describe());
-    let policies = [Policy::Single, Policy::default()];
-    let mut tallies: Vec<Tally> = policies.iter().map(|_| Tally::default()).collect();
-    let mut ratios = Vec::with_capacity(a.rounds);
+    // (name, policy, oversubscribe): `single` first, the default second.
+    let mut variants = vec![
+        ("single".to_string(), Policy::Single, false),
+        (
+            Policy::default().name().to_string(),
+            Policy::default(),
+            false,
+        ),
+    ];
+    if a.oversubscribed {
+        variants.push((
+            format!("{}+oversubscribe", Policy::default().name()),
+            Policy::default(),
+            true,
+        ));
+    }
+    let n = variants.len();
+    let mut tallies: Vec<Tally> = variants.iter().map(|_| Tally::default()).collect();
+    // ratios[v][round]: step time of `single` / step time of variant v.
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(a.rounds); n];
     for round in 0..a.rounds {
-        // Alternate the order so neither policy always runs first.
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1]
-        } else {
-            vec![1, 0]
-        };
-        for i in order {
+        // Rotate the order so no variant always runs first.
+        for i in (0..n).map(|k| (k + round) % n) {
+            let (name, policy, oversubscribe) = &variants[i];
             let opts = TrainOptions {
-                policy: policies[i],
+                policy: *policy,
+                oversubscribe: *oversubscribe,
                 ..base.clone()
             };
             let r = train(&opts, start.clone(), &data, &|_| {})?;
             println!(
-                "round {round} {:<12} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
+                "round {round} {name:<22} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
                  compute streams used/usable per rank {}",
-                policies[i].name(),
                 r.mean_step_seconds() * 1e3,
                 r.tokens_per_second(),
                 r.comm_seconds() * 1e3 / r.steps.len().max(1) as f64,
@@ -162,32 +183,36 @@ fn main() -> Result<()> {
             );
             tallies[i].add(&r);
         }
-        let (single, default) = (&tallies[0].step_s, &tallies[1].step_s);
-        let ratio = single[round] / default[round];
-        println!(
-            "round {round} speed-up of {} over single: {ratio:.3}x",
-            policies[1].name()
-        );
-        ratios.push(ratio);
+        for v in 1..n {
+            let ratio = tallies[0].step_s[round] / tallies[v].step_s[round];
+            println!(
+                "round {round} speed-up of {} over single: {ratio:.3}x",
+                variants[v].0
+            );
+            ratios[v].push(ratio);
+        }
     }
     println!();
-    for (p, t) in policies.iter().zip(&tallies) {
+    for ((name, _, _), t) in variants.iter().zip(&tallies) {
         let step = Tally::mean(&t.step_s);
         println!(
-            "{:<12} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
-            p.name(),
+            "{name:<22} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
             step * 1e3,
             tokens as f64 / step,
             Tally::mean(&t.comm_s) * 1e3,
             100.0 * Tally::mean(&t.hidden)
         );
     }
-    // Geometric mean of the paired per-round ratios: each pairs two runs
-    // taken back to back, so slow drifts of the machine's load cancel.
-    let speed_up = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64).exp();
-    println!(
-        "speed-up of {} over single: {speed_up:.3}x",
-        policies[1].name()
-    );
+    // Geometric mean of the paired per-round ratios: each pairs runs taken
+    // back to back, so slow drifts of the machine's load cancel. The
+    // default's line comes last.
+    let geomean = |r: &[f64]| (r.iter().map(|x| x.ln()).sum::<f64>() / r.len().max(1) as f64).exp();
+    for v in (2..n).chain([1]) {
+        println!(
+            "speed-up of {} over single: {:.3}x",
+            variants[v].0,
+            geomean(&ratios[v])
+        );
+    }
     Ok(())
 }
