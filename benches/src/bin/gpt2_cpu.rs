@@ -1,10 +1,14 @@
 //! GPT-2 data-parallel training on CPU ranks: the `single` placement policy
 //! (everything, collectives included, on one stream per rank: no overlap)
-//! against the default policy, and the default policy with every step
-//! submitted eagerly (`replay: false`) against the trainer's replayed step,
-//! in the same run. The configurations take turns round by round; each training run starts from the same initial parameters and data
-//! and leaves its first step out of the timing (warm-up). Prints step time,
-//! tokens/s and the share of communication time hidden under computation, and
+//! against the default policy (the trainer's replayed step) and the default
+//! policy with every step submitted eagerly (`replay: false`), in the same run
+//! (with `--oversubscribed`, also
+//! the default policy on every compute stream whatever the core budget: the
+//! placement before the budget). The variants take turns within each round,
+//! in an order that rotates round by round; each training run starts from the
+//! same initial parameters and data and leaves its first step out of the
+//! timing (warm-up). Prints step time, tokens/s, the share of communication
+//! time hidden under computation and the compute streams each rank used, and
 //! ends with the default policy's speed-up over `single`: the geometric mean
 //! of the rounds' paired ratios (step time of `single` / step time of the
 //! default, both measured in the same round). Figures only; nothing is
@@ -14,7 +18,7 @@
 //! process's core budget (`BRAID_CPU_CORES`, else the cores the process may
 //! use), so ranks × streams may exceed the cores without oversubscribing them.
 //!
-//! `cargo run --release -p braid-benches --bin gpt2_cpu -- --ranks 2 --steps 4 --rounds 2`
+//! `cargo run --release -p braid-benches --bin gpt2_cpu -- --ranks 2 --steps 4 --rounds 2 [--oversubscribed]`
 
 use anyhow::Result;
 use braid::trace::Span;
@@ -46,9 +50,14 @@ struct Args {
     /// Measured steps per policy per round (plus one warm-up step).
     #[arg(long, default_value_t = 4)]
     steps: u64,
-    /// Rounds; each runs both policies.
+    /// Rounds; each runs every variant.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Also run the default policy with `oversubscribe` (every compute stream
+    /// of every rank, whatever the core budget): the placement before the
+    /// budget, in the same rounds.
+    #[arg(long)]
+    oversubscribed: bool,
     /// Gradient bucket cap, MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
@@ -135,31 +144,40 @@ fn main() -> Result<()> {
         a.rounds
     );
     println!("cores: {}", braid::topo::describe());
-    // Each policy with the trainer's replayed step (the default), and the
-    // default policy with every step submitted eagerly.
-    let policies = [Policy::Single, Policy::default(), Policy::default()];
-    let replay = [true, true, false];
-    let label = |i: usize| match replay[i] {
-        true => policies[i].name().to_string(),
-        false => format!("{} eager", policies[i].name()),
-    };
-    let mut tallies: Vec<Tally> = policies.iter().map(|_| Tally::default()).collect();
-    let mut ratios = Vec::with_capacity(a.rounds);
-    let mut replay_ratios = Vec::with_capacity(a.rounds);
+    // (name, policy, oversubscribe, replay): `single` first, the default
+    // second, the default eager third.
+    let default = Policy::default().name();
+    let mut variants = vec![
+        ("single".to_string(), Policy::Single, false, true),
+        (default.to_string(), Policy::default(), false, true),
+        (format!("{default} eager"), Policy::default(), false, false),
+    ];
+    if a.oversubscribed {
+        variants.push((
+            format!("{default}+oversubscribe"),
+            Policy::default(),
+            true,
+            true,
+        ));
+    }
+    let n = variants.len();
+    let mut tallies: Vec<Tally> = variants.iter().map(|_| Tally::default()).collect();
+    // ratios[v][round]: step time of `single` / step time of variant v.
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(a.rounds); n];
     for round in 0..a.rounds {
-        // Rotate the order so no configuration always runs first.
-        let order: Vec<usize> = (0..3).map(|k| (k + round) % 3).collect();
-        for i in order {
+        // Rotate the order so no variant always runs first.
+        for i in (0..n).map(|k| (k + round) % n) {
+            let (name, policy, oversubscribe, replay) = &variants[i];
             let opts = TrainOptions {
-                policy: policies[i],
-                replay: replay[i],
+                policy: *policy,
+                oversubscribe: *oversubscribe,
+                replay: *replay,
                 ..base.clone()
             };
             let r = train(&opts, start.clone(), &data, &|_| {})?;
             println!(
-                "round {round} {:<15} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
+                "round {round} {name:<22} step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step, {:>3.0}% hidden, \
                  compute streams used/usable per rank {}",
-                label(i),
                 r.mean_step_seconds() * 1e3,
                 r.tokens_per_second(),
                 r.comm_seconds() * 1e3 / r.steps.len().max(1) as f64,
@@ -168,40 +186,41 @@ fn main() -> Result<()> {
             );
             tallies[i].add(&r);
         }
-        let step = |i: usize| tallies[i].step_s[round];
-        let ratio = step(0) / step(1);
-        let replay_ratio = step(2) / step(1);
-        println!(
-            "round {round} speed-up of {} over single: {ratio:.3}x; replay over eager: {replay_ratio:.3}x",
-            policies[1].name()
-        );
-        ratios.push(ratio);
-        replay_ratios.push(replay_ratio);
+        for v in 1..n {
+            let ratio = tallies[0].step_s[round] / tallies[v].step_s[round];
+            println!(
+                "round {round} speed-up of {} over single: {ratio:.3}x",
+                variants[v].0
+            );
+            ratios[v].push(ratio);
+        }
     }
     println!();
-    for (i, t) in tallies.iter().enumerate() {
+    for ((name, ..), t) in variants.iter().zip(&tallies) {
         let step = Tally::mean(&t.step_s);
         println!(
-            "{:<15} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
-            label(i),
+            "{name:<22} mean step {:>8.1} ms  {:>8.0} tokens/s  comm {:>7.1} ms/step  hidden {:>3.0}%",
             step * 1e3,
             tokens as f64 / step,
             Tally::mean(&t.comm_s) * 1e3,
             100.0 * Tally::mean(&t.hidden)
         );
     }
-    // Geometric mean of the paired per-round ratios: each pairs two runs
-    // taken back to back, so slow drifts of the machine's load cancel.
-    let geo = |v: &[f64]| (v.iter().map(|r| r.ln()).sum::<f64>() / v.len().max(1) as f64).exp();
-    let speed_up = geo(&ratios);
-    println!(
-        "replay over eager ({}): {:.3}x",
-        policies[1].name(),
-        geo(&replay_ratios)
-    );
-    println!(
-        "speed-up of {} over single: {speed_up:.3}x",
-        policies[1].name()
-    );
+    // Geometric mean of the paired per-round ratios: each pairs runs taken
+    // back to back, so slow drifts of the machine's load cancel. The
+    // default's line comes last.
+    let geomean = |r: &[f64]| (r.iter().map(|x| x.ln()).sum::<f64>() / r.len().max(1) as f64).exp();
+    // Replay against eager, paired by round (the default policy both).
+    let replay: Vec<f64> = (0..a.rounds)
+        .map(|r| tallies[2].step_s[r] / tallies[1].step_s[r])
+        .collect();
+    println!("replay over eager ({default}): {:.3}x", geomean(&replay));
+    for v in (2..n).chain([1]) {
+        println!(
+            "speed-up of {} over single: {:.3}x",
+            variants[v].0,
+            geomean(&ratios[v])
+        );
+    }
     Ok(())
 }

@@ -103,6 +103,11 @@ struct TrainArgs {
     /// Placement policy: single, round-robin or affinity.
     #[arg(long, default_value = "affinity", value_parser = parse_policy)]
     policy: Policy,
+    /// CPU: use every compute stream of every rank, even when the ranks'
+    /// streams outnumber the process's cores (by default the ranks share the
+    /// cores: BRAID_CPU_CORES, else the cores the process may use).
+    #[arg(long)]
+    oversubscribe: bool,
     /// Gradient bucket cap in MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
@@ -372,6 +377,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         ranks: a.ranks,
         streams: a.streams,
         policy: a.policy,
+        oversubscribe: a.oversubscribe,
         bucket_cap_bytes: mib(a.bucket_cap_mb, "--bucket-cap-mb")?,
         first_bucket_bytes: mib(a.first_bucket_mb, "--first-bucket-mb")?,
         seed: a.seed,

@@ -68,11 +68,24 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
+    model_runtime_with(backend, streams, policy, rank, false)
+}
+
+/// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
+/// whatever the process's core budget).
+fn model_runtime_with(
+    backend: BackendKind,
+    streams: usize,
+    policy: Policy,
+    rank: usize,
+    oversubscribe: bool,
+) -> Result<Runtime> {
     let rt = Runtime::builder()
         .backend(resolve_backend(backend)?)
         .compute_streams(streams)
         .comm_streams(1)
         .policy(policy)
+        .oversubscribe(oversubscribe)
         .rank(rank)
         .profile(true)
         .build()?;
@@ -94,7 +107,7 @@ pub fn model_runtime(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    model_runtime(backend, opts.streams, opts.policy, rank)
+    model_runtime_with(backend, opts.streams, opts.policy, rank, opts.oversubscribe)
 }
 
 /// Where rank `rank` of a torchrun job writes its trace when rank 0 writes

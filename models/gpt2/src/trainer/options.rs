@@ -39,6 +39,9 @@ pub struct TrainOptions {
     pub streams: usize,
     /// Placement policy.
     pub policy: Policy,
+    /// CPU: let the default placement use every compute stream of every rank
+    /// whatever the process's core budget (`RuntimeBuilder::oversubscribe`).
+    pub oversubscribe: bool,
     /// Gradient bucket cap in bytes.
     pub bucket_cap_bytes: usize,
     /// Cap of the first gradient bucket in bytes.
@@ -84,6 +87,7 @@ impl Default for TrainOptions {
             ranks: 2,
             streams: 2,
             policy: Policy::Affinity,
+            oversubscribe: false,
             bucket_cap_bytes: 25 << 20,
             first_bucket_bytes: 1 << 20,
             seed: 1337,
