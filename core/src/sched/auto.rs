@@ -27,13 +27,12 @@
 //! submit was placed consistently.
 
 use super::replay::{Plan, Recorder};
-use super::{Clock, Launch, NewTask, Shared, SubmitState, TaskBody, TaskShared, PENDING};
+use super::{Clock, Launch, NewTask, Record, Shared, SubmitState, TaskBody, TaskShared};
 use crate::graph::Mode;
 use crate::kind::{PlaceReason, Placement};
-use crate::sync::{Arc, AtomicU8, Mutex};
+use crate::sync::Arc;
 use smallvec::SmallVec;
 use std::ops::Range;
-use std::sync::OnceLock;
 
 /// Identical steps in a row before one is recorded.
 const REPEATS: u32 = 2;
@@ -306,24 +305,21 @@ pub(crate) fn submit_memoised(
         usable: m.plan.used,
         priority: t.priority,
     };
-    let task = Arc::new(TaskShared {
+    let task = TaskShared::new(Record {
         id,
         name: t.name,
         kind: t.kind,
-        stream: s as u16,
+        stream: s,
         seq,
         clock,
         placement,
-        status: AtomicU8::new(PENDING),
-        error: OnceLock::new(),
-        event: OnceLock::new(),
-        launch: Mutex::new(Some(Launch {
+        launch: Some(Launch {
             waits,
             preds,
             accesses: t.accesses,
             body: TaskBody::Once(t.body),
             on_skip: t.on_skip,
-        })),
+        }),
     });
     m.made.push(task.clone());
     shared

@@ -68,7 +68,46 @@ impl std::fmt::Debug for TaskShared {
     }
 }
 
+/// What a new task record is made of (the rest starts pending and empty).
+pub(crate) struct Record {
+    pub(crate) id: u64,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) kind: TaskKind,
+    pub(crate) stream: usize,
+    pub(crate) seq: u64,
+    pub(crate) clock: Clock,
+    pub(crate) placement: crate::kind::Placement,
+    pub(crate) launch: Option<Launch>,
+}
+
+/// The status an outcome publishes: `OK`, `SKIPPED` for a dependency that
+/// failed, else `FAILED`.
+pub(crate) fn status_of(outcome: &Result<(), Error>) -> u8 {
+    match outcome {
+        Ok(()) => OK,
+        Err(Error::DependencyFailed { .. }) => SKIPPED,
+        Err(_) => FAILED,
+    }
+}
+
 impl TaskShared {
+    /// A pending task record.
+    pub(crate) fn new(r: Record) -> Arc<TaskShared> {
+        Arc::new(TaskShared {
+            id: r.id,
+            name: r.name,
+            kind: r.kind,
+            stream: r.stream as u16,
+            seq: r.seq,
+            clock: r.clock,
+            placement: r.placement,
+            status: AtomicU8::new(PENDING),
+            error: OnceLock::new(),
+            event: OnceLock::new(),
+            launch: Mutex::new(r.launch),
+        })
+    }
+
     pub(crate) fn is_finished(&self) -> bool {
         self.status.load(Ordering::Acquire) != PENDING
     }
@@ -78,18 +117,10 @@ impl TaskShared {
     }
 
     pub(crate) fn finish(&self, outcome: Result<(), Error>) {
-        let st = match outcome {
-            Ok(()) => OK,
-            Err(e) => {
-                let st = if matches!(e, Error::DependencyFailed { .. }) {
-                    SKIPPED
-                } else {
-                    FAILED
-                };
-                let _ = self.error.set(e);
-                st
-            }
-        };
+        let st = status_of(&outcome);
+        if let Err(e) = outcome {
+            let _ = self.error.set(e);
+        }
         self.status.store(st, Ordering::Release);
     }
 
@@ -363,24 +394,21 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         ),
         None => TaskBody::Once(t.body),
     };
-    let task = Arc::new(TaskShared {
+    let task = TaskShared::new(Record {
         id,
         name: t.name,
         kind: t.kind,
-        stream: s as u16,
-        placement,
+        stream: s,
         seq,
         clock: clock.clone(),
-        status: AtomicU8::new(PENDING),
-        error: OnceLock::new(),
-        event: OnceLock::new(),
-        launch: Mutex::new(Some(Launch {
+        placement,
+        launch: Some(Launch {
             waits,
             preds: preds.drain(..).collect(),
             accesses: t.accesses,
             body,
             on_skip: t.on_skip,
-        })),
+        }),
     });
     if let Some(l) = lock(&task.launch).as_ref() {
         for a in &l.accesses {

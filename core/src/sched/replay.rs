@@ -27,16 +27,16 @@
 //!   launch path.
 
 use super::{
-    cross_waits, Clock, Item, Launch, Shared, SubmitState, TaskBody, TaskShared, FAILED, PENDING,
+    cross_waits, Clock, Item, Launch, Record, Shared, SubmitState, TaskBody, TaskShared, FAILED,
+    PENDING,
 };
 use crate::ctx::{Access, Body, SharedBody, SkipHook};
 use crate::error::Error;
 use crate::graph::{TaskRef, Tracker, Union};
 use crate::kind::TaskKind;
-use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU8, Ordering};
 use smallvec::SmallVec;
 use std::borrow::Cow;
-use std::sync::OnceLock;
 
 /// The step index of a stream's join (no task).
 pub(crate) const JOIN: u32 = u32::MAX;
@@ -333,7 +333,7 @@ impl Plan {
 
     /// Streams with work and cross-stream waits, the joins included.
     pub(crate) fn shape(&self) -> (usize, usize) {
-        let streams = self.programs.iter().filter(|p| !p.is_empty()).count();
+        let streams = self.used as usize;
         let waits = self
             .programs
             .iter()
@@ -545,18 +545,15 @@ pub(crate) fn submit(
     let id_base = st.next_id;
     st.next_id += plan.steps();
     let f = plan.join_stream;
-    let unit = Arc::new(TaskShared {
+    let unit = TaskShared::new(Record {
         id: id_base + plan.len() as u64,
         name: plan.name.clone(),
         kind: TaskKind::Host,
-        stream: f as u16,
+        stream: f,
         seq: st.placed[f],
         clock: st.clocks[f].clone(),
         placement: replayed(plan),
-        status: AtomicU8::new(PENDING),
-        error: OnceLock::new(),
-        event: OnceLock::new(),
-        launch: Mutex::new(None),
+        launch: None,
     });
     st.tracker.record_unit(&unit, &plan.union);
     st.tail[f] = unit.id;
@@ -617,24 +614,21 @@ fn push_tasks(
         if t.preds.is_empty() || first.is_some() {
             preds.extend(external.iter().cloned());
         }
-        let task = Arc::new(TaskShared {
+        let task = TaskShared::new(Record {
             id: id_base + i as u64,
             name: t.name.clone(),
             kind: t.kind,
-            stream: t.stream,
+            stream: s,
             seq: base[s] + pos as u64,
             clock: Clock::new(),
             placement: replayed(plan),
-            status: AtomicU8::new(PENDING),
-            error: OnceLock::new(),
-            event: OnceLock::new(),
-            launch: Mutex::new(Some(Launch {
+            launch: Some(Launch {
                 waits: abs(&step.waits, first),
                 preds,
                 accesses: t.accesses.clone(),
                 body: TaskBody::Shared(t.body.clone()),
                 on_skip: t.on_skip.clone(),
-            })),
+            }),
         });
         shared.streams[s].queue.push(Item::Task(task.clone()));
         made.push(task);

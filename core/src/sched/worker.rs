@@ -12,7 +12,7 @@
 //!   record its device-timed span.
 
 use super::replay::{join_error, Run, JOIN};
-use super::{Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK, SKIPPED};
+use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK};
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
@@ -77,8 +77,9 @@ fn run_cpu(shared: &Shared, s: usize) {
                 shared.streams[j as usize].done.wait_at_least(n);
             }
             let start = if shared.profiling { now_ns() } else { 0 };
-            let (outcome, checks) =
-                run_task(&task, &preds, body, on_skip, || DeviceCtx::Cpu(PhantomData));
+            let (outcome, checks) = run_task(&task, &preds, body, on_skip, true, || {
+                DeviceCtx::Cpu(PhantomData)
+            });
             let outcome = outcome.and_then(|()| run_checks(checks));
             if shared.profiling {
                 let ids = preds.iter().map(|p| p.id).collect();
@@ -165,14 +166,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 r.and_then(|()| run_checks(checks))
             }
         };
-        let status = match &outcome {
-            Ok(()) => OK,
-            Err(Error::DependencyFailed { .. }) => SKIPPED,
-            Err(e) => {
-                lock(&shared.errors).push((id, e.clone()));
-                FAILED
-            }
-        };
+        let status = note_failure(shared, id, &outcome);
         if shared.profiling {
             let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();
             lock(&shared.streams[s].spans).push(Span {
@@ -205,12 +199,14 @@ fn run_checks(checks: Vec<Check>) -> Result<(), Error> {
 
 /// Runs a task's body unless a predecessor failed (then calls its skip
 /// hook); catches panics. Returns the outcome and the checks the body
-/// registered for its completion.
+/// registered for its completion. `measure`: time a recorded body for the
+/// cost model.
 fn run_task<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
     body: TaskBody,
     on_skip: Option<SkipHook>,
+    measure: bool,
     device: impl FnOnce() -> DeviceCtx<'a>,
 ) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
@@ -227,13 +223,15 @@ fn run_task<'a>(
     match body {
         TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
         TaskBody::Shared(b) => {
-            let t0 = now_ns();
+            let t0 = if measure { now_ns() } else { 0 };
             // SAFETY: stream threads run the tasks of their own stream only,
             // one at a time, and calls of a recorded body never overlap
             // (`BodyCell`'s invariant).
             let body = unsafe { b.get() };
             let r = call_body(&task.name, body, device());
-            b.measured(now_ns() - t0);
+            if measure {
+                b.measured(now_ns() - t0);
+            }
             r
         }
         TaskBody::Join => (Ok(()), Vec::new()),
@@ -272,12 +270,18 @@ fn call_body<'a>(
 
 /// Publishes a task's final status; root failures go to the error list.
 fn report(shared: &Shared, task: &TaskShared, outcome: Result<(), Error>) {
-    if let Err(e) = &outcome {
-        if !matches!(e, Error::DependencyFailed { .. }) {
-            lock(&shared.errors).push((task.id, e.clone()));
-        }
-    }
+    note_failure(shared, task.id, &outcome);
     task.finish(outcome);
+}
+
+/// The status `outcome` publishes; a root failure (not a skip) of task `id`
+/// goes to the error list, to be reported once at a synchronisation point.
+fn note_failure(shared: &Shared, id: u64, outcome: &Result<(), Error>) -> u8 {
+    let status = status_of(outcome);
+    if let (FAILED, Err(e)) = (status, outcome) {
+        lock(&shared.errors).push((id, e.clone()));
+    }
+    status
 }
 
 fn complete(shared: &Shared, s: usize) {
@@ -381,7 +385,11 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     };
     let (outcome, checks) = match err {
         Some(e) => (Err(e), Vec::new()),
-        None => run_task(&task, &preds, body, on_skip, || DeviceCtx::Cuda(d.ctx())),
+        // No measurement on CUDA: a body's host time is its launch, and
+        // schedules are not re-placed there.
+        None => run_task(&task, &preds, body, on_skip, false, || {
+            DeviceCtx::Cuda(d.ctx())
+        }),
     };
     match d.record() {
         Ok(ev) => {
