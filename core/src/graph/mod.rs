@@ -24,6 +24,7 @@
 #[cfg(test)]
 mod tests;
 
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
@@ -96,10 +97,15 @@ struct Rec<T> {
     task: T,
 }
 
+/// Most buffers have one writer interval and a reader or two since it: kept
+/// inline, so a buffer seen for the first time costs no allocation beyond its
+/// map entry (the fan-out shape names a new buffer in every task).
+type Recs<T, const N: usize> = SmallVec<[Rec<T>; N]>;
+
 #[derive(Debug)]
 struct BufState<T> {
-    writes: Vec<Rec<T>>,
-    reads: Vec<Rec<T>>,
+    writes: Recs<T, 1>,
+    reads: Recs<T, 2>,
     /// Prune `reads` when it grows past this length (doubles after a prune that
     /// freed little, so the amortised cost per access stays constant).
     prune_at: usize,
@@ -108,8 +114,8 @@ struct BufState<T> {
 impl<T> Default for BufState<T> {
     fn default() -> Self {
         BufState {
-            writes: Vec::new(),
-            reads: Vec::new(),
+            writes: SmallVec::new(),
+            reads: SmallVec::new(),
             prune_at: 16,
         }
     }
@@ -334,7 +340,7 @@ impl<T: TaskRef> Tracker<T> {
 
 /// Removes `range` from the disjoint, sorted intervals in `v`, splitting the
 /// intervals it cuts through.
-fn trim<T: Clone>(v: &mut Vec<Rec<T>>, range: &Range<usize>) {
+fn trim<T: Clone, const N: usize>(v: &mut Recs<T, N>, range: &Range<usize>) {
     let first = v.partition_point(|r| r.end <= range.start);
     let mut i = first;
     while i < v.len() && v[i].start < range.end {

@@ -83,3 +83,30 @@ fn loom_completion_publishes_data() {
         t.join().unwrap();
     });
 }
+
+/// Two sleepers with different targets and an advancer that passes the lower
+/// one first: the advance that reaches only the lower target must not strand
+/// the higher one (`wake_at` is re-registered after every notification).
+#[test]
+fn loom_gate_wakes_each_waiter_at_its_target() {
+    // Three threads and two advances: bound the preemptions (loom's usual
+    // remedy; three covers every wake-up race here) to keep it to seconds.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(3);
+    model.check(|| {
+        let g = Arc::new(Gate::default());
+        let (a, b) = (g.clone(), g.clone());
+        let adv = thread::spawn(move || {
+            a.add(1);
+            a.add(1);
+        });
+        let low = thread::spawn(move || {
+            b.wait_at_least(1);
+            assert!(b.get() >= 1);
+        });
+        g.wait_at_least(2);
+        assert_eq!(g.get(), 2);
+        adv.join().unwrap();
+        low.join().unwrap();
+    });
+}
