@@ -64,6 +64,10 @@ pub enum PlaceReason {
     Chain,
     /// `Affinity`: the least-loaded usable compute stream.
     LeastLoaded,
+    /// `Affinity`, once the task's name has a measured duration: the usable
+    /// compute stream where it would finish first, counting a hand-off for
+    /// each predecessor on another stream and a wake-up for an idle stream.
+    EarliestFinish,
     /// `Affinity`, `Priority::Side`: the least-loaded usable compute stream
     /// other than its predecessor's (the only one when one is usable).
     Side,
@@ -88,6 +92,7 @@ impl PlaceReason {
             PlaceReason::Pinned => "pinned",
             PlaceReason::Chain => "chain",
             PlaceReason::LeastLoaded => "least-loaded",
+            PlaceReason::EarliestFinish => "earliest-finish",
             PlaceReason::Side => "side",
             PlaceReason::Comm => "comm",
             PlaceReason::Single => "single",

@@ -225,6 +225,8 @@ impl RuntimeBuilder {
             errors: Mutex::new(Vec::new()),
             dropped: Arc::new(Dropped::default()),
             profiling: self.profile,
+            measure: matches!(backend, Backend::Cpu),
+            estimates: Default::default(),
         });
         let layout = Layout {
             compute: self.compute_streams,

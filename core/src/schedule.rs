@@ -10,11 +10,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-/// What a cross-stream hand-off costs on the CPU backend, for re-placement:
-/// the waiting stream thread may have to be woken (a futex wake and a
-/// context switch, a few microseconds on the machines measured).
-const CPU_HANDOFF_NS: u64 = 5_000;
-
 /// A recorded program step: the tasks one call of [`Runtime::record`]
 /// submitted, with their streams and the cross-stream waits between them,
 /// resolved once. [`Schedule::replay`] runs the same tasks again — the same
@@ -120,7 +115,7 @@ impl<'rt> Schedule<'rt> {
             if !self.settled.load(Acquire) {
                 how.measure = true;
                 let compute = self.rt.usable_compute_streams();
-                if let Some(p) = plan.replaced(compute, CPU_HANDOFF_NS) {
+                if let Some(p) = plan.replaced(compute, crate::sched::cost::HANDOFF_NS) {
                     *plan = Arc::new(p);
                     self.settled.store(true, Release);
                     how.fence = true;

@@ -313,6 +313,8 @@ pub(crate) fn submit_memoised(
         seq,
         clock,
         placement,
+        eft: 0,
+        cost: super::cost::NO_SLOT,
         launch: Some(Launch {
             waits,
             preds,

@@ -2,6 +2,7 @@
 //! beside this file.
 
 pub(crate) mod auto;
+pub(crate) mod cost;
 pub(crate) mod gate;
 pub(crate) mod placement;
 pub(crate) mod queue;
@@ -19,7 +20,7 @@ use crate::kind::TaskKind;
 use crate::sync::{lock, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 use crate::trace::Span;
 use gate::Gate;
-use placement::{Place, Request};
+use placement::{Place, Request, Timing};
 use queue::Queue;
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -52,6 +53,11 @@ pub(crate) struct TaskShared {
     /// The stream's vector clock right after this task: what its completion
     /// implies. Written before the task is published, then only read.
     pub(crate) clock: Clock,
+    /// Predicted finish (ns, process clock) from the cost model; 0 when the
+    /// runtime makes no predictions (CUDA, replays).
+    pub(crate) eft: u64,
+    /// Its name's duration-estimate slot ([`cost::NO_SLOT`]: not measured).
+    pub(crate) cost: u32,
     status: AtomicU8,
     error: OnceLock<Error>,
     /// Set at submission, taken by the stream thread (one allocation per task).
@@ -77,6 +83,8 @@ pub(crate) struct Record {
     pub(crate) seq: u64,
     pub(crate) clock: Clock,
     pub(crate) placement: crate::kind::Placement,
+    pub(crate) eft: u64,
+    pub(crate) cost: u32,
     pub(crate) launch: Option<Launch>,
 }
 
@@ -100,6 +108,8 @@ impl TaskShared {
             stream: r.stream as u16,
             seq: r.seq,
             clock: r.clock,
+            eft: r.eft,
+            cost: r.cost,
             placement: r.placement,
             status: AtomicU8::new(PENDING),
             error: OnceLock::new(),
@@ -208,6 +218,10 @@ pub(crate) struct Shared {
     pub(crate) errors: Mutex<Vec<(u64, Error)>>,
     pub(crate) dropped: Arc<Dropped>,
     pub(crate) profiling: bool,
+    /// CPU stream threads measure bodies into `estimates` and submission
+    /// places by earliest finish time once a name is measured (`cost.rs`).
+    pub(crate) measure: bool,
+    pub(crate) estimates: cost::Estimates,
 }
 
 thread_local! {
@@ -249,6 +263,10 @@ pub(crate) struct SubmitState {
     clocks: Vec<Clock>,
     next_id: u64,
     preds: Vec<Arc<TaskShared>>,
+    /// Task names to duration-estimate slots.
+    names: cost::Names,
+    /// Predicted time each stream finishes its queue (the cost model's).
+    free_at: Vec<u64>,
     /// Set while a schedule is being recorded: every submitted task is kept.
     pub(crate) recorder: Option<replay::Recorder>,
     /// Automatic replay of repeated steps (`None`: off).
@@ -290,6 +308,8 @@ impl SubmitState {
             clocks: vec![Clock::from_elem(0, streams); streams],
             next_id: 0,
             preds: Vec::new(),
+            names: cost::Names::default(),
+            free_at: vec![0; streams],
             recorder: None,
             auto: None,
             stats: Stats::default(),
@@ -349,8 +369,40 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         }
     }
 
-    // Placement.
+    // Placement (with the cost model's view on the CPU).
     let latest = preds.iter().max_by_key(|p| p.id);
+    let cost = match &t.name {
+        _ if !shared.measure => cost::NO_SLOT,
+        Cow::Borrowed(name) => st.names.slot_static(name),
+        Cow::Owned(name) => st.names.slot(name),
+    };
+    let pred_times: SmallVec<[(usize, u64); 8]> = if shared.measure {
+        preds.iter().map(|p| (p.stream as usize, p.eft)).collect()
+    } else {
+        SmallVec::new()
+    };
+    // A chain continuation (every unfinished predecessor on one stream, the
+    // latest its tail) stays there whatever the clock says (`placement.rs`):
+    // the clock is read only for the others.
+    let chain = latest.is_some_and(|p| {
+        st.tail[p.stream as usize] == p.id && preds.iter().all(|q| q.stream == p.stream)
+    }) && t.priority != crate::kind::Priority::Side;
+    let timing = shared.measure.then(|| Timing {
+        now: if chain { 0 } else { crate::clock::now_ns() },
+        dur: shared.estimates.get(cost),
+        preds: &pred_times,
+        free_at: &st.free_at,
+    });
+    // Each stream's load is read at most once per submission (another
+    // thread writes the `done` gate: each read may miss the cache).
+    let placed = &st.placed;
+    let seen: SmallVec<[Cell<u64>; 8]> = placed.iter().map(|_| Cell::new(u64::MAX)).collect();
+    let load = |i: usize| {
+        if seen[i].get() == u64::MAX {
+            seen[i].set(placed[i] - shared.streams[i].done.get().min(placed[i]));
+        }
+        seen[i].get()
+    };
     let (s, placement) = match t.stream {
         Some(s) => (s, st.placer.pinned(t.priority)),
         None => {
@@ -360,12 +412,17 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
                 latest_pred: latest
                     .map(|p| (p.stream as usize, st.tail[p.stream as usize] == p.id)),
                 comm_index: t.comm_index,
+                timing,
             };
-            let placed = &st.placed;
-            let load = |i: usize| placed[i] - shared.streams[i].done.get().min(placed[i]);
             st.placer.place(&req, &load)
         }
     };
+    // A chain continues its predecessor's stream: busy until then.
+    let eft = timing.map_or(0, |tm| {
+        let busy = placement.reason == crate::kind::PlaceReason::Chain;
+        tm.finish_on(s, if busy { 1 } else { load(s) })
+    });
+    st.free_at[s] = eft;
 
     // Waits: the latest predecessor on each other stream, unless this stream's
     // clock already covers it.
@@ -402,6 +459,8 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         seq,
         clock: clock.clone(),
         placement,
+        eft,
+        cost,
         launch: Some(Launch {
             waits,
             preds: preds.drain(..).collect(),

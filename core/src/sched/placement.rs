@@ -22,6 +22,7 @@
 //! `RoundRobin` runtimes (every compute stream) register what they use
 //! without being limited, so the budgeted runtimes leave those cores to them.
 
+use super::cost::HANDOFF_NS;
 use crate::kind::{PlaceReason, Placement, Priority, TaskKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -80,7 +81,7 @@ impl std::fmt::Display for Policy {
 
 /// What a policy knows about the task being placed.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Request {
+pub(crate) struct Request<'a> {
     pub kind: TaskKind,
     pub priority: Priority,
     /// Stream of the latest (most recently submitted) unfinished predecessor,
@@ -88,6 +89,44 @@ pub(crate) struct Request {
     pub latest_pred: Option<(usize, bool)>,
     /// For communication tasks: which communication stream (modulo their count).
     pub comm_index: usize,
+    /// What earliest-finish placement knows (CPU runtimes; `None` on CUDA).
+    pub timing: Option<Timing<'a>>,
+}
+
+/// The cost model's view of a task being placed: when it could start and how
+/// long it should take on each stream, all in nanoseconds on the process's
+/// clock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing<'a> {
+    pub now: u64,
+    /// The estimate for the task's name (`None`: never measured yet).
+    pub dur: Option<u64>,
+    /// Stream and predicted finish of each unfinished predecessor.
+    pub preds: &'a [(usize, u64)],
+    /// The predicted time each stream finishes what is queued on it.
+    pub free_at: &'a [u64],
+}
+
+impl Timing<'_> {
+    /// When the task would finish on stream `s`, which has `load` unfinished
+    /// tasks: after its predecessors (plus a hand-off for each on another
+    /// stream) and after the stream's queue (plus a wake-up if the stream is
+    /// idle, its thread perhaps asleep), then its estimated duration (0 when
+    /// unknown).
+    pub(crate) fn finish_on(&self, s: usize, load: u64) -> u64 {
+        let ready = self
+            .preds
+            .iter()
+            .map(|&(ps, f)| if ps == s { f } else { f + HANDOFF_NS })
+            .max()
+            .unwrap_or(0);
+        let start = if load == 0 {
+            self.now + HANDOFF_NS
+        } else {
+            self.now.max(self.free_at.get(s).copied().unwrap_or(0))
+        };
+        ready.max(start) + self.dur.unwrap_or(0)
+    }
 }
 
 /// The small trait every placement policy implements.
@@ -95,7 +134,7 @@ pub(crate) trait Place: Send {
     /// `load(s)` is the number of tasks placed on stream `s` not yet
     /// completed (read from the stream threads' counters only when asked).
     /// Returns the stream and why.
-    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> (usize, Placement);
+    fn place(&mut self, req: &Request<'_>, load: &dyn Fn(usize) -> u64) -> (usize, Placement);
 
     /// How many compute streams the policy may use now.
     fn usable(&self) -> usize;
@@ -122,7 +161,7 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    fn comm_stream(&self, req: &Request) -> Option<usize> {
+    fn comm_stream(&self, req: &Request<'_>) -> Option<usize> {
         (req.kind == TaskKind::Comm && self.comm > 0)
             .then(|| self.compute + req.comm_index % self.comm)
     }
@@ -177,7 +216,7 @@ pub(crate) fn make(policy: Policy, layout: Layout, share: Share) -> Box<dyn Plac
 struct Single;
 
 impl Place for Single {
-    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+    fn place(&mut self, req: &Request<'_>, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
         (0, placement(PlaceReason::Single, 1, req.priority))
     }
 
@@ -192,7 +231,7 @@ struct RoundRobin {
 }
 
 impl Place for RoundRobin {
-    fn place(&mut self, req: &Request, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+    fn place(&mut self, req: &Request<'_>, _: &dyn Fn(usize) -> u64) -> (usize, Placement) {
         let n = self.layout.compute;
         if let Some(s) = self.layout.comm_stream(req) {
             return (s, placement(PlaceReason::Comm, n, req.priority));
@@ -213,10 +252,13 @@ struct Affinity {
 }
 
 impl Place for Affinity {
-    fn place(&mut self, req: &Request, load: &dyn Fn(usize) -> u64) -> (usize, Placement) {
+    fn place(&mut self, req: &Request<'_>, load: &dyn Fn(usize) -> u64) -> (usize, Placement) {
         let usable = self.usable();
+        let measured = req.timing.filter(|t| t.dur.is_some());
         let (s, why) = if let Some(s) = self.layout.comm_stream(req) {
             (s, PlaceReason::Comm)
+        } else if let Some(t) = measured {
+            self.earliest_finish(req, &t, usable, load)
         } else {
             match req.latest_pred {
                 // The predecessor is the tail of a usable compute stream:
@@ -240,6 +282,58 @@ impl Place for Affinity {
 
     fn usable(&self) -> usize {
         self.share.get().min(self.layout.compute)
+    }
+}
+
+impl Affinity {
+    /// A task whose duration is estimated goes to the usable compute stream
+    /// where it would finish first ([`Timing::finish_on`]), the latest
+    /// predecessor's stream on ties (else the lowest index). Short tasks thus
+    /// stay with their predecessors — a hand-off or a wake-up costs more than
+    /// they do — and long independent ones spread out. `Side` work still
+    /// avoids its predecessor's stream when another is usable.
+    fn earliest_finish(
+        &self,
+        req: &Request<'_>,
+        t: &Timing<'_>,
+        usable: usize,
+        load: &dyn Fn(usize) -> u64,
+    ) -> (usize, PlaceReason) {
+        let pred = req.latest_pred.map(|(s, _)| s);
+        let side = req.priority == Priority::Side;
+        // A chain (every unfinished predecessor on one stream, the latest its
+        // tail): that stream finishes first — elsewhere the task would wait
+        // for the same predecessors plus a hand-off — so no stream's load
+        // need be read.
+        if let Some((s, true)) = req.latest_pred {
+            if !side && s < usable && t.preds.iter().all(|&(ps, _)| ps == s) {
+                return (s, PlaceReason::Chain);
+            }
+        }
+        let avoid = pred.filter(|_| side && usable > 1);
+        let mut best: Option<(usize, u64)> = None;
+        for s in 0..usable.clamp(1, self.layout.compute) {
+            if Some(s) == avoid {
+                continue;
+            }
+            let f = t.finish_on(s, load(s));
+            let better = match best {
+                None => true,
+                Some((b, bf)) => f < bf || (f == bf && Some(s) == pred && Some(b) != pred),
+            };
+            if better {
+                best = Some((s, f));
+            }
+        }
+        let s = best.map_or(0, |(s, _)| s);
+        (
+            s,
+            if side {
+                PlaceReason::Side
+            } else {
+                PlaceReason::EarliestFinish
+            },
+        )
     }
 }
 
@@ -373,17 +467,99 @@ mod tests {
         move |s| v[s]
     }
 
-    fn req(kind: TaskKind, latest_pred: Option<(usize, bool)>) -> Request {
+    fn req(kind: TaskKind, latest_pred: Option<(usize, bool)>) -> Request<'static> {
         Request {
             kind,
             priority: Priority::Main,
             latest_pred,
             comm_index: 0,
+            timing: None,
         }
     }
 
     fn all(compute: usize) -> Share {
         Share::fixed(compute)
+    }
+
+    #[test]
+    fn earliest_finish_keeps_short_tasks_with_their_predecessor() {
+        let l = Layout {
+            compute: 2,
+            comm: 0,
+        };
+        let mut p = make(Policy::Affinity, l, all(2));
+        // A 100 ns task whose predecessor (predicted to finish at 1,000) is
+        // on stream 0, which moved on (not its tail): the least-loaded rule
+        // would pick idle stream 1; the hand-off and the wake-up cost more
+        // than waiting for stream 0's queue (predicted free at 2,000).
+        let t = Timing {
+            now: 900,
+            dur: Some(100),
+            preds: &[(0, 1_000)],
+            free_at: &[2_000, 0],
+        };
+        let r = Request {
+            timing: Some(t),
+            ..req(TaskKind::Compute, Some((0, false)))
+        };
+        let (s, why) = p.place(&r, &at(&[2, 0]));
+        assert_eq!((s, why.reason), (0, PlaceReason::EarliestFinish));
+        assert_eq!(t.finish_on(0, 2), 2_100);
+        // Elsewhere: after the predecessor plus a hand-off (the wake-up, from
+        // 900, ends earlier).
+        assert_eq!(t.finish_on(1, 0), 1_000 + HANDOFF_NS + 100);
+        // Unmeasured, the same task falls back to the least-loaded rule.
+        let r = Request {
+            timing: Some(Timing { dur: None, ..t }),
+            ..r
+        };
+        assert_eq!(
+            p.place(&r, &at(&[2, 0])),
+            (1, placement(PlaceReason::LeastLoaded, 2, Priority::Main))
+        );
+    }
+
+    #[test]
+    fn earliest_finish_spreads_long_independent_tasks() {
+        let l = Layout {
+            compute: 2,
+            comm: 0,
+        };
+        let mut p = make(Policy::Affinity, l, all(2));
+        // Stream 0 is busy with a 1 ms task; a 1 ms task with no unfinished
+        // predecessor starts sooner on idle stream 1, wake-up included.
+        let t = Timing {
+            now: 0,
+            dur: Some(1_000_000),
+            preds: &[],
+            free_at: &[1_000_000, 0],
+        };
+        let r = Request {
+            timing: Some(t),
+            ..req(TaskKind::Compute, None)
+        };
+        assert_eq!(p.place(&r, &at(&[1, 0])).0, 1);
+        // Ties go to the latest predecessor's stream.
+        let t = Timing {
+            now: 0,
+            dur: Some(10),
+            preds: &[(1, 50), (0, 50)],
+            free_at: &[0, 0],
+        };
+        let r = Request {
+            timing: Some(t),
+            ..req(TaskKind::Compute, Some((1, true)))
+        };
+        assert_eq!(p.place(&r, &at(&[1, 1])).0, 1);
+        // Side work avoids its predecessor's stream even when staying is faster.
+        let r = Request {
+            priority: Priority::Side,
+            ..r
+        };
+        assert_eq!(
+            p.place(&r, &at(&[1, 1])),
+            (0, placement(PlaceReason::Side, 2, Priority::Side))
+        );
     }
 
     #[test]

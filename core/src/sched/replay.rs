@@ -553,6 +553,8 @@ pub(crate) fn submit(
         seq: st.placed[f],
         clock: st.clocks[f].clone(),
         placement: replayed(plan),
+        eft: 0,
+        cost: super::cost::NO_SLOT,
         launch: None,
     });
     st.tracker.record_unit(&unit, &plan.union);
@@ -622,6 +624,8 @@ fn push_tasks(
             seq: base[s] + pos as u64,
             clock: Clock::new(),
             placement: replayed(plan),
+            eft: 0,
+            cost: super::cost::NO_SLOT,
             launch: Some(Launch {
                 waits: abs(&step.waits, first),
                 preds,
