@@ -83,7 +83,8 @@ fn run_cpu(shared: &Shared, s: usize) {
             let outcome = outcome.and_then(|()| run_checks(checks));
             if shared.profiling {
                 let ids = preds.iter().map(|p| p.id).collect();
-                push_span(shared, s, &task, ids, start, now_ns(), outcome.is_ok());
+                let span = (start, now_ns(), largest(&accesses));
+                push_span(shared, s, &task, ids, span, outcome.is_ok());
             }
             report(shared, &task, outcome);
             // Release the buffers before announcing completion, so memory is
@@ -179,6 +180,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 preds,
                 ok: status == OK,
                 placement: super::replay::replayed(plan),
+                bytes: largest(&t.accesses),
             });
         }
         if status != OK {
@@ -289,13 +291,22 @@ fn complete(shared: &Shared, s: usize) {
     shared.completed.add(1);
 }
 
+/// The largest declared access in bytes (a span's `bytes`).
+fn largest(accesses: &[Access]) -> u64 {
+    accesses
+        .iter()
+        .map(|a| a.view.len() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Records a span; `(start_ns, end_ns, bytes)` as [`Span`] has them.
 fn push_span(
     shared: &Shared,
     s: usize,
     task: &TaskShared,
     preds: SmallVec<[u64; 4]>,
-    start_ns: u64,
-    end_ns: u64,
+    (start_ns, end_ns, bytes): (u64, u64, u64),
     ok: bool,
 ) {
     lock(&shared.streams[s].spans).push(Span {
@@ -308,6 +319,7 @@ fn push_span(
         end_ns,
         preds,
         ok,
+        bytes,
     });
 }
 
@@ -315,9 +327,9 @@ fn push_span(
 struct InFlight {
     task: Arc<TaskShared>,
     preds: SmallVec<[Arc<TaskShared>; 4]>,
-    /// Held, not read: keeps the task's buffers alive until its work is
-    /// complete on the device (semantics 7).
-    _accesses: SmallVec<[Access; 4]>,
+    /// Keeps the task's buffers alive until its work is complete on the
+    /// device (semantics 7); read only for the span's `bytes`.
+    accesses: SmallVec<[Access; 4]>,
     start: Option<CudaEvent>,
     /// `Some` when the task failed or was skipped at launch.
     outcome: Option<Error>,
@@ -409,7 +421,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     InFlight {
         task,
         preds,
-        _accesses: accesses,
+        accesses,
         start,
         outcome,
         checks,
@@ -452,7 +464,8 @@ fn poll(
             if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
                 if let Ok((a, b)) = d.span_ns(start, end) {
                     let ids = f.preds.iter().map(|p| p.id).collect();
-                    push_span(shared, s, &f.task, ids, a, b, !f.task.failed());
+                    let span = (a, b, largest(&f.accesses));
+                    push_span(shared, s, &f.task, ids, span, !f.task.failed());
                 }
             }
         }
