@@ -55,6 +55,13 @@ struct Args {
     /// (a shared machine).
     #[arg(long)]
     background: Option<f64>,
+    /// CPU machine: cores' worth of other work beside the traced run.
+    #[arg(long)]
+    traced_background: Option<f64>,
+    /// CPU machine: memory contention γ (a task runs 1 + γ·(busy cores − 1)
+    /// times slower).
+    #[arg(long)]
+    contention: Option<f64>,
     /// Multiply compute durations (on top of the machine's factor).
     #[arg(long, default_value_t = 1.0)]
     compute_scale: f64,
@@ -107,6 +114,12 @@ fn main() -> Result<()> {
     let mut machine = machine;
     if let Some(b) = a.background {
         machine.background = b;
+    }
+    if let Some(b) = a.traced_background {
+        machine.traced_background = b;
+    }
+    if let Some(c) = a.contention {
+        machine.contention = c;
     }
     let streams = a.streams.unwrap_or(g.traced_streams);
     let comm = g.nodes.iter().filter(|n| n.is_comm()).count();

@@ -25,6 +25,10 @@ pub struct Node {
     pub side: bool,
     /// Predecessors, indices into the step (all smaller than its own).
     pub preds: Vec<usize>,
+    /// Mean number of other compute (non-comm) tasks of its rank running
+    /// while it ran in the traced step (time-weighted): how contended its
+    /// traced duration was.
+    pub overlap: f64,
 }
 
 impl Node {
@@ -73,6 +77,25 @@ fn median(mut v: Vec<u64>) -> u64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2
     }
+}
+
+/// Time-weighted mean number of other non-comm tasks running during task `i`.
+fn overlap_of(tasks: &[super::trace::TraceTask], i: usize) -> f64 {
+    let t = &tasks[i];
+    if t.kind == TaskKind::Comm || t.dur_ns == 0 {
+        return 0.0;
+    }
+    let (a, b) = (t.start_ns, t.start_ns + t.dur_ns);
+    let shared: u64 = tasks
+        .iter()
+        .enumerate()
+        .filter(|(j, u)| *j != i && u.kind != TaskKind::Comm)
+        .map(|(_, u)| {
+            let (c, d) = (u.start_ns, u.start_ns + u.dur_ns);
+            b.min(d).saturating_sub(a.max(c))
+        })
+        .sum();
+    shared as f64 / t.dur_ns as f64
 }
 
 impl StepGraph {
@@ -139,6 +162,7 @@ impl StepGraph {
                 bytes: t.bytes,
                 side: t.side,
                 preds,
+                overlap: overlap_of(tasks, i),
             });
         }
         let (mut period, mut gap) = (

@@ -28,9 +28,13 @@
 //! time (data parallelism), so collectives need no partner modelling. On a
 //! CPU machine the threads of every rank share the cores (processor
 //! sharing): while `k` tasks of this rank that use a core run, each advances
-//! at `min(1, cores / (ranks·k + background))` of its speed (`background`:
-//! other work on a shared machine); compute and host tasks use a core,
-//! collectives too when the machine says so.
+//! at `min(1, cores / t) / (1 + γ·(min(t, cores) − 1))` of its speed, with
+//! `t = ranks·k + background` (`background`: other work on a shared
+//! machine; `γ`: the machine's memory contention); compute and host tasks
+//! use a core, collectives too when the machine says so. A traced CPU
+//! duration is first brought back to an unshared one with the same rule,
+//! from the overlap it had in the trace (`traced_ranks·(1 + overlap) +
+//! traced_background` threads).
 
 use super::graph::StepGraph;
 use super::machine::{Backend, Machine};
@@ -127,7 +131,16 @@ pub fn durations(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> Vec<u64> {
                 }
             }
             None if n.is_comm() => n.dur_ns,
-            None => (n.dur_ns as f64 * scale).round() as u64,
+            None => {
+                // Undo the sharing the traced duration went through.
+                let traced = g.traced_ranks.max(1) as f64 * (1.0 + n.overlap) + m.traced_background;
+                let own = if m.backend == Backend::Cpu {
+                    m.cpu_rate(traced)
+                } else {
+                    1.0
+                };
+                (n.dur_ns as f64 * own * scale).round() as u64
+            }
         })
         .collect()
 }
@@ -328,9 +341,8 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
         }
         // Rates under core sharing.
         let cores_busy = busy.iter().flatten().filter(|&&i| uses_core(i)).count();
-        let rate_core = if m.backend == Backend::Cpu && cores_busy > 0 {
-            let threads = (cfg.ranks.max(1) * cores_busy) as f64 + m.background.max(0.0);
-            (m.cores.max(1) as f64 / threads).min(1.0)
+        let rate_core = if cores_busy > 0 {
+            m.cpu_rate((cfg.ranks.max(1) * cores_busy) as f64 + m.background.max(0.0))
         } else {
             1.0
         };
@@ -347,13 +359,13 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
             break;
         }
         let dt = t - now;
-        for s in 0..nstreams {
-            if let Some(i) = busy[s] {
+        for slot in busy.iter_mut() {
+            if let Some(i) = *slot {
                 remaining[i] -= dt * rate(i);
                 if remaining[i] <= 1e-3 {
                     remaining[i] = 0.0;
                     end[i] = Some(t);
-                    busy[s] = None;
+                    *slot = None;
                     done += 1;
                 }
             }
@@ -396,6 +408,7 @@ mod tests {
             bytes: None,
             side: false,
             preds: preds.to_vec(),
+            overlap: 0.0,
         }
     }
 
@@ -443,6 +456,8 @@ mod tests {
             handoff_us: 0.0,
             comm_uses_cores: false,
             background: 0.0,
+            contention: 0.0,
+            traced_background: 0.0,
         }
     }
 
