@@ -5,6 +5,7 @@
 use braid::{Accesses, Buffer, Result, Runtime};
 use braid_gpt2::rng::Rng;
 
+pub mod simulate;
 pub mod toy_mlp;
 
 /// The shape of a generated task graph.

@@ -108,7 +108,8 @@ fn run_cpu(shared: &Shared, s: usize) {
             let end = if timed { now_ns() } else { 0 };
             if shared.profiling {
                 let ids = preds.iter().map(|p| p.id).collect();
-                push_span(shared, s, &task, ids, start, end, outcome.is_ok());
+                let span = (start, end, largest(&accesses));
+                push_span(shared, s, &task, ids, span, outcome.is_ok());
             }
             let ok = outcome.is_ok();
             report(shared, &task, outcome);
@@ -210,6 +211,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 preds,
                 ok: status == OK,
                 placement: super::replay::replayed(plan),
+                bytes: largest(&t.accesses),
             });
         }
         if status != OK {
@@ -320,13 +322,22 @@ fn complete(shared: &Shared, s: usize) {
     shared.completed.add(1);
 }
 
+/// The largest declared access in bytes (a span's `bytes`).
+fn largest(accesses: &[Access]) -> u64 {
+    accesses
+        .iter()
+        .map(|a| a.view.len() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Records a span; `(start_ns, end_ns, bytes)` as [`Span`] has them.
 fn push_span(
     shared: &Shared,
     s: usize,
     task: &TaskShared,
     preds: SmallVec<[u64; 4]>,
-    start_ns: u64,
-    end_ns: u64,
+    (start_ns, end_ns, bytes): (u64, u64, u64),
     ok: bool,
 ) {
     lock(&shared.streams[s].spans).push(Span {
@@ -339,6 +350,7 @@ fn push_span(
         end_ns,
         preds,
         ok,
+        bytes,
     });
 }
 
@@ -346,9 +358,9 @@ fn push_span(
 struct InFlight {
     task: Arc<TaskShared>,
     preds: SmallVec<[Arc<TaskShared>; 4]>,
-    /// Held, not read: keeps the task's buffers alive until its work is
-    /// complete on the device (semantics 7).
-    _accesses: SmallVec<[Access; 4]>,
+    /// Keeps the task's buffers alive until its work is complete on the
+    /// device (semantics 7); read only for the span's `bytes`.
+    accesses: SmallVec<[Access; 4]>,
     start: Option<CudaEvent>,
     /// `Some` when the task failed or was skipped at launch.
     outcome: Option<Error>,
@@ -440,7 +452,7 @@ fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared
     InFlight {
         task,
         preds,
-        _accesses: accesses,
+        accesses,
         start,
         outcome,
         checks,
@@ -483,7 +495,8 @@ fn poll(
             if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
                 if let Ok((a, b)) = d.span_ns(start, end) {
                     let ids = f.preds.iter().map(|p| p.id).collect();
-                    push_span(shared, s, &f.task, ids, a, b, !f.task.failed());
+                    let span = (a, b, largest(&f.accesses));
+                    push_span(shared, s, &f.task, ids, span, !f.task.failed());
                 }
             }
         }

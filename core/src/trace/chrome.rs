@@ -2,7 +2,8 @@
 //! one thread track per stream, each task a complete (`X`) event whose args
 //! are its submission index, outcome, predecessors and placement decision
 //! (`placed`: the rule, `usable_streams`: the compute streams the policy
-//! could choose from, `priority`: the task's hint).
+//! could choose from, `priority`: the task's hint) and `bytes`, its largest
+//! declared access (a collective's buffer size).
 
 use super::Profile;
 use crate::error::{Error, Result};
@@ -51,6 +52,7 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
                     "placed": s.placement.reason.name(),
                     "usable_streams": s.placement.usable,
                     "priority": s.placement.priority.name(),
+                    "bytes": s.bytes,
                 },
             }));
         }

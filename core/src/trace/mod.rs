@@ -38,6 +38,12 @@ pub struct Span {
     pub preds: SmallVec<[u64; 4]>,
     /// Whether the task completed without error.
     pub ok: bool,
+    /// The largest of the task's declared accesses, in bytes (a collective's
+    /// buffer: the data of an all-reduce or broadcast, the whole gathered or
+    /// scattered buffer of an all-gather or reduce-scatter). The Chrome
+    /// trace's `bytes` argument; what the step simulator prices a
+    /// collective by.
+    pub bytes: u64,
 }
 
 /// A stream as it appears in a profile.

@@ -219,6 +219,7 @@ mod tests {
             end_ns: e,
             preds: preds.iter().copied().collect(),
             ok: true,
+            bytes: 0,
         }
     }
 

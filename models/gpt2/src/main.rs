@@ -146,6 +146,11 @@ struct TrainArgs {
     /// once and replaying it.
     #[arg(long)]
     no_replay: bool,
+    /// Run the gradient reducer with --ranks 1 too (its collectives are
+    /// no-ops): the trace then holds every bucket, which the step simulator
+    /// needs to predict more ranks from a one-rank trace.
+    #[arg(long)]
+    reduce_single_rank: bool,
 }
 
 impl Default for TrainArgs {
@@ -390,6 +395,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             CompressionArg::Bf16 => Compression::Bf16,
         },
         replay: !a.no_replay,
+        reduce_single_rank: a.reduce_single_rank,
     };
     let device = resolve_train_backend(&opts)?;
     let dist = match device {

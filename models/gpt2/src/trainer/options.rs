@@ -64,6 +64,12 @@ pub struct TrainOptions {
     /// no dependency inference or placement per step. Off: every step is
     /// submitted eagerly. The results are the same, bit for bit.
     pub replay: bool,
+    /// Run the gradient reducer (and the loss all-reduce) with one rank too,
+    /// as PyTorch DDP does at world size 1: the collectives are no-ops, but
+    /// the trace holds every bucket with its size and ready point, which the
+    /// step simulator needs to predict more ranks from one
+    /// (`benches/src/bin/simulate.rs`). Off by default.
+    pub reduce_single_rank: bool,
 }
 
 impl Default for TrainOptions {
@@ -97,6 +103,7 @@ impl Default for TrainOptions {
             comm_timeout: braid::comm::DEFAULT_TIMEOUT,
             compression: Compression::None,
             replay: true,
+            reduce_single_rank: false,
         }
     }
 }

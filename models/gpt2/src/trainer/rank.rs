@@ -65,7 +65,7 @@ pub(super) fn run_rank(
     let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
     loader.set_state(start.loader)?;
     let comm = comm
-        .filter(|_| world > 1)
+        .filter(|_| world > 1 || opts.reduce_single_rank)
         .map(|c| c.bind(&rt))
         .transpose()?;
     let mut reducer = match &comm {

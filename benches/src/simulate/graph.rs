@@ -1,0 +1,211 @@
+//! One rank's step as a task graph: what the scheduler simulates.
+
+use super::cost::Collective;
+use super::trace::{RankTrace, StepSlice};
+use anyhow::{bail, Result};
+use braid::TaskKind;
+use std::collections::HashMap;
+
+/// A task of the step.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Its name.
+    pub name: String,
+    /// Its kind.
+    pub kind: TaskKind,
+    /// The collective it runs, if it is one (from its name).
+    pub collective: Option<Collective>,
+    /// Stream in the traced run; `None` for a comm stream.
+    pub traced_stream: Option<usize>,
+    /// Duration in the traced run, ns.
+    pub dur_ns: u64,
+    /// Its largest declared access, bytes (a collective's buffer).
+    pub bytes: Option<u64>,
+    /// Submitted with `Priority::Side`.
+    pub side: bool,
+    /// Predecessors, indices into the step (all smaller than its own).
+    pub preds: Vec<usize>,
+    /// Mean number of other compute (non-comm) tasks of its rank running
+    /// while it ran in the traced step (time-weighted): how contended its
+    /// traced duration was.
+    pub overlap: f64,
+}
+
+impl Node {
+    /// Runs on a communication stream.
+    pub fn is_comm(&self) -> bool {
+        self.kind == TaskKind::Comm
+    }
+}
+
+/// One step of one rank.
+#[derive(Debug, Clone)]
+pub struct StepGraph {
+    /// Tasks in submission order.
+    pub nodes: Vec<Node>,
+    /// Host time per step outside the tasks (the traced step's period minus
+    /// its span), ns.
+    pub host_gap_ns: u64,
+    /// The traced step's period (its wall time as the trainer sees it), ns.
+    pub measured_step_ns: u64,
+    /// Ranks in the traced run.
+    pub traced_ranks: usize,
+    /// Compute streams in the traced run.
+    pub traced_streams: usize,
+    /// Complete steps found in the trace.
+    pub complete_steps: usize,
+}
+
+/// Which step to take from the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepChoice {
+    /// The structure of the last complete step with each task's median
+    /// duration over every complete step (and the median period).
+    Median,
+    /// Complete step `k` (from 0) as it is.
+    Index(usize),
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2
+    }
+}
+
+/// Time-weighted mean number of other non-comm tasks running during task `i`.
+fn overlap_of(tasks: &[super::trace::TraceTask], i: usize) -> f64 {
+    let t = &tasks[i];
+    if t.kind == TaskKind::Comm || t.dur_ns == 0 {
+        return 0.0;
+    }
+    let (a, b) = (t.start_ns, t.start_ns + t.dur_ns);
+    let shared: u64 = tasks
+        .iter()
+        .enumerate()
+        .filter(|(j, u)| *j != i && u.kind != TaskKind::Comm)
+        .map(|(_, u)| {
+            let (c, d) = (u.start_ns, u.start_ns + u.dur_ns);
+            b.min(d).saturating_sub(a.max(c))
+        })
+        .sum();
+    shared as f64 / t.dur_ns as f64
+}
+
+impl StepGraph {
+    /// The step `choice` of rank trace `r` (`start`: the name that begins a
+    /// step; default the rank's first task's), traced with `traced_ranks`
+    /// ranks.
+    pub fn from_trace(
+        r: &RankTrace,
+        traced_ranks: usize,
+        choice: StepChoice,
+        start: Option<&str>,
+    ) -> Result<StepGraph> {
+        let steps = r.steps(start);
+        let complete: Vec<usize> = (0..steps.len()).filter(|&k| steps[k].complete).collect();
+        // The last complete step that has a successor (its period includes
+        // the host time before the next step), else the last complete one.
+        let with_next: Vec<usize> = complete
+            .iter()
+            .copied()
+            .filter(|&k| k + 1 < steps.len())
+            .collect();
+        let pick = match choice {
+            StepChoice::Median => with_next.last().or(complete.last()).copied(),
+            StepChoice::Index(i) => complete.get(i).copied(),
+        };
+        let Some(k) = pick else {
+            bail!(
+                "no such complete step in rank {}'s trace ({} complete of {} steps)",
+                r.rank,
+                complete.len(),
+                steps.len()
+            );
+        };
+        let s: &StepSlice = &steps[k];
+        let tasks = &r.tasks[s.first..s.end];
+        let index: HashMap<u64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+        let (lo, hi) = (tasks[0].id, tasks[tasks.len() - 1].id);
+        let mut nodes = Vec::with_capacity(tasks.len());
+        for (i, t) in tasks.iter().enumerate() {
+            let mut preds: Vec<usize> = Vec::new();
+            for &p in &t.preds {
+                match index.get(&p) {
+                    Some(&j) if j < i => preds.push(j),
+                    Some(_) => {}
+                    // An id inside the step with no span: the join of a
+                    // replay (it stands for every task submitted before it).
+                    None if p > lo && p < hi => {
+                        preds.extend((0..i).filter(|&j| tasks[j].id < p));
+                    }
+                    // Before the step: already complete when it starts.
+                    None => {}
+                }
+            }
+            preds.sort_unstable();
+            preds.dedup();
+            nodes.push(Node {
+                name: t.name.clone(),
+                kind: t.kind,
+                collective: (t.kind == TaskKind::Comm)
+                    .then(|| Collective::from_task_name(&t.name))
+                    .flatten(),
+                traced_stream: (!r.is_comm_stream(t.stream)).then_some(t.stream),
+                dur_ns: t.dur_ns,
+                bytes: t.bytes,
+                side: t.side,
+                preds,
+                overlap: overlap_of(tasks, i),
+            });
+        }
+        let (mut period, mut gap) = (
+            r.step_period_ns(&steps, k),
+            r.step_period_ns(&steps, k)
+                .saturating_sub(r.step_span_ns(s)),
+        );
+        if choice == StepChoice::Median {
+            // Each task's median duration over the complete steps (they have
+            // the same sequence of names, so position i is the same task).
+            for (i, n) in nodes.iter_mut().enumerate() {
+                n.dur_ns = median(
+                    complete
+                        .iter()
+                        .map(|&c| r.tasks[steps[c].first + i].dur_ns)
+                        .collect(),
+                );
+            }
+            if !with_next.is_empty() {
+                period = median(
+                    with_next
+                        .iter()
+                        .map(|&c| r.step_period_ns(&steps, c))
+                        .collect(),
+                );
+                gap = median(
+                    with_next
+                        .iter()
+                        .map(|&c| {
+                            r.step_period_ns(&steps, c)
+                                .saturating_sub(r.step_span_ns(&steps[c]))
+                        })
+                        .collect(),
+                );
+            }
+        }
+        Ok(StepGraph {
+            nodes,
+            host_gap_ns: gap,
+            measured_step_ns: period,
+            traced_ranks,
+            traced_streams: r.compute_streams(),
+            complete_steps: complete.len(),
+        })
+    }
+}

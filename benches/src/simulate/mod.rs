@@ -1,0 +1,176 @@
+//! The step simulator (`cargo run --release -p braid-benches --bin simulate`):
+//! from a Chrome trace Braid wrote, predict the step on another machine,
+//! rank count, stream count or placement policy.
+//!
+//! * [`trace`] reads the trace and cuts a step out of it;
+//! * [`graph`] turns one rank's step into a task graph ([`StepGraph`]);
+//! * [`machine`] describes machines (built-in or a JSON file);
+//! * [`cost`] prices collectives (NCCL ring and tree, α–β);
+//! * [`sched`] places and runs the graph ([`simulate`]);
+//! * this module turns a simulated run into figures computed the way
+//!   `braid::trace::Summary` computes them (a [`braid::trace::Profile`] is
+//!   built and summarised) and into a Chrome trace.
+//!
+//! `docs/simulator.md` says what it models and how well it predicted the
+//! runs it was checked against.
+
+pub mod cost;
+pub mod graph;
+pub mod machine;
+pub mod sched;
+pub mod trace;
+
+pub use graph::{StepChoice, StepGraph};
+pub use machine::Machine;
+pub use sched::{simulate, SimConfig, SimPolicy, SimRun};
+
+use braid::trace::{Profile, Span, StreamInfo, Summary};
+use braid::{Placement, Priority};
+
+/// The figures of one simulated step.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    /// Ranks simulated.
+    pub ranks: usize,
+    /// The step's tasks from first start to last end, ns.
+    pub makespan_ns: u64,
+    /// The step time: makespan plus the traced host time between steps, ns.
+    pub step_ns: u64,
+    /// The summary of the simulated step (comm time, hidden share, critical
+    /// path), as `braid::trace::Summary` computes it.
+    pub summary: Summary,
+    /// Names of the tasks along the critical path (dependency edges,
+    /// simulated durations), first to last.
+    pub critical_path: Vec<String>,
+    /// Usable compute streams.
+    pub usable: usize,
+}
+
+/// The simulated step as a Braid profile (rank 0; ids are positions in the
+/// step).
+pub fn profile(g: &StepGraph, run: &SimRun) -> Profile {
+    let mut streams: Vec<StreamInfo> = (0..run.streams)
+        .map(|s| StreamInfo {
+            name: format!("compute {s}"),
+            is_comm: false,
+        })
+        .collect();
+    streams.push(StreamInfo {
+        name: "comm 0".into(),
+        is_comm: true,
+    });
+    let mut spans: Vec<Span> = g
+        .nodes
+        .iter()
+        .zip(&run.tasks)
+        .enumerate()
+        .map(|(i, (n, p))| Span {
+            id: i as u64,
+            name: n.name.clone().into(),
+            kind: n.kind,
+            stream: p.stream,
+            placement: Placement {
+                reason: p.reason,
+                usable: run.usable as u16,
+                priority: if n.is_comm() {
+                    Priority::Comm
+                } else if n.side {
+                    Priority::Side
+                } else {
+                    Priority::Main
+                },
+            },
+            start_ns: p.start_ns,
+            end_ns: p.end_ns,
+            preds: n.preds.iter().map(|&p| p as u64).collect(),
+            ok: true,
+            bytes: n.bytes.unwrap_or(0),
+        })
+        .collect();
+    spans.sort_by_key(|s| s.start_ns);
+    Profile {
+        rank: 0,
+        streams,
+        spans,
+    }
+}
+
+/// The critical path over the dependency edges, with the simulated
+/// durations: its length (ns) and the nodes along it, first to last.
+pub fn critical_path(g: &StepGraph, run: &SimRun) -> (u64, Vec<usize>) {
+    let n = g.nodes.len();
+    let mut longest = vec![0u64; n];
+    let mut via: Vec<Option<usize>> = vec![None; n];
+    for i in 0..n {
+        let d = run.tasks[i].end_ns - run.tasks[i].start_ns;
+        let best = g.nodes[i].preds.iter().map(|&p| (longest[p], p)).max();
+        longest[i] = d + best.map_or(0, |b| b.0);
+        via[i] = best.map(|b| b.1);
+    }
+    let Some((len, last)) = (0..n).map(|i| (longest[i], i)).max() else {
+        return (0, Vec::new());
+    };
+    let mut path = vec![last];
+    while let Some(p) = via[*path.last().unwrap_or(&last)] {
+        path.push(p);
+    }
+    path.reverse();
+    (len, path)
+}
+
+/// Simulates `g` on `m` under `cfg` and summarises it.
+pub fn predict(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, SimRun) {
+    let run = simulate(g, m, cfg);
+    let summary = profile(g, &run).summary();
+    let (_, path) = critical_path(g, &run);
+    (
+        Prediction {
+            ranks: cfg.ranks,
+            makespan_ns: run.makespan_ns,
+            step_ns: run.makespan_ns + g.host_gap_ns,
+            summary,
+            critical_path: path.iter().map(|&i| g.nodes[i].name.clone()).collect(),
+            usable: run.usable,
+        },
+        run,
+    )
+}
+
+/// The summary of a rank's traced step (the same figures as a
+/// prediction's, from the trace's own spans).
+pub fn traced_summary(r: &trace::RankTrace, s: &trace::StepSlice) -> Summary {
+    let streams = r
+        .streams
+        .iter()
+        .enumerate()
+        .map(|(i, n)| StreamInfo {
+            name: n.clone(),
+            is_comm: r.is_comm_stream(i),
+        })
+        .collect();
+    let spans = r.tasks[s.first..s.end]
+        .iter()
+        .map(|t| Span {
+            id: t.id,
+            name: t.name.clone().into(),
+            kind: t.kind,
+            stream: t.stream,
+            placement: Placement {
+                reason: braid::PlaceReason::Replayed,
+                usable: 0,
+                priority: Priority::Main,
+            },
+            start_ns: t.start_ns,
+            end_ns: t.start_ns + t.dur_ns,
+            preds: t.preds.iter().copied().collect(),
+            ok: true,
+            bytes: t.bytes.unwrap_or(0),
+        })
+        .collect();
+    Profile {
+        rank: r.rank,
+        streams,
+        spans,
+    }
+    .summary()
+}

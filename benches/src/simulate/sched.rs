@@ -1,0 +1,615 @@
+//! The simulated run of one rank's step: placement onto `S` compute streams
+//! and one comm stream, then execution.
+//!
+//! **Placement** happens in submission order, as Braid does it (a policy
+//! decides at submission; each stream is a FIFO):
+//!
+//! * `single`: every compute task on stream 0;
+//! * `recorded`: the stream the trace gives it (modulo `S`);
+//! * `eager`: Braid's eager `Affinity` rule: continue the stream of the latest
+//!   predecessor when that predecessor is still its stream's last task (side
+//!   work excepted), else the least-loaded usable stream (load: tasks placed
+//!   there, all unfinished when a step is submitted at once);
+//! * `affinity` (default): what Braid's replayed steps run, the re-placement
+//!   by earliest finish time (`sched/replay.rs`, HEFT's rule in program order
+//!   with a hand-off cost per predecessor on another stream and per extra
+//!   stream woken), falling back to one stream when that does not beat
+//!   running the tasks one after the other. It follows the predecessor's
+//!   stream for a chain and otherwise picks the stream that is free first.
+//!
+//! Collectives go to the comm stream. The *usable* compute streams are `S`,
+//! except on a CPU machine under `eager`/`affinity`, where the ranks of the
+//! process share its cores as Braid's core budget does: `max(1, cores/ranks)`
+//! each (unless `oversubscribe`).
+//!
+//! **Execution** is event-driven. A stream starts its next task when the
+//! previous one ended and every predecessor has ended (plus the hand-off
+//! cost for one on another stream). Every rank runs the same step at the same
+//! time (data parallelism), so collectives need no partner modelling. On a
+//! CPU machine the threads of every rank share the cores (processor
+//! sharing): while `k` tasks of this rank that use a core run, each advances
+//! at `min(1, cores / t) / (1 + γ·(min(t, cores) − 1))` of its speed, with
+//! `t = ranks·k + background` (`background`: other work on a shared
+//! machine; `γ`: the machine's memory contention); compute and host tasks
+//! use a core, collectives too when the machine says so. A traced CPU
+//! duration is first brought back to an unshared one with the same rule,
+//! from the overlap it had in the trace (`traced_ranks·(1 + overlap) +
+//! traced_background` threads).
+
+use super::graph::StepGraph;
+use super::machine::{Backend, Machine};
+use braid::{PlaceReason, TaskKind};
+
+/// A placement policy of the simulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimPolicy {
+    /// One compute stream.
+    Single,
+    /// The traced streams.
+    Recorded,
+    /// Braid's eager affinity rule.
+    Eager,
+    /// Braid's default as replayed steps run it (earliest finish time).
+    Affinity,
+}
+
+impl std::str::FromStr for SimPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "single" => Ok(SimPolicy::Single),
+            "recorded" => Ok(SimPolicy::Recorded),
+            "eager" => Ok(SimPolicy::Eager),
+            "affinity" | "default" => Ok(SimPolicy::Affinity),
+            _ => Err(format!(
+                "unknown policy `{s}` (single, recorded, eager, affinity)"
+            )),
+        }
+    }
+}
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Data-parallel ranks.
+    pub ranks: usize,
+    /// Compute streams per rank.
+    pub streams: usize,
+    /// Placement policy.
+    pub policy: SimPolicy,
+    /// Multiplies compute durations (on top of the machine's factor).
+    pub compute_scale: f64,
+    /// CPU: every compute stream, whatever the cores.
+    pub oversubscribe: bool,
+}
+
+/// A simulated task.
+#[derive(Debug, Clone, Copy)]
+pub struct Placed {
+    /// Stream: `0..streams` compute, `streams` the comm stream.
+    pub stream: usize,
+    /// Why it went there.
+    pub reason: PlaceReason,
+    /// Start, ns from the step's start.
+    pub start_ns: u64,
+    /// End, ns.
+    pub end_ns: u64,
+}
+
+/// The simulated step.
+#[derive(Debug, Clone)]
+pub struct SimRun {
+    /// Per node, in submission order.
+    pub tasks: Vec<Placed>,
+    /// Compute streams (the comm stream is index `streams`).
+    pub streams: usize,
+    /// Usable compute streams.
+    pub usable: usize,
+    /// Last end, ns.
+    pub makespan_ns: u64,
+    /// Each node's duration before any core sharing, ns.
+    pub nominal_ns: Vec<u64>,
+}
+
+/// Each node's duration on `m` with `cfg.ranks` ranks, before core sharing:
+/// collectives priced by the fabric (bytes from the trace, else inferred
+/// from the traced duration at the traced rank count), compute scaled.
+pub fn durations(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> Vec<u64> {
+    let scale = m.compute_scale * cfg.compute_scale;
+    g.nodes
+        .iter()
+        .map(|n| match n.collective {
+            Some(c) => {
+                let bytes = n.bytes.or_else(|| {
+                    m.fabric
+                        .infer_bytes(c, n.dur_ns as f64 * 1e-9, g.traced_ranks)
+                });
+                match bytes {
+                    Some(b) => (m.fabric.time(c, b, cfg.ranks).0 * 1e9).round() as u64,
+                    // Neither bytes nor a traced run that moved any: keep it.
+                    None => n.dur_ns,
+                }
+            }
+            None if n.is_comm() => n.dur_ns,
+            None => {
+                // Undo the sharing the traced duration went through.
+                let traced = g.traced_ranks.max(1) as f64 * (1.0 + n.overlap) + m.traced_background;
+                let own = if m.backend == Backend::Cpu {
+                    m.cpu_rate(traced)
+                } else {
+                    1.0
+                };
+                (n.dur_ns as f64 * own * scale).round() as u64
+            }
+        })
+        .collect()
+}
+
+/// Usable compute streams for `cfg` on `m`.
+pub fn usable_streams(m: &Machine, cfg: &SimConfig) -> usize {
+    let s = cfg.streams.max(1);
+    match cfg.policy {
+        SimPolicy::Single => 1,
+        SimPolicy::Recorded => s,
+        SimPolicy::Eager | SimPolicy::Affinity => {
+            if m.backend == Backend::Cpu && !cfg.oversubscribe {
+                (m.cores / cfg.ranks.max(1)).clamp(1, s)
+            } else {
+                s
+            }
+        }
+    }
+}
+
+fn place(
+    g: &StepGraph,
+    dur: &[u64],
+    cfg: &SimConfig,
+    usable: usize,
+    handoff: u64,
+) -> Vec<(usize, PlaceReason)> {
+    let comm = cfg.streams.max(1);
+    let n = g.nodes.len();
+    let mut out = vec![(0, PlaceReason::Single); n];
+    match cfg.policy {
+        SimPolicy::Single | SimPolicy::Recorded => {
+            for (i, node) in g.nodes.iter().enumerate() {
+                out[i] = if node.is_comm() {
+                    (comm, PlaceReason::Comm)
+                } else if cfg.policy == SimPolicy::Single {
+                    (0, PlaceReason::Single)
+                } else {
+                    (
+                        node.traced_stream.unwrap_or(0) % comm,
+                        PlaceReason::Replayed,
+                    )
+                };
+            }
+        }
+        SimPolicy::Eager => {
+            let mut tail: Vec<Option<usize>> = vec![None; comm + 1];
+            let mut load = vec![0u64; comm + 1];
+            for (i, node) in g.nodes.iter().enumerate() {
+                let (s, why) = if node.is_comm() {
+                    (comm, PlaceReason::Comm)
+                } else {
+                    let least = |avoid: Option<usize>| {
+                        (0..usable)
+                            .filter(|&s| Some(s) != avoid || usable == 1)
+                            .min_by_key(|&s| (load[s], s))
+                            .unwrap_or(0)
+                    };
+                    let latest = node.preds.iter().max().map(|&p| out[p].0);
+                    match latest {
+                        Some(s) if s < usable && tail[s] == node.preds.iter().max().copied() => {
+                            if node.side {
+                                (least(Some(s)), PlaceReason::Side)
+                            } else {
+                                (s, PlaceReason::Chain)
+                            }
+                        }
+                        Some(s) if node.side => (least(Some(s)), PlaceReason::Side),
+                        _ => (least(None), PlaceReason::LeastLoaded),
+                    }
+                };
+                out[i] = (s, why);
+                tail[s] = Some(i);
+                load[s] += 1;
+            }
+        }
+        SimPolicy::Affinity => {
+            // HEFT in program order, as `Plan::replaced` does.
+            let mut avail = vec![0u64; comm + 1];
+            let mut used = vec![false; comm + 1];
+            let mut finish = vec![0u64; n];
+            for (i, node) in g.nodes.iter().enumerate() {
+                let recorded = if node.is_comm() {
+                    comm
+                } else {
+                    node.traced_stream.unwrap_or(0) % usable
+                };
+                let eft = |s: usize, out: &[(usize, PlaceReason)]| {
+                    let ready = node
+                        .preds
+                        .iter()
+                        .map(|&p| finish[p] + if out[p].0 == s { 0 } else { handoff })
+                        .max()
+                        .unwrap_or(0);
+                    let start = if used[s] || i == 0 { avail[s] } else { handoff };
+                    ready.max(start) + dur[i]
+                };
+                let mut best = (recorded, eft(recorded, &out));
+                if !node.is_comm() {
+                    for s in (0..usable).filter(|&s| s != recorded) {
+                        let e = eft(s, &out);
+                        if e < best.1 {
+                            best = (s, e);
+                        }
+                    }
+                }
+                let why = if node.is_comm() {
+                    PlaceReason::Comm
+                } else {
+                    PlaceReason::Replayed
+                };
+                out[i] = (best.0, why);
+                finish[i] = best.1;
+                avail[best.0] = best.1;
+                used[best.0] = true;
+            }
+            let makespan = finish.iter().copied().max().unwrap_or(0);
+            let serial: u64 = (0..n)
+                .filter(|&i| !g.nodes[i].is_comm())
+                .map(|i| dur[i])
+                .sum();
+            if serial <= makespan {
+                // No better than one stream: the one most tasks were on.
+                let home = (0..usable)
+                    .max_by_key(|&s| {
+                        let k = out.iter().filter(|o| o.0 == s).count();
+                        (k, std::cmp::Reverse(s))
+                    })
+                    .unwrap_or(0);
+                for (i, o) in out.iter_mut().enumerate() {
+                    if !g.nodes[i].is_comm() {
+                        o.0 = home;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Simulates step `g` on machine `m` under `cfg`.
+pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
+    let dur = durations(g, m, cfg);
+    let usable = usable_streams(m, cfg);
+    let handoff = (m.handoff_us * 1e3).round() as u64;
+    let placed = place(g, &dur, cfg, usable, handoff);
+    let nstreams = cfg.streams.max(1) + 1;
+    let n = g.nodes.len();
+    // Each stream's FIFO, in submission order.
+    let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); nstreams];
+    for (i, p) in placed.iter().enumerate() {
+        fifo[p.0].push(i);
+    }
+    let mut head = vec![0usize; nstreams];
+    let mut busy: Vec<Option<usize>> = vec![None; nstreams];
+    let mut remaining: Vec<f64> = dur.iter().map(|&d| d as f64).collect();
+    let mut start = vec![0u64; n];
+    let mut end: Vec<Option<f64>> = vec![None; n];
+    let uses_core = |i: usize| match g.nodes[i].kind {
+        TaskKind::Comm => m.backend == Backend::Cpu && m.comm_uses_cores,
+        _ => m.backend == Backend::Cpu,
+    };
+    let mut now = 0.0f64;
+    let mut done = 0usize;
+    while done < n {
+        // Start what can start now; note the earliest future start.
+        let mut next_start = f64::INFINITY;
+        for s in 0..nstreams {
+            if busy[s].is_some() || head[s] >= fifo[s].len() {
+                continue;
+            }
+            let i = fifo[s][head[s]];
+            let mut ready = 0.0f64;
+            let mut blocked = false;
+            for &p in &g.nodes[i].preds {
+                match end[p] {
+                    Some(e) => {
+                        let hop = if placed[p].0 == s {
+                            0.0
+                        } else {
+                            handoff as f64
+                        };
+                        ready = ready.max(e + hop);
+                    }
+                    None => blocked = true,
+                }
+            }
+            if blocked {
+                continue;
+            }
+            if ready <= now {
+                busy[s] = Some(i);
+                head[s] += 1;
+                start[i] = now.round() as u64;
+            } else {
+                next_start = next_start.min(ready);
+            }
+        }
+        // Rates under core sharing.
+        let cores_busy = busy.iter().flatten().filter(|&&i| uses_core(i)).count();
+        let rate_core = if cores_busy > 0 {
+            m.cpu_rate((cfg.ranks.max(1) * cores_busy) as f64 + m.background.max(0.0))
+        } else {
+            1.0
+        };
+        let rate = |i: usize| if uses_core(i) { rate_core } else { 1.0 };
+        let next_end = busy
+            .iter()
+            .flatten()
+            .map(|&i| now + remaining[i] / rate(i))
+            .fold(f64::INFINITY, f64::min);
+        let t = next_end.min(next_start);
+        if !t.is_finite() {
+            // Nothing runs and nothing can start: a cycle (cannot happen
+            // with predecessors earlier in submission order).
+            break;
+        }
+        let dt = t - now;
+        for slot in busy.iter_mut() {
+            if let Some(i) = *slot {
+                remaining[i] -= dt * rate(i);
+                if remaining[i] <= 1e-3 {
+                    remaining[i] = 0.0;
+                    end[i] = Some(t);
+                    *slot = None;
+                    done += 1;
+                }
+            }
+        }
+        now = t;
+    }
+    let tasks: Vec<Placed> = (0..n)
+        .map(|i| Placed {
+            stream: placed[i].0,
+            reason: placed[i].1,
+            start_ns: start[i],
+            end_ns: end[i].unwrap_or(now).round() as u64,
+        })
+        .collect();
+    let makespan_ns = tasks.iter().map(|t| t.end_ns).max().unwrap_or(0);
+    SimRun {
+        tasks,
+        streams: cfg.streams.max(1),
+        usable,
+        makespan_ns,
+        nominal_ns: dur,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::cost::{Collective, Fabric, Link};
+    use crate::simulate::graph::Node;
+
+    const MS: u64 = 1_000_000;
+
+    fn node(name: &str, ms: u64, preds: &[usize]) -> Node {
+        Node {
+            name: name.into(),
+            kind: TaskKind::Compute,
+            collective: None,
+            traced_stream: Some(0),
+            dur_ns: ms * MS,
+            bytes: None,
+            side: false,
+            preds: preds.to_vec(),
+            overlap: 0.0,
+        }
+    }
+
+    /// a → b, a → c, c → all-reduce d (100 MB), b + d → e.
+    fn graph() -> StepGraph {
+        let mut d = node("all_reduce bucket 0", 0, &[2]);
+        d.kind = TaskKind::Comm;
+        d.collective = Some(Collective::AllReduce);
+        d.traced_stream = None;
+        d.bytes = Some(100_000_000);
+        StepGraph {
+            nodes: vec![
+                node("a", 10, &[]),
+                node("b", 20, &[0]),
+                node("c", 30, &[0]),
+                d,
+                node("e", 5, &[1, 3]),
+            ],
+            host_gap_ns: MS,
+            measured_step_ns: 0,
+            traced_ranks: 1,
+            traced_streams: 1,
+            complete_steps: 1,
+        }
+    }
+
+    /// 2 ranks at 10 GB/s, no latency: the all-reduce takes B/β = 10 ms.
+    fn machine(backend: Backend, cores: usize) -> Machine {
+        Machine {
+            name: "test".into(),
+            backend,
+            cores,
+            fabric: Fabric {
+                intra: Link {
+                    gbps: 10.0,
+                    latency_us: 0.0,
+                },
+                inter: None,
+                ranks_per_node: 8,
+                launch_us: 0.0,
+                tree_efficiency: 0.5,
+                local_gbps: 0.0,
+            },
+            compute_scale: 1.0,
+            handoff_us: 0.0,
+            comm_uses_cores: false,
+            background: 0.0,
+            contention: 0.0,
+            traced_background: 0.0,
+        }
+    }
+
+    fn cfg(ranks: usize, streams: usize, policy: SimPolicy) -> SimConfig {
+        SimConfig {
+            ranks,
+            streams,
+            policy,
+            compute_scale: 1.0,
+            oversubscribe: false,
+        }
+    }
+
+    fn times(r: &SimRun) -> Vec<(usize, u64, u64)> {
+        r.tasks
+            .iter()
+            .map(|t| (t.stream, t.start_ns / MS, t.end_ns / MS))
+            .collect()
+    }
+
+    #[test]
+    fn single_stream_runs_in_submission_order() {
+        let r = simulate(
+            &graph(),
+            &machine(Backend::Gpu, 0),
+            &cfg(2, 1, SimPolicy::Single),
+        );
+        assert_eq!(
+            times(&r),
+            vec![
+                (0, 0, 10),
+                (0, 10, 30),
+                (0, 30, 60),
+                (1, 60, 70),
+                (0, 70, 75)
+            ]
+        );
+        assert_eq!(r.makespan_ns, 75 * MS);
+    }
+
+    #[test]
+    fn affinity_spreads_the_independent_branch_and_the_comm_overlaps() {
+        let r = simulate(
+            &graph(),
+            &machine(Backend::Gpu, 0),
+            &cfg(2, 2, SimPolicy::Affinity),
+        );
+        // b stays on a's stream (a tie keeps the traced one), c finishes
+        // first on the idle stream 1, the all-reduce follows c on the comm
+        // stream (2) while b runs.
+        assert_eq!(
+            times(&r),
+            vec![
+                (0, 0, 10),
+                (0, 10, 30),
+                (1, 10, 40),
+                (2, 40, 50),
+                (0, 50, 55)
+            ]
+        );
+        // The same graph at one rank: the all-reduce costs nothing.
+        let r1 = simulate(
+            &graph(),
+            &machine(Backend::Gpu, 0),
+            &cfg(1, 2, SimPolicy::Affinity),
+        );
+        assert_eq!(r1.makespan_ns, 45 * MS);
+    }
+
+    #[test]
+    fn cpu_threads_share_the_cores() {
+        // One core, one rank, two streams: b and c share the core from 10 ms
+        // (half speed each) until b ends at 50; c ends alone at 60.
+        let r = simulate(
+            &graph(),
+            &machine(Backend::Cpu, 1),
+            &SimConfig {
+                oversubscribe: true,
+                ..cfg(1, 2, SimPolicy::Affinity)
+            },
+        );
+        assert_eq!(&times(&r)[..3], &[(0, 0, 10), (0, 10, 50), (1, 10, 60)]);
+        // Two ranks on that core: everything at half speed.
+        let r2 = simulate(
+            &graph(),
+            &machine(Backend::Cpu, 1),
+            &SimConfig {
+                oversubscribe: true,
+                ..cfg(2, 2, SimPolicy::Affinity)
+            },
+        );
+        assert_eq!(&times(&r2)[..3], &[(0, 0, 20), (0, 20, 100), (1, 20, 120)]);
+        // Two ranks on two cores under the core budget: one usable stream.
+        let m = machine(Backend::Cpu, 2);
+        let c = cfg(2, 2, SimPolicy::Affinity);
+        assert_eq!(usable_streams(&m, &c), 1);
+        // Background work of one core on two cores, one rank, one stream:
+        // 2 cores / (1 + 1) threads, full speed.
+        let m = Machine {
+            background: 1.0,
+            ..machine(Backend::Cpu, 2)
+        };
+        let r = simulate(&graph(), &m, &cfg(1, 1, SimPolicy::Single));
+        assert_eq!(r.makespan_ns, 65 * MS);
+        // Two background cores' worth: 2/3 speed, 65 ms of compute in 97.5.
+        let m = Machine {
+            background: 2.0,
+            ..m
+        };
+        let r = simulate(&graph(), &m, &cfg(1, 1, SimPolicy::Single));
+        assert_eq!(r.makespan_ns, 97_500_000);
+    }
+
+    #[test]
+    fn eager_affinity_chains_and_sends_side_work_away() {
+        let mut g = graph();
+        g.nodes[2].side = true;
+        let r = simulate(&g, &machine(Backend::Gpu, 0), &cfg(2, 2, SimPolicy::Eager));
+        let s: Vec<(usize, PlaceReason)> = r.tasks.iter().map(|t| (t.stream, t.reason)).collect();
+        assert_eq!(
+            s,
+            vec![
+                (0, PlaceReason::LeastLoaded),
+                (0, PlaceReason::Chain),
+                (1, PlaceReason::Side),
+                (2, PlaceReason::Comm),
+                // Its latest predecessor is the all-reduce (comm stream):
+                // the least-loaded compute stream.
+                (1, PlaceReason::LeastLoaded),
+            ]
+        );
+        assert_eq!(r.makespan_ns, 55 * MS);
+    }
+
+    #[test]
+    fn handoffs_cost_time() {
+        let m = Machine {
+            handoff_us: 1000.0,
+            ..machine(Backend::Gpu, 0)
+        };
+        let r = simulate(&graph(), &m, &cfg(2, 2, SimPolicy::Recorded));
+        // Recorded: all compute on stream 0; the all-reduce waits 1 ms for
+        // c (another stream), e waits 1 ms for it.
+        assert_eq!(
+            times(&r),
+            vec![
+                (0, 0, 10),
+                (0, 10, 30),
+                (0, 30, 60),
+                (2, 61, 71),
+                (0, 72, 77)
+            ]
+        );
+    }
+}

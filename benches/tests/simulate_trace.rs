@@ -1,0 +1,124 @@
+//! The step simulator on traces the engine wrote: the GPT-2 trainer (tiny
+//! model, CPU ranks) writes a Chrome trace; the simulator reads it back, cuts
+//! a step, recovers the gradient buckets' sizes and simulates it.
+
+use braid::{BackendKind, Policy};
+use braid_benches::simulate::{
+    self, graph::StepChoice, machine::Machine, trace::Trace, SimConfig, SimPolicy, StepGraph,
+};
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::TokenSource;
+use braid_gpt2::model::Rng;
+use braid_gpt2::trainer::{train, StartState, TrainOptions};
+
+fn data() -> TokenSource {
+    let mut rng = Rng::new(7);
+    let ids: Vec<u32> = (0..4096).map(|_| (rng.next_u64() % 512) as u32).collect();
+    TokenSource::from_ids(&ids, "random ids").unwrap()
+}
+
+/// Trains the tiny model for 5 steps on `ranks` CPU ranks and returns the
+/// trace and the parameter count.
+fn traced_run(ranks: usize, reduce_single_rank: bool) -> (Trace, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let cfg = Gpt2Config::tiny();
+    let opts = TrainOptions {
+        model: cfg,
+        batch_size: 2,
+        seq_len: 16,
+        steps: 5,
+        backend: BackendKind::Cpu,
+        ranks,
+        streams: 2,
+        policy: Policy::Affinity,
+        bucket_cap_bytes: 96 << 10,
+        first_bucket_bytes: 32 << 10,
+        trace: Some(path.clone()),
+        reduce_single_rank,
+        ..TrainOptions::default()
+    };
+    train(&opts, StartState::fresh(&cfg, 1), &data(), &|_| {}).unwrap();
+    (Trace::read(&path).unwrap(), cfg.num_parameters())
+}
+
+#[test]
+fn a_two_rank_trace_gives_steps_buckets_and_a_prediction() {
+    let (trace, params) = traced_run(2, false);
+    assert_eq!(trace.ranks.len(), 2);
+    let r = trace.rank(0).unwrap();
+    assert_eq!(r.compute_streams(), 2);
+    let steps = r.steps(None);
+    // Steps 1 and 2 are eager (the buckets are rebuilt after the first), 3
+    // to 5 replay one recording: at least three steps share one sequence.
+    assert!(
+        steps.iter().filter(|s| s.complete).count() >= 3,
+        "{} steps, {} complete",
+        steps.len(),
+        steps.iter().filter(|s| s.complete).count()
+    );
+    let g = StepGraph::from_trace(r, trace.ranks.len(), StepChoice::Median, None).unwrap();
+    for (i, n) in g.nodes.iter().enumerate() {
+        assert!(
+            n.preds.iter().all(|&p| p < i),
+            "{} has a later predecessor",
+            n.name
+        );
+    }
+    // The buckets cover the gradient buffer exactly once: their `bytes`
+    // (recorded by the engine) add up to four bytes per parameter.
+    let buckets: Vec<_> = g
+        .nodes
+        .iter()
+        .filter(|n| n.name.starts_with("all_reduce bucket"))
+        .collect();
+    assert!(buckets.len() > 1, "several buckets: {}", buckets.len());
+    let total: u64 = buckets.iter().map(|n| n.bytes.unwrap()).sum();
+    assert_eq!(total, 4 * params as u64);
+    // The loss all-reduce is one f32.
+    assert!(g
+        .nodes
+        .iter()
+        .any(|n| n.name == "all_reduce" && n.bytes == Some(4)));
+    // Simulated on the CPU machine at 2 and 8 ranks: more ranks, more
+    // communication; the figures are the summary's.
+    let m = Machine::builtin("cpu", 2).unwrap();
+    let cfg = |ranks| SimConfig {
+        ranks,
+        streams: 2,
+        policy: SimPolicy::Affinity,
+        compute_scale: 1.0,
+        oversubscribe: false,
+    };
+    let (p2, run2) = simulate::predict(&g, &m, &cfg(2));
+    let (p8, _) = simulate::predict(&g, &m, &cfg(8));
+    assert!(p8.summary.comm_ns > p2.summary.comm_ns);
+    assert_eq!(p2.makespan_ns, run2.makespan_ns);
+    assert_eq!(p2.step_ns, p2.makespan_ns + g.host_gap_ns);
+    let (len, path) = simulate::critical_path(&g, &run2);
+    assert_eq!(len, p2.summary.critical_path_ns);
+    assert_eq!(path.len(), p2.critical_path.len());
+    assert!(len <= p2.makespan_ns);
+    // The predicted trace reads back as a trace with the same tasks.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("predicted.json");
+    braid::trace::write_chrome_trace(&out, &[&simulate::profile(&g, &run2)]).unwrap();
+    let back = Trace::read(&out).unwrap();
+    assert_eq!(back.ranks[0].tasks.len(), g.nodes.len());
+}
+
+#[test]
+fn a_one_rank_trace_keeps_its_buckets_with_reduce_single_rank() {
+    let (with, params) = traced_run(1, true);
+    let g = StepGraph::from_trace(with.rank(0).unwrap(), 1, StepChoice::Median, None).unwrap();
+    let total: u64 = g
+        .nodes
+        .iter()
+        .filter(|n| n.name.starts_with("all_reduce bucket"))
+        .map(|n| n.bytes.unwrap())
+        .sum();
+    assert_eq!(total, 4 * params as u64);
+    let (without, _) = traced_run(1, false);
+    let g = StepGraph::from_trace(without.rank(0).unwrap(), 1, StepChoice::Median, None).unwrap();
+    assert!(g.nodes.iter().all(|n| n.collective.is_none()));
+}
