@@ -49,5 +49,10 @@ bool call_rank(const RankFn& f, std::size_t rank, const Comm& comm, rust::String
                  "the rank function threw a C++ exception that is not a std::exception");
 }
 
+bool call_record(const RecordFn& f, rust::String& error) noexcept {
+  return guarded([&] { f.body(); }, error,
+                 "the recording program threw a C++ exception that is not a std::exception");
+}
+
 }  // namespace ffi
 }  // namespace braid

@@ -5,7 +5,8 @@
 // submission until its task runs — on a Braid stream thread — or is skipped
 // because a dependency failed (then it is destroyed without being called). It
 // holds a CPU body, a CUDA body or both; the runtime's backend picks one and
-// Rust calls it once, through `call_host` or `call_cuda`, with the bytes of
+// Rust calls it through `call_host` or `call_cuda` — once, or once per replay
+// when the task was recorded (`RecordFn`), never concurrently — with the bytes of
 // the task's declared accesses in declaration order (`RawAccess`: host
 // addresses on the CPU, device addresses on CUDA). The bodies are the
 // trampolines braid.hpp builds: they turn the bytes into the lambda's typed
@@ -53,6 +54,15 @@ struct RankFn {
 
 // Runs `f.body(rank, comm)`; like call_task, never lets an exception escape.
 bool call_rank(const RankFn& f, std::size_t rank, const Comm& comm, rust::String& error) noexcept;
+
+// A C++ recording program for Runtime::record: called once, on the thread that
+// records, to submit the tasks the schedule will hold.
+struct RecordFn {
+  std::function<void()> body;
+};
+
+// Runs `f.body()`; like call_host, never lets an exception escape.
+bool call_record(const RecordFn& f, rust::String& error) noexcept;
 
 }  // namespace ffi
 }  // namespace braid

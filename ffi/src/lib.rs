@@ -193,6 +193,7 @@ mod bridge {
         type View;
         type TaskSpec;
         type TaskHandle;
+        type Schedule;
         type Comm;
         type CommGroup;
         type Profile;
@@ -215,6 +216,16 @@ mod bridge {
             body: UniquePtr<TaskFn>,
         ) -> Result<Box<TaskHandle>>;
         fn synchronize(self: &Runtime) -> Result<()>;
+        fn record(
+            self: &Runtime,
+            name: &str,
+            program: UniquePtr<RecordFn>,
+        ) -> Result<Box<Schedule>>;
+        fn replay(self: &Schedule) -> Result<Box<TaskHandle>>;
+        fn len(self: &Schedule) -> usize;
+        fn name(self: &Schedule) -> String;
+        fn placement_streams(self: &Schedule) -> usize;
+        fn placement_waits(self: &Schedule) -> usize;
         fn summary(self: &Runtime) -> SummaryRecord;
         fn spans(self: &Runtime) -> Vec<SpanRecord>;
         fn clear_profile(self: &Runtime);
@@ -317,6 +328,14 @@ mod bridge {
         /// Runs the rank function of `rank`; never throws. `false` and a
         /// message when it threw. Called concurrently from every rank's thread.
         fn call_rank(f: &RankFn, rank: usize, comm: &Comm, error: &mut String) -> bool;
+
+        /// A C++ recording program for `Runtime::record`
+        /// (`std::function<void()>`, which submits the tasks to record).
+        type RecordFn;
+
+        /// Runs the recording program; never throws. `false` and a message
+        /// when it threw. Called once, on the thread that called `record`.
+        fn call_record(f: &RecordFn, error: &mut String) -> bool;
     }
 }
 
@@ -412,13 +431,78 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());
         }
-        Ok(Box::new(Runtime(b.build()?)))
+        Ok(Box::new(Runtime(Arc::new(b.build()?))))
     })
 }
 
-/// A Braid runtime owned by C++ (`braid::Runtime`).
+/// A Braid runtime owned by C++ (`braid::Runtime`). Shared, so that a
+/// [`Schedule`] recorded on it can keep it alive.
 #[derive(Debug)]
-pub struct Runtime(pub braid::Runtime);
+pub struct Runtime(pub Arc<braid::Runtime>);
+
+/// A recorded schedule owned by C++ (`braid::Schedule`).
+#[derive(Debug)]
+pub struct Schedule {
+    // Declared before `_rt`, so dropped first: it borrows the runtime `_rt`
+    // keeps alive.
+    step: braid::Schedule<'static>,
+    _rt: Arc<braid::Runtime>,
+}
+
+impl Schedule {
+    fn replay(&self) -> FfiResult<Box<TaskHandle>> {
+        guard("Schedule::replay", || {
+            Ok(Box::new(TaskHandle(self.step.replay()?)))
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.step.len()
+    }
+
+    fn name(&self) -> String {
+        self.step.name()
+    }
+
+    fn placement_streams(&self) -> usize {
+        self.step.placement().0
+    }
+
+    fn placement_waits(&self) -> usize {
+        self.step.placement().1
+    }
+}
+
+impl Runtime {
+    /// Records what the C++ `program` submits ([`braid::Runtime::record`]).
+    fn record(&self, name: &str, program: UniquePtr<bridge::RecordFn>) -> FfiResult<Box<Schedule>> {
+        guard("Runtime::record", || {
+            let Some(f) = program.as_ref() else {
+                return Err(braid::Error::Config(format!(
+                    "record `{name}` was given an empty program"
+                )));
+            };
+            let rt = Arc::clone(&self.0);
+            let step = rt.record(name.to_string(), |_| {
+                let mut error = String::new();
+                if bridge::call_record(f, &mut error) {
+                    Ok(())
+                } else {
+                    Err(braid::Error::TaskFailed {
+                        task: format!("the recording program of `{name}`"),
+                        message: error,
+                    })
+                }
+            })?;
+            // SAFETY: `step` borrows the runtime inside the `Arc` `rt`, whose
+            // heap address never changes; the `Schedule` keeps that `Arc` and
+            // drops `step` first (field order), so the borrow is valid for as
+            // long as `step` exists, whatever C++ does with the `Runtime`.
+            let step: braid::Schedule<'static> = unsafe { std::mem::transmute(step) };
+            Ok(Box::new(Schedule { step, _rt: rt }))
+        })
+    }
+}
 
 impl Runtime {
     fn backend_name(&self) -> &'static str {
@@ -625,8 +709,9 @@ fn dyn_accesses(task: &str, accesses: Vec<TypedAccess>) -> FfiResult<Vec<braid::
 /// thread.
 struct CppBody(UniquePtr<bridge::TaskFn>);
 
-// SAFETY: the body is called at most once, on one stream thread, and dropped
-// once; `submit` shares it between the CPU and the CUDA closure of one task,
+// SAFETY: the body is called on one stream thread at a time (once, or once
+// per replay when it was recorded: replays of one schedule never run a task
+// concurrently with itself) and dropped once; `submit` shares it between the CPU and the CUDA closure of one task,
 // of which the engine runs exactly one (or none, for a skipped task), so it is
 // never called from two threads, nor while it is being dropped. What remains
 // is that a `std::function` may be invoked and destroyed on a thread other

@@ -267,6 +267,7 @@ class TaskHandle {
  private:
   friend class TaskBuilder;
   friend class Runtime;
+  friend class Schedule;
   friend class Communicator;
   explicit TaskHandle(rust::Box<ffi::TaskHandle> inner) : inner_(std::move(inner)) {}
   rust::Box<ffi::TaskHandle> inner_;
@@ -729,6 +730,39 @@ inline void write_trace(const std::string& path, const std::vector<Profile>& pro
 
 class RuntimeBuilder;
 
+// A recorded program step (Runtime::record): the tasks it submitted, their
+// streams and the cross-stream waits between them, resolved once. replay()
+// runs the same tasks again — the same bodies on the same data — with no
+// dependency inference and no placement, equivalent bit for bit to submitting
+// them again, and composing with tasks submitted before and after it. Values
+// that change from step to step live in buffers the tasks read (upload them
+// before replaying). A Schedule keeps its runtime's engine alive: it may
+// outlive the Runtime object.
+class Schedule {
+ public:
+  Schedule(Schedule&&) noexcept = default;
+  Schedule& operator=(Schedule&&) noexcept = default;
+  Schedule(const Schedule&) = delete;
+  Schedule& operator=(const Schedule&) = delete;
+  ~Schedule() = default;
+
+  // Runs the schedule again; returns at once with the handle of the replay's
+  // end: waiting on it waits for every task of the replay, and throws
+  // braid::Error naming the first task that failed.
+  TaskHandle replay() const { return TaskHandle(detail::call([&] { return inner_->replay(); })); }
+  std::string name() const { return std::string(inner_->name()); }
+  // Number of recorded tasks.
+  std::size_t size() const noexcept { return inner_->len(); }
+  // Streams the current placement uses, and its cross-stream waits per replay.
+  std::size_t streams_used() const noexcept { return inner_->placement_streams(); }
+  std::size_t waits_per_replay() const noexcept { return inner_->placement_waits(); }
+
+ private:
+  friend class Runtime;
+  explicit Schedule(rust::Box<ffi::Schedule> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::Schedule> inner_;
+};
+
 // The engine: owns the streams; buffers are allocated from it and tasks
 // submitted to it. Several threads may submit at once. Destroying it waits for
 // every task, stops its stream threads and writes the trace, if one was asked for.
@@ -806,6 +840,20 @@ class Runtime {
   // The runtime stays usable either way.
   void synchronize() const {
     detail::call([&] { inner_->synchronize(); });
+  }
+
+  // Runs `program` — which submits tasks to this runtime as usual, and may
+  // synchronize — and records every task submitted while it runs. The tasks
+  // run now (the recording is the schedule's first run); their bodies are
+  // kept and called again by each replay, so they must stay valid and
+  // callable as long as the Schedule lives. Throws braid::Error if a
+  // recording is already in progress, or with the exception's message if
+  // `program` throws (the tasks it submitted still run).
+  template <class F>
+  Schedule record(const std::string& name, F&& program) const {
+    auto fn = std::make_unique<ffi::RecordFn>();
+    fn->body = [this, &program] { program(*this); };
+    return Schedule(detail::call([&] { return inner_->record(detail::name(name), std::move(fn)); }));
   }
 
   // The summary of the spans recorded so far (profiling must be on).
