@@ -250,6 +250,8 @@ pub struct Reducer<'rt> {
     recording: bool,
     rebuilt: bool,
     steps: u64,
+    /// Row contributions of gradients with several writers (`sparse.rs`).
+    sparse: super::sparse::Exchange,
 }
 
 impl fmt::Debug for Reducer<'_> {
@@ -317,6 +319,7 @@ impl<'rt> Reducer<'rt> {
             recording: true,
             rebuilt: false,
             steps: 0,
+            sparse: Default::default(),
         };
         r.set_layout(buckets)?;
         Ok(r)
@@ -432,6 +435,34 @@ impl<'rt> Reducer<'rt> {
         Ok(())
     }
 
+    /// Hands over a contribution to some rows of parameter `param`'s gradient
+    /// that the program wrote *beside* the gradient (not into it): a gradient
+    /// with several writers, each complete at its own point (the tied
+    /// embedding: the classifier writes it all first, marked with
+    /// [`grad_ready`](Self::grad_ready) and reduced at once; the encoder's rows
+    /// come last). Exchanged now with two all-gathers; added, averaged, into
+    /// the reduced gradient at [`finish`](Self::finish) (see `sparse.rs`).
+    /// With sync off, added locally at once. CPU backend only for now.
+    pub fn sparse_ready(&mut self, param: usize, rows: super::SparseRows) -> Result<()> {
+        let Some(p) = self.params.get(param) else {
+            return Err(self.error(format!(
+                "no parameter #{param} (there are {})",
+                self.params.len()
+            )));
+        };
+        let grad = self.grads.view_of::<f32>(p.range.clone())?;
+        let name = p.name.clone();
+        self.sparse
+            .take(&self.comm, &name, grad, rows, self.sync, |m| {
+                Error::Collective {
+                    rank: self.comm.rank(),
+                    index: self.comm.issued(),
+                    op: "gradient reducer".into(),
+                    message: format!("sparse rows of `{name}`: {m}"),
+                }
+            })
+    }
+
     /// Ends the backward pass of a step: submits every bucket not yet
     /// submitted (when syncing), rebuilds the buckets after the first synced
     /// step, and resets for the next step. Fails — after submitting, so every
@@ -460,6 +491,7 @@ impl<'rt> Reducer<'rt> {
                 self.reduce_bucket(self.next)?;
                 self.next += 1;
             }
+            self.sparse.finish(&self.comm)?;
             if self.config.rebuild && !self.rebuilt {
                 self.rebuild()?;
             }

@@ -72,6 +72,7 @@ mod launch;
 mod local;
 mod nccl_comm;
 pub mod rendezvous;
+mod sparse;
 
 /// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
 pub use braid_cuda::nccl;
@@ -80,6 +81,7 @@ pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
 pub use launch::{launch, launch_with};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
+pub use sparse::SparseRows;
 
 use crate::access::{DevBytes, DynAccess, HostBytes};
 use crate::backend::gpu::CudaTaskCtx;

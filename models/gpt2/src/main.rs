@@ -151,6 +151,11 @@ struct TrainArgs {
     /// needs to predict more ranks from a one-rank trace.
     #[arg(long)]
     reduce_single_rank: bool,
+    /// Reduce the tied embedding's gradient as one (its all-reduce then waits
+    /// for the encoder's backward, the last task) instead of all-reducing the
+    /// classifier's part at once and exchanging the encoder's rows at the end.
+    #[arg(long)]
+    no_tied_split: bool,
 }
 
 impl Default for TrainArgs {
@@ -396,6 +401,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         replay: !a.no_replay,
         reduce_single_rank: a.reduce_single_rank,
+        tied_split: !a.no_tied_split,
     };
     let device = resolve_train_backend(&opts)?;
     let dist = match device {

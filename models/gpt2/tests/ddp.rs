@@ -55,8 +55,12 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
     let single = run(&options(1, 4, steps), start.clone());
     let l1 = losses(&single);
     assert!(l1.iter().all(|l| l.is_finite() && *l > 1.0), "{l1:?}");
-    for ranks in [2, 4] {
-        let r = run(&options(ranks, 4 / ranks, steps), start.clone());
+    // With the tied gradient's writers reduced on their own (the default)
+    // and as one gradient.
+    for (ranks, split) in [(2, true), (4, true), (2, false), (4, false)] {
+        let mut opts = options(ranks, 4 / ranks, steps);
+        opts.tied_split = split;
+        let r = run(&opts, start.clone());
         assert_eq!(r.ranks, ranks);
         assert!(
             r.param_hashes.iter().all(|&h| h == r.param_hashes[0]),
@@ -65,7 +69,7 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
         for (i, (a, b)) in losses(&r).iter().zip(&l1).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs(),
-                "{ranks} ranks, step {}: loss {a} vs single rank {b}",
+                "{ranks} ranks (split {split}), step {}: loss {a} vs single rank {b}",
                 i + 1
             );
         }
@@ -77,7 +81,10 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
         let (mut tight, mut total) = (0usize, 0usize);
         for (i, (a, b)) in r.params.iter().zip(&single.params).enumerate() {
             let err = (a - b).abs();
-            assert!(err <= 2.0 * lr, "{ranks} ranks: param {i}: {a} vs {b}");
+            assert!(
+                err <= 2.0 * lr,
+                "{ranks} ranks (split {split}): param {i}: {a} vs {b}"
+            );
             total += 1;
             if err <= 1e-6 + 1e-4 * b.abs() {
                 tight += 1;
@@ -85,7 +92,7 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
         }
         assert!(
             tight as f64 >= 0.99 * total as f64,
-            "{ranks} ranks: only {tight} of {total} parameters within 1e-4 relative"
+            "{ranks} ranks (split {split}): only {tight} of {total} parameters within 1e-4 relative"
         );
     }
 }
@@ -167,6 +174,76 @@ fn per_step(p: &Profile) -> Vec<(u64, u64)> {
         }
     }
     steps
+}
+
+/// Per step (steps begin at their `encoder forward` task): the start of
+/// the largest all-reduce (the bucket holding `wte`, most of the gradient)
+/// and the end of the step's last backward task.
+fn tied_bucket_per_step(p: &Profile) -> Vec<(u64, u64)> {
+    let mut by_id: Vec<&braid::trace::Span> = p.spans.iter().collect();
+    by_id.sort_by_key(|s| s.id);
+    let mut steps: Vec<(u64, u64, u64)> = Vec::new();
+    for s in by_id {
+        if s.name == "encoder forward" {
+            steps.push((0, u64::MAX, 0));
+        }
+        let Some(step) = steps.last_mut() else {
+            continue;
+        };
+        if s.name.starts_with("all_reduce bucket") && s.bytes > step.0 {
+            (step.0, step.1) = (s.bytes, s.start_ns);
+        }
+        if s.name.contains("backward") {
+            step.2 = step.2.max(s.end_ns);
+        }
+    }
+    steps.into_iter().map(|(_, a, b)| (a, b)).collect()
+}
+
+/// The point of the split: `wte`'s all-reduce runs during the backward pass
+/// (it may start once the classifier's part is written, the first backward
+/// task), where as one gradient it cannot start before the encoder's
+/// backward, the last task.
+#[test]
+fn the_tied_gradient_is_reduced_during_the_backward_pass() {
+    let cfg = Gpt2Config {
+        num_layers: 4,
+        ..Gpt2Config::tiny()
+    };
+    for split in [true, false] {
+        let mut opts = options(2, 2, 4);
+        opts.model = cfg;
+        opts.seq_len = 32;
+        opts.tied_split = split;
+        let r = run(&opts, StartState::fresh(&cfg, 3));
+        for p in &r.profiles {
+            // After the first step the buckets follow the ready order.
+            let steps = &tied_bucket_per_step(p)[1..];
+            eprintln!(
+                "split {split}, rank {}: wte all-reduce start minus last backward end: {:?} µs",
+                p.rank,
+                steps
+                    .iter()
+                    .map(|&(a, b)| (a as i64 - b as i64) / 1000)
+                    .collect::<Vec<_>>()
+            );
+            if split {
+                // One step of three is enough (the comm thread may not be
+                // scheduled in time on a busy machine).
+                assert!(
+                    steps.iter().any(|&(start, end)| start < end),
+                    "rank {}: the tied bucket never started before the backward pass ended: {steps:?}",
+                    p.rank
+                );
+            } else {
+                assert!(
+                    steps.iter().all(|&(start, end)| start >= end),
+                    "rank {}: without the split the tied bucket must wait for the encoder: {steps:?}",
+                    p.rank
+                );
+            }
+        }
+    }
 }
 
 #[test]

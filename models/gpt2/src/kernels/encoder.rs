@@ -97,9 +97,50 @@ pub unsafe fn backward(
     )
 }
 
+/// Submits `dwpe[:T] += Σ_b dout` as `task`: the position half of
+/// [`backward`], for a program that hands the token rows (`dout` itself, at
+/// the rows `tokens`) to the gradient reducer as a separate contribution
+/// ([`braid::Reducer::sparse_ready`]). CPU body only: the trainer splits the
+/// tied gradient on the CPU backend.
+pub fn backward_positions(
+    task: TaskBuilder<'_>,
+    dwpe: &View, // (maxT, C), maxT >= T, accumulated
+    dout: &View, // (B, T, C)
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (dwpe.read_write::<f32>(), dout.read::<f32>()),
+        move |(dwpe, dout)| encoder_backward_positions(dwpe, dout, b, t, c),
+    )
+}
+
 // ---------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------
+
+/// Accumulates the position-embedding gradient only:
+/// `dwpe[t, :] += dout[b, t, :]`, in the order [`encoder_backward`] does.
+pub fn encoder_backward_positions(
+    dwpe: &mut [f32], // (maxT, C), maxT >= T
+    dout: &[f32],     // (B, T, C)
+    b: usize,
+    t: usize,
+    c: usize,
+) {
+    check_len("encoder_backward_positions", "dout", dout.len(), b * t * c);
+    assert!(
+        dwpe.len() >= t * c,
+        "encoder_backward_positions: `dwpe` has fewer than T rows"
+    );
+    for (bt, dout_bt) in dout.chunks_exact(c).enumerate() {
+        let dwpe_t = &mut dwpe[(bt % t) * c..][..c];
+        for (d, &g) in dwpe_t.iter_mut().zip(dout_bt) {
+            *d += g;
+        }
+    }
+}
 /// `out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]`.
 ///
 /// Every token must be `< V` (see [`check_tokens`](super::check_tokens));

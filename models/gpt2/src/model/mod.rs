@@ -223,6 +223,9 @@ pub struct Gpt2Model {
     /// chunks): the embeddings, each block, the final layer norm.
     groups: Vec<std::ops::Range<usize>>,
     has_targets: bool,
+    /// The tied embedding's gradient as two writers (see
+    /// [`set_split_tied`](Self::set_split_tied)).
+    split_tied: bool,
 }
 
 impl Gpt2Model {
@@ -284,7 +287,39 @@ impl Gpt2Model {
             att_scratch_bwd,
             groups,
             has_targets: false,
+            split_tied: false,
         })
+    }
+
+    /// Splits the tied embedding's gradient into its two writers, for data
+    /// parallelism: [`backward`](Self::backward) marks `wte` ready right after
+    /// the classifier's contribution (the first task of the backward pass, so
+    /// its all-reduce overlaps everything after), and the encoder adds only
+    /// the position gradient, leaving the token rows in the encoder's input
+    /// gradient for [`tied_rows`](Self::tied_rows) — hand them to
+    /// [`Reducer::sparse_ready`](braid::Reducer::sparse_ready) after the
+    /// backward pass. Without a reducer that adds them, `wte`'s gradient
+    /// misses the encoder's part. CPU backend only (the position-only encoder
+    /// task has no CUDA body yet).
+    pub fn set_split_tied(&mut self, on: bool) {
+        self.split_tied = on;
+    }
+
+    /// Whether the tied gradient is split ([`set_split_tied`](Self::set_split_tied)).
+    pub fn split_tied(&self) -> bool {
+        self.split_tied
+    }
+
+    /// The encoder's contribution to `wte`'s gradient after a split backward
+    /// pass: row `tokens[i]` of `wte` receives row `i` of the encoder's input
+    /// gradient `(B·T, C)`; with the index of `wte` among the parameters.
+    pub fn tied_rows(&self) -> (usize, braid::comm::SparseRows) {
+        let rows = braid::comm::SparseRows::new(
+            self.tokens.whole(),
+            self.da.encoded.clone(),
+            self.cfg.channels,
+        );
+        (self.ids.wte, rows)
     }
 
     /// The configuration.
@@ -679,6 +714,11 @@ impl Gpt2Model {
             c,
             v,
         )?;
+        if self.split_tied {
+            // The classifier was `wte`'s first writer; the encoder's rows go
+            // to the reducer on their own.
+            ready(id.wte)?;
+        }
         // lnf = layernorm(residual_out)
         layernorm::backward(
             rt.task("lnf backward"),
@@ -858,6 +898,18 @@ impl Gpt2Model {
         }
 
         // encoded = wte[tokens] + wpe
+        if self.split_tied {
+            encoder::backward_positions(
+                rt.task("encoder backward positions"),
+                &g.wpe,
+                &da.encoded,
+                b,
+                t,
+                c,
+            )?;
+            ready(id.wpe)?;
+            return Ok(());
+        }
         // SAFETY: `tokens` holds ids checked against V by `forward` (module docs).
         unsafe {
             encoder::backward(

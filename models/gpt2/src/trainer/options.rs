@@ -70,6 +70,13 @@ pub struct TrainOptions {
     /// step simulator needs to predict more ranks from one
     /// (`benches/src/bin/simulate.rs`). Off by default.
     pub reduce_single_rank: bool,
+    /// Reduce the tied embedding's two gradient writers on their own
+    /// ([`Gpt2Model::set_split_tied`](crate::Gpt2Model::set_split_tied)): the
+    /// classifier's dense part all-reduced as soon as it is written, at the
+    /// start of the backward pass, the encoder's token rows exchanged at the
+    /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
+    /// (ignored otherwise). On by default.
+    pub tied_split: bool,
 }
 
 impl Default for TrainOptions {
@@ -104,6 +111,7 @@ impl Default for TrainOptions {
             compression: Compression::None,
             replay: true,
             reduce_single_rank: false,
+            tied_split: true,
         }
     }
 }

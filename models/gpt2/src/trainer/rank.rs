@@ -84,6 +84,9 @@ pub(super) fn run_rank(
         }
         None => None,
     };
+    // The tied gradient's two writers, reduced on their own (CPU ranks).
+    let split = reducer.is_some() && opts.tied_split && rt.backend_name() == "cpu";
+    model.set_split_tied(split);
     rt.synchronize()?;
     rt.clear_profile();
 
@@ -136,6 +139,10 @@ pub(super) fn run_rank(
             match &mut reducer {
                 Some(r) => {
                     model.backward(rt, 1.0, |p| r.grad_ready(p))?;
+                    if model.split_tied() {
+                        let (wte, rows) = model.tied_rows();
+                        r.sparse_ready(wte, rows)?;
+                    }
                     r.finish()?;
                 }
                 None => model.backward(rt, 1.0, |_| Ok(()))?,
