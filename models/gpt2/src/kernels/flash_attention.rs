@@ -55,10 +55,10 @@ use braid::{Result, TaskBuilder, TaskHandle, View};
 
 use super::check_len;
 
-/// Default query tile rows.
-pub const BLOCK_Q: usize = 64;
-/// Default key tile columns.
-pub const BLOCK_K: usize = 64;
+/// Query tile rows of the CPU tasks.
+pub const BLOCK_Q: usize = 32;
+/// Key tile columns of the CPU tasks.
+pub const BLOCK_K: usize = 32;
 
 // ---------------------------------------------------------------------------
 // Sizes

@@ -40,15 +40,36 @@ use braid::{Result, TaskBuilder, TaskHandle, View};
 
 use super::check_len;
 
-/// Submits [`fused_classifier`] as a CPU task: writes `losses` and, with
-/// `dloss`, the gradient over `logits` in place (declared `read_write`).
-/// There is no CUDA body: on a CUDA runtime the submission fails.
-pub fn forward(
+/// Submits [`classifier_losses`] as a CPU task: writes `losses`, reads the
+/// logits. There is no CUDA body: on a CUDA runtime the submission fails.
+pub fn losses(
     task: TaskBuilder<'_>,
-    logits: &View,  // (N, Vp) in: logits; out: dlogits when dloss is Some
+    losses: &View,  // (N)
+    logits: &View,  // (N, Vp)
+    targets: &View, // (N) u32, each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (
+            losses.write::<f32>(),
+            logits.read::<f32>(),
+            targets.read::<u32>(),
+        ),
+        move |(losses, logits, targets)| classifier_losses(losses, logits, targets, n, v, vp),
+    )
+}
+
+/// Submits [`fused_classifier`] with `Some(dloss)` as a CPU task: writes
+/// `losses` and the gradient over `logits` in place (declared
+/// `read_write`). There is no CUDA body.
+pub fn forward_backward(
+    task: TaskBuilder<'_>,
+    logits: &View,  // (N, Vp) in: logits; out: dlogits
     losses: &View,  // (N)
     targets: &View, // (N) u32, each < V
-    dloss: Option<f32>,
+    dloss: f32,
     n: usize,
     v: usize,
     vp: usize,
@@ -59,8 +80,60 @@ pub fn forward(
             losses.write::<f32>(),
             targets.read::<u32>(),
         ),
-        move |(logits, losses, targets)| fused_classifier(logits, losses, targets, dloss, n, v, vp),
+        move |(logits, losses, targets)| {
+            fused_classifier(logits, losses, targets, Some(dloss), n, v, vp)
+        },
     )
+}
+
+/// The running maximum and the sum `Σ exp(x - max)` of a row, in one pass.
+fn row_stats(row: &[f32]) -> (f32, f64) {
+    let mut m = f32::NEG_INFINITY;
+    let mut s = 0.0f64;
+    for &x in row {
+        if x > m {
+            s = s * ((m - x) as f64).exp() + 1.0;
+            m = x;
+        } else {
+            s += ((x - m) as f64).exp();
+        }
+    }
+    (m, s)
+}
+
+fn check(name: &str, logits: usize, losses: usize, targets: &[u32], n: usize, v: usize, vp: usize) {
+    assert!(v > 0 && v <= vp, "{name}: V ({v}) must be in 1..=Vp ({vp})");
+    check_len(name, "logits", logits, n * vp);
+    check_len(name, "losses", losses, n);
+    check_len(name, "targets", targets.len(), n);
+    if let Some(&tgt) = targets.iter().find(|&&t| t as usize >= v) {
+        panic!("{name}: target {tgt} is not below V ({v})");
+    }
+}
+
+/// The losses alone (the first pass of [`fused_classifier`]):
+/// `losses[row] = logsumexp(logits[row, ..V]) - logits[row, target]`.
+pub fn classifier_losses(
+    losses: &mut [f32], // (N)
+    logits: &[f32],     // (N, Vp)
+    targets: &[u32],    // (N), each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) {
+    check(
+        "classifier_losses",
+        logits.len(),
+        losses.len(),
+        targets,
+        n,
+        v,
+        vp,
+    );
+    for ((row, loss), &tgt) in logits.chunks_exact(vp).zip(losses.iter_mut()).zip(targets) {
+        let (m, s) = row_stats(&row[..v]);
+        *loss = (m as f64 + s.ln() - row[tgt as usize] as f64) as f32;
+    }
 }
 
 /// The fused classifier over `n` rows (module docs): overwrites `losses`
@@ -78,11 +151,15 @@ pub fn fused_classifier(
     v: usize,
     vp: usize,
 ) {
-    let name = "fused_classifier";
-    assert!(v > 0 && v <= vp, "{name}: V ({v}) must be in 1..=Vp ({vp})");
-    check_len(name, "logits", logits.len(), n * vp);
-    check_len(name, "losses", losses.len(), n);
-    check_len(name, "targets", targets.len(), n);
+    check(
+        "fused_classifier",
+        logits.len(),
+        losses.len(),
+        targets,
+        n,
+        v,
+        vp,
+    );
     let d = dloss.map(|dl| dl / n as f32);
     for ((row, loss), &tgt) in logits
         .chunks_exact_mut(vp)
@@ -90,18 +167,7 @@ pub fn fused_classifier(
         .zip(targets)
     {
         let tgt = tgt as usize;
-        assert!(tgt < v, "{name}: target {tgt} is not below V ({v})");
-        // One pass: running max and rescaled running sum.
-        let mut m = f32::NEG_INFINITY;
-        let mut s = 0.0f64;
-        for &x in &row[..v] {
-            if x > m {
-                s = s * ((m - x) as f64).exp() + 1.0;
-                m = x;
-            } else {
-                s += ((x - m) as f64).exp();
-            }
-        }
+        let (m, s) = row_stats(&row[..v]);
         *loss = (m as f64 + s.ln() - row[tgt] as f64) as f32;
         if let Some(d) = d {
             let inv = (1.0 / s) as f32;
@@ -196,6 +262,10 @@ mod tests {
             fused_classifier(&mut same, &mut losses, &tg, None, n, v, v);
             assert_eq!(same, logits);
             assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));
+            // The read-only loss kernel gives the same losses, bit for bit.
+            let mut alone = vec![f32::NAN; n];
+            classifier_losses(&mut alone, &logits, &tg, n, v, v);
+            assert_eq!(alone, losses);
         }
         eprintln!(
             "fused classifier vs unfused: losses max abs {:e} rel {:e}; dlogits max abs {:e} rel {:e}",

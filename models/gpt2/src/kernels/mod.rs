@@ -34,7 +34,7 @@
 //! | [`norm`] | `sum_squares`, `clip_factor`, `scale`, `scale_by` | `norm.cu` |
 //! | [`fill`] | `zero` | (a memset) |
 //! | [`flash_attention`] | `forward`, `backward` (CPU only) | none yet |
-//! | [`fused_classifier`] | `forward` (CPU only) | none yet |
+//! | [`fused_classifier`] | `losses`, `forward_backward` (CPU only) | none yet |
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
@@ -134,7 +134,7 @@ pub mod cpu {
     pub use super::attention::{attention_backward, attention_forward};
     pub use super::encoder::{encoder_backward, encoder_forward};
     pub use super::flash_attention::{flash_attention_backward, flash_attention_forward};
-    pub use super::fused_classifier::fused_classifier;
+    pub use super::fused_classifier::{classifier_losses, fused_classifier};
     pub use super::gelu::{gelu_backward, gelu_forward};
     pub use super::layernorm::{layernorm_backward, layernorm_forward, LAYERNORM_EPS};
     pub use super::loss::{
