@@ -189,7 +189,9 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     reference2.backward(&params, &mut grads2, 0.5).unwrap();
 
     let fused = ModelOptions { fused: true };
-    let mut first: Option<(f32, Vec<f32>, Vec<f32>, Vec<f32>)> = None;
+    // (loss, logits, gradients, accumulated gradients) of the first run
+    type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
+    let mut first: Option<Run> = None;
     for streams in [1, 2, 4] {
         for policy in Policy::ALL {
             let what = format!("fused, {streams} streams, {policy}");
