@@ -66,7 +66,8 @@
 //!   [`loss`]).
 //! - **Numerics.** CPU reductions over a row (layer norm statistics, softmax
 //!   denominators, the gradient norm) accumulate in `f64`; everything else is
-//!   `f32`. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
+//!   `f32`. The exception is [`flash_attention`], `f32` throughout, as the
+//!   GPU kernel it is the reference for would be. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
 //!   its own order, so the backends agree to about 1e-4 relative (the
 //!   tolerances of `tests/cuda_kernels.rs`), not bit for bit; encoder,
 //!   residual and scaling are bit-exact. Every CUDA kernel is deterministic:
