@@ -168,16 +168,33 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false)
+        Self::build(cfg, b, t, false, false)
+    }
+
+    /// The forward activations of the fused kernels
+    /// ([`flash_attention`](crate::kernels::flash_attention),
+    /// [`fused_classifier`](crate::kernels::fused_classifier)): as
+    /// [`new`](Self::new), except that each layer's `preatt` is empty and its
+    /// `att` holds the attention's per-row logsumexp, `(B, NH, T)`, and
+    /// `probs` is empty.
+    pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
+        Self::build(cfg, b, t, false, true)
+    }
+
+    /// The activation gradients of the fused kernels: as
+    /// [`gradients`](Self::gradients), except that `logits` is empty too (the
+    /// fused classifier writes the logits' gradient over the logits).
+    pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
+        Self::build(cfg, b, t, true, true)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true)
+        Self::build(cfg, b, t, true, false)
     }
 
-    fn build(cfg: &Gpt2Config, b: usize, t: usize, grads: bool) -> Self {
+    fn build(cfg: &Gpt2Config, b: usize, t: usize, grads: bool, fused: bool) -> Self {
         let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
         let bt = b * t;
         let mut offset = 0;
@@ -195,8 +212,8 @@ impl ActivationLayout {
                 ln1_rstd: span(bt, false),
                 qkv: span(bt * 3 * c, true),
                 atty: span(bt * c, true),
-                preatt: span(b * nh * t * t, false),
-                att: span(b * nh * t * t, false),
+                preatt: span(if fused { 0 } else { b * nh * t * t }, false),
+                att: span(b * nh * t * if fused { 1 } else { t }, false),
                 attproj: span(bt * c, true),
                 residual2: span(bt * c, true),
                 ln2: span(bt * c, true),
@@ -211,8 +228,8 @@ impl ActivationLayout {
         let lnf = span(bt * c, true);
         let lnf_mean = span(bt, false);
         let lnf_rstd = span(bt, false);
-        let logits = span(bt * v, true);
-        let probs = span(bt * v, false);
+        let logits = span(bt * v, !fused);
+        let probs = span(if fused { 0 } else { bt * v }, false);
         let losses = span(bt, false);
         Self {
             b,

@@ -18,7 +18,7 @@ use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
-use braid_gpt2::model::{init_params, Gpt2Model, Rng};
+use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Rng};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use common::{reference_steps, TEST_ADAMW};
@@ -144,6 +144,118 @@ fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_po
             rt.synchronize().unwrap();
         }
     }
+}
+
+/// Largest `|a - b|` and, over elements with `|b| > floor`, `|a - b| / |b|`.
+fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
+    a.iter()
+        .zip(b)
+        .fold((0.0f32, 0.0f32), |(abs, rel), (&x, &y)| {
+            let e = (x - y).abs();
+            let r = if y.abs() > floor { e / y.abs() } else { 0.0 };
+            (abs.max(e), rel.max(r))
+        })
+}
+
+/// The fused attention and classifier (`ModelOptions::fused`) as tasks:
+/// the same on every number of streams and policy (bit for bit: the fused
+/// kernels are deterministic and accumulate in submission order), within
+/// float tolerance of the unfused sequential reference (T = 40 crosses the
+/// CPU tasks' 32-row tiles), accumulating like it, with the smaller
+/// activation buffers.
+#[test]
+fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
+    let cfg = Gpt2Config::tiny();
+    let (b, t) = (2, 40);
+    let layout = ParamLayout::new(&cfg);
+    let params = params_for(&cfg, 17);
+    let tokens = ids(b * t, cfg.vocab_size, 21);
+    let targets = ids(b * t, cfg.vocab_size, 22);
+    let tokens2 = ids(b * t, cfg.vocab_size, 23);
+
+    let mut reference = Reference::new(&cfg, b, t).unwrap();
+    let loss = reference
+        .forward(&params, &tokens, Some(&targets))
+        .unwrap()
+        .unwrap();
+    let mut grads = vec![0.0; layout.total];
+    reference.backward(&params, &mut grads, 1.0).unwrap();
+    let ref_logits = reference.logits().to_vec();
+    let mut grads2 = grads.clone();
+    let mut reference2 = Reference::new(&cfg, b, t).unwrap();
+    reference2
+        .forward(&params, &tokens2, Some(&targets))
+        .unwrap();
+    reference2.backward(&params, &mut grads2, 0.5).unwrap();
+
+    let fused = ModelOptions { fused: true };
+    // (loss, logits, gradients, accumulated gradients) of the first run
+    type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
+    let mut first: Option<Run> = None;
+    for streams in [1, 2, 4] {
+        for policy in Policy::ALL {
+            let what = format!("fused, {streams} streams, {policy}");
+            let rt = runtime(streams, policy);
+            let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
+            assert_eq!(model.options(), fused);
+            model.upload_params(&rt, &params).unwrap();
+            model.zero_grad(&rt).unwrap();
+            model.forward(&rt, &tokens, Some(&targets)).unwrap();
+            let logits = model.read_logits(&rt).unwrap();
+            model.backward(&rt, 1.0, |_| Ok(())).unwrap();
+            let engine_loss = model.read_loss(&rt).unwrap();
+            let g = model.read_grads(&rt).unwrap();
+            model.forward(&rt, &tokens2, Some(&targets)).unwrap();
+            model.backward(&rt, 0.5, |_| Ok(())).unwrap();
+            let g2 = model.read_grads(&rt).unwrap();
+            rt.synchronize().unwrap();
+            match &first {
+                None => {
+                    let (el, eg, eg2) = (
+                        max_errors(&logits, &ref_logits, 1e-3),
+                        max_errors(&g, &grads, 1e-4),
+                        max_errors(&g2, &grads2, 1e-4),
+                    );
+                    eprintln!(
+                        "{what} vs unfused reference: loss {engine_loss} vs {loss}; \
+                         logits max abs {:e} rel {:e}; grads max abs {:e} rel {:e}; \
+                         accumulated grads max abs {:e} rel {:e}",
+                        el.0, el.1, eg.0, eg.1, eg2.0, eg2.1
+                    );
+                    assert!((engine_loss - loss).abs() <= 1e-5, "{what}: loss");
+                    assert_close(&format!("{what}: logits"), &logits, &ref_logits, 1e-5, 1e-4);
+                    assert_close(&format!("{what}: gradients"), &g, &grads, 1e-7, 1e-3);
+                    assert_close(&format!("{what}: accumulated"), &g2, &grads2, 1e-7, 1e-3);
+                    // Not trivially equal: the accumulation changed something.
+                    assert!(g2 != g);
+                    first = Some((engine_loss, logits, g, g2));
+                }
+                Some((l0, lg0, g0, g20)) => {
+                    assert_eq!(engine_loss.to_bits(), l0.to_bits(), "{what}: loss");
+                    assert_bits_eq(&format!("{what}: logits"), &logits, lg0);
+                    assert_bits_eq(&format!("{what}: gradients"), &g, g0);
+                    assert_bits_eq(&format!("{what}: accumulated"), &g2, g20);
+                }
+            }
+        }
+    }
+
+    // Memory: per layer a (B, NH, T) logsumexp instead of two (B, NH, T, T)
+    // buffers; no (B, T, V) probabilities, and no (B, T, V) logits gradient.
+    let rt = runtime(1, Policy::Affinity);
+    let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
+    let fused = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
+    let (l, nh, v) = (cfg.num_layers, cfg.num_heads, cfg.vocab_size);
+    let saved_acts = l * (2 * b * nh * t * t - b * nh * t) + b * t * v;
+    assert_eq!(
+        unfused.activations().len() - fused.activations().len(),
+        saved_acts * 4
+    );
+    assert_eq!(
+        unfused.activation_grads().len() - fused.activation_grads().len(),
+        b * t * v * 4
+    );
+    assert!(fused.read_probs(&rt).unwrap().is_empty());
 }
 
 #[test]

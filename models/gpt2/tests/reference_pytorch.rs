@@ -41,7 +41,7 @@ mod common;
 
 use braid::Policy;
 use braid_gpt2::kernels::cpu as k;
-use braid_gpt2::model::Gpt2Model;
+use braid_gpt2::model::{Gpt2Model, ModelOptions};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use braid_gpt2::trainer::model_runtime;
@@ -292,6 +292,17 @@ fn runtime(dev: Device, streams: usize, policy: Policy) -> braid::Runtime {
 /// Forward and backward as tasks against PyTorch, on 1 and 4 streams under
 /// every placement policy.
 fn engine_forward_backward_match_pytorch(dev: Device) {
+    forward_backward_match_pytorch(dev, ModelOptions::default());
+}
+
+/// The same with the fused attention and classifier (CPU only), at the
+/// same tolerances.
+#[test]
+fn engine_fused_forward_backward_match_pytorch_cpu() {
+    forward_backward_match_pytorch(Device::Cpu, ModelOptions { fused: true });
+}
+
+fn forward_backward_match_pytorch(dev: Device, opts: ModelOptions) {
     let tol = Tol::of(dev);
     let (fx, layout, params) = setup();
     let torch_grads = fx.flat(&layout, "grad.");
@@ -299,12 +310,14 @@ fn engine_forward_backward_match_pytorch(dev: Device) {
     let mut first: Option<(String, Vec<f32>)> = None;
     for streams in [1, 4] {
         for policy in Policy::ALL {
-            let what = format!("{dev:?}, {streams} stream(s), {policy}");
+            let what = format!("{dev:?}, {streams} stream(s), {policy}, {opts:?}");
             let rt = runtime(dev, streams, policy);
-            let mut model = Gpt2Model::new(&rt, &fx.cfg, fx.b, fx.t).unwrap();
+            let mut model = Gpt2Model::with_options(&rt, &fx.cfg, fx.b, fx.t, opts).unwrap();
             model.upload_params(&rt, &params).unwrap();
             model.zero_grad(&rt).unwrap();
             model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
+            // The fused backward pass writes the logits' gradient over them.
+            let early_logits = opts.fused.then(|| model.read_logits(&rt).unwrap());
             let mut ready = Vec::new();
             model
                 .backward(&rt, 1.0, |p| {
@@ -313,7 +326,7 @@ fn engine_forward_backward_match_pytorch(dev: Device) {
                 })
                 .unwrap();
             let loss = model.read_loss(&rt).unwrap();
-            let logits = model.read_logits(&rt).unwrap();
+            let logits = early_logits.unwrap_or_else(|| model.read_logits(&rt).unwrap());
             let grads = model.read_grads(&rt).unwrap();
             rt.synchronize().unwrap();
             eprintln!(
@@ -385,6 +398,17 @@ test_device!(
 /// Five clipped AdamW steps as tasks (zero, forward, backward, optimizer)
 /// against PyTorch.
 fn engine_adamw_steps_match_pytorch(dev: Device) {
+    steps_match_pytorch(dev, ModelOptions::default());
+}
+
+/// The same with the fused attention and classifier (CPU only), at the
+/// same tolerances.
+#[test]
+fn engine_fused_adamw_steps_match_pytorch_cpu() {
+    steps_match_pytorch(Device::Cpu, ModelOptions { fused: true });
+}
+
+fn steps_match_pytorch(dev: Device, opts: ModelOptions) {
     let tol = Tol::of(dev);
     let (fx, layout, params) = setup();
     let steps = fx.steps();
@@ -393,9 +417,9 @@ fn engine_adamw_steps_match_pytorch(dev: Device) {
     let max_norm = fx.hparam("max_grad_norm");
 
     for (streams, policy) in [(2, Policy::Affinity), (4, Policy::RoundRobin)] {
-        let what = format!("{dev:?}, {streams} streams, {policy}");
+        let what = format!("{dev:?}, {streams} streams, {policy}, {opts:?}");
         let rt = runtime(dev, streams, policy);
-        let mut model = Gpt2Model::new(&rt, &fx.cfg, fx.b, fx.t).unwrap();
+        let mut model = Gpt2Model::with_options(&rt, &fx.cfg, fx.b, fx.t, opts).unwrap();
         model.upload_params(&rt, &params).unwrap();
         let mut opt = AdamW::for_model(&rt, &model, h, Some(max_norm)).unwrap();
         let (mut losses, mut norms) = (Vec::new(), Vec::new());

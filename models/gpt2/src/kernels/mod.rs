@@ -33,6 +33,8 @@
 //! | [`adamw`] | `update` | `adamw.cu` |
 //! | [`norm`] | `sum_squares`, `clip_factor`, `scale`, `scale_by` | `norm.cu` |
 //! | [`fill`] | `zero` | (a memset) |
+//! | [`flash_attention`] | `forward`, `backward` (CPU only) | none yet |
+//! | [`fused_classifier`] | `losses`, `forward_backward` (CPU only) | none yet |
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
@@ -64,7 +66,8 @@
 //!   [`loss`]).
 //! - **Numerics.** CPU reductions over a row (layer norm statistics, softmax
 //!   denominators, the gradient norm) accumulate in `f64`; everything else is
-//!   `f32`. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
+//!   `f32`. The exception is [`flash_attention`], `f32` throughout, as the
+//!   GPU kernel it is the reference for would be. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
 //!   its own order, so the backends agree to about 1e-4 relative (the
 //!   tolerances of `tests/cuda_kernels.rs`), not bit for bit; encoder,
 //!   residual and scaling are bit-exact. Every CUDA kernel is deterministic:
@@ -78,6 +81,8 @@ pub mod attention;
 mod cuda_common;
 pub mod encoder;
 pub mod fill;
+pub mod flash_attention;
+pub mod fused_classifier;
 pub mod gelu;
 pub mod layernorm;
 pub mod loss;
@@ -129,6 +134,8 @@ pub mod cpu {
     pub use super::adamw::adamw_update;
     pub use super::attention::{attention_backward, attention_forward};
     pub use super::encoder::{encoder_backward, encoder_forward};
+    pub use super::flash_attention::{flash_attention_backward, flash_attention_forward};
+    pub use super::fused_classifier::{classifier_losses, fused_classifier};
     pub use super::gelu::{gelu_backward, gelu_forward};
     pub use super::layernorm::{layernorm_backward, layernorm_forward, LAYERNORM_EPS};
     pub use super::loss::{

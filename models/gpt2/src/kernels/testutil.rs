@@ -60,3 +60,17 @@ pub(crate) fn fd_check(x: &[f32], analytic: &[f32], f: impl Fn(&[f32]) -> f64, w
         "{what}: gradient is (nearly) zero, the check means nothing"
     );
 }
+
+/// `(max |got - want|, max |got - want| / |want|)` over elements (the
+/// relative error over elements with `|want| > 1e-3`, where it means
+/// something), for reporting observed errors.
+pub(crate) fn max_errors(got: &[f32], want: &[f32]) -> (f32, f32) {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .fold((0.0f32, 0.0f32), |(a, r), (&g, &w)| {
+            let e = (g - w).abs();
+            let rel = if w.abs() > 1e-3 { e / w.abs() } else { 0.0 };
+            (a.max(e), r.max(rel))
+        })
+}

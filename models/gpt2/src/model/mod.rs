@@ -75,7 +75,10 @@ use braid::{Buffer, Priority, Runtime, View};
 
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
-use crate::kernels::{attention, encoder, fill, gelu, layernorm, loss, matmul, residual};
+use crate::kernels::{
+    attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
+    residual,
+};
 use crate::layout::{LayerParams, ParamLayout, Span};
 use crate::reference::{ActivationLayout, LayerActivations};
 
@@ -190,6 +193,26 @@ impl Acts {
     }
 }
 
+/// How [`Gpt2Model`] computes attention and the loss.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Use the fused kernels: [`flash_attention`] (tiles, online softmax,
+    /// probabilities recomputed in backward; saves a `(B, NH, T)` logsumexp
+    /// per layer instead of the two `(B, NH, T, T)` `preatt` and `att`) and
+    /// [`fused_classifier`] (no `(B, T, V)` probabilities; the backward pass
+    /// writes the logits' gradient over the logits, so there is no
+    /// `(B, T, V)` logits gradient either). CPU only for now: there are no
+    /// CUDA kernels for them yet, and [`Gpt2Model::with_options`] refuses
+    /// another backend. Off by default. The results agree with the unfused
+    /// path to float tolerance, not bit for bit.
+    ///
+    /// In fused mode [`Gpt2Model::read_probs`] is empty, a forward pass
+    /// without targets computes no probabilities, and once
+    /// [`Gpt2Model::backward`] is submitted the logits buffer holds the
+    /// logits' gradient: read the logits before submitting the backward pass.
+    pub fused: bool,
+}
+
 /// GPT-2 on a Braid runtime, for a fixed batch shape `(B, T)`.
 ///
 /// Submission methods ([`forward`](Self::forward), [`backward`](Self::backward),
@@ -226,13 +249,34 @@ pub struct Gpt2Model {
     /// The tied embedding's gradient as two writers (see
     /// [`set_split_tied`](Self::set_split_tied)).
     split_tied: bool,
+    fused: bool,
 }
 
 impl Gpt2Model {
     /// Allocates the model's buffers on `rt` for batches of `b` sequences of
     /// `t` tokens. Parameters and gradients start at zero.
     pub fn new(rt: &Runtime, cfg: &Gpt2Config, b: usize, t: usize) -> Result<Self> {
+        Self::with_options(rt, cfg, b, t, ModelOptions::default())
+    }
+
+    /// [`new`](Self::new) with [`ModelOptions`].
+    pub fn with_options(
+        rt: &Runtime,
+        cfg: &Gpt2Config,
+        b: usize,
+        t: usize,
+        opts: ModelOptions,
+    ) -> Result<Self> {
         cfg.validate()?;
+        if opts.fused && rt.backend_name() != "cpu" {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "fused kernels",
+                reason: format!(
+                    "they run on the CPU only (no {} kernels yet)",
+                    rt.backend_name()
+                ),
+            });
+        }
         if b == 0 {
             return Err(Gpt2Error::InvalidSetting {
                 what: "batch size",
@@ -249,8 +293,18 @@ impl Gpt2Model {
             });
         }
         let layout = ParamLayout::new(cfg);
-        let al = ActivationLayout::new(cfg, b, t);
-        let gl = ActivationLayout::gradients(cfg, b, t);
+        let fused = opts.fused;
+        let (al, gl) = if fused {
+            (
+                ActivationLayout::fused(cfg, b, t),
+                ActivationLayout::fused_gradients(cfg, b, t),
+            )
+        } else {
+            (
+                ActivationLayout::new(cfg, b, t),
+                ActivationLayout::gradients(cfg, b, t),
+            )
+        };
         let n = layout.total;
         let params = rt.alloc("params", n * 4)?;
         let grads = rt.alloc("grads", n * 4)?;
@@ -260,9 +314,19 @@ impl Gpt2Model {
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
-        let scratch = rt.alloc("attention scratch", attention_scratch_bytes(b, t, c, nh))?;
-        let att_scratch_fwd = scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh))?;
-        let att_scratch_bwd = scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh))?;
+        let (att_scratch_fwd, att_scratch_bwd) = if fused {
+            // D = rowsum(dout ∘ out) of the backward pass; the forward pass
+            // declares none.
+            let bytes = flash_attention::backward_scratch_bytes(b, t, nh);
+            let scratch = rt.alloc("attention scratch", bytes)?;
+            (scratch.whole(), scratch.whole())
+        } else {
+            let scratch = rt.alloc("attention scratch", attention_scratch_bytes(b, t, c, nh))?;
+            (
+                scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh))?,
+                scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh))?,
+            )
+        };
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
@@ -288,6 +352,7 @@ impl Gpt2Model {
             groups,
             has_targets: false,
             split_tied: false,
+            fused,
         })
     }
 
@@ -325,6 +390,11 @@ impl Gpt2Model {
     /// The configuration.
     pub fn config(&self) -> &Gpt2Config {
         &self.cfg
+    }
+
+    /// The options the model was made with.
+    pub fn options(&self) -> ModelOptions {
+        ModelOptions { fused: self.fused }
     }
 
     /// The parameter layout that the parameter and gradient buffers follow.
@@ -372,7 +442,7 @@ impl Gpt2Model {
         &self.a.logits
     }
 
-    /// `(B, T, V)` probabilities.
+    /// `(B, T, V)` probabilities (empty with [`ModelOptions::fused`]).
     pub fn probs_view(&self) -> &View {
         &self.a.probs
     }
@@ -426,7 +496,8 @@ impl Gpt2Model {
         Ok(rt.read_vec(&self.a.logits)?)
     }
 
-    /// The `(B, T, V)` probabilities of the last forward pass.
+    /// The `(B, T, V)` probabilities of the last forward pass (empty with
+    /// [`ModelOptions::fused`]).
     pub fn read_probs(&self, rt: &Runtime) -> Result<Vec<f32>> {
         Ok(rt.read_vec(&self.a.probs)?)
     }
@@ -531,18 +602,32 @@ impl Gpt2Model {
                 c,
                 3 * c,
             )?;
-            attention::forward(
-                task("attention forward"),
-                &la.atty,
-                &la.preatt,
-                &la.att,
-                &la.qkv,
-                scratch_fwd,
-                b,
-                t,
-                c,
-                nh,
-            )?;
+            if self.fused {
+                // `att` holds the per-row logsumexp, (B, NH, T).
+                flash_attention::forward(
+                    task("attention forward"),
+                    &la.atty,
+                    &la.att,
+                    &la.qkv,
+                    b,
+                    t,
+                    c,
+                    nh,
+                )?;
+            } else {
+                attention::forward(
+                    task("attention forward"),
+                    &la.atty,
+                    &la.preatt,
+                    &la.att,
+                    &la.qkv,
+                    scratch_fwd,
+                    b,
+                    t,
+                    c,
+                    nh,
+                )?;
+            }
             matmul::forward(
                 task("attproj forward"),
                 &la.attproj,
@@ -619,7 +704,20 @@ impl Gpt2Model {
             c,
             v,
         )?;
-        if self.has_targets {
+        if self.fused {
+            if self.has_targets {
+                fused_classifier::losses(
+                    rt.task("classifier forward"),
+                    &a.losses,
+                    &a.logits,
+                    &targets,
+                    n,
+                    v,
+                    v,
+                )?;
+                loss::mean(rt.task("mean loss"), &loss, &a.losses)?;
+            }
+        } else if self.has_targets {
             // SAFETY: `targets` holds ids checked against V above (module docs).
             unsafe {
                 loss::softmax_crossentropy(
@@ -685,20 +783,37 @@ impl Gpt2Model {
         }
         fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
 
-        loss::backward(
-            rt.task("crossentropy softmax backward"),
-            &da.logits,
-            &a.probs,
-            &targets,
-            dloss,
-            n,
-            v,
-        )?;
+        let dlogits = if self.fused {
+            // The gradient goes over the logits (and the losses are
+            // rewritten, with the same values).
+            fused_classifier::forward_backward(
+                rt.task("classifier backward"),
+                &a.logits,
+                &a.losses,
+                &targets,
+                dloss,
+                n,
+                v,
+                v,
+            )?;
+            &a.logits
+        } else {
+            loss::backward(
+                rt.task("crossentropy softmax backward"),
+                &da.logits,
+                &a.probs,
+                &targets,
+                dloss,
+                n,
+                v,
+            )?;
+            &da.logits
+        };
         // logits = lnf · wteᵀ
         matmul::backward_input(
             rt.task("logits backward input"),
             &da.lnf,
-            &da.logits,
+            dlogits,
             &p.wte,
             n,
             c,
@@ -708,7 +823,7 @@ impl Gpt2Model {
             side("logits backward weight".into()),
             &g.wte,
             None,
-            &da.logits,
+            dlogits,
             &a.lnf,
             n,
             c,
@@ -845,18 +960,34 @@ impl Gpt2Model {
             ready(li.attprojb)?;
             ready(li.attprojw)?;
             // atty = attention(qkv)
-            attention::backward(
-                task("attention backward"),
-                &lda.qkv,
-                &lda.atty,
-                &la.qkv,
-                &la.att,
-                scratch_bwd,
-                b,
-                t,
-                c,
-                nh,
-            )?;
+            if self.fused {
+                flash_attention::backward(
+                    task("attention backward"),
+                    &lda.qkv,
+                    &lda.atty,
+                    &la.qkv,
+                    &la.atty,
+                    &la.att,
+                    scratch_bwd,
+                    b,
+                    t,
+                    c,
+                    nh,
+                )?;
+            } else {
+                attention::backward(
+                    task("attention backward"),
+                    &lda.qkv,
+                    &lda.atty,
+                    &la.qkv,
+                    &la.att,
+                    scratch_bwd,
+                    b,
+                    t,
+                    c,
+                    nh,
+                )?;
+            }
             // qkv = ln1 · qkvwᵀ + qkvb
             matmul::backward_input(
                 task("qkv backward input"),

@@ -1,0 +1,573 @@
+//! Fused (FlashAttention-2 style) causal self-attention on the CPU: the
+//! reference algorithm for a future GPU kernel, checked against the unfused
+//! [`attention`](super::attention) kernels.
+//!
+//! Same packed input as [`attention`](super::attention): `inp` is
+//! `(B, T, 3C)`, the `C` query, `C` key and `C` value channels of each
+//! position, head `h` owning channels `h·hs .. (h+1)·hs` of each.
+//!
+//! # Algorithm
+//!
+//! **Forward** ([`flash_attention_forward`]): for each batch row and head, the
+//! queries are cut into tiles of `block_q` rows and the keys into tiles of
+//! `block_k` columns. A query tile walks the key tiles of its causal prefix
+//! (key tiles entirely above the diagonal are skipped) and keeps, per row,
+//! the running maximum `m`, the running sum `l = Σ exp(s - m)` and the
+//! unnormalised output `acc = Σ exp(s - m) · v` (the online softmax): a new
+//! tile's scores `S = q·kᵀ / sqrt(hs)` (masked where key > query) raise the
+//! maximum to `m'`, and `l` and `acc` are rescaled by `exp(m - m')` before the
+//! tile's terms are added. At the end `out = acc / l` and only the per-row
+//! logsumexp `lse = m + ln l` is saved, `(B, NH, T)`: no `(B, NH, T, T)`
+//! score or probability buffer exists at any time, only one
+//! `block_q × block_k` tile.
+//!
+//! **Backward** ([`flash_attention_backward`], FlashAttention-2's): first
+//! `D = rowsum(dout ∘ out)`, `(B, NH, T)`, which equals the unfused
+//! `Σ_j att_ij · datt_ij`. Then, for each key tile (outer loop, so its `dK`
+//! and `dV` accumulate in a `block_k × hs` tile and are written once), the
+//! query tiles at or below the diagonal recompute the probabilities
+//! `P = exp(S - lse)` from `q`, `k` and the saved logsumexp, and
+//! `dV += Pᵀ · dout`, `dP = dout · vᵀ`, `dS = P ∘ (dP - D)`,
+//! `dQ += dS · k / sqrt(hs)` (straight into `dinp`, as a GPU kernel would
+//! with atomics or a second pass), `dK += dSᵀ · q / sqrt(hs)`.
+//!
+//! # Numerics
+//!
+//! `f32` throughout (maxima, sums, products), as a GPU kernel does it; the
+//! unfused CPU kernels sum the softmax denominator in `f64`. They agree to
+//! float tolerance, not bit for bit (the order of the sums differs): in the
+//! tests, outputs within 1.5e-6 absolute (1e-6 relative), input gradients
+//! within 3e-6 absolute (6e-5 relative on the smallest elements).
+//!
+//! # Memory
+//!
+//! Saved between forward and backward: `lse`, `B·NH·T` `f32`
+//! ([`saved_len`]), against `2·B·NH·T·T` for the unfused `preatt` and `att`.
+//! Backward scratch: `D`, `B·NH·T` `f32` ([`backward_scratch_bytes`]); the
+//! CPU kernel takes it as an argument so its size is the one a GPU kernel
+//! needs. Per-tile working memory (`block_q × block_k` scores and
+//! probabilities, `block_q × hs` or `block_k × hs` accumulators, kept in
+//! registers and shared memory on a GPU) is local to the kernel:
+//! [`tile_bytes`].
+//!
+//! Not done: the GPU kernels (CUDA, tensor cores), bf16.
+
+use braid::{Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+
+/// Query tile rows of the CPU tasks.
+pub const BLOCK_Q: usize = 32;
+/// Key tile columns of the CPU tasks.
+pub const BLOCK_K: usize = 32;
+
+// ---------------------------------------------------------------------------
+// Sizes
+// ---------------------------------------------------------------------------
+
+/// Elements saved by the forward pass for the backward pass besides `out`:
+/// the per-row logsumexp, `(B, NH, T)`.
+pub fn saved_len(b: usize, t: usize, nh: usize) -> usize {
+    b * nh * t
+}
+
+/// Bytes of scratch the backward pass takes: `D = rowsum(dout ∘ out)`,
+/// `(B, NH, T)` `f32`. The forward pass needs none beyond its tiles.
+pub fn backward_scratch_bytes(b: usize, t: usize, nh: usize) -> usize {
+    b * nh * t * 4
+}
+
+/// Bytes of per-tile working memory one kernel invocation uses (what a GPU
+/// block keeps in registers and shared memory): forward `S` tile, `acc`,
+/// `m`, `l`; backward `P` and `dS` tiles, `dK` and `dV` accumulators. The
+/// larger of the two; independent of `B`, `NH` and `T`.
+pub fn tile_bytes(c: usize, nh: usize, block_q: usize, block_k: usize) -> usize {
+    let hs = c / nh;
+    let fwd = block_q * block_k + block_q * hs + 2 * block_q;
+    let bwd = 2 * block_q * block_k + 2 * block_k * hs;
+    fwd.max(bwd) * 4
+}
+
+// ---------------------------------------------------------------------------
+// Tasks (CPU only: there is no GPU kernel yet)
+// ---------------------------------------------------------------------------
+
+/// Submits [`flash_attention_forward`] as a CPU task: writes `out` and the
+/// per-row logsumexp `lse`. There is no CUDA body: on a CUDA runtime the
+/// submission fails.
+pub fn forward(
+    task: TaskBuilder<'_>,
+    out: &View, // (B, T, C)
+    lse: &View, // (B, NH, T)
+    inp: &View, // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (out.write::<f32>(), lse.write::<f32>(), inp.read::<f32>()),
+        move |(out, lse, inp)| {
+            flash_attention_forward(out, lse, inp, b, t, c, nh, BLOCK_Q, BLOCK_K)
+        },
+    )
+}
+
+/// Submits [`flash_attention_backward`] as a CPU task: accumulates into
+/// `dinp`; `scratch` is [`backward_scratch_bytes`] bytes (declared `write`,
+/// dead after the task).
+pub fn backward(
+    task: TaskBuilder<'_>,
+    dinp: &View,    // (B, T, 3C) accumulated
+    dout: &View,    // (B, T, C)
+    inp: &View,     // (B, T, 3C)
+    out: &View,     // (B, T, C)
+    lse: &View,     // (B, NH, T)
+    scratch: &View, // backward_scratch_bytes
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (
+            dinp.read_write::<f32>(),
+            dout.read::<f32>(),
+            inp.read::<f32>(),
+            out.read::<f32>(),
+            lse.read::<f32>(),
+            scratch.write::<f32>(),
+        ),
+        move |(dinp, dout, inp, out, lse, delta)| {
+            flash_attention_backward(
+                dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
+            )
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// CPU kernels
+// ---------------------------------------------------------------------------
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
+/// Causal self-attention, tile by tile with the online softmax (module
+/// docs): overwrites `out` and the per-row logsumexp of the scaled scores
+/// `lse[b, h, t] = ln Σ_{t2 <= t} exp(q_t·k_t2 / sqrt(hs))`.
+pub fn flash_attention_forward(
+    out: &mut [f32], // (B, T, C)
+    lse: &mut [f32], // (B, NH, T)
+    inp: &[f32],     // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    block_q: usize,
+    block_k: usize,
+) {
+    assert!(
+        nh > 0 && c % nh == 0,
+        "flash_attention_forward: C ({c}) not divisible by NH ({nh})"
+    );
+    assert!(
+        block_q > 0 && block_k > 0,
+        "flash_attention_forward: tile sizes must be positive"
+    );
+    check_len("flash_attention_forward", "out", out.len(), b * t * c);
+    check_len("flash_attention_forward", "lse", lse.len(), b * nh * t);
+    check_len("flash_attention_forward", "inp", inp.len(), b * t * 3 * c);
+    let hs = c / nh;
+    let c3 = 3 * c;
+    let scale = 1.0 / (hs as f32).sqrt();
+    // One tile of working memory, reused.
+    let mut s = vec![0.0f32; block_q * block_k]; // scores, then probabilities
+    let mut acc = vec![0.0f32; block_q * hs];
+    let mut m = vec![0.0f32; block_q];
+    let mut l = vec![0.0f32; block_q];
+    for bi in 0..b {
+        let inp_b = &inp[bi * t * c3..][..t * c3];
+        let q = |i: usize, h: usize| &inp_b[i * c3 + h * hs..][..hs];
+        let k = |j: usize, h: usize| &inp_b[j * c3 + c + h * hs..][..hs];
+        let v = |j: usize, h: usize| &inp_b[j * c3 + 2 * c + h * hs..][..hs];
+        for h in 0..nh {
+            for q0 in (0..t).step_by(block_q) {
+                let q1 = (q0 + block_q).min(t);
+                let nq = q1 - q0;
+                m[..nq].fill(f32::NEG_INFINITY);
+                l[..nq].fill(0.0);
+                acc[..nq * hs].fill(0.0);
+                // Key tiles of the causal prefix: keys up to q1 - 1.
+                for k0 in (0..q1).step_by(block_k) {
+                    let k1 = (k0 + block_k).min(q1);
+                    let nk = k1 - k0;
+                    for r in 0..nq {
+                        let i = q0 + r;
+                        if k0 > i {
+                            continue; // the whole row of this tile is masked
+                        }
+                        let kend = k1.min(i + 1); // keys k0..kend are unmasked
+                        let s_row = &mut s[r * block_k..][..nk];
+                        let mut rowmax = f32::NEG_INFINITY;
+                        for j in k0..kend {
+                            let x = dot(q(i, h), k(j, h)) * scale;
+                            s_row[j - k0] = x;
+                            rowmax = rowmax.max(x);
+                        }
+                        // Online softmax: rescale what is there to the new max.
+                        let m_new = m[r].max(rowmax);
+                        let corr = (m[r] - m_new).exp(); // 0 on the first tile
+                        let acc_r = &mut acc[r * hs..][..hs];
+                        let mut sum = l[r] * corr;
+                        for a in acc_r.iter_mut() {
+                            *a *= corr;
+                        }
+                        for j in k0..kend {
+                            let p = (s_row[j - k0] - m_new).exp();
+                            sum += p;
+                            for (a, &vv) in acc_r.iter_mut().zip(v(j, h)) {
+                                *a += p * vv;
+                            }
+                        }
+                        m[r] = m_new;
+                        l[r] = sum;
+                    }
+                }
+                for r in 0..nq {
+                    let i = q0 + r;
+                    let inv = 1.0 / l[r];
+                    let out_h = &mut out[(bi * t + i) * c + h * hs..][..hs];
+                    for (o, &a) in out_h.iter_mut().zip(&acc[r * hs..][..hs]) {
+                        *o = a * inv;
+                    }
+                    lse[(bi * nh + h) * t + i] = m[r] + l[r].ln();
+                }
+            }
+        }
+    }
+}
+
+/// Backward of [`flash_attention_forward`] (FlashAttention-2, module docs):
+/// accumulates the query, key and value gradients into `dinp` (packed like
+/// `inp`) from `dout`, recomputing the probabilities tile by tile from `inp`
+/// and the saved `lse`. `delta` is scratch, overwritten with
+/// `D = rowsum(dout ∘ out)`.
+pub fn flash_attention_backward(
+    dinp: &mut [f32],  // (B, T, 3C) accumulated
+    delta: &mut [f32], // (B, NH, T) scratch
+    dout: &[f32],      // (B, T, C)
+    inp: &[f32],       // (B, T, 3C)
+    out: &[f32],       // (B, T, C)
+    lse: &[f32],       // (B, NH, T)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    block_q: usize,
+    block_k: usize,
+) {
+    let name = "flash_attention_backward";
+    assert!(
+        nh > 0 && c % nh == 0,
+        "{name}: C ({c}) not divisible by NH ({nh})"
+    );
+    assert!(
+        block_q > 0 && block_k > 0,
+        "{name}: tile sizes must be positive"
+    );
+    check_len(name, "dinp", dinp.len(), b * t * 3 * c);
+    check_len(name, "delta", delta.len(), b * nh * t);
+    check_len(name, "dout", dout.len(), b * t * c);
+    check_len(name, "inp", inp.len(), b * t * 3 * c);
+    check_len(name, "out", out.len(), b * t * c);
+    check_len(name, "lse", lse.len(), b * nh * t);
+    let hs = c / nh;
+    let c3 = 3 * c;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let mut p = vec![0.0f32; block_q * block_k];
+    let mut ds = vec![0.0f32; block_q * block_k];
+    let mut dk = vec![0.0f32; block_k * hs];
+    let mut dv = vec![0.0f32; block_k * hs];
+
+    // D = rowsum(dout ∘ out), per head.
+    for bi in 0..b {
+        for h in 0..nh {
+            for i in 0..t {
+                let row = (bi * t + i) * c + h * hs;
+                delta[(bi * nh + h) * t + i] = dot(&dout[row..][..hs], &out[row..][..hs]);
+            }
+        }
+    }
+
+    for bi in 0..b {
+        let inp_b = &inp[bi * t * c3..][..t * c3];
+        let dinp_b = &mut dinp[bi * t * c3..][..t * c3];
+        let q = |i: usize, h: usize| &inp_b[i * c3 + h * hs..][..hs];
+        let k = |j: usize, h: usize| &inp_b[j * c3 + c + h * hs..][..hs];
+        let v = |j: usize, h: usize| &inp_b[j * c3 + 2 * c + h * hs..][..hs];
+        let d_o = |i: usize, h: usize| &dout[(bi * t + i) * c + h * hs..][..hs];
+        for h in 0..nh {
+            let lse_h = &lse[(bi * nh + h) * t..][..t];
+            let delta_h = &delta[(bi * nh + h) * t..][..t];
+            for k0 in (0..t).step_by(block_k) {
+                let k1 = (k0 + block_k).min(t);
+                let nk = k1 - k0;
+                dk[..nk * hs].fill(0.0);
+                dv[..nk * hs].fill(0.0);
+                // Query tiles with a row at or below the diagonal: rows >= k0.
+                for q0 in ((k0 / block_q) * block_q..t).step_by(block_q) {
+                    let q1 = (q0 + block_q).min(t);
+                    let nq = q1 - q0;
+                    // P and dS for this tile; masked entries are 0.
+                    for r in 0..nq {
+                        let i = q0 + r;
+                        let p_row = &mut p[r * block_k..][..nk];
+                        let ds_row = &mut ds[r * block_k..][..nk];
+                        for jj in 0..nk {
+                            let j = k0 + jj;
+                            if j > i {
+                                p_row[jj] = 0.0;
+                                ds_row[jj] = 0.0;
+                                continue;
+                            }
+                            let pij = (dot(q(i, h), k(j, h)) * scale - lse_h[i]).exp();
+                            let dpij = dot(d_o(i, h), v(j, h));
+                            p_row[jj] = pij;
+                            ds_row[jj] = pij * (dpij - delta_h[i]);
+                        }
+                    }
+                    // dV += Pᵀ · dout, dK += dSᵀ · q · scale
+                    for jj in 0..nk {
+                        let dv_j = &mut dv[jj * hs..][..hs];
+                        let dk_j = &mut dk[jj * hs..][..hs];
+                        for r in 0..nq {
+                            let i = q0 + r;
+                            let (pij, dsij) = (p[r * block_k + jj], ds[r * block_k + jj] * scale);
+                            if pij == 0.0 && dsij == 0.0 {
+                                continue;
+                            }
+                            for (d, &g) in dv_j.iter_mut().zip(d_o(i, h)) {
+                                *d += pij * g;
+                            }
+                            for (d, &qq) in dk_j.iter_mut().zip(q(i, h)) {
+                                *d += dsij * qq;
+                            }
+                        }
+                    }
+                    // dQ += dS · k · scale, straight into dinp.
+                    for r in 0..nq {
+                        let i = q0 + r;
+                        let dq = &mut dinp_b[i * c3 + h * hs..][..hs];
+                        for jj in 0..nk {
+                            let g = ds[r * block_k + jj] * scale;
+                            if g == 0.0 {
+                                continue;
+                            }
+                            for (d, &kk) in dq.iter_mut().zip(k(k0 + jj, h)) {
+                                *d += g * kk;
+                            }
+                        }
+                    }
+                }
+                for jj in 0..nk {
+                    let j = k0 + jj;
+                    let dk_dst = &mut dinp_b[j * c3 + c + h * hs..][..hs];
+                    for (d, &x) in dk_dst.iter_mut().zip(&dk[jj * hs..][..hs]) {
+                        *d += x;
+                    }
+                    let dv_dst = &mut dinp_b[j * c3 + 2 * c + h * hs..][..hs];
+                    for (d, &x) in dv_dst.iter_mut().zip(&dv[jj * hs..][..hs]) {
+                        *d += x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::attention::{attention_backward, attention_forward};
+    use super::super::testutil::{assert_close, fd_check, max_errors, randn};
+    use super::*;
+
+    /// Odd shapes: T not a multiple of any tile, NH > 1, B > 1, hs = 5.
+    const SHAPES: [(usize, usize, usize, usize); 3] = [(2, 13, 15, 3), (1, 7, 8, 2), (3, 5, 6, 1)];
+    /// (block_q, block_k): 1×1, unequal, non-dividing, and larger than T.
+    const TILES: [(usize, usize); 6] = [(1, 1), (4, 3), (3, 4), (5, 7), (16, 2), (64, 64)];
+
+    struct Unfused {
+        out: Vec<f32>,
+        preatt: Vec<f32>,
+        att: Vec<f32>,
+    }
+
+    fn unfused(inp: &[f32], b: usize, t: usize, c: usize, nh: usize) -> Unfused {
+        let mut out = vec![f32::NAN; b * t * c];
+        let mut preatt = vec![f32::NAN; b * nh * t * t];
+        let mut att = vec![f32::NAN; b * nh * t * t];
+        attention_forward(&mut out, &mut preatt, &mut att, inp, b, t, c, nh);
+        Unfused { out, preatt, att }
+    }
+
+    fn fused(
+        inp: &[f32],
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+        (bq, bk): (usize, usize),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut out = vec![f32::NAN; b * t * c];
+        let mut lse = vec![f32::NAN; b * nh * t];
+        flash_attention_forward(&mut out, &mut lse, inp, b, t, c, nh, bq, bk);
+        (out, lse)
+    }
+
+    /// `ln Σ_{t2 <= t} exp(preatt)` per row, in f64 from the unfused scores.
+    fn lse_of(preatt: &[f32], t: usize) -> Vec<f32> {
+        preatt
+            .chunks_exact(t)
+            .enumerate()
+            .map(|(r, row)| {
+                let row = &row[..=r % t];
+                let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) as f64;
+                (m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn forward_matches_unfused_on_odd_shapes_and_tiles() {
+        let mut worst = (0.0f32, 0.0f32);
+        for (si, &(b, t, c, nh)) in SHAPES.iter().enumerate() {
+            // std 3: scores of a few units, so the running max changes
+            // between tiles and the rescaling is exercised.
+            let inp = randn(b * t * 3 * c, 3.0, 100 + si as u64);
+            let u = unfused(&inp, b, t, c, nh);
+            let want_lse = lse_of(&u.preatt, t);
+            for &tiles in &TILES {
+                let (out, lse) = fused(&inp, b, t, c, nh, tiles);
+                let what = format!("B{b} T{t} C{c} NH{nh} tiles {tiles:?}");
+                assert_close(&out, &u.out, 1e-5, 1e-5, &format!("out {what}"));
+                assert_close(&lse, &want_lse, 1e-5, 1e-6, &format!("lse {what}"));
+                let e = max_errors(&out, &u.out);
+                worst = (worst.0.max(e.0), worst.1.max(e.1));
+            }
+        }
+        eprintln!(
+            "fused attention forward vs unfused: max abs {:e}, max rel {:e}",
+            worst.0, worst.1
+        );
+    }
+
+    #[test]
+    fn forward_is_causal() {
+        let (b, t, c, nh) = (2, 9, 12, 3);
+        let inp = randn(b * t * 3 * c, 1.0, 110);
+        let (out, lse) = fused(&inp, b, t, c, nh, (4, 3));
+        let mut inp2 = inp.clone();
+        for bi in 0..b {
+            for x in &mut inp2[(bi * t + t - 1) * 3 * c..][..3 * c] {
+                *x += 1.0;
+            }
+        }
+        let (out2, lse2) = fused(&inp2, b, t, c, nh, (4, 3));
+        for bi in 0..b {
+            let rows = bi * t * c..(bi * t + t - 1) * c;
+            assert_eq!(out[rows.clone()], out2[rows]);
+            for h in 0..nh {
+                let r = (bi * nh + h) * t;
+                assert_eq!(lse[r..r + t - 1], lse2[r..r + t - 1]);
+                assert_ne!(lse[r + t - 1], lse2[r + t - 1]);
+            }
+        }
+    }
+
+    #[test]
+    fn backward_matches_unfused_on_odd_shapes_and_tiles() {
+        let mut worst = (0.0f32, 0.0f32);
+        for (si, &(b, t, c, nh)) in SHAPES.iter().enumerate() {
+            let inp = randn(b * t * 3 * c, 2.0, 120 + si as u64);
+            let dout = randn(b * t * c, 1.0, 130 + si as u64);
+            // Nonzero starting gradients: both kernels accumulate.
+            let dinp0 = randn(b * t * 3 * c, 0.5, 140 + si as u64);
+            let u = unfused(&inp, b, t, c, nh);
+            let mut want = dinp0.clone();
+            attention_backward(&mut want, &dout, &inp, &u.att, b, t, c, nh);
+            assert!(want != dinp0);
+            for &tiles in &TILES {
+                let (out, lse) = fused(&inp, b, t, c, nh, tiles);
+                let mut got = dinp0.clone();
+                let mut delta = vec![f32::NAN; b * nh * t];
+                let (bq, bk) = tiles;
+                flash_attention_backward(
+                    &mut got, &mut delta, &dout, &inp, &out, &lse, b, t, c, nh, bq, bk,
+                );
+                let what = format!("dinp B{b} T{t} C{c} NH{nh} tiles {tiles:?}");
+                assert_close(&got, &want, 2e-5, 1e-4, &what);
+                let e = max_errors(&got, &want);
+                worst = (worst.0.max(e.0), worst.1.max(e.1));
+                // D = rowsum(dout ∘ out) = Σ att ∘ datt of the unfused path.
+                assert!(delta.iter().all(|d| d.is_finite()));
+            }
+        }
+        eprintln!(
+            "fused attention backward vs unfused: max abs {:e}, max rel {:e}",
+            worst.0, worst.1
+        );
+    }
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (b, t, c, nh) = (2, 6, 8, 2);
+        let inp = randn(b * t * 3 * c, 1.0, 150);
+        let probe = randn(b * t * c, 1.0, 151);
+        let tiles = (4, 3);
+        let (out, lse) = fused(&inp, b, t, c, nh, tiles);
+        let mut dinp = vec![0.0; inp.len()];
+        let mut delta = vec![0.0; b * nh * t];
+        flash_attention_backward(
+            &mut dinp, &mut delta, &probe, &inp, &out, &lse, b, t, c, nh, 4, 3,
+        );
+        fd_check(
+            &inp,
+            &dinp,
+            |x| {
+                let (out, _) = fused(x, b, t, c, nh, tiles);
+                out.iter()
+                    .zip(&probe)
+                    .map(|(&o, &p)| o as f64 * p as f64)
+                    .sum()
+            },
+            "flash attention dinp",
+        );
+    }
+
+    /// What the fused path keeps is O(B·NH·T): the saved logsumexp and the
+    /// backward scratch grow linearly in T where the unfused path's
+    /// `preatt`, `att` and CUDA scratch grow as T².
+    #[test]
+    fn memory_is_linear_in_t() {
+        let (b, c, nh) = (2, 12, 3);
+        for t in [5, 64, 1024] {
+            assert_eq!(saved_len(b, t, nh), b * nh * t);
+            assert_eq!(backward_scratch_bytes(b, t, nh), b * nh * t * 4);
+            let unfused_saved = 2 * b * nh * t * t;
+            assert!(saved_len(b, t, nh) * t <= unfused_saved);
+        }
+        assert_eq!(saved_len(b, 2048, nh), 2 * saved_len(b, 1024, nh));
+        assert_eq!(
+            backward_scratch_bytes(b, 2048, nh),
+            2 * backward_scratch_bytes(b, 1024, nh)
+        );
+        // Tiles do not depend on T, B or NH's count beyond hs.
+        let hs = c / nh;
+        assert_eq!(
+            tile_bytes(c, nh, 4, 3),
+            (2 * 4 * 3 + 2 * 3 * hs).max(4 * 3 + 4 * hs + 2 * 4) * 4
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! The fused classifier on the CPU: softmax, cross-entropy and the gradient
+//! of the mean loss in one kernel, written over the logits in place, with no
+//! `(B, T, V)` probability buffer; the reference algorithm for a future GPU
+//! kernel (llm.c's `fused_classifier`), checked against the unfused
+//! [`loss`](super::loss) kernels.
+//!
+//! # Algorithm
+//!
+//! Per row of logits (one position):
+//!
+//! 1. one pass over the `V` real columns keeps the running maximum `m` and
+//!    the running sum `s = Σ exp(x - m)`, rescaled by `exp(m_old - m)`
+//!    whenever the maximum grows (the online softmax);
+//! 2. `loss = m + ln s - x[target]` (the logsumexp form: no probability is
+//!    formed, so a vanishing target probability gives a large finite loss,
+//!    not `-ln 0`);
+//! 3. with a `dloss`, a second pass writes the gradient of
+//!    `dloss · mean(losses)` over the logits in place:
+//!    `(exp(x - m) / s - [i == target]) · dloss / N`.
+//!
+//! # Padded vocabulary
+//!
+//! Rows have `Vp >= V` columns (llm.c pads GPT-2's 50,257 to 50,304 so the
+//! classifier's matrix product is tensor-core friendly). Columns `V..Vp` are
+//! padding: they are read by no sum, they do not change the loss, and their
+//! gradient is written as 0. Targets must be below `V` (checked: the kernel
+//! panics otherwise).
+//!
+//! # Numerics
+//!
+//! The row sum accumulates in `f64`, the crate's CPU convention for row
+//! reductions (the unfused [`softmax_forward`](super::loss::softmax_forward)
+//! does the same); everything else is `f32`. Losses agree with the unfused
+//! `-ln softmax[target]` to about 1e-6 relative, gradients to about 1e-6
+//! relative (the online rescaling rounds differently), not bit for bit.
+//!
+//! Not done: the GPU kernel, bf16.
+
+use braid::{Result, TaskBuilder, TaskHandle, View};
+
+use super::check_len;
+
+/// Submits [`classifier_losses`] as a CPU task: writes `losses`, reads the
+/// logits. There is no CUDA body: on a CUDA runtime the submission fails.
+pub fn losses(
+    task: TaskBuilder<'_>,
+    losses: &View,  // (N)
+    logits: &View,  // (N, Vp)
+    targets: &View, // (N) u32, each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (
+            losses.write::<f32>(),
+            logits.read::<f32>(),
+            targets.read::<u32>(),
+        ),
+        move |(losses, logits, targets)| classifier_losses(losses, logits, targets, n, v, vp),
+    )
+}
+
+/// Submits [`fused_classifier`] with `Some(dloss)` as a CPU task: writes
+/// `losses` and the gradient over `logits` in place (declared
+/// `read_write`). There is no CUDA body.
+pub fn forward_backward(
+    task: TaskBuilder<'_>,
+    logits: &View,  // (N, Vp) in: logits; out: dlogits
+    losses: &View,  // (N)
+    targets: &View, // (N) u32, each < V
+    dloss: f32,
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<TaskHandle> {
+    task.run(
+        (
+            logits.read_write::<f32>(),
+            losses.write::<f32>(),
+            targets.read::<u32>(),
+        ),
+        move |(logits, losses, targets)| {
+            fused_classifier(logits, losses, targets, Some(dloss), n, v, vp)
+        },
+    )
+}
+
+/// The running maximum and the sum `Σ exp(x - max)` of a row, in one pass.
+fn row_stats(row: &[f32]) -> (f32, f64) {
+    let mut m = f32::NEG_INFINITY;
+    let mut s = 0.0f64;
+    for &x in row {
+        if x > m {
+            s = s * ((m - x) as f64).exp() + 1.0;
+            m = x;
+        } else {
+            s += ((x - m) as f64).exp();
+        }
+    }
+    (m, s)
+}
+
+fn check(name: &str, logits: usize, losses: usize, targets: &[u32], n: usize, v: usize, vp: usize) {
+    assert!(v > 0 && v <= vp, "{name}: V ({v}) must be in 1..=Vp ({vp})");
+    check_len(name, "logits", logits, n * vp);
+    check_len(name, "losses", losses, n);
+    check_len(name, "targets", targets.len(), n);
+    if let Some(&tgt) = targets.iter().find(|&&t| t as usize >= v) {
+        panic!("{name}: target {tgt} is not below V ({v})");
+    }
+}
+
+/// The losses alone (the first pass of [`fused_classifier`]):
+/// `losses[row] = logsumexp(logits[row, ..V]) - logits[row, target]`.
+pub fn classifier_losses(
+    losses: &mut [f32], // (N)
+    logits: &[f32],     // (N, Vp)
+    targets: &[u32],    // (N), each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) {
+    check(
+        "classifier_losses",
+        logits.len(),
+        losses.len(),
+        targets,
+        n,
+        v,
+        vp,
+    );
+    for ((row, loss), &tgt) in logits.chunks_exact(vp).zip(losses.iter_mut()).zip(targets) {
+        let (m, s) = row_stats(&row[..v]);
+        *loss = (m as f64 + s.ln() - row[tgt as usize] as f64) as f32;
+    }
+}
+
+/// The fused classifier over `n` rows (module docs): overwrites `losses`
+/// with `logsumexp(logits[row, ..V]) - logits[row, target]` and, when
+/// `dloss` is `Some`, overwrites `logits` with the gradient of
+/// `dloss · mean(losses)`: `(softmax - onehot(target)) · dloss / n` on the
+/// `V` real columns, 0 on the padding columns `V..Vp`. With `None` the
+/// logits are left as they are.
+pub fn fused_classifier(
+    logits: &mut [f32], // (N, Vp)
+    losses: &mut [f32], // (N)
+    targets: &[u32],    // (N), each < V
+    dloss: Option<f32>,
+    n: usize,
+    v: usize,
+    vp: usize,
+) {
+    check(
+        "fused_classifier",
+        logits.len(),
+        losses.len(),
+        targets,
+        n,
+        v,
+        vp,
+    );
+    let d = dloss.map(|dl| dl / n as f32);
+    for ((row, loss), &tgt) in logits
+        .chunks_exact_mut(vp)
+        .zip(losses.iter_mut())
+        .zip(targets)
+    {
+        let tgt = tgt as usize;
+        let (m, s) = row_stats(&row[..v]);
+        *loss = (m as f64 + s.ln() - row[tgt] as f64) as f32;
+        if let Some(d) = d {
+            let inv = (1.0 / s) as f32;
+            for x in &mut row[..v] {
+                *x = (*x - m).exp() * inv * d;
+            }
+            row[tgt] -= d;
+            row[v..].fill(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::loss::{
+        crossentropy_forward, crossentropy_softmax_backward, softmax_forward,
+    };
+    use super::super::testutil::{assert_close, fd_check, max_errors, randn};
+    use super::*;
+
+    /// The unfused path: softmax, cross-entropy, and the backward from zero.
+    fn unfused(
+        logits: &[f32],
+        targets: &[u32],
+        dloss: f32,
+        n: usize,
+        v: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut probs = vec![f32::NAN; n * v];
+        let mut losses = vec![f32::NAN; n];
+        softmax_forward(&mut probs, logits, 1, n, v);
+        crossentropy_forward(&mut losses, &probs, targets, 1, n, v);
+        let mut dlogits = vec![0.0; n * v];
+        crossentropy_softmax_backward(&mut dlogits, &probs, targets, dloss, 1, n, v);
+        (losses, dlogits)
+    }
+
+    /// `logits` `(N, V)` padded to `(N, Vp)` with `fill` in the padding.
+    fn pad(logits: &[f32], v: usize, vp: usize, fill: impl Fn(usize) -> f32) -> Vec<f32> {
+        let mut out = Vec::with_capacity(logits.len() / v * vp);
+        for (r, row) in logits.chunks_exact(v).enumerate() {
+            out.extend_from_slice(row);
+            out.extend((v..vp).map(|i| fill(r * vp + i)));
+        }
+        out
+    }
+
+    fn targets(n: usize, v: usize, seed: u64) -> Vec<u32> {
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut t: Vec<u32> = (0..n).map(|_| (rng.next_u64() % v as u64) as u32).collect();
+        // The first and last real columns are targets somewhere.
+        t[0] = 0;
+        t[n - 1] = v as u32 - 1;
+        t
+    }
+
+    #[test]
+    fn matches_unfused_losses_and_gradients() {
+        let mut worst_loss = (0.0f32, 0.0f32);
+        let mut worst_grad = (0.0f32, 0.0f32);
+        // (N, V, std): a small vocabulary, an odd one, GPT-2's own with large
+        // logits (so the running max moves often).
+        for (i, &(n, v, std)) in [(6, 7, 2.0), (5, 1000, 4.0), (3, 50257, 8.0)]
+            .iter()
+            .enumerate()
+        {
+            let logits = randn(n * v, std, 200 + i as u64);
+            let tg = targets(n, v, 210 + i as u64);
+            for dloss in [1.0f32, 0.25] {
+                let (want_losses, want_grad) = unfused(&logits, &tg, dloss, n, v);
+                let mut got = logits.clone();
+                let mut losses = vec![f32::NAN; n];
+                fused_classifier(&mut got, &mut losses, &tg, Some(dloss), n, v, v);
+                assert_close(
+                    &losses,
+                    &want_losses,
+                    1e-5,
+                    1e-6,
+                    &format!("losses N{n} V{v}"),
+                );
+                assert_close(&got, &want_grad, 1e-9, 1e-5, &format!("dlogits N{n} V{v}"));
+                let (el, eg) = (
+                    max_errors(&losses, &want_losses),
+                    max_errors(&got, &want_grad),
+                );
+                worst_loss = (worst_loss.0.max(el.0), worst_loss.1.max(el.1));
+                worst_grad = (worst_grad.0.max(eg.0), worst_grad.1.max(eg.1));
+            }
+            // Without dloss only the losses are written.
+            let mut same = logits.clone();
+            let mut losses = vec![f32::NAN; n];
+            fused_classifier(&mut same, &mut losses, &tg, None, n, v, v);
+            assert_eq!(same, logits);
+            assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));
+            // The read-only loss kernel gives the same losses, bit for bit.
+            let mut alone = vec![f32::NAN; n];
+            classifier_losses(&mut alone, &logits, &tg, n, v, v);
+            assert_eq!(alone, losses);
+        }
+        eprintln!(
+            "fused classifier vs unfused: losses max abs {:e} rel {:e}; dlogits max abs {:e} rel {:e}",
+            worst_loss.0, worst_loss.1, worst_grad.0, worst_grad.1
+        );
+    }
+
+    #[test]
+    fn padding_columns_are_masked() {
+        let (n, v, vp) = (4, 37, 48);
+        let logits = randn(n * v, 2.0, 220);
+        let tg = targets(n, v, 221);
+        let (want_losses, want_grad) = unfused(&logits, &tg, 1.0, n, v);
+        // Padding holding huge values, and holding something else: neither
+        // may change the loss or get a gradient.
+        for fill in [|_| 1e4f32, |i| (i % 7) as f32 - 3.0] {
+            let mut got = pad(&logits, v, vp, fill);
+            let mut losses = vec![f32::NAN; n];
+            fused_classifier(&mut got, &mut losses, &tg, Some(1.0), n, v, vp);
+            assert_close(&losses, &want_losses, 1e-5, 1e-6, "padded losses");
+            for (r, row) in got.chunks_exact(vp).enumerate() {
+                assert!(
+                    row[v..].iter().all(|&g| g == 0.0),
+                    "row {r}: padding gradient"
+                );
+                assert_close(
+                    &row[..v],
+                    &want_grad[r * v..][..v],
+                    1e-9,
+                    1e-5,
+                    "padded dlogits",
+                );
+                // A row of the gradient of the mean loss sums to 0.
+                assert!(row.iter().sum::<f32>().abs() < 1e-6);
+            }
+        }
+    }
+
+    #[test]
+    fn gradient_matches_finite_differences_with_padding() {
+        let (n, v, vp) = (3, 9, 12);
+        let logits = pad(&randn(n * v, 2.0, 230), v, vp, |i| i as f32);
+        let tg = [4u32, 0, 8];
+        let mut grad = logits.clone();
+        let mut losses = vec![0.0; n];
+        // scaled so the gradient is O(1) and f32 rounding stays small
+        fused_classifier(&mut grad, &mut losses, &tg, Some(3.0), n, v, vp);
+        fd_check(
+            &logits,
+            &grad,
+            |x| {
+                let mut x = x.to_vec();
+                let mut losses = vec![0.0; n];
+                fused_classifier(&mut x, &mut losses, &tg, None, n, v, vp);
+                losses.iter().map(|&l| l as f64).sum::<f64>() / n as f64 * 3.0
+            },
+            "fused dlogits",
+        );
+    }
+
+    #[test]
+    fn loss_stays_finite_where_the_target_probability_underflows() {
+        // softmax gives the target exactly 0 in f32; -ln 0 is infinite, the
+        // logsumexp form gives the true loss, 200.
+        let mut logits = vec![0.0f32, 200.0, 0.0];
+        let mut losses = [0.0f32];
+        fused_classifier(&mut logits, &mut losses, &[0], Some(1.0), 1, 3, 3);
+        assert!((losses[0] - 200.0).abs() < 1e-3, "{}", losses[0]);
+        assert_eq!(logits[0], -1.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "not below V")]
+    fn a_target_in_the_padding_is_rejected() {
+        let mut logits = vec![0.0f32; 8];
+        let mut losses = [0.0f32];
+        fused_classifier(&mut logits, &mut losses, &[6], Some(1.0), 1, 5, 8);
+    }
+}
