@@ -205,8 +205,15 @@ impl AdamW {
             }
         }
         self.step += 1;
-        // The norm is computed even without clipping, for logging.
-        for (i, c) in self.chunks.iter().enumerate() {
+        // The norm is computed even without clipping, for logging. Chunks are
+        // visited last layer first: the order in which the backward pass
+        // (and a data-parallel reducer) finishes their gradients, so on a
+        // stream that runs tasks in order, the early chunks' sums run while
+        // the last gradients are still being reduced, instead of waiting
+        // behind the first chunk (the embeddings, complete last). Each sum
+        // goes to its own slot, and the norm adds the slots in chunk order:
+        // the results do not depend on this order.
+        for (i, c) in self.chunks.iter().enumerate().rev() {
             norm::sum_squares(
                 rt.task(format!("grad sumsq {i}")).priority(Priority::Side),
                 &self.partials.view_of::<f64>(i..i + 1)?,
@@ -221,7 +228,7 @@ impl AdamW {
             let partials = self.partials.view_of::<f64>(0..self.chunks.len())?;
             norm::clip_factor(rt.task("clip scale"), &scale, &partials, max_norm)?;
         }
-        for (i, c) in self.chunks.iter().enumerate() {
+        for (i, c) in self.chunks.iter().enumerate().rev() {
             adamw::update(
                 rt.task(format!("adamw {i}")),
                 &params.view_of::<f32>(c.clone())?,
