@@ -191,20 +191,32 @@ impl AdamW {
         Ok(norm::global_norm(&partials[..self.chunks.len()]) as f32)
     }
 
+    fn check_len(&self, what: &str, b: &Buffer) -> Result<()> {
+        if b.len() != self.n * 4 {
+            return Err(Gpt2Error::LengthMismatch {
+                what: what.into(),
+                expected: self.n,
+                found: b.len() / 4,
+            });
+        }
+        Ok(())
+    }
+
     /// Submits one step: the global norm of `grads`, the clip factor, and the
     /// update of `params` and the moments with the clipped gradients
-    /// (`grads` is left as it is). Returns at once.
+    /// (`grads` is left as it is). Returns at once. The same as
+    /// [`clip`](Self::clip) then [`update`](Self::update).
     pub fn step(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
-        for (what, b) in [("params", params), ("grads", grads)] {
-            if b.len() != self.n * 4 {
-                return Err(Gpt2Error::LengthMismatch {
-                    what: what.into(),
-                    expected: self.n,
-                    found: b.len() / 4,
-                });
-            }
-        }
-        self.step += 1;
+        self.clip(rt, grads)?;
+        self.update(rt, params, grads)
+    }
+
+    /// Submits the first half of a step: the global norm of `grads` and the
+    /// clip factor. Its tasks are the same every step (no step number), so a
+    /// recorded training step can hold them, each then waiting only for the
+    /// gradients it reads.
+    pub fn clip(&mut self, rt: &Runtime, grads: &Buffer) -> Result<()> {
+        self.check_len("grads", grads)?;
         // The norm is computed even without clipping, for logging. Chunks are
         // visited last layer first: the order in which the backward pass
         // (and a data-parallel reducer) finishes their gradients, so on a
@@ -223,11 +235,27 @@ impl AdamW {
                 &grads.view_of::<f32>(c.clone())?,
             )?;
         }
-        let scale = self.scale.whole();
         if let Some(max_norm) = self.max_grad_norm {
             let partials = self.partials.view_of::<f64>(0..self.chunks.len())?;
-            norm::clip_factor(rt.task("clip scale"), &scale, &partials, max_norm)?;
+            norm::clip_factor(
+                rt.task("clip scale"),
+                &self.scale.whole(),
+                &partials,
+                max_norm,
+            )?;
         }
+        Ok(())
+    }
+
+    /// Submits the second half of a step: the AdamW update of `params` and
+    /// the moments with the gradients scaled by the factor of the last
+    /// [`clip`](Self::clip) (the step number is a kernel argument: it stays
+    /// out of recorded schedules).
+    pub fn update(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
+        self.check_len("params", params)?;
+        self.check_len("grads", grads)?;
+        self.step += 1;
+        let scale = self.scale.whole();
         for (i, c) in self.chunks.iter().enumerate().rev() {
             adamw::update(
                 rt.task(format!("adamw {i}")),

@@ -152,6 +152,10 @@ pub(super) fn run_rank(
                 // stream (it waits for the slowest rank's forward pass).
                 c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
             }
+            // The gradient norm and clip factor: the same tasks every step,
+            // so in a replay each chunk's sum waits only for its gradients
+            // (after a replay, eager tasks wait for all of it).
+            opt.clip(rt, model.grads())?;
             Ok(())
         };
         let replayed = schedule.is_some();
@@ -175,8 +179,8 @@ pub(super) fn run_rank(
             }
             None => submit_step(&rt)?,
         }
-        // The optimizer stays eager: its step number is an argument.
-        opt.step(&rt, model.params(), model.grads())?;
+        // The update stays eager: its step number is a kernel argument.
+        opt.update(&rt, model.params(), model.grads())?;
         rt.synchronize()?;
         let report = StepReport {
             step,
