@@ -17,6 +17,10 @@ pub enum Shape {
     Fanout,
     /// Each task reads two random buffers of a pool and writes a third.
     Random,
+    /// A chain pinned alternately to compute streams 0 and 1: every
+    /// dependency crosses streams. Against `Chain` (one stream), the
+    /// difference per task is what a cross-stream hand-off costs.
+    PingPong,
 }
 
 impl std::str::FromStr for Shape {
@@ -26,8 +30,9 @@ impl std::str::FromStr for Shape {
             "chain" => Ok(Shape::Chain),
             "fanout" => Ok(Shape::Fanout),
             "random" => Ok(Shape::Random),
+            "pingpong" => Ok(Shape::PingPong),
             _ => Err(format!(
-                "unknown shape `{s}` (expected chain, fanout or random)"
+                "unknown shape `{s}` (expected chain, fanout, random or pingpong)"
             )),
         }
     }
@@ -36,7 +41,7 @@ impl std::str::FromStr for Shape {
 /// Buffers a shape needs, allocated up front (allocation is not per-task cost).
 pub fn buffers(rt: &Runtime, shape: Shape, tasks: usize) -> Result<Vec<Buffer>> {
     let n = match shape {
-        Shape::Chain => 1,
+        Shape::Chain | Shape::PingPong => 1,
         Shape::Fanout => tasks + 1,
         Shape::Random => 64,
     };
@@ -56,6 +61,11 @@ pub fn submit(rt: &Runtime, shape: Shape, tasks: usize, bufs: &[Buffer]) -> Resu
     for i in 0..tasks {
         match shape {
             Shape::Chain => empty(rt, bufs[0].read_write::<u8>())?,
+            Shape::PingPong => {
+                rt.task("empty")
+                    .on_stream(i % 2)
+                    .run(bufs[0].read_write::<u8>(), |_| ())?;
+            }
             Shape::Fanout if i == 0 => empty(rt, bufs[0].write::<u8>())?,
             Shape::Fanout => empty(rt, (bufs[0].read::<u8>(), bufs[i].write::<u8>()))?,
             Shape::Random => {

@@ -18,7 +18,8 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(about = "Per-task overhead of Braid's dependency inference and dispatch")]
 struct Args {
-    /// chain, fanout or random.
+    /// chain, fanout, random or pingpong (a chain pinned alternately to
+    /// streams 0 and 1: what a cross-stream hand-off costs, against chain).
     #[arg(long, default_value = "chain")]
     shape: Shape,
     /// Number of tasks.

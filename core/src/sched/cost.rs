@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What a cross-stream hand-off costs on the CPU backend: the predecessor's
 /// stream advances its gate, the waiting thread sees it (or is woken). Also
 /// the price of waking an idle stream thread (a futex wake-up and a context
-/// switch). Not calibrated: the order of magnitude those cost on a loaded
-/// machine, on the safe side. It only has to separate "tasks of a few µs or
+/// switch). Measured on the 2-core development VM (`dag_overhead --shape
+/// pingpong` against `--shape chain`): a hand-off to a stream thread that is
+/// still spinning costs 0.3–1 µs, waking one that went to sleep ~30 µs. One
+/// constant between the two; it only has to separate "tasks of a few µs or
 /// less, which should stay together" from "tasks worth spreading".
 pub(crate) const HANDOFF_NS: u64 = 5_000;
 

@@ -74,11 +74,21 @@ impl Gate {
         new
     }
 
-    /// Blocks until the counter is at least `target`.
+    /// Blocks until the counter is at least `target`: spins first (yielding
+    /// every 64 turns, so a thread it waits for can run on a busy machine),
+    /// then sleeps. A futex wake-up costs ~30 µs on the development VM (an
+    /// inter-processor interrupt through the hypervisor): a chain pinned
+    /// alternately to two streams took 29.7 µs per task with 64 spins and
+    /// 1.0 µs with 2,048 (`dag_overhead --shape pingpong`, paired), while the
+    /// other shapes and GPT-2 on CPU ranks stayed within noise.
     pub(crate) fn wait_at_least(&self, target: u64) {
-        for _ in 0..SPIN {
+        for i in 0..SPIN * 32 {
             if self.get() >= target {
                 return;
+            }
+            if i % 64 == 63 {
+                #[cfg(not(loom))]
+                std::thread::yield_now();
             }
             spin_hint();
         }
