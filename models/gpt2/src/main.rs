@@ -156,6 +156,20 @@ struct TrainArgs {
     /// classifier's part at once and exchanging the encoder's rows at the end.
     #[arg(long)]
     no_tied_split: bool,
+    /// RANK:STEP — make RANK panic in the middle of STEP (for tests of how
+    /// the other ranks stop; not for training).
+    #[arg(long, hide = true, value_parser = parse_fault)]
+    inject_fault: Option<braid_gpt2::trainer::Fault>,
+}
+
+/// `RANK:STEP` for `--inject-fault`.
+fn parse_fault(s: &str) -> std::result::Result<braid_gpt2::trainer::Fault, String> {
+    let bad = || format!("`{s}` is not RANK:STEP (two whole numbers)");
+    let (r, st) = s.split_once(':').ok_or_else(bad)?;
+    Ok(braid_gpt2::trainer::Fault {
+        rank: r.parse().map_err(|_| bad())?,
+        step: st.parse().map_err(|_| bad())?,
+    })
 }
 
 impl Default for TrainArgs {
@@ -402,6 +416,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         replay: !a.no_replay,
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
+        fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;
     let dist = match device {

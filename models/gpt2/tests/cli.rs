@@ -67,6 +67,26 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// A rank that stops in the middle of a step: the program exits non-zero
+/// naming the failure, and the last checkpoint before it is whole.
+#[test]
+fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2", "--steps", "6",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace",
+        "--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--inject-fault", "1:4",
+    ];
+    fails(d, &args, &["injected fault"]);
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    // A malformed fault is refused like any bad flag.
+    fails(d, &["train", "--inject-fault", "1"], &["RANK:STEP"]);
+}
+
 #[test]
 fn train_eval_sample_and_bad_inputs() {
     let tmp = tempfile::tempdir().unwrap();

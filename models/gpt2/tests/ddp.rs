@@ -325,3 +325,47 @@ fn a_failing_rank_reports_its_own_error() {
     .unwrap_err();
     assert!(err.to_string().contains("too few"), "{err}");
 }
+
+/// A rank that panics in the middle of a step (a task at its start that the
+/// step's gradient work depends on) stops every rank: the others' collectives fail
+/// (the failed rank's skipped collectives poison the communicator, or the
+/// timeout ends them), `train` returns the failing rank's own error well
+/// within the timeout, and the last checkpoint saved before the failure is
+/// intact. Eager, and in a replayed step.
+#[test]
+fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
+    for (replay, fault_step) in [(false, 4), (true, 5)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(2, 2, 8);
+        opts.replay = replay;
+        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
+        opts.checkpoint_every = Some(2);
+        opts.comm_timeout = std::time::Duration::from_secs(20);
+        opts.fault = Some(braid_gpt2::trainer::Fault {
+            rank: 1,
+            step: fault_step,
+        });
+        let t0 = std::time::Instant::now();
+        let err = train(
+            &opts,
+            StartState::fresh(&Gpt2Config::tiny(), 9),
+            &data(),
+            &|_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        let took = t0.elapsed();
+        assert!(err.contains("injected fault"), "replay {replay}: {err}");
+        assert!(
+            took < opts.comm_timeout,
+            "replay {replay}: stopping took {took:?}, more than the collective timeout"
+        );
+        // Checkpoints every 2 steps: the last one is the last even step that
+        // completed before the fault, whole.
+        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+        let want = (fault_step - 1) / 2 * 2;
+        assert_eq!(ckpt.step, want, "replay {replay}");
+        assert_eq!(ckpt.params.len(), Gpt2Config::tiny().num_parameters());
+        assert!(ckpt.params.iter().all(|p| p.is_finite()));
+    }
+}

@@ -128,13 +128,18 @@ pub fn rank_trace_path(path: &std::path::Path, rank: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Whether an error is only a consequence of another rank's failure.
+/// Whether an error is only a consequence of another rank's failure: a
+/// collective that failed, a task skipped because of one, or several such
+/// failures reported together.
 fn is_secondary(e: &Gpt2Error) -> bool {
-    matches!(
-        e,
-        Gpt2Error::Engine(braid::Error::Collective { .. })
-            | Gpt2Error::Engine(braid::Error::DependencyFailed { .. })
-    )
+    fn secondary(e: &braid::Error) -> bool {
+        match e {
+            braid::Error::Collective { .. } | braid::Error::DependencyFailed { .. } => true,
+            braid::Error::Many(all) => all.iter().all(secondary),
+            _ => false,
+        }
+    }
+    matches!(e, Gpt2Error::Engine(e) if secondary(e))
 }
 
 /// The ranks' own errors, kept apart from what the launcher makes of them.

@@ -80,6 +80,8 @@ pub use launch::{
     model_runtime, rank_trace_path, rendezvous_port, resolve_backend, resolve_train_backend,
     RENDEZVOUS_PORT_VAR,
 };
+#[doc(hidden)]
+pub use options::Fault;
 pub use options::{Moments, StartState, TrainOptions};
 pub use report::{StepReport, TrainReport};
 

@@ -77,6 +77,22 @@ pub struct TrainOptions {
     /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
     /// (ignored otherwise). On by default.
     pub tied_split: bool,
+    /// A fault to inject, for tests of what the other ranks do when one
+    /// stops in the middle of a step. Not for training.
+    #[doc(hidden)]
+    pub fault: Option<Fault>,
+}
+
+/// A task that panics on rank `rank` at the start of step `step`, eager or
+/// replayed: the step's gradient buckets depend on it, so that rank's
+/// collectives of the step are skipped and the others' cannot finish.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The rank that fails.
+    pub rank: usize,
+    /// The step in which it fails.
+    pub step: u64,
 }
 
 impl Default for TrainOptions {
@@ -112,6 +128,7 @@ impl Default for TrainOptions {
             replay: true,
             reduce_single_rank: false,
             tied_split: true,
+            fault: None,
         }
     }
 }

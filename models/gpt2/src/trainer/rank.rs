@@ -131,6 +131,9 @@ pub(super) fn run_rank(
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
         model.upload_batch(&rt, &x, Some(&y))?;
+        if opts.fault == Some(super::Fault { rank, step }) {
+            inject_fault(&rt, model.grads())?;
+        }
         // Gradients, the reducer's buckets and the mean loss across ranks: the
         // same tasks every step, reading the batch just uploaded.
         let mut submit_step = |rt: &Runtime| -> Result<()> {
@@ -213,4 +216,17 @@ pub(super) fn run_rank(
         profile: rt.profile(),
         checkpoint,
     })
+}
+
+/// The injected fault ([`super::Fault`]): a task at the start of the step
+/// that writes the whole gradient buffer and panics, so every later task
+/// touching the gradients — zeroing, the backward pass's weight gradients,
+/// the step's gradient buckets, or a replay of the step as a whole — is
+/// skipped, and with them this rank's collectives of the step.
+fn inject_fault(rt: &Runtime, grads: &braid::Buffer) -> Result<()> {
+    rt.task("injected fault")
+        .run(grads.read_write::<f32>(), |_| -> () {
+            panic!("injected fault: this rank stops in the middle of its step")
+        })?;
+    Ok(())
 }
