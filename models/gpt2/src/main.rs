@@ -156,6 +156,10 @@ struct TrainArgs {
     /// classifier's part at once and exchanging the encoder's rows at the end.
     #[arg(long)]
     no_tied_split: bool,
+    /// Fused attention and fused classifier (CPU only): no (B, NH, T, T)
+    /// attention matrices and no (B, T, V) probabilities kept.
+    #[arg(long)]
+    fused: bool,
     /// RANK:STEP — make RANK panic in the middle of STEP (for tests of how
     /// the other ranks stop; not for training).
     #[arg(long, hide = true, value_parser = parse_fault)]
@@ -416,6 +420,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         replay: !a.no_replay,
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
+        fused: a.fused,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;

@@ -369,3 +369,21 @@ fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() 
         assert!(ckpt.params.iter().all(|p| p.is_finite()));
     }
 }
+
+/// `TrainOptions::fused` (fused attention and classifier) trains like the
+/// unfused model, 2 ranks, several steps: the same losses to float rounding.
+#[test]
+fn fused_training_follows_the_unfused_run() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 21);
+    let plain = run(&options(2, 2, 4), start.clone());
+    let mut opts = options(2, 2, 4);
+    opts.fused = true;
+    let fused = run(&opts, start);
+    for (i, (a, b)) in losses(&fused).iter().zip(&losses(&plain)).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "step {}: fused loss {a} vs {b}",
+            i + 1
+        );
+    }
+}

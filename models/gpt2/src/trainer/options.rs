@@ -77,6 +77,10 @@ pub struct TrainOptions {
     /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
     /// (ignored otherwise). On by default.
     pub tied_split: bool,
+    /// Run the model with the fused attention and fused classifier
+    /// ([`ModelOptions::fused`](crate::model::ModelOptions)): CPU ranks only,
+    /// off by default.
+    pub fused: bool,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -128,6 +132,7 @@ impl Default for TrainOptions {
             replay: true,
             reduce_single_rank: false,
             tied_split: true,
+            fused: false,
             fault: None,
         }
     }
