@@ -381,11 +381,15 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     } else {
         SmallVec::new()
     };
-    // A chain continuation (every unfinished predecessor on one stream, the
-    // latest its tail) stays there whatever the clock says (`placement.rs`):
-    // the clock is read only for the others.
+    // A chain continuation (every unfinished predecessor on one compute
+    // stream, the latest its tail) stays there whatever the clock says
+    // (`placement.rs`): the clock is read only for the others. (Should the
+    // core budget have just taken that stream away, the placer weighs the
+    // streams without the clock, for this one task.)
     let chain = latest.is_some_and(|p| {
-        st.tail[p.stream as usize] == p.id && preds.iter().all(|q| q.stream == p.stream)
+        !shared.streams[p.stream as usize].is_comm
+            && st.tail[p.stream as usize] == p.id
+            && preds.iter().all(|q| q.stream == p.stream)
     }) && t.priority != crate::kind::Priority::Side;
     let timing = shared.measure.then(|| Timing {
         now: if chain { 0 } else { crate::clock::now_ns() },
