@@ -88,6 +88,11 @@ struct Args {
     /// Tasks of the critical path to print (0: all).
     #[arg(long, default_value_t = 0)]
     path_tasks: usize,
+    /// Another trace of the same program (e.g. one step on a GPU): take its
+    /// compute durations by task name, keeping this trace's tasks, edges and
+    /// collectives (tasks it lacks are scaled by the median ratio).
+    #[arg(long)]
+    durations_from: Option<PathBuf>,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -104,6 +109,16 @@ fn main() -> Result<()> {
     let r = trace.rank(a.rank)?;
     let choice = a.step.map_or(StepChoice::Median, StepChoice::Index);
     let mut g = StepGraph::from_trace(r, traced_ranks, choice, a.step_start.as_deref())?;
+    if let Some(p) = &a.durations_from {
+        let other = Trace::read(p)?;
+        let o = other.rank(0)?;
+        let og = StepGraph::from_trace(o, other.ranks.len(), StepChoice::Median, None)?;
+        let (matched, scaled) = g.durations_from(&og);
+        println!(
+            "durations from {}: {matched} tasks by name, {scaled} scaled by the median ratio",
+            p.display()
+        );
+    }
     if let Some(h) = a.host_gap_ms {
         g.host_gap_ns = (h * 1e6).round() as u64;
     }

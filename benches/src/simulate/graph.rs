@@ -209,3 +209,104 @@ impl StepGraph {
         })
     }
 }
+
+impl StepGraph {
+    /// Takes the compute durations of another trace of the same program
+    /// (`other`, e.g. one GPU step) by task name, keeping this graph's
+    /// structure: its tasks, edges and collectives (their bytes). A task the
+    /// other trace does not have — or a non-collective communication task —
+    /// is scaled by the median ratio of the matched durations. Also takes the
+    /// other trace's host time between steps. Returns (matched, scaled).
+    pub fn durations_from(&mut self, other: &StepGraph) -> (usize, usize) {
+        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        for n in other.nodes.iter().filter(|n| n.collective.is_none()) {
+            by_name.entry(n.name.as_str()).or_insert(n.dur_ns);
+        }
+        let mut ratios: Vec<f64> = self
+            .nodes
+            .iter()
+            .filter(|n| n.collective.is_none() && n.dur_ns > 0)
+            .filter_map(|n| {
+                by_name
+                    .get(n.name.as_str())
+                    .map(|&d| d as f64 / n.dur_ns as f64)
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let ratio = ratios.get(ratios.len() / 2).copied().unwrap_or(1.0);
+        let (mut matched, mut scaled) = (0, 0);
+        for n in self.nodes.iter_mut().filter(|n| n.collective.is_none()) {
+            match by_name.get(n.name.as_str()) {
+                Some(&d) => {
+                    n.dur_ns = d;
+                    matched += 1;
+                }
+                None => {
+                    n.dur_ns = (n.dur_ns as f64 * ratio).round() as u64;
+                    scaled += 1;
+                }
+            }
+            // The other run's durations are its own: no sharing to undo.
+            n.overlap = 0.0;
+        }
+        self.host_gap_ns = other.host_gap_ns;
+        self.measured_step_ns = other.measured_step_ns;
+        (matched, scaled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, dur_ns: u64, collective: Option<Collective>) -> Node {
+        Node {
+            name: name.into(),
+            kind: if collective.is_some() {
+                TaskKind::Comm
+            } else {
+                TaskKind::Compute
+            },
+            collective,
+            traced_stream: None,
+            dur_ns,
+            bytes: Some(1024),
+            side: false,
+            preds: Vec::new(),
+            overlap: 0.5,
+        }
+    }
+
+    fn graph(nodes: Vec<Node>, host_gap_ns: u64) -> StepGraph {
+        StepGraph {
+            nodes,
+            host_gap_ns,
+            measured_step_ns: 1_000,
+            traced_ranks: 1,
+            traced_streams: 2,
+            complete_steps: 1,
+        }
+    }
+
+    #[test]
+    fn durations_from_another_trace_by_name_the_rest_scaled() {
+        let ar = Collective::from_task_name("all_reduce bucket 0");
+        assert!(ar.is_some());
+        let mut g = graph(
+            vec![
+                node("a", 100, None),
+                node("b", 200, None),
+                node("all_reduce bucket 0", 50, ar),
+            ],
+            7,
+        );
+        let other = graph(vec![node("a", 10, None), node("c", 5, None)], 3);
+        assert_eq!(g.durations_from(&other), (1, 1));
+        let d: Vec<u64> = g.nodes.iter().map(|n| n.dur_ns).collect();
+        // `a` by name; `b` by the median ratio (10/100); the collective kept
+        // (the fabric prices it from its bytes).
+        assert_eq!(d, vec![10, 20, 50]);
+        assert_eq!(g.host_gap_ns, 3);
+        assert!(g.nodes[..2].iter().all(|n| n.overlap == 0.0));
+    }
+}
