@@ -66,6 +66,30 @@ fn assert_bits_eq(what: &str, ours: &[f32], theirs: &[f32]) {
     }
 }
 
+/// The sequential reference after a forward and a backward pass (dloss 1)
+/// on `(tokens, targets)`, with its loss and gradients, and the gradients
+/// after a second, accumulated backward pass (dloss 0.5) on `tokens2`.
+fn reference_passes(
+    cfg: &Gpt2Config,
+    (b, t): (usize, usize),
+    params: &[f32],
+    (tokens, targets): (&[u32], &[u32]),
+    tokens2: &[u32],
+) -> (Reference, f32, Vec<f32>, Vec<f32>) {
+    let mut reference = Reference::new(cfg, b, t).unwrap();
+    let loss = reference
+        .forward(params, tokens, Some(targets))
+        .unwrap()
+        .unwrap();
+    let mut grads = vec![0.0; ParamLayout::new(cfg).total];
+    reference.backward(params, &mut grads, 1.0).unwrap();
+    let mut grads2 = grads.clone();
+    let mut reference2 = Reference::new(cfg, b, t).unwrap();
+    reference2.forward(params, tokens2, Some(targets)).unwrap();
+    reference2.backward(params, &mut grads2, 0.5).unwrap();
+    (reference, loss, grads, grads2)
+}
+
 #[test]
 fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_policy() {
     let cfg = Gpt2Config::tiny();
@@ -74,22 +98,9 @@ fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_po
     let params = params_for(&cfg, 7);
     let tokens = ids(b * t, cfg.vocab_size, 1);
     let targets = ids(b * t, cfg.vocab_size, 2);
-
-    let mut reference = Reference::new(&cfg, b, t).unwrap();
-    let loss = reference
-        .forward(&params, &tokens, Some(&targets))
-        .unwrap()
-        .unwrap();
-    let mut grads = vec![0.0; layout.total];
-    reference.backward(&params, &mut grads, 1.0).unwrap();
-    // A second, accumulated backward pass (dloss 0.5) on other data.
     let tokens2 = ids(b * t, cfg.vocab_size, 3);
-    let mut grads2 = grads.clone();
-    let mut reference2 = Reference::new(&cfg, b, t).unwrap();
-    reference2
-        .forward(&params, &tokens2, Some(&targets))
-        .unwrap();
-    reference2.backward(&params, &mut grads2, 0.5).unwrap();
+    let (reference, loss, grads, grads2) =
+        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
 
     for streams in [1, 2, 4] {
         for policy in Policy::ALL {
@@ -167,26 +178,13 @@ fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
 fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     let cfg = Gpt2Config::tiny();
     let (b, t) = (2, 40);
-    let layout = ParamLayout::new(&cfg);
     let params = params_for(&cfg, 17);
     let tokens = ids(b * t, cfg.vocab_size, 21);
     let targets = ids(b * t, cfg.vocab_size, 22);
     let tokens2 = ids(b * t, cfg.vocab_size, 23);
-
-    let mut reference = Reference::new(&cfg, b, t).unwrap();
-    let loss = reference
-        .forward(&params, &tokens, Some(&targets))
-        .unwrap()
-        .unwrap();
-    let mut grads = vec![0.0; layout.total];
-    reference.backward(&params, &mut grads, 1.0).unwrap();
+    let (reference, loss, grads, grads2) =
+        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
     let ref_logits = reference.logits().to_vec();
-    let mut grads2 = grads.clone();
-    let mut reference2 = Reference::new(&cfg, b, t).unwrap();
-    reference2
-        .forward(&params, &tokens2, Some(&targets))
-        .unwrap();
-    reference2.backward(&params, &mut grads2, 0.5).unwrap();
 
     let fused = ModelOptions { fused: true };
     // (loss, logits, gradients, accumulated gradients) of the first run
