@@ -82,6 +82,18 @@ pub(crate) fn spin_hint() {
     loom::thread::yield_now();
 }
 
+/// Turn `i` of a spin-wait: a pause, and every 64th turn a yield, so that
+/// the thread being waited for can run on a machine with more busy threads
+/// than cores.
+#[inline]
+pub(crate) fn spin_turn(i: u32) {
+    if i % 64 == 63 {
+        #[cfg(not(loom))]
+        std::thread::yield_now();
+    }
+    spin_hint();
+}
+
 /// What a process-wide id numbers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum IdKind {

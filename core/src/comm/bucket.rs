@@ -452,15 +452,9 @@ impl<'rt> Reducer<'rt> {
         };
         let grad = self.grads.view_of::<f32>(p.range.clone())?;
         let name = p.name.clone();
-        self.sparse
-            .take(&self.comm, &name, grad, rows, self.sync, |m| {
-                Error::Collective {
-                    rank: self.comm.rank(),
-                    index: self.comm.issued(),
-                    op: "gradient reducer".into(),
-                    message: format!("sparse rows of `{name}`: {m}"),
-                }
-            })
+        let comm = &self.comm;
+        let refuse = |m| reducer_error(comm, format!("sparse rows of `{name}`: {m}"));
+        self.sparse.take(comm, &name, grad, rows, self.sync, refuse)
     }
 
     /// Ends the backward pass of a step: submits every bucket not yet
@@ -505,12 +499,7 @@ impl<'rt> Reducer<'rt> {
     }
 
     fn error(&self, message: String) -> Error {
-        Error::Collective {
-            rank: self.comm.rank(),
-            index: self.comm.issued(),
-            op: "gradient reducer".into(),
-            message,
-        }
+        reducer_error(&self.comm, message)
     }
 
     fn reduce_bucket(&self, i: usize) -> Result<()> {
@@ -605,6 +594,17 @@ impl<'rt> Reducer<'rt> {
         self.set_layout(buckets)?;
         self.rebuilt = true;
         Ok(())
+    }
+}
+
+/// The reducer's errors: a collective error of the reducer's rank, at the
+/// communicator's current index.
+fn reducer_error(comm: &BoundComm<'_>, message: String) -> Error {
+    Error::Collective {
+        rank: comm.rank(),
+        index: comm.issued(),
+        op: "gradient reducer".into(),
+        message,
     }
 }
 

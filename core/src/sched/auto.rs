@@ -26,6 +26,7 @@
 //! A step that ends early (fewer tasks) needs nothing: every task it did
 //! submit was placed consistently.
 
+use super::cost::{mix, mix_bytes};
 use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Record, Shared, SubmitState, TaskBody, TaskShared};
 use crate::graph::Mode;
@@ -80,18 +81,9 @@ struct Memo {
     diverged: bool,
 }
 
-fn mix(h: u64, x: u64) -> u64 {
-    (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
-}
-
 /// A task's identity for repetition: everything its analysis depends on.
 pub(crate) fn task_hash(t: &NewTask) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for chunk in t.name.as_bytes().chunks(8) {
-        let mut b = [0u8; 8];
-        b[..chunk.len()].copy_from_slice(chunk);
-        h = mix(h, u64::from_le_bytes(b));
-    }
+    let mut h = mix_bytes(0xcbf2_9ce4_8422_2325, t.name.as_bytes());
     h = mix(h, t.name.len() as u64);
     h = mix(h, t.kind as u64 | (t.priority as u64) << 8);
     h = mix(h, t.stream.map_or(u64::MAX, |s| s as u64));

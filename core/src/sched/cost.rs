@@ -37,7 +37,9 @@ const SLOTS: usize = 4096;
 const UNKNOWN: u64 = u64::MAX;
 
 /// Duration estimates, one per slot: an exponentially weighted mean of the
-/// measured body times (weight 1/4 on the newest), `UNKNOWN` until the first.
+/// measured times a task of the name occupied its stream (body and the
+/// engine's per-task work; weight 1/4 on the newest), `UNKNOWN` until the
+/// first.
 pub(crate) struct Estimates {
     ns: Box<[AtomicU64]>,
 }
@@ -127,8 +129,24 @@ impl Names {
     }
 }
 
-/// A small word-at-a-time hash for task names (SipHash shows up in the
-/// per-task cost; names come from the program, not from an adversary).
+/// Mixes one word into a hash.
+pub(crate) fn mix(h: u64, x: u64) -> u64 {
+    (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
+}
+
+/// Mixes `bytes` into a hash eight at a time (the last word zero-padded):
+/// task names, for the name table here and automatic replay's step hash.
+pub(crate) fn mix_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    for chunk in bytes.chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = mix(h, u64::from_le_bytes(w));
+    }
+    h
+}
+
+/// A word-at-a-time hash for task names (SipHash shows up in the per-task
+/// cost; names come from the program, not from an adversary).
 #[derive(Default)]
 struct NameHasher(u64);
 
@@ -137,16 +155,7 @@ impl Hasher for NameHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        let mut last = [0u8; 8];
-        let rest = chunks.remainder();
-        last[..rest.len()].copy_from_slice(rest);
-        self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+        self.0 = mix_bytes(self.0, bytes);
     }
 }
 

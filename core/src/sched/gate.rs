@@ -31,7 +31,7 @@
 //!
 //! Checked by the loom models in `loom_tests.rs`.
 
-use crate::sync::{lock, spin_hint, AtomicU64, Condvar, Mutex, Ordering, SPIN};
+use crate::sync::{lock, spin_turn, AtomicU64, Condvar, Mutex, Ordering, SPIN};
 
 const SLEEPERS: u64 = 1 << 63;
 
@@ -86,11 +86,7 @@ impl Gate {
             if self.get() >= target {
                 return;
             }
-            if i % 64 == 63 {
-                #[cfg(not(loom))]
-                std::thread::yield_now();
-            }
-            spin_hint();
+            spin_turn(i);
         }
         if self.get() >= target {
             return;

@@ -381,11 +381,10 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     } else {
         SmallVec::new()
     };
-    // A chain continuation (every unfinished predecessor on one compute
-    // stream, the latest its tail) stays there whatever the clock says
-    // (`placement.rs`): the clock is read only for the others. (Should the
-    // core budget have just taken that stream away, the placer weighs the
-    // streams without the clock, for this one task.)
+    // A chain continuation stays on its stream whatever the clock says
+    // (`placement::Timing::chain`): the clock is read only for the others.
+    // (Should the core budget have just taken that stream away, the placer
+    // weighs the streams without the clock, for this one task.)
     let chain = latest.is_some_and(|p| {
         !shared.streams[p.stream as usize].is_comm
             && st.tail[p.stream as usize] == p.id
@@ -393,6 +392,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     }) && t.priority != crate::kind::Priority::Side;
     let timing = shared.measure.then(|| Timing {
         now: if chain { 0 } else { crate::clock::now_ns() },
+        chain,
         dur: shared.estimates.get(cost),
         preds: &pred_times,
         free_at: &st.free_at,

@@ -98,7 +98,13 @@ pub(crate) struct Request<'a> {
 /// clock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing<'a> {
+    /// Now, except for a chain, which needs no clock (0).
     pub now: u64,
+    /// The task continues a chain: every unfinished predecessor is on the
+    /// latest one's compute stream, that predecessor is the stream's last
+    /// task, and the task is not side work. Its stream then finishes first —
+    /// elsewhere it would wait for the same predecessors plus a hand-off.
+    pub chain: bool,
     /// The estimate for the task's name (`None`: never measured yet).
     pub dur: Option<u64>,
     /// Stream and predicted finish of each unfinished predecessor.
@@ -301,14 +307,9 @@ impl Affinity {
     ) -> (usize, PlaceReason) {
         let pred = req.latest_pred.map(|(s, _)| s);
         let side = req.priority == Priority::Side;
-        // A chain (every unfinished predecessor on one stream, the latest its
-        // tail): that stream finishes first — elsewhere the task would wait
-        // for the same predecessors plus a hand-off — so no stream's load
-        // need be read.
-        if let Some((s, true)) = req.latest_pred {
-            if !side && s < usable && t.preds.iter().all(|&(ps, _)| ps == s) {
-                return (s, PlaceReason::Chain);
-            }
+        // A chain keeps its stream while usable: no stream's load is read.
+        if let Some(s) = pred.filter(|&s| t.chain && s < usable) {
+            return (s, PlaceReason::Chain);
         }
         let avoid = pred.filter(|_| side && usable > 1);
         let mut best: Option<(usize, u64)> = None;
@@ -494,6 +495,7 @@ mod tests {
         // than waiting for stream 0's queue (predicted free at 2,000).
         let t = Timing {
             now: 900,
+            chain: false,
             dur: Some(100),
             preds: &[(0, 1_000)],
             free_at: &[2_000, 0],
@@ -517,6 +519,20 @@ mod tests {
             p.place(&r, &at(&[2, 0])),
             (1, placement(PlaceReason::LeastLoaded, 2, Priority::Main))
         );
+        // A chain continuation keeps its stream however busy the model
+        // thinks it is, and reads no load (`at` would panic past stream 1).
+        let chain = Request {
+            timing: Some(Timing {
+                chain: true,
+                free_at: &[1 << 40, 0],
+                ..t
+            }),
+            ..req(TaskKind::Compute, Some((0, true)))
+        };
+        assert_eq!(
+            p.place(&chain, &at(&[])),
+            (0, placement(PlaceReason::Chain, 2, Priority::Main))
+        );
     }
 
     #[test]
@@ -530,6 +546,7 @@ mod tests {
         // predecessor starts sooner on idle stream 1, wake-up included.
         let t = Timing {
             now: 0,
+            chain: false,
             dur: Some(1_000_000),
             preds: &[],
             free_at: &[1_000_000, 0],
@@ -542,6 +559,7 @@ mod tests {
         // Ties go to the latest predecessor's stream.
         let t = Timing {
             now: 0,
+            chain: false,
             dur: Some(10),
             preds: &[(1, 50), (0, 50)],
             free_at: &[0, 0],

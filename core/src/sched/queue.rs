@@ -7,7 +7,7 @@
 //! once per task. `close` marks the queue closed; the consumer drains what is
 //! left and then gets `false`. Items are delivered in push order.
 
-use crate::sync::{lock, spin_hint, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, spin_turn, AtomicU64, Condvar, Mutex, Ordering};
 use std::collections::VecDeque;
 
 #[derive(Debug)]
@@ -118,11 +118,7 @@ impl<T> Queue<T> {
                     more = true;
                     break;
                 }
-                if i % 64 == 63 {
-                    #[cfg(not(loom))]
-                    std::thread::yield_now();
-                }
-                spin_hint();
+                spin_turn(i);
             }
             g = lock(&self.inner);
             if more || !g.items.is_empty() || g.closed {
