@@ -183,21 +183,14 @@ pub fn encoder_backward(
 ) {
     check_len("encoder_backward", "dout", dout.len(), b * t * c);
     check_len("encoder_backward", "tokens", tokens.len(), b * t);
-    assert!(
-        dwpe.len() >= t * c,
-        "encoder_backward: `dwpe` has fewer than T rows"
-    );
-    for (bt, (dout_bt, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
-        let pos = bt % t;
+    // Each gradient row adds its contributions in (b, t) order either way.
+    for (dout_bt, &tok) in dout.chunks_exact(c).zip(tokens) {
         let dwte_ix = &mut dwte[tok as usize * c..][..c];
         for (d, &g) in dwte_ix.iter_mut().zip(dout_bt) {
             *d += g;
         }
-        let dwpe_t = &mut dwpe[pos * c..][..c];
-        for (d, &g) in dwpe_t.iter_mut().zip(dout_bt) {
-            *d += g;
-        }
     }
+    encoder_backward_positions(dwpe, dout, b, t, c);
 }
 
 // ---------------------------------------------------------------------------
