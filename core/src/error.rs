@@ -91,6 +91,9 @@ pub enum Error {
         op: String,
         message: String,
     },
+    /// A trace (a file, or the live view's stream) is not what Braid writes.
+    #[error("not a Braid trace: {0}")]
+    BadTrace(String),
     /// Reading or writing a file failed.
     #[error("{op} `{path}`: {message}")]
     Io {

@@ -17,6 +17,19 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
+    /// Every kind.
+    pub const ALL: [TaskKind; 4] = [
+        TaskKind::Compute,
+        TaskKind::Comm,
+        TaskKind::Copy,
+        TaskKind::Host,
+    ];
+
+    /// The kind a trace names (the inverse of [`TaskKind::name`]).
+    pub fn from_name(name: &str) -> Option<TaskKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The kind's name in traces.
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +55,14 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// Every hint.
+    pub const ALL: [Priority; 3] = [Priority::Main, Priority::Side, Priority::Comm];
+
+    /// The hint a trace names (the inverse of [`Priority::name`]).
+    pub fn from_name(name: &str) -> Option<Priority> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
     /// The hint's name in traces.
     pub fn name(self) -> &'static str {
         match self {
@@ -86,6 +107,25 @@ pub enum PlaceReason {
 }
 
 impl PlaceReason {
+    /// Every rule.
+    pub const ALL: [PlaceReason; 10] = [
+        PlaceReason::Pinned,
+        PlaceReason::Chain,
+        PlaceReason::LeastLoaded,
+        PlaceReason::EarliestFinish,
+        PlaceReason::Side,
+        PlaceReason::Comm,
+        PlaceReason::Single,
+        PlaceReason::RoundRobin,
+        PlaceReason::Replayed,
+        PlaceReason::Memoised,
+    ];
+
+    /// The rule a trace names (the inverse of [`PlaceReason::name`]).
+    pub fn from_name(name: &str) -> Option<PlaceReason> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+
     /// The reason's name in traces.
     pub fn name(self) -> &'static str {
         match self {
@@ -116,4 +156,23 @@ pub struct Placement {
     pub usable: u16,
     /// The task's scheduling hint.
     pub priority: Priority,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for k in TaskKind::ALL {
+            assert_eq!(TaskKind::from_name(k.name()), Some(k));
+        }
+        for p in Priority::ALL {
+            assert_eq!(Priority::from_name(p.name()), Some(p));
+        }
+        for r in PlaceReason::ALL {
+            assert_eq!(PlaceReason::from_name(r.name()), Some(r));
+        }
+        assert_eq!(TaskKind::from_name("kernel"), None);
+    }
 }

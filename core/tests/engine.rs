@@ -459,6 +459,65 @@ fn chrome_trace_records_placement_decisions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A trace read back ([`braid::trace::read_chrome_trace`]) is the profile
+/// that was written: the same spans (µs precision), streams and summary.
+#[test]
+fn chrome_trace_reads_back_as_the_profile_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let written = {
+        let rt = cpu(2).rank(3).trace(&path).build().unwrap();
+        let x = rt.alloc("x", 4).unwrap();
+        let y = rt.alloc("y", 4).unwrap();
+        sleeper(&rt, "first", &x, 2);
+        empty(rt.task("next"), x.read_write::<u8>());
+        empty(rt.task("aside").priority(Priority::Side), y.write::<u8>());
+        empty(rt.task("bye").kind(TaskKind::Comm), x.read::<u8>());
+        rt.synchronize().unwrap();
+        rt.profile()
+    };
+    let read = braid::trace::read_chrome_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(read.len(), 1);
+    let back = &read[0];
+    assert_eq!(back.rank, 3);
+    let names = |p: &braid::trace::Profile| -> Vec<(String, bool)> {
+        p.streams
+            .iter()
+            .map(|s| (s.name.clone(), s.is_comm))
+            .collect()
+    };
+    assert_eq!(names(back), names(&written));
+    assert_eq!(back.spans.len(), written.spans.len());
+    let by_id = |p: &braid::trace::Profile| {
+        let mut v = p.spans.clone();
+        v.sort_by_key(|s| s.id);
+        v
+    };
+    for (b, w) in by_id(back).iter().zip(by_id(&written).iter()) {
+        assert_eq!(
+            (b.id, &b.name, b.kind, b.stream),
+            (w.id, &w.name, w.kind, w.stream)
+        );
+        assert_eq!((b.placement, b.ok, b.bytes), (w.placement, w.ok, w.bytes));
+        assert_eq!(b.preds, w.preds);
+        // Microseconds with three decimals in the file: within a nanosecond.
+        assert!(
+            b.start_ns.abs_diff(w.start_ns) <= 1,
+            "{} vs {}",
+            b.start_ns,
+            w.start_ns
+        );
+        assert!(b.end_ns.abs_diff(w.end_ns) <= 2);
+    }
+    let (sb, sw) = (back.summary(), written.summary());
+    assert_eq!((sb.tasks, sb.streams.len()), (sw.tasks, sw.streams.len()));
+    assert!(sb.critical_path_ns.abs_diff(sw.critical_path_ns) <= 8);
+    let bad = braid::trace::read_chrome_trace("{\"traceEvents\": []}").unwrap_err();
+    assert!(bad.to_string().contains("no task events"), "{bad}");
+    let bad = braid::trace::read_chrome_trace("[1, 2").unwrap_err();
+    assert!(bad.to_string().starts_with("not a Braid trace"), "{bad}");
+}
+
 /// Under the default policy a CPU runtime places compute tasks on its share
 /// of the core budget; communication keeps its own stream; `oversubscribe`
 /// keeps every stream.

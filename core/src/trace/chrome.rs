@@ -17,45 +17,8 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
     let path = path.as_ref();
     let mut events: Vec<Value> = Vec::new();
     for p in profiles {
-        let pid = p.rank;
-        events.push(
-            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": format!("rank {}", p.rank)}}),
-        );
-        events.push(
-            json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                           "args": {"sort_index": p.rank}}),
-        );
-        for (tid, s) in p.streams.iter().enumerate() {
-            events.push(
-                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": s.name}}),
-            );
-            events.push(
-                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                               "args": {"sort_index": tid}}),
-            );
-        }
-        for s in &p.spans {
-            events.push(json!({
-                "ph": "X",
-                "name": s.name,
-                "cat": s.kind.name(),
-                "pid": pid,
-                "tid": s.stream,
-                "ts": s.start_ns as f64 / 1e3,
-                "dur": (s.end_ns.saturating_sub(s.start_ns)) as f64 / 1e3,
-                "args": {
-                    "task": s.id,
-                    "ok": s.ok,
-                    "after": s.preds.as_slice(),
-                    "placed": s.placement.reason.name(),
-                    "usable_streams": s.placement.usable,
-                    "priority": s.placement.priority.name(),
-                    "bytes": s.bytes,
-                },
-            }));
-        }
+        super::event::metadata_events(p, &mut events);
+        events.extend(p.spans.iter().map(|s| super::event::span_event(p.rank, s)));
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
     crate::fs::write_atomic_with(path, |tmp| {

@@ -7,9 +7,11 @@
 //! profile is asked for.
 
 mod chrome;
+mod event;
 mod summary;
 
 pub use chrome::{write_chrome_trace, HostTraceGuard};
+pub use event::read_chrome_trace;
 pub use summary::{StreamBusy, Summary};
 
 use crate::kind::{Placement, TaskKind};

@@ -1,0 +1,189 @@
+//! One span as a Chrome trace event, both ways: what the trace file holds and
+//! what the live view streams (one event format, one log).
+//!
+//! A task is a complete (`X`) event: `name`, `cat` (its kind), `pid` (the
+//! rank), `tid` (the stream), `ts` and `dur` in microseconds, and `args`:
+//! `task` (submission index), `ok`, `after` (predecessors), `placed`,
+//! `usable_streams`, `priority` and `bytes`. Streams are `thread_name`
+//! metadata (`M`) events.
+
+use super::{Profile, Span, StreamInfo};
+use crate::error::{Error, Result};
+use crate::kind::{PlaceReason, Placement, Priority, TaskKind};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The metadata events that name rank `p.rank`'s process and stream tracks.
+pub(crate) fn metadata_events(p: &Profile, out: &mut Vec<Value>) {
+    let pid = p.rank;
+    out.push(
+        json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                    "args": {"name": format!("rank {}", p.rank)}}),
+    );
+    out.push(
+        json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                    "args": {"sort_index": p.rank}}),
+    );
+    for (tid, s) in p.streams.iter().enumerate() {
+        out.push(
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": s.name}}),
+        );
+        out.push(
+            json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                        "args": {"sort_index": tid}}),
+        );
+    }
+}
+
+/// Span `s` of rank `pid` as a complete (`X`) event.
+pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
+    json!({
+        "ph": "X",
+        "name": s.name,
+        "cat": s.kind.name(),
+        "pid": pid,
+        "tid": s.stream,
+        "ts": s.start_ns as f64 / 1e3,
+        "dur": (s.end_ns.saturating_sub(s.start_ns)) as f64 / 1e3,
+        "args": {
+            "task": s.id,
+            "ok": s.ok,
+            "after": s.preds.as_slice(),
+            "placed": s.placement.reason.name(),
+            "usable_streams": s.placement.usable,
+            "priority": s.placement.priority.name(),
+            "bytes": s.bytes,
+        },
+    })
+}
+
+fn us_to_ns(v: Option<&Value>) -> u64 {
+    (v.and_then(Value::as_f64).unwrap_or(0.0) * 1e3)
+        .round()
+        .max(0.0) as u64
+}
+
+/// The span a complete event describes, with its rank; `None` for an event
+/// that is not a Braid task (a host span, metadata). Fields a Braid trace
+/// always has but an older one may lack take neutral values (`bytes` 0,
+/// placement `pinned`, priority `main`).
+pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
+    if e.get("ph").and_then(Value::as_str) != Some("X") {
+        return None;
+    }
+    let args = e.get("args")?;
+    let id = args.get("task").and_then(Value::as_u64)?;
+    let str_arg = |k: &str| args.get(k).and_then(Value::as_str).unwrap_or("");
+    let start_ns = us_to_ns(e.get("ts"));
+    let span = Span {
+        id,
+        name: e
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+            .into(),
+        kind: TaskKind::from_name(e.get("cat").and_then(Value::as_str).unwrap_or(""))
+            .unwrap_or_default(),
+        stream: e.get("tid").and_then(Value::as_u64).unwrap_or(0) as usize,
+        placement: Placement {
+            reason: PlaceReason::from_name(str_arg("placed")).unwrap_or(PlaceReason::Pinned),
+            usable: args
+                .get("usable_streams")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .min(u16::MAX as u64) as u16,
+            priority: Priority::from_name(str_arg("priority")).unwrap_or_default(),
+        },
+        start_ns,
+        end_ns: start_ns + us_to_ns(e.get("dur")),
+        preds: args
+            .get("after")
+            .and_then(Value::as_array)
+            .map(|v| v.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default(),
+        ok: args.get("ok").and_then(Value::as_bool).unwrap_or(true),
+        bytes: args.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+    };
+    Some((
+        e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize,
+        span,
+    ))
+}
+
+/// Reads a Chrome trace Braid wrote ([`super::write_chrome_trace`]) back
+/// into one profile per rank, by increasing rank: the JSON object form
+/// (`{"traceEvents": [...]}`) or a bare array of events. Events that are
+/// not Braid tasks are skipped; a trace without any is an error.
+pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
+    let bad = Error::BadTrace;
+    let doc: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let events = match &doc {
+        Value::Object(o) => o
+            .get("traceEvents")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("no `traceEvents` array".into()))?,
+        Value::Array(a) => a,
+        _ => return Err(bad("neither an object nor an array".into())),
+    };
+    let mut ranks: BTreeMap<usize, Profile> = BTreeMap::new();
+    let profile = |ranks: &mut BTreeMap<usize, Profile>, rank| {
+        ranks.entry(rank).or_insert_with(|| Profile {
+            rank,
+            ..Profile::default()
+        });
+    };
+    for e in events {
+        if let Some((rank, span)) = span_of_event(e) {
+            profile(&mut ranks, rank);
+            let p = ranks.get_mut(&rank).expect("inserted above");
+            p.spans.push(span);
+        } else if e.get("ph").and_then(Value::as_str) == Some("M")
+            && e.get("name").and_then(Value::as_str) == Some("thread_name")
+        {
+            let rank = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let tid = e.get("tid").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let name = e
+                .pointer("/args/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            profile(&mut ranks, rank);
+            let p = ranks.get_mut(&rank).expect("inserted above");
+            name_stream(p, tid, name);
+        }
+    }
+    let mut out: Vec<Profile> = ranks
+        .into_values()
+        .filter(|p| !p.spans.is_empty())
+        .collect();
+    if out.is_empty() {
+        return Err(bad(
+            "it holds no task events (X events with args.task)".into()
+        ));
+    }
+    for p in &mut out {
+        p.spans.sort_by_key(|s| (s.start_ns, s.stream));
+        let tracks = p.spans.iter().map(|s| s.stream + 1).max().unwrap_or(0);
+        while p.streams.len() < tracks {
+            let tid = p.streams.len();
+            name_stream(p, tid, &format!("stream {tid}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Names track `tid` of `p` (a stream is a communication stream when its
+/// name starts with `comm`, as the runtime names them).
+fn name_stream(p: &mut Profile, tid: usize, name: &str) {
+    if p.streams.len() <= tid {
+        p.streams.resize_with(tid + 1, || StreamInfo {
+            name: String::new(),
+            is_comm: false,
+        });
+    }
+    p.streams[tid] = StreamInfo {
+        name: name.to_string(),
+        is_comm: name.starts_with("comm"),
+    };
+}
