@@ -12,6 +12,12 @@ use crate::trace::{Profile, StreamInfo};
 use std::borrow::Cow;
 use std::path::PathBuf;
 
+#[cfg(all(unix, not(loom)))]
+type LiveRegistration = crate::trace::live::Registration;
+/// Nothing to register where the live view is unavailable.
+#[cfg(not(all(unix, not(loom))))]
+type LiveRegistration = ();
+
 /// Configures a [`Runtime`].
 #[derive(Debug, Clone)]
 pub struct RuntimeBuilder {
@@ -28,6 +34,7 @@ pub struct RuntimeBuilder {
     auto_replay: bool,
     cpu_cores: Option<usize>,
     oversubscribe: bool,
+    live: Option<PathBuf>,
 }
 
 impl Default for RuntimeBuilder {
@@ -46,6 +53,7 @@ impl Default for RuntimeBuilder {
             auto_replay: false,
             cpu_cores: None,
             oversubscribe: false,
+            live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
         }
     }
 }
@@ -155,6 +163,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Serve a live view of this runtime (`braid top`) on the local socket
+    /// at `path` (default: `BRAID_LIVE` when set). `{rank}` in the path is
+    /// replaced by the runtime's rank; runtimes of one process that name the
+    /// same socket share it. Turns profiling on: the live view and the
+    /// Chrome trace read the same spans. Unix only.
+    pub fn live(mut self, path: impl Into<PathBuf>) -> Self {
+        self.live = Some(path.into());
+        self
+    }
+
     /// The runtime's claim on the core budget (CPU runtimes only).
     fn claim(&self) -> Result<Claim> {
         let budget = match self.cpu_cores {
@@ -172,6 +190,31 @@ impl RuntimeBuilder {
             demand,
             flexible,
         })
+    }
+
+    /// Serves `shared` on the live view's socket, if one is configured.
+    fn serve_live(&self, shared: &Arc<Shared>) -> Result<Option<LiveRegistration>> {
+        let Some(path) = &self.live else {
+            return Ok(None);
+        };
+        let path = PathBuf::from(
+            path.to_string_lossy()
+                .replace("{rank}", &self.rank.to_string()),
+        );
+        #[cfg(all(unix, not(loom)))]
+        {
+            let weak = Arc::downgrade(shared);
+            let source: std::sync::Weak<dyn crate::trace::live::Source> = weak;
+            crate::trace::live::register(&path, shared.runtime_id, source).map(Some)
+        }
+        #[cfg(not(all(unix, not(loom))))]
+        {
+            let _ = shared;
+            Err(Error::Config(format!(
+                "the live view (`{}`) needs Unix domain sockets",
+                path.display()
+            )))
+        }
     }
 
     /// Starts the runtime's stream threads.
@@ -214,6 +257,8 @@ impl RuntimeBuilder {
                 launched: Gate::default(),
                 queue: Queue::new(),
                 spans: Mutex::new(Vec::new()),
+                placed: AtomicU64::new(0),
+                running: Mutex::new(None),
             });
         }
         let shared = Arc::new(Shared {
@@ -224,7 +269,8 @@ impl RuntimeBuilder {
             submitted: AtomicU64::new(0),
             errors: Mutex::new(Vec::new()),
             dropped: Arc::new(Dropped::default()),
-            profiling: self.profile,
+            profiling: self.profile || self.live.is_some(),
+            live: self.live.is_some(),
             measure: matches!(backend, Backend::Cpu),
             estimates: Default::default(),
         });
@@ -236,6 +282,7 @@ impl RuntimeBuilder {
         if self.auto_replay {
             state.auto = Some(sched::auto::Auto::default());
         }
+        let live = self.serve_live(&shared)?;
         let mut threads = Vec::with_capacity(n);
         for s in 0..n {
             let driver = match &backend {
@@ -260,6 +307,7 @@ impl RuntimeBuilder {
             backend,
             share,
             _lease: lease,
+            _live: live,
             config: self,
         })
     }
@@ -281,6 +329,8 @@ pub struct Runtime {
     /// Its registration with the core budget (CPU), left on drop, after the
     /// stream threads are joined.
     _lease: Option<Lease>,
+    /// Its place on the live view's socket, left on drop.
+    _live: Option<LiveRegistration>,
     config: RuntimeBuilder,
 }
 

@@ -4,6 +4,7 @@
 pub(crate) mod auto;
 pub(crate) mod cost;
 pub(crate) mod gate;
+mod live;
 pub(crate) mod placement;
 pub(crate) mod queue;
 pub(crate) mod replay;
@@ -203,6 +204,12 @@ pub(crate) struct StreamShared {
     pub(crate) queue: Queue<Item>,
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
+    /// Sequence number of the last task placed on the stream: a mirror of
+    /// the submitter's count, read by the live view (queue depth).
+    pub(crate) placed: AtomicU64,
+    /// The task the stream's thread is running, kept only for the live view
+    /// ([`Shared::live`]).
+    pub(crate) running: Mutex<Option<crate::trace::live::Running>>,
 }
 
 /// State shared by the runtime handle and its stream threads.
@@ -218,6 +225,9 @@ pub(crate) struct Shared {
     pub(crate) errors: Mutex<Vec<(u64, Error)>>,
     pub(crate) dropped: Arc<Dropped>,
     pub(crate) profiling: bool,
+    /// A live view is attached (`RuntimeBuilder::live`): stream threads
+    /// publish the task they run.
+    pub(crate) live: bool,
     /// CPU stream threads measure bodies into `estimates` and submission
     /// places by earliest finish time once a name is measured (`cost.rs`).
     pub(crate) measure: bool,
@@ -435,6 +445,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let (edges, nwaits) = (preds.len() as u64, waits.len() as u64);
     st.placed[s] += 1;
     let seq = st.placed[s];
+    shared.streams[s].placed.store(seq, Ordering::Relaxed);
     clock[s] = seq;
     let id = st.next_id;
     st.next_id += 1;

@@ -540,6 +540,9 @@ pub(crate) fn submit(
             }
         }
         st.placed[s] += plan.programs[s].len() as u64;
+        shared.streams[s]
+            .placed
+            .store(st.placed[s], Ordering::Relaxed);
         st.tail[s] = u64::MAX;
     }
     let id_base = st.next_id;

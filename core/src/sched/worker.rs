@@ -11,6 +11,7 @@
 //!   order; only then does the task count as done, release its buffers and
 //!   record its device-timed span.
 
+use super::live;
 use super::replay::{join_error, Run, JOIN};
 use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK};
 use crate::backend::gpu::{device_error, StreamDriver};
@@ -101,9 +102,11 @@ fn run_cpu(shared: &Shared, s: usize) {
             let measure = sample(shared, &task, &mut tasks_run);
             let timed = shared.profiling || measure;
             let start = if timed { now_ns() } else { 0 };
+            live::running(shared, s, Some((task.id, &task.name)));
             let (outcome, checks) = run_task(&task, &preds, body, on_skip, true, || {
                 DeviceCtx::Cpu(PhantomData)
             });
+            live::running(shared, s, None);
             let outcome = outcome.and_then(|()| run_checks(checks));
             let end = if timed { now_ns() } else { 0 };
             if shared.profiling {
@@ -171,6 +174,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         let t = &plan.tasks[i];
         let id = run.id_base + i as u64;
         let start = if shared.profiling { now_ns() } else { 0 };
+        live::running(shared, s, Some((id, &t.name)));
         let cause = external.map(|p| p.name.as_ref()).or_else(|| {
             run.failed_task(step.preds.iter().copied())
                 .map(|p| plan.tasks[p as usize].name.as_ref())
@@ -198,6 +202,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
                 r.and_then(|()| run_checks(checks))
             }
         };
+        live::running(shared, s, None);
         let status = note_failure(shared, id, &outcome);
         if shared.profiling {
             let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();

@@ -8,10 +8,12 @@
 
 mod chrome;
 mod event;
+pub mod live;
 mod summary;
 
 pub use chrome::{write_chrome_trace, HostTraceGuard};
 pub use event::read_chrome_trace;
+pub(crate) use event::span_event;
 pub use summary::{StreamBusy, Summary};
 
 use crate::kind::{Placement, TaskKind};

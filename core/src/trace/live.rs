@@ -1,0 +1,292 @@
+//! The live view's feed: a local (Unix domain) socket on which a running
+//! program streams what its streams do, for `braid top` to show.
+//!
+//! One event log feeds the Chrome trace and the live view: the spans each
+//! stream thread records (a live runtime profiles). A client that connects
+//! receives, every [`PERIOD`], one JSON line per runtime served on the
+//! socket, then a `{"tick": n}` line that closes the round:
+//!
+//! ```json
+//! {"rank": 0, "runtime": 7, "now_us": 1234.5,
+//!  "streams": [{"name": "compute 0", "is_comm": false, "queued": 3,
+//!               "running": {"task": 41, "name": "matmul", "since_us": 1200.0}}],
+//!  "events": [ ...the Chrome trace's X events recorded since the last round... ]}
+//! ```
+//!
+//! `queued` counts the tasks placed on the stream and not finished (the one
+//! running included); `running` is `null` on an idle stream, and always on
+//! CUDA, whose stream threads launch work rather than run it. Several
+//! runtimes of one process (the ranks of a CPU job) may share one socket:
+//! the first to name a path serves it, and it closes, its file removed, when
+//! the last of them is dropped.
+
+use std::borrow::Cow;
+
+/// What a stream thread is running, as the live view shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct Running {
+    /// Submission index.
+    pub(crate) id: u64,
+    /// Task name.
+    pub(crate) name: Cow<'static, str>,
+    /// When it started, on the process timeline.
+    pub(crate) start_ns: u64,
+}
+
+/// A stream as one frame shows it.
+#[derive(Debug, Clone)]
+pub struct LiveStream {
+    /// Its name (`compute 0`, `comm 0`).
+    pub name: String,
+    /// Whether it is a communication stream.
+    pub is_comm: bool,
+    /// Tasks placed on it and not finished (the running one included).
+    pub queued: u64,
+    /// The task it runs: `(submission index, name, start in ns on the
+    /// process timeline)`; `None` when idle (and always on CUDA).
+    pub running: Option<(u64, String, u64)>,
+}
+
+/// One runtime's frame: its streams now and the spans recorded since the
+/// client's previous frame of it.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The runtime's rank.
+    pub rank: usize,
+    /// The runtime's process-unique id (ranks of one process may repeat
+    /// across jobs; ids do not).
+    pub runtime: u64,
+    /// When the frame was taken, ns on the process timeline.
+    pub now_ns: u64,
+    /// Its streams, by index.
+    pub streams: Vec<LiveStream>,
+    /// Spans recorded since the previous frame.
+    pub spans: Vec<super::Span>,
+}
+
+/// A line of the live view's stream.
+#[derive(Debug, Clone)]
+pub enum Line {
+    /// A runtime's frame.
+    Frame(Frame),
+    /// The end of round `n`: every runtime served has sent its frame.
+    Tick(u64),
+}
+
+impl Line {
+    /// Parses one line a live runtime wrote.
+    pub fn parse(line: &str) -> crate::Result<Line> {
+        use serde_json::Value;
+        let bad = |why: &str| crate::Error::BadTrace(format!("live view line: {why}"));
+        let v: Value = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
+        if let Some(n) = v.get("tick").and_then(Value::as_u64) {
+            return Ok(Line::Tick(n));
+        }
+        let num = |k: &str| v.get(k).and_then(Value::as_u64).ok_or_else(|| bad(k));
+        let us = |x: Option<&Value>| (x.and_then(Value::as_f64).unwrap_or(0.0) * 1e3) as u64;
+        let streams = v
+            .get("streams")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("streams"))?
+            .iter()
+            .map(|st| LiveStream {
+                name: st.get("name").and_then(Value::as_str).unwrap_or("").into(),
+                is_comm: st.get("is_comm").and_then(Value::as_bool).unwrap_or(false),
+                queued: st.get("queued").and_then(Value::as_u64).unwrap_or(0),
+                running: st.get("running").filter(|r| !r.is_null()).map(|r| {
+                    (
+                        r.get("task").and_then(Value::as_u64).unwrap_or(0),
+                        r.get("name").and_then(Value::as_str).unwrap_or("").into(),
+                        us(r.get("since_us")),
+                    )
+                }),
+            })
+            .collect();
+        let spans = v
+            .get("events")
+            .and_then(Value::as_array)
+            .map(|evs| {
+                evs.iter()
+                    .filter_map(super::event::span_of_event)
+                    .map(|(_, s)| s)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Line::Frame(Frame {
+            rank: num("rank")? as usize,
+            runtime: num("runtime")?,
+            now_ns: us(v.get("now_us")),
+            streams,
+            spans,
+        }))
+    }
+}
+
+/// How often a connected client gets a round of frames.
+pub const PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
+#[cfg(all(unix, not(loom)))]
+pub(crate) use serve::{register, Registration, Source};
+
+#[cfg(all(unix, not(loom)))]
+mod serve {
+    use crate::error::{Error, Result};
+    use serde_json::Value;
+    use std::io::Write;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, Weak};
+
+    /// A runtime as the live view sees it.
+    pub(crate) trait Source: Send + Sync {
+        /// One frame (the JSON object the module doc shows), with the spans
+        /// recorded past `cursors` (one position per stream, advanced).
+        fn frame(&self, cursors: &mut Vec<usize>) -> Value;
+    }
+
+    /// One socket and the runtimes it serves.
+    struct Hub {
+        path: PathBuf,
+        sources: Mutex<Vec<(u64, Weak<dyn Source>)>>,
+        closed: AtomicBool,
+        accept: Mutex<Option<std::thread::JoinHandle<()>>>,
+    }
+
+    /// The sockets this process serves.
+    static HUBS: Mutex<Vec<Arc<Hub>>> = Mutex::new(Vec::new());
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A runtime's place on a socket; dropping it leaves, and the last to
+    /// leave closes the socket.
+    pub(crate) struct Registration {
+        hub: Arc<Hub>,
+        id: u64,
+    }
+
+    impl std::fmt::Debug for Registration {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Registration({})", self.hub.path.display())
+        }
+    }
+
+    /// Serves runtime `id` (`source`) on the socket at `path`, opening it if
+    /// no runtime of this process serves it yet. A path another process
+    /// serves is an error; a stale socket file (nothing answers) is replaced.
+    pub(crate) fn register(path: &Path, id: u64, source: Weak<dyn Source>) -> Result<Registration> {
+        let mut hubs = lock(&HUBS);
+        if let Some(hub) = hubs.iter().find(|h| h.path == path) {
+            lock(&hub.sources).push((id, source));
+            return Ok(Registration {
+                hub: hub.clone(),
+                id,
+            });
+        }
+        let refuse = |why: String| {
+            Error::Config(format!(
+                "cannot serve the live view on `{}`: {why}",
+                path.display()
+            ))
+        };
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(refuse("another program serves it".into()));
+            }
+            std::fs::remove_file(path).map_err(|e| refuse(format!("stale file: {e}")))?;
+        }
+        let listener = UnixListener::bind(path).map_err(|e| refuse(e.to_string()))?;
+        let hub = Arc::new(Hub {
+            path: path.to_path_buf(),
+            sources: Mutex::new(vec![(id, source)]),
+            closed: AtomicBool::new(false),
+            accept: Mutex::new(None),
+        });
+        let h = hub.clone();
+        let thread = std::thread::Builder::new()
+            .name("braid-live".into())
+            .spawn(move || accept(&h, listener))
+            .map_err(|e| refuse(e.to_string()))?;
+        *lock(&hub.accept) = Some(thread);
+        hubs.push(hub.clone());
+        Ok(Registration { hub, id })
+    }
+
+    impl Drop for Registration {
+        fn drop(&mut self) {
+            let mut hubs = lock(&HUBS);
+            let mut sources = lock(&self.hub.sources);
+            sources.retain(|(id, _)| *id != self.id);
+            if !sources.is_empty() {
+                return;
+            }
+            drop(sources);
+            hubs.retain(|h| !Arc::ptr_eq(h, &self.hub));
+            drop(hubs);
+            self.hub.closed.store(true, Ordering::Release);
+            // Wake the accept loop so it sees `closed`; if the socket is gone
+            // (its file removed by someone else) the loop cannot be woken and
+            // is left blocked rather than joined.
+            if UnixStream::connect(&self.hub.path).is_ok() {
+                if let Some(t) = lock(&self.hub.accept).take() {
+                    let _ = t.join();
+                }
+            }
+            let _ = std::fs::remove_file(&self.hub.path);
+        }
+    }
+
+    fn accept(hub: &Arc<Hub>, listener: UnixListener) {
+        for conn in listener.incoming() {
+            if hub.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let Ok(conn) = conn else { continue };
+            let h = hub.clone();
+            // A client that stops reading only ends its own thread.
+            let _ = std::thread::Builder::new()
+                .name("braid-live-client".into())
+                .spawn(move || feed(&h, conn));
+        }
+    }
+
+    /// Writes rounds of frames to one client until it leaves or the socket
+    /// closes.
+    fn feed(hub: &Hub, conn: UnixStream) {
+        let mut out = std::io::BufWriter::new(conn);
+        let mut cursors: Vec<(u64, Vec<usize>)> = Vec::new();
+        for tick in 0u64.. {
+            if hub.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let sources: Vec<(u64, Arc<dyn Source>)> = lock(&hub.sources)
+                .iter()
+                .filter_map(|(id, w)| w.upgrade().map(|s| (*id, s)))
+                .collect();
+            for (id, source) in sources {
+                let at = match cursors.iter().position(|(i, _)| *i == id) {
+                    Some(at) => at,
+                    None => {
+                        cursors.push((id, Vec::new()));
+                        cursors.len() - 1
+                    }
+                };
+                let frame = source.frame(&mut cursors[at].1);
+                if serde_json::to_writer(&mut out, &frame).is_err() || out.write_all(b"\n").is_err()
+                {
+                    return;
+                }
+            }
+            let end = serde_json::json!({ "tick": tick });
+            if serde_json::to_writer(&mut out, &end).is_err()
+                || out.write_all(b"\n").is_err()
+                || out.flush().is_err()
+            {
+                return;
+            }
+            std::thread::sleep(super::PERIOD);
+        }
+    }
+}

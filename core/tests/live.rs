@@ -1,0 +1,132 @@
+//! The live view's socket (`RuntimeBuilder::live`): what a client reads
+//! while a program runs.
+#![cfg(unix)]
+
+use braid::trace::live::{Frame, Line};
+use braid::{BackendKind, Runtime, RuntimeBuilder};
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn cpu(rank: usize) -> RuntimeBuilder {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .oversubscribe(true)
+        .rank(rank)
+}
+
+/// Reads lines from `sock` until round `rounds` ends; returns the frames.
+fn read_rounds(sock: &Path, rounds: u64) -> Vec<Frame> {
+    let conn = UnixStream::connect(sock).expect("the live socket accepts");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut frames = Vec::new();
+    for line in BufReader::new(conn).lines() {
+        match Line::parse(&line.expect("a line within 10 s")).unwrap() {
+            Line::Frame(f) => frames.push(f),
+            Line::Tick(n) if n + 1 >= rounds => break,
+            Line::Tick(_) => {}
+        }
+    }
+    frames
+}
+
+/// A client sees the task a stream is running, the tasks queued behind it,
+/// and afterwards their spans; two runtimes of a process share the socket,
+/// each rank its own frames; the socket file goes when the last one drops.
+#[test]
+fn live_socket_shows_running_and_finished_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("top.sock");
+    let rt = cpu(0).live(&sock).build().unwrap();
+    let other = cpu(1).live(&sock).build().unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    rt.task("blocker")
+        .run(x.write::<u8>(), move |_| {
+            let _ = gate.recv_timeout(Duration::from_secs(20));
+        })
+        .unwrap();
+    for _ in 0..3 {
+        rt.task("behind").run(x.read_write::<u8>(), |_| ()).unwrap();
+    }
+    // The blocker has started once the stream publishes it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let frame = loop {
+        let frames = read_rounds(&sock, 1);
+        let mine = frames.iter().find(|f| f.rank == 0).expect("rank 0's frame");
+        let busy = mine.streams.iter().find(|s| s.running.is_some());
+        if let Some(s) = busy {
+            assert_eq!(s.running.as_ref().unwrap().1, "blocker");
+            break mine.clone();
+        }
+        assert!(Instant::now() < deadline, "no stream showed the blocker");
+    };
+    assert!(frames_name_streams(&frame));
+    let queued: u64 = frame.streams.iter().map(|s| s.queued).sum();
+    assert_eq!(queued, 4, "the blocker and the three behind it");
+    release.send(()).unwrap();
+    rt.synchronize().unwrap();
+    let o = other.alloc("o", 4).unwrap();
+    other
+        .task("elsewhere")
+        .run(o.write::<u8>(), |_| ())
+        .unwrap();
+    other.synchronize().unwrap();
+    // A new client gets every span recorded so far, rank by rank.
+    let frames = read_rounds(&sock, 2);
+    let names = |rank: usize| -> Vec<String> {
+        frames
+            .iter()
+            .filter(|f| f.rank == rank)
+            .flat_map(|f| f.spans.iter().map(|s| s.name.to_string()))
+            .collect()
+    };
+    assert_eq!(names(0), vec!["blocker", "behind", "behind", "behind"]);
+    assert_eq!(names(1), vec!["elsewhere"]);
+    for f in &frames {
+        assert!(f
+            .streams
+            .iter()
+            .all(|s| s.running.is_none() && s.queued == 0));
+    }
+    drop(rt);
+    assert!(sock.exists(), "rank 1 still serves the socket");
+    drop(other);
+    assert!(!sock.exists(), "the last runtime removes the socket");
+}
+
+fn frames_name_streams(f: &Frame) -> bool {
+    let names: Vec<&str> = f.streams.iter().map(|s| s.name.as_str()).collect();
+    names == ["compute 0", "compute 1", "comm 0"]
+}
+
+/// `{rank}` in the path gives each rank its own socket; a socket another
+/// program serves is refused with the path named, a stale file replaced.
+#[test]
+fn live_socket_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("r{rank}.sock");
+    let a = cpu(0).live(&pattern).build().unwrap();
+    let b = cpu(1).live(&pattern).build().unwrap();
+    assert!(dir.path().join("r0.sock").exists() && dir.path().join("r1.sock").exists());
+    drop((a, b));
+    // Served by someone else (a listener of this test stands in).
+    let taken = dir.path().join("taken.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&taken).unwrap();
+    let err = cpu(0).live(&taken).build().unwrap_err();
+    assert!(
+        err.to_string().contains("taken.sock") && err.to_string().contains("another program"),
+        "{err}"
+    );
+    // A file nobody answers on is replaced.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let rt = cpu(0).live(&stale).build().unwrap();
+    assert_eq!(read_rounds(&stale, 1).len(), 1);
+    drop(rt);
+}
