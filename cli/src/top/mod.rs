@@ -1,0 +1,115 @@
+//! `braid top`: what every stream of a Braid program is doing — attached to
+//! a running program through its live-view socket, or replaying a Chrome
+//! trace it wrote. `--once` prints one frame as text and exits.
+
+mod feed;
+mod tui;
+pub mod view;
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use view::{RankState, Window};
+
+/// `braid top`'s options.
+#[derive(Debug, clap::Args)]
+pub struct TopArgs {
+    /// Replay this Chrome trace (one Braid wrote) instead of attaching.
+    #[arg(long, value_name = "TRACE", conflicts_with = "attach")]
+    pub replay: Option<PathBuf>,
+    /// Attach to the program serving this socket (default: `BRAID_LIVE`).
+    #[arg(long, value_name = "SOCKET")]
+    pub attach: Option<PathBuf>,
+    /// Print one frame as text and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Replay: the instant to show, in seconds on the trace's timeline
+    /// (default: its end).
+    #[arg(long, value_name = "SECONDS")]
+    pub at: Option<f64>,
+    /// Busy shares are measured over this many milliseconds before the
+    /// instant.
+    #[arg(long, default_value_t = 500.0, value_name = "MS")]
+    pub busy_ms: f64,
+    /// Live: communication and per-task totals cover this many seconds (a
+    /// replay covers the whole trace).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub history: f64,
+}
+
+fn ns(seconds: f64) -> u64 {
+    (seconds * 1e9).max(0.0) as u64
+}
+
+/// Runs `braid top`.
+pub fn run(args: TopArgs) -> Result<()> {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.busy_ms) || !positive(args.history) {
+        bail!("--busy-ms and --history must be positive");
+    }
+    let busy_ns = ns(args.busy_ms / 1e3);
+    if let Some(path) = &args.replay {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading `{}`", path.display()))?;
+        let profiles = braid::trace::read_chrome_trace(&text)
+            .with_context(|| format!("reading `{}`", path.display()))?;
+        let ranks: Vec<RankState> = profiles
+            .into_iter()
+            .map(|profile| RankState {
+                profile,
+                live: None,
+            })
+            .collect();
+        let spans = ranks.iter().flat_map(|r| r.profile.spans.iter());
+        let start = spans.clone().map(|s| s.start_ns).min().unwrap_or(0);
+        let end = spans.map(|s| s.end_ns).max().unwrap_or(0);
+        let at = match args.at {
+            Some(t) if ns(t) < start || ns(t) > end => bail!(
+                "--at {t} is outside the trace ({:.3} s to {:.3} s)",
+                start as f64 / 1e9,
+                end as f64 / 1e9
+            ),
+            Some(t) => ns(t),
+            None => end,
+        };
+        let w = Window {
+            at_ns: at,
+            busy_ns,
+            history_ns: u64::MAX,
+        };
+        let title = format!("replay {}", path.display());
+        if args.once {
+            print!("{}", view::render(&title, &ranks, w, false));
+            return Ok(());
+        }
+        return tui::replay(&title, &ranks, w, (start, end));
+    }
+    let Some(sock) = args
+        .attach
+        .clone()
+        .or_else(|| std::env::var_os("BRAID_LIVE").map(PathBuf::from))
+    else {
+        bail!("name a trace to replay (--replay FILE) or a program to attach to (--attach SOCKET, or BRAID_LIVE)");
+    };
+    let history_ns = ns(args.history);
+    let mut lines = feed::connect(&sock)?;
+    let title = format!("live {}", sock.display());
+    if args.once {
+        let mut feed = feed::Feed::new(history_ns);
+        loop {
+            let Some(line) = lines.next() else {
+                bail!("`{}` closed before a whole frame arrived", sock.display());
+            };
+            if feed.apply(line?) {
+                break;
+            }
+        }
+        let w = Window {
+            at_ns: feed.now_ns,
+            busy_ns,
+            history_ns,
+        };
+        print!("{}", view::render(&title, &feed.ranks(), w, true));
+        return Ok(());
+    }
+    tui::live(&title, lines, busy_ns, history_ns)
+}

@@ -1,0 +1,301 @@
+//! What one frame of `braid top` shows, computed from the spans of each rank
+//! (a trace file's, or those a live program streamed) at one instant, and
+//! its text form.
+
+use braid::trace::live::LiveStream;
+use braid::trace::{Profile, Span};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// One rank as `braid top` knows it.
+#[derive(Debug, Clone, Default)]
+pub struct RankState {
+    /// Its streams and the spans seen so far.
+    pub profile: Profile,
+    /// The streams' state now, for a live program (running task, queue).
+    pub live: Option<Vec<LiveStream>>,
+}
+
+/// Which instant, and over what spans of time, a frame describes.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// The instant, ns on the program's timeline.
+    pub at_ns: u64,
+    /// Busy shares are measured over `[at - busy, at]`.
+    pub busy_ns: u64,
+    /// Communication and per-scope figures cover `[at - history, at]`
+    /// (`u64::MAX`: since the start).
+    pub history_ns: u64,
+}
+
+/// A stream's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamRow {
+    /// Stream name.
+    pub name: String,
+    /// Share of the busy window it spent running tasks.
+    pub busy: f64,
+    /// Tasks it finished within the history.
+    pub done: usize,
+    /// Live: tasks placed on it and not finished. Replay: tasks already
+    /// submitted (a later task had started somewhere) whose predecessors
+    /// had all finished, waiting for it — a lower bound on its queue.
+    pub queued: u64,
+    /// What it runs at the instant, with how long it has run (ns).
+    pub running: Option<(String, u64)>,
+}
+
+/// A rank's part of a frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankRow {
+    /// The rank.
+    pub rank: usize,
+    /// Its streams.
+    pub streams: Vec<StreamRow>,
+    /// Communication time within the history, ns.
+    pub comm_ns: u64,
+    /// Share of it hidden under compute.
+    pub hidden: f64,
+    /// Time by task name within the history, largest first (at most 6).
+    pub by_name: Vec<(String, u64)>,
+}
+
+/// Ends a span at `at` (a span still running then counts up to `at`).
+fn clipped(s: &Span, from: u64, at: u64) -> Option<Span> {
+    if s.start_ns >= at || s.end_ns <= from {
+        return None;
+    }
+    let mut c = s.clone();
+    c.start_ns = c.start_ns.max(from);
+    c.end_ns = c.end_ns.min(at);
+    Some(c)
+}
+
+impl RankState {
+    /// This rank's row at `w`.
+    pub fn row(&self, w: Window) -> RankRow {
+        let p = &self.profile;
+        let from = w.at_ns.saturating_sub(w.history_ns);
+        let busy_from = w.at_ns.saturating_sub(w.busy_ns);
+        let seen = Profile {
+            rank: p.rank,
+            streams: p.streams.clone(),
+            spans: p
+                .spans
+                .iter()
+                .filter_map(|s| clipped(s, from, w.at_ns))
+                .collect(),
+        };
+        let summary = seen.summary();
+        // The latest submission index that had started by `at`: every task
+        // up to it had been submitted (submission is in program order).
+        let submitted = p
+            .spans
+            .iter()
+            .filter(|s| s.start_ns <= w.at_ns)
+            .map(|s| s.id)
+            .max();
+        let end_of: HashMap<u64, u64> = p.spans.iter().map(|s| (s.id, s.end_ns)).collect();
+        let streams = p
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                let on = || p.spans.iter().filter(move |s| s.stream == i);
+                let busy: u64 = on()
+                    .filter_map(|s| clipped(s, busy_from, w.at_ns))
+                    .map(|s| s.end_ns - s.start_ns)
+                    .sum();
+                let live = self.live.as_ref().and_then(|l| l.get(i));
+                let running = match live {
+                    Some(l) => l
+                        .running
+                        .as_ref()
+                        .map(|(_, name, since)| (name.clone(), w.at_ns.saturating_sub(*since))),
+                    None => on()
+                        .find(|s| s.start_ns <= w.at_ns && w.at_ns < s.end_ns)
+                        .map(|s| (s.name.to_string(), w.at_ns - s.start_ns)),
+                };
+                let queued = match live {
+                    Some(l) => l.queued,
+                    None => on()
+                        .filter(|s| {
+                            s.start_ns > w.at_ns
+                                && submitted.is_some_and(|m| s.id <= m)
+                                && s.preds
+                                    .iter()
+                                    .all(|p| end_of.get(p).is_none_or(|&e| e <= w.at_ns))
+                        })
+                        .count() as u64,
+                };
+                StreamRow {
+                    name: info.name.clone(),
+                    busy: busy as f64 / w.busy_ns.max(1) as f64,
+                    done: on()
+                        .filter(|s| s.end_ns <= w.at_ns && s.end_ns > from)
+                        .count(),
+                    queued,
+                    running,
+                }
+            })
+            .collect();
+        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        for s in &seen.spans {
+            *by_name.entry(s.name.as_ref()).or_default() += s.end_ns - s.start_ns;
+        }
+        let mut by_name: Vec<(String, u64)> = by_name
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        by_name.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        by_name.truncate(6);
+        RankRow {
+            rank: p.rank,
+            streams,
+            comm_ns: summary.comm_ns,
+            hidden: summary.hidden_share(),
+            by_name,
+        }
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// The text of one frame: a header line, then per rank its streams and
+/// figures. What `--once` prints and the terminal UI draws.
+pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String {
+    let mut out = String::new();
+    let history = if w.history_ns == u64::MAX {
+        "since the start".to_string()
+    } else {
+        format!("over the last {:.1} s", w.history_ns as f64 / 1e9)
+    };
+    let _ = writeln!(
+        out,
+        "braid top — {title} — t={:.3} s, busy over {:.0} ms, totals {history}",
+        w.at_ns as f64 / 1e9,
+        ms(w.busy_ns)
+    );
+    let queue = if live { "QUEUED" } else { "READY" };
+    for r in ranks {
+        let row = r.row(w);
+        let _ = writeln!(
+            out,
+            "\nrank {}  comm {:.1} ms, {:.0}% hidden under compute",
+            row.rank,
+            ms(row.comm_ns),
+            100.0 * row.hidden
+        );
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>5} {:>7} {:>6}  RUNNING",
+            "STREAM", "BUSY", "DONE", queue
+        );
+        for s in &row.streams {
+            let running = match &s.running {
+                Some((name, for_ns)) => format!("{name} ({:.2} ms)", ms(*for_ns)),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<12} {:>4.0}% {:>7} {:>6}  {running}",
+                s.name,
+                100.0 * s.busy,
+                s.done,
+                s.queued
+            );
+        }
+        if !row.by_name.is_empty() {
+            let parts: Vec<String> = row
+                .by_name
+                .iter()
+                .map(|(n, t)| format!("{n} {:.1} ms", ms(*t)))
+                .collect();
+            let _ = writeln!(out, "  time by task: {}", parts.join(" · "));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid::trace::StreamInfo;
+    use braid::{PlaceReason, Placement, Priority, TaskKind};
+
+    fn span(id: u64, stream: usize, kind: TaskKind, (s, e): (u64, u64), preds: &[u64]) -> Span {
+        Span {
+            id,
+            name: format!("t{id}").into(),
+            kind,
+            stream,
+            placement: Placement {
+                reason: PlaceReason::Pinned,
+                usable: 1,
+                priority: Priority::Main,
+            },
+            start_ns: s,
+            end_ns: e,
+            preds: preds.iter().copied().collect(),
+            ok: true,
+            bytes: 0,
+        }
+    }
+
+    fn stream(name: &str) -> StreamInfo {
+        StreamInfo {
+            name: name.into(),
+            is_comm: name.starts_with("comm"),
+        }
+    }
+
+    /// Busy shares, running tasks, the ready lower bound and hidden
+    /// communication at one instant of a small replayed profile.
+    #[test]
+    fn a_replayed_instant() {
+        let state = RankState {
+            profile: Profile {
+                rank: 2,
+                streams: vec![stream("compute 0"), stream("compute 1"), stream("comm 0")],
+                spans: vec![
+                    span(0, 0, TaskKind::Compute, (0, 100), &[]),
+                    span(1, 0, TaskKind::Compute, (100, 300), &[0]),
+                    // Ready at 100 (its predecessor ended), waiting for stream 0.
+                    span(2, 0, TaskKind::Compute, (300, 350), &[0]),
+                    // Waits for task 1, unfinished at 200: not ready.
+                    span(3, 1, TaskKind::Compute, (300, 400), &[1]),
+                    // Started by 200, so tasks 2 and 3 had been submitted.
+                    span(4, 2, TaskKind::Comm, (150, 250), &[0]),
+                    // Not yet submitted at 200 as far as the trace can tell.
+                    span(5, 1, TaskKind::Compute, (300, 310), &[]),
+                ],
+            },
+            live: None,
+        };
+        let w = Window {
+            at_ns: 200,
+            busy_ns: 100,
+            history_ns: u64::MAX,
+        };
+        let row = state.row(w);
+        assert_eq!(row.rank, 2);
+        let s0 = &row.streams[0];
+        assert_eq!(s0.busy, 1.0);
+        assert_eq!(s0.done, 1);
+        assert_eq!(s0.running, Some(("t1".into(), 100)));
+        assert_eq!(s0.queued, 1);
+        assert_eq!(row.streams[1].queued, 0);
+        assert_eq!(row.streams[1].running, None);
+        assert_eq!(row.streams[2].busy, 0.5);
+        // Comm ran 150..200 so far, all of it under task 1.
+        assert_eq!(row.comm_ns, 50);
+        assert_eq!(row.hidden, 1.0);
+        assert_eq!(row.by_name[0], ("t0".into(), 100));
+        let text = render("test", &[state], w, false);
+        for name in ["compute 0", "compute 1", "comm 0", "rank 2", "READY"] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! `braid top` as a user runs it: on a trace of the trainer, and attached to
+//! a running program over its socket.
+
+use braid::{BackendKind, Runtime};
+use std::process::{Command, Output};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_braid");
+
+fn top(args: &[&str]) -> Output {
+    Command::new(BIN).arg("top").args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "braid top failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// A trace of the GPT-2 trainer (two CPU ranks, as the main job runs):
+/// `--once` prints a frame naming every rank and stream, with the share of
+/// communication hidden and the busiest tasks; `--at` picks an instant.
+#[test]
+fn replay_once_names_every_stream_of_the_trainer() {
+    use braid_gpt2::data::{Split, TokenSource};
+    use braid_gpt2::trainer::{train, StartState, TrainOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    // The main job's model and batch shape (`braid-gpt2` with no arguments).
+    let opts = TrainOptions {
+        model: braid_gpt2::config::Gpt2Config::small(),
+        seq_len: 64,
+        steps: 2,
+        trace: Some(trace.clone()),
+        ..TrainOptions::default()
+    };
+    let data = TokenSource::builtin(Split::Train).unwrap();
+    train(&opts, StartState::fresh(&opts.model, 1), &data, &|_| {}).unwrap();
+    let text = stdout(&top(&["--replay", trace.to_str().unwrap(), "--once"]));
+    let profiles =
+        braid::trace::read_chrome_trace(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert_eq!(profiles.len(), 2);
+    for p in &profiles {
+        assert!(text.contains(&format!("rank {}  comm", p.rank)), "{text}");
+        for s in &p.streams {
+            let row = text.lines().any(|l| l.trim_start().starts_with(&s.name));
+            assert!(row, "no row for `{}` in\n{text}", s.name);
+        }
+    }
+    assert!(text.contains("hidden under compute") && text.contains("time by task"));
+    // An instant inside the run shows a task running on some stream.
+    let first = profiles[0]
+        .spans
+        .iter()
+        .max_by_key(|s| s.end_ns - s.start_ns)
+        .unwrap();
+    let mid = (first.start_ns + first.end_ns) / 2;
+    let at = format!("{:.9}", mid as f64 / 1e9);
+    let text = stdout(&top(&[
+        "--replay",
+        trace.to_str().unwrap(),
+        "--once",
+        "--at",
+        &at,
+    ]));
+    assert!(
+        text.contains(&format!("{} (", first.name)),
+        "{} not running in\n{text}",
+        first.name
+    );
+}
+
+/// Attached to a running program, `--once` shows the task a stream runs now
+/// and the tasks queued behind it.
+#[cfg(unix)]
+#[test]
+fn attach_once_shows_the_running_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("live.sock");
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .oversubscribe(true)
+        .live(&sock)
+        .build()
+        .unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    let (started, running) = mpsc::channel::<()>();
+    rt.task("long matmul")
+        .run(x.write::<u8>(), move |_| {
+            started.send(()).unwrap();
+            let _ = gate.recv_timeout(Duration::from_secs(30));
+        })
+        .unwrap();
+    rt.task("after it").run(x.read::<u8>(), |_| ()).unwrap();
+    running.recv_timeout(Duration::from_secs(10)).unwrap();
+    let text = stdout(&top(&["--attach", sock.to_str().unwrap(), "--once"]));
+    release.send(()).unwrap();
+    rt.synchronize().unwrap();
+    assert!(text.contains("QUEUED"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains("long matmul ("))
+        .unwrap_or_else(|| panic!("the running task is not shown:\n{text}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    // STREAM (two words) BUSY DONE QUEUED RUNNING…
+    assert_eq!(
+        cols[4], "2",
+        "the running task and the one behind it: {row}"
+    );
+    for s in ["compute 0", "compute 1", "comm 0"] {
+        assert!(text.contains(s), "{s} missing:\n{text}");
+    }
+}
+
+/// Bad input: a clear error naming what was wrong, non-zero exit.
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"traceEvents\": [{\"ph\": \"M\"}]}").unwrap();
+    for (args, expect) in [
+        (
+            vec!["--replay", bad.to_str().unwrap(), "--once"],
+            "bad.json",
+        ),
+        (
+            vec!["--replay", "/nonexistent/t.json", "--once"],
+            "/nonexistent/t.json",
+        ),
+        (
+            vec!["--attach", "/nonexistent/s.sock", "--once"],
+            "cannot attach",
+        ),
+    ] {
+        let o = Command::new(BIN)
+            .arg("top")
+            .args(&args)
+            .env_remove("BRAID_LIVE")
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    let o = Command::new(BIN)
+        .args(["top", "--once"])
+        .env_remove("BRAID_LIVE")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--replay FILE"));
+}
