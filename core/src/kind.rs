@@ -73,6 +73,41 @@ impl Priority {
     }
 }
 
+/// A program's priority class, for programs sharing one node (several
+/// runtimes of a process; see `RuntimeBuilder::class` and docs/tenants.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Class {
+    /// Serving with a latency objective: while it has unfinished tasks,
+    /// best-effort stream threads start no new task.
+    LatencyCritical,
+    /// The default: what every runtime was before classes existed.
+    #[default]
+    Normal,
+    /// Throughput work that yields: its tasks start only while no
+    /// latency-critical task is unfinished, and on the CPU its stream
+    /// threads run at the operating system's idle priority.
+    BestEffort,
+}
+
+impl Class {
+    /// Every class.
+    pub const ALL: [Class; 3] = [Class::LatencyCritical, Class::Normal, Class::BestEffort];
+
+    /// The class's name (`latency-critical`, `normal`, `best-effort`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::LatencyCritical => "latency-critical",
+            Class::Normal => "normal",
+            Class::BestEffort => "best-effort",
+        }
+    }
+
+    /// The class a name gives (the inverse of [`Class::name`]).
+    pub fn from_name(name: &str) -> Option<Class> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
 /// Why a task went to its stream: the rule the placement policy applied.
 /// Recorded with each task ([`crate::trace::Span::placement`]) and written as
 /// the `placed` argument of its Chrome-trace event.
@@ -172,6 +207,9 @@ mod tests {
         }
         for r in PlaceReason::ALL {
             assert_eq!(PlaceReason::from_name(r.name()), Some(r));
+        }
+        for c in Class::ALL {
+            assert_eq!(Class::from_name(c.name()), Some(c));
         }
         assert_eq!(TaskKind::from_name("kernel"), None);
     }

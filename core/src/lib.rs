@@ -63,7 +63,7 @@ pub use comm::{
 };
 pub use error::{Error, Result, TaskError};
 pub use graph::Mode;
-pub use kind::{PlaceReason, Placement, Priority, TaskKind};
+pub use kind::{Class, PlaceReason, Placement, Priority, TaskKind};
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use sched::placement::Policy;
 pub use sched::Stats;

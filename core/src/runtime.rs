@@ -3,7 +3,7 @@
 use crate::backend::{Backend, BackendKind};
 use crate::buffer::{AsView, Buffer, BufferInner, Dropped};
 use crate::error::{Error, Result};
-use crate::kind::TaskKind;
+use crate::kind::{Class, TaskKind};
 use crate::sched::placement::{self, Claim, CoreBudget, Layout, Lease, Policy, Share};
 use crate::sched::TaskHandle;
 use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
@@ -35,6 +35,7 @@ pub struct RuntimeBuilder {
     cpu_cores: Option<usize>,
     oversubscribe: bool,
     live: Option<PathBuf>,
+    class: Class,
 }
 
 impl Default for RuntimeBuilder {
@@ -54,6 +55,7 @@ impl Default for RuntimeBuilder {
             cpu_cores: None,
             oversubscribe: false,
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
+            class: Class::Normal,
         }
     }
 }
@@ -173,6 +175,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The program's priority class among the runtimes of the process
+    /// (default: normal). While a latency-critical runtime has unfinished
+    /// tasks, best-effort runtimes start no new task; best-effort CPU stream
+    /// threads run at the idle scheduling priority and divide the core
+    /// budget among themselves only. See docs/tenants.md.
+    pub fn class(mut self, class: Class) -> Self {
+        self.class = class;
+        self
+    }
+
     /// The runtime's claim on the core budget (CPU runtimes only).
     fn claim(&self) -> Result<Claim> {
         let budget = match self.cpu_cores {
@@ -189,6 +201,7 @@ impl RuntimeBuilder {
             budget,
             demand,
             flexible,
+            best_effort: self.class == Class::BestEffort,
         })
     }
 
@@ -271,6 +284,7 @@ impl RuntimeBuilder {
             dropped: Arc::new(Dropped::default()),
             profiling: self.profile || self.live.is_some(),
             live: self.live.is_some(),
+            class: self.class,
             measure: matches!(backend, Backend::Cpu),
             estimates: Default::default(),
         });
@@ -283,6 +297,8 @@ impl RuntimeBuilder {
             state.auto = Some(sched::auto::Auto::default());
         }
         let live = self.serve_live(&shared)?;
+        let tenant =
+            (self.class == Class::LatencyCritical).then(|| sched::tenants::register(&shared));
         let mut threads = Vec::with_capacity(n);
         for s in 0..n {
             let driver = match &backend {
@@ -308,6 +324,7 @@ impl RuntimeBuilder {
             share,
             _lease: lease,
             _live: live,
+            _tenant: tenant,
             config: self,
         })
     }
@@ -331,6 +348,8 @@ pub struct Runtime {
     _lease: Option<Lease>,
     /// Its place on the live view's socket, left on drop.
     _live: Option<LiveRegistration>,
+    /// A latency-critical runtime's registration with the process's classes.
+    _tenant: Option<sched::tenants::Registration>,
     config: RuntimeBuilder,
 }
 

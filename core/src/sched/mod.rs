@@ -8,6 +8,7 @@ mod live;
 pub(crate) mod placement;
 pub(crate) mod queue;
 pub(crate) mod replay;
+pub(crate) mod tenants;
 mod worker;
 
 #[cfg(all(test, loom))]
@@ -225,6 +226,8 @@ pub(crate) struct Shared {
     pub(crate) errors: Mutex<Vec<(u64, Error)>>,
     pub(crate) dropped: Arc<Dropped>,
     pub(crate) profiling: bool,
+    /// The program's priority class among the process's runtimes.
+    pub(crate) class: crate::kind::Class,
     /// A live view is attached (`RuntimeBuilder::live`): stream threads
     /// publish the task they run.
     pub(crate) live: bool,

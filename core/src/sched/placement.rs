@@ -348,6 +348,10 @@ pub(crate) struct Claim {
     /// Whether its share may be smaller than its demand (`Affinity` without
     /// `oversubscribe`); otherwise it always gets its demand.
     pub flexible: bool,
+    /// Whether the runtime is best-effort: its threads run at idle priority,
+    /// so it divides the budget among best-effort runtimes only, and takes
+    /// nothing from the others.
+    pub best_effort: bool,
 }
 
 /// The shares of the core budget, one per claim, in the claims' order (the
@@ -361,19 +365,25 @@ pub(crate) struct Claim {
 /// compute stream each; 1 rank: both); a remainder goes to the latest
 /// registered (4 cores, 3 ranks of 2 streams: 1, 1, 2), since a core left
 /// idle helps no rank. Each claim is computed against its own `budget`.
+/// Best-effort claims and the others are two separate divisions of the
+/// budget: a best-effort runtime's threads run at idle priority and take only
+/// the cycles the others leave, so it reduces no other share.
 pub(crate) fn fair_shares(claims: &[Claim]) -> Vec<usize> {
     let share_of = |i: usize| -> usize {
         let me = claims[i];
         if !me.flexible {
             return me.demand.max(1);
         }
+        let peer = |c: &Claim| c.best_effort == me.best_effort;
         let fixed: usize = claims
             .iter()
-            .filter(|c| !c.flexible)
+            .filter(|c| !c.flexible && peer(c))
             .map(|c| c.demand)
             .sum();
         let mut left = me.budget.saturating_sub(fixed);
-        let mut order: Vec<usize> = (0..claims.len()).filter(|&j| claims[j].flexible).collect();
+        let mut order: Vec<usize> = (0..claims.len())
+            .filter(|&j| claims[j].flexible && peer(&claims[j]))
+            .collect();
         order.sort_by_key(|&j| (claims[j].demand, j));
         let mut n = order.len();
         for j in order {
@@ -631,6 +641,7 @@ mod tests {
             budget,
             demand,
             flexible: true,
+            best_effort: false,
         }
     }
 
@@ -653,6 +664,14 @@ mod tests {
         };
         assert_eq!(fair_shares(&[fixed, flex(4, 4)]), vec![3, 1]);
         assert_eq!(fair_shares(&[fixed, flex(2, 4)]), vec![3, 1]);
+        // Best-effort runtimes divide the budget among themselves and take
+        // nothing from the others.
+        let be = Claim {
+            best_effort: true,
+            ..flex(2, 2)
+        };
+        assert_eq!(fair_shares(&[flex(2, 2), be]), vec![2, 2]);
+        assert_eq!(fair_shares(&[be, flex(2, 2), be]), vec![1, 2, 1]);
     }
 
     /// Independent tasks (no predecessor) over `n` placements: the streams used.

@@ -11,8 +11,8 @@
 //!   order; only then does the task count as done, release its buffers and
 //!   record its device-timed span.
 
-use super::live;
 use super::replay::{join_error, Run, JOIN};
+use super::{live, tenants};
 use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK};
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
@@ -41,6 +41,9 @@ pub(crate) fn spawn(
     );
     std::thread::Builder::new().name(name).spawn(move || {
         crate::topo::pin_stream_thread(s);
+        if driver.is_none() && shared.class == crate::kind::Class::BestEffort {
+            tenants::lower_this_thread();
+        }
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
         match driver {
             None => run_cpu(&shared, s),
@@ -101,6 +104,7 @@ fn run_cpu(shared: &Shared, s: usize) {
             }
             let measure = sample(shared, &task, &mut tasks_run);
             let timed = shared.profiling || measure;
+            tenants::admit(shared);
             let start = if timed { now_ns() } else { 0 };
             live::running(shared, s, Some((task.id, &task.name)));
             let (outcome, checks) = run_task(&task, &preds, body, on_skip, true, || {
@@ -173,6 +177,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         let i = step.task as usize;
         let t = &plan.tasks[i];
         let id = run.id_base + i as u64;
+        tenants::admit(shared);
         let start = if shared.profiling { now_ns() } else { 0 };
         live::running(shared, s, Some((id, &t.name)));
         let cause = external.map(|p| p.name.as_ref()).or_else(|| {
@@ -397,6 +402,10 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
                     continue;
                 }
             };
+            // Best effort launches nothing while latency-critical work is
+            // unfinished: the device queue it leaves is the bundle a
+            // latency-critical kernel may wait behind.
+            tenants::admit(shared);
             inflight.push_back(launch_cuda(shared, s, &d, task));
             poll(shared, s, &d, &mut inflight, false);
         }

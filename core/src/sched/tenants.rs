@@ -1,0 +1,97 @@
+//! Priority classes across the runtimes of one process (`Class`).
+//!
+//! GPUs cannot preempt a running kernel, and a CPU stream thread does not
+//! stop in the middle of a task, so a latency-critical task is protected by
+//! admission, not preemption: a best-effort stream thread starts a task (or
+//! a replayed step) only while no latency-critical runtime of the process has
+//! an unfinished task. A latency-critical task therefore waits for at most the
+//! best-effort work already started — one task per best-effort stream on the
+//! CPU, what is already launched on CUDA.
+//!
+//! On the CPU the operating system also helps: best-effort stream threads run
+//! at `SCHED_IDLE` (Linux), so a task already running yields its core the
+//! moment a latency-critical (or normal) thread wants it. Raising a priority
+//! needs privileges; lowering one does not, so latency-critical threads keep
+//! the default policy.
+//!
+//! A best-effort runtime waits while latency-critical work keeps arriving:
+//! best effort is what it is. Its failures stay its own (errors are per
+//! runtime); nothing here waits on a best-effort runtime.
+
+use super::Shared;
+use crate::sync::Ordering;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{RwLock, Weak};
+use std::time::Duration;
+
+/// The latency-critical runtimes alive in the process.
+static LATENCY_CRITICAL: RwLock<Vec<(u64, Weak<Shared>)>> = RwLock::new(Vec::new());
+/// How many there are (read first: the common case has none).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a held-back best-effort thread sleeps between looks.
+const POLL: Duration = Duration::from_micros(20);
+
+/// A latency-critical runtime's registration; leaving on drop.
+#[derive(Debug)]
+pub(crate) struct Registration(u64);
+
+/// Registers `shared` (a latency-critical runtime) until the registration
+/// drops.
+pub(crate) fn register(shared: &crate::sync::Arc<Shared>) -> Registration {
+    let id = shared.runtime_id;
+    #[cfg(not(loom))]
+    let weak = crate::sync::Arc::downgrade(shared);
+    #[cfg(loom)]
+    let weak: Weak<Shared> = Weak::new();
+    let mut lc = LATENCY_CRITICAL.write().unwrap_or_else(|p| p.into_inner());
+    lc.push((id, weak));
+    COUNT.store(lc.len(), Ordering::Release);
+    Registration(id)
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut lc = LATENCY_CRITICAL.write().unwrap_or_else(|p| p.into_inner());
+        lc.retain(|(id, _)| *id != self.0);
+        COUNT.store(lc.len(), Ordering::Release);
+    }
+}
+
+/// Whether a latency-critical runtime of the process has unfinished tasks.
+pub(crate) fn latency_critical_busy() -> bool {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let lc = LATENCY_CRITICAL.read().unwrap_or_else(|p| p.into_inner());
+    lc.iter()
+        .filter_map(|(_, w)| w.upgrade())
+        .any(|s| s.submitted.load(Ordering::Acquire) > s.completed.get())
+}
+
+/// Called by a best-effort stream thread before it starts a task: returns
+/// once no latency-critical task is unfinished.
+pub(crate) fn admit(shared: &Shared) {
+    if shared.class != crate::kind::Class::BestEffort {
+        return;
+    }
+    while latency_critical_busy() {
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Lowers the calling (stream) thread to the idle scheduling policy, for a
+/// best-effort CPU runtime. Best effort: a system that refuses keeps the
+/// default policy.
+pub(crate) fn lower_this_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid `sched_param` for the call's duration;
+        // pid 0 names the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            tracing::debug!("SCHED_IDLE refused: {}", std::io::Error::last_os_error());
+        }
+    }
+}

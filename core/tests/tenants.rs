@@ -1,0 +1,114 @@
+//! Priority classes across the runtimes of a process (`RuntimeBuilder::class`).
+
+use braid::{BackendKind, Class, Runtime, TaskError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+fn cpu(class: Class) -> Runtime {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .class(class)
+        .build()
+        .unwrap()
+}
+
+/// A best-effort task does not start while a latency-critical task is
+/// unfinished, and starts once it finishes; a normal runtime is not held
+/// back. The best-effort runtime's results are those of its program.
+#[test]
+fn best_effort_waits_for_latency_critical_work() {
+    let lc = cpu(Class::LatencyCritical);
+    let be = cpu(Class::BestEffort);
+    let normal = cpu(Class::Normal);
+    let (release, gate) = mpsc::channel::<()>();
+    let (started_tx, started) = mpsc::channel::<()>();
+    let a = lc.alloc("a", 4).unwrap();
+    lc.task("serve")
+        .run(a.write::<u8>(), move |_| {
+            started_tx.send(()).unwrap();
+            let _ = gate.recv_timeout(Duration::from_secs(20));
+        })
+        .unwrap();
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let b = be.alloc_from("b", &[1.0f32, 2.0]).unwrap();
+    let flag = ran.clone();
+    be.task("train")
+        .run(b.read_write::<f32>(), move |b| {
+            flag.store(true, Ordering::SeqCst);
+            for x in b.iter_mut() {
+                *x *= 3.0;
+            }
+        })
+        .unwrap();
+    let n = normal.alloc("n", 4).unwrap();
+    normal
+        .task("other")
+        .run(n.write::<u8>(), |_| ())
+        .unwrap()
+        .wait()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "a best-effort task started beside an unfinished latency-critical one"
+    );
+    release.send(()).unwrap();
+    lc.synchronize().unwrap();
+    be.synchronize().unwrap();
+    assert!(ran.load(Ordering::SeqCst));
+    assert_eq!(be.read_vec::<f32>(&b).unwrap(), vec![3.0, 6.0]);
+}
+
+/// A best-effort program that fails harms no other: its error surfaces on
+/// its own runtime, the latency-critical one's tasks complete.
+#[test]
+fn a_failing_best_effort_program_harms_no_other() {
+    let lc = cpu(Class::LatencyCritical);
+    let be = cpu(Class::BestEffort);
+    let b = be.alloc("b", 4).unwrap();
+    be.task("breaks")
+        .run(b.write::<u8>(), |_| -> Result<(), TaskError> {
+            panic!("best-effort bug")
+        })
+        .unwrap();
+    be.task("after").run(b.read::<u8>(), |_| ()).unwrap();
+    let x = lc.alloc_from("x", &[1.0f32; 8]).unwrap();
+    for _ in 0..20 {
+        lc.task("serve")
+            .run(x.read_write::<f32>(), |x| {
+                for v in x.iter_mut() {
+                    *v += 1.0;
+                }
+            })
+            .unwrap();
+    }
+    lc.synchronize().unwrap();
+    assert_eq!(lc.read_vec::<f32>(&x).unwrap(), vec![21.0; 8]);
+    let err = be.synchronize().unwrap_err();
+    assert!(err.to_string().contains("best-effort bug"), "{err}");
+}
+
+/// Best-effort CPU stream threads run at the idle scheduling policy; the
+/// others keep the default.
+#[cfg(target_os = "linux")]
+#[test]
+fn best_effort_threads_run_at_idle_priority() {
+    let policy_in = |class: Class| -> i32 {
+        let rt = cpu(class);
+        let out = rt.alloc("out", 4).unwrap();
+        rt.task("policy")
+            .run(out.write::<i32>(), |o| {
+                // SAFETY: pid 0 names the calling thread.
+                o[0] = unsafe { libc::sched_getscheduler(0) };
+            })
+            .unwrap();
+        rt.read_vec::<i32>(&out).unwrap()[0]
+    };
+    assert_eq!(policy_in(Class::BestEffort), libc::SCHED_IDLE);
+    assert_eq!(policy_in(Class::Normal), libc::SCHED_OTHER);
+    assert_eq!(policy_in(Class::LatencyCritical), libc::SCHED_OTHER);
+}
