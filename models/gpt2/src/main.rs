@@ -156,6 +156,11 @@ struct TrainArgs {
     /// classifier's part at once and exchanging the encoder's rows at the end.
     #[arg(long)]
     no_tied_split: bool,
+    /// The run's priority class: latency-critical, normal or best-effort
+    /// (best-effort CPU stream threads run at the idle scheduling priority;
+    /// see docs/tenants.md).
+    #[arg(long, default_value = "normal", value_parser = parse_class)]
+    class: braid::Class,
     /// Fused attention and fused classifier (CPU only): no (B, NH, T, T)
     /// attention matrices and no (B, T, V) probabilities kept.
     #[arg(long)]
@@ -236,6 +241,11 @@ struct SampleArgs {
 
 fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
     s.parse().map_err(|e: braid::Error| e.to_string())
+}
+
+fn parse_class(s: &str) -> std::result::Result<braid::Class, String> {
+    braid::Class::from_name(s)
+        .ok_or_else(|| format!("`{s}` is not a class (latency-critical, normal or best-effort)"))
 }
 
 fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
@@ -420,6 +430,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         replay: !a.no_replay,
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
+        class: a.class,
         fused: a.fused,
         fault: a.inject_fault,
     };

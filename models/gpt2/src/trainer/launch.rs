@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use braid::comm::{NcclCommunicator, NCCL_TIMEOUT};
-use braid::{BackendKind, Comm, LocalCommConfig, Policy, Runtime};
+use braid::{BackendKind, Class, Comm, LocalCommConfig, Policy, Runtime};
 
 use super::rank::{run_rank, RankOutcome};
 use super::{DistEnv, StartState, StepReport, TrainOptions};
@@ -68,7 +68,7 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, false)
+    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal))
 }
 
 /// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
@@ -78,7 +78,7 @@ fn model_runtime_with(
     streams: usize,
     policy: Policy,
     rank: usize,
-    oversubscribe: bool,
+    (oversubscribe, class): (bool, Class),
 ) -> Result<Runtime> {
     let rt = Runtime::builder()
         .backend(resolve_backend(backend)?)
@@ -86,6 +86,7 @@ fn model_runtime_with(
         .comm_streams(1)
         .policy(policy)
         .oversubscribe(oversubscribe)
+        .class(class)
         .rank(rank)
         .profile(true)
         .build()?;
@@ -107,7 +108,8 @@ fn model_runtime_with(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    model_runtime_with(backend, opts.streams, opts.policy, rank, opts.oversubscribe)
+    let how = (opts.oversubscribe, opts.class);
+    model_runtime_with(backend, opts.streams, opts.policy, rank, how)
 }
 
 /// Where rank `rank` of a torchrun job writes its trace when rank 0 writes

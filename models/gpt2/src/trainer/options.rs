@@ -81,6 +81,10 @@ pub struct TrainOptions {
     /// ([`ModelOptions::fused`](crate::model::ModelOptions)): CPU ranks only,
     /// off by default.
     pub fused: bool,
+    /// The run's priority class among the Braid programs of the process
+    /// (default: normal; `best-effort` trains in the cycles a
+    /// latency-critical program beside it leaves, docs/tenants.md).
+    pub class: braid::Class,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -133,6 +137,7 @@ impl Default for TrainOptions {
             reduce_single_rank: false,
             tied_split: true,
             fused: false,
+            class: braid::Class::Normal,
             fault: None,
         }
     }

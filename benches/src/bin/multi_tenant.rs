@@ -1,0 +1,173 @@
+//! Two programs on one node: a latency-critical one (GPT-2 `tiny` forward
+//! at batch 1, requests at a fixed rate) beside a best-effort GPT-2 training
+//! run (2 CPU ranks by default), threads of one process, each with its own
+//! runtime. Each is measured alone, then both together, with their classes
+//! (`latency-critical`, `best-effort`) and, as the baseline, both `normal`
+//! (what sharing did before classes existed), all in the same run. Prints
+//! latency p50/p99 and training throughput for each, and ends with
+//! `lc_p99_ratio=<shared/solo> be_throughput_ratio=<shared/solo>` for the
+//! run with classes. Figures only; nothing is asserted.
+//!
+//! A request is one forward pass: upload the tokens, run the model, read the
+//! logits back; its latency runs from the moment it is due (a fixed
+//! schedule, `--period-ms` apart) to the logits in hand, so a request that
+//! could not start on time counts its wait. Training throughput leaves the
+//! first step (recording, warm-up) out.
+//!
+//! `cargo run --release -p braid-benches --bin multi_tenant -- --requests 150 --period-ms 20`
+
+use anyhow::{Context, Result};
+use braid::{BackendKind, Class, Runtime};
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::{Split, TokenSource};
+use braid_gpt2::model::{init_params, Gpt2Model};
+use braid_gpt2::trainer::{train, StartState, TrainOptions};
+use clap::Parser;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "A latency-critical program beside a best-effort one: alone and together")]
+struct Args {
+    /// Requests of the solo latency-critical run (the shared runs issue
+    /// requests for as long as training lasts).
+    #[arg(long, default_value_t = 150)]
+    requests: usize,
+    /// Time between requests, ms.
+    #[arg(long, default_value_t = 20.0)]
+    period_ms: f64,
+    /// Tokens per request (batch 1).
+    #[arg(long, default_value_t = 64)]
+    request_tokens: usize,
+    /// The training run's model.
+    #[arg(long, default_value = "small")]
+    be_model: String,
+    /// Training steps (the first is left out of the throughput).
+    #[arg(long, default_value_t = 12)]
+    be_steps: u64,
+    /// Training ranks (CPU threads).
+    #[arg(long, default_value_t = 2)]
+    be_ranks: usize,
+}
+
+/// Latencies of a run of requests, ms.
+struct Latency(Vec<f64>);
+
+impl Latency {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+        v[i]
+    }
+}
+
+/// Serves requests at a fixed rate until `count` are done or `stop` is set
+/// (then at least `min` are served).
+fn serve(a: &Args, class: Class, count: usize, stop: Option<&AtomicBool>) -> Result<Latency> {
+    let cfg = Gpt2Config::tiny();
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .class(class)
+        .build()?;
+    let mut model = Gpt2Model::new(&rt, &cfg, 1, a.request_tokens)?;
+    model.upload_params(&rt, &init_params(&cfg, 7))?;
+    let tokens: Vec<u32> = (0..a.request_tokens as u32)
+        .map(|i| (i * 37 + 11) % cfg.vocab_size as u32)
+        .collect();
+    // Warm-up: the first passes allocate and measure.
+    for _ in 0..5 {
+        model.forward(&rt, &tokens, None)?;
+        model.read_logits(&rt)?;
+    }
+    let period = Duration::from_secs_f64(a.period_ms / 1e3);
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    for i in 0.. {
+        let done = stop.map_or(i >= count, |s| s.load(Ordering::Acquire));
+        if done {
+            break;
+        }
+        let due = start + period * i as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        model.forward(&rt, &tokens, None)?;
+        model.read_logits(&rt)?;
+        lat.push(due.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Latency(lat))
+}
+
+/// Trains and returns tokens/s over the steps after the first.
+fn train_be(a: &Args, class: Class) -> Result<f64> {
+    let cfg = Gpt2Config::from_name(&a.be_model).context("--be-model")?;
+    let opts = TrainOptions {
+        model: cfg,
+        seq_len: 64,
+        steps: a.be_steps,
+        ranks: a.be_ranks,
+        class,
+        ..TrainOptions::default()
+    };
+    let data = TokenSource::builtin(Split::Train)?;
+    let report = train(&opts, StartState::fresh(&opts.model, 1), &data, &|_| {})?;
+    let steps = report.steps.get(1..).unwrap_or_default();
+    let tokens: usize = steps.iter().map(|s| s.tokens).sum();
+    let secs: f64 = steps.iter().map(|s| s.seconds).sum();
+    Ok(tokens as f64 / secs.max(1e-9))
+}
+
+/// Both programs at once: training in a thread, requests while it runs.
+fn shared(a: &Args, lc: Class, be: Class) -> Result<(Latency, f64)> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let trainer = s.spawn(|| {
+            let r = train_be(a, be);
+            stop.store(true, Ordering::Release);
+            r
+        });
+        let lat = serve(a, lc, 0, Some(&stop));
+        let tput = trainer.join().expect("the training thread panicked");
+        Ok((lat?, tput?))
+    })
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let solo_lc = serve(&a, Class::LatencyCritical, a.requests, None)?;
+    println!(
+        "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
+        solo_lc.0.len(),
+        solo_lc.pct(0.5),
+        solo_lc.pct(0.99)
+    );
+    let solo_be = train_be(&a, Class::BestEffort)?;
+    println!("best-effort alone: {solo_be:.0} tokens/s");
+    let mut last = (0.0, 0.0);
+    for (label, lc, be) in [
+        ("both normal (no classes)", Class::Normal, Class::Normal),
+        (
+            "latency-critical + best-effort",
+            Class::LatencyCritical,
+            Class::BestEffort,
+        ),
+    ] {
+        let (lat, tput) = shared(&a, lc, be)?;
+        let (p99, ratio) = (lat.pct(0.99) / solo_lc.pct(0.99), tput / solo_be);
+        println!(
+            "together, {label}: {} requests, p50 {:.3} ms, p99 {:.3} ms ({p99:.2}x alone); \
+             training {tput:.0} tokens/s ({ratio:.2}x alone)",
+            lat.0.len(),
+            lat.pct(0.5),
+            lat.pct(0.99),
+        );
+        last = (p99, ratio);
+    }
+    println!(
+        "lc_p99_ratio={:.3} be_throughput_ratio={:.3}",
+        last.0, last.1
+    );
+    Ok(())
+}
