@@ -244,7 +244,12 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
-        let backend = Backend::open(self.backend, self.compute_streams, self.comm_streams)?;
+        let backend = Backend::open(
+            self.backend,
+            self.compute_streams,
+            self.comm_streams,
+            self.class,
+        )?;
         let runtime_id = next_id(IdKind::Runtime);
         // CPU stream threads are busy threads: register with the process's
         // core budget. CUDA stream threads mostly block: they do not count.

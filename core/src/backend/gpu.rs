@@ -40,11 +40,23 @@ pub(crate) struct TimelineAt {
 }
 
 impl CudaBackend {
-    pub(crate) fn open(ordinal: usize, compute: usize, comm: usize) -> Result<Self> {
+    /// Opens device `ordinal` with `compute` and `comm` streams. A
+    /// latency-critical runtime's compute streams get the highest priority
+    /// too, so its kernels are scheduled before those of other programs'
+    /// streams as soon as blocks free up.
+    pub(crate) fn open(
+        ordinal: usize,
+        compute: usize,
+        comm: usize,
+        class: crate::kind::Class,
+    ) -> Result<Self> {
         let device = CudaDevice::open(ordinal)?;
         let mut streams = Vec::with_capacity(compute + comm);
         for _ in 0..compute {
-            streams.push(CudaStream::compute(&device)?);
+            streams.push(match class {
+                crate::kind::Class::LatencyCritical => CudaStream::comm(&device)?,
+                _ => CudaStream::compute(&device)?,
+            });
         }
         for _ in 0..comm {
             streams.push(CudaStream::comm(&device)?);

@@ -122,11 +122,18 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    pub(crate) fn open(kind: BackendKind, compute: usize, comm: usize) -> Result<Self> {
+    pub(crate) fn open(
+        kind: BackendKind,
+        compute: usize,
+        comm: usize,
+        class: crate::kind::Class,
+    ) -> Result<Self> {
         match kind {
             BackendKind::Cpu => Ok(Backend::Cpu),
             BackendKind::Auto => match cuda::cuda_available() {
-                Ok(n) if n > 0 => Ok(Backend::Cuda(gpu::CudaBackend::open(0, compute, comm)?)),
+                Ok(n) if n > 0 => Ok(Backend::Cuda(gpu::CudaBackend::open(
+                    0, compute, comm, class,
+                )?)),
                 _ => Ok(Backend::Cpu),
             },
             BackendKind::Cuda { device } => {
@@ -138,7 +145,7 @@ impl Backend {
                     });
                 }
                 Ok(Backend::Cuda(gpu::CudaBackend::open(
-                    device, compute, comm,
+                    device, compute, comm, class,
                 )?))
             }
         }
