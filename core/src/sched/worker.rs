@@ -41,8 +41,8 @@ pub(crate) fn spawn(
     );
     std::thread::Builder::new().name(name).spawn(move || {
         crate::topo::pin_stream_thread(s);
-        if driver.is_none() && shared.class == crate::kind::Class::BestEffort {
-            tenants::lower_this_thread();
+        if driver.is_none() {
+            shared.class.enter();
         }
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
         match driver {

@@ -201,6 +201,9 @@ pub(super) fn train_cpu(
         world,
         LocalCommConfig::default().timeout(opts.comm_timeout),
         |rank, comm| {
+            // The rank's own thread submits and waits: it yields like the
+            // stream threads of its class.
+            opts.class.enter();
             build_runtime(opts, BackendKind::Cpu, rank)
                 .and_then(|rt| run_rank(opts, rt, rank, world, Some(comm), start, data, on_step))
                 .map_err(|e| {
