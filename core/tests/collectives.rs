@@ -472,6 +472,54 @@ fn a_rank_that_never_arrives_fails_everyone() {
     }
 }
 
+/// A rank whose task never returns cannot be joined: the others fail within
+/// the collective timeout, naming the collective, and `spawn_ranks` gives up
+/// on the stuck rank after the grace period instead of hanging.
+#[test]
+fn a_rank_stuck_in_a_task_is_abandoned_after_the_grace_period() {
+    let (unstick, stuck) = std::sync::mpsc::channel::<()>();
+    let stuck = std::sync::Arc::new(Mutex::new(stuck));
+    let started = std::time::Instant::now();
+    let mut ranks = braid::comm::spawn_ranks(
+        2,
+        short(300),
+        Duration::from_millis(200),
+        move |rank, comm| {
+            let rt = runtime(rank)?;
+            let x = rt.alloc("x", 64)?;
+            if rank == 1 {
+                let stuck = stuck.clone();
+                rt.task("never returns").run(x.write::<f32>(), move |_| {
+                    // Until the test ends (a task that never returns).
+                    let _ = stuck.lock().unwrap().recv();
+                })?;
+            }
+            comm.bind(&rt)?
+                .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
+            rt.synchronize()
+        },
+    );
+    let out = loop {
+        if let Some(out) = ranks.poll(Duration::from_millis(50)) {
+            break out;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "spawn_ranks hung"
+        );
+    };
+    let e = out[0].as_ref().expect_err("rank 0 must fail");
+    let (_, _, msg) = collective(e).unwrap_or_else(|| panic!("rank 0: {e}"));
+    assert!(msg.contains("timed out"), "{e}");
+    assert!(
+        e.to_string().contains("all_reduce"),
+        "the error names the collective: {e}"
+    );
+    let e = out[1].as_ref().expect_err("rank 1 must fail");
+    assert!(e.to_string().contains("abandoned"), "{e}");
+    drop(unstick);
+}
+
 #[test]
 fn a_panicking_rank_fails_everyone() {
     let out = launch_with(2, short(30_000), |rank, comm| {

@@ -33,6 +33,7 @@ use super::local::{LocalComm, LocalCommConfig};
 use super::Comm;
 use crate::error::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 
 /// Runs `f(rank, comm)` on `world_size` rank threads with the default
 /// configuration (60 s timeout); returns each rank's result, in rank order.
@@ -52,7 +53,7 @@ where
 {
     let comms = LocalComm::group(world_size, config);
     let probe = comms.first().map(LocalComm::handle);
-    let mut results: Vec<(Result<T>, u64)> = std::thread::scope(|s| {
+    let results: Vec<(Result<T>, u64)> = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(world_size);
         for (rank, local) in comms.into_iter().enumerate() {
             let f = &f;
@@ -87,6 +88,12 @@ where
             })
             .collect()
     });
+    finish(probe.as_ref(), results)
+}
+
+/// Whole-job failure: if the group is poisoned, every rank whose closure
+/// returned `Ok` gets an error saying why the job failed.
+fn finish<T>(probe: Option<&LocalComm>, mut results: Vec<(Result<T>, u64)>) -> Vec<Result<T>> {
     if let Some(reason) = probe.and_then(|p| p.poisoned()) {
         for (rank, (r, issued)) in results.iter_mut().enumerate() {
             if r.is_ok() {
@@ -100,6 +107,117 @@ where
         }
     }
     results.into_iter().map(|(r, _)| r).collect()
+}
+
+/// Rank threads that the caller watches rather than joins ([`spawn_ranks`]).
+///
+/// A rank whose task never returns cannot be joined. Once the job has failed
+/// (a rank departed with an error: the others' collectives fail within their
+/// timeout, naming the collective), [`Ranks::poll`] waits at most the grace
+/// period for the remaining ranks, then gives up on them: each gets an error
+/// saying it was abandoned, and its thread is left running (it holds its
+/// runtime, whose stream thread is stuck in the task); the process ends it
+/// when it exits. Failure stays whole-job, as with [`launch_with`].
+pub struct Ranks<T> {
+    done: std::sync::mpsc::Receiver<(usize, (Result<T>, u64))>,
+    results: Vec<Option<(Result<T>, u64)>>,
+    probe: Option<LocalComm>,
+    grace: Duration,
+    /// When the job was first seen failed.
+    failed_at: Option<Instant>,
+}
+
+impl<T> std::fmt::Debug for Ranks<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let left = self.results.iter().filter(|r| r.is_none()).count();
+        write!(f, "Ranks({} of {} running)", left, self.results.len())
+    }
+}
+
+/// Starts `f(rank, comm)` on `world_size` rank threads that are not joined
+/// but watched ([`Ranks::poll`]); `grace`: how long to wait for the other
+/// ranks once the job has failed.
+pub fn spawn_ranks<T, F>(
+    world_size: usize,
+    config: LocalCommConfig,
+    grace: Duration,
+    f: F,
+) -> Ranks<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, Comm) -> Result<T> + Send + Sync + 'static,
+{
+    let comms = LocalComm::group(world_size, config);
+    let probe = comms.first().map(LocalComm::handle);
+    let (tx, done) = std::sync::mpsc::channel();
+    let f = std::sync::Arc::new(f);
+    for (rank, local) in comms.into_iter().enumerate() {
+        let (f, to) = (f.clone(), tx.clone());
+        let keep = local.handle();
+        let spawned = std::thread::Builder::new()
+            .name(format!("braid-rank{rank}"))
+            .spawn(move || {
+                let out = run_rank(rank, local, &*f);
+                let _ = to.send((rank, out));
+            });
+        if let Err(e) = spawned {
+            keep.depart(0, format!("its thread could not start: {e}"));
+            let e = Error::Config(format!("cannot start the thread of rank {rank}: {e}"));
+            let _ = tx.send((rank, (Err(e), 0)));
+        }
+    }
+    Ranks {
+        done,
+        results: (0..world_size).map(|_| None).collect(),
+        probe,
+        grace,
+        failed_at: None,
+    }
+}
+
+impl<T> Ranks<T> {
+    /// Waits up to `wait` for ranks to finish. Returns every rank's result,
+    /// in rank order, once all have finished — or once the job has failed and
+    /// the grace period has passed, the ranks still running abandoned.
+    pub fn poll(&mut self, wait: Duration) -> Option<Vec<Result<T>>> {
+        let deadline = Instant::now() + wait;
+        while self.results.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.done.recv_timeout(left) {
+                Ok((rank, out)) => self.results[rank] = Some(out),
+                Err(_) => break,
+            }
+        }
+        let failed = self.probe.as_ref().and_then(LocalComm::poisoned);
+        if failed.is_some() && self.failed_at.is_none() {
+            self.failed_at = Some(Instant::now());
+        }
+        let running = self.results.iter().any(Option::is_none);
+        let give_up = self.failed_at.is_some_and(|t| t.elapsed() >= self.grace);
+        if running && !give_up {
+            return None;
+        }
+        let grace = self.grace;
+        let results = std::mem::take(&mut self.results)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| {
+                r.unwrap_or_else(|| {
+                    let e = Error::Collective {
+                        rank,
+                        index: 0,
+                        op: "launch".into(),
+                        message: format!(
+                            "rank {rank} did not finish within {grace:?} of the job failing \
+                             (a task that never returns?); its thread is abandoned"
+                        ),
+                    };
+                    (Err(e), 0)
+                })
+            })
+            .collect();
+        Some(finish(self.probe.as_ref(), results))
+    }
 }
 
 /// One rank's thread: run the closure, catch its panic, mark the rank

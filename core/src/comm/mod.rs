@@ -78,7 +78,7 @@ mod sparse;
 pub use braid_cuda::nccl;
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
 pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
-pub use launch::{launch, launch_with};
+pub use launch::{launch, launch_with, spawn_ranks, Ranks};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 pub use sparse::SparseRows;
