@@ -148,6 +148,8 @@ pub fn train(
         },
         trace: None,
         checkpoint: None,
+        optimizer_bytes: Vec::new(),
+        zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -156,6 +158,7 @@ pub fn train(
             report.checkpoint = o.checkpoint;
         }
         report.param_hashes.push(o.hash);
+        report.optimizer_bytes.push(o.optimizer_bytes);
         report.summaries.push(o.profile.summary());
         report.profiles.push(o.profile);
     }
