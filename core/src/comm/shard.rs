@@ -105,6 +105,9 @@ mod tests {
         let t = BucketShard::new(&small, 2, 4);
         assert!(t.owned.is_empty() && t.head.is_empty());
         assert_eq!(t.tail, 0..3);
-        assert_eq!(owned_ranges(&[s[1].clone(), t]), vec![0..3, 102..104, 108..111]);
+        assert_eq!(
+            owned_ranges(&[s[1].clone(), t]),
+            vec![0..3, 102..104, 108..111]
+        );
     }
 }

@@ -431,7 +431,10 @@ fn zero1_at_two_and_four_ranks_reproduces_one_rank_on_the_combined_batch() {
             // Steps 2..=5 reduce-scatter and gather (step 1 all-reduces).
             let scatters = spans(p, "reduce_scatter bucket").count();
             let gathers = spans(p, "all_gather params").count();
-            assert!(scatters >= 4 && gathers >= 4, "{label}: {scatters} reduce-scatters, {gathers} gathers");
+            assert!(
+                scatters >= 4 && gathers >= 4,
+                "{label}: {scatters} reduce-scatters, {gathers} gathers"
+            );
         }
     }
 }
@@ -501,10 +504,17 @@ fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
     }
 
     let rest = run(&zero1(2, 2, 5), StartState::from_checkpoint(ckpt));
-    assert_eq!(rest.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3, 4, 5]);
+    assert_eq!(
+        rest.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&losses(&rest)), bits(&losses(&straight)[2..]));
-    assert_eq!(bits(&rest.params), bits(&straight.params), "final parameters");
+    assert_eq!(
+        bits(&rest.params),
+        bits(&straight.params),
+        "final parameters"
+    );
 }
 
 /// At another rank count a ZeRO-1 checkpoint is re-sharded: each rank takes
@@ -519,7 +529,10 @@ fn zero1_checkpoints_reshard_at_another_rank_count() {
     let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
     let single = run(&options(1, 4, 5), StartState::from_checkpoint(ckpt.clone()));
     let four = run(&zero1(4, 1, 5), StartState::from_checkpoint(ckpt));
-    assert_eq!(four.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3, 4, 5]);
+    assert_eq!(
+        four.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
     assert_matches_single(&four, &single, "ZeRO-1 checkpoint of 2 ranks resumed at 4");
 }
 
@@ -558,8 +571,28 @@ fn zero1_a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpo
         let want = (fault_step - 1) / 2 * 2;
         assert_eq!(ckpt.step, want, "replay {replay}");
         let n = Gpt2Config::tiny().num_parameters();
-        assert_eq!((ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()), (n, n, n));
-        assert!(ckpt.params.iter().chain(&ckpt.adam_v).all(|p| p.is_finite()));
+        assert_eq!(
+            (ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()),
+            (n, n, n)
+        );
+        assert!(ckpt
+            .params
+            .iter()
+            .chain(&ckpt.adam_v)
+            .all(|p| p.is_finite()));
         assert!(ckpt.adam_v.iter().all(|&v| v >= 0.0));
     }
+}
+
+/// With ZeRO-1 too (the parameter all-gathers inside the recorded step),
+/// replayed steps equal eager ones bit for bit.
+#[test]
+fn zero1_replayed_steps_equal_eager_steps_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 11);
+    let mut eager = zero1(2, 2, 6);
+    eager.replay = false;
+    let (a, b) = (run(&eager, start.clone()), run(&zero1(2, 2, 6), start));
+    assert_eq!(losses(&a), losses(&b));
+    assert_eq!(a.params, b.params);
+    assert_eq!(b.steps.iter().filter(|s| s.replayed).count(), 3);
 }

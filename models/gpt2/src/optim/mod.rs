@@ -116,7 +116,12 @@ impl AdamW {
             });
         }
         check_max_norm(max_grad_norm)?;
-        let norm_chunks = chunks.iter().cloned().enumerate().map(|(i, c)| (c, i)).collect();
+        let norm_chunks = chunks
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, c)| (c, i))
+            .collect();
         Self::build(rt, n, chunks, norm_chunks, None, hyper, max_grad_norm)
     }
 

@@ -121,7 +121,9 @@ impl AdamW {
                 });
             }
             if s.slots_per_rank > 0 {
-                let all = self.partials.view_of::<f64>(0..s.slots_per_rank * s.world)?;
+                let all = self
+                    .partials
+                    .view_of::<f64>(0..s.slots_per_rank * s.world)?;
                 comm.all_gather::<f64>(&all)?;
             }
         }
