@@ -20,6 +20,14 @@
 //! bucket order, the one-time bucket rebuild broadcast, then the loss
 //! all-reduce), as the collectives require.
 //!
+//! With ZeRO-1 (`TrainOptions::zero`), the reducer reduce-scatters the
+//! buckets from the second step on, the optimizer (`AdamW::sharded`, made
+//! after the first step's backward pass, once the buckets are final) keeps
+//! state for and updates this rank's shard, the norm's partial sums are
+//! all-gathered, and each step starts with the all-gathers of the parameters
+//! the last one updated; checkpoints gather the full state on every rank
+//! (`docs/collectives.md`).
+//!
 //! # Ranks
 //!
 //! CPU ranks are threads of this process started by [`braid::launch_with`],

@@ -85,8 +85,8 @@ pub(super) fn run_rank(
         }
         None => None,
     };
-    // ZeRO-1's optimizer is made once the reducer's buckets are final (after
-    // the first step's backward pass; see `new_optimizer`), the others now.
+    // ZeRO-1's optimizer is made once the reducer's buckets are final (right
+    // after the first step's `finish`, inside the step), the others now.
     let zero = opts.zero == 1 && reducer.is_some();
     let mut opt = match zero {
         true => None,
@@ -233,7 +233,10 @@ pub(super) fn run_rank(
             }
             None => submit_step(&rt)?,
         }
-        let opt_ref = opt.as_mut().expect("made by the step");
+        let opt_ref = opt.as_mut().ok_or_else(|| Gpt2Error::InvalidSetting {
+            what: "ZeRO-1",
+            reason: "no optimizer after the step".into(),
+        })?;
         // The update stays eager: its step number is a kernel argument.
         opt_ref.update(&rt, model.params(), model.grads())?;
         rt.synchronize()?;
