@@ -517,23 +517,31 @@ fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
     );
 }
 
-/// At another rank count a ZeRO-1 checkpoint is re-sharded: each rank takes
-/// its slices of the full moments. Resumed at 4 ranks (ZeRO-1) and at 1 rank
-/// on the combined batch, the runs agree.
+/// At another rank count a checkpoint is re-sharded: each rank takes its
+/// slices of the full moments. A ZeRO-1 checkpoint of 2 ranks and an
+/// unsharded one, resumed at 4 ranks with ZeRO-1 and at 1 rank on the
+/// combined batch: the runs agree.
 #[test]
 fn zero1_checkpoints_reshard_at_another_rank_count() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut first = zero1(2, 2, 2);
-    first.checkpoint_dir = Some(dir.path().join("ckpt"));
-    run(&first, StartState::fresh(&Gpt2Config::tiny(), 12));
-    let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
-    let single = run(&options(1, 4, 5), StartState::from_checkpoint(ckpt.clone()));
-    let four = run(&zero1(4, 1, 5), StartState::from_checkpoint(ckpt));
-    assert_eq!(
-        four.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
-        [3, 4, 5]
-    );
-    assert_matches_single(&four, &single, "ZeRO-1 checkpoint of 2 ranks resumed at 4");
+    for zero in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = if zero {
+            zero1(2, 2, 2)
+        } else {
+            options(2, 2, 2)
+        };
+        first.checkpoint_dir = Some(dir.path().join("ckpt"));
+        run(&first, StartState::fresh(&Gpt2Config::tiny(), 12));
+        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+        let single = run(&options(1, 4, 5), StartState::from_checkpoint(ckpt.clone()));
+        let four = run(&zero1(4, 1, 5), StartState::from_checkpoint(ckpt));
+        assert_eq!(
+            four.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
+        let label = format!("checkpoint of 2 ranks (ZeRO-1 {zero}) resumed at 4 with ZeRO-1");
+        assert_matches_single(&four, &single, &label);
+    }
 }
 
 /// With ZeRO-1 a rank that panics mid-step stops every rank as without it:
