@@ -405,12 +405,10 @@ fn zero1(ranks: usize, batch_size: usize, steps: u64) -> TrainOptions {
     }
 }
 
-/// ZeRO-1 at 2 and 4 ranks, with and without the tied split, follows one
-/// rank on the combined batch over five steps (the first all-reduces, the
-/// third is recorded, the last two replayed); the buckets really were
-/// reduce-scattered and the parameters gathered.
+/// ZeRO-1 at 2 and 4 ranks, with and without the tied split, and at 3 ranks
+/// (bucket tails), follows one rank on the combined batch over five steps.
 #[test]
-fn zero1_at_two_and_four_ranks_reproduces_one_rank_on_the_combined_batch() {
+fn zero1_at_two_three_and_four_ranks_reproduces_one_rank_on_the_combined_batch() {
     let steps = 5;
     let start = StartState::fresh(&Gpt2Config::tiny(), 5);
     let single = run(&options(1, 4, steps), start.clone());
@@ -419,23 +417,49 @@ fn zero1_at_two_and_four_ranks_reproduces_one_rank_on_the_combined_batch() {
         opts.tied_split = split;
         let r = run(&opts, start.clone());
         let label = format!("ZeRO-1, {ranks} ranks (split {split})");
-        assert_eq!(r.ranks, ranks);
-        assert!(r.zero, "{label}");
-        assert_eq!(
-            r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>(),
-            [false, false, false, true, true],
-            "{label}"
+        check_zero1_run(&r, &single, &label);
+    }
+    // 3 ranks: buckets whose length is not a multiple of 3 have tails
+    // (all-reduced, updated on every rank, counted once in the norm).
+    let single = run(&options(1, 3, steps), start.clone());
+    let r = run(&zero1(3, 1, steps), start);
+    check_zero1_run(&r, &single, "ZeRO-1, 3 ranks");
+    // The first step's gradients are the same bits as unsharded DDP's (the
+    // same averages), so the global norm differs only by how its f64 partial
+    // sums are grouped: every element counted once, tails included.
+    let ddp = run(&options(3, 1, 1), StartState::fresh(&Gpt2Config::tiny(), 5));
+    let (a, b) = (r.steps[0].grad_norm, ddp.steps[0].grad_norm);
+    assert!(
+        (a - b).abs() <= 1e-7 * b,
+        "3 ranks, step 1: ZeRO-1 norm {a} vs unsharded {b}"
+    );
+    let full = 8 * Gpt2Config::tiny().num_parameters();
+    assert!(
+        r.optimizer_bytes.iter().sum::<usize>() > full,
+        "3 ranks: no bucket has a tail ({:?} bytes), so the tails go untested",
+        r.optimizer_bytes
+    );
+}
+
+/// A ZeRO-1 run of five steps (the first all-reduces, the third is recorded,
+/// the last two replayed) follows `single`, and really reduce-scattered its
+/// buckets and gathered its parameters.
+fn check_zero1_run(r: &TrainReport, single: &TrainReport, label: &str) {
+    assert!(r.ranks > 1 && r.zero, "{label}");
+    assert_eq!(
+        r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>(),
+        [false, false, false, true, true],
+        "{label}"
+    );
+    assert_matches_single(r, single, label);
+    for p in &r.profiles {
+        // Steps 2..=5 reduce-scatter and gather (step 1 all-reduces).
+        let scatters = spans(p, "reduce_scatter bucket").count();
+        let gathers = spans(p, "all_gather params").count();
+        assert!(
+            scatters >= 4 && gathers >= 4,
+            "{label}: {scatters} reduce-scatters, {gathers} gathers"
         );
-        assert_matches_single(&r, &single, &label);
-        for p in &r.profiles {
-            // Steps 2..=5 reduce-scatter and gather (step 1 all-reduces).
-            let scatters = spans(p, "reduce_scatter bucket").count();
-            let gathers = spans(p, "all_gather params").count();
-            assert!(
-                scatters >= 4 && gathers >= 4,
-                "{label}: {scatters} reduce-scatters, {gathers} gathers"
-            );
-        }
     }
 }
 
@@ -474,9 +498,10 @@ fn zero1_divides_the_optimizer_state_by_the_ranks() {
 fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
     let dir = tempfile::tempdir().unwrap();
     let start = StartState::fresh(&Gpt2Config::tiny(), 8);
-    let straight = run(&zero1(2, 2, 5), start.clone());
+    // 3 ranks, so that some buckets have tails (see above).
+    let straight = run(&zero1(3, 1, 5), start.clone());
 
-    let mut first = zero1(2, 2, 2);
+    let mut first = zero1(3, 1, 2);
     first.checkpoint_dir = Some(dir.path().join("zero"));
     first.checkpoint_every = Some(1);
     let half = run(&first, start.clone());
@@ -484,7 +509,7 @@ fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
     assert_eq!(ckpt.step, 2);
     assert_eq!(ckpt.params, half.params);
 
-    let mut plain = options(2, 2, 2);
+    let mut plain = options(3, 1, 2);
     plain.checkpoint_dir = Some(dir.path().join("ddp"));
     run(&plain, start);
     let reference = load_checkpoint(dir.path().join("ddp")).unwrap();
@@ -503,7 +528,7 @@ fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
         }
     }
 
-    let rest = run(&zero1(2, 2, 5), StartState::from_checkpoint(ckpt));
+    let rest = run(&zero1(3, 1, 5), StartState::from_checkpoint(ckpt));
     assert_eq!(
         rest.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
         [3, 4, 5]
