@@ -41,7 +41,10 @@
 //! order, `1/world` of the parameters), its sums of squares cover each
 //! element once across the ranks, and [`AdamW::clip_sharded`] all-gathers
 //! the partials before the clip factor, so the norm stays global and every
-//! rank sums the same partials in the same order.
+//! rank sums the same partials in the same order. Its chunks follow the
+//! reducer's final buckets (cut at [`MAX_CHUNK`]) instead of the parameter
+//! groups; those depend only on the program and the number of ranks, so a
+//! run resumed at the same rank count is still bit-identical.
 
 mod zero;
 
