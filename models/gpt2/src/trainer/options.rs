@@ -84,7 +84,9 @@ pub struct TrainOptions {
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1, with a reducer: each bucket is
     /// reduce-scattered, each rank keeps AdamW state for and updates its
     /// shard only, the parameters are all-gathered at the start of the next
-    /// step; see `docs/collectives.md`). Plain `f32` buckets only. Default 0.
+    /// step; see `docs/collectives.md`). Plain `f32` buckets only. With one
+    /// rank and no reducer (`reduce_single_rank` off) it changes nothing.
+    /// Default 0.
     pub zero: u8,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
