@@ -66,6 +66,18 @@
 //! `finish` waits on the host for that one broadcast; no other host waits.
 //! The rebuild happens once (as in PyTorch).
 //!
+//! # ZeRO-1
+//!
+//! With [`BucketConfig::shard`] on, once the layout is final (after the
+//! rebuild, or at once without one) a synced bucket is reduce-scattered
+//! instead of all-reduced (its last `len mod world` elements all-reduced),
+//! so a rank holds the averaged gradients of its shard only;
+//! [`Reducer::shards`] says which, and [`Reducer::all_gather_params`] puts
+//! the ranks' updated parameters back. Until then (the first step) buckets
+//! are all-reduced. The sparse contributions are exchanged as without
+//! sharding and added to the whole gradient, whose shard is then right.
+//! See `shard.rs`.
+//!
 //! # `no_sync`
 //!
 //! While sync is off ([`Reducer::no_sync`], [`Reducer::set_sync`]),
@@ -73,6 +85,7 @@
 //! gradients accumulate locally. The next synchronised step reduces the
 //! accumulated gradients. Switch between steps, not inside one.
 
+use super::shard::BucketShard;
 use super::{Bf16, BoundComm, Buffers, CollectiveKind, DType, ReduceOp};
 use crate::buffer::{Buffer, View};
 use crate::error::{Error, Result};
@@ -149,6 +162,11 @@ pub struct BucketConfig {
     pub rebuild: bool,
     /// How buckets travel (default: plain `f32`).
     pub compression: Compression,
+    /// ZeRO-1: reduce-scatter each bucket instead of all-reducing it, so
+    /// each rank holds the averaged gradients of its shard only (default
+    /// off; see `shard.rs` and [`Reducer::shards`]). Plain `f32` buckets
+    /// only.
+    pub shard: bool,
 }
 
 impl Default for BucketConfig {
@@ -158,6 +176,7 @@ impl Default for BucketConfig {
             first_cap_bytes: 1 << 20,
             rebuild: true,
             compression: Compression::None,
+            shard: false,
         }
     }
 }
@@ -184,6 +203,12 @@ impl BucketConfig {
     /// Sets the compression.
     pub fn compression(mut self, c: Compression) -> Self {
         self.compression = c;
+        self
+    }
+
+    /// Turns ZeRO-1 sharding on or off.
+    pub fn shard(mut self, on: bool) -> Self {
+        self.shard = on;
         self
     }
 }
@@ -300,6 +325,11 @@ impl<'rt> Reducer<'rt> {
             }
             end = p.range.end;
         }
+        if config.shard && !matches!(config.compression, Compression::None) {
+            return bad(
+                "sharded buckets (ZeRO-1) travel as plain f32: turn the compression off".into(),
+            );
+        }
         let order: Vec<usize> = (0..params.len()).rev().collect();
         let buckets = form_buckets(&params, &order, config.first_cap_bytes, config.cap_bytes);
         let mut r = Reducer {
@@ -385,6 +415,61 @@ impl<'rt> Reducer<'rt> {
     /// Steps finished so far.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// ZeRO-1: how this rank's buckets are split over the ranks, once the
+    /// layout is final (sharding on, and the buckets rebuilt or the rebuild
+    /// off); `None` before, or without sharding. From then on each synced
+    /// bucket is reduce-scattered, and the rank holds the averaged gradients
+    /// of its [`owned`](super::BucketShard::owned) slices and of the tails
+    /// only. See `shard.rs`.
+    pub fn shards(&self) -> Option<Vec<BucketShard>> {
+        self.sharding().then(|| {
+            let (rank, world) = (self.comm.rank(), self.comm.world_size());
+            self.buckets
+                .iter()
+                .map(|b| BucketShard::new(b, rank, world))
+                .collect()
+        })
+    }
+
+    /// Whether synced buckets are reduce-scattered now (see
+    /// [`shards`](Self::shards)).
+    pub fn sharding(&self) -> bool {
+        self.config.shard && (self.rebuilt || !self.config.rebuild)
+    }
+
+    /// ZeRO-1: submits the all-gathers that give every rank every rank's
+    /// updated slices of `params` (the `f32` parameter buffer the gradients
+    /// belong to): one in place per bucket head, in layout order, so the
+    /// next forward pass's first layers arrive first. Returns at once; tasks
+    /// reading the parameters wait for the all-gather of their range by
+    /// dependency inference. Fails unless [`sharding`](Self::sharding).
+    pub fn all_gather_params(&self, params: &Buffer) -> Result<()> {
+        let Some(mut shards) = self.shards() else {
+            return Err(self.error(
+                "parameters are gathered only once the buckets are sharded (ZeRO-1 on, layout final)"
+                    .into(),
+            ));
+        };
+        if params.len() != self.grads.len() {
+            return Err(self.error(format!(
+                "parameter buffer `{}` has {} bytes, the gradients {}",
+                params.name(),
+                params.len(),
+                self.grads.len()
+            )));
+        }
+        shards.sort_by_key(|s| s.head.start);
+        for s in shards.iter().filter(|s| s.chunk > 0) {
+            self.comm.submit_named(
+                format!("all_gather params {}", s.bucket),
+                CollectiveKind::AllGather,
+                DType::F32,
+                Buffers::InPlace(params.view_of::<f32>(s.head.clone())?),
+            )?;
+        }
+        Ok(())
     }
 
     /// Whether gradients are all-reduced this step.
@@ -505,6 +590,26 @@ impl<'rt> Reducer<'rt> {
     fn reduce_bucket(&self, i: usize) -> Result<()> {
         let view = &self.views[i];
         let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
+        if self.sharding() {
+            let s = BucketShard::new(&self.buckets[i], self.comm.rank(), self.comm.world_size());
+            if s.chunk > 0 {
+                self.comm.submit_named(
+                    format!("reduce_scatter bucket {i}"),
+                    CollectiveKind::ReduceScatter(ReduceOp::Avg),
+                    DType::F32,
+                    Buffers::InPlace(self.grads.view_of::<f32>(s.head)?),
+                )?;
+            }
+            if !s.tail.is_empty() {
+                self.comm.submit_named(
+                    format!("all_reduce bucket {i} tail"),
+                    avg,
+                    DType::F32,
+                    Buffers::InPlace(self.grads.view_of::<f32>(s.tail)?),
+                )?;
+            }
+            return Ok(());
+        }
         match &self.config.compression {
             Compression::None => {
                 self.comm.submit_named(

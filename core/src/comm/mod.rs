@@ -72,6 +72,7 @@ mod launch;
 mod local;
 mod nccl_comm;
 pub mod rendezvous;
+mod shard;
 mod sparse;
 
 /// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
@@ -81,6 +82,7 @@ pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
 pub use launch::{launch, launch_with, spawn_ranks, Ranks};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
+pub use shard::{owned_ranges, BucketShard};
 pub use sparse::SparseRows;
 
 use crate::access::{DevBytes, DynAccess, HostBytes};

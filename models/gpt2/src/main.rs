@@ -165,6 +165,11 @@ struct TrainArgs {
     /// attention matrices and no (B, T, V) probabilities kept.
     #[arg(long)]
     fused: bool,
+    /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
+    /// AdamW state and update sharded over the ranks, parameters
+    /// all-gathered under the next forward pass). Plain f32 buckets only.
+    #[arg(long, default_value_t = 0)]
+    zero: u8,
     /// RANK:STEP — make RANK panic in the middle of STEP (for tests of how
     /// the other ranks stop; not for training).
     #[arg(long, hide = true, value_parser = parse_fault)]
@@ -432,6 +437,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         tied_split: !a.no_tied_split,
         class: a.class,
         fused: a.fused,
+        zero: a.zero,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;

@@ -83,6 +83,15 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
     fails(d, &args, &["injected fault"]);
     let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
     assert_eq!(ckpt.step, 2);
+    // The same with ZeRO-1 (the checkpoint gathered from the shards).
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    let zero: Vec<&str> = args.iter().copied().chain(["--zero", "1"]).collect();
+    fails(d, &zero, &["injected fault"]);
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    assert_eq!(ckpt.extra.get("zero"), Some(&serde_json::json!(1)));
+    // Other ZeRO stages are refused by name.
+    fails(d, &["train", "--zero", "2"], &["ZeRO stage", "2"]);
     // A malformed fault is refused like any bad flag.
     fails(d, &["train", "--inject-fault", "1"], &["RANK:STEP"]);
 }

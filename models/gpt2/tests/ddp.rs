@@ -62,39 +62,45 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
         opts.tied_split = split;
         let r = run(&opts, start.clone());
         assert_eq!(r.ranks, ranks);
+        assert_matches_single(&r, &single, &format!("{ranks} ranks (split {split})"));
+    }
+}
+
+/// `r` (W ranks) follows `single` (1 rank on the combined batch): the same
+/// parameters on every rank, losses within 1e-5 relative, parameters within
+/// float tolerance.
+fn assert_matches_single(r: &TrainReport, single: &TrainReport, label: &str) {
+    assert!(
+        r.param_hashes.iter().all(|&h| h == r.param_hashes[0]),
+        "{label}: the ranks ended with different parameters"
+    );
+    assert_eq!(r.steps.len(), single.steps.len(), "{label}");
+    for (i, (a, b)) in losses(r).iter().zip(&losses(single)).enumerate() {
         assert!(
-            r.param_hashes.iter().all(|&h| h == r.param_hashes[0]),
-            "{ranks} ranks ended with different parameters"
-        );
-        for (i, (a, b)) in losses(&r).iter().zip(&l1).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs(),
-                "{ranks} ranks (split {split}), step {}: loss {a} vs single rank {b}",
-                i + 1
-            );
-        }
-        // Parameters: float tolerance. Adam divides each step by the
-        // gradient's own magnitude, so where a gradient is rounding noise
-        // (e.g. the attention key bias, whose true gradient is 0) the step
-        // itself is noise, bounded by lr per step.
-        let lr = r.steps.len() as f32 * 1e-3;
-        let (mut tight, mut total) = (0usize, 0usize);
-        for (i, (a, b)) in r.params.iter().zip(&single.params).enumerate() {
-            let err = (a - b).abs();
-            assert!(
-                err <= 2.0 * lr,
-                "{ranks} ranks (split {split}): param {i}: {a} vs {b}"
-            );
-            total += 1;
-            if err <= 1e-6 + 1e-4 * b.abs() {
-                tight += 1;
-            }
-        }
-        assert!(
-            tight as f64 >= 0.99 * total as f64,
-            "{ranks} ranks (split {split}): only {tight} of {total} parameters within 1e-4 relative"
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "{label}, step {}: loss {a} vs single rank {b}",
+            i + 1
         );
     }
+    // Parameters: float tolerance. Adam divides each step by the
+    // gradient's own magnitude, so where a gradient is rounding noise
+    // (e.g. the attention key bias, whose true gradient is 0) the step
+    // itself is noise, bounded by lr per step.
+    let lr = r.steps.len() as f32 * 1e-3;
+    let (mut tight, mut total) = (0usize, 0usize);
+    assert_eq!(r.params.len(), single.params.len(), "{label}");
+    for (i, (a, b)) in r.params.iter().zip(&single.params).enumerate() {
+        let err = (a - b).abs();
+        assert!(err <= 2.0 * lr, "{label}: param {i}: {a} vs {b}");
+        total += 1;
+        if err <= 1e-6 + 1e-4 * b.abs() {
+            tight += 1;
+        }
+    }
+    assert!(
+        tight as f64 >= 0.99 * total as f64,
+        "{label}: only {tight} of {total} parameters within 1e-4 relative"
+    );
 }
 
 /// Steps 3 onwards replay the recorded third step (reducer buckets and the
@@ -386,4 +392,240 @@ fn fused_training_follows_the_unfused_run() {
             i + 1
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// ZeRO-1 (`TrainOptions::zero = 1`)
+// ---------------------------------------------------------------------------
+
+fn zero1(ranks: usize, batch_size: usize, steps: u64) -> TrainOptions {
+    TrainOptions {
+        zero: 1,
+        ..options(ranks, batch_size, steps)
+    }
+}
+
+/// ZeRO-1 at 2 and 4 ranks, with and without the tied split, and at 3 ranks
+/// (bucket tails), follows one rank on the combined batch over five steps.
+#[test]
+fn zero1_at_two_three_and_four_ranks_reproduces_one_rank_on_the_combined_batch() {
+    let steps = 5;
+    let start = StartState::fresh(&Gpt2Config::tiny(), 5);
+    let single = run(&options(1, 4, steps), start.clone());
+    for (ranks, split) in [(2, true), (4, true), (2, false), (4, false)] {
+        let mut opts = zero1(ranks, 4 / ranks, steps);
+        opts.tied_split = split;
+        let r = run(&opts, start.clone());
+        let label = format!("ZeRO-1, {ranks} ranks (split {split})");
+        check_zero1_run(&r, &single, &label);
+    }
+    // 3 ranks: buckets whose length is not a multiple of 3 have tails
+    // (all-reduced, updated on every rank, counted once in the norm).
+    let single = run(&options(1, 3, steps), start.clone());
+    let r = run(&zero1(3, 1, steps), start);
+    check_zero1_run(&r, &single, "ZeRO-1, 3 ranks");
+    // The first step's gradients are the same bits as unsharded DDP's (the
+    // same averages), so the global norm differs only by how its f64 partial
+    // sums are grouped: every element counted once, tails included.
+    let ddp = run(&options(3, 1, 1), StartState::fresh(&Gpt2Config::tiny(), 5));
+    let (a, b) = (r.steps[0].grad_norm, ddp.steps[0].grad_norm);
+    assert!(
+        (a - b).abs() <= 1e-7 * b,
+        "3 ranks, step 1: ZeRO-1 norm {a} vs unsharded {b}"
+    );
+    let full = 8 * Gpt2Config::tiny().num_parameters();
+    assert!(
+        r.optimizer_bytes.iter().sum::<usize>() > full,
+        "3 ranks: no bucket has a tail ({:?} bytes), so the tails go untested",
+        r.optimizer_bytes
+    );
+}
+
+/// A ZeRO-1 run of five steps (the first all-reduces, the third is recorded,
+/// the last two replayed) follows `single`, and really reduce-scattered its
+/// buckets and gathered its parameters.
+fn check_zero1_run(r: &TrainReport, single: &TrainReport, label: &str) {
+    assert!(r.ranks > 1 && r.zero, "{label}");
+    assert_eq!(
+        r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>(),
+        [false, false, false, true, true],
+        "{label}"
+    );
+    assert_matches_single(r, single, label);
+    for p in &r.profiles {
+        // Steps 2..=5 reduce-scatter and gather (step 1 all-reduces).
+        let scatters = spans(p, "reduce_scatter bucket").count();
+        let gathers = spans(p, "all_gather params").count();
+        assert!(
+            scatters >= 4 && gathers >= 4,
+            "{label}: {scatters} reduce-scatters, {gathers} gathers"
+        );
+    }
+}
+
+/// Each rank keeps the moments of its shard only: about 1/W of the
+/// unsharded state (plus fewer than W elements per bucket), and the ranks'
+/// shards together cover every parameter.
+#[test]
+fn zero1_divides_the_optimizer_state_by_the_ranks() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 6);
+    let full = 8 * Gpt2Config::tiny().num_parameters();
+    let ddp = run(&options(2, 2, 1), start.clone());
+    assert_eq!(ddp.optimizer_bytes, [full, full]);
+    for ranks in [2, 4] {
+        let r = run(&zero1(ranks, 4 / ranks, 1), start.clone());
+        eprintln!(
+            "{ranks} ranks: optimizer state per rank {:?} bytes, unsharded {full}",
+            r.optimizer_bytes
+        );
+        assert_eq!(r.optimizer_bytes.len(), ranks);
+        assert!(r.optimizer_bytes.iter().sum::<usize>() >= full);
+        for &b in &r.optimizer_bytes {
+            assert!(b >= full / ranks, "{ranks} ranks: {b} bytes");
+            assert!(
+                (b as f64) <= 1.01 * (full / ranks) as f64,
+                "{ranks} ranks: {b} bytes, more than 1/{ranks} of {full}"
+            );
+        }
+    }
+}
+
+/// A ZeRO-1 checkpoint holds the full state (the shards gathered): the same
+/// parameters and moments as the unsharded run's to float rounding, and a
+/// run resumed from it at the same rank count continues bit-identically
+/// (checkpoints every step, so the mid-run save is exercised too).
+#[test]
+fn zero1_checkpoints_hold_the_full_state_and_resume_bit_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = StartState::fresh(&Gpt2Config::tiny(), 8);
+    // 3 ranks, so that some buckets have tails (see above).
+    let straight = run(&zero1(3, 1, 5), start.clone());
+
+    let mut first = zero1(3, 1, 2);
+    first.checkpoint_dir = Some(dir.path().join("zero"));
+    first.checkpoint_every = Some(1);
+    let half = run(&first, start.clone());
+    let ckpt = load_checkpoint(dir.path().join("zero")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    assert_eq!(ckpt.params, half.params);
+
+    let mut plain = options(3, 1, 2);
+    plain.checkpoint_dir = Some(dir.path().join("ddp"));
+    run(&plain, start);
+    let reference = load_checkpoint(dir.path().join("ddp")).unwrap();
+    for (what, a, b) in [
+        ("params", &ckpt.params, &reference.params),
+        ("adam_m", &ckpt.adam_m, &reference.adam_m),
+        ("adam_v", &ckpt.adam_v, &reference.adam_v),
+    ] {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * scale + 1e-4 * y.abs(),
+                "{what}[{i}]: ZeRO-1 {x} vs unsharded {y}"
+            );
+        }
+    }
+
+    let rest = run(&zero1(3, 1, 5), StartState::from_checkpoint(ckpt));
+    assert_eq!(
+        rest.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&losses(&rest)), bits(&losses(&straight)[2..]));
+    assert_eq!(
+        bits(&rest.params),
+        bits(&straight.params),
+        "final parameters"
+    );
+}
+
+/// At another rank count a checkpoint is re-sharded: each rank takes its
+/// slices of the full moments. A ZeRO-1 checkpoint of 2 ranks and an
+/// unsharded one, resumed at 4 ranks with ZeRO-1 and at 1 rank on the
+/// combined batch: the runs agree.
+#[test]
+fn zero1_checkpoints_reshard_at_another_rank_count() {
+    for zero in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = if zero {
+            zero1(2, 2, 2)
+        } else {
+            options(2, 2, 2)
+        };
+        first.checkpoint_dir = Some(dir.path().join("ckpt"));
+        run(&first, StartState::fresh(&Gpt2Config::tiny(), 12));
+        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+        let single = run(&options(1, 4, 5), StartState::from_checkpoint(ckpt.clone()));
+        let four = run(&zero1(4, 1, 5), StartState::from_checkpoint(ckpt));
+        assert_eq!(
+            four.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
+        let label = format!("checkpoint of 2 ranks (ZeRO-1 {zero}) resumed at 4 with ZeRO-1");
+        assert_matches_single(&four, &single, &label);
+    }
+}
+
+/// With ZeRO-1 a rank that panics mid-step stops every rank as without it:
+/// `train` returns the failing rank's own error within the collective
+/// timeout, and the last checkpoint (gathered from the shards) is intact.
+#[test]
+fn zero1_a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
+    for (replay, fault_step) in [(false, 4), (true, 5)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = zero1(2, 2, 8);
+        opts.replay = replay;
+        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
+        opts.checkpoint_every = Some(2);
+        opts.comm_timeout = std::time::Duration::from_secs(20);
+        opts.fault = Some(braid_gpt2::trainer::Fault {
+            rank: 1,
+            step: fault_step,
+        });
+        let t0 = std::time::Instant::now();
+        let err = train(
+            &opts,
+            StartState::fresh(&Gpt2Config::tiny(), 9),
+            &data(),
+            &|_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        let took = t0.elapsed();
+        assert!(err.contains("injected fault"), "replay {replay}: {err}");
+        assert!(
+            took < opts.comm_timeout,
+            "replay {replay}: stopping took {took:?}, more than the collective timeout"
+        );
+        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+        let want = (fault_step - 1) / 2 * 2;
+        assert_eq!(ckpt.step, want, "replay {replay}");
+        let n = Gpt2Config::tiny().num_parameters();
+        assert_eq!(
+            (ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()),
+            (n, n, n)
+        );
+        assert!(ckpt
+            .params
+            .iter()
+            .chain(&ckpt.adam_v)
+            .all(|p| p.is_finite()));
+        assert!(ckpt.adam_v.iter().all(|&v| v >= 0.0));
+    }
+}
+
+/// With ZeRO-1 too (the parameter all-gathers inside the recorded step),
+/// replayed steps equal eager ones bit for bit.
+#[test]
+fn zero1_replayed_steps_equal_eager_steps_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 11);
+    let mut eager = zero1(2, 2, 6);
+    eager.replay = false;
+    let (a, b) = (run(&eager, start.clone()), run(&zero1(2, 2, 6), start));
+    assert_eq!(losses(&a), losses(&b));
+    assert_eq!(a.params, b.params);
+    assert_eq!(b.steps.iter().filter(|s| s.replayed).count(), 3);
 }

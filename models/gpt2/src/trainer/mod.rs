@@ -20,6 +20,14 @@
 //! bucket order, the one-time bucket rebuild broadcast, then the loss
 //! all-reduce), as the collectives require.
 //!
+//! With ZeRO-1 (`TrainOptions::zero`), the reducer reduce-scatters the
+//! buckets from the second step on, the optimizer (`AdamW::sharded`, made
+//! after the first step's backward pass, once the buckets are final) keeps
+//! state for and updates this rank's shard, the norm's partial sums are
+//! all-gathered, and each step starts with the all-gathers of the parameters
+//! the last one updated; checkpoints gather the full state on every rank
+//! (`docs/collectives.md`).
+//!
 //! # Ranks
 //!
 //! CPU ranks are threads of this process started by [`braid::launch_with`],
@@ -148,6 +156,8 @@ pub fn train(
         },
         trace: None,
         checkpoint: None,
+        optimizer_bytes: Vec::new(),
+        zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -156,6 +166,7 @@ pub fn train(
             report.checkpoint = o.checkpoint;
         }
         report.param_hashes.push(o.hash);
+        report.optimizer_bytes.push(o.optimizer_bytes);
         report.summaries.push(o.profile.summary());
         report.profiles.push(o.profile);
     }

@@ -85,6 +85,13 @@ pub struct TrainOptions {
     /// (default: normal; `best-effort` trains in the cycles a
     /// latency-critical program beside it leaves, docs/tenants.md).
     pub class: braid::Class,
+    /// ZeRO stage: 0 (off) or 1 (ZeRO-1, with a reducer: each bucket is
+    /// reduce-scattered, each rank keeps AdamW state for and updates its
+    /// shard only, the parameters are all-gathered at the start of the next
+    /// step; see `docs/collectives.md`). Plain `f32` buckets only. With one
+    /// rank and no reducer (`reduce_single_rank` off) it changes nothing.
+    /// Default 0.
+    pub zero: u8,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -138,6 +145,7 @@ impl Default for TrainOptions {
             tied_split: true,
             fused: false,
             class: braid::Class::Normal,
+            zero: 0,
             fault: None,
         }
     }
@@ -162,6 +170,18 @@ impl TrainOptions {
         let lr = self.optimizer.learning_rate;
         if !(lr.is_finite() && lr > 0.0) {
             return bad("learning rate", format!("{lr} is not a positive number"));
+        }
+        if self.zero > 1 {
+            return bad(
+                "ZeRO stage",
+                format!("{} is not supported (0: off, 1: ZeRO-1)", self.zero),
+            );
+        }
+        if self.zero == 1 && !matches!(self.compression, Compression::None) {
+            return bad(
+                "ZeRO stage",
+                "ZeRO-1 reduce-scatters plain f32 buckets: turn the compression off".into(),
+            );
         }
         if self.checkpoint_every == Some(0) {
             return bad("checkpoint interval", "must be at least 1 step".into());
@@ -264,6 +284,21 @@ mod tests {
                     ..ok.clone()
                 },
                 "checkpoint interval",
+            ),
+            (
+                TrainOptions {
+                    zero: 2,
+                    ..ok.clone()
+                },
+                "ZeRO stage",
+            ),
+            (
+                TrainOptions {
+                    zero: 1,
+                    compression: Compression::Bf16,
+                    ..ok.clone()
+                },
+                "ZeRO stage",
             ),
         ] {
             let err = opts.check().unwrap_err().to_string();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use braid::comm::{BucketConfig, ReduceOp};
+use braid::comm::{BoundComm, BucketConfig, BucketShard, ReduceOp};
 use braid::trace::Profile;
 use braid::{Comm, Reducer, Runtime};
 
@@ -23,6 +23,8 @@ pub(super) struct RankOutcome {
     pub(super) hash: u64,
     pub(super) profile: Profile,
     pub(super) checkpoint: Option<PathBuf>,
+    /// Bytes of AdamW state on this rank's device.
+    pub(super) optimizer_bytes: usize,
 }
 
 fn hash_f32s(x: &[f32]) -> u64 {
@@ -54,10 +56,7 @@ pub(super) fn run_rank(
     let model_opts = crate::model::ModelOptions { fused: opts.fused };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
     model.upload_params(&rt, &start.params)?;
-    let mut opt = AdamW::for_model(&rt, &model, opts.optimizer, opts.max_grad_norm)?;
-    if let Some((m, v)) = &start.moments {
-        opt.load_state(&rt, m, v, start.step)?;
-    } else if start.step != 0 {
+    if start.moments.is_none() && start.step != 0 {
         return Err(Gpt2Error::InvalidSetting {
             what: "start state",
             reason: format!("step {} without optimizer moments", start.step),
@@ -80,10 +79,18 @@ pub(super) fn run_rank(
                 BucketConfig::default()
                     .cap_bytes(opts.bucket_cap_bytes)
                     .first_cap_bytes(opts.first_bucket_bytes)
-                    .compression(opts.compression.clone()),
+                    .compression(opts.compression.clone())
+                    .shard(opts.zero == 1),
             )?)
         }
         None => None,
+    };
+    // ZeRO-1's optimizer is made once the reducer's buckets are final (right
+    // after the first step's `finish`, inside the step), the others now.
+    let zero = opts.zero == 1 && reducer.is_some();
+    let mut opt = match zero {
+        true => None,
+        false => Some(new_optimizer(&rt, &model, opts, start, None, rank, world)?),
     };
     // The tied gradient's two writers, reduced on their own (CPU ranks).
     let split = reducer.is_some() && opts.tied_split && rt.backend_name() == "cpu";
@@ -95,35 +102,48 @@ pub(super) fn run_rank(
     let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
     let mut steps = Vec::new();
     let mut checkpoint = None;
-    let save =
-        |model: &Gpt2Model, opt: &AdamW, loader: &DataLoader, step: u64| -> Result<PathBuf> {
-            let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
-            let (adam_m, adam_v) = opt.read_state(&rt)?;
-            let mut extra = BTreeMap::new();
-            extra.insert("batch_size".into(), b.into());
-            extra.insert("seq_len".into(), t.into());
-            extra.insert("world_size".into(), world.into());
-            extra.insert("seed".into(), opts.seed.into());
-            extra.insert(
-                "max_grad_norm".into(),
-                opts.max_grad_norm.map(f64::from).into(),
-            );
-            save_checkpoint(
-                dir,
-                &Checkpoint {
-                    config: cfg,
-                    step,
-                    params: model.read_params(&rt)?,
-                    adam_m,
-                    adam_v,
-                    optimizer: *opt.hyper(),
-                    loader: loader.state(),
-                    rng_state: None,
-                    extra,
-                },
-            )?;
-            Ok(dir.clone())
-        };
+    // Every rank gathers the state to save (ZeRO-1: collectives); rank 0
+    // writes it.
+    let save = |model: &Gpt2Model,
+                opt: &AdamW,
+                reducer: Option<&Reducer<'_>>,
+                loader: &DataLoader,
+                step: u64|
+     -> Result<Option<PathBuf>> {
+        if rank != 0 && !opt.is_sharded() {
+            return Ok(None);
+        }
+        let (params, adam_m, adam_v) = full_state(&rt, model, opt, reducer, comm.as_ref())?;
+        if rank != 0 {
+            return Ok(None);
+        }
+        let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
+        let mut extra = BTreeMap::new();
+        extra.insert("batch_size".into(), b.into());
+        extra.insert("seq_len".into(), t.into());
+        extra.insert("world_size".into(), world.into());
+        extra.insert("zero".into(), u64::from(zero).into());
+        extra.insert("seed".into(), opts.seed.into());
+        extra.insert(
+            "max_grad_norm".into(),
+            opts.max_grad_norm.map(f64::from).into(),
+        );
+        save_checkpoint(
+            dir,
+            &Checkpoint {
+                config: cfg,
+                step,
+                params,
+                adam_m,
+                adam_v,
+                optimizer: *opt.hyper(),
+                loader: loader.state(),
+                rng_state: None,
+                extra,
+            },
+        )?;
+        Ok(Some(dir.clone()))
+    };
     // Steps after the first two of this run replay the third: by then the
     // reducer's bucket order is rebuilt and every step submits the same tasks.
     let first = start.step + 1;
@@ -135,9 +155,19 @@ pub(super) fn run_rank(
         if opts.fault == Some(super::Fault { rank, step }) {
             inject_fault(&rt, model.grads())?;
         }
+        // ZeRO-1: the parameters updated by the last step are gathered at the
+        // start of this one (from the second step of a run on), so the
+        // gathers are part of a recorded step and each forward task waits
+        // only for the gather of its own parameters.
+        let gather = opt.as_ref().is_some_and(AdamW::is_sharded);
         // Gradients, the reducer's buckets and the mean loss across ranks: the
         // same tasks every step, reading the batch just uploaded.
         let mut submit_step = |rt: &Runtime| -> Result<()> {
+            if gather {
+                if let Some(r) = &reducer {
+                    r.all_gather_params(model.params())?;
+                }
+            }
             model.zero_grad(rt)?;
             model.forward_uploaded(rt)?;
             match &mut reducer {
@@ -148,6 +178,19 @@ pub(super) fn run_rank(
                         r.sparse_ready(wte, rows)?;
                     }
                     r.finish()?;
+                    if opt.is_none() {
+                        if let Some(shards) = r.shards() {
+                            opt = Some(new_optimizer(
+                                rt,
+                                &model,
+                                opts,
+                                start,
+                                Some(&shards),
+                                rank,
+                                world,
+                            )?);
+                        }
+                    }
                 }
                 None => model.backward(rt, 1.0, |_| Ok(()))?,
             }
@@ -159,7 +202,14 @@ pub(super) fn run_rank(
             // The gradient norm and clip factor: the same tasks every step,
             // so in a replay each chunk's sum waits only for its gradients
             // (after a replay, eager tasks wait for all of it).
-            opt.clip(rt, model.grads())?;
+            let opt = opt.as_mut().ok_or_else(|| Gpt2Error::InvalidSetting {
+                what: "ZeRO-1",
+                reason: "the reducer's buckets are still not final after the first step".into(),
+            })?;
+            match &comm {
+                Some(c) if opt.is_sharded() => opt.clip_sharded(c, model.grads())?,
+                _ => opt.clip(rt, model.grads())?,
+            }
             Ok(())
         };
         let replayed = schedule.is_some();
@@ -183,32 +233,56 @@ pub(super) fn run_rank(
             }
             None => submit_step(&rt)?,
         }
+        let opt_ref = opt.as_mut().ok_or_else(|| Gpt2Error::InvalidSetting {
+            what: "ZeRO-1",
+            reason: "no optimizer after the step".into(),
+        })?;
         // The update stays eager: its step number is a kernel argument.
-        opt.update(&rt, model.params(), model.grads())?;
+        opt_ref.update(&rt, model.params(), model.grads())?;
         rt.synchronize()?;
         let report = StepReport {
             step,
             loss: model.read_loss(&rt)?,
-            grad_norm: opt.read_grad_norm(&rt)?,
+            grad_norm: opt_ref.read_grad_norm(&rt)?,
             seconds: t0.elapsed().as_secs_f64(),
             tokens,
             replayed,
         };
         if rank == 0 {
             on_step(&report);
-            if let Some(every) = opts.checkpoint_every {
-                if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
-                    checkpoint = Some(save(&model, &opt, &loader, step)?);
+        }
+        if let Some(every) = opts.checkpoint_every {
+            if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
+                if let Some(dir) = save(&model, opt_ref, reducer.as_ref(), &loader, step)? {
+                    checkpoint = Some(dir);
                 }
             }
         }
         steps.push(report);
     }
     let final_step = opts.steps.max(start.step);
-    let params = model.read_params(&rt)?;
-    if rank == 0 && opts.checkpoint_dir.is_some() {
-        checkpoint = Some(save(&model, &opt, &loader, final_step)?);
+    let opt = match opt {
+        Some(o) => o,
+        // No step ran (a run resumed at its last step): the optimizer as it
+        // would be, for the checkpoint.
+        None => new_optimizer(
+            &rt,
+            &model,
+            opts,
+            start,
+            reducer.as_ref().and_then(Reducer::shards).as_deref(),
+            rank,
+            world,
+        )?,
+    };
+    if opts.checkpoint_dir.is_some() {
+        if let Some(dir) = save(&model, &opt, reducer.as_ref(), &loader, final_step)? {
+            checkpoint = Some(dir);
+        }
+    } else if opt.is_sharded() {
+        gather_params(&model, reducer.as_ref())?;
     }
+    let params = model.read_params(&rt)?;
     rt.synchronize()?;
     Ok(RankOutcome {
         steps,
@@ -216,7 +290,66 @@ pub(super) fn run_rank(
         params: (rank == 0).then_some(params),
         profile: rt.profile(),
         checkpoint,
+        optimizer_bytes: opt.state_bytes(),
     })
+}
+
+/// The optimizer of this rank, with the start state's moments: for every
+/// parameter, or (ZeRO-1, `shards` given) for this rank's shard only.
+fn new_optimizer(
+    rt: &Runtime,
+    model: &Gpt2Model,
+    opts: &TrainOptions,
+    start: &StartState,
+    shards: Option<&[BucketShard]>,
+    rank: usize,
+    world: usize,
+) -> Result<AdamW> {
+    let mut opt = match shards {
+        Some(s) => AdamW::sharded(
+            rt,
+            model.layout().total,
+            s,
+            rank,
+            world,
+            opts.optimizer,
+            opts.max_grad_norm,
+        )?,
+        None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
+    };
+    if let Some((m, v)) = &start.moments {
+        opt.load_state(rt, m, v, start.step)?;
+    }
+    Ok(opt)
+}
+
+/// ZeRO-1: submits the all-gathers of the updated parameters now (outside a
+/// step), so that reading them sees every rank's update.
+fn gather_params(model: &Gpt2Model, reducer: Option<&Reducer<'_>>) -> Result<()> {
+    if let Some(r) = reducer.filter(|r| r.sharding()) {
+        r.all_gather_params(model.params())?;
+    }
+    Ok(())
+}
+
+/// The parameters and the full AdamW moments, in layout order. ZeRO-1: the
+/// parameters and the moments are all-gathered first (collectives: every
+/// rank calls this at the same point); otherwise only read.
+fn full_state(
+    rt: &Runtime,
+    model: &Gpt2Model,
+    opt: &AdamW,
+    reducer: Option<&Reducer<'_>>,
+    comm: Option<&BoundComm<'_>>,
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let (m, v) = match comm {
+        Some(c) if opt.is_sharded() => {
+            gather_params(model, reducer)?;
+            opt.gather_state(c)?
+        }
+        _ => opt.read_state(rt)?,
+    };
+    Ok((model.read_params(rt)?, m, v))
 }
 
 /// The injected fault ([`super::Fault`]): a task at the start of the step

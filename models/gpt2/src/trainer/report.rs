@@ -54,6 +54,11 @@ pub struct TrainReport {
     pub trace: Option<PathBuf>,
     /// The checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,
+    /// Bytes of AdamW state (the two `f32` moments) on each rank's device:
+    /// every parameter's, or with ZeRO-1 the rank's shard's.
+    pub optimizer_bytes: Vec<usize>,
+    /// Whether the optimizer state was sharded (ZeRO-1).
+    pub zero: bool,
 }
 
 impl TrainReport {
@@ -145,6 +150,14 @@ impl fmt::Display for TrainReport {
             self.comm_seconds() * 1e3,
             100.0 * self.hidden_comm_share()
         )?;
+        if let Some(&bytes) = self.optimizer_bytes.first() {
+            writeln!(
+                f,
+                "optimizer state  {:.1} MiB on rank 0{}",
+                bytes as f64 / (1 << 20) as f64,
+                if self.zero { " (ZeRO-1 shard)" } else { "" }
+            )?;
+        }
         if let Some(s) = self.summaries.first() {
             let overlap = 100.0 * s.overlap_share();
             writeln!(

@@ -33,6 +33,20 @@
 //! order, where the sequential reference sums all squares in one pass: the two
 //! norms agree to `f64` rounding, and the clip factors (rounded to `f32`)
 //! almost always bit for bit.
+//!
+//! # Sharded (ZeRO-1)
+//!
+//! [`AdamW::sharded`] (`zero.rs`) keeps state for a rank's shard only: its
+//! update chunks cover the ranges it owns, the moments are packed (shard
+//! order, `1/world` of the parameters), its sums of squares cover each
+//! element once across the ranks, and [`AdamW::clip_sharded`] all-gathers
+//! the partials before the clip factor, so the norm stays global and every
+//! rank sums the same partials in the same order. Its chunks follow the
+//! reducer's final buckets (cut at [`MAX_CHUNK`]) instead of the parameter
+//! groups; those depend only on the program and the number of ranks, so a
+//! run resumed at the same rank count is still bit-identical.
+
+mod zero;
 
 use std::ops::Range;
 
@@ -56,12 +70,20 @@ pub struct AdamW {
     hyper: AdamWHyper,
     max_grad_norm: Option<f32>,
     n: usize,
+    /// Update chunks (element ranges of the parameters), in order.
     chunks: Vec<Range<usize>>,
+    /// Where each update chunk's moments start in `m` and `v`.
+    state_at: Vec<usize>,
+    /// Sum-of-squares chunks and the partial slot each writes.
+    norm_chunks: Vec<(Range<usize>, usize)>,
+    /// Sharded: the rank's ranges, partials per rank, the bucket shards.
+    shard: Option<zero::Shard>,
+    /// `(state)` f32 each: the moments of the updated chunks, packed.
     m: Buffer,
     v: Buffer,
-    /// `(chunks)` f64: each chunk's sum of squares.
+    /// `(slots)` f64: the chunks' sums of squares (every rank's, sharded).
     partials: Buffer,
-    /// `(chunks, NORM_SCRATCH)` f64: device scratch of the sums of squares.
+    /// `(norm chunks, NORM_SCRATCH)` f64: device scratch of the sums of squares.
     scratch: Buffer,
     /// `(1)` f32: the clip factor.
     scale: Buffer,
@@ -96,24 +118,53 @@ impl AdamW {
                 reason: format!("the chunks cover {at} of {n} parameters"),
             });
         }
-        if let Some(m) = max_grad_norm {
-            if !(m > 0.0 && m.is_finite()) {
-                return Err(Gpt2Error::InvalidSetting {
-                    what: "max gradient norm",
-                    reason: format!("{m} is not a positive number"),
-                });
-            }
+        check_max_norm(max_grad_norm)?;
+        let norm_chunks = chunks
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, c)| (c, i))
+            .collect();
+        Self::build(rt, n, chunks, norm_chunks, None, hyper, max_grad_norm)
+    }
+
+    /// The optimizer with its state allocated: `chunks` are updated, with
+    /// their moments packed in order; `norm_chunks` summed into their slots.
+    fn build(
+        rt: &Runtime,
+        n: usize,
+        chunks: Vec<Range<usize>>,
+        norm_chunks: Vec<(Range<usize>, usize)>,
+        shard: Option<zero::Shard>,
+        hyper: AdamWHyper,
+        max_grad_norm: Option<f32>,
+    ) -> Result<Self> {
+        let mut state_at = Vec::with_capacity(chunks.len());
+        let mut state = 0;
+        for c in &chunks {
+            state_at.push(state);
+            state += c.len();
         }
+        let slots = match &shard {
+            Some(s) => s.slots_per_rank * s.world,
+            None => norm_chunks.len(),
+        };
         Ok(AdamW {
             hyper,
             max_grad_norm,
             n,
-            m: rt.alloc("adam_m", n * 4)?,
-            v: rt.alloc("adam_v", n * 4)?,
-            partials: rt.alloc("grad norm partials", chunks.len().max(1) * 8)?,
-            scratch: rt.alloc("grad norm scratch", chunks.len().max(1) * NORM_SCRATCH * 8)?,
+            m: rt.alloc("adam_m", state * 4)?,
+            v: rt.alloc("adam_v", state * 4)?,
+            partials: rt.alloc("grad norm partials", slots.max(1) * 8)?,
+            scratch: rt.alloc(
+                "grad norm scratch",
+                norm_chunks.len().max(1) * NORM_SCRATCH * 8,
+            )?,
             scale: rt.alloc("clip scale", 4)?,
             chunks,
+            state_at,
+            norm_chunks,
+            shard,
             step: 0,
         })
     }
@@ -126,15 +177,7 @@ impl AdamW {
         hyper: AdamWHyper,
         max_grad_norm: Option<f32>,
     ) -> Result<Self> {
-        let mut chunks = Vec::new();
-        for g in model.param_groups() {
-            let mut s = g.start;
-            while s < g.end {
-                let e = (s + MAX_CHUNK).min(g.end);
-                chunks.push(s..e);
-                s = e;
-            }
-        }
+        let chunks = cut(model.param_groups());
         Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)
     }
 
@@ -163,7 +206,19 @@ impl AdamW {
         &self.chunks
     }
 
-    /// Restores the moments and the step count (from a checkpoint).
+    /// Whether the state covers one rank's shard only ([`AdamW::sharded`]).
+    pub fn is_sharded(&self) -> bool {
+        self.shard.is_some()
+    }
+
+    /// Bytes of optimizer state on this rank's device: the two `f32`
+    /// moments of the elements it updates (all of them, or its shard).
+    pub fn state_bytes(&self) -> usize {
+        self.m.len() + self.v.len()
+    }
+
+    /// Restores the moments and the step count from full moments in layout
+    /// order (a checkpoint's), taking the chunks this optimizer updates.
     pub fn load_state(&mut self, rt: &Runtime, m: &[f32], v: &[f32], step: u64) -> Result<()> {
         for (what, x) in [("adam_m", m), ("adam_v", v)] {
             if x.len() != self.n {
@@ -174,13 +229,22 @@ impl AdamW {
                 });
             }
         }
-        rt.upload(&self.m, m)?;
-        rt.upload(&self.v, v)?;
+        let pack = |x: &[f32]| -> Vec<f32> {
+            self.chunks
+                .iter()
+                .flat_map(|c| x[c.clone()].iter().copied())
+                .collect()
+        };
+        rt.upload(&self.m, &pack(m))?;
+        rt.upload(&self.v, &pack(v))?;
         self.step = step;
         Ok(())
     }
 
-    /// The moments `(m, v)`, after every submitted step.
+    /// The moments `(m, v)` of the chunks this optimizer updates, packed in
+    /// chunk order (unsharded: all of them, in layout order), after every
+    /// submitted step. A sharded optimizer's full moments:
+    /// [`gather_state`](Self::gather_state).
     pub fn read_state(&self, rt: &Runtime) -> Result<(Vec<f32>, Vec<f32>)> {
         Ok((rt.read_vec(&self.m)?, rt.read_vec(&self.v)?))
     }
@@ -188,7 +252,15 @@ impl AdamW {
     /// The global gradient norm (before clipping) of the last step.
     pub fn read_grad_norm(&self, rt: &Runtime) -> Result<f32> {
         let partials: Vec<f64> = rt.read_vec(&self.partials)?;
-        Ok(norm::global_norm(&partials[..self.chunks.len()]) as f32)
+        Ok(norm::global_norm(&partials[..self.slots()]) as f32)
+    }
+
+    /// The partial sums the norm adds: one per chunk (sharded: every rank's).
+    fn slots(&self) -> usize {
+        match &self.shard {
+            Some(s) => s.slots_per_rank * s.world,
+            None => self.norm_chunks.len(),
+        }
     }
 
     fn check_len(&self, what: &str, b: &Buffer) -> Result<()> {
@@ -216,6 +288,20 @@ impl AdamW {
     /// recorded training step can hold them, each then waiting only for the
     /// gradients it reads.
     pub fn clip(&mut self, rt: &Runtime, grads: &Buffer) -> Result<()> {
+        if self.shard.is_some() {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "optimizer",
+                reason: "a sharded optimizer's norm needs every rank's partial sums: \
+                         use clip_sharded"
+                    .into(),
+            });
+        }
+        self.sum_squares(rt, grads)?;
+        self.clip_factor(rt)
+    }
+
+    /// Submits this rank's sums of squares, each into its slot.
+    fn sum_squares(&self, rt: &Runtime, grads: &Buffer) -> Result<()> {
         self.check_len("grads", grads)?;
         // The norm is computed even without clipping, for logging. Chunks are
         // visited last layer first: the order in which the backward pass
@@ -225,18 +311,23 @@ impl AdamW {
         // behind the first chunk (the embeddings, complete last). Each sum
         // goes to its own slot, and the norm adds the slots in chunk order:
         // the results do not depend on this order.
-        for (i, c) in self.chunks.iter().enumerate().rev() {
+        for (i, (c, slot)) in self.norm_chunks.iter().enumerate().rev() {
             norm::sum_squares(
                 rt.task(format!("grad sumsq {i}")).priority(Priority::Side),
-                &self.partials.view_of::<f64>(i..i + 1)?,
+                &self.partials.view_of::<f64>(*slot..slot + 1)?,
                 &self
                     .scratch
                     .view_of::<f64>(i * NORM_SCRATCH..(i + 1) * NORM_SCRATCH)?,
                 &grads.view_of::<f32>(c.clone())?,
             )?;
         }
+        Ok(())
+    }
+
+    /// Submits the clip factor from every partial sum (when clipping).
+    fn clip_factor(&self, rt: &Runtime) -> Result<()> {
         if let Some(max_norm) = self.max_grad_norm {
-            let partials = self.partials.view_of::<f64>(0..self.chunks.len())?;
+            let partials = self.partials.view_of::<f64>(0..self.slots())?;
             norm::clip_factor(
                 rt.task("clip scale"),
                 &self.scale.whole(),
@@ -257,12 +348,13 @@ impl AdamW {
         self.step += 1;
         let scale = self.scale.whole();
         for (i, c) in self.chunks.iter().enumerate().rev() {
+            let s = self.state_at[i]..self.state_at[i] + c.len();
             adamw::update(
                 rt.task(format!("adamw {i}")),
                 &params.view_of::<f32>(c.clone())?,
                 &grads.view_of::<f32>(c.clone())?,
-                &self.m.view_of::<f32>(c.clone())?,
-                &self.v.view_of::<f32>(c.clone())?,
+                &self.m.view_of::<f32>(s.clone())?,
+                &self.v.view_of::<f32>(s)?,
                 self.max_grad_norm.map(|_| &scale),
                 self.step,
                 self.hyper,
@@ -270,4 +362,29 @@ impl AdamW {
         }
         Ok(())
     }
+}
+
+/// Checks a clipping threshold.
+fn check_max_norm(max_grad_norm: Option<f32>) -> Result<()> {
+    match max_grad_norm {
+        Some(m) if !(m > 0.0 && m.is_finite()) => Err(Gpt2Error::InvalidSetting {
+            what: "max gradient norm",
+            reason: format!("{m} is not a positive number"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `ranges` cut into chunks of at most [`MAX_CHUNK`] elements, in order.
+fn cut(ranges: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut chunks = Vec::new();
+    for g in ranges {
+        let mut s = g.start;
+        while s < g.end {
+            let e = (s + MAX_CHUNK).min(g.end);
+            chunks.push(s..e);
+            s = e;
+        }
+    }
+    chunks
 }
