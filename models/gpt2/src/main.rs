@@ -170,19 +170,29 @@ struct TrainArgs {
     /// all-gathered under the next forward pass). Plain f32 buckets only.
     #[arg(long, default_value_t = 0)]
     zero: u8,
-    /// RANK:STEP — make RANK panic in the middle of STEP (for tests of how
-    /// the other ranks stop; not for training).
+    /// Seconds a rank waits in a collective for the others before the job
+    /// fails, naming the collective.
+    #[arg(long, default_value_t = 120.0)]
+    comm_timeout: f64,
+    /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
+    /// that never returns) in the middle of STEP (for tests of how the other
+    /// ranks stop; not for training).
     #[arg(long, hide = true, value_parser = parse_fault)]
     inject_fault: Option<braid_gpt2::trainer::Fault>,
 }
 
-/// `RANK:STEP` for `--inject-fault`.
+/// `RANK:STEP[:hang]` for `--inject-fault`.
 fn parse_fault(s: &str) -> std::result::Result<braid_gpt2::trainer::Fault, String> {
-    let bad = || format!("`{s}` is not RANK:STEP (two whole numbers)");
+    let bad = || format!("`{s}` is not RANK:STEP or RANK:STEP:hang (two whole numbers)");
+    let (s, hang) = match s.strip_suffix(":hang") {
+        Some(rest) => (rest, true),
+        None => (s, false),
+    };
     let (r, st) = s.split_once(':').ok_or_else(bad)?;
     Ok(braid_gpt2::trainer::Fault {
         rank: r.parse().map_err(|_| bad())?,
         step: st.parse().map_err(|_| bad())?,
+        hang,
     })
 }
 
@@ -403,6 +413,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         Ok(((x * (1 << 20) as f64) as usize).max(4))
     };
+    let secs = |x: f64, what: &str| -> Result<Duration> {
+        if !(x.is_finite() && x > 0.0) {
+            bail!("{what} must be a positive number of seconds, not {x}");
+        }
+        Ok(Duration::from_secs_f64(x))
+    };
     let opts = TrainOptions {
         model: cfg,
         batch_size: a.batch_size,
@@ -427,7 +443,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every: a.checkpoint_every,
         trace: (!a.no_trace).then(|| a.trace.clone()),
-        comm_timeout: Duration::from_secs(120),
+        comm_timeout: secs(a.comm_timeout, "--comm-timeout")?,
         compression: match a.compression {
             CompressionArg::None => Compression::None,
             CompressionArg::Bf16 => Compression::Bf16,

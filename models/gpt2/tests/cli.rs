@@ -90,6 +90,18 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
     let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
     assert_eq!(ckpt.step, 2);
     assert_eq!(ckpt.extra.get("zero"), Some(&serde_json::json!(1)));
+    // A task that never returns: the process still exits, non-zero, naming
+    // the collective that timed out, and the checkpoint is whole.
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    let hang: Vec<&str> = args[..args.len() - 1]
+        .iter()
+        .copied()
+        .chain(["1:4:hang", "--comm-timeout", "2"])
+        .collect();
+    fails(d, &hang, &["timed out", "all_reduce"]);
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    fails(d, &["train", "--comm-timeout", "0"], &["--comm-timeout"]);
     // Other ZeRO stages are refused by name.
     fails(d, &["train", "--zero", "2"], &["ZeRO stage", "2"]);
     // A malformed fault is refused like any bad flag.

@@ -350,6 +350,7 @@ fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() 
         opts.fault = Some(braid_gpt2::trainer::Fault {
             rank: 1,
             step: fault_step,
+            hang: false,
         });
         let t0 = std::time::Instant::now();
         let err = train(
@@ -372,6 +373,55 @@ fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() 
         let want = (fault_step - 1) / 2 * 2;
         assert_eq!(ckpt.step, want, "replay {replay}");
         assert_eq!(ckpt.params.len(), Gpt2Config::tiny().num_parameters());
+        assert!(ckpt.params.iter().all(|p| p.is_finite()));
+    }
+}
+
+/// A rank whose task never returns (stuck in the middle of a step) cannot
+/// be joined: the other rank's collective times out naming the collective,
+/// `train` returns that error within two collective timeouts (the timeout,
+/// then the grace period for the stuck rank, which is abandoned), and the
+/// last checkpoint saved before the fault is intact. Eager, and in a replayed
+/// step; with ZeRO-1 too.
+#[test]
+fn a_rank_stuck_mid_step_fails_the_job_within_the_timeout() {
+    for (replay, zero, fault_step) in [(false, 0, 4), (true, 0, 5), (true, 1, 5)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(2, 2, 8);
+        opts.replay = replay;
+        opts.zero = zero;
+        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
+        opts.checkpoint_every = Some(2);
+        opts.comm_timeout = std::time::Duration::from_secs(2);
+        opts.fault = Some(braid_gpt2::trainer::Fault {
+            rank: 1,
+            step: fault_step,
+            hang: true,
+        });
+        let t0 = std::time::Instant::now();
+        let err = train(
+            &opts,
+            StartState::fresh(&Gpt2Config::tiny(), 9),
+            &data(),
+            &|_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        let took = t0.elapsed();
+        let case = format!("replay {replay}, zero {zero}");
+        assert!(err.contains("timed out"), "{case}: {err}");
+        assert!(
+            ["all_reduce", "reduce_scatter", "all_gather"]
+                .iter()
+                .any(|op| err.contains(op)),
+            "{case}: the error names the collective: {err}"
+        );
+        assert!(
+            took < 2 * opts.comm_timeout + std::time::Duration::from_secs(10),
+            "{case}: stopping took {took:?}"
+        );
+        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+        assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "{case}");
         assert!(ckpt.params.iter().all(|p| p.is_finite()));
     }
 }
@@ -584,6 +634,7 @@ fn zero1_a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpo
         opts.fault = Some(braid_gpt2::trainer::Fault {
             rank: 1,
             step: fault_step,
+            hang: false,
         });
         let t0 = std::time::Instant::now();
         let err = train(

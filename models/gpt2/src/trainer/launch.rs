@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use braid::comm::{NcclCommunicator, NCCL_TIMEOUT};
 use braid::{BackendKind, Class, Comm, LocalCommConfig, Policy, Runtime};
@@ -159,8 +159,8 @@ impl Failures {
 
     /// The root cause among the recorded errors, if any: the first that is
     /// not a consequence of another rank's failure.
-    fn into_root_cause(self) -> Option<Gpt2Error> {
-        let mut failures = self.0.into_inner().unwrap_or_else(|p| p.into_inner());
+    fn take_root_cause(&self) -> Option<Gpt2Error> {
+        let mut failures = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
         if failures.is_empty() {
             return None;
         }
@@ -188,7 +188,12 @@ fn abort_all(comms: &[Comm], why: &str) {
     }
 }
 
-/// CPU ranks: threads of this process.
+/// CPU ranks: threads of this process, watched rather than joined
+/// ([`braid::comm::spawn_ranks`]): a rank stuck in a task that never returns
+/// is abandoned once the job has failed (the others' collectives time out,
+/// naming the collective) and a collective timeout has passed, instead of
+/// hanging the trainer. Rank 0's step reports reach `on_step` on the calling
+/// thread.
 pub(super) fn train_cpu(
     opts: &TrainOptions,
     start: &StartState,
@@ -196,24 +201,42 @@ pub(super) fn train_cpu(
     on_step: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
-    let failures = Failures::default();
-    let results = braid::launch_with(
-        world,
-        LocalCommConfig::default().timeout(opts.comm_timeout),
-        |rank, comm| {
-            // The rank's own thread submits and waits: it yields like the
-            // stream threads of its class.
-            opts.class.enter();
-            build_runtime(opts, BackendKind::Cpu, rank)
-                .and_then(|rt| run_rank(opts, rt, rank, world, Some(comm), start, data, on_step))
-                .map_err(|e| {
-                    let message = e.to_string();
-                    failures.push(rank, e);
-                    rank_failed(rank, message)
-                })
-        },
-    );
-    if let Some(e) = failures.into_root_cause() {
+    let failures = Arc::new(Failures::default());
+    let (steps, reports) = std::sync::mpsc::channel::<StepReport>();
+    let mut ranks = {
+        let (opts, start, data) = (opts.clone(), start.clone(), data.clone());
+        let failures = failures.clone();
+        braid::comm::spawn_ranks(
+            world,
+            LocalCommConfig::default().timeout(opts.comm_timeout),
+            opts.comm_timeout,
+            move |rank, comm| {
+                // The rank's own thread submits and waits: it yields like the
+                // stream threads of its class.
+                opts.class.enter();
+                let report = |r: &StepReport| {
+                    let _ = steps.send(*r);
+                };
+                build_runtime(&opts, BackendKind::Cpu, rank)
+                    .and_then(|rt| {
+                        run_rank(&opts, rt, rank, world, Some(comm), &start, &data, &report)
+                    })
+                    .map_err(|e| {
+                        let message = e.to_string();
+                        failures.push(rank, e);
+                        rank_failed(rank, message)
+                    })
+            },
+        )
+    };
+    let results = loop {
+        let done = ranks.poll(std::time::Duration::from_millis(20));
+        reports.try_iter().for_each(|r| on_step(&r));
+        if let Some(results) = done {
+            break results;
+        }
+    };
+    if let Some(e) = failures.take_root_cause() {
         return Err(e);
     }
     results
@@ -335,7 +358,7 @@ pub(super) fn train_gpus(
             .map(|h| h.ok().and_then(|h| h.join().ok().flatten()))
             .collect()
     });
-    if let Some(e) = failures.into_root_cause() {
+    if let Some(e) = failures.take_root_cause() {
         return Err(e);
     }
     outcomes

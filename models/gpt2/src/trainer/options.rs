@@ -98,9 +98,10 @@ pub struct TrainOptions {
     pub fault: Option<Fault>,
 }
 
-/// A task that panics on rank `rank` at the start of step `step`, eager or
-/// replayed: the step's gradient buckets depend on it, so that rank's
-/// collectives of the step are skipped and the others' cannot finish.
+/// A task that panics (or, with `hang`, never returns) on rank `rank` at the
+/// start of step `step`, eager or replayed: the step's gradient buckets
+/// depend on it, so that rank's collectives of the step are skipped (or never
+/// issued) and the others' cannot finish.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
@@ -108,6 +109,8 @@ pub struct Fault {
     pub rank: usize,
     /// The step in which it fails.
     pub step: u64,
+    /// The task never returns instead of panicking.
+    pub hang: bool,
 }
 
 impl Default for TrainOptions {

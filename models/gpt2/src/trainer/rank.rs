@@ -152,8 +152,8 @@ pub(super) fn run_rank(
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
         model.upload_batch(&rt, &x, Some(&y))?;
-        if opts.fault == Some(super::Fault { rank, step }) {
-            inject_fault(&rt, model.grads())?;
+        if let Some(f) = opts.fault.filter(|f| (f.rank, f.step) == (rank, step)) {
+            inject_fault(&rt, model.grads(), f.hang)?;
         }
         // ZeRO-1: the parameters updated by the last step are gathered at the
         // start of this one (from the second step of a run on), so the
@@ -356,10 +356,16 @@ fn full_state(
 /// that writes the whole gradient buffer and panics, so every later task
 /// touching the gradients — zeroing, the backward pass's weight gradients,
 /// the step's gradient buckets, or a replay of the step as a whole — is
-/// skipped, and with them this rank's collectives of the step.
-fn inject_fault(rt: &Runtime, grads: &braid::Buffer) -> Result<()> {
+/// skipped, and with them this rank's collectives of the step. With `hang`
+/// the task never returns: those tasks wait forever instead.
+fn inject_fault(rt: &Runtime, grads: &braid::Buffer, hang: bool) -> Result<()> {
     rt.task("injected fault")
-        .run(grads.read_write::<f32>(), |_| -> () {
+        .run(grads.read_write::<f32>(), move |_| -> () {
+            if hang {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
             panic!("injected fault: this rank stops in the middle of its step")
         })?;
     Ok(())
