@@ -23,7 +23,7 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
-use braid_gpt2::model::Sampler;
+use braid_gpt2::model::{Dtype, Sampler};
 use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
     TrainOptions,
@@ -160,6 +160,11 @@ struct TrainArgs {
     /// attention matrices and no (B, T, V) probabilities kept.
     #[arg(long)]
     fused: bool,
+    /// Storage type of parameters, gradients and activations: fp32, or bf16
+    /// (mixed precision: f32 master weights, moments and accumulation; CPU
+    /// and one rank only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
     /// RANK:STEP — make RANK panic in the middle of STEP (for tests of how
     /// the other ranks stop; not for training).
     #[arg(long, hide = true, value_parser = parse_fault)]
@@ -206,6 +211,9 @@ struct EvalArgs {
     /// Compute streams.
     #[arg(long, default_value_t = 2)]
     streams: usize,
+    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
 }
 
 #[derive(Debug, Args)]
@@ -232,6 +240,9 @@ struct SampleArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
+    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
 }
 
 fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
@@ -421,6 +432,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         fused: a.fused,
+        dtype: a.dtype,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;
@@ -524,6 +536,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         a.seq_len,
         a.batch_size,
+        a.dtype,
         |i, n| {
             if i == n || i % 50 == 0 {
                 eprintln!("batch {i}/{n}");
@@ -572,7 +585,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     })?;
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
     let window = (context.len() + a.tokens).min(cfg.max_seq_len);
-    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed)?;
+    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, a.dtype)?;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", a.prompt)?;

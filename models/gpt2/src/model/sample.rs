@@ -4,9 +4,10 @@
 
 use braid::Runtime;
 
-use super::{Gpt2Model, Rng};
+use super::{Gpt2Model, ModelOptions, Rng};
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::Dtype;
 
 /// Picks the next token from one row of logits: the most likely one when
 /// `temperature <= 0`, otherwise a draw from `softmax(logits / temperature)`.
@@ -47,7 +48,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for `params` of `cfg` with a window of `window` tokens
-    /// (clamped to the model's context).
+    /// (clamped to the model's context), the model storing `dtype`.
     pub fn new(
         rt: &Runtime,
         cfg: &Gpt2Config,
@@ -55,9 +56,14 @@ impl Sampler {
         window: usize,
         temperature: f32,
         seed: u64,
+        dtype: Dtype,
     ) -> Result<Self> {
         let t = window.clamp(1, cfg.max_seq_len);
-        let model = Gpt2Model::new(rt, cfg, 1, t)?;
+        let opts = ModelOptions {
+            dtype,
+            ..ModelOptions::default()
+        };
+        let model = Gpt2Model::with_options(rt, cfg, 1, t, opts)?;
         model.upload_params(rt, params)?;
         Ok(Sampler {
             model,

@@ -13,6 +13,7 @@ use crate::checkpoint::{AdamWHyper, Checkpoint};
 use crate::config::Gpt2Config;
 use crate::data::LoaderState;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::Dtype;
 use crate::model::init_params;
 
 /// Everything that shapes a training run.
@@ -81,6 +82,12 @@ pub struct TrainOptions {
     /// ([`ModelOptions::fused`](crate::model::ModelOptions)): CPU ranks only,
     /// off by default.
     pub fused: bool,
+    /// The storage type of parameters, gradients and activations
+    /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
+    /// default; bf16 (mixed precision, `f32` master weights and moments)
+    /// runs on one CPU rank for now (no bf16 CUDA kernels, and the gradient
+    /// reducer all-reduces `f32` buckets).
+    pub dtype: Dtype,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -133,6 +140,7 @@ impl Default for TrainOptions {
             reduce_single_rank: false,
             tied_split: true,
             fused: false,
+            dtype: Dtype::F32,
             fault: None,
         }
     }
@@ -160,6 +168,28 @@ impl TrainOptions {
         }
         if self.checkpoint_every == Some(0) {
             return bad("checkpoint interval", "must be at least 1 step".into());
+        }
+        if self.dtype != Dtype::F32 {
+            if self.ranks > 1 || self.reduce_single_rank {
+                return bad(
+                    "dtype",
+                    format!(
+                        "{} trains on one rank for now (the gradient reducer all-reduces \
+                         f32 buckets): use --ranks 1, or --dtype fp32",
+                        self.dtype
+                    ),
+                );
+            }
+            if matches!(self.backend, BackendKind::Cuda { .. }) {
+                return bad(
+                    "dtype",
+                    format!(
+                        "{} runs on the CPU only (no bf16 CUDA kernels yet): use --dtype fp32 \
+                         on a GPU",
+                        self.dtype
+                    ),
+                );
+            }
         }
         Ok(())
     }

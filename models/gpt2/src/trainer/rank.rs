@@ -51,7 +51,10 @@ pub(super) fn run_rank(
 ) -> Result<RankOutcome> {
     let cfg = opts.model;
     let (b, t) = (opts.batch_size, opts.seq_len);
-    let model_opts = crate::model::ModelOptions { fused: opts.fused };
+    let model_opts = crate::model::ModelOptions {
+        fused: opts.fused,
+        dtype: opts.dtype,
+    };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
     model.upload_params(&rt, &start.params)?;
     let mut opt = AdamW::for_model(&rt, &model, opts.optimizer, opts.max_grad_norm)?;
