@@ -496,12 +496,13 @@ impl Gpt2Model {
         self.loss.whole()
     }
 
-    /// `(B, T, V)` logits.
+    /// `(B, T, V)` logits, of [`dtype`](Self::dtype) elements.
     pub fn logits_view(&self) -> &View {
         &self.a.logits
     }
 
-    /// `(B, T, V)` probabilities (empty with [`ModelOptions::fused`]).
+    /// `(B, T, V)` probabilities, of [`dtype`](Self::dtype) elements (empty
+    /// with [`ModelOptions::fused`]).
     pub fn probs_view(&self) -> &View {
         &self.a.probs
     }
@@ -567,6 +568,13 @@ impl Gpt2Model {
     /// The `(B, T, V)` logits of the last forward pass (as `f32`).
     pub fn read_logits(&self, rt: &Runtime) -> Result<Vec<f32>> {
         self.read_stored(rt, &self.a.logits)
+    }
+
+    /// Row `row` (position `b·T + t`) of the logits, `(V)`, as `f32`.
+    pub fn read_logits_row(&self, rt: &Runtime, row: usize) -> Result<Vec<f32>> {
+        let row_bytes = self.cfg.vocab_size * self.dtype.size();
+        let view = self.a.logits.view(row * row_bytes..(row + 1) * row_bytes)?;
+        self.read_stored(rt, &view)
     }
 
     /// The `(B, T, V)` probabilities of the last forward pass (as `f32`;

@@ -99,11 +99,7 @@ impl Sampler {
             let mut tokens = window.clone();
             tokens.resize(t, 0);
             self.model.forward(rt, &tokens, None)?;
-            let row = self
-                .model
-                .logits_view()
-                .view_of::<f32>((len - 1) * v..len * v)?;
-            let logits: Vec<f32> = rt.read_vec(&row)?;
+            let logits = self.model.read_logits_row(rt, len - 1)?;
             let next = sample_next(&logits, self.temperature, &mut self.rng);
             on_token(next)?;
             out.push(next);
