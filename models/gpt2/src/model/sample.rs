@@ -91,7 +91,6 @@ impl Sampler {
         let cfg = *self.model.config();
         crate::data::check_ids(context, cfg.vocab_size, "prompt")?;
         let t = self.model.seq_len();
-        let v = cfg.vocab_size;
         let mut window: Vec<u32> = context.iter().rev().take(t).rev().copied().collect();
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
