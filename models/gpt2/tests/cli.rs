@@ -399,7 +399,7 @@ fn bf16_train_eval_sample() {
     ]);
     assert!(out.contains("last loss"), "{out}");
     // The checkpoint keeps the f32 master weights, not their bf16 copy.
-    let ckpt = braid_gpt2::checkpoint::load_checkpoint(&d.join("ckpt")).unwrap();
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
     let off_grid = ckpt
         .params
         .iter()

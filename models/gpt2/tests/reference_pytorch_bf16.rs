@@ -69,6 +69,11 @@ const BF16: ModelOptions = ModelOptions {
     fused: false,
     dtype: Dtype::Bf16,
 };
+/// The fused attention and classifier in bf16, held to the same tolerances.
+const BF16_FUSED: ModelOptions = ModelOptions {
+    fused: true,
+    dtype: Dtype::Bf16,
+};
 
 fn runtime(streams: usize, policy: Policy) -> braid::Runtime {
     model_runtime(braid::BackendKind::Cpu, streams, policy, 0)
@@ -120,10 +125,22 @@ fn bf16_forward_backward_match_pytorch_bf16() {
     let (fx, layout, params) = setup_from(FIXTURE_BF16);
     assert_eq!(fx.cfg, Gpt2Config::tiny());
     let torch_grads = fx.flat(&layout, "grad.");
+    for opts in [BF16, BF16_FUSED] {
+        forward_backward_match(&fx, &layout, &params, &torch_grads, opts);
+    }
+}
+
+fn forward_backward_match(
+    fx: &Fixture,
+    layout: &ParamLayout,
+    params: &[f32],
+    torch_grads: &[f32],
+    opts: ModelOptions,
+) {
     let mut first: Option<(f32, Vec<f32>, Vec<f32>)> = None;
     for (streams, policy) in [(1, Policy::Single), (4, Policy::RoundRobin)] {
-        let what = format!("bf16, {streams} streams, {policy}");
-        let (loss, logits, grads) = forward_backward(&fx, &params, BF16, streams, policy);
+        let what = format!("{opts:?}, {streams} streams, {policy}");
+        let (loss, logits, grads) = forward_backward(fx, params, opts, streams, policy);
         let torch_loss = fx.tensor("loss")[0];
         eprintln!(
             "{what}: loss ours {loss}, torch {torch_loss}, abs err {:.3e}",
@@ -143,7 +160,7 @@ fn bf16_forward_backward_match_pytorch_bf16() {
         check_all(&format!("{what}: logits"), &[l]);
         check_all(
             &format!("{what}: gradients"),
-            &grad_results(&layout, &grads, &torch_grads),
+            &grad_results(layout, &grads, torch_grads),
         );
         // Every logit and gradient is a bf16 value.
         for x in logits.iter().chain(&grads) {

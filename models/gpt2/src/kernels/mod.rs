@@ -3,7 +3,8 @@
 //! `llmc/*.cuh`):
 //!
 //! - **the tasks**: functions that take a [`TaskBuilder`](braid::TaskBuilder)
-//!   (the task's name, priority, …), the [`View`](braid::View)s the kernel
+//!   (the task's name, priority, …; or a [`Task`](task::Task), the builder
+//!   with a storage dtype), the [`View`](braid::View)s the kernel
 //!   touches and its sizes, declare exactly those accesses as typed tokens
 //!   (`out.write::<f32>()`, `inp.read::<f32>()`) and submit with
 //!   [`run_any`](braid::TaskBuilder::run_any): one body per backend, picked
@@ -35,6 +36,11 @@
 //! | [`fill`] | `zero` | (a memset) |
 //! | [`flash_attention`] | `forward`, `backward` (CPU only) | none yet |
 //! | [`fused_classifier`] | `losses`, `forward_backward` (CPU only) | none yet |
+//!
+//! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
+//! [`Storage`](storage::Storage) element trait) and [`task`] the
+//! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
+//! task) or a builder with a dtype (bf16 tasks have CPU bodies only).
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.

@@ -2,16 +2,19 @@
 //!
 //! # Buffers
 //!
-//! Four `f32` allocations hold everything, llm.c's way:
+//! Four allocations of the storage type ([`ModelOptions::dtype`], `f32` by
+//! default) hold everything, llm.c's way:
 //!
 //! ```text
 //! params     (num_parameters)   ParamLayout order, per-layer contiguous
 //! grads      (num_parameters)   the same layout; a DDP bucket is a view of it
-//! acts       ActivationLayout::new(cfg, B, T)        every forward activation
-//! dacts      ActivationLayout::gradients(cfg, B, T)  their gradients
+//! acts       ActivationLayout::stored(cfg, B, T, …)  every forward activation
+//! dacts      the same, gradients                      their gradients
 //! ```
 //!
-//! plus `tokens` and `targets` (`(B, T)` `u32`) and `loss` (one `f32`).
+//! plus `tokens` and `targets` (`(B, T)` `u32`), `loss` (one `f32`) and,
+//! with bf16 storage, `master params` (`f32` master weights, the layout of
+//! `params`).
 //! Every tensor is a [`View`] of its allocation, held in the same structs
 //! the layouts use, generic over the handle ([`LayerParams<View>`] for
 //! [`LayerParams<Span>`](LayerParams), [`LayerActivations<View>`] for the
@@ -53,6 +56,11 @@
 //! activation and parameter gradient) are **bit-identical** to
 //! [`Reference`](crate::reference::Reference) on any number of streams and under
 //! any placement policy (`tests/engine_model.rs` checks it).
+//!
+//! With bf16 storage the same holds (the engine model is bit-identical on any
+//! streams and policy), against the kernels' bf16 versions: every kernel
+//! computes in `f32` and rounds once as it stores (`tests/reference_pytorch_bf16.rs`
+//! compares with PyTorch in bf16).
 //!
 //! On CUDA the kernels reduce in their own (fixed) orders and cuBLAS sums
 //! products in its own, so results agree with the CPU and with PyTorch to

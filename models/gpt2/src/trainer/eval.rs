@@ -25,6 +25,7 @@ pub struct EvalReport {
 /// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
 /// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model
 /// storing `dtype` (the losses are summed in `f64` either way).
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     rt: &Runtime,
     cfg: &Gpt2Config,

@@ -72,7 +72,7 @@ pub struct TrainOptions {
     /// (`benches/src/bin/simulate.rs`). Off by default.
     pub reduce_single_rank: bool,
     /// Reduce the tied embedding's two gradient writers on their own
-    /// ([`Gpt2Model::set_split_tied`](crate::Gpt2Model::set_split_tied)): the
+    /// ([`Gpt2Model::set_split_tied`](crate::model::Gpt2Model::set_split_tied)): the
     /// classifier's dense part all-reduced as soon as it is written, at the
     /// start of the backward pass, the encoder's token rows exchanged at the
     /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
