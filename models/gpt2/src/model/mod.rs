@@ -416,7 +416,8 @@ impl Gpt2Model {
     /// [`Reducer::sparse_ready`](braid::Reducer::sparse_ready) after the
     /// backward pass. Without a reducer that adds them, `wte`'s gradient
     /// misses the encoder's part. CPU backend only (the position-only encoder
-    /// task has no CUDA body yet).
+    /// task has no CUDA body yet), and `f32` models only: the rows are of the
+    /// model's storage type, and the reducer's are `f32`.
     pub fn set_split_tied(&mut self, on: bool) {
         self.split_tied = on;
     }
