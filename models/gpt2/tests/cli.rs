@@ -382,9 +382,9 @@ fn broken_weights(bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
-/// `--dtype bf16` on one CPU rank: training, its checkpoint (`f32` master
-/// weights), evaluation and sampling in bf16; bf16 where it is not available
-/// yet is a clear error.
+/// `--dtype bf16` on two CPU ranks: training, its checkpoint (`f32` master
+/// weights), evaluation and sampling in bf16; a setting that makes no sense
+/// with it is a clear error.
 #[test]
 fn bf16_train_eval_sample() {
     let tmp = tempfile::tempdir().unwrap();
@@ -394,7 +394,7 @@ fn bf16_train_eval_sample() {
     #[rustfmt::skip]
     let out = ok(d, &[
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "3", "--batch-size", "2",
-        "--seq-len", "16", "--ranks", "1", "--dtype", "bf16", "--no-trace",
+        "--seq-len", "16", "--ranks", "2", "--dtype", "bf16", "--no-trace",
         "--save-weights", "w.safetensors", "--checkpoint-dir", "ckpt",
     ]);
     assert!(out.contains("last loss"), "{out}");
@@ -440,8 +440,8 @@ fn bf16_train_eval_sample() {
     #[rustfmt::skip]
     fails(d, &[
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "2",
-        "--dtype", "bf16", "--no-trace",
-    ], &["dtype", "one rank"]);
+        "--dtype", "bf16", "--compression", "bf16", "--no-trace",
+    ], &["compression", "bf16"]);
     fails(
         d,
         &["train", "--model", "tiny", "--dtype", "fp16", "--no-trace"],

@@ -84,9 +84,10 @@ pub struct TrainOptions {
     pub fused: bool,
     /// The storage type of parameters, gradients and activations
     /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
-    /// default; bf16 (mixed precision, `f32` master weights and moments)
-    /// runs on one CPU rank for now (no bf16 CUDA kernels, and the gradient
-    /// reducer all-reduces `f32` buckets).
+    /// default; bf16 (mixed precision, `f32` master weights and moments,
+    /// gradient buckets all-reduced in bf16) runs on CPU ranks only for now
+    /// (no bf16 CUDA kernels), with the tied embedding's gradient reduced as
+    /// one (`tied_split` is ignored).
     pub dtype: Dtype,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
@@ -170,12 +171,11 @@ impl TrainOptions {
             return bad("checkpoint interval", "must be at least 1 step".into());
         }
         if self.dtype != Dtype::F32 {
-            if self.ranks > 1 || self.reduce_single_rank {
+            if matches!(self.compression, Compression::Bf16) {
                 return bad(
-                    "dtype",
+                    "compression",
                     format!(
-                        "{} trains on one rank for now (the gradient reducer all-reduces \
-                         f32 buckets): use --ranks 1, or --dtype fp32",
+                        "{} gradients travel in bf16 already: drop --compression bf16",
                         self.dtype
                     ),
                 );

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use braid::comm::{BucketConfig, ReduceOp};
+use braid::comm::{Bf16, BucketConfig, DType, ReduceOp};
 use braid::trace::Profile;
 use braid::{Comm, Reducer, Runtime};
 
@@ -13,7 +13,7 @@ use super::{StartState, StepReport, TrainOptions};
 use crate::checkpoint::{save_checkpoint, Checkpoint};
 use crate::data::{DataLoader, TokenSource};
 use crate::error::{Gpt2Error, Result};
-use crate::model::Gpt2Model;
+use crate::model::{Dtype, Gpt2Model};
 use crate::optim::AdamW;
 
 /// What a rank hands back.
@@ -74,8 +74,20 @@ pub(super) fn run_rank(
         .transpose()?;
     let mut reducer = match &comm {
         Some(c) => {
-            // Every rank starts from rank 0's parameters, as DDP does.
-            c.broadcast::<f32>(&model.params().whole(), 0)?;
+            // Every rank starts from rank 0's parameters, as DDP does (with
+            // bf16 storage: its master weights and their bf16 copy).
+            let grad_dtype = match model.dtype() {
+                Dtype::F32 => {
+                    c.broadcast::<f32>(&model.params().whole(), 0)?;
+                    DType::F32
+                }
+                Dtype::Bf16 => {
+                    let master = model.master().expect("a bf16 model has master weights");
+                    c.broadcast::<f32>(&master.whole(), 0)?;
+                    c.broadcast::<Bf16>(&model.params().whole(), 0)?;
+                    DType::Bf16
+                }
+            };
             Some(Reducer::new(
                 c.clone(),
                 model.grads(),
@@ -83,13 +95,18 @@ pub(super) fn run_rank(
                 BucketConfig::default()
                     .cap_bytes(opts.bucket_cap_bytes)
                     .first_cap_bytes(opts.first_bucket_bytes)
-                    .compression(opts.compression.clone()),
+                    .compression(opts.compression.clone())
+                    .dtype(grad_dtype),
             )?)
         }
         None => None,
     };
-    // The tied gradient's two writers, reduced on their own (CPU ranks).
-    let split = reducer.is_some() && opts.tied_split && rt.backend_name() == "cpu";
+    // The tied gradient's two writers, reduced on their own (CPU ranks; the
+    // reducer's row contributions are f32).
+    let split = reducer.is_some()
+        && opts.tied_split
+        && rt.backend_name() == "cpu"
+        && model.dtype() == Dtype::F32;
     model.set_split_tied(split);
     rt.synchronize()?;
     rt.clear_profile();
