@@ -1,8 +1,8 @@
 //! The DDP gradient bucket reducer.
 //!
-//! Parameters and gradients each live in one flat `f32` allocation (llm.c's
-//! layout), so a bucket is a view of the gradient buffer: a contiguous range
-//! of whole parameters. The reducer holds a [`BoundComm`], so it submits on
+//! Parameters and gradients each live in one flat allocation (llm.c's
+//! layout) of `f32` (or bf16, [`BucketConfig::dtype`]) gradients, so a bucket
+//! is a view of the gradient buffer: a contiguous range of whole parameters. The reducer holds a [`BoundComm`], so it submits on
 //! that communicator's runtime:
 //!
 //! ```
@@ -99,7 +99,7 @@ use std::sync::Arc;
 pub struct ParamSpec {
     /// Name (for errors).
     pub name: String,
-    /// Element range (`f32`s) in the flat parameter and gradient buffers.
+    /// Element range in the flat parameter and gradient buffers.
     pub range: Range<usize>,
 }
 
@@ -128,9 +128,9 @@ pub struct BucketInfo {
 /// compression). Called in bucket order, identically on every rank; it must
 /// submit tasks (never wait) that leave the bucket averaged over the ranks.
 pub trait BucketHook: Send + Sync + fmt::Debug {
-    /// Submits the tasks that average `view` (the `f32` gradients of
-    /// `bucket`): collectives through `comm`, other tasks on
-    /// `comm.runtime()`.
+    /// Submits the tasks that average `view` (the gradients of `bucket`, of
+    /// the reducer's [`BucketConfig::dtype`]): collectives through `comm`,
+    /// other tasks on `comm.runtime()`.
     fn reduce(&self, comm: &BoundComm<'_>, bucket: &BucketInfo, view: &View) -> Result<()>;
 }
 
@@ -143,7 +143,8 @@ pub enum Compression {
     /// Cast the bucket to bf16 into a side buffer, all-reduce that (averaging
     /// in `f32`, rounding once), cast back into the bucket: three tasks on the
     /// comm stream, half the bytes. CPU backend only: the casts have no CUDA
-    /// body, so on CUDA submitting them fails ([`Error::NoBody`]).
+    /// body, so on CUDA submitting them fails ([`Error::NoBody`]). For `f32`
+    /// gradients only (bf16 gradients travel in bf16 as they are).
     Bf16,
     /// A user hook.
     Hook(Arc<dyn BucketHook>),
@@ -160,13 +161,18 @@ pub struct BucketConfig {
     /// Rebuild the buckets from the observed ready order after the first step
     /// (default on).
     pub rebuild: bool,
-    /// How buckets travel (default: plain `f32`).
+    /// How buckets travel (default: as they are).
     pub compression: Compression,
     /// ZeRO-1: reduce-scatter each bucket instead of all-reducing it, so
     /// each rank holds the averaged gradients of its shard only (default
     /// off; see `shard.rs` and [`Reducer::shards`]). Plain `f32` buckets
     /// only.
     pub shard: bool,
+    /// The element type of the gradient buffer: [`DType::F32`] (the
+    /// default) or [`DType::Bf16`], whose buckets are all-reduced in bf16
+    /// (averaged in `f32`, rounded once per element). Parameter ranges and
+    /// bucket caps count elements and bytes of this type.
+    pub dtype: DType,
 }
 
 impl Default for BucketConfig {
@@ -177,6 +183,7 @@ impl Default for BucketConfig {
             rebuild: true,
             compression: Compression::None,
             shard: false,
+            dtype: DType::F32,
         }
     }
 }
@@ -211,14 +218,22 @@ impl BucketConfig {
         self.shard = on;
         self
     }
+
+    /// Sets the gradients' element type.
+    pub fn dtype(mut self, d: DType) -> Self {
+        self.dtype = d;
+        self
+    }
 }
 
-/// Forms contiguous buckets from `order` (see the module docs).
+/// Forms contiguous buckets from `order` (see the module docs); elements
+/// are `elem_bytes` long.
 pub(crate) fn form_buckets(
     params: &[ParamSpec],
     order: &[usize],
     first_cap: usize,
     cap: usize,
+    elem_bytes: usize,
 ) -> Vec<BucketInfo> {
     let mut out: Vec<BucketInfo> = Vec::new();
     let mut open: Option<(Range<usize>, Vec<usize>)> = None;
@@ -227,7 +242,7 @@ pub(crate) fn form_buckets(
         let limit = if out.is_empty() { first_cap } else { cap };
         if let Some((range, ps)) = &mut open {
             let adjacent = r.end == range.start || r.start == range.end;
-            if adjacent && (range.len() + r.len()) * 4 <= limit {
+            if adjacent && (range.len() + r.len()) * elem_bytes <= limit {
                 *range = range.start.min(r.start)..range.end.max(r.end);
                 ps.push(p);
                 continue;
@@ -292,9 +307,10 @@ impl fmt::Debug for Reducer<'_> {
 }
 
 impl<'rt> Reducer<'rt> {
-    /// A reducer for the `f32` gradient buffer `grads`, whose parameters are
-    /// `params` in layout order (sorted, non-overlapping element ranges); its
-    /// collectives and tasks go to `comm`'s runtime.
+    /// A reducer for the gradient buffer `grads` (of `config.dtype`
+    /// elements), whose parameters are `params` in layout order (sorted,
+    /// non-overlapping element ranges); its collectives and tasks go to
+    /// `comm`'s runtime.
     pub fn new(
         comm: BoundComm<'rt>,
         grads: &Buffer,
@@ -302,13 +318,31 @@ impl<'rt> Reducer<'rt> {
         config: BucketConfig,
     ) -> Result<Reducer<'rt>> {
         let bad = |m: String| Err(Error::Config(format!("gradient reducer: {m}")));
-        if grads.len() % 4 != 0 {
+        let dtype = config.dtype;
+        match (dtype, &config.compression) {
+            (DType::F32, _) | (DType::Bf16, Compression::None | Compression::Hook(_)) => {}
+            (DType::Bf16, Compression::Bf16) => {
+                return bad(
+                    "bf16 gradients cannot be compressed to bf16: they travel in bf16 as they are"
+                        .into(),
+                )
+            }
+            (other, _) => {
+                return bad(format!(
+                    "{} gradients are not supported (f32 or bf16)",
+                    other.name()
+                ))
+            }
+        }
+        let size = dtype.size();
+        if grads.len() % size != 0 {
             return bad(format!(
-                "gradient buffer `{}` is not a whole number of f32s",
-                grads.name()
+                "gradient buffer `{}` is not a whole number of {}s",
+                grads.name(),
+                dtype.name()
             ));
         }
-        let n = grads.len() / 4;
+        let n = grads.len() / size;
         let mut end = 0;
         for p in &params {
             if p.range.start > p.range.end || p.range.end > n {
@@ -330,8 +364,20 @@ impl<'rt> Reducer<'rt> {
                 "sharded buckets (ZeRO-1) travel as plain f32: turn the compression off".into(),
             );
         }
+        if config.shard && dtype != DType::F32 {
+            return bad(format!(
+                "sharded buckets (ZeRO-1) hold f32 gradients, not {}",
+                dtype.name()
+            ));
+        }
         let order: Vec<usize> = (0..params.len()).rev().collect();
-        let buckets = form_buckets(&params, &order, config.first_cap_bytes, config.cap_bytes);
+        let buckets = form_buckets(
+            &params,
+            &order,
+            config.first_cap_bytes,
+            config.cap_bytes,
+            size,
+        );
         let mut r = Reducer {
             comm,
             grads: grads.clone(),
@@ -357,9 +403,10 @@ impl<'rt> Reducer<'rt> {
 
     fn set_layout(&mut self, buckets: Vec<BucketInfo>) -> Result<()> {
         let rt = self.comm.runtime();
+        let size = self.config.dtype.size();
         self.views = buckets
             .iter()
-            .map(|b| self.grads.view_of::<f32>(b.elems.clone()))
+            .map(|b| self.grads.view(b.elems.start * size..b.elems.end * size))
             .collect::<Result<_>>()?;
         self.side = match self.config.compression {
             Compression::Bf16 => buckets
@@ -535,6 +582,13 @@ impl<'rt> Reducer<'rt> {
                 self.params.len()
             )));
         };
+        if self.config.dtype != DType::F32 {
+            return Err(self.error(format!(
+                "sparse rows of `{}`: the gradients are {}; row contributions are f32 only",
+                p.name,
+                self.config.dtype.name()
+            )));
+        }
         let grad = self.grads.view_of::<f32>(p.range.clone())?;
         let name = p.name.clone();
         let comm = &self.comm;
@@ -615,7 +669,7 @@ impl<'rt> Reducer<'rt> {
                 self.comm.submit_named(
                     format!("all_reduce bucket {i}"),
                     avg,
-                    DType::F32,
+                    self.config.dtype,
                     Buffers::InPlace(view.clone()),
                 )?;
             }
@@ -695,6 +749,7 @@ impl<'rt> Reducer<'rt> {
             &order,
             self.config.first_cap_bytes,
             self.config.cap_bytes,
+            self.config.dtype.size(),
         );
         self.set_layout(buckets)?;
         self.rebuilt = true;
@@ -767,7 +822,7 @@ mod tests {
         let mib = 1 << 18;
         let p = specs(&[4 * mib, mib / 2, mib / 2, mib / 4, 30 * mib, mib]);
         let order: Vec<usize> = (0..p.len()).rev().collect();
-        let b = form_buckets(&p, &order, 1 << 20, 25 << 20);
+        let b = form_buckets(&p, &order, 1 << 20, 25 << 20, 4);
         // p5 (1 MiB) fills the first bucket; p4 (30 MiB) is over the cap,
         // alone; then p3..p0 fit one 25 MiB bucket (5.25 MiB).
         assert_eq!(b.len(), 3);
@@ -787,19 +842,96 @@ mod tests {
         // so each parameter gets a bucket of its own.
         let p = specs(&[100, 100, 100, 10, 10, 10]);
         let order = [2, 5, 1, 4, 0, 3];
-        let b = form_buckets(&p, &order, 1 << 20, 1 << 20);
+        let b = form_buckets(&p, &order, 1 << 20, 1 << 20, 4);
         assert_eq!(b.len(), 6);
         // An order that visits memory neighbours in sequence merges them,
         // growing at either end.
         let order = [4, 3, 5, 1, 0, 2];
-        let b = form_buckets(&p, &order, 1 << 20, 1 << 20);
+        let b = form_buckets(&p, &order, 1 << 20, 1 << 20, 4);
         assert_eq!(ranges(&b), vec![300..330, 0..300]);
         assert_eq!(b[0].params, vec![4, 3, 5]);
         // Caps split runs: the first cap 40 bytes = 10 f32s.
-        let b = form_buckets(&p, &order, 40, 80);
+        let b = form_buckets(&p, &order, 40, 80, 4);
         assert_eq!(
             ranges(&b),
             vec![310..320, 300..310, 320..330, 100..200, 0..100, 200..300]
         );
+        // In bf16 the same caps hold twice the elements: 20, then 40.
+        let b = form_buckets(&p, &order, 40, 80, 2);
+        assert_eq!(
+            ranges(&b),
+            vec![300..320, 320..330, 100..200, 0..100, 200..300]
+        );
+    }
+
+    /// bf16 gradients: the buckets are views of bf16 elements, all-reduced
+    /// in bf16 (averaged in f32, rounded once); the values are the f32
+    /// average rounded.
+    #[test]
+    fn bf16_gradients_are_averaged_in_bf16() {
+        use crate::{BackendKind, Runtime};
+        let out = crate::launch(2, |rank, comm| {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .rank(rank)
+                .build()?;
+            // Ranks hold 1 + k/128 and 1 + 3k/128 (k < 4): bf16 values, whose
+            // averages 1 + 2k/128 are bf16 values too.
+            let mine: Vec<Bf16> = (0..12)
+                .map(|k| Bf16::from_f32(1.0 + (2 * rank + 1) as f32 / 128.0 * (k % 4) as f32))
+                .collect();
+            let grads = rt.alloc_from("grads", &mine)?;
+            let specs = specs(&[5, 4, 3]);
+            let config = BucketConfig::default()
+                .dtype(DType::Bf16)
+                .first_cap_bytes(6)
+                .cap_bytes(10);
+            let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs, config)?;
+            assert_eq!(ranges(red.buckets()), vec![9..12, 5..9, 0..5]);
+            for p in (0..3).rev() {
+                red.grad_ready(p)?;
+            }
+            red.finish()?;
+            rt.read_vec::<Bf16>(&grads)
+        });
+        for r in out {
+            let got: Vec<f32> = r.unwrap().iter().map(|x| x.to_f32()).collect();
+            let want: Vec<f32> = (0..12)
+                .map(|k| 1.0 + 2.0 / 128.0 * (k % 4) as f32)
+                .collect();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn bf16_gradients_refuse_bf16_compression_and_sparse_rows() {
+        use crate::{BackendKind, Runtime};
+        let out = crate::launch(1, |rank, comm| {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .rank(rank)
+                .build()?;
+            let grads = rt.alloc("grads", 8 * 2)?;
+            let config = BucketConfig::default().dtype(DType::Bf16);
+            let err = Reducer::new(
+                comm.bind(&rt)?,
+                &grads,
+                specs(&[8]),
+                config.clone().compression(Compression::Bf16),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("travel in bf16"), "{err}");
+            // 8 bf16 elements: a spec of 9 does not fit.
+            let err =
+                Reducer::new(comm.bind(&rt)?, &grads, specs(&[9]), config.clone()).unwrap_err();
+            assert!(err.to_string().contains("does not fit"), "{err}");
+            let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(&[8]), config)?;
+            let ids = rt.alloc("ids", 4)?.whole();
+            let rows = crate::comm::SparseRows::new(ids, rt.alloc("rows", 8 * 4)?.whole(), 8);
+            Ok(red.sparse_ready(0, rows).map(|_| ()))
+        });
+        let res = out.into_iter().next().unwrap().unwrap();
+        let err = res.unwrap_err();
+        assert!(err.to_string().contains("f32 only"), "{err}");
     }
 }

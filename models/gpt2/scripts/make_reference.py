@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Make the PyTorch reference fixture for braid-gpt2's CPU model.
+"""Make the PyTorch reference fixtures for braid-gpt2's CPU model.
 
 Writes ``models/gpt2/tests/fixtures/gpt2_tiny_reference.safetensors``, which
 ``models/gpt2/tests/reference_pytorch.rs`` compares the Rust reference model
-(``src/reference.rs``) against.
+(``src/reference.rs``) against, and ``gpt2_tiny_reference_bf16.safetensors``,
+the same model in bf16 mixed precision (see "The bf16 fixture" below), which
+``models/gpt2/tests/reference_pytorch_bf16.rs`` compares the bf16 model with.
 
-Re-run (from anywhere; the output path is found relative to this file):
+Re-run (from anywhere; the output paths are found relative to this file):
 
     pip install torch transformers safetensors numpy
-    python3 models/gpt2/scripts/make_reference.py
+    python3 models/gpt2/scripts/make_reference.py [--only fp32|bf16]
 
 What it does
 ------------
@@ -48,8 +50,37 @@ Fixture contents (all float32 unless noted; names are HF's)
 - ``step_losses``        (5,) loss at each optimizer step, before its update.
 - ``step_grad_norms``    (5,) global gradient L2 norm before clipping.
 - metadata               config, batch shape, seed, optimizer settings, versions.
+
+The bf16 fixture
+----------------
+llm.c's mixed precision, which braid's ``--dtype bf16`` follows: bf16
+parameters, activations and gradients, fp32 master weights and AdamW moments,
+fp32 arithmetic inside every kernel. In PyTorch: the same initial (fp32)
+parameters are the master weights; a copy of the model converted with
+``.to(torch.bfloat16)`` runs forward and backward (PyTorch's CPU kernels for
+bf16 tensors compute in fp32 and round their outputs: matmuls accumulate in
+fp32, layer norm and softmax reduce in fp32). ``torch.autocast`` is not used:
+it keeps layer norms, the residual stream and the parameter gradients in
+fp32, which is not what llm.c (or braid) stores. Details:
+
+- GELU is ``gelu_pytorch_tanh`` (``F.gelu(approximate="tanh")``, one kernel,
+  rounded once), the same function as ``gelu_new``, whose chain of bf16
+  elementwise ops would round after each.
+- The loss is ``F.cross_entropy(logits.float(), ...)``: the logits are bf16,
+  the log-softmax and the mean are fp32 (braid computes each position's loss
+  from its fp32 softmax of the bf16 logits). The logits' gradient is rounded
+  to bf16 where it flows back into the bf16 graph.
+- The AdamW steps: per step, the bf16 model's parameters are the master
+  weights rounded (round to nearest even); forward and backward in bf16;
+  the bf16 gradients, as fp32, become the master weights' gradients;
+  ``clip_grad_norm_`` and ``torch.optim.AdamW`` (same settings) on the fp32
+  master weights.
+
+It holds the same tensors as the fp32 fixture (bf16 values stored as F32,
+exactly), ``final.<hf name>`` being the fp32 master weights after the steps.
 """
 
+import argparse
 import copy
 import json
 import os
@@ -70,19 +101,15 @@ BIAS_STD, LN_WEIGHT_STD = 0.02, 0.1
 # Final parameters kept beyond the 1-D ones.
 FINAL_MATRICES = ["transformer.h.0.attn.c_attn.weight"]
 
-OUT = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)),
-    "..",
-    "tests",
-    "fixtures",
-    "gpt2_tiny_reference.safetensors",
-)
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "gpt2_tiny_reference.safetensors")
+OUT_BF16 = os.path.join(FIXTURES, "gpt2_tiny_reference_bf16.safetensors")
 
 
-def build_model() -> GPT2LMHeadModel:
+def build_model(activation: str = "gelu_new") -> GPT2LMHeadModel:
     config = GPT2Config(
         **CONFIG,
-        activation_function="gelu_new",
+        activation_function=activation,
         layer_norm_epsilon=1e-5,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -111,8 +138,7 @@ def mean_loss(model, tokens, targets):
     return logits, loss
 
 
-def main() -> None:
-    torch.set_num_threads(1)  # reproducible reductions
+def make_fp32() -> None:
     model = build_model()
     model.train()  # dropout is 0, so train and eval agree
     gen = torch.Generator().manual_seed(SEED + 2)
@@ -161,7 +187,13 @@ def main() -> None:
     tensors["step_grad_norms"] = torch.tensor(step_norms, dtype=torch.float32)
     assert min(step_norms) > MAX_GRAD_NORM, "clipping must engage to be tested"
 
-    metadata = {
+    metadata = common_metadata()
+    metadata["gelu"] = "tanh approximation (gelu_new)"
+    save(tensors, OUT, metadata, step_losses, step_norms)
+
+
+def common_metadata() -> dict:
+    return {
         "config": json.dumps(
             dict(
                 max_seq_len=CONFIG["n_positions"],
@@ -183,18 +215,98 @@ def main() -> None:
         "weight_decay_applies_to": "all parameters",
         "max_grad_norm": repr(MAX_GRAD_NORM),
         "loss": "mean cross-entropy over B*T positions, targets not shifted",
-        "gelu": "tanh approximation (gelu_new)",
         "layer_norm_epsilon": "1e-05",
         "torch_version": torch.__version__,
         "transformers_version": __import__("transformers").__version__,
         "generator": "models/gpt2/scripts/make_reference.py",
     }
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    save_file(tensors, OUT, metadata=metadata)
-    print(f"wrote {os.path.normpath(OUT)}: {os.path.getsize(OUT)} bytes, {len(tensors)} tensors")
+
+
+def save(tensors, out, metadata, step_losses, step_norms) -> None:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    save_file(tensors, out, metadata=metadata)
+    print(f"wrote {os.path.normpath(out)}: {os.path.getsize(out)} bytes, {len(tensors)} tensors")
     print(f"loss {tensors['loss'].item():.6f}")
     print("step losses", " ".join(f"{x:.6f}" for x in step_losses))
     print("grad norms ", " ".join(f"{x:.6f}" for x in step_norms))
+
+
+def bf16_loss(model_bf16, tokens, targets):
+    """bf16 logits; fp32 log-softmax and mean (module docs)."""
+    logits = model_bf16(tokens).logits
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+    return logits, loss
+
+
+def make_bf16() -> None:
+    master_model = build_model("gelu_pytorch_tanh")  # fp32: the master weights
+    gen = torch.Generator().manual_seed(SEED + 2)
+    tokens = torch.randint(0, CONFIG["vocab_size"], (B, T), generator=gen)
+    targets = torch.randint(0, CONFIG["vocab_size"], (B, T), generator=gen)
+    initial = {n: p.detach().clone() for n, p in master_model.named_parameters()}
+    tensors = {n: t.contiguous() for n, t in initial.items()}
+
+    model = copy.deepcopy(master_model).to(torch.bfloat16)
+    model.train()
+    params = dict(model.named_parameters())
+    assert all(p.dtype == torch.bfloat16 for p in params.values())
+
+    # 1. forward and backward in bf16
+    logits, loss = bf16_loss(model, tokens, targets)
+    loss.backward()
+    for n, p in params.items():
+        assert p.grad.dtype == torch.bfloat16
+        tensors[f"grad.{n}"] = p.grad.detach().float().contiguous()
+    tensors["logits"] = logits.detach().float().contiguous()
+    tensors["loss"] = loss.detach().float().reshape(1)
+    tensors["tokens"] = tokens.to(torch.int32).contiguous()
+    tensors["targets"] = targets.to(torch.int32).contiguous()
+
+    # 2. AdamW steps on fp32 master weights, forward/backward in bf16
+    master = {n: initial[n].clone().requires_grad_(True) for n in params}
+    opt = torch.optim.AdamW(
+        list(master.values()),
+        lr=LR,
+        betas=(BETA1, BETA2),
+        eps=EPS,
+        weight_decay=WEIGHT_DECAY,
+    )
+    step_losses, step_norms = [], []
+    for _ in range(STEPS):
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(master[n].detach().to(torch.bfloat16))
+        _, loss = bf16_loss(model, tokens, targets)
+        loss.backward()
+        for n, p in params.items():
+            master[n].grad = p.grad.detach().float()
+        norm = torch.nn.utils.clip_grad_norm_(list(master.values()), MAX_GRAD_NORM)
+        opt.step()
+        step_losses.append(loss.item())
+        step_norms.append(norm.item())
+    for n, p in master.items():
+        if p.dim() == 1 or n in FINAL_MATRICES:
+            tensors[f"final.{n}"] = p.detach().clone().contiguous()
+    tensors["step_losses"] = torch.tensor(step_losses, dtype=torch.float32)
+    tensors["step_grad_norms"] = torch.tensor(step_norms, dtype=torch.float32)
+    assert min(step_norms) > MAX_GRAD_NORM, "clipping must engage to be tested"
+
+    metadata = common_metadata()
+    metadata["gelu"] = "tanh approximation (gelu_pytorch_tanh)"
+    metadata["dtype"] = "bf16 parameters, activations and gradients; fp32 master weights"
+    save(tensors, OUT_BF16, metadata, step_losses, step_norms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["fp32", "bf16"], help="make one fixture")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # reproducible reductions
+    if args.only in (None, "fp32"):
+        make_fp32()
+    if args.only in (None, "bf16"):
+        make_bf16()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
-use braid_gpt2::model::Sampler;
+use braid_gpt2::model::{Dtype, Sampler};
 use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
     TrainOptions,
@@ -174,6 +174,11 @@ struct TrainArgs {
     /// fails, naming the collective.
     #[arg(long, default_value_t = 120.0)]
     comm_timeout: f64,
+    /// Storage type of parameters, gradients and activations: fp32, or bf16
+    /// (mixed precision: f32 master weights, moments and accumulation; CPU
+    /// ranks only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
     /// that never returns) in the middle of STEP (for tests of how the other
     /// ranks stop; not for training).
@@ -226,6 +231,9 @@ struct EvalArgs {
     /// Compute streams.
     #[arg(long, default_value_t = 2)]
     streams: usize,
+    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
 }
 
 #[derive(Debug, Args)]
@@ -252,6 +260,9 @@ struct SampleArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
+    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
 }
 
 fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
@@ -454,6 +465,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         class: a.class,
         fused: a.fused,
         zero: a.zero,
+        dtype: a.dtype,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;
@@ -557,6 +569,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         a.seq_len,
         a.batch_size,
+        a.dtype,
         |i, n| {
             if i == n || i % 50 == 0 {
                 eprintln!("batch {i}/{n}");
@@ -605,7 +618,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     })?;
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
     let window = (context.len() + a.tokens).min(cfg.max_seq_len);
-    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed)?;
+    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, a.dtype)?;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", a.prompt)?;

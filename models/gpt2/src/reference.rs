@@ -49,6 +49,7 @@ use thiserror::Error;
 
 use crate::config::{ConfigError, Gpt2Config};
 use crate::kernels::cpu as k;
+use crate::kernels::storage::Dtype;
 use crate::kernels::TokenError;
 use crate::layout::{ParamLayout, Span};
 
@@ -168,7 +169,28 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, false)
+        Self::build(cfg, b, t, false, false, 1)
+    }
+
+    /// The layout of a model that stores its activations as `dtype`
+    /// ([`Gpt2Model`](crate::model::Gpt2Model)): [`new`](Self::new),
+    /// [`fused`](Self::fused), [`gradients`](Self::gradients) or
+    /// [`fused_gradients`](Self::fused_gradients) by `fused` and
+    /// `gradients`, with spans counted in `dtype` elements. The statistics
+    /// kept in `f32` whatever the storage (`*_mean`, `*_rstd`, `losses`, and
+    /// in fused mode the logsumexp in `att`) then span `4 / dtype.size()`
+    /// elements per value and start at a multiple of that, so that the byte
+    /// range `span · dtype.size()` holds them as `f32`. With `f32` it is the
+    /// plain layout.
+    pub fn stored(
+        cfg: &Gpt2Config,
+        b: usize,
+        t: usize,
+        fused: bool,
+        gradients: bool,
+        dtype: Dtype,
+    ) -> Self {
+        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size())
     }
 
     /// The forward activations of the fused kernels
@@ -178,59 +200,67 @@ impl ActivationLayout {
     /// `att` holds the attention's per-row logsumexp, `(B, NH, T)`, and
     /// `probs` is empty.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, true)
+        Self::build(cfg, b, t, false, true, 1)
     }
 
     /// The activation gradients of the fused kernels: as
     /// [`gradients`](Self::gradients), except that `logits` is empty too (the
     /// fused classifier writes the logits' gradient over the logits).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, true)
+        Self::build(cfg, b, t, true, true, 1)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, false)
+        Self::build(cfg, b, t, true, false, 1)
     }
 
-    fn build(cfg: &Gpt2Config, b: usize, t: usize, grads: bool, fused: bool) -> Self {
+    /// `stat`: elements per `f32` statistic (1, or 2 for bf16 storage).
+    fn build(cfg: &Gpt2Config, b: usize, t: usize, grads: bool, fused: bool, stat: usize) -> Self {
         let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
         let bt = b * t;
-        let mut offset = 0;
-        let mut span = |len: usize, has_grad: bool| {
+        let mut offset = 0usize;
+        // `is_stat`: an `f32` statistic, `stat` elements per value, aligned.
+        let mut span = |len: usize, has_grad: bool, is_stat: bool| {
             let len = if grads && !has_grad { 0 } else { len };
+            let len = if is_stat {
+                offset = offset.next_multiple_of(stat);
+                len * stat
+            } else {
+                len
+            };
             let s = Span { offset, len };
             offset += len;
             s
         };
-        let encoded = span(bt * c, true);
+        let encoded = span(bt * c, true, false);
         let layers = (0..cfg.num_layers)
             .map(|_| LayerActivations {
-                ln1: span(bt * c, true),
-                ln1_mean: span(bt, false),
-                ln1_rstd: span(bt, false),
-                qkv: span(bt * 3 * c, true),
-                atty: span(bt * c, true),
-                preatt: span(if fused { 0 } else { b * nh * t * t }, false),
-                att: span(b * nh * t * if fused { 1 } else { t }, false),
-                attproj: span(bt * c, true),
-                residual2: span(bt * c, true),
-                ln2: span(bt * c, true),
-                ln2_mean: span(bt, false),
-                ln2_rstd: span(bt, false),
-                fch: span(bt * 4 * c, true),
-                fch_gelu: span(bt * 4 * c, true),
-                fcproj: span(bt * c, true),
-                residual3: span(bt * c, true),
+                ln1: span(bt * c, true, false),
+                ln1_mean: span(bt, false, true),
+                ln1_rstd: span(bt, false, true),
+                qkv: span(bt * 3 * c, true, false),
+                atty: span(bt * c, true, false),
+                preatt: span(if fused { 0 } else { b * nh * t * t }, false, false),
+                att: span(b * nh * t * if fused { 1 } else { t }, false, fused),
+                attproj: span(bt * c, true, false),
+                residual2: span(bt * c, true, false),
+                ln2: span(bt * c, true, false),
+                ln2_mean: span(bt, false, true),
+                ln2_rstd: span(bt, false, true),
+                fch: span(bt * 4 * c, true, false),
+                fch_gelu: span(bt * 4 * c, true, false),
+                fcproj: span(bt * c, true, false),
+                residual3: span(bt * c, true, false),
             })
             .collect();
-        let lnf = span(bt * c, true);
-        let lnf_mean = span(bt, false);
-        let lnf_rstd = span(bt, false);
-        let logits = span(bt * v, !fused);
-        let probs = span(if fused { 0 } else { bt * v }, false);
-        let losses = span(bt, false);
+        let lnf = span(bt * c, true, false);
+        let lnf_mean = span(bt, false, true);
+        let lnf_rstd = span(bt, false, true);
+        let logits = span(bt * v, !fused, false);
+        let probs = span(if fused { 0 } else { bt * v }, false, false);
+        let losses = span(bt, false, true);
         Self {
             b,
             t,

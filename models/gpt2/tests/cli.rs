@@ -402,3 +402,70 @@ fn broken_weights(bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
         write("", "transformer.h.1.mlp.c_fc.bias"),
     )
 }
+
+/// `--dtype bf16` on two CPU ranks: training, its checkpoint (`f32` master
+/// weights), evaluation and sampling in bf16; a setting that makes no sense
+/// with it is a clear error.
+#[test]
+fn bf16_train_eval_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    write_token_file(d.join("val.bin"), &tokens(700)).unwrap();
+    #[rustfmt::skip]
+    let out = ok(d, &[
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "3", "--batch-size", "2",
+        "--seq-len", "16", "--ranks", "2", "--dtype", "bf16", "--no-trace",
+        "--save-weights", "w.safetensors", "--checkpoint-dir", "ckpt",
+    ]);
+    assert!(out.contains("last loss"), "{out}");
+    // The checkpoint keeps the f32 master weights, not their bf16 copy.
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    let off_grid = ckpt
+        .params
+        .iter()
+        .filter(|x| x.to_bits() & 0xffff != 0)
+        .count();
+    assert!(
+        off_grid > ckpt.params.len() / 2,
+        "{off_grid} f32 master weights"
+    );
+
+    let eval = |dtype: &str| -> f64 {
+        #[rustfmt::skip]
+        let out = ok(d, &[
+            "eval", "--weights", "w.safetensors", "--tokens", "val.bin", "--seq-len", "16",
+            "--device", "cpu", "--dtype", dtype,
+        ]);
+        out.lines()
+            .find_map(|l| l.strip_prefix("loss="))
+            .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
+            .parse()
+            .unwrap()
+    };
+    let (l16, l32) = (eval("bf16"), eval("fp32"));
+    assert!(l16.is_finite() && l16 > 0.0, "bf16 loss {l16}");
+    // Close to the f32 loss, but computed in bf16: not the same number.
+    assert!(
+        (l16 - l32).abs() < 0.05 && l16 != l32,
+        "bf16 {l16}, fp32 {l32}"
+    );
+
+    #[rustfmt::skip]
+    let sample = ok(d, &[
+        "sample", "--checkpoint", "ckpt", "--prompt", "a", "--tokens", "5", "--device", "cpu",
+        "--dtype", "bf16",
+    ]);
+    assert!(sample.starts_with('a') && sample.len() > 1, "{sample}");
+
+    #[rustfmt::skip]
+    fails(d, &[
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "2",
+        "--dtype", "bf16", "--compression", "bf16", "--no-trace",
+    ], &["compression", "bf16"]);
+    fails(
+        d,
+        &["train", "--model", "tiny", "--dtype", "fp16", "--no-trace"],
+        &["fp16", "bf16"],
+    );
+}

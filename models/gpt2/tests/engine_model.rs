@@ -186,7 +186,10 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
         reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
     let ref_logits = reference.logits().to_vec();
 
-    let fused = ModelOptions { fused: true };
+    let fused = ModelOptions {
+        fused: true,
+        ..ModelOptions::default()
+    };
     // (loss, logits, gradients, accumulated gradients) of the first run
     type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
     let mut first: Option<Run> = None;

@@ -299,7 +299,13 @@ fn engine_forward_backward_match_pytorch(dev: Device) {
 /// same tolerances.
 #[test]
 fn engine_fused_forward_backward_match_pytorch_cpu() {
-    forward_backward_match_pytorch(Device::Cpu, ModelOptions { fused: true });
+    forward_backward_match_pytorch(
+        Device::Cpu,
+        ModelOptions {
+            fused: true,
+            ..ModelOptions::default()
+        },
+    );
 }
 
 fn forward_backward_match_pytorch(dev: Device, opts: ModelOptions) {
@@ -405,7 +411,13 @@ fn engine_adamw_steps_match_pytorch(dev: Device) {
 /// same tolerances.
 #[test]
 fn engine_fused_adamw_steps_match_pytorch_cpu() {
-    steps_match_pytorch(Device::Cpu, ModelOptions { fused: true });
+    steps_match_pytorch(
+        Device::Cpu,
+        ModelOptions {
+            fused: true,
+            ..ModelOptions::default()
+        },
+    );
 }
 
 fn steps_match_pytorch(dev: Device, opts: ModelOptions) {

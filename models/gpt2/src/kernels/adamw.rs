@@ -10,6 +10,8 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle,
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::{convert, Storage};
+use super::task::{submit_cpu, Task};
 use crate::checkpoint::AdamWHyper;
 
 pub(crate) static CUDA: Program =
@@ -82,6 +84,37 @@ pub fn update(
     )
 }
 
+/// Submits one mixed-precision AdamW step as `task` (CPU body only):
+/// [`adamw_update_mixed`] on the `f32` master weights, moments and the
+/// stored gradients (times `grad_scale[0]` when given), then the stored
+/// weights `params` are overwritten with the rounded master weights.
+pub fn update_mixed<'rt>(
+    task: impl Into<Task<'rt>>,
+    params: &View,             // (N) stored weights, overwritten
+    master: &View,             // (N) f32 master weights
+    grads: &View,              // (N)
+    m: &View,                  // (N) first moment, zero before step 1
+    v: &View,                  // (N) second moment, zero before step 1
+    grad_scale: Option<&View>, // (1)
+    step: u64,
+    h: AdamWHyper,
+) -> Result<TaskHandle> {
+    submit_cpu!(
+        task,
+        |S| (
+            params.write::<S>(),
+            master.read_write::<f32>(),
+            grads.read::<S>(),
+            m.read_write::<f32>(),
+            v.read_write::<f32>(),
+            grad_scale.map(|s| s.read::<f32>()),
+        ),
+        move |(params, master, grads, m, v, scale)| {
+            adamw_update_mixed(params, master, grads, m, v, scale.map(|s| s[0]), step, h)
+        },
+    )
+}
+
 // ---------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------
@@ -100,9 +133,12 @@ pub fn update(
 /// the PyTorch fixture (`scripts/make_reference.py`) decay all parameters, as
 /// llm.c does; a caller that wants to exempt biases and layer norms calls this
 /// per tensor with `weight_decay = 0` for those.
-pub fn adamw_update(
+///
+/// The arithmetic is `f32`; the gradients are loaded from their storage type
+/// (bf16 gradients update `f32` master weights, see [`adamw_update_mixed`]).
+pub fn adamw_update<G: Storage>(
     params: &mut [f32], // (N)
-    grads: &[f32],      // (N)
+    grads: &[G],        // (N)
     m: &mut [f32],      // (N) first moment, zero before step 1
     v: &mut [f32],      // (N) second moment, zero before step 1
     step: u64,
@@ -128,12 +164,58 @@ pub fn adamw_update(
         .zip(m.iter_mut())
         .zip(v.iter_mut())
     {
+        let g = g.load();
         *p *= decay;
         *m = beta1 * *m + (1.0 - beta1) * g;
         *v = beta2 * *v + (1.0 - beta2) * g * g;
         let denom = v.sqrt() / bias_correction2_sqrt + eps;
         *p -= step_size * *m / denom;
     }
+}
+
+/// Mixed precision (llm.c's `adamw_kernel3`): one [`adamw_update`] of the
+/// `f32` master weights `master` from the stored gradients, `g · grad_scale`
+/// when a clip factor is given, then `params = master` rounded to the
+/// storage type (the weights the next forward pass reads).
+pub fn adamw_update_mixed<S: Storage>(
+    params: &mut [S],   // (N) stored weights, overwritten
+    master: &mut [f32], // (N) f32 master weights
+    grads: &[S],        // (N)
+    m: &mut [f32],      // (N) first moment, zero before step 1
+    v: &mut [f32],      // (N) second moment, zero before step 1
+    grad_scale: Option<f32>,
+    step: u64,
+    h: AdamWHyper,
+) {
+    let n = master.len();
+    check_len("adamw_update_mixed", "params", params.len(), n);
+    check_len("adamw_update_mixed", "grads", grads.len(), n);
+    let AdamWHyper {
+        learning_rate: lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+    } = h;
+    match grad_scale {
+        Some(s) if s != 1.0 => {
+            let g: Vec<f32> = grads.iter().map(|x| x.load() * s).collect();
+            adamw_update(master, &g, m, v, step, lr, beta1, beta2, eps, weight_decay);
+        }
+        _ => adamw_update(
+            master,
+            grads,
+            m,
+            v,
+            step,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        ),
+    }
+    convert(params, master);
 }
 
 // ---------------------------------------------------------------------------

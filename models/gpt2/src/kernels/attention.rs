@@ -21,10 +21,12 @@
 //!   `att` is 0 there on both. Nothing reads that triangle.
 
 use braid::cuda::{Gemm, KernelArgs, Transpose};
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "attention.cu",
@@ -55,8 +57,8 @@ static SOFTMAX_BACKWARD: Kernel = Kernel::new(&CUDA, 5);
 /// `scratch`: exactly [`forward_scratch_bytes`] bytes for the CUDA
 /// kernels (declared `write`; unused on the CPU). Its contents are dead
 /// after the task, so one scratch view may serve every layer.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View,     // (B, T, C)
     preatt: &View,  // (B, NH, T, T)
     att: &View,     // (B, NH, T, T)
@@ -67,12 +69,13 @@ pub fn forward(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            out.write::<f32>(),
-            preatt.write::<f32>(),
-            att.write::<f32>(),
-            inp.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            out.write::<S>(),
+            preatt.write::<S>(),
+            att.write::<S>(),
+            inp.read::<S>(),
             scratch.write::<f32>(),
         ),
         move |(out, preatt, att, inp, _scratch)| {
@@ -92,8 +95,8 @@ pub fn forward(
 ///
 /// `scratch`: exactly [`backward_scratch_bytes`] bytes (declared `write`;
 /// unused on the CPU).
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp: &View,    // (B, T, 3C) accumulated
     dout: &View,    // (B, T, C)
     inp: &View,     // (B, T, 3C)
@@ -104,12 +107,13 @@ pub fn backward(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dinp.read_write::<f32>(),
-            dout.read::<f32>(),
-            inp.read::<f32>(),
-            att.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dinp.read_write::<S>(),
+            dout.read::<S>(),
+            inp.read::<S>(),
+            att.read::<S>(),
             scratch.write::<f32>(),
         ),
         move |(dinp, dout, inp, att, _scratch)| {
@@ -149,11 +153,15 @@ pub fn backward_scratch_bytes(b: usize, t: usize, c: usize, nh: usize) -> usize 
 ///
 /// Saves the scaled scores in `preatt` and the probabilities in `att`; the
 /// masked upper triangle (`t2 > t`) of both is written as 0.
-pub fn attention_forward(
-    out: &mut [f32],    // (B, T, C)
-    preatt: &mut [f32], // (B, NH, T, T)
-    att: &mut [f32],    // (B, NH, T, T)
-    inp: &[f32],        // (B, T, 3C)
+///
+/// Computed in `f32` from the loaded `inp`; bf16 outputs are rounded once
+/// as they are stored (the softmax and the weighted sum use the `f32`
+/// scores, not the stored ones).
+pub fn attention_forward<S: Storage>(
+    out: &mut [S],    // (B, T, C)
+    preatt: &mut [S], // (B, NH, T, T)
+    att: &mut [S],    // (B, NH, T, T)
+    inp: &[S],        // (B, T, 3C)
     b: usize,
     t: usize,
     c: usize,
@@ -167,6 +175,27 @@ pub fn attention_forward(
     check_len("attention_forward", "preatt", preatt.len(), b * nh * t * t);
     check_len("attention_forward", "att", att.len(), b * nh * t * t);
     check_len("attention_forward", "inp", inp.len(), b * t * 3 * c);
+    let inp = S::load_slice(inp);
+    S::update_f32(out, |out| {
+        S::update_f32(preatt, |preatt| {
+            S::update_f32(att, |att| {
+                attention_forward_f32(out, preatt, att, &inp, b, t, c, nh)
+            })
+        })
+    })
+}
+
+/// [`attention_forward`] in `f32`, shapes checked.
+fn attention_forward_f32(
+    out: &mut [f32],    // (B, T, C)
+    preatt: &mut [f32], // (B, NH, T, T)
+    att: &mut [f32],    // (B, NH, T, T)
+    inp: &[f32],        // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) {
     let hs = c / nh;
     let c3 = 3 * c;
     let scale = 1.0 / (hs as f32).sqrt();
@@ -222,12 +251,13 @@ pub fn attention_forward(
 ///
 /// Needs no `preatt` and no scratch gradient buffers (unlike llm.c, which
 /// keeps `datt` and `dpreatt` activations): each row of `datt` is recomputed
-/// into a local vector.
-pub fn attention_backward(
-    dinp: &mut [f32], // (B, T, 3C)
-    dout: &[f32],     // (B, T, C)
-    inp: &[f32],      // (B, T, 3C)
-    att: &[f32],      // (B, NH, T, T)
+/// into a local vector. Computed in `f32` from the loaded (stored)
+/// arguments; a bf16 `dinp` is rounded once, at the end.
+pub fn attention_backward<S: Storage>(
+    dinp: &mut [S], // (B, T, 3C)
+    dout: &[S],     // (B, T, C)
+    inp: &[S],      // (B, T, 3C)
+    att: &[S],      // (B, NH, T, T)
     b: usize,
     t: usize,
     c: usize,
@@ -241,6 +271,23 @@ pub fn attention_backward(
     check_len("attention_backward", "dout", dout.len(), b * t * c);
     check_len("attention_backward", "inp", inp.len(), b * t * 3 * c);
     check_len("attention_backward", "att", att.len(), b * nh * t * t);
+    let (dout, inp, att) = (S::load_slice(dout), S::load_slice(inp), S::load_slice(att));
+    S::update_f32(dinp, |dinp| {
+        attention_backward_f32(dinp, &dout, &inp, &att, b, t, c, nh)
+    })
+}
+
+/// [`attention_backward`] in `f32`, shapes checked.
+fn attention_backward_f32(
+    dinp: &mut [f32], // (B, T, 3C)
+    dout: &[f32],     // (B, T, C)
+    inp: &[f32],      // (B, T, 3C)
+    att: &[f32],      // (B, NH, T, T)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) {
     let hs = c / nh;
     let c3 = 3 * c;
     let scale = 1.0 / (hs as f32).sqrt();

@@ -14,10 +14,12 @@
 //! kernels index with bounds checks: a bad id panics there, failing the task.
 
 use braid::cuda::{KernelArgs, LaunchConfig};
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, submit_cpu, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "encoder.cu",
@@ -42,8 +44,8 @@ static BACKWARD_WTE: Kernel = Kernel::new(&CUDA, 2);
 /// # Safety
 /// When the task runs, every id in `tokens` is below `V` (the rows of `wte`):
 /// the CUDA kernel reads `wte` at the ids it finds, unchecked (module docs).
-pub unsafe fn forward(
-    task: TaskBuilder<'_>,
+pub unsafe fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View,    // (B, T, C)
     tokens: &View, // (B, T) u32, each < V
     wte: &View,    // (V, C)
@@ -52,12 +54,13 @@ pub unsafe fn forward(
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            out.write::<f32>(),
+    submit!(
+        task,
+        |S| (
+            out.write::<S>(),
             tokens.read::<u32>(),
-            wte.read::<f32>(),
-            wpe.read::<f32>(),
+            wte.read::<S>(),
+            wpe.read::<S>(),
         ),
         move |(out, tokens, wte, wpe)| encoder_forward(out, tokens, wte, wpe, b, t, c),
         move |(out, tokens, wte, wpe), cu| {
@@ -72,8 +75,8 @@ pub unsafe fn forward(
 /// # Safety
 /// As for [`forward`]: every id in `tokens` is below `V` (the rows of
 /// `dwte`) when the task runs.
-pub unsafe fn backward(
-    task: TaskBuilder<'_>,
+pub unsafe fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dwte: &View,   // (V, C) accumulated
     dwpe: &View,   // (maxT, C), maxT >= T, accumulated
     dout: &View,   // (B, T, C)
@@ -82,11 +85,12 @@ pub unsafe fn backward(
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dwte.read_write::<f32>(),
-            dwpe.read_write::<f32>(),
-            dout.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dwte.read_write::<S>(),
+            dwpe.read_write::<S>(),
+            dout.read::<S>(),
             tokens.read::<u32>(),
         ),
         move |(dwte, dwpe, dout, tokens)| encoder_backward(dwte, dwpe, dout, tokens, b, t, c),
@@ -102,16 +106,17 @@ pub unsafe fn backward(
 /// the rows `tokens`) to the gradient reducer as a separate contribution
 /// ([`braid::Reducer::sparse_ready`]). CPU body only: the trainer splits the
 /// tied gradient on the CPU backend.
-pub fn backward_positions(
-    task: TaskBuilder<'_>,
+pub fn backward_positions<'rt>(
+    task: impl Into<Task<'rt>>,
     dwpe: &View, // (maxT, C), maxT >= T, accumulated
     dout: &View, // (B, T, C)
     b: usize,
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    task.run(
-        (dwpe.read_write::<f32>(), dout.read::<f32>()),
+    submit_cpu!(
+        task,
+        |S| (dwpe.read_write::<S>(), dout.read::<S>()),
         move |(dwpe, dout)| encoder_backward_positions(dwpe, dout, b, t, c),
     )
 }
@@ -122,9 +127,9 @@ pub fn backward_positions(
 
 /// Accumulates the position-embedding gradient only:
 /// `dwpe[t, :] += dout[b, t, :]`, in the order [`encoder_backward`] does.
-pub fn encoder_backward_positions(
-    dwpe: &mut [f32], // (maxT, C), maxT >= T
-    dout: &[f32],     // (B, T, C)
+pub fn encoder_backward_positions<S: Storage>(
+    dwpe: &mut [S], // (maxT, C), maxT >= T
+    dout: &[S],     // (B, T, C)
     b: usize,
     t: usize,
     c: usize,
@@ -134,22 +139,25 @@ pub fn encoder_backward_positions(
         dwpe.len() >= t * c,
         "encoder_backward_positions: `dwpe` has fewer than T rows"
     );
-    for (bt, dout_bt) in dout.chunks_exact(c).enumerate() {
-        let dwpe_t = &mut dwpe[(bt % t) * c..][..c];
-        for (d, &g) in dwpe_t.iter_mut().zip(dout_bt) {
-            *d += g;
+    // Rounded once, after every contribution (a row gets `B` of them).
+    S::update_f32(&mut dwpe[..t * c], |dwpe| {
+        for (bt, dout_bt) in dout.chunks_exact(c).enumerate() {
+            let dwpe_t = &mut dwpe[(bt % t) * c..][..c];
+            for (d, &g) in dwpe_t.iter_mut().zip(dout_bt) {
+                *d += g.load();
+            }
         }
-    }
+    });
 }
 /// `out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]`.
 ///
 /// Every token must be `< V` (see [`check_tokens`](super::check_tokens));
 /// `wpe` may have more rows than `t` (`maxT >= T`).
-pub fn encoder_forward(
-    out: &mut [f32], // (B, T, C)
-    tokens: &[u32],  // (B, T)
-    wte: &[f32],     // (V, C)
-    wpe: &[f32],     // (maxT, C), maxT >= T
+pub fn encoder_forward<S: Storage>(
+    out: &mut [S],  // (B, T, C)
+    tokens: &[u32], // (B, T)
+    wte: &[S],      // (V, C)
+    wpe: &[S],      // (maxT, C), maxT >= T
     b: usize,
     t: usize,
     c: usize,
@@ -165,18 +173,18 @@ pub fn encoder_forward(
         let wte_ix = &wte[tok as usize * c..][..c];
         let wpe_t = &wpe[pos * c..][..c];
         for ((o, &e), &p) in out_bt.iter_mut().zip(wte_ix).zip(wpe_t) {
-            *o = e + p;
+            *o = S::store(e.load() + p.load());
         }
     }
 }
 
 /// Accumulates the embedding gradients: `dwte[tokens[b, t], :] += dout[b, t, :]`
 /// and `dwpe[t, :] += dout[b, t, :]`.
-pub fn encoder_backward(
-    dwte: &mut [f32], // (V, C)
-    dwpe: &mut [f32], // (maxT, C), maxT >= T
-    dout: &[f32],     // (B, T, C)
-    tokens: &[u32],   // (B, T)
+pub fn encoder_backward<S: Storage>(
+    dwte: &mut [S], // (V, C)
+    dwpe: &mut [S], // (maxT, C), maxT >= T
+    dout: &[S],     // (B, T, C)
+    tokens: &[u32], // (B, T)
     b: usize,
     t: usize,
     c: usize,
@@ -184,12 +192,15 @@ pub fn encoder_backward(
     check_len("encoder_backward", "dout", dout.len(), b * t * c);
     check_len("encoder_backward", "tokens", tokens.len(), b * t);
     // Each gradient row adds its contributions in (b, t) order either way.
-    for (dout_bt, &tok) in dout.chunks_exact(c).zip(tokens) {
-        let dwte_ix = &mut dwte[tok as usize * c..][..c];
-        for (d, &g) in dwte_ix.iter_mut().zip(dout_bt) {
-            *d += g;
+    // A row of a repeated token is rounded once, after all its contributions.
+    S::update_f32(dwte, |dwte| {
+        for (dout_bt, &tok) in dout.chunks_exact(c).zip(tokens) {
+            let dwte_ix = &mut dwte[tok as usize * c..][..c];
+            for (d, &g) in dwte_ix.iter_mut().zip(dout_bt) {
+                *d += g.load();
+            }
         }
-    }
+    });
     encoder_backward_positions(dwpe, dout, b, t, c);
 }
 

@@ -2,13 +2,15 @@
 //! backward pass (its kernels accumulate). A byte fill on the CPU, a
 //! `cuMemsetD8Async` on the task's stream on CUDA; no `.cu` program.
 
-use braid::{CudaTaskCtx, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSliceMut, Result, TaskHandle, View};
 
 use super::cuda_common::task_result;
+use super::task::Task;
 
-/// Submits `out = 0` (every byte, any element type) as `task`.
-pub fn zero(task: TaskBuilder<'_>, out: &View) -> Result<TaskHandle> {
-    task.run_any(
+/// Submits `out = 0` (every byte, any element type, so any
+/// [`Dtype`](super::storage::Dtype)) as `task`.
+pub fn zero<'rt>(task: impl Into<Task<'rt>>, out: &View) -> Result<TaskHandle> {
+    task.into().builder.run_any(
         out.write::<u8>(),
         |out| out.fill(0),
         |out, cu| task_result(zero_cuda(cu, out)),

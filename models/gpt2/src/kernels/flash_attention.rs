@@ -52,9 +52,11 @@
 //!
 //! Not done: the GPU kernels (CUDA, tensor cores), bf16.
 
-use braid::{Result, TaskBuilder, TaskHandle, View};
+use braid::{Result, TaskHandle, View};
 
 use super::check_len;
+use super::storage::Storage;
+use super::task::{submit_cpu, Task};
 
 /// Query tile rows of the CPU tasks.
 pub const BLOCK_Q: usize = 32;
@@ -95,8 +97,8 @@ pub fn tile_bytes(c: usize, nh: usize, block_q: usize, block_k: usize) -> usize 
 /// Submits [`flash_attention_forward`] as a CPU task: writes `out` and the
 /// per-row logsumexp `lse`. There is no CUDA body: on a CUDA runtime the
 /// submission fails.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View, // (B, T, C)
     lse: &View, // (B, NH, T)
     inp: &View, // (B, T, 3C)
@@ -105,8 +107,9 @@ pub fn forward(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    task.run(
-        (out.write::<f32>(), lse.write::<f32>(), inp.read::<f32>()),
+    submit_cpu!(
+        task,
+        |S| (out.write::<S>(), lse.write::<f32>(), inp.read::<S>()),
         move |(out, lse, inp)| {
             flash_attention_forward(out, lse, inp, b, t, c, nh, BLOCK_Q, BLOCK_K)
         },
@@ -116,8 +119,8 @@ pub fn forward(
 /// Submits [`flash_attention_backward`] as a CPU task: accumulates into
 /// `dinp`; `scratch` is [`backward_scratch_bytes`] bytes (declared `write`,
 /// dead after the task).
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp: &View,    // (B, T, 3C) accumulated
     dout: &View,    // (B, T, C)
     inp: &View,     // (B, T, 3C)
@@ -129,12 +132,13 @@ pub fn backward(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    task.run(
-        (
-            dinp.read_write::<f32>(),
-            dout.read::<f32>(),
-            inp.read::<f32>(),
-            out.read::<f32>(),
+    submit_cpu!(
+        task,
+        |S| (
+            dinp.read_write::<S>(),
+            dout.read::<S>(),
+            inp.read::<S>(),
+            out.read::<S>(),
             lse.read::<f32>(),
             scratch.write::<f32>(),
         ),
@@ -157,7 +161,25 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Causal self-attention, tile by tile with the online softmax (module
 /// docs): overwrites `out` and the per-row logsumexp of the scaled scores
 /// `lse[b, h, t] = ln Σ_{t2 <= t} exp(q_t·k_t2 / sqrt(hs))`.
-pub fn flash_attention_forward(
+pub fn flash_attention_forward<S: Storage>(
+    out: &mut [S],   // (B, T, C)
+    lse: &mut [f32], // (B, NH, T)
+    inp: &[S],       // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    block_q: usize,
+    block_k: usize,
+) {
+    let inp = S::load_slice(inp);
+    S::update_f32(out, |out| {
+        flash_attention_forward_f32(out, lse, &inp, b, t, c, nh, block_q, block_k)
+    })
+}
+
+/// [`flash_attention_forward`] in `f32`.
+fn flash_attention_forward_f32(
     out: &mut [f32], // (B, T, C)
     lse: &mut [f32], // (B, NH, T)
     inp: &[f32],     // (B, T, 3C)
@@ -254,7 +276,30 @@ pub fn flash_attention_forward(
 /// `inp`) from `dout`, recomputing the probabilities tile by tile from `inp`
 /// and the saved `lse`. `delta` is scratch, overwritten with
 /// `D = rowsum(dout ∘ out)`.
-pub fn flash_attention_backward(
+pub fn flash_attention_backward<S: Storage>(
+    dinp: &mut [S],    // (B, T, 3C) accumulated
+    delta: &mut [f32], // (B, NH, T) scratch
+    dout: &[S],        // (B, T, C)
+    inp: &[S],         // (B, T, 3C)
+    out: &[S],         // (B, T, C)
+    lse: &[f32],       // (B, NH, T)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    block_q: usize,
+    block_k: usize,
+) {
+    let (dout, inp, out) = (S::load_slice(dout), S::load_slice(inp), S::load_slice(out));
+    S::update_f32(dinp, |dinp| {
+        flash_attention_backward_f32(
+            dinp, delta, &dout, &inp, &out, lse, b, t, c, nh, block_q, block_k,
+        )
+    })
+}
+
+/// [`flash_attention_backward`] in `f32`.
+fn flash_attention_backward_f32(
     dinp: &mut [f32],  // (B, T, 3C) accumulated
     delta: &mut [f32], // (B, NH, T) scratch
     dout: &[f32],      // (B, T, C)

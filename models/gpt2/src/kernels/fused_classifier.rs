@@ -36,14 +36,16 @@
 //!
 //! Not done: the GPU kernel, bf16.
 
-use braid::{Result, TaskBuilder, TaskHandle, View};
+use braid::{Result, TaskHandle, View};
 
 use super::check_len;
+use super::storage::Storage;
+use super::task::{submit_cpu, Task};
 
 /// Submits [`classifier_losses`] as a CPU task: writes `losses`, reads the
 /// logits. There is no CUDA body: on a CUDA runtime the submission fails.
-pub fn losses(
-    task: TaskBuilder<'_>,
+pub fn losses<'rt>(
+    task: impl Into<Task<'rt>>,
     losses: &View,  // (N)
     logits: &View,  // (N, Vp)
     targets: &View, // (N) u32, each < V
@@ -51,10 +53,11 @@ pub fn losses(
     v: usize,
     vp: usize,
 ) -> Result<TaskHandle> {
-    task.run(
-        (
+    submit_cpu!(
+        task,
+        |S| (
             losses.write::<f32>(),
-            logits.read::<f32>(),
+            logits.read::<S>(),
             targets.read::<u32>(),
         ),
         move |(losses, logits, targets)| classifier_losses(losses, logits, targets, n, v, vp),
@@ -64,8 +67,8 @@ pub fn losses(
 /// Submits [`fused_classifier`] with `Some(dloss)` as a CPU task: writes
 /// `losses` and the gradient over `logits` in place (declared
 /// `read_write`). There is no CUDA body.
-pub fn forward_backward(
-    task: TaskBuilder<'_>,
+pub fn forward_backward<'rt>(
+    task: impl Into<Task<'rt>>,
     logits: &View,  // (N, Vp) in: logits; out: dlogits
     losses: &View,  // (N)
     targets: &View, // (N) u32, each < V
@@ -74,9 +77,10 @@ pub fn forward_backward(
     v: usize,
     vp: usize,
 ) -> Result<TaskHandle> {
-    task.run(
-        (
-            logits.read_write::<f32>(),
+    submit_cpu!(
+        task,
+        |S| (
+            logits.read_write::<S>(),
             losses.write::<f32>(),
             targets.read::<u32>(),
         ),
@@ -113,7 +117,19 @@ fn check(name: &str, logits: usize, losses: usize, targets: &[u32], n: usize, v:
 
 /// The losses alone (the first pass of [`fused_classifier`]):
 /// `losses[row] = logsumexp(logits[row, ..V]) - logits[row, target]`.
-pub fn classifier_losses(
+pub fn classifier_losses<S: Storage>(
+    losses: &mut [f32], // (N)
+    logits: &[S],       // (N, Vp)
+    targets: &[u32],    // (N), each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) {
+    classifier_losses_f32(losses, &S::load_slice(logits), targets, n, v, vp)
+}
+
+/// [`classifier_losses`] in `f32`.
+fn classifier_losses_f32(
     losses: &mut [f32], // (N)
     logits: &[f32],     // (N, Vp)
     targets: &[u32],    // (N), each < V
@@ -142,7 +158,22 @@ pub fn classifier_losses(
 /// `dloss · mean(losses)`: `(softmax - onehot(target)) · dloss / n` on the
 /// `V` real columns, 0 on the padding columns `V..Vp`. With `None` the
 /// logits are left as they are.
-pub fn fused_classifier(
+pub fn fused_classifier<S: Storage>(
+    logits: &mut [S],   // (N, Vp)
+    losses: &mut [f32], // (N)
+    targets: &[u32],    // (N), each < V
+    dloss: Option<f32>,
+    n: usize,
+    v: usize,
+    vp: usize,
+) {
+    S::update_f32(logits, |logits| {
+        fused_classifier_f32(logits, losses, targets, dloss, n, v, vp)
+    })
+}
+
+/// [`fused_classifier`] in `f32`.
+fn fused_classifier_f32(
     logits: &mut [f32], // (N, Vp)
     losses: &mut [f32], // (N)
     targets: &[u32],    // (N), each < V

@@ -7,10 +7,12 @@
 //! constants, same order of operations).
 
 use braid::cuda::KernelArgs;
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "gelu.cu",
@@ -25,31 +27,29 @@ static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
 // ---------------------------------------------------------------------------
 
 /// Submits `out = gelu(inp)` (elementwise, equal lengths) as `task`.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View, // (N)
     inp: &View, // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (out.write::<f32>(), inp.read::<f32>()),
+    submit!(
+        task,
+        |S| (out.write::<S>(), inp.read::<S>()),
         |(out, inp)| gelu_forward(out, inp),
         |(out, inp), cu| task_result(gelu_forward_cuda(cu, out, inp)),
     )
 }
 
 /// Submits `dinp += gelu'(inp) · dout` as `task`.
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp: &View, // (N) accumulated
     inp: &View,  // (N)
     dout: &View, // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dinp.read_write::<f32>(),
-            inp.read::<f32>(),
-            dout.read::<f32>(),
-        ),
+    submit!(
+        task,
+        |S| (dinp.read_write::<S>(), inp.read::<S>(), dout.read::<S>(),),
         |(dinp, inp, dout)| gelu_backward(dinp, inp, dout),
         |(dinp, inp, dout), cu| task_result(gelu_backward_cuda(cu, dinp, inp, dout)),
     )
@@ -63,33 +63,35 @@ const GELU_SCALING_FACTOR: f32 = 0.797_884_6; // sqrt(2 / pi)
 const GELU_CUBIC: f32 = 0.044_715;
 
 /// `out = gelu(inp)` elementwise.
-pub fn gelu_forward(
-    out: &mut [f32], // (N)
-    inp: &[f32],     // (N)
+pub fn gelu_forward<S: Storage>(
+    out: &mut [S], // (N)
+    inp: &[S],     // (N)
 ) {
     check_len("gelu_forward", "inp", inp.len(), out.len());
     for (o, &x) in out.iter_mut().zip(inp) {
+        let x = x.load();
         let cube = GELU_CUBIC * x * x * x;
-        *o = 0.5 * x * (1.0 + (GELU_SCALING_FACTOR * (x + cube)).tanh());
+        *o = S::store(0.5 * x * (1.0 + (GELU_SCALING_FACTOR * (x + cube)).tanh()));
     }
 }
 
 /// `dinp += gelu'(inp) · dout` elementwise.
-pub fn gelu_backward(
-    dinp: &mut [f32], // (N)
-    inp: &[f32],      // (N)
-    dout: &[f32],     // (N)
+pub fn gelu_backward<S: Storage>(
+    dinp: &mut [S], // (N)
+    inp: &[S],      // (N)
+    dout: &[S],     // (N)
 ) {
     check_len("gelu_backward", "inp", inp.len(), dinp.len());
     check_len("gelu_backward", "dout", dout.len(), dinp.len());
     for ((d, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
+        let (x, g) = (x.load(), g.load());
         let cube = GELU_CUBIC * x * x * x;
         let tanh_out = (GELU_SCALING_FACTOR * (x + cube)).tanh();
         // sech² = 1 - tanh², which stays finite where cosh would overflow.
         let sech2 = 1.0 - tanh_out * tanh_out;
         let local_grad = 0.5 * (1.0 + tanh_out)
             + x * 0.5 * sech2 * GELU_SCALING_FACTOR * (1.0 + 3.0 * GELU_CUBIC * x * x);
-        *d += local_grad * g;
+        *d = S::store(d.load() + local_grad * g);
     }
 }
 

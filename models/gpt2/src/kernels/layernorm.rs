@@ -6,10 +6,12 @@
 //! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels.
 
 use braid::cuda::KernelArgs;
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "layernorm.cu",
@@ -29,8 +31,8 @@ static BACKWARD_PARAMS: Kernel = Kernel::new(&CUDA, 2);
 // ---------------------------------------------------------------------------
 
 /// Submits `out, mean, rstd = layernorm(inp; weight, bias)` as `task`.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View,    // (N, C)
     mean: &View,   // (N)
     rstd: &View,   // (N)
@@ -40,14 +42,15 @@ pub fn forward(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            out.write::<f32>(),
+    submit!(
+        task,
+        |S| (
+            out.write::<S>(),
             mean.write::<f32>(),
             rstd.write::<f32>(),
-            inp.read::<f32>(),
-            weight.read::<f32>(),
-            bias.read::<f32>(),
+            inp.read::<S>(),
+            weight.read::<S>(),
+            bias.read::<S>(),
         ),
         move |(out, mean, rstd, inp, w, bias)| {
             layernorm_forward(out, mean, rstd, inp, w, bias, 1, n, c)
@@ -62,8 +65,8 @@ pub fn forward(
 
 /// Submits the backward pass of [`forward`] as `task`: accumulates `dinp`,
 /// `dweight` and `dbias`.
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp: &View,    // (N, C) accumulated
     dweight: &View, // (C) accumulated
     dbias: &View,   // (C) accumulated
@@ -75,14 +78,15 @@ pub fn backward(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dinp.read_write::<f32>(),
-            dweight.read_write::<f32>(),
-            dbias.read_write::<f32>(),
-            dout.read::<f32>(),
-            inp.read::<f32>(),
-            weight.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dinp.read_write::<S>(),
+            dweight.read_write::<S>(),
+            dbias.read_write::<S>(),
+            dout.read::<S>(),
+            inp.read::<S>(),
+            weight.read::<S>(),
             mean.read::<f32>(),
             rstd.read::<f32>(),
         ),
@@ -106,13 +110,13 @@ pub const LAYERNORM_EPS: f32 = 1e-5;
 /// `out = (inp - mean) · rstd · weight + bias` per row, with the biased
 /// variance; saves each row's `mean` and `rstd = 1 / sqrt(var + 1e-5)` for the
 /// backward pass.
-pub fn layernorm_forward(
-    out: &mut [f32],  // (B, T, C)
+pub fn layernorm_forward<S: Storage>(
+    out: &mut [S],    // (B, T, C)
     mean: &mut [f32], // (B, T)
     rstd: &mut [f32], // (B, T)
-    inp: &[f32],      // (B, T, C)
-    weight: &[f32],   // (C)
-    bias: &[f32],     // (C)
+    inp: &[S],        // (B, T, C)
+    weight: &[S],     // (C)
+    bias: &[S],       // (C)
     b: usize,
     t: usize,
     c: usize,
@@ -126,11 +130,11 @@ pub fn layernorm_forward(
     check_len("layernorm_forward", "bias", bias.len(), c);
     let rows = out.chunks_exact_mut(c).zip(inp.chunks_exact(c));
     for (row, (out_bt, inp_bt)) in rows.enumerate() {
-        let m = inp_bt.iter().map(|&x| x as f64).sum::<f64>() / c as f64;
+        let m = inp_bt.iter().map(|&x| x.load() as f64).sum::<f64>() / c as f64;
         let var = inp_bt
             .iter()
             .map(|&x| {
-                let d = x as f64 - m;
+                let d = x.load() as f64 - m;
                 d * d
             })
             .sum::<f64>()
@@ -138,7 +142,7 @@ pub fn layernorm_forward(
         let s = 1.0 / (var + LAYERNORM_EPS as f64).sqrt();
         let (m, s) = (m as f32, s as f32);
         for (((o, &x), &w), &bb) in out_bt.iter_mut().zip(inp_bt).zip(weight).zip(bias) {
-            *o = (x - m) * s * w + bb;
+            *o = S::store((x.load() - m) * s * w.load() + bb.load());
         }
         mean[row] = m;
         rstd[row] = s;
@@ -147,15 +151,15 @@ pub fn layernorm_forward(
 
 /// Accumulates `dinp`, `dweight` and `dbias` from `dout`, using the `mean`
 /// and `rstd` saved by [`layernorm_forward`].
-pub fn layernorm_backward(
-    dinp: &mut [f32],    // (B, T, C)
-    dweight: &mut [f32], // (C)
-    dbias: &mut [f32],   // (C)
-    dout: &[f32],        // (B, T, C)
-    inp: &[f32],         // (B, T, C)
-    weight: &[f32],      // (C)
-    mean: &[f32],        // (B, T)
-    rstd: &[f32],        // (B, T)
+pub fn layernorm_backward<S: Storage>(
+    dinp: &mut [S],    // (B, T, C)
+    dweight: &mut [S], // (C)
+    dbias: &mut [S],   // (C)
+    dout: &[S],        // (B, T, C)
+    inp: &[S],         // (B, T, C)
+    weight: &[S],      // (C)
+    mean: &[f32],      // (B, T)
+    rstd: &[f32],      // (B, T)
     b: usize,
     t: usize,
     c: usize,
@@ -169,30 +173,37 @@ pub fn layernorm_backward(
     check_len("layernorm_backward", "weight", weight.len(), c);
     check_len("layernorm_backward", "mean", mean.len(), n);
     check_len("layernorm_backward", "rstd", rstd.len(), n);
-    for row in 0..n {
-        let dout_bt = &dout[row * c..][..c];
-        let inp_bt = &inp[row * c..][..c];
-        let dinp_bt = &mut dinp[row * c..][..c];
-        let (m, s) = (mean[row], rstd[row]);
-        // Two reductions: mean(dnorm) and mean(dnorm · norm).
-        let mut dnorm_mean = 0.0f64;
-        let mut dnorm_norm_mean = 0.0f64;
-        for i in 0..c {
-            let norm_i = (inp_bt[i] - m) * s;
-            let dnorm_i = weight[i] * dout_bt[i];
-            dnorm_mean += dnorm_i as f64;
-            dnorm_norm_mean += (dnorm_i * norm_i) as f64;
-        }
-        let dnorm_mean = (dnorm_mean / c as f64) as f32;
-        let dnorm_norm_mean = (dnorm_norm_mean / c as f64) as f32;
-        for i in 0..c {
-            let norm_i = (inp_bt[i] - m) * s;
-            let dnorm_i = weight[i] * dout_bt[i];
-            dbias[i] += dout_bt[i];
-            dweight[i] += norm_i * dout_bt[i];
-            dinp_bt[i] += (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * s;
-        }
-    }
+    // The parameter gradients sum over every row: rounded once, at the end.
+    S::update_f32(dweight, |dweight| {
+        S::update_f32(dbias, |dbias| {
+            for row in 0..n {
+                let dout_bt = &dout[row * c..][..c];
+                let inp_bt = &inp[row * c..][..c];
+                let dinp_bt = &mut dinp[row * c..][..c];
+                let (m, s) = (mean[row], rstd[row]);
+                // Two reductions: mean(dnorm) and mean(dnorm · norm).
+                let mut dnorm_mean = 0.0f64;
+                let mut dnorm_norm_mean = 0.0f64;
+                for i in 0..c {
+                    let norm_i = (inp_bt[i].load() - m) * s;
+                    let dnorm_i = weight[i].load() * dout_bt[i].load();
+                    dnorm_mean += dnorm_i as f64;
+                    dnorm_norm_mean += (dnorm_i * norm_i) as f64;
+                }
+                let dnorm_mean = (dnorm_mean / c as f64) as f32;
+                let dnorm_norm_mean = (dnorm_norm_mean / c as f64) as f32;
+                for i in 0..c {
+                    let dout_i = dout_bt[i].load();
+                    let norm_i = (inp_bt[i].load() - m) * s;
+                    let dnorm_i = weight[i].load() * dout_i;
+                    dbias[i] += dout_i;
+                    dweight[i] += norm_i * dout_i;
+                    let d = (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * s;
+                    dinp_bt[i] = S::store(dinp_bt[i].load() + d);
+                }
+            }
+        })
+    })
 }
 
 // ---------------------------------------------------------------------------

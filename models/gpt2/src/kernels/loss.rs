@@ -17,10 +17,12 @@
 //! kernel only compares ids with column indices and is safe.
 
 use braid::cuda::{KernelArgs, LaunchConfig};
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "loss.cu",
@@ -40,15 +42,16 @@ static LOSS_MEAN: Kernel = Kernel::new(&CUDA, 2);
 // ---------------------------------------------------------------------------
 
 /// Submits `probs = softmax(logits)` (over each row of `v`) as `task`.
-pub fn softmax(
-    task: TaskBuilder<'_>,
+pub fn softmax<'rt>(
+    task: impl Into<Task<'rt>>,
     probs: &View,  // (N, V)
     logits: &View, // (N, V)
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (probs.write::<f32>(), logits.read::<f32>()),
+    submit!(
+        task,
+        |S| (probs.write::<S>(), logits.read::<S>()),
         move |(probs, logits)| softmax_forward(probs, logits, 1, n, v),
         move |(probs, logits), cu| task_result(softmax_forward_cuda(cu, probs, logits, n, v)),
     )
@@ -59,8 +62,8 @@ pub fn softmax(
 ///
 /// # Safety
 /// When the task runs, every id in `targets` is below `v` (module docs).
-pub unsafe fn softmax_crossentropy(
-    task: TaskBuilder<'_>,
+pub unsafe fn softmax_crossentropy<'rt>(
+    task: impl Into<Task<'rt>>,
     probs: &View,   // (N, V)
     losses: &View,  // (N)
     logits: &View,  // (N, V)
@@ -68,16 +71,16 @@ pub unsafe fn softmax_crossentropy(
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            probs.write::<f32>(),
+    submit!(
+        task,
+        |S| (
+            probs.write::<S>(),
             losses.write::<f32>(),
-            logits.read::<f32>(),
+            logits.read::<S>(),
             targets.read::<u32>(),
         ),
         move |(probs, losses, logits, targets)| {
-            softmax_forward(probs, logits, 1, n, v);
-            crossentropy_forward(losses, probs, targets, 1, n, v);
+            softmax_crossentropy_forward(probs, losses, logits, targets, 1, n, v)
         },
         move |(probs, losses, logits, targets), cu| {
             // SAFETY: the ids are below V, this function's contract.
@@ -89,12 +92,15 @@ pub unsafe fn softmax_crossentropy(
 }
 
 /// Submits `loss[0] = mean(losses)` (accumulated in `f64`) as `task`.
-pub fn mean(
-    task: TaskBuilder<'_>,
+///
+/// The losses are `f32` whatever the storage type, so the task's dtype does
+/// not matter.
+pub fn mean<'rt>(
+    task: impl Into<Task<'rt>>,
     loss: &View,   // (1)
     losses: &View, // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
+    task.into().builder.run_any(
         (loss.write::<f32>(), losses.read::<f32>()),
         |(loss, losses)| loss[0] = mean_loss(losses),
         |(loss, losses), cu| task_result(mean_loss_cuda(cu, loss, losses)),
@@ -103,8 +109,8 @@ pub fn mean(
 
 /// Submits the backward pass of the mean loss through the softmax as
 /// `task`: `dlogits += (probs - onehot(targets)) · dloss / N`.
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dlogits: &View, // (N, V) accumulated
     probs: &View,   // (N, V)
     targets: &View, // (N) u32
@@ -112,10 +118,11 @@ pub fn backward(
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dlogits.read_write::<f32>(),
-            probs.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dlogits.read_write::<S>(),
+            probs.read::<S>(),
             targets.read::<u32>(),
         ),
         move |(dlogits, probs, targets)| {
@@ -134,10 +141,11 @@ pub fn backward(
 // ---------------------------------------------------------------------------
 
 /// `probs[bt, :] = softmax(logits[bt, :])`, numerically stable (the row
-/// maximum is subtracted before `exp`).
-pub fn softmax_forward(
-    probs: &mut [f32], // (B, T, V)
-    logits: &[f32],    // (B, T, V)
+/// maximum is subtracted before `exp`). Computed in `f32` (the sum in `f64`);
+/// a bf16 row is rounded once.
+pub fn softmax_forward<S: Storage>(
+    probs: &mut [S], // (B, T, V)
+    logits: &[S],    // (B, T, V)
     b: usize,
     t: usize,
     v: usize,
@@ -145,24 +153,35 @@ pub fn softmax_forward(
     check_len("softmax_forward", "probs", probs.len(), b * t * v);
     check_len("softmax_forward", "logits", logits.len(), b * t * v);
     for (probs_bt, logits_bt) in probs.chunks_exact_mut(v).zip(logits.chunks_exact(v)) {
-        let maxval = logits_bt.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for (p, &l) in probs_bt.iter_mut().zip(logits_bt) {
-            let e = (l - maxval).exp();
-            *p = e;
-            sum += e as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        for p in probs_bt.iter_mut() {
-            *p *= inv;
-        }
+        S::update_f32(probs_bt, |probs_bt| softmax_row(probs_bt, logits_bt));
+    }
+}
+
+/// One row of [`softmax_forward`], into `f32`.
+fn softmax_row<S: Storage>(
+    probs_bt: &mut [f32], // (V)
+    logits_bt: &[S],      // (V)
+) {
+    let maxval = logits_bt
+        .iter()
+        .map(|l| l.load())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for (p, &l) in probs_bt.iter_mut().zip(logits_bt) {
+        let e = (l.load() - maxval).exp();
+        *p = e;
+        sum += e as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for p in probs_bt.iter_mut() {
+        *p *= inv;
     }
 }
 
 /// `losses[bt] = -ln(probs[bt, targets[bt]])`. Targets must be `< V`.
-pub fn crossentropy_forward(
+pub fn crossentropy_forward<S: Storage>(
     losses: &mut [f32], // (B, T)
-    probs: &[f32],      // (B, T, V)
+    probs: &[S],        // (B, T, V)
     targets: &[u32],    // (B, T)
     b: usize,
     t: usize,
@@ -172,7 +191,41 @@ pub fn crossentropy_forward(
     check_len("crossentropy_forward", "probs", probs.len(), b * t * v);
     check_len("crossentropy_forward", "targets", targets.len(), b * t);
     for ((loss, probs_bt), &tgt) in losses.iter_mut().zip(probs.chunks_exact(v)).zip(targets) {
-        *loss = -probs_bt[tgt as usize].ln();
+        *loss = -probs_bt[tgt as usize].load().ln();
+    }
+}
+
+/// [`softmax_forward`] and [`crossentropy_forward`] in one pass: the loss is
+/// taken from the `f32` probabilities before they are stored, so with bf16
+/// storage it is the loss of the `f32` softmax of the (bf16) logits, not of
+/// the rounded probabilities (PyTorch autocast computes `cross_entropy` in
+/// `f32` the same way). With `f32` storage it is exactly the two kernels in
+/// turn. Targets must be `< V`.
+pub fn softmax_crossentropy_forward<S: Storage>(
+    probs: &mut [S],    // (B, T, V)
+    losses: &mut [f32], // (B, T)
+    logits: &[S],       // (B, T, V)
+    targets: &[u32],    // (B, T)
+    b: usize,
+    t: usize,
+    v: usize,
+) {
+    let n = b * t;
+    check_len("softmax_crossentropy_forward", "probs", probs.len(), n * v);
+    check_len("softmax_crossentropy_forward", "losses", losses.len(), n);
+    check_len(
+        "softmax_crossentropy_forward",
+        "logits",
+        logits.len(),
+        n * v,
+    );
+    check_len("softmax_crossentropy_forward", "targets", targets.len(), n);
+    let rows = probs.chunks_exact_mut(v).zip(logits.chunks_exact(v));
+    for ((probs_bt, logits_bt), (loss, &tgt)) in rows.zip(losses.iter_mut().zip(targets)) {
+        S::update_f32(probs_bt, |probs_bt| {
+            softmax_row(probs_bt, logits_bt);
+            *loss = -probs_bt[tgt as usize].ln();
+        });
     }
 }
 
@@ -188,10 +241,10 @@ pub fn mean_loss(losses: &[f32], // (B, T)
 ///
 /// `dloss` is the gradient of the objective with respect to the mean loss:
 /// 1 for a plain step, `1 / accumulation_steps` when accumulating micro-batches.
-pub fn crossentropy_softmax_backward(
-    dlogits: &mut [f32], // (B, T, V)
-    probs: &[f32],       // (B, T, V)
-    targets: &[u32],     // (B, T)
+pub fn crossentropy_softmax_backward<S: Storage>(
+    dlogits: &mut [S], // (B, T, V)
+    probs: &[S],       // (B, T, V)
+    targets: &[u32],   // (B, T)
     dloss: f32,
     b: usize,
     t: usize,
@@ -218,10 +271,13 @@ pub fn crossentropy_softmax_backward(
     let d = dloss / (b * t) as f32;
     let rows = dlogits.chunks_exact_mut(v).zip(probs.chunks_exact(v));
     for ((dlogits_bt, probs_bt), &tgt) in rows.zip(targets) {
-        for (dl, &p) in dlogits_bt.iter_mut().zip(probs_bt) {
-            *dl += p * d;
-        }
-        dlogits_bt[tgt as usize] -= d;
+        // A bf16 row is rounded once, after the target's `- d`.
+        S::update_f32(dlogits_bt, |dlogits_bt| {
+            for (dl, &p) in dlogits_bt.iter_mut().zip(probs_bt) {
+                *dl += p.load() * d;
+            }
+            dlogits_bt[tgt as usize] -= d;
+        });
     }
 }
 

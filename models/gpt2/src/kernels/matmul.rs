@@ -9,11 +9,13 @@
 //! for the bias). Rows are `n = B·T` positions.
 
 use braid::cuda::{Gemm, KernelArgs, Transpose};
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
@@ -28,8 +30,8 @@ static BIAS_BACKWARD: Kernel = Kernel::new(&CUDA, 1);
 // ---------------------------------------------------------------------------
 
 /// Submits `out = inp · weightᵀ + bias` as `task`.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View,          // (N, OC)
     inp: &View,          // (N, C)
     weight: &View,       // (OC, C)
@@ -38,12 +40,13 @@ pub fn forward(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            out.write::<f32>(),
-            inp.read::<f32>(),
-            weight.read::<f32>(),
-            bias.map(|b| b.read::<f32>()),
+    submit!(
+        task,
+        |S| (
+            out.write::<S>(),
+            inp.read::<S>(),
+            weight.read::<S>(),
+            bias.map(|b| b.read::<S>()),
         ),
         move |(out, inp, w, bias)| matmul_forward(out, inp, w, bias, 1, n, c, oc),
         move |(out, inp, w, bias), cu| {
@@ -53,8 +56,8 @@ pub fn forward(
 }
 
 /// Submits `dinp += dout · weight` as `task` (the critical path of backward).
-pub fn backward_input(
-    task: TaskBuilder<'_>,
+pub fn backward_input<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp: &View,   // (N, C) accumulated
     dout: &View,   // (N, OC)
     weight: &View, // (OC, C)
@@ -62,12 +65,9 @@ pub fn backward_input(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dinp.read_write::<f32>(),
-            dout.read::<f32>(),
-            weight.read::<f32>(),
-        ),
+    submit!(
+        task,
+        |S| (dinp.read_write::<S>(), dout.read::<S>(), weight.read::<S>(),),
         move |(dinp, dout, w)| matmul_backward_input(dinp, dout, w, 1, n, c, oc),
         move |(dinp, dout, w), cu| {
             task_result(matmul_backward_input_cuda(cu, dinp, dout, w, n, c, oc))
@@ -77,8 +77,8 @@ pub fn backward_input(
 
 /// Submits `dweight += doutᵀ · inp; dbias += Σ dout` as `task` (off the
 /// critical path: give it [`Priority::Side`](braid::Priority::Side)).
-pub fn backward_weight(
-    task: TaskBuilder<'_>,
+pub fn backward_weight<'rt>(
+    task: impl Into<Task<'rt>>,
     dweight: &View,       // (OC, C) accumulated
     dbias: Option<&View>, // (OC) accumulated
     dout: &View,          // (N, OC)
@@ -87,12 +87,13 @@ pub fn backward_weight(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dweight.read_write::<f32>(),
-            dbias.map(|d| d.read_write::<f32>()),
-            dout.read::<f32>(),
-            inp.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dweight.read_write::<S>(),
+            dbias.map(|d| d.read_write::<S>()),
+            dout.read::<S>(),
+            inp.read::<S>(),
         ),
         move |(dw, db, dout, inp)| matmul_backward_weight(dw, db, dout, inp, 1, n, c, oc),
         move |(dw, db, dout, inp), cu| {
@@ -201,11 +202,14 @@ fn sgemm(
 }
 
 /// `out[bt, o] = bias[o] + Σ_c inp[bt, c] · weight[o, c]`.
-pub fn matmul_forward(
-    out: &mut [f32],      // (B, T, OC)
-    inp: &[f32],          // (B, T, C)
-    weight: &[f32],       // (OC, C)
-    bias: Option<&[f32]>, // (OC)
+///
+/// The products are summed in `f32` whatever the storage; a bf16 `out` is
+/// rounded once.
+pub fn matmul_forward<S: Storage>(
+    out: &mut [S],      // (B, T, OC)
+    inp: &[S],          // (B, T, C)
+    weight: &[S],       // (OC, C)
+    bias: Option<&[S]>, // (OC)
     b: usize,
     t: usize,
     c: usize,
@@ -217,27 +221,33 @@ pub fn matmul_forward(
     check_len("matmul_forward", "weight", weight.len(), oc * c);
     if let Some(bias) = bias {
         check_len("matmul_forward", "bias", bias.len(), oc);
-        for out_bt in out.chunks_exact_mut(oc) {
-            out_bt.copy_from_slice(bias);
-        }
     }
-    sgemm(
-        out,
-        Strided::row_major(n, oc),
-        bias.is_some(),
-        inp,
-        Strided::row_major(n, c),
-        // weightᵀ: element (c, o) is weight[o·C + c]
-        weight,
-        Strided::transposed(c, oc),
-    );
+    let (inp, weight) = (S::load_slice(inp), S::load_slice(weight));
+    let bias = bias.map(S::load_slice);
+    S::update_f32(out, |out| {
+        if let Some(bias) = &bias {
+            for out_bt in out.chunks_exact_mut(oc) {
+                out_bt.copy_from_slice(bias);
+            }
+        }
+        sgemm(
+            out,
+            Strided::row_major(n, oc),
+            bias.is_some(),
+            &inp,
+            Strided::row_major(n, c),
+            // weightᵀ: element (c, o) is weight[o·C + c]
+            &weight,
+            Strided::transposed(c, oc),
+        );
+    });
 }
 
 /// Accumulates the input gradient: `dinp += dout · weight`.
-pub fn matmul_backward_input(
-    dinp: &mut [f32], // (B, T, C)
-    dout: &[f32],     // (B, T, OC)
-    weight: &[f32],   // (OC, C)
+pub fn matmul_backward_input<S: Storage>(
+    dinp: &mut [S], // (B, T, C)
+    dout: &[S],     // (B, T, OC)
+    weight: &[S],   // (OC, C)
     b: usize,
     t: usize,
     c: usize,
@@ -247,24 +257,27 @@ pub fn matmul_backward_input(
     check_len("matmul_backward_input", "dinp", dinp.len(), n * c);
     check_len("matmul_backward_input", "dout", dout.len(), n * oc);
     check_len("matmul_backward_input", "weight", weight.len(), oc * c);
-    sgemm(
-        dinp,
-        Strided::row_major(n, c),
-        true,
-        dout,
-        Strided::row_major(n, oc),
-        weight,
-        Strided::row_major(oc, c),
-    );
+    let (dout, weight) = (S::load_slice(dout), S::load_slice(weight));
+    S::update_f32(dinp, |dinp| {
+        sgemm(
+            dinp,
+            Strided::row_major(n, c),
+            true,
+            &dout,
+            Strided::row_major(n, oc),
+            &weight,
+            Strided::row_major(oc, c),
+        )
+    });
 }
 
 /// Accumulates the parameter gradients: `dweight += doutᵀ · inp` and, when
-/// given, `dbias += Σ_bt dout[bt, :]`.
-pub fn matmul_backward_weight(
-    dweight: &mut [f32],       // (OC, C)
-    dbias: Option<&mut [f32]>, // (OC)
-    dout: &[f32],              // (B, T, OC)
-    inp: &[f32],               // (B, T, C)
+/// given, `dbias += Σ_bt dout[bt, :]` (summed in `f32`, rounded once).
+pub fn matmul_backward_weight<S: Storage>(
+    dweight: &mut [S],       // (OC, C)
+    dbias: Option<&mut [S]>, // (OC)
+    dout: &[S],              // (B, T, OC)
+    inp: &[S],               // (B, T, C)
     b: usize,
     t: usize,
     c: usize,
@@ -274,23 +287,30 @@ pub fn matmul_backward_weight(
     check_len("matmul_backward_weight", "dweight", dweight.len(), oc * c);
     check_len("matmul_backward_weight", "dout", dout.len(), n * oc);
     check_len("matmul_backward_weight", "inp", inp.len(), n * c);
-    sgemm(
-        dweight,
-        Strided::row_major(oc, c),
-        true,
-        // doutᵀ: element (o, bt) is dout[bt·OC + o]
-        dout,
-        Strided::transposed(oc, n),
-        inp,
-        Strided::row_major(n, c),
-    );
-    if let Some(dbias) = dbias {
+    if let Some(dbias) = &dbias {
         check_len("matmul_backward_weight", "dbias", dbias.len(), oc);
-        for dout_bt in dout.chunks_exact(oc) {
-            for (d, &g) in dbias.iter_mut().zip(dout_bt) {
-                *d += g;
+    }
+    let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
+    S::update_f32(dweight, |dweight| {
+        sgemm(
+            dweight,
+            Strided::row_major(oc, c),
+            true,
+            // doutᵀ: element (o, bt) is dout[bt·OC + o]
+            &dout,
+            Strided::transposed(oc, n),
+            &inp,
+            Strided::row_major(n, c),
+        )
+    });
+    if let Some(dbias) = dbias {
+        S::update_f32(dbias, |dbias| {
+            for dout_bt in dout.chunks_exact(oc) {
+                for (d, &g) in dbias.iter_mut().zip(dout_bt) {
+                    *d += g;
+                }
             }
-        }
+        });
     }
 }
 

@@ -3,7 +3,8 @@
 //! `llmc/*.cuh`):
 //!
 //! - **the tasks**: functions that take a [`TaskBuilder`](braid::TaskBuilder)
-//!   (the task's name, priority, …), the [`View`](braid::View)s the kernel
+//!   (the task's name, priority, …; or a [`Task`](task::Task), the builder
+//!   with a storage dtype), the [`View`](braid::View)s the kernel
 //!   touches and its sizes, declare exactly those accesses as typed tokens
 //!   (`out.write::<f32>()`, `inp.read::<f32>()`) and submit with
 //!   [`run_any`](braid::TaskBuilder::run_any): one body per backend, picked
@@ -36,6 +37,11 @@
 //! | [`flash_attention`] | `forward`, `backward` (CPU only) | none yet |
 //! | [`fused_classifier`] | `losses`, `forward_backward` (CPU only) | none yet |
 //!
+//! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
+//! [`Storage`](storage::Storage) element trait) and [`task`] the
+//! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
+//! task) or a builder with a dtype (bf16 tasks have CPU bodies only).
+//!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
 //!
@@ -64,6 +70,13 @@
 //!   be checked at all without a host synchronisation: the tasks and
 //!   launchers that index memory with ids are `unsafe` (see [`encoder`] and
 //!   [`loss`]).
+//! - **Storage.** The CPU kernels are generic over the element they store,
+//!   `f32` or bf16 ([`storage::Storage`]): they load every element to `f32`,
+//!   compute in `f32` and round once as they store (a gradient they
+//!   accumulate into is rounded once, after all their contributions). Saved
+//!   statistics (layer norm `mean`/`rstd`, per-position losses) and the
+//!   optimizer's master weights and moments are always `f32`. With `f32`
+//!   storage the kernels are bit for bit what they were before bf16.
 //! - **Numerics.** CPU reductions over a row (layer norm statistics, softmax
 //!   denominators, the gradient norm) accumulate in `f64`; everything else is
 //!   `f32`. The exception is [`flash_attention`], `f32` throughout, as the
@@ -89,7 +102,11 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod residual;
+pub mod storage;
+pub mod task;
 
+#[cfg(test)]
+mod bf16_tests;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -131,7 +148,7 @@ pub fn preload(device: &braid::cuda::CudaDevice) -> braid::Result<()> {
 /// The CPU kernels by their llm.c names, as the sequential
 /// [`Reference`](crate::reference::Reference) and the tests call them.
 pub mod cpu {
-    pub use super::adamw::adamw_update;
+    pub use super::adamw::{adamw_update, adamw_update_mixed};
     pub use super::attention::{attention_backward, attention_forward};
     pub use super::encoder::{encoder_backward, encoder_forward};
     pub use super::flash_attention::{flash_attention_backward, flash_attention_forward};
@@ -139,11 +156,13 @@ pub mod cpu {
     pub use super::gelu::{gelu_backward, gelu_forward};
     pub use super::layernorm::{layernorm_backward, layernorm_forward, LAYERNORM_EPS};
     pub use super::loss::{
-        crossentropy_forward, crossentropy_softmax_backward, mean_loss, softmax_forward,
+        crossentropy_forward, crossentropy_softmax_backward, mean_loss,
+        softmax_crossentropy_forward, softmax_forward,
     };
     pub use super::matmul::{matmul_backward_input, matmul_backward_weight, matmul_forward};
     pub use super::norm::{clip_scale, global_norm, grad_norm_sq, scale_in_place};
     pub use super::residual::{residual_backward, residual_forward};
+    pub use super::storage::{convert, Bf16, Dtype, Storage};
     pub use super::{check_tokens, TokenError};
 }
 

@@ -14,6 +14,8 @@ use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
 
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "norm.cu",
@@ -42,17 +44,18 @@ static SCALE_INPLACE_DEV: Kernel = Kernel::new(&CUDA, 4);
 /// unused on the CPU); its length fixes the reduction's grid, hence its
 /// summation order: keep it the same from step to step (e.g.
 /// [`GRAD_NORM_PARTIALS`]).
-pub fn sum_squares(
-    task: TaskBuilder<'_>,
+pub fn sum_squares<'rt>(
+    task: impl Into<Task<'rt>>,
     partial: &View, // (1) f64
     scratch: &View, // (P) f64
     grads: &View,   // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
+    submit!(
+        task,
+        |S| (
             partial.write::<f64>(),
             scratch.write::<f64>(),
-            grads.read::<f32>(),
+            grads.read::<S>(),
         ),
         |(partial, _scratch, grads)| partial[0] = grad_norm_sq(grads),
         |(partial, scratch, grads), cu| task_result(grad_norm_sq_cuda(cu, partial, scratch, grads)),
@@ -77,13 +80,14 @@ pub fn clip_factor(
 }
 
 /// Submits `x *= s` (a host scalar; nothing to do when `s == 1`) as `task`.
-pub fn scale(
-    task: TaskBuilder<'_>,
+pub fn scale<'rt>(
+    task: impl Into<Task<'rt>>,
     x: &View, // (N)
     s: f32,
 ) -> Result<TaskHandle> {
-    task.run_any(
-        x.read_write::<f32>(),
+    submit!(
+        task,
+        |S| x.read_write::<S>(),
         move |x| scale_in_place(x, s),
         move |x, cu| task_result(scale_in_place_cuda(cu, x, s)),
     )
@@ -91,13 +95,14 @@ pub fn scale(
 
 /// Submits `x *= scale[0]` (a factor computed by an earlier task, e.g.
 /// [`clip_factor`]) as `task`.
-pub fn scale_by(
-    task: TaskBuilder<'_>,
+pub fn scale_by<'rt>(
+    task: impl Into<Task<'rt>>,
     x: &View,     // (N)
     scale: &View, // (1) f32
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (x.read_write::<f32>(), scale.read::<f32>()),
+    submit!(
+        task,
+        |S| (x.read_write::<S>(), scale.read::<f32>()),
         |(x, s)| scale_in_place(x, s[0]),
         |(x, s), cu| task_result(scale_in_place_by_cuda(cu, x, s)),
     )
@@ -107,11 +112,18 @@ pub fn scale_by(
 // CPU
 // ---------------------------------------------------------------------------
 
-/// The sum of squares of `grads`, in `f64`. Sum the partials of every bucket
-/// (and rank) and take the square root for the global L2 norm.
-pub fn grad_norm_sq(grads: &[f32], // (N)
+/// The sum of squares of `grads`, in `f64` (whatever their storage). Sum the
+/// partials of every bucket (and rank) and take the square root for the
+/// global L2 norm.
+pub fn grad_norm_sq<S: Storage>(grads: &[S], // (N)
 ) -> f64 {
-    grads.iter().map(|&g| g as f64 * g as f64).sum()
+    grads
+        .iter()
+        .map(|&g| {
+            let g = g.load() as f64;
+            g * g
+        })
+        .sum()
 }
 
 /// The factor to multiply gradients by so their global L2 norm is at most
@@ -133,13 +145,13 @@ pub fn global_norm(partials: &[f64], // (K)
 }
 
 /// `x *= scale` elementwise (applies a [`clip_scale`] to gradients).
-pub fn scale_in_place(
-    x: &mut [f32], // (N)
+pub fn scale_in_place<S: Storage>(
+    x: &mut [S], // (N)
     scale: f32,
 ) {
     if scale != 1.0 {
         for e in x {
-            *e *= scale;
+            *e = S::store(e.load() * scale);
         }
     }
 }

@@ -6,10 +6,12 @@
 //! (bit-exact with the CPU), and `residual.cu`.
 
 use braid::cuda::KernelArgs;
-use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::storage::Storage;
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "residual.cu",
@@ -24,31 +26,33 @@ static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
 // ---------------------------------------------------------------------------
 
 /// Submits `out = inp1 + inp2` as `task`.
-pub fn forward(
-    task: TaskBuilder<'_>,
+pub fn forward<'rt>(
+    task: impl Into<Task<'rt>>,
     out: &View,  // (N)
     inp1: &View, // (N)
     inp2: &View, // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (out.write::<f32>(), inp1.read::<f32>(), inp2.read::<f32>()),
+    submit!(
+        task,
+        |S| (out.write::<S>(), inp1.read::<S>(), inp2.read::<S>()),
         |(out, a, b)| residual_forward(out, a, b),
         |(out, a, b), cu| task_result(residual_forward_cuda(cu, out, a, b)),
     )
 }
 
 /// Submits `dinp1 += dout; dinp2 += dout` as `task`.
-pub fn backward(
-    task: TaskBuilder<'_>,
+pub fn backward<'rt>(
+    task: impl Into<Task<'rt>>,
     dinp1: &View, // (N) accumulated
     dinp2: &View, // (N) accumulated
     dout: &View,  // (N)
 ) -> Result<TaskHandle> {
-    task.run_any(
-        (
-            dinp1.read_write::<f32>(),
-            dinp2.read_write::<f32>(),
-            dout.read::<f32>(),
+    submit!(
+        task,
+        |S| (
+            dinp1.read_write::<S>(),
+            dinp2.read_write::<S>(),
+            dout.read::<S>(),
         ),
         |(d1, d2, dout)| residual_backward(d1, d2, dout),
         |(d1, d2, dout), cu| task_result(residual_backward_cuda(cu, d1, d2, dout)),
@@ -60,31 +64,32 @@ pub fn backward(
 // ---------------------------------------------------------------------------
 
 /// `out = inp1 + inp2`.
-pub fn residual_forward(
-    out: &mut [f32], // (N)
-    inp1: &[f32],    // (N)
-    inp2: &[f32],    // (N)
+pub fn residual_forward<S: Storage>(
+    out: &mut [S], // (N)
+    inp1: &[S],    // (N)
+    inp2: &[S],    // (N)
 ) {
     let n = out.len();
     check_len("residual_forward", "inp1", inp1.len(), n);
     check_len("residual_forward", "inp2", inp2.len(), n);
     for ((o, &a), &b) in out.iter_mut().zip(inp1).zip(inp2) {
-        *o = a + b;
+        *o = S::store(a.load() + b.load());
     }
 }
 
 /// `dinp1 += dout; dinp2 += dout`.
-pub fn residual_backward(
-    dinp1: &mut [f32], // (N)
-    dinp2: &mut [f32], // (N)
-    dout: &[f32],      // (N)
+pub fn residual_backward<S: Storage>(
+    dinp1: &mut [S], // (N)
+    dinp2: &mut [S], // (N)
+    dout: &[S],      // (N)
 ) {
     let n = dout.len();
     check_len("residual_backward", "dinp1", dinp1.len(), n);
     check_len("residual_backward", "dinp2", dinp2.len(), n);
     for ((d1, d2), &g) in dinp1.iter_mut().zip(dinp2.iter_mut()).zip(dout) {
-        *d1 += g;
-        *d2 += g;
+        let g = g.load();
+        *d1 = S::store(d1.load() + g);
+        *d2 = S::store(d2.load() + g);
     }
 }
 

@@ -2,16 +2,19 @@
 //!
 //! # Buffers
 //!
-//! Four `f32` allocations hold everything, llm.c's way:
+//! Four allocations of the storage type ([`ModelOptions::dtype`], `f32` by
+//! default) hold everything, llm.c's way:
 //!
 //! ```text
 //! params     (num_parameters)   ParamLayout order, per-layer contiguous
 //! grads      (num_parameters)   the same layout; a DDP bucket is a view of it
-//! acts       ActivationLayout::new(cfg, B, T)        every forward activation
-//! dacts      ActivationLayout::gradients(cfg, B, T)  their gradients
+//! acts       ActivationLayout::stored(cfg, B, T, …)  every forward activation
+//! dacts      the same, gradients                      their gradients
 //! ```
 //!
-//! plus `tokens` and `targets` (`(B, T)` `u32`) and `loss` (one `f32`).
+//! plus `tokens` and `targets` (`(B, T)` `u32`), `loss` (one `f32`) and,
+//! with bf16 storage, `master params` (`f32` master weights, the layout of
+//! `params`).
 //! Every tensor is a [`View`] of its allocation, held in the same structs
 //! the layouts use, generic over the handle ([`LayerParams<View>`] for
 //! [`LayerParams<Span>`](LayerParams), [`LayerActivations<View>`] for the
@@ -54,6 +57,11 @@
 //! [`Reference`](crate::reference::Reference) on any number of streams and under
 //! any placement policy (`tests/engine_model.rs` checks it).
 //!
+//! With bf16 storage the same holds (the engine model is bit-identical on any
+//! streams and policy), against the kernels' bf16 versions: every kernel
+//! computes in `f32` and rounds once as it stores (`tests/reference_pytorch_bf16.rs`
+//! compares with PyTorch in bf16).
+//!
 //! On CUDA the kernels reduce in their own (fixed) orders and cuBLAS sums
 //! products in its own, so results agree with the CPU and with PyTorch to
 //! float tolerance, not bit for bit (`tests/reference_pytorch.rs`); they are
@@ -61,6 +69,7 @@
 
 mod sample;
 
+pub use crate::kernels::storage::Dtype;
 pub use crate::kernels::KERNEL_BACKENDS;
 pub use sample::{sample_next, Sampler};
 
@@ -75,6 +84,8 @@ use braid::{Buffer, Priority, Runtime, View};
 
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::{convert, Bf16};
+use crate::kernels::task::Task;
 use crate::kernels::{
     attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
     residual,
@@ -98,18 +109,24 @@ struct Params<T> {
     lnfb: T,
 }
 
+/// The view of elements `r` of `buf`, which stores `dtype` elements.
+fn elems(buf: &Buffer, r: std::ops::Range<usize>, dtype: Dtype) -> braid::Result<View> {
+    let es = dtype.size();
+    buf.view(r.start * es..r.end * es)
+}
+
 impl Params<View> {
-    fn views(buf: &Buffer, layout: &ParamLayout, t: usize) -> Result<Self> {
-        let view = |s: &Span| buf.view_of::<f32>(s.range());
+    fn views(buf: &Buffer, layout: &ParamLayout, t: usize, dtype: Dtype) -> Result<Self> {
+        let view = |s: &Span| elems(buf, s.range(), dtype);
         let wpe = layout.wpe().start;
         Ok(Params {
-            wte: buf.view_of::<f32>(layout.wte())?,
-            wpe: buf.view_of::<f32>(wpe..wpe + t * layout.config().channels)?,
+            wte: elems(buf, layout.wte(), dtype)?,
+            wpe: elems(buf, wpe..wpe + t * layout.config().channels, dtype)?,
             layers: (0..layout.config().num_layers)
                 .map(|l| layout.layer(l).try_map(view))
                 .collect::<braid::Result<_>>()?,
-            lnfw: buf.view_of::<f32>(layout.lnfw())?,
-            lnfb: buf.view_of::<f32>(layout.lnfb())?,
+            lnfw: elems(buf, layout.lnfw(), dtype)?,
+            lnfb: elems(buf, layout.lnfb(), dtype)?,
         })
     }
 }
@@ -153,8 +170,9 @@ struct Acts {
 }
 
 impl Acts {
-    fn views(buf: &Buffer, a: &ActivationLayout) -> Result<Self> {
-        let v = |s: &Span| buf.view_of::<f32>(s.range());
+    /// `a` is a layout of `dtype` elements ([`ActivationLayout::stored`]).
+    fn views(buf: &Buffer, a: &ActivationLayout, dtype: Dtype) -> Result<Self> {
+        let v = |s: &Span| elems(buf, s.range(), dtype);
         Ok(Acts {
             encoded: v(&a.encoded)?,
             layers: a
@@ -173,7 +191,7 @@ impl Acts {
                 .iter()
                 .map(|la| v(&la.all()))
                 .collect::<braid::Result<_>>()?,
-            head: buf.view_of::<f32>(a.lnf.offset..a.total)?,
+            head: elems(buf, a.lnf.offset..a.total, dtype)?,
         })
     }
 
@@ -211,6 +229,16 @@ pub struct ModelOptions {
     /// [`Gpt2Model::backward`] is submitted the logits buffer holds the
     /// logits' gradient: read the logits before submitting the backward pass.
     pub fused: bool,
+    /// The storage type of parameters, gradients and activations
+    /// ([`Dtype::F32`] by default). With [`Dtype::Bf16`] the model works the
+    /// way llm.c's mixed precision does: bf16 parameters, gradients and
+    /// activations, every kernel computing in `f32` (row reductions in
+    /// `f64`) and rounding once as it stores; layer-norm statistics and
+    /// losses stay `f32`; the model keeps `f32` master weights
+    /// ([`Gpt2Model::master`]) that the optimizer updates and rounds into the
+    /// bf16 parameters. CPU only for now: there are no bf16 CUDA kernels yet,
+    /// and [`Gpt2Model::with_options`] refuses another backend.
+    pub dtype: Dtype,
 }
 
 /// GPT-2 on a Braid runtime, for a fixed batch shape `(B, T)`.
@@ -250,6 +278,21 @@ pub struct Gpt2Model {
     /// [`set_split_tied`](Self::set_split_tied)).
     split_tied: bool,
     fused: bool,
+    dtype: Dtype,
+    /// `f32` master weights (layout order) when `dtype` is not `f32`.
+    master: Option<Buffer>,
+}
+
+/// Makes the model's tasks: `rt.task(name)` with the model's storage dtype.
+struct Tasks<'rt> {
+    rt: &'rt Runtime,
+    dtype: Dtype,
+}
+
+impl<'rt> Tasks<'rt> {
+    fn task(&self, name: impl Into<std::borrow::Cow<'static, str>>) -> Task<'rt> {
+        Task::new(self.rt.task(name), self.dtype)
+    }
 }
 
 impl Gpt2Model {
@@ -277,6 +320,16 @@ impl Gpt2Model {
                 ),
             });
         }
+        if opts.dtype != Dtype::F32 && rt.backend_name() != "cpu" {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "dtype",
+                reason: format!(
+                    "{} runs on the CPU only (no {} kernels for it yet); use --dtype fp32",
+                    opts.dtype,
+                    rt.backend_name()
+                ),
+            });
+        }
         if b == 0 {
             return Err(Gpt2Error::InvalidSetting {
                 what: "batch size",
@@ -294,22 +347,18 @@ impl Gpt2Model {
         }
         let layout = ParamLayout::new(cfg);
         let fused = opts.fused;
-        let (al, gl) = if fused {
-            (
-                ActivationLayout::fused(cfg, b, t),
-                ActivationLayout::fused_gradients(cfg, b, t),
-            )
-        } else {
-            (
-                ActivationLayout::new(cfg, b, t),
-                ActivationLayout::gradients(cfg, b, t),
-            )
+        let dtype = opts.dtype;
+        let al = ActivationLayout::stored(cfg, b, t, fused, false, dtype);
+        let gl = ActivationLayout::stored(cfg, b, t, fused, true, dtype);
+        let (n, es) = (layout.total, dtype.size());
+        let params = rt.alloc("params", n * es)?;
+        let grads = rt.alloc("grads", n * es)?;
+        let master = match dtype {
+            Dtype::F32 => None,
+            _ => Some(rt.alloc("master params", n * 4)?),
         };
-        let n = layout.total;
-        let params = rt.alloc("params", n * 4)?;
-        let grads = rt.alloc("grads", n * 4)?;
-        let acts = rt.alloc("acts", al.total * 4)?;
-        let dacts = rt.alloc("dacts", gl.total * 4)?;
+        let acts = rt.alloc("acts", al.total * es)?;
+        let dacts = rt.alloc("dacts", gl.total * es)?;
         let tokens = rt.alloc("tokens", b * t * 4)?;
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
@@ -331,11 +380,11 @@ impl Gpt2Model {
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
         Ok(Gpt2Model {
-            p: Params::views(&params, &layout, t)?,
-            g: Params::views(&grads, &layout, t)?,
+            p: Params::views(&params, &layout, t, dtype)?,
+            g: Params::views(&grads, &layout, t, dtype)?,
             ids: Params::indices(&layout),
-            a: Acts::views(&acts, &al)?,
-            da: Acts::views(&dacts, &gl)?,
+            a: Acts::views(&acts, &al, dtype)?,
+            da: Acts::views(&dacts, &gl, dtype)?,
             cfg: *cfg,
             layout,
             b,
@@ -353,6 +402,8 @@ impl Gpt2Model {
             has_targets: false,
             split_tied: false,
             fused,
+            dtype,
+            master,
         })
     }
 
@@ -365,7 +416,8 @@ impl Gpt2Model {
     /// [`Reducer::sparse_ready`](braid::Reducer::sparse_ready) after the
     /// backward pass. Without a reducer that adds them, `wte`'s gradient
     /// misses the encoder's part. CPU backend only (the position-only encoder
-    /// task has no CUDA body yet).
+    /// task has no CUDA body yet), and `f32` models only: the rows are of the
+    /// model's storage type, and the reducer's are `f32`.
     pub fn set_split_tied(&mut self, on: bool) {
         self.split_tied = on;
     }
@@ -394,7 +446,10 @@ impl Gpt2Model {
 
     /// The options the model was made with.
     pub fn options(&self) -> ModelOptions {
-        ModelOptions { fused: self.fused }
+        ModelOptions {
+            fused: self.fused,
+            dtype: self.dtype,
+        }
     }
 
     /// The parameter layout that the parameter and gradient buffers follow.
@@ -412,12 +467,25 @@ impl Gpt2Model {
         self.t
     }
 
-    /// The flat parameter buffer.
+    /// The flat parameter buffer, of [`dtype`](Self::dtype) elements (the
+    /// weights the forward pass reads).
     pub fn params(&self) -> &Buffer {
         &self.params
     }
 
-    /// The flat gradient buffer (same layout as the parameters).
+    /// The storage type of parameters, gradients and activations.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The `f32` master weights (layout order) of a model that stores its
+    /// parameters in another type; `None` for an `f32` model, whose
+    /// [`params`](Self::params) are its master weights.
+    pub fn master(&self) -> Option<&Buffer> {
+        self.master.as_ref()
+    }
+
+    /// The flat gradient buffer (same layout and type as the parameters).
     pub fn grads(&self) -> &Buffer {
         &self.grads
     }
@@ -437,12 +505,13 @@ impl Gpt2Model {
         self.loss.whole()
     }
 
-    /// `(B, T, V)` logits.
+    /// `(B, T, V)` logits, of [`dtype`](Self::dtype) elements.
     pub fn logits_view(&self) -> &View {
         &self.a.logits
     }
 
-    /// `(B, T, V)` probabilities (empty with [`ModelOptions::fused`]).
+    /// `(B, T, V)` probabilities, of [`dtype`](Self::dtype) elements (empty
+    /// with [`ModelOptions::fused`]).
     pub fn probs_view(&self) -> &View {
         &self.a.probs
     }
@@ -468,7 +537,9 @@ impl Gpt2Model {
         &self.groups
     }
 
-    /// Copies `params` (layout order) into the parameter buffer (a task).
+    /// Copies `params` (layout order) into the parameter buffer (a task);
+    /// with another storage type, into the `f32` master weights, and rounded
+    /// into the parameter buffer.
     pub fn upload_params(&self, rt: &Runtime, params: &[f32]) -> Result<()> {
         if params.len() != self.layout.total {
             return Err(Gpt2Error::LengthMismatch {
@@ -477,29 +548,72 @@ impl Gpt2Model {
                 found: params.len(),
             });
         }
-        rt.upload(&self.params, params)?;
-        Ok(())
+        if let Some(master) = &self.master {
+            rt.upload(master, params)?;
+        }
+        self.upload_stored(rt, &self.params, params)
     }
 
-    /// The parameters, after every task submitted so far that writes them.
+    /// The parameters, after every task submitted so far that writes them:
+    /// the `f32` master weights when the model has them.
     pub fn read_params(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        Ok(rt.read_vec(&self.params)?)
+        match &self.master {
+            Some(master) => Ok(rt.read_vec(master)?),
+            None => Ok(rt.read_vec(&self.params)?),
+        }
     }
 
-    /// The parameter gradients.
+    /// The parameters as stored (the weights the forward pass reads), as
+    /// `f32`: [`read_params`](Self::read_params) rounded to the storage type.
+    pub fn read_stored_params(&self, rt: &Runtime) -> Result<Vec<f32>> {
+        self.read_stored(rt, &self.params.whole())
+    }
+
+    /// The parameter gradients (as `f32`).
     pub fn read_grads(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        Ok(rt.read_vec(&self.grads)?)
+        self.read_stored(rt, &self.grads.whole())
     }
 
-    /// The `(B, T, V)` logits of the last forward pass.
+    /// The `(B, T, V)` logits of the last forward pass (as `f32`).
     pub fn read_logits(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        Ok(rt.read_vec(&self.a.logits)?)
+        self.read_stored(rt, &self.a.logits)
     }
 
-    /// The `(B, T, V)` probabilities of the last forward pass (empty with
-    /// [`ModelOptions::fused`]).
+    /// Row `row` (position `b·T + t`) of the logits, `(V)`, as `f32`.
+    pub fn read_logits_row(&self, rt: &Runtime, row: usize) -> Result<Vec<f32>> {
+        let row_bytes = self.cfg.vocab_size * self.dtype.size();
+        let view = self.a.logits.view(row * row_bytes..(row + 1) * row_bytes)?;
+        self.read_stored(rt, &view)
+    }
+
+    /// The `(B, T, V)` probabilities of the last forward pass (as `f32`;
+    /// empty with [`ModelOptions::fused`]).
     pub fn read_probs(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        Ok(rt.read_vec(&self.a.probs)?)
+        self.read_stored(rt, &self.a.probs)
+    }
+
+    /// Reads a view of storage-type elements as `f32`.
+    fn read_stored(&self, rt: &Runtime, view: &View) -> Result<Vec<f32>> {
+        Ok(match self.dtype {
+            Dtype::F32 => rt.read_vec(view)?,
+            Dtype::Bf16 => {
+                let h: Vec<Bf16> = rt.read_vec(view)?;
+                h.iter().map(|x| x.to_f32()).collect()
+            }
+        })
+    }
+
+    /// Uploads `data` into `buf`, rounded to the storage type.
+    fn upload_stored(&self, rt: &Runtime, buf: &Buffer, data: &[f32]) -> Result<()> {
+        match self.dtype {
+            Dtype::F32 => rt.upload(buf, data)?,
+            Dtype::Bf16 => {
+                let mut h = vec![Bf16::default(); data.len()];
+                convert(&mut h, data);
+                rt.upload(buf, &h)?
+            }
+        };
+        Ok(())
     }
 
     /// The `(B, T)` per-position losses of the last forward pass with targets.
@@ -558,6 +672,10 @@ impl Gpt2Model {
     /// buffers, so a recorded step replays on whatever batch was uploaded
     /// before the replay.
     pub fn forward_uploaded(&self, rt: &Runtime) -> Result<()> {
+        let tasks = Tasks {
+            rt,
+            dtype: self.dtype,
+        };
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
         let (p, a) = (&self.p, &self.a);
@@ -568,7 +686,7 @@ impl Gpt2Model {
         // SAFETY: `tokens` holds ids checked against V above (module docs).
         unsafe {
             encoder::forward(
-                rt.task("encoder forward"),
+                tasks.task("encoder forward"),
                 &a.encoded,
                 &tokens,
                 &p.wte,
@@ -579,7 +697,7 @@ impl Gpt2Model {
             )
         }?;
         for (l, (la, lp)) in a.layers.iter().zip(&p.layers).enumerate() {
-            let task = |what: &str| rt.task(format!("L{l} {what}"));
+            let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let residual = a.residual_in(l);
             layernorm::forward(
                 task("ln1 forward"),
@@ -684,7 +802,7 @@ impl Gpt2Model {
             )?;
         }
         layernorm::forward(
-            rt.task("lnf forward"),
+            tasks.task("lnf forward"),
             &a.lnf,
             &a.lnf_mean,
             &a.lnf_rstd,
@@ -695,7 +813,7 @@ impl Gpt2Model {
             c,
         )?;
         matmul::forward(
-            rt.task("logits forward"),
+            tasks.task("logits forward"),
             &a.logits,
             &a.lnf,
             &p.wte,
@@ -707,7 +825,7 @@ impl Gpt2Model {
         if self.fused {
             if self.has_targets {
                 fused_classifier::losses(
-                    rt.task("classifier forward"),
+                    tasks.task("classifier forward"),
                     &a.losses,
                     &a.logits,
                     &targets,
@@ -715,13 +833,13 @@ impl Gpt2Model {
                     v,
                     v,
                 )?;
-                loss::mean(rt.task("mean loss"), &loss, &a.losses)?;
+                loss::mean(tasks.task("mean loss"), &loss, &a.losses)?;
             }
         } else if self.has_targets {
             // SAFETY: `targets` holds ids checked against V above (module docs).
             unsafe {
                 loss::softmax_crossentropy(
-                    rt.task("softmax crossentropy forward"),
+                    tasks.task("softmax crossentropy forward"),
                     &a.probs,
                     &a.losses,
                     &a.logits,
@@ -730,9 +848,9 @@ impl Gpt2Model {
                     v,
                 )
             }?;
-            loss::mean(rt.task("mean loss"), &loss, &a.losses)?;
+            loss::mean(tasks.task("mean loss"), &loss, &a.losses)?;
         } else {
-            loss::softmax(rt.task("softmax forward"), &a.probs, &a.logits, n, v)?;
+            loss::softmax(tasks.task("softmax forward"), &a.probs, &a.logits, n, v)?;
         }
         Ok(())
     }
@@ -742,7 +860,7 @@ impl Gpt2Model {
     pub fn zero_grad(&self, rt: &Runtime) -> Result<()> {
         for (i, r) in self.groups.iter().enumerate() {
             let task = rt.task(format!("zero grads {i}")).priority(Priority::Side);
-            fill::zero(task, &self.grads.view_of::<f32>(r.clone())?)?;
+            fill::zero(task, &elems(&self.grads, r.clone(), self.dtype)?)?;
         }
         Ok(())
     }
@@ -768,12 +886,16 @@ impl Gpt2Model {
                 reason: "it needs a forward pass with targets first".into(),
             });
         }
+        let tasks = Tasks {
+            rt,
+            dtype: self.dtype,
+        };
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
         let (p, g, a, da, id) = (&self.p, &self.g, &self.a, &self.da, &self.ids);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let scratch_bwd = &self.att_scratch_bwd;
-        let side = |name: String| rt.task(name).priority(Priority::Side);
+        let side = |name: String| tasks.task(name).priority(Priority::Side);
 
         // Activation gradients accumulate, so they start from zero: one task
         // per block, in the order backward needs them.
@@ -787,7 +909,7 @@ impl Gpt2Model {
             // The gradient goes over the logits (and the losses are
             // rewritten, with the same values).
             fused_classifier::forward_backward(
-                rt.task("classifier backward"),
+                tasks.task("classifier backward"),
                 &a.logits,
                 &a.losses,
                 &targets,
@@ -799,7 +921,7 @@ impl Gpt2Model {
             &a.logits
         } else {
             loss::backward(
-                rt.task("crossentropy softmax backward"),
+                tasks.task("crossentropy softmax backward"),
                 &da.logits,
                 &a.probs,
                 &targets,
@@ -811,7 +933,7 @@ impl Gpt2Model {
         };
         // logits = lnf · wteᵀ
         matmul::backward_input(
-            rt.task("logits backward input"),
+            tasks.task("logits backward input"),
             &da.lnf,
             dlogits,
             &p.wte,
@@ -836,7 +958,7 @@ impl Gpt2Model {
         }
         // lnf = layernorm(residual_out)
         layernorm::backward(
-            rt.task("lnf backward"),
+            tasks.task("lnf backward"),
             da.residual_out(),
             &g.lnfw,
             &g.lnfb,
@@ -859,7 +981,7 @@ impl Gpt2Model {
                 &g.layers[l],
                 &id.layers[l],
             );
-            let task = |what: &str| rt.task(format!("L{l} {what}"));
+            let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let side = |what: &str| task(what).priority(Priority::Side);
             // residual3 = residual2 + fcproj
             residual::backward(
@@ -1031,7 +1153,7 @@ impl Gpt2Model {
         // encoded = wte[tokens] + wpe
         if self.split_tied {
             encoder::backward_positions(
-                rt.task("encoder backward positions"),
+                tasks.task("encoder backward positions"),
                 &g.wpe,
                 &da.encoded,
                 b,
@@ -1044,7 +1166,7 @@ impl Gpt2Model {
         // SAFETY: `tokens` holds ids checked against V by `forward` (module docs).
         unsafe {
             encoder::backward(
-                rt.task("encoder backward"),
+                tasks.task("encoder backward"),
                 &g.wte,
                 &g.wpe,
                 &da.encoded,

@@ -4,9 +4,10 @@
 
 use braid::Runtime;
 
-use super::{Gpt2Model, Rng};
+use super::{Gpt2Model, ModelOptions, Rng};
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::Dtype;
 
 /// Picks the next token from one row of logits: the most likely one when
 /// `temperature <= 0`, otherwise a draw from `softmax(logits / temperature)`.
@@ -47,7 +48,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for `params` of `cfg` with a window of `window` tokens
-    /// (clamped to the model's context).
+    /// (clamped to the model's context), the model storing `dtype`.
     pub fn new(
         rt: &Runtime,
         cfg: &Gpt2Config,
@@ -55,9 +56,14 @@ impl Sampler {
         window: usize,
         temperature: f32,
         seed: u64,
+        dtype: Dtype,
     ) -> Result<Self> {
         let t = window.clamp(1, cfg.max_seq_len);
-        let model = Gpt2Model::new(rt, cfg, 1, t)?;
+        let opts = ModelOptions {
+            dtype,
+            ..ModelOptions::default()
+        };
+        let model = Gpt2Model::with_options(rt, cfg, 1, t, opts)?;
         model.upload_params(rt, params)?;
         Ok(Sampler {
             model,
@@ -85,7 +91,6 @@ impl Sampler {
         let cfg = *self.model.config();
         crate::data::check_ids(context, cfg.vocab_size, "prompt")?;
         let t = self.model.seq_len();
-        let v = cfg.vocab_size;
         let mut window: Vec<u32> = context.iter().rev().take(t).rev().copied().collect();
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -93,11 +98,7 @@ impl Sampler {
             let mut tokens = window.clone();
             tokens.resize(t, 0);
             self.model.forward(rt, &tokens, None)?;
-            let row = self
-                .model
-                .logits_view()
-                .view_of::<f32>((len - 1) * v..len * v)?;
-            let logits: Vec<f32> = rt.read_vec(&row)?;
+            let logits = self.model.read_logits_row(rt, len - 1)?;
             let next = sample_next(&logits, self.temperature, &mut self.rng);
             on_token(next)?;
             out.push(next);

@@ -54,6 +54,8 @@ use braid::{Buffer, Priority, Runtime};
 
 use crate::checkpoint::AdamWHyper;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::Dtype;
+use crate::kernels::task::Task;
 use crate::kernels::{adamw, norm};
 use crate::model::Gpt2Model;
 
@@ -88,6 +90,10 @@ pub struct AdamW {
     /// `(1)` f32: the clip factor.
     scale: Buffer,
     step: u64,
+    /// The storage type of the parameters and gradients it is given.
+    dtype: Dtype,
+    /// The `f32` master weights it updates when `dtype` is not `f32`.
+    master: Option<Buffer>,
 }
 
 impl AdamW {
@@ -166,11 +172,17 @@ impl AdamW {
             norm_chunks,
             shard,
             step: 0,
+            dtype: Dtype::F32,
+            master: None,
         })
     }
 
     /// An optimizer for `model`'s parameters, chunked by its parameter groups
-    /// (cut to at most [`MAX_CHUNK`] elements).
+    /// (cut to at most [`MAX_CHUNK`] elements). For a model that stores
+    /// another type than `f32` ([`Gpt2Model::dtype`]) it updates the model's
+    /// `f32` master weights ([`Gpt2Model::master`]) from the stored
+    /// gradients and rounds them into the stored parameters (llm.c's mixed
+    /// precision); the moments are `f32` either way.
     pub fn for_model(
         rt: &Runtime,
         model: &Gpt2Model,
@@ -178,7 +190,10 @@ impl AdamW {
         max_grad_norm: Option<f32>,
     ) -> Result<Self> {
         let chunks = cut(model.param_groups());
-        Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)
+        let mut opt = Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)?;
+        opt.dtype = model.dtype();
+        opt.master = model.master().cloned();
+        Ok(opt)
     }
 
     /// The hyper-parameters.
@@ -264,14 +279,21 @@ impl AdamW {
     }
 
     fn check_len(&self, what: &str, b: &Buffer) -> Result<()> {
-        if b.len() != self.n * 4 {
+        let es = self.dtype.size();
+        if b.len() != self.n * es {
             return Err(Gpt2Error::LengthMismatch {
                 what: what.into(),
                 expected: self.n,
-                found: b.len() / 4,
+                found: b.len() / es,
             });
         }
         Ok(())
+    }
+
+    /// The view of elements `r` of a parameter or gradient buffer.
+    fn elems(&self, b: &Buffer, r: &Range<usize>) -> Result<braid::View> {
+        let es = self.dtype.size();
+        Ok(b.view(r.start * es..r.end * es)?)
     }
 
     /// Submits one step: the global norm of `grads`, the clip factor, and the
@@ -313,12 +335,12 @@ impl AdamW {
         // the results do not depend on this order.
         for (i, (c, slot)) in self.norm_chunks.iter().enumerate().rev() {
             norm::sum_squares(
-                rt.task(format!("grad sumsq {i}")).priority(Priority::Side),
+                Task::new(rt.task(format!("grad sumsq {i}")), self.dtype).priority(Priority::Side),
                 &self.partials.view_of::<f64>(*slot..slot + 1)?,
                 &self
                     .scratch
                     .view_of::<f64>(i * NORM_SCRATCH..(i + 1) * NORM_SCRATCH)?,
-                &grads.view_of::<f32>(c.clone())?,
+                &self.elems(grads, c)?,
             )?;
         }
         Ok(())
@@ -349,6 +371,20 @@ impl AdamW {
         let scale = self.scale.whole();
         for (i, c) in self.chunks.iter().enumerate().rev() {
             let s = self.state_at[i]..self.state_at[i] + c.len();
+            if let Some(master) = &self.master {
+                adamw::update_mixed(
+                    Task::new(rt.task(format!("adamw {i}")), self.dtype),
+                    &self.elems(params, c)?,
+                    &master.view_of::<f32>(c.clone())?,
+                    &self.elems(grads, c)?,
+                    &self.m.view_of::<f32>(s.clone())?,
+                    &self.v.view_of::<f32>(s)?,
+                    self.max_grad_norm.map(|_| &scale),
+                    self.step,
+                    self.hyper,
+                )?;
+                continue;
+            }
             adamw::update(
                 rt.task(format!("adamw {i}")),
                 &params.view_of::<f32>(c.clone())?,

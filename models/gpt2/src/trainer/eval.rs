@@ -7,7 +7,8 @@ use super::options::check_batch_shape;
 use crate::config::Gpt2Config;
 use crate::data::{eval_windows, TokenSource};
 use crate::error::{Gpt2Error, Result};
-use crate::model::Gpt2Model;
+use crate::kernels::storage::Dtype;
+use crate::model::{Gpt2Model, ModelOptions};
 
 /// The result of [`evaluate`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,7 +23,9 @@ pub struct EvalReport {
 
 /// Mean next-token cross-entropy of `params` over the consecutive windows of
 /// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
-/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass.
+/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model
+/// storing `dtype` (the losses are summed in `f64` either way).
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     rt: &Runtime,
     cfg: &Gpt2Config,
@@ -30,6 +33,7 @@ pub fn evaluate(
     source: &TokenSource,
     seq_len: usize,
     batch_size: usize,
+    dtype: Dtype,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
     check_batch_shape(batch_size, seq_len, cfg)?;
@@ -50,7 +54,11 @@ pub fn evaluate(
     for (i, batch) in windows.chunks(batch_size).enumerate() {
         let b = batch.len();
         if model.as_ref().is_none_or(|m| m.batch_size() != b) {
-            let m = Gpt2Model::new(rt, cfg, b, seq_len)?;
+            let opts = ModelOptions {
+                dtype,
+                ..ModelOptions::default()
+            };
+            let m = Gpt2Model::with_options(rt, cfg, b, seq_len, opts)?;
             m.upload_params(rt, params)?;
             model = Some(m);
         }

@@ -13,6 +13,7 @@ use crate::checkpoint::{AdamWHyper, Checkpoint};
 use crate::config::Gpt2Config;
 use crate::data::LoaderState;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::storage::Dtype;
 use crate::model::init_params;
 
 /// Everything that shapes a training run.
@@ -71,7 +72,7 @@ pub struct TrainOptions {
     /// (`benches/src/bin/simulate.rs`). Off by default.
     pub reduce_single_rank: bool,
     /// Reduce the tied embedding's two gradient writers on their own
-    /// ([`Gpt2Model::set_split_tied`](crate::Gpt2Model::set_split_tied)): the
+    /// ([`Gpt2Model::set_split_tied`](crate::model::Gpt2Model::set_split_tied)): the
     /// classifier's dense part all-reduced as soon as it is written, at the
     /// start of the backward pass, the encoder's token rows exchanged at the
     /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
@@ -92,6 +93,13 @@ pub struct TrainOptions {
     /// rank and no reducer (`reduce_single_rank` off) it changes nothing.
     /// Default 0.
     pub zero: u8,
+    /// The storage type of parameters, gradients and activations
+    /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
+    /// default; bf16 (mixed precision, `f32` master weights and moments,
+    /// gradient buckets all-reduced in bf16) runs on CPU ranks only for now
+    /// (no bf16 CUDA kernels), with the tied embedding's gradient reduced as
+    /// one (`tied_split` is ignored).
+    pub dtype: Dtype,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -149,6 +157,7 @@ impl Default for TrainOptions {
             fused: false,
             class: braid::Class::Normal,
             zero: 0,
+            dtype: Dtype::F32,
             fault: None,
         }
     }
@@ -186,8 +195,39 @@ impl TrainOptions {
                 "ZeRO-1 reduce-scatters plain f32 buckets: turn the compression off".into(),
             );
         }
+        if self.zero == 1 && self.dtype != Dtype::F32 {
+            return bad(
+                "ZeRO stage",
+                format!(
+                    "ZeRO-1 shards f32 gradients and optimizer state; {} training is not \
+                     sharded yet: use --zero 0",
+                    self.dtype
+                ),
+            );
+        }
         if self.checkpoint_every == Some(0) {
             return bad("checkpoint interval", "must be at least 1 step".into());
+        }
+        if self.dtype != Dtype::F32 {
+            if matches!(self.compression, Compression::Bf16) {
+                return bad(
+                    "compression",
+                    format!(
+                        "{} gradients travel in bf16 already: drop --compression bf16",
+                        self.dtype
+                    ),
+                );
+            }
+            if matches!(self.backend, BackendKind::Cuda { .. }) {
+                return bad(
+                    "dtype",
+                    format!(
+                        "{} runs on the CPU only (no bf16 CUDA kernels yet): use --dtype fp32 \
+                         on a GPU",
+                        self.dtype
+                    ),
+                );
+            }
         }
         Ok(())
     }

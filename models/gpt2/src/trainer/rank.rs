@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use braid::comm::{BoundComm, BucketConfig, BucketShard, ReduceOp};
+use braid::comm::{Bf16, BoundComm, BucketConfig, BucketShard, DType, ReduceOp};
 use braid::trace::Profile;
 use braid::{Comm, Reducer, Runtime};
 
@@ -13,7 +13,7 @@ use super::{StartState, StepReport, TrainOptions};
 use crate::checkpoint::{save_checkpoint, Checkpoint};
 use crate::data::{DataLoader, TokenSource};
 use crate::error::{Gpt2Error, Result};
-use crate::model::Gpt2Model;
+use crate::model::{Dtype, Gpt2Model};
 use crate::optim::AdamW;
 
 /// What a rank hands back.
@@ -53,7 +53,10 @@ pub(super) fn run_rank(
 ) -> Result<RankOutcome> {
     let cfg = opts.model;
     let (b, t) = (opts.batch_size, opts.seq_len);
-    let model_opts = crate::model::ModelOptions { fused: opts.fused };
+    let model_opts = crate::model::ModelOptions {
+        fused: opts.fused,
+        dtype: opts.dtype,
+    };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
     model.upload_params(&rt, &start.params)?;
     if start.moments.is_none() && start.step != 0 {
@@ -70,8 +73,20 @@ pub(super) fn run_rank(
         .transpose()?;
     let mut reducer = match &comm {
         Some(c) => {
-            // Every rank starts from rank 0's parameters, as DDP does.
-            c.broadcast::<f32>(&model.params().whole(), 0)?;
+            // Every rank starts from rank 0's parameters, as DDP does (with
+            // bf16 storage: its master weights and their bf16 copy).
+            let grad_dtype = match model.dtype() {
+                Dtype::F32 => {
+                    c.broadcast::<f32>(&model.params().whole(), 0)?;
+                    DType::F32
+                }
+                Dtype::Bf16 => {
+                    let master = model.master().expect("a bf16 model has master weights");
+                    c.broadcast::<f32>(&master.whole(), 0)?;
+                    c.broadcast::<Bf16>(&model.params().whole(), 0)?;
+                    DType::Bf16
+                }
+            };
             Some(Reducer::new(
                 c.clone(),
                 model.grads(),
@@ -80,7 +95,8 @@ pub(super) fn run_rank(
                     .cap_bytes(opts.bucket_cap_bytes)
                     .first_cap_bytes(opts.first_bucket_bytes)
                     .compression(opts.compression.clone())
-                    .shard(opts.zero == 1),
+                    .shard(opts.zero == 1)
+                    .dtype(grad_dtype),
             )?)
         }
         None => None,
@@ -92,8 +108,12 @@ pub(super) fn run_rank(
         true => None,
         false => Some(new_optimizer(&rt, &model, opts, start, None, rank, world)?),
     };
-    // The tied gradient's two writers, reduced on their own (CPU ranks).
-    let split = reducer.is_some() && opts.tied_split && rt.backend_name() == "cpu";
+    // The tied gradient's two writers, reduced on their own (CPU ranks; the
+    // reducer's row contributions are f32).
+    let split = reducer.is_some()
+        && opts.tied_split
+        && rt.backend_name() == "cpu"
+        && model.dtype() == Dtype::F32;
     model.set_split_tied(split);
     rt.synchronize()?;
     rt.clear_profile();

@@ -23,6 +23,13 @@ pub const FIXTURE: &str = concat!(
     "/tests/fixtures/gpt2_tiny_reference.safetensors"
 );
 
+/// The same model in bf16 mixed precision (`make_reference.py`, "The bf16
+/// fixture").
+pub const FIXTURE_BF16: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/gpt2_tiny_reference_bf16.safetensors"
+);
+
 /// The fixture, decoded.
 #[derive(Debug)]
 pub struct Fixture {
@@ -38,8 +45,13 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn load() -> Self {
-        let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| {
-            panic!("{FIXTURE}: {e} (regenerate with models/gpt2/scripts/make_reference.py)")
+        Self::load_from(FIXTURE)
+    }
+
+    /// The fixture at `path` ([`FIXTURE`] or [`FIXTURE_BF16`]).
+    pub fn load_from(path: &str) -> Self {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| {
+            panic!("{path}: {e} (regenerate with models/gpt2/scripts/make_reference.py)")
         });
         let (_, header) = SafeTensors::read_metadata(&bytes).expect("safetensors header");
         let meta = header.metadata().clone().expect("fixture metadata");
@@ -142,7 +154,12 @@ impl Fixture {
 /// that it is made with `Gpt2Config::tiny()` and that its parameters and the
 /// layout's tensors match one to one.
 pub fn setup() -> (Fixture, ParamLayout, Vec<f32>) {
-    let fx = Fixture::load();
+    setup_from(FIXTURE)
+}
+
+/// [`setup`] for the fixture at `path`.
+pub fn setup_from(path: &str) -> (Fixture, ParamLayout, Vec<f32>) {
+    let fx = Fixture::load_from(path);
     assert_eq!(
         fx.cfg,
         Gpt2Config::tiny(),
