@@ -343,6 +343,14 @@ mod tests {
                 },
                 "ZeRO stage",
             ),
+            (
+                TrainOptions {
+                    zero: 1,
+                    dtype: Dtype::Bf16,
+                    ..ok.clone()
+                },
+                "not sharded yet",
+            ),
         ] {
             let err = opts.check().unwrap_err().to_string();
             assert!(err.contains(what), "{err}");
