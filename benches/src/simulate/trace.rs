@@ -16,10 +16,9 @@
 //! sequence is the most common one (the first eager steps, whose bucket
 //! layout is not yet rebuilt, and the trailing read-backs differ).
 
-use anyhow::{anyhow, bail, Context, Result};
-use braid::TaskKind;
-use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use anyhow::{anyhow, Context, Result};
+use braid::{Priority, TaskKind};
+use std::collections::HashMap;
 
 /// One task as the trace recorded it.
 #[derive(Debug, Clone)]
@@ -63,97 +62,39 @@ pub struct Trace {
     pub ranks: Vec<RankTrace>,
 }
 
-fn kind_of(cat: &str) -> TaskKind {
-    match cat {
-        "comm" => TaskKind::Comm,
-        "copy" => TaskKind::Copy,
-        "host" => TaskKind::Host,
-        _ => TaskKind::Compute,
-    }
-}
-
-fn us_to_ns(v: &Value) -> u64 {
-    (v.as_f64().unwrap_or(0.0) * 1e3).round().max(0.0) as u64
-}
-
 impl Trace {
-    /// Parses a Chrome trace (the JSON object form, `{"traceEvents": [...]}`,
-    /// or a bare array of events).
+    /// Parses a Chrome trace Braid wrote (read by
+    /// [`braid::trace::read_chrome_trace`]: the JSON object form or a bare
+    /// array of events). A `bytes` of 0 (traces written before the argument
+    /// existed) reads as unknown.
     pub fn parse(json: &str) -> Result<Trace> {
-        let doc: Value = serde_json::from_str(json).context("the trace is not JSON")?;
-        let events = match &doc {
-            Value::Object(o) => o
-                .get("traceEvents")
-                .and_then(Value::as_array)
-                .ok_or_else(|| anyhow!("no `traceEvents` array"))?,
-            Value::Array(a) => a,
-            _ => bail!("a trace is an object with `traceEvents` or an array of events"),
-        };
-        let mut ranks: BTreeMap<usize, RankTrace> = BTreeMap::new();
-        for e in events {
-            let pid = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let tid = e.get("tid").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let r = ranks.entry(pid).or_insert_with(|| RankTrace {
-                rank: pid,
-                ..RankTrace::default()
-            });
-            match e.get("ph").and_then(Value::as_str) {
-                Some("M") if e.get("name").and_then(Value::as_str) == Some("thread_name") => {
-                    let name = e
-                        .pointer("/args/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
-                    if r.streams.len() <= tid {
-                        r.streams.resize(tid + 1, String::new());
-                    }
-                    r.streams[tid] = name;
+        let profiles = braid::trace::read_chrome_trace(json)?;
+        let ranks = profiles
+            .into_iter()
+            .map(|p| {
+                let mut tasks: Vec<TraceTask> = p
+                    .spans
+                    .iter()
+                    .map(|s| TraceTask {
+                        id: s.id,
+                        name: s.name.to_string(),
+                        kind: s.kind,
+                        stream: s.stream,
+                        start_ns: s.start_ns,
+                        dur_ns: s.end_ns - s.start_ns,
+                        preds: s.preds.to_vec(),
+                        bytes: (s.bytes > 0).then_some(s.bytes),
+                        side: s.placement.priority == Priority::Side,
+                    })
+                    .collect();
+                tasks.sort_by_key(|t| t.id);
+                RankTrace {
+                    rank: p.rank,
+                    streams: p.streams.into_iter().map(|s| s.name).collect(),
+                    tasks,
                 }
-                Some("X") => {
-                    let args = e.get("args");
-                    let Some(id) = args.and_then(|a| a.get("task")).and_then(Value::as_u64) else {
-                        // Not a Braid task event (a host span, say).
-                        continue;
-                    };
-                    let preds = args
-                        .and_then(|a| a.get("after"))
-                        .and_then(Value::as_array)
-                        .map(|v| v.iter().filter_map(Value::as_u64).collect())
-                        .unwrap_or_default();
-                    r.tasks.push(TraceTask {
-                        id,
-                        name: e
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string(),
-                        kind: kind_of(e.get("cat").and_then(Value::as_str).unwrap_or("")),
-                        stream: tid,
-                        start_ns: us_to_ns(e.get("ts").unwrap_or(&Value::Null)),
-                        dur_ns: us_to_ns(e.get("dur").unwrap_or(&Value::Null)),
-                        preds,
-                        bytes: args.and_then(|a| a.get("bytes")).and_then(Value::as_u64),
-                        side: args.and_then(|a| a.get("priority")).and_then(Value::as_str)
-                            == Some("side"),
-                    });
-                }
-                _ => {}
-            }
-        }
-        let mut ranks: Vec<RankTrace> = ranks
-            .into_values()
-            .filter(|r| !r.tasks.is_empty())
+            })
             .collect();
-        for r in &mut ranks {
-            r.tasks.sort_by_key(|t| t.id);
-            let max_tid = r.tasks.iter().map(|t| t.stream).max().unwrap_or(0);
-            if r.streams.len() <= max_tid {
-                r.streams.resize(max_tid + 1, String::new());
-            }
-        }
-        if ranks.is_empty() {
-            bail!("the trace holds no Braid task events (X events with args.task)");
-        }
         Ok(Trace { ranks })
     }
 
