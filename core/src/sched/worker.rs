@@ -204,6 +204,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             lock(&shared.streams[s].spans).push(Span {
                 id,
                 name: t.name.clone(),
+                scope: t.scope.clone(),
                 kind: t.kind,
                 stream: s,
                 start_ns: start,
@@ -343,6 +344,7 @@ fn push_span(
     lock(&shared.streams[s].spans).push(Span {
         id: task.id,
         name: task.name.clone(),
+        scope: task.scope.clone(),
         kind: task.kind,
         stream: s,
         placement: task.placement,

@@ -3,7 +3,8 @@
 //! are its submission index, outcome, predecessors and placement decision
 //! (`placed`: the rule, `usable_streams`: the compute streams the policy
 //! could choose from, `priority`: the task's hint) and `bytes`, its largest
-//! declared access (a collective's buffer size).
+//! declared access (a collective's buffer size), and `scope`, the scope the
+//! task was submitted in (absent outside any scope).
 
 use super::Profile;
 use crate::error::{Error, Result};
@@ -37,7 +38,7 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
             );
         }
         for s in &p.spans {
-            events.push(json!({
+            let mut event = json!({
                 "ph": "X",
                 "name": s.name,
                 "cat": s.kind.name(),
@@ -54,7 +55,11 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
                     "priority": s.placement.priority.name(),
                     "bytes": s.bytes,
                 },
-            }));
+            });
+            if let Some(scope) = &s.scope {
+                event["args"]["scope"] = Value::from(scope.as_ref());
+            }
+            events.push(event);
         }
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
