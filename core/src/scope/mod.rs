@@ -90,11 +90,12 @@ impl Scopes {
         let r = self.resolve(&path);
         // A bundled scope's entry is one bundle, shared with the scopes
         // nested in it whose bundle comes from the same rule.
-        let bundle = r.bundle.map(|src| match &parent {
-            Some(p) if p.bundle_from == Some(src) && p.bundle.is_some() => {
-                p.bundle.clone().expect("checked")
-            }
-            _ => Arc::new(Bundle::default()),
+        let bundle = r.bundle.map(|src| {
+            parent
+                .as_ref()
+                .filter(|p| p.bundle_from == Some(src))
+                .and_then(|p| p.bundle.clone())
+                .unwrap_or_else(|| Arc::new(Bundle::default()))
         });
         let tag = Arc::new(ScopeTag {
             path: r.path,

@@ -68,27 +68,32 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, false)
+    model_runtime_with(backend, streams, policy, rank, false, None)
 }
 
 /// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
-/// whatever the process's core budget).
+/// whatever the process's core budget) and a placement file (`None`: the
+/// one `BRAID_PLACEMENT` names, if any).
 fn model_runtime_with(
     backend: BackendKind,
     streams: usize,
     policy: Policy,
     rank: usize,
     oversubscribe: bool,
+    placement: Option<&braid::PlacementFile>,
 ) -> Result<Runtime> {
-    let rt = Runtime::builder()
+    let mut builder = Runtime::builder()
         .backend(resolve_backend(backend)?)
         .compute_streams(streams)
         .comm_streams(1)
         .policy(policy)
         .oversubscribe(oversubscribe)
         .rank(rank)
-        .profile(true)
-        .build()?;
+        .profile(true);
+    if let Some(f) = placement {
+        builder = builder.placement(f.clone());
+    }
+    let rt = builder.build()?;
     if !runs_on(rt.backend_name()) {
         return Err(Gpt2Error::InvalidSetting {
             what: "device",
@@ -107,7 +112,14 @@ fn model_runtime_with(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    model_runtime_with(backend, opts.streams, opts.policy, rank, opts.oversubscribe)
+    model_runtime_with(
+        backend,
+        opts.streams,
+        opts.policy,
+        rank,
+        opts.oversubscribe,
+        opts.placement.as_ref(),
+    )
 }
 
 /// Where rank `rank` of a torchrun job writes its trace when rank 0 writes

@@ -81,6 +81,11 @@ pub struct TrainOptions {
     /// ([`ModelOptions::fused`](crate::model::ModelOptions)): CPU ranks only,
     /// off by default.
     pub fused: bool,
+    /// A placement file (docs/scopes.md) every rank's runtime is built with:
+    /// it places the model's scopes (`forward/layer{l}`, `backward/layer{l}`,
+    /// `optimizer`, …) without changing the program. `None`: the file named
+    /// by `BRAID_PLACEMENT`, if set.
+    pub placement: Option<braid::PlacementFile>,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -133,6 +138,7 @@ impl Default for TrainOptions {
             reduce_single_rank: false,
             tied_split: true,
             fused: false,
+            placement: None,
             fault: None,
         }
     }

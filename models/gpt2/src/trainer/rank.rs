@@ -138,11 +138,15 @@ pub(super) fn run_rank(
         // Gradients, the reducer's buckets and the mean loss across ranks: the
         // same tasks every step, reading the batch just uploaded.
         let mut submit_step = |rt: &Runtime| -> Result<()> {
-            model.zero_grad(rt)?;
+            {
+                let _s = rt.scope("zero_grad");
+                model.zero_grad(rt)?;
+            }
             model.forward_uploaded(rt)?;
             match &mut reducer {
                 Some(r) => {
                     model.backward(rt, 1.0, |p| r.grad_ready(p))?;
+                    let _s = rt.scope("reduce");
                     if model.split_tied() {
                         let (wte, rows) = model.tied_rows();
                         r.sparse_ready(wte, rows)?;
@@ -159,6 +163,7 @@ pub(super) fn run_rank(
             // The gradient norm and clip factor: the same tasks every step,
             // so in a replay each chunk's sum waits only for its gradients
             // (after a replay, eager tasks wait for all of it).
+            let _s = rt.scope("optimizer");
             opt.clip(rt, model.grads())?;
             Ok(())
         };
@@ -184,7 +189,10 @@ pub(super) fn run_rank(
             None => submit_step(&rt)?,
         }
         // The update stays eager: its step number is a kernel argument.
-        opt.update(&rt, model.params(), model.grads())?;
+        {
+            let _s = rt.scope("optimizer");
+            opt.update(&rt, model.params(), model.grads())?;
+        }
         rt.synchronize()?;
         let report = StepReport {
             step,
