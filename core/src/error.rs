@@ -70,6 +70,14 @@ pub enum Error {
     /// The runtime configuration is unusable.
     #[error("invalid runtime configuration: {0}")]
     Config(String),
+    /// A placement file is malformed, or names a stream the runtime does not
+    /// have (found when the runtime is built, before any task runs).
+    #[error("placement file `{file}`, line {line}: {message}")]
+    Placement {
+        file: String,
+        line: usize,
+        message: String,
+    },
     /// The requested backend is not available on this machine.
     #[error("backend `{backend}` is unavailable: {reason}")]
     BackendUnavailable {

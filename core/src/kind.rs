@@ -150,6 +150,10 @@ pub enum PlaceReason {
     /// A task of an automatically memoised step: the stream the recorded
     /// step's analysis gave it.
     Memoised,
+    /// The placement file's `stream` for the task's scope (docs/scopes.md).
+    Scoped,
+    /// A bundled scope: the stream its entry's first task went to.
+    Bundled,
 }
 
 impl PlaceReason {
@@ -185,6 +189,8 @@ impl PlaceReason {
             PlaceReason::RoundRobin => "round-robin",
             PlaceReason::Replayed => "replayed",
             PlaceReason::Memoised => "memoised",
+            PlaceReason::Scoped => "scope",
+            PlaceReason::Bundled => "bundle",
         }
     }
 }

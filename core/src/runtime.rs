@@ -7,6 +7,7 @@ use crate::kind::{Class, TaskKind};
 use crate::sched::placement::{self, Claim, CoreBudget, Layout, Lease, Policy, Share};
 use crate::sched::TaskHandle;
 use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
+use crate::scope::{PlacementFile, Scope, Scopes};
 use crate::sync::{lock, next_id, Arc, AtomicU64, IdKind, Mutex, Ordering};
 use crate::trace::{Profile, StreamInfo};
 use std::borrow::Cow;
@@ -36,7 +37,19 @@ pub struct RuntimeBuilder {
     oversubscribe: bool,
     live: Option<PathBuf>,
     class: Class,
+    placement: Option<PlacementSource>,
 }
+
+/// Where a runtime's placement file comes from.
+#[derive(Debug, Clone)]
+enum PlacementSource {
+    Path(PathBuf),
+    File(std::sync::Arc<PlacementFile>),
+}
+
+/// The environment variable naming a placement file for runtimes whose
+/// builder names none.
+pub const PLACEMENT_ENV: &str = "BRAID_PLACEMENT";
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
@@ -56,6 +69,7 @@ impl Default for RuntimeBuilder {
             oversubscribe: false,
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
             class: Class::Normal,
+            placement: None,
         }
     }
 }
@@ -185,6 +199,41 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Reads the placement file at `path` when the runtime is built
+    /// (docs/scopes.md): it maps scope patterns to streams, priorities,
+    /// policies, bundling and replay. A file that cannot be read or parsed,
+    /// or that names a stream the runtime lacks, fails `build` with an
+    /// error naming the line. Without it, the file named by the
+    /// `BRAID_PLACEMENT` environment variable is used, if set.
+    pub fn placement_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.placement = Some(PlacementSource::Path(path.into()));
+        self
+    }
+
+    /// Uses a parsed placement file (see [`RuntimeBuilder::placement_file`]).
+    pub fn placement(mut self, file: PlacementFile) -> Self {
+        self.placement = Some(PlacementSource::File(std::sync::Arc::new(file)));
+        self
+    }
+
+    /// The placement file: the builder's, else `BRAID_PLACEMENT`'s, checked
+    /// against the runtime's streams.
+    fn placement_file_checked(&self) -> Result<Option<std::sync::Arc<PlacementFile>>> {
+        use std::sync::Arc;
+        let file = match &self.placement {
+            Some(PlacementSource::File(f)) => Some(f.clone()),
+            Some(PlacementSource::Path(p)) => Some(Arc::new(PlacementFile::load(p)?)),
+            None => match std::env::var_os(PLACEMENT_ENV) {
+                Some(p) if !p.is_empty() => Some(Arc::new(PlacementFile::load(&p)?)),
+                _ => None,
+            },
+        };
+        if let Some(f) = &file {
+            f.check(self.compute_streams, self.comm_streams)?;
+        }
+        Ok(file)
+    }
+
     /// The runtime's claim on the core budget (CPU runtimes only).
     fn claim(&self) -> Result<Claim> {
         let budget = match self.cpu_cores {
@@ -244,6 +293,8 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
+        // The placement file is read and checked before anything starts.
+        let placement = self.placement_file_checked()?;
         let backend = Backend::open(
             self.backend,
             self.compute_streams,
@@ -298,7 +349,20 @@ impl RuntimeBuilder {
             comm: self.comm_streams,
         };
         let mut state = SubmitState::new(placement::make(self.policy, layout, share.clone()), n);
-        if self.auto_replay {
+        state.compute = self.compute_streams;
+        if let Some(f) = &placement {
+            for p in f.policies() {
+                if p != self.policy && !state.scope_placers.iter().any(|(q, _)| *q == p) {
+                    let placer = placement::make(p, layout, share.clone());
+                    state.scope_placers.push((p, placer));
+                }
+            }
+        }
+        let auto_replay = placement
+            .as_ref()
+            .and_then(|f| f.auto_replay())
+            .unwrap_or(self.auto_replay);
+        if auto_replay {
             state.auto = Some(sched::auto::Auto::default());
         }
         let live = self.serve_live(&shared)?;
@@ -321,6 +385,7 @@ impl RuntimeBuilder {
             }
         }
         Ok(Runtime {
+            scopes: Scopes::new(runtime_id, placement),
             shared,
             seen_completed: AtomicU64::new(0),
             state: Mutex::new(state),
@@ -356,6 +421,8 @@ pub struct Runtime {
     /// A latency-critical runtime's registration with the process's classes.
     _tenant: Option<sched::tenants::Registration>,
     config: RuntimeBuilder,
+    /// The placement file and the scopes resolved from it.
+    pub(crate) scopes: Scopes,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -415,6 +482,35 @@ impl Runtime {
             Policy::RoundRobin => self.config.compute_streams,
             Policy::Affinity => self.share.get().min(self.config.compute_streams),
         }
+    }
+
+    /// Opens scope `name` (`"forward/layer3"`; nested in the scope this
+    /// thread has open on this runtime, if any, so its path is the
+    /// enclosing path joined with `name` by `/`) until the guard drops.
+    /// Every task this thread submits to the runtime meanwhile is tagged
+    /// with the path (the trace's `scope` argument) and placed as the
+    /// placement file says for it (docs/scopes.md). Empty segments are
+    /// ignored; an empty name opens nothing.
+    ///
+    /// ```
+    /// # let rt = braid::Runtime::cpu()?;
+    /// let _fwd = rt.scope("forward");
+    /// let layer = rt.scope("layer3");
+    /// assert_eq!(layer.path(), Some("forward/layer3"));
+    /// # Ok::<(), braid::Error>(())
+    /// ```
+    pub fn scope(&self, name: &str) -> Scope {
+        self.scopes.enter(name)
+    }
+
+    /// The path of the innermost scope this thread has open on this runtime.
+    pub fn current_scope(&self) -> Option<std::sync::Arc<str>> {
+        self.scopes.current().map(|t| t.path.clone())
+    }
+
+    /// The placement file this runtime was built with, if any.
+    pub fn placement_file(&self) -> Option<&PlacementFile> {
+        self.scopes.file()
     }
 
     /// The placement policy.

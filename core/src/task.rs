@@ -187,6 +187,7 @@ impl TaskBuilder<'_> {
             after: self.after,
             body,
             on_skip: self.on_skip,
+            scope: self.rt.scopes.current(),
         })
     }
 

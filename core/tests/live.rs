@@ -45,11 +45,14 @@ fn live_socket_shows_running_and_finished_tasks() {
     let other = cpu(1).live(&sock).build().unwrap();
     let x = rt.alloc("x", 4).unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    rt.task("blocker")
-        .run(x.write::<u8>(), move |_| {
-            let _ = gate.recv_timeout(Duration::from_secs(20));
-        })
-        .unwrap();
+    {
+        let _s = rt.scope("serve");
+        rt.task("blocker")
+            .run(x.write::<u8>(), move |_| {
+                let _ = gate.recv_timeout(Duration::from_secs(20));
+            })
+            .unwrap();
+    }
     for _ in 0..3 {
         rt.task("behind").run(x.read_write::<u8>(), |_| ()).unwrap();
     }
@@ -60,7 +63,11 @@ fn live_socket_shows_running_and_finished_tasks() {
         let mine = frames.iter().find(|f| f.rank == 0).expect("rank 0's frame");
         let busy = mine.streams.iter().find(|s| s.running.is_some());
         if let Some(s) = busy {
-            assert_eq!(s.running.as_ref().unwrap().1, "blocker");
+            let task = s.running.as_ref().unwrap();
+            assert_eq!(
+                (task.name.as_str(), task.scope.as_deref()),
+                ("blocker", Some("serve"))
+            );
             break mine.clone();
         }
         assert!(Instant::now() < deadline, "no stream showed the blocker");
@@ -86,6 +93,15 @@ fn live_socket_shows_running_and_finished_tasks() {
             .collect()
     };
     assert_eq!(names(0), vec!["blocker", "behind", "behind", "behind"]);
+    let scope_of = |name: &str| {
+        let s = frames
+            .iter()
+            .flat_map(|f| &f.spans)
+            .find(|s| s.name == name);
+        s.and_then(|s| s.scope.as_deref().map(str::to_string))
+    };
+    assert_eq!(scope_of("blocker").as_deref(), Some("serve"));
+    assert_eq!(scope_of("behind"), None);
     assert_eq!(names(1), vec!["elsewhere"]);
     for f in &frames {
         assert!(f

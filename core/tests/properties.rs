@@ -43,6 +43,63 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: (cases() / 5).max(1), ..ProptestConfig::default() })]
+
+    /// Random scopes and random placement files (streams, stream classes,
+    /// priorities, policies, bundles, replay and automatic replay on or
+    /// off): the program repeated `steps` times, eagerly with a
+    /// synchronisation after each step or recorded once and replayed, gives
+    /// the sequential result of the repetition (semantics 1, 9 and 10).
+    #[test]
+    fn random_placement_files_match_sequential(
+        p in program(30),
+        paths in prop::collection::vec(scope_path(), 1..12),
+        file in placement_file(),
+        streams in 1usize..=4,
+        policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
+        steps in 1usize..=6,
+        record in any::<bool>(),
+    ) {
+        let repeated = Program {
+            sizes: p.sizes.clone(),
+            tasks: p.tasks.iter().cycle().take(p.tasks.len() * steps).cloned().collect(),
+        };
+        let expected = sequential(&repeated);
+        let text = file.toml(streams);
+        for backend in backends() {
+            let placement = braid::PlacementFile::parse(&text, "random.toml").unwrap();
+            let rt = braid::Runtime::builder()
+                .backend(backend)
+                .compute_streams(streams)
+                .policy(policy)
+                .oversubscribe(true)
+                .placement(placement)
+                .build()
+                .unwrap();
+            let bufs = alloc_buffers(&rt, &p);
+            if record {
+                let step = rt
+                    .record("step", |rt| {
+                        submit_scoped(rt, &bufs, &p.tasks, &paths);
+                        Ok(())
+                    })
+                    .unwrap();
+                for _ in 1..steps {
+                    step.replay().unwrap();
+                }
+            } else {
+                for _ in 0..steps {
+                    submit_scoped(&rt, &bufs, &p.tasks, &paths);
+                    rt.synchronize().unwrap();
+                }
+            }
+            let got = read_back(&rt, &bufs);
+            prop_assert_eq!(&got, &expected, "backend {:?}, file:\n{}", backend, text);
+        }
+    }
+}
+
 /// Long programs on every stream count, repeated to vary timing.
 #[test]
 fn long_programs_on_1_to_8_streams() {

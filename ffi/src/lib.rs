@@ -142,6 +142,9 @@ mod bridge {
         /// Chrome trace written when the runtime drops; empty for none.
         trace: String,
         rank: usize,
+        /// A placement file (docs/scopes.md) read at build; empty for none
+        /// (then `BRAID_PLACEMENT`, if set).
+        placement: String,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -171,6 +174,8 @@ mod bridge {
         start_ns: u64,
         end_ns: u64,
         ok: bool,
+        /// The scope it was submitted in; empty outside any scope.
+        scope: String,
     }
 
     /// The profile summary.
@@ -198,6 +203,7 @@ mod bridge {
         type CommGroup;
         type Profile;
         type TraceSet;
+        type Scope;
 
         fn version() -> &'static str;
         fn default_config() -> RuntimeConfig;
@@ -216,6 +222,9 @@ mod bridge {
             body: UniquePtr<TaskFn>,
         ) -> Result<Box<TaskHandle>>;
         fn synchronize(self: &Runtime) -> Result<()>;
+        fn enter_scope(self: &Runtime, name: &str) -> Result<Box<Scope>>;
+        fn current_scope(self: &Runtime) -> String;
+        fn path(self: &Scope) -> String;
         fn record(
             self: &Runtime,
             name: &str,
@@ -397,6 +406,7 @@ fn default_config() -> RuntimeConfig {
         profile: false,
         trace: String::new(),
         rank: 0,
+        placement: String::new(),
     }
 }
 
@@ -431,6 +441,9 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());
         }
+        if !cfg.placement.is_empty() {
+            b = b.placement_file(cfg.placement.as_str());
+        }
         Ok(Box::new(Runtime(Arc::new(b.build()?))))
     })
 }
@@ -439,6 +452,19 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
 /// [`Schedule`] recorded on it can keep it alive.
 #[derive(Debug)]
 pub struct Runtime(pub Arc<braid::Runtime>);
+
+/// An open scope owned by C++ (`braid::Scope`): closed when destroyed, on
+/// the thread that opened it (the C++ class is neither copyable nor
+/// movable across threads by contract; see docs/cpp.md).
+#[derive(Debug)]
+pub struct Scope(braid::Scope);
+
+impl Scope {
+    /// The scope's full path; empty for a scope opened with an empty name.
+    fn path(&self) -> String {
+        self.0.path().unwrap_or("").to_string()
+    }
+}
 
 /// A recorded schedule owned by C++ (`braid::Schedule`).
 #[derive(Debug)]
@@ -597,6 +623,16 @@ impl Runtime {
         guard("Runtime::synchronize", || self.0.synchronize())
     }
 
+    /// Opens a scope ([`braid::Runtime::scope`]) until the box drops.
+    fn enter_scope(&self, name: &str) -> FfiResult<Box<Scope>> {
+        guard("Runtime::scope", || Ok(Box::new(Scope(self.0.scope(name)))))
+    }
+
+    /// The innermost scope this thread has open; empty for none.
+    fn current_scope(&self) -> String {
+        self.0.current_scope().as_deref().unwrap_or("").to_string()
+    }
+
     fn summary(&self) -> SummaryRecord {
         summary_record(&self.0.profile())
     }
@@ -651,6 +687,7 @@ fn span_records(p: &braid::trace::Profile) -> Vec<SpanRecord> {
             start_ns: s.start_ns,
             end_ns: s.end_ns,
             ok: s.ok,
+            scope: s.scope.as_deref().unwrap_or("").to_string(),
         })
         .collect()
 }

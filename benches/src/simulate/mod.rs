@@ -67,6 +67,7 @@ pub fn profile(g: &StepGraph, run: &SimRun) -> Profile {
         .map(|(i, (n, p))| Span {
             id: i as u64,
             name: n.name.clone().into(),
+            scope: None,
             kind: n.kind,
             stream: p.stream,
             placement: Placement {
@@ -153,6 +154,7 @@ pub fn traced_summary(r: &trace::RankTrace, s: &trace::StepSlice) -> Summary {
         .map(|t| Span {
             id: t.id,
             name: t.name.clone().into(),
+            scope: None,
             kind: t.kind,
             stream: t.stream,
             placement: Placement {

@@ -41,8 +41,9 @@ pub struct StreamRow {
     /// submitted (a later task had started somewhere) whose predecessors
     /// had all finished, waiting for it — a lower bound on its queue.
     pub queued: u64,
-    /// What it runs at the instant, with how long it has run (ns).
-    pub running: Option<(String, u64)>,
+    /// What it runs at the instant (task name, its scope if any), with how
+    /// long it has run (ns).
+    pub running: Option<(String, Option<String>, u64)>,
 }
 
 /// A rank's part of a frame.
@@ -56,8 +57,11 @@ pub struct RankRow {
     pub comm_ns: u64,
     /// Share of it hidden under compute.
     pub hidden: f64,
-    /// Time by task name within the history, largest first (at most 6).
-    pub by_name: Vec<(String, u64)>,
+    /// Time by scope within the history, largest first (at most 6); by task
+    /// name when no task ran in a scope.
+    pub by_scope: Vec<(String, u64)>,
+    /// Whether `by_scope` groups by scope (else by task name).
+    pub scoped: bool,
 }
 
 /// Ends a span at `at` (a span still running then counts up to `at`).
@@ -108,13 +112,16 @@ impl RankState {
                     .sum();
                 let live = self.live.as_ref().and_then(|l| l.get(i));
                 let running = match live {
-                    Some(l) => l
-                        .running
-                        .as_ref()
-                        .map(|(_, name, since)| (name.clone(), w.at_ns.saturating_sub(*since))),
+                    Some(l) => l.running.as_ref().map(|r| {
+                        let since = w.at_ns.saturating_sub(r.since_ns);
+                        (r.name.clone(), r.scope.clone(), since)
+                    }),
                     None => on()
                         .find(|s| s.start_ns <= w.at_ns && w.at_ns < s.end_ns)
-                        .map(|s| (s.name.to_string(), w.at_ns - s.start_ns)),
+                        .map(|s| {
+                            let scope = s.scope.as_deref().map(str::to_string);
+                            (s.name.to_string(), scope, w.at_ns - s.start_ns)
+                        }),
                 };
                 let queued = match live {
                     Some(l) => l.queued,
@@ -139,22 +146,29 @@ impl RankState {
                 }
             })
             .collect();
-        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        let scoped = seen.spans.iter().any(|s| s.scope.is_some());
+        let mut by_scope: HashMap<&str, u64> = HashMap::new();
         for s in &seen.spans {
-            *by_name.entry(s.name.as_ref()).or_default() += s.end_ns - s.start_ns;
+            let key = match (scoped, &s.scope) {
+                (false, _) => s.name.as_ref(),
+                (true, Some(scope)) => scope.as_ref(),
+                (true, None) => "(no scope)",
+            };
+            *by_scope.entry(key).or_default() += s.end_ns - s.start_ns;
         }
-        let mut by_name: Vec<(String, u64)> = by_name
+        let mut by_scope: Vec<(String, u64)> = by_scope
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-        by_name.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        by_name.truncate(6);
+        by_scope.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        by_scope.truncate(6);
         RankRow {
             rank: p.rank,
             streams,
             comm_ns: summary.comm_ns,
             hidden: summary.hidden_share(),
-            by_name,
+            by_scope,
+            scoped,
         }
     }
 }
@@ -195,7 +209,10 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
         );
         for s in &row.streams {
             let running = match &s.running {
-                Some((name, for_ns)) => format!("{name} ({:.2} ms)", ms(*for_ns)),
+                Some((name, Some(scope), for_ns)) => {
+                    format!("{name} [{scope}] ({:.2} ms)", ms(*for_ns))
+                }
+                Some((name, None, for_ns)) => format!("{name} ({:.2} ms)", ms(*for_ns)),
                 None => "-".into(),
             };
             let _ = writeln!(
@@ -207,13 +224,14 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
                 s.queued
             );
         }
-        if !row.by_name.is_empty() {
+        if !row.by_scope.is_empty() {
             let parts: Vec<String> = row
-                .by_name
+                .by_scope
                 .iter()
                 .map(|(n, t)| format!("{n} {:.1} ms", ms(*t)))
                 .collect();
-            let _ = writeln!(out, "  time by task: {}", parts.join(" · "));
+            let by = if row.scoped { "scope" } else { "task" };
+            let _ = writeln!(out, "  time by {by}: {}", parts.join(" · "));
         }
     }
     out
@@ -241,6 +259,7 @@ mod tests {
             preds: preds.iter().copied().collect(),
             ok: true,
             bytes: 0,
+            scope: (id % 2 == 1).then(|| "odd".into()),
         }
     }
 
@@ -284,7 +303,7 @@ mod tests {
         let s0 = &row.streams[0];
         assert_eq!(s0.busy, 1.0);
         assert_eq!(s0.done, 1);
-        assert_eq!(s0.running, Some(("t1".into(), 100)));
+        assert_eq!(s0.running, Some(("t1".into(), Some("odd".into()), 100)));
         assert_eq!(s0.queued, 1);
         assert_eq!(row.streams[1].queued, 0);
         assert_eq!(row.streams[1].running, None);
@@ -292,7 +311,12 @@ mod tests {
         // Comm ran 150..200 so far, all of it under task 1.
         assert_eq!(row.comm_ns, 50);
         assert_eq!(row.hidden, 1.0);
-        assert_eq!(row.by_name[0], ("t0".into(), 100));
+        // By 200: tasks 0 and 4 (no scope) ran 100 + 50, task 1 (odd) 100.
+        assert!(row.scoped);
+        assert_eq!(
+            row.by_scope,
+            vec![("(no scope)".into(), 150), ("odd".into(), 100)]
+        );
         let text = render("test", &[state], w, false);
         for name in ["compute 0", "compute 1", "comm 0", "rank 2", "READY"] {
             assert!(text.contains(name), "{name} missing from\n{text}");

@@ -3,8 +3,10 @@
 //!
 //! A *step* is what is submitted between two `Runtime::synchronize` calls (a
 //! training loop synchronises once per step). Each submitted task is hashed
-//! as it comes — name, kind, priority, pinned stream, comm stream, and every
-//! access (buffer, byte range, mode) — into a running hash of the step.
+//! as it comes — name, kind, priority, pinned stream, comm stream, scope
+//! path, and every access (buffer, byte range, mode) — into a running hash
+//! of the step. A task whose scope the placement file gives `replay = false`
+//! counts as foreign (below): its step is never memoised.
 //!
 //! * **Observe.** After two steps identical to the one before them (same
 //!   hash, same length), the next step is recorded.
@@ -88,6 +90,8 @@ pub(crate) fn task_hash(t: &NewTask) -> u64 {
     h = mix(h, t.kind as u64 | (t.priority as u64) << 8);
     h = mix(h, t.stream.map_or(u64::MAX, |s| s as u64));
     h = mix(h, t.comm_index as u64);
+    // The scope decides placement (the placement file): part of the identity.
+    h = mix(h, t.scope.as_ref().map_or(0, |s| s.hash));
     for a in &t.accesses {
         let r = a.view.range();
         h = mix(h, a.view.buf.id());
@@ -301,6 +305,7 @@ pub(crate) fn submit_memoised(
     let task = TaskShared::new(Record {
         id,
         name: t.name,
+        scope: t.scope.map(|s| s.path.clone()),
         kind: t.kind,
         stream: s,
         seq,

@@ -32,7 +32,8 @@ impl crate::trace::live::Source for Shared {
                 drop(spans);
                 let placed = st.placed.load(Ordering::Relaxed);
                 let running = lock(&st.running).as_ref().map(|r: &Running| {
-                    json!({"task": r.id, "name": r.name, "since_us": r.start_ns as f64 / 1e3})
+                    json!({"task": r.id, "name": r.name, "scope": r.scope.as_deref(),
+                           "since_us": r.start_ns as f64 / 1e3})
                 });
                 json!({
                     "name": st.name,
@@ -52,16 +53,20 @@ impl crate::trace::live::Source for Shared {
     }
 }
 
+/// A task as [`running`] publishes it: submission index, name, scope.
+pub(crate) type Now<'a> = (
+    u64,
+    &'a std::borrow::Cow<'static, str>,
+    &'a Option<std::sync::Arc<str>>,
+);
+
 /// Publishes (or clears) what stream `s` runs, when a live view is attached.
-pub(crate) fn running(
-    shared: &Shared,
-    s: usize,
-    task: Option<(u64, &std::borrow::Cow<'static, str>)>,
-) {
+pub(crate) fn running(shared: &Shared, s: usize, task: Option<Now<'_>>) {
     if shared.live {
-        *lock(&shared.streams[s].running) = task.map(|(id, name)| Running {
+        *lock(&shared.streams[s].running) = task.map(|(id, name, scope)| Running {
             id,
             name: name.clone(),
+            scope: scope.clone(),
             start_ns: now_ns(),
         });
     }

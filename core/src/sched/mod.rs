@@ -8,6 +8,7 @@ mod live;
 pub(crate) mod placement;
 pub(crate) mod queue;
 pub(crate) mod replay;
+pub(crate) mod scoped;
 pub(crate) mod tenants;
 mod worker;
 
@@ -18,6 +19,7 @@ use crate::buffer::Dropped;
 use crate::ctx::{Access, Body, SharedBody, SkipHook};
 use crate::error::{Error, Result};
 use crate::graph::{TaskRef, Tracker};
+use crate::kind::PlaceReason;
 use crate::kind::TaskKind;
 use crate::sync::{lock, Arc, AtomicU64, AtomicU8, Mutex, Ordering};
 use crate::trace::Span;
@@ -46,6 +48,8 @@ pub(crate) struct TaskShared {
     /// Global submission index (the specification's order).
     pub(crate) id: u64,
     pub(crate) name: Cow<'static, str>,
+    /// The scope it was submitted in (copied into its span).
+    pub(crate) scope: Option<std::sync::Arc<str>>,
     pub(crate) kind: TaskKind,
     pub(crate) stream: u16,
     /// Why it went to `stream` (copied into its span).
@@ -80,6 +84,7 @@ impl std::fmt::Debug for TaskShared {
 pub(crate) struct Record {
     pub(crate) id: u64,
     pub(crate) name: Cow<'static, str>,
+    pub(crate) scope: Option<std::sync::Arc<str>>,
     pub(crate) kind: TaskKind,
     pub(crate) stream: usize,
     pub(crate) seq: u64,
@@ -106,6 +111,7 @@ impl TaskShared {
         Arc::new(TaskShared {
             id: r.id,
             name: r.name,
+            scope: r.scope,
             kind: r.kind,
             stream: r.stream as u16,
             seq: r.seq,
@@ -269,6 +275,11 @@ impl Shared {
 pub(crate) struct SubmitState {
     tracker: Tracker<Arc<TaskShared>>,
     placer: Box<dyn Place>,
+    /// Placers for the other policies a placement file names, by policy.
+    pub(crate) scope_placers: Vec<(placement::Policy, Box<dyn Place>)>,
+    /// The number of compute streams (a file's `comm:i` is stream
+    /// `compute + i`).
+    pub(crate) compute: usize,
     /// Last sequence number placed on each stream.
     placed: Vec<u64>,
     /// Id of the last task placed on each stream.
@@ -316,6 +327,8 @@ impl SubmitState {
         SubmitState {
             tracker: Tracker::default(),
             placer,
+            scope_placers: Vec::new(),
+            compute: streams,
             placed: vec![0; streams],
             tail: vec![u64::MAX; streams],
             clocks: vec![Clock::from_elem(0, streams); streams],
@@ -356,17 +369,69 @@ pub(crate) struct NewTask {
     pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
     pub(crate) body: Body,
     pub(crate) on_skip: Option<SkipHook>,
+    /// The scope the task was submitted in, with its placement decision.
+    pub(crate) scope: Option<std::sync::Arc<scoped::ScopeTag>>,
+}
+
+/// What a task's scope decided about its placement (communication tasks:
+/// nothing; they keep their communication stream).
+struct ScopePlace {
+    priority: crate::kind::Priority,
+    /// A stream the file or the task's bundle gives it, and why.
+    stream: Option<(usize, crate::kind::PlaceReason)>,
+    policy: Option<placement::Policy>,
+    /// The bundle to set, if its first task is being placed.
+    bundle: Option<std::sync::Arc<scoped::Bundle>>,
+}
+
+impl ScopePlace {
+    fn of(t: &NewTask, compute: usize) -> ScopePlace {
+        use crate::kind::{PlaceReason, Priority};
+        use scoped::StreamChoice;
+        let mut sp = ScopePlace {
+            priority: t.priority,
+            stream: None,
+            policy: None,
+            bundle: None,
+        };
+        let Some(tag) = t.scope.as_ref().filter(|_| t.kind != TaskKind::Comm) else {
+            return sp;
+        };
+        let d = &tag.decision;
+        sp.priority = d.priority.unwrap_or(t.priority);
+        sp.policy = d.policy;
+        match d.stream {
+            Some(StreamChoice::Compute(i)) => sp.stream = Some((i, PlaceReason::Scoped)),
+            Some(StreamChoice::Comm(i)) => sp.stream = Some((compute + i, PlaceReason::Scoped)),
+            Some(StreamChoice::Side) => sp.priority = Priority::Side,
+            Some(StreamChoice::Policy) | None => {}
+        }
+        if let (None, Some(b)) = (sp.stream, &tag.bundle) {
+            match b.stream() {
+                Some(s) => sp.stream = Some((s, PlaceReason::Bundled)),
+                None => sp.bundle = Some(b.clone()),
+            }
+        }
+        sp
+    }
 }
 
 /// Infers the task's predecessors, places it, computes its waits and hands it
 /// to its stream. Runs under the runtime's lock; never blocks on a stream.
 pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<TaskShared> {
     if st.auto.is_some() {
-        let h = auto::task_hash(&t);
-        if auto::Auto::admit(st, shared, &t, h) {
-            return auto::submit_memoised(st, shared, t);
+        if t.scope.as_ref().is_some_and(|s| !s.decision.replay) {
+            // The placement file turned replay off for this scope: its
+            // step is never memoised.
+            auto::Auto::foreign(st);
+        } else {
+            let h = auto::task_hash(&t);
+            if auto::Auto::admit(st, shared, &t, h) {
+                return auto::submit_memoised(st, shared, t);
+            }
         }
     }
+    let sp = ScopePlace::of(&t, st.compute);
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
     }
@@ -402,7 +467,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         !shared.streams[p.stream as usize].is_comm
             && st.tail[p.stream as usize] == p.id
             && preds.iter().all(|q| q.stream == p.stream)
-    }) && t.priority != crate::kind::Priority::Side;
+    }) && sp.priority != crate::kind::Priority::Side;
     let timing = shared.measure.then(|| Timing {
         now: if chain { 0 } else { crate::clock::now_ns() },
         chain,
@@ -420,20 +485,31 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         }
         seen[i].get()
     };
-    let (s, placement) = match t.stream {
-        Some(s) => (s, st.placer.pinned(t.priority)),
-        None => {
+    let (s, placement) = match (t.stream, sp.stream) {
+        (Some(s), _) => (s, st.placer.decided(PlaceReason::Pinned, sp.priority)),
+        (None, Some((s, why))) => (s, st.placer.decided(why, sp.priority)),
+        (None, None) => {
             let req = Request {
                 kind: t.kind,
-                priority: t.priority,
+                priority: sp.priority,
                 latest_pred: latest
                     .map(|p| (p.stream as usize, st.tail[p.stream as usize] == p.id)),
                 comm_index: t.comm_index,
                 timing,
             };
-            st.placer.place(&req, &load)
+            let placer = match sp.policy {
+                Some(p) => match st.scope_placers.iter_mut().find(|(q, _)| *q == p) {
+                    Some((_, placer)) => placer,
+                    None => &mut st.placer,
+                },
+                None => &mut st.placer,
+            };
+            placer.place(&req, &load)
         }
     };
+    if let Some(b) = &sp.bundle {
+        b.set(s);
+    }
     // A chain continues its predecessor's stream: busy until then.
     let eft = timing.map_or(0, |tm| {
         let busy = placement.reason == crate::kind::PlaceReason::Chain;
@@ -459,9 +535,15 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
             (
                 &t.name,
                 t.kind,
-                t.stream.is_none() && t.kind != TaskKind::Comm,
-                t.priority == crate::kind::Priority::Side,
+                // Pinned by the code or the file, bundled, or a collective:
+                // a re-placement keeps it where it is.
+                t.stream.is_none()
+                    && sp.stream.is_none()
+                    && sp.bundle.is_none()
+                    && t.kind != TaskKind::Comm,
+                sp.priority == crate::kind::Priority::Side,
             ),
+            t.scope.as_ref().map(|s| s.path.clone()),
             &t.accesses,
             &t.on_skip,
             t.body,
@@ -472,6 +554,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let task = TaskShared::new(Record {
         id,
         name: t.name,
+        scope: t.scope.map(|s| s.path.clone()),
         kind: t.kind,
         stream: s,
         seq,

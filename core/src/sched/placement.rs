@@ -145,9 +145,10 @@ pub(crate) trait Place: Send {
     /// How many compute streams the policy may use now.
     fn usable(&self) -> usize;
 
-    /// The record of a task pinned to its stream, bypassing the policy.
-    fn pinned(&self, priority: Priority) -> Placement {
-        placement(PlaceReason::Pinned, self.usable(), priority)
+    /// The record of a task whose stream was decided without the policy
+    /// (pinned by the code, by the placement file, by its bundle).
+    fn decided(&self, reason: PlaceReason, priority: Priority) -> Placement {
+        placement(reason, self.usable(), priority)
     }
 }
 
@@ -616,7 +617,10 @@ mod tests {
             (s, why.reason, why.priority),
             (2, PlaceReason::Side, Priority::Side)
         );
-        assert_eq!(p.pinned(Priority::Main).reason, PlaceReason::Pinned);
+        assert_eq!(
+            p.decided(PlaceReason::Pinned, Priority::Main).reason,
+            PlaceReason::Pinned
+        );
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub(crate) const JOIN: u32 = u32::MAX;
 #[derive(Clone)]
 pub(crate) struct RecTask {
     pub(crate) name: Cow<'static, str>,
+    /// The scope it was recorded in (its replays' spans show it).
+    pub(crate) scope: Option<std::sync::Arc<str>>,
     pub(crate) kind: TaskKind,
     pub(crate) stream: u16,
     pub(crate) accesses: SmallVec<[Access; 4]>,
@@ -116,6 +118,7 @@ impl Recorder {
         id: u64,
         s: usize,
         (name, kind, movable, side): (&Cow<'static, str>, TaskKind, bool, bool),
+        scope: Option<std::sync::Arc<str>>,
         accesses: &SmallVec<[Access; 4]>,
         on_skip: &Option<SkipHook>,
         body: Body,
@@ -175,6 +178,7 @@ impl Recorder {
         self.tails[s as usize] = Some(index);
         self.tasks.push(RecTask {
             name: name.clone(),
+            scope,
             kind,
             stream: s,
             accesses: if self.keep_bodies {
@@ -551,6 +555,7 @@ pub(crate) fn submit(
     let unit = TaskShared::new(Record {
         id: id_base + plan.len() as u64,
         name: plan.name.clone(),
+        scope: None,
         kind: TaskKind::Host,
         stream: f,
         seq: st.placed[f],
@@ -622,6 +627,7 @@ fn push_tasks(
         let task = TaskShared::new(Record {
             id: id_base + i as u64,
             name: t.name.clone(),
+            scope: t.scope.clone(),
             kind: t.kind,
             stream: s,
             seq: base[s] + pos as u64,
@@ -686,6 +692,7 @@ mod tests {
         body.measured(ns);
         RecTask {
             name: "t".into(),
+            scope: None,
             kind: TaskKind::Compute,
             stream,
             accesses: SmallVec::new(),

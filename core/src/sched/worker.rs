@@ -106,7 +106,7 @@ fn run_cpu(shared: &Shared, s: usize) {
             let timed = shared.profiling || measure;
             tenants::admit(shared);
             let start = if timed { now_ns() } else { 0 };
-            live::running(shared, s, Some((task.id, &task.name)));
+            live::running(shared, s, Some((task.id, &task.name, &task.scope)));
             let (outcome, checks) = run_task(&task, &preds, body, on_skip, true, || {
                 DeviceCtx::Cpu(PhantomData)
             });
@@ -179,7 +179,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         let id = run.id_base + i as u64;
         tenants::admit(shared);
         let start = if shared.profiling { now_ns() } else { 0 };
-        live::running(shared, s, Some((id, &t.name)));
+        live::running(shared, s, Some((id, &t.name, &t.scope)));
         let cause = external.map(|p| p.name.as_ref()).or_else(|| {
             run.failed_task(step.preds.iter().copied())
                 .map(|p| plan.tasks[p as usize].name.as_ref())
@@ -214,6 +214,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             lock(&shared.streams[s].spans).push(Span {
                 id,
                 name: t.name.clone(),
+                scope: t.scope.clone(),
                 kind: t.kind,
                 stream: s,
                 start_ns: start,
@@ -353,6 +354,7 @@ fn push_span(
     lock(&shared.streams[s].spans).push(Span {
         id: task.id,
         name: task.name.clone(),
+        scope: task.scope.clone(),
         kind: task.kind,
         stream: s,
         placement: task.placement,

@@ -3,7 +3,8 @@
 //! are its submission index, outcome, predecessors and placement decision
 //! (`placed`: the rule, `usable_streams`: the compute streams the policy
 //! could choose from, `priority`: the task's hint) and `bytes`, its largest
-//! declared access (a collective's buffer size).
+//! declared access (a collective's buffer size), and `scope`, the scope the
+//! task was submitted in (absent outside any scope).
 
 use super::Profile;
 use crate::error::{Error, Result};

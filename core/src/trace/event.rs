@@ -4,7 +4,8 @@
 //! A task is a complete (`X`) event: `name`, `cat` (its kind), `pid` (the
 //! rank), `tid` (the stream), `ts` and `dur` in microseconds, and `args`:
 //! `task` (submission index), `ok`, `after` (predecessors), `placed`,
-//! `usable_streams`, `priority` and `bytes`. Streams are `thread_name`
+//! `usable_streams`, `priority`, `bytes` and, for a task submitted inside a
+//! named scope, `scope`. Streams are `thread_name`
 //! metadata (`M`) events.
 
 use super::{Profile, Span, StreamInfo};
@@ -38,7 +39,7 @@ pub(crate) fn metadata_events(p: &Profile, out: &mut Vec<Value>) {
 
 /// Span `s` of rank `pid` as a complete (`X`) event.
 pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
-    json!({
+    let mut event = json!({
         "ph": "X",
         "name": s.name,
         "cat": s.kind.name(),
@@ -55,7 +56,11 @@ pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
             "priority": s.placement.priority.name(),
             "bytes": s.bytes,
         },
-    })
+    });
+    if let Some(scope) = &s.scope {
+        event["args"]["scope"] = Value::from(scope.as_ref());
+    }
+    event
 }
 
 fn us_to_ns(v: Option<&Value>) -> u64 {
@@ -105,6 +110,7 @@ pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
             .unwrap_or_default(),
         ok: args.get("ok").and_then(Value::as_bool).unwrap_or(true),
         bytes: args.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+        scope: args.get("scope").and_then(Value::as_str).map(Into::into),
     };
     Some((
         e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize,

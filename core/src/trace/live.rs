@@ -9,7 +9,8 @@
 //! ```json
 //! {"rank": 0, "runtime": 7, "now_us": 1234.5,
 //!  "streams": [{"name": "compute 0", "is_comm": false, "queued": 3,
-//!               "running": {"task": 41, "name": "matmul", "since_us": 1200.0}}],
+//!               "running": {"task": 41, "name": "matmul", "scope": "forward/layer3",
+//!                           "since_us": 1200.0}}],
 //!  "events": [ ...the Chrome trace's X events recorded since the last round... ]}
 //! ```
 //!
@@ -29,8 +30,23 @@ pub(crate) struct Running {
     pub(crate) id: u64,
     /// Task name.
     pub(crate) name: Cow<'static, str>,
+    /// The scope it was submitted in.
+    pub(crate) scope: Option<std::sync::Arc<str>>,
     /// When it started, on the process timeline.
     pub(crate) start_ns: u64,
+}
+
+/// The task a stream runs, as one frame shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveTask {
+    /// Submission index.
+    pub id: u64,
+    /// Task name.
+    pub name: String,
+    /// The scope it was submitted in, if any.
+    pub scope: Option<String>,
+    /// When it started, ns on the process timeline.
+    pub since_ns: u64,
 }
 
 /// A stream as one frame shows it.
@@ -42,9 +58,8 @@ pub struct LiveStream {
     pub is_comm: bool,
     /// Tasks placed on it and not finished (the running one included).
     pub queued: u64,
-    /// The task it runs: `(submission index, name, start in ns on the
-    /// process timeline)`; `None` when idle (and always on CUDA).
-    pub running: Option<(u64, String, u64)>,
+    /// The task it runs; `None` when idle (and always on CUDA).
+    pub running: Option<LiveTask>,
 }
 
 /// One runtime's frame: its streams now and the spans recorded since the
@@ -93,13 +108,15 @@ impl Line {
                 name: st.get("name").and_then(Value::as_str).unwrap_or("").into(),
                 is_comm: st.get("is_comm").and_then(Value::as_bool).unwrap_or(false),
                 queued: st.get("queued").and_then(Value::as_u64).unwrap_or(0),
-                running: st.get("running").filter(|r| !r.is_null()).map(|r| {
-                    (
-                        r.get("task").and_then(Value::as_u64).unwrap_or(0),
-                        r.get("name").and_then(Value::as_str).unwrap_or("").into(),
-                        us(r.get("since_us")),
-                    )
-                }),
+                running: st
+                    .get("running")
+                    .filter(|r| !r.is_null())
+                    .map(|r| LiveTask {
+                        id: r.get("task").and_then(Value::as_u64).unwrap_or(0),
+                        name: r.get("name").and_then(Value::as_str).unwrap_or("").into(),
+                        scope: r.get("scope").and_then(Value::as_str).map(Into::into),
+                        since_ns: us(r.get("since_us")),
+                    }),
             })
             .collect();
         let spans = v

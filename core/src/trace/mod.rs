@@ -19,6 +19,7 @@ pub use summary::{StreamBusy, Summary};
 use crate::kind::{Placement, TaskKind};
 use smallvec::SmallVec;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// One task's execution on its stream.
 #[derive(Debug, Clone)]
@@ -27,6 +28,9 @@ pub struct Span {
     pub id: u64,
     /// The task's name.
     pub name: Cow<'static, str>,
+    /// The scope it was submitted in (`forward/layer3`; `Runtime::scope`),
+    /// the Chrome trace's `scope` argument.
+    pub scope: Option<Arc<str>>,
     /// The task's kind.
     pub kind: TaskKind,
     /// The stream it ran on.

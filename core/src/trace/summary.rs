@@ -208,6 +208,7 @@ mod tests {
         Span {
             id,
             name: "t".into(),
+            scope: None,
             kind,
             stream,
             placement: crate::kind::Placement {

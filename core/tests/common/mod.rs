@@ -281,3 +281,145 @@ pub fn cpu_runtime(streams: usize, policy: Policy) -> Runtime {
         .build()
         .unwrap()
 }
+
+/// Scope segments random programs use (nested up to three deep).
+pub const SEGMENTS: [&str; 6] = [
+    "forward",
+    "backward",
+    "layer0",
+    "layer1",
+    "attn",
+    "optimizer",
+];
+
+/// A random scope path: 0–3 segments (0: outside any scope).
+pub fn scope_path() -> impl Strategy<Value = Vec<&'static str>> {
+    prop::collection::vec(prop::sample::select(&SEGMENTS[..]), 0..4)
+}
+
+/// One rule of a random placement file; `stream` is taken modulo the
+/// runtime's compute streams when the file is written.
+#[derive(Debug, Clone)]
+pub struct GenRule {
+    pub pattern: &'static str,
+    pub stream: Option<u8>,
+    pub priority: Option<&'static str>,
+    pub policy: Option<&'static str>,
+    pub bundle: Option<bool>,
+    pub replay: Option<bool>,
+}
+
+/// A random placement file: up to six rules and perhaps `[runtime]`.
+#[derive(Debug, Clone)]
+pub struct GenFile {
+    pub auto_replay: Option<bool>,
+    pub rules: Vec<GenRule>,
+}
+
+/// Random placement files over [`SEGMENTS`]' scopes.
+pub fn placement_file() -> impl Strategy<Value = GenFile> {
+    let pattern = prop::sample::select(
+        &[
+            "forward",
+            "forward/*",
+            "*/layer*",
+            "**/attn",
+            "backward/layer1",
+            "**",
+            "layer?",
+            "*",
+            "optimizer/**",
+        ][..],
+    );
+    let rule = (
+        pattern,
+        prop::option::of(0u8..8),
+        prop::option::of(prop::sample::select(&["main", "side"][..])),
+        prop::option::of(prop::sample::select(
+            &["single", "round-robin", "affinity"][..],
+        )),
+        prop::option::of(any::<bool>()),
+        prop::option::of(any::<bool>()),
+    )
+        .prop_map(
+            |(pattern, stream, priority, policy, bundle, replay)| GenRule {
+                pattern,
+                stream,
+                priority,
+                policy,
+                bundle,
+                replay,
+            },
+        );
+    (
+        prop::option::of(any::<bool>()),
+        prop::collection::vec(rule, 0..7),
+    )
+        .prop_map(|(auto_replay, rules)| GenFile { auto_replay, rules })
+}
+
+impl GenFile {
+    /// The file's TOML for a runtime of `compute` compute streams and one
+    /// comm stream (stream codes 0..compute are compute streams; the rest
+    /// are `comm`, `side` and `any`).
+    pub fn toml(&self, compute: usize) -> String {
+        let mut out = String::new();
+        if let Some(a) = self.auto_replay {
+            out += &format!("[runtime]\nauto_replay = {a}\n\n");
+        }
+        for r in &self.rules {
+            out += &format!("[[scope]]\npattern = \"{}\"\n", r.pattern);
+            if let Some(s) = r.stream {
+                let s = s as usize % (compute + 3);
+                out += &match s.checked_sub(compute) {
+                    None => format!("stream = {s}\n"),
+                    Some(0) => "stream = \"comm\"\n".to_string(),
+                    Some(1) => "stream = \"side\"\n".to_string(),
+                    Some(_) => "stream = \"any\"\n".to_string(),
+                };
+            }
+            if let Some(p) = r.priority {
+                out += &format!("priority = \"{p}\"\n");
+            }
+            if let Some(p) = r.policy {
+                out += &format!("policy = \"{p}\"\n");
+            }
+            if let Some(b) = r.bundle {
+                out += &format!("bundle = {b}\n");
+            }
+            if let Some(b) = r.replay {
+                out += &format!("replay = {b}\n");
+            }
+        }
+        out
+    }
+}
+
+/// Submits `tasks` as [`submit_tasks`] does, task `i` inside the scope
+/// `paths[i % paths.len()]` (no scope when `paths` is empty): guards are
+/// closed and opened between tasks so that scopes nest as the paths say.
+pub fn submit_scoped(rt: &Runtime, bufs: &[Buffer], tasks: &[GenTask], paths: &[Vec<&str>]) {
+    let mut open: Vec<(&str, braid::Scope)> = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let want: &[&str] = if paths.is_empty() {
+            &[]
+        } else {
+            &paths[i % paths.len()]
+        };
+        let keep = open
+            .iter()
+            .zip(want)
+            .take_while(|((a, _), b)| a == *b)
+            .count();
+        while open.len() > keep {
+            open.pop();
+        }
+        for seg in &want[keep..] {
+            open.push((seg, rt.scope(seg)));
+        }
+        let expected = (!want.is_empty()).then(|| want.join("/"));
+        assert_eq!(rt.current_scope().as_deref(), expected.as_deref());
+        submit_tasks(rt, bufs, std::slice::from_ref(t));
+    }
+    while open.pop().is_some() {}
+}

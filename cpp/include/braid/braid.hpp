@@ -668,6 +668,7 @@ struct TaskSpan {
   std::uint64_t start_ns = 0;  // on a process-wide timeline
   std::uint64_t end_ns = 0;
   bool ok = true;
+  std::string scope;  // the scope it was submitted in; empty outside any
 };
 
 namespace detail {
@@ -688,7 +689,8 @@ inline std::vector<TaskSpan> to_spans(const rust::Vec<ffi::SpanRecord>& records)
   std::vector<TaskSpan> out;
   out.reserve(records.size());
   for (const auto& r : records) {
-    out.push_back(TaskSpan{r.id, std::string(r.name), r.kind, r.stream, r.start_ns, r.end_ns, r.ok});
+    out.push_back(TaskSpan{r.id, std::string(r.name), r.kind, r.stream, r.start_ns, r.end_ns, r.ok,
+                           std::string(r.scope)});
   }
   return out;
 }
@@ -763,6 +765,30 @@ class Schedule {
   rust::Box<ffi::Schedule> inner_;
 };
 
+// An open named scope (Runtime::scope; docs/scopes.md): while it lives, every
+// task this thread submits to the runtime is tagged with its path (the
+// trace's `scope` argument) and placed as the runtime's placement file says
+// for it. Scopes nest: the path is the enclosing scopes' joined by '/'.
+// Destroying it closes it (and any scope of the same runtime still open
+// inside it). It belongs to the thread that opened it: destroy it there (a
+// local in a block does); destroyed on another thread it closes nothing.
+class Scope {
+ public:
+  Scope(Scope&&) noexcept = default;
+  Scope& operator=(Scope&&) noexcept = default;
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+  ~Scope() = default;
+
+  // The full path ("forward/layer3"); empty for a scope opened with an empty name.
+  std::string path() const { return std::string(inner_->path()); }
+
+ private:
+  friend class Runtime;
+  explicit Scope(rust::Box<ffi::Scope> inner) : inner_(std::move(inner)) {}
+  rust::Box<ffi::Scope> inner_;
+};
+
 // The engine: owns the streams; buffers are allocated from it and tasks
 // submitted to it. Several threads may submit at once. Destroying it waits for
 // every task, stops its stream threads and writes the trace, if one was asked for.
@@ -833,6 +859,15 @@ class Runtime {
 
   // Starts a task named `name`.
   TaskBuilder task(std::string name) const { return TaskBuilder(*inner_, std::move(name)); }
+
+  // Opens scope `name` ("forward/layer3") inside the scope this thread has
+  // open on this runtime, until the returned object is destroyed:
+  //   { auto s = rt.scope("forward"); /* tasks tagged forward */ }
+  [[nodiscard]] Scope scope(const std::string& name) const {
+    return Scope(detail::call([&] { return inner_->enter_scope(detail::name(name)); }));
+  }
+  // The path of the innermost scope this thread has open; empty for none.
+  std::string current_scope() const { return std::string(inner_->current_scope()); }
 
   // Waits for every task submitted so far; throws braid::Error naming the
   // failed task(s) if any failed since the last synchronisation point
@@ -919,6 +954,14 @@ class RuntimeBuilder {
   // The rank this runtime plays in a data-parallel job (the trace's process).
   RuntimeBuilder& rank(std::size_t r) {
     cfg_.rank = r;
+    return *this;
+  }
+  // A placement file (TOML, docs/scopes.md) mapping scope patterns to
+  // streams, priorities, policies, bundles and replay; read when the runtime
+  // is built, and build() throws naming its line if it is malformed. Without
+  // it the file named by BRAID_PLACEMENT, if set, is used.
+  RuntimeBuilder& placement_file(const std::string& path) {
+    detail::call([&] { cfg_.placement = rust::String(path); });
     return *this;
   }
 

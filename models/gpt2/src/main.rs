@@ -146,6 +146,12 @@ struct TrainArgs {
     /// once and replaying it.
     #[arg(long)]
     no_replay: bool,
+    /// A placement file (TOML, docs/scopes.md) mapping the model's scopes
+    /// (forward/layer3, backward/layer*, optimizer, ...) to streams,
+    /// priorities, policies and bundles; e.g. docs/placement.example.toml.
+    /// Default: the file BRAID_PLACEMENT names, if set.
+    #[arg(long)]
+    placement: Option<PathBuf>,
     /// Run the gradient reducer with --ranks 1 too (its collectives are
     /// no-ops): the trace then holds every bucket, which the step simulator
     /// needs to predict more ranks from a one-rank trace.
@@ -466,6 +472,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         fused: a.fused,
         zero: a.zero,
         dtype: a.dtype,
+        placement: a
+            .placement
+            .as_ref()
+            .map(braid::PlacementFile::load)
+            .transpose()
+            .context("--placement")?,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;

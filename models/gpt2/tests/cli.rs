@@ -469,3 +469,115 @@ fn bf16_train_eval_sample() {
         &["fp16", "bf16"],
     );
 }
+
+/// The example placement file in docs/ drives the main job: it trains, the
+/// trace shows the model's scopes and the file's decisions, and the weights
+/// are bit for bit those of the same run without the file. A bad file, given
+/// by flag or by `BRAID_PLACEMENT`, stops the run naming its line.
+#[test]
+fn the_example_placement_file_drives_training_without_changing_the_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/placement.example.toml");
+    let example = example.to_str().unwrap();
+    #[rustfmt::skip]
+    let base = [
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "4",
+        "--batch-size", "2", "--seq-len", "16", "--ranks", "2",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let args = with(&[
+        "--placement",
+        example,
+        "--trace",
+        "p.json",
+        "--save-weights",
+        "p.safetensors",
+    ]);
+    ok(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = with(&["--trace", "n.json", "--save-weights", "n.safetensors"]);
+    ok(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // The tensors, bit for bit (the files' JSON headers may order their
+    // keys differently).
+    let weights = |f: &str| -> Vec<u32> {
+        let (_, params) = braid_gpt2::weights::load_hf_model(d.join(f)).unwrap();
+        params.iter().map(|x| x.to_bits()).collect()
+    };
+    assert!(
+        weights("p.safetensors") == weights("n.safetensors"),
+        "a placement file changed the weights"
+    );
+
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("p.json")).unwrap()).unwrap();
+    let tasks: Vec<&serde_json::Value> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    let scopes: std::collections::BTreeSet<&str> = tasks
+        .iter()
+        .filter_map(|e| e["args"]["scope"].as_str())
+        .collect();
+    for s in [
+        "zero_grad",
+        "forward/layer0",
+        "forward/head",
+        "backward/layer1",
+        "backward/encoder",
+        "optimizer",
+    ] {
+        assert!(scopes.contains(s), "no task in scope {s}: {scopes:?}");
+    }
+    let placed = |scope: &str, how: &str| {
+        tasks
+            .iter()
+            .any(|e| e["args"]["scope"] == scope && e["args"]["placed"] == how)
+    };
+    assert!(
+        placed("forward/head", "scope"),
+        "forward/head not pinned by the file"
+    );
+    assert!(
+        placed("optimizer", "bundle"),
+        "the optimizer is not bundled"
+    );
+
+    // A stream the runtime lacks, by flag and through the environment.
+    std::fs::write(
+        d.join("bad.toml"),
+        "[[scope]]\npattern = \"optimizer\"\n\nstream = 7\n",
+    )
+    .unwrap();
+    let args = with(&["--placement", "bad.toml", "--no-trace"]);
+    fails(
+        d,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &["bad.toml", "line 4", "stream 7"],
+    );
+    let out = Command::new(BIN)
+        .args(with(&["--no-trace"]))
+        .env(braid::PLACEMENT_ENV, "bad.toml")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("line 4"), "{err}");
+    // A key the format does not know.
+    std::fs::write(
+        d.join("typo.toml"),
+        "[[scope]]\npattern = \"forward/*\"\nstraem = 0\n",
+    )
+    .unwrap();
+    let args = with(&["--placement", "typo.toml", "--no-trace"]);
+    fails(
+        d,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &["typo.toml", "line 3", "straem"],
+    );
+}

@@ -681,8 +681,12 @@ impl Gpt2Model {
         let (p, a) = (&self.p, &self.a);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let (scratch_fwd, loss) = (&self.att_scratch_fwd, self.loss.whole());
+        // Scopes (`forward/encoder`, `forward/layer{l}`, `forward/head`)
+        // name the parts of the pass for the trace and the placement file.
+        let _forward = rt.scope("forward");
 
         // encoded = wte[tokens] + wpe
+        let encoder_scope = rt.scope("encoder");
         // SAFETY: `tokens` holds ids checked against V above (module docs).
         unsafe {
             encoder::forward(
@@ -696,7 +700,9 @@ impl Gpt2Model {
                 c,
             )
         }?;
+        drop(encoder_scope);
         for (l, (la, lp)) in a.layers.iter().zip(&p.layers).enumerate() {
+            let _layer = rt.scope(&format!("layer{l}"));
             let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let residual = a.residual_in(l);
             layernorm::forward(
@@ -801,6 +807,7 @@ impl Gpt2Model {
                 &la.fcproj,
             )?;
         }
+        let _head = rt.scope("head");
         layernorm::forward(
             tasks.task("lnf forward"),
             &a.lnf,
@@ -896,6 +903,9 @@ impl Gpt2Model {
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let scratch_bwd = &self.att_scratch_bwd;
         let side = |name: String| tasks.task(name).priority(Priority::Side);
+        // Scopes: `backward/head`, `backward/layer{l}`, `backward/encoder`
+        // (the zeroing of the activation gradients is in `backward`).
+        let _backward = rt.scope("backward");
 
         // Activation gradients accumulate, so they start from zero: one task
         // per block, in the order backward needs them.
@@ -904,6 +914,7 @@ impl Gpt2Model {
             fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l])?;
         }
         fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
+        let head_scope = rt.scope("head");
 
         let dlogits = if self.fused {
             // The gradient goes over the logits (and the losses are
@@ -973,7 +984,9 @@ impl Gpt2Model {
         ready(id.lnfb)?;
         ready(id.lnfw)?;
 
+        drop(head_scope);
         for l in (0..self.cfg.num_layers).rev() {
+            let _layer = rt.scope(&format!("layer{l}"));
             let (la, lda, lp, lg, li) = (
                 &a.layers[l],
                 &da.layers[l],
@@ -1151,6 +1164,7 @@ impl Gpt2Model {
         }
 
         // encoded = wte[tokens] + wpe
+        let _encoder = rt.scope("encoder");
         if self.split_tied {
             encoder::backward_positions(
                 tasks.task("encoder backward positions"),

@@ -68,19 +68,21 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal))
+    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal), None)
 }
 
 /// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
-/// whatever the process's core budget).
+/// whatever the process's core budget) and a placement file (`None`: the
+/// one `BRAID_PLACEMENT` names, if any).
 fn model_runtime_with(
     backend: BackendKind,
     streams: usize,
     policy: Policy,
     rank: usize,
     (oversubscribe, class): (bool, Class),
+    placement: Option<&braid::PlacementFile>,
 ) -> Result<Runtime> {
-    let rt = Runtime::builder()
+    let mut builder = Runtime::builder()
         .backend(resolve_backend(backend)?)
         .compute_streams(streams)
         .comm_streams(1)
@@ -88,8 +90,11 @@ fn model_runtime_with(
         .oversubscribe(oversubscribe)
         .class(class)
         .rank(rank)
-        .profile(true)
-        .build()?;
+        .profile(true);
+    if let Some(f) = placement {
+        builder = builder.placement(f.clone());
+    }
+    let rt = builder.build()?;
     if !runs_on(rt.backend_name()) {
         return Err(Gpt2Error::InvalidSetting {
             what: "device",
@@ -109,7 +114,14 @@ fn model_runtime_with(
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
     let how = (opts.oversubscribe, opts.class);
-    model_runtime_with(backend, opts.streams, opts.policy, rank, how)
+    model_runtime_with(
+        backend,
+        opts.streams,
+        opts.policy,
+        rank,
+        how,
+        opts.placement.as_ref(),
+    )
 }
 
 /// Where rank `rank` of a torchrun job writes its trace when rank 0 writes

@@ -100,6 +100,11 @@ pub struct TrainOptions {
     /// (no bf16 CUDA kernels), with the tied embedding's gradient reduced as
     /// one (`tied_split` is ignored).
     pub dtype: Dtype,
+    /// A placement file (docs/scopes.md) every rank's runtime is built with:
+    /// it places the model's scopes (`forward/layer{l}`, `backward/layer{l}`,
+    /// `optimizer`, …) without changing the program. `None`: the file named
+    /// by `BRAID_PLACEMENT`, if set.
+    pub placement: Option<braid::PlacementFile>,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -158,6 +163,7 @@ impl Default for TrainOptions {
             class: braid::Class::Normal,
             zero: 0,
             dtype: Dtype::F32,
+            placement: None,
             fault: None,
         }
     }

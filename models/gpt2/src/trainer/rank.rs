@@ -188,11 +188,15 @@ pub(super) fn run_rank(
                     r.all_gather_params(model.params())?;
                 }
             }
-            model.zero_grad(rt)?;
+            {
+                let _s = rt.scope("zero_grad");
+                model.zero_grad(rt)?;
+            }
             model.forward_uploaded(rt)?;
             match &mut reducer {
                 Some(r) => {
                     model.backward(rt, 1.0, |p| r.grad_ready(p))?;
+                    let _s = rt.scope("reduce");
                     if model.split_tied() {
                         let (wte, rows) = model.tied_rows();
                         r.sparse_ready(wte, rows)?;
@@ -222,6 +226,7 @@ pub(super) fn run_rank(
             // The gradient norm and clip factor: the same tasks every step,
             // so in a replay each chunk's sum waits only for its gradients
             // (after a replay, eager tasks wait for all of it).
+            let _s = rt.scope("optimizer");
             let opt = opt.as_mut().ok_or_else(|| Gpt2Error::InvalidSetting {
                 what: "ZeRO-1",
                 reason: "the reducer's buckets are still not final after the first step".into(),
@@ -258,7 +263,10 @@ pub(super) fn run_rank(
             reason: "no optimizer after the step".into(),
         })?;
         // The update stays eager: its step number is a kernel argument.
-        opt_ref.update(&rt, model.params(), model.grads())?;
+        {
+            let _s = rt.scope("optimizer");
+            opt_ref.update(&rt, model.params(), model.grads())?;
+        }
         rt.synchronize()?;
         let report = StepReport {
             step,

@@ -1,0 +1,342 @@
+//! The placement file: TOML rules mapping scope patterns to decisions
+//! (docs/scopes.md has the format). Parsed and checked when the runtime is
+//! built, so a bad file fails before any task runs, with an error naming the
+//! line and the key.
+
+use super::pattern::Pattern;
+use crate::error::{Error, Result};
+use crate::kind::Priority;
+use crate::sched::placement::Policy;
+use crate::sched::scoped::{ScopeDecision, StreamChoice};
+use serde::Deserialize;
+use std::ops::Range;
+use std::path::Path;
+use toml::{Spanned, Value};
+
+/// A parsed placement file: rules that map scope patterns to placement
+/// decisions, and runtime-wide settings.
+///
+/// For each decision (stream, priority, policy, bundle, replay) separately,
+/// among the rules whose pattern applies to the task's scope (matches it or
+/// an enclosing scope), the winner is the rule that matches the innermost
+/// scope; at equal depth, the pattern with more literal (non-wildcard)
+/// characters; then the later rule in the file.
+#[derive(Debug, Clone)]
+pub struct PlacementFile {
+    origin: String,
+    rules: Vec<Rule>,
+    auto_replay: Option<bool>,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    pattern: Pattern,
+    /// The line of the rule's `stream` key (for errors found when the file
+    /// meets a runtime).
+    stream_line: usize,
+    stream: Option<StreamChoice>,
+    priority: Option<Priority>,
+    policy: Option<Policy>,
+    bundle: Option<bool>,
+    replay: Option<bool>,
+}
+
+/// Where a decision came from: the winning rule's specificity and index
+/// (`(depth, literals, index)`, greater wins).
+pub(crate) type Source = (usize, usize, usize);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    runtime: Option<RawRuntime>,
+    #[serde(default)]
+    scope: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    auto_replay: Option<Spanned<Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    pattern: Option<Spanned<Value>>,
+    stream: Option<Spanned<Value>>,
+    priority: Option<Spanned<Value>>,
+    policy: Option<Spanned<Value>>,
+    bundle: Option<Spanned<Value>>,
+    replay: Option<Spanned<Value>>,
+}
+
+impl PlacementFile {
+    /// Parses the TOML `text`; `origin` names it in errors (a path).
+    /// Errors ([`Error::Placement`]) name the line and the key: TOML
+    /// syntax, unknown keys, values of the wrong type or out of their set,
+    /// bad patterns, a rule without a pattern.
+    pub fn parse(text: &str, origin: impl Into<String>) -> Result<PlacementFile> {
+        let origin = origin.into();
+        let cx = Cx {
+            text,
+            origin: &origin,
+        };
+        let at = |span: Range<usize>, message: String| cx.at(span, message);
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            Error::Placement {
+                file: origin.clone(),
+                line,
+                message: e.message().trim_end().replace('\n', "; "),
+            }
+        })?;
+        let auto_replay = match raw.runtime.and_then(|r| r.auto_replay) {
+            Some(v) => Some(boolean("runtime.auto_replay", &v).map_err(|m| at(v.span(), m))?),
+            None => None,
+        };
+        let mut rules = Vec::with_capacity(raw.scope.len());
+        for spanned in &raw.scope {
+            let r = spanned.get_ref();
+            let Some(p) = &r.pattern else {
+                return Err(at(
+                    spanned.span(),
+                    "a `[[scope]]` rule needs a `pattern` key".into(),
+                ));
+            };
+            let line = line_of(text, p.span().start);
+            let pattern = match p.get_ref() {
+                Value::String(s) => {
+                    Pattern::parse(s).map_err(|m| at(p.span(), format!("`pattern`: {m}")))?
+                }
+                other => {
+                    return Err(at(
+                        p.span(),
+                        format!("`pattern` must be a string, not {}", other.type_str()),
+                    ))
+                }
+            };
+            rules.push(Rule {
+                pattern,
+                stream_line: r
+                    .stream
+                    .as_ref()
+                    .map_or(line, |v| line_of(text, v.span().start)),
+                stream: cx.field(&r.stream, "stream", stream)?,
+                priority: cx.field(&r.priority, "priority", priority)?,
+                policy: cx.field(&r.policy, "policy", policy)?,
+                bundle: cx.field(&r.bundle, "bundle", boolean)?,
+                replay: cx.field(&r.replay, "replay", boolean)?,
+            });
+        }
+        Ok(PlacementFile {
+            origin,
+            rules,
+            auto_replay,
+        })
+    }
+
+    /// Reads and parses the file at `path` (errors name it).
+    pub fn load(path: impl AsRef<Path>) -> Result<PlacementFile> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io("reading placement file", path, e))?;
+        Self::parse(&text, path.display().to_string())
+    }
+
+    /// The name errors give the file (its path, or what `parse` was given).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The number of `[[scope]]` rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Whether the file has no rules.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// `[runtime] auto_replay`, when the file sets it (it overrides the
+    /// builder's [`crate::RuntimeBuilder::auto_replay`]).
+    pub fn auto_replay(&self) -> Option<bool> {
+        self.auto_replay
+    }
+
+    /// What the file decides for tasks in scope `path` (`forward/layer3`).
+    pub fn decide(&self, path: &str) -> ScopeDecision {
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        self.resolve(&segs).0
+    }
+
+    /// The decision for the scope `segs`, and where its `bundle` came from.
+    pub(crate) fn resolve(&self, segs: &[&str]) -> (ScopeDecision, Option<Source>) {
+        let mut d = ScopeDecision::default();
+        let mut won: [Option<Source>; 5] = [None; 5];
+        for (index, r) in self.rules.iter().enumerate() {
+            let Some(depth) = r.pattern.applies(segs) else {
+                continue;
+            };
+            let key = (depth, r.pattern.literals(), index);
+            let mut take = |slot: usize, set: bool| -> bool {
+                let wins = set && won[slot].is_none_or(|w| key > w);
+                if wins {
+                    won[slot] = Some(key);
+                }
+                wins
+            };
+            if take(0, r.stream.is_some()) {
+                d.stream = r.stream;
+            }
+            if take(1, r.priority.is_some()) {
+                d.priority = r.priority;
+            }
+            if take(2, r.policy.is_some()) {
+                d.policy = r.policy;
+            }
+            if let Some(b) = r.bundle.filter(|_| take(3, true)) {
+                d.bundle = b;
+            }
+            if let Some(b) = r.replay.filter(|_| take(4, true)) {
+                d.replay = b;
+            }
+        }
+        (d, won[3].filter(|_| d.bundle))
+    }
+
+    /// Checks the file against a runtime's streams: every stream a rule
+    /// names exists.
+    pub(crate) fn check(&self, compute: usize, comm: usize) -> Result<()> {
+        for r in &self.rules {
+            let bad = match r.stream {
+                Some(StreamChoice::Compute(i)) if i >= compute => Some(format!(
+                    "`stream`: compute stream {i} does not exist (the runtime has {compute})"
+                )),
+                Some(StreamChoice::Comm(i)) if i >= comm => Some(format!(
+                    "`stream`: communication stream {i} does not exist (the runtime has {comm})"
+                )),
+                _ => None,
+            };
+            if let Some(message) = bad {
+                return Err(Error::Placement {
+                    file: self.origin.clone(),
+                    line: r.stream_line,
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The policies the rules name.
+    pub(crate) fn policies(&self) -> impl Iterator<Item = Policy> + '_ {
+        self.rules.iter().filter_map(|r| r.policy)
+    }
+}
+
+/// The text being parsed and its name, for errors.
+struct Cx<'a> {
+    text: &'a str,
+    origin: &'a str,
+}
+
+/// Reads one key's value: `Ok(None)` when absent.
+type Read<T> = fn(&str, &Spanned<Value>) -> std::result::Result<T, String>;
+
+impl Cx<'_> {
+    /// An error at the line of `span`.
+    fn at(&self, span: Range<usize>, message: String) -> Error {
+        Error::Placement {
+            file: self.origin.to_string(),
+            line: line_of(self.text, span.start),
+            message,
+        }
+    }
+
+    /// Reads the value of `key`, if present, with `read`.
+    fn field<T>(&self, v: &Option<Spanned<Value>>, key: &str, read: Read<T>) -> Result<Option<T>> {
+        v.as_ref()
+            .map(|v| read(key, v).map_err(|m| self.at(v.span(), m)))
+            .transpose()
+    }
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+fn boolean(key: &str, v: &Spanned<Value>) -> std::result::Result<bool, String> {
+    v.get_ref()
+        .as_bool()
+        .ok_or_else(|| format!("`{key}` must be true or false, not {}", shown(v.get_ref())))
+}
+
+fn priority(key: &str, v: &Spanned<Value>) -> std::result::Result<Priority, String> {
+    match v.get_ref().as_str() {
+        Some("main") => Ok(Priority::Main),
+        Some("side") => Ok(Priority::Side),
+        _ => Err(format!(
+            "`{key}` must be \"main\" or \"side\", not {}",
+            shown(v.get_ref())
+        )),
+    }
+}
+
+fn policy(key: &str, v: &Spanned<Value>) -> std::result::Result<Policy, String> {
+    v.get_ref()
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "`{key}` must be \"single\", \"round-robin\" or \"affinity\", not {}",
+                shown(v.get_ref())
+            )
+        })
+}
+
+fn stream(key: &str, v: &Spanned<Value>) -> std::result::Result<StreamChoice, String> {
+    let index = |s: &str| s.parse::<usize>().ok();
+    let choice = match v.get_ref() {
+        Value::Integer(i) => usize::try_from(*i).ok().map(StreamChoice::Compute),
+        Value::String(s) => match s.as_str() {
+            "any" => Some(StreamChoice::Policy),
+            "side" => Some(StreamChoice::Side),
+            "comm" => Some(StreamChoice::Comm(0)),
+            s => s
+                .strip_prefix("comm:")
+                .and_then(index)
+                .map(StreamChoice::Comm)
+                .or_else(|| {
+                    s.strip_prefix("compute:")
+                        .and_then(index)
+                        .map(StreamChoice::Compute)
+                }),
+        },
+        _ => None,
+    };
+    choice.ok_or_else(|| {
+        format!(
+            "`{key}` must be a compute stream index (0, 1, …), \"compute:N\", \"comm\", \"comm:N\", \"side\" or \"any\", not {}",
+            shown(v.get_ref())
+        )
+    })
+}
+
+/// A value as an error message shows it.
+fn shown(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("\"{s}\""),
+        Value::Integer(i) => i.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        other => format!("a {}", other.type_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
