@@ -51,7 +51,7 @@ fn replay_once_names_every_stream_of_the_trainer() {
             assert!(row, "no row for `{}` in\n{text}", s.name);
         }
     }
-    assert!(text.contains("hidden under compute") && text.contains("time by"));
+    assert!(text.contains("hidden under compute") && text.contains("time by scope"));
     // An instant inside the run shows a task running on some stream.
     let first = profiles[0]
         .spans
@@ -67,8 +67,10 @@ fn replay_once_names_every_stream_of_the_trainer() {
         "--at",
         &at,
     ]));
+    // Shown with its scope: the trainer submits in scopes.
+    let scope = first.scope.as_deref().expect("the trainer's tasks have scopes");
     assert!(
-        text.contains(&format!("{} (", first.name)),
+        text.contains(&format!("{} [{scope}] (", first.name)),
         "{} not running in\n{text}",
         first.name
     );
