@@ -68,7 +68,10 @@ fn replay_once_names_every_stream_of_the_trainer() {
         &at,
     ]));
     // Shown with its scope: the trainer submits in scopes.
-    let scope = first.scope.as_deref().expect("the trainer's tasks have scopes");
+    let scope = first
+        .scope
+        .as_deref()
+        .expect("the trainer's tasks have scopes");
     assert!(
         text.contains(&format!("{} [{scope}] (", first.name)),
         "{} not running in\n{text}",

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "check.hpp"
 
 struct CUstream_st;  // what cudaStream_t and CUstream point to (CUDA's headers are not needed)
@@ -244,6 +246,43 @@ void bodies() {
   CHECK(static_cast<void*>(braid::CudaStream(&dummy)) == &dummy);
 }
 
+bool socket_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// Priority classes and the live view through the builder: a best-effort and
+// a latency-critical runtime side by side compute their programs' results;
+// a live runtime serves its socket while it lives and removes it after.
+void classes_and_live() {
+  const std::string sock = "braid-cpp-live.sock";
+  {
+    braid::Runtime lc = braid::Runtime::builder()
+                            .backend(braid::BackendKind::Cpu)
+                            .priority_class(braid::Class::LatencyCritical)
+                            .live(sock)
+                            .build();
+    braid::Runtime be = braid::Runtime::builder()
+                            .backend(braid::BackendKind::Cpu)
+                            .priority_class(braid::Class::BestEffort)
+                            .build();
+    braid::Buffer a = lc.alloc_from<int>("a", {1, 2, 3});
+    braid::Buffer b = be.alloc_from<int>("b", {4, 5, 6});
+    for (int i = 0; i < 10; ++i) {
+      lc.task("serve").run(braid::read_write<int>(a), [](braid::Span<int> x) {
+        for (int& v : x) v += 1;
+      });
+      be.task("train").run(braid::read_write<int>(b), [](braid::Span<int> x) {
+        for (int& v : x) v *= 2;
+      });
+    }
+    CHECK(lc.read_vec<int>(a) == std::vector<int>({11, 12, 13}));
+    CHECK(be.read_vec<int>(b) == std::vector<int>({4096, 5120, 6144}));
+    CHECK(socket_exists(sock));
+  }
+  CHECK(!socket_exists(sock));
+}
+
 }  // namespace
 
 int main() {
@@ -257,5 +296,6 @@ int main() {
   t.run("comm_tasks_go_to_comm_streams", comm_tasks_go_to_comm_streams);
   t.run("many_submitting_threads", many_submitting_threads);
   t.run("launch_window_bounds_unfinished_tasks", launch_window_bounds_unfinished_tasks);
+  t.run("classes_and_live", classes_and_live);
   return t.finish();
 }

@@ -55,6 +55,15 @@ mod bridge {
         Affinity,
     }
 
+    /// A program's priority class among the runtimes of a process
+    /// (docs/tenants.md).
+    #[derive(Debug)]
+    enum Class {
+        LatencyCritical,
+        Normal,
+        BestEffort,
+    }
+
     /// What a task does.
     #[derive(Debug)]
     enum TaskKind {
@@ -145,6 +154,11 @@ mod bridge {
         /// A placement file (docs/scopes.md) read at build; empty for none
         /// (then `BRAID_PLACEMENT`, if set).
         placement: String,
+        /// The program's priority class.
+        tenant_class: Class,
+        /// The live view's socket (`braid top`); empty for none (then
+        /// `BRAID_LIVE`, if set).
+        live: String,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -349,7 +363,7 @@ mod bridge {
 }
 
 pub use bridge::{
-    BackendKind, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
+    BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
     RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StreamBusy, SummaryRecord, TaskKind,
 };
 
@@ -407,6 +421,8 @@ fn default_config() -> RuntimeConfig {
         trace: String::new(),
         rank: 0,
         placement: String::new(),
+        tenant_class: Class::Normal,
+        live: String::new(),
     }
 }
 
@@ -444,6 +460,15 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
         if !cfg.placement.is_empty() {
             b = b.placement_file(cfg.placement.as_str());
         }
+        if !cfg.live.is_empty() {
+            b = b.live(cfg.live.as_str());
+        }
+        b = b.class(match cfg.tenant_class {
+            Class::LatencyCritical => braid::Class::LatencyCritical,
+            Class::Normal => braid::Class::Normal,
+            Class::BestEffort => braid::Class::BestEffort,
+            _ => return Err(to_error("class")),
+        });
         Ok(Box::new(Runtime(Arc::new(b.build()?))))
     })
 }

@@ -58,6 +58,7 @@ namespace braid {
 
 using BackendKind = ffi::BackendKind;  // Auto, Cpu, Cuda
 using Policy = ffi::Policy;            // Single, RoundRobin, Affinity
+using Class = ffi::Class;              // LatencyCritical, Normal, BestEffort
 using TaskKind = ffi::TaskKind;        // Compute, Comm, Copy, Host
 using Priority = ffi::Priority;        // Main, Side, Comm
 using Mode = ffi::Mode;                // Read, Write, ReadWrite
@@ -962,6 +963,21 @@ class RuntimeBuilder {
   // it the file named by BRAID_PLACEMENT, if set, is used.
   RuntimeBuilder& placement_file(const std::string& path) {
     detail::call([&] { cfg_.placement = rust::String(path); });
+    return *this;
+  }
+  // The program's priority class among the runtimes of the process
+  // (docs/tenants.md): while a LatencyCritical runtime has unfinished tasks,
+  // BestEffort runtimes start none; BestEffort CPU threads run at the OS's
+  // idle priority. Default Normal.
+  RuntimeBuilder& priority_class(Class c) {
+    cfg_.tenant_class = c;
+    return *this;
+  }
+  // Serves the live view (`braid top --attach SOCKET`) on this local socket;
+  // `{rank}` is replaced by the rank. Turns profiling on. Without it,
+  // BRAID_LIVE, if set.
+  RuntimeBuilder& live(const std::string& socket) {
+    detail::call([&] { cfg_.live = rust::String(socket); });
     return *this;
   }
 
