@@ -106,17 +106,6 @@ impl Class {
     pub fn from_name(name: &str) -> Option<Class> {
         Self::ALL.into_iter().find(|c| c.name() == name)
     }
-
-    /// Gives the calling thread this class's scheduling policy: the idle
-    /// policy for best-effort (Linux; a system that refuses leaves the
-    /// thread as it was), nothing for the others. A runtime applies it to
-    /// its own stream threads; a best-effort program applies it to the
-    /// threads that submit its tasks, so its host work yields too.
-    pub fn enter(self) {
-        if self == Class::BestEffort {
-            crate::sched::tenants::lower_this_thread();
-        }
-    }
 }
 
 /// Why a task went to its stream: the rule the placement policy applied.

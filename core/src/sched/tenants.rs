@@ -80,10 +80,25 @@ pub(crate) fn admit(shared: &Shared) {
     }
 }
 
+// Here rather than in `kind.rs`, which stays a leaf: what a class does to a
+// thread is this module's business.
+impl crate::kind::Class {
+    /// Gives the calling thread this class's scheduling policy: the idle
+    /// policy for best-effort (Linux; a system that refuses leaves the
+    /// thread as it was), nothing for the others. A runtime applies it to
+    /// its own stream threads; a best-effort program applies it to the
+    /// threads that submit its tasks, so its host work yields too.
+    pub fn enter(self) {
+        if self == crate::kind::Class::BestEffort {
+            lower_this_thread();
+        }
+    }
+}
+
 /// Lowers the calling (stream) thread to the idle scheduling policy, for a
 /// best-effort CPU runtime. Best effort: a system that refuses keeps the
 /// default policy.
-pub(crate) fn lower_this_thread() {
+fn lower_this_thread() {
     #[cfg(target_os = "linux")]
     {
         let param = libc::sched_param { sched_priority: 0 };

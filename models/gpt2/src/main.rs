@@ -49,7 +49,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Train (data-parallel over --ranks ranks).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Mean next-token cross-entropy of weights on a token or text file.
     Eval(EvalArgs),
     /// Generate text.
@@ -211,7 +211,7 @@ impl Default for TrainArgs {
     fn default() -> Self {
         // The defaults clap would fill in.
         match Cli::parse_from(["braid-gpt2", "train"]).command {
-            Some(Command::Train(a)) => a,
+            Some(Command::Train(a)) => *a,
             _ => unreachable!("`train` parses as the train command"),
         }
     }
@@ -303,7 +303,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => cmd_train(TrainArgs::default()),
-        Some(Command::Train(a)) => cmd_train(a),
+        Some(Command::Train(a)) => cmd_train(*a),
         Some(Command::Eval(a)) => cmd_eval(a),
         Some(Command::Sample(a)) => cmd_sample(a),
     }
