@@ -341,40 +341,58 @@ fn a_failing_rank_reports_its_own_error() {
 #[test]
 fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
     for (replay, fault_step) in [(false, 4), (true, 5)] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(2, 2, 8);
-        opts.replay = replay;
-        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
-        opts.checkpoint_every = Some(2);
-        opts.comm_timeout = std::time::Duration::from_secs(20);
-        opts.fault = Some(braid_gpt2::trainer::Fault {
-            rank: 1,
-            step: fault_step,
-            hang: false,
-        });
-        let t0 = std::time::Instant::now();
-        let err = train(
-            &opts,
-            StartState::fresh(&Gpt2Config::tiny(), 9),
-            &data(),
-            &|_| {},
-        )
-        .unwrap_err()
-        .to_string();
-        let took = t0.elapsed();
+        let timeout = std::time::Duration::from_secs(20);
+        let (err, took, ckpt) = train_with_fault(replay, 0, fault_step, false, timeout);
         assert!(err.contains("injected fault"), "replay {replay}: {err}");
         assert!(
-            took < opts.comm_timeout,
+            took < timeout,
             "replay {replay}: stopping took {took:?}, more than the collective timeout"
         );
         // Checkpoints every 2 steps: the last one is the last even step that
         // completed before the fault, whole.
-        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
-        let want = (fault_step - 1) / 2 * 2;
-        assert_eq!(ckpt.step, want, "replay {replay}");
+        assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "replay {replay}");
         assert_eq!(ckpt.params.len(), Gpt2Config::tiny().num_parameters());
         assert!(ckpt.params.iter().all(|p| p.is_finite()));
     }
+}
+
+/// Trains 2 ranks for 8 steps, checkpointing every 2, with rank 1 failing
+/// (panicking, or with `hang` stuck) at `fault_step`; returns `train`'s error,
+/// how long it took to return, and the last checkpoint.
+fn train_with_fault(
+    replay: bool,
+    zero: u8,
+    fault_step: u64,
+    hang: bool,
+    timeout: std::time::Duration,
+) -> (
+    String,
+    std::time::Duration,
+    braid_gpt2::checkpoint::Checkpoint,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(2, 2, 8);
+    opts.replay = replay;
+    opts.zero = zero;
+    opts.checkpoint_dir = Some(dir.path().join("ckpt"));
+    opts.checkpoint_every = Some(2);
+    opts.comm_timeout = timeout;
+    opts.fault = Some(braid_gpt2::trainer::Fault {
+        rank: 1,
+        step: fault_step,
+        hang,
+    });
+    let t0 = std::time::Instant::now();
+    let err = train(
+        &opts,
+        StartState::fresh(&Gpt2Config::tiny(), 9),
+        &data(),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    let took = t0.elapsed();
+    (err, took, load_checkpoint(dir.path().join("ckpt")).unwrap())
 }
 
 /// A rank whose task never returns (stuck in the middle of a step) cannot
@@ -386,28 +404,8 @@ fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() 
 #[test]
 fn a_rank_stuck_mid_step_fails_the_job_within_the_timeout() {
     for (replay, zero, fault_step) in [(false, 0, 4), (true, 0, 5), (true, 1, 5)] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(2, 2, 8);
-        opts.replay = replay;
-        opts.zero = zero;
-        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
-        opts.checkpoint_every = Some(2);
-        opts.comm_timeout = std::time::Duration::from_secs(2);
-        opts.fault = Some(braid_gpt2::trainer::Fault {
-            rank: 1,
-            step: fault_step,
-            hang: true,
-        });
-        let t0 = std::time::Instant::now();
-        let err = train(
-            &opts,
-            StartState::fresh(&Gpt2Config::tiny(), 9),
-            &data(),
-            &|_| {},
-        )
-        .unwrap_err()
-        .to_string();
-        let took = t0.elapsed();
+        let timeout = std::time::Duration::from_secs(2);
+        let (err, took, ckpt) = train_with_fault(replay, zero, fault_step, true, timeout);
         let case = format!("replay {replay}, zero {zero}");
         assert!(err.contains("timed out"), "{case}: {err}");
         assert!(
@@ -417,10 +415,9 @@ fn a_rank_stuck_mid_step_fails_the_job_within_the_timeout() {
             "{case}: the error names the collective: {err}"
         );
         assert!(
-            took < 2 * opts.comm_timeout + std::time::Duration::from_secs(10),
+            took < 2 * timeout + std::time::Duration::from_secs(10),
             "{case}: stopping took {took:?}"
         );
-        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
         assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "{case}");
         assert!(ckpt.params.iter().all(|p| p.is_finite()));
     }
@@ -625,35 +622,14 @@ fn zero1_checkpoints_reshard_at_another_rank_count() {
 #[test]
 fn zero1_a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
     for (replay, fault_step) in [(false, 4), (true, 5)] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = zero1(2, 2, 8);
-        opts.replay = replay;
-        opts.checkpoint_dir = Some(dir.path().join("ckpt"));
-        opts.checkpoint_every = Some(2);
-        opts.comm_timeout = std::time::Duration::from_secs(20);
-        opts.fault = Some(braid_gpt2::trainer::Fault {
-            rank: 1,
-            step: fault_step,
-            hang: false,
-        });
-        let t0 = std::time::Instant::now();
-        let err = train(
-            &opts,
-            StartState::fresh(&Gpt2Config::tiny(), 9),
-            &data(),
-            &|_| {},
-        )
-        .unwrap_err()
-        .to_string();
-        let took = t0.elapsed();
+        let timeout = std::time::Duration::from_secs(20);
+        let (err, took, ckpt) = train_with_fault(replay, 1, fault_step, false, timeout);
         assert!(err.contains("injected fault"), "replay {replay}: {err}");
         assert!(
-            took < opts.comm_timeout,
+            took < timeout,
             "replay {replay}: stopping took {took:?}, more than the collective timeout"
         );
-        let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
-        let want = (fault_step - 1) / 2 * 2;
-        assert_eq!(ckpt.step, want, "replay {replay}");
+        assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "replay {replay}");
         let n = Gpt2Config::tiny().num_parameters();
         assert_eq!(
             (ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()),
