@@ -94,6 +94,9 @@ fn attach_once_shows_the_running_task() {
         .build()
         .unwrap();
     let x = rt.alloc("x", 4).unwrap();
+    // One busy period first, for the frame's summary of them.
+    rt.task("warm-up").run(x.write::<u8>(), |_| ()).unwrap();
+    rt.synchronize().unwrap();
     let (release, gate) = mpsc::channel::<()>();
     let (started, running) = mpsc::channel::<()>();
     rt.task("long matmul")
@@ -108,6 +111,11 @@ fn attach_once_shows_the_running_task() {
     release.send(()).unwrap();
     rt.synchronize().unwrap();
     assert!(text.contains("QUEUED"), "{text}");
+    assert!(text.contains("rank 0 [normal]"), "{text}");
+    assert!(
+        text.contains("busy periods (submission to idle): 1 kept"),
+        "{text}"
+    );
     let row = text
         .lines()
         .find(|l| l.contains("long matmul ("))

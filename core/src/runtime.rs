@@ -340,6 +340,8 @@ impl RuntimeBuilder {
             dropped: Arc::new(Dropped::default()),
             profiling: self.profile || self.live.is_some(),
             live: self.live.is_some(),
+            busy_since: AtomicU64::new(0),
+            busy_periods: Mutex::new(Default::default()),
             class: self.class,
             measure: matches!(backend, Backend::Cpu),
             estimates: Default::default(),
@@ -620,6 +622,7 @@ impl Runtime {
             }
         }
         self.wait_for_room();
+        sched::live::submitting(&self.shared);
         let task = {
             let mut st = lock(&self.state);
             sched::submit(&mut st, &self.shared, b)
@@ -694,6 +697,7 @@ impl Runtime {
     ) -> Result<TaskHandle> {
         let _span = tracing::trace_span!("replay", schedule = %plan.name).entered();
         self.wait_for_room();
+        sched::live::submitting(&self.shared);
         let task = {
             let mut st = lock(&self.state);
             if st.recorder.as_ref().is_some_and(|r| !r.is_auto()) {

@@ -3,7 +3,7 @@
 #![cfg(unix)]
 
 use braid::trace::live::{Frame, Line};
-use braid::{BackendKind, Runtime, RuntimeBuilder};
+use braid::{BackendKind, Class, Runtime, RuntimeBuilder};
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -41,7 +41,11 @@ fn read_rounds(sock: &Path, rounds: u64) -> Vec<Frame> {
 fn live_socket_shows_running_and_finished_tasks() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("top.sock");
-    let rt = cpu(0).live(&sock).build().unwrap();
+    let rt = cpu(0)
+        .class(Class::LatencyCritical)
+        .live(&sock)
+        .build()
+        .unwrap();
     let other = cpu(1).live(&sock).build().unwrap();
     let x = rt.alloc("x", 4).unwrap();
     let (release, gate) = mpsc::channel::<()>();
@@ -108,6 +112,16 @@ fn live_socket_shows_running_and_finished_tasks() {
             .streams
             .iter()
             .all(|s| s.running.is_none() && s.queued == 0));
+    }
+    // Each runtime's class, and its one busy period so far: from the
+    // blocker's submission until the last task behind it finished.
+    let last = |rank: usize| frames.iter().rev().find(|f| f.rank == rank).unwrap();
+    assert_eq!(last(0).class, Some(Class::LatencyCritical));
+    assert_eq!(last(1).class, Some(Class::Normal));
+    for rank in [0, 1] {
+        let busy = last(rank).busy.expect("a busy period ended");
+        assert_eq!(busy.n, 1, "rank {rank}");
+        assert!(busy.p50_ns > 0 && busy.p50_ns <= busy.max_ns, "{busy:?}");
     }
     drop(rt);
     assert!(sock.exists(), "rank 1 still serves the socket");

@@ -63,6 +63,7 @@ impl Feed {
         let horizon = f.now_ns.saturating_sub(self.history_ns);
         p.spans.retain(|s| s.end_ns >= horizon);
         state.live = Some(f.streams);
+        state.tenant = Some((f.class, f.busy));
     }
 
     /// The runtimes, by rank.

@@ -57,6 +57,7 @@ pub fn run(args: TopArgs) -> Result<()> {
             .map(|profile| RankState {
                 profile,
                 live: None,
+                tenant: None,
             })
             .collect();
         let spans = ranks.iter().flat_map(|r| r.profile.spans.iter());

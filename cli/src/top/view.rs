@@ -2,8 +2,9 @@
 //! (a trace file's, or those a live program streamed) at one instant, and
 //! its text form.
 
-use braid::trace::live::LiveStream;
+use braid::trace::live::{BusyPeriods, LiveStream};
 use braid::trace::{Profile, Span};
+use braid::Class;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -14,6 +15,8 @@ pub struct RankState {
     pub profile: Profile,
     /// The streams' state now, for a live program (running task, queue).
     pub live: Option<Vec<LiveStream>>,
+    /// Live: the runtime's priority class and its busy periods.
+    pub tenant: Option<(Option<Class>, Option<BusyPeriods>)>,
 }
 
 /// Which instant, and over what spans of time, a frame describes.
@@ -195,13 +198,27 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
     let queue = if live { "QUEUED" } else { "READY" };
     for r in ranks {
         let row = r.row(w);
+        let class = match r.tenant {
+            Some((Some(c), _)) => format!(" [{}]", c.name()),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "\nrank {}  comm {:.1} ms, {:.0}% hidden under compute",
+            "\nrank {}{class}  comm {:.1} ms, {:.0}% hidden under compute",
             row.rank,
             ms(row.comm_ns),
             100.0 * row.hidden
         );
+        if let Some((_, Some(b))) = r.tenant {
+            let _ = writeln!(
+                out,
+                "  busy periods (submission to idle): {} kept, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                b.n,
+                ms(b.p50_ns),
+                ms(b.p99_ns),
+                ms(b.max_ns)
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<12} {:>5} {:>7} {:>6}  RUNNING",
@@ -292,6 +309,7 @@ mod tests {
                 ],
             },
             live: None,
+            tenant: None,
         };
         let w = Window {
             at_ns: 200,

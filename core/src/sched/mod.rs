@@ -4,7 +4,7 @@
 pub(crate) mod auto;
 pub(crate) mod cost;
 pub(crate) mod gate;
-mod live;
+pub(crate) mod live;
 pub(crate) mod placement;
 pub(crate) mod queue;
 pub(crate) mod replay;
@@ -235,8 +235,14 @@ pub(crate) struct Shared {
     /// The program's priority class among the process's runtimes.
     pub(crate) class: crate::kind::Class,
     /// A live view is attached (`RuntimeBuilder::live`): stream threads
-    /// publish the task they run.
+    /// publish the task they run, and busy periods are timed.
     pub(crate) live: bool,
+    /// Live view: when the runtime last went from idle (every submitted task
+    /// finished) to busy, ns on the process timeline; 0 while idle.
+    pub(crate) busy_since: AtomicU64,
+    /// Live view: the lengths of the last busy periods, ns (a request's
+    /// latency, for a program that serves one request at a time).
+    pub(crate) busy_periods: Mutex<std::collections::VecDeque<u64>>,
     /// CPU stream threads measure bodies into `estimates` and submission
     /// places by earliest finish time once a name is measured (`cost.rs`).
     pub(crate) measure: bool,

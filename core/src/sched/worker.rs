@@ -151,7 +151,8 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
     let publish = |n: &mut u64| {
         if *n > 0 {
             shared.streams[s].done.add(*n);
-            shared.completed.add(*n);
+            let done = shared.completed.add(*n);
+            live::completed(shared, done);
             *n = 0;
         }
     };
@@ -330,7 +331,8 @@ fn note_failure(shared: &Shared, id: u64, outcome: &Result<(), Error>) -> u8 {
 
 fn complete(shared: &Shared, s: usize) {
     shared.streams[s].done.add(1);
-    shared.completed.add(1);
+    let done = shared.completed.add(1);
+    live::completed(shared, done);
 }
 
 /// The largest declared access in bytes (a span's `bytes`).

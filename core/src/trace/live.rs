@@ -7,15 +7,19 @@
 //! socket, then a `{"tick": n}` line that closes the round:
 //!
 //! ```json
-//! {"rank": 0, "runtime": 7, "now_us": 1234.5,
+//! {"rank": 0, "runtime": 7, "now_us": 1234.5, "class": "latency-critical",
+//!  "busy": {"n": 180, "p50_us": 1210.0, "p99_us": 4100.0, "max_us": 5200.0},
 //!  "streams": [{"name": "compute 0", "is_comm": false, "queued": 3,
 //!               "running": {"task": 41, "name": "matmul", "scope": "forward/layer3",
 //!                           "since_us": 1200.0}}],
 //!  "events": [ ...the Chrome trace's X events recorded since the last round... ]}
 //! ```
 //!
-//! `queued` counts the tasks placed on the stream and not finished (the one
-//! running included); `running` is `null` on an idle stream, and always on
+//! `class` is the runtime's priority class; `busy` summarises its busy
+//! periods — from a submission to an idle runtime until every submitted task
+//! has finished, a request's latency for a program that serves one request
+//! at a time (`null` before the first ends). `queued` counts the tasks placed
+//! on the stream and not finished (the one running included); `running` is `null` on an idle stream, and always on
 //! CUDA, whose stream threads launch work rather than run it. Several
 //! runtimes of one process (the ranks of a CPU job) may share one socket:
 //! the first to name a path serves it, and it closes, its file removed, when
@@ -62,6 +66,21 @@ pub struct LiveStream {
     pub running: Option<LiveTask>,
 }
 
+/// A runtime's busy periods, as one frame summarises them: from a
+/// submission to an idle runtime until every submitted task has finished —
+/// a request's latency, for a program that serves one request at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyPeriods {
+    /// How many are kept (the last 4096).
+    pub n: u64,
+    /// Median, ns.
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// Longest, ns.
+    pub max_ns: u64,
+}
+
 /// One runtime's frame: its streams now and the spans recorded since the
 /// client's previous frame of it.
 #[derive(Debug, Clone)]
@@ -73,6 +92,10 @@ pub struct Frame {
     pub runtime: u64,
     /// When the frame was taken, ns on the process timeline.
     pub now_ns: u64,
+    /// The runtime's priority class.
+    pub class: Option<crate::Class>,
+    /// Its busy periods so far; `None` before the first ends.
+    pub busy: Option<BusyPeriods>,
     /// Its streams, by index.
     pub streams: Vec<LiveStream>,
     /// Spans recorded since the previous frame.
@@ -133,6 +156,16 @@ impl Line {
             rank: num("rank")? as usize,
             runtime: num("runtime")?,
             now_ns: us(v.get("now_us")),
+            class: v
+                .get("class")
+                .and_then(Value::as_str)
+                .and_then(crate::Class::from_name),
+            busy: v.get("busy").filter(|b| !b.is_null()).map(|b| BusyPeriods {
+                n: b.get("n").and_then(Value::as_u64).unwrap_or(0),
+                p50_ns: us(b.get("p50_us")),
+                p99_ns: us(b.get("p99_us")),
+                max_ns: us(b.get("max_us")),
+            }),
             streams,
             spans,
         }))
