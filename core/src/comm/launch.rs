@@ -61,10 +61,7 @@ where
             let spawned = std::thread::Builder::new()
                 .name(format!("braid-rank{rank}"))
                 .spawn_scoped(s, move || run_rank(rank, local, f));
-            if let Err(e) = &spawned {
-                keep.depart(0, format!("its thread could not start: {e}"));
-            }
-            handles.push(spawned);
+            handles.push(spawned.map_err(|e| not_started(rank, &keep, &e)));
         }
         handles
             .into_iter()
@@ -79,16 +76,18 @@ where
                     };
                     (Err(e), 0)
                 }),
-                Err(e) => (
-                    Err(Error::Config(format!(
-                        "cannot start the thread of rank {rank}: {e}"
-                    ))),
-                    0,
-                ),
+                Err(e) => (Err(e), 0),
             })
             .collect()
     });
     finish(probe.as_ref(), results)
+}
+
+/// A rank whose thread could not start: marks it departed (so the others
+/// fail at once rather than wait for it) and returns its error.
+fn not_started(rank: usize, keep: &LocalComm, e: &std::io::Error) -> Error {
+    keep.depart(0, format!("its thread could not start: {e}"));
+    Error::Config(format!("cannot start the thread of rank {rank}: {e}"))
 }
 
 /// Whole-job failure: if the group is poisoned, every rank whose closure
@@ -161,9 +160,7 @@ where
                 let _ = to.send((rank, out));
             });
         if let Err(e) = spawned {
-            keep.depart(0, format!("its thread could not start: {e}"));
-            let e = Error::Config(format!("cannot start the thread of rank {rank}: {e}"));
-            let _ = tx.send((rank, (Err(e), 0)));
+            let _ = tx.send((rank, (Err(not_started(rank, &keep, &e)), 0)));
         }
     }
     Ranks {
