@@ -1,7 +1,7 @@
 //! The live view's client side: the lines a running program writes on its
 //! socket (`braid::trace::live`), folded into one [`RankState`] per runtime.
 
-use super::view::RankState;
+use super::view::{LiveRank, RankState};
 use anyhow::{Context, Result};
 use braid::trace::live::{Frame, Line};
 use braid::trace::StreamInfo;
@@ -62,8 +62,11 @@ impl Feed {
         p.spans.extend(f.spans);
         let horizon = f.now_ns.saturating_sub(self.history_ns);
         p.spans.retain(|s| s.end_ns >= horizon);
-        state.live = Some(f.streams);
-        state.tenant = Some((f.class, f.busy));
+        state.live = Some(LiveRank {
+            streams: f.streams,
+            class: f.class,
+            busy: f.busy,
+        });
     }
 
     /// The runtimes, by rank.

@@ -57,7 +57,6 @@ pub fn run(args: TopArgs) -> Result<()> {
             .map(|profile| RankState {
                 profile,
                 live: None,
-                tenant: None,
             })
             .collect();
         let spans = ranks.iter().flat_map(|r| r.profile.spans.iter());
@@ -79,7 +78,7 @@ pub fn run(args: TopArgs) -> Result<()> {
         };
         let title = format!("replay {}", path.display());
         if args.once {
-            print!("{}", view::render(&title, &ranks, w, false));
+            print!("{}", view::render(&title, &ranks, w));
             return Ok(());
         }
         return tui::replay(&title, &ranks, w, (start, end));
@@ -109,7 +108,7 @@ pub fn run(args: TopArgs) -> Result<()> {
             busy_ns,
             history_ns,
         };
-        print!("{}", view::render(&title, &feed.ranks(), w, true));
+        print!("{}", view::render(&title, &feed.ranks(), w));
         return Ok(());
     }
     tui::live(&title, lines, busy_ns, history_ns)

@@ -58,7 +58,7 @@ pub fn replay(
     (start, end): (u64, u64),
 ) -> Result<()> {
     with_terminal(|term| loop {
-        let text = view::render(title, ranks, w, false);
+        let text = view::render(title, ranks, w);
         draw(term, &text, "←/→ step · Home/End · q quit")?;
         match key(Duration::from_secs(3600))? {
             Some(KeyCode::Char('q') | KeyCode::Esc) => return Ok(()),
@@ -108,7 +108,7 @@ pub fn live(
             busy_ns,
             history_ns,
         };
-        draw(term, &view::render(title, &feed.ranks(), w, true), &status)?;
+        draw(term, &view::render(title, &feed.ranks(), w), &status)?;
         if let Some(KeyCode::Char('q') | KeyCode::Esc) = key(braid::trace::live::PERIOD)? {
             return Ok(());
         }

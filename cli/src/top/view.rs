@@ -13,10 +13,19 @@ use std::fmt::Write as _;
 pub struct RankState {
     /// Its streams and the spans seen so far.
     pub profile: Profile,
-    /// The streams' state now, for a live program (running task, queue).
-    pub live: Option<Vec<LiveStream>>,
-    /// Live: the runtime's priority class and its busy periods.
-    pub tenant: Option<(Option<Class>, Option<BusyPeriods>)>,
+    /// What a live program's latest frame said (`None` in a replay).
+    pub live: Option<LiveRank>,
+}
+
+/// A live runtime's state as its latest frame gives it.
+#[derive(Debug, Clone, Default)]
+pub struct LiveRank {
+    /// Its streams now (running task, queue).
+    pub streams: Vec<LiveStream>,
+    /// Its priority class.
+    pub class: Option<Class>,
+    /// Its busy periods so far.
+    pub busy: Option<BusyPeriods>,
 }
 
 /// Which instant, and over what spans of time, a frame describes.
@@ -113,7 +122,7 @@ impl RankState {
                     .filter_map(|s| clipped(s, busy_from, w.at_ns))
                     .map(|s| s.end_ns - s.start_ns)
                     .sum();
-                let live = self.live.as_ref().and_then(|l| l.get(i));
+                let live = self.live.as_ref().and_then(|l| l.streams.get(i));
                 let running = match live {
                     Some(l) => l.running.as_ref().map(|r| {
                         let since = w.at_ns.saturating_sub(r.since_ns);
@@ -182,7 +191,7 @@ fn ms(ns: u64) -> f64 {
 
 /// The text of one frame: a header line, then per rank its streams and
 /// figures. What `--once` prints and the terminal UI draws.
-pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String {
+pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
     let mut out = String::new();
     let history = if w.history_ns == u64::MAX {
         "since the start".to_string()
@@ -195,12 +204,12 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
         w.at_ns as f64 / 1e9,
         ms(w.busy_ns)
     );
-    let queue = if live { "QUEUED" } else { "READY" };
     for r in ranks {
         let row = r.row(w);
-        let class = match r.tenant {
-            Some((Some(c), _)) => format!(" [{}]", c.name()),
-            _ => String::new(),
+        let live = r.live.as_ref();
+        let class = match live.and_then(|l| l.class) {
+            Some(c) => format!(" [{}]", c.name()),
+            None => String::new(),
         };
         let _ = writeln!(
             out,
@@ -209,7 +218,7 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
             ms(row.comm_ns),
             100.0 * row.hidden
         );
-        if let Some((_, Some(b))) = r.tenant {
+        if let Some(b) = live.and_then(|l| l.busy) {
             let _ = writeln!(
                 out,
                 "  busy periods (submission to idle): {} kept, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
@@ -222,7 +231,10 @@ pub fn render(title: &str, ranks: &[RankState], w: Window, live: bool) -> String
         let _ = writeln!(
             out,
             "  {:<12} {:>5} {:>7} {:>6}  RUNNING",
-            "STREAM", "BUSY", "DONE", queue
+            "STREAM",
+            "BUSY",
+            "DONE",
+            if live.is_some() { "QUEUED" } else { "READY" }
         );
         for s in &row.streams {
             let running = match &s.running {
@@ -309,7 +321,6 @@ mod tests {
                 ],
             },
             live: None,
-            tenant: None,
         };
         let w = Window {
             at_ns: 200,
@@ -335,7 +346,7 @@ mod tests {
             row.by_scope,
             vec![("(no scope)".into(), 150), ("odd".into(), 100)]
         );
-        let text = render("test", &[state], w, false);
+        let text = render("test", &[state], w);
         for name in ["compute 0", "compute 1", "comm 0", "rank 2", "READY"] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
