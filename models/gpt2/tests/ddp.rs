@@ -337,22 +337,36 @@ fn a_failing_rank_reports_its_own_error() {
 /// (the failed rank's skipped collectives poison the communicator, or the
 /// timeout ends them), `train` returns the failing rank's own error well
 /// within the timeout, and the last checkpoint saved before the failure is
-/// intact. Eager, and in a replayed step.
+/// intact (with ZeRO-1: gathered from the shards). Eager, and in a replayed
+/// step; with and without ZeRO-1.
 #[test]
 fn a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
-    for (replay, fault_step) in [(false, 4), (true, 5)] {
-        let timeout = std::time::Duration::from_secs(20);
-        let (err, took, ckpt) = train_with_fault(replay, 0, fault_step, false, timeout);
-        assert!(err.contains("injected fault"), "replay {replay}: {err}");
-        assert!(
-            took < timeout,
-            "replay {replay}: stopping took {took:?}, more than the collective timeout"
-        );
-        // Checkpoints every 2 steps: the last one is the last even step that
-        // completed before the fault, whole.
-        assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "replay {replay}");
-        assert_eq!(ckpt.params.len(), Gpt2Config::tiny().num_parameters());
-        assert!(ckpt.params.iter().all(|p| p.is_finite()));
+    for zero in [0, 1] {
+        for (replay, fault_step) in [(false, 4), (true, 5)] {
+            let case = format!("zero {zero}, replay {replay}");
+            let timeout = std::time::Duration::from_secs(20);
+            let (err, took, ckpt) = train_with_fault(replay, zero, fault_step, false, timeout);
+            assert!(err.contains("injected fault"), "{case}: {err}");
+            assert!(
+                took < timeout,
+                "{case}: stopping took {took:?}, more than the collective timeout"
+            );
+            // Checkpoints every 2 steps: the last one is the last even step
+            // that completed before the fault, whole.
+            assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "{case}");
+            let n = Gpt2Config::tiny().num_parameters();
+            assert_eq!(
+                (ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()),
+                (n, n, n),
+                "{case}"
+            );
+            assert!(ckpt
+                .params
+                .iter()
+                .chain(&ckpt.adam_v)
+                .all(|p| p.is_finite()));
+            assert!(ckpt.adam_v.iter().all(|&v| v >= 0.0), "{case}");
+        }
     }
 }
 
@@ -613,34 +627,6 @@ fn zero1_checkpoints_reshard_at_another_rank_count() {
         );
         let label = format!("checkpoint of 2 ranks (ZeRO-1 {zero}) resumed at 4 with ZeRO-1");
         assert_matches_single(&four, &single, &label);
-    }
-}
-
-/// With ZeRO-1 a rank that panics mid-step stops every rank as without it:
-/// `train` returns the failing rank's own error within the collective
-/// timeout, and the last checkpoint (gathered from the shards) is intact.
-#[test]
-fn zero1_a_rank_that_panics_mid_step_stops_every_rank_and_keeps_the_last_checkpoint() {
-    for (replay, fault_step) in [(false, 4), (true, 5)] {
-        let timeout = std::time::Duration::from_secs(20);
-        let (err, took, ckpt) = train_with_fault(replay, 1, fault_step, false, timeout);
-        assert!(err.contains("injected fault"), "replay {replay}: {err}");
-        assert!(
-            took < timeout,
-            "replay {replay}: stopping took {took:?}, more than the collective timeout"
-        );
-        assert_eq!(ckpt.step, (fault_step - 1) / 2 * 2, "replay {replay}");
-        let n = Gpt2Config::tiny().num_parameters();
-        assert_eq!(
-            (ckpt.params.len(), ckpt.adam_m.len(), ckpt.adam_v.len()),
-            (n, n, n)
-        );
-        assert!(ckpt
-            .params
-            .iter()
-            .chain(&ckpt.adam_v)
-            .all(|p| p.is_finite()));
-        assert!(ckpt.adam_v.iter().all(|&v| v >= 0.0));
     }
 }
 
