@@ -33,7 +33,7 @@ use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Record, Shared, SubmitState, TaskBody, TaskShared};
 use crate::graph::Mode;
 use crate::kind::{PlaceReason, Placement};
-use crate::sync::{Arc, Ordering};
+use crate::sync::Arc;
 use smallvec::SmallVec;
 use std::ops::Range;
 
@@ -282,7 +282,7 @@ pub(crate) fn submit_memoised(
         .collect();
     let seq = m.base[s] + pos as u64;
     st.placed[s] = seq;
-    shared.streams[s].placed.store(seq, Ordering::Relaxed);
+    super::live::placed(shared, s, seq);
     st.clocks[s].clone_from(&clock);
     let id = st.next_id;
     st.next_id += 1;

@@ -55,6 +55,16 @@ impl crate::trace::live::Source for Shared {
     }
 }
 
+/// Live view: the submitter placed stream `s`'s task number `seq`; mirrored
+/// where the live view reads it (queue depth) without the submitter's lock.
+pub(crate) fn placed(shared: &Shared, s: usize, seq: u64) {
+    if shared.live {
+        shared.streams[s]
+            .placed
+            .store(seq, crate::sync::Ordering::Relaxed);
+    }
+}
+
 /// How many busy periods the live view keeps.
 const BUSY_PERIODS: usize = 4096;
 

@@ -212,7 +212,8 @@ pub(crate) struct StreamShared {
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
     /// Sequence number of the last task placed on the stream: a mirror of
-    /// the submitter's count, read by the live view (queue depth).
+    /// the submitter's count, kept only while a live view is attached (it
+    /// reads the queue depth from it).
     pub(crate) placed: AtomicU64,
     /// The task the stream's thread is running, kept only for the live view
     /// ([`Shared::live`]).
@@ -530,7 +531,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     let (edges, nwaits) = (preds.len() as u64, waits.len() as u64);
     st.placed[s] += 1;
     let seq = st.placed[s];
-    shared.streams[s].placed.store(seq, Ordering::Relaxed);
+    live::placed(shared, s, seq);
     clock[s] = seq;
     let id = st.next_id;
     st.next_id += 1;

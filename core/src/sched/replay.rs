@@ -544,9 +544,7 @@ pub(crate) fn submit(
             }
         }
         st.placed[s] += plan.programs[s].len() as u64;
-        shared.streams[s]
-            .placed
-            .store(st.placed[s], Ordering::Relaxed);
+        super::live::placed(shared, s, st.placed[s]);
         st.tail[s] = u64::MAX;
     }
     let id_base = st.next_id;
