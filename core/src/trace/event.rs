@@ -63,7 +63,9 @@ pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
     event
 }
 
-fn us_to_ns(v: Option<&Value>) -> u64 {
+/// Microseconds (a trace's and the live view's unit) to nanoseconds; absent
+/// or not a number reads as 0.
+pub(super) fn us_to_ns(v: Option<&Value>) -> u64 {
     (v.and_then(Value::as_f64).unwrap_or(0.0) * 1e3)
         .round()
         .max(0.0) as u64

@@ -121,7 +121,7 @@ impl Line {
             return Ok(Line::Tick(n));
         }
         let num = |k: &str| v.get(k).and_then(Value::as_u64).ok_or_else(|| bad(k));
-        let us = |x: Option<&Value>| (x.and_then(Value::as_f64).unwrap_or(0.0) * 1e3) as u64;
+        let us = super::event::us_to_ns;
         let streams = v
             .get("streams")
             .and_then(Value::as_array)
