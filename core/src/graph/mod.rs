@@ -131,13 +131,22 @@ pub(crate) struct Tracker<T> {
     /// or reader. An eager write over a unit's range does not trim the unit
     /// (later readers still wait for it): conservative, never wrong.
     units: Vec<(T, std::sync::Arc<Union>)>,
+    /// When `bufs` reaches this many entries, the records of retired tasks
+    /// are dropped (then the bound is set to twice what is left): a program
+    /// that names a new buffer in every task keeps a map about the size of
+    /// what is in flight, not of everything since the last synchronisation.
+    prune_at: usize,
 }
+
+/// The smallest map size at which records are pruned as the map grows.
+const PRUNE_FLOOR: usize = 1024;
 
 impl<T> Default for Tracker<T> {
     fn default() -> Self {
         Tracker {
             bufs: IdMap::default(),
             units: Vec::new(),
+            prune_at: PRUNE_FLOOR,
         }
     }
 }
@@ -250,6 +259,10 @@ impl<T: TaskRef> Tracker<T> {
     pub(crate) fn record(&mut self, buf: u64, range: Range<usize>, mode: Mode, task: &T) {
         if range.is_empty() {
             return;
+        }
+        if self.bufs.len() >= self.prune_at && !self.bufs.contains_key(&buf) {
+            self.prune(|t| t.retired());
+            self.prune_at = (self.bufs.len() * 2).max(PRUNE_FLOOR);
         }
         let st = self.bufs.entry(buf).or_default();
         if mode.writes() {

@@ -91,6 +91,32 @@ fn retired_tasks_produce_no_edges_and_are_pruned() {
 }
 
 #[test]
+fn a_new_buffer_per_task_keeps_the_map_near_what_is_in_flight() {
+    // The fan-out shape: every task writes a buffer never seen before. Once
+    // its writer retires, a buffer's entry is dropped as the map grows, so
+    // the map does not hold every buffer since the last synchronisation.
+    let mut tr = Tracker::default();
+    let unfinished = task(0);
+    access(&mut tr, &unfinished, 1_000_000, 0..8, Mode::Write);
+    for id in 1..20_000u64 {
+        let t = task(id);
+        assert!(access(&mut tr, &t, id, 0..8, Mode::Write).is_empty());
+        t.1.set(true);
+    }
+    assert!(
+        tr.bufs.len() <= 2 * PRUNE_FLOOR,
+        "{} entries",
+        tr.bufs.len()
+    );
+    // The unfinished writer's record survives every prune.
+    let reader = task(20_000);
+    assert_eq!(
+        access(&mut tr, &reader, 1_000_000, 0..8, Mode::Read),
+        vec![0]
+    );
+}
+
+#[test]
 fn empty_ranges_never_conflict() {
     let mut tr = Tracker::default();
     access(&mut tr, &task(1), 0, 4..4, Mode::Write);
