@@ -8,6 +8,15 @@
 //! synchronize). `--mode replay` (or `--replay`) records the shape once
 //! (`Runtime::record`) and times one replay of it per repetition.
 //!
+//! `--held` splits the eager cost in two: every stream thread is first held
+//! by a task that blocks until all N tasks are submitted, so submission
+//! (inference, placement, hand-off, with no stream thread running beside
+//! it) and execution (the stream threads draining their queues, with no
+//! submitter beside them) are timed apart; the line then also gives
+//! `submit_ns_per_task=` and `drain_ns_per_task=` (medians). Their sum
+//! against the plain eager figure is what running the two sides at once
+//! costs (cross-core traffic and wake-ups).
+//!
 //! `cargo run --release -p braid-benches --bin dag_overhead -- --shape chain --tasks 100000 [--mode replay]`
 
 use braid::{BackendKind, Policy, Runtime};
@@ -40,6 +49,9 @@ struct Args {
     /// Same as `--mode replay`.
     #[arg(long)]
     replay: bool,
+    /// Eager only: time submission and execution apart (see above).
+    #[arg(long)]
+    held: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,10 +71,26 @@ fn main() -> anyhow::Result<()> {
         .compute_streams(a.streams)
         .policy(a.policy)
         .auto_replay(a.mode == Mode::Auto)
+        .launch_window(if a.held { 2 * a.tasks + 64 } else { 4096 })
         .build()?;
+    if a.held && a.mode != Mode::Eager {
+        anyhow::bail!(
+            "--held times eager submission only (not with --mode {:?})",
+            a.mode
+        );
+    }
     let bufs = buffers(&rt, a.shape, a.tasks)?;
     let mut ns = Vec::with_capacity(a.reps);
-    if a.mode == Mode::Replay {
+    let mut split: Vec<(f64, f64)> = Vec::new();
+    if a.held {
+        run(&rt, a.shape, a.tasks, &bufs)?; // warm-up
+        for _ in 0..a.reps {
+            let (sub, drain) = held(&rt, a.shape, a.tasks, &bufs, a.streams)?;
+            let per = |d: std::time::Duration| d.as_nanos() as f64 / a.tasks as f64;
+            split.push((per(sub), per(drain)));
+            ns.push(per(sub + drain));
+        }
+    } else if a.mode == Mode::Replay {
         let step = rt.record("shape", |rt| submit(rt, a.shape, a.tasks, &bufs))?;
         rt.synchronize()?;
         step.replay()?.wait()?; // warm-up
@@ -88,10 +116,24 @@ fn main() -> anyhow::Result<()> {
     }
     ns.sort_by(f64::total_cmp);
     let s = rt.stats();
+    let held_figures = if split.is_empty() {
+        String::new()
+    } else {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        format!(
+            " submit_ns_per_task={:.1} drain_ns_per_task={:.1}",
+            median(split.iter().map(|x| x.0).collect()),
+            median(split.iter().map(|x| x.1).collect())
+        )
+    };
     println!(
-        "shape={:?} mode={} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={} memoised={}",
+        "shape={:?} mode={}{} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={} memoised={}{held_figures}",
         a.shape,
         format!("{:?}", a.mode).to_lowercase(),
+        if a.held { "-held" } else { "" },
         a.tasks,
         a.streams,
         a.policy,
@@ -102,4 +144,30 @@ fn main() -> anyhow::Result<()> {
         s.auto_replayed
     );
     Ok(())
+}
+
+/// One held repetition: each compute stream first runs a task that blocks
+/// until every task of the shape is submitted; returns (submission time,
+/// execution time after the release).
+fn held(
+    rt: &Runtime,
+    shape: braid_benches::Shape,
+    tasks: usize,
+    bufs: &[braid::Buffer],
+    streams: usize,
+) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
+    let release = std::sync::Arc::new(std::sync::Barrier::new(streams + 1));
+    for s in 0..streams {
+        let r = release.clone();
+        rt.task("hold").on_stream(s).run((), move |_| {
+            r.wait();
+        })?;
+    }
+    let t = Instant::now();
+    submit(rt, shape, tasks, bufs)?;
+    let sub = t.elapsed();
+    let t = Instant::now();
+    release.wait();
+    rt.synchronize()?;
+    Ok((sub, t.elapsed()))
 }
