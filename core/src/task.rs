@@ -141,7 +141,7 @@ impl<'rt> TaskBuilder<'rt> {
                 let raw = accesses.resolve(to(false))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 let mut f = f;
-                Box::new(move |_ctx| {
+                crate::ctx::body(move |_ctx| {
                     // SAFETY: `raw` was resolved for the host from the set
                     // `collect` just checked; the tracker runs this body only
                     // while no other task writes what it reads or touches
@@ -155,7 +155,7 @@ impl<'rt> TaskBuilder<'rt> {
                 let raw = accesses.resolve(to(true))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 let mut g = g;
-                Box::new(move |ctx| {
+                crate::ctx::body(move |ctx| {
                     let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
                         buffer: ctx.name().to_string(),
                         actual: "the host",
@@ -258,7 +258,7 @@ mod tests {
             mode,
         });
         let mut body = body;
-        b.into_new_task(Box::new(move |ctx| {
+        b.into_new_task(crate::ctx::body(move |ctx| {
             body(ctx);
             Ok(())
         }))

@@ -150,7 +150,7 @@ impl Recorder {
             let b = std::sync::Arc::new(crate::ctx::BodyCell::new(body));
             (b.clone(), TaskBody::Shared(b))
         } else {
-            let none: Body = Box::new(|_| Ok(()));
+            let none: Body = crate::ctx::body(|_| Ok(()));
             (
                 std::sync::Arc::new(crate::ctx::BodyCell::new(none)),
                 TaskBody::Once(body),
@@ -686,7 +686,7 @@ mod tests {
 
     /// A recorded task on `stream` after `preds`, measured at `ns`.
     fn task(stream: u16, preds: &[u32], ns: u64) -> RecTask {
-        let body = std::sync::Arc::new(BodyCell::new(Box::new(|_| Ok(()))));
+        let body = std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(()))));
         body.measured(ns);
         RecTask {
             name: "t".into(),
@@ -748,7 +748,7 @@ mod tests {
         assert_eq!(streams(&p), vec![0, 1, 0, 1]);
         // Unmeasured tasks: no replacement yet.
         let mut t = task(0, &[], 1);
-        t.body = std::sync::Arc::new(BodyCell::new(Box::new(|_| Ok(()))));
+        t.body = std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(()))));
         assert!(Plan::new("x".into(), vec![t], 1).replaced(1, 0).is_none());
     }
 }
