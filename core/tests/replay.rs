@@ -502,3 +502,108 @@ fn steps_with_explicit_replays_are_not_memoised() {
         assert_eq!(rt.stats().auto_replayed, 0);
     }
 }
+
+/// A memoised step much longer than the stretch after which it forgets its
+/// finished tasks (1,024): a task that fails early in a memoised step still
+/// skips a dependent submitted 2,800 tasks later, and a step that leaves the
+/// plan late gives the sequential result.
+#[test]
+fn long_memoised_steps_keep_failures_and_diverge_late() {
+    const N: usize = 3000;
+    const FAIL_STEP: u64 = 6;
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .auto_replay(true)
+        .build()
+        .unwrap();
+    let bufs: Vec<_> = (0..7)
+        .map(|i| rt.alloc_from(format!("b{i}"), &[1u64]).unwrap())
+        .collect();
+    let flag = rt.alloc_from("flag", &[0u64]).unwrap();
+    let out = rt.alloc_from("out", &[0u64]).unwrap();
+    // The sequential program, step by step: (buffers, flag, out).
+    let mut want = ([1u64; 7], 0u64, 0u64);
+    for step in 0..9u64 {
+        // Step 8 leaves the plan after 2,500 tasks: the rest in reverse.
+        let order: Vec<usize> = if step == 8 {
+            (0..2500).chain((2500..N).rev()).collect()
+        } else {
+            (0..N).collect()
+        };
+        let memoised_before = rt.stats().auto_replayed;
+        let mut flagger = None;
+        let mut flag_result = Ok(());
+        for &i in &order {
+            if i == 1500 {
+                // Let the flag task finish before the step passes the
+                // sweeps at 2,048 tasks (whatever the machine's speed).
+                // (A wait is a synchronisation point: it reports the
+                // failure, and `synchronize` does not again.)
+                let h: braid::TaskHandle = flagger.take().unwrap();
+                flag_result = h.wait();
+            }
+            match i {
+                100 => {
+                    flagger = Some(
+                        rt.task("flag")
+                            .run(flag.write::<u64>(), move |f| {
+                                assert!(step != FAIL_STEP, "injected failure");
+                                f[0] = step;
+                            })
+                            .unwrap(),
+                    );
+                }
+                2900 => {
+                    rt.task("read flag")
+                        .run((flag.read::<u64>(), out.write::<u64>()), move |(f, o)| {
+                            o[0] = f[0] * 1000 + step
+                        })
+                        .unwrap();
+                }
+                _ => {
+                    rt.task("mix")
+                        .run(bufs[i % 7].read_write::<u64>(), move |b| {
+                            b[0] = b[0].wrapping_mul(3).wrapping_add(i as u64)
+                        })
+                        .unwrap();
+                }
+            }
+        }
+        for &i in &order {
+            match i {
+                100 | 2900 => {}
+                _ => want.0[i % 7] = want.0[i % 7].wrapping_mul(3).wrapping_add(i as u64),
+            }
+        }
+        let r = rt.synchronize();
+        if step == FAIL_STEP {
+            assert!(
+                rt.stats().auto_replayed - memoised_before >= N as u64,
+                "step {step} was not memoised: {:?}",
+                rt.stats()
+            );
+            r.unwrap();
+            let e = flag_result.expect_err("the flag task failed");
+            assert!(e.to_string().contains("flag"), "{e}");
+            // The reader, 2,800 tasks later, was skipped: `out` keeps the
+            // previous step's value.
+        } else {
+            r.unwrap();
+            flag_result.unwrap();
+            (want.1, want.2) = (step, step * 1000 + step);
+        }
+        assert_eq!(
+            rt.read_vec::<u64>(&out).unwrap(),
+            vec![want.2],
+            "step {step}"
+        );
+    }
+    let got: Vec<u64> = bufs
+        .iter()
+        .map(|b| rt.read_vec::<u64>(b).unwrap()[0])
+        .collect();
+    assert_eq!(got, want.0.to_vec());
+    assert_eq!(rt.read_vec::<u64>(&flag).unwrap(), vec![want.1]);
+    assert!(rt.stats().auto_divergences >= 1, "{:?}", rt.stats());
+}

@@ -31,7 +31,7 @@
 use super::cost::{mix, mix_bytes};
 use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Record, Shared, SubmitState, TaskBody, TaskShared};
-use crate::graph::Mode;
+use crate::graph::{Mode, TaskRef};
 use crate::kind::{PlaceReason, Placement};
 use crate::sync::Arc;
 use smallvec::SmallVec;
@@ -72,11 +72,18 @@ type Touch = (u64, Range<usize>, Mode);
 struct Memo {
     plan: Plan,
     hashes: Vec<u64>,
-    /// Tasks of the current step submitted so far through the plan.
-    made: Vec<Arc<TaskShared>>,
+    /// Tasks of the current step submitted so far through the plan, by
+    /// position; `None` once a task has completed without error (`sweep`):
+    /// it gives no edges to later tasks or to a divergence, and the step
+    /// should not hold every task record until its end.
+    made: Vec<Option<Arc<TaskShared>>>,
     /// Their accesses as the tracker records them: `(buffer, range, mode)`
-    /// (no buffer handles: no reference counts touched per task).
-    accesses: Vec<SmallVec<[Touch; 4]>>,
+    /// (no buffer handles: no reference counts touched per task), task `i`'s
+    /// at `touches[at[i]..at[i + 1]]` (one flat list, kept from step to step).
+    touches: Vec<Touch>,
+    at: Vec<u32>,
+    /// Positions before this one hold no unfinished task.
+    swept: usize,
     /// Each stream's sequence number before the step.
     base: Clock,
     /// The current step left the plan.
@@ -173,7 +180,10 @@ impl Auto {
             },
             State::Replay(mut m) if repeated && !m.diverged && m.made.len() == m.hashes.len() => {
                 m.made.clear();
-                m.accesses.clear();
+                m.touches.clear();
+                m.at.clear();
+                m.at.push(0);
+                m.swept = 0;
                 State::Replay(m)
             }
             State::Replay(_) => State::Observe,
@@ -201,12 +211,36 @@ impl Auto {
         }
         State::Replay(Box::new(Memo {
             made: Vec::with_capacity(plan.len()),
-            accesses: Vec::with_capacity(plan.len()),
+            touches: Vec::new(),
+            at: vec![0],
+            swept: 0,
             base: Clock::new(),
             plan,
             hashes,
             diverged: false,
         }))
+    }
+}
+
+/// Tasks submitted through a memoised step between two sweeps of it.
+const SWEEP_EVERY: usize = 1024;
+
+impl Memo {
+    /// Forgets the step's tasks that completed without error, from the
+    /// first one not yet finished on: their records are freed now (by the
+    /// submitting thread) instead of at the end of the step. A failed task
+    /// stays (later tasks and a divergence must see it).
+    fn sweep(&mut self) {
+        let mut first_unfinished = None;
+        for (i, slot) in self.made.iter_mut().enumerate().skip(self.swept) {
+            let Some(t) = slot else { continue };
+            if t.retired() {
+                *slot = None;
+            } else if !t.is_finished() && first_unfinished.is_none() {
+                first_unfinished = Some(i);
+            }
+        }
+        self.swept = first_unfinished.unwrap_or(self.made.len());
     }
 }
 
@@ -239,8 +273,9 @@ fn diverge(st: &mut SubmitState) {
         return;
     }
     m.diverged = true;
-    for (task, accesses) in m.made.iter().zip(&m.accesses) {
-        for (buf, range, mode) in accesses {
+    for (i, task) in m.made.iter().enumerate() {
+        let Some(task) = task else { continue };
+        for (buf, range, mode) in &m.touches[m.at[i] as usize..m.at[i + 1] as usize] {
             st.tracker.record(*buf, range.clone(), *mode, task);
         }
     }
@@ -273,7 +308,7 @@ pub(crate) fn submit_memoised(
     let preds: SmallVec<[Arc<TaskShared>; 4]> = plan.tasks[i]
         .preds
         .iter()
-        .map(|&p| m.made[p as usize].clone())
+        .filter_map(|&p| m.made[p as usize].clone())
         .collect();
     let clock: Clock = plan.clocks[i]
         .iter()
@@ -291,12 +326,12 @@ pub(crate) fn submit_memoised(
     st.stats.auto_replayed += 1;
     st.stats.edges += preds.len() as u64;
     st.stats.waits += waits.len() as u64;
-    m.accesses.push(
+    m.touches.extend(
         t.accesses
             .iter()
-            .map(|a| (a.view.buf.id(), a.view.range(), a.mode))
-            .collect(),
+            .map(|a| (a.view.buf.id(), a.view.range(), a.mode)),
     );
+    m.at.push(m.touches.len() as u32);
     let placement = Placement {
         reason: PlaceReason::Memoised,
         usable: m.plan.used,
@@ -321,7 +356,10 @@ pub(crate) fn submit_memoised(
             on_skip: t.on_skip,
         }),
     });
-    m.made.push(task.clone());
+    m.made.push(Some(task.clone()));
+    if m.made.len() % SWEEP_EVERY == 0 {
+        m.sweep();
+    }
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
