@@ -31,6 +31,8 @@ use braid::cuda::{
 };
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Error, Result};
 
+use super::storage::{Dtype, Storage};
+
 /// One CUDA C program (a `.cu` file of a kernel family) and its kernels.
 pub(crate) struct Program {
     /// File name, e.g. `layernorm.cu` (NVRTC's program name).
@@ -145,6 +147,15 @@ pub(crate) struct Kernel {
 impl Kernel {
     pub(crate) const fn new(program: &'static Program, index: usize) -> Kernel {
         Kernel { program, index }
+    }
+}
+
+/// The kernel for storage type `S`: `f32` for `f32`, `bf16` for
+/// [`Bf16`](super::storage::Bf16) (a family's `*_bf16` entry point).
+pub(crate) fn by_dtype<S: Storage>(f32: &'static Kernel, bf16: &'static Kernel) -> &'static Kernel {
+    match S::DTYPE {
+        Dtype::F32 => f32,
+        Dtype::Bf16 => bf16,
     }
 }
 

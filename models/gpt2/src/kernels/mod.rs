@@ -224,6 +224,29 @@ mod tests {
         assert_eq!(kernel_sources().len(), PROGRAMS.len());
     }
 
+    /// Every program with `_bf16` kernels carries `bf16.cuh` (the bf16 load
+    /// and store helpers) verbatim: NVRTC compiles each `.cu` alone, without
+    /// include files, so each holds a copy, and this keeps the copies equal.
+    #[test]
+    fn bf16_programs_carry_the_shared_helpers() {
+        let helpers = include_str!("bf16.cuh");
+        let mut with_bf16 = 0;
+        for p in PROGRAMS {
+            let has_bf16 = p.kernels.iter().any(|k| k.ends_with("_bf16"));
+            assert_eq!(
+                has_bf16,
+                p.source.contains(helpers),
+                "{}: bf16 kernels and bf16.cuh's helpers go together",
+                p.file
+            );
+            with_bf16 += has_bf16 as usize;
+        }
+        assert!(
+            with_bf16 >= 3,
+            "gelu, residual and encoder have bf16 kernels"
+        );
+    }
+
     #[test]
     fn check_tokens_reports_the_first_bad_id() {
         assert_eq!(check_tokens(&[0, 1, 511], 512), Ok(()));
