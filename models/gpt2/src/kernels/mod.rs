@@ -40,7 +40,15 @@
 //! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
 //! [`Storage`](storage::Storage) element trait) and [`task`] the
 //! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
-//! task) or a builder with a dtype (bf16 tasks have CPU bodies only).
+//! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
+//! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,
+//! [`layernorm`], [`gelu`], [`residual`], [`norm`] `sum_squares`/`scale`/
+//! `scale_by`, [`adamw`] `update_mixed`; compiled under NVRTC, never yet run
+//! on a GPU) and the CPU body only elsewhere ([`matmul`], [`attention`],
+//! [`loss`], [`fill`], [`flash_attention`], [`fused_classifier`]), so the
+//! model still refuses bf16 off the CPU. The bf16 kernels share
+//! `bf16.cuh`'s load/store helpers, copied into each `.cu` (NVRTC compiles a
+//! file alone).
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
