@@ -1136,6 +1136,85 @@ fn layernorm_bf16(dev: Device) {
     compare_bf16("layernorm_backward bf16 dbias", &g.down_bf16(&bb), &gb, 0);
 }
 
+/// bf16 values as `f32`.
+fn widen(x: &[Bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+fn matmul_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let (n, oc) = (B * T, 3 * C);
+    let inp = bf16(&randn(n * C, 1.0, 120));
+    let w = bf16(&randn(oc * C, 0.2, 121));
+    let bias = bf16(&randn(oc, 0.5, 122));
+    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
+    // The products are summed in f32 in cuBLAS's order, not the CPU gemm's:
+    // after the one rounding to bf16 an element may differ by one bf16 step
+    // (rtol 2^-7), plus an absolute floor for sums that cancel to near 0.
+    let (atol, rtol) = (1e-5, 1.0 / 128.0);
+    for with_bias in [true, false] {
+        let mut want = vec![Bf16(0); n * oc];
+        let b = with_bias.then_some(&bias[..]);
+        cpu::matmul_forward(&mut want, &inp, &w, b, B, T, C, oc);
+        let out = g.up_bf16(&vec![Bf16(0); n * oc]);
+        let v = [&out, &binp, &bw, &bbias].map(|b| b.whole());
+        done(matmul::forward(
+            bf16_task(&g.rt, "matmul_forward bf16"),
+            &v[0],
+            &v[1],
+            &v[2],
+            with_bias.then_some(&v[3]),
+            n,
+            C,
+            oc,
+        ));
+        let what = format!("matmul_forward bf16 (bias: {with_bias})");
+        compare(&what, &widen(&g.down_bf16(&out)), &widen(&want), atol, rtol);
+    }
+
+    let dout = bf16(&randn(n * oc, 1.0, 123));
+    let bdout = g.up_bf16(&dout);
+    let mut gi = bf16(&randn(n * C, 0.1, 124));
+    let bgi = g.up_bf16(&gi);
+    cpu::matmul_backward_input(&mut gi, &dout, &w, B, T, C, oc);
+    let v = [&bgi, &bdout, &bw].map(|b| b.whole());
+    done(matmul::backward_input(
+        bf16_task(&g.rt, "matmul_backward_input bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        n,
+        C,
+        oc,
+    ));
+    let what = "matmul_backward_input bf16";
+    compare(what, &widen(&g.down_bf16(&bgi)), &widen(&gi), atol, rtol);
+
+    let (mut gw, mut gb) = (bf16(&randn(oc * C, 0.1, 125)), bf16(&randn(oc, 0.1, 126)));
+    let (bgw, bgb) = (g.up_bf16(&gw), g.up_bf16(&gb));
+    cpu::matmul_backward_weight(&mut gw, Some(&mut gb[..]), &dout, &inp, B, T, C, oc);
+    let v = [&bgw, &bgb, &bdout, &binp].map(|b| b.whole());
+    done(matmul::backward_weight(
+        bf16_task(&g.rt, "matmul_backward_weight bf16"),
+        &v[0],
+        Some(&v[1]),
+        &v[2],
+        &v[3],
+        n,
+        C,
+        oc,
+    ));
+    let what = "matmul_backward_weight bf16 dweight";
+    compare(what, &widen(&g.down_bf16(&bgw)), &widen(&gw), atol, rtol);
+    // dbias: f32 sums in row order, as on the CPU: bit-identical.
+    compare_bf16(
+        "matmul_backward_weight bf16 dbias",
+        &g.down_bf16(&bgb),
+        &gb,
+        0,
+    );
+}
+
 test_device!(
     gelu_and_residual_bf16,
     gelu_and_residual_bf16_cpu,
@@ -1153,3 +1232,4 @@ test_device!(
     adamw_mixed_bf16_cuda
 );
 test_device!(layernorm_bf16, layernorm_bf16_cpu, layernorm_bf16_cuda);
+test_device!(matmul_bf16, matmul_bf16_cpu, matmul_bf16_cuda);

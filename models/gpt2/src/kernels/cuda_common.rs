@@ -342,13 +342,29 @@ impl<'c> Launcher<'c> {
         unsafe { f.launch(self.cu.stream(), cfg, args) }.map_err(|e| self.err(e))
     }
 
+    /// A cuBLAS product on matrices stored as `S`: `sgemm` for `f32`,
+    /// `gemm_bf16` (bf16 operands, FP32 accumulation, one rounding; never yet
+    /// run on a GPU) for bf16.
+    ///
     /// # Safety
-    /// `a`, `b`, `c` address matrices of the sizes `g` describes.
-    pub(crate) unsafe fn gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
+    /// `a`, `b`, `c` address matrices of `S` of the sizes `g` describes.
+    pub(crate) unsafe fn gemm_as<S: Storage>(
+        &self,
+        g: &Gemm,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<()> {
         let blas = self.cu.cublas()?;
-        // SAFETY: the caller's contract is `sgemm`'s; the handle is bound to
-        // the task's stream.
-        unsafe { blas.sgemm(g, a, b, c) }.map_err(|e| self.err(e))
+        let r = match S::DTYPE {
+            // SAFETY: the caller's contract is `sgemm`'s, on f32 matrices;
+            // the handle is bound to the task's stream.
+            Dtype::F32 => unsafe { blas.sgemm(g, a, b, c) },
+            // SAFETY: the caller's contract is `gemm_bf16`'s, on bf16
+            // matrices; the handle is bound to the task's stream.
+            Dtype::Bf16 => unsafe { blas.gemm_bf16(g, a, b, c) },
+        };
+        r.map_err(|e| self.err(e))
     }
 
     /// # Safety
