@@ -1233,3 +1233,75 @@ test_device!(
 );
 test_device!(layernorm_bf16, layernorm_bf16_cpu, layernorm_bf16_cuda);
 test_device!(matmul_bf16, matmul_bf16_cpu, matmul_bf16_cuda);
+
+fn softmax_and_crossentropy_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = B * T;
+    let logits = bf16(&randn(n * V, 3.0, 150));
+    let targets = tokens(n, 151);
+    let (mut probs, mut losses) = (vec![Bf16(0); n * V], vec![0.0f32; n]);
+    cpu::softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V);
+    let (bl, bt) = (g.up_bf16(&logits), g.up_u32(&targets));
+
+    let bp_only = g.up_bf16(&vec![Bf16(0); n * V]);
+    done(loss::softmax(
+        bf16_task(&g.rt, "softmax_forward bf16"),
+        &bp_only.whole(),
+        &bl.whole(),
+        n,
+        V,
+    ));
+    // CUDA's expf is not the CPU's libm and the f64 row sum is added in a
+    // tree order: a probability may differ by one bf16 ulp.
+    compare_bf16("softmax_forward bf16", &g.down_bf16(&bp_only), &probs, 1);
+
+    let (bp, bloss) = (g.up_bf16(&vec![Bf16(0); n * V]), g.zeros(n));
+    let v = [&bp, &bloss, &bl, &bt].map(|b| b.whole());
+    // SAFETY: every target is < V (checked by `tokens`).
+    done(unsafe {
+        loss::softmax_crossentropy(
+            bf16_task(&g.rt, "softmax_crossentropy_forward bf16"),
+            &v[0],
+            &v[1],
+            &v[2],
+            &v[3],
+            n,
+            V,
+        )
+    });
+    compare_bf16(
+        "softmax_crossentropy_forward bf16 probs",
+        &g.down_bf16(&bp),
+        &probs,
+        1,
+    );
+    // Losses are f32, from the unrounded probability (expf, logf: a few f32
+    // ulps).
+    let what = "softmax_crossentropy_forward bf16 losses";
+    compare(what, &g.down(&bloss), &losses, 1e-6, 1e-5);
+
+    // The backward pass from the CPU's probabilities: bit-identical.
+    let bprobs = g.up_bf16(&probs);
+    let dloss = 0.5f32;
+    let mut dlogits = bf16(&randn(n * V, 0.01, 152));
+    let bd = g.up_bf16(&dlogits);
+    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V);
+    let v = [&bd, &bprobs, &bt].map(|b| b.whole());
+    done(loss::backward(
+        bf16_task(&g.rt, "crossentropy_softmax_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        dloss,
+        n,
+        V,
+    ));
+    let what = "crossentropy_softmax_backward bf16";
+    compare_bf16(what, &g.down_bf16(&bd), &dlogits, 0);
+}
+
+test_device!(
+    softmax_and_crossentropy_bf16,
+    softmax_and_crossentropy_bf16_cpu,
+    softmax_and_crossentropy_bf16_cuda
+);

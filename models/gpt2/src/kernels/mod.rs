@@ -43,9 +43,10 @@
 //! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
 //! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,
 //! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`gelu`], [`residual`],
-//! [`norm`] `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`;
-//! compiled, never yet run on a GPU) and the CPU body only elsewhere
-//! ([`attention`], [`loss`], [`flash_attention`], [`fused_classifier`];
+//! [`loss`] `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
+//! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`; compiled,
+//! never yet run on a GPU) and the CPU body only elsewhere ([`attention`],
+//! [`flash_attention`], [`fused_classifier`];
 //! [`fill`] zeroes bytes, any dtype, on both backends), so the
 //! model still refuses bf16 off the CPU. The bf16 kernels share
 //! `bf16.cuh`'s load/store helpers, copied into each `.cu` (NVRTC compiles a
