@@ -1305,3 +1305,86 @@ test_device!(
     softmax_and_crossentropy_bf16_cpu,
     softmax_and_crossentropy_bf16_cuda
 );
+
+fn attention_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let bnh = B * NH;
+    let inp = bf16(&randn(B * T * 3 * C, 1.0, 130));
+    let (mut out, mut preatt, mut att) = (
+        vec![Bf16(0); B * T * C],
+        vec![Bf16(0); bnh * T * T],
+        vec![Bf16(0); bnh * T * T],
+    );
+    cpu::attention_forward(&mut out, &mut preatt, &mut att, &inp, B, T, C, NH);
+    let binp = g.up_bf16(&inp);
+    let (gout, gpre, gatt) = (
+        g.up_bf16(&vec![Bf16(0); B * T * C]),
+        g.up_bf16(&vec![Bf16(0); bnh * T * T]),
+        g.up_bf16(&vec![Bf16(0); bnh * T * T]),
+    );
+    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH) / 4);
+    let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
+    done(attention::forward(
+        bf16_task(&g.rt, "attention_forward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        B,
+        T,
+        C,
+        NH,
+    ));
+    // preatt: the CPU's dot products in its order, masked part 0: identical.
+    compare_bf16(
+        "attention_forward bf16 preatt",
+        &g.down_bf16(&gpre),
+        &preatt,
+        0,
+    );
+    // att, out: CUDA's expf and the f64 softmax sum in a warp-tree order.
+    compare_bf16("attention_forward bf16 att", &g.down_bf16(&gatt), &att, 1);
+    let what = "attention_forward bf16 out";
+    compare(
+        what,
+        &widen(&g.down_bf16(&gout)),
+        &widen(&out),
+        1e-5,
+        1.0 / 128.0,
+    );
+
+    // The backward pass from the CPU's att, so that only its own reduction
+    // order differs.
+    let batt = g.up_bf16(&att);
+    let dout = bf16(&randn(B * T * C, 1.0, 131));
+    let mut dinp = bf16(&randn(B * T * 3 * C, 0.1, 132));
+    let (bdout, bdinp) = (g.up_bf16(&dout), g.up_bf16(&dinp));
+    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH) / 4);
+    let v = [&bdinp, &bdout, &binp, &batt, &bwd_scratch].map(|b| b.whole());
+    done(attention::backward(
+        bf16_task(&g.rt, "attention_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        B,
+        T,
+        C,
+        NH,
+    ));
+    cpu::attention_backward(&mut dinp, &dout, &inp, &att, B, T, C, NH);
+    // The f64 sum Σ att·datt in another order may move its f32 value by an
+    // ulp: dinp within one bf16 step.
+    let what = "attention_backward bf16 dinp";
+    compare(
+        what,
+        &widen(&g.down_bf16(&bdinp)),
+        &widen(&dinp),
+        1e-5,
+        1.0 / 128.0,
+    );
+}
+
+test_device!(attention_bf16, attention_bf16_cpu, attention_bf16_cuda);

@@ -14,7 +14,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle,
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::{convert, Storage};
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 use crate::checkpoint::AdamWHyper;
 
 pub(crate) static CUDA: Program = Program::new(
@@ -111,7 +111,7 @@ pub fn update_mixed<'rt>(
     step: u64,
     h: AdamWHyper,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             params.write::<S>(),

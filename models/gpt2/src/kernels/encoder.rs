@@ -22,7 +22,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, submit_cpu, Task};
+use super::task::{submit, submit_cpu, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "encoder.cu",
@@ -63,7 +63,7 @@ pub unsafe fn forward<'rt>(
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             out.write::<S>(),
@@ -94,7 +94,7 @@ pub unsafe fn backward<'rt>(
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             dwte.read_write::<S>(),

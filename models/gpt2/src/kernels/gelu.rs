@@ -14,7 +14,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "gelu.cu",
@@ -41,7 +41,7 @@ pub fn forward<'rt>(
     out: &View, // (N)
     inp: &View, // (N)
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (out.write::<S>(), inp.read::<S>()),
         |(out, inp)| gelu_forward(out, inp),
@@ -56,7 +56,7 @@ pub fn backward<'rt>(
     inp: &View,  // (N)
     dout: &View, // (N)
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (dinp.read_write::<S>(), inp.read::<S>(), dout.read::<S>(),),
         |(dinp, inp, dout)| gelu_backward(dinp, inp, dout),

@@ -13,7 +13,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "layernorm.cu",
@@ -50,7 +50,7 @@ pub fn forward<'rt>(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             out.write::<S>(),
@@ -86,7 +86,7 @@ pub fn backward<'rt>(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             dinp.read_write::<S>(),

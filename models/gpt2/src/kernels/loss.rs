@@ -28,7 +28,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "loss.cu",
@@ -59,7 +59,7 @@ pub fn softmax<'rt>(
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (probs.write::<S>(), logits.read::<S>()),
         move |(probs, logits)| softmax_forward(probs, logits, 1, n, v),
@@ -81,7 +81,7 @@ pub unsafe fn softmax_crossentropy<'rt>(
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             probs.write::<S>(),
@@ -128,7 +128,7 @@ pub fn backward<'rt>(
     n: usize,
     v: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             dlogits.read_write::<S>(),

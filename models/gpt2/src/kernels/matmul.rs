@@ -17,7 +17,7 @@ use gemm::{gemm, Parallelism};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
@@ -49,7 +49,7 @@ pub fn forward<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             out.write::<S>(),
@@ -74,7 +74,7 @@ pub fn backward_input<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (dinp.read_write::<S>(), dout.read::<S>(), weight.read::<S>(),),
         move |(dinp, dout, w)| matmul_backward_input(dinp, dout, w, 1, n, c, oc),
@@ -96,7 +96,7 @@ pub fn backward_weight<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             dweight.read_write::<S>(),

@@ -42,13 +42,15 @@
 //! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
 //! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
 //! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,
-//! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`gelu`], [`residual`],
-//! [`loss`] `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
+//! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`attention`] (direct
+//! loops), [`gelu`], [`residual`], [`loss`]
+//! `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
 //! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`; compiled,
-//! never yet run on a GPU) and the CPU body only elsewhere ([`attention`],
-//! [`flash_attention`], [`fused_classifier`];
-//! [`fill`] zeroes bytes, any dtype, on both backends), so the
-//! model still refuses bf16 off the CPU. The bf16 kernels share
+//! never yet run on a GPU) and the CPU body only elsewhere
+//! ([`flash_attention`], [`fused_classifier`];
+//! [`fill`] zeroes bytes, any dtype, on both backends). The model still
+//! refuses bf16 off the CPU until these kernels have run on a GPU. The bf16
+//! kernels share
 //! `bf16.cuh`'s load/store helpers, copied into each `.cu` (NVRTC compiles a
 //! file alone).
 //!

@@ -17,7 +17,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle,
 
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "norm.cu",
@@ -58,7 +58,7 @@ pub fn sum_squares<'rt>(
     scratch: &View, // (P) f64
     grads: &View,   // (N)
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             partial.write::<f64>(),
@@ -93,7 +93,7 @@ pub fn scale<'rt>(
     x: &View, // (N)
     s: f32,
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| x.read_write::<S>(),
         move |x| scale_in_place(x, s),
@@ -108,7 +108,7 @@ pub fn scale_by<'rt>(
     x: &View,     // (N)
     scale: &View, // (1) f32
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (x.read_write::<S>(), scale.read::<f32>()),
         |(x, s)| scale_in_place(x, s[0]),

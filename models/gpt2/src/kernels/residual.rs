@@ -13,7 +13,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_all, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "residual.cu",
@@ -41,7 +41,7 @@ pub fn forward<'rt>(
     inp1: &View, // (N)
     inp2: &View, // (N)
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (out.write::<S>(), inp1.read::<S>(), inp2.read::<S>()),
         |(out, a, b)| residual_forward(out, a, b),
@@ -56,7 +56,7 @@ pub fn backward<'rt>(
     dinp2: &View, // (N) accumulated
     dout: &View,  // (N)
 ) -> Result<TaskHandle> {
-    submit_all!(
+    submit!(
         task,
         |S| (
             dinp1.read_write::<S>(),
