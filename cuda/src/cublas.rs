@@ -32,6 +32,14 @@
 //! FP32 with `CUBLAS_DEFAULT_MATH` (full FP32, no TF32) unless
 //! [`CublasHandle::set_tf32`] opts in to `CUBLAS_TF32_TENSOR_OP_MATH`, which is
 //! much faster on Ampere and later but rounds inputs to 10 mantissa bits.
+//!
+//! [`CublasHandle::gemm_bf16`] and [`CublasHandle::gemm_bf16_strided_batched`]
+//! take bfloat16 `A`, `B` and `C` (`cublasGemmEx` with `CUDA_R_16BF`) and
+//! accumulate in FP32 (`CUBLAS_COMPUTE_32F`, `alpha`/`beta` as `f32`): `C` is
+//! read (when `beta ≠ 0`), the product added in FP32 and the result rounded
+//! to bf16 once. cuBLAS picks the summation order (tensor cores), so a bf16
+//! product is not bit-identical with a CPU one. These two have compiled but
+//! never run on a GPU.
 
 use std::sync::Mutex;
 
@@ -318,6 +326,109 @@ impl CublasHandle {
         }
         .named("cublasSgemmStridedBatched")
     }
+
+    /// [`sgemm`](Self::sgemm) with bfloat16 `A`, `B` and `C` (16-bit
+    /// elements, `ld`s in elements) and FP32 accumulation: `C = round(alpha ·
+    /// op(A) · op(B) + beta · C)`, rounded to bf16 once. Not yet run on a GPU.
+    ///
+    /// # Safety
+    /// As [`sgemm`](Self::sgemm), with 2-byte elements.
+    pub unsafe fn gemm_bf16(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+    ) -> CudaResult<()> {
+        g.validate()?;
+        self.stream.device().bind_to_thread()?;
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        let bf16 = cb::cudaDataType::CUDA_R_16BF;
+        // SAFETY: as in `sgemm` (operands swapped for the row-major mapping);
+        // alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F requires.
+        unsafe {
+            result::gemm_ex(
+                *h,
+                g.trans_b.op(),
+                g.trans_a.op(),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                (&g.alpha as *const f32).cast(),
+                b as *const std::ffi::c_void,
+                bf16,
+                g.ldb as i32,
+                a as *const std::ffi::c_void,
+                bf16,
+                g.lda as i32,
+                (&g.beta as *const f32).cast(),
+                c as *mut std::ffi::c_void,
+                bf16,
+                g.ldc as i32,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .named("cublasGemmEx")
+    }
+
+    /// [`sgemm_strided_batched`](Self::sgemm_strided_batched) with bfloat16
+    /// operands and FP32 accumulation, as [`gemm_bf16`](Self::gemm_bf16)
+    /// (strides in elements). Not yet run on a GPU.
+    ///
+    /// # Safety
+    /// As [`gemm_bf16`](Self::gemm_bf16), for every batch entry.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_bf16_strided_batched(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        stride_a: i64,
+        b: DevicePtr,
+        stride_b: i64,
+        c: DevicePtr,
+        stride_c: i64,
+        batch: usize,
+    ) -> CudaResult<()> {
+        g.validate()?;
+        if batch > i32::MAX as usize {
+            return Err(CudaError::InvalidArgument(format!(
+                "batch {batch} too large"
+            )));
+        }
+        self.stream.device().bind_to_thread()?;
+        let h = self.raw.lock().expect("cublas handle poisoned");
+        let bf16 = cb::cudaDataType::CUDA_R_16BF;
+        // SAFETY: as in `gemm_bf16`, for `batch` entries at the given strides.
+        unsafe {
+            result::gemm_strided_batched_ex(
+                *h,
+                g.trans_b.op(),
+                g.trans_a.op(),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                (&g.alpha as *const f32).cast(),
+                b as *const std::ffi::c_void,
+                bf16,
+                g.ldb as i32,
+                stride_b,
+                a as *const std::ffi::c_void,
+                bf16,
+                g.lda as i32,
+                stride_a,
+                (&g.beta as *const f32).cast(),
+                c as *mut std::ffi::c_void,
+                bf16,
+                g.ldc as i32,
+                stride_c,
+                batch as i32,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .named("cublasGemmStridedBatchedEx")
+    }
 }
 
 impl Drop for CublasHandle {
@@ -427,5 +538,71 @@ mod tests {
         };
         let got: Vec<f32> = dc.to_host_vec(&s).unwrap();
         assert_eq!(got, vec![1., 2., 3., 4., 10., 12., 14., 16.]);
+    }
+
+    /// bf16 bits of `x`, which must be exactly representable in bf16.
+    fn bf16_bits(x: f32) -> u16 {
+        let bits = x.to_bits();
+        assert_eq!(bits & 0xffff, 0, "{x} is not a bf16 value");
+        (bits >> 16) as u16
+    }
+
+    #[test]
+    fn row_major_gemm_bf16_all_transposes() {
+        if !super::super::gpu_or_skip("cublas::row_major_gemm_bf16_all_transposes") {
+            return;
+        }
+        let dev = CudaDevice::open(0).unwrap();
+        let s = CudaStream::compute(&dev).unwrap();
+        let h = CublasHandle::new(&s).unwrap();
+        // Small integers: every product, sum and result is exact in f32 and
+        // in bf16, whatever order cuBLAS sums in, so the result is exact.
+        let (m, n, k) = (7, 5, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 3) % 5) as f32 - 2.0).collect();
+        let bits = |x: &[f32]| x.iter().map(|&v| bf16_bits(v)).collect::<Vec<u16>>();
+        let da = DeviceBuffer::from_host(&s, &bits(&a)).unwrap();
+        let db = DeviceBuffer::from_host(&s, &bits(&b)).unwrap();
+        for ta in [Transpose::N, Transpose::T] {
+            for tb in [Transpose::N, Transpose::T] {
+                // beta = 1 onto C = 1: accumulation reads C.
+                let dc = DeviceBuffer::from_host(&s, &vec![bf16_bits(1.0); m * n]).unwrap();
+                let g = Gemm::new(ta, tb, m, n, k).scaled(1.0, 1.0);
+                // SAFETY: buffers hold m·k, k·n and m·n bf16; synced below.
+                unsafe {
+                    h.gemm_bf16(&g, da.device_ptr(), db.device_ptr(), dc.device_ptr())
+                        .unwrap()
+                };
+                let got: Vec<u16> = dc.to_host_vec(&s).unwrap();
+                let want: Vec<u16> = reference(&g, &a, &b)
+                    .iter()
+                    .map(|&x| bf16_bits(x + 1.0))
+                    .collect();
+                assert_eq!(got, want, "{ta:?}{tb:?}");
+            }
+        }
+        // Batched: two independent products.
+        let g = Gemm::new(Transpose::N, Transpose::N, 2, 2, 2);
+        let a2 = [1f32, 2., 3., 4., 5., 6., 7., 8.];
+        let b2 = [1f32, 0., 0., 1., 2., 0., 0., 2.];
+        let da = DeviceBuffer::from_host(&s, &bits(&a2)).unwrap();
+        let db = DeviceBuffer::from_host(&s, &bits(&b2)).unwrap();
+        let dc = DeviceBuffer::zeroed(&s, 8 * 2).unwrap();
+        // SAFETY: 2 batches of 2×2 bf16 matrices, stride 4 elements.
+        unsafe {
+            h.gemm_bf16_strided_batched(
+                &g,
+                da.device_ptr(),
+                4,
+                db.device_ptr(),
+                4,
+                dc.device_ptr(),
+                4,
+                2,
+            )
+            .unwrap()
+        };
+        let got: Vec<u16> = dc.to_host_vec(&s).unwrap();
+        assert_eq!(got, bits(&[1., 2., 3., 4., 10., 12., 14., 16.]));
     }
 }

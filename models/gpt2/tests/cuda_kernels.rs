@@ -19,6 +19,8 @@ mod common;
 
 use braid::{Buffer, Error, Runtime, TaskHandle};
 use braid_gpt2::checkpoint::AdamWHyper;
+use braid_gpt2::kernels::cpu::{Bf16, Dtype};
+use braid_gpt2::kernels::task::Task;
 use braid_gpt2::kernels::{
     adamw, attention, check_tokens, cpu, encoder, gelu, kernel_sources, layernorm, loss, matmul,
     norm, preload, residual,
@@ -67,6 +69,59 @@ fn compare(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
     );
 }
 
+/// `x` rounded to bf16, as the CPU kernels store it.
+fn bf16(x: &[f32]) -> Vec<Bf16> {
+    x.iter().map(|&v| Bf16::from_f32(v)).collect()
+}
+
+/// `x`'s bits as a monotonic integer: consecutive bf16 values are 1 apart,
+/// and -0 and +0 are both 0.
+fn bf16_ordinal(x: Bf16) -> i32 {
+    let mag = (x.0 & 0x7fff) as i32;
+    if x.0 & 0x8000 != 0 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+/// Asserts that every bf16 element of `got` is within `max_ulps` bf16 ulps
+/// of `want` (0: bit-identical, NaN for NaN), and prints how many differ.
+#[track_caller]
+fn compare_bf16(what: &str, got: &[Bf16], want: &[Bf16], max_ulps: i32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut differ = 0usize;
+    let mut worst = (0i32, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (gn, wn) = (g.to_f32().is_nan(), w.to_f32().is_nan());
+        let ulps = match (gn, wn) {
+            (true, true) => 0,
+            (false, false) => (bf16_ordinal(g) - bf16_ordinal(w)).abs(),
+            _ => i32::MAX,
+        };
+        differ += (ulps != 0) as usize;
+        if ulps > worst.0 {
+            worst = (ulps, i);
+        }
+    }
+    let (ulps, i) = worst;
+    eprintln!(
+        "    {what}: {differ} of {} differ, worst {ulps} bf16 ulp(s) at {i}",
+        got.len()
+    );
+    assert!(
+        ulps <= max_ulps,
+        "{what}: element {i}: task {} vs cpu kernel {} ({ulps} bf16 ulps, at most {max_ulps})",
+        got[i].to_f32(),
+        want[i].to_f32()
+    );
+}
+
+/// A bf16 task named `name`.
+fn bf16_task<'rt>(rt: &'rt Runtime, name: &str) -> Task<'rt> {
+    Task::new(rt.task(name.to_string()), Dtype::Bf16)
+}
+
 /// A runtime of one backend and helpers to move data.
 struct Dev {
     rt: Runtime,
@@ -104,6 +159,14 @@ impl Dev {
     }
 
     fn down(&self, b: &Buffer) -> Vec<f32> {
+        self.rt.read_vec(b).unwrap()
+    }
+
+    fn up_bf16(&self, data: &[Bf16]) -> Buffer {
+        self.rt.alloc_from("input", data).unwrap()
+    }
+
+    fn down_bf16(&self, b: &Buffer) -> Vec<Bf16> {
         self.rt.read_vec(b).unwrap()
     }
 }
@@ -761,3 +824,567 @@ fn grad_norm_clip_and_scale_match_cpu() {
     cpu::scale_in_place(&mut want_scaled, 0.25);
     compare("scale_in_place", &g.down(&bg), &want_scaled, 0.0, 0.0);
 }
+
+// ---------------------------------------------------------------------------
+// bf16 storage: each family's bf16 task against its CPU kernel on the same
+// bf16 inputs, with the tolerance the CUDA kernel is held to. On CUDA
+// (`*_bf16_cuda`) that is the bf16 CUDA kernels against the CPU; the `_cpu`
+// twins run the same body through the CPU backend (the bf16 task plumbing
+// and the comparisons themselves; equal there). The CUDA kernels compiled
+// under NVRTC 13.0 but had not run on a GPU when these tests were written.
+// ---------------------------------------------------------------------------
+
+fn gelu_and_residual_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = 4099;
+    let x = bf16(&randn(n, 2.0, 140));
+    let bx = g.up_bf16(&x);
+    let mut want = vec![Bf16(0); n];
+    cpu::gelu_forward(&mut want, &x);
+    let out = g.up_bf16(&vec![Bf16(0); n]);
+    done(gelu::forward(
+        bf16_task(&g.rt, "gelu_forward bf16"),
+        &out.whole(),
+        &bx.whole(),
+    ));
+    // Same operations, no FMA contraction; CUDA's tanhf may differ from the
+    // CPU's in the last f32 bit, which can move the rounding by one ulp.
+    compare_bf16("gelu_forward bf16", &g.down_bf16(&out), &want, 1);
+
+    let dout = bf16(&randn(n, 1.0, 141));
+    let mut dinp = bf16(&randn(n, 0.1, 142));
+    let (bd, bdout) = (g.up_bf16(&dinp), g.up_bf16(&dout));
+    cpu::gelu_backward(&mut dinp, &x, &dout);
+    let v = [&bd, &bx, &bdout].map(|b| b.whole());
+    done(gelu::backward(
+        bf16_task(&g.rt, "gelu_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
+    compare_bf16("gelu_backward bf16", &g.down_bf16(&bd), &dinp, 1);
+
+    let (a1, a2) = (bf16(&randn(n, 1.0, 143)), bf16(&randn(n, 1.0, 144)));
+    let mut want = vec![Bf16(0); n];
+    cpu::residual_forward(&mut want, &a1, &a2);
+    let (b1, b2) = (g.up_bf16(&a1), g.up_bf16(&a2));
+    let v = [&out, &b1, &b2].map(|b| b.whole());
+    done(residual::forward(
+        bf16_task(&g.rt, "residual_forward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
+    compare_bf16("residual_forward bf16", &g.down_bf16(&out), &want, 0);
+
+    let (mut d1, mut d2) = (a1.clone(), a2.clone());
+    cpu::residual_backward(&mut d1, &mut d2, &dout);
+    let v = [&b1, &b2, &bdout].map(|b| b.whole());
+    done(residual::backward(
+        bf16_task(&g.rt, "residual_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+    ));
+    compare_bf16("residual_backward bf16 dinp1", &g.down_bf16(&b1), &d1, 0);
+    compare_bf16("residual_backward bf16 dinp2", &g.down_bf16(&b2), &d2, 0);
+}
+
+fn encoder_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let max_t = T + 5;
+    let (wte, wpe) = (
+        bf16(&randn(V * C, 1.0, 101)),
+        bf16(&randn(max_t * C, 1.0, 102)),
+    );
+    let tok = tokens(B * T, 103);
+    let mut want = vec![Bf16(0); B * T * C];
+    cpu::encoder_forward(&mut want, &tok, &wte, &wpe, B, T, C);
+    let (dwte, dwpe, dtok) = (g.up_bf16(&wte), g.up_bf16(&wpe), g.up_u32(&tok));
+    let out = g.up_bf16(&vec![Bf16(0); B * T * C]);
+    let (o, tk, te, pe) = (out.whole(), dtok.whole(), dwte.whole(), dwpe.whole());
+    // SAFETY: every token id is < V (checked by `tokens`).
+    done(unsafe {
+        encoder::forward(
+            bf16_task(&g.rt, "encoder_forward bf16"),
+            &o,
+            &tk,
+            &te,
+            &pe,
+            B,
+            T,
+            C,
+        )
+    });
+    compare_bf16("encoder_forward bf16", &g.down_bf16(&out), &want, 0);
+
+    // Small gradients and a large dout: a repeated token's row rounded after
+    // each contribution instead of once would differ.
+    let dout = bf16(&randn(B * T * C, 1.0, 104));
+    let (mut gwte, mut gwpe) = (
+        bf16(&randn(V * C, 0.01, 105)),
+        bf16(&randn(max_t * C, 0.01, 106)),
+    );
+    let (bwte, bwpe, bdout) = (g.up_bf16(&gwte), g.up_bf16(&gwpe), g.up_bf16(&dout));
+    cpu::encoder_backward(&mut gwte, &mut gwpe, &dout, &tok, B, T, C);
+    let (te, pe, d) = (bwte.whole(), bwpe.whole(), bdout.whole());
+    // SAFETY: as above.
+    done(unsafe {
+        encoder::backward(
+            bf16_task(&g.rt, "encoder_backward bf16"),
+            &te,
+            &pe,
+            &d,
+            &tk,
+            B,
+            T,
+            C,
+        )
+    });
+    // Same summation order and one rounding per element: bit-identical.
+    compare_bf16("encoder_backward bf16 dwpe", &g.down_bf16(&bwpe), &gwpe, 0);
+    compare_bf16("encoder_backward bf16 dwte", &g.down_bf16(&bwte), &gwte, 0);
+}
+
+fn grad_norm_and_scale_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = 100_003;
+    let grads = bf16(&randn(n, 0.5, 170));
+    let bg = g.up_bf16(&grads);
+    let norm_sq = g.rt.alloc("norm_sq", 8).unwrap();
+    let partials =
+        g.rt.alloc("partials", norm::GRAD_NORM_PARTIALS * 8)
+            .unwrap();
+    done(norm::sum_squares(
+        bf16_task(&g.rt, "grad_norm_sq bf16"),
+        &norm_sq.whole(),
+        &partials.whole(),
+        &bg.whole(),
+    ));
+    let got: Vec<f64> = g.rt.read_vec(&norm_sq).unwrap();
+    let want = cpu::grad_norm_sq(&grads);
+    // Exact squares summed in f64 in another order: equal to ~1e-12.
+    eprintln!("    grad_norm_sq bf16: task {} cpu kernel {want}", got[0]);
+    assert!(
+        ((got[0] - want) / want).abs() <= 1e-12,
+        "grad_norm_sq bf16: task {} vs cpu kernel {want}",
+        got[0]
+    );
+
+    let scale = g.up(&[0.37]);
+    done(norm::scale_by(
+        bf16_task(&g.rt, "scale_in_place_dev bf16"),
+        &bg.whole(),
+        &scale.whole(),
+    ));
+    let mut want_scaled = grads.clone();
+    cpu::scale_in_place(&mut want_scaled, 0.37);
+    compare_bf16(
+        "scale_in_place_dev bf16",
+        &g.down_bf16(&bg),
+        &want_scaled,
+        0,
+    );
+
+    done(norm::scale(
+        bf16_task(&g.rt, "scale_in_place bf16"),
+        &bg.whole(),
+        0.25,
+    ));
+    cpu::scale_in_place(&mut want_scaled, 0.25);
+    compare_bf16("scale_in_place bf16", &g.down_bf16(&bg), &want_scaled, 0);
+}
+
+fn adamw_mixed_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = 100_003;
+    let h = TEST_ADAMW;
+    for grad_scale in [None, Some(0.37f32)] {
+        let mut master = randn(n, 1.0, 160);
+        let mut params = bf16(&master);
+        let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let (bp, bmaster) = (g.up_bf16(&params), g.up(&master));
+        let (bm, bv) = (g.zeros(n), g.zeros(n));
+        let bgrads = g.up_bf16(&vec![Bf16(0); n]);
+        let bs = g.up(&[grad_scale.unwrap_or(1.0)]);
+        for step in 1..=3u64 {
+            let grads = bf16(&randn(n, 0.5, 160 + step));
+            g.rt.upload(&bgrads, &grads).unwrap();
+            cpu::adamw_update_mixed(
+                &mut params,
+                &mut master,
+                &grads,
+                &mut m,
+                &mut v,
+                grad_scale,
+                step,
+                h,
+            );
+            let vs = bs.whole();
+            let s = grad_scale.map(|_| &vs);
+            let [vp, vmaster, vg, vm, vv] = [&bp, &bmaster, &bgrads, &bm, &bv].map(|b| b.whole());
+            done(adamw::update_mixed(
+                bf16_task(&g.rt, "adamw_update_mixed bf16"),
+                &vp,
+                &vmaster,
+                &vg,
+                &vm,
+                &vv,
+                s,
+                step,
+                h,
+            ));
+        }
+        // Same operations in the same order, no FMA, IEEE sqrt and division:
+        // bit-identical.
+        let what = format!("adamw mixed bf16 (grad_scale {grad_scale:?})");
+        compare_bf16(&format!("{what} params"), &g.down_bf16(&bp), &params, 0);
+        compare(
+            &format!("{what} master"),
+            &g.down(&bmaster),
+            &master,
+            0.0,
+            0.0,
+        );
+        compare(&format!("{what} m"), &g.down(&bm), &m, 0.0, 0.0);
+        compare(&format!("{what} v"), &g.down(&bv), &v, 0.0, 0.0);
+    }
+}
+
+fn layernorm_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = B * T;
+    let inp = bf16(&randn(n * C, 2.0, 110));
+    let w = bf16(
+        &randn(C, 0.3, 111)
+            .iter()
+            .map(|x| 1.0 + x)
+            .collect::<Vec<_>>(),
+    );
+    let bias = bf16(&randn(C, 0.3, 112));
+    let (mut out, mut mean, mut rstd) = (vec![Bf16(0); n * C], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, B, T, C);
+    let (dinp, dw, db) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
+    let (gout, gmean, grstd) = (g.up_bf16(&vec![Bf16(0); n * C]), g.zeros(n), g.zeros(n));
+    let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
+    done(layernorm::forward(
+        bf16_task(&g.rt, "layernorm_forward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        &v[5],
+        n,
+        C,
+    ));
+    // The statistics are f64 sums in another order (a warp tree), rounded to
+    // f32: equal to the CPU's or one f32 ulp off, which may move an output's
+    // rounding by one bf16 ulp.
+    compare(
+        "layernorm_forward bf16 mean",
+        &g.down(&gmean),
+        &mean,
+        1e-7,
+        1e-6,
+    );
+    compare(
+        "layernorm_forward bf16 rstd",
+        &g.down(&grstd),
+        &rstd,
+        0.0,
+        1e-6,
+    );
+    compare_bf16("layernorm_forward bf16 out", &g.down_bf16(&gout), &out, 1);
+
+    // The backward pass from the CPU's statistics, so that only the
+    // reductions inside the backward kernels differ.
+    let (bmean, brstd) = (g.up(&mean), g.up(&rstd));
+    let dout = bf16(&randn(n * C, 1.0, 113));
+    let (mut gi, mut gw, mut gb) = (
+        bf16(&randn(n * C, 0.1, 114)),
+        bf16(&randn(C, 0.1, 115)),
+        bf16(&randn(C, 0.1, 116)),
+    );
+    let (bi, bw, bb, bdout) = (
+        g.up_bf16(&gi),
+        g.up_bf16(&gw),
+        g.up_bf16(&gb),
+        g.up_bf16(&dout),
+    );
+    let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &bmean, &brstd].map(|b| b.whole());
+    done(layernorm::backward(
+        bf16_task(&g.rt, "layernorm_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        &v[5],
+        &v[6],
+        &v[7],
+        n,
+        C,
+    ));
+    cpu::layernorm_backward(
+        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, B, T, C,
+    );
+    // dinp: the two row means are f64 sums in another order (one bf16 ulp);
+    // dweight, dbias: f32 sums in row order as on the CPU (bit-identical).
+    compare_bf16("layernorm_backward bf16 dinp", &g.down_bf16(&bi), &gi, 1);
+    compare_bf16("layernorm_backward bf16 dweight", &g.down_bf16(&bw), &gw, 0);
+    compare_bf16("layernorm_backward bf16 dbias", &g.down_bf16(&bb), &gb, 0);
+}
+
+/// bf16 values as `f32`.
+fn widen(x: &[Bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+fn matmul_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let (n, oc) = (B * T, 3 * C);
+    let inp = bf16(&randn(n * C, 1.0, 120));
+    let w = bf16(&randn(oc * C, 0.2, 121));
+    let bias = bf16(&randn(oc, 0.5, 122));
+    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
+    // The products are summed in f32 in cuBLAS's order, not the CPU gemm's:
+    // after the one rounding to bf16 an element may differ by one bf16 step
+    // (rtol 2^-7), plus an absolute floor for sums that cancel to near 0.
+    let (atol, rtol) = (1e-5, 1.0 / 128.0);
+    for with_bias in [true, false] {
+        let mut want = vec![Bf16(0); n * oc];
+        let b = with_bias.then_some(&bias[..]);
+        cpu::matmul_forward(&mut want, &inp, &w, b, B, T, C, oc);
+        let out = g.up_bf16(&vec![Bf16(0); n * oc]);
+        let v = [&out, &binp, &bw, &bbias].map(|b| b.whole());
+        done(matmul::forward(
+            bf16_task(&g.rt, "matmul_forward bf16"),
+            &v[0],
+            &v[1],
+            &v[2],
+            with_bias.then_some(&v[3]),
+            n,
+            C,
+            oc,
+        ));
+        let what = format!("matmul_forward bf16 (bias: {with_bias})");
+        compare(&what, &widen(&g.down_bf16(&out)), &widen(&want), atol, rtol);
+    }
+
+    let dout = bf16(&randn(n * oc, 1.0, 123));
+    let bdout = g.up_bf16(&dout);
+    let mut gi = bf16(&randn(n * C, 0.1, 124));
+    let bgi = g.up_bf16(&gi);
+    cpu::matmul_backward_input(&mut gi, &dout, &w, B, T, C, oc);
+    let v = [&bgi, &bdout, &bw].map(|b| b.whole());
+    done(matmul::backward_input(
+        bf16_task(&g.rt, "matmul_backward_input bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        n,
+        C,
+        oc,
+    ));
+    let what = "matmul_backward_input bf16";
+    compare(what, &widen(&g.down_bf16(&bgi)), &widen(&gi), atol, rtol);
+
+    let (mut gw, mut gb) = (bf16(&randn(oc * C, 0.1, 125)), bf16(&randn(oc, 0.1, 126)));
+    let (bgw, bgb) = (g.up_bf16(&gw), g.up_bf16(&gb));
+    cpu::matmul_backward_weight(&mut gw, Some(&mut gb[..]), &dout, &inp, B, T, C, oc);
+    let v = [&bgw, &bgb, &bdout, &binp].map(|b| b.whole());
+    done(matmul::backward_weight(
+        bf16_task(&g.rt, "matmul_backward_weight bf16"),
+        &v[0],
+        Some(&v[1]),
+        &v[2],
+        &v[3],
+        n,
+        C,
+        oc,
+    ));
+    let what = "matmul_backward_weight bf16 dweight";
+    compare(what, &widen(&g.down_bf16(&bgw)), &widen(&gw), atol, rtol);
+    // dbias: f32 sums in row order, as on the CPU: bit-identical.
+    compare_bf16(
+        "matmul_backward_weight bf16 dbias",
+        &g.down_bf16(&bgb),
+        &gb,
+        0,
+    );
+}
+
+test_device!(
+    gelu_and_residual_bf16,
+    gelu_and_residual_bf16_cpu,
+    gelu_and_residual_bf16_cuda
+);
+test_device!(encoder_bf16, encoder_bf16_cpu, encoder_bf16_cuda);
+test_device!(
+    grad_norm_and_scale_bf16,
+    grad_norm_and_scale_bf16_cpu,
+    grad_norm_and_scale_bf16_cuda
+);
+test_device!(
+    adamw_mixed_bf16,
+    adamw_mixed_bf16_cpu,
+    adamw_mixed_bf16_cuda
+);
+test_device!(layernorm_bf16, layernorm_bf16_cpu, layernorm_bf16_cuda);
+test_device!(matmul_bf16, matmul_bf16_cpu, matmul_bf16_cuda);
+
+fn softmax_and_crossentropy_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let n = B * T;
+    let logits = bf16(&randn(n * V, 3.0, 150));
+    let targets = tokens(n, 151);
+    let (mut probs, mut losses) = (vec![Bf16(0); n * V], vec![0.0f32; n]);
+    cpu::softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V);
+    let (bl, bt) = (g.up_bf16(&logits), g.up_u32(&targets));
+
+    let bp_only = g.up_bf16(&vec![Bf16(0); n * V]);
+    done(loss::softmax(
+        bf16_task(&g.rt, "softmax_forward bf16"),
+        &bp_only.whole(),
+        &bl.whole(),
+        n,
+        V,
+    ));
+    // CUDA's expf is not the CPU's libm and the f64 row sum is added in a
+    // tree order: a probability may differ by one bf16 ulp.
+    compare_bf16("softmax_forward bf16", &g.down_bf16(&bp_only), &probs, 1);
+
+    let (bp, bloss) = (g.up_bf16(&vec![Bf16(0); n * V]), g.zeros(n));
+    let v = [&bp, &bloss, &bl, &bt].map(|b| b.whole());
+    // SAFETY: every target is < V (checked by `tokens`).
+    done(unsafe {
+        loss::softmax_crossentropy(
+            bf16_task(&g.rt, "softmax_crossentropy_forward bf16"),
+            &v[0],
+            &v[1],
+            &v[2],
+            &v[3],
+            n,
+            V,
+        )
+    });
+    compare_bf16(
+        "softmax_crossentropy_forward bf16 probs",
+        &g.down_bf16(&bp),
+        &probs,
+        1,
+    );
+    // Losses are f32, from the unrounded probability (expf, logf: a few f32
+    // ulps).
+    let what = "softmax_crossentropy_forward bf16 losses";
+    compare(what, &g.down(&bloss), &losses, 1e-6, 1e-5);
+
+    // The backward pass from the CPU's probabilities: bit-identical.
+    let bprobs = g.up_bf16(&probs);
+    let dloss = 0.5f32;
+    let mut dlogits = bf16(&randn(n * V, 0.01, 152));
+    let bd = g.up_bf16(&dlogits);
+    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V);
+    let v = [&bd, &bprobs, &bt].map(|b| b.whole());
+    done(loss::backward(
+        bf16_task(&g.rt, "crossentropy_softmax_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        dloss,
+        n,
+        V,
+    ));
+    let what = "crossentropy_softmax_backward bf16";
+    compare_bf16(what, &g.down_bf16(&bd), &dlogits, 0);
+}
+
+test_device!(
+    softmax_and_crossentropy_bf16,
+    softmax_and_crossentropy_bf16_cpu,
+    softmax_and_crossentropy_bf16_cuda
+);
+
+fn attention_bf16(dev: Device) {
+    let g = Dev::new(dev);
+    let bnh = B * NH;
+    let inp = bf16(&randn(B * T * 3 * C, 1.0, 130));
+    let (mut out, mut preatt, mut att) = (
+        vec![Bf16(0); B * T * C],
+        vec![Bf16(0); bnh * T * T],
+        vec![Bf16(0); bnh * T * T],
+    );
+    cpu::attention_forward(&mut out, &mut preatt, &mut att, &inp, B, T, C, NH);
+    let binp = g.up_bf16(&inp);
+    let (gout, gpre, gatt) = (
+        g.up_bf16(&vec![Bf16(0); B * T * C]),
+        g.up_bf16(&vec![Bf16(0); bnh * T * T]),
+        g.up_bf16(&vec![Bf16(0); bnh * T * T]),
+    );
+    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH) / 4);
+    let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
+    done(attention::forward(
+        bf16_task(&g.rt, "attention_forward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        B,
+        T,
+        C,
+        NH,
+    ));
+    // preatt: the CPU's dot products in its order, masked part 0: identical.
+    compare_bf16(
+        "attention_forward bf16 preatt",
+        &g.down_bf16(&gpre),
+        &preatt,
+        0,
+    );
+    // att, out: CUDA's expf and the f64 softmax sum in a warp-tree order.
+    compare_bf16("attention_forward bf16 att", &g.down_bf16(&gatt), &att, 1);
+    let what = "attention_forward bf16 out";
+    compare(
+        what,
+        &widen(&g.down_bf16(&gout)),
+        &widen(&out),
+        1e-5,
+        1.0 / 128.0,
+    );
+
+    // The backward pass from the CPU's att, so that only its own reduction
+    // order differs.
+    let batt = g.up_bf16(&att);
+    let dout = bf16(&randn(B * T * C, 1.0, 131));
+    let mut dinp = bf16(&randn(B * T * 3 * C, 0.1, 132));
+    let (bdout, bdinp) = (g.up_bf16(&dout), g.up_bf16(&dinp));
+    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH) / 4);
+    let v = [&bdinp, &bdout, &binp, &batt, &bwd_scratch].map(|b| b.whole());
+    done(attention::backward(
+        bf16_task(&g.rt, "attention_backward bf16"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        &v[4],
+        B,
+        T,
+        C,
+        NH,
+    ));
+    cpu::attention_backward(&mut dinp, &dout, &inp, &att, B, T, C, NH);
+    // The f64 sum Σ att·datt in another order may move its f32 value by an
+    // ulp: dinp within one bf16 step.
+    let what = "attention_backward bf16 dinp";
+    compare(
+        what,
+        &widen(&g.down_bf16(&bdinp)),
+        &widen(&dinp),
+        1e-5,
+        1.0 / 128.0,
+    );
+}
+
+test_device!(attention_bf16, attention_bf16_cpu, attention_bf16_cuda);

@@ -32,3 +32,85 @@ extern "C" __global__ void adamw_update(float* __restrict__ params, const float*
     v[i] = vi;
     params[i] = p;
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// Mixed-precision AdamW (adamw_update_mixed in adamw.rs, llm.c's
+// adamw_kernel3): one adamw_update step of the f32 master weights from the
+// stored gradients (times *grad_scale when given), then params = master
+// rounded to the storage type. The arithmetic is the CPU's, operation by
+// operation: __fmul_rn/__fadd_rn/__fdiv_rn keep NVRTC from contracting into
+// FMAs, sqrtf is correctly rounded (no --use_fast_math), so every result is
+// the CPU's bit for bit.
+//   params (N) stored weights, overwritten; master, m, v (N) f32; grads (N)
+// Launch: grid ceil(N / block), block 256.
+static __device__ __forceinline__ float mixed_load(float x) { return x; }
+static __device__ __forceinline__ float mixed_load(bf16_t x) { return bf16_load(x); }
+static __device__ __forceinline__ void mixed_store(float* d, float x) { *d = x; }
+static __device__ __forceinline__ void mixed_store(bf16_t* d, float x) { *d = bf16_store(x); }
+
+template <typename S>
+static __device__ __forceinline__ void adamw_mixed(S* __restrict__ params,
+                                                   float* __restrict__ master,
+                                                   const S* __restrict__ grads,
+                                                   float* __restrict__ m, float* __restrict__ v,
+                                                   const float* __restrict__ grad_scale,
+                                                   long long N, float step_size, float bc2_sqrt,
+                                                   float beta1, float beta2, float eps,
+                                                   float decay) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float g = mixed_load(grads[i]);
+    if (grad_scale != nullptr) g = __fmul_rn(g, grad_scale[0]);
+    float p = __fmul_rn(master[i], decay);
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(__fadd_rn(1.0f, -beta1), g));
+    const float vi =
+        __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(__fadd_rn(1.0f, -beta2), g), g));
+    const float denom = __fadd_rn(__fdiv_rn(sqrtf(vi), bc2_sqrt), eps);
+    p = __fadd_rn(p, -__fdiv_rn(__fmul_rn(step_size, mi), denom));
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    mixed_store(&params[i], p);
+}
+
+extern "C" __global__ void adamw_update_mixed_f32(float* __restrict__ params,
+                                                  float* __restrict__ master,
+                                                  const float* __restrict__ grads,
+                                                  float* __restrict__ m, float* __restrict__ v,
+                                                  const float* __restrict__ grad_scale,
+                                                  long long N, float step_size, float bc2_sqrt,
+                                                  float beta1, float beta2, float eps,
+                                                  float decay) {
+    adamw_mixed(params, master, grads, m, v, grad_scale, N, step_size, bc2_sqrt, beta1, beta2,
+                eps, decay);
+}
+
+extern "C" __global__ void adamw_update_mixed_bf16(bf16_t* __restrict__ params,
+                                                   float* __restrict__ master,
+                                                   const bf16_t* __restrict__ grads,
+                                                   float* __restrict__ m, float* __restrict__ v,
+                                                   const float* __restrict__ grad_scale,
+                                                   long long N, float step_size, float bc2_sqrt,
+                                                   float beta1, float beta2, float eps,
+                                                   float decay) {
+    adamw_mixed(params, master, grads, m, v, grad_scale, N, step_size, bc2_sqrt, beta1, beta2,
+                eps, decay);
+}

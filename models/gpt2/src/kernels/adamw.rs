@@ -3,20 +3,32 @@
 //!
 //! The family's one home: the task [`update`], the CPU kernel
 //! [`adamw_update`], its CUDA launcher [`adamw_update_cuda`] and `adamw.cu`.
-//! The clip factor it may apply comes from [`super::norm`].
+//! The clip factor it may apply comes from [`super::norm`]. The mixed-precision
+//! task [`update_mixed`] has a CUDA body for `f32` and bf16 storage
+//! ([`adamw_update_mixed_cuda`], `adamw_update_mixed_{f32,bf16}`: compiled
+//! under NVRTC, never yet run on a GPU).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::{convert, Storage};
-use super::task::{submit_cpu, Task};
+use super::task::{submit, Task};
 use crate::checkpoint::AdamWHyper;
 
-pub(crate) static CUDA: Program =
-    Program::new("adamw.cu", include_str!("adamw.cu"), &["adamw_update"]);
+pub(crate) static CUDA: Program = Program::new(
+    "adamw.cu",
+    include_str!("adamw.cu"),
+    &[
+        "adamw_update",
+        "adamw_update_mixed_f32",
+        "adamw_update_mixed_bf16",
+    ],
+);
 static UPDATE: Kernel = Kernel::new(&CUDA, 0);
+static UPDATE_MIXED_F32: Kernel = Kernel::new(&CUDA, 1);
+static UPDATE_MIXED_BF16: Kernel = Kernel::new(&CUDA, 2);
 
 // ---------------------------------------------------------------------------
 // Task
@@ -84,7 +96,7 @@ pub fn update(
     )
 }
 
-/// Submits one mixed-precision AdamW step as `task` (CPU body only):
+/// Submits one mixed-precision AdamW step as `task`:
 /// [`adamw_update_mixed`] on the `f32` master weights, moments and the
 /// stored gradients (times `grad_scale[0]` when given), then the stored
 /// weights `params` are overwritten with the rounded master weights.
@@ -99,7 +111,7 @@ pub fn update_mixed<'rt>(
     step: u64,
     h: AdamWHyper,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (
             params.write::<S>(),
@@ -111,6 +123,17 @@ pub fn update_mixed<'rt>(
         ),
         move |(params, master, grads, m, v, scale)| {
             adamw_update_mixed(params, master, grads, m, v, scale.map(|s| s[0]), step, h)
+        },
+        move |(params, master, grads, m, v, scale), cu| {
+            let mixed = Mixed {
+                params,
+                master,
+                grads,
+                m,
+                v,
+                grad_scale: scale,
+            };
+            task_result(adamw_update_mixed_cuda(cu, mixed, step, h))
         },
     )
 }
@@ -297,6 +320,73 @@ pub fn adamw_update_cuda(
     // bc2_sqrt, float beta1, float beta2, float eps, float decay); the four
     // arrays hold N, grad_scale 1 or null (checked).
     unsafe { l.launch(&UPDATE, l.linear(n, 256)?, &a) }
+}
+
+/// The tensors of one [`adamw_update_mixed_cuda`] call.
+#[derive(Debug)]
+pub struct Mixed<'a, S> {
+    /// (N) stored weights, overwritten with the rounded master weights.
+    pub params: DevSliceMut<'a, S>,
+    /// (N) `f32` master weights.
+    pub master: DevSliceMut<'a, f32>,
+    /// (N) stored gradients.
+    pub grads: DevSlice<'a, S>,
+    /// (N) first moment, zero before step 1.
+    pub m: DevSliceMut<'a, f32>,
+    /// (N) second moment, zero before step 1.
+    pub v: DevSliceMut<'a, f32>,
+    /// (1) clip factor the gradients are multiplied by, if any.
+    pub grad_scale: Option<DevSlice<'a, f32>>,
+}
+
+/// [`adamw_update_mixed`] on the task's stream, `f32` or bf16 storage: the
+/// same operations in the same order (no FMA contraction, correctly rounded
+/// square root and division, the bias corrections computed on the host as
+/// for the CPU), so meant to be bit-identical with the CPU.
+pub fn adamw_update_mixed_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    t: Mixed<'_, S>,
+    step: u64,
+    h: AdamWHyper,
+) -> Result<()> {
+    let k = Check::new("adamw_update_mixed");
+    if step == 0 {
+        return Err(k.err("steps are numbered from 1".into()));
+    }
+    let n = t.master.len();
+    k.exact("params", &t.params, "(N)", n)?;
+    k.exact("grads", &t.grads, "(N)", n)?;
+    k.exact("m", &t.m, "(N)", n)?;
+    k.exact("v", &t.v, "(N)", n)?;
+    if let Some(s) = &t.grad_scale {
+        k.exact("grad_scale", s, "(1)", 1)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let sc = StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay);
+    let mut a = KernelArgs::new();
+    a.ptr(t.params.ptr())
+        .ptr(t.master.ptr())
+        .ptr(t.grads.ptr())
+        .ptr(t.m.ptr())
+        .ptr(t.v.ptr())
+        .ptr(t.grad_scale.map_or(0, |s| s.ptr()))
+        .i64(n as i64);
+    a.f32(sc.step_size)
+        .f32(sc.bias_correction2_sqrt)
+        .f32(h.beta1)
+        .f32(h.beta2)
+        .f32(h.eps)
+        .f32(sc.decay);
+    let kernel = by_dtype::<S>(&UPDATE_MIXED_F32, &UPDATE_MIXED_BF16);
+    // SAFETY: adamw_update_mixed_{f32,bf16}(S* params, float* master, const
+    // S* grads, float* m, float* v, const float* grad_scale, long long N,
+    // float step_size, float bc2_sqrt, float beta1, float beta2, float eps,
+    // float decay), S the storage type of params and grads; the five arrays
+    // hold N, grad_scale 1 or null (checked).
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
 #[cfg(test)]

@@ -19,13 +19,22 @@
 //! - [`attention_forward_cuda`] leaves the masked (upper) triangle of
 //!   `preatt` as the full `q·kᵀ` product wrote it, where the CPU writes 0;
 //!   `att` is 0 there on both. Nothing reads that triangle.
+//! - bf16 storage on CUDA (compiled under NVRTC, never yet run on a GPU) is
+//!   not the cuBLAS formulation: direct loops in the CPU's order with every
+//!   intermediate in `f32` (`attention_forward_bf16`, one warp per query
+//!   row; `attention_backward_bf16`, one block per head, adding into an
+//!   `f32` copy of `dinp` in the scratch that is rounded once at the end).
+//!   Slow; written to match the CPU first. `T` is limited by the shared
+//!   memory they use (about 6,000 positions for the backward pass). The
+//!   bf16 forward pass writes the masked triangle of `preatt` as 0, as the
+//!   CPU does.
 
-use braid::cuda::{Gemm, KernelArgs, Transpose};
+use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -38,6 +47,10 @@ pub(crate) static CUDA: Program = Program::new(
         "attention_unpermute_backward",
         "attention_softmax_forward",
         "attention_softmax_backward",
+        "attention_forward_bf16",
+        "attention_widen_bf16",
+        "attention_narrow_bf16",
+        "attention_backward_bf16",
     ],
 );
 static PERMUTE: Kernel = Kernel::new(&CUDA, 0);
@@ -46,6 +59,10 @@ static UNPERMUTE: Kernel = Kernel::new(&CUDA, 2);
 static UNPERMUTE_BACKWARD: Kernel = Kernel::new(&CUDA, 3);
 static SOFTMAX_FORWARD: Kernel = Kernel::new(&CUDA, 4);
 static SOFTMAX_BACKWARD: Kernel = Kernel::new(&CUDA, 5);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 6);
+static WIDEN_BF16: Kernel = Kernel::new(&CUDA, 7);
+static NARROW_BF16: Kernel = Kernel::new(&CUDA, 8);
+static BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 9);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -370,12 +387,12 @@ fn attention_dims(
 /// (see the module docs for `preatt`'s masked triangle).
 ///
 /// `scratch`: exactly [`forward_scratch_bytes`] bytes.
-pub fn attention_forward_cuda(
+pub fn attention_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>,     // (B, T, C)
-    preatt: DevSliceMut<f32>,  // (B, NH, T, T)
-    att: DevSliceMut<f32>,     // (B, NH, T, T)
-    inp: DevSlice<f32>,        // (B, T, 3C)
+    out: DevSliceMut<S>,       // (B, T, C)
+    preatt: DevSliceMut<S>,    // (B, NH, T, T)
+    att: DevSliceMut<S>,       // (B, NH, T, T)
+    inp: DevSlice<S>,          // (B, T, 3C)
     scratch: DevSliceMut<f32>, // 4 × (B, NH, T, hs): q | k | v | vaccum
     b: usize,
     t: usize,
@@ -395,6 +412,11 @@ pub fn attention_forward_cuda(
     let l = Launcher::new(k, cu);
     let (out, preatt, att, inp, scratch) =
         (out.ptr(), preatt.ptr(), att.ptr(), inp.ptr(), scratch.ptr());
+    if S::DTYPE == Dtype::Bf16 {
+        let shared = shared_bytes(&k, t, 1, 0)?;
+        // SAFETY: bf16 out, preatt, att and inp of the checked sizes.
+        return unsafe { forward_bf16(&l, [out, preatt, att, inp], dims, c, bnh, shared) };
+    }
     let head = btc; // elements of one (B, NH, T, hs) tensor
     let (q, kk, v, vaccum) = (
         scratch,
@@ -443,12 +465,12 @@ pub fn attention_forward_cuda(
 /// [`attention_backward`] on the task's stream: accumulates into `dinp`.
 ///
 /// `scratch`: exactly [`backward_scratch_bytes`] bytes.
-pub fn attention_backward_cuda(
+pub fn attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<f32>,    // (B, T, 3C) accumulated
-    dout: DevSlice<f32>,       // (B, T, C)
-    inp: DevSlice<f32>,        // (B, T, 3C)
-    att: DevSlice<f32>,        // (B, NH, T, T)
+    dinp: DevSliceMut<S>,      // (B, T, 3C) accumulated
+    dout: DevSlice<S>,         // (B, T, C)
+    inp: DevSlice<S>,          // (B, T, 3C)
+    att: DevSlice<S>,          // (B, NH, T, T)
     scratch: DevSliceMut<f32>, // 6 × (B, NH, T, hs) + 2 × (B, NH, T, T)
     b: usize,
     t: usize,
@@ -477,6 +499,23 @@ pub fn attention_backward_cuda(
     let l = Launcher::new(k, cu);
     let (dinp, dout, inp, att, scratch) =
         (dinp.ptr(), dout.ptr(), inp.ptr(), att.ptr(), scratch.ptr());
+    if S::DTYPE == Dtype::Bf16 {
+        let shared = shared_bytes(&k, t, 2, 256)?;
+        let n3 = k.mul(btc, 3)?;
+        // SAFETY: bf16 dinp, dout, inp, att of the checked sizes; the f32
+        // scratch holds at least 3·B·T·C floats (6·B·T·C + …, checked).
+        return unsafe {
+            backward_bf16(
+                &l,
+                [dinp, dout, inp, att, scratch],
+                dims,
+                c,
+                bnh,
+                n3,
+                shared,
+            )
+        };
+    }
     let head = 4 * btc as u64; // bytes of one (B, NH, T, hs) tensor
     let (q, kk, v, dvaccum, dk, dv) = (
         scratch,
@@ -551,6 +590,105 @@ pub fn attention_backward_cuda(
     // float* dk, const float* dv, int B, int T, int NH, int hs); dinp is
     // (B, T, 3C) (checked), dq, dk, dv head-sized parts of the scratch.
     unsafe { l.launch(&PERMUTE_BACKWARD, lin, &a) }
+}
+
+/// Dynamic shared memory of a bf16 kernel: `rows` rows of `T` floats, with
+/// `fixed` bytes of static shared memory beside them, within the 48 KiB a
+/// block gets without opting in.
+fn shared_bytes(k: &Check, t: usize, rows: usize, fixed: usize) -> Result<u32> {
+    let bytes = k.mul(k.mul(t, rows)?, 4)?;
+    if bytes + fixed > 48 * 1024 {
+        return Err(k.err(format!(
+            "T = {t} needs {bytes} bytes of shared memory; the bf16 kernel has at most {}",
+            48 * 1024 - fixed
+        )));
+    }
+    Ok(bytes as u32)
+}
+
+/// The bf16 forward pass: `attention_forward_bf16`, one warp per query row.
+///
+/// # Safety
+/// `ptrs` = bf16 `out (B, T, C)`, `preatt`, `att (B, NH, T, T)`, `inp (B,
+/// T, 3C)` of the sizes `dims` = `[B, T, NH, hs]` and `c` describe.
+unsafe fn forward_bf16(
+    l: &Launcher<'_>,
+    ptrs: [u64; 4],
+    dims: [i32; 4],
+    c: usize,
+    bnh: usize,
+    shared: u32,
+) -> Result<()> {
+    let [out, preatt, att, inp] = ptrs;
+    let [bi, ti, nhi, _] = dims;
+    let mut a = KernelArgs::new();
+    a.ptr(out)
+        .ptr(preatt)
+        .ptr(att)
+        .ptr(inp)
+        .i32(bi)
+        .i32(ti)
+        .i32(c as i32)
+        .i32(nhi);
+    let cfg = LaunchConfig {
+        grid: (l.grid(bnh * ti as usize)?, 1, 1),
+        block: (32, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    // SAFETY: attention_forward_bf16(bf16* out, bf16* preatt, bf16* att,
+    // const bf16* inp, int B, int T, int C, int NH) over B·NH·T rows; the
+    // caller's contract gives the sizes.
+    unsafe { l.launch(&FORWARD_BF16, cfg, &a) }
+}
+
+/// The bf16 backward pass: `dinp` widened into the f32 scratch, every
+/// head's contributions added there (`attention_backward_bf16`, one block
+/// per head), and rounded back into `dinp` once.
+///
+/// # Safety
+/// `ptrs` = bf16 `dinp (B, T, 3C)`, `dout (B, T, C)`, `inp (B, T, 3C)`,
+/// `att (B, NH, T, T)` and an f32 scratch of at least `n3 = 3·B·T·C`
+/// floats, of the sizes `dims` = `[B, T, NH, hs]` and `c` describe.
+unsafe fn backward_bf16(
+    l: &Launcher<'_>,
+    ptrs: [u64; 5],
+    dims: [i32; 4],
+    c: usize,
+    bnh: usize,
+    n3: usize,
+    shared: u32,
+) -> Result<()> {
+    let [dinp, dout, inp, att, acc] = ptrs;
+    let [bi, ti, nhi, _] = dims;
+    let lin = l.linear(n3, 256)?;
+    let mut a = KernelArgs::new();
+    a.ptr(acc).ptr(dinp).i64(n3 as i64);
+    // SAFETY: attention_widen_bf16(float* acc, const bf16* x, long long N);
+    // acc and dinp hold n3 elements (the caller's contract).
+    unsafe { l.launch(&WIDEN_BF16, lin, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(acc)
+        .ptr(dout)
+        .ptr(inp)
+        .ptr(att)
+        .i32(bi)
+        .i32(ti)
+        .i32(c as i32)
+        .i32(nhi);
+    let cfg = LaunchConfig {
+        grid: (l.grid(bnh)?, 1, 1),
+        block: (64, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    // SAFETY: attention_backward_bf16(float* acc, const bf16* dout, const
+    // bf16* inp, const bf16* att, int B, int T, int C, int NH), one block per
+    // (b, h); sizes as the caller's contract gives.
+    unsafe { l.launch(&BACKWARD_BF16, cfg, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(dinp).ptr(acc).i64(n3 as i64);
+    // SAFETY: attention_narrow_bf16(bf16* x, const float* acc, long long N);
+    // both hold n3 elements.
+    unsafe { l.launch(&NARROW_BF16, lin, &a) }
 }
 
 #[cfg(test)]

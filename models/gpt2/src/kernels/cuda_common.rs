@@ -31,6 +31,8 @@ use braid::cuda::{
 };
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Error, Result};
 
+use super::storage::{Dtype, Storage};
+
 /// One CUDA C program (a `.cu` file of a kernel family) and its kernels.
 pub(crate) struct Program {
     /// File name, e.g. `layernorm.cu` (NVRTC's program name).
@@ -145,6 +147,15 @@ pub(crate) struct Kernel {
 impl Kernel {
     pub(crate) const fn new(program: &'static Program, index: usize) -> Kernel {
         Kernel { program, index }
+    }
+}
+
+/// The kernel for storage type `S`: `f32` for `f32`, `bf16` for
+/// [`Bf16`](super::storage::Bf16) (a family's `*_bf16` entry point).
+pub(crate) fn by_dtype<S: Storage>(f32: &'static Kernel, bf16: &'static Kernel) -> &'static Kernel {
+    match S::DTYPE {
+        Dtype::F32 => f32,
+        Dtype::Bf16 => bf16,
     }
 }
 
@@ -331,13 +342,29 @@ impl<'c> Launcher<'c> {
         unsafe { f.launch(self.cu.stream(), cfg, args) }.map_err(|e| self.err(e))
     }
 
+    /// A cuBLAS product on matrices stored as `S`: `sgemm` for `f32`,
+    /// `gemm_bf16` (bf16 operands, FP32 accumulation, one rounding; never yet
+    /// run on a GPU) for bf16.
+    ///
     /// # Safety
-    /// `a`, `b`, `c` address matrices of the sizes `g` describes.
-    pub(crate) unsafe fn gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
+    /// `a`, `b`, `c` address matrices of `S` of the sizes `g` describes.
+    pub(crate) unsafe fn gemm_as<S: Storage>(
+        &self,
+        g: &Gemm,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<()> {
         let blas = self.cu.cublas()?;
-        // SAFETY: the caller's contract is `sgemm`'s; the handle is bound to
-        // the task's stream.
-        unsafe { blas.sgemm(g, a, b, c) }.map_err(|e| self.err(e))
+        let r = match S::DTYPE {
+            // SAFETY: the caller's contract is `sgemm`'s, on f32 matrices;
+            // the handle is bound to the task's stream.
+            Dtype::F32 => unsafe { blas.sgemm(g, a, b, c) },
+            // SAFETY: the caller's contract is `gemm_bf16`'s, on bf16
+            // matrices; the handle is bound to the task's stream.
+            Dtype::Bf16 => unsafe { blas.gemm_bf16(g, a, b, c) },
+        };
+        r.map_err(|e| self.err(e))
     }
 
     /// # Safety

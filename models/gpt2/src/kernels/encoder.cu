@@ -62,3 +62,90 @@ extern "C" __global__ void encoder_backward_wte(float* __restrict__ dwte,
         }
     }
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// encoder_forward with bf16 storage: the f32 sum of the two bf16 embeddings,
+// rounded once (encoder_forward::<Bf16>; bit-exact with it).
+// Launch: grid ceil(B*T*C / block), block 256.
+extern "C" __global__ void encoder_forward_bf16(bf16_t* __restrict__ out,
+                                                const unsigned int* __restrict__ tokens,
+                                                const bf16_t* __restrict__ wte,
+                                                const bf16_t* __restrict__ wpe, int B, int T,
+                                                int C) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long n = (long long)B * T * C;
+    if (idx >= n) return;
+    const int c = (int)(idx % C);
+    const long long bt = idx / C;
+    const int t = (int)(bt % T);
+    const unsigned int tok = tokens[bt];
+    out[idx] = bf16_store(bf16_load(wte[(long long)tok * C + c]) +
+                          bf16_load(wpe[(long long)t * C + c]));
+}
+
+// encoder_backward_wpe with bf16 storage: dwpe[t, c] loaded, the B
+// contributions added in f32 in b order, rounded once
+// (encoder_backward_positions::<Bf16>; bit-exact with it).
+// Launch: grid ceil(T*C / block), block 256.
+extern "C" __global__ void encoder_backward_wpe_bf16(bf16_t* __restrict__ dwpe,
+                                                     const bf16_t* __restrict__ dout, int B,
+                                                     int T, int C) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)T * C) return;
+    const int t = (int)(idx / C);
+    const int c = (int)(idx % C);
+    float acc = bf16_load(dwpe[idx]);
+    for (int b = 0; b < B; b++) {
+        acc += bf16_load(dout[((long long)b * T + t) * C + c]);
+    }
+    dwpe[idx] = bf16_store(acc);
+}
+
+// encoder_backward_wte with bf16 storage: each row of a token is loaded once,
+// every contribution of that token added in f32 in bt order, and rounded once
+// (encoder_backward::<Bf16>; bit-exact with it). Thread (c, p) owns the
+// tokens congruent to p modulo P (= gridDim.y), as in encoder_backward_wte;
+// it handles a token at its first position bt and then scans bt+1..BT for its
+// repeats, so its work is O(BT^2 / P) in the worst case (no f32 scratch).
+//   dwte (V, C), dout (B*T, C), tokens (B*T)
+// Launch: grid (ceil(C / block.x), P), block (128 or 256).
+extern "C" __global__ void encoder_backward_wte_bf16(bf16_t* __restrict__ dwte,
+                                                     const bf16_t* __restrict__ dout,
+                                                     const unsigned int* __restrict__ tokens,
+                                                     int BT, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned int parts = gridDim.y;
+    const unsigned int part = blockIdx.y;
+    if (c >= C) return;
+    for (int bt = 0; bt < BT; bt++) {
+        const unsigned int tok = tokens[bt];
+        if (tok % parts != part) continue;
+        bool seen = false;
+        for (int e = 0; e < bt && !seen; e++) seen = tokens[e] == tok;
+        if (seen) continue;
+        bf16_t* d = dwte + (long long)tok * C + c;
+        float acc = bf16_load(*d);
+        for (int r = bt; r < BT; r++) {
+            if (tokens[r] == tok) acc += bf16_load(dout[(long long)r * C + c]);
+        }
+        *d = bf16_store(acc);
+    }
+}

@@ -3,6 +3,9 @@
 //! The family's one home: the tasks [`forward`] and [`backward`], the CPU
 //! kernels [`encoder_forward`] and [`encoder_backward`], their CUDA launchers
 //! [`encoder_forward_cuda`] and [`encoder_backward_cuda`], and `encoder.cu`.
+//! [`forward`] and [`backward`] have a CUDA body for bf16 storage too (the
+//! `*_bf16` kernels: compiled under NVRTC, never yet run on a GPU);
+//! [`backward_positions`] is CPU only.
 //!
 //! # Token ids
 //!
@@ -17,7 +20,7 @@ use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, submit_cpu, Task};
 
@@ -28,11 +31,17 @@ pub(crate) static CUDA: Program = Program::new(
         "encoder_forward",
         "encoder_backward_wpe",
         "encoder_backward_wte",
+        "encoder_forward_bf16",
+        "encoder_backward_wpe_bf16",
+        "encoder_backward_wte_bf16",
     ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static BACKWARD_WPE: Kernel = Kernel::new(&CUDA, 1);
 static BACKWARD_WTE: Kernel = Kernel::new(&CUDA, 2);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
+static BACKWARD_WPE_BF16: Kernel = Kernel::new(&CUDA, 4);
+static BACKWARD_WTE_BF16: Kernel = Kernel::new(&CUDA, 5);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -208,17 +217,18 @@ pub fn encoder_backward<S: Storage>(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// [`encoder_forward`] on the task's stream. Bit-exact with the CPU.
+/// [`encoder_forward`] on the task's stream, `f32` or bf16 storage.
+/// Bit-exact with the CPU.
 ///
 /// # Safety
 /// Every id in `tokens` must be below `V` (the rows of `wte`): the kernel
 /// reads `wte` at the ids it finds on the device. Everything else is checked.
-pub unsafe fn encoder_forward_cuda(
+pub unsafe fn encoder_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>, // (B, T, C)
+    out: DevSliceMut<S>,   // (B, T, C)
     tokens: DevSlice<u32>, // (B, T), each < V
-    wte: DevSlice<f32>,    // (V, C)
-    wpe: DevSlice<f32>,    // (maxT, C), maxT >= T
+    wte: DevSlice<S>,      // (V, C)
+    wpe: DevSlice<S>,      // (maxT, C), maxT >= T
     b: usize,
     t: usize,
     c: usize,
@@ -240,10 +250,12 @@ pub unsafe fn encoder_forward_cuda(
         .i32(bi)
         .i32(ti)
         .i32(ci);
-    // SAFETY: encoder_forward(float*, const uint*, const float*, const float*,
-    // int B, int T, int C); out and tokens hold B·T·C and B·T elements, wpe at
-    // least T rows; wte rows are indexed by ids < V (the caller's contract).
-    unsafe { l.launch(&FORWARD, l.linear(btc, 256)?, &a) }
+    let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
+    // SAFETY: encoder_forward[_bf16](S*, const uint*, const S*, const S*,
+    // int B, int T, int C), S the storage type of out, wte and wpe; out and
+    // tokens hold B·T·C and B·T elements, wpe at least T rows; wte rows are
+    // indexed by ids < V (the caller's contract).
+    unsafe { l.launch(kernel, l.linear(btc, 256)?, &a) }
 }
 
 /// Number of token-residue classes `encoder_backward_wte` splits `dwte` into
@@ -252,16 +264,20 @@ const WTE_PARTS: u32 = 32;
 
 /// [`encoder_backward`] on the task's stream, summed in `(b, t)` order:
 /// bit-exact with the CPU. Only the first `T` rows of `dwpe` are touched.
+/// With bf16 storage every touched gradient element is loaded, gets all its
+/// contributions in `f32` and is rounded once, as on the CPU; the `dwte`
+/// kernel then scans the tokens once per distinct token it owns (work
+/// `O((B·T)² / 32)` per thread at worst).
 ///
 /// # Safety
 /// Every id in `tokens` must be below `V` (the rows of `dwte`): the kernel
 /// writes `dwte` at the ids it finds on the device.
-pub unsafe fn encoder_backward_cuda(
+pub unsafe fn encoder_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dwte: DevSliceMut<f32>, // (V, C) accumulated
-    dwpe: DevSliceMut<f32>, // (maxT, C), maxT >= T, accumulated
-    dout: DevSlice<f32>,    // (B, T, C)
-    tokens: DevSlice<u32>,  // (B, T), each < V
+    dwte: DevSliceMut<S>,  // (V, C) accumulated
+    dwpe: DevSliceMut<S>,  // (maxT, C), maxT >= T, accumulated
+    dout: DevSlice<S>,     // (B, T, C)
+    tokens: DevSlice<u32>, // (B, T), each < V
     b: usize,
     t: usize,
     c: usize,
@@ -278,9 +294,11 @@ pub unsafe fn encoder_backward_cuda(
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dwpe.ptr()).ptr(dout.ptr()).i32(bi).i32(ti).i32(ci);
-    // SAFETY: encoder_backward_wpe(float* dwpe, const float* dout, int B, int
-    // T, int C) touches the first T rows of dwpe and all of dout (checked).
-    unsafe { l.launch(&BACKWARD_WPE, l.linear(t * c, 256)?, &a)? };
+    let kernel = by_dtype::<S>(&BACKWARD_WPE, &BACKWARD_WPE_BF16);
+    // SAFETY: encoder_backward_wpe[_bf16](S* dwpe, const S* dout, int B, int
+    // T, int C), S the storage type of both, touches the first T rows of dwpe
+    // and all of dout (checked).
+    unsafe { l.launch(kernel, l.linear(t * c, 256)?, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dwte.ptr())
         .ptr(dout.ptr())
@@ -292,8 +310,10 @@ pub unsafe fn encoder_backward_cuda(
         block: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const uint*
-    // tokens, int BT, int C); dout and tokens hold B·T rows (checked); dwte
-    // rows are indexed by ids < V (the caller's contract).
-    unsafe { l.launch(&BACKWARD_WTE, cfg, &a) }
+    let kernel = by_dtype::<S>(&BACKWARD_WTE, &BACKWARD_WTE_BF16);
+    // SAFETY: encoder_backward_wte[_bf16](S* dwte, const S* dout, const uint*
+    // tokens, int BT, int C), S the storage type of dwte and dout; dout and
+    // tokens hold B·T rows (checked); dwte rows are indexed by ids < V (the
+    // caller's contract).
+    unsafe { l.launch(kernel, cfg, &a) }
 }

@@ -31,3 +31,66 @@ extern "C" __global__ void gelu_backward(float* __restrict__ dinp, const float* 
                              x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
     dinp[i] += local_grad * dout[i];
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// bf16 storage, f32 arithmetic, one rounding on store; the same operations in
+// the same order as gelu_forward::<Bf16> in gelu.rs. __fmul_rn/__fadd_rn keep
+// NVRTC from contracting a multiply and an add into one FMA (the CPU rounds
+// each). tanhf is CUDA's, not the CPU's libm: the f32 result may differ in its
+// last bit, so the stored bf16 may differ by one bf16 ulp where that bit
+// decides the rounding.
+//   out (N), inp (N)
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void gelu_forward_bf16(bf16_t* __restrict__ out,
+                                             const bf16_t* __restrict__ inp, long long N) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = bf16_load(inp[i]);
+    const float cube = __fmul_rn(__fmul_rn(__fmul_rn(GELU_CUBIC, x), x), x);
+    const float t = tanhf(__fmul_rn(GELU_SCALING_FACTOR, __fadd_rn(x, cube)));
+    out[i] = bf16_store(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)));
+}
+
+// dinp[i] += gelu'(inp[i]) * dout[i], bf16 storage: dinp loaded, the product
+// added in f32, rounded once (gelu_backward::<Bf16>). Same caveats as
+// gelu_forward_bf16.
+//   dinp (N), inp (N), dout (N)
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
+                                              const bf16_t* __restrict__ inp,
+                                              const bf16_t* __restrict__ dout, long long N) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = bf16_load(inp[i]);
+    const float g = bf16_load(dout[i]);
+    const float cube = __fmul_rn(__fmul_rn(__fmul_rn(GELU_CUBIC, x), x), x);
+    const float tanh_out = tanhf(__fmul_rn(GELU_SCALING_FACTOR, __fadd_rn(x, cube)));
+    const float sech2 = __fadd_rn(1.0f, -__fmul_rn(tanh_out, tanh_out));
+    // 0.5 * (1 + tanh_out)
+    const float left = __fmul_rn(0.5f, __fadd_rn(1.0f, tanh_out));
+    // x * 0.5 * sech2 * S * (1 + 3 * C * x * x), left to right
+    const float poly =
+        __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, GELU_CUBIC), x), x));
+    const float right = __fmul_rn(
+        __fmul_rn(__fmul_rn(__fmul_rn(x, 0.5f), sech2), GELU_SCALING_FACTOR), poly);
+    const float local_grad = __fadd_rn(left, right);
+    dinp[i] = bf16_store(__fadd_rn(bf16_load(dinp[i]), __fmul_rn(local_grad, g)));
+}

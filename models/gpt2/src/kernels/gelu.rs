@@ -4,23 +4,32 @@
 //! The family's one home: the tasks [`forward`] and [`backward`], the CPU
 //! kernels [`gelu_forward`] and [`gelu_backward`], their CUDA launchers
 //! [`gelu_forward_cuda`] and [`gelu_backward_cuda`], and `gelu.cu` (same
-//! constants, same order of operations).
+//! constants, same order of operations). Both tasks have a CUDA body for
+//! bf16 storage too (`gelu_forward_bf16`, `gelu_backward_bf16`: compiled
+//! under NVRTC, never yet run on a GPU).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "gelu.cu",
     include_str!("gelu.cu"),
-    &["gelu_forward", "gelu_backward"],
+    &[
+        "gelu_forward",
+        "gelu_backward",
+        "gelu_forward_bf16",
+        "gelu_backward_bf16",
+    ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 2);
+static BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -99,11 +108,13 @@ pub fn gelu_backward<S: Storage>(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// [`gelu_forward`] on the task's stream.
-pub fn gelu_forward_cuda(
+/// [`gelu_forward`] on the task's stream, `f32` or bf16 storage
+/// (`gelu_forward_bf16`: the CPU's operations in its order, but CUDA's
+/// `tanhf`, so a bf16 result may differ from the CPU's by one bf16 ulp).
+pub fn gelu_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>, // (N)
-    inp: DevSlice<f32>,    // (N)
+    out: DevSliceMut<S>, // (N)
+    inp: DevSlice<S>,    // (N)
 ) -> Result<()> {
     let k = Check::new("gelu_forward");
     let n = out.len();
@@ -114,16 +125,24 @@ pub fn gelu_forward_cuda(
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(out.ptr()).ptr(inp.ptr()).i64(n as i64);
-    // SAFETY: gelu_forward(float* out, const float* inp, long long N); both N.
-    unsafe { l.launch(&FORWARD, l.linear(n, 256)?, &a) }
+    // SAFETY: gelu_forward[_bf16](S* out, const S* inp, long long N), S the
+    // storage type of both slices; both N.
+    unsafe {
+        l.launch(
+            by_dtype::<S>(&FORWARD, &FORWARD_BF16),
+            l.linear(n, 256)?,
+            &a,
+        )
+    }
 }
 
-/// [`gelu_backward`] on the task's stream: `dinp += gelu'(inp) · dout`.
-pub fn gelu_backward_cuda(
+/// [`gelu_backward`] on the task's stream: `dinp += gelu'(inp) · dout`,
+/// `f32` or bf16 storage (as [`gelu_forward_cuda`]).
+pub fn gelu_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<f32>, // (N) accumulated
-    inp: DevSlice<f32>,     // (N)
-    dout: DevSlice<f32>,    // (N)
+    dinp: DevSliceMut<S>, // (N) accumulated
+    inp: DevSlice<S>,     // (N)
+    dout: DevSlice<S>,    // (N)
 ) -> Result<()> {
     let k = Check::new("gelu_backward");
     let n = dinp.len();
@@ -138,9 +157,10 @@ pub fn gelu_backward_cuda(
         .ptr(inp.ptr())
         .ptr(dout.ptr())
         .i64(n as i64);
-    // SAFETY: gelu_backward(float* dinp, const float* inp, const float* dout,
-    // long long N); all N.
-    unsafe { l.launch(&BACKWARD, l.linear(n, 256)?, &a) }
+    let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
+    // SAFETY: gelu_backward[_bf16](S* dinp, const S* inp, const S* dout,
+    // long long N), S the storage type of all three; all N.
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
 #[cfg(test)]

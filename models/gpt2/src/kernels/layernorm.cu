@@ -101,3 +101,126 @@ extern "C" __global__ void layernorm_backward_params(float* __restrict__ dweight
     dweight[c] = dw;
     dbias[c] = db;
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// The bf16 kernels follow layernorm_forward::<Bf16> / layernorm_backward::<Bf16>
+// in layernorm.rs: row reductions in double (as the CPU's f64 sums; the warp
+// tree adds in another order, so a statistic may differ from the CPU's in its
+// last f32 bit), every elementwise step in f32 in the CPU's order with
+// __fmul_rn/__fadd_rn (no FMA contraction), one rounding per stored element.
+
+static __device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// layernorm_forward with bf16 out/inp/weight/bias; mean and rstd stay f32.
+// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
+extern "C" __global__ void layernorm_forward_bf16(bf16_t* __restrict__ out,
+                                                  float* __restrict__ mean,
+                                                  float* __restrict__ rstd,
+                                                  const bf16_t* __restrict__ inp,
+                                                  const bf16_t* __restrict__ weight,
+                                                  const bf16_t* __restrict__ bias, int N, int C) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const bf16_t* x = inp + (long long)row * C;
+    double s = 0.0;
+    for (int i = lane; i < C; i += 32) s += (double)bf16_load(x[i]);
+    const double md = warp_sum_d(s) / (double)C;
+    double v = 0.0;
+    for (int i = lane; i < C; i += 32) {
+        const double d = (double)bf16_load(x[i]) - md;
+        v += d * d;
+    }
+    v = warp_sum_d(v) / (double)C;
+    const float m = (float)md;
+    const float r = (float)(1.0 / sqrt(v + (double)LN_EPS));
+    bf16_t* o = out + (long long)row * C;
+    for (int i = lane; i < C; i += 32) {
+        const float xn = __fmul_rn(__fadd_rn(bf16_load(x[i]), -m), r);
+        o[i] = bf16_store(__fadd_rn(__fmul_rn(xn, bf16_load(weight[i])), bf16_load(bias[i])));
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+// layernorm_backward_input with bf16 dinp/dout/inp/weight: each dinp element
+// loaded, the f32 term added, rounded once.
+// Launch: one warp per row: block 256, grid ceil(N / 8).
+extern "C" __global__ void layernorm_backward_input_bf16(bf16_t* __restrict__ dinp,
+                                                         const bf16_t* __restrict__ dout,
+                                                         const bf16_t* __restrict__ inp,
+                                                         const bf16_t* __restrict__ weight,
+                                                         const float* __restrict__ mean,
+                                                         const float* __restrict__ rstd, int N,
+                                                         int C) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const long long base = (long long)row * C;
+    const float m = mean[row];
+    const float s = rstd[row];
+    double a = 0.0, b = 0.0;
+    for (int i = lane; i < C; i += 32) {
+        const float norm = __fmul_rn(__fadd_rn(bf16_load(inp[base + i]), -m), s);
+        const float dnorm = __fmul_rn(bf16_load(weight[i]), bf16_load(dout[base + i]));
+        a += (double)dnorm;
+        b += (double)__fmul_rn(dnorm, norm);
+    }
+    const float am = (float)(warp_sum_d(a) / (double)C);
+    const float bm = (float)(warp_sum_d(b) / (double)C);
+    for (int i = lane; i < C; i += 32) {
+        const float norm = __fmul_rn(__fadd_rn(bf16_load(inp[base + i]), -m), s);
+        const float dnorm = __fmul_rn(bf16_load(weight[i]), bf16_load(dout[base + i]));
+        const float d = __fmul_rn(__fadd_rn(__fadd_rn(dnorm, -am), -__fmul_rn(norm, bm)), s);
+        dinp[base + i] = bf16_store(__fadd_rn(bf16_load(dinp[base + i]), d));
+    }
+}
+
+// layernorm_backward_params with bf16 dweight/dbias/dout/inp: each channel's
+// gradients loaded, every row's f32 contribution added in row order, rounded
+// once (bit-exact with the CPU given the same mean and rstd).
+// Launch: one thread per channel: grid ceil(C / 128), block 128.
+extern "C" __global__ void layernorm_backward_params_bf16(bf16_t* __restrict__ dweight,
+                                                          bf16_t* __restrict__ dbias,
+                                                          const bf16_t* __restrict__ dout,
+                                                          const bf16_t* __restrict__ inp,
+                                                          const float* __restrict__ mean,
+                                                          const float* __restrict__ rstd, int N,
+                                                          int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = bf16_load(dweight[c]);
+    float db = bf16_load(dbias[c]);
+    for (int n = 0; n < N; n++) {
+        const long long k = (long long)n * C + c;
+        const float g = bf16_load(dout[k]);
+        const float norm = __fmul_rn(__fadd_rn(bf16_load(inp[k]), -mean[n]), rstd[n]);
+        db = __fadd_rn(db, g);
+        dw = __fadd_rn(dw, __fmul_rn(norm, g));
+    }
+    dweight[c] = bf16_store(dw);
+    dbias[c] = bf16_store(db);
+}

@@ -3,13 +3,15 @@
 //! The family's one home: the tasks [`forward`] and [`backward`], the CPU
 //! kernels [`layernorm_forward`] and [`layernorm_backward`], their CUDA
 //! launchers [`layernorm_forward_cuda`] and [`layernorm_backward_cuda`], and
-//! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels.
+//! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels. Both tasks
+//! have a CUDA body for bf16 storage too (the `*_bf16` kernels: compiled
+//! under NVRTC, never yet run on a GPU).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -20,11 +22,17 @@ pub(crate) static CUDA: Program = Program::new(
         "layernorm_forward",
         "layernorm_backward_input",
         "layernorm_backward_params",
+        "layernorm_forward_bf16",
+        "layernorm_backward_input_bf16",
+        "layernorm_backward_params_bf16",
     ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static BACKWARD_INPUT: Kernel = Kernel::new(&CUDA, 1);
 static BACKWARD_PARAMS: Kernel = Kernel::new(&CUDA, 2);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
+static BACKWARD_INPUT_BF16: Kernel = Kernel::new(&CUDA, 4);
+static BACKWARD_PARAMS_BF16: Kernel = Kernel::new(&CUDA, 5);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -210,16 +218,17 @@ pub fn layernorm_backward<S: Storage>(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// [`layernorm_forward`] on the task's stream (statistics reduced in `f32`
-/// warp trees where the CPU accumulates in `f64`).
-pub fn layernorm_forward_cuda(
+/// [`layernorm_forward`] on the task's stream (`f32` storage: statistics
+/// reduced in `f32` warp trees where the CPU accumulates in `f64`; bf16
+/// storage: in `f64` warp trees, the elementwise steps in the CPU's order).
+pub fn layernorm_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>,  // (N, C)
+    out: DevSliceMut<S>,    // (N, C)
     mean: DevSliceMut<f32>, // (N)
     rstd: DevSliceMut<f32>, // (N)
-    inp: DevSlice<f32>,     // (N, C)
-    weight: DevSlice<f32>,  // (C)
-    bias: DevSlice<f32>,    // (C)
+    inp: DevSlice<S>,       // (N, C)
+    weight: DevSlice<S>,    // (C)
+    bias: DevSlice<S>,      // (C)
     n: usize,
     c: usize,
 ) -> Result<()> {
@@ -242,24 +251,28 @@ pub fn layernorm_forward_cuda(
         .ptr(bias.ptr())
         .i32(ni)
         .i32(ci);
-    // SAFETY: layernorm_forward(float* out, float* mean, float* rstd, const
-    // float* inp, const float* weight, const float* bias, int N, int C) with
-    // every buffer sized for N rows of C (checked).
-    unsafe { l.launch(&FORWARD, l.warp_rows(n)?, &a) }
+    let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
+    // SAFETY: layernorm_forward[_bf16](S* out, float* mean, float* rstd,
+    // const S* inp, const S* weight, const S* bias, int N, int C), S the
+    // storage type of out, inp, weight and bias, with every buffer sized for
+    // N rows of C (checked).
+    unsafe { l.launch(kernel, l.warp_rows(n)?, &a) }
 }
 
 /// [`layernorm_backward`] on the task's stream: accumulates `dinp`,
-/// `dweight`, `dbias`.
-pub fn layernorm_backward_cuda(
+/// `dweight`, `dbias`; `f32` or bf16 storage (with bf16, each gradient
+/// element is loaded, gets all its contributions in `f32` and is rounded
+/// once, as on the CPU).
+pub fn layernorm_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<f32>,    // (N, C) accumulated
-    dweight: DevSliceMut<f32>, // (C) accumulated
-    dbias: DevSliceMut<f32>,   // (C) accumulated
-    dout: DevSlice<f32>,       // (N, C)
-    inp: DevSlice<f32>,        // (N, C)
-    weight: DevSlice<f32>,     // (C)
-    mean: DevSlice<f32>,       // (N)
-    rstd: DevSlice<f32>,       // (N)
+    dinp: DevSliceMut<S>,    // (N, C) accumulated
+    dweight: DevSliceMut<S>, // (C) accumulated
+    dbias: DevSliceMut<S>,   // (C) accumulated
+    dout: DevSlice<S>,       // (N, C)
+    inp: DevSlice<S>,        // (N, C)
+    weight: DevSlice<S>,     // (C)
+    mean: DevSlice<f32>,     // (N)
+    rstd: DevSlice<f32>,     // (N)
     n: usize,
     c: usize,
 ) -> Result<()> {
@@ -284,10 +297,12 @@ pub fn layernorm_backward_cuda(
         .ptr(rstd.ptr())
         .i32(ni)
         .i32(ci);
-    // SAFETY: layernorm_backward_input(float* dinp, const float* dout, const
-    // float* inp, const float* weight, const float* mean, const float* rstd,
-    // int N, int C), buffers sized for N rows of C (checked).
-    unsafe { l.launch(&BACKWARD_INPUT, l.warp_rows(n)?, &a)? };
+    let kernel = by_dtype::<S>(&BACKWARD_INPUT, &BACKWARD_INPUT_BF16);
+    // SAFETY: layernorm_backward_input[_bf16](S* dinp, const S* dout, const
+    // S* inp, const S* weight, const float* mean, const float* rstd, int N,
+    // int C), S the storage type of dinp, dout, inp and weight, buffers sized
+    // for N rows of C (checked).
+    unsafe { l.launch(kernel, l.warp_rows(n)?, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dweight.ptr())
         .ptr(dbias.ptr())
@@ -297,10 +312,11 @@ pub fn layernorm_backward_cuda(
         .ptr(rstd.ptr())
         .i32(ni)
         .i32(ci);
-    // SAFETY: layernorm_backward_params(float* dweight, float* dbias, const
-    // float* dout, const float* inp, const float* mean, const float* rstd, int
-    // N, int C), same sizes.
-    unsafe { l.launch(&BACKWARD_PARAMS, l.linear(c, 128)?, &a) }
+    let kernel = by_dtype::<S>(&BACKWARD_PARAMS, &BACKWARD_PARAMS_BF16);
+    // SAFETY: layernorm_backward_params[_bf16](S* dweight, S* dbias, const
+    // S* dout, const S* inp, const float* mean, const float* rstd, int N, int
+    // C), S the storage type of the first four, same sizes.
+    unsafe { l.launch(kernel, l.linear(c, 128)?, &a) }
 }
 
 #[cfg(test)]

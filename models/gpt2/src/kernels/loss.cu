@@ -108,3 +108,86 @@ extern "C" __global__ void loss_mean(float* __restrict__ out, const float* __res
         if (lane == 0) out[0] = (float)(s / (double)N);
     }
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// Block-wide double sum in a fixed tree, as block_sum; every thread gets it.
+static __device__ double block_sum_d(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < warps) ? scratch[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+// softmax_crossentropy_forward with bf16 probs and logits (softmax_row and
+// softmax_crossentropy_forward::<Bf16> in loss.rs): the row max in f32, each
+// exp in f32 summed in double (the CPU's f64 sum, in a tree order), inv =
+// (float)(1 / sum), p = e * inv in f32 and rounded once on store; the loss
+// (f32) is -log of the target's f32 probability before rounding, as on the
+// CPU. The exp is recomputed in the last pass instead of being kept in probs
+// (a bf16 slot cannot hold it). expf and logf are CUDA's, not the CPU's
+// libm: a probability may differ by one bf16 ulp, a loss in its last bits.
+//   probs (N, V), losses (N) or null, logits (N, V), targets (N) ids < V or null
+// Launch: one block per row: grid N, block 1024 (any multiple of 32).
+extern "C" __global__ void softmax_crossentropy_forward_bf16(
+    bf16_t* __restrict__ probs, float* __restrict__ losses, const bf16_t* __restrict__ logits,
+    const unsigned int* __restrict__ targets, int N, int V) {
+    __shared__ float scratch[32];
+    __shared__ double scratch_d[32];
+    const int row = blockIdx.x;
+    if (row >= N) return;  // uniform for the whole block
+    const bf16_t* x = logits + (long long)row * V;
+    bf16_t* p = probs + (long long)row * V;
+    float mx = NEG_INF;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, bf16_load(x[i]));
+    mx = block_max(mx, scratch);
+    double s = 0.0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        s += (double)expf(__fadd_rn(bf16_load(x[i]), -mx));
+    }
+    const float inv = (float)(1.0 / block_sum_d(s, scratch_d));
+    const bool loss = losses != nullptr && targets != nullptr;
+    const unsigned int tgt = loss ? targets[row] : 0u;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float pi = __fmul_rn(expf(__fadd_rn(bf16_load(x[i]), -mx)), inv);
+        p[i] = bf16_store(pi);
+        if (loss && (unsigned int)i == tgt) losses[row] = -logf(pi);
+    }
+}
+
+// crossentropy_softmax_backward with bf16 dlogits and probs: each element
+// loaded, p * d added in f32, the target's - d after it, rounded once
+// (crossentropy_softmax_backward::<Bf16>; bit-exact with it).
+//   dlogits (N, V), probs (N, V), targets (N)
+// Launch: grid ceil(N*V / block), block 256.
+extern "C" __global__ void crossentropy_softmax_backward_bf16(
+    bf16_t* __restrict__ dlogits, const bf16_t* __restrict__ probs,
+    const unsigned int* __restrict__ targets, float d, int N, int V) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)N * V) return;
+    const long long row = idx / V;
+    const unsigned int i = (unsigned int)(idx % V);
+    float g = __fadd_rn(bf16_load(dlogits[idx]), __fmul_rn(bf16_load(probs[idx]), d));
+    if (i == targets[row]) g = __fadd_rn(g, -d);
+    dlogits[idx] = bf16_store(g);
+}

@@ -8,6 +8,12 @@
 //! stand-alone cross-entropy launcher. Rows are `n = B·T` positions of a
 //! vocabulary of `v`.
 //!
+//! [`softmax`], [`softmax_crossentropy`] and [`backward`] have a CUDA body
+//! for bf16 `probs`/`logits`/`dlogits` too (the `*_bf16` kernels: compiled
+//! under NVRTC, never yet run on a GPU); losses stay `f32`, and a loss is
+//! computed from the target's `f32` probability before it is rounded, as on
+//! the CPU.
+//!
 //! # Target ids
 //!
 //! The fused CUDA kernel reads `probs` at the target ids it finds on the
@@ -20,7 +26,7 @@ use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -31,11 +37,15 @@ pub(crate) static CUDA: Program = Program::new(
         "softmax_crossentropy_forward",
         "crossentropy_softmax_backward",
         "loss_mean",
+        "softmax_crossentropy_forward_bf16",
+        "crossentropy_softmax_backward_bf16",
     ],
 );
 static SOFTMAX_CROSSENTROPY_FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static CROSSENTROPY_SOFTMAX_BACKWARD: Kernel = Kernel::new(&CUDA, 1);
 static LOSS_MEAN: Kernel = Kernel::new(&CUDA, 2);
+static SOFTMAX_CROSSENTROPY_FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
+static CROSSENTROPY_SOFTMAX_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 4);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -290,10 +300,10 @@ const SOFTMAX_BLOCK: u32 = 1024;
 
 /// [`softmax_forward`] on the task's stream (row max subtracted; sums in
 /// `f32` block trees).
-pub fn softmax_forward_cuda(
+pub fn softmax_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    probs: DevSliceMut<f32>, // (N, V)
-    logits: DevSlice<f32>,   // (N, V)
+    probs: DevSliceMut<S>, // (N, V)
+    logits: DevSlice<S>,   // (N, V)
     n: usize,
     v: usize,
 ) -> Result<()> {
@@ -305,7 +315,7 @@ pub fn softmax_forward_cuda(
     let l = Launcher::new(k, cu);
     // SAFETY: null losses and targets (the kernel then skips the loss);
     // probs, logits (N, V) (checked).
-    unsafe { launch_softmax_crossentropy(&l, probs.ptr(), 0, logits.ptr(), 0, ni, vi) }
+    unsafe { launch_softmax_crossentropy::<S>(&l, probs.ptr(), 0, logits.ptr(), 0, ni, vi) }
 }
 
 /// [`softmax_forward`] then [`crossentropy_forward`], in one kernel on the
@@ -314,11 +324,11 @@ pub fn softmax_forward_cuda(
 /// # Safety
 /// Every id in `targets` must be below `V`: the kernel reads `probs` at the
 /// ids it finds on the device.
-pub unsafe fn softmax_crossentropy_forward_cuda(
+pub unsafe fn softmax_crossentropy_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    probs: DevSliceMut<f32>,  // (N, V)
+    probs: DevSliceMut<S>,    // (N, V)
     losses: DevSliceMut<f32>, // (N)
-    logits: DevSlice<f32>,    // (N, V)
+    logits: DevSlice<S>,      // (N, V)
     targets: DevSlice<u32>,   // (N), each < V
     n: usize,
     v: usize,
@@ -334,7 +344,7 @@ pub unsafe fn softmax_crossentropy_forward_cuda(
     // SAFETY: buffers checked; the row of probs is indexed by targets < V
     // (the caller's contract).
     unsafe {
-        launch_softmax_crossentropy(
+        launch_softmax_crossentropy::<S>(
             &l,
             probs.ptr(),
             losses.ptr(),
@@ -354,7 +364,7 @@ pub unsafe fn softmax_crossentropy_forward_cuda(
 /// losses, const float* logits, const uint* targets, int N, int V)`: `probs`
 /// and `logits` address `(N, V)`, `losses` and `targets` `(N)` or are both
 /// null (the kernel then skips the loss), and every target is below `V`.
-unsafe fn launch_softmax_crossentropy(
+unsafe fn launch_softmax_crossentropy<S: Storage>(
     l: &Launcher<'_>,
     probs: u64,
     losses: u64,
@@ -371,8 +381,12 @@ unsafe fn launch_softmax_crossentropy(
         .i32(n)
         .i32(v);
     let cfg = LaunchConfig::grid_block(l.grid(n as usize)?, SOFTMAX_BLOCK);
-    // SAFETY: the caller's contract.
-    unsafe { l.launch(&SOFTMAX_CROSSENTROPY_FORWARD, cfg, &a) }
+    let kernel = by_dtype::<S>(
+        &SOFTMAX_CROSSENTROPY_FORWARD,
+        &SOFTMAX_CROSSENTROPY_FORWARD_BF16,
+    );
+    // SAFETY: the caller's contract (probs and logits stored as S).
+    unsafe { l.launch(kernel, cfg, &a) }
 }
 
 /// [`mean_loss`] on the task's stream, accumulated in `f64`, written to
@@ -395,11 +409,11 @@ pub fn mean_loss_cuda(
 
 /// [`crossentropy_softmax_backward`] on the task's stream. Safe for any
 /// target id: ids are only compared, never used as addresses.
-pub fn crossentropy_softmax_backward_cuda(
+pub fn crossentropy_softmax_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dlogits: DevSliceMut<f32>, // (N, V) accumulated
-    probs: DevSlice<f32>,      // (N, V)
-    targets: DevSlice<u32>,    // (N)
+    dlogits: DevSliceMut<S>, // (N, V) accumulated
+    probs: DevSlice<S>,      // (N, V)
+    targets: DevSlice<u32>,  // (N)
     dloss: f32,
     n: usize,
     v: usize,
@@ -420,10 +434,15 @@ pub fn crossentropy_softmax_backward_cuda(
         .f32(d)
         .i32(ni)
         .i32(vi);
-    // SAFETY: crossentropy_softmax_backward(float* dlogits, const float*
-    // probs, const uint* targets, float d, int N, int V); buffers checked;
-    // targets are compared with column indices only.
-    unsafe { l.launch(&CROSSENTROPY_SOFTMAX_BACKWARD, l.linear(nv, 256)?, &a) }
+    let kernel = by_dtype::<S>(
+        &CROSSENTROPY_SOFTMAX_BACKWARD,
+        &CROSSENTROPY_SOFTMAX_BACKWARD_BF16,
+    );
+    // SAFETY: crossentropy_softmax_backward[_bf16](S* dlogits, const S*
+    // probs, const uint* targets, float d, int N, int V), S the storage type
+    // of dlogits and probs; buffers checked; targets are compared with
+    // column indices only.
+    unsafe { l.launch(kernel, l.linear(nv, 256)?, &a) }
 }
 
 #[cfg(test)]

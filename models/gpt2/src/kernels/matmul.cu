@@ -36,3 +36,47 @@ extern "C" __global__ void bias_backward(float* __restrict__ dbias, const float*
     }
     dbias[o] = acc;
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// out[n, o] = bias[o], bf16 (a copy: exact), so that the following cuBLAS bf16
+// product with beta = 1 loads it, adds inp · W^T in f32 and rounds once, as
+// matmul_forward::<Bf16> does.
+// Launch: grid ceil(N*OC / block), block 256.
+extern "C" __global__ void bias_broadcast_bf16(bf16_t* __restrict__ out,
+                                               const bf16_t* __restrict__ bias, int N, int OC) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)N * OC) return;
+    out[idx] = bias[idx % OC];
+}
+
+// dbias[o] += sum_n dout[n, o], bf16: dbias loaded, the rows added in f32 in
+// order, rounded once (matmul_backward_weight::<Bf16>'s dbias; bit-exact).
+// Launch: one thread per output channel: grid ceil(OC / 128), block 128.
+extern "C" __global__ void bias_backward_bf16(bf16_t* __restrict__ dbias,
+                                              const bf16_t* __restrict__ dout, int N, int OC) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC) return;
+    float acc = bf16_load(dbias[o]);
+    for (int n = 0; n < N; n++) {
+        acc += bf16_load(dout[(long long)n * OC + o]);
+    }
+    dbias[o] = bf16_store(acc);
+}

@@ -6,24 +6,33 @@
 //! [`backward_weight`], the CPU kernels [`matmul_forward`],
 //! [`matmul_backward_input`] and [`matmul_backward_weight`] (through `gemm`,
 //! single-threaded), their CUDA launchers (cuBLAS for the products, `matmul.cu`
-//! for the bias). Rows are `n = B·T` positions.
+//! for the bias). Rows are `n = B·T` positions. The three tasks have a CUDA
+//! body for bf16 storage too (cuBLAS `gemm_bf16` and the `*_bf16` bias
+//! kernels: compiled, never yet run on a GPU).
 
 use braid::cuda::{Gemm, KernelArgs, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
     include_str!("matmul.cu"),
-    &["bias_broadcast", "bias_backward"],
+    &[
+        "bias_broadcast",
+        "bias_backward",
+        "bias_broadcast_bf16",
+        "bias_backward_bf16",
+    ],
 );
 static BIAS_BROADCAST: Kernel = Kernel::new(&CUDA, 0);
 static BIAS_BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+static BIAS_BROADCAST_BF16: Kernel = Kernel::new(&CUDA, 2);
+static BIAS_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -320,12 +329,12 @@ pub fn matmul_backward_weight<S: Storage>(
 
 /// [`matmul_forward`] on the task's stream: the bias is broadcast into `out`
 /// first and the cuBLAS product added with `beta = 1`, the CPU kernel's order.
-pub fn matmul_forward_cuda(
+pub fn matmul_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>,       // (N, OC)
-    inp: DevSlice<f32>,          // (N, C)
-    weight: DevSlice<f32>,       // (OC, C)
-    bias: Option<DevSlice<f32>>, // (OC)
+    out: DevSliceMut<S>,       // (N, OC)
+    inp: DevSlice<S>,          // (N, C)
+    weight: DevSlice<S>,       // (OC, C)
+    bias: Option<DevSlice<S>>, // (OC)
     n: usize,
     c: usize,
     oc: usize,
@@ -343,24 +352,27 @@ pub fn matmul_forward_cuda(
     let beta = if let Some(bias) = bias {
         let mut a = KernelArgs::new();
         a.ptr(out.ptr()).ptr(bias.ptr()).i32(ni).i32(oci);
-        // SAFETY: bias_broadcast(float* out, const float* bias, int N, int
-        // OC); out is (N, OC), bias (OC) (checked).
-        unsafe { l.launch(&BIAS_BROADCAST, l.linear(n * oc, 256)?, &a)? };
+        let kernel = by_dtype::<S>(&BIAS_BROADCAST, &BIAS_BROADCAST_BF16);
+        // SAFETY: bias_broadcast[_bf16](S* out, const S* bias, int N, int
+        // OC), S the storage type of both; out is (N, OC), bias (OC)
+        // (checked).
+        unsafe { l.launch(kernel, l.linear(n * oc, 256)?, &a)? };
         1.0
     } else {
         0.0
     };
     let g = Gemm::new(Transpose::N, Transpose::T, n, oc, c).scaled(1.0, beta);
-    // SAFETY: inp (N, C) · weight (OC, C)ᵀ into out (N, OC), sizes checked.
-    unsafe { l.gemm(&g, inp.ptr(), weight.ptr(), out.ptr()) }
+    // SAFETY: inp (N, C) · weight (OC, C)ᵀ into out (N, OC), sizes checked,
+    // all stored as S.
+    unsafe { l.gemm_as::<S>(&g, inp.ptr(), weight.ptr(), out.ptr()) }
 }
 
 /// [`matmul_backward_input`] on the task's stream (cuBLAS, `beta = 1`).
-pub fn matmul_backward_input_cuda(
+pub fn matmul_backward_input_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<f32>, // (N, C) accumulated
-    dout: DevSlice<f32>,    // (N, OC)
-    weight: DevSlice<f32>,  // (OC, C)
+    dinp: DevSliceMut<S>, // (N, C) accumulated
+    dout: DevSlice<S>,    // (N, OC)
+    weight: DevSlice<S>,  // (OC, C)
     n: usize,
     c: usize,
     oc: usize,
@@ -374,19 +386,20 @@ pub fn matmul_backward_input_cuda(
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     let l = Launcher::new(k, cu);
     let g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 1.0);
-    // SAFETY: dout (N, OC) · weight (OC, C) added to dinp (N, C), sizes checked.
-    unsafe { l.gemm(&g, dout.ptr(), weight.ptr(), dinp.ptr()) }
+    // SAFETY: dout (N, OC) · weight (OC, C) added to dinp (N, C), sizes
+    // checked, all stored as S.
+    unsafe { l.gemm_as::<S>(&g, dout.ptr(), weight.ptr(), dinp.ptr()) }
 }
 
 /// [`matmul_backward_weight`] on the task's stream: `dweight += doutᵀ · inp`
 /// (cuBLAS, `beta = 1`) and, with `dbias`, `dbias += Σ_rows dout` (one thread
 /// per channel, rows in order).
-pub fn matmul_backward_weight_cuda(
+pub fn matmul_backward_weight_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dweight: DevSliceMut<f32>,       // (OC, C) accumulated
-    dbias: Option<DevSliceMut<f32>>, // (OC) accumulated
-    dout: DevSlice<f32>,             // (N, OC)
-    inp: DevSlice<f32>,              // (N, C)
+    dweight: DevSliceMut<S>,       // (OC, C) accumulated
+    dbias: Option<DevSliceMut<S>>, // (OC) accumulated
+    dout: DevSlice<S>,             // (N, OC)
+    inp: DevSlice<S>,              // (N, C)
     n: usize,
     c: usize,
     oc: usize,
@@ -402,14 +415,17 @@ pub fn matmul_backward_weight_cuda(
     k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
     let l = Launcher::new(k, cu);
     let g = Gemm::new(Transpose::T, Transpose::N, oc, c, n).scaled(1.0, 1.0);
-    // SAFETY: dout (N, OC)ᵀ · inp (N, C) added to dweight (OC, C), sizes checked.
-    unsafe { l.gemm(&g, dout.ptr(), inp.ptr(), dweight.ptr())? };
+    // SAFETY: dout (N, OC)ᵀ · inp (N, C) added to dweight (OC, C), sizes
+    // checked, all stored as S.
+    unsafe { l.gemm_as::<S>(&g, dout.ptr(), inp.ptr(), dweight.ptr())? };
     if let Some(dbias) = dbias {
         let mut a = KernelArgs::new();
         a.ptr(dbias.ptr()).ptr(dout.ptr()).i32(ni).i32(oci);
-        // SAFETY: bias_backward(float* dbias, const float* dout, int N, int
-        // OC); dbias (OC), dout (N, OC) (checked).
-        unsafe { l.launch(&BIAS_BACKWARD, l.linear(oc, 128)?, &a)? };
+        let kernel = by_dtype::<S>(&BIAS_BACKWARD, &BIAS_BACKWARD_BF16);
+        // SAFETY: bias_backward[_bf16](S* dbias, const S* dout, int N, int
+        // OC), S the storage type of both; dbias (OC), dout (N, OC)
+        // (checked).
+        unsafe { l.launch(kernel, l.linear(oc, 128)?, &a)? };
     }
     Ok(())
 }

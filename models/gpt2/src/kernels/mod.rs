@@ -40,7 +40,19 @@
 //! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
 //! [`Storage`](storage::Storage) element trait) and [`task`] the
 //! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
-//! task) or a builder with a dtype (bf16 tasks have CPU bodies only).
+//! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
+//! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,
+//! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`attention`] (direct
+//! loops), [`gelu`], [`residual`], [`loss`]
+//! `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
+//! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`; compiled,
+//! never yet run on a GPU) and the CPU body only elsewhere
+//! ([`flash_attention`], [`fused_classifier`];
+//! [`fill`] zeroes bytes, any dtype, on both backends). The model still
+//! refuses bf16 off the CPU until these kernels have run on a GPU. The bf16
+//! kernels share
+//! `bf16.cuh`'s load/store helpers, copied into each `.cu` (NVRTC compiles a
+//! file alone).
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
@@ -222,6 +234,29 @@ mod tests {
             }
         }
         assert_eq!(kernel_sources().len(), PROGRAMS.len());
+    }
+
+    /// Every program with `_bf16` kernels carries `bf16.cuh` (the bf16 load
+    /// and store helpers) verbatim: NVRTC compiles each `.cu` alone, without
+    /// include files, so each holds a copy, and this keeps the copies equal.
+    #[test]
+    fn bf16_programs_carry_the_shared_helpers() {
+        let helpers = include_str!("bf16.cuh");
+        let mut with_bf16 = 0;
+        for p in PROGRAMS {
+            let has_bf16 = p.kernels.iter().any(|k| k.ends_with("_bf16"));
+            assert_eq!(
+                has_bf16,
+                p.source.contains(helpers),
+                "{}: bf16 kernels and bf16.cuh's helpers go together",
+                p.file
+            );
+            with_bf16 += has_bf16 as usize;
+        }
+        assert!(
+            with_bf16 >= 3,
+            "gelu, residual and encoder have bf16 kernels"
+        );
     }
 
     #[test]

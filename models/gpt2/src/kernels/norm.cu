@@ -85,3 +85,55 @@ extern "C" __global__ void scale_inplace_dev(float* __restrict__ x, long long N,
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) x[i] *= s[0];
 }
+
+// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
+// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
+// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
+// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf16_load(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ bf16_t bf16_store(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
+    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16_t)((bits + round) >> 16);
+}
+// END bf16 helpers
+
+// grad_norm_sq_partial with bf16 gradients: each loaded exactly, squared and
+// summed in double in the same fixed order as grad_norm_sq_partial.
+//   partials (gridDim.x), grads (N)
+// Launch: a FIXED grid (e.g. 2 * number of SMs, at most 1024), block 512.
+extern "C" __global__ void grad_norm_sq_partial_bf16(double* __restrict__ partials,
+                                                     const bf16_t* __restrict__ grads,
+                                                     long long N) {
+    double s = 0.0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
+        const double g = (double)bf16_load(grads[i]);
+        s += g * g;
+    }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// x[i] = round(x[i] * s), bf16 storage, f32 product rounded once
+// (scale_in_place::<Bf16>; bit-exact with it).
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void scale_inplace_bf16(bf16_t* __restrict__ x, long long N, float s) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) x[i] = bf16_store(bf16_load(x[i]) * s);
+}
+
+// x[i] = round(x[i] * s[0]), bf16 storage (device scalar).
+// Launch: grid ceil(N / block), block 256.
+extern "C" __global__ void scale_inplace_dev_bf16(bf16_t* __restrict__ x, long long N,
+                                                  const float* __restrict__ s) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) x[i] = bf16_store(bf16_load(x[i]) * s[0]);
+}

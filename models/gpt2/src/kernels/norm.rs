@@ -8,12 +8,14 @@
 //! launchers and `norm.cu`. On CUDA the norm is two kernels into device
 //! memory ([`grad_norm_sq_partial_cuda`], [`grad_norm_sq_finalize_cuda`])
 //! and the clip factor stays on the device, so clipping needs no host
-//! synchronisation.
+//! synchronisation. [`sum_squares`], [`scale`] and [`scale_by`] have a CUDA
+//! body for bf16 gradients too (the `*_bf16` kernels: compiled under NVRTC,
+//! never yet run on a GPU).
 
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
 
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -26,6 +28,9 @@ pub(crate) static CUDA: Program = Program::new(
         "grad_clip_scale",
         "scale_inplace",
         "scale_inplace_dev",
+        "grad_norm_sq_partial_bf16",
+        "scale_inplace_bf16",
+        "scale_inplace_dev_bf16",
     ],
 );
 static NORM_SQ_PARTIAL: Kernel = Kernel::new(&CUDA, 0);
@@ -33,6 +38,9 @@ static NORM_SQ_FINALIZE: Kernel = Kernel::new(&CUDA, 1);
 static CLIP_SCALE: Kernel = Kernel::new(&CUDA, 2);
 static SCALE_INPLACE: Kernel = Kernel::new(&CUDA, 3);
 static SCALE_INPLACE_DEV: Kernel = Kernel::new(&CUDA, 4);
+static NORM_SQ_PARTIAL_BF16: Kernel = Kernel::new(&CUDA, 5);
+static SCALE_INPLACE_BF16: Kernel = Kernel::new(&CUDA, 6);
+static SCALE_INPLACE_DEV_BF16: Kernel = Kernel::new(&CUDA, 7);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -166,11 +174,12 @@ pub fn scale_in_place<S: Storage>(
 pub const GRAD_NORM_PARTIALS: usize = 512;
 
 /// Stage 1 of the squared L2 norm: `partials[p]` = the sum of `g²` (in `f64`)
-/// over the elements block `p` visits, for `P = partials.len()` blocks.
-pub fn grad_norm_sq_partial_cuda(
+/// over the elements block `p` visits, for `P = partials.len()` blocks;
+/// `f32` or bf16 gradients (each loaded exactly, the same order).
+pub fn grad_norm_sq_partial_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     partials: DevSliceMut<f64>, // (P)
-    grads: DevSlice<f32>,       // (N)
+    grads: DevSlice<S>,         // (N)
 ) -> Result<()> {
     let k = Check::new("grad_norm_sq_partial");
     let p = partials.len();
@@ -180,15 +189,11 @@ pub fn grad_norm_sq_partial_cuda(
     a.ptr(partials.ptr())
         .ptr(grads.ptr())
         .i64(grads.len() as i64);
-    // SAFETY: grad_norm_sq_partial(double* partials, const float* grads, long
-    // long N) writes partials[blockIdx.x] for P blocks; grads holds N.
-    unsafe {
-        l.launch(
-            &NORM_SQ_PARTIAL,
-            LaunchConfig::grid_block(l.grid(p)?, 512),
-            &a,
-        )
-    }
+    let kernel = by_dtype::<S>(&NORM_SQ_PARTIAL, &NORM_SQ_PARTIAL_BF16);
+    // SAFETY: grad_norm_sq_partial[_bf16](double* partials, const S* grads,
+    // long long N), S the storage type of grads, writes partials[blockIdx.x]
+    // for P blocks; grads holds N.
+    unsafe { l.launch(kernel, LaunchConfig::grid_block(l.grid(p)?, 512), &a) }
 }
 
 /// Stage 2: `out[0] = Σ partials` (fixed order).
@@ -212,11 +217,11 @@ pub fn grad_norm_sq_finalize_cuda(
 /// `partials` (scratch, e.g. [`GRAD_NORM_PARTIALS`] long) then
 /// [`grad_norm_sq_finalize_cuda`]. The device counterpart of
 /// [`grad_norm_sq`].
-pub fn grad_norm_sq_cuda(
+pub fn grad_norm_sq_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     out: DevSliceMut<f64>,      // (1)
     partials: DevSliceMut<f64>, // (P) scratch
-    grads: DevSlice<f32>,       // (N)
+    grads: DevSlice<S>,         // (N)
 ) -> Result<()> {
     grad_norm_sq_partial_cuda(cu, partials, grads)?;
     grad_norm_sq_finalize_cuda(cu, out, partials.as_read())
@@ -242,10 +247,11 @@ pub fn grad_clip_scale_cuda(
 }
 
 /// [`scale_in_place`] on the task's stream: `x *= scale`; nothing is
-/// launched when `scale == 1` (as on the CPU). Bit-exact with the CPU.
-pub fn scale_in_place_cuda(
+/// launched when `scale == 1` (as on the CPU). `f32` or bf16 storage;
+/// bit-exact with the CPU.
+pub fn scale_in_place_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    x: DevSliceMut<f32>, // (N)
+    x: DevSliceMut<S>, // (N)
     scale: f32,
 ) -> Result<()> {
     let n = x.len();
@@ -255,16 +261,19 @@ pub fn scale_in_place_cuda(
     let l = Launcher::new(Check::new("scale_in_place"), cu);
     let mut a = KernelArgs::new();
     a.ptr(x.ptr()).i64(n as i64).f32(scale);
-    // SAFETY: scale_inplace(float* x, long long N, float s); x holds N.
-    unsafe { l.launch(&SCALE_INPLACE, l.linear(n, 256)?, &a) }
+    let kernel = by_dtype::<S>(&SCALE_INPLACE, &SCALE_INPLACE_BF16);
+    // SAFETY: scale_inplace[_bf16](S* x, long long N, float s), S the
+    // storage type of x; x holds N.
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
 /// `x *= scale[0]` with the factor read on the device (e.g. from
 /// [`grad_clip_scale_cuda`]): clipping without a host synchronisation.
-/// Bit-exact with the CPU.
-pub fn scale_in_place_by_cuda(
+/// `f32` or bf16 storage; bit-exact with the CPU (a factor of exactly 1
+/// rewrites every element unchanged, where the CPU skips the loop).
+pub fn scale_in_place_by_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    x: DevSliceMut<f32>,  // (N)
+    x: DevSliceMut<S>,    // (N)
     scale: DevSlice<f32>, // (1)
 ) -> Result<()> {
     let k = Check::new("scale_in_place_dev");
@@ -276,9 +285,10 @@ pub fn scale_in_place_by_cuda(
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(x.ptr()).i64(n as i64).ptr(scale.ptr());
-    // SAFETY: scale_inplace_dev(float* x, long long N, const float* s); x
-    // holds N, s one float (checked).
-    unsafe { l.launch(&SCALE_INPLACE_DEV, l.linear(n, 256)?, &a) }
+    let kernel = by_dtype::<S>(&SCALE_INPLACE_DEV, &SCALE_INPLACE_DEV_BF16);
+    // SAFETY: scale_inplace_dev[_bf16](S* x, long long N, const float* s), S
+    // the storage type of x; x holds N, s one float (checked).
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
 #[cfg(test)]

@@ -3,23 +3,32 @@
 //! The family's one home: the tasks [`forward`] and [`backward`], the CPU
 //! kernels [`residual_forward`] and [`residual_backward`], their CUDA
 //! launchers [`residual_forward_cuda`] and [`residual_backward_cuda`]
-//! (bit-exact with the CPU), and `residual.cu`.
+//! (bit-exact with the CPU), and `residual.cu`. Both tasks have a CUDA body
+//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`:
+//! compiled under NVRTC, never yet run on a GPU).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "residual.cu",
     include_str!("residual.cu"),
-    &["residual_forward", "residual_backward"],
+    &[
+        "residual_forward",
+        "residual_backward",
+        "residual_forward_bf16",
+        "residual_backward_bf16",
+    ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static BACKWARD: Kernel = Kernel::new(&CUDA, 1);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 2);
+static BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -97,12 +106,13 @@ pub fn residual_backward<S: Storage>(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// [`residual_forward`] on the task's stream. Bit-exact with the CPU.
-pub fn residual_forward_cuda(
+/// [`residual_forward`] on the task's stream, `f32` or bf16 storage.
+/// Bit-exact with the CPU.
+pub fn residual_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<f32>, // (N)
-    inp1: DevSlice<f32>,   // (N)
-    inp2: DevSlice<f32>,   // (N)
+    out: DevSliceMut<S>, // (N)
+    inp1: DevSlice<S>,   // (N)
+    inp2: DevSlice<S>,   // (N)
 ) -> Result<()> {
     let k = Check::new("residual_forward");
     let n = out.len();
@@ -117,17 +127,19 @@ pub fn residual_forward_cuda(
         .ptr(inp1.ptr())
         .ptr(inp2.ptr())
         .i64(n as i64);
-    // SAFETY: residual_forward(float* out, const float* inp1, const float*
-    // inp2, long long N); all N.
-    unsafe { l.launch(&FORWARD, l.linear(n, 256)?, &a) }
+    let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
+    // SAFETY: residual_forward[_bf16](S* out, const S* inp1, const S* inp2,
+    // long long N), S the storage type of all three; all N.
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
-/// [`residual_backward`] on the task's stream. Bit-exact with the CPU.
-pub fn residual_backward_cuda(
+/// [`residual_backward`] on the task's stream, `f32` or bf16 storage.
+/// Bit-exact with the CPU.
+pub fn residual_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp1: DevSliceMut<f32>, // (N) accumulated
-    dinp2: DevSliceMut<f32>, // (N) accumulated
-    dout: DevSlice<f32>,     // (N)
+    dinp1: DevSliceMut<S>, // (N) accumulated
+    dinp2: DevSliceMut<S>, // (N) accumulated
+    dout: DevSlice<S>,     // (N)
 ) -> Result<()> {
     let k = Check::new("residual_backward");
     let n = dinp1.len();
@@ -142,8 +154,9 @@ pub fn residual_backward_cuda(
         .ptr(dinp2.ptr())
         .ptr(dout.ptr())
         .i64(n as i64);
-    // SAFETY: residual_backward(float* dinp1, float* dinp2, const float* dout,
-    // long long N); all N, dinp1 and dinp2 disjoint (the engine checked the
-    // task's write tokens at submission).
-    unsafe { l.launch(&BACKWARD, l.linear(n, 256)?, &a) }
+    let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
+    // SAFETY: residual_backward[_bf16](S* dinp1, S* dinp2, const S* dout,
+    // long long N), S the storage type of all three; all N, dinp1 and dinp2
+    // disjoint (the engine checked the task's write tokens at submission).
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }

@@ -3,11 +3,16 @@
 //!
 //! Every task function takes `impl Into<Task>`, so a plain
 //! [`TaskBuilder`] (`rt.task("…")`) is an `f32` task, as before, and
-//! [`Task::new`] names another dtype. With `f32` a task is submitted with a
-//! body per backend ([`TaskBuilder::run_any`]); with bf16 with the CPU body
-//! only ([`TaskBuilder::run`]): there are no bf16 CUDA kernels yet, so on
-//! another backend submission fails with [`braid::Error::NoBody`] naming the
-//! task (the model refuses bf16 off the CPU before it submits anything).
+//! [`Task::new`] names another dtype. A family with CUDA kernels submits
+//! with [`submit!`]: a body per backend ([`TaskBuilder::run_any`]) on every
+//! dtype, the CUDA launcher picking the `f32` or the `*_bf16` kernel; a task
+//! with a CPU kernel only submits with [`submit_cpu!`] (on another backend
+//! submission fails with [`braid::Error::NoBody`] naming the task).
+//!
+//! The bf16 CUDA kernels (`*_bf16` in the families' `.cu` files, and
+//! cuBLAS's bf16 product) compile under NVRTC but have never run on a GPU;
+//! `tests/cuda_kernels.rs` compares each with its CPU kernel when a GPU is
+//! present.
 
 use braid::TaskBuilder;
 
@@ -54,9 +59,10 @@ impl<'rt> From<TaskBuilder<'rt>> for Task<'rt> {
     }
 }
 
-/// Submits a [`Task`] with tokens written once for a storage type `$S`:
-/// `f32` with both bodies, bf16 with the CPU body only (see the module
-/// docs). `$tokens` and `$cpu` are expanded once per storage type:
+/// Submits a [`Task`] with tokens written once for a storage type `$S`, with
+/// both bodies on every dtype ([`TaskBuilder::run_any`]): `$tokens`, `$cpu`
+/// and `$cuda` are expanded once per storage type, so the CUDA launcher is
+/// generic over it and picks the `f32` or the `_bf16` kernel:
 /// `submit!(task, |S| (out.write::<S>(), …), cpu_body, cuda_body)`.
 macro_rules! submit {
     ($task:expr, |$S:ident| $tokens:expr, $cpu:expr, $cuda:expr $(,)?) => {{
@@ -70,7 +76,7 @@ macro_rules! submit {
             $crate::kernels::storage::Dtype::Bf16 => {
                 #[allow(dead_code)]
                 type $S = $crate::kernels::storage::Bf16;
-                task.builder.run($tokens, $cpu)
+                task.builder.run_any($tokens, $cpu, $cuda)
             }
         }
     }};
