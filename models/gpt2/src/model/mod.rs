@@ -324,7 +324,8 @@ impl Gpt2Model {
             return Err(Gpt2Error::InvalidSetting {
                 what: "dtype",
                 reason: format!(
-                    "{} runs on the CPU only (no {} kernels for it yet); use --dtype fp32",
+                    "{} runs on the CPU only for now (its {} kernels compile but have not \
+                     been checked on a device yet, docs/gpu-validation.md); use --dtype fp32",
                     opts.dtype,
                     rt.backend_name()
                 ),

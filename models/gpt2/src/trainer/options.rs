@@ -97,7 +97,7 @@ pub struct TrainOptions {
     /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
     /// default; bf16 (mixed precision, `f32` master weights and moments,
     /// gradient buckets all-reduced in bf16) runs on CPU ranks only for now
-    /// (no bf16 CUDA kernels), with the tied embedding's gradient reduced as
+    /// (its CUDA kernels compile but have not run on a GPU), with the tied embedding's gradient reduced as
     /// one (`tied_split` is ignored).
     pub dtype: Dtype,
     /// A placement file (docs/scopes.md) every rank's runtime is built with:
@@ -228,8 +228,9 @@ impl TrainOptions {
                 return bad(
                     "dtype",
                     format!(
-                        "{} runs on the CPU only (no bf16 CUDA kernels yet): use --dtype fp32 \
-                         on a GPU",
+                        "{} runs on the CPU only for now (its CUDA kernels compile but have \
+                         not been checked on a GPU yet, docs/gpu-validation.md): use --dtype \
+                         fp32 on a GPU",
                         self.dtype
                     ),
                 );
