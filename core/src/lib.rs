@@ -68,6 +68,7 @@ pub use kind::{Class, PlaceReason, Placement, Priority, TaskKind};
 pub use runtime::{Runtime, RuntimeBuilder, PLACEMENT_ENV};
 pub use sched::placement::Policy;
 pub use sched::scoped::{ScopeDecision, StreamChoice};
+pub use sched::tenants::preemption_point;
 pub use sched::Stats;
 pub use sched::TaskHandle;
 pub use schedule::Schedule;

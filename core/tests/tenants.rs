@@ -112,3 +112,58 @@ fn best_effort_threads_run_at_idle_priority() {
     assert_eq!(policy_in(Class::Normal), libc::SCHED_OTHER);
     assert_eq!(policy_in(Class::LatencyCritical), libc::SCHED_OTHER);
 }
+
+/// A best-effort task that had already started when latency-critical work
+/// arrived pauses at its next `preemption_point` until that work is done,
+/// then goes on; in a normal runtime's task, or outside any task, the point
+/// returns at once.
+#[test]
+fn a_started_best_effort_task_pauses_at_a_preemption_point() {
+    let lc = cpu(Class::LatencyCritical);
+    let be = cpu(Class::BestEffort);
+    let normal = cpu(Class::Normal);
+    // The best-effort task starts while the latency-critical runtime is idle.
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (started_tx, started) = mpsc::channel::<()>();
+    let passed = Arc::new(AtomicBool::new(false));
+    let b = be.alloc("b", 4).unwrap();
+    let flag = passed.clone();
+    be.task("train")
+        .run(b.write::<u8>(), move |_| {
+            started_tx.send(()).unwrap();
+            go.recv_timeout(Duration::from_secs(20)).unwrap();
+            braid::preemption_point();
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    // Then a latency-critical task runs and stays unfinished.
+    let (release, gate) = mpsc::channel::<()>();
+    let (serving_tx, serving) = mpsc::channel::<()>();
+    let a = lc.alloc("a", 4).unwrap();
+    lc.task("serve")
+        .run(a.write::<u8>(), move |_| {
+            serving_tx.send(()).unwrap();
+            let _ = gate.recv_timeout(Duration::from_secs(20));
+        })
+        .unwrap();
+    serving.recv_timeout(Duration::from_secs(10)).unwrap();
+    braid::preemption_point(); // not a task: returns at once
+    let n = normal.alloc("n", 4).unwrap();
+    normal
+        .task("other")
+        .run(n.write::<u8>(), |_| braid::preemption_point())
+        .unwrap()
+        .wait()
+        .unwrap();
+    go_tx.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !passed.load(Ordering::SeqCst),
+        "a best-effort task went past its preemption point beside an unfinished latency-critical task"
+    );
+    release.send(()).unwrap();
+    lc.synchronize().unwrap();
+    be.synchronize().unwrap();
+    assert!(passed.load(Ordering::SeqCst));
+}

@@ -69,6 +69,40 @@ pub(crate) fn latency_critical_busy() -> bool {
         .any(|s| s.submitted.load(Ordering::Acquire) > s.completed.get())
 }
 
+thread_local! {
+    /// This thread is a stream thread of a best-effort CPU runtime.
+    static BEST_EFFORT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a stream thread of a runtime of `class`.
+pub(crate) fn mark_stream_thread(class: crate::kind::Class) {
+    BEST_EFFORT.with(|b| b.set(class == crate::kind::Class::BestEffort));
+}
+
+/// A point inside a long task body where a best-effort task may pause.
+///
+/// In a task of a best-effort CPU runtime, returns once no latency-critical
+/// runtime of the process has an unfinished task (it sleeps meanwhile);
+/// anywhere else it returns at once (a thread-local read). Admission stops a
+/// best-effort task from *starting* while latency-critical work runs; this
+/// stops one that had already started, at the next point its body reaches,
+/// so the memory system and the caches are left to the latency-critical
+/// program (on a machine with few cores they are what a request waits for:
+/// docs/tenants.md). A body calls it between pieces of work that leave no
+/// lock held and nothing half-published; the GPT-2 CPU kernels call it
+/// between blocks of a few megaflops. Where a body pauses never changes what
+/// it computes.
+///
+/// Latency-critical work must not wait for best-effort work (admission has
+/// the same rule): a request that waits for a paused task waits forever.
+pub fn preemption_point() {
+    if BEST_EFFORT.with(std::cell::Cell::get) {
+        while latency_critical_busy() {
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
 /// Called by a best-effort stream thread before it starts a task: returns
 /// once no latency-critical task is unfinished.
 pub(crate) fn admit(shared: &Shared) {

@@ -43,6 +43,7 @@ pub(crate) fn spawn(
         crate::topo::pin_stream_thread(s);
         if driver.is_none() {
             shared.class.enter();
+            tenants::mark_stream_thread(shared.class);
         }
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
         match driver {

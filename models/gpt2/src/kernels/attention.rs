@@ -219,6 +219,8 @@ fn attention_forward_f32(
     for bi in 0..b {
         let inp_b = &inp[bi * t * c3..][..t * c3];
         for ti in 0..t {
+            // A best-effort task may pause here (one row of every head done).
+            braid::preemption_point();
             for h in 0..nh {
                 let query = &inp_b[ti * c3 + h * hs..][..hs];
                 let row = ((bi * nh + h) * t + ti) * t;
@@ -314,6 +316,7 @@ fn attention_backward_f32(
         let inp_b = &inp[bi * t * c3..][..t * c3];
         let dinp_b = &mut dinp[bi * t * c3..][..t * c3];
         for ti in 0..t {
+            braid::preemption_point();
             for h in 0..nh {
                 let row = ((bi * nh + h) * t + ti) * t;
                 let att_row = &att[row..][..=ti];
