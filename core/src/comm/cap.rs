@@ -5,7 +5,7 @@
 //! of the backward pass — and a link cost (α ns per collective, β ns per
 //! byte), it replays the reducer under a candidate cap:
 //!
-//! * the buckets are the reducer's own ([`form_buckets`]: runs of
+//! * the buckets are the reducer's own (`form_buckets` in `bucket.rs`: runs of
 //!   memory-adjacent parameters in ready order, the first bucket under the
 //!   first cap, a parameter larger than the cap a bucket of its own);
 //! * a bucket is complete when its last parameter is ready;
