@@ -66,6 +66,28 @@
 //! `finish` waits on the host for that one broadcast; no other host waits.
 //! The rebuild happens once (as in PyTorch).
 //!
+//! # Choosing the cap
+//!
+//! With [`BucketConfig::auto_cap`] on (and more than one rank), the cap of
+//! the rebuilt buckets comes from a model of this pipeline (`cap.rs`)
+//! calibrated on the first synced step itself: at each `grad_ready` of that
+//! step the reducer notes how many tasks the runtime had been given (a
+//! task's submission index in the profile, as long as no recorded schedule
+//! was replayed before that step: the trainer's first step is eager); at
+//! `finish` it waits on the host (without consuming errors) for that step's
+//! bucket all-reduces, and reads the runtime's profile: a parameter's
+//! gradient was complete once every compute task submitted before its
+//! `grad_ready` had ended (an upper bound: tasks running beside its last
+//! writer count too), the backward pass ended with the last of them, and
+//! each bucket's all-reduce took the shortest of its durations over the
+//! ranks (one all-reduce of `f64` minimums: the rank that arrived last
+//! waited least for the other ones). α and β are fitted to those
+//! durations, rank 0 predicts every cap of [`CAP_CANDIDATES`](super::cap::CAP_CANDIDATES)
+//! and broadcasts the chosen cap with the bucket order. Without a profile
+//! (the runtime's profiling off) or a usable measurement, rank 0 keeps the
+//! configured cap and says why ([`Reducer::cap_choice`]). A host wait, two
+//! collectives and a profile read, once.
+//!
 //! # ZeRO-1
 //!
 //! With [`BucketConfig::shard`] on, once the layout is final (after the
@@ -85,11 +107,13 @@
 //! gradients accumulate locally. The next synchronised step reduces the
 //! accumulated gradients. Switch between steps, not inside one.
 
+use super::cap::{choose_cap, CapChoice, CapInput, Link, CAP_CANDIDATES};
 use super::shard::BucketShard;
 use super::{Bf16, BoundComm, Buffers, CollectiveKind, DType, ReduceOp};
 use crate::buffer::{Buffer, View};
 use crate::error::{Error, Result};
 use crate::kind::TaskKind;
+use crate::sched::TaskHandle;
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
@@ -173,6 +197,12 @@ pub struct BucketConfig {
     /// (averaged in `f32`, rounded once per element). Parameter ranges and
     /// bucket caps count elements and bytes of this type.
     pub dtype: DType,
+    /// Choose the cap of the rebuilt buckets from a model of the reducer
+    /// calibrated on the first synced step (default off; see the module
+    /// docs). `cap_bytes` is the first step's cap and the fallback. Needs
+    /// the rebuild and plain buckets (no compression or hook); with one
+    /// rank there is nothing to choose and the cap stays.
+    pub auto_cap: bool,
 }
 
 impl Default for BucketConfig {
@@ -184,6 +214,7 @@ impl Default for BucketConfig {
             compression: Compression::None,
             shard: false,
             dtype: DType::F32,
+            auto_cap: false,
         }
     }
 }
@@ -222,6 +253,12 @@ impl BucketConfig {
     /// Sets the gradients' element type.
     pub fn dtype(mut self, d: DType) -> Self {
         self.dtype = d;
+        self
+    }
+
+    /// Turns the cap choice ([`auto_cap`](Self::auto_cap)) on or off.
+    pub fn auto_cap(mut self, on: bool) -> Self {
+        self.auto_cap = on;
         self
     }
 }
@@ -292,6 +329,13 @@ pub struct Reducer<'rt> {
     steps: u64,
     /// Row contributions of gradients with several writers (`sparse.rs`).
     sparse: super::sparse::Exchange,
+    /// Auto cap, first synced step: per parameter, the runtime's task count
+    /// at its `grad_ready` (`u64::MAX`: not marked).
+    marks: Vec<u64>,
+    /// Auto cap, first synced step: each bucket all-reduce's bytes and task.
+    timed: Vec<(usize, TaskHandle)>,
+    /// What rank 0 chose, or why it kept the configured cap.
+    choice: Option<std::result::Result<CapChoice, String>>,
 }
 
 impl fmt::Debug for Reducer<'_> {
@@ -364,6 +408,12 @@ impl<'rt> Reducer<'rt> {
                 "sharded buckets (ZeRO-1) travel as plain f32: turn the compression off".into(),
             );
         }
+        if config.auto_cap && !(config.rebuild && matches!(config.compression, Compression::None)) {
+            return bad(
+                "the bucket cap is chosen (auto) at the rebuild, for plain buckets: turn the rebuild on and the compression off"
+                    .into(),
+            );
+        }
         if config.shard && dtype != DType::F32 {
             return bad(format!(
                 "sharded buckets (ZeRO-1) hold f32 gradients, not {}",
@@ -396,6 +446,9 @@ impl<'rt> Reducer<'rt> {
             rebuilt: false,
             steps: 0,
             sparse: Default::default(),
+            marks: Vec::new(),
+            timed: Vec::new(),
+            choice: None,
         };
         r.set_layout(buckets)?;
         Ok(r)
@@ -555,6 +608,12 @@ impl<'rt> Reducer<'rt> {
         self.marked[param] = true;
         if self.recording {
             self.order.push(param);
+            if self.calibrating() {
+                if self.marks.is_empty() {
+                    self.marks = vec![u64::MAX; self.params.len()];
+                }
+                self.marks[param] = self.comm.runtime().stats().tasks;
+            }
         }
         let b = self.param_bucket[param];
         self.remaining[b] -= 1;
@@ -618,6 +677,10 @@ impl<'rt> Reducer<'rt> {
                 missing.join(", ")
             )))
         };
+        let finish_mark = match self.calibrating() {
+            true => self.comm.runtime().stats().tasks,
+            false => 0,
+        };
         self.recording = false;
         if self.sync {
             while self.next < self.buckets.len() {
@@ -626,7 +689,7 @@ impl<'rt> Reducer<'rt> {
             }
             self.sparse.finish(&self.comm)?;
             if self.config.rebuild && !self.rebuilt {
-                self.rebuild()?;
+                self.rebuild(finish_mark)?;
             }
         }
         self.steps += 1;
@@ -641,8 +704,8 @@ impl<'rt> Reducer<'rt> {
         reducer_error(&self.comm, message)
     }
 
-    fn reduce_bucket(&self, i: usize) -> Result<()> {
-        let view = &self.views[i];
+    fn reduce_bucket(&mut self, i: usize) -> Result<()> {
+        let view = &self.views[i].clone();
         let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
         if self.sharding() {
             let s = BucketShard::new(&self.buckets[i], self.comm.rank(), self.comm.world_size());
@@ -666,12 +729,15 @@ impl<'rt> Reducer<'rt> {
         }
         match &self.config.compression {
             Compression::None => {
-                self.comm.submit_named(
+                let h = self.comm.submit_named(
                     format!("all_reduce bucket {i}"),
                     avg,
                     self.config.dtype,
                     Buffers::InPlace(view.clone()),
                 )?;
+                if self.calibrating() {
+                    self.timed.push((view.len(), h));
+                }
             }
             Compression::Bf16 => {
                 let side = self.side[i]
@@ -707,9 +773,14 @@ impl<'rt> Reducer<'rt> {
         Ok(())
     }
 
-    /// Rank 0's first-step order, broadcast, then the new buckets.
-    fn rebuild(&mut self) -> Result<()> {
-        let rt = self.comm.runtime();
+    /// Whether this step's readiness and bucket timings are being noted
+    /// for the cap choice (the first synced step, auto cap, several ranks).
+    fn calibrating(&self) -> bool {
+        self.config.auto_cap && self.sync && !self.rebuilt && self.comm.world_size() > 1
+    }
+
+    /// Rank 0's first-step order (and cap), broadcast, then the new buckets.
+    fn rebuild(&mut self, finish_mark: u64) -> Result<()> {
         let n = self.params.len();
         let mut order = self.order.clone();
         let mut seen = vec![false; n];
@@ -717,9 +788,22 @@ impl<'rt> Reducer<'rt> {
             seen[p] = true;
         }
         order.extend((0..n).rev().filter(|&p| !seen[p]));
-        let buf = rt.alloc("bucket order", n * 4)?;
+        let mut cap = self.config.cap_bytes;
+        if self.config.auto_cap && self.comm.world_size() > 1 {
+            let choice = self.choose(&order, finish_mark)?;
+            if let Some(Ok(c)) = &choice {
+                cap = c.chosen.cap_bytes;
+            }
+            self.choice = choice;
+        }
+        self.timed.clear();
+        self.marks.clear();
+        let rt = self.comm.runtime();
+        let buf = rt.alloc("bucket order", (n + 2) * 4)?;
         if self.comm.rank() == 0 {
-            let ids: Vec<i32> = order.iter().map(|&p| p as i32).collect();
+            let mut ids: Vec<i32> = order.iter().map(|&p| p as i32).collect();
+            ids.push((cap & 0x7fff_ffff) as i32);
+            ids.push((cap >> 31) as i32);
             rt.upload(&buf, &ids)?;
         }
         self.comm.submit_named(
@@ -728,7 +812,15 @@ impl<'rt> Reducer<'rt> {
             DType::I32,
             Buffers::InPlace(buf.whole()),
         )?;
-        let got: Vec<i32> = rt.read_vec(&buf)?;
+        let mut got: Vec<i32> = rt.read_vec(&buf)?;
+        let (lo, hi) = (got[n] as usize, got[n + 1] as usize);
+        let cap = lo | (hi << 31);
+        if got[n] < 0 || got[n + 1] < 0 || cap == 0 {
+            return Err(self.error(format!(
+                "the bucket cap broadcast by rank 0 ({lo} + {hi}·2^31 bytes) is not a positive size"
+            )));
+        }
+        got.truncate(n);
         let mut seen = vec![false; n];
         let mut order = Vec::with_capacity(n);
         for &g in &got {
@@ -744,6 +836,7 @@ impl<'rt> Reducer<'rt> {
                 }
             }
         }
+        self.config.cap_bytes = cap;
         let buckets = form_buckets(
             &self.params,
             &order,
@@ -754,6 +847,153 @@ impl<'rt> Reducer<'rt> {
         self.set_layout(buckets)?;
         self.rebuilt = true;
         Ok(())
+    }
+
+    /// The cap choice at the first rebuild (see the module docs): every
+    /// rank waits for its buckets and takes part in the all-reduce of the
+    /// durations; rank 0 returns its choice, or why it kept the configured
+    /// cap; the other ranks `None`. Fails only if that all-reduce does.
+    fn choose(
+        &self,
+        order: &[usize],
+        finish_mark: u64,
+    ) -> Result<Option<std::result::Result<CapChoice, String>>> {
+        let rt = self.comm.runtime();
+        // Not `TaskHandle::wait`: a failure stays for the program's next
+        // synchronisation to report.
+        for (_, h) in &self.timed {
+            while !h.is_done() {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        let profile = rt.profile();
+        let by_id: std::collections::HashMap<u64, &crate::trace::Span> =
+            profile.spans.iter().map(|s| (s.id, s)).collect();
+        let mut durations: Vec<f64> = self
+            .timed
+            .iter()
+            .map(|(_, h)| match by_id.get(&h.task.id) {
+                Some(s) if s.ok => s.end_ns.saturating_sub(s.start_ns) as f64,
+                _ => f64::INFINITY,
+            })
+            .collect();
+        if !durations.is_empty() {
+            let buf = rt.alloc_from("bucket timings", &durations)?;
+            self.comm.submit_named(
+                "all_reduce bucket timings",
+                CollectiveKind::AllReduce(ReduceOp::Min),
+                DType::F64,
+                Buffers::InPlace(buf.whole()),
+            )?;
+            durations = rt.read_vec(&buf)?;
+        }
+        if self.comm.rank() != 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.predict_caps(
+            &profile,
+            order,
+            finish_mark,
+            &durations,
+        )))
+    }
+
+    /// Rank 0's half of [`choose`](Self::choose): the model's input from the
+    /// profile, the link from the durations, the prediction.
+    fn predict_caps(
+        &self,
+        profile: &crate::trace::Profile,
+        order: &[usize],
+        finish_mark: u64,
+        durations: &[f64],
+    ) -> std::result::Result<CapChoice, String> {
+        if profile.spans.is_empty() {
+            return Err("no profile (the runtime's profiling is off)".into());
+        }
+        if self.marks.is_empty() {
+            return Err(
+                "no ready times: the first synced step was not the first step (no_sync before it)"
+                    .into(),
+            );
+        }
+        // Compute tasks by submission index, with the latest end so far.
+        let mut compute: Vec<(u64, u64)> = profile
+            .spans
+            .iter()
+            .filter(|s| !profile.streams.get(s.stream).is_some_and(|i| i.is_comm))
+            .filter(|s| s.kind != TaskKind::Comm)
+            .map(|s| (s.id, s.end_ns))
+            .collect();
+        compute.sort_unstable();
+        let mut latest = 0;
+        for c in &mut compute {
+            latest = latest.max(c.1);
+            c.1 = latest;
+        }
+        let ended_before = |mark: u64| {
+            let k = compute.partition_point(|c| c.0 < mark);
+            (k > 0).then(|| compute[k - 1].1)
+        };
+        let backward_end = ended_before(finish_mark)
+            .ok_or("the profile holds no compute task of the first step")?;
+        let ready: Vec<u64> = (0..self.params.len())
+            .map(|p| match self.marks.get(p) {
+                Some(&m) if m != u64::MAX => ended_before(m).unwrap_or(0),
+                _ => backward_end,
+            })
+            .collect();
+        let samples: Vec<(usize, f64)> = self
+            .timed
+            .iter()
+            .zip(durations)
+            .filter(|(_, d)| d.is_finite())
+            .map(|((b, _), &d)| (*b, d))
+            .collect();
+        let link = Link::fit(&samples).map_err(|e| e.to_string())?;
+        let mut measured_end = 0u64;
+        for (_, h) in &self.timed {
+            if let Some(s) = profile.spans.iter().find(|s| s.id == h.task.id) {
+                measured_end = measured_end.max(s.end_ns);
+            }
+        }
+        let input = CapInput {
+            params: &self.params,
+            order,
+            ready_ns: &ready,
+            backward_end_ns: backward_end,
+            elem_bytes: self.config.dtype.size(),
+            first_cap_bytes: self.config.first_cap_bytes,
+            shard_world: self.config.shard.then(|| self.comm.world_size()),
+        };
+        let (chosen, all) = choose_cap(&input, link, &CAP_CANDIDATES).map_err(|e| e.to_string())?;
+        let configured = match all.iter().find(|p| p.cap_bytes == self.config.cap_bytes) {
+            Some(p) => *p,
+            None => super::cap::predict(&input, link, self.config.cap_bytes)
+                .map_err(|e| e.to_string())?,
+        };
+        Ok(CapChoice {
+            chosen,
+            configured,
+            all,
+            link,
+            samples: samples.len(),
+            measured_exposed_ns: measured_end.saturating_sub(backward_end) as f64,
+        })
+    }
+
+    /// With [`BucketConfig::auto_cap`], after the rebuild: on rank 0, the
+    /// cap chosen and its predictions, or why the configured cap was kept;
+    /// `None` on the other ranks, with one rank, or before the rebuild.
+    pub fn cap_choice(&self) -> Option<std::result::Result<&CapChoice, &str>> {
+        self.choice
+            .as_ref()
+            .map(|c| c.as_ref().map_err(String::as_str))
+    }
+
+    /// The cap of the buckets after the first one, bytes (after an auto
+    /// rebuild, the chosen one).
+    pub fn cap_bytes(&self) -> usize {
+        self.config.cap_bytes
     }
 }
 
@@ -901,6 +1141,82 @@ mod tests {
                 .collect();
             assert_eq!(got, want);
         }
+    }
+
+    /// Auto cap on 2 ranks: rank 0 chooses from the first step's own
+    /// timings, every rank rebuilds with that cap, and the averages stay
+    /// right; without a profile the configured cap stays, and says why.
+    #[test]
+    fn auto_cap_is_chosen_on_rank_0_and_used_by_every_rank() {
+        use crate::{BackendKind, Runtime};
+        for profile in [true, false] {
+            let out = crate::launch(2, |rank, comm| {
+                let rt = Runtime::builder()
+                    .backend(BackendKind::Cpu)
+                    .rank(rank)
+                    .profile(profile)
+                    .build()?;
+                // 4 parameters of 64K f32s (256 KiB each).
+                let n = 1 << 16;
+                let grads = rt.alloc("grads", 4 * n * 4)?;
+                let config = BucketConfig::default().auto_cap(true);
+                let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(&[n; 4]), config)?;
+                for step in 0..2 {
+                    for p in (0..4).rev() {
+                        let v = grads.view_of::<f32>(p * n..(p + 1) * n)?;
+                        let x = (rank + 1 + step) as f32;
+                        rt.task(format!("grad {p}"))
+                            .run(v.write::<f32>(), move |g| g.fill(x))?;
+                        red.grad_ready(p)?;
+                    }
+                    red.finish()?;
+                    let got = rt.read_vec::<f32>(&grads)?;
+                    assert!(got.iter().all(|&g| g == 1.5 + step as f32), "step {step}");
+                }
+                let choice = red.cap_choice().map(|c| c.cloned().map_err(str::to_owned));
+                Ok((red.cap_bytes(), choice))
+            });
+            let mut out = out.into_iter().map(|r| r.unwrap());
+            let (cap0, choice0) = out.next().unwrap();
+            let (cap1, choice1) = out.next().unwrap();
+            assert_eq!(cap0, cap1, "the ranks' caps differ");
+            assert_eq!(choice1, None, "only rank 0 reports");
+            match (profile, choice0) {
+                (true, Some(Ok(c))) => {
+                    assert_eq!(c.chosen.cap_bytes, cap0);
+                    assert!(CAP_CANDIDATES.contains(&cap0));
+                    assert_eq!(c.configured.cap_bytes, 25 << 20);
+                    assert_eq!(c.all.len(), CAP_CANDIDATES.len());
+                    assert!(c.all.iter().all(|p| p.exposed_ns >= c.chosen.exposed_ns));
+                    // Step 1: buckets 1 MiB (the first cap holds all four
+                    // 256 KiB parameters): one all-reduce measured.
+                    assert_eq!(c.samples, 1);
+                }
+                (false, Some(Err(why))) => {
+                    assert!(why.contains("profiling is off"), "{why}");
+                    assert_eq!(cap0, 25 << 20);
+                }
+                (p, c) => panic!("profile {p}: {c:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn auto_cap_refuses_compression() {
+        use crate::{BackendKind, Runtime};
+        let out = crate::launch(1, |rank, comm| {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .rank(rank)
+                .build()?;
+            let grads = rt.alloc("grads", 8 * 4)?;
+            let config = BucketConfig::default()
+                .auto_cap(true)
+                .compression(Compression::Bf16);
+            Ok(Reducer::new(comm.bind(&rt)?, &grads, specs(&[8]), config).map(|_| ()))
+        });
+        let err = out.into_iter().next().unwrap().unwrap().unwrap_err();
+        assert!(err.to_string().contains("compression off"), "{err}");
     }
 
     #[test]

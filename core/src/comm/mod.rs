@@ -67,6 +67,7 @@
 //! so borrows it too.
 
 mod bucket;
+pub mod cap;
 mod env;
 mod launch;
 mod local;

@@ -108,9 +108,11 @@ struct TrainArgs {
     /// cores: BRAID_CPU_CORES, else the cores the process may use).
     #[arg(long)]
     oversubscribe: bool,
-    /// Gradient bucket cap in MiB.
-    #[arg(long, default_value_t = 25.0)]
-    bucket_cap_mb: f64,
+    /// Gradient bucket cap in MiB, or `auto`: 25 MiB for the first step,
+    /// then the cap a model of the reducer calibrated on that step predicts
+    /// leaves the least communication after the backward pass.
+    #[arg(long, default_value = "25", value_parser = parse_cap)]
+    bucket_cap_mb: CapArg,
     /// Cap of the first gradient bucket in MiB.
     #[arg(long, default_value_t = 1.0)]
     first_bucket_mb: f64,
@@ -291,6 +293,23 @@ enum CompressionArg {
     Bf16,
 }
 
+/// `--bucket-cap-mb`: a size in MiB, or chosen by the run.
+#[derive(Debug, Clone, Copy)]
+enum CapArg {
+    Mib(f64),
+    Auto,
+}
+
+fn parse_cap(s: &str) -> std::result::Result<CapArg, String> {
+    match s {
+        "auto" => Ok(CapArg::Auto),
+        _ => s
+            .parse()
+            .map(CapArg::Mib)
+            .map_err(|_| format!("`{s}` is neither a number of MiB nor `auto`")),
+    }
+}
+
 fn parse_compression(s: &str) -> std::result::Result<CompressionArg, String> {
     match s {
         "none" => Ok(CompressionArg::None),
@@ -454,7 +473,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         streams: a.streams,
         policy: a.policy,
         oversubscribe: a.oversubscribe,
-        bucket_cap_bytes: mib(a.bucket_cap_mb, "--bucket-cap-mb")?,
+        bucket_cap_bytes: match a.bucket_cap_mb {
+            CapArg::Mib(x) => mib(x, "--bucket-cap-mb")?,
+            CapArg::Auto => 25 << 20,
+        },
+        auto_bucket_cap: matches!(a.bucket_cap_mb, CapArg::Auto),
         first_bucket_bytes: mib(a.first_bucket_mb, "--first-bucket-mb")?,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),

@@ -581,3 +581,36 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
         &["typo.toml", "line 3", "straem"],
     );
 }
+
+/// `--bucket-cap-mb auto` trains and prints the cap it chose; a value that
+/// is neither a size nor `auto` is refused, naming both; with a compression
+/// auto is refused (it models plain buckets).
+#[test]
+fn bucket_cap_auto_reports_its_choice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2", "--steps", "2",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace", "--bucket-cap-mb",
+    ];
+    let with = |cap: &'static str| -> Vec<&str> { args.iter().copied().chain([cap]).collect() };
+    let out = ok(d, &with("auto"));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("bucket cap"))
+        .unwrap_or_else(|| panic!("no bucket cap line in:\n{out}"));
+    assert!(
+        line.contains("auto") && line.contains("predicted exposed"),
+        "{line}"
+    );
+    // A numeric cap prints no such line.
+    assert!(!ok(d, &with("1")).contains("bucket cap"));
+    fails(d, &with("fast"), &["fast", "MiB", "auto"]);
+    let bf16: Vec<&str> = with("auto")
+        .into_iter()
+        .chain(["--compression", "bf16"])
+        .collect();
+    fails(d, &bf16, &["auto", "compression"]);
+}

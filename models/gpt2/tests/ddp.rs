@@ -3,13 +3,14 @@
 //! run is bit-identical, and the trace shows gradient all-reduces running
 //! under the backward pass.
 
+use braid::comm::cap::CAP_CANDIDATES;
 use braid::trace::Profile;
 use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::load_checkpoint;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
 use braid_gpt2::model::Rng;
-use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
+use braid_gpt2::trainer::{train, CapReport, StartState, TrainOptions, TrainReport};
 
 /// Learnable tokens below the tiny vocabulary: runs of consecutive ids from
 /// random starting points.
@@ -101,6 +102,40 @@ fn assert_matches_single(r: &TrainReport, single: &TrainReport, label: &str) {
         tight as f64 >= 0.99 * total as f64,
         "{label}: only {tight} of {total} parameters within 1e-4 relative"
     );
+}
+
+/// `TrainOptions::auto_bucket_cap` on 2 ranks: the cap rank 0 chose after
+/// step 1 (reported) only regroups the buckets, so the run follows the same
+/// run with a fixed cap within the tolerance above — plain, ZeRO-1, and
+/// without the tied split; with 1 rank there is nothing to choose.
+#[test]
+fn auto_bucket_cap_follows_a_fixed_cap_and_is_reported() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 13);
+    for (zero, split) in [(0, true), (1, true), (0, false)] {
+        let label = format!("zero {zero}, split {split}");
+        let mut fixed = options(2, 2, 5);
+        (fixed.zero, fixed.tied_split) = (zero, split);
+        let mut auto = fixed.clone();
+        auto.auto_bucket_cap = true;
+        let (f, a) = (run(&fixed, start.clone()), run(&auto, start.clone()));
+        assert_eq!(f.bucket_cap, None, "{label}: a fixed cap reports no choice");
+        match &a.bucket_cap {
+            Some(CapReport::Chosen(c)) => {
+                assert!(
+                    CAP_CANDIDATES.contains(&c.chosen.cap_bytes),
+                    "{label}: {c:?}"
+                );
+                assert!(c.all.iter().all(|p| p.exposed_ns >= c.chosen.exposed_ns));
+                assert!(c.samples >= 1, "{label}: {c:?}");
+            }
+            other => panic!("{label}: {other:?}"),
+        }
+        assert!(a.steps.iter().skip(3).all(|s| s.replayed), "{label}");
+        assert_matches_single(&a, &f, &label);
+    }
+    let mut one = options(1, 4, 2);
+    one.auto_bucket_cap = true;
+    assert_eq!(run(&one, start).bucket_cap, None);
 }
 
 /// Steps 3 onwards replay the recorded third step (reducer buckets and the

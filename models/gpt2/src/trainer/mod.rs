@@ -91,7 +91,7 @@ pub use launch::{
 #[doc(hidden)]
 pub use options::Fault;
 pub use options::{Moments, StartState, TrainOptions};
-pub use report::{StepReport, TrainReport};
+pub use report::{CapReport, StepReport, TrainReport};
 
 /// Where this process sits in a `torchrun` launch (braid's one parser of
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
@@ -158,6 +158,7 @@ pub fn train(
         checkpoint: None,
         optimizer_bytes: Vec::new(),
         zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
+        bucket_cap: None,
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -165,6 +166,7 @@ pub fn train(
             report.params = o.params.unwrap_or_default();
             report.checkpoint = o.checkpoint;
         }
+        report.bucket_cap = report.bucket_cap.take().or(o.bucket_cap);
         report.param_hashes.push(o.hash);
         report.optimizer_bytes.push(o.optimizer_bytes);
         report.summaries.push(o.profile.summary());

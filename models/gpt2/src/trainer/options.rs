@@ -43,8 +43,14 @@ pub struct TrainOptions {
     /// CPU: let the default placement use every compute stream of every rank
     /// whatever the process's core budget (`RuntimeBuilder::oversubscribe`).
     pub oversubscribe: bool,
-    /// Gradient bucket cap in bytes.
+    /// Gradient bucket cap in bytes (with `auto_bucket_cap`: the first
+    /// step's cap, and the fallback).
     pub bucket_cap_bytes: usize,
+    /// Choose the bucket cap after the first step from a model of the
+    /// reducer calibrated on that step (`BucketConfig::auto_cap`; the CLI's
+    /// `--bucket-cap-mb auto`). Several ranks, plain buckets (no
+    /// compression); with one rank the cap stays.
+    pub auto_bucket_cap: bool,
     /// Cap of the first gradient bucket in bytes.
     pub first_bucket_bytes: usize,
     /// Seed of the parameter initialisation (fresh runs).
@@ -149,6 +155,7 @@ impl Default for TrainOptions {
             policy: Policy::Affinity,
             oversubscribe: false,
             bucket_cap_bytes: 25 << 20,
+            auto_bucket_cap: false,
             first_bucket_bytes: 1 << 20,
             seed: 1337,
             checkpoint_dir: None,
@@ -188,6 +195,12 @@ impl TrainOptions {
         let lr = self.optimizer.learning_rate;
         if !(lr.is_finite() && lr > 0.0) {
             return bad("learning rate", format!("{lr} is not a positive number"));
+        }
+        if self.auto_bucket_cap && !matches!(self.compression, Compression::None) {
+            return bad(
+                "bucket cap",
+                "auto is chosen for plain buckets: with a compression, give the cap in MiB".into(),
+            );
         }
         if self.zero > 1 {
             return bad(

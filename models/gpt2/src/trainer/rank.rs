@@ -9,7 +9,7 @@ use braid::comm::{Bf16, BoundComm, BucketConfig, BucketShard, DType, ReduceOp};
 use braid::trace::Profile;
 use braid::{Comm, Reducer, Runtime};
 
-use super::{StartState, StepReport, TrainOptions};
+use super::{CapReport, StartState, StepReport, TrainOptions};
 use crate::checkpoint::{save_checkpoint, Checkpoint};
 use crate::data::{DataLoader, TokenSource};
 use crate::error::{Gpt2Error, Result};
@@ -25,6 +25,8 @@ pub(super) struct RankOutcome {
     pub(super) checkpoint: Option<PathBuf>,
     /// Bytes of AdamW state on this rank's device.
     pub(super) optimizer_bytes: usize,
+    /// Rank 0, auto bucket cap: what the reducer chose.
+    pub(super) bucket_cap: Option<CapReport>,
 }
 
 fn hash_f32s(x: &[f32]) -> u64 {
@@ -93,6 +95,7 @@ pub(super) fn run_rank(
                 model.param_specs(),
                 BucketConfig::default()
                     .cap_bytes(opts.bucket_cap_bytes)
+                    .auto_cap(opts.auto_bucket_cap)
                     .first_cap_bytes(opts.first_bucket_bytes)
                     .compression(opts.compression.clone())
                     .shard(opts.zero == 1)
@@ -312,7 +315,17 @@ pub(super) fn run_rank(
     }
     let params = model.read_params(&rt)?;
     rt.synchronize()?;
+    let bucket_cap = reducer.as_ref().and_then(|r| {
+        r.cap_choice().map(|c| match c {
+            Ok(c) => CapReport::Chosen(c.clone()),
+            Err(why) => CapReport::Kept {
+                cap_bytes: r.cap_bytes(),
+                why: why.to_owned(),
+            },
+        })
+    });
     Ok(RankOutcome {
+        bucket_cap,
         steps,
         hash: hash_f32s(&params),
         params: (rank == 0).then_some(params),

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use braid::comm::cap::CapChoice;
 use braid::trace::{Profile, Summary};
 
 /// One finished step, as rank 0 saw it.
@@ -59,6 +60,65 @@ pub struct TrainReport {
     pub optimizer_bytes: Vec<usize>,
     /// Whether the optimizer state was sharded (ZeRO-1).
     pub zero: bool,
+    /// With [`TrainOptions::auto_bucket_cap`](super::TrainOptions::auto_bucket_cap)
+    /// and several ranks: the cap rank 0 chose after the first step.
+    pub bucket_cap: Option<CapReport>,
+}
+
+/// The bucket cap an auto run chose (rank 0's view; every rank uses it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CapReport {
+    /// Chosen from the model of the reducer ([`braid::comm::cap`]).
+    Chosen(CapChoice),
+    /// The configured cap was kept, for the reason given.
+    Kept {
+        /// The cap kept, bytes.
+        cap_bytes: usize,
+        /// Why.
+        why: String,
+    },
+}
+
+impl CapReport {
+    /// The cap the buckets used from the second step on, bytes.
+    pub fn cap_bytes(&self) -> usize {
+        match self {
+            CapReport::Chosen(c) => c.chosen.cap_bytes,
+            CapReport::Kept { cap_bytes, .. } => *cap_bytes,
+        }
+    }
+}
+
+fn mib(bytes: usize) -> String {
+    let m = bytes as f64 / (1 << 20) as f64;
+    if m.fract() == 0.0 {
+        format!("{m:.0} MiB")
+    } else {
+        format!("{m} MiB")
+    }
+}
+
+impl fmt::Display for CapReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CapReport::Chosen(c) => write!(
+                f,
+                "auto {}: predicted exposed {:.2} ms ({}: {:.2} ms, step 1 measured {:.2} ms); \
+                 link {:.0} us + {:.3} ns/B from {} all-reduce(s)",
+                mib(c.chosen.cap_bytes),
+                c.chosen.exposed_ns / 1e6,
+                mib(c.configured.cap_bytes),
+                c.configured.exposed_ns / 1e6,
+                c.measured_exposed_ns / 1e6,
+                c.link.alpha_ns / 1e3,
+                c.link.beta_ns_per_byte,
+                c.samples
+            ),
+            CapReport::Kept { cap_bytes, why } => {
+                write!(f, "auto kept {}: {why}", mib(*cap_bytes))
+            }
+        }
+    }
 }
 
 impl TrainReport {
@@ -150,6 +210,9 @@ impl fmt::Display for TrainReport {
             self.comm_seconds() * 1e3,
             100.0 * self.hidden_comm_share()
         )?;
+        if let Some(c) = &self.bucket_cap {
+            writeln!(f, "bucket cap       {c}")?;
+        }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
                 f,
