@@ -158,86 +158,8 @@ impl Strided {
     }
 }
 
-/// Multiply-adds computed between two preemption points (about a tenth of a
-/// millisecond on one core): a best-effort training task pauses within one
-/// block of a latency-critical request ([`braid::preemption_point`]).
-const FLOPS_PER_POINT: usize = 4 << 20;
-
-/// `dst (m, n) = [dst +] lhs (m, k) · rhs (k, n)`, single-threaded,
-/// bounds-checked, in blocks of about [`FLOPS_PER_POINT`] with a preemption
-/// point before each. The blocks split the longer of `m` and `n`, so the
-/// operand packed again for every block is the smaller one. The blocking
-/// depends on the shapes only: the same shapes always give the same bits.
+/// `dst (m, n) = [dst +] lhs (m, k) · rhs (k, n)`, single-threaded, bounds-checked.
 fn sgemm(
-    dst: &mut [f32],
-    d: Strided,
-    accumulate: bool,
-    lhs: &[f32],
-    l: Strided,
-    rhs: &[f32],
-    r: Strided,
-) {
-    assert!(
-        d.rows == l.rows && d.cols == r.cols && l.cols == r.rows,
-        "sgemm: shape mismatch"
-    );
-    let (m, n, k) = (d.rows, d.cols, l.cols);
-    let by_rows = m >= n;
-    let (len, other) = if by_rows { (m, n) } else { (n, m) };
-    let step = (FLOPS_PER_POINT / (2 * other * k).max(1)).clamp(8, len.max(8));
-    let mut at = 0;
-    while at < len {
-        braid::preemption_point();
-        let len_here = step.min(len - at);
-        if by_rows {
-            // Rows `at..`: `dst` and `lhs` start `at` rows further in.
-            let (dd, ll) = (
-                Strided {
-                    rows: len_here,
-                    ..d
-                },
-                Strided {
-                    rows: len_here,
-                    ..l
-                },
-            );
-            sgemm_block(
-                &mut dst[at * d.rs..],
-                dd,
-                accumulate,
-                &lhs[at * l.rs..],
-                ll,
-                rhs,
-                r,
-            );
-        } else {
-            // Columns `at..`: `dst` and `rhs` start `at` columns further in.
-            let (dd, rr) = (
-                Strided {
-                    cols: len_here,
-                    ..d
-                },
-                Strided {
-                    cols: len_here,
-                    ..r
-                },
-            );
-            sgemm_block(
-                &mut dst[at * d.cs..],
-                dd,
-                accumulate,
-                lhs,
-                l,
-                &rhs[at * r.cs..],
-                rr,
-            );
-        }
-        at += len_here;
-    }
-}
-
-/// One block of [`sgemm`].
-fn sgemm_block(
     dst: &mut [f32],
     d: Strided,
     accumulate: bool,
@@ -594,56 +516,5 @@ mod tests {
             .map(|o| 1.0 + (0..n).map(|r| dout[r * oc + o]).sum::<f32>())
             .collect();
         assert_close(&dbias, &want_b, 1e-5, 1e-5, "dbias (accumulated)");
-    }
-
-    /// `sgemm` in several blocks, split by rows and by columns, with plain
-    /// and transposed operands and accumulation, against the naive loop.
-    #[test]
-    fn blocked_sgemm_matches_the_naive_loop() {
-        // (m, n, k): rows split (m ≥ n, several blocks of about
-        // FLOPS_PER_POINT), columns split (n > m), and one block.
-        for (m, n, k) in [(700, 9, 900), (5, 3000, 400), (13, 17, 19)] {
-            let per_block = FLOPS_PER_POINT / (2 * m.min(n) * k);
-            // The first two shapes take several blocks, the last one.
-            assert_eq!(per_block < m.max(n), (m, n) != (13, 17));
-            let lhs = randn(m * k, 1.0, 30);
-            let rhs_t = randn(n * k, 1.0, 31); // rhs stored transposed: (n, k)
-            let prior = randn(m * n, 1.0, 32);
-            let mut dst = prior.clone();
-            sgemm(
-                &mut dst,
-                Strided::row_major(m, n),
-                true,
-                &lhs,
-                Strided::row_major(m, k),
-                &rhs_t,
-                Strided::transposed(k, n),
-            );
-            let mut want = prior.clone();
-            for i in 0..m {
-                for j in 0..n {
-                    let s: f64 = (0..k)
-                        .map(|p| lhs[i * k + p] as f64 * rhs_t[j * k + p] as f64)
-                        .sum();
-                    want[i * n + j] += s as f32;
-                }
-            }
-            assert_close(&dst, &want, 1e-4, 1e-4, &format!("{m}x{n}x{k}"));
-            // The same shapes always give the same bits.
-            let mut again = prior.clone();
-            sgemm(
-                &mut again,
-                Strided::row_major(m, n),
-                true,
-                &lhs,
-                Strided::row_major(m, k),
-                &rhs_t,
-                Strided::transposed(k, n),
-            );
-            assert_eq!(
-                dst, again,
-                "{m}x{n}x{k}: the same shapes give the same bits"
-            );
-        }
     }
 }
