@@ -108,6 +108,8 @@
 //! accumulated gradients. Switch between steps, not inside one.
 
 use super::cap::{choose_cap, CapChoice, CapInput, Link, CAP_CANDIDATES};
+use super::layout::form_buckets;
+pub use super::layout::{BucketInfo, ParamSpec};
 use super::shard::BucketShard;
 use super::{Bf16, BoundComm, Buffers, CollectiveKind, DType, ReduceOp};
 use crate::buffer::{Buffer, View};
@@ -115,38 +117,8 @@ use crate::error::{Error, Result};
 use crate::kind::TaskKind;
 use crate::sched::TaskHandle;
 use std::fmt;
-use std::ops::{Deref, DerefMut, Range};
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-
-/// A parameter: its name and its element range in the flat buffers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParamSpec {
-    /// Name (for errors).
-    pub name: String,
-    /// Element range in the flat parameter and gradient buffers.
-    pub range: Range<usize>,
-}
-
-impl ParamSpec {
-    /// A parameter named `name` at element range `range`.
-    pub fn new(name: impl Into<String>, range: Range<usize>) -> Self {
-        ParamSpec {
-            name: name.into(),
-            range,
-        }
-    }
-}
-
-/// One bucket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BucketInfo {
-    /// Position in the bucket order.
-    pub index: usize,
-    /// Element range in the gradient buffer.
-    pub elems: Range<usize>,
-    /// Its parameters, in the order they joined.
-    pub params: Vec<usize>,
-}
 
 /// Reduces one bucket in place of the built-in all-reduce (e.g. a custom
 /// compression). Called in bucket order, identically on every rank; it must
@@ -261,47 +233,6 @@ impl BucketConfig {
         self.auto_cap = on;
         self
     }
-}
-
-/// Forms contiguous buckets from `order` (see the module docs); elements
-/// are `elem_bytes` long.
-pub(crate) fn form_buckets(
-    params: &[ParamSpec],
-    order: &[usize],
-    first_cap: usize,
-    cap: usize,
-    elem_bytes: usize,
-) -> Vec<BucketInfo> {
-    let mut out: Vec<BucketInfo> = Vec::new();
-    let mut open: Option<(Range<usize>, Vec<usize>)> = None;
-    for &p in order {
-        let r = params[p].range.clone();
-        let limit = if out.is_empty() { first_cap } else { cap };
-        if let Some((range, ps)) = &mut open {
-            let adjacent = r.end == range.start || r.start == range.end;
-            if adjacent && (range.len() + r.len()) * elem_bytes <= limit {
-                *range = range.start.min(r.start)..range.end.max(r.end);
-                ps.push(p);
-                continue;
-            }
-        }
-        if let Some((elems, params)) = open.take() {
-            out.push(BucketInfo {
-                index: out.len(),
-                elems,
-                params,
-            });
-        }
-        open = Some((r, vec![p]));
-    }
-    if let Some((elems, params)) = open {
-        out.push(BucketInfo {
-            index: out.len(),
-            elems,
-            params,
-        });
-    }
-    out
 }
 
 /// The gradient bucket reducer of one rank, submitting on the runtime its
@@ -1038,6 +969,7 @@ impl Drop for NoSync<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ops::Range;
 
     fn specs(sizes: &[usize]) -> Vec<ParamSpec> {
         let mut at = 0;

@@ -5,7 +5,7 @@
 //! of the backward pass — and a link cost (α ns per collective, β ns per
 //! byte), it replays the reducer under a candidate cap:
 //!
-//! * the buckets are the reducer's own (`form_buckets` in `bucket.rs`: runs of
+//! * the buckets are the reducer's own (`form_buckets` in `layout.rs`: runs of
 //!   memory-adjacent parameters in ready order, the first bucket under the
 //!   first cap, a parameter larger than the cap a bucket of its own);
 //! * a bucket is complete when its last parameter is ready;
@@ -29,7 +29,7 @@
 //! `0..=`[`Link::MAX_ALPHA`]. The reducer calibrates both from its own first
 //! step ([`BucketConfig::auto_cap`](super::BucketConfig::auto_cap)).
 
-use super::bucket::{form_buckets, ParamSpec};
+use super::layout::{form_buckets, ParamSpec};
 use super::shard::BucketShard;
 use crate::error::{Error, Result};
 

@@ -70,6 +70,7 @@ mod bucket;
 pub mod cap;
 mod env;
 mod launch;
+mod layout;
 mod local;
 mod nccl_comm;
 pub mod rendezvous;
