@@ -235,6 +235,24 @@ impl CublasHandle {
         self.tf32
     }
 
+    /// What every product does before calling cuBLAS: checks the shape (and
+    /// the batch count of a batched product), makes the device current on
+    /// this thread and locks the handle.
+    fn begin(
+        &self,
+        g: &Gemm,
+        batch: Option<usize>,
+    ) -> CudaResult<std::sync::MutexGuard<'_, cb::cublasHandle_t>> {
+        g.validate()?;
+        if let Some(batch) = batch.filter(|&b| b > i32::MAX as usize) {
+            return Err(CudaError::InvalidArgument(format!(
+                "batch {batch} too large"
+            )));
+        }
+        self.stream.device().bind_to_thread()?;
+        Ok(self.raw.lock().expect("cublas handle poisoned"))
+    }
+
     /// `C = alpha · op(A) · op(B) + beta · C` (row-major) on the bound stream.
     ///
     /// # Safety
@@ -248,9 +266,7 @@ impl CublasHandle {
         b: DevicePtr,
         c: DevicePtr,
     ) -> CudaResult<()> {
-        g.validate()?;
-        self.stream.device().bind_to_thread()?;
-        let h = self.raw.lock().expect("cublas handle poisoned");
+        let h = self.begin(g, None)?;
         // SAFETY: the row-major → column-major mapping described in the module
         // docs; pointer validity is the caller's contract; alpha/beta are host
         // scalars (default pointer mode).
@@ -293,14 +309,7 @@ impl CublasHandle {
         stride_c: i64,
         batch: usize,
     ) -> CudaResult<()> {
-        g.validate()?;
-        if batch > i32::MAX as usize {
-            return Err(CudaError::InvalidArgument(format!(
-                "batch {batch} too large"
-            )));
-        }
-        self.stream.device().bind_to_thread()?;
-        let h = self.raw.lock().expect("cublas handle poisoned");
+        let h = self.begin(g, Some(batch))?;
         // SAFETY: as in `sgemm`, operands swapped for the row-major mapping.
         unsafe {
             result::sgemm_strided_batched(
@@ -340,9 +349,7 @@ impl CublasHandle {
         b: DevicePtr,
         c: DevicePtr,
     ) -> CudaResult<()> {
-        g.validate()?;
-        self.stream.device().bind_to_thread()?;
-        let h = self.raw.lock().expect("cublas handle poisoned");
+        let h = self.begin(g, None)?;
         let bf16 = cb::cudaDataType::CUDA_R_16BF;
         // SAFETY: as in `sgemm` (operands swapped for the row-major mapping);
         // alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F requires.
@@ -390,14 +397,7 @@ impl CublasHandle {
         stride_c: i64,
         batch: usize,
     ) -> CudaResult<()> {
-        g.validate()?;
-        if batch > i32::MAX as usize {
-            return Err(CudaError::InvalidArgument(format!(
-                "batch {batch} too large"
-            )));
-        }
-        self.stream.device().bind_to_thread()?;
-        let h = self.raw.lock().expect("cublas handle poisoned");
+        let h = self.begin(g, Some(batch))?;
         let bf16 = cb::cudaDataType::CUDA_R_16BF;
         // SAFETY: as in `gemm_bf16`, for `batch` entries at the given strides.
         unsafe {
