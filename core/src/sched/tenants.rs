@@ -89,26 +89,27 @@ pub(crate) fn mark_stream_thread(class: crate::kind::Class) {
 /// so the memory system and the caches are left to the latency-critical
 /// program (on a machine with few cores they are what a request waits for:
 /// docs/tenants.md). A body calls it between pieces of work that leave no
-/// lock held and nothing half-published; the GPT-2 CPU kernels call it
-/// between blocks of a few megaflops. Where a body pauses never changes what
-/// it computes.
+/// lock held and nothing half-published (the GPT-2 CPU attention calls it
+/// once per row). Where a body pauses never changes what it computes.
 ///
 /// Latency-critical work must not wait for best-effort work (admission has
 /// the same rule): a request that waits for a paused task waits forever.
 pub fn preemption_point() {
     if BEST_EFFORT.with(std::cell::Cell::get) {
-        while latency_critical_busy() {
-            std::thread::sleep(POLL);
-        }
+        wait_for_latency_critical();
     }
 }
 
 /// Called by a best-effort stream thread before it starts a task: returns
 /// once no latency-critical task is unfinished.
 pub(crate) fn admit(shared: &Shared) {
-    if shared.class != crate::kind::Class::BestEffort {
-        return;
+    if shared.class == crate::kind::Class::BestEffort {
+        wait_for_latency_critical();
     }
+}
+
+/// Sleeps until no latency-critical task of the process is unfinished.
+fn wait_for_latency_critical() {
     while latency_critical_busy() {
         std::thread::sleep(POLL);
     }
