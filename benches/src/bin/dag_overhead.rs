@@ -66,19 +66,22 @@ fn main() -> anyhow::Result<()> {
     if a.replay {
         a.mode = Mode::Replay;
     }
-    let rt = Runtime::builder()
-        .backend(BackendKind::Cpu)
-        .compute_streams(a.streams)
-        .policy(a.policy)
-        .auto_replay(a.mode == Mode::Auto)
-        .launch_window(if a.held { 2 * a.tasks + 64 } else { 4096 })
-        .build()?;
     if a.held && a.mode != Mode::Eager {
         anyhow::bail!(
             "--held times eager submission only (not with --mode {:?})",
             a.mode
         );
     }
+    let mut builder = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(a.streams)
+        .policy(a.policy)
+        .auto_replay(a.mode == Mode::Auto);
+    if a.held {
+        // Room for every task of a repetition behind the held streams.
+        builder = builder.launch_window(2 * a.tasks + 64);
+    }
+    let rt = builder.build()?;
     let bufs = buffers(&rt, a.shape, a.tasks)?;
     let mut ns = Vec::with_capacity(a.reps);
     let mut split: Vec<(f64, f64)> = Vec::new();
