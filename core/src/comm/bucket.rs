@@ -800,14 +800,20 @@ impl<'rt> Reducer<'rt> {
         let profile = rt.profile();
         let by_id: std::collections::HashMap<u64, &crate::trace::Span> =
             profile.spans.iter().map(|s| (s.id, s)).collect();
-        let mut durations: Vec<f64> = self
+        let spans: Vec<Option<&&crate::trace::Span>> = self
             .timed
             .iter()
-            .map(|(_, h)| match by_id.get(&h.task.id) {
+            .map(|(_, h)| by_id.get(&h.task.id))
+            .collect();
+        let mut durations: Vec<f64> = spans
+            .iter()
+            .map(|s| match s {
                 Some(s) if s.ok => s.end_ns.saturating_sub(s.start_ns) as f64,
                 _ => f64::INFINITY,
             })
             .collect();
+        // When this rank's last bucket all-reduce of the step ended.
+        let measured_end = spans.iter().flatten().map(|s| s.end_ns).max().unwrap_or(0);
         if !durations.is_empty() {
             let buf = rt.alloc_from("bucket timings", &durations)?;
             self.comm.submit_named(
@@ -826,6 +832,7 @@ impl<'rt> Reducer<'rt> {
             order,
             finish_mark,
             &durations,
+            measured_end,
         )))
     }
 
@@ -837,6 +844,7 @@ impl<'rt> Reducer<'rt> {
         order: &[usize],
         finish_mark: u64,
         durations: &[f64],
+        measured_end: u64,
     ) -> std::result::Result<CapChoice, String> {
         if profile.spans.is_empty() {
             return Err("no profile (the runtime's profiling is off)".into());
@@ -881,12 +889,6 @@ impl<'rt> Reducer<'rt> {
             .map(|((b, _), &d)| (*b, d))
             .collect();
         let link = Link::fit(&samples).map_err(|e| e.to_string())?;
-        let mut measured_end = 0u64;
-        for (_, h) in &self.timed {
-            if let Some(s) = profile.spans.iter().find(|s| s.id == h.task.id) {
-                measured_end = measured_end.max(s.end_ns);
-            }
-        }
         let input = CapInput {
             params: &self.params,
             order,
