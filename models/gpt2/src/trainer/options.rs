@@ -103,8 +103,8 @@ pub struct TrainOptions {
     /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
     /// default; bf16 (mixed precision, `f32` master weights and moments,
     /// gradient buckets all-reduced in bf16) runs on CPU ranks only for now
-    /// (its CUDA kernels compile but have not run on a GPU), with the tied embedding's gradient reduced as
-    /// one (`tied_split` is ignored).
+    /// (its CUDA kernels compile but have not run on a GPU), with the tied
+    /// embedding's gradient reduced as one (`tied_split` is ignored).
     pub dtype: Dtype,
     /// A placement file (docs/scopes.md) every rank's runtime is built with:
     /// it places the model's scopes (`forward/layer{l}`, `backward/layer{l}`,
