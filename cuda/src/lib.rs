@@ -74,8 +74,8 @@ pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};
 pub use memory::{DeviceBuffer, DevicePtr, DeviceRepr, PinnedHostBuffer};
 pub use nvrtc::{
-    compile, CompileOptions, CompiledKernel, CudaFunction, CudaModule, KernelArgs, KernelCache,
-    LaunchConfig,
+    compile, compile_with_headers, CompileOptions, CompiledKernel, CudaFunction, CudaModule,
+    Header, KernelArgs, KernelCache, LaunchConfig,
 };
 pub use stream::{AsRawStream, CudaStream, RawStream, StreamPriority};
 

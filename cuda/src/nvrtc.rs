@@ -159,20 +159,51 @@ fn program_log(prog: &Program) -> String {
     String::from_utf8_lossy(&buf[..end]).trim_end().to_string()
 }
 
+/// A header a program may `#include "name"`: `(name, text)`. NVRTC resolves
+/// a quoted include from the headers given with the program (it reads no
+/// files), so a kernel family shares helpers without copying them into each
+/// `.cu`.
+pub type Header<'a> = (&'a str, &'a str);
+
 /// Compiles `source` (named `program` in messages) with NVRTC. No caching; see
 /// [`KernelCache`]. Needs only the NVRTC library, not a GPU.
 pub fn compile(source: &str, program: &str, opts: &CompileOptions) -> CudaResult<CompiledKernel> {
-    super::require_nvrtc()?;
-    catch_panic("NVRTC compile", || compile_inner(source, program, opts))
+    compile_with_headers(source, &[], program, opts)
 }
 
-fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResult<CompiledKernel> {
-    let src = CString::new(source).map_err(|_| {
-        CudaError::InvalidArgument(format!("{program}: source contains a NUL byte"))
-    })?;
-    let name = CString::new(program).map_err(|_| {
-        CudaError::InvalidArgument(format!("program name {program:?} contains a NUL byte"))
-    })?;
+/// As [`compile`], with the headers `source` may include.
+pub fn compile_with_headers(
+    source: &str,
+    headers: &[Header<'_>],
+    program: &str,
+    opts: &CompileOptions,
+) -> CudaResult<CompiledKernel> {
+    super::require_nvrtc()?;
+    catch_panic("NVRTC compile", || {
+        compile_inner(source, headers, program, opts)
+    })
+}
+
+/// A C string of `text`, or an error naming `what` of `program`.
+fn c_string(text: &str, program: &str, what: &str) -> CudaResult<CString> {
+    CString::new(text)
+        .map_err(|_| CudaError::InvalidArgument(format!("{program}: {what} contains a NUL byte")))
+}
+
+fn compile_inner(
+    source: &str,
+    headers: &[Header<'_>],
+    program: &str,
+    opts: &CompileOptions,
+) -> CudaResult<CompiledKernel> {
+    let src = c_string(source, program, "the source")?;
+    let name = c_string(program, program, "the program name")?;
+    let mut header_names = Vec::with_capacity(headers.len());
+    let mut header_texts = Vec::with_capacity(headers.len());
+    for (n, text) in headers {
+        header_names.push(c_string(n, program, "a header name")?);
+        header_texts.push(c_string(text, program, &format!("header {n}"))?);
+    }
     let args = opts.to_args();
     // `compile_program` makes C strings of the options and panics on a NUL:
     // reject those here.
@@ -183,9 +214,26 @@ fn compile_inner(source: &str, program: &str, opts: &CompileOptions) -> CudaResu
     }
 
     let start = Instant::now();
-    // `src` and `name` outlive the program (destroyed when `prog` drops, below).
-    let prog =
-        Program(nvrtc_result::create_program(&src, Some(&name)).named("nvrtcCreateProgram")?);
+    let name_ptrs: Vec<_> = header_names.iter().map(|c| c.as_ptr()).collect();
+    let text_ptrs: Vec<_> = header_texts.iter().map(|c| c.as_ptr()).collect();
+    let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: the source, name and header strings (and the arrays of pointers
+    // to them, of `headers.len()` entries each) outlive the call; NVRTC copies
+    // them. (cudarc's checked `create_program` takes no headers.)
+    unsafe {
+        nv::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            name.as_ptr(),
+            headers.len() as i32,
+            text_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    }
+    .result()
+    .named("nvrtcCreateProgram")?;
+    // Destroyed when `prog` drops, on every path below.
+    let prog = Program(raw);
     // SAFETY: valid program.
     let compiled = unsafe { nvrtc_result::compile_program(prog.0, &args) };
     let log = program_log(&prog);
@@ -331,7 +379,12 @@ impl KernelCache {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
-    fn key_text(source: &str, program: &str, opts: &CompileOptions) -> (u128, String) {
+    fn key_text(
+        source: &str,
+        headers: &[Header<'_>],
+        program: &str,
+        opts: &CompileOptions,
+    ) -> (u128, String) {
         static VERSION: OnceLock<String> = OnceLock::new();
         let ver = VERSION.get_or_init(|| {
             nvrtc_version()
@@ -340,10 +393,14 @@ impl KernelCache {
         });
         let args = opts.to_args().join(" ");
         let src_hash = fnv128(&[source.as_bytes()]);
-        let text = format!(
+        let mut text = format!(
             "nvrtc {ver}\nprogram {program}\nargs {args}\nsource {src_hash:032x} {}",
             source.len()
         );
+        for (name, h) in headers {
+            let h_hash = fnv128(&[h.as_bytes()]);
+            text.push_str(&format!("\nheader {name} {h_hash:032x} {}", h.len()));
+        }
         (fnv128(&[text.as_bytes()]), text)
     }
 
@@ -354,7 +411,19 @@ impl KernelCache {
         program: &str,
         opts: &CompileOptions,
     ) -> CudaResult<Arc<CompiledKernel>> {
-        let (key, text) = Self::key_text(source, program, opts);
+        self.get_or_compile_with_headers(source, &[], program, opts)
+    }
+
+    /// As [`get_or_compile`](Self::get_or_compile), with the headers `source`
+    /// may include (part of the key: a changed header is a miss).
+    pub fn get_or_compile_with_headers(
+        &self,
+        source: &str,
+        headers: &[Header<'_>],
+        program: &str,
+        opts: &CompileOptions,
+    ) -> CudaResult<Arc<CompiledKernel>> {
+        let (key, text) = Self::key_text(source, headers, program, opts);
         if let Some(k) = self.images.lock().expect("kernel cache poisoned").get(&key) {
             self.bump(|s| s.memory_hits += 1);
             return Ok(k.clone());
@@ -368,7 +437,7 @@ impl KernelCache {
                 .insert(key, k.clone());
             return Ok(k);
         }
-        let k = compile(source, program, opts)?;
+        let k = compile_with_headers(source, headers, program, opts)?;
         self.bump(|s| {
             s.compiles += 1;
             s.compile_ms += k.compile_ms;
@@ -402,7 +471,20 @@ impl KernelCache {
         program: &str,
         opts: &CompileOptions,
     ) -> CudaResult<CudaModule> {
-        let (key, _) = Self::key_text(source, program, opts);
+        self.module_with_headers(device, source, &[], program, opts)
+    }
+
+    /// As [`module_with`](Self::module_with), with the headers `source` may
+    /// include.
+    pub fn module_with_headers(
+        &self,
+        device: &CudaDevice,
+        source: &str,
+        headers: &[Header<'_>],
+        program: &str,
+        opts: &CompileOptions,
+    ) -> CudaResult<CudaModule> {
+        let (key, _) = Self::key_text(source, headers, program, opts);
         let mkey = (device.raw_context() as usize, key);
         if let Some(inner) = self
             .modules
@@ -413,7 +495,7 @@ impl KernelCache {
         {
             return Ok(CudaModule { inner });
         }
-        let image = self.get_or_compile(source, program, opts)?;
+        let image = self.get_or_compile_with_headers(source, headers, program, opts)?;
         let m = CudaModule::load(device, &image)?;
         self.modules
             .lock()
@@ -872,6 +954,31 @@ extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
         c3.get_or_compile(GOOD, "scale.cu", &opts).unwrap();
         assert_eq!(c3.stats().compiles, 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A quoted include resolves to a header given with the program, and only
+    /// to one; a header's text is part of the cache key.
+    #[test]
+    fn headers_resolve_quoted_includes() {
+        let src = "#include \"twice.cuh\"\n\
+                   extern \"C\" __global__ void k(float* x) { x[0] = twice(x[0]); }";
+        let header = ("twice.cuh", "__device__ float twice(float v) { return 2.0f * v; }");
+        let opts = CompileOptions::for_arch("sm_90");
+        let (a, _) = KernelCache::key_text(src, &[header], "k.cu", &opts);
+        let (b, _) = KernelCache::key_text(src, &[("twice.cuh", "// changed")], "k.cu", &opts);
+        let (c, _) = KernelCache::key_text(src, &[], "k.cu", &opts);
+        assert!(a != b && a != c && b != c);
+        if !nvrtc_or_skip("nvrtc::headers_resolve_quoted_includes") {
+            return;
+        }
+        let k = compile_with_headers(src, &[header], "k.cu", &opts).unwrap();
+        assert!(k.is_cubin && !k.image.is_empty());
+        match compile(src, "k.cu", &opts).unwrap_err() {
+            CudaError::Compile { log, .. } => assert!(log.contains("twice.cuh"), "{log}"),
+            other => panic!("expected a compile error, got {other:?}"),
+        }
+        let e = compile_with_headers(src, &[("bad.cuh", "a\0b")], "k.cu", &opts).unwrap_err();
+        assert!(e.to_string().contains("bad.cuh"), "{e}");
     }
 
     #[test]

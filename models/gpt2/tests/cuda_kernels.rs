@@ -22,8 +22,8 @@ use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::kernels::cpu::{Bf16, Dtype};
 use braid_gpt2::kernels::task::Task;
 use braid_gpt2::kernels::{
-    adamw, attention, check_tokens, cpu, encoder, gelu, kernel_sources, layernorm, loss, matmul,
-    norm, preload, residual,
+    adamw, attention, check_tokens, cpu, encoder, gelu, kernel_headers, kernel_sources, layernorm,
+    loss, matmul, norm, preload, residual,
 };
 use braid_gpt2::rng::randn;
 use common::{Device, TEST_ADAMW};
@@ -197,7 +197,7 @@ fn kernel_sources_compile_with_nvrtc() {
     assert_eq!(sources.len(), 9);
     let opts = braid::cuda::CompileOptions::for_arch("sm_90");
     for (name, source) in sources {
-        let k = braid::cuda::compile(source, name, &opts)
+        let k = braid::cuda::compile_with_headers(source, kernel_headers(), name, &opts)
             .unwrap_or_else(|e| panic!("{name} does not compile: {e}"));
         assert!(k.is_cubin && !k.image.is_empty(), "{name}");
     }

@@ -7,6 +7,11 @@
 //!             [--deny-warnings] [--repeat N] [FILE.cu ...]
 //! ```
 //!
+//! Each `.cu` is given the `.cuh` files of its own directory as NVRTC headers,
+//! by file name, as the runtime gives its programs their headers (NVRTC reads
+//! no files: `#include "bf16.cuh"` resolves only to a header passed with the
+//! program).
+//!
 //! Besides NVRTC errors it checks that every `__global__` function is declared
 //! `extern "C"` (the runtime looks kernels up by their unmangled name).
 //! It prints the compile time of each file, the figure that decides whether the
@@ -63,16 +68,29 @@ impl Drop for Program {
     }
 }
 
-fn compile(source: &str, name: &str, args: &[String]) -> Result<Outcome, String> {
+fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[String]) -> Result<Outcome, String> {
     let src = CString::new(source).map_err(|_| "source contains a NUL byte".to_string())?;
     let cname = CString::new(name).map_err(|_| "name contains a NUL byte".to_string())?;
+    let c = |s: &str| CString::new(s).map_err(|_| format!("header {s:.40} contains a NUL byte"));
+    let h_names = headers.iter().map(|(n, _)| c(n)).collect::<Result<Vec<_>, _>>()?;
+    let h_texts = headers.iter().map(|(_, t)| c(t)).collect::<Result<Vec<_>, _>>()?;
+    let h_name_ptrs: Vec<*const std::ffi::c_char> = h_names.iter().map(|h| h.as_ptr()).collect();
+    let h_text_ptrs: Vec<*const std::ffi::c_char> = h_texts.iter().map(|h| h.as_ptr()).collect();
     let cargs: Vec<CString> = args.iter().map(|a| CString::new(a.as_str()).expect("no NUL")).collect();
     let ptrs: Vec<*const std::ffi::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
     let start = Instant::now();
     let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: NUL-terminated strings outlive the call; no headers.
+    // SAFETY: NUL-terminated strings and the header pointer arrays (of
+    // `headers.len()` entries) outlive the call.
     let r = unsafe {
-        nv::nvrtcCreateProgram(&mut raw, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        nv::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            cname.as_ptr(),
+            headers.len() as i32,
+            h_text_ptrs.as_ptr(),
+            h_name_ptrs.as_ptr(),
+        )
     };
     if r != nv::nvrtcResult::NVRTC_SUCCESS {
         return Err(format!("nvrtcCreateProgram: {}", nv_message(r)));
@@ -144,6 +162,21 @@ fn find_cu(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `.cuh` files beside `file`, as `(file name, text)` NVRTC headers.
+fn headers_beside(file: &Path) -> std::io::Result<Vec<(String, String)>> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".cuh") && entry.file_type()?.is_file() {
+            out.push((name, std::fs::read_to_string(entry.path())?));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn library_present() -> bool {
@@ -235,12 +268,19 @@ fn main() -> ExitCode {
             failures.push(format!("{shown}:{line}: __global__ function is not extern \"C\""));
         }
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let headers = match headers_beside(file) {
+            Ok(h) => h,
+            Err(e) => {
+                failures.push(format!("{shown}: cannot read the headers beside it: {e}"));
+                continue;
+            }
+        };
         for arch in &archs {
             let args = nvrtc_args(arch, fast_math);
             let mut times = Vec::with_capacity(repeat);
             let mut last = None;
             for _ in 0..repeat {
-                match compile(&source, &name, &args) {
+                match compile(&source, &name, &headers, &args) {
                     Ok(o) => {
                         times.push(o.ms);
                         last = Some(o);

@@ -33,24 +33,7 @@ extern "C" __global__ void adamw_update(float* __restrict__ params, const float*
     params[i] = p;
 }
 
-// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
-// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
-// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
-// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
-// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
-typedef unsigned short bf16_t;
-
-__device__ __forceinline__ float bf16_load(bf16_t h) {
-    return __uint_as_float(((unsigned int)h) << 16);
-}
-
-__device__ __forceinline__ bf16_t bf16_store(float x) {
-    const unsigned int bits = __float_as_uint(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
-    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
-    return (bf16_t)((bits + round) >> 16);
-}
-// END bf16 helpers
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
 
 // Mixed-precision AdamW (adamw_update_mixed in adamw.rs, llm.c's
 // adamw_kernel3): one adamw_update step of the f32 master weights from the

@@ -1,4 +1,9 @@
-// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
+// bf16.cuh: the bf16 load/store helpers every `_bf16` kernel includes
+// (`#include "bf16.cuh"`). NVRTC reads no files: the runtime
+// (kernels/cuda_common.rs, HEADERS) and tools/nvrtc-check hand it this header
+// with each program.
+#pragma once
+
 // bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
 // IEEE f32, held as unsigned short. Loading is exact; storing rounds to
 // nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
@@ -15,4 +20,3 @@ __device__ __forceinline__ bf16_t bf16_store(float x) {
     const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
     return (bf16_t)((bits + round) >> 16);
 }
-// END bf16 helpers

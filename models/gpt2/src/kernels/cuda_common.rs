@@ -27,11 +27,17 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use braid::cuda::{
-    CudaDevice, CudaError, CudaFunction, Gemm, KernelArgs, KernelCache, LaunchConfig,
+    CompileOptions, CudaDevice, CudaError, CudaFunction, Gemm, Header, KernelArgs, KernelCache,
+    LaunchConfig,
 };
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Error, Result};
 
 use super::storage::{Dtype, Storage};
+
+/// The headers a program may `#include "…"`, given to NVRTC with every
+/// program (it reads no files; tools/nvrtc-check passes the same `.cuh`
+/// files).
+pub(crate) const HEADERS: &[Header<'static>] = &[("bf16.cuh", include_str!("bf16.cuh"))];
 
 /// One CUDA C program (a `.cu` file of a kernel family) and its kernels.
 pub(crate) struct Program {
@@ -129,7 +135,13 @@ impl Loaded {
         // Compiled once per process (and cached on disk), loaded once per
         // context: the cache hands back the live module while any of its
         // functions is held here.
-        let module = KernelCache::global().module(&self.device, program.source, program.file)?;
+        let module = KernelCache::global().module_with_headers(
+            &self.device,
+            program.source,
+            HEADERS,
+            program.file,
+            &CompileOptions::for_device(&self.device),
+        )?;
         let f = module.function(program.kernels[index])?;
         // A racing thread may have set it first; either value is the same kernel.
         let _ = cell.set(f);

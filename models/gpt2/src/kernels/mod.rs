@@ -50,9 +50,9 @@
 //! ([`flash_attention`], [`fused_classifier`];
 //! [`fill`] zeroes bytes, any dtype, on both backends). The model still
 //! refuses bf16 off the CPU until these kernels have run on a GPU. The bf16
-//! kernels share
-//! `bf16.cuh`'s load/store helpers, copied into each `.cu` (NVRTC compiles a
-//! file alone).
+//! kernels share `bf16.cuh`'s load/store helpers through `#include
+//! "bf16.cuh"`: NVRTC reads no files, so the header goes with every program
+//! ([`kernel_headers`]).
 //!
 //! Shared CUDA plumbing (the per-device program cache, shape checks,
 //! launching on the task's stream) is in `cuda_common.rs`.
@@ -142,11 +142,18 @@ static PROGRAMS: [&Program; 9] = [
 ];
 
 /// Every GPT-2 CUDA program as `(file name, source)`, e.g. for an NVRTC
-/// compile check. The launchers compile them through
+/// compile check (with [`kernel_headers`]). The launchers compile them through
 /// [`KernelCache::global`](braid::cuda::KernelCache::global) on first use,
 /// once per device.
 pub fn kernel_sources() -> Vec<(&'static str, &'static str)> {
     PROGRAMS.iter().map(|p| (p.file, p.source)).collect()
+}
+
+/// The headers the programs of [`kernel_sources`] may include, as
+/// `(name, text)`: give them to NVRTC with each program
+/// ([`braid::cuda::compile_with_headers`]).
+pub fn kernel_headers() -> &'static [braid::cuda::Header<'static>] {
+    cuda_common::HEADERS
 }
 
 /// Compiles (or loads from NVRTC's disk cache) and looks up every GPT-2
@@ -236,19 +243,27 @@ mod tests {
         assert_eq!(kernel_sources().len(), PROGRAMS.len());
     }
 
-    /// Every program with `_bf16` kernels carries `bf16.cuh` (the bf16 load
-    /// and store helpers) verbatim: NVRTC compiles each `.cu` alone, without
-    /// include files, so each holds a copy, and this keeps the copies equal.
+    /// Every program with `_bf16` kernels includes `bf16.cuh` (the bf16 load
+    /// and store helpers), which is among the headers given to NVRTC; no
+    /// program defines the helpers itself.
     #[test]
-    fn bf16_programs_carry_the_shared_helpers() {
-        let helpers = include_str!("bf16.cuh");
+    fn bf16_programs_include_the_shared_header() {
+        let include = "#include \"bf16.cuh\"";
+        assert!(kernel_headers().iter().any(|(n, h)| *n == "bf16.cuh"
+            && h.contains("bf16_store(float x)")
+            && h.contains("#pragma once")));
         let mut with_bf16 = 0;
         for p in PROGRAMS {
             let has_bf16 = p.kernels.iter().any(|k| k.ends_with("_bf16"));
             assert_eq!(
                 has_bf16,
-                p.source.contains(helpers),
-                "{}: bf16 kernels and bf16.cuh's helpers go together",
+                p.source.contains(include),
+                "{}: bf16 kernels and the bf16.cuh include go together",
+                p.file
+            );
+            assert!(
+                !p.source.contains("bf16_store(float x)"),
+                "{} defines bf16_store itself instead of including bf16.cuh",
                 p.file
             );
             with_bf16 += has_bf16 as usize;

@@ -20,24 +20,7 @@ extern "C" __global__ void residual_backward(float* __restrict__ dinp1, float* _
     }
 }
 
-// BEGIN bf16 helpers (verbatim copy of models/gpt2/src/kernels/bf16.cuh)
-// bfloat16 storage without cuda_bf16.h: an element is the upper 16 bits of an
-// IEEE f32, held as unsigned short. Loading is exact; storing rounds to
-// nearest, ties to even, and keeps a NaN a quiet NaN, bit for bit as
-// Bf16::from_f32 in core/src/comm/mod.rs (the CPU kernels' Storage::store).
-typedef unsigned short bf16_t;
-
-__device__ __forceinline__ float bf16_load(bf16_t h) {
-    return __uint_as_float(((unsigned int)h) << 16);
-}
-
-__device__ __forceinline__ bf16_t bf16_store(float x) {
-    const unsigned int bits = __float_as_uint(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((bits >> 16) | 0x0040u);
-    const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
-    return (bf16_t)((bits + round) >> 16);
-}
-// END bf16 helpers
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
 
 // out[i] = inp1[i] + inp2[i], bf16 storage: the f32 sum rounded once
 // (residual_forward::<Bf16>; bit-exact with it).
