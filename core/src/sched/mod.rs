@@ -667,14 +667,3 @@ impl TaskHandle {
         self.task.is_finished()
     }
 }
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn sizes() {
-        use std::mem::size_of;
-        eprintln!("TaskShared {} Launch {} Record {} NewTask {} Access {} View {} Body {} Clock {} Item {}",
-            size_of::<super::TaskShared>(), size_of::<super::Launch>(), size_of::<super::Record>(),
-            size_of::<super::NewTask>(), size_of::<crate::ctx::Access>(), size_of::<crate::buffer::View>(),
-            size_of::<crate::ctx::Body>(), size_of::<super::Clock>(), size_of::<super::Item>());
-    }
-}
