@@ -962,7 +962,10 @@ extern "C" __global__ void scale(float* out, const float* in, float a, int n) {
     fn headers_resolve_quoted_includes() {
         let src = "#include \"twice.cuh\"\n\
                    extern \"C\" __global__ void k(float* x) { x[0] = twice(x[0]); }";
-        let header = ("twice.cuh", "__device__ float twice(float v) { return 2.0f * v; }");
+        let header = (
+            "twice.cuh",
+            "__device__ float twice(float v) { return 2.0f * v; }",
+        );
         let opts = CompileOptions::for_arch("sm_90");
         let (a, _) = KernelCache::key_text(src, &[header], "k.cu", &opts);
         let (b, _) = KernelCache::key_text(src, &[("twice.cuh", "// changed")], "k.cu", &opts);

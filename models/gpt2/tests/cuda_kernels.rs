@@ -22,8 +22,8 @@ use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::kernels::cpu::{Bf16, Dtype};
 use braid_gpt2::kernels::task::Task;
 use braid_gpt2::kernels::{
-    adamw, attention, check_tokens, cpu, encoder, gelu, kernel_headers, kernel_sources, layernorm,
-    loss, matmul, norm, preload, residual,
+    adamw, attention, check_tokens, cpu, encoder, fused_classifier, gelu, kernel_headers,
+    kernel_sources, layernorm, loss, matmul, norm, preload, residual,
 };
 use braid_gpt2::rng::randn;
 use common::{Device, TEST_ADAMW};
@@ -1304,6 +1304,120 @@ test_device!(
     softmax_and_crossentropy_bf16,
     softmax_and_crossentropy_bf16_cpu,
     softmax_and_crossentropy_bf16_cuda
+);
+
+/// The fused classifier's tasks (losses alone; losses and the gradient in
+/// place) on a padded vocabulary, f32 and bf16, against the CPU kernel: the
+/// same bits on the CPU backend; on CUDA within float tolerance (a tree
+/// order for the row sum, CUDA's expf) and one bf16 ulp.
+fn fused_classifier_tasks(dev: Device) {
+    let g = Dev::new(dev);
+    let exact = matches!(dev, Device::Cpu);
+    let (n, vp) = (B * T, 384);
+    // Real columns from randn, padding holding large values that must not
+    // count.
+    let real = randn(n * V, 3.0, 160);
+    let logits: Vec<f32> = (0..n * vp)
+        .map(|i| {
+            if i % vp < V {
+                real[i / vp * V + i % vp]
+            } else {
+                50.0
+            }
+        })
+        .collect();
+    let targets = tokens(n, 161);
+    let dloss = 0.5f32;
+    let bt = g.up_u32(&targets);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
+        let (want_logits, up, down): (Vec<f32>, Buffer, fn(&Dev, &Buffer) -> Vec<f32>) = match dtype
+        {
+            Dtype::F32 => (logits.clone(), g.up(&logits), |g, b| g.down(b)),
+            Dtype::Bf16 => {
+                let l = bf16(&logits);
+                (widen(&l), g.up_bf16(&l), |g, b| widen(&g.down_bf16(b)))
+            }
+        };
+        let mut want_losses = vec![0.0f32; n];
+        cpu::classifier_losses(&mut want_losses, &want_logits, &targets, n, V, vp);
+        let mut want_grad = want_logits.clone();
+        let mut want_losses2 = vec![0.0f32; n];
+        let grad_losses = &mut want_losses2;
+        match dtype {
+            Dtype::F32 => {
+                cpu::fused_classifier(&mut want_grad, grad_losses, &targets, Some(dloss), n, V, vp)
+            }
+            Dtype::Bf16 => {
+                let mut b = bf16(&want_grad);
+                cpu::fused_classifier(&mut b, grad_losses, &targets, Some(dloss), n, V, vp);
+                want_grad = widen(&b);
+            }
+        }
+        let what = format!("{dtype:?}");
+        let losses = g.zeros(n);
+        done(fused_classifier::losses(
+            task("classifier_losses"),
+            &losses.whole(),
+            &up.whole(),
+            &bt.whole(),
+            n,
+            V,
+            vp,
+        ));
+        let got = g.down(&losses);
+        assert_eq!(
+            down(&g, &up),
+            want_logits,
+            "{what}: losses alone leave the logits"
+        );
+        let losses2 = g.zeros(n);
+        done(fused_classifier::forward_backward(
+            task("fused_classifier"),
+            &up.whole(),
+            &losses2.whole(),
+            &bt.whole(),
+            dloss,
+            n,
+            V,
+            vp,
+        ));
+        let (got2, grad) = (g.down(&losses2), down(&g, &up));
+        assert!(
+            grad.chunks_exact(vp)
+                .all(|r| r[V..].iter().all(|&x| x == 0.0)),
+            "{what}: padding gradient"
+        );
+        if exact {
+            assert_eq!(got, want_losses, "{what} losses");
+            assert_eq!(got2, want_losses2, "{what} losses with the gradient");
+            assert_eq!(grad, want_grad, "{what} dlogits");
+        } else {
+            compare(&format!("{what} losses"), &got, &want_losses, 1e-6, 1e-5);
+            compare(
+                &format!("{what} losses 2"),
+                &got2,
+                &want_losses2,
+                1e-6,
+                1e-5,
+            );
+            match dtype {
+                Dtype::F32 => compare(&format!("{what} dlogits"), &grad, &want_grad, 1e-9, 1e-5),
+                Dtype::Bf16 => compare_bf16(
+                    &format!("{what} dlogits"),
+                    &bf16(&grad),
+                    &bf16(&want_grad),
+                    1,
+                ),
+            }
+        }
+    }
+}
+
+test_device!(
+    fused_classifier_tasks,
+    fused_classifier_tasks_cpu,
+    fused_classifier_tasks_cuda
 );
 
 fn attention_bf16(dev: Device) {

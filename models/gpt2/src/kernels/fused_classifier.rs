@@ -34,16 +34,35 @@
 //! `-ln softmax[target]` to about 1e-6 relative, gradients to about 1e-6
 //! relative (the online rescaling rounds differently), not bit for bit.
 //!
-//! Not done: the GPU kernel, bf16.
+//! # CUDA
+//!
+//! `fused_classifier` / `fused_classifier_bf16` in `loss.cu` (they share its
+//! block reductions): one block per row, each thread folding its columns into
+//! a running `(max, sum)` pair, the pairs merged in a fixed tree (so the
+//! result does not depend on timing), then the gradient pass. The same f32
+//! operations in the same order as the CPU kernel; the sum is in `double` in
+//! a tree order rather than the CPU's sequential one, and `expf`/`log` are
+//! CUDA's: agreement to float tolerance, not bit for bit. A target not below
+//! `V` gives a NaN loss on CUDA (the CPU kernel panics); nothing is read
+//! outside the row. Compiled under NVRTC; not yet run on a GPU, so
+//! [`ModelOptions::fused`](crate::model::ModelOptions::fused) is still
+//! refused off the CPU.
 
-use braid::{Result, TaskHandle, View};
+use braid::cuda::KernelArgs;
+use braid::cuda::LaunchConfig;
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
+use super::cuda_common::{by_dtype, task_result, Check, Elems, Kernel, Launcher};
+use super::loss::{CUDA, SOFTMAX_BLOCK};
 use super::storage::Storage;
-use super::task::{submit_cpu, Task};
+use super::task::{submit, Task};
 
-/// Submits [`classifier_losses`] as a CPU task: writes `losses`, reads the
-/// logits. There is no CUDA body: on a CUDA runtime the submission fails.
+static FUSED_CLASSIFIER: Kernel = Kernel::new(&CUDA, 5);
+static FUSED_CLASSIFIER_BF16: Kernel = Kernel::new(&CUDA, 6);
+
+/// Submits [`classifier_losses`] as a task: writes `losses`, reads the
+/// logits (CPU and CUDA bodies).
 pub fn losses<'rt>(
     task: impl Into<Task<'rt>>,
     losses: &View,  // (N)
@@ -53,7 +72,7 @@ pub fn losses<'rt>(
     v: usize,
     vp: usize,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (
             losses.write::<f32>(),
@@ -61,12 +80,17 @@ pub fn losses<'rt>(
             targets.read::<u32>(),
         ),
         move |(losses, logits, targets)| classifier_losses(losses, logits, targets, n, v, vp),
+        move |(losses, logits, targets), cu| {
+            task_result(classifier_losses_cuda(
+                cu, losses, logits, targets, n, v, vp,
+            ))
+        },
     )
 }
 
-/// Submits [`fused_classifier`] with `Some(dloss)` as a CPU task: writes
+/// Submits [`fused_classifier`] with `Some(dloss)` as a task: writes
 /// `losses` and the gradient over `logits` in place (declared
-/// `read_write`). There is no CUDA body.
+/// `read_write`; CPU and CUDA bodies).
 pub fn forward_backward<'rt>(
     task: impl Into<Task<'rt>>,
     logits: &View,  // (N, Vp) in: logits; out: dlogits
@@ -77,7 +101,7 @@ pub fn forward_backward<'rt>(
     v: usize,
     vp: usize,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (
             logits.read_write::<S>(),
@@ -86,6 +110,18 @@ pub fn forward_backward<'rt>(
         ),
         move |(logits, losses, targets)| {
             fused_classifier(logits, losses, targets, Some(dloss), n, v, vp)
+        },
+        move |(logits, losses, targets), cu| {
+            task_result(fused_classifier_cuda(
+                cu,
+                logits,
+                losses,
+                targets,
+                Some(dloss),
+                n,
+                v,
+                vp,
+            ))
         },
     )
 }
@@ -209,6 +245,120 @@ fn fused_classifier_f32(
             row[v..].fill(0.0);
         }
     }
+}
+
+/// [`classifier_losses`] on the task's stream (module docs, CUDA): the
+/// logits are only read.
+pub fn classifier_losses_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    losses: DevSliceMut<f32>, // (N)
+    logits: DevSlice<S>,      // (N, Vp)
+    targets: DevSlice<u32>,   // (N), each < V
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<()> {
+    let k = Check::new("classifier_losses");
+    let l = checked(k, cu, &logits, &losses, &targets, n, v, vp)?;
+    // SAFETY: shapes checked; with write_grad = 0 the kernel only reads the
+    // logits, so the read-only slice's address is never written through.
+    unsafe {
+        launch::<S>(
+            &l,
+            logits.ptr(),
+            losses.ptr(),
+            targets.ptr(),
+            None,
+            (n, v, vp),
+        )
+    }
+}
+
+/// [`fused_classifier`] on the task's stream (module docs, CUDA): the losses,
+/// and with `Some(dloss)` the gradient of `dloss · mean(losses)` over the
+/// logits in place.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_classifier_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    logits: DevSliceMut<S>,   // (N, Vp)
+    losses: DevSliceMut<f32>, // (N)
+    targets: DevSlice<u32>,   // (N), each < V
+    dloss: Option<f32>,
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<()> {
+    let k = Check::new("fused_classifier");
+    let l = checked(k, cu, &logits, &losses, &targets, n, v, vp)?;
+    // SAFETY: shapes checked; the logits are writable.
+    unsafe {
+        launch::<S>(
+            &l,
+            logits.ptr(),
+            losses.ptr(),
+            targets.ptr(),
+            dloss,
+            (n, v, vp),
+        )
+    }
+}
+
+/// Checks the shapes of a fused classifier launch (`V` in `1..=Vp`, the
+/// logits `(N, Vp)`, losses and targets `(N)`) and makes its launcher.
+#[allow(clippy::too_many_arguments)]
+fn checked<'c>(
+    k: Check,
+    cu: &'c CudaTaskCtx<'c>,
+    logits: &impl Elems,
+    losses: &impl Elems,
+    targets: &impl Elems,
+    n: usize,
+    v: usize,
+    vp: usize,
+) -> Result<Launcher<'c>> {
+    if v == 0 || v > vp {
+        return Err(k.err(format!("V ({v}) must be in 1..=Vp ({vp})")));
+    }
+    k.dim("N", n)?;
+    k.dim("Vp", vp)?;
+    let nvp = k.mul(n, vp)?;
+    k.exact("logits", logits, "(N, Vp)", nvp)?;
+    k.exact("losses", losses, "(N)", n)?;
+    k.exact("targets", targets, "(N)", n)?;
+    Ok(Launcher::new(k, cu))
+}
+
+/// Queues `fused_classifier[_bf16]`, one block of [`SOFTMAX_BLOCK`] threads
+/// per row; `dloss: None` writes the losses only.
+///
+/// # Safety
+/// `logits` addresses `(N, Vp)` elements of `S`, writable unless `dloss` is
+/// `None`; `losses` and `targets` address `(N)`; `V <= Vp`.
+unsafe fn launch<S: Storage>(
+    l: &Launcher<'_>,
+    logits: u64,
+    losses: u64,
+    targets: u64,
+    dloss: Option<f32>,
+    (n, v, vp): (usize, usize, usize),
+) -> Result<()> {
+    // The CPU kernel's scalar, computed the same way.
+    let d = dloss.map_or(0.0, |dl| dl / n as f32);
+    let mut a = KernelArgs::new();
+    a.ptr(logits)
+        .ptr(losses)
+        .ptr(targets)
+        .f32(d)
+        .i32(dloss.is_some() as i32)
+        .i32(n as i32)
+        .i32(v as i32)
+        .i32(vp as i32);
+    let cfg = LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK);
+    let kernel = by_dtype::<S>(&FUSED_CLASSIFIER, &FUSED_CLASSIFIER_BF16);
+    // SAFETY: fused_classifier[_bf16](S* logits, float* losses, const uint*
+    // targets, float d, int write_grad, int N, int V, int Vp), S the logits'
+    // storage type; the caller's contract covers the buffers.
+    unsafe { l.launch(kernel, cfg, &a) }
 }
 
 #[cfg(test)]

@@ -174,3 +174,124 @@ extern "C" __global__ void crossentropy_softmax_backward_bf16(
     if (i == targets[row]) g = __fadd_rn(g, -d);
     dlogits[idx] = bf16_store(g);
 }
+
+// ---------------------------------------------------------------------------
+// The fused classifier (fused_classifier.rs; llm.c's fused_classifier): per
+// row of logits, the online softmax statistics and the loss in one read, and
+// the gradient of the mean loss written over the logits in a second pass. No
+// (N, V) probabilities. Rows are Vp >= V wide: columns V..Vp are padding,
+// read by no sum, given a zero gradient.
+// ---------------------------------------------------------------------------
+
+// Storage-generic element access: f32 as is, bf16 widened exactly and
+// rounded once on store.
+static __device__ __forceinline__ float ld(float x) { return x; }
+static __device__ __forceinline__ float ld(bf16_t x) { return bf16_load(x); }
+static __device__ __forceinline__ void st(float* p, float x) { *p = x; }
+static __device__ __forceinline__ void st(bf16_t* p, float x) { *p = bf16_store(x); }
+
+// Folds x into a running (max m, sum s of exp(. - m)), as row_stats in
+// fused_classifier.rs: the sum rescaled when the max grows, each exp in f32
+// summed in double.
+static __device__ __forceinline__ void online_add(float& m, double& s, float x) {
+    if (x > m) {
+        s = s * (double)expf(m - x) + 1.0;
+        m = x;
+    } else {
+        s += (double)expf(x - m);
+    }
+}
+
+// Merges the running pair (m2, s2) into (m, s). Symmetric, bit for bit
+// (the same products, summed in either order), so both lanes of a butterfly
+// get the same pair; an empty pair (m2 = -inf: a thread with no column)
+// leaves (m, s) as it is.
+static __device__ __forceinline__ void online_merge(float& m, double& s, float m2, double s2) {
+    if (m2 == NEG_INF) return;
+    if (m2 > m) {
+        s = s * (double)expf(m - m2) + s2;
+        m = m2;
+    } else {
+        s = s + s2 * (double)expf(m2 - m);
+    }
+}
+
+// The block's (max, sum) in a fixed tree (warp butterflies, then one warp
+// over the per-warp pairs); every thread gets it. blockDim.x a multiple of 32.
+static __device__ void block_online(float& m, double& s, float* ms, double* ss) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        online_merge(m, s, m2, s2);
+    }
+    __syncthreads();
+    if (lane == 0) {
+        ms[warp] = m;
+        ss[warp] = s;
+    }
+    __syncthreads();
+    m = (lane < warps) ? ms[lane] : NEG_INF;
+    s = (lane < warps) ? ss[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        online_merge(m, s, m2, s2);
+    }
+}
+
+// losses[n] = m + ln s - x[n, targets[n]] (logsumexp over the V real
+// columns, in double, rounded to f32) and, when write_grad, row n of the
+// logits overwritten with (exp(x - m) * (float)(1 / s) * d) - [i == target]
+// * d over 0..V (f32, in that order, as fused_classifier_f32) and 0 over
+// V..Vp; d = dloss / N from the caller. A target not below V gives a NaN
+// loss and no one-hot term (the CPU kernel refuses it; here nothing is read
+// out of the row).
+//   logits (N, Vp) in place, losses (N), targets (N)
+// Launch: one block per row: grid N, block 1024 (any multiple of 32).
+template <typename T>
+static __device__ void fused_classifier_rows(T* __restrict__ logits, float* __restrict__ losses,
+                                             const unsigned int* __restrict__ targets, float d,
+                                             int write_grad, int N, int V, int Vp) {
+    __shared__ float ms[32];
+    __shared__ double ss[32];
+    const int row = blockIdx.x;
+    if (row >= N) return;  // uniform for the whole block
+    T* x = logits + (long long)row * Vp;
+    float m = NEG_INF;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) online_add(m, s, ld(x[i]));
+    block_online(m, s, ms, ss);
+    const unsigned int tgt = targets[row];
+    if (threadIdx.x == 0) {
+        losses[row] = tgt < (unsigned int)V ? (float)((double)m + log(s) - (double)ld(x[tgt]))
+                                            : __int_as_float(0x7fc00000);
+    }
+    if (!write_grad) return;
+    __syncthreads();  // thread 0 has read x[tgt] before it is overwritten
+    const float inv = (float)(1.0 / s);
+    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+        float g = 0.0f;
+        if (i < V) {
+            g = __fmul_rn(__fmul_rn(expf(__fadd_rn(ld(x[i]), -m)), inv), d);
+            if ((unsigned int)i == tgt) g = __fadd_rn(g, -d);
+        }
+        st(&x[i], g);
+    }
+}
+
+extern "C" __global__ void fused_classifier(float* __restrict__ logits,
+                                            float* __restrict__ losses,
+                                            const unsigned int* __restrict__ targets, float d,
+                                            int write_grad, int N, int V, int Vp) {
+    fused_classifier_rows(logits, losses, targets, d, write_grad, N, V, Vp);
+}
+
+// fused_classifier with bf16 logits (losses f32): each logit widened, the
+// same f32/double arithmetic, each gradient rounded once.
+extern "C" __global__ void fused_classifier_bf16(bf16_t* __restrict__ logits,
+                                                 float* __restrict__ losses,
+                                                 const unsigned int* __restrict__ targets,
+                                                 float d, int write_grad, int N, int V, int Vp) {
+    fused_classifier_rows(logits, losses, targets, d, write_grad, N, V, Vp);
+}

@@ -39,6 +39,10 @@ pub(crate) static CUDA: Program = Program::new(
         "loss_mean",
         "softmax_crossentropy_forward_bf16",
         "crossentropy_softmax_backward_bf16",
+        // The fused classifier's (launched from fused_classifier.rs; here
+        // for the block reductions it shares).
+        "fused_classifier",
+        "fused_classifier_bf16",
     ],
 );
 static SOFTMAX_CROSSENTROPY_FORWARD: Kernel = Kernel::new(&CUDA, 0);
@@ -296,7 +300,7 @@ pub fn crossentropy_softmax_backward<S: Storage>(
 // ---------------------------------------------------------------------------
 
 /// Threads per row of the softmax kernel (one block per row).
-const SOFTMAX_BLOCK: u32 = 1024;
+pub(crate) const SOFTMAX_BLOCK: u32 = 1024;
 
 /// [`softmax_forward`] on the task's stream (row max subtracted; sums in
 /// `f32` block trees).
