@@ -225,7 +225,7 @@ const CPU_HOP_US: f64 = 5.0;
 const CPU_LAUNCH_US: f64 = 10.0;
 const CPU_LOCAL_GBPS: f64 = 8.0;
 const CPU_HANDOFF_US: f64 = 10.0;
-const CPU_CONTENTION: f64 = 0.25;
+const CPU_CONTENTION: f64 = 0.2;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,8 @@
 //! **Placement** happens in submission order, as Braid does it (a policy
 //! decides at submission; each stream is a FIFO):
 //!
-//! * `single`: every compute task on stream 0;
+//! * `single`: every task on stream 0, collectives included (Braid's
+//!   `Policy::Single`: the no-overlap baseline);
 //! * `recorded`: the stream the trace gives it (modulo `S`);
 //! * `eager`: Braid's eager `Affinity` rule: continue the stream of the latest
 //!   predecessor when that predecessor is still its stream's last task (side
@@ -17,7 +18,7 @@
 //!   running the tasks one after the other. It follows the predecessor's
 //!   stream for a chain and otherwise picks the stream that is free first.
 //!
-//! Collectives go to the comm stream. The *usable* compute streams are `S`,
+//! Under the other policies collectives go to the comm stream. The *usable* compute streams are `S`,
 //! except on a CPU machine under `eager`/`affinity`, where the ranks of the
 //! process share its cores as Braid's core budget does: `max(1, cores/ranks)`
 //! each (unless `oversubscribe`).
@@ -174,10 +175,11 @@ fn place(
     match cfg.policy {
         SimPolicy::Single | SimPolicy::Recorded => {
             for (i, node) in g.nodes.iter().enumerate() {
-                out[i] = if node.is_comm() {
-                    (comm, PlaceReason::Comm)
-                } else if cfg.policy == SimPolicy::Single {
+                out[i] = if cfg.policy == SimPolicy::Single {
+                    // Braid's `Single` places collectives on stream 0 too.
                     (0, PlaceReason::Single)
+                } else if node.is_comm() {
+                    (comm, PlaceReason::Comm)
                 } else {
                     (
                         node.traced_stream.unwrap_or(0) % comm,
@@ -485,17 +487,35 @@ mod tests {
             &machine(Backend::Gpu, 0),
             &cfg(2, 1, SimPolicy::Single),
         );
+        // The all-reduce too: Braid's `single` runs collectives on stream 0.
         assert_eq!(
             times(&r),
             vec![
                 (0, 0, 10),
                 (0, 10, 30),
                 (0, 30, 60),
-                (1, 60, 70),
+                (0, 60, 70),
                 (0, 70, 75)
             ]
         );
         assert_eq!(r.makespan_ns, 75 * MS);
+    }
+
+    /// Under `single` nothing overlaps a collective, even where the graph
+    /// would let it: an independent compute task waits behind it on stream 0
+    /// (under `recorded` it runs beside it on the comm stream).
+    #[test]
+    fn single_hides_no_communication() {
+        let mut g = graph();
+        // Task 4 (5 ms) no longer needs the all-reduce (task 3).
+        g.nodes[4].preds.retain(|&p| p != 3);
+        let m = machine(Backend::Gpu, 0);
+        let single = simulate(&g, &m, &cfg(2, 1, SimPolicy::Single));
+        assert!(single.tasks.iter().all(|t| t.stream == 0));
+        assert_eq!(single.makespan_ns, 75 * MS);
+        let rec = simulate(&g, &m, &cfg(2, 1, SimPolicy::Recorded));
+        assert_eq!(rec.tasks[3].stream, 1);
+        assert!(rec.makespan_ns < 75 * MS, "{}", rec.makespan_ns);
     }
 
     #[test]
