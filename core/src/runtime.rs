@@ -706,6 +706,8 @@ impl Runtime {
                     plan.name
                 )));
             }
+            // A replay is foreign work to automatic replay's step.
+            sched::auto::Auto::foreign(&mut st);
             sched::replay::submit(&mut st, &self.shared, plan, how)
         };
         Ok(TaskHandle {

@@ -509,7 +509,6 @@ pub(crate) fn submit(
     plan: &std::sync::Arc<Plan>,
     how: How,
 ) -> Arc<TaskShared> {
-    super::auto::Auto::foreign(st);
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
     }
