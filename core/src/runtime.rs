@@ -556,8 +556,19 @@ impl Runtime {
         Ok(buf)
     }
 
-    /// Copies `data` into `v` (a write task; returns at once).
+    /// Copies `data` into `v` (a write task named `upload`; returns at once).
     pub fn upload<T: bytemuck::Pod>(&self, v: impl AsView, data: &[T]) -> Result<TaskHandle> {
+        self.upload_named("upload", v, data)
+    }
+
+    /// [`upload`](Self::upload) as a task named `name` (what the trace
+    /// shows).
+    pub fn upload_named<T: bytemuck::Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        v: impl AsView,
+        data: &[T],
+    ) -> Result<TaskHandle> {
         let v = v.as_view();
         let bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
         if bytes.len() != v.len() {
@@ -571,7 +582,7 @@ impl Runtime {
         // One copy of the data, shared by whichever body the backend runs.
         let host = Arc::new(bytes);
         let dev_bytes = host.clone();
-        self.task("upload").kind(TaskKind::Host).run_any(
+        self.task(name).kind(TaskKind::Host).run_any(
             v.write::<u8>(),
             move |dst| dst.copy_from_slice(&host),
             move |dst, cu| {

@@ -767,6 +767,65 @@ fn adamw_matches_cpu() {
     }
 }
 
+/// An update reading its step scalars from a buffer (`StepArg::Scalars`,
+/// what a recorded step runs) equals the update given the step number, bit
+/// for bit, f32 and mixed bf16, on each backend (on CUDA: the kernels'
+/// `scalars` pointer).
+fn adamw_step_scalars_match_the_step_number(dev: Device) {
+    let g = Dev::new(dev);
+    let (n, h, step) = (1000, TEST_ADAMW, 3u64);
+    let p0 = randn(n, 1.0, 70);
+    let grads = randn(n, 0.5, 71);
+    let scalars = g.up(&adamw::step_scalars(step, h));
+    let vsc = scalars.whole();
+    let run = |arg: adamw::StepArg<'_>| {
+        let (bp, bg, bm, bv) = (g.up(&p0), g.up(&grads), g.zeros(n), g.zeros(n));
+        let [vp, vg, vm, vv] = [&bp, &bg, &bm, &bv].map(|b| b.whole());
+        done(adamw::update(
+            g.rt.task("adamw"),
+            &vp,
+            &vg,
+            &vm,
+            &vv,
+            None,
+            arg,
+            h,
+        ));
+        // Mixed: bf16 stored weights and gradients, f32 master weights.
+        let (sp, sg) = (g.up_bf16(&bf16(&p0)), g.up_bf16(&bf16(&grads)));
+        let (master, mm, mv) = (g.up(&p0), g.zeros(n), g.zeros(n));
+        let [wp, wg, wmaster, wm, wv] = [&sp, &sg, &master, &mm, &mv].map(|b| b.whole());
+        done(adamw::update_mixed(
+            bf16_task(&g.rt, "adamw mixed"),
+            &wp,
+            &wmaster,
+            &wg,
+            &wm,
+            &wv,
+            None,
+            arg,
+            h,
+        ));
+        (
+            [&bp, &bm, &bv, &master, &mm, &mv].map(|b| g.down(b)),
+            g.down_bf16(&sp),
+        )
+    };
+    let by_number = run(adamw::StepArg::Number(step));
+    let by_buffer = run(adamw::StepArg::Scalars(&vsc));
+    assert_eq!(by_number, by_buffer);
+    // The buffer is read when the task runs: another step's scalars give
+    // another update.
+    g.rt.upload(&scalars, &adamw::step_scalars(1, h)).unwrap();
+    assert_ne!(run(adamw::StepArg::Scalars(&vsc)).0, by_number.0);
+}
+
+test_device!(
+    adamw_step_scalars_match_the_step_number,
+    adamw_step_scalars_match_the_step_number_cpu,
+    adamw_step_scalars_match_the_step_number_cuda
+);
+
 #[test]
 fn grad_norm_clip_and_scale_match_cpu() {
     let Some(g) = Dev::gpu("cuda_kernels::grad_norm_clip_and_scale_match_cpu") else {
@@ -1331,13 +1390,17 @@ fn fused_classifier_tasks(dev: Device) {
     let bt = g.up_u32(&targets);
     for dtype in [Dtype::F32, Dtype::Bf16] {
         let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
-        let (want_logits, up, down): (Vec<f32>, Buffer, fn(&Dev, &Buffer) -> Vec<f32>) = match dtype
-        {
-            Dtype::F32 => (logits.clone(), g.up(&logits), |g, b| g.down(b)),
+        // The logits as stored (rounded for bf16), widened, and their buffer.
+        let (want_logits, up) = match dtype {
+            Dtype::F32 => (logits.clone(), g.up(&logits)),
             Dtype::Bf16 => {
                 let l = bf16(&logits);
-                (widen(&l), g.up_bf16(&l), |g, b| widen(&g.down_bf16(b)))
+                (widen(&l), g.up_bf16(&l))
             }
+        };
+        let down = |g: &Dev, b: &Buffer| match dtype {
+            Dtype::F32 => g.down(b),
+            Dtype::Bf16 => widen(&g.down_bf16(b)),
         };
         let mut want_losses = vec![0.0f32; n];
         cpu::classifier_losses(&mut want_losses, &want_logits, &targets, n, V, vp);

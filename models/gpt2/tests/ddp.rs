@@ -9,6 +9,7 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::load_checkpoint;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
+use braid_gpt2::kernels::cpu::Dtype;
 use braid_gpt2::model::Rng;
 use braid_gpt2::trainer::{train, CapReport, StartState, TrainOptions, TrainReport};
 
@@ -138,25 +139,38 @@ fn auto_bucket_cap_follows_a_fixed_cap_and_is_reported() {
     assert_eq!(run(&one, start).bucket_cap, None);
 }
 
-/// Steps 3 onwards replay the recorded third step (reducer buckets and the
-/// loss all-reduce included): the run is bit-identical to an eager one.
+/// Steps 3 onwards replay the recorded third step (reducer buckets, the loss
+/// all-reduce, the gradient norm and the AdamW update included): the run is
+/// bit-identical to an eager one.
 #[test]
 fn replayed_steps_equal_eager_steps_bit_for_bit() {
     let start = StartState::fresh(&Gpt2Config::tiny(), 11);
-    for ranks in [1, 2] {
+    // bf16 (mixed AdamW reading its step scalars from the buffer) at 1 rank.
+    for (ranks, dtype) in [(1, Dtype::F32), (2, Dtype::F32), (1, Dtype::Bf16)] {
         let mut eager = options(ranks, 4 / ranks, 6);
-        eager.replay = false;
-        let replayed = options(ranks, 4 / ranks, 6);
+        (eager.replay, eager.dtype) = (false, dtype);
+        let mut replayed = options(ranks, 4 / ranks, 6);
+        replayed.dtype = dtype;
         assert!(replayed.replay, "replay is the default");
         let (a, b) = (run(&eager, start.clone()), run(&replayed, start.clone()));
-        assert_eq!(losses(&a), losses(&b), "{ranks} ranks");
-        assert_eq!(a.param_hashes, b.param_hashes, "{ranks} ranks");
-        assert_eq!(a.params, b.params, "{ranks} ranks");
+        assert_eq!(losses(&a), losses(&b), "{ranks} ranks {dtype:?}");
+        assert_eq!(a.param_hashes, b.param_hashes, "{ranks} ranks {dtype:?}");
+        assert_eq!(a.params, b.params, "{ranks} ranks {dtype:?}");
         let replayed = |r: &TrainReport| r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>();
         assert_eq!(replayed(&a), [false; 6]);
         assert_eq!(replayed(&b), [false, false, false, true, true, true]);
-        let tasks = |r: &TrainReport| r.profiles[0].spans.len();
-        assert_eq!(tasks(&a), tasks(&b), "the same tasks ran, {ranks} ranks");
+        // The same tasks ran, plus, before each recorded or replayed step,
+        // the upload of AdamW's step scalars, which the update in the
+        // schedule reads (eager steps pass the step number instead).
+        let spans = |r: &TrainReport, scalars: bool| {
+            r.profiles[0]
+                .spans
+                .iter()
+                .filter(|s| (s.name == "adamw step scalars") == scalars)
+                .count()
+        };
+        assert_eq!(spans(&a, false), spans(&b, false), "{ranks} ranks");
+        assert_eq!((spans(&a, true), spans(&b, true)), (0, 4), "{ranks} ranks");
     }
 }
 

@@ -12,15 +12,24 @@
 //   m  = beta1 * m + (1 - beta1) * g
 //   v  = beta2 * v + (1 - beta2) * g * g
 //   p -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
-//   params, grads, m, v (N)
+// When `scalars` is not null, step_size, bc2_sqrt and decay are read from
+// scalars[0..3] instead (written there by an earlier task: a recorded step
+// replayed with each step's values, adamw.rs "Step scalars").
+//   params, grads, m, v (N), scalars (3) or null
 // Launch: grid ceil(N / block), block 256.
 extern "C" __global__ void adamw_update(float* __restrict__ params, const float* __restrict__ grads,
                                         float* __restrict__ m, float* __restrict__ v,
                                         const float* __restrict__ grad_scale, long long N,
                                         float step_size, float bc2_sqrt, float beta1, float beta2,
-                                        float eps, float decay) {
+                                        float eps, float decay,
+                                        const float* __restrict__ scalars) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
+    if (scalars != nullptr) {
+        step_size = scalars[0];
+        bc2_sqrt = scalars[1];
+        decay = scalars[2];
+    }
     float g = grads[i];
     if (grad_scale != nullptr) g *= grad_scale[0];
     float p = params[i] * decay;
@@ -41,8 +50,9 @@ extern "C" __global__ void adamw_update(float* __restrict__ params, const float*
 // rounded to the storage type. The arithmetic is the CPU's, operation by
 // operation: __fmul_rn/__fadd_rn/__fdiv_rn keep NVRTC from contracting into
 // FMAs, sqrtf is correctly rounded (no --use_fast_math), so every result is
-// the CPU's bit for bit.
-//   params (N) stored weights, overwritten; master, m, v (N) f32; grads (N)
+// the CPU's bit for bit. `scalars` as for adamw_update.
+//   params (N) stored weights, overwritten; master, m, v (N) f32; grads (N),
+//   scalars (3) or null
 // Launch: grid ceil(N / block), block 256.
 static __device__ __forceinline__ float mixed_load(float x) { return x; }
 static __device__ __forceinline__ float mixed_load(bf16_t x) { return bf16_load(x); }
@@ -57,9 +67,15 @@ static __device__ __forceinline__ void adamw_mixed(S* __restrict__ params,
                                                    const float* __restrict__ grad_scale,
                                                    long long N, float step_size, float bc2_sqrt,
                                                    float beta1, float beta2, float eps,
-                                                   float decay) {
+                                                   float decay,
+                                                   const float* __restrict__ scalars) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
+    if (scalars != nullptr) {
+        step_size = scalars[0];
+        bc2_sqrt = scalars[1];
+        decay = scalars[2];
+    }
     float g = mixed_load(grads[i]);
     if (grad_scale != nullptr) g = __fmul_rn(g, grad_scale[0]);
     float p = __fmul_rn(master[i], decay);
@@ -81,9 +97,10 @@ extern "C" __global__ void adamw_update_mixed_f32(float* __restrict__ params,
                                                   const float* __restrict__ grad_scale,
                                                   long long N, float step_size, float bc2_sqrt,
                                                   float beta1, float beta2, float eps,
-                                                  float decay) {
+                                                  float decay,
+                                                  const float* __restrict__ scalars) {
     adamw_mixed(params, master, grads, m, v, grad_scale, N, step_size, bc2_sqrt, beta1, beta2,
-                eps, decay);
+                eps, decay, scalars);
 }
 
 extern "C" __global__ void adamw_update_mixed_bf16(bf16_t* __restrict__ params,
@@ -93,7 +110,8 @@ extern "C" __global__ void adamw_update_mixed_bf16(bf16_t* __restrict__ params,
                                                    const float* __restrict__ grad_scale,
                                                    long long N, float step_size, float bc2_sqrt,
                                                    float beta1, float beta2, float eps,
-                                                   float decay) {
+                                                   float decay,
+                                                   const float* __restrict__ scalars) {
     adamw_mixed(params, master, grads, m, v, grad_scale, N, step_size, bc2_sqrt, beta1, beta2,
-                eps, decay);
+                eps, decay, scalars);
 }

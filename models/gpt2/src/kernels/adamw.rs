@@ -7,6 +7,15 @@
 //! task [`update_mixed`] has a CUDA body for `f32` and bf16 storage
 //! ([`adamw_update_mixed_cuda`], `adamw_update_mixed_{f32,bf16}`: compiled
 //! under NVRTC, never yet run on a GPU).
+//!
+//! **Step scalars.** An update's per-step values (`lr / (1 − beta1^t)`,
+//! `sqrt(1 − beta2^t)`, `1 − lr·weight_decay`) come from the step number at
+//! submission ([`StepArg::Number`]) or from a buffer of three `f32`
+//! ([`StepArg::Scalars`], filled with [`step_scalars`] by an ordinary task
+//! before the update runs): the form a recorded step needs, since a replay
+//! re-runs the update with the values its buffer holds then (docs/replay.md,
+//! "Values that change from step to step live in buffers"). Both give the
+//! same bits: the buffer holds what the number would have computed.
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
@@ -30,6 +39,40 @@ static UPDATE: Kernel = Kernel::new(&CUDA, 0);
 static UPDATE_MIXED_F32: Kernel = Kernel::new(&CUDA, 1);
 static UPDATE_MIXED_BF16: Kernel = Kernel::new(&CUDA, 2);
 
+/// Where an update gets its per-step scalars (module docs).
+#[derive(Debug, Clone, Copy)]
+pub enum StepArg<'a> {
+    /// Step `n`, from 1: the scalars are computed when the task is submitted.
+    Number(u64),
+    /// A view of three `f32`, `step_scalars(step, h)`, written before the
+    /// task runs and read when it runs.
+    Scalars(&'a View),
+}
+
+impl From<u64> for StepArg<'_> {
+    fn from(step: u64) -> Self {
+        StepArg::Number(step)
+    }
+}
+
+impl<'a> StepArg<'a> {
+    /// The step number (0 for a buffer) and the buffer, if any.
+    fn split(self) -> (u64, Option<&'a View>) {
+        match self {
+            StepArg::Number(n) => (n, None),
+            StepArg::Scalars(v) => (0, Some(v)),
+        }
+    }
+}
+
+/// The three per-step scalars of step `step` (from 1) for a
+/// [`StepArg::Scalars`] buffer: `[lr / (1 − beta1^step),
+/// sqrt(1 − beta2^step), 1 − lr·weight_decay]`, computed in `f64` and
+/// rounded as the update computes them from a step number.
+pub fn step_scalars(step: u64, h: AdamWHyper) -> [f32; 3] {
+    StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay).to_array()
+}
+
 // ---------------------------------------------------------------------------
 // Task
 // ---------------------------------------------------------------------------
@@ -39,16 +82,17 @@ static UPDATE_MIXED_BF16: Kernel = Kernel::new(&CUDA, 2);
 /// is multiplied by `grad_scale[0]` (the clip factor of
 /// [`norm::clip_factor`](super::norm::clip_factor)) as it is read; `grads`
 /// itself is not modified.
-pub fn update(
+pub fn update<'a>(
     task: TaskBuilder<'_>,
     params: &View,             // (N)
     grads: &View,              // (N)
     m: &View,                  // (N) first moment, zero before step 1
     v: &View,                  // (N) second moment, zero before step 1
     grad_scale: Option<&View>, // (1)
-    step: u64,
+    step: impl Into<StepArg<'a>>,
     h: AdamWHyper,
 ) -> Result<TaskHandle> {
+    let (step, scalars) = step.into().split();
     task.run_any(
         (
             params.read_write::<f32>(),
@@ -56,8 +100,9 @@ pub fn update(
             m.read_write::<f32>(),
             v.read_write::<f32>(),
             grad_scale.map(|s| s.read::<f32>()),
+            scalars.map(|s| s.read::<f32>()),
         ),
-        move |(params, grads, m, v, scale)| {
+        move |(params, grads, m, v, scale, scalars)| {
             // The clip factor applied as the gradients are read: the same
             // products `scale_in_place` forms, into a copy.
             let scaled: Vec<f32>;
@@ -68,30 +113,18 @@ pub fn update(
                 }
                 _ => grads,
             };
-            let AdamWHyper {
-                learning_rate: lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } = h;
-            adamw_update(params, g, m, v, step, lr, beta1, beta2, eps, weight_decay);
+            let sc = StepScalars::of(scalars, step, h);
+            adamw_update_with(params, g, m, v, &sc, h.beta1, h.beta2, h.eps);
         },
-        move |(params, grads, m, v, scale), cu| {
-            task_result(adamw_update_cuda(
-                cu,
+        move |(params, grads, m, v, scale, scalars), cu| {
+            let t = Update {
                 params,
                 grads,
                 m,
                 v,
-                scale,
-                step,
-                h.learning_rate,
-                h.beta1,
-                h.beta2,
-                h.eps,
-                h.weight_decay,
-            ))
+                grad_scale: scale,
+            };
+            task_result(adamw_update_cuda(cu, t, DevStep::of(scalars, step), h))
         },
     )
 }
@@ -100,7 +133,7 @@ pub fn update(
 /// [`adamw_update_mixed`] on the `f32` master weights, moments and the
 /// stored gradients (times `grad_scale[0]` when given), then the stored
 /// weights `params` are overwritten with the rounded master weights.
-pub fn update_mixed<'rt>(
+pub fn update_mixed<'rt, 'a>(
     task: impl Into<Task<'rt>>,
     params: &View,             // (N) stored weights, overwritten
     master: &View,             // (N) f32 master weights
@@ -108,9 +141,10 @@ pub fn update_mixed<'rt>(
     m: &View,                  // (N) first moment, zero before step 1
     v: &View,                  // (N) second moment, zero before step 1
     grad_scale: Option<&View>, // (1)
-    step: u64,
+    step: impl Into<StepArg<'a>>,
     h: AdamWHyper,
 ) -> Result<TaskHandle> {
+    let (step, scalars) = step.into().split();
     submit!(
         task,
         |S| (
@@ -120,11 +154,13 @@ pub fn update_mixed<'rt>(
             m.read_write::<f32>(),
             v.read_write::<f32>(),
             grad_scale.map(|s| s.read::<f32>()),
+            scalars.map(|s| s.read::<f32>()),
         ),
-        move |(params, master, grads, m, v, scale)| {
-            adamw_update_mixed(params, master, grads, m, v, scale.map(|s| s[0]), step, h)
+        move |(params, master, grads, m, v, scale, scalars)| {
+            let sc = StepScalars::of(scalars, step, h);
+            adamw_update_mixed_with(params, master, grads, m, v, scale.map(|s| s[0]), &sc, h)
         },
-        move |(params, master, grads, m, v, scale), cu| {
+        move |(params, master, grads, m, v, scale, scalars), cu| {
             let mixed = Mixed {
                 params,
                 master,
@@ -133,7 +169,12 @@ pub fn update_mixed<'rt>(
                 v,
                 grad_scale: scale,
             };
-            task_result(adamw_update_mixed_cuda(cu, mixed, step, h))
+            task_result(adamw_update_mixed_cuda(
+                cu,
+                mixed,
+                DevStep::of(scalars, step),
+                h,
+            ))
         },
     )
 }
@@ -171,16 +212,32 @@ pub fn adamw_update<G: Storage>(
     eps: f32,
     weight_decay: f32,
 ) {
+    assert!(step >= 1, "adamw_update: steps are numbered from 1");
+    let sc = StepScalars::new(step, lr, beta1, beta2, weight_decay);
+    adamw_update_with(params, grads, m, v, &sc, beta1, beta2, eps);
+}
+
+/// [`adamw_update`] with its per-step scalars given.
+#[allow(clippy::too_many_arguments)]
+fn adamw_update_with<G: Storage>(
+    params: &mut [f32], // (N)
+    grads: &[G],        // (N)
+    m: &mut [f32],      // (N)
+    v: &mut [f32],      // (N)
+    sc: &StepScalars,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+) {
     let n = params.len();
     check_len("adamw_update", "grads", grads.len(), n);
     check_len("adamw_update", "m", m.len(), n);
     check_len("adamw_update", "v", v.len(), n);
-    assert!(step >= 1, "adamw_update: steps are numbered from 1");
     let StepScalars {
         step_size,
         bias_correction2_sqrt,
         decay,
-    } = StepScalars::new(step, lr, beta1, beta2, weight_decay);
+    } = *sc;
     for (((p, &g), m), v) in params
         .iter_mut()
         .zip(grads)
@@ -210,33 +267,33 @@ pub fn adamw_update_mixed<S: Storage>(
     step: u64,
     h: AdamWHyper,
 ) {
+    assert!(step >= 1, "adamw_update_mixed: steps are numbered from 1");
+    let sc = StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay);
+    adamw_update_mixed_with(params, master, grads, m, v, grad_scale, &sc, h);
+}
+
+/// [`adamw_update_mixed`] with its per-step scalars given.
+#[allow(clippy::too_many_arguments)]
+fn adamw_update_mixed_with<S: Storage>(
+    params: &mut [S],   // (N) stored weights, overwritten
+    master: &mut [f32], // (N) f32 master weights
+    grads: &[S],        // (N)
+    m: &mut [f32],      // (N)
+    v: &mut [f32],      // (N)
+    grad_scale: Option<f32>,
+    sc: &StepScalars,
+    h: AdamWHyper,
+) {
     let n = master.len();
     check_len("adamw_update_mixed", "params", params.len(), n);
     check_len("adamw_update_mixed", "grads", grads.len(), n);
-    let AdamWHyper {
-        learning_rate: lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-    } = h;
+    let (b1, b2, eps) = (h.beta1, h.beta2, h.eps);
     match grad_scale {
         Some(s) if s != 1.0 => {
             let g: Vec<f32> = grads.iter().map(|x| x.load() * s).collect();
-            adamw_update(master, &g, m, v, step, lr, beta1, beta2, eps, weight_decay);
+            adamw_update_with(master, &g, m, v, sc, b1, b2, eps);
         }
-        _ => adamw_update(
-            master,
-            grads,
-            m,
-            v,
-            step,
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        ),
+        _ => adamw_update_with(master, grads, m, v, sc, b1, b2, eps),
     }
     convert(params, master);
 }
@@ -247,6 +304,7 @@ pub fn adamw_update_mixed<S: Storage>(
 
 /// The per-step scalars of an update, from the bias corrections computed in
 /// `f64` on the host (the CPU kernel and the CUDA launcher share them).
+#[derive(Debug, Clone, Copy)]
 struct StepScalars {
     /// `lr / (1 - beta1^step)`.
     step_size: f32,
@@ -267,58 +325,128 @@ impl StepScalars {
             decay: 1.0 - lr * weight_decay,
         }
     }
+
+    fn to_array(self) -> [f32; 3] {
+        [self.step_size, self.bias_correction2_sqrt, self.decay]
+    }
+
+    /// From a scalars buffer when the task has one (it must hold three),
+    /// else from the step number (from 1).
+    fn of(buffer: Option<&[f32]>, step: u64, h: AdamWHyper) -> StepScalars {
+        match buffer {
+            Some(b) => {
+                check_len("adamw_update", "step scalars", b.len(), 3);
+                StepScalars {
+                    step_size: b[0],
+                    bias_correction2_sqrt: b[1],
+                    decay: b[2],
+                }
+            }
+            None => {
+                assert!(step >= 1, "adamw_update: steps are numbered from 1");
+                StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay)
+            }
+        }
+    }
+}
+
+/// Where a CUDA update gets its per-step scalars: computed on the host from
+/// the step number, or read by the kernel from a device buffer of three.
+#[derive(Debug)]
+pub enum DevStep<'a> {
+    /// Step `n`, from 1.
+    Number(u64),
+    /// `(3)` [`step_scalars`] in device memory.
+    Scalars(DevSlice<'a, f32>),
+}
+
+impl<'a> DevStep<'a> {
+    fn of(buffer: Option<DevSlice<'a, f32>>, step: u64) -> Self {
+        match buffer {
+            Some(b) => DevStep::Scalars(b),
+            None => DevStep::Number(step),
+        }
+    }
+
+    /// The kernel's `scalars` pointer (0: use the by-value scalars) and the
+    /// by-value scalars (ignored by the kernel when the pointer is set).
+    fn args(&self, k: &Check, h: AdamWHyper) -> Result<(u64, StepScalars)> {
+        match self {
+            DevStep::Number(0) => Err(k.err("steps are numbered from 1".into())),
+            DevStep::Number(n) => Ok((
+                0,
+                StepScalars::new(*n, h.learning_rate, h.beta1, h.beta2, h.weight_decay),
+            )),
+            DevStep::Scalars(b) => {
+                k.exact("step scalars", b, "(3)", 3)?;
+                let unused = StepScalars {
+                    step_size: 0.0,
+                    bias_correction2_sqrt: 1.0,
+                    decay: 1.0,
+                };
+                Ok((b.ptr(), unused))
+            }
+        }
+    }
+}
+
+/// The tensors of one [`adamw_update_cuda`] call.
+#[derive(Debug)]
+pub struct Update<'a> {
+    /// (N) parameters, updated in place.
+    pub params: DevSliceMut<'a, f32>,
+    /// (N) gradients.
+    pub grads: DevSlice<'a, f32>,
+    /// (N) first moment, zero before step 1.
+    pub m: DevSliceMut<'a, f32>,
+    /// (N) second moment, zero before step 1.
+    pub v: DevSliceMut<'a, f32>,
+    /// (1) clip factor the gradients are multiplied by, if any.
+    pub grad_scale: Option<DevSlice<'a, f32>>,
 }
 
 /// [`adamw_update`] on the task's stream; the bias corrections are computed
-/// on the host in `f64` exactly as there. With `grad_scale`, each gradient is
-/// multiplied by `grad_scale[0]` as it is read.
+/// on the host in `f64` exactly as there, or read from a scalars buffer
+/// ([`DevStep`]). With `grad_scale`, each gradient is multiplied by
+/// `grad_scale[0]` as it is read.
 pub fn adamw_update_cuda(
     cu: &CudaTaskCtx<'_>,
-    params: DevSliceMut<f32>,          // (N)
-    grads: DevSlice<f32>,              // (N)
-    m: DevSliceMut<f32>,               // (N)
-    v: DevSliceMut<f32>,               // (N)
-    grad_scale: Option<DevSlice<f32>>, // (1)
-    step: u64,
-    lr: f32,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
+    t: Update<'_>,
+    step: DevStep<'_>,
+    h: AdamWHyper,
 ) -> Result<()> {
     let k = Check::new("adamw_update");
-    if step == 0 {
-        return Err(k.err("steps are numbered from 1".into()));
-    }
-    let n = params.len();
-    k.exact("grads", &grads, "(N)", n)?;
-    k.exact("m", &m, "(N)", n)?;
-    k.exact("v", &v, "(N)", n)?;
-    if let Some(s) = &grad_scale {
+    let (scalars, sc) = step.args(&k, h)?;
+    let n = t.params.len();
+    k.exact("grads", &t.grads, "(N)", n)?;
+    k.exact("m", &t.m, "(N)", n)?;
+    k.exact("v", &t.v, "(N)", n)?;
+    if let Some(s) = &t.grad_scale {
         k.exact("grad_scale", s, "(1)", 1)?;
     }
     if n == 0 {
         return Ok(());
     }
     let l = Launcher::new(k, cu);
-    let sc = StepScalars::new(step, lr, beta1, beta2, weight_decay);
     let mut a = KernelArgs::new();
-    a.ptr(params.ptr())
-        .ptr(grads.ptr())
-        .ptr(m.ptr())
-        .ptr(v.ptr())
-        .ptr(grad_scale.map_or(0, |s| s.ptr()))
+    a.ptr(t.params.ptr())
+        .ptr(t.grads.ptr())
+        .ptr(t.m.ptr())
+        .ptr(t.v.ptr())
+        .ptr(t.grad_scale.map_or(0, |s| s.ptr()))
         .i64(n as i64);
     a.f32(sc.step_size)
         .f32(sc.bias_correction2_sqrt)
-        .f32(beta1)
-        .f32(beta2)
-        .f32(eps)
-        .f32(sc.decay);
+        .f32(h.beta1)
+        .f32(h.beta2)
+        .f32(h.eps)
+        .f32(sc.decay)
+        .ptr(scalars);
     // SAFETY: adamw_update(float* params, const float* grads, float* m, float*
     // v, const float* grad_scale, long long N, float step_size, float
-    // bc2_sqrt, float beta1, float beta2, float eps, float decay); the four
-    // arrays hold N, grad_scale 1 or null (checked).
+    // bc2_sqrt, float beta1, float beta2, float eps, float decay, const
+    // float* scalars); the four arrays hold N, grad_scale 1 or null, scalars
+    // 3 or null (checked).
     unsafe { l.launch(&UPDATE, l.linear(n, 256)?, &a) }
 }
 
@@ -346,13 +474,11 @@ pub struct Mixed<'a, S> {
 pub fn adamw_update_mixed_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     t: Mixed<'_, S>,
-    step: u64,
+    step: DevStep<'_>,
     h: AdamWHyper,
 ) -> Result<()> {
     let k = Check::new("adamw_update_mixed");
-    if step == 0 {
-        return Err(k.err("steps are numbered from 1".into()));
-    }
+    let (scalars, sc) = step.args(&k, h)?;
     let n = t.master.len();
     k.exact("params", &t.params, "(N)", n)?;
     k.exact("grads", &t.grads, "(N)", n)?;
@@ -365,7 +491,6 @@ pub fn adamw_update_mixed_cuda<S: Storage>(
         return Ok(());
     }
     let l = Launcher::new(k, cu);
-    let sc = StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay);
     let mut a = KernelArgs::new();
     a.ptr(t.params.ptr())
         .ptr(t.master.ptr())
@@ -379,13 +504,15 @@ pub fn adamw_update_mixed_cuda<S: Storage>(
         .f32(h.beta1)
         .f32(h.beta2)
         .f32(h.eps)
-        .f32(sc.decay);
+        .f32(sc.decay)
+        .ptr(scalars);
     let kernel = by_dtype::<S>(&UPDATE_MIXED_F32, &UPDATE_MIXED_BF16);
     // SAFETY: adamw_update_mixed_{f32,bf16}(S* params, float* master, const
     // S* grads, float* m, float* v, const float* grad_scale, long long N,
     // float step_size, float bc2_sqrt, float beta1, float beta2, float eps,
-    // float decay), S the storage type of params and grads; the five arrays
-    // hold N, grad_scale 1 or null (checked).
+    // float decay, const float* scalars), S the storage type of params and
+    // grads; the five arrays hold N, grad_scale 1 or null, scalars 3 or
+    // null (checked).
     unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 

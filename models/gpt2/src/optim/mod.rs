@@ -54,6 +54,7 @@ use braid::{Buffer, Priority, Runtime};
 
 use crate::checkpoint::AdamWHyper;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::adamw::StepArg;
 use crate::kernels::storage::Dtype;
 use crate::kernels::task::Task;
 use crate::kernels::{adamw, norm};
@@ -89,6 +90,9 @@ pub struct AdamW {
     scratch: Buffer,
     /// `(1)` f32: the clip factor.
     scale: Buffer,
+    /// `(3)` f32: the step scalars a recorded update reads
+    /// ([`advance`](Self::advance), [`update_recorded`](Self::update_recorded)).
+    step_scalars: Buffer,
     step: u64,
     /// The storage type of the parameters and gradients it is given.
     dtype: Dtype,
@@ -167,6 +171,7 @@ impl AdamW {
                 norm_chunks.len().max(1) * NORM_SCRATCH * 8,
             )?,
             scale: rt.alloc("clip scale", 4)?,
+            step_scalars: rt.alloc("adamw step scalars", 12)?,
             chunks,
             state_at,
             norm_chunks,
@@ -362,12 +367,52 @@ impl AdamW {
 
     /// Submits the second half of a step: the AdamW update of `params` and
     /// the moments with the gradients scaled by the factor of the last
-    /// [`clip`](Self::clip) (the step number is a kernel argument: it stays
-    /// out of recorded schedules).
+    /// [`clip`](Self::clip). The step number is a kernel argument, fixed at
+    /// submission: for an update inside a recorded step use
+    /// [`advance`](Self::advance) and [`update_recorded`](Self::update_recorded).
     pub fn update(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
+        self.step += 1;
+        self.submit_update(rt, params, grads, StepArg::Number(self.step))
+    }
+
+    /// Counts a step and submits a task that writes its scalars (learning
+    /// rate and bias corrections) into the optimizer's step-scalars buffer,
+    /// which [`update_recorded`](Self::update_recorded) reads. Call it
+    /// outside a recording, before each run of the recorded step (the
+    /// recording run too): `advance(rt)`, then record or replay.
+    pub fn advance(&mut self, rt: &Runtime) -> Result<()> {
+        self.step += 1;
+        let scalars = adamw::step_scalars(self.step, self.hyper);
+        rt.upload_named("adamw step scalars", &self.step_scalars, &scalars)?;
+        Ok(())
+    }
+
+    /// Submits the update as [`update`](Self::update) does, but with the
+    /// step's scalars read from the buffer the last [`advance`](Self::advance)
+    /// wrote: tasks that are the same every step, so a recorded training
+    /// step can hold them (each replay updates with the values `advance`
+    /// wrote before it). Bit for bit the same update as `update`.
+    pub fn update_recorded(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
+        if self.step == 0 {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "optimizer",
+                reason: "update_recorded before any advance: the step scalars are unset".into(),
+            });
+        }
+        let scalars = self.step_scalars.whole();
+        self.submit_update(rt, params, grads, StepArg::Scalars(&scalars))
+    }
+
+    /// The update tasks of one step, chunk by chunk.
+    fn submit_update(
+        &self,
+        rt: &Runtime,
+        params: &Buffer,
+        grads: &Buffer,
+        step: StepArg<'_>,
+    ) -> Result<()> {
         self.check_len("params", params)?;
         self.check_len("grads", grads)?;
-        self.step += 1;
         let scale = self.scale.whole();
         for (i, c) in self.chunks.iter().enumerate().rev() {
             let s = self.state_at[i]..self.state_at[i] + c.len();
@@ -380,7 +425,7 @@ impl AdamW {
                     &self.m.view_of::<f32>(s.clone())?,
                     &self.v.view_of::<f32>(s)?,
                     self.max_grad_norm.map(|_| &scale),
-                    self.step,
+                    step,
                     self.hyper,
                 )?;
                 continue;
@@ -392,7 +437,7 @@ impl AdamW {
                 &self.m.view_of::<f32>(s.clone())?,
                 &self.v.view_of::<f32>(s)?,
                 self.max_grad_norm.map(|_| &scale),
-                self.step,
+                step,
                 self.hyper,
             )?;
         }

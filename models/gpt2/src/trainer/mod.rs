@@ -13,6 +13,8 @@
 //!         → all-reduce(avg) of the loss (W > 1)
 //!         → per-chunk sum of squares → clip scale → per-chunk AdamW
 //!         → synchronize, read loss and norm
+//!         (from the third step of a run: AdamW's step scalars uploaded, then
+//!         everything from zero grads to AdamW replayed as one schedule)
 //! end     rank 0 saves the checkpoint (params, m, v, step, loader state)
 //! ```
 //!

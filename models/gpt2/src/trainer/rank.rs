@@ -183,6 +183,14 @@ pub(super) fn run_rank(
         // gathers are part of a recorded step and each forward task waits
         // only for the gather of its own parameters.
         let gather = opt.as_ref().is_some_and(AdamW::is_sharded);
+        // Recorded and replayed steps hold the AdamW update too, reading its
+        // step scalars from a buffer written here, before the replay (or the
+        // recording run): eager steps update with the step number.
+        let in_schedule = opts.replay && step >= first + 2;
+        if in_schedule {
+            let _s = rt.scope("optimizer");
+            the_optimizer(opt.as_mut())?.advance(&rt)?;
+        }
         // Gradients, the reducer's buckets and the mean loss across ranks: the
         // same tasks every step, reading the batch just uploaded.
         let mut submit_step = |rt: &Runtime| -> Result<()> {
@@ -238,6 +246,9 @@ pub(super) fn run_rank(
                 Some(c) if opt.is_sharded() => opt.clip_sharded(c, model.grads())?,
                 _ => opt.clip(rt, model.grads())?,
             }
+            if in_schedule {
+                opt.update_recorded(rt, model.params(), model.grads())?;
+            }
             Ok(())
         };
         let replayed = schedule.is_some();
@@ -261,12 +272,8 @@ pub(super) fn run_rank(
             }
             None => submit_step(&rt)?,
         }
-        let opt_ref = opt.as_mut().ok_or_else(|| Gpt2Error::InvalidSetting {
-            what: "ZeRO-1",
-            reason: "no optimizer after the step".into(),
-        })?;
-        // The update stays eager: its step number is a kernel argument.
-        {
+        let opt_ref = the_optimizer(opt.as_mut())?;
+        if !in_schedule {
             let _s = rt.scope("optimizer");
             opt_ref.update(&rt, model.params(), model.grads())?;
         }
@@ -371,6 +378,15 @@ fn gather_params(model: &Gpt2Model, reducer: Option<&Reducer<'_>>) -> Result<()>
         r.all_gather_params(model.params())?;
     }
     Ok(())
+}
+
+/// The optimizer once the step has made it (ZeRO-1 makes it in the first
+/// step, when the reducer's buckets are final), else an error.
+fn the_optimizer(opt: Option<&mut AdamW>) -> Result<&mut AdamW> {
+    opt.ok_or_else(|| Gpt2Error::InvalidSetting {
+        what: "ZeRO-1",
+        reason: "no optimizer after the step".into(),
+    })
 }
 
 /// The parameters and the full AdamW moments, in layout order. ZeRO-1: the
