@@ -194,7 +194,7 @@ fn kernel_sources_compile_with_nvrtc() {
         return;
     }
     let sources = kernel_sources();
-    assert_eq!(sources.len(), 9);
+    assert_eq!(sources.len(), 10);
     let opts = braid::cuda::CompileOptions::for_arch("sm_90");
     for (name, source) in sources {
         let k = braid::cuda::compile_with_headers(source, kernel_headers(), name, &opts)
@@ -1481,6 +1481,156 @@ test_device!(
     fused_classifier_tasks,
     fused_classifier_tasks_cpu,
     fused_classifier_tasks_cuda
+);
+
+/// The fused (flash) attention tasks, forward and backward, f32 and bf16,
+/// against the CPU kernels: the same bits on the CPU backend; on CUDA within
+/// float tolerance (the same operations in the same order, but CUDA's
+/// expf/logf) and one bf16 ulp.
+fn flash_attention_tasks(dev: Device) {
+    use braid_gpt2::kernels::flash_attention::{self as fa, BLOCK_K, BLOCK_Q};
+    let g = Dev::new(dev);
+    let exact = matches!(dev, Device::Cpu);
+    let (btc, bht) = (B * T * C, B * NH * T);
+    let inp = randn(3 * btc, 1.0, 170);
+    let dout = randn(btc, 0.5, 171);
+    let dinp0 = randn(3 * btc, 0.1, 172);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
+        // Inputs as stored (rounded for bf16), widened; a buffer of them; and
+        // how to read one back widened.
+        let stored = |x: &[f32]| match dtype {
+            Dtype::F32 => x.to_vec(),
+            Dtype::Bf16 => widen(&bf16(x)),
+        };
+        let up = |x: &[f32]| match dtype {
+            Dtype::F32 => g.up(x),
+            Dtype::Bf16 => g.up_bf16(&bf16(x)),
+        };
+        let down = |b: &Buffer| match dtype {
+            Dtype::F32 => g.down(b),
+            Dtype::Bf16 => widen(&g.down_bf16(b)),
+        };
+        let (inp_s, dout_s, dinp_s) = (stored(&inp), stored(&dout), stored(&dinp0));
+        // The CPU kernels on the stored values, each output rounded as stored.
+        let mut want_out = vec![0.0f32; btc];
+        let mut want_lse = vec![0.0f32; bht];
+        let mut want_dinp = dinp_s.clone();
+        let mut delta = vec![0.0f32; bht];
+        match dtype {
+            Dtype::F32 => {
+                cpu::flash_attention_forward(
+                    &mut want_out,
+                    &mut want_lse,
+                    &inp_s,
+                    B,
+                    T,
+                    C,
+                    NH,
+                    BLOCK_Q,
+                    BLOCK_K,
+                );
+                cpu::flash_attention_backward(
+                    &mut want_dinp,
+                    &mut delta,
+                    &dout_s,
+                    &inp_s,
+                    &want_out,
+                    &want_lse,
+                    B,
+                    T,
+                    C,
+                    NH,
+                    BLOCK_Q,
+                    BLOCK_K,
+                );
+            }
+            Dtype::Bf16 => {
+                let mut o = vec![Bf16(0); btc];
+                let i16 = bf16(&inp_s);
+                cpu::flash_attention_forward(
+                    &mut o,
+                    &mut want_lse,
+                    &i16,
+                    B,
+                    T,
+                    C,
+                    NH,
+                    BLOCK_Q,
+                    BLOCK_K,
+                );
+                let mut d = bf16(&dinp_s);
+                cpu::flash_attention_backward(
+                    &mut d,
+                    &mut delta,
+                    &bf16(&dout_s),
+                    &i16,
+                    &o,
+                    &want_lse,
+                    B,
+                    T,
+                    C,
+                    NH,
+                    BLOCK_Q,
+                    BLOCK_K,
+                );
+                (want_out, want_dinp) = (widen(&o), widen(&d));
+            }
+        }
+        let (bi, bo, bl) = (up(&inp), up(&vec![0.0; btc]), g.zeros(bht));
+        done(fa::forward(
+            task("flash_attention_forward"),
+            &bo.whole(),
+            &bl.whole(),
+            &bi.whole(),
+            B,
+            T,
+            C,
+            NH,
+        ));
+        let (bdo, bdi) = (up(&dout), up(&dinp0));
+        let scratch =
+            g.rt.alloc("scratch", fa::backward_scratch_bytes(B, T, NH))
+                .unwrap();
+        done(fa::backward(
+            task("flash_attention_backward"),
+            &bdi.whole(),
+            &bdo.whole(),
+            &bi.whole(),
+            &bo.whole(),
+            &bl.whole(),
+            &scratch.whole(),
+            B,
+            T,
+            C,
+            NH,
+        ));
+        let (out, lse, dinp) = (down(&bo), g.down(&bl), down(&bdi));
+        let what = format!("flash attention {dtype:?}");
+        if exact {
+            assert_eq!(out, want_out, "{what} out");
+            assert_eq!(lse, want_lse, "{what} lse");
+            assert_eq!(dinp, want_dinp, "{what} dinp");
+            continue;
+        }
+        compare(&format!("{what} lse"), &lse, &want_lse, 1e-6, 1e-5);
+        match dtype {
+            Dtype::F32 => {
+                compare(&format!("{what} out"), &out, &want_out, 1e-6, 1e-5);
+                compare(&format!("{what} dinp"), &dinp, &want_dinp, 1e-6, 1e-4);
+            }
+            Dtype::Bf16 => {
+                compare_bf16(&format!("{what} out"), &bf16(&out), &bf16(&want_out), 1);
+                compare_bf16(&format!("{what} dinp"), &bf16(&dinp), &bf16(&want_dinp), 1);
+            }
+        }
+    }
+}
+
+test_device!(
+    flash_attention_tasks,
+    flash_attention_tasks_cpu,
+    flash_attention_tasks_cuda
 );
 
 fn attention_bf16(dev: Device) {

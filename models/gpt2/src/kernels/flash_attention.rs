@@ -50,13 +50,54 @@
 //! registers and shared memory on a GPU) is local to the kernel:
 //! [`tile_bytes`].
 //!
-//! Not done: the GPU kernels (CUDA, tensor cores), bf16.
+//! # CUDA
+//!
+//! `flash_attention.cu` (f32 and `_bf16` kernels) follows the CPU kernels
+//! operation by operation: the same `f32` dot products in channel order, the
+//! same online-softmax update per key tile of [`BLOCK_K`] columns, the same
+//! accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's, so
+//! the two agree to float tolerance. A first version to check against the
+//! CPU: one thread per query row (forward, `dQ`) or key row (`dK`, `dV`,
+//! summed over the queries instead of atomics, so deterministic), no tensor
+//! cores, no shared-memory tiles; `hs` at most 128. Compiled under NVRTC, not
+//! yet run on a GPU, so
+//! [`ModelOptions::fused`](crate::model::ModelOptions::fused) is still
+//! refused off the CPU. The fast path the issue asks for (tensor cores, or
+//! cuDNN's SDPA) would replace it, checked against it.
 
-use braid::{Result, TaskHandle, View};
+use braid::cuda::{KernelArgs, LaunchConfig};
+use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit_cpu, Task};
+use super::task::{submit, Task};
+
+pub(crate) static CUDA: Program = Program::new(
+    "flash_attention.cu",
+    include_str!("flash_attention.cu"),
+    &[
+        "flash_attention_forward",
+        "flash_attention_forward_bf16",
+        "flash_attention_delta",
+        "flash_attention_delta_bf16",
+        "flash_attention_backward_dq",
+        "flash_attention_backward_dq_bf16",
+        "flash_attention_backward_dkv",
+        "flash_attention_backward_dkv_bf16",
+    ],
+);
+static FORWARD: Kernel = Kernel::new(&CUDA, 0);
+static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 1);
+static DELTA: Kernel = Kernel::new(&CUDA, 2);
+static DELTA_BF16: Kernel = Kernel::new(&CUDA, 3);
+static BACKWARD_DQ: Kernel = Kernel::new(&CUDA, 4);
+static BACKWARD_DQ_BF16: Kernel = Kernel::new(&CUDA, 5);
+static BACKWARD_DKV: Kernel = Kernel::new(&CUDA, 6);
+static BACKWARD_DKV_BF16: Kernel = Kernel::new(&CUDA, 7);
+
+/// The largest head size the CUDA kernels take (their per-thread arrays).
+pub const CUDA_MAX_HS: usize = 128;
 
 /// Query tile rows of the CPU tasks.
 pub const BLOCK_Q: usize = 32;
@@ -91,12 +132,11 @@ pub fn tile_bytes(c: usize, nh: usize, block_q: usize, block_k: usize) -> usize 
 }
 
 // ---------------------------------------------------------------------------
-// Tasks (CPU only: there is no GPU kernel yet)
+// Tasks
 // ---------------------------------------------------------------------------
 
-/// Submits [`flash_attention_forward`] as a CPU task: writes `out` and the
-/// per-row logsumexp `lse`. There is no CUDA body: on a CUDA runtime the
-/// submission fails.
+/// Submits [`flash_attention_forward`] as a task (CPU and CUDA bodies):
+/// writes `out` and the per-row logsumexp `lse`.
 pub fn forward<'rt>(
     task: impl Into<Task<'rt>>,
     out: &View, // (B, T, C)
@@ -107,18 +147,21 @@ pub fn forward<'rt>(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (out.write::<S>(), lse.write::<f32>(), inp.read::<S>()),
         move |(out, lse, inp)| {
             flash_attention_forward(out, lse, inp, b, t, c, nh, BLOCK_Q, BLOCK_K)
         },
+        move |(out, lse, inp), cu| {
+            task_result(flash_attention_forward_cuda(cu, out, lse, inp, b, t, c, nh))
+        },
     )
 }
 
-/// Submits [`flash_attention_backward`] as a CPU task: accumulates into
-/// `dinp`; `scratch` is [`backward_scratch_bytes`] bytes (declared `write`,
-/// dead after the task).
+/// Submits [`flash_attention_backward`] as a task (CPU and CUDA bodies):
+/// accumulates into `dinp`; `scratch` is [`backward_scratch_bytes`] bytes
+/// (declared `write`, dead after the task).
 pub fn backward<'rt>(
     task: impl Into<Task<'rt>>,
     dinp: &View,    // (B, T, 3C) accumulated
@@ -132,7 +175,7 @@ pub fn backward<'rt>(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (
             dinp.read_write::<S>(),
@@ -146,6 +189,17 @@ pub fn backward<'rt>(
             flash_attention_backward(
                 dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
             )
+        },
+        move |(dinp, dout, inp, out, lse, delta), cu| {
+            let bw = Backward {
+                dinp,
+                delta,
+                dout,
+                inp,
+                out,
+                lse,
+            };
+            task_result(flash_attention_backward_cuda(cu, bw, b, t, c, nh))
         },
     )
 }
@@ -429,6 +483,142 @@ fn flash_attention_backward_f32(
                 }
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA launchers
+// ---------------------------------------------------------------------------
+
+/// Checks `(B, T, C, NH)` for the CUDA kernels (`C` a multiple of `NH`, the
+/// head size at most [`CUDA_MAX_HS`]) and returns them as `int`s with the
+/// launch configuration: a thread per row, `(ceil(T / 128), B·NH)` blocks.
+fn shape(k: &Check, b: usize, t: usize, c: usize, nh: usize) -> Result<([i32; 4], LaunchConfig)> {
+    let dims = [
+        k.dim("B", b)?,
+        k.dim("T", t)?,
+        k.dim("C", c)?,
+        k.dim("NH", nh)?,
+    ];
+    if c % nh != 0 || c / nh > CUDA_MAX_HS {
+        return Err(k.err(format!(
+            "C ({c}) must be NH ({nh}) heads of at most {CUDA_MAX_HS} channels"
+        )));
+    }
+    let rows_x = u32::try_from(t.div_ceil(128)).map_err(|_| k.err(format!("T = {t}")))?;
+    let heads = u32::try_from(k.mul(b, nh)?)
+        .ok()
+        .filter(|&y| y <= 65_535)
+        .ok_or_else(|| k.err(format!("B·NH = {} exceeds the grid's 65,535", b * nh)))?;
+    let cfg = LaunchConfig {
+        grid: (rows_x, heads, 1),
+        block: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((dims, cfg))
+}
+
+/// [`flash_attention_forward`] on the task's stream (module docs, CUDA).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_forward_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<S>,   // (B, T, C)
+    lse: DevSliceMut<f32>, // (B, NH, T)
+    inp: DevSlice<S>,      // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<()> {
+    let k = Check::new("flash_attention_forward");
+    let ([bi, ti, ci, nhi], cfg) = shape(&k, b, t, c, nh)?;
+    let btc = k.mul(k.mul(b, t)?, c)?;
+    k.exact("out", &out, "(B, T, C)", btc)?;
+    k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
+    k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr())
+        .ptr(lse.ptr())
+        .ptr(inp.ptr())
+        .i32(bi)
+        .i32(ti)
+        .i32(ci)
+        .i32(nhi)
+        .i32(BLOCK_K as i32);
+    let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
+    // SAFETY: flash_attention_forward[_bf16](S* out, float* lse, const S*
+    // inp, int B, int T, int C, int NH, int block_k); sizes checked, one
+    // thread per (b, h, row) within the grid `shape` made.
+    unsafe { l.launch(kernel, cfg, &a) }
+}
+
+/// The tensors of one [`flash_attention_backward_cuda`] call.
+#[derive(Debug)]
+pub struct Backward<'a, S> {
+    /// (B, T, 3C) accumulated.
+    pub dinp: DevSliceMut<'a, S>,
+    /// (B, NH, T) scratch, overwritten with `rowsum(dout ∘ out)`.
+    pub delta: DevSliceMut<'a, f32>,
+    /// (B, T, C).
+    pub dout: DevSlice<'a, S>,
+    /// (B, T, 3C).
+    pub inp: DevSlice<'a, S>,
+    /// (B, T, C): the forward pass's output.
+    pub out: DevSlice<'a, S>,
+    /// (B, NH, T): the forward pass's logsumexp.
+    pub lse: DevSlice<'a, f32>,
+}
+
+/// [`flash_attention_backward`] on the task's stream (module docs, CUDA):
+/// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`.
+pub fn flash_attention_backward_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    bw: Backward<'_, S>,
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<()> {
+    let k = Check::new("flash_attention_backward");
+    let ([bi, ti, ci, nhi], cfg) = shape(&k, b, t, c, nh)?;
+    let btc = k.mul(k.mul(b, t)?, c)?;
+    let bht = k.mul(k.mul(b, nh)?, t)?;
+    k.exact("dinp", &bw.dinp, "(B, T, 3C)", k.mul(btc, 3)?)?;
+    k.exact("delta", &bw.delta, "(B, NH, T)", bht)?;
+    k.exact("dout", &bw.dout, "(B, T, C)", btc)?;
+    k.exact("inp", &bw.inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
+    k.exact("out", &bw.out, "(B, T, C)", btc)?;
+    k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(bw.delta.ptr())
+        .ptr(bw.dout.ptr())
+        .ptr(bw.out.ptr())
+        .i32(bi)
+        .i32(ti)
+        .i32(ci)
+        .i32(nhi);
+    // SAFETY: flash_attention_delta[_bf16](float* delta, const S* dout,
+    // const S* out, int B, int T, int C, int NH); sizes checked.
+    unsafe { l.launch(by_dtype::<S>(&DELTA, &DELTA_BF16), cfg, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(bw.dinp.ptr())
+        .ptr(bw.delta.ptr())
+        .ptr(bw.dout.ptr())
+        .ptr(bw.inp.ptr())
+        .ptr(bw.lse.ptr())
+        .i32(bi)
+        .i32(ti)
+        .i32(ci)
+        .i32(nhi);
+    // SAFETY: flash_attention_backward_{dq,dkv}[_bf16](S* dinp, const float*
+    // delta, const S* dout, const S* inp, const float* lse, int B, int T, int
+    // C, int NH); sizes checked; the dq kernel writes dinp's query channels,
+    // the dkv kernel (after it on the stream) its key and value channels.
+    unsafe {
+        l.launch(by_dtype::<S>(&BACKWARD_DQ, &BACKWARD_DQ_BF16), cfg, &a)?;
+        l.launch(by_dtype::<S>(&BACKWARD_DKV, &BACKWARD_DKV_BF16), cfg, &a)
     }
 }
 

@@ -45,10 +45,10 @@
 //! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`attention`] (direct
 //! loops), [`gelu`], [`residual`], [`loss`]
 //! `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
-//! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`; compiled,
-//! never yet run on a GPU) and the CPU body only elsewhere
-//! ([`flash_attention`], [`fused_classifier`];
-//! [`fill`] zeroes bytes, any dtype, on both backends). The model still
+//! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`, and the fused
+//! [`flash_attention`] and [`fused_classifier`] in both dtypes; compiled,
+//! never yet run on a GPU; [`fill`] zeroes bytes, any dtype, on both
+//! backends). The model still
 //! refuses bf16 off the CPU until these kernels have run on a GPU. The bf16
 //! kernels share `bf16.cuh`'s load/store helpers through `#include
 //! "bf16.cuh"`: NVRTC reads no files, so the header goes with every program
@@ -129,7 +129,7 @@ use cuda_common::Program;
 pub const KERNEL_BACKENDS: &[&str] = &["cpu", "cuda"];
 
 /// Every family's CUDA program.
-static PROGRAMS: [&Program; 9] = [
+static PROGRAMS: [&Program; 10] = [
     &encoder::CUDA,
     &layernorm::CUDA,
     &matmul::CUDA,
@@ -139,6 +139,7 @@ static PROGRAMS: [&Program; 9] = [
     &loss::CUDA,
     &adamw::CUDA,
     &norm::CUDA,
+    &flash_attention::CUDA,
 ];
 
 /// Every GPT-2 CUDA program as `(file name, source)`, e.g. for an NVRTC
