@@ -11,10 +11,11 @@
 //!           each parameter's gradient (bucket all-reduces start under the
 //!           rest of the backward pass) → Reducer::finish
 //!         → all-reduce(avg) of the loss (W > 1)
-//!         → per-chunk sum of squares → clip scale → per-chunk AdamW
+//!         → per-chunk sum of squares → clip scale → per-chunk AdamW (its
+//!           step scalars uploaded before the step)
 //!         → synchronize, read loss and norm
-//!         (from the third step of a run: AdamW's step scalars uploaded, then
-//!         everything from zero grads to AdamW replayed as one schedule)
+//!         (from the third step of a run, everything from zero grads to AdamW
+//!         replayed as one schedule)
 //! end     rank 0 saves the checkpoint (params, m, v, step, loader state)
 //! ```
 //!

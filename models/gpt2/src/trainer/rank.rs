@@ -183,14 +183,19 @@ pub(super) fn run_rank(
         // gathers are part of a recorded step and each forward task waits
         // only for the gather of its own parameters.
         let gather = opt.as_ref().is_some_and(AdamW::is_sharded);
-        // Recorded and replayed steps hold the AdamW update too, reading its
-        // step scalars from a buffer written here, before the replay (or the
-        // recording run): eager steps update with the step number.
-        let in_schedule = opts.replay && step >= first + 2;
-        if in_schedule {
-            let _s = rt.scope("optimizer");
-            the_optimizer(opt.as_mut())?.advance(&rt)?;
-        }
+        // The step holds the AdamW update too, reading its step scalars from
+        // a buffer written here, before the step's tasks (outside a
+        // recording, so each replay sees its own step's values). Every step
+        // submits the same tasks this way, eager, recorded or replayed.
+        // ZeRO-1 makes its optimizer during the first step: it advances there.
+        let advanced = match opt.as_mut() {
+            Some(o) => {
+                let _s = rt.scope("optimizer");
+                o.advance(&rt)?;
+                true
+            }
+            None => false,
+        };
         // Gradients, the reducer's buckets and the mean loss across ranks: the
         // same tasks every step, reading the batch just uploaded.
         let mut submit_step = |rt: &Runtime| -> Result<()> {
@@ -246,9 +251,10 @@ pub(super) fn run_rank(
                 Some(c) if opt.is_sharded() => opt.clip_sharded(c, model.grads())?,
                 _ => opt.clip(rt, model.grads())?,
             }
-            if in_schedule {
-                opt.update_recorded(rt, model.params(), model.grads())?;
+            if !advanced {
+                opt.advance(rt)?;
             }
+            opt.update_recorded(rt, model.params(), model.grads())?;
             Ok(())
         };
         let replayed = schedule.is_some();
@@ -273,10 +279,6 @@ pub(super) fn run_rank(
             None => submit_step(&rt)?,
         }
         let opt_ref = the_optimizer(opt.as_mut())?;
-        if !in_schedule {
-            let _s = rt.scope("optimizer");
-            opt_ref.update(&rt, model.params(), model.grads())?;
-        }
         rt.synchronize()?;
         let report = StepReport {
             step,
