@@ -12,9 +12,10 @@
 //!   work excepted), else the least-loaded usable stream (load: tasks placed
 //!   there, all unfinished when a step is submitted at once);
 //! * `affinity` (default): what Braid's replayed steps run, the re-placement
-//!   by earliest finish time (`sched/replay.rs`, HEFT's rule in program order
-//!   with a hand-off cost per predecessor on another stream and per extra
-//!   stream woken), falling back to one stream when that does not beat
+//!   by earliest finish time (`sched/replay.rs`, HEFT's rule with a hand-off
+//!   cost per predecessor on another stream and per extra stream woken, the
+//!   tasks taken in program order or by upward rank, whichever predicts the
+//!   shorter step), falling back to one stream when that does not beat
 //!   running the tasks one after the other. It follows the predecessor's
 //!   stream for a chain and otherwise picks the stream that is free first.
 //!
@@ -162,16 +163,19 @@ pub fn usable_streams(m: &Machine, cfg: &SimConfig) -> usize {
     }
 }
 
+/// Each node's stream and why, and the order the nodes enter their streams'
+/// FIFOs (program order, or for `affinity` the order it placed them in).
 fn place(
     g: &StepGraph,
     dur: &[u64],
     cfg: &SimConfig,
     usable: usize,
     handoff: u64,
-) -> Vec<(usize, PlaceReason)> {
+) -> (Vec<(usize, PlaceReason)>, Vec<usize>) {
     let comm = cfg.streams.max(1);
     let n = g.nodes.len();
     let mut out = vec![(0, PlaceReason::Single); n];
+    let mut order: Vec<usize> = (0..n).collect();
     match cfg.policy {
         SimPolicy::Single | SimPolicy::Recorded => {
             for (i, node) in g.nodes.iter().enumerate() {
@@ -220,52 +224,28 @@ fn place(
             }
         }
         SimPolicy::Affinity => {
-            // HEFT in program order, as `Plan::replaced` does.
-            let mut avail = vec![0u64; comm + 1];
-            let mut used = vec![false; comm + 1];
-            let mut finish = vec![0u64; n];
-            for (i, node) in g.nodes.iter().enumerate() {
-                let recorded = if node.is_comm() {
-                    comm
-                } else {
-                    node.traced_stream.unwrap_or(0) % usable
-                };
-                let eft = |s: usize, out: &[(usize, PlaceReason)]| {
-                    let ready = node
-                        .preds
-                        .iter()
-                        .map(|&p| finish[p] + if out[p].0 == s { 0 } else { handoff })
-                        .max()
-                        .unwrap_or(0);
-                    let start = if used[s] || i == 0 { avail[s] } else { handoff };
-                    ready.max(start) + dur[i]
-                };
-                let mut best = (recorded, eft(recorded, &out));
-                if !node.is_comm() {
-                    for s in (0..usable).filter(|&s| s != recorded) {
-                        let e = eft(s, &out);
-                        if e < best.1 {
-                            best = (s, e);
-                        }
-                    }
-                }
-                let why = if node.is_comm() {
-                    PlaceReason::Comm
-                } else {
-                    PlaceReason::Replayed
-                };
-                out[i] = (best.0, why);
-                finish[i] = best.1;
-                avail[best.0] = best.1;
-                used[best.0] = true;
-            }
-            let makespan = finish.iter().copied().max().unwrap_or(0);
+            // As `Plan::replaced` does: HEFT in program order and in
+            // upward-rank order, the shorter predicted makespan kept
+            // (program order on a tie), unless one stream is as good.
+            let program: Vec<usize> = (0..n).collect();
+            let ranked = by_upward_rank(g, dur, handoff);
+            let (a, span_a) = heft(g, dur, &program, comm, usable, handoff);
+            let (b, span_b) = heft(g, dur, &ranked, comm, usable, handoff);
+            let (placed, makespan) = if span_b < span_a {
+                order = ranked;
+                (b, span_b)
+            } else {
+                (a, span_a)
+            };
+            out = placed;
             let serial: u64 = (0..n)
                 .filter(|&i| !g.nodes[i].is_comm())
                 .map(|i| dur[i])
                 .sum();
             if serial <= makespan {
-                // No better than one stream: the one most tasks were on.
+                // No better than one stream: the one most tasks were on, in
+                // program order.
+                order = (0..n).collect();
                 let home = (0..usable)
                     .max_by_key(|&s| {
                         let k = out.iter().filter(|o| o.0 == s).count();
@@ -280,7 +260,96 @@ fn place(
             }
         }
     }
-    out
+    (out, order)
+}
+
+/// The nodes by decreasing upward rank (duration plus the longest path
+/// after, `handoff` per edge), ties in program order; collectives keep their
+/// program order (a virtual edge from each to the next), as
+/// `Plan::by_upward_rank` does.
+fn by_upward_rank(g: &StepGraph, dur: &[u64], handoff: u64) -> Vec<usize> {
+    let n = g.nodes.len();
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut last_comm: Option<usize> = None;
+    for (i, node) in g.nodes.iter().enumerate() {
+        for &p in &node.preds {
+            succs[p].push(i);
+        }
+        if node.is_comm() {
+            if let Some(p) = last_comm {
+                succs[p].push(i);
+            }
+            last_comm = Some(i);
+        }
+    }
+    let mut rank = vec![0u64; n];
+    for i in (0..n).rev() {
+        let after = succs[i]
+            .iter()
+            .map(|&s| handoff + rank[s])
+            .max()
+            .unwrap_or(0);
+        rank[i] = dur[i] + after;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
+    order
+}
+
+/// Earliest-finish-time placement of the nodes taken in `order`
+/// (topological): each compute node on the usable stream where it would
+/// finish first (its traced stream on a tie), collectives on the comm
+/// stream. Returns the placement by node and the predicted makespan.
+fn heft(
+    g: &StepGraph,
+    dur: &[u64],
+    order: &[usize],
+    comm: usize,
+    usable: usize,
+    handoff: u64,
+) -> (Vec<(usize, PlaceReason)>, u64) {
+    let n = g.nodes.len();
+    let mut out = vec![(0, PlaceReason::Replayed); n];
+    let mut avail = vec![0u64; comm + 1];
+    let mut used = vec![false; comm + 1];
+    let mut finish = vec![0u64; n];
+    for (k, &i) in order.iter().enumerate() {
+        let node = &g.nodes[i];
+        let recorded = if node.is_comm() {
+            comm
+        } else {
+            node.traced_stream.unwrap_or(0) % usable
+        };
+        let eft = |s: usize, out: &[(usize, PlaceReason)]| {
+            let ready = node
+                .preds
+                .iter()
+                .map(|&p| finish[p] + if out[p].0 == s { 0 } else { handoff })
+                .max()
+                .unwrap_or(0);
+            let start = if used[s] || k == 0 { avail[s] } else { handoff };
+            ready.max(start) + dur[i]
+        };
+        let mut best = (recorded, eft(recorded, &out));
+        if !node.is_comm() {
+            for s in (0..usable).filter(|&s| s != recorded) {
+                let e = eft(s, &out);
+                if e < best.1 {
+                    best = (s, e);
+                }
+            }
+        }
+        let why = if node.is_comm() {
+            PlaceReason::Comm
+        } else {
+            PlaceReason::Replayed
+        };
+        out[i] = (best.0, why);
+        finish[i] = best.1;
+        avail[best.0] = best.1;
+        used[best.0] = true;
+    }
+    (out, finish.iter().copied().max().unwrap_or(0))
 }
 
 /// Simulates step `g` on machine `m` under `cfg`.
@@ -288,13 +357,13 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
     let dur = durations(g, m, cfg);
     let usable = usable_streams(m, cfg);
     let handoff = (m.handoff_us * 1e3).round() as u64;
-    let placed = place(g, &dur, cfg, usable, handoff);
+    let (placed, order) = place(g, &dur, cfg, usable, handoff);
     let nstreams = cfg.streams.max(1) + 1;
     let n = g.nodes.len();
-    // Each stream's FIFO, in submission order.
+    // Each stream's FIFO, in the order placement took the nodes.
     let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); nstreams];
-    for (i, p) in placed.iter().enumerate() {
-        fifo[p.0].push(i);
+    for &i in &order {
+        fifo[placed[i].0].push(i);
     }
     let mut head = vec![0usize; nstreams];
     let mut busy: Vec<Option<usize>> = vec![None; nstreams];

@@ -356,71 +356,50 @@ impl Plan {
         self.tasks.len() as u64 + 1
     }
 
-    /// The same schedule placed by earliest finish time (HEFT's rule, with
-    /// the tasks in program order, a topological order) from each task's
-    /// last measured duration: a movable task goes to the compute stream
-    /// among the first `compute` where it would finish first, counting
-    /// `sync_ns` for each predecessor on another stream and once for each
-    /// extra stream the plan starts using (its thread must be woken); ties keep the
-    /// recorded stream. `None` until every task has been measured.
+    /// The same schedule placed by earliest finish time (HEFT's rule) from
+    /// each task's last measured duration: taking the tasks in an order, a
+    /// movable task goes to the compute stream among the first `compute`
+    /// where it would finish first, counting `sync_ns` for each predecessor
+    /// on another stream and once for each extra stream the plan starts
+    /// using (its thread must be woken); ties keep the recorded stream.
+    /// `None` until every task has been measured.
+    ///
+    /// Two orders are tried, and the one with the shorter predicted makespan
+    /// kept (program order on a tie): program order, and HEFT's priority
+    /// order, by decreasing upward rank (a task's duration plus the longest
+    /// path after it, `sync_ns` per edge), so a task on a long path runs
+    /// before independent work that could wait. Both are topological. Tasks
+    /// that are not movable (pinned, bundled, collectives) keep their program
+    /// order on their stream: collectives stay in the same order on every
+    /// rank, whatever each rank measured.
     ///
     /// Short tasks thus gather on one stream (a cross-stream hand-off costs
     /// more than it saves) and long independent ones spread out. If the
     /// predicted makespan is no better than running every movable task on
-    /// one stream, they all go to the compute stream most of them were on.
+    /// one stream, they all go to the compute stream most of them were on,
+    /// in program order.
     pub(crate) fn replaced(&self, compute: usize, sync_ns: u64) -> Option<Plan> {
         let dur: Vec<u64> = self
             .tasks
             .iter()
             .map(|t| t.body.nanos())
             .collect::<Option<_>>()?;
-        let mut tasks = self.tasks.clone();
-        let mut avail = vec![0u64; self.programs.len()];
-        let mut used = vec![false; self.programs.len()];
-        let mut finish = vec![0u64; tasks.len()];
-        for i in 0..tasks.len() {
-            let recorded = tasks[i].stream as usize;
-            let eft = |s: usize| {
-                let ready = tasks[i]
-                    .preds
-                    .iter()
-                    .map(|&p| {
-                        let p = p as usize;
-                        let hop = if tasks[p].stream as usize == s {
-                            0
-                        } else {
-                            sync_ns
-                        };
-                        finish[p] + hop
-                    })
-                    .max()
-                    .unwrap_or(0);
-                // An extra stream costs a wake-up; the first one is free.
-                let start = if used[s] || i == 0 { avail[s] } else { sync_ns };
-                ready.max(start) + dur[i]
-            };
-            let mut best = (recorded, eft(recorded));
-            if tasks[i].movable {
-                for s in (0..compute.max(1)).filter(|&s| s != recorded) {
-                    let e = eft(s);
-                    if e < best.1 {
-                        best = (s, e);
-                    }
-                }
-            }
-            tasks[i].stream = best.0 as u16;
-            finish[i] = best.1;
-            avail[best.0] = best.1;
-            used[best.0] = true;
-        }
+        let program: Vec<usize> = (0..self.tasks.len()).collect();
+        let ranked = self.by_upward_rank(&dur, sync_ns);
+        let (a, span_a) = self.place_in(&program, &dur, compute, sync_ns);
+        let (b, span_b) = self.place_in(&ranked, &dur, compute, sync_ns);
+        let (order, streams, makespan) = if span_b < span_a {
+            (ranked, b, span_b)
+        } else {
+            (program, a, span_a)
+        };
         // Greedy placement can spread a graph of short tasks whose hand-offs
         // then dominate: keep it only if it beats one stream (the predicted
         // makespan against the sum of the durations), so the cost model never
         // predicts worse than the `single` baseline.
-        let makespan = finish.iter().copied().max().unwrap_or(0);
         let serial: u64 = dur.iter().sum();
+        let mut tasks = self.tasks.clone();
         if serial <= makespan {
-            let mut tasks = self.tasks.clone();
             let home = (0..compute.max(1))
                 .max_by_key(|&s| {
                     let n = tasks.iter().filter(|t| t.stream as usize == s).count();
@@ -430,14 +409,120 @@ impl Plan {
             for t in tasks.iter_mut().filter(|t| t.movable) {
                 t.stream = home;
             }
-            let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
-            p.usable = compute as u16;
-            return Some(p);
+        } else {
+            for (t, s) in tasks.iter_mut().zip(streams) {
+                t.stream = s;
+            }
+            tasks = permuted(tasks, &order);
         }
         let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
         p.usable = compute as u16;
         Some(p)
     }
+
+    /// The task indices by decreasing upward rank, ties in program order
+    /// (see [`replaced`](Self::replaced)): a topological order, since a
+    /// task's rank exceeds each successor's by at least its duration plus
+    /// `sync_ns`, and equal ranks keep program order.
+    fn by_upward_rank(&self, dur: &[u64], sync_ns: u64) -> Vec<usize> {
+        let n = self.tasks.len();
+        let mut succs: Vec<SmallVec<[u32; 4]>> = vec![SmallVec::new(); n];
+        let mut last_fixed: Vec<Option<usize>> = vec![None; self.programs.len()];
+        for (i, t) in self.tasks.iter().enumerate() {
+            for &p in &t.preds {
+                succs[p as usize].push(i as u32);
+            }
+            if !t.movable {
+                // Program order among the stream's fixed tasks: a virtual edge.
+                let s = t.stream as usize;
+                if let Some(p) = last_fixed[s] {
+                    succs[p].push(i as u32);
+                }
+                last_fixed[s] = Some(i);
+            }
+        }
+        let mut rank = vec![0u64; n];
+        for i in (0..n).rev() {
+            let after = succs[i]
+                .iter()
+                .map(|&s| sync_ns + rank[s as usize])
+                .max()
+                .unwrap_or(0);
+            rank[i] = dur[i] + after;
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
+        order
+    }
+
+    /// Places the tasks taken in `order` (topological) by earliest finish
+    /// time; returns each task's stream (by task index) and the predicted
+    /// makespan.
+    fn place_in(
+        &self,
+        order: &[usize],
+        dur: &[u64],
+        compute: usize,
+        sync_ns: u64,
+    ) -> (Vec<u16>, u64) {
+        let mut stream: Vec<u16> = self.tasks.iter().map(|t| t.stream).collect();
+        let mut avail = vec![0u64; self.programs.len()];
+        let mut used = vec![false; self.programs.len()];
+        let mut finish = vec![0u64; self.tasks.len()];
+        for (k, &i) in order.iter().enumerate() {
+            let t = &self.tasks[i];
+            let recorded = t.stream as usize;
+            let eft = |s: usize| {
+                let ready = t
+                    .preds
+                    .iter()
+                    .map(|&p| {
+                        let p = p as usize;
+                        let hop = if stream[p] as usize == s { 0 } else { sync_ns };
+                        finish[p] + hop
+                    })
+                    .max()
+                    .unwrap_or(0);
+                // An extra stream costs a wake-up; the first one is free.
+                let start = if used[s] || k == 0 { avail[s] } else { sync_ns };
+                ready.max(start) + dur[i]
+            };
+            let mut best = (recorded, eft(recorded));
+            if t.movable {
+                for s in (0..compute.max(1)).filter(|&s| s != recorded) {
+                    let e = eft(s);
+                    if e < best.1 {
+                        best = (s, e);
+                    }
+                }
+            }
+            stream[i] = best.0 as u16;
+            finish[i] = best.1;
+            avail[best.0] = best.1;
+            used[best.0] = true;
+        }
+        (stream, finish.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// `tasks` in `order` (a topological order of their indices), each task's
+/// predecessors renumbered to match.
+fn permuted(tasks: Vec<RecTask>, order: &[usize]) -> Vec<RecTask> {
+    let mut at = vec![0u32; tasks.len()];
+    for (k, &i) in order.iter().enumerate() {
+        at[i] = k as u32;
+    }
+    let mut slots: Vec<Option<RecTask>> = tasks.into_iter().map(Some).collect();
+    order
+        .iter()
+        .map(|&i| {
+            let mut t = slots[i].take().expect("an order names each task once");
+            for p in t.preds.iter_mut() {
+                *p = at[*p as usize];
+            }
+            t
+        })
+        .collect()
 }
 
 fn merge(into: &mut [u32], from: &[u32]) {
@@ -749,5 +834,61 @@ mod tests {
         let mut t = task(0, &[], 1);
         t.body = std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(()))));
         assert!(Plan::new("x".into(), vec![t], 1).replaced(1, 0).is_none());
+    }
+
+    fn named(mut t: RecTask, name: &'static str) -> RecTask {
+        t.name = name.into();
+        t
+    }
+
+    fn names(p: &Plan) -> Vec<&str> {
+        p.tasks.iter().map(|t| t.name.as_ref()).collect()
+    }
+
+    #[test]
+    fn a_long_path_goes_first() {
+        const MS: u64 = 1_000_000;
+        // Program order: two independent 10 ms tasks, then a 1 ms task with
+        // a 10 ms successor. In that order the chain starts last (21 ms);
+        // by upward rank it starts first and the independent tasks fill in
+        // around it (20 ms).
+        let tasks = vec![
+            named(task(0, &[], 10 * MS), "x1"),
+            named(task(0, &[], 10 * MS), "x2"),
+            named(task(0, &[], MS), "b"),
+            named(task(0, &[2], 10 * MS), "c"),
+        ];
+        let p = Plan::new("p".into(), tasks, 2).replaced(2, 5_000).unwrap();
+        assert_eq!(names(&p), ["b", "x1", "x2", "c"]);
+        assert_eq!(streams(&p), [0, 1, 0, 1]);
+        // `c`'s predecessor, renumbered: `b`, now first.
+        assert_eq!(p.tasks[3].preds.to_vec(), [0]);
+        // Where program order is as good, it is kept.
+        let chain = vec![named(task(0, &[], MS), "a"), named(task(0, &[0], MS), "b")];
+        let p = Plan::new("q".into(), chain, 2).replaced(2, 5_000).unwrap();
+        assert_eq!(names(&p), ["a", "b"]);
+    }
+
+    #[test]
+    fn fixed_tasks_keep_their_program_order() {
+        const MS: u64 = 1_000_000;
+        // Two collectives on stream 2 (not movable): the second one heads a
+        // long path, the first none, but they stay in program order.
+        let mut c1 = named(task(2, &[], MS), "c1");
+        let mut c2 = named(task(2, &[], MS), "c2");
+        (c1.movable, c2.movable) = (false, false);
+        c1.kind = TaskKind::Comm;
+        c2.kind = TaskKind::Comm;
+        let tasks = vec![
+            named(task(0, &[], 10 * MS), "x"),
+            c1,
+            c2,
+            named(task(0, &[2], 30 * MS), "after c2"),
+        ];
+        let p = Plan::new("p".into(), tasks, 3).replaced(2, 5_000).unwrap();
+        let order = names(&p);
+        let at = |n: &str| order.iter().position(|&m| m == n).unwrap();
+        assert!(at("c1") < at("c2"), "{order:?}");
+        assert!(at("c2") < at("after c2"), "{order:?}");
     }
 }
