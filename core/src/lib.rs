@@ -63,7 +63,7 @@ pub use comm::{
     launch, launch_with, BoundComm, Comm, Communicator, LocalComm, LocalCommConfig, Reducer,
 };
 pub use error::{Error, Result, TaskError};
-pub use graph::Mode;
+pub use graph::{upward_rank_order, Mode};
 pub use kind::{Class, PlaceReason, Placement, Priority, TaskKind};
 pub use runtime::{Runtime, RuntimeBuilder, PLACEMENT_ENV};
 pub use sched::placement::Policy;

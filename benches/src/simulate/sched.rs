@@ -282,18 +282,7 @@ fn by_upward_rank(g: &StepGraph, dur: &[u64], handoff: u64) -> Vec<usize> {
             last_comm = Some(i);
         }
     }
-    let mut rank = vec![0u64; n];
-    for i in (0..n).rev() {
-        let after = succs[i]
-            .iter()
-            .map(|&s| handoff + rank[s])
-            .max()
-            .unwrap_or(0);
-        rank[i] = dur[i] + after;
-    }
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
-    order
+    braid::upward_rank_order(dur, &succs, handoff)
 }
 
 /// Earliest-finish-time placement of the nodes taken in `order`

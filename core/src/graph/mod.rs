@@ -50,6 +50,32 @@ impl Hasher for IdHasher {
 
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
+/// HEFT's priority order over a task graph: the task indices by decreasing
+/// upward rank (a task's duration plus the longest path after it, `edge_ns`
+/// per edge), ties in index order. When every edge goes from a lower index to
+/// a higher one (`succs[i]` holds only indices above `i`: program order is
+/// topological), so does the result: a task's rank exceeds each successor's
+/// by at least its duration plus `edge_ns`, and equal ranks keep index order.
+///
+/// A recorded schedule's re-placement tries this order beside program order
+/// (docs/replay.md, "The cost model"); public so a model of that placement
+/// (the step simulator in `benches/`) orders tasks the same way.
+pub fn upward_rank_order(dur: &[u64], succs: &[Vec<usize>], edge_ns: u64) -> Vec<usize> {
+    let n = dur.len();
+    let mut rank = vec![0u64; n];
+    for i in (0..n).rev() {
+        let after = succs[i]
+            .iter()
+            .map(|&s| edge_ns + rank[s])
+            .max()
+            .unwrap_or(0);
+        rank[i] = dur[i] + after;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
+    order
+}
+
 /// How a task touches a byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {

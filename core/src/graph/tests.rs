@@ -157,3 +157,23 @@ fn a_unit_stands_for_the_union_of_its_accesses() {
     t.prune(|p| p.0 == 7);
     assert_eq!(preds(&t, 2, 0..4, Mode::Read), Vec::<u64>::new());
 }
+
+#[test]
+fn upward_rank_order_puts_long_paths_first_and_stays_topological() {
+    use super::upward_rank_order;
+    // 0 and 1 independent (10 each); 2 (1) before 3 (10).
+    let succs = vec![vec![], vec![], vec![3], vec![]];
+    assert_eq!(upward_rank_order(&[10, 10, 1, 10], &succs, 5), [2, 0, 1, 3]);
+    // Zero durations and edge costs: every rank ties, index order stays.
+    let chain = vec![vec![1], vec![2], vec![]];
+    assert_eq!(upward_rank_order(&[0, 0, 0], &chain, 0), [0, 1, 2]);
+    // A predecessor always precedes its successors.
+    let dag = vec![vec![2, 3], vec![3], vec![4], vec![4], vec![]];
+    let order = upward_rank_order(&[3, 1, 0, 7, 2], &dag, 1);
+    let at = |i: usize| order.iter().position(|&o| o == i).unwrap();
+    for (p, ss) in dag.iter().enumerate() {
+        for &s in ss {
+            assert!(at(p) < at(s), "{order:?}");
+        }
+    }
+}

@@ -421,38 +421,26 @@ impl Plan {
     }
 
     /// The task indices by decreasing upward rank, ties in program order
-    /// (see [`replaced`](Self::replaced)): a topological order, since a
-    /// task's rank exceeds each successor's by at least its duration plus
-    /// `sync_ns`, and equal ranks keep program order.
+    /// (see [`replaced`](Self::replaced) and
+    /// [`upward_rank_order`](crate::graph::upward_rank_order)), with a
+    /// virtual edge between consecutive fixed tasks of a stream.
     fn by_upward_rank(&self, dur: &[u64], sync_ns: u64) -> Vec<usize> {
-        let n = self.tasks.len();
-        let mut succs: Vec<SmallVec<[u32; 4]>> = vec![SmallVec::new(); n];
+        let mut succs: Vec<Vec<usize>> = vec![Vec::new(); self.tasks.len()];
         let mut last_fixed: Vec<Option<usize>> = vec![None; self.programs.len()];
         for (i, t) in self.tasks.iter().enumerate() {
             for &p in &t.preds {
-                succs[p as usize].push(i as u32);
+                succs[p as usize].push(i);
             }
             if !t.movable {
                 // Program order among the stream's fixed tasks: a virtual edge.
                 let s = t.stream as usize;
                 if let Some(p) = last_fixed[s] {
-                    succs[p].push(i as u32);
+                    succs[p].push(i);
                 }
                 last_fixed[s] = Some(i);
             }
         }
-        let mut rank = vec![0u64; n];
-        for i in (0..n).rev() {
-            let after = succs[i]
-                .iter()
-                .map(|&s| sync_ns + rank[s as usize])
-                .max()
-                .unwrap_or(0);
-            rank[i] = dur[i] + after;
-        }
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
-        order
+        crate::graph::upward_rank_order(dur, &succs, sync_ns)
     }
 
     /// Places the tasks taken in `order` (topological) by earliest finish

@@ -38,6 +38,24 @@ static __device__ __forceinline__ float fa_dot2(const S* a, const S* b, int hs) 
     return s;
 }
 
+// The row (query or key position) a thread owns, its batch row and head,
+// and the head's shape; false for a thread past the end. Every kernel here
+// launches a thread per row: grid (ceil(T / blockDim.x), B * NH).
+struct FaThread {
+    int row, b, h, hs, C3;
+    float scale;  // 1 / sqrt(hs), as the CPU computes it
+};
+
+static __device__ __forceinline__ bool fa_thread(int B, int T, int C, int NH, FaThread* t) {
+    t->row = blockIdx.x * blockDim.x + threadIdx.x;
+    t->b = blockIdx.y / NH;
+    t->h = blockIdx.y % NH;
+    t->hs = C / NH;
+    t->C3 = 3 * C;
+    t->scale = 1.0f / sqrtf((float)t->hs);
+    return t->row < T && t->b < B;
+}
+
 // Forward: thread (b, h, i) walks the key tiles k0 = 0, block_k, ... of its
 // causal prefix; per tile, the scores of keys k0 .. min(k0 + block_k, i + 1),
 // their max, the running max m and sum l rescaled by expf(m - m_new), acc
@@ -49,11 +67,10 @@ template <typename S>
 static __device__ void fa_forward(S* __restrict__ out, float* __restrict__ lse,
                                   const S* __restrict__ inp, int B, int T, int C, int NH,
                                   int block_k) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    if (i >= T || b >= B) return;
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
+    FaThread th;
+    if (!fa_thread(B, T, C, NH, &th)) return;
+    const int i = th.row, b = th.b, h = th.h, hs = th.hs, C3 = th.C3;
+    const float scale = th.scale;
     const S* base = inp + (long long)b * T * C3;
     float q[FA_MAX_HS], acc[FA_MAX_HS];
     for (int d = 0; d < hs; d++) {
@@ -94,10 +111,9 @@ static __device__ void fa_forward(S* __restrict__ out, float* __restrict__ lse,
 template <typename S>
 static __device__ void fa_delta(float* __restrict__ delta, const S* __restrict__ dout,
                                 const S* __restrict__ out, int B, int T, int C, int NH) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    if (i >= T || b >= B) return;
-    const int hs = C / NH;
+    FaThread th;
+    if (!fa_thread(B, T, C, NH, &th)) return;
+    const int i = th.row, b = th.b, h = th.h, hs = th.hs;
     const long long row = ((long long)b * T + i) * C + h * hs;
     delta[((long long)b * NH + h) * T + i] = fa_dot2(dout + row, out + row, hs);
 }
@@ -124,11 +140,10 @@ static __device__ void fa_backward_dq(S* __restrict__ dinp, const float* __restr
                                       const S* __restrict__ dout, const S* __restrict__ inp,
                                       const float* __restrict__ lse, int B, int T, int C,
                                       int NH) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    if (i >= T || b >= B) return;
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
+    FaThread th;
+    if (!fa_thread(B, T, C, NH, &th)) return;
+    const int i = th.row, b = th.b, h = th.h, hs = th.hs, C3 = th.C3;
+    const float scale = th.scale;
     const S* base = inp + (long long)b * T * C3;
     const S* dout_i = dout + ((long long)b * T + i) * C + h * hs;
     const long long r = ((long long)b * NH + h) * T + i;
@@ -155,11 +170,10 @@ static __device__ void fa_backward_dkv(S* __restrict__ dinp, const float* __rest
                                        const S* __restrict__ dout, const S* __restrict__ inp,
                                        const float* __restrict__ lse, int B, int T, int C,
                                        int NH) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    if (j >= T || b >= B) return;
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
+    FaThread th;
+    if (!fa_thread(B, T, C, NH, &th)) return;
+    const int j = th.row, b = th.b, h = th.h, hs = th.hs, C3 = th.C3;
+    const float scale = th.scale;
     const S* base = inp + (long long)b * T * C3;
     float dk[FA_MAX_HS], dv[FA_MAX_HS];
     for (int d = 0; d < hs; d++) {
