@@ -339,3 +339,22 @@ fn optimizer_tasks_match_the_reference_training_loop() {
     assert!(ref_norms[0] > 1.0, "clipping engaged");
     assert!(losses[3] < losses[0]);
 }
+
+/// The recorded update reads the step scalars `advance` writes: before any
+/// `advance` it is refused, naming why; after one it runs.
+#[test]
+fn the_recorded_update_needs_advance_first() {
+    let cfg = Gpt2Config::tiny();
+    let rt = runtime(1, Policy::Affinity);
+    let model = Gpt2Model::new(&rt, &cfg, 1, 4).unwrap();
+    let mut opt = AdamW::for_model(&rt, &model, TEST_ADAMW, Some(1.0)).unwrap();
+    let e = opt
+        .update_recorded(&rt, model.params(), model.grads())
+        .unwrap_err();
+    assert!(e.to_string().contains("advance"), "{e}");
+    opt.advance(&rt).unwrap();
+    assert_eq!(opt.steps(), 1);
+    opt.update_recorded(&rt, model.params(), model.grads())
+        .unwrap();
+    rt.synchronize().unwrap();
+}
