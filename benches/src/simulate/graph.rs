@@ -171,15 +171,33 @@ impl StepGraph {
                 .saturating_sub(r.step_span_ns(s)),
         );
         if choice == StepChoice::Median {
-            // Each task's median duration over the complete steps (they have
-            // the same sequence of names, so position i is the same task).
-            for (i, n) in nodes.iter_mut().enumerate() {
-                n.dur_ns = median(
-                    complete
+            // Each task's median duration over the complete steps. They hold
+            // the same tasks, maybe in another submission order (a replay
+            // re-placed by upward rank), so a task is matched by its name and
+            // its occurrence among the step's tasks of that name.
+            let by_name: Vec<HashMap<(&str, usize), u64>> = complete
+                .iter()
+                .map(|&c| {
+                    let mut seen: HashMap<&str, usize> = HashMap::new();
+                    r.tasks[steps[c].first..steps[c].end]
                         .iter()
-                        .map(|&c| r.tasks[steps[c].first + i].dur_ns)
-                        .collect(),
-                );
+                        .map(|t| {
+                            let k = seen.entry(t.name.as_str()).or_default();
+                            *k += 1;
+                            ((t.name.as_str(), *k - 1), t.dur_ns)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            for n in nodes.iter_mut() {
+                let k = seen.entry(n.name.clone()).or_default();
+                let durs = by_name
+                    .iter()
+                    .filter_map(|m| m.get(&(n.name.as_str(), *k)).copied())
+                    .collect();
+                *k += 1;
+                n.dur_ns = median(durs);
             }
             if !with_next.is_empty() {
                 period = median(

@@ -12,9 +12,10 @@
 //! A step is a run of tasks, in submission order, whose names repeat from
 //! step to step. [`RankTrace::steps`] cuts the sequence at each task named
 //! like the rank's first task (by default) whose predecessor in submission
-//! order has another name, and keeps as *complete* the segments whose name
-//! sequence is the most common one (the first eager steps, whose bucket
-//! layout is not yet rebuilt, and the trailing read-backs differ).
+//! order has another name, and keeps as *complete* the segments whose names
+//! (as a multiset: a replay re-placed by upward rank submits the same tasks
+//! in another order) are the most common ones (the first eager steps, whose
+//! bucket layout is not yet rebuilt, and the trailing read-backs differ).
 
 use anyhow::{anyhow, Context, Result};
 use braid::{Priority, TaskKind};
@@ -121,7 +122,7 @@ pub struct StepSlice {
     pub first: usize,
     /// One past the last task.
     pub end: usize,
-    /// Whether its name sequence is the common one.
+    /// Whether its names (as a multiset) are the common ones.
     pub complete: bool,
 }
 
@@ -163,17 +164,21 @@ impl RankTrace {
                 complete: false,
             })
             .collect();
+        // The step's task names as a multiset (sorted): the same tasks in
+        // another submission order are the same step.
         let key = |s: &StepSlice| -> Vec<&str> {
-            self.tasks[s.first..s.end]
+            let mut names: Vec<&str> = self.tasks[s.first..s.end]
                 .iter()
                 .map(|t| t.name.as_str())
-                .collect()
+                .collect();
+            names.sort_unstable();
+            names
         };
         let mut counts: HashMap<Vec<&str>, usize> = HashMap::new();
         for s in &slices {
             *counts.entry(key(s)).or_default() += 1;
         }
-        // The most common sequence; on ties the one that comes last.
+        // The most common multiset; on ties the one that comes last.
         let best = slices
             .iter()
             .enumerate()
@@ -215,5 +220,60 @@ impl RankTrace {
         let a = ts.iter().map(|t| t.start_ns).min().unwrap_or(0);
         let b = ts.iter().map(|t| t.start_ns + t.dur_ns).max().unwrap_or(0);
         b.saturating_sub(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: u64, name: &str) -> TraceTask {
+        TraceTask {
+            id,
+            name: name.into(),
+            kind: TaskKind::Compute,
+            stream: 0,
+            start_ns: id * 10,
+            dur_ns: 1,
+            preds: Vec::new(),
+            bytes: None,
+            side: false,
+        }
+    }
+
+    /// Steps holding the same tasks in another submission order (a replay
+    /// re-placed by upward rank) are the same step; a step with other tasks
+    /// is not.
+    #[test]
+    fn reordered_steps_are_the_same_step() {
+        let names = [
+            "upload",
+            "a",
+            "b",
+            "c", // step 0
+            "upload",
+            "a",
+            "c",
+            "b", // step 1: reordered
+            "upload",
+            "c",
+            "a",
+            "b", // step 2: reordered
+            "upload",
+            "a",
+            "b",
+            "read back", // step 3: other tasks
+        ];
+        let r = RankTrace {
+            rank: 0,
+            streams: vec!["compute 0".into()],
+            tasks: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| task(i as u64, n))
+                .collect(),
+        };
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [true, true, true, false]);
     }
 }
