@@ -341,7 +341,8 @@ fn optimizer_tasks_match_the_reference_training_loop() {
 }
 
 /// The recorded update reads the step scalars `advance` writes: before any
-/// `advance` it is refused, naming why; after one it runs.
+/// `advance`, or after `load_state` moved the step, it is refused, naming
+/// why; after an `advance` it runs.
 #[test]
 fn the_recorded_update_needs_advance_first() {
     let cfg = Gpt2Config::tiny();
@@ -354,6 +355,17 @@ fn the_recorded_update_needs_advance_first() {
     assert!(e.to_string().contains("advance"), "{e}");
     opt.advance(&rt).unwrap();
     assert_eq!(opt.steps(), 1);
+    opt.update_recorded(&rt, model.params(), model.grads())
+        .unwrap();
+    rt.synchronize().unwrap();
+    // A resumed step count holds no scalars until the next advance.
+    let zeros = vec![0.0f32; model.layout().total];
+    opt.load_state(&rt, &zeros, &zeros, 7).unwrap();
+    let e = opt
+        .update_recorded(&rt, model.params(), model.grads())
+        .unwrap_err();
+    assert!(e.to_string().contains("step 7"), "{e}");
+    opt.advance(&rt).unwrap();
     opt.update_recorded(&rt, model.params(), model.grads())
         .unwrap();
     rt.synchronize().unwrap();

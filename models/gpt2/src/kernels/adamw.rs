@@ -70,7 +70,7 @@ impl<'a> StepArg<'a> {
 /// sqrt(1 − beta2^step), 1 − lr·weight_decay]`, computed in `f64` and
 /// rounded as the update computes them from a step number.
 pub fn step_scalars(step: u64, h: AdamWHyper) -> [f32; 3] {
-    StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay).to_array()
+    StepScalars::for_step(step, h).to_array()
 }
 
 // ---------------------------------------------------------------------------
@@ -268,7 +268,7 @@ pub fn adamw_update_mixed<S: Storage>(
     h: AdamWHyper,
 ) {
     assert!(step >= 1, "adamw_update_mixed: steps are numbered from 1");
-    let sc = StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay);
+    let sc = StepScalars::for_step(step, h);
     adamw_update_mixed_with(params, master, grads, m, v, grad_scale, &sc, h);
 }
 
@@ -326,6 +326,11 @@ impl StepScalars {
         }
     }
 
+    /// [`new`](Self::new) with the hyper-parameters of `h`.
+    fn for_step(step: u64, h: AdamWHyper) -> StepScalars {
+        StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay)
+    }
+
     fn to_array(self) -> [f32; 3] {
         [self.step_size, self.bias_correction2_sqrt, self.decay]
     }
@@ -344,7 +349,7 @@ impl StepScalars {
             }
             None => {
                 assert!(step >= 1, "adamw_update: steps are numbered from 1");
-                StepScalars::new(step, h.learning_rate, h.beta1, h.beta2, h.weight_decay)
+                StepScalars::for_step(step, h)
             }
         }
     }
@@ -373,10 +378,7 @@ impl<'a> DevStep<'a> {
     fn args(&self, k: &Check, h: AdamWHyper) -> Result<(u64, StepScalars)> {
         match self {
             DevStep::Number(0) => Err(k.err("steps are numbered from 1".into())),
-            DevStep::Number(n) => Ok((
-                0,
-                StepScalars::new(*n, h.learning_rate, h.beta1, h.beta2, h.weight_decay),
-            )),
+            DevStep::Number(n) => Ok((0, StepScalars::for_step(*n, h))),
             DevStep::Scalars(b) => {
                 k.exact("step scalars", b, "(3)", 3)?;
                 let unused = StepScalars {

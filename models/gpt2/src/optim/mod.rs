@@ -93,6 +93,8 @@ pub struct AdamW {
     /// `(3)` f32: the step scalars a recorded update reads
     /// ([`advance`](Self::advance), [`update_recorded`](Self::update_recorded)).
     step_scalars: Buffer,
+    /// The step whose scalars `step_scalars` holds (0: none written yet).
+    scalars_step: u64,
     step: u64,
     /// The storage type of the parameters and gradients it is given.
     dtype: Dtype,
@@ -172,6 +174,7 @@ impl AdamW {
             )?,
             scale: rt.alloc("clip scale", 4)?,
             step_scalars: rt.alloc("adamw step scalars", 12)?,
+            scalars_step: 0,
             chunks,
             state_at,
             norm_chunks,
@@ -384,6 +387,7 @@ impl AdamW {
         self.step += 1;
         let scalars = adamw::step_scalars(self.step, self.hyper);
         rt.upload_named("adamw step scalars", &self.step_scalars, &scalars)?;
+        self.scalars_step = self.step;
         Ok(())
     }
 
@@ -393,10 +397,16 @@ impl AdamW {
     /// step can hold them (each replay updates with the values `advance`
     /// wrote before it). Bit for bit the same update as `update`.
     pub fn update_recorded(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
-        if self.step == 0 {
+        // The buffer must hold this step's scalars: not before the first
+        // `advance`, nor after `load_state` moved the step without one.
+        if self.scalars_step == 0 || self.scalars_step != self.step {
             return Err(Gpt2Error::InvalidSetting {
                 what: "optimizer",
-                reason: "update_recorded before any advance: the step scalars are unset".into(),
+                reason: format!(
+                    "update_recorded at step {} without an advance to it: the step scalars \
+                     are unset or another step's",
+                    self.step
+                ),
             });
         }
         let scalars = self.step_scalars.whole();
