@@ -490,10 +490,13 @@ fn flash_attention_backward_f32(
 // CUDA launchers
 // ---------------------------------------------------------------------------
 
+/// Threads per block of the CUDA kernels (a thread per row).
+const ROWS_PER_BLOCK: u32 = 128;
+
 /// Checks `(B, T, C, NH)` for the CUDA kernels (`C` a multiple of `NH`, the
-/// head size at most [`CUDA_MAX_HS`]) and returns them as `int`s with the
-/// launch configuration: a thread per row, `(ceil(T / 128), B·NH)` blocks.
-fn shape(k: &Check, b: usize, t: usize, c: usize, nh: usize) -> Result<([i32; 4], LaunchConfig)> {
+/// head size at most [`CUDA_MAX_HS`], `B·NH` within a grid's y dimension)
+/// and returns them as `int`s.
+fn shape(k: &Check, b: usize, t: usize, c: usize, nh: usize) -> Result<[i32; 4]> {
     let dims = [
         k.dim("B", b)?,
         k.dim("T", t)?,
@@ -505,17 +508,24 @@ fn shape(k: &Check, b: usize, t: usize, c: usize, nh: usize) -> Result<([i32; 4]
             "C ({c}) must be NH ({nh}) heads of at most {CUDA_MAX_HS} channels"
         )));
     }
-    let rows_x = u32::try_from(t.div_ceil(128)).map_err(|_| k.err(format!("T = {t}")))?;
-    let heads = u32::try_from(k.mul(b, nh)?)
-        .ok()
-        .filter(|&y| y <= 65_535)
-        .ok_or_else(|| k.err(format!("B·NH = {} exceeds the grid's 65,535", b * nh)))?;
-    let cfg = LaunchConfig {
-        grid: (rows_x, heads, 1),
-        block: (128, 1, 1),
+    if k.mul(b, nh)? > 65_535 {
+        return Err(k.err(format!("B·NH = {} exceeds the grid's 65,535", b * nh)));
+    }
+    Ok(dims)
+}
+
+/// A thread per row: `(ceil(T / 128), B·NH)` blocks of 128 (`shape`
+/// checked `B·NH`).
+fn rows(l: &Launcher<'_>, [b, t, _, nh]: [i32; 4]) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid: (
+            l.grid((t as usize).div_ceil(ROWS_PER_BLOCK as usize))?,
+            (b * nh) as u32,
+            1,
+        ),
+        block: (ROWS_PER_BLOCK, 1, 1),
         shared_mem_bytes: 0,
-    };
-    Ok((dims, cfg))
+    })
 }
 
 /// [`flash_attention_forward`] on the task's stream (module docs, CUDA).
@@ -531,12 +541,13 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     nh: usize,
 ) -> Result<()> {
     let k = Check::new("flash_attention_forward");
-    let ([bi, ti, ci, nhi], cfg) = shape(&k, b, t, c, nh)?;
+    let dims @ [bi, ti, ci, nhi] = shape(&k, b, t, c, nh)?;
     let btc = k.mul(k.mul(b, t)?, c)?;
     k.exact("out", &out, "(B, T, C)", btc)?;
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     let l = Launcher::new(k, cu);
+    let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
     a.ptr(out.ptr())
         .ptr(lse.ptr())
@@ -549,7 +560,7 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
     // SAFETY: flash_attention_forward[_bf16](S* out, float* lse, const S*
     // inp, int B, int T, int C, int NH, int block_k); sizes checked, one
-    // thread per (b, h, row) within the grid `shape` made.
+    // thread per (b, h, row) within the grid `rows` made.
     unsafe { l.launch(kernel, cfg, &a) }
 }
 
@@ -581,7 +592,7 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     nh: usize,
 ) -> Result<()> {
     let k = Check::new("flash_attention_backward");
-    let ([bi, ti, ci, nhi], cfg) = shape(&k, b, t, c, nh)?;
+    let dims @ [bi, ti, ci, nhi] = shape(&k, b, t, c, nh)?;
     let btc = k.mul(k.mul(b, t)?, c)?;
     let bht = k.mul(k.mul(b, nh)?, t)?;
     k.exact("dinp", &bw.dinp, "(B, T, 3C)", k.mul(btc, 3)?)?;
@@ -591,6 +602,7 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
     let l = Launcher::new(k, cu);
+    let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
     a.ptr(bw.delta.ptr())
         .ptr(bw.dout.ptr())

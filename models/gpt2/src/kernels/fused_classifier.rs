@@ -259,15 +259,15 @@ pub fn classifier_losses_cuda<S: Storage>(
     vp: usize,
 ) -> Result<()> {
     let k = Check::new("classifier_losses");
-    let l = checked(k, cu, &logits, &losses, &targets, n, v, vp)?;
-    // SAFETY: shapes checked; with write_grad = 0 the kernel only reads the
-    // logits, so the read-only slice's address is never written through.
+    // SAFETY: `logits.ptr()` is `logits`' address; with `dloss: None` the
+    // kernel only reads it, so the read-only slice is never written through.
     unsafe {
         launch::<S>(
-            &l,
-            logits.ptr(),
-            losses.ptr(),
-            targets.ptr(),
+            k,
+            cu,
+            (&logits, logits.ptr()),
+            &losses,
+            &targets,
             None,
             (n, v, vp),
         )
@@ -289,14 +289,14 @@ pub fn fused_classifier_cuda<S: Storage>(
     vp: usize,
 ) -> Result<()> {
     let k = Check::new("fused_classifier");
-    let l = checked(k, cu, &logits, &losses, &targets, n, v, vp)?;
-    // SAFETY: shapes checked; the logits are writable.
+    // SAFETY: `logits.ptr()` is `logits`' address, and the slice is writable.
     unsafe {
         launch::<S>(
-            &l,
-            logits.ptr(),
-            losses.ptr(),
-            targets.ptr(),
+            k,
+            cu,
+            (&logits, logits.ptr()),
+            &losses,
+            &targets,
             dloss,
             (n, v, vp),
         )
@@ -304,60 +304,47 @@ pub fn fused_classifier_cuda<S: Storage>(
 }
 
 /// Checks the shapes of a fused classifier launch (`V` in `1..=Vp`, the
-/// logits `(N, Vp)`, losses and targets `(N)`) and makes its launcher.
-#[allow(clippy::too_many_arguments)]
-fn checked<'c>(
-    k: Check,
-    cu: &'c CudaTaskCtx<'c>,
-    logits: &impl Elems,
-    losses: &impl Elems,
-    targets: &impl Elems,
-    n: usize,
-    v: usize,
-    vp: usize,
-) -> Result<Launcher<'c>> {
-    if v == 0 || v > vp {
-        return Err(k.err(format!("V ({v}) must be in 1..=Vp ({vp})")));
-    }
-    k.dim("N", n)?;
-    k.dim("Vp", vp)?;
-    let nvp = k.mul(n, vp)?;
-    k.exact("logits", logits, "(N, Vp)", nvp)?;
-    k.exact("losses", losses, "(N)", n)?;
-    k.exact("targets", targets, "(N)", n)?;
-    Ok(Launcher::new(k, cu))
-}
-
-/// Queues `fused_classifier[_bf16]`, one block of [`SOFTMAX_BLOCK`] threads
-/// per row; `dloss: None` writes the losses only.
+/// logits `(N, Vp)`, losses and targets `(N)`), then queues
+/// `fused_classifier[_bf16]`, one block of [`SOFTMAX_BLOCK`] threads per
+/// row; `dloss: None` writes the losses only.
 ///
 /// # Safety
-/// `logits` addresses `(N, Vp)` elements of `S`, writable unless `dloss` is
-/// `None`; `losses` and `targets` address `(N)`; `V <= Vp`.
+/// `logits` is the logits' slice and its device address, writable unless
+/// `dloss` is `None`.
 unsafe fn launch<S: Storage>(
-    l: &Launcher<'_>,
-    logits: u64,
-    losses: u64,
-    targets: u64,
+    k: Check,
+    cu: &CudaTaskCtx<'_>,
+    (logits, logits_ptr): (&impl Elems, u64),
+    losses: &DevSliceMut<f32>,
+    targets: &DevSlice<u32>,
     dloss: Option<f32>,
     (n, v, vp): (usize, usize, usize),
 ) -> Result<()> {
+    if v == 0 || v > vp {
+        return Err(k.err(format!("V ({v}) must be in 1..=Vp ({vp})")));
+    }
+    let (ni, vi, vpi) = (k.dim("N", n)?, k.dim("V", v)?, k.dim("Vp", vp)?);
+    k.exact("logits", logits, "(N, Vp)", k.mul(n, vp)?)?;
+    k.exact("losses", losses, "(N)", n)?;
+    k.exact("targets", targets, "(N)", n)?;
+    let l = Launcher::new(k, cu);
     // The CPU kernel's scalar, computed the same way.
     let d = dloss.map_or(0.0, |dl| dl / n as f32);
     let mut a = KernelArgs::new();
-    a.ptr(logits)
-        .ptr(losses)
-        .ptr(targets)
+    a.ptr(logits_ptr)
+        .ptr(losses.ptr())
+        .ptr(targets.ptr())
         .f32(d)
         .i32(dloss.is_some() as i32)
-        .i32(n as i32)
-        .i32(v as i32)
-        .i32(vp as i32);
+        .i32(ni)
+        .i32(vi)
+        .i32(vpi);
     let cfg = LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK);
     let kernel = by_dtype::<S>(&FUSED_CLASSIFIER, &FUSED_CLASSIFIER_BF16);
     // SAFETY: fused_classifier[_bf16](S* logits, float* losses, const uint*
     // targets, float d, int write_grad, int N, int V, int Vp), S the logits'
-    // storage type; the caller's contract covers the buffers.
+    // storage type; shapes checked above, the logits' writability the
+    // caller's contract.
     unsafe { l.launch(kernel, cfg, &a) }
 }
 
