@@ -66,6 +66,18 @@ pub enum StepChoice {
     Index(usize),
 }
 
+/// Each name's occurrence among the names before it: `a b a` gives `0 0 1`.
+fn occurrences<'a>(names: impl Iterator<Item = &'a str>) -> Vec<usize> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    names
+        .map(|n| {
+            let k = seen.entry(n).or_default();
+            *k += 1;
+            *k - 1
+        })
+        .collect()
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     if v.is_empty() {
         return 0;
@@ -178,26 +190,31 @@ impl StepGraph {
             let by_name: Vec<HashMap<(&str, usize), u64>> = complete
                 .iter()
                 .map(|&c| {
-                    let mut seen: HashMap<&str, usize> = HashMap::new();
-                    r.tasks[steps[c].first..steps[c].end]
+                    let tasks = &r.tasks[steps[c].first..steps[c].end];
+                    let occ = occurrences(tasks.iter().map(|t| t.name.as_str()));
+                    tasks
                         .iter()
-                        .map(|t| {
-                            let k = seen.entry(t.name.as_str()).or_default();
-                            *k += 1;
-                            ((t.name.as_str(), *k - 1), t.dur_ns)
-                        })
+                        .zip(occ)
+                        .map(|(t, k)| ((t.name.as_str(), k), t.dur_ns))
                         .collect()
                 })
                 .collect();
-            let mut seen: HashMap<String, usize> = HashMap::new();
-            for n in nodes.iter_mut() {
-                let k = seen.entry(n.name.clone()).or_default();
-                let durs = by_name
-                    .iter()
-                    .filter_map(|m| m.get(&(n.name.as_str(), *k)).copied())
-                    .collect();
-                *k += 1;
-                n.dur_ns = median(durs);
+            let occ = occurrences(nodes.iter().map(|n| n.name.as_str()));
+            let durs: Vec<u64> = nodes
+                .iter()
+                .zip(occ)
+                .map(|(n, k)| {
+                    let key = (n.name.as_str(), k);
+                    median(
+                        by_name
+                            .iter()
+                            .filter_map(|m| m.get(&key).copied())
+                            .collect(),
+                    )
+                })
+                .collect();
+            for (n, d) in nodes.iter_mut().zip(durs) {
+                n.dur_ns = d;
             }
             if !with_next.is_empty() {
                 period = median(
@@ -276,6 +293,12 @@ impl StepGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn occurrences_count_each_name_apart() {
+        let names = ["a", "b", "a", "read back", "a", "read back"];
+        assert_eq!(occurrences(names.into_iter()), [0, 0, 1, 0, 2, 1]);
+    }
 
     fn node(name: &str, dur_ns: u64, collective: Option<Collective>) -> Node {
         Node {

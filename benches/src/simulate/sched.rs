@@ -19,10 +19,11 @@
 //!   running the tasks one after the other. It follows the predecessor's
 //!   stream for a chain and otherwise picks the stream that is free first.
 //!
-//! Under the other policies collectives go to the comm stream. The *usable* compute streams are `S`,
-//! except on a CPU machine under `eager`/`affinity`, where the ranks of the
-//! process share its cores as Braid's core budget does: `max(1, cores/ranks)`
-//! each (unless `oversubscribe`).
+//! Under the other policies collectives go to the comm stream. The *usable*
+//! compute streams are `S`, except on a CPU machine under
+//! `eager`/`affinity`, where the ranks of the process share its cores as
+//! Braid's core budget does: `max(1, cores/ranks)` each (unless
+//! `oversubscribe`).
 //!
 //! **Execution** is event-driven. A stream starts its next task when the
 //! previous one ended and every predecessor has ended (plus the hand-off

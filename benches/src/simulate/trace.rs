@@ -164,30 +164,28 @@ impl RankTrace {
                 complete: false,
             })
             .collect();
-        // The step's task names as a multiset (sorted): the same tasks in
-        // another submission order are the same step.
-        let key = |s: &StepSlice| -> Vec<&str> {
-            let mut names: Vec<&str> = self.tasks[s.first..s.end]
-                .iter()
-                .map(|t| t.name.as_str())
-                .collect();
-            names.sort_unstable();
-            names
-        };
-        let mut counts: HashMap<Vec<&str>, usize> = HashMap::new();
-        for s in &slices {
-            *counts.entry(key(s)).or_default() += 1;
+        // Each step's task names as a multiset (sorted), made once: the same
+        // tasks in another submission order are the same step.
+        let keys: Vec<Vec<&str>> = slices
+            .iter()
+            .map(|s| {
+                let mut names: Vec<&str> = self.tasks[s.first..s.end]
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect();
+                names.sort_unstable();
+                names
+            })
+            .collect();
+        let mut counts: HashMap<&[&str], usize> = HashMap::new();
+        for k in &keys {
+            *counts.entry(k).or_default() += 1;
         }
         // The most common multiset; on ties the one that comes last.
-        let best = slices
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, s)| (counts[&key(s)], *i))
-            .map(|(_, s)| key(s));
+        let best = (0..keys.len()).max_by_key(|&i| (counts[keys[i].as_slice()], i));
         if let Some(best) = best {
-            let flags: Vec<bool> = slices.iter().map(|s| key(s) == best).collect();
-            for (s, f) in slices.iter_mut().zip(flags) {
-                s.complete = f;
+            for (s, k) in slices.iter_mut().zip(&keys) {
+                s.complete = *k == keys[best];
             }
         }
         slices

@@ -71,9 +71,9 @@ impl Drop for Program {
 fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[String]) -> Result<Outcome, String> {
     let src = CString::new(source).map_err(|_| "source contains a NUL byte".to_string())?;
     let cname = CString::new(name).map_err(|_| "name contains a NUL byte".to_string())?;
-    let c = |s: &str| CString::new(s).map_err(|_| format!("header {s:.40} contains a NUL byte"));
-    let h_names = headers.iter().map(|(n, _)| c(n)).collect::<Result<Vec<_>, _>>()?;
-    let h_texts = headers.iter().map(|(_, t)| c(t)).collect::<Result<Vec<_>, _>>()?;
+    let c = |n: &str, s: &str| CString::new(s).map_err(|_| format!("header {n} contains a NUL byte"));
+    let h_names = headers.iter().map(|(n, _)| c(n, n)).collect::<Result<Vec<_>, _>>()?;
+    let h_texts = headers.iter().map(|(n, t)| c(n, t)).collect::<Result<Vec<_>, _>>()?;
     let h_name_ptrs: Vec<*const std::ffi::c_char> = h_names.iter().map(|h| h.as_ptr()).collect();
     let h_text_ptrs: Vec<*const std::ffi::c_char> = h_texts.iter().map(|h| h.as_ptr()).collect();
     let cargs: Vec<CString> = args.iter().map(|a| CString::new(a.as_str()).expect("no NUL")).collect();
