@@ -423,7 +423,19 @@ impl KernelCache {
         program: &str,
         opts: &CompileOptions,
     ) -> CudaResult<Arc<CompiledKernel>> {
-        let (key, text) = Self::key_text(source, headers, program, opts);
+        let keyed = Self::key_text(source, headers, program, opts);
+        self.image(keyed, source, headers, program, opts)
+    }
+
+    /// The image of the program whose key (and key text) `key_text` made.
+    fn image(
+        &self,
+        (key, text): (u128, String),
+        source: &str,
+        headers: &[Header<'_>],
+        program: &str,
+        opts: &CompileOptions,
+    ) -> CudaResult<Arc<CompiledKernel>> {
         if let Some(k) = self.images.lock().expect("kernel cache poisoned").get(&key) {
             self.bump(|s| s.memory_hits += 1);
             return Ok(k.clone());
@@ -484,8 +496,8 @@ impl KernelCache {
         program: &str,
         opts: &CompileOptions,
     ) -> CudaResult<CudaModule> {
-        let (key, _) = Self::key_text(source, headers, program, opts);
-        let mkey = (device.raw_context() as usize, key);
+        let keyed = Self::key_text(source, headers, program, opts);
+        let mkey = (device.raw_context() as usize, keyed.0);
         if let Some(inner) = self
             .modules
             .lock()
@@ -495,7 +507,7 @@ impl KernelCache {
         {
             return Ok(CudaModule { inner });
         }
-        let image = self.get_or_compile_with_headers(source, headers, program, opts)?;
+        let image = self.image(keyed, source, headers, program, opts)?;
         let m = CudaModule::load(device, &image)?;
         self.modules
             .lock()
