@@ -370,3 +370,61 @@ fn the_recorded_update_needs_advance_first() {
         .unwrap();
     rt.synchronize().unwrap();
 }
+
+/// `forward_for_backward`, fused: the forward pass leaves the losses to the
+/// backward pass's classifier (one pass over the logits per step instead of
+/// two), which gives the same loss and gradients, bit for bit, as `forward`
+/// then `backward`; until `backward` has run the loss is the last step's.
+#[test]
+fn fused_training_forward_leaves_the_loss_to_backward() {
+    let cfg = Gpt2Config::tiny();
+    let (b, t) = (2, 40);
+    let params = params_for(&cfg, 31);
+    let batches = [
+        (
+            ids(b * t, cfg.vocab_size, 32),
+            ids(b * t, cfg.vocab_size, 33),
+        ),
+        (
+            ids(b * t, cfg.vocab_size, 34),
+            ids(b * t, cfg.vocab_size, 35),
+        ),
+    ];
+    let fused = ModelOptions {
+        fused: true,
+        ..ModelOptions::default()
+    };
+    let rt = runtime(2, Policy::Affinity);
+    // (loss, gradients) per batch; `split`: forward_for_backward.
+    let run = |split: bool| -> Vec<(f32, Vec<f32>)> {
+        let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
+        model.upload_params(&rt, &params).unwrap();
+        let mut out: Vec<(f32, Vec<f32>)> = Vec::new();
+        for (tokens, targets) in &batches {
+            model.zero_grad(&rt).unwrap();
+            if split {
+                model.upload_batch(&rt, tokens, Some(targets)).unwrap();
+                model.forward_for_backward(&rt).unwrap();
+                if let Some((last, _)) = out.last() {
+                    let before = model.read_loss(&rt).unwrap();
+                    assert_eq!(before.to_bits(), last.to_bits(), "loss before backward");
+                }
+            } else {
+                model.forward(&rt, tokens, Some(targets)).unwrap();
+            }
+            model.backward(&rt, 1.0, |_| Ok(())).unwrap();
+            out.push((
+                model.read_loss(&rt).unwrap(),
+                model.read_grads(&rt).unwrap(),
+            ));
+        }
+        rt.synchronize().unwrap();
+        out
+    };
+    let (plain, split) = (run(false), run(true));
+    assert_ne!(plain[0].0, plain[1].0, "two batches, two losses");
+    for (i, ((l0, g0), (l1, g1))) in plain.iter().zip(&split).enumerate() {
+        assert_eq!(l0.to_bits(), l1.to_bits(), "batch {i}: loss");
+        assert_bits_eq(&format!("batch {i}: gradients"), g1, g0);
+    }
+}

@@ -190,9 +190,9 @@ static __device__ __forceinline__ float ld(bf16_t x) { return bf16_load(x); }
 static __device__ __forceinline__ void st(float* p, float x) { *p = x; }
 static __device__ __forceinline__ void st(bf16_t* p, float x) { *p = bf16_store(x); }
 
-// Folds x into a running (max m, sum s of exp(. - m)), as row_stats in
-// fused_classifier.rs: the sum rescaled when the max grows, each exp in f32
-// summed in double.
+// Folds x into a running (max m, sum s of exp(. - m)): the one-pass (online)
+// form of fused_classifier.rs's max pass and sum pass, the sum rescaled when
+// the max grows, each exp in f32 summed in double.
 static __device__ __forceinline__ void online_add(float& m, double& s, float x) {
     if (x > m) {
         s = s * (double)expf(m - x) + 1.0;

@@ -673,6 +673,27 @@ impl Gpt2Model {
     /// buffers, so a recorded step replays on whatever batch was uploaded
     /// before the replay.
     pub fn forward_uploaded(&self, rt: &Runtime) -> Result<()> {
+        self.forward_pass(rt, true)
+    }
+
+    /// The forward pass of a training step, to be followed by
+    /// [`backward`](Self::backward): [`forward_uploaded`](Self::forward_uploaded)
+    /// without the losses when the model is
+    /// [`fused`](ModelOptions::fused). The fused classifier of the backward
+    /// pass writes the losses and their mean in the same pass over the
+    /// `(B, T, V)` logits as their gradient (llm.c's scheme), so the logits
+    /// are read once per step instead of twice; [`read_loss`](Self::read_loss)
+    /// is then the step's loss once `backward` has run. Unfused, it is
+    /// `forward_uploaded` (the loss comes from the probabilities the
+    /// backward pass reads).
+    pub fn forward_for_backward(&self, rt: &Runtime) -> Result<()> {
+        self.forward_pass(rt, !self.fused)
+    }
+
+    /// The forward pass. With targets, fused: the losses and their mean only
+    /// if `losses`; unfused: always (the probabilities they come with are
+    /// what the backward pass reads).
+    fn forward_pass(&self, rt: &Runtime, losses: bool) -> Result<()> {
         let tasks = Tasks {
             rt,
             dtype: self.dtype,
@@ -831,7 +852,7 @@ impl Gpt2Model {
             v,
         )?;
         if self.fused {
-            if self.has_targets {
+            if self.has_targets && losses {
                 fused_classifier::losses(
                     tasks.task("classifier forward"),
                     &a.losses,
@@ -930,6 +951,9 @@ impl Gpt2Model {
                 v,
                 v,
             )?;
+            // The step's loss, whether or not the forward pass computed it
+            // (`forward_for_backward`): the same losses, so the same mean.
+            loss::mean(tasks.task("mean loss"), &self.loss.whole(), &a.losses)?;
             &a.logits
         } else {
             loss::backward(

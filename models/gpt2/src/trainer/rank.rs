@@ -208,7 +208,7 @@ pub(super) fn run_rank(
                 let _s = rt.scope("zero_grad");
                 model.zero_grad(rt)?;
             }
-            model.forward_uploaded(rt)?;
+            model.forward_for_backward(rt)?;
             match &mut reducer {
                 Some(r) => {
                     model.backward(rt, 1.0, |p| r.grad_ready(p))?;
