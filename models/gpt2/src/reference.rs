@@ -205,7 +205,11 @@ impl ActivationLayout {
 
     /// The activation gradients of the fused kernels: as
     /// [`gradients`](Self::gradients), except that `logits` is empty too (the
-    /// fused classifier writes the logits' gradient over the logits).
+    /// fused classifier writes the logits' gradient over the logits), and so
+    /// are each layer's `attproj` and `fcproj`: the fused residual + layer
+    /// norm passes the residual's gradient through, so a projection's output
+    /// gradient is `residual2`'s or `residual3`'s
+    /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
         Self::build(cfg, b, t, true, true, 1)
     }
@@ -244,14 +248,15 @@ impl ActivationLayout {
                 atty: span(bt * c, true, false),
                 preatt: span(if fused { 0 } else { b * nh * t * t }, false, false),
                 att: span(b * nh * t * if fused { 1 } else { t }, false, fused),
-                attproj: span(bt * c, true, false),
+                // Fused, the projections' gradients are the residual's.
+                attproj: span(bt * c, !fused, false),
                 residual2: span(bt * c, true, false),
                 ln2: span(bt * c, true, false),
                 ln2_mean: span(bt, false, true),
                 ln2_rstd: span(bt, false, true),
                 fch: span(bt * 4 * c, true, false),
                 fch_gelu: span(bt * 4 * c, true, false),
-                fcproj: span(bt * c, true, false),
+                fcproj: span(bt * c, !fused, false),
                 residual3: span(bt * c, true, false),
             })
             .collect();

@@ -11,18 +11,14 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// out = (inp - mean) * rstd * weight + bias, per row of C channels.
-//   out (N, C), mean (N), rstd (N), inp (N, C), weight (C), bias (C); N = B*T
-// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
-extern "C" __global__ void layernorm_forward(float* __restrict__ out, float* __restrict__ mean,
-                                             float* __restrict__ rstd,
-                                             const float* __restrict__ inp,
-                                             const float* __restrict__ weight,
-                                             const float* __restrict__ bias, int N, int C) {
+// One warp normalises row `row` of x (lane = threadIdx.x & 31).
+static __device__ __forceinline__ void layernorm_row(float* __restrict__ out,
+                                                     float* __restrict__ mean,
+                                                     float* __restrict__ rstd, const float* x,
+                                                     const float* __restrict__ weight,
+                                                     const float* __restrict__ bias, int row,
+                                                     int C) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= N) return;
-    const float* x = inp + (long long)row * C;
     float s = 0.0f;
     for (int i = lane; i < C; i += 32) s += x[i];
     const float m = warp_sum(s) / (float)C;
@@ -43,11 +39,48 @@ extern "C" __global__ void layernorm_forward(float* __restrict__ out, float* __r
     }
 }
 
-// dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd,
-// with norm = (inp - mean) * rstd and dnorm = weight * dout.
-//   dinp (N, C), dout (N, C), inp (N, C), weight (C), mean (N), rstd (N)
+// out = (inp - mean) * rstd * weight + bias, per row of C channels.
+//   out (N, C), mean (N), rstd (N), inp (N, C), weight (C), bias (C); N = B*T
+// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
+extern "C" __global__ void layernorm_forward(float* __restrict__ out, float* __restrict__ mean,
+                                             float* __restrict__ rstd,
+                                             const float* __restrict__ inp,
+                                             const float* __restrict__ weight,
+                                             const float* __restrict__ bias, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    layernorm_row(out, mean, rstd, inp + (long long)row * C, weight, bias, row, C);
+}
+
+// residual = inp1 + inp2, then layernorm_forward of the stored residual
+// (layernorm.rs: forward_residual; bit for bit residual_forward then
+// layernorm_forward: each lane stores its sums, the warp synchronises, and
+// the same row code reads them back).
+//   residual, out (N, C), mean, rstd (N), inp1, inp2 (N, C), weight, bias (C)
+// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
+extern "C" __global__ void layernorm_residual_forward(
+    float* __restrict__ residual, float* __restrict__ out, float* __restrict__ mean,
+    float* __restrict__ rstd, const float* __restrict__ inp1, const float* __restrict__ inp2,
+    const float* __restrict__ weight, const float* __restrict__ bias, int N, int C) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const long long base = (long long)row * C;
+    float* x = residual + base;
+    for (int i = lane; i < C; i += 32) x[i] = inp1[base + i] + inp2[base + i];
+    __syncwarp();
+    layernorm_row(out, mean, rstd, x, weight, bias, row, C);
+}
+
+// dinp = base + (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd,
+// with norm = (inp - mean) * rstd and dnorm = weight * dout; base = dinp
+// (accumulate) when dres is null, else dres (layernorm.rs:
+// backward_residual: the residual's gradient passed through).
+//   dinp (N, C), dres (N, C) or null, dout (N, C), inp (N, C), weight (C),
+//   mean (N), rstd (N)
 // Launch: one warp per row: block 256, grid ceil(N / 8).
 extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
+                                                    const float* __restrict__ dres,
                                                     const float* __restrict__ dout,
                                                     const float* __restrict__ inp,
                                                     const float* __restrict__ weight,
@@ -71,7 +104,8 @@ extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
     for (int i = lane; i < C; i += 32) {
         const float norm = (inp[base + i] - m) * s;
         const float dnorm = weight[i] * dout[base + i];
-        dinp[base + i] += (dnorm - a - norm * b) * s;
+        const float prev = dres ? dres[base + i] : dinp[base + i];
+        dinp[base + i] = prev + (dnorm - a - norm * b) * s;
     }
 }
 
@@ -115,18 +149,15 @@ static __device__ __forceinline__ double warp_sum_d(double v) {
     return v;
 }
 
-// layernorm_forward with bf16 out/inp/weight/bias; mean and rstd stay f32.
-// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
-extern "C" __global__ void layernorm_forward_bf16(bf16_t* __restrict__ out,
-                                                  float* __restrict__ mean,
-                                                  float* __restrict__ rstd,
-                                                  const bf16_t* __restrict__ inp,
-                                                  const bf16_t* __restrict__ weight,
-                                                  const bf16_t* __restrict__ bias, int N, int C) {
+// One warp normalises row `row` of x, bf16 (layernorm_row's bf16 twin).
+static __device__ __forceinline__ void layernorm_row_bf16(bf16_t* __restrict__ out,
+                                                          float* __restrict__ mean,
+                                                          float* __restrict__ rstd,
+                                                          const bf16_t* x,
+                                                          const bf16_t* __restrict__ weight,
+                                                          const bf16_t* __restrict__ bias,
+                                                          int row, int C) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= N) return;
-    const bf16_t* x = inp + (long long)row * C;
     double s = 0.0;
     for (int i = lane; i < C; i += 32) s += (double)bf16_load(x[i]);
     const double md = warp_sum_d(s) / (double)C;
@@ -149,10 +180,43 @@ extern "C" __global__ void layernorm_forward_bf16(bf16_t* __restrict__ out,
     }
 }
 
-// layernorm_backward_input with bf16 dinp/dout/inp/weight: each dinp element
-// loaded, the f32 term added, rounded once.
+// layernorm_forward with bf16 out/inp/weight/bias; mean and rstd stay f32.
+// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
+extern "C" __global__ void layernorm_forward_bf16(bf16_t* __restrict__ out,
+                                                  float* __restrict__ mean,
+                                                  float* __restrict__ rstd,
+                                                  const bf16_t* __restrict__ inp,
+                                                  const bf16_t* __restrict__ weight,
+                                                  const bf16_t* __restrict__ bias, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    layernorm_row_bf16(out, mean, rstd, inp + (long long)row * C, weight, bias, row, C);
+}
+
+// layernorm_residual_forward with bf16 storage: the f32 sum rounded once and
+// stored (residual_forward_bf16), then normalised from the stored value.
+// Launch: one warp per row: block 256 (8 rows), grid ceil(N / 8).
+extern "C" __global__ void layernorm_residual_forward_bf16(
+    bf16_t* __restrict__ residual, bf16_t* __restrict__ out, float* __restrict__ mean,
+    float* __restrict__ rstd, const bf16_t* __restrict__ inp1, const bf16_t* __restrict__ inp2,
+    const bf16_t* __restrict__ weight, const bf16_t* __restrict__ bias, int N, int C) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const long long base = (long long)row * C;
+    bf16_t* x = residual + base;
+    for (int i = lane; i < C; i += 32) {
+        x[i] = bf16_store(bf16_load(inp1[base + i]) + bf16_load(inp2[base + i]));
+    }
+    __syncwarp();
+    layernorm_row_bf16(out, mean, rstd, x, weight, bias, row, C);
+}
+
+// layernorm_backward_input with bf16 dinp/dres/dout/inp/weight: each base
+// element (dinp's own, or dres's) loaded, the f32 term added, rounded once.
 // Launch: one warp per row: block 256, grid ceil(N / 8).
 extern "C" __global__ void layernorm_backward_input_bf16(bf16_t* __restrict__ dinp,
+                                                         const bf16_t* __restrict__ dres,
                                                          const bf16_t* __restrict__ dout,
                                                          const bf16_t* __restrict__ inp,
                                                          const bf16_t* __restrict__ weight,
@@ -178,7 +242,8 @@ extern "C" __global__ void layernorm_backward_input_bf16(bf16_t* __restrict__ di
         const float norm = __fmul_rn(__fadd_rn(bf16_load(inp[base + i]), -m), s);
         const float dnorm = __fmul_rn(bf16_load(weight[i]), bf16_load(dout[base + i]));
         const float d = __fmul_rn(__fadd_rn(__fadd_rn(dnorm, -am), -__fmul_rn(norm, bm)), s);
-        dinp[base + i] = bf16_store(__fadd_rn(bf16_load(dinp[base + i]), d));
+        const float prev = bf16_load(dres ? dres[base + i] : dinp[base + i]);
+        dinp[base + i] = bf16_store(__fadd_rn(prev, d));
     }
 }
 

@@ -6,6 +6,26 @@
 //! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels. Both tasks
 //! have a CUDA body for bf16 storage too (the `*_bf16` kernels: compiled
 //! under NVRTC, never yet run on a GPU).
+//!
+//! # Fused with the residual connection
+//!
+//! GPT-2 normalises each residual sum right after forming it
+//! (`residual2 = x + attproj; ln2 = layernorm(residual2)`, and `residual3`
+//! with the next block's `ln1` or the final `lnf`). [`forward_residual`]
+//! does both in one task and one read of each row (llm.c's
+//! `fused_residual_forward`): the sum is stored, rounded as
+//! [`residual::forward`](super::residual::forward) rounds it, and normalised
+//! from its stored value, so the outputs are those of the two tasks, bit for
+//! bit.
+//!
+//! Backward, the residual's gradient passes through unchanged: the gradient
+//! of `residual2` is that of `residual3` plus `ln2`'s contribution. With
+//! [`backward_residual`] the layer norm writes `dinp = dres + (its
+//! gradient)` instead of accumulating into a zeroed `dinp` that a residual
+//! backward task first filled with `dres`: the residual backward tasks
+//! disappear, and the projections' output gradients (`dattproj`, `dfcproj`)
+//! are the residual gradients themselves, so they need no buffers of their
+//! own. Again bit for bit what the unfused tasks compute.
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
@@ -25,6 +45,8 @@ pub(crate) static CUDA: Program = Program::new(
         "layernorm_forward_bf16",
         "layernorm_backward_input_bf16",
         "layernorm_backward_params_bf16",
+        "layernorm_residual_forward",
+        "layernorm_residual_forward_bf16",
     ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
@@ -33,6 +55,8 @@ static BACKWARD_PARAMS: Kernel = Kernel::new(&CUDA, 2);
 static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 static BACKWARD_INPUT_BF16: Kernel = Kernel::new(&CUDA, 4);
 static BACKWARD_PARAMS_BF16: Kernel = Kernel::new(&CUDA, 5);
+static RESIDUAL_FORWARD: Kernel = Kernel::new(&CUDA, 6);
+static RESIDUAL_FORWARD_BF16: Kernel = Kernel::new(&CUDA, 7);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -109,6 +133,90 @@ pub fn backward<'rt>(
     )
 }
 
+/// Submits `residual = inp1 + inp2; out, mean, rstd = layernorm(residual)`
+/// as one task (module docs: bit for bit [`residual::forward`] then
+/// [`forward`]).
+///
+/// [`residual::forward`]: super::residual::forward
+pub fn forward_residual<'rt>(
+    task: impl Into<Task<'rt>>,
+    residual: &View, // (N, C)
+    out: &View,      // (N, C)
+    mean: &View,     // (N)
+    rstd: &View,     // (N)
+    inp1: &View,     // (N, C)
+    inp2: &View,     // (N, C)
+    weight: &View,   // (C)
+    bias: &View,     // (C)
+    n: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (
+            residual.write::<S>(),
+            out.write::<S>(),
+            mean.write::<f32>(),
+            rstd.write::<f32>(),
+            inp1.read::<S>(),
+            inp2.read::<S>(),
+            weight.read::<S>(),
+            bias.read::<S>(),
+        ),
+        move |(res, out, mean, rstd, a, b, w, bias)| {
+            layernorm_residual_forward(res, out, mean, rstd, a, b, w, bias, n, c)
+        },
+        move |(res, out, mean, rstd, a, b, w, bias), cu| {
+            task_result(layernorm_residual_forward_cuda(
+                cu, res, out, mean, rstd, a, b, w, bias, n, c,
+            ))
+        },
+    )
+}
+
+/// Submits the backward pass of [`forward`] with the residual's gradient
+/// passed through (module docs): OVERWRITES `dinp` with `dres` plus the
+/// layer norm's input gradient, accumulates `dweight` and `dbias`. Bit for
+/// bit what a zeroed `dinp`, a residual backward task adding `dres`, then
+/// [`backward`] give.
+pub fn backward_residual<'rt>(
+    task: impl Into<Task<'rt>>,
+    dinp: &View,    // (N, C) overwritten
+    dweight: &View, // (C) accumulated
+    dbias: &View,   // (C) accumulated
+    dres: &View,    // (N, C)
+    dout: &View,    // (N, C)
+    inp: &View,     // (N, C)
+    weight: &View,  // (C)
+    mean: &View,    // (N)
+    rstd: &View,    // (N)
+    n: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (
+            dinp.write::<S>(),
+            dweight.read_write::<S>(),
+            dbias.read_write::<S>(),
+            dres.read::<S>(),
+            dout.read::<S>(),
+            inp.read::<S>(),
+            weight.read::<S>(),
+            mean.read::<f32>(),
+            rstd.read::<f32>(),
+        ),
+        move |(dinp, dw, db, dres, dout, inp, w, mean, rstd)| {
+            layernorm_backward_residual(dinp, dw, db, dres, dout, inp, w, mean, rstd, n, c)
+        },
+        move |(dinp, dw, db, dres, dout, inp, w, mean, rstd), cu| {
+            task_result(layernorm_backward_residual_cuda(
+                cu, dinp, dw, db, dres, dout, inp, w, mean, rstd, n, c,
+            ))
+        },
+    )
+}
+
 // ---------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------
@@ -173,14 +281,121 @@ pub fn layernorm_backward<S: Storage>(
     c: usize,
 ) {
     let n = b * t;
-    check_len("layernorm_backward", "dinp", dinp.len(), n * c);
-    check_len("layernorm_backward", "dweight", dweight.len(), c);
-    check_len("layernorm_backward", "dbias", dbias.len(), c);
-    check_len("layernorm_backward", "dout", dout.len(), n * c);
-    check_len("layernorm_backward", "inp", inp.len(), n * c);
-    check_len("layernorm_backward", "weight", weight.len(), c);
-    check_len("layernorm_backward", "mean", mean.len(), n);
-    check_len("layernorm_backward", "rstd", rstd.len(), n);
+    backward_rows(
+        "layernorm_backward",
+        dinp,
+        None,
+        dweight,
+        dbias,
+        dout,
+        inp,
+        weight,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+/// `residual = inp1 + inp2`, then [`layernorm_forward`] of `residual` as
+/// stored, row by row (module docs: bit for bit the two kernels in turn).
+pub fn layernorm_residual_forward<S: Storage>(
+    residual: &mut [S], // (N, C)
+    out: &mut [S],      // (N, C)
+    mean: &mut [f32],   // (N)
+    rstd: &mut [f32],   // (N)
+    inp1: &[S],         // (N, C)
+    inp2: &[S],         // (N, C)
+    weight: &[S],       // (C)
+    bias: &[S],         // (C)
+    n: usize,
+    c: usize,
+) {
+    let name = "layernorm_residual_forward";
+    check_len(name, "residual", residual.len(), n * c);
+    check_len(name, "out", out.len(), n * c);
+    check_len(name, "mean", mean.len(), n);
+    check_len(name, "rstd", rstd.len(), n);
+    check_len(name, "inp1", inp1.len(), n * c);
+    check_len(name, "inp2", inp2.len(), n * c);
+    check_len(name, "weight", weight.len(), c);
+    check_len(name, "bias", bias.len(), c);
+    for row in 0..n {
+        let rows = row * c..(row + 1) * c;
+        let res = &mut residual[rows.clone()];
+        super::residual::residual_forward(res, &inp1[rows.clone()], &inp2[rows.clone()]);
+        layernorm_forward(
+            &mut out[rows],
+            &mut mean[row..row + 1],
+            &mut rstd[row..row + 1],
+            res,
+            weight,
+            bias,
+            1,
+            1,
+            c,
+        );
+    }
+}
+
+/// [`layernorm_backward`] with the residual's gradient passed through:
+/// OVERWRITES `dinp` with `dres` plus the input gradient (module docs).
+pub fn layernorm_backward_residual<S: Storage>(
+    dinp: &mut [S],    // (N, C) overwritten
+    dweight: &mut [S], // (C)
+    dbias: &mut [S],   // (C)
+    dres: &[S],        // (N, C)
+    dout: &[S],        // (N, C)
+    inp: &[S],         // (N, C)
+    weight: &[S],      // (C)
+    mean: &[f32],      // (N)
+    rstd: &[f32],      // (N)
+    n: usize,
+    c: usize,
+) {
+    backward_rows(
+        "layernorm_backward_residual",
+        dinp,
+        Some(dres),
+        dweight,
+        dbias,
+        dout,
+        inp,
+        weight,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+/// The backward pass of both: each `dinp` element becomes its base (`dres`
+/// if given, else its own value) plus the input gradient, rounded once.
+fn backward_rows<S: Storage>(
+    name: &str,
+    dinp: &mut [S],
+    dres: Option<&[S]>,
+    dweight: &mut [S],
+    dbias: &mut [S],
+    dout: &[S],
+    inp: &[S],
+    weight: &[S],
+    mean: &[f32],
+    rstd: &[f32],
+    n: usize,
+    c: usize,
+) {
+    check_len(name, "dinp", dinp.len(), n * c);
+    if let Some(dres) = dres {
+        check_len(name, "dres", dres.len(), n * c);
+    }
+    check_len(name, "dweight", dweight.len(), c);
+    check_len(name, "dbias", dbias.len(), c);
+    check_len(name, "dout", dout.len(), n * c);
+    check_len(name, "inp", inp.len(), n * c);
+    check_len(name, "weight", weight.len(), c);
+    check_len(name, "mean", mean.len(), n);
+    check_len(name, "rstd", rstd.len(), n);
     // The parameter gradients sum over every row: rounded once, at the end.
     S::update_f32(dweight, |dweight| {
         S::update_f32(dbias, |dbias| {
@@ -188,6 +403,7 @@ pub fn layernorm_backward<S: Storage>(
                 let dout_bt = &dout[row * c..][..c];
                 let inp_bt = &inp[row * c..][..c];
                 let dinp_bt = &mut dinp[row * c..][..c];
+                let dres_bt = dres.map(|d| &d[row * c..][..c]);
                 let (m, s) = (mean[row], rstd[row]);
                 // Two reductions: mean(dnorm) and mean(dnorm · norm).
                 let mut dnorm_mean = 0.0f64;
@@ -207,7 +423,11 @@ pub fn layernorm_backward<S: Storage>(
                     dbias[i] += dout_i;
                     dweight[i] += norm_i * dout_i;
                     let d = (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * s;
-                    dinp_bt[i] = S::store(dinp_bt[i].load() + d);
+                    let base = match dres_bt {
+                        Some(r) => r[i].load(),
+                        None => dinp_bt[i].load(),
+                    };
+                    dinp_bt[i] = S::store(base + d);
                 }
             }
         })
@@ -259,6 +479,55 @@ pub fn layernorm_forward_cuda<S: Storage>(
     unsafe { l.launch(kernel, l.warp_rows(n)?, &a) }
 }
 
+/// [`layernorm_residual_forward`] on the task's stream: one warp per row
+/// stores the sum, then normalises it exactly as [`layernorm_forward_cuda`]
+/// does (the same warp code reading the stored sum), so the outputs are
+/// those of the residual and layer-norm kernels in turn, bit for bit.
+pub fn layernorm_residual_forward_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    residual: DevSliceMut<S>, // (N, C)
+    out: DevSliceMut<S>,      // (N, C)
+    mean: DevSliceMut<f32>,   // (N)
+    rstd: DevSliceMut<f32>,   // (N)
+    inp1: DevSlice<S>,        // (N, C)
+    inp2: DevSlice<S>,        // (N, C)
+    weight: DevSlice<S>,      // (C)
+    bias: DevSlice<S>,        // (C)
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("layernorm_residual_forward");
+    let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
+    let nc = k.mul(n, c)?;
+    k.exact("residual", &residual, "(N, C)", nc)?;
+    k.exact("out", &out, "(N, C)", nc)?;
+    k.exact("mean", &mean, "(N)", n)?;
+    k.exact("rstd", &rstd, "(N)", n)?;
+    k.exact("inp1", &inp1, "(N, C)", nc)?;
+    k.exact("inp2", &inp2, "(N, C)", nc)?;
+    k.exact("weight", &weight, "(C)", c)?;
+    k.exact("bias", &bias, "(C)", c)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(residual.ptr())
+        .ptr(out.ptr())
+        .ptr(mean.ptr())
+        .ptr(rstd.ptr())
+        .ptr(inp1.ptr())
+        .ptr(inp2.ptr())
+        .ptr(weight.ptr())
+        .ptr(bias.ptr())
+        .i32(ni)
+        .i32(ci);
+    let kernel = by_dtype::<S>(&RESIDUAL_FORWARD, &RESIDUAL_FORWARD_BF16);
+    // SAFETY: layernorm_residual_forward[_bf16](S* residual, S* out, float*
+    // mean, float* rstd, const S* inp1, const S* inp2, const S* weight,
+    // const S* bias, int N, int C), S the storage type of all but mean and
+    // rstd, every buffer sized for N rows of C (checked); residual is
+    // disjoint from the inputs (distinct tokens of one task).
+    unsafe { l.launch(kernel, l.warp_rows(n)?, &a) }
+}
+
 /// [`layernorm_backward`] on the task's stream: accumulates `dinp`,
 /// `dweight`, `dbias`; `f32` or bf16 storage (with bf16, each gradient
 /// element is loaded, gets all its contributions in `f32` and is rounded
@@ -276,10 +545,70 @@ pub fn layernorm_backward_cuda<S: Storage>(
     n: usize,
     c: usize,
 ) -> Result<()> {
-    let k = Check::new("layernorm_backward");
+    backward_cuda(
+        cu, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+    )
+}
+
+/// [`layernorm_backward_residual`] on the task's stream: overwrites `dinp`
+/// with `dres` plus the input gradient (the same kernel as
+/// [`layernorm_backward_cuda`], given `dres` as the base).
+pub fn layernorm_backward_residual_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<S>,    // (N, C) overwritten
+    dweight: DevSliceMut<S>, // (C) accumulated
+    dbias: DevSliceMut<S>,   // (C) accumulated
+    dres: DevSlice<S>,       // (N, C)
+    dout: DevSlice<S>,       // (N, C)
+    inp: DevSlice<S>,        // (N, C)
+    weight: DevSlice<S>,     // (C)
+    mean: DevSlice<f32>,     // (N)
+    rstd: DevSlice<f32>,     // (N)
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    backward_cuda(
+        cu,
+        dinp,
+        Some(dres),
+        dweight,
+        dbias,
+        dout,
+        inp,
+        weight,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+/// Both backward launchers: `dres` `None` accumulates into `dinp`.
+fn backward_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<S>,
+    dres: Option<DevSlice<S>>,
+    dweight: DevSliceMut<S>,
+    dbias: DevSliceMut<S>,
+    dout: DevSlice<S>,
+    inp: DevSlice<S>,
+    weight: DevSlice<S>,
+    mean: DevSlice<f32>,
+    rstd: DevSlice<f32>,
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new(if dres.is_some() {
+        "layernorm_backward_residual"
+    } else {
+        "layernorm_backward"
+    });
     let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
     let nc = k.mul(n, c)?;
     k.exact("dinp", &dinp, "(N, C)", nc)?;
+    if let Some(dres) = &dres {
+        k.exact("dres", dres, "(N, C)", nc)?;
+    }
     k.exact("dweight", &dweight, "(C)", c)?;
     k.exact("dbias", &dbias, "(C)", c)?;
     k.exact("dout", &dout, "(N, C)", nc)?;
@@ -290,6 +619,7 @@ pub fn layernorm_backward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dinp.ptr())
+        .ptr(dres.as_ref().map_or(0, |d| d.ptr()))
         .ptr(dout.ptr())
         .ptr(inp.ptr())
         .ptr(weight.ptr())
@@ -298,10 +628,11 @@ pub fn layernorm_backward_cuda<S: Storage>(
         .i32(ni)
         .i32(ci);
     let kernel = by_dtype::<S>(&BACKWARD_INPUT, &BACKWARD_INPUT_BF16);
-    // SAFETY: layernorm_backward_input[_bf16](S* dinp, const S* dout, const
-    // S* inp, const S* weight, const float* mean, const float* rstd, int N,
-    // int C), S the storage type of dinp, dout, inp and weight, buffers sized
-    // for N rows of C (checked).
+    // SAFETY: layernorm_backward_input[_bf16](S* dinp, const S* dres, const
+    // S* dout, const S* inp, const S* weight, const float* mean, const float*
+    // rstd, int N, int C), S the storage type of dinp, dres, dout, inp and
+    // weight, buffers sized for N rows of C (checked); dres null (accumulate)
+    // or disjoint from dinp (distinct tokens of one task).
     unsafe { l.launch(kernel, l.warp_rows(n)?, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dweight.ptr())
@@ -321,8 +652,80 @@ pub fn layernorm_backward_cuda<S: Storage>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::residual::{residual_backward, residual_forward};
+    use super::super::storage::Bf16;
     use super::super::testutil::{fd_check, randn};
     use super::*;
+
+    fn stored<S: Storage>(n: usize, std: f32, seed: u64) -> Vec<S> {
+        randn(n, std, seed).into_iter().map(S::store).collect()
+    }
+
+    fn bits<S: Storage>(x: &[S]) -> Vec<u32> {
+        x.iter().map(|v| v.load().to_bits()).collect()
+    }
+
+    /// The fused residual + layer norm against the two kernels in turn, bit
+    /// for bit: forward, and backward with the residual's gradient passed
+    /// through against a zeroed `dinp` + a residual backward + the
+    /// accumulating layer-norm backward. Odd sizes; `S` f32 or bf16.
+    fn residual_fusion_is_exact<S: Storage>() {
+        let (n, c) = (7, 45);
+        let (a, b) = (stored::<S>(n * c, 1.0, 40), stored::<S>(n * c, 1.0, 41));
+        let w: Vec<S> = randn(c, 0.3, 42)
+            .iter()
+            .map(|x| S::store(1.0 + x))
+            .collect();
+        let bias = stored::<S>(c, 0.3, 43);
+        let zero = || vec![S::store(0.0); n * c];
+        let (mut res, mut out) = (zero(), zero());
+        let (mut mean, mut rstd) = (vec![0.0; n], vec![0.0; n]);
+        residual_forward(&mut res, &a, &b);
+        layernorm_forward(&mut out, &mut mean, &mut rstd, &res, &w, &bias, 1, n, c);
+        let (mut fres, mut fout) = (zero(), zero());
+        let (mut fmean, mut frstd) = (vec![0.0; n], vec![0.0; n]);
+        layernorm_residual_forward(
+            &mut fres, &mut fout, &mut fmean, &mut frstd, &a, &b, &w, &bias, n, c,
+        );
+        assert_eq!(bits(&fres), bits(&res), "residual");
+        assert_eq!(bits(&fout), bits(&out), "out");
+        assert_eq!(fmean, mean, "mean");
+        assert_eq!(frstd, rstd, "rstd");
+
+        let (dres, dout) = (stored::<S>(n * c, 1.0, 44), stored::<S>(n * c, 1.0, 45));
+        let (dw0, db0) = (stored::<S>(c, 0.1, 46), stored::<S>(c, 0.1, 47));
+        // Unfused: zeroed dinp, += dres (the residual backward; its other
+        // output is the projection's gradient), += the layer norm's.
+        let (mut dinp, mut dproj) = (zero(), zero());
+        let (mut dw, mut db) = (dw0.clone(), db0.clone());
+        residual_backward(&mut dinp, &mut dproj, &dres);
+        layernorm_backward(
+            &mut dinp, &mut dw, &mut db, &dout, &res, &w, &mean, &rstd, 1, n, c,
+        );
+        // Fused: dinp starts as garbage and is overwritten.
+        let mut fdinp = stored::<S>(n * c, 5.0, 48);
+        let (mut fdw, mut fdb) = (dw0.clone(), db0.clone());
+        layernorm_backward_residual(
+            &mut fdinp, &mut fdw, &mut fdb, &dres, &dout, &res, &w, &mean, &rstd, n, c,
+        );
+        assert_eq!(bits(&fdinp), bits(&dinp), "dinp");
+        assert_eq!(bits(&fdw), bits(&dw), "dweight");
+        assert_eq!(bits(&fdb), bits(&db), "dbias");
+        // The projection's gradient the fused path aliases: dres itself.
+        assert_eq!(bits(&dproj), bits(&dres), "dproj");
+        // Not vacuous: the layer norm's term changed dinp.
+        assert_ne!(bits(&fdinp), bits(&dres));
+    }
+
+    #[test]
+    fn residual_fusion_is_exact_f32() {
+        residual_fusion_is_exact::<f32>();
+    }
+
+    #[test]
+    fn residual_fusion_is_exact_bf16() {
+        residual_fusion_is_exact::<Bf16>();
+    }
 
     #[test]
     fn layernorm_backward_matches_finite_differences() {

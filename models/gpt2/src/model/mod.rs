@@ -727,17 +727,20 @@ impl Gpt2Model {
             let _layer = rt.scope(&format!("layer{l}"));
             let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let residual = a.residual_in(l);
-            layernorm::forward(
-                task("ln1 forward"),
-                &la.ln1,
-                &la.ln1_mean,
-                &la.ln1_rstd,
-                residual,
-                &lp.ln1w,
-                &lp.ln1b,
-                n,
-                c,
-            )?;
+            // Fused, block l > 0's ln1 came with block l - 1's residual3.
+            if !self.fused || l == 0 {
+                layernorm::forward(
+                    task("ln1 forward"),
+                    &la.ln1,
+                    &la.ln1_mean,
+                    &la.ln1_rstd,
+                    residual,
+                    &lp.ln1w,
+                    &lp.ln1b,
+                    n,
+                    c,
+                )?;
+            }
             matmul::forward(
                 task("qkv forward"),
                 &la.qkv,
@@ -784,23 +787,39 @@ impl Gpt2Model {
                 c,
                 c,
             )?;
-            residual::forward(
-                task("residual2 forward"),
-                &la.residual2,
-                residual,
-                &la.attproj,
-            )?;
-            layernorm::forward(
-                task("ln2 forward"),
-                &la.ln2,
-                &la.ln2_mean,
-                &la.ln2_rstd,
-                &la.residual2,
-                &lp.ln2w,
-                &lp.ln2b,
-                n,
-                c,
-            )?;
+            if self.fused {
+                layernorm::forward_residual(
+                    task("residual2+ln2 forward"),
+                    &la.residual2,
+                    &la.ln2,
+                    &la.ln2_mean,
+                    &la.ln2_rstd,
+                    residual,
+                    &la.attproj,
+                    &lp.ln2w,
+                    &lp.ln2b,
+                    n,
+                    c,
+                )?;
+            } else {
+                residual::forward(
+                    task("residual2 forward"),
+                    &la.residual2,
+                    residual,
+                    &la.attproj,
+                )?;
+                layernorm::forward(
+                    task("ln2 forward"),
+                    &la.ln2,
+                    &la.ln2_mean,
+                    &la.ln2_rstd,
+                    &la.residual2,
+                    &lp.ln2w,
+                    &lp.ln2b,
+                    n,
+                    c,
+                )?;
+            }
             matmul::forward(
                 task("fc forward"),
                 &la.fch,
@@ -822,25 +841,63 @@ impl Gpt2Model {
                 4 * c,
                 c,
             )?;
-            residual::forward(
-                task("residual3 forward"),
-                &la.residual3,
-                &la.residual2,
-                &la.fcproj,
-            )?;
+            if self.fused {
+                // With the next layer norm: block l + 1's ln1, or lnf.
+                let (name, out, mean, rstd, w, bias) =
+                    match (a.layers.get(l + 1), p.layers.get(l + 1)) {
+                        (Some(na), Some(np)) => (
+                            "residual3+ln1 forward",
+                            &na.ln1,
+                            &na.ln1_mean,
+                            &na.ln1_rstd,
+                            &np.ln1w,
+                            &np.ln1b,
+                        ),
+                        _ => (
+                            "residual3+lnf forward",
+                            &a.lnf,
+                            &a.lnf_mean,
+                            &a.lnf_rstd,
+                            &p.lnfw,
+                            &p.lnfb,
+                        ),
+                    };
+                layernorm::forward_residual(
+                    task(name),
+                    &la.residual3,
+                    out,
+                    mean,
+                    rstd,
+                    &la.residual2,
+                    &la.fcproj,
+                    w,
+                    bias,
+                    n,
+                    c,
+                )?;
+            } else {
+                residual::forward(
+                    task("residual3 forward"),
+                    &la.residual3,
+                    &la.residual2,
+                    &la.fcproj,
+                )?;
+            }
         }
         let _head = rt.scope("head");
-        layernorm::forward(
-            tasks.task("lnf forward"),
-            &a.lnf,
-            &a.lnf_mean,
-            &a.lnf_rstd,
-            a.residual_out(),
-            &p.lnfw,
-            &p.lnfb,
-            n,
-            c,
-        )?;
+        if !self.fused {
+            layernorm::forward(
+                tasks.task("lnf forward"),
+                &a.lnf,
+                &a.lnf_mean,
+                &a.lnf_rstd,
+                a.residual_out(),
+                &p.lnfw,
+                &p.lnfb,
+                n,
+                c,
+            )?;
+        }
         matmul::forward(
             tasks.task("logits forward"),
             &a.logits,
@@ -1021,18 +1078,25 @@ impl Gpt2Model {
             );
             let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let side = |what: &str| task(what).priority(Priority::Side);
-            // residual3 = residual2 + fcproj
-            residual::backward(
-                task("residual3 backward"),
-                &lda.residual2,
-                &lda.fcproj,
-                &lda.residual3,
-            )?;
+            // residual3 = residual2 + fcproj. Fused, fcproj's gradient is
+            // residual3's (no copy), and ln2's backward passes residual3's on
+            // to residual2 (`layernorm::backward_residual`).
+            let dfcproj = if self.fused {
+                &lda.residual3
+            } else {
+                residual::backward(
+                    task("residual3 backward"),
+                    &lda.residual2,
+                    &lda.fcproj,
+                    &lda.residual3,
+                )?;
+                &lda.fcproj
+            };
             // fcproj = fch_gelu · fcprojwᵀ + fcprojb
             matmul::backward_input(
                 task("fcproj backward input"),
                 &lda.fch_gelu,
-                &lda.fcproj,
+                dfcproj,
                 &lp.fcprojw,
                 n,
                 4 * c,
@@ -1042,7 +1106,7 @@ impl Gpt2Model {
                 side("fcproj backward weight"),
                 &lg.fcprojw,
                 Some(&lg.fcprojb),
-                &lda.fcproj,
+                dfcproj,
                 &la.fch_gelu,
                 n,
                 4 * c,
@@ -1075,8 +1139,9 @@ impl Gpt2Model {
             ready(li.fcb)?;
             ready(li.fcw)?;
             // ln2 = layernorm(residual2)
-            layernorm::backward(
+            layernorm_backward(
                 task("ln2 backward"),
+                self.fused.then_some(&lda.residual3),
                 &lda.residual2,
                 &lg.ln2w,
                 &lg.ln2b,
@@ -1090,18 +1155,23 @@ impl Gpt2Model {
             )?;
             ready(li.ln2b)?;
             ready(li.ln2w)?;
-            // residual2 = residual_in + attproj
-            residual::backward(
-                task("residual2 backward"),
-                da.residual_in(l),
-                &lda.attproj,
-                &lda.residual2,
-            )?;
+            // residual2 = residual_in + attproj (fused: as residual3 above)
+            let dattproj = if self.fused {
+                &lda.residual2
+            } else {
+                residual::backward(
+                    task("residual2 backward"),
+                    da.residual_in(l),
+                    &lda.attproj,
+                    &lda.residual2,
+                )?;
+                &lda.attproj
+            };
             // attproj = atty · attprojwᵀ + attprojb
             matmul::backward_input(
                 task("attproj backward input"),
                 &lda.atty,
-                &lda.attproj,
+                dattproj,
                 &lp.attprojw,
                 n,
                 c,
@@ -1111,7 +1181,7 @@ impl Gpt2Model {
                 side("attproj backward weight"),
                 &lg.attprojw,
                 Some(&lg.attprojb),
-                &lda.attproj,
+                dattproj,
                 &la.atty,
                 n,
                 c,
@@ -1171,8 +1241,9 @@ impl Gpt2Model {
             ready(li.qkvb)?;
             ready(li.qkvw)?;
             // ln1 = layernorm(residual_in)
-            layernorm::backward(
+            layernorm_backward(
                 task("ln1 backward"),
+                self.fused.then_some(&lda.residual2),
                 da.residual_in(l),
                 &lg.ln1w,
                 &lg.ln1b,
@@ -1218,6 +1289,34 @@ impl Gpt2Model {
         ready(id.wpe)?;
         ready(id.wte)?;
         Ok(())
+    }
+}
+
+/// [`layernorm::backward`] (accumulating into `dinp`), or with `dres`
+/// [`layernorm::backward_residual`] (`dinp` = `dres` + the layer norm's
+/// input gradient: the residual's gradient passed through).
+#[allow(clippy::too_many_arguments)] // the layer norm's own argument list
+fn layernorm_backward(
+    task: Task<'_>,
+    dres: Option<&View>,
+    dinp: &View,
+    dweight: &View,
+    dbias: &View,
+    dout: &View,
+    inp: &View,
+    weight: &View,
+    mean: &View,
+    rstd: &View,
+    n: usize,
+    c: usize,
+) -> braid::Result<braid::TaskHandle> {
+    match dres {
+        Some(dres) => layernorm::backward_residual(
+            task, dinp, dweight, dbias, dres, dout, inp, weight, mean, rstd, n, c,
+        ),
+        None => layernorm::backward(
+            task, dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+        ),
     }
 }
 
