@@ -38,7 +38,8 @@ use braid::trace::Summary;
 use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
-use braid_gpt2::model::{attention_scratch_bytes, init_params, Gpt2Model, Rng};
+use braid_gpt2::kernels::cpu::Dtype;
+use braid_gpt2::model::{attention_scratch_bytes, init_params, Gpt2Model, Rng, GRADIENT_RING};
 use braid_gpt2::optim::{AdamW, NORM_SCRATCH};
 use braid_gpt2::reference::ActivationLayout;
 use braid_gpt2::trainer::model_runtime;
@@ -306,7 +307,8 @@ fn main() -> Result<()> {
     let np = cfg.num_parameters();
     let (b, t) = (a.batch_size, a.seq_len);
     let acts = ActivationLayout::new(&cfg, b, t).total * 4;
-    let dacts = ActivationLayout::gradients(&cfg, b, t).total * 4;
+    let dacts =
+        ActivationLayout::stored_gradients(&cfg, b, t, false, Dtype::F32, GRADIENT_RING).total * 4;
     let scratch = attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads);
     let chunks_bound = np.div_ceil(braid_gpt2::optim::MAX_CHUNK) + cfg.num_layers + 3;
     let optim = 2 * np * 4 + chunks_bound * (NORM_SCRATCH + 1) * 8;

@@ -137,6 +137,25 @@ impl LayerActivations {
             len: self.residual3.end() - self.ln1.offset,
         }
     }
+
+    /// In a gradient ring ([`ActivationLayout::stored_gradients`]): the
+    /// block's ring slot, every gradient but the residual stream's (from
+    /// `ln1` to `fcproj`, contiguous), shared with the blocks `ring` apart.
+    pub fn ring_slot(&self) -> Span {
+        Span {
+            offset: self.ln1.offset,
+            len: self.fcproj.end() - self.ln1.offset,
+        }
+    }
+
+    /// In a gradient ring: the block's own `residual2` and `residual3`
+    /// gradients, contiguous.
+    pub fn residual_pair(&self) -> Span {
+        Span {
+            offset: self.residual2.offset,
+            len: self.residual3.end() - self.residual2.offset,
+        }
+    }
 }
 
 /// Where every activation of a `(B, T)` forward pass lies in one allocation.
@@ -164,12 +183,15 @@ pub struct ActivationLayout {
     pub losses: Span,
     /// Total elements.
     pub total: usize,
+    /// Gradient ring slots ([`stored_gradients`](Self::stored_gradients)), or
+    /// 0: every block its own contiguous span.
+    pub ring: usize,
 }
 
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, false, 1)
+        Self::build(cfg, b, t, false, false, 1, 0)
     }
 
     /// The layout of a model that stores its activations as `dtype`
@@ -190,7 +212,32 @@ impl ActivationLayout {
         gradients: bool,
         dtype: Dtype,
     ) -> Self {
-        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size())
+        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size(), 0)
+    }
+
+    /// The activation gradients of [`stored`](Self::stored) (`gradients`
+    /// true) in a ring of `ring` block slots (clamped to `1..=L`): block
+    /// `l`'s gradients other than the residual stream's lie in slot
+    /// `l % ring`, so the backward pass, which needs them only while it is in
+    /// block `l`, reuses `ring` slots instead of keeping `L` blocks. The
+    /// residual stream's gradients (`residual2`, `residual3`: written by one
+    /// block, read by the next) stay one pair per block, after the slots.
+    /// Each slot is contiguous ([`LayerActivations::ring_slot`]), and so is
+    /// each block's pair ([`LayerActivations::residual_pair`]). Whoever
+    /// accumulates into a slot must zero it between blocks
+    /// ([`Gpt2Model::backward`](crate::model::Gpt2Model::backward) does, as a
+    /// task the engine orders after the previous block's last reader of the
+    /// slot).
+    pub fn stored_gradients(
+        cfg: &Gpt2Config,
+        b: usize,
+        t: usize,
+        fused: bool,
+        dtype: Dtype,
+        ring: usize,
+    ) -> Self {
+        let ring = ring.clamp(1, cfg.num_layers.max(1));
+        Self::build(cfg, b, t, true, fused, 4 / dtype.size(), ring)
     }
 
     /// The forward activations of the fused kernels
@@ -200,7 +247,7 @@ impl ActivationLayout {
     /// `att` holds the attention's per-row logsumexp, `(B, NH, T)`, and
     /// `probs` is empty.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, true, 1)
+        Self::build(cfg, b, t, false, true, 1, 0)
     }
 
     /// The activation gradients of the fused kernels: as
@@ -211,17 +258,26 @@ impl ActivationLayout {
     /// gradient is `residual2`'s or `residual3`'s
     /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, true, 1)
+        Self::build(cfg, b, t, true, true, 1, 0)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, false, 1)
+        Self::build(cfg, b, t, true, false, 1, 0)
     }
 
-    /// `stat`: elements per `f32` statistic (1, or 2 for bf16 storage).
-    fn build(cfg: &Gpt2Config, b: usize, t: usize, grads: bool, fused: bool, stat: usize) -> Self {
+    /// `stat`: elements per `f32` statistic (1, or 2 for bf16 storage);
+    /// `ring`: gradient ring slots (`grads` only), or 0 for none.
+    fn build(
+        cfg: &Gpt2Config,
+        b: usize,
+        t: usize,
+        grads: bool,
+        fused: bool,
+        stat: usize,
+        ring: usize,
+    ) -> Self {
         let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
         let bt = b * t;
         let mut offset = 0usize;
@@ -238,9 +294,10 @@ impl ActivationLayout {
             offset += len;
             s
         };
-        let encoded = span(bt * c, true, false);
-        let layers = (0..cfg.num_layers)
-            .map(|_| LayerActivations {
+        // One block; `residuals`: whether its residual stream has spans
+        // here (a ring slot's do not).
+        let block =
+            |span: &mut dyn FnMut(usize, bool, bool) -> Span, residuals: bool| LayerActivations {
                 ln1: span(bt * c, true, false),
                 ln1_mean: span(bt, false, true),
                 ln1_rstd: span(bt, false, true),
@@ -250,16 +307,35 @@ impl ActivationLayout {
                 att: span(b * nh * t * if fused { 1 } else { t }, false, fused),
                 // Fused, the projections' gradients are the residual's.
                 attproj: span(bt * c, !fused, false),
-                residual2: span(bt * c, true, false),
+                residual2: span(if residuals { bt * c } else { 0 }, true, false),
                 ln2: span(bt * c, true, false),
                 ln2_mean: span(bt, false, true),
                 ln2_rstd: span(bt, false, true),
                 fch: span(bt * 4 * c, true, false),
                 fch_gelu: span(bt * 4 * c, true, false),
                 fcproj: span(bt * c, !fused, false),
-                residual3: span(bt * c, true, false),
-            })
-            .collect();
+                residual3: span(if residuals { bt * c } else { 0 }, true, false),
+            };
+        let encoded = span(bt * c, true, false);
+        let layers: Vec<LayerActivations> = if grads && ring > 0 {
+            let slots: Vec<LayerActivations> = (0..ring).map(|_| block(&mut span, false)).collect();
+            let pairs: Vec<(Span, Span)> = (0..cfg.num_layers)
+                .map(|_| (span(bt * c, true, false), span(bt * c, true, false)))
+                .collect();
+            pairs
+                .into_iter()
+                .enumerate()
+                .map(|(l, (residual2, residual3))| LayerActivations {
+                    residual2,
+                    residual3,
+                    ..slots[l % ring]
+                })
+                .collect()
+        } else {
+            (0..cfg.num_layers)
+                .map(|_| block(&mut span, true))
+                .collect()
+        };
         let lnf = span(bt * c, true, false);
         let lnf_mean = span(bt, false, true);
         let lnf_rstd = span(bt, false, true);
@@ -278,6 +354,7 @@ impl ActivationLayout {
             probs,
             losses,
             total: offset,
+            ring,
         }
     }
 

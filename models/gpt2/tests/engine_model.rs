@@ -18,9 +18,9 @@ use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
-use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Rng};
+use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
 use braid_gpt2::optim::AdamW;
-use braid_gpt2::reference::Reference;
+use braid_gpt2::reference::{ActivationLayout, Reference};
 use common::{reference_steps, TEST_ADAMW};
 
 /// Every compute stream is used whatever the core budget (`oversubscribe`),
@@ -90,9 +90,18 @@ fn reference_passes(
     (reference, loss, grads, grads2)
 }
 
+/// `tiny` with five blocks: more blocks than the activation gradients' ring
+/// has slots (`GRADIENT_RING`), so blocks share slots.
+fn five_blocks() -> Gpt2Config {
+    Gpt2Config {
+        num_layers: 5,
+        ..Gpt2Config::tiny()
+    }
+}
+
 #[test]
 fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_policy() {
-    let cfg = Gpt2Config::tiny();
+    let cfg = five_blocks();
     let (b, t) = (2, 16);
     let layout = ParamLayout::new(&cfg);
     let params = params_for(&cfg, 7);
@@ -176,7 +185,7 @@ fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
 /// activation buffers.
 #[test]
 fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
-    let cfg = Gpt2Config::tiny();
+    let cfg = five_blocks();
     let (b, t) = (2, 40);
     let params = params_for(&cfg, 17);
     let tokens = ids(b * t, cfg.vocab_size, 21);
@@ -243,8 +252,8 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
 
     // Memory: per layer a (B, NH, T) logsumexp instead of two (B, NH, T, T)
     // buffers; no (B, T, V) probabilities; no (B, T, V) logits gradient, and
-    // per layer no (B, T, C) gradients of the two projections (they are the
-    // residual's).
+    // per ring slot no (B, T, C) gradients of the two projections (they are
+    // the residual's).
     let rt = runtime(1, Policy::Affinity);
     let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
     let fused = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
@@ -256,7 +265,14 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     );
     assert_eq!(
         unfused.activation_grads().len() - fused.activation_grads().len(),
-        (b * t * v + l * 2 * b * t * cfg.channels) * 4
+        (b * t * v + GRADIENT_RING * 2 * b * t * cfg.channels) * 4
+    );
+    // The ring: of the 5 blocks' gradients other than the residual stream's
+    // (16·B·T·C each unfused), GRADIENT_RING blocks' worth is kept.
+    let per_block = ActivationLayout::gradients(&cfg, b, t).total * 4;
+    assert_eq!(
+        per_block - unfused.activation_grads().len(),
+        (l - GRADIENT_RING) * 16 * b * t * cfg.channels * 4
     );
     assert!(fused.read_probs(&rt).unwrap().is_empty());
 }

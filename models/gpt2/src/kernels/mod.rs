@@ -25,7 +25,7 @@
 //! | module | tasks | `.cu` |
 //! |---|---|---|
 //! | [`encoder`] | `forward`, `backward` (`unsafe`: token ids) | `encoder.cu` |
-//! | [`layernorm`] | `forward`, `backward` | `layernorm.cu` |
+//! | [`layernorm`] | `forward`, `backward`, and fused with the residual `forward_residual`, `backward_residual` | `layernorm.cu` |
 //! | [`matmul`] | `forward`, `backward_input`, `backward_weight` | `matmul.cu` + cuBLAS |
 //! | [`attention`] | `forward`, `backward` | `attention.cu` + cuBLAS |
 //! | [`gelu`] | `forward`, `backward` | `gelu.cu` |
@@ -34,8 +34,8 @@
 //! | [`adamw`] | `update` | `adamw.cu` |
 //! | [`norm`] | `sum_squares`, `clip_factor`, `scale`, `scale_by` | `norm.cu` |
 //! | [`fill`] | `zero` | (a memset) |
-//! | [`flash_attention`] | `forward`, `backward` (CPU only) | none yet |
-//! | [`fused_classifier`] | `losses`, `forward_backward` (CPU only) | none yet |
+//! | [`flash_attention`] | `forward`, `backward` | `flash_attention.cu` (never yet run) |
+//! | [`fused_classifier`] | `losses`, `forward_backward` | `loss.cu` (never yet run) |
 //!
 //! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
 //! [`Storage`](storage::Storage) element trait) and [`task`] the

@@ -163,8 +163,10 @@ struct Acts {
     logits: View,
     probs: View,
     losses: View,
-    /// Each block whole (for zeroing gradients).
-    blocks: Vec<View>,
+    /// Gradients in a ring ([`ActivationLayout::stored_gradients`]): each
+    /// block's ring slot and its residual pair (for zeroing); empty for the
+    /// forward activations.
+    blocks: Vec<(View, View)>,
     /// From `lnf` to the end (for zeroing gradients).
     head: View,
 }
@@ -186,11 +188,14 @@ impl Acts {
             logits: v(&a.logits)?,
             probs: v(&a.probs)?,
             losses: v(&a.losses)?,
-            blocks: a
-                .layers
-                .iter()
-                .map(|la| v(&la.all()))
-                .collect::<braid::Result<_>>()?,
+            blocks: match a.ring {
+                0 => Vec::new(),
+                _ => a
+                    .layers
+                    .iter()
+                    .map(|la| Ok((v(&la.ring_slot())?, v(&la.residual_pair())?)))
+                    .collect::<braid::Result<_>>()?,
+            },
             head: elems(buf, a.lnf.offset..a.total, dtype)?,
         })
     }
@@ -210,6 +215,14 @@ impl Acts {
         self.residual_in(self.layers.len())
     }
 }
+
+/// Ring slots of the activation gradients
+/// ([`ActivationLayout::stored_gradients`]): block `l`'s gradients other than
+/// the residual stream's reuse block `l + GRADIENT_RING`'s memory. Two slots
+/// let block `l`'s weight gradients (side priority) run beside block
+/// `l - 1`'s backward; at GPT-2 124M (`L` 12) they keep 2 of 12 blocks'
+/// worth.
+pub const GRADIENT_RING: usize = 2;
 
 /// How [`Gpt2Model`] computes attention and the loss.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -350,7 +363,7 @@ impl Gpt2Model {
         let fused = opts.fused;
         let dtype = opts.dtype;
         let al = ActivationLayout::stored(cfg, b, t, fused, false, dtype);
-        let gl = ActivationLayout::stored(cfg, b, t, fused, true, dtype);
+        let gl = ActivationLayout::stored_gradients(cfg, b, t, fused, dtype, GRADIENT_RING);
         let (n, es) = (layout.total, dtype.size());
         let params = rt.alloc("params", n * es)?;
         let grads = rt.alloc("grads", n * es)?;
@@ -986,11 +999,19 @@ impl Gpt2Model {
         // (the zeroing of the activation gradients is in `backward`).
         let _backward = rt.scope("backward");
 
-        // Activation gradients accumulate, so they start from zero: one task
-        // per block, in the order backward needs them.
+        // Activation gradients accumulate, so they start from zero: the head,
+        // each block's residual pair, the first `ring` blocks' ring slots,
+        // the encoder's; a later block's slot is zeroed at the end of the
+        // block `ring` above it, the slot's previous user (the engine runs
+        // the zeroing once that block's last reader of the slot is done).
+        let (layers, ring) = (self.cfg.num_layers, da.blocks.len().min(GRADIENT_RING));
+        let zero_slot = |l: usize| fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l].0);
         fill::zero(side("zero dacts head".into()), &da.head)?;
-        for l in (0..self.cfg.num_layers).rev() {
-            fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l])?;
+        for l in (0..layers).rev() {
+            fill::zero(side(format!("L{l} zero residual dacts")), &da.blocks[l].1)?;
+        }
+        for l in (layers.saturating_sub(ring)..layers).rev() {
+            zero_slot(l)?;
         }
         fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
         let head_scope = rt.scope("head");
@@ -1257,6 +1278,10 @@ impl Gpt2Model {
             )?;
             ready(li.ln1b)?;
             ready(li.ln1w)?;
+            // Block l is done with its slot: block l - ring's turn.
+            if l >= ring {
+                zero_slot(l - ring)?;
+            }
         }
 
         // encoded = wte[tokens] + wpe
