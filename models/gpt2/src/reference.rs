@@ -158,6 +158,11 @@ impl LayerActivations {
     }
 }
 
+/// Slots of the fused layout's GELU ring ([`ActivationLayout::fused`]): block
+/// `l`'s `fch_gelu` lies in slot `l % GELU_RING`, and the backward pass
+/// recomputes it from `fch` where a later block has overwritten it.
+pub const GELU_RING: usize = 2;
+
 /// Where every activation of a `(B, T)` forward pass lies in one allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivationLayout {
@@ -244,8 +249,12 @@ impl ActivationLayout {
     /// ([`flash_attention`](crate::kernels::flash_attention),
     /// [`fused_classifier`](crate::kernels::fused_classifier)): as
     /// [`new`](Self::new), except that each layer's `preatt` is empty and its
-    /// `att` holds the attention's per-row logsumexp, `(B, NH, T)`, and
-    /// `probs` is empty.
+    /// `att` holds the attention's per-row logsumexp, `(B, NH, T)`, `probs`
+    /// is empty, and the GELU outputs `fch_gelu` (`(B, T, 4C)`, the largest
+    /// activation after attention's) share a ring of [`GELU_RING`] slots
+    /// after `encoded`: the fused model recomputes a block's from its `fch`
+    /// in the backward pass (llm.c's `recompute`), except for the last
+    /// `GELU_RING` blocks, whose slots still hold them.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
         Self::build(cfg, b, t, false, true, 1, 0)
     }
@@ -312,7 +321,8 @@ impl ActivationLayout {
                 ln2_mean: span(bt, false, true),
                 ln2_rstd: span(bt, false, true),
                 fch: span(bt * 4 * c, true, false),
-                fch_gelu: span(bt * 4 * c, true, false),
+                // Fused forward: in the GELU ring instead (below).
+                fch_gelu: span(if fused && !grads { 0 } else { bt * 4 * c }, true, false),
                 fcproj: span(bt * c, !fused, false),
                 residual3: span(if residuals { bt * c } else { 0 }, true, false),
             };
@@ -329,6 +339,16 @@ impl ActivationLayout {
                     residual2,
                     residual3,
                     ..slots[l % ring]
+                })
+                .collect()
+        } else if fused && !grads {
+            let gelu: Vec<Span> = (0..GELU_RING)
+                .map(|_| span(bt * 4 * c, true, false))
+                .collect();
+            (0..cfg.num_layers)
+                .map(|l| LayerActivations {
+                    fch_gelu: gelu[l % GELU_RING],
+                    ..block(&mut span, true)
                 })
                 .collect()
         } else {

@@ -20,7 +20,7 @@ use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
 use braid_gpt2::optim::AdamW;
-use braid_gpt2::reference::{ActivationLayout, Reference};
+use braid_gpt2::reference::{ActivationLayout, Reference, GELU_RING};
 use common::{reference_steps, TEST_ADAMW};
 
 /// Every compute stream is used whatever the core budget (`oversubscribe`),
@@ -258,7 +258,10 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
     let fused = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
     let (l, nh, v) = (cfg.num_layers, cfg.num_heads, cfg.vocab_size);
-    let saved_acts = l * (2 * b * nh * t * t - b * nh * t) + b * t * v;
+    // ... and GELU outputs in a ring of GELU_RING slots, not one per block.
+    let saved_acts = l * (2 * b * nh * t * t - b * nh * t)
+        + b * t * v
+        + (l - GELU_RING) * 4 * b * t * cfg.channels;
     assert_eq!(
         unfused.activations().len() - fused.activations().len(),
         saved_acts * 4

@@ -91,7 +91,7 @@ use crate::kernels::{
     residual,
 };
 use crate::layout::{LayerParams, ParamLayout, Span};
-use crate::reference::{ActivationLayout, LayerActivations};
+use crate::reference::{ActivationLayout, LayerActivations, GELU_RING};
 
 /// Every parameter tensor of the model as a `T`: a view of the parameter or
 /// gradient buffer, or the tensor's index in [`ParamLayout::tensors`] (the
@@ -232,8 +232,13 @@ pub struct ModelOptions {
     /// per layer instead of the two `(B, NH, T, T)` `preatt` and `att`) and
     /// [`fused_classifier`] (no `(B, T, V)` probabilities; the backward pass
     /// writes the logits' gradient over the logits, so there is no
-    /// `(B, T, V)` logits gradient either). CPU only for now: there are no
-    /// CUDA kernels for them yet, and [`Gpt2Model::with_options`] refuses
+    /// `(B, T, V)` logits gradient either); also the residual sums fused
+    /// with the layer norms after them
+    /// ([`layernorm::forward_residual`], [`layernorm::backward_residual`]:
+    /// no projection-output gradients) and the GELU outputs recomputed in
+    /// the backward pass (a ring of [`GELU_RING`] slots instead of one
+    /// `(B, T, 4C)` buffer per block). CPU only for now: the CUDA kernels
+    /// exist but have never run, and [`Gpt2Model::with_options`] refuses
     /// another backend. Off by default. The results agree with the unfused
     /// path to float tolerance, not bit for bit.
     ///
@@ -1123,6 +1128,12 @@ impl Gpt2Model {
                 4 * c,
                 c,
             )?;
+            // Fused, fch_gelu lives in the GELU ring: recomputed from fch
+            // unless this block's slot still holds it (the last GELU_RING
+            // blocks). Only the weight gradient reads it, so Side too.
+            if self.fused && l + GELU_RING < self.cfg.num_layers {
+                gelu::forward(side("gelu recompute"), &la.fch_gelu, &la.fch)?;
+            }
             matmul::backward_weight(
                 side("fcproj backward weight"),
                 &lg.fcprojw,
