@@ -92,6 +92,57 @@ fn rows_are_averaged_into_the_reduced_gradient() {
     }
 }
 
+/// The tied gradient handed over in pieces (rows 0..2 and 2..5 of `wte`,
+/// each marked ready on its own, the second first), the rows given to the
+/// pieces together: the same bits as with one parameter. Pieces that do not
+/// follow each other are refused.
+#[test]
+fn rows_over_pieces_are_added_as_over_one_parameter() {
+    let world = 3;
+    let whole = step(world);
+    let out = launch(world, |rank, comm| {
+        let rt = runtime(rank)?;
+        let (dense, ids, rows) = inputs(rank);
+        let grads = rt.alloc_from("grads", &dense)?;
+        let ids = rt.alloc_from("ids", &ids)?;
+        let rows = rt.alloc_from("rows", &rows)?;
+        let pieces = vec![
+            ParamSpec::new("wte[0..2]", 0..2 * ROW),
+            ParamSpec::new("wte[2..5]", 2 * ROW..ROWS * ROW),
+            ParamSpec::new("other", ROWS * ROW..ROWS * ROW + OTHER),
+        ];
+        let mut red = Reducer::new(comm.bind(&rt)?, &grads, pieces, BucketConfig::default())?;
+        red.grad_ready(1)?;
+        red.grad_ready(0)?;
+        red.grad_ready(2)?;
+        red.sparse_ready_range(0..2, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
+        red.finish()?;
+        rt.read_vec::<f32>(&grads)
+    });
+    for (rank, got) in out.into_iter().enumerate() {
+        assert_eq!(got.expect("rank failed"), whole[rank], "rank {rank}");
+    }
+
+    let out = launch(1, |rank, comm| {
+        let rt = runtime(rank)?;
+        let grads = rt.alloc("grads", (ROWS * ROW + OTHER) * 4)?;
+        let ids = rt.alloc_from("ids", &[0u32])?;
+        let rows = rt.alloc("rows", ROW * 4)?;
+        let gap = vec![
+            ParamSpec::new("a", 0..ROW),
+            ParamSpec::new("b", 2 * ROW..ROWS * ROW),
+        ];
+        let mut red = Reducer::new(comm.bind(&rt)?, &grads, gap, BucketConfig::default())?;
+        let rows = || SparseRows::new(ids.whole(), rows.whole(), ROW);
+        let e = red.sparse_ready_range(0..2, rows()).unwrap_err();
+        assert!(e.to_string().contains("do not follow each other"), "{e}");
+        let e = red.sparse_ready_range(1..3, rows()).unwrap_err();
+        assert!(e.to_string().contains("no parameters #1..#3"), "{e}");
+        Ok(())
+    });
+    out.into_iter().for_each(|r| r.expect("rank failed"));
+}
+
 #[test]
 fn with_sync_off_rows_accumulate_locally() {
     let out = launch(2, |rank, comm| {

@@ -566,21 +566,54 @@ impl<'rt> Reducer<'rt> {
     /// the reduced gradient at [`finish`](Self::finish) (see `sparse.rs`).
     /// With sync off, added locally at once. CPU backend only for now.
     pub fn sparse_ready(&mut self, param: usize, rows: super::SparseRows) -> Result<()> {
-        let Some(p) = self.params.get(param) else {
+        self.sparse_ready_range(param..param + 1, rows)
+    }
+
+    /// [`sparse_ready`](Self::sparse_ready) for a gradient handed to the
+    /// reducer as consecutive parameters `params` (pieces whose element
+    /// ranges follow each other, each marked ready on its own: the tied
+    /// embedding's classifier part in row blocks): the rows index the
+    /// pieces together, as one matrix.
+    pub fn sparse_ready_range(
+        &mut self,
+        params: std::ops::Range<usize>,
+        rows: super::SparseRows,
+    ) -> Result<()> {
+        let (first, last) = match (self.params.get(params.start), params.end.checked_sub(1)) {
+            (Some(_), Some(last)) if last >= params.start && last < self.params.len() => {
+                (params.start, last)
+            }
+            _ => {
+                return Err(self.error(format!(
+                    "no parameters #{}..#{} (there are {})",
+                    params.start,
+                    params.end,
+                    self.params.len()
+                )))
+            }
+        };
+        let pieces = &self.params[first..=last];
+        if let Some(w) = pieces
+            .windows(2)
+            .find(|w| w[0].range.end != w[1].range.start)
+        {
             return Err(self.error(format!(
-                "no parameter #{param} (there are {})",
-                self.params.len()
+                "sparse rows: `{}` and `{}` do not follow each other",
+                w[0].name, w[1].name
             )));
+        }
+        let name = match pieces {
+            [one] => one.name.clone(),
+            _ => format!("{} .. {}", pieces[0].name, pieces[pieces.len() - 1].name),
         };
         if self.config.dtype != DType::F32 {
             return Err(self.error(format!(
-                "sparse rows of `{}`: the gradients are {}; row contributions are f32 only",
-                p.name,
+                "sparse rows of `{name}`: the gradients are {}; row contributions are f32 only",
                 self.config.dtype.name()
             )));
         }
-        let grad = self.grads.view_of::<f32>(p.range.clone())?;
-        let name = p.name.clone();
+        let range = pieces[0].range.start..pieces[pieces.len() - 1].range.end;
+        let grad = self.grads.view_of::<f32>(range)?;
         let comm = &self.comm;
         let refuse = |m| reducer_error(comm, format!("sparse rows of `{name}`: {m}"));
         self.sparse.take(comm, &name, grad, rows, self.sync, refuse)

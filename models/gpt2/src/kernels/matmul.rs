@@ -17,7 +17,7 @@ use gemm::{gemm, Parallelism};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit, Task};
+use super::task::{submit, submit_cpu, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
@@ -107,6 +107,37 @@ pub fn backward_weight<'rt>(
         move |(dw, db, dout, inp)| matmul_backward_weight(dw, db, dout, inp, 1, n, c, oc),
         move |(dw, db, dout, inp), cu| {
             task_result(matmul_backward_weight_cuda(cu, dw, db, dout, inp, n, c, oc))
+        },
+    )
+}
+
+/// Submits rows `rows` of [`backward_weight`]'s weight gradient (no bias)
+/// as `task`: accumulates `dweight_rows (R, C)`, the gradient of weight rows
+/// `rows` (`R = rows.len()`), from columns `rows` of `dout (N, OC)`, which
+/// the task declares whole (a read: tasks for other rows run beside it).
+/// The tied embedding's classifier gradient is made in such row blocks, so
+/// that each block's all-reduce starts while the next is computed. CPU
+/// body only (a column block of `dout` is a strided matrix; the CUDA
+/// launchers take dense ones).
+pub fn backward_weight_rows<'rt>(
+    task: impl Into<Task<'rt>>,
+    dweight_rows: &View, // (R, C) accumulated
+    dout: &View,         // (N, OC)
+    inp: &View,          // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    rows: std::ops::Range<usize>,
+) -> Result<TaskHandle> {
+    submit_cpu!(
+        task,
+        |S| (
+            dweight_rows.read_write::<S>(),
+            dout.read::<S>(),
+            inp.read::<S>()
+        ),
+        move |(dw, dout, inp)| {
+            matmul_backward_weight_rows(dw, dout, inp, n, c, oc, rows.clone())
         },
     )
 }
@@ -323,6 +354,52 @@ pub fn matmul_backward_weight<S: Storage>(
     }
 }
 
+/// Rows `rows` of [`matmul_backward_weight`]'s `dweight` (no bias):
+/// `dweight_rows[o - rows.start, i] += Σ_bt dout[bt, o] · inp[bt, i]` for
+/// `o` in `rows`, from the full `dout` `(N, OC)`. The same products as the
+/// whole kernel; the library may block a smaller product differently, so a
+/// row may differ from the whole kernel's in its last bits.
+pub fn matmul_backward_weight_rows<S: Storage>(
+    dweight_rows: &mut [S], // (R, C)
+    dout: &[S],             // (N, OC)
+    inp: &[S],              // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    rows: std::ops::Range<usize>,
+) {
+    let name = "matmul_backward_weight_rows";
+    assert!(
+        rows.start <= rows.end && rows.end <= oc,
+        "{name}: rows {rows:?} are not inside 0..{oc}"
+    );
+    let r = rows.len();
+    check_len(name, "dweight_rows", dweight_rows.len(), r * c);
+    check_len(name, "dout", dout.len(), n * oc);
+    check_len(name, "inp", inp.len(), n * c);
+    if r == 0 || n == 0 {
+        return;
+    }
+    let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
+    S::update_f32(dweight_rows, |dw| {
+        sgemm(
+            dw,
+            Strided::row_major(r, c),
+            true,
+            // doutᵀ's rows `rows`: element (o, bt) is dout[bt·OC + rows.start + o]
+            &dout[rows.start..],
+            Strided {
+                rows: r,
+                cols: n,
+                rs: 1,
+                cs: oc,
+            },
+            &inp,
+            Strided::row_major(n, c),
+        )
+    });
+}
+
 // ---------------------------------------------------------------------------
 // CUDA
 // ---------------------------------------------------------------------------
@@ -434,6 +511,33 @@ pub fn matmul_backward_weight_cuda<S: Storage>(
 mod tests {
     use super::super::testutil::{assert_close, randn};
     use super::*;
+
+    /// Row blocks of the weight gradient (uneven, one empty) together are
+    /// the whole kernel's, accumulated onto a nonzero start.
+    #[test]
+    fn weight_gradient_rows_tile_the_whole() {
+        let (n, c, oc) = (13, 6, 11);
+        let dout = randn(n * oc, 1.0, 60);
+        let inp = randn(n * c, 1.0, 61);
+        let start = randn(oc * c, 0.5, 62);
+        let mut whole = start.clone();
+        matmul_backward_weight(&mut whole, None, &dout, &inp, 1, n, c, oc);
+        let mut blocks = start.clone();
+        for rows in [0..3, 3..3, 3..10, 10..11] {
+            let dw = &mut blocks[rows.start * c..rows.end * c];
+            matmul_backward_weight_rows(dw, &dout, &inp, n, c, oc, rows.clone());
+        }
+        assert_close(&blocks, &whole, 1e-6, 1e-5, "row blocks vs whole");
+        assert_ne!(blocks, start);
+    }
+
+    #[test]
+    #[should_panic(expected = "not inside 0..11")]
+    fn weight_gradient_rows_past_oc_are_refused() {
+        let (n, c, oc) = (2, 3, 11);
+        let mut dw = vec![0.0f32; 2 * c];
+        matmul_backward_weight_rows(&mut dw, &[0.0; 22], &[0.0; 6], n, c, oc, 10..12);
+    }
 
     /// The naive triple loop, in f64.
     fn naive_forward(

@@ -132,12 +132,23 @@ impl Params<View> {
 }
 
 impl Params<usize> {
-    fn indices(layout: &ParamLayout) -> Self {
+    /// Each tensor's index among [`Gpt2Model::param_specs`] when `wte` is
+    /// handed over in `wte_pieces` pieces (`wte`: the first piece's).
+    fn indices(layout: &ParamLayout, wte_pieces: usize) -> Self {
+        let wte = layout
+            .tensors
+            .binary_search_by_key(&layout.wte().start, |x| x.offset)
+            .expect("wte is a tensor of the layout");
         let index = |start: usize| {
-            layout
+            let i = layout
                 .tensors
                 .binary_search_by_key(&start, |x| x.offset)
-                .expect("every span is a tensor of the layout")
+                .expect("every span is a tensor of the layout");
+            if i > wte {
+                i + wte_pieces - 1
+            } else {
+                i
+            }
         };
         Params {
             wte: index(layout.wte().start),
@@ -215,6 +226,14 @@ impl Acts {
         self.residual_in(self.layers.len())
     }
 }
+
+/// Row blocks of the tied embedding's classifier gradient when it is split
+/// ([`Gpt2Model::set_split_tied`]): each block's all-reduce overlaps the
+/// computation of the next. `wte` is the largest gradient of GPT-2 (31% of
+/// 124M's parameters, 88% of `small`'s) and its classifier part the longest
+/// weight-gradient task, so whole, its all-reduce could start only when
+/// little of the backward pass was left to hide it.
+pub const TIED_PIECES: usize = 4;
 
 /// Ring slots of the activation gradients
 /// ([`ActivationLayout::stored_gradients`]): block `l`'s gradients other than
@@ -295,6 +314,9 @@ pub struct Gpt2Model {
     /// The tied embedding's gradient as two writers (see
     /// [`set_split_tied`](Self::set_split_tied)).
     split_tied: bool,
+    /// With `split_tied`: the row blocks of `wte` its classifier gradient is
+    /// made and handed over in, and their gradient views; else empty.
+    wte_pieces: Vec<(std::ops::Range<usize>, View)>,
     fused: bool,
     dtype: Dtype,
     /// `f32` master weights (layout order) when `dtype` is not `f32`.
@@ -401,7 +423,7 @@ impl Gpt2Model {
         Ok(Gpt2Model {
             p: Params::views(&params, &layout, t, dtype)?,
             g: Params::views(&grads, &layout, t, dtype)?,
-            ids: Params::indices(&layout),
+            ids: Params::indices(&layout, 1),
             a: Acts::views(&acts, &al, dtype)?,
             da: Acts::views(&dacts, &gl, dtype)?,
             cfg: *cfg,
@@ -420,6 +442,7 @@ impl Gpt2Model {
             groups,
             has_targets: false,
             split_tied: false,
+            wte_pieces: Vec::new(),
             fused,
             dtype,
             master,
@@ -437,8 +460,33 @@ impl Gpt2Model {
     /// misses the encoder's part. CPU backend only (the position-only encoder
     /// task has no CUDA body yet), and `f32` models only: the rows are of the
     /// model's storage type, and the reducer's are `f32`.
-    pub fn set_split_tied(&mut self, on: bool) {
+    ///
+    /// The classifier's part is made and handed over in [`TIED_PIECES`] row
+    /// blocks of `wte`, each its own weight-gradient task and its own
+    /// parameter in [`param_specs`](Self::param_specs) (so `ready` counts
+    /// them, and the reducer can all-reduce each block while the next is
+    /// computed): call this before making the reducer.
+    pub fn set_split_tied(&mut self, on: bool) -> Result<()> {
+        let (v, c) = (self.cfg.vocab_size, self.cfg.channels);
+        let pieces = if on { TIED_PIECES.clamp(1, v) } else { 1 };
+        let base = self.layout.wte().start;
+        self.wte_pieces = match on {
+            false => Vec::new(),
+            true => (0..pieces)
+                .map(|i| {
+                    let rows = i * v / pieces..(i + 1) * v / pieces;
+                    let view = elems(
+                        &self.grads,
+                        base + rows.start * c..base + rows.end * c,
+                        self.dtype,
+                    )?;
+                    Ok((rows, view))
+                })
+                .collect::<braid::Result<_>>()?,
+        };
+        self.ids = Params::indices(&self.layout, pieces);
         self.split_tied = on;
+        Ok(())
     }
 
     /// Whether the tied gradient is split ([`set_split_tied`](Self::set_split_tied)).
@@ -448,14 +496,17 @@ impl Gpt2Model {
 
     /// The encoder's contribution to `wte`'s gradient after a split backward
     /// pass: row `tokens[i]` of `wte` receives row `i` of the encoder's input
-    /// gradient `(B·T, C)`; with the index of `wte` among the parameters.
-    pub fn tied_rows(&self) -> (usize, braid::comm::SparseRows) {
+    /// gradient `(B·T, C)`; with the indices of `wte`'s pieces among
+    /// [`param_specs`](Self::param_specs) (for
+    /// [`Reducer::sparse_ready_range`](braid::Reducer::sparse_ready_range)).
+    pub fn tied_rows(&self) -> (std::ops::Range<usize>, braid::comm::SparseRows) {
         let rows = braid::comm::SparseRows::new(
             self.tokens.whole(),
             self.da.encoded.clone(),
             self.cfg.channels,
         );
-        (self.ids.wte, rows)
+        let pieces = self.wte_pieces.len().max(1);
+        (self.ids.wte..self.ids.wte + pieces, rows)
     }
 
     /// The configuration.
@@ -543,11 +594,22 @@ impl Gpt2Model {
     /// The parameters as the gradient reducer sees them: every tensor of the
     /// layout, in layout order.
     pub fn param_specs(&self) -> Vec<ParamSpec> {
-        self.layout
-            .tensors
-            .iter()
-            .map(|t| ParamSpec::new(t.name.clone(), t.range()))
-            .collect()
+        let c = self.cfg.channels;
+        let wte = self.layout.wte();
+        let mut specs = Vec::with_capacity(self.layout.tensors.len() + self.wte_pieces.len());
+        for t in &self.layout.tensors {
+            if t.offset == wte.start && !self.wte_pieces.is_empty() {
+                specs.extend(self.wte_pieces.iter().map(|(rows, _)| {
+                    ParamSpec::new(
+                        format!("{}[rows {}..{}]", t.name, rows.start, rows.end),
+                        wte.start + rows.start * c..wte.start + rows.end * c,
+                    )
+                }));
+            } else {
+                specs.push(ParamSpec::new(t.name.clone(), t.range()));
+            }
+        }
+        specs
     }
 
     /// Element ranges that partition the parameters: the token embedding, the
@@ -1060,20 +1122,34 @@ impl Gpt2Model {
             c,
             v,
         )?;
-        matmul::backward_weight(
-            side("logits backward weight".into()),
-            &g.wte,
-            None,
-            dlogits,
-            &a.lnf,
-            n,
-            c,
-            v,
-        )?;
         if self.split_tied {
-            // The classifier was `wte`'s first writer; the encoder's rows go
-            // to the reducer on their own.
-            ready(id.wte)?;
+            // The classifier is `wte`'s first writer; the encoder's rows go
+            // to the reducer on their own. Its part in row blocks, each
+            // ready (and all-reduced) while the next is computed.
+            for (i, (rows, dw)) in self.wte_pieces.iter().enumerate() {
+                matmul::backward_weight_rows(
+                    side(format!("logits backward weight {i}")),
+                    dw,
+                    dlogits,
+                    &a.lnf,
+                    n,
+                    c,
+                    v,
+                    rows.clone(),
+                )?;
+                ready(id.wte + i)?;
+            }
+        } else {
+            matmul::backward_weight(
+                side("logits backward weight".into()),
+                &g.wte,
+                None,
+                dlogits,
+                &a.lnf,
+                n,
+                c,
+                v,
+            )?;
         }
         // lnf = layernorm(residual_out)
         layernorm::backward(

@@ -73,6 +73,14 @@ pub(super) fn run_rank(
         .filter(|_| world > 1 || opts.reduce_single_rank)
         .map(|c| c.bind(&rt))
         .transpose()?;
+    // The tied gradient's two writers, reduced on their own (CPU ranks; the
+    // reducer's row contributions are f32). Set before the reducer is made:
+    // the classifier's part is handed over in pieces (`param_specs`).
+    let split = comm.is_some()
+        && opts.tied_split
+        && rt.backend_name() == "cpu"
+        && model.dtype() == Dtype::F32;
+    model.set_split_tied(split)?;
     let mut reducer = match &comm {
         Some(c) => {
             // Every rank starts from rank 0's parameters, as DDP does (with
@@ -111,13 +119,6 @@ pub(super) fn run_rank(
         true => None,
         false => Some(new_optimizer(&rt, &model, opts, start, None, rank, world)?),
     };
-    // The tied gradient's two writers, reduced on their own (CPU ranks; the
-    // reducer's row contributions are f32).
-    let split = reducer.is_some()
-        && opts.tied_split
-        && rt.backend_name() == "cpu"
-        && model.dtype() == Dtype::F32;
-    model.set_split_tied(split);
     rt.synchronize()?;
     rt.clear_profile();
 
@@ -215,7 +216,7 @@ pub(super) fn run_rank(
                     let _s = rt.scope("reduce");
                     if model.split_tied() {
                         let (wte, rows) = model.tied_rows();
-                        r.sparse_ready(wte, rows)?;
+                        r.sparse_ready_range(wte, rows)?;
                     }
                     r.finish()?;
                     if opt.is_none() {
