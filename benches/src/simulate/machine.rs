@@ -66,6 +66,12 @@ pub struct Machine {
     /// sharing its durations went through).
     #[serde(default)]
     pub traced_background: f64,
+    /// Rank skew: how much faster than the slowest rank the fastest one runs
+    /// its compute, as a fraction (0.1: its compute tasks take 0.9 times as
+    /// long); 0 runs every rank in lock step (docs/simulator.md, "Rank
+    /// skew").
+    #[serde(default)]
+    pub rank_skew: f64,
 }
 
 fn one() -> f64 {
@@ -113,6 +119,8 @@ impl Machine {
             background: 0.0,
             contention: 0.0,
             traced_background: 0.0,
+            // Not measured: no machine here has two GPUs.
+            rank_skew: 0.0,
         };
         Ok(match name {
             "cpu" => Machine {
@@ -142,6 +150,7 @@ impl Machine {
                 background: 0.0,
                 contention: CPU_CONTENTION,
                 traced_background: 0.0,
+                rank_skew: CPU_RANK_SKEW,
             },
             "h100-nvlink" => gpu(name, nvlink, None),
             "h100-ib" => gpu(
@@ -209,6 +218,7 @@ impl Machine {
         if self.backend == Backend::Cpu {
             s += &format!(", memory contention {}", self.contention);
         }
+        s += &format!(", rank skew {}", self.rank_skew);
         if f.local_gbps > 0.0 {
             s += &format!(", local pass {} GB/s", f.local_gbps);
         }
@@ -226,6 +236,8 @@ const CPU_LAUNCH_US: f64 = 10.0;
 const CPU_LOCAL_GBPS: f64 = 8.0;
 const CPU_HANDOFF_US: f64 = 10.0;
 const CPU_CONTENTION: f64 = 0.2;
+/// Fitted on 2-rank traces of the main job (docs/simulator.md, "Rank skew").
+const CPU_RANK_SKEW: f64 = 0.06;
 
 #[cfg(test)]
 mod tests {

@@ -342,44 +342,108 @@ fn heft(
     (out, finish.iter().copied().max().unwrap_or(0))
 }
 
-/// Simulates step `g` on machine `m` under `cfg`.
+/// Simulates step `g` on machine `m` under `cfg`, every rank in lock step
+/// (one rank stands for all: [`simulate_ranks`] with one rank at speed 1).
 pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
-    let dur = durations(g, m, cfg);
+    simulate_ranks(g, m, cfg, &[1.0])
+        .pop()
+        .expect("one simulated rank")
+}
+
+/// The time factors of the compute tasks of the ranks simulated for rank
+/// skew `skew` (docs/simulator.md, "Rank skew"): `min(ranks, max_ranks)`
+/// ranks, the first at 1 (the modelled speed: the slowest rank), the others
+/// evenly faster down to `1 − skew` for the last. No skew (or one rank): one
+/// rank at 1.
+pub fn skew_factors(ranks: usize, skew: f64, max_ranks: usize) -> Vec<f64> {
+    let k = ranks.min(max_ranks.max(2));
+    if skew <= 0.0 || k < 2 {
+        return vec![1.0];
+    }
+    let skew = skew.min(0.95);
+    (0..k)
+        .map(|j| 1.0 - skew * j as f64 / (k - 1) as f64)
+        .collect()
+}
+
+/// Simulates step `g` on `m` under `cfg` as `factors.len()` ranks run it
+/// side by side, rank `j`'s compute (non-communication) durations multiplied
+/// by `factors[j]`. They stand for the `cfg.ranks` ranks: on a CPU machine
+/// each of them counts for `cfg.ranks / factors.len()` ranks' busy threads.
+/// A collective's span starts on each rank when that rank's comm stream
+/// reaches it and its inputs are ready (its arrival), but it moves no data
+/// until every rank has arrived (a ring all-reduce, or the CPU ranks'
+/// arrival barrier); then it runs for its priced time and ends on every
+/// rank at once. Time spent waiting for the last rank is part of the span,
+/// as in a trace. With identical factors every rank runs exactly the
+/// one-rank (lock-step) simulation.
+pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f64]) -> Vec<SimRun> {
+    let base = durations(g, m, cfg);
     let usable = usable_streams(m, cfg);
     let handoff = (m.handoff_us * 1e3).round() as u64;
-    let (placed, order) = place(g, &dur, cfg, usable, handoff);
-    let nstreams = cfg.streams.max(1) + 1;
+    let copies = factors.len().max(1);
     let n = g.nodes.len();
-    // Each stream's FIFO, in the order placement took the nodes.
-    let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); nstreams];
-    for &i in &order {
-        fifo[placed[i].0].push(i);
+    let nstreams = cfg.streams.max(1) + 1;
+    // Per rank: its durations, placement and stream FIFOs.
+    let mut durs: Vec<Vec<u64>> = Vec::with_capacity(copies);
+    let mut placed: Vec<Vec<(usize, PlaceReason)>> = Vec::with_capacity(copies);
+    let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); copies * nstreams];
+    for (j, &f) in factors.iter().enumerate() {
+        let dur: Vec<u64> = base
+            .iter()
+            .zip(&g.nodes)
+            .map(|(&d, node)| {
+                if node.is_comm() || f == 1.0 {
+                    d
+                } else {
+                    (d as f64 * f.max(0.0)).round() as u64
+                }
+            })
+            .collect();
+        let (p, order) = place(g, &dur, cfg, usable, handoff);
+        for &i in &order {
+            fifo[j * nstreams + p[i].0].push(j * n + i);
+        }
+        durs.push(dur);
+        placed.push(p);
     }
-    let mut head = vec![0usize; nstreams];
-    let mut busy: Vec<Option<usize>> = vec![None; nstreams];
-    let mut remaining: Vec<f64> = dur.iter().map(|&d| d as f64).collect();
-    let mut start = vec![0u64; n];
-    let mut end: Vec<Option<f64>> = vec![None; n];
-    let uses_core = |i: usize| match g.nodes[i].kind {
+    // Tasks and streams of every rank, flattened: task `j·n + i`, stream
+    // `j·nstreams + s`.
+    let total = copies * n;
+    let stream_of = |t: usize| (t / n) * nstreams + placed[t / n][t % n].0;
+    let mut head = vec![0usize; copies * nstreams];
+    let mut busy: Vec<Option<usize>> = vec![None; copies * nstreams];
+    let mut remaining: Vec<f64> = durs.iter().flatten().map(|&d| d as f64).collect();
+    let mut start = vec![0u64; total];
+    let mut end: Vec<Option<f64>> = vec![None; total];
+    // How many ranks have started each collective.
+    let mut arrived = vec![0usize; n];
+    let uses_core = |t: usize| match g.nodes[t % n].kind {
         TaskKind::Comm => m.backend == Backend::Cpu && m.comm_uses_cores,
         _ => m.backend == Backend::Cpu,
     };
+    // A collective waits (moves nothing, uses nothing) until every rank has
+    // arrived.
+    let waiting = |t: usize, arrived: &[usize]| {
+        g.nodes[t % n].is_comm() && copies > 1 && arrived[t % n] < copies
+    };
     let mut now = 0.0f64;
     let mut done = 0usize;
-    while done < n {
+    while done < total {
         // Start what can start now; note the earliest future start.
         let mut next_start = f64::INFINITY;
-        for s in 0..nstreams {
-            if busy[s].is_some() || head[s] >= fifo[s].len() {
+        for q in 0..copies * nstreams {
+            if busy[q].is_some() || head[q] >= fifo[q].len() {
                 continue;
             }
-            let i = fifo[s][head[s]];
+            let t = fifo[q][head[q]];
+            let (j, i) = (t / n, t % n);
             let mut ready = 0.0f64;
             let mut blocked = false;
             for &p in &g.nodes[i].preds {
-                match end[p] {
+                match end[j * n + p] {
                     Some(e) => {
-                        let hop = if placed[p].0 == s {
+                        let hop = if stream_of(j * n + p) == q {
                             0.0
                         } else {
                             handoff as f64
@@ -393,62 +457,93 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
                 continue;
             }
             if ready <= now {
-                busy[s] = Some(i);
-                head[s] += 1;
-                start[i] = now.round() as u64;
+                busy[q] = Some(t);
+                head[q] += 1;
+                start[t] = now.round() as u64;
+                if g.nodes[i].is_comm() {
+                    arrived[i] += 1;
+                }
             } else {
                 next_start = next_start.min(ready);
             }
         }
-        // Rates under core sharing.
-        let cores_busy = busy.iter().flatten().filter(|&&i| uses_core(i)).count();
+        // Rates under core sharing: every rank's busy threads (each
+        // simulated rank standing for `ranks / copies` ranks) and the
+        // background.
+        let cores_busy = busy
+            .iter()
+            .flatten()
+            .filter(|&&t| uses_core(t) && !waiting(t, &arrived))
+            .count();
         let rate_core = if cores_busy > 0 {
-            m.cpu_rate((cfg.ranks.max(1) * cores_busy) as f64 + m.background.max(0.0))
+            let threads = if copies == 1 {
+                (cfg.ranks.max(1) * cores_busy) as f64
+            } else {
+                cores_busy as f64 * cfg.ranks.max(1) as f64 / copies as f64
+            };
+            m.cpu_rate(threads + m.background.max(0.0))
         } else {
             1.0
         };
-        let rate = |i: usize| if uses_core(i) { rate_core } else { 1.0 };
+        let rate = |t: usize| {
+            if waiting(t, &arrived) {
+                0.0
+            } else if uses_core(t) {
+                rate_core
+            } else {
+                1.0
+            }
+        };
         let next_end = busy
             .iter()
             .flatten()
-            .map(|&i| now + remaining[i] / rate(i))
+            .filter(|&&t| rate(t) > 0.0)
+            .map(|&t| now + remaining[t] / rate(t))
             .fold(f64::INFINITY, f64::min);
-        let t = next_end.min(next_start);
-        if !t.is_finite() {
+        let tnext = next_end.min(next_start);
+        if !tnext.is_finite() {
             // Nothing runs and nothing can start: a cycle (cannot happen
             // with predecessors earlier in submission order).
             break;
         }
-        let dt = t - now;
+        let dt = tnext - now;
         for slot in busy.iter_mut() {
-            if let Some(i) = *slot {
-                remaining[i] -= dt * rate(i);
-                if remaining[i] <= 1e-3 {
-                    remaining[i] = 0.0;
-                    end[i] = Some(t);
+            if let Some(t) = *slot {
+                let r = rate(t);
+                if r == 0.0 {
+                    continue;
+                }
+                remaining[t] -= dt * r;
+                if remaining[t] <= 1e-3 {
+                    remaining[t] = 0.0;
+                    end[t] = Some(tnext);
                     *slot = None;
                     done += 1;
                 }
             }
         }
-        now = t;
+        now = tnext;
     }
-    let tasks: Vec<Placed> = (0..n)
-        .map(|i| Placed {
-            stream: placed[i].0,
-            reason: placed[i].1,
-            start_ns: start[i],
-            end_ns: end[i].unwrap_or(now).round() as u64,
+    (0..copies)
+        .map(|j| {
+            let tasks: Vec<Placed> = (0..n)
+                .map(|i| Placed {
+                    stream: placed[j][i].0,
+                    reason: placed[j][i].1,
+                    start_ns: start[j * n + i],
+                    end_ns: end[j * n + i].unwrap_or(now).round() as u64,
+                })
+                .collect();
+            let makespan_ns = tasks.iter().map(|t| t.end_ns).max().unwrap_or(0);
+            SimRun {
+                tasks,
+                streams: cfg.streams.max(1),
+                usable,
+                makespan_ns,
+                nominal_ns: durs[j].clone(),
+            }
         })
-        .collect();
-    let makespan_ns = tasks.iter().map(|t| t.end_ns).max().unwrap_or(0);
-    SimRun {
-        tasks,
-        streams: cfg.streams.max(1),
-        usable,
-        makespan_ns,
-        nominal_ns: dur,
-    }
+        .collect()
 }
 
 #[cfg(test)]
@@ -519,6 +614,7 @@ mod tests {
             background: 0.0,
             contention: 0.0,
             traced_background: 0.0,
+            rank_skew: 0.0,
         }
     }
 
