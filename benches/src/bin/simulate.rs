@@ -85,9 +85,9 @@ struct Args {
     /// the prediction for the last rank count (and the error).
     #[arg(long)]
     measured: Option<PathBuf>,
-    /// Rank skew: the fastest rank's compute runs this fraction faster than
-    /// the slowest's (0: every rank in lock step; default: the machine's,
-    /// fitted for `cpu`).
+    /// Rank skew: the ranks' compute time factors spread evenly from
+    /// 1 + skew/2 (the slowest) to 1 − skew/2 (the fastest) (0: every rank
+    /// in lock step; default: the machine's, fitted for `cpu`).
     #[arg(long)]
     skew: Option<f64>,
     /// Take the rank skew from this trace of several ranks (its measured
@@ -164,8 +164,8 @@ fn main() -> Result<()> {
     if let Some(s) = a.skew {
         machine.rank_skew = s;
     }
-    if !(0.0..1.0).contains(&machine.rank_skew) {
-        bail!("the rank skew must be in [0, 1): {}", machine.rank_skew);
+    if !(0.0..1.9).contains(&machine.rank_skew) {
+        bail!("the rank skew must be in [0, 1.9): {}", machine.rank_skew);
     }
     let streams = a.streams.unwrap_or(g.traced_streams);
     let comm = g.nodes.iter().filter(|n| n.is_comm()).count();

@@ -66,10 +66,10 @@ pub struct Machine {
     /// sharing its durations went through).
     #[serde(default)]
     pub traced_background: f64,
-    /// Rank skew: how much faster than the slowest rank the fastest one runs
-    /// its compute, as a fraction (0.1: its compute tasks take 0.9 times as
-    /// long); 0 runs every rank in lock step (docs/simulator.md, "Rank
-    /// skew").
+    /// Rank skew: the spread of the ranks' compute speeds around the
+    /// modelled one, as a fraction (0.1: the slowest rank's compute tasks
+    /// take 1.05 times as long as modelled, the fastest's 0.95 times); 0 runs
+    /// every rank in lock step (docs/simulator.md, "Rank skew").
     #[serde(default)]
     pub rank_skew: f64,
 }

@@ -352,17 +352,18 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
 
 /// The time factors of the compute tasks of the ranks simulated for rank
 /// skew `skew` (docs/simulator.md, "Rank skew"): `min(ranks, max_ranks)`
-/// ranks, the first at 1 (the modelled speed: the slowest rank), the others
-/// evenly faster down to `1 − skew` for the last. No skew (or one rank): one
-/// rank at 1.
+/// ranks whose factors spread evenly from `1 + skew/2` (the slowest, first)
+/// to `1 − skew/2` (the fastest, last), around the modelled speed (the
+/// lock-step model predicts the mean rank). No skew (or one rank): one rank
+/// at 1.
 pub fn skew_factors(ranks: usize, skew: f64, max_ranks: usize) -> Vec<f64> {
     let k = ranks.min(max_ranks.max(2));
     if skew <= 0.0 || k < 2 {
         return vec![1.0];
     }
-    let skew = skew.min(0.95);
+    let skew = skew.min(1.9);
     (0..k)
-        .map(|j| 1.0 - skew * j as f64 / (k - 1) as f64)
+        .map(|j| 1.0 + skew / 2.0 - skew * j as f64 / (k - 1) as f64)
         .collect()
 }
 
@@ -423,9 +424,10 @@ pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f6
         _ => m.backend == Backend::Cpu,
     };
     // A collective waits (moves nothing, uses nothing) until every rank has
-    // arrived.
+    // arrived; other tasks of the comm stream (a local sparse-row add) do
+    // not wait.
     let waiting = |t: usize, arrived: &[usize]| {
-        g.nodes[t % n].is_comm() && copies > 1 && arrived[t % n] < copies
+        g.nodes[t % n].collective.is_some() && copies > 1 && arrived[t % n] < copies
     };
     let mut now = 0.0f64;
     let mut done = 0usize;
@@ -460,7 +462,7 @@ pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f6
                 busy[q] = Some(t);
                 head[q] += 1;
                 start[t] = now.round() as u64;
-                if g.nodes[i].is_comm() {
+                if g.nodes[i].collective.is_some() {
                     arrived[i] += 1;
                 }
             } else {
@@ -786,5 +788,142 @@ mod tests {
                 (0, 72, 77)
             ]
         );
+    }
+    /// Identical ranks side by side run exactly the lock-step simulation,
+    /// on a GPU and on shared CPU cores (where each simulated rank counts
+    /// for `ranks / simulated` ranks' threads).
+    #[test]
+    fn ranks_at_one_speed_run_the_lock_step_simulation() {
+        assert_eq!(skew_factors(4, 0.0, 8), vec![1.0]);
+        assert_eq!(skew_factors(1, 0.3, 8), vec![1.0]);
+        let g = graph();
+        for (m, c) in [
+            (machine(Backend::Gpu, 0), cfg(2, 2, SimPolicy::Affinity)),
+            (
+                Machine {
+                    background: 0.5,
+                    contention: 0.2,
+                    ..machine(Backend::Cpu, 2)
+                },
+                SimConfig {
+                    oversubscribe: true,
+                    ..cfg(16, 2, SimPolicy::Affinity)
+                },
+            ),
+        ] {
+            let one = simulate(&g, &m, &c);
+            for k in [2, 4] {
+                let runs = simulate_ranks(&g, &m, &c, &vec![1.0; k]);
+                assert_eq!(runs.len(), k);
+                for r in &runs {
+                    assert_eq!(times(r), times(&one));
+                    assert_eq!(
+                        r.tasks.iter().map(|t| t.end_ns).collect::<Vec<_>>(),
+                        one.tasks.iter().map(|t| t.end_ns).collect::<Vec<_>>()
+                    );
+                    assert_eq!(r.makespan_ns, one.makespan_ns);
+                }
+            }
+        }
+    }
+
+    /// The all-reduce moves data only once the last rank is ready: the fast
+    /// rank's span starts at its own arrival and holds the wait; both end
+    /// together, the collective's time after the slow rank's arrival.
+    #[test]
+    fn a_collective_starts_when_the_last_rank_is_ready() {
+        let runs = simulate_ranks(
+            &graph(),
+            &machine(Backend::Gpu, 0),
+            &cfg(2, 1, SimPolicy::Recorded),
+            &[1.0, 0.5],
+        );
+        // Slow rank: c ends at 60, the all-reduce runs 60-70.
+        assert_eq!(
+            times(&runs[0]),
+            vec![
+                (0, 0, 10),
+                (0, 10, 30),
+                (0, 30, 60),
+                (1, 60, 70),
+                (0, 70, 75)
+            ]
+        );
+        // Fast rank (half the compute time): c ends at 30; it arrives at 30
+        // and waits for the slow rank until 60.
+        let fast: Vec<(u64, u64)> = runs[1]
+            .tasks
+            .iter()
+            .map(|t| (t.start_ns / 100_000, t.end_ns / 100_000))
+            .collect();
+        assert_eq!(
+            fast,
+            vec![(0, 50), (50, 150), (150, 300), (300, 700), (700, 725)]
+        );
+        assert_eq!(skew_factors(2, 0.5, 8), vec![1.25, 0.75]);
+        assert_eq!(skew_factors(3, 0.5, 8), vec![1.25, 1.0, 0.75]);
+        assert_eq!(skew_factors(1024, 0.7, 8).len(), 8);
+    }
+
+    /// A rank that finishes its compute long before the slowest one waits
+    /// in the collective with nothing to hide it: the pooled hidden share
+    /// falls, and more skew lowers it further.
+    #[test]
+    fn skew_beyond_the_backward_lowers_the_hidden_share() {
+        // a → c → all-reduce (10 ms); a → b (5 ms): b overlaps half of it.
+        let mut d = node("all_reduce bucket 0", 0, &[1]);
+        d.kind = TaskKind::Comm;
+        d.collective = Some(Collective::AllReduce);
+        d.traced_stream = None;
+        d.bytes = Some(100_000_000);
+        let g = StepGraph {
+            nodes: vec![
+                node("a", 10, &[]),
+                node("c", 10, &[0]),
+                d,
+                node("b", 5, &[0, 1]),
+                node("e", 1, &[2, 3]),
+            ],
+            host_gap_ns: 0,
+            measured_step_ns: 0,
+            traced_ranks: 1,
+            traced_streams: 1,
+            complete_steps: 1,
+        };
+        let c = cfg(2, 1, SimPolicy::Recorded);
+        let hidden = |skew: f64| {
+            let m = Machine {
+                rank_skew: skew,
+                ..machine(Backend::Gpu, 0)
+            };
+            let (p, runs) = crate::simulate::predict_ranks(&g, &m, &c);
+            (p, runs)
+        };
+        let (p0, _) = hidden(0.0);
+        assert_eq!(p0.factors, vec![1.0]);
+        assert!(
+            (p0.hidden_share() - 0.5).abs() < 1e-9,
+            "{}",
+            p0.hidden_share()
+        );
+        // Skew 0.5: compute ×1.25 on the slow rank, ×0.75 on the fast one.
+        // Slow: c ends at 25, the all-reduce runs 25-35 beside b (25-31.25):
+        // 6.25 of 10 ms hidden. Fast: c ends at 15, b 15-18.75, the
+        // all-reduce span from its arrival at 15 to 35: 3.75 of 20 ms.
+        // Pooled: 10 of 30 ms.
+        let (p5, runs) = hidden(0.5);
+        assert_eq!(p5.factors, vec![1.25, 0.75]);
+        assert_eq!(runs[0].tasks[2].start_ns, 25 * MS);
+        assert_eq!(runs[1].tasks[2].start_ns, 15 * MS);
+        assert_eq!(runs[1].tasks[2].end_ns, 35 * MS);
+        assert!(
+            (p5.hidden_share() - 1.0 / 3.0).abs() < 1e-9,
+            "{}",
+            p5.hidden_share()
+        );
+        // The slow rank sets the step: e (1 ms × 1.25) after the all-reduce.
+        assert_eq!(p5.step_ns, 36_250_000);
+        let (p8, _) = hidden(0.8);
+        assert!(p8.hidden_share() < p5.hidden_share());
     }
 }

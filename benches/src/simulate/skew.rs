@@ -11,6 +11,7 @@
 //! kernel waits for its peers), so on a rank that arrived early the traced
 //! span holds the wait for the last one.
 
+use super::cost::Collective;
 use super::graph::{occurrences, step_preds};
 use super::trace::{RankTrace, StepSlice, Trace};
 use anyhow::{bail, Result};
@@ -35,6 +36,14 @@ pub struct CollectiveTimes {
     pub start_ns: Vec<u64>,
     /// Its span's end.
     pub end_ns: Vec<u64>,
+    /// On every rank its last predecessor to end was a compute (not a
+    /// communication) task: its ready times are where that rank's compute
+    /// got to (a collective after another collective is ready when that one
+    /// ends, at the same time on every rank).
+    pub compute_ready: bool,
+    /// On every rank a task of the step waits for it (the loss all-reduce,
+    /// read only after the step, is not awaited).
+    pub awaited: bool,
 }
 
 impl CollectiveTimes {
@@ -197,13 +206,9 @@ impl MeasuredSkew {
     }
 
     /// The rank skew of the model (`Machine::rank_skew`) that this trace
-    /// shows: per step, for each collective with a predecessor on every
-    /// rank, the spread of the ranks' ready times over the time from the
-    /// earliest step start to the latest ready time (a rank whose compute
-    /// runs `1 − f` times as long as the slowest's is ready `f` of the way
-    /// earlier); the median over the step's collectives, then the mean over
-    /// steps (the mean, not the median: the exposed time grows with the
-    /// skew, so the rare far-skewed step counts).
+    /// shows, the mean of [`Self::step_skews`] (the mean, not the median:
+    /// the exposed time grows with the skew, so the rare far-skewed step
+    /// counts).
     pub fn fitted_skew(&self) -> f64 {
         let per_step = self.step_skews();
         if per_step.is_empty() {
@@ -213,27 +218,39 @@ impl MeasuredSkew {
         }
     }
 
-    /// Each complete step's skew (see [`Self::fitted_skew`]); steps with no
-    /// collective that has a predecessor on every rank are left out.
+    /// Each complete step's skew: per rank, when its compute last made a
+    /// collective that the step waits for ready (the latest ready time of
+    /// the collectives made ready by compute and awaited,
+    /// [`CollectiveTimes::compute_ready`], [`CollectiveTimes::awaited`]:
+    /// the end of its backward). The spread of that over the ranks, over
+    /// the time from the earliest step start to the latest of them, is `e`;
+    /// in the model the fastest rank's compute takes `(1 − f/2)/(1 + f/2)`
+    /// times as long as the slowest's, so it gets there `e` of the way
+    /// earlier for `f = 2e/(2 − e)`, and waits that long at the end of the
+    /// step with nothing to hide it. (Earlier collectives are not used: ranks that
+    /// re-place their step by their own measured durations can run the
+    /// same tasks in another order, so an earlier bucket's ready times
+    /// differ without either rank being ahead at the end.) Steps with no
+    /// such collective are left out.
     pub fn step_skews(&self) -> Vec<f64> {
         self.steps
             .iter()
             .filter_map(|s| {
                 let t0 = s.start_ns.iter().copied().min()?;
-                let mut v: Vec<f64> = s
-                    .collectives
-                    .iter()
-                    .filter(|c| c.ready_ns.iter().zip(&s.start_ns).all(|(r, st)| r > st))
-                    .map(|c| {
-                        let hi = c.ready_ns.iter().copied().max().unwrap_or(t0);
-                        c.ready_spread_ns() as f64 / hi.saturating_sub(t0).max(1) as f64
+                let last: Vec<u64> = (0..self.ranks)
+                    .map(|r| {
+                        s.collectives
+                            .iter()
+                            .filter(|c| c.compute_ready && c.awaited)
+                            .map(|c| c.ready_ns[r])
+                            .max()
                     })
-                    .collect();
-                if v.is_empty() {
-                    return None;
-                }
-                v.sort_by(f64::total_cmp);
-                Some(v[v.len() / 2])
+                    .collect::<Option<_>>()?;
+                let hi = last.iter().copied().max()?;
+                // The fastest is ready `e` of the way earlier than the
+                // slowest: (1 − f/2) = (1 − e)(1 + f/2).
+                let e = spread(&last) as f64 / hi.saturating_sub(t0).max(1) as f64;
+                Some(2.0 * e / (2.0 - e))
             })
             .collect()
     }
@@ -302,6 +319,11 @@ fn busy(mut v: Vec<(u64, u64)>) -> u64 {
     total + cur.map_or(0, |(c, d)| d - c)
 }
 
+/// A collective on one rank: ready, start, end, bytes, whether its last
+/// predecessor to end was a compute task, whether a task of the step waits
+/// for it.
+type Timing = (u64, u64, u64, Option<u64>, bool, bool);
+
 /// Reads the skew out of a trace with several ranks (`start`: the name that
 /// begins a step, as for [`RankTrace::steps`]).
 pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
@@ -326,7 +348,7 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
     for k in 0..n {
         // Per rank: (name, occurrence) → (ready, start, end, bytes) of each
         // collective, and rank 0's order.
-        let mut maps: Vec<HashMap<(String, usize), (u64, u64, u64, Option<u64>)>> = Vec::new();
+        let mut maps: Vec<HashMap<(String, usize), Timing>> = Vec::new();
         let mut order: Vec<(String, usize)> = Vec::new();
         let (mut starts, mut ends, mut busys, mut sums) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -336,21 +358,38 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
             let step_start = tasks.iter().map(|t| t.start_ns).min().unwrap_or(0);
             let preds = step_preds(tasks);
             let occ = occurrences(tasks.iter().map(|t| t.name.as_str()));
+            let mut awaited = vec![false; tasks.len()];
+            for &p in preds.iter().flatten() {
+                awaited[p] = true;
+            }
             let mut m = HashMap::new();
             for (i, t) in tasks.iter().enumerate() {
-                if t.kind != TaskKind::Comm {
+                // Collectives only: a comm-stream task that is not one (the
+                // tied split's local sparse-row add) waits for no rank.
+                if t.kind != TaskKind::Comm || Collective::from_task_name(&t.name).is_none() {
                     continue;
                 }
-                let ready = preds[i]
+                let last = preds[i]
                     .iter()
-                    .map(|&p| tasks[p].start_ns + tasks[p].dur_ns)
-                    .max()
-                    .unwrap_or(step_start);
+                    .map(|&p| (tasks[p].start_ns + tasks[p].dur_ns, p))
+                    .max();
+                let ready = last.map_or(step_start, |l| l.0);
+                let by_compute = last.is_some_and(|l| tasks[l.1].kind != TaskKind::Comm);
                 let key = (t.name.clone(), occ[i]);
                 if ri == 0 {
                     order.push(key.clone());
                 }
-                m.insert(key, (ready, t.start_ns, t.start_ns + t.dur_ns, t.bytes));
+                m.insert(
+                    key,
+                    (
+                        ready,
+                        t.start_ns,
+                        t.start_ns + t.dur_ns,
+                        t.bytes,
+                        by_compute,
+                        awaited[i],
+                    ),
+                );
             }
             maps.push(m);
             starts.push(step_start);
@@ -367,7 +406,7 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
             .into_iter()
             .filter(|key| maps.iter().all(|m| m.contains_key(key)))
             .map(|key| {
-                let at = |f: fn(&(u64, u64, u64, Option<u64>)) -> u64| -> Vec<u64> {
+                let at = |f: fn(&Timing) -> u64| -> Vec<u64> {
                     maps.iter().map(|m| f(&m[&key])).collect()
                 };
                 CollectiveTimes {
@@ -375,6 +414,8 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
                     ready_ns: at(|x| x.0),
                     start_ns: at(|x| x.1),
                     end_ns: at(|x| x.2),
+                    compute_ready: maps.iter().all(|m| m[&key].4),
+                    awaited: maps.iter().all(|m| m[&key].5),
                     name: key.0,
                     occurrence: key.1,
                 }
@@ -531,5 +572,110 @@ impl MeasuredSkew {
             100.0 * self.run_hidden_share(),
         ));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::trace::TraceTask;
+
+    const MS: u64 = 1_000_000;
+
+    /// Three steps of `upload`, `x`, an all-reduce after `x`, `y`
+    /// (independent of the all-reduce) and `z` (after it); `x` ends at
+    /// `x_end` ms into the step and `y` takes `y_ms`; the all-reduce ends at
+    /// 70 ms.
+    fn rank(rank: usize, x_end: u64, y_ms: u64) -> RankTrace {
+        let mut tasks = Vec::new();
+        for k in 0..3u64 {
+            let t = 100 * MS * k;
+            let id = 10 * k;
+            let task =
+                |id: u64, name: &str, kind, stream, a: u64, b: u64, preds: Vec<u64>| TraceTask {
+                    id,
+                    name: name.into(),
+                    kind,
+                    stream,
+                    start_ns: t + a * MS,
+                    dur_ns: (b - a) * MS,
+                    preds,
+                    bytes: None,
+                    side: false,
+                };
+            tasks.push(task(id, "upload", TaskKind::Host, 0, 0, 1, vec![]));
+            tasks.push(task(id + 1, "x", TaskKind::Compute, 0, 1, x_end, vec![id]));
+            tasks.push(task(
+                id + 2,
+                "all_reduce",
+                TaskKind::Comm,
+                1,
+                x_end,
+                70,
+                vec![id + 1],
+            ));
+            tasks.push(task(
+                id + 3,
+                "y",
+                TaskKind::Compute,
+                0,
+                x_end,
+                x_end + y_ms,
+                vec![id + 1],
+            ));
+            // Waits for the all-reduce (as the optimizer waits for a bucket).
+            tasks.push(task(
+                id + 4,
+                "z",
+                TaskKind::Compute,
+                0,
+                70,
+                71,
+                vec![id + 2],
+            ));
+        }
+        RankTrace {
+            rank,
+            streams: vec!["compute 0".into(), "comm 0".into()],
+            tasks,
+        }
+    }
+
+    #[test]
+    fn ready_times_waits_and_hidden_shares_per_rank() {
+        let trace = Trace {
+            ranks: vec![rank(0, 50, 10), rank(1, 30, 5)],
+        };
+        let m = measure(&trace, None).unwrap();
+        assert_eq!((m.ranks, m.steps.len()), (2, 3));
+        let s = &m.steps[1];
+        let c = &s.collectives[0];
+        assert_eq!(c.name, "all_reduce");
+        assert!(c.compute_ready && c.awaited);
+        assert_eq!(c.ready_ns, vec![150 * MS, 130 * MS]);
+        assert_eq!(c.group_start_ns(), 150 * MS);
+        assert_eq!((c.wait_ns(0), c.wait_ns(1)), (0, 20 * MS));
+        assert_eq!(c.transfer_ns(), 20 * MS);
+        assert_eq!(s.compute_end_ns, vec![171 * MS, 171 * MS]);
+        // Rank 0 hides 10 of 20 ms, rank 1 5 of 40.
+        let h = m.pooled_hidden_shares();
+        assert!(
+            (h[0] - 0.5).abs() < 1e-9 && (h[1] - 0.125).abs() < 1e-9,
+            "{h:?}"
+        );
+        assert!((m.steps_hidden_share() - 0.3125).abs() < 1e-9);
+        // Ready 20 ms apart, 50 ms after the step's start: e = 0.4, the
+        // fastest at 0.6 of the slowest's time, factors 1.25 and 0.75:
+        // skew 0.5.
+        assert!((m.fitted_skew() - 0.5).abs() < 1e-9, "{}", m.fitted_skew());
+        assert!(m.report(true).len() > 3);
+        // One rank: no skew to measure.
+        assert!(measure(
+            &Trace {
+                ranks: vec![rank(0, 50, 10)]
+            },
+            None
+        )
+        .is_err());
     }
 }
