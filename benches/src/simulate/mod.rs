@@ -6,7 +6,9 @@
 //! * [`graph`] turns one rank's step into a task graph ([`StepGraph`]);
 //! * [`machine`] describes machines (built-in or a JSON file);
 //! * [`cost`] prices collectives (NCCL ring and tree, α–β);
-//! * [`sched`] places and runs the graph ([`simulate`]);
+//! * [`sched`] places and runs the graph ([`simulate`]; with rank skew
+//!   several ranks side by side, [`sched::simulate_ranks`]);
+//! * [`skew`] reads rank skew out of a trace with several ranks;
 //! * this module turns a simulated run into figures computed the way
 //!   `braid::trace::Summary` computes them (a [`braid::trace::Profile`] is
 //!   built and summarised) and into a Chrome trace.
@@ -38,7 +40,9 @@ pub struct Prediction {
     /// The step time: makespan plus the traced host time between steps, ns.
     pub step_ns: u64,
     /// The summary of the simulated step (comm time, hidden share, critical
-    /// path), as `braid::trace::Summary` computes it.
+    /// path), as `braid::trace::Summary` computes it: the slowest rank's
+    /// when ranks are skewed (see `rank_summaries`, and
+    /// [`Prediction::hidden_share`] for the figure to report).
     pub summary: Summary,
     /// Names of the tasks along the critical path (dependency edges,
     /// simulated durations), first to last.
@@ -162,9 +166,10 @@ pub fn predict(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, SimR
 
 /// Simulates `g` on `m` under `cfg` with the machine's rank skew
 /// (`m.rank_skew`: ranks simulated side by side, `sched::skew_factors`) and
-/// summarises it: the step time is the slowest rank's, the critical path
-/// the slowest rank's, the hidden share the mean over ranks. Returns every
-/// simulated rank's run, the slowest first.
+/// summarises it: the step ends with the last rank's last task, the
+/// critical path is the slowest rank's, the hidden share is pooled over the
+/// ranks ([`Prediction::hidden_share`]). Returns every simulated rank's run,
+/// the slowest first.
 pub fn predict_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, Vec<SimRun>) {
     let factors = sched::skew_factors(cfg.ranks, m.rank_skew, MAX_SKEW_RANKS);
     let runs = sched::simulate_ranks(g, m, cfg, &factors);

@@ -27,8 +27,11 @@
 //!
 //! **Execution** is event-driven. A stream starts its next task when the
 //! previous one ended and every predecessor has ended (plus the hand-off
-//! cost for one on another stream). Every rank runs the same step at the same
-//! time (data parallelism), so collectives need no partner modelling. On a
+//! cost for one on another stream). Every rank runs the same step (data
+//! parallelism). In lock step one simulated rank stands for all and a
+//! collective starts when its inputs are ready; with rank skew
+//! ([`simulate_ranks`]) several ranks run side by side at different compute
+//! speeds and a collective moves data only once every rank has arrived. On a
 //! CPU machine the threads of every rank share the cores (processor
 //! sharing): while `k` tasks of this rank that use a core run, each advances
 //! at `min(1, cores / t) / (1 + γ·(min(t, cores) − 1))` of its speed, with

@@ -345,15 +345,18 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
         );
     }
     let mut steps = Vec::with_capacity(n);
+    // Step by step: the `k`-th complete step of every rank.
+    let mut iters: Vec<_> = per_rank.iter().map(|v| v.iter()).collect();
     for k in 0..n {
-        // Per rank: (name, occurrence) → (ready, start, end, bytes) of each
-        // collective, and rank 0's order.
+        let slices: Vec<&StepSlice> = iters.iter_mut().filter_map(Iterator::next).collect();
+        // Per rank: (name, occurrence) → the collective's `Timing`, and rank
+        // 0's order.
         let mut maps: Vec<HashMap<(String, usize), Timing>> = Vec::new();
         let mut order: Vec<(String, usize)> = Vec::new();
         let (mut starts, mut ends, mut busys, mut sums) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (ri, r) in trace.ranks.iter().enumerate() {
-            let s = &per_rank[ri][k];
+            let s = slices[ri];
             let tasks = &r.tasks[s.first..s.end];
             let step_start = tasks.iter().map(|t| t.start_ns).min().unwrap_or(0);
             let preds = step_preds(tasks);
