@@ -127,6 +127,23 @@ fn a_two_rank_trace_gives_steps_buckets_and_a_prediction() {
         let last_arrival = runs[0].tasks[i].start_ns.max(runs[1].tasks[i].start_ns);
         assert!(runs[0].tasks[i].end_ns >= last_arrival, "{}", n.name);
     }
+    // The predicted ranks, written as a trace and measured like a real
+    // one, show the skew asked for.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("skewed.json");
+    let profs: Vec<_> = runs
+        .iter()
+        .enumerate()
+        .map(|(j, r)| simulate::profile_of_rank(&g, r, j))
+        .collect();
+    braid::trace::write_chrome_trace(&out, &profs.iter().collect::<Vec<_>>()).unwrap();
+    let back = simulate::skew::measure(&Trace::read(&out).unwrap(), None).unwrap();
+    assert_eq!((back.ranks, back.steps.len()), (2, 1));
+    assert!(
+        (back.fitted_skew() - 0.2).abs() < 0.005,
+        "{}",
+        back.fitted_skew()
+    );
     // The measured skew: every complete step on both ranks; each
     // collective starts after its inputs are ready on each rank and ends
     // after the last rank arrived (it moves data only then).

@@ -85,8 +85,8 @@ struct Args {
     /// the prediction for the last rank count (and the error).
     #[arg(long)]
     measured: Option<PathBuf>,
-    /// Rank skew: the ranks' compute time factors spread evenly from
-    /// 1 + skew/2 (the slowest) to 1 − skew/2 (the fastest) (0: every rank
+    /// Rank skew, as `--measured` reports a trace's fitted skew: how far
+    /// apart the slowest and fastest ranks end their backward (0: every rank
     /// in lock step; default: the machine's, fitted for `cpu`).
     #[arg(long)]
     skew: Option<f64>,

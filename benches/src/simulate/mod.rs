@@ -52,7 +52,9 @@ pub struct Prediction {
     /// Each simulated rank's summary, the slowest (the one `summary` is)
     /// first; one when the ranks run in lock step (no rank skew).
     pub rank_summaries: Vec<Summary>,
-    /// Each simulated rank's compute time factor (`sched::skew_factors`).
+    /// Each simulated rank's compute time factor (`sched::skew_factors`
+    /// of the spread that gives the machine's rank skew,
+    /// `skew::solve_factor_spread`).
     pub factors: Vec<f64>,
 }
 
@@ -165,13 +167,16 @@ pub fn predict(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, SimR
 }
 
 /// Simulates `g` on `m` under `cfg` with the machine's rank skew
-/// (`m.rank_skew`: ranks simulated side by side, `sched::skew_factors`) and
+/// (`m.rank_skew`: ranks simulated side by side, their compute factors
+/// spread so that they end the backward that far apart,
+/// `skew::solve_factor_spread`) and
 /// summarises it: the step ends with the last rank's last task, the
 /// critical path is the slowest rank's, the hidden share is pooled over the
 /// ranks ([`Prediction::hidden_share`]). Returns every simulated rank's run,
 /// the slowest first.
 pub fn predict_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, Vec<SimRun>) {
-    let factors = sched::skew_factors(cfg.ranks, m.rank_skew, MAX_SKEW_RANKS);
+    let spread = skew::solve_factor_spread(g, m, cfg, m.rank_skew);
+    let factors = sched::skew_factors(cfg.ranks, spread, MAX_SKEW_RANKS);
     let runs = sched::simulate_ranks(g, m, cfg, &factors);
     let rank_summaries: Vec<Summary> = runs
         .iter()

@@ -873,13 +873,55 @@ mod tests {
     /// falls, and more skew lowers it further.
     #[test]
     fn skew_beyond_the_backward_lowers_the_hidden_share() {
-        // a → c → all-reduce (10 ms); a → b (5 ms): b overlaps half of it.
+        let g = short_tail();
+        let c = cfg(2, 1, SimPolicy::Recorded);
+        let hidden = |skew: f64| {
+            let m = Machine {
+                rank_skew: skew,
+                ..machine(Backend::Gpu, 0)
+            };
+            crate::simulate::predict_ranks(&g, &m, &c)
+        };
+        let (p0, _) = hidden(0.0);
+        assert_eq!(p0.factors, vec![1.0]);
+        assert!(
+            (p0.hidden_share() - 0.5).abs() < 1e-9,
+            "{}",
+            p0.hidden_share()
+        );
+        // Skew 0.5 on a GPU (no shared cores): compute ×1.25 on the slow
+        // rank, ×0.75 on the fast one. Slow: c ends at 25, the all-reduce
+        // runs 25-35 beside b (25-31.25): 6.25 of 10 ms hidden. Fast: c ends
+        // at 15, b 15-18.75, the all-reduce span from its arrival at 15 to
+        // 35: 3.75 of 20 ms. Pooled: 10 of 30 ms. (The spread is found by
+        // bisection on whole nanoseconds: equal to 1e-6.)
+        let (p5, runs) = hidden(0.5);
+        assert_eq!(p5.factors.len(), 2);
+        assert!((p5.factors[0] - 1.25).abs() < 1e-6 && (p5.factors[1] - 0.75).abs() < 1e-6);
+        let near = |ns: u64, ms: f64| (ns as f64 - ms * 1e6).abs() < 100.0;
+        assert!(near(runs[0].tasks[2].start_ns, 25.0));
+        assert!(near(runs[1].tasks[2].start_ns, 15.0));
+        assert!(near(runs[1].tasks[2].end_ns, 35.0));
+        assert!(
+            (p5.hidden_share() - 1.0 / 3.0).abs() < 1e-6,
+            "{}",
+            p5.hidden_share()
+        );
+        // The slow rank sets the step: e (1 ms × 1.25) after the all-reduce.
+        assert!(near(p5.step_ns, 36.25));
+        let (p8, _) = hidden(0.8);
+        assert!(p8.hidden_share() < p5.hidden_share());
+    }
+
+    /// a → c → all-reduce (10 ms at 2 ranks); a → b (5 ms), which overlaps
+    /// half of it; e after both.
+    fn short_tail() -> StepGraph {
         let mut d = node("all_reduce bucket 0", 0, &[1]);
         d.kind = TaskKind::Comm;
         d.collective = Some(Collective::AllReduce);
         d.traced_stream = None;
         d.bytes = Some(100_000_000);
-        let g = StepGraph {
+        StepGraph {
             nodes: vec![
                 node("a", 10, &[]),
                 node("c", 10, &[0]),
@@ -892,41 +934,39 @@ mod tests {
             traced_ranks: 1,
             traced_streams: 1,
             complete_steps: 1,
+        }
+    }
+
+    /// On shared cores a rank that waits frees its core, so the slow rank
+    /// catches up: to end the backward `s` apart (a trace's fitted skew)
+    /// the compute factors must spread wider than `s`. Without shared
+    /// cores the spread is `s` itself.
+    #[test]
+    fn the_factor_spread_gives_the_skew_a_trace_would_show() {
+        use crate::simulate::skew::{simulated_skew, solve_factor_spread};
+        let g = short_tail();
+        let c = SimConfig {
+            oversubscribe: true,
+            ..cfg(2, 1, SimPolicy::Recorded)
         };
-        let c = cfg(2, 1, SimPolicy::Recorded);
-        let hidden = |skew: f64| {
-            let m = Machine {
-                rank_skew: skew,
-                ..machine(Backend::Gpu, 0)
-            };
-            let (p, runs) = crate::simulate::predict_ranks(&g, &m, &c);
-            (p, runs)
-        };
-        let (p0, _) = hidden(0.0);
-        assert_eq!(p0.factors, vec![1.0]);
-        assert!(
-            (p0.hidden_share() - 0.5).abs() < 1e-9,
-            "{}",
-            p0.hidden_share()
+        let gpu = machine(Backend::Gpu, 0);
+        let s = solve_factor_spread(&g, &gpu, &c, 0.4);
+        assert!((s - 0.4).abs() < 1e-6, "{s}");
+        // Two ranks on one core: half speed while both compute.
+        let cpu = machine(Backend::Cpu, 1);
+        let s = solve_factor_spread(&g, &cpu, &c, 0.4);
+        assert!(s > 0.45, "{s}");
+        let runs = simulate_ranks(&g, &cpu, &c, &skew_factors(2, s, 8));
+        let got = simulated_skew(&g, &runs).unwrap();
+        assert!((got - 0.4).abs() < 1e-3, "{got}");
+        // At the skew itself the ranks end closer than 0.4.
+        let runs = simulate_ranks(&g, &cpu, &c, &skew_factors(2, 0.4, 8));
+        assert!(simulated_skew(&g, &runs).unwrap() < 0.39);
+        // No skew, or one rank: no spread.
+        assert_eq!(solve_factor_spread(&g, &cpu, &c, 0.0), 0.0);
+        assert_eq!(
+            solve_factor_spread(&g, &cpu, &cfg(1, 1, SimPolicy::Recorded), 0.4),
+            0.0
         );
-        // Skew 0.5: compute ×1.25 on the slow rank, ×0.75 on the fast one.
-        // Slow: c ends at 25, the all-reduce runs 25-35 beside b (25-31.25):
-        // 6.25 of 10 ms hidden. Fast: c ends at 15, b 15-18.75, the
-        // all-reduce span from its arrival at 15 to 35: 3.75 of 20 ms.
-        // Pooled: 10 of 30 ms.
-        let (p5, runs) = hidden(0.5);
-        assert_eq!(p5.factors, vec![1.25, 0.75]);
-        assert_eq!(runs[0].tasks[2].start_ns, 25 * MS);
-        assert_eq!(runs[1].tasks[2].start_ns, 15 * MS);
-        assert_eq!(runs[1].tasks[2].end_ns, 35 * MS);
-        assert!(
-            (p5.hidden_share() - 1.0 / 3.0).abs() < 1e-9,
-            "{}",
-            p5.hidden_share()
-        );
-        // The slow rank sets the step: e (1 ms × 1.25) after the all-reduce.
-        assert_eq!(p5.step_ns, 36_250_000);
-        let (p8, _) = hidden(0.8);
-        assert!(p8.hidden_share() < p5.hidden_share());
     }
 }

@@ -12,7 +12,9 @@
 //! span holds the wait for the last one.
 
 use super::cost::Collective;
-use super::graph::{occurrences, step_preds};
+use super::graph::{occurrences, step_preds, StepGraph};
+use super::machine::Machine;
+use super::sched::{simulate_ranks, skew_factors, SimConfig, SimRun};
 use super::trace::{RankTrace, StepSlice, Trace};
 use anyhow::{bail, Result};
 use braid::trace::Summary;
@@ -317,6 +319,72 @@ fn busy(mut v: Vec<(u64, u64)>) -> u64 {
         }
     }
     total + cur.map_or(0, |(c, d)| d - c)
+}
+
+/// The skew of simulated ranks in [`MeasuredSkew::step_skews`]'s terms:
+/// per rank the latest ready time of the collectives made ready by compute
+/// that some task waits for; `e`, their spread over the latest (every
+/// simulated rank starts at 0); `2e/(2 − e)`. `None` when the step has no
+/// such collective.
+pub fn simulated_skew(g: &StepGraph, runs: &[SimRun]) -> Option<f64> {
+    let mut awaited = vec![false; g.nodes.len()];
+    for &p in g.nodes.iter().flat_map(|n| &n.preds) {
+        awaited[p] = true;
+    }
+    // The collectives made ready by compute on every rank, and waited for.
+    let ready: Vec<Vec<u64>> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, n)| n.collective.is_some() && awaited[*i])
+        .filter_map(|(_, n)| {
+            runs.iter()
+                .map(|run| {
+                    let (end, p) = n.preds.iter().map(|&p| (run.tasks[p].end_ns, p)).max()?;
+                    (!g.nodes[p].is_comm()).then_some(end)
+                })
+                .collect::<Option<Vec<u64>>>()
+        })
+        .collect();
+    let last: Vec<u64> = (0..runs.len())
+        .map(|j| ready.iter().map(|r| r[j]).max())
+        .collect::<Option<_>>()?;
+    let hi = last.iter().copied().max()?;
+    let e = spread(&last) as f64 / hi.max(1) as f64;
+    Some(2.0 * e / (2.0 - e))
+}
+
+/// The spread of compute factors (`sched::skew_factors`) at which the
+/// simulated ranks of `g` on `m` under `cfg` are `skew` apart at the end of
+/// their backward, as [`simulated_skew`] measures it: the same figure a
+/// trace's [`MeasuredSkew::fitted_skew`] gives. On a CPU machine they differ:
+/// a rank that waits frees cores for the slower ones, which closes part of
+/// the gap. Found by bisection (the gap grows with the spread); `skew`
+/// itself when the step has no collective to measure it at.
+pub fn solve_factor_spread(g: &StepGraph, m: &Machine, cfg: &SimConfig, skew: f64) -> f64 {
+    const MAX: f64 = 1.9;
+    if skew <= 0.0 || cfg.ranks < 2 {
+        return 0.0;
+    }
+    let at = |s: f64| {
+        let f = skew_factors(cfg.ranks, s, super::MAX_SKEW_RANKS);
+        simulated_skew(g, &simulate_ranks(g, m, cfg, &f))
+    };
+    let Some(hi_skew) = at(MAX) else {
+        return skew.min(MAX);
+    };
+    if hi_skew <= skew {
+        return MAX;
+    }
+    let (mut lo, mut hi) = (0.0, MAX);
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        match at(mid) {
+            Some(v) if v < skew => lo = mid,
+            _ => hi = mid,
+        }
+    }
+    0.5 * (lo + hi)
 }
 
 /// A collective on one rank: ready, start, end, bytes, whether its last
