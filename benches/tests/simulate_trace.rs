@@ -82,7 +82,9 @@ fn a_two_rank_trace_gives_steps_buckets_and_a_prediction() {
         .any(|n| n.name == "all_reduce" && n.bytes == Some(4)));
     // Simulated on the CPU machine at 2 and 8 ranks: more ranks, more
     // communication; the figures are the summary's.
-    let m = Machine::builtin("cpu", 2).unwrap();
+    let mut m = Machine::builtin("cpu", 2).unwrap();
+    // Lock step first (no rank skew): one simulated rank.
+    m.rank_skew = 0.0;
     let cfg = |ranks| SimConfig {
         ranks,
         streams: 2,
@@ -99,6 +101,66 @@ fn a_two_rank_trace_gives_steps_buckets_and_a_prediction() {
     assert_eq!(len, p2.summary.critical_path_ns);
     assert_eq!(path.len(), p2.critical_path.len());
     assert!(len <= p2.makespan_ns);
+    assert_eq!(p2.factors, vec![1.0]);
+    // With rank skew two ranks run side by side: the fast one waits in the
+    // collectives for the slow one, so its communication time is at least
+    // the slow one's; the slowest rank's run is the one returned.
+    m.rank_skew = 0.2;
+    let (ps, runs) = simulate::predict_ranks(&g, &m, &cfg(2));
+    assert_eq!((ps.factors.len(), runs.len()), (2, 2));
+    assert!(ps.rank_summaries[1].comm_ns >= ps.rank_summaries[0].comm_ns);
+    assert_eq!(ps.summary.comm_ns, ps.rank_summaries[0].comm_ns);
+    assert!((0.0..=1.0).contains(&ps.hidden_share()));
+    for (i, n) in g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.collective.is_some())
+    {
+        // A collective ends on both ranks at once, and not before either
+        // rank arrived.
+        assert_eq!(
+            runs[0].tasks[i].end_ns, runs[1].tasks[i].end_ns,
+            "{}",
+            n.name
+        );
+        let last_arrival = runs[0].tasks[i].start_ns.max(runs[1].tasks[i].start_ns);
+        assert!(runs[0].tasks[i].end_ns >= last_arrival, "{}", n.name);
+    }
+    // The predicted ranks, written as a trace and measured like a real
+    // one, show the skew asked for.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("skewed.json");
+    let profs: Vec<_> = runs
+        .iter()
+        .enumerate()
+        .map(|(j, r)| simulate::profile_of_rank(&g, r, j))
+        .collect();
+    braid::trace::write_chrome_trace(&out, &profs.iter().collect::<Vec<_>>()).unwrap();
+    let back = simulate::skew::measure(&Trace::read(&out).unwrap(), None).unwrap();
+    assert_eq!((back.ranks, back.steps.len()), (2, 1));
+    assert!(
+        (back.fitted_skew() - 0.2).abs() < 0.005,
+        "{}",
+        back.fitted_skew()
+    );
+    // The measured skew: every complete step on both ranks; each
+    // collective starts after its inputs are ready on each rank and ends
+    // after the last rank arrived (it moves data only then).
+    let sk = simulate::skew::measure(&trace, None).unwrap();
+    assert_eq!(sk.ranks, 2);
+    assert_eq!(sk.steps.len(), steps.iter().filter(|s| s.complete).count());
+    for s in &sk.steps {
+        assert!(s.collectives.len() > 1);
+        for c in &s.collectives {
+            for r in 0..2 {
+                assert!(c.ready_ns[r] <= c.start_ns[r], "{}", c.name);
+                assert!(c.end_ns[r] >= c.group_start_ns(), "{}", c.name);
+            }
+        }
+    }
+    assert!((0.0..2.0).contains(&sk.fitted_skew()));
+    assert!((0.0..=1.0).contains(&sk.steps_hidden_share()));
     // The predicted trace reads back as a trace with the same tasks.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("predicted.json");

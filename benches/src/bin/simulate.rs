@@ -85,6 +85,19 @@ struct Args {
     /// the prediction for the last rank count (and the error).
     #[arg(long)]
     measured: Option<PathBuf>,
+    /// Rank skew, as `--measured` reports a trace's fitted skew: how far
+    /// apart the slowest and fastest ranks end their backward (0: every rank
+    /// in lock step; default: the machine's, fitted for `cpu`).
+    #[arg(long)]
+    skew: Option<f64>,
+    /// Take the rank skew from this trace of several ranks (its measured
+    /// skew; --skew wins over it).
+    #[arg(long)]
+    skew_from: Option<PathBuf>,
+    /// With --measured of several ranks: also print each collective of each
+    /// complete step on every rank (ready, start, end).
+    #[arg(long)]
+    skew_detail: bool,
     /// Tasks of the critical path to print (0: all).
     #[arg(long, default_value_t = 0)]
     path_tasks: usize,
@@ -136,6 +149,24 @@ fn main() -> Result<()> {
     if let Some(c) = a.contention {
         machine.contention = c;
     }
+    if let Some(p) = &a.skew_from {
+        let st = Trace::read(p)?;
+        let sk = simulate::skew::measure(&st, a.step_start.as_deref())?;
+        machine.rank_skew = sk.fitted_skew();
+        println!(
+            "rank skew from {} ({} ranks, {} complete steps): {:.3}",
+            p.display(),
+            sk.ranks,
+            sk.steps.len(),
+            machine.rank_skew
+        );
+    }
+    if let Some(s) = a.skew {
+        machine.rank_skew = s;
+    }
+    if !(0.0..1.9).contains(&machine.rank_skew) {
+        bail!("the rank skew must be in [0, 1.9): {}", machine.rank_skew);
+    }
     let streams = a.streams.unwrap_or(g.traced_streams);
     let comm = g.nodes.iter().filter(|n| n.is_comm()).count();
     let missing = g
@@ -185,7 +216,7 @@ fn main() -> Result<()> {
             compute_scale: a.compute_scale,
             oversubscribe: a.oversubscribe,
         };
-        let (p, run) = simulate::predict(&g, &machine, &cfg);
+        let (p, runs) = simulate::predict_ranks(&g, &machine, &cfg);
         println!(
             "{:>6} {:>7} {:>6} {:>11.3} {:>11.3} {:>9.3} {:>6.1}% {:>13.3}",
             n,
@@ -193,13 +224,36 @@ fn main() -> Result<()> {
             p.usable,
             ms(p.step_ns),
             ms(p.makespan_ns),
-            ms(p.summary.comm_ns),
-            100.0 * p.summary.hidden_share(),
+            ms(p.comm_ns()),
+            100.0 * p.hidden_share(),
             ms(p.summary.critical_path_ns),
         );
-        last = Some((p, run));
+        if p.factors.len() > 1 {
+            println!(
+                "{:>6} rank skew {}: {} ranks simulated (compute ×{}), hidden {}, comm {} ms",
+                "",
+                machine.rank_skew,
+                p.factors.len(),
+                p.factors
+                    .iter()
+                    .map(|f| format!("{f:.3}"))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                p.rank_summaries
+                    .iter()
+                    .map(|s| format!("{:.1}%", 100.0 * s.hidden_share()))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+                p.rank_summaries
+                    .iter()
+                    .map(|s| format!("{:.3}", ms(s.comm_ns)))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
+        }
+        last = Some((p, runs));
     }
-    let (p, run) = last.expect("at least one rank count");
+    let (p, runs) = last.expect("at least one rank count");
     let shown: Vec<&str> = if a.path_tasks == 0 || p.critical_path.len() <= a.path_tasks {
         p.critical_path.iter().map(String::as_str).collect()
     } else {
@@ -224,8 +278,12 @@ fn main() -> Result<()> {
         shown.join(" -> ")
     );
     if let Some(out) = &a.out {
-        let prof = simulate::profile(&g, &run);
-        braid::trace::write_chrome_trace(out, &[&prof])?;
+        let profs: Vec<_> = runs
+            .iter()
+            .enumerate()
+            .map(|(j, r)| simulate::profile_of_rank(&g, r, j))
+            .collect();
+        braid::trace::write_chrome_trace(out, &profs.iter().collect::<Vec<_>>())?;
         println!("predicted trace {}", out.display());
     }
     if let Some(mpath) = &a.measured {
@@ -256,11 +314,17 @@ fn main() -> Result<()> {
             ms(p.step_ns),
             err
         );
+        if mt.ranks.len() > 1 {
+            let sk = simulate::skew::measure(&mt, a.step_start.as_deref())?;
+            for line in sk.report(a.skew_detail) {
+                println!("{line}");
+            }
+        }
     }
     println!(
         "predicted_step_ms={:.3} hidden_share={:.3}",
         ms(p.step_ns),
-        p.summary.hidden_share()
+        p.hidden_share()
     );
     Ok(())
 }

@@ -67,7 +67,7 @@ pub enum StepChoice {
 }
 
 /// Each name's occurrence among the names before it: `a b a` gives `0 0 1`.
-fn occurrences<'a>(names: impl Iterator<Item = &'a str>) -> Vec<usize> {
+pub(crate) fn occurrences<'a>(names: impl Iterator<Item = &'a str>) -> Vec<usize> {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     names
         .map(|n| {
@@ -89,6 +89,38 @@ fn median(mut v: Vec<u64>) -> u64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2
     }
+}
+
+/// Each task's predecessors as indices into `tasks` (one step, in
+/// submission order), all smaller than its own. An id inside the step with
+/// no span is the join of a replay: it stands for every task submitted
+/// before it; an id before the step was complete when the step started.
+pub fn step_preds(tasks: &[super::trace::TraceTask]) -> Vec<Vec<usize>> {
+    let Some((first, last)) = tasks.first().zip(tasks.last()) else {
+        return Vec::new();
+    };
+    let index: HashMap<u64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
+    let (lo, hi) = (first.id, last.id);
+    tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut preds: Vec<usize> = Vec::new();
+            for &p in &t.preds {
+                match index.get(&p) {
+                    Some(&j) if j < i => preds.push(j),
+                    Some(_) => {}
+                    None if p > lo && p < hi => {
+                        preds.extend((0..i).filter(|&j| tasks[j].id < p));
+                    }
+                    None => {}
+                }
+            }
+            preds.sort_unstable();
+            preds.dedup();
+            preds
+        })
+        .collect()
 }
 
 /// Time-weighted mean number of other non-comm tasks running during task `i`.
@@ -143,26 +175,8 @@ impl StepGraph {
         };
         let s: &StepSlice = &steps[k];
         let tasks = &r.tasks[s.first..s.end];
-        let index: HashMap<u64, usize> = tasks.iter().enumerate().map(|(i, t)| (t.id, i)).collect();
-        let (lo, hi) = (tasks[0].id, tasks[tasks.len() - 1].id);
         let mut nodes = Vec::with_capacity(tasks.len());
-        for (i, t) in tasks.iter().enumerate() {
-            let mut preds: Vec<usize> = Vec::new();
-            for &p in &t.preds {
-                match index.get(&p) {
-                    Some(&j) if j < i => preds.push(j),
-                    Some(_) => {}
-                    // An id inside the step with no span: the join of a
-                    // replay (it stands for every task submitted before it).
-                    None if p > lo && p < hi => {
-                        preds.extend((0..i).filter(|&j| tasks[j].id < p));
-                    }
-                    // Before the step: already complete when it starts.
-                    None => {}
-                }
-            }
-            preds.sort_unstable();
-            preds.dedup();
+        for ((i, t), preds) in tasks.iter().enumerate().zip(step_preds(tasks)) {
             nodes.push(Node {
                 name: t.name.clone(),
                 kind: t.kind,

@@ -6,7 +6,9 @@
 //! * [`graph`] turns one rank's step into a task graph ([`StepGraph`]);
 //! * [`machine`] describes machines (built-in or a JSON file);
 //! * [`cost`] prices collectives (NCCL ring and tree, α–β);
-//! * [`sched`] places and runs the graph ([`simulate`]);
+//! * [`sched`] places and runs the graph ([`simulate`]; with rank skew
+//!   several ranks side by side, [`sched::simulate_ranks`]);
+//! * [`skew`] reads rank skew out of a trace with several ranks;
 //! * this module turns a simulated run into figures computed the way
 //!   `braid::trace::Summary` computes them (a [`braid::trace::Profile`] is
 //!   built and summarised) and into a Chrome trace.
@@ -18,6 +20,7 @@ pub mod cost;
 pub mod graph;
 pub mod machine;
 pub mod sched;
+pub mod skew;
 pub mod trace;
 
 pub use graph::{StepChoice, StepGraph};
@@ -37,18 +40,55 @@ pub struct Prediction {
     /// The step time: makespan plus the traced host time between steps, ns.
     pub step_ns: u64,
     /// The summary of the simulated step (comm time, hidden share, critical
-    /// path), as `braid::trace::Summary` computes it.
+    /// path), as `braid::trace::Summary` computes it: the slowest rank's
+    /// when ranks are skewed (see `rank_summaries`, and
+    /// [`Prediction::hidden_share`] for the figure to report).
     pub summary: Summary,
     /// Names of the tasks along the critical path (dependency edges,
     /// simulated durations), first to last.
     pub critical_path: Vec<String>,
     /// Usable compute streams.
     pub usable: usize,
+    /// Each simulated rank's summary, the slowest (the one `summary` is)
+    /// first; one when the ranks run in lock step (no rank skew).
+    pub rank_summaries: Vec<Summary>,
+    /// Each simulated rank's compute time factor (`sched::skew_factors`
+    /// of the spread that gives the machine's rank skew,
+    /// `skew::solve_factor_spread`).
+    pub factors: Vec<f64>,
 }
+
+impl Prediction {
+    /// Share of communication time hidden under compute over the simulated
+    /// ranks together (hidden time summed over them over communication time
+    /// summed over them). Which rank is the slow one changes from step to
+    /// step in measured runs, so over a run each rank takes every simulated
+    /// rank's part, and its hidden share (the trainer's figure: hidden over
+    /// communication time of all its steps) is this pooled share. Without
+    /// skew it is the one rank's.
+    pub fn hidden_share(&self) -> f64 {
+        skew::pooled_hidden(&self.rank_summaries)
+    }
+
+    /// Communication time per rank, averaged over the simulated ranks, ns.
+    pub fn comm_ns(&self) -> u64 {
+        let n = self.rank_summaries.len().max(1) as u64;
+        self.rank_summaries.iter().map(|s| s.comm_ns).sum::<u64>() / n
+    }
+}
+
+/// At most this many ranks are simulated side by side for rank skew; they
+/// stand for all the ranks (evenly spread speeds).
+pub const MAX_SKEW_RANKS: usize = 8;
 
 /// The simulated step as a Braid profile (rank 0; ids are positions in the
 /// step).
 pub fn profile(g: &StepGraph, run: &SimRun) -> Profile {
+    profile_of_rank(g, run, 0)
+}
+
+/// The simulated step of rank `rank` as a Braid profile.
+pub fn profile_of_rank(g: &StepGraph, run: &SimRun, rank: usize) -> Profile {
     let mut streams: Vec<StreamInfo> = (0..run.streams)
         .map(|s| StreamInfo {
             name: format!("compute {s}"),
@@ -90,7 +130,7 @@ pub fn profile(g: &StepGraph, run: &SimRun) -> Profile {
         .collect();
     spans.sort_by_key(|s| s.start_ns);
     Profile {
-        rank: 0,
+        rank,
         streams,
         spans,
     }
@@ -119,21 +159,45 @@ pub fn critical_path(g: &StepGraph, run: &SimRun) -> (u64, Vec<usize>) {
     (len, path)
 }
 
-/// Simulates `g` on `m` under `cfg` and summarises it.
+/// Simulates `g` on `m` under `cfg` and summarises it; the run is the
+/// slowest rank's (see [`predict_ranks`]).
 pub fn predict(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, SimRun) {
-    let run = simulate(g, m, cfg);
-    let summary = profile(g, &run).summary();
-    let (_, path) = critical_path(g, &run);
+    let (p, mut runs) = predict_ranks(g, m, cfg);
+    (p, runs.swap_remove(0))
+}
+
+/// Simulates `g` on `m` under `cfg` with the machine's rank skew
+/// (`m.rank_skew`: ranks simulated side by side, their compute factors
+/// spread so that they end the backward that far apart,
+/// `skew::solve_factor_spread`) and
+/// summarises it: the step ends with the last rank's last task, the
+/// critical path is the slowest rank's, the hidden share is pooled over the
+/// ranks ([`Prediction::hidden_share`]). Returns every simulated rank's run,
+/// the slowest first.
+pub fn predict_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, Vec<SimRun>) {
+    let spread = skew::solve_factor_spread(g, m, cfg, m.rank_skew);
+    let factors = sched::skew_factors(cfg.ranks, spread, MAX_SKEW_RANKS);
+    let runs = sched::simulate_ranks(g, m, cfg, &factors);
+    let rank_summaries: Vec<Summary> = runs
+        .iter()
+        .enumerate()
+        .map(|(j, r)| profile_of_rank(g, r, j).summary())
+        .collect();
+    let run = &runs[0];
+    let (_, path) = critical_path(g, run);
+    let makespan_ns = runs.iter().map(|r| r.makespan_ns).max().unwrap_or(0);
     (
         Prediction {
             ranks: cfg.ranks,
-            makespan_ns: run.makespan_ns,
-            step_ns: run.makespan_ns + g.host_gap_ns,
-            summary,
+            makespan_ns,
+            step_ns: makespan_ns + g.host_gap_ns,
+            summary: rank_summaries[0].clone(),
             critical_path: path.iter().map(|&i| g.nodes[i].name.clone()).collect(),
             usable: run.usable,
+            rank_summaries,
+            factors,
         },
-        run,
+        runs,
     )
 }
 

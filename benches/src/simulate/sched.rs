@@ -27,8 +27,11 @@
 //!
 //! **Execution** is event-driven. A stream starts its next task when the
 //! previous one ended and every predecessor has ended (plus the hand-off
-//! cost for one on another stream). Every rank runs the same step at the same
-//! time (data parallelism), so collectives need no partner modelling. On a
+//! cost for one on another stream). Every rank runs the same step (data
+//! parallelism). In lock step one simulated rank stands for all and a
+//! collective starts when its inputs are ready; with rank skew
+//! ([`simulate_ranks`]) several ranks run side by side at different compute
+//! speeds and a collective moves data only once every rank has arrived. On a
 //! CPU machine the threads of every rank share the cores (processor
 //! sharing): while `k` tasks of this rank that use a core run, each advances
 //! at `min(1, cores / t) / (1 + γ·(min(t, cores) − 1))` of its speed, with
@@ -342,44 +345,110 @@ fn heft(
     (out, finish.iter().copied().max().unwrap_or(0))
 }
 
-/// Simulates step `g` on machine `m` under `cfg`.
+/// Simulates step `g` on machine `m` under `cfg`, every rank in lock step
+/// (one rank stands for all: [`simulate_ranks`] with one rank at speed 1).
 pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
-    let dur = durations(g, m, cfg);
+    simulate_ranks(g, m, cfg, &[1.0])
+        .pop()
+        .expect("one simulated rank")
+}
+
+/// The time factors of the compute tasks of the ranks simulated for rank
+/// skew `skew` (docs/simulator.md, "Rank skew"): `min(ranks, max_ranks)`
+/// ranks whose factors spread evenly from `1 + skew/2` (the slowest, first)
+/// to `1 − skew/2` (the fastest, last), around the modelled speed (the
+/// lock-step model predicts the mean rank). No skew (or one rank): one rank
+/// at 1.
+pub fn skew_factors(ranks: usize, skew: f64, max_ranks: usize) -> Vec<f64> {
+    let k = ranks.min(max_ranks.max(2));
+    if skew <= 0.0 || k < 2 {
+        return vec![1.0];
+    }
+    let skew = skew.min(1.9);
+    (0..k)
+        .map(|j| 1.0 + skew / 2.0 - skew * j as f64 / (k - 1) as f64)
+        .collect()
+}
+
+/// Simulates step `g` on `m` under `cfg` as `factors.len()` ranks run it
+/// side by side, rank `j`'s compute (non-communication) durations multiplied
+/// by `factors[j]`. They stand for the `cfg.ranks` ranks: on a CPU machine
+/// each of them counts for `cfg.ranks / factors.len()` ranks' busy threads.
+/// A collective's span starts on each rank when that rank's comm stream
+/// reaches it and its inputs are ready (its arrival), but it moves no data
+/// until every rank has arrived (a ring all-reduce, or the CPU ranks'
+/// arrival barrier); then it runs for its priced time and ends on every
+/// rank at once. Time spent waiting for the last rank is part of the span,
+/// as in a trace. With identical factors every rank runs exactly the
+/// one-rank (lock-step) simulation.
+pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f64]) -> Vec<SimRun> {
+    let base = durations(g, m, cfg);
     let usable = usable_streams(m, cfg);
     let handoff = (m.handoff_us * 1e3).round() as u64;
-    let (placed, order) = place(g, &dur, cfg, usable, handoff);
-    let nstreams = cfg.streams.max(1) + 1;
+    let copies = factors.len().max(1);
     let n = g.nodes.len();
-    // Each stream's FIFO, in the order placement took the nodes.
-    let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); nstreams];
-    for &i in &order {
-        fifo[placed[i].0].push(i);
+    let nstreams = cfg.streams.max(1) + 1;
+    // Per rank: its durations, placement and stream FIFOs.
+    let mut durs: Vec<Vec<u64>> = Vec::with_capacity(copies);
+    let mut placed: Vec<Vec<(usize, PlaceReason)>> = Vec::with_capacity(copies);
+    let mut fifo: Vec<Vec<usize>> = vec![Vec::new(); copies * nstreams];
+    for (j, &f) in factors.iter().enumerate() {
+        let dur: Vec<u64> = base
+            .iter()
+            .zip(&g.nodes)
+            .map(|(&d, node)| {
+                if node.is_comm() || f == 1.0 {
+                    d
+                } else {
+                    (d as f64 * f.max(0.0)).round() as u64
+                }
+            })
+            .collect();
+        let (p, order) = place(g, &dur, cfg, usable, handoff);
+        for &i in &order {
+            fifo[j * nstreams + p[i].0].push(j * n + i);
+        }
+        durs.push(dur);
+        placed.push(p);
     }
-    let mut head = vec![0usize; nstreams];
-    let mut busy: Vec<Option<usize>> = vec![None; nstreams];
-    let mut remaining: Vec<f64> = dur.iter().map(|&d| d as f64).collect();
-    let mut start = vec![0u64; n];
-    let mut end: Vec<Option<f64>> = vec![None; n];
-    let uses_core = |i: usize| match g.nodes[i].kind {
+    // Tasks and streams of every rank, flattened: task `j·n + i`, stream
+    // `j·nstreams + s`.
+    let total = copies * n;
+    let stream_of = |t: usize| (t / n) * nstreams + placed[t / n][t % n].0;
+    let mut head = vec![0usize; copies * nstreams];
+    let mut busy: Vec<Option<usize>> = vec![None; copies * nstreams];
+    let mut remaining: Vec<f64> = durs.iter().flatten().map(|&d| d as f64).collect();
+    let mut start = vec![0u64; total];
+    let mut end: Vec<Option<f64>> = vec![None; total];
+    // How many ranks have started each collective.
+    let mut arrived = vec![0usize; n];
+    let uses_core = |t: usize| match g.nodes[t % n].kind {
         TaskKind::Comm => m.backend == Backend::Cpu && m.comm_uses_cores,
         _ => m.backend == Backend::Cpu,
     };
+    // A collective waits (moves nothing, uses nothing) until every rank has
+    // arrived; other tasks of the comm stream (a local sparse-row add) do
+    // not wait.
+    let waiting = |t: usize, arrived: &[usize]| {
+        g.nodes[t % n].collective.is_some() && copies > 1 && arrived[t % n] < copies
+    };
     let mut now = 0.0f64;
     let mut done = 0usize;
-    while done < n {
+    while done < total {
         // Start what can start now; note the earliest future start.
         let mut next_start = f64::INFINITY;
-        for s in 0..nstreams {
-            if busy[s].is_some() || head[s] >= fifo[s].len() {
+        for q in 0..copies * nstreams {
+            if busy[q].is_some() || head[q] >= fifo[q].len() {
                 continue;
             }
-            let i = fifo[s][head[s]];
+            let t = fifo[q][head[q]];
+            let (j, i) = (t / n, t % n);
             let mut ready = 0.0f64;
             let mut blocked = false;
             for &p in &g.nodes[i].preds {
-                match end[p] {
+                match end[j * n + p] {
                     Some(e) => {
-                        let hop = if placed[p].0 == s {
+                        let hop = if stream_of(j * n + p) == q {
                             0.0
                         } else {
                             handoff as f64
@@ -393,62 +462,93 @@ pub fn simulate(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> SimRun {
                 continue;
             }
             if ready <= now {
-                busy[s] = Some(i);
-                head[s] += 1;
-                start[i] = now.round() as u64;
+                busy[q] = Some(t);
+                head[q] += 1;
+                start[t] = now.round() as u64;
+                if g.nodes[i].collective.is_some() {
+                    arrived[i] += 1;
+                }
             } else {
                 next_start = next_start.min(ready);
             }
         }
-        // Rates under core sharing.
-        let cores_busy = busy.iter().flatten().filter(|&&i| uses_core(i)).count();
+        // Rates under core sharing: every rank's busy threads (each
+        // simulated rank standing for `ranks / copies` ranks) and the
+        // background.
+        let cores_busy = busy
+            .iter()
+            .flatten()
+            .filter(|&&t| uses_core(t) && !waiting(t, &arrived))
+            .count();
         let rate_core = if cores_busy > 0 {
-            m.cpu_rate((cfg.ranks.max(1) * cores_busy) as f64 + m.background.max(0.0))
+            let threads = if copies == 1 {
+                (cfg.ranks.max(1) * cores_busy) as f64
+            } else {
+                cores_busy as f64 * cfg.ranks.max(1) as f64 / copies as f64
+            };
+            m.cpu_rate(threads + m.background.max(0.0))
         } else {
             1.0
         };
-        let rate = |i: usize| if uses_core(i) { rate_core } else { 1.0 };
+        let rate = |t: usize| {
+            if waiting(t, &arrived) {
+                0.0
+            } else if uses_core(t) {
+                rate_core
+            } else {
+                1.0
+            }
+        };
         let next_end = busy
             .iter()
             .flatten()
-            .map(|&i| now + remaining[i] / rate(i))
+            .filter(|&&t| rate(t) > 0.0)
+            .map(|&t| now + remaining[t] / rate(t))
             .fold(f64::INFINITY, f64::min);
-        let t = next_end.min(next_start);
-        if !t.is_finite() {
+        let tnext = next_end.min(next_start);
+        if !tnext.is_finite() {
             // Nothing runs and nothing can start: a cycle (cannot happen
             // with predecessors earlier in submission order).
             break;
         }
-        let dt = t - now;
+        let dt = tnext - now;
         for slot in busy.iter_mut() {
-            if let Some(i) = *slot {
-                remaining[i] -= dt * rate(i);
-                if remaining[i] <= 1e-3 {
-                    remaining[i] = 0.0;
-                    end[i] = Some(t);
+            if let Some(t) = *slot {
+                let r = rate(t);
+                if r == 0.0 {
+                    continue;
+                }
+                remaining[t] -= dt * r;
+                if remaining[t] <= 1e-3 {
+                    remaining[t] = 0.0;
+                    end[t] = Some(tnext);
                     *slot = None;
                     done += 1;
                 }
             }
         }
-        now = t;
+        now = tnext;
     }
-    let tasks: Vec<Placed> = (0..n)
-        .map(|i| Placed {
-            stream: placed[i].0,
-            reason: placed[i].1,
-            start_ns: start[i],
-            end_ns: end[i].unwrap_or(now).round() as u64,
+    (0..copies)
+        .map(|j| {
+            let tasks: Vec<Placed> = (0..n)
+                .map(|i| Placed {
+                    stream: placed[j][i].0,
+                    reason: placed[j][i].1,
+                    start_ns: start[j * n + i],
+                    end_ns: end[j * n + i].unwrap_or(now).round() as u64,
+                })
+                .collect();
+            let makespan_ns = tasks.iter().map(|t| t.end_ns).max().unwrap_or(0);
+            SimRun {
+                tasks,
+                streams: cfg.streams.max(1),
+                usable,
+                makespan_ns,
+                nominal_ns: durs[j].clone(),
+            }
         })
-        .collect();
-    let makespan_ns = tasks.iter().map(|t| t.end_ns).max().unwrap_or(0);
-    SimRun {
-        tasks,
-        streams: cfg.streams.max(1),
-        usable,
-        makespan_ns,
-        nominal_ns: dur,
-    }
+        .collect()
 }
 
 #[cfg(test)]
@@ -519,6 +619,7 @@ mod tests {
             background: 0.0,
             contention: 0.0,
             traced_background: 0.0,
+            rank_skew: 0.0,
         }
     }
 
@@ -689,6 +790,183 @@ mod tests {
                 (2, 61, 71),
                 (0, 72, 77)
             ]
+        );
+    }
+    /// Identical ranks side by side run exactly the lock-step simulation,
+    /// on a GPU and on shared CPU cores (where each simulated rank counts
+    /// for `ranks / simulated` ranks' threads).
+    #[test]
+    fn ranks_at_one_speed_run_the_lock_step_simulation() {
+        assert_eq!(skew_factors(4, 0.0, 8), vec![1.0]);
+        assert_eq!(skew_factors(1, 0.3, 8), vec![1.0]);
+        let g = graph();
+        for (m, c) in [
+            (machine(Backend::Gpu, 0), cfg(2, 2, SimPolicy::Affinity)),
+            (
+                Machine {
+                    background: 0.5,
+                    contention: 0.2,
+                    ..machine(Backend::Cpu, 2)
+                },
+                SimConfig {
+                    oversubscribe: true,
+                    ..cfg(16, 2, SimPolicy::Affinity)
+                },
+            ),
+        ] {
+            let one = simulate(&g, &m, &c);
+            for k in [2, 4] {
+                let runs = simulate_ranks(&g, &m, &c, &vec![1.0; k]);
+                assert_eq!(runs.len(), k);
+                for r in &runs {
+                    assert_eq!(times(r), times(&one));
+                    assert_eq!(
+                        r.tasks.iter().map(|t| t.end_ns).collect::<Vec<_>>(),
+                        one.tasks.iter().map(|t| t.end_ns).collect::<Vec<_>>()
+                    );
+                    assert_eq!(r.makespan_ns, one.makespan_ns);
+                }
+            }
+        }
+    }
+
+    /// The all-reduce moves data only once the last rank is ready: the fast
+    /// rank's span starts at its own arrival and holds the wait; both end
+    /// together, the collective's time after the slow rank's arrival.
+    #[test]
+    fn a_collective_starts_when_the_last_rank_is_ready() {
+        let runs = simulate_ranks(
+            &graph(),
+            &machine(Backend::Gpu, 0),
+            &cfg(2, 1, SimPolicy::Recorded),
+            &[1.0, 0.5],
+        );
+        // Slow rank: c ends at 60, the all-reduce runs 60-70.
+        assert_eq!(
+            times(&runs[0]),
+            vec![
+                (0, 0, 10),
+                (0, 10, 30),
+                (0, 30, 60),
+                (1, 60, 70),
+                (0, 70, 75)
+            ]
+        );
+        // Fast rank (half the compute time): c ends at 30; it arrives at 30
+        // and waits for the slow rank until 60.
+        let fast: Vec<(u64, u64)> = runs[1]
+            .tasks
+            .iter()
+            .map(|t| (t.start_ns / 100_000, t.end_ns / 100_000))
+            .collect();
+        assert_eq!(
+            fast,
+            vec![(0, 50), (50, 150), (150, 300), (300, 700), (700, 725)]
+        );
+        assert_eq!(skew_factors(2, 0.5, 8), vec![1.25, 0.75]);
+        assert_eq!(skew_factors(3, 0.5, 8), vec![1.25, 1.0, 0.75]);
+        assert_eq!(skew_factors(1024, 0.7, 8).len(), 8);
+    }
+
+    /// A rank that finishes its compute long before the slowest one waits
+    /// in the collective with nothing to hide it: the pooled hidden share
+    /// falls, and more skew lowers it further.
+    #[test]
+    fn skew_beyond_the_backward_lowers_the_hidden_share() {
+        let g = short_tail();
+        let c = cfg(2, 1, SimPolicy::Recorded);
+        let hidden = |skew: f64| {
+            let m = Machine {
+                rank_skew: skew,
+                ..machine(Backend::Gpu, 0)
+            };
+            crate::simulate::predict_ranks(&g, &m, &c)
+        };
+        let (p0, _) = hidden(0.0);
+        assert_eq!(p0.factors, vec![1.0]);
+        assert!(
+            (p0.hidden_share() - 0.5).abs() < 1e-9,
+            "{}",
+            p0.hidden_share()
+        );
+        // Skew 0.5 on a GPU (no shared cores): compute ×1.25 on the slow
+        // rank, ×0.75 on the fast one. Slow: c ends at 25, the all-reduce
+        // runs 25-35 beside b (25-31.25): 6.25 of 10 ms hidden. Fast: c ends
+        // at 15, b 15-18.75, the all-reduce span from its arrival at 15 to
+        // 35: 3.75 of 20 ms. Pooled: 10 of 30 ms. (The spread is found by
+        // bisection on whole nanoseconds: equal to 1e-6.)
+        let (p5, runs) = hidden(0.5);
+        assert_eq!(p5.factors.len(), 2);
+        assert!((p5.factors[0] - 1.25).abs() < 1e-6 && (p5.factors[1] - 0.75).abs() < 1e-6);
+        let near = |ns: u64, ms: f64| (ns as f64 - ms * 1e6).abs() < 100.0;
+        assert!(near(runs[0].tasks[2].start_ns, 25.0));
+        assert!(near(runs[1].tasks[2].start_ns, 15.0));
+        assert!(near(runs[1].tasks[2].end_ns, 35.0));
+        assert!(
+            (p5.hidden_share() - 1.0 / 3.0).abs() < 1e-6,
+            "{}",
+            p5.hidden_share()
+        );
+        // The slow rank sets the step: e (1 ms × 1.25) after the all-reduce.
+        assert!(near(p5.step_ns, 36.25));
+        let (p8, _) = hidden(0.8);
+        assert!(p8.hidden_share() < p5.hidden_share());
+    }
+
+    /// a → c → all-reduce (10 ms at 2 ranks); a → b (5 ms), which overlaps
+    /// half of it; e after both.
+    fn short_tail() -> StepGraph {
+        let mut d = node("all_reduce bucket 0", 0, &[1]);
+        d.kind = TaskKind::Comm;
+        d.collective = Some(Collective::AllReduce);
+        d.traced_stream = None;
+        d.bytes = Some(100_000_000);
+        StepGraph {
+            nodes: vec![
+                node("a", 10, &[]),
+                node("c", 10, &[0]),
+                d,
+                node("b", 5, &[0, 1]),
+                node("e", 1, &[2, 3]),
+            ],
+            host_gap_ns: 0,
+            measured_step_ns: 0,
+            traced_ranks: 1,
+            traced_streams: 1,
+            complete_steps: 1,
+        }
+    }
+
+    /// On shared cores a rank that waits frees its core, so the slow rank
+    /// catches up: to end the backward `s` apart (a trace's fitted skew)
+    /// the compute factors must spread wider than `s`. Without shared
+    /// cores the spread is `s` itself.
+    #[test]
+    fn the_factor_spread_gives_the_skew_a_trace_would_show() {
+        use crate::simulate::skew::{simulated_skew, solve_factor_spread};
+        let g = short_tail();
+        let c = SimConfig {
+            oversubscribe: true,
+            ..cfg(2, 1, SimPolicy::Recorded)
+        };
+        let gpu = machine(Backend::Gpu, 0);
+        let s = solve_factor_spread(&g, &gpu, &c, 0.4);
+        assert!((s - 0.4).abs() < 1e-6, "{s}");
+        // Two ranks on one core: half speed while both compute.
+        let cpu = machine(Backend::Cpu, 1);
+        let s = solve_factor_spread(&g, &cpu, &c, 0.4);
+        assert!(s > 0.45, "{s}");
+        let runs = simulate_ranks(&g, &cpu, &c, &skew_factors(2, s, 8));
+        let got = simulated_skew(&g, &runs).unwrap();
+        assert!((got - 0.4).abs() < 1e-3, "{got}");
+        // At the skew itself the ranks end closer than 0.4.
+        let runs = simulate_ranks(&g, &cpu, &c, &skew_factors(2, 0.4, 8));
+        assert!(simulated_skew(&g, &runs).unwrap() < 0.39);
+        // No skew, or one rank: no spread.
+        assert_eq!(solve_factor_spread(&g, &cpu, &c, 0.0), 0.0);
+        assert_eq!(
+            solve_factor_spread(&g, &cpu, &cfg(1, 1, SimPolicy::Recorded), 0.4),
+            0.0
         );
     }
 }
