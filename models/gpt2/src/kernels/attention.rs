@@ -34,6 +34,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::fastmath;
 use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 
@@ -239,12 +240,8 @@ fn attention_forward_f32(
                 preatt_row[ti + 1..].fill(0.0);
 
                 // pass 2: softmax over the causal prefix
-                let mut expsum = 0.0f64;
-                for t2 in 0..=ti {
-                    let e = (preatt_row[t2] - maxval).exp();
-                    att_row[t2] = e;
-                    expsum += e as f64;
-                }
+                att_row[..=ti].copy_from_slice(&preatt_row[..=ti]);
+                let expsum = fastmath::exp_in_place_sum_f64(&mut att_row[..=ti], maxval);
                 let inv = (1.0 / expsum) as f32;
                 for a in &mut att_row[..=ti] {
                     *a *= inv;

@@ -55,7 +55,8 @@
 //! `flash_attention.cu` (f32 and `_bf16` kernels) follows the CPU kernels
 //! operation by operation: the same `f32` dot products in channel order, the
 //! same online-softmax update per key tile of [`BLOCK_K`] columns, the same
-//! accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's, so
+//! accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's
+//! (the CPU's exponential is [`fastmath::exp`](super::fastmath::exp)), so
 //! the two agree to float tolerance. A first version to check against the
 //! CPU: one thread per query row (forward, `dQ`) or key row (`dK`, `dV`,
 //! summed over the queries instead of atomics, so deterministic), no tensor
@@ -70,6 +71,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
+use super::fastmath;
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -294,14 +296,14 @@ fn flash_attention_forward_f32(
                         }
                         // Online softmax: rescale what is there to the new max.
                         let m_new = m[r].max(rowmax);
-                        let corr = (m[r] - m_new).exp(); // 0 on the first tile
+                        let corr = fastmath::exp(m[r] - m_new); // 0 on the first tile
                         let acc_r = &mut acc[r * hs..][..hs];
                         let mut sum = l[r] * corr;
                         for a in acc_r.iter_mut() {
                             *a *= corr;
                         }
                         for j in k0..kend {
-                            let p = (s_row[j - k0] - m_new).exp();
+                            let p = fastmath::exp(s_row[j - k0] - m_new);
                             sum += p;
                             for (a, &vv) in acc_r.iter_mut().zip(v(j, h)) {
                                 *a += p * vv;
@@ -431,7 +433,7 @@ fn flash_attention_backward_f32(
                                 ds_row[jj] = 0.0;
                                 continue;
                             }
-                            let pij = (dot(q(i, h), k(j, h)) * scale - lse_h[i]).exp();
+                            let pij = fastmath::exp(dot(q(i, h), k(j, h)) * scale - lse_h[i]);
                             let dpij = dot(d_o(i, h), v(j, h));
                             p_row[jj] = pij;
                             ds_row[jj] = pij * (dpij - delta_h[i]);

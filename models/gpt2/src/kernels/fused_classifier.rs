@@ -48,8 +48,9 @@
 //! result does not depend on timing), then the gradient pass. The same f32
 //! operations as the CPU kernel, except that the maximum and the sum come
 //! from one online pass; the sum is in `double` in a tree order rather than
-//! the CPU's eight lanes, and `expf`/`log` are
-//! CUDA's: agreement to float tolerance, not bit for bit. A target not below
+//! the CPU's eight lanes, and `expf`/`log` are CUDA's (the CPU's
+//! exponential is [`fastmath::exp`](super::fastmath::exp)): agreement to
+//! float tolerance, not bit for bit. A target not below
 //! `V` gives a NaN loss on CUDA (the CPU kernel panics); nothing is read
 //! outside the row. Compiled under NVRTC; not yet run on a GPU, so
 //! [`ModelOptions::fused`](crate::model::ModelOptions::fused) is still
@@ -61,6 +62,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Elems, Kernel, Launcher};
+use super::fastmath::{exp_in_place_sum_f64, exp_sum_f64, row_max};
 use super::loss::{CUDA, SOFTMAX_BLOCK};
 use super::storage::Storage;
 use super::task::{submit, Task};
@@ -133,49 +135,6 @@ pub fn forward_backward<'rt>(
     )
 }
 
-/// Lanes of the row reductions: independent accumulators the compiler can
-/// keep in one vector register (and that break the add chain's latency).
-const LANES: usize = 8;
-
-/// The row's maximum, in `f32` (exact: the order of a max does not matter).
-fn row_max(row: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &x) in m.iter_mut().zip(c) {
-            *m = if x > *m { x } else { *m };
-        }
-    }
-    let m = m.into_iter().fold(f32::NEG_INFINITY, f32::max);
-    tail.iter().fold(m, |m, &x| m.max(x))
-}
-
-/// `Σ exp(x - m)` over a row (`row_exp_sum`, `row_exp_sum_in_place`): the
-/// `f32` exponentials summed in `f64`, in [`LANES`] interleaved partial sums
-/// added in a fixed order.
-fn lane_sum(exps: impl Iterator<Item = f32>) -> f64 {
-    let mut s = [0.0f64; LANES];
-    for (i, e) in exps.enumerate() {
-        s[i % LANES] += e as f64;
-    }
-    s.iter().sum()
-}
-
-/// `Σ exp(x - m)` over the row.
-fn row_exp_sum(row: &[f32], m: f32) -> f64 {
-    lane_sum(row.iter().map(|&x| (x - m).exp()))
-}
-
-/// [`row_exp_sum`], leaving each exponential in place of its logit (the
-/// gradient pass then rescales them instead of exponentiating again).
-fn row_exp_sum_in_place(row: &mut [f32], m: f32) -> f64 {
-    lane_sum(row.iter_mut().map(|x| {
-        *x = (*x - m).exp();
-        *x
-    }))
-}
-
 fn check(name: &str, logits: usize, losses: usize, targets: &[u32], n: usize, v: usize, vp: usize) {
     assert!(v > 0 && v <= vp, "{name}: V ({v}) must be in 1..=Vp ({vp})");
     check_len(name, "logits", logits, n * vp);
@@ -219,7 +178,7 @@ fn classifier_losses_f32(
     );
     for ((row, loss), &tgt) in logits.chunks_exact(vp).zip(losses.iter_mut()).zip(targets) {
         let m = row_max(&row[..v]);
-        let s = row_exp_sum(&row[..v], m);
+        let s = exp_sum_f64(&row[..v], m);
         *loss = (m as f64 + s.ln() - row[tgt as usize] as f64) as f32;
     }
 }
@@ -272,14 +231,14 @@ fn fused_classifier_f32(
         let tgt = tgt as usize;
         let (m, x_tgt) = (row_max(&row[..v]), row[tgt] as f64);
         let Some(d) = d else {
-            let s = row_exp_sum(&row[..v], m);
+            let s = exp_sum_f64(&row[..v], m);
             *loss = (m as f64 + s.ln() - x_tgt) as f32;
             continue;
         };
         // The exponentials go over the row as they are summed; one more
         // pass scales them into the gradient.
         let (real, padding) = row.split_at_mut(v);
-        let s = row_exp_sum_in_place(real, m);
+        let s = exp_in_place_sum_f64(real, m);
         *loss = (m as f64 + s.ln() - x_tgt) as f32;
         let inv = (1.0 / s) as f32;
         for x in real.iter_mut() {

@@ -13,6 +13,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
+use super::fastmath;
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -80,7 +81,7 @@ pub fn gelu_forward<S: Storage>(
     for (o, &x) in out.iter_mut().zip(inp) {
         let x = x.load();
         let cube = GELU_CUBIC * x * x * x;
-        *o = S::store(0.5 * x * (1.0 + (GELU_SCALING_FACTOR * (x + cube)).tanh()));
+        *o = S::store(0.5 * x * (1.0 + fastmath::tanh(GELU_SCALING_FACTOR * (x + cube))));
     }
 }
 
@@ -95,7 +96,7 @@ pub fn gelu_backward<S: Storage>(
     for ((d, &x), &g) in dinp.iter_mut().zip(inp).zip(dout) {
         let (x, g) = (x.load(), g.load());
         let cube = GELU_CUBIC * x * x * x;
-        let tanh_out = (GELU_SCALING_FACTOR * (x + cube)).tanh();
+        let tanh_out = fastmath::tanh(GELU_SCALING_FACTOR * (x + cube));
         // sech² = 1 - tanh², which stays finite where cosh would overflow.
         let sech2 = 1.0 - tanh_out * tanh_out;
         let local_grad = 0.5 * (1.0 + tanh_out)
@@ -110,7 +111,8 @@ pub fn gelu_backward<S: Storage>(
 
 /// [`gelu_forward`] on the task's stream, `f32` or bf16 storage
 /// (`gelu_forward_bf16`: the CPU's operations in its order, but CUDA's
-/// `tanhf`, so a bf16 result may differ from the CPU's by one bf16 ulp).
+/// `tanhf` against the CPU's [`fastmath::tanh`], so a bf16 result may
+/// differ from the CPU's by one bf16 ulp).
 pub fn gelu_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     out: DevSliceMut<S>, // (N)

@@ -27,6 +27,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
+use super::fastmath;
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -176,16 +177,13 @@ fn softmax_row<S: Storage>(
     probs_bt: &mut [f32], // (V)
     logits_bt: &[S],      // (V)
 ) {
-    let maxval = logits_bt
-        .iter()
-        .map(|l| l.load())
-        .fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
+    // The row widened into the output, its max, the exponentials in place
+    // and their f64 sum (`fastmath`: vectorised passes over a row in cache).
     for (p, &l) in probs_bt.iter_mut().zip(logits_bt) {
-        let e = (l.load() - maxval).exp();
-        *p = e;
-        sum += e as f64;
+        *p = l.load();
     }
+    let maxval = fastmath::row_max(probs_bt);
+    let sum = fastmath::exp_in_place_sum_f64(probs_bt, maxval);
     let inv = (1.0 / sum) as f32;
     for p in probs_bt.iter_mut() {
         *p *= inv;

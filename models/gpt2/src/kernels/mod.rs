@@ -105,6 +105,7 @@ pub mod adamw;
 pub mod attention;
 mod cuda_common;
 pub mod encoder;
+pub mod fastmath;
 pub mod fill;
 pub mod flash_attention;
 pub mod fused_classifier;
