@@ -55,7 +55,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes: 5.0000001201e-1, which is 0.5 in f32
     let y = p * (r * r) + r + 1.0;
     // 2ⁿ for n in [-126, 127]: a normal float's exponent field.
     let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
@@ -77,10 +77,10 @@ pub fn tanh(x: f32) -> f32 {
     // |x| < 0.625: x + x·z·P(z), z = x².
     let z = x * x;
     let mut p = -5.704_988_7e-3f32;
-    p = p * z + 2.063_908_9e-2;
+    p = p * z + 2.063_909e-2;
     p = p * z - 5.373_971_6e-2;
     p = p * z + 1.333_144_2e-1;
-    p = p * z - 3.333_328_2e-1;
+    p = p * z - 3.333_328e-1;
     // (the sign copied: tanh is odd, and -0 must stay -0)
     let small = (p * z * x + x).copysign(x);
     // else: 1 - 2 / (e^{2|x|} + 1), with x's sign.
