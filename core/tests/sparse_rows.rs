@@ -58,16 +58,34 @@ fn specs() -> Vec<ParamSpec> {
 
 /// One synced step on `world` ranks; every rank's reduced gradient.
 fn step(world: usize) -> Vec<Vec<f32>> {
+    step_with(world, specs(), |red, rows| {
+        red.grad_ready(0)?; // the dense writer of wte, first
+        red.grad_ready(1)?;
+        red.sparse_ready(0, rows)
+    })
+}
+
+/// One synced step on `world` ranks of a reducer of `params`, which
+/// `hand_over` marks ready and gives the rank's rows; every rank's reduced
+/// gradient.
+fn step_with(
+    world: usize,
+    params: Vec<ParamSpec>,
+    hand_over: fn(&mut Reducer, SparseRows) -> braid::Result<()>,
+) -> Vec<Vec<f32>> {
     let out = launch(world, |rank, comm| {
         let rt = runtime(rank)?;
         let (dense, ids, rows) = inputs(rank);
         let grads = rt.alloc_from("grads", &dense)?;
         let ids = rt.alloc_from("ids", &ids)?;
         let rows = rt.alloc_from("rows", &rows)?;
-        let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(), BucketConfig::default())?;
-        red.grad_ready(0)?; // the dense writer of wte, first
-        red.grad_ready(1)?;
-        red.sparse_ready(0, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
+        let mut red = Reducer::new(
+            comm.bind(&rt)?,
+            &grads,
+            params.clone(),
+            BucketConfig::default(),
+        )?;
+        hand_over(&mut red, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
         red.finish()?;
         rt.read_vec::<f32>(&grads)
     });
@@ -100,28 +118,18 @@ fn rows_are_averaged_into_the_reduced_gradient() {
 fn rows_over_pieces_are_added_as_over_one_parameter() {
     let world = 3;
     let whole = step(world);
-    let out = launch(world, |rank, comm| {
-        let rt = runtime(rank)?;
-        let (dense, ids, rows) = inputs(rank);
-        let grads = rt.alloc_from("grads", &dense)?;
-        let ids = rt.alloc_from("ids", &ids)?;
-        let rows = rt.alloc_from("rows", &rows)?;
-        let pieces = vec![
-            ParamSpec::new("wte[0..2]", 0..2 * ROW),
-            ParamSpec::new("wte[2..5]", 2 * ROW..ROWS * ROW),
-            ParamSpec::new("other", ROWS * ROW..ROWS * ROW + OTHER),
-        ];
-        let mut red = Reducer::new(comm.bind(&rt)?, &grads, pieces, BucketConfig::default())?;
+    let pieces = vec![
+        ParamSpec::new("wte[0..2]", 0..2 * ROW),
+        ParamSpec::new("wte[2..5]", 2 * ROW..ROWS * ROW),
+        ParamSpec::new("other", ROWS * ROW..ROWS * ROW + OTHER),
+    ];
+    let got = step_with(world, pieces, |red, rows| {
         red.grad_ready(1)?;
         red.grad_ready(0)?;
         red.grad_ready(2)?;
-        red.sparse_ready_range(0..2, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
-        red.finish()?;
-        rt.read_vec::<f32>(&grads)
+        red.sparse_ready_range(0..2, rows)
     });
-    for (rank, got) in out.into_iter().enumerate() {
-        assert_eq!(got.expect("rank failed"), whole[rank], "rank {rank}");
-    }
+    assert_eq!(got, whole);
 
     let out = launch(1, |rank, comm| {
         let rt = runtime(rank)?;

@@ -573,27 +573,40 @@ mod tests {
         }
     }
 
-    /// a → b, a → c, c → all-reduce d (100 MB), b + d → e.
-    fn graph() -> StepGraph {
-        let mut d = node("all_reduce bucket 0", 0, &[2]);
+    /// A 100 MB all-reduce after `preds`.
+    fn all_reduce(preds: &[usize]) -> Node {
+        let mut d = node("all_reduce bucket 0", 0, preds);
         d.kind = TaskKind::Comm;
         d.collective = Some(Collective::AllReduce);
         d.traced_stream = None;
         d.bytes = Some(100_000_000);
+        d
+    }
+
+    /// One traced rank's step of `nodes`.
+    fn step(nodes: Vec<Node>, host_gap_ns: u64) -> StepGraph {
         StepGraph {
-            nodes: vec![
-                node("a", 10, &[]),
-                node("b", 20, &[0]),
-                node("c", 30, &[0]),
-                d,
-                node("e", 5, &[1, 3]),
-            ],
-            host_gap_ns: MS,
+            nodes,
+            host_gap_ns,
             measured_step_ns: 0,
             traced_ranks: 1,
             traced_streams: 1,
             complete_steps: 1,
         }
+    }
+
+    /// a → b, a → c, c → all-reduce d (100 MB), b + d → e.
+    fn graph() -> StepGraph {
+        step(
+            vec![
+                node("a", 10, &[]),
+                node("b", 20, &[0]),
+                node("c", 30, &[0]),
+                all_reduce(&[2]),
+                node("e", 5, &[1, 3]),
+            ],
+            MS,
+        )
     }
 
     /// 2 ranks at 10 GB/s, no latency: the all-reduce takes B/β = 10 ms.
@@ -916,25 +929,16 @@ mod tests {
     /// a → c → all-reduce (10 ms at 2 ranks); a → b (5 ms), which overlaps
     /// half of it; e after both.
     fn short_tail() -> StepGraph {
-        let mut d = node("all_reduce bucket 0", 0, &[1]);
-        d.kind = TaskKind::Comm;
-        d.collective = Some(Collective::AllReduce);
-        d.traced_stream = None;
-        d.bytes = Some(100_000_000);
-        StepGraph {
-            nodes: vec![
+        step(
+            vec![
                 node("a", 10, &[]),
                 node("c", 10, &[0]),
-                d,
+                all_reduce(&[1]),
                 node("b", 5, &[0, 1]),
                 node("e", 1, &[2, 3]),
             ],
-            host_gap_ns: 0,
-            measured_step_ns: 0,
-            traced_ranks: 1,
-            traced_streams: 1,
-            complete_steps: 1,
-        }
+            0,
+        )
     }
 
     /// On shared cores a rank that waits frees its core, so the slow rank

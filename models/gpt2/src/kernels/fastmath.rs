@@ -112,34 +112,29 @@ pub fn row_max(row: &[f32]) -> f32 {
 /// in order at the end (a fixed order: the same bits every time).
 #[inline]
 pub fn row_sum_f64(row: &[f32]) -> f64 {
-    let mut s = [0.0f64; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (s, &x) in s.iter_mut().zip(c) {
-            *s += x as f64;
-        }
-    }
-    for (s, &x) in s.iter_mut().zip(tail) {
-        *s += x as f64;
-    }
-    s.iter().sum()
+    lane_sum_f64(row, |x| x)
 }
 
 /// `Σ exp(x - m)` over `row` in `f64`: [`row_sum_f64`] of the
 /// exponentials, the same bits, without storing them.
 #[inline]
 pub fn exp_sum_f64(row: &[f32], m: f32) -> f64 {
+    lane_sum_f64(row, |x| exp(x - m))
+}
+
+/// `Σ f(x)` over `row` in the lanes of [`row_sum_f64`].
+#[inline(always)]
+fn lane_sum_f64(row: &[f32], f: impl Fn(f32) -> f32) -> f64 {
     let mut s = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
         for (s, &x) in s.iter_mut().zip(c) {
-            *s += exp(x - m) as f64;
+            *s += f(x) as f64;
         }
     }
     for (s, &x) in s.iter_mut().zip(tail) {
-        *s += exp(x - m) as f64;
+        *s += f(x) as f64;
     }
     s.iter().sum()
 }

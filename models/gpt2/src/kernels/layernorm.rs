@@ -452,31 +452,7 @@ pub fn layernorm_forward_cuda<S: Storage>(
     n: usize,
     c: usize,
 ) -> Result<()> {
-    let k = Check::new("layernorm_forward");
-    let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
-    let nc = k.mul(n, c)?;
-    k.exact("out", &out, "(N, C)", nc)?;
-    k.exact("mean", &mean, "(N)", n)?;
-    k.exact("rstd", &rstd, "(N)", n)?;
-    k.exact("inp", &inp, "(N, C)", nc)?;
-    k.exact("weight", &weight, "(C)", c)?;
-    k.exact("bias", &bias, "(C)", c)?;
-    let l = Launcher::new(k, cu);
-    let mut a = KernelArgs::new();
-    a.ptr(out.ptr())
-        .ptr(mean.ptr())
-        .ptr(rstd.ptr())
-        .ptr(inp.ptr())
-        .ptr(weight.ptr())
-        .ptr(bias.ptr())
-        .i32(ni)
-        .i32(ci);
-    let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
-    // SAFETY: layernorm_forward[_bf16](S* out, float* mean, float* rstd,
-    // const S* inp, const S* weight, const S* bias, int N, int C), S the
-    // storage type of out, inp, weight and bias, with every buffer sized for
-    // N rows of C (checked).
-    unsafe { l.launch(kernel, l.warp_rows(n)?, &a) }
+    forward_cuda(cu, None, out, mean, rstd, inp, weight, bias, n, c)
 }
 
 /// [`layernorm_residual_forward`] on the task's stream: one warp per row
@@ -496,35 +472,75 @@ pub fn layernorm_residual_forward_cuda<S: Storage>(
     n: usize,
     c: usize,
 ) -> Result<()> {
-    let k = Check::new("layernorm_residual_forward");
+    forward_cuda(
+        cu,
+        Some((residual, inp2)),
+        out,
+        mean,
+        rstd,
+        inp1,
+        weight,
+        bias,
+        n,
+        c,
+    )
+}
+
+/// Both forward launchers: with `residual = Some((residual, inp2))` the
+/// fused kernel normalises `residual = inp + inp2`.
+fn forward_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    residual: Option<(DevSliceMut<S>, DevSlice<S>)>,
+    out: DevSliceMut<S>,
+    mean: DevSliceMut<f32>,
+    rstd: DevSliceMut<f32>,
+    inp: DevSlice<S>,
+    weight: DevSlice<S>,
+    bias: DevSlice<S>,
+    n: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new(match residual {
+        Some(_) => "layernorm_residual_forward",
+        None => "layernorm_forward",
+    });
     let (ni, ci) = (k.dim("N", n)?, k.dim("C", c)?);
     let nc = k.mul(n, c)?;
-    k.exact("residual", &residual, "(N, C)", nc)?;
+    if let Some((res, inp2)) = &residual {
+        k.exact("residual", res, "(N, C)", nc)?;
+        k.exact("inp2", inp2, "(N, C)", nc)?;
+    }
     k.exact("out", &out, "(N, C)", nc)?;
     k.exact("mean", &mean, "(N)", n)?;
     k.exact("rstd", &rstd, "(N)", n)?;
-    k.exact("inp1", &inp1, "(N, C)", nc)?;
-    k.exact("inp2", &inp2, "(N, C)", nc)?;
+    let inp_name = if residual.is_some() { "inp1" } else { "inp" };
+    k.exact(inp_name, &inp, "(N, C)", nc)?;
     k.exact("weight", &weight, "(C)", c)?;
     k.exact("bias", &bias, "(C)", c)?;
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
-    a.ptr(residual.ptr())
-        .ptr(out.ptr())
+    if let Some((res, _)) = &residual {
+        a.ptr(res.ptr());
+    }
+    a.ptr(out.ptr())
         .ptr(mean.ptr())
         .ptr(rstd.ptr())
-        .ptr(inp1.ptr())
-        .ptr(inp2.ptr())
-        .ptr(weight.ptr())
-        .ptr(bias.ptr())
-        .i32(ni)
-        .i32(ci);
-    let kernel = by_dtype::<S>(&RESIDUAL_FORWARD, &RESIDUAL_FORWARD_BF16);
-    // SAFETY: layernorm_residual_forward[_bf16](S* residual, S* out, float*
-    // mean, float* rstd, const S* inp1, const S* inp2, const S* weight,
-    // const S* bias, int N, int C), S the storage type of all but mean and
-    // rstd, every buffer sized for N rows of C (checked); residual is
-    // disjoint from the inputs (distinct tokens of one task).
+        .ptr(inp.ptr());
+    if let Some((_, inp2)) = &residual {
+        a.ptr(inp2.ptr());
+    }
+    a.ptr(weight.ptr()).ptr(bias.ptr()).i32(ni).i32(ci);
+    let kernel = match residual {
+        Some(_) => by_dtype::<S>(&RESIDUAL_FORWARD, &RESIDUAL_FORWARD_BF16),
+        None => by_dtype::<S>(&FORWARD, &FORWARD_BF16),
+    };
+    // SAFETY: layernorm_forward[_bf16](S* out, float* mean, float* rstd,
+    // const S* inp, const S* weight, const S* bias, int N, int C), or
+    // layernorm_residual_forward[_bf16](S* residual, S* out, float* mean,
+    // float* rstd, const S* inp1, const S* inp2, const S* weight, const S*
+    // bias, int N, int C): the arguments in that order, S the storage type of
+    // all but mean and rstd, every buffer sized for N rows of C (checked);
+    // residual disjoint from the inputs (distinct tokens of one task).
     unsafe { l.launch(kernel, l.warp_rows(n)?, &a) }
 }
 
