@@ -110,26 +110,8 @@ pub fn backward<'rt>(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit!(
-        task,
-        |S| (
-            dinp.read_write::<S>(),
-            dweight.read_write::<S>(),
-            dbias.read_write::<S>(),
-            dout.read::<S>(),
-            inp.read::<S>(),
-            weight.read::<S>(),
-            mean.read::<f32>(),
-            rstd.read::<f32>(),
-        ),
-        move |(dinp, dw, db, dout, inp, w, mean, rstd)| {
-            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, 1, n, c)
-        },
-        move |(dinp, dw, db, dout, inp, w, mean, rstd), cu| {
-            task_result(layernorm_backward_cuda(
-                cu, dinp, dw, db, dout, inp, w, mean, rstd, n, c,
-            ))
-        },
+    submit_backward(
+        task, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
     )
 }
 
@@ -193,25 +175,62 @@ pub fn backward_residual<'rt>(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
+    submit_backward(
+        task,
+        dinp,
+        Some(dres),
+        dweight,
+        dbias,
+        dout,
+        inp,
+        weight,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+/// Both backward tasks. `dinp` is declared `read_write` either way (for an
+/// overwrite that orders exactly as a `write` would: after its last writer
+/// and its readers).
+fn submit_backward<'rt>(
+    task: impl Into<Task<'rt>>,
+    dinp: &View,
+    dres: Option<&View>,
+    dweight: &View,
+    dbias: &View,
+    dout: &View,
+    inp: &View,
+    weight: &View,
+    mean: &View,
+    rstd: &View,
+    n: usize,
+    c: usize,
+) -> Result<TaskHandle> {
+    let name = match dres {
+        Some(_) => "layernorm_backward_residual",
+        None => "layernorm_backward",
+    };
     submit!(
         task,
         |S| (
-            dinp.write::<S>(),
+            dinp.read_write::<S>(),
+            dres.map(|d| d.read::<S>()),
             dweight.read_write::<S>(),
             dbias.read_write::<S>(),
-            dres.read::<S>(),
             dout.read::<S>(),
             inp.read::<S>(),
             weight.read::<S>(),
             mean.read::<f32>(),
             rstd.read::<f32>(),
         ),
-        move |(dinp, dw, db, dres, dout, inp, w, mean, rstd)| {
-            layernorm_backward_residual(dinp, dw, db, dres, dout, inp, w, mean, rstd, n, c)
+        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd)| {
+            backward_rows(name, dinp, dres, dw, db, dout, inp, w, mean, rstd, n, c)
         },
-        move |(dinp, dw, db, dres, dout, inp, w, mean, rstd), cu| {
-            task_result(layernorm_backward_residual_cuda(
-                cu, dinp, dw, db, dres, dout, inp, w, mean, rstd, n, c,
+        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd), cu| {
+            task_result(backward_cuda(
+                cu, dinp, dres, dw, db, dout, inp, w, mean, rstd, n, c,
             ))
         },
     )
@@ -566,40 +585,10 @@ pub fn layernorm_backward_cuda<S: Storage>(
     )
 }
 
-/// [`layernorm_backward_residual`] on the task's stream: overwrites `dinp`
-/// with `dres` plus the input gradient (the same kernel as
-/// [`layernorm_backward_cuda`], given `dres` as the base).
-pub fn layernorm_backward_residual_cuda<S: Storage>(
-    cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<S>,    // (N, C) overwritten
-    dweight: DevSliceMut<S>, // (C) accumulated
-    dbias: DevSliceMut<S>,   // (C) accumulated
-    dres: DevSlice<S>,       // (N, C)
-    dout: DevSlice<S>,       // (N, C)
-    inp: DevSlice<S>,        // (N, C)
-    weight: DevSlice<S>,     // (C)
-    mean: DevSlice<f32>,     // (N)
-    rstd: DevSlice<f32>,     // (N)
-    n: usize,
-    c: usize,
-) -> Result<()> {
-    backward_cuda(
-        cu,
-        dinp,
-        Some(dres),
-        dweight,
-        dbias,
-        dout,
-        inp,
-        weight,
-        mean,
-        rstd,
-        n,
-        c,
-    )
-}
-
-/// Both backward launchers: `dres` `None` accumulates into `dinp`.
+/// The backward launcher of both tasks: `dres` `None` accumulates into
+/// `dinp` ([`layernorm_backward_cuda`]); with `dres` it overwrites `dinp`
+/// with `dres` plus the input gradient ([`layernorm_backward_residual`] on
+/// the task's stream: the same kernel, given `dres` as the base).
 fn backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     dinp: DevSliceMut<S>,
