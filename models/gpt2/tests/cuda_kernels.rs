@@ -1820,9 +1820,9 @@ fn residual_layernorm_tasks(dev: Device) {
         done(layernorm::backward_residual(
             task("layernorm backward residual"),
             &v(&fdinp),
+            Some(&v(&dres)),
             &v(&dw0),
             &v(&db0),
-            &v(&dres),
             &v(&dout),
             &v(&res),
             &v(&w),

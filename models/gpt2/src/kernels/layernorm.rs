@@ -110,7 +110,7 @@ pub fn backward<'rt>(
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_backward(
+    backward_residual(
         task, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
     )
 }
@@ -157,54 +157,23 @@ pub fn forward_residual<'rt>(
 }
 
 /// Submits the backward pass of [`forward`] with the residual's gradient
-/// passed through (module docs): OVERWRITES `dinp` with `dres` plus the
-/// layer norm's input gradient, accumulates `dweight` and `dbias`. Bit for
-/// bit what a zeroed `dinp`, a residual backward task adding `dres`, then
-/// [`backward`] give.
+/// passed through (module docs) when `dres` is given: OVERWRITES `dinp` with
+/// `dres` plus the layer norm's input gradient, accumulates `dweight` and
+/// `dbias`; bit for bit what a zeroed `dinp`, a residual backward task
+/// adding `dres`, then [`backward`] give. With `None` it is [`backward`].
+/// `dinp` is declared `read_write` either way (for an overwrite that orders
+/// exactly as a `write` would: after its last writer and its readers).
 pub fn backward_residual<'rt>(
     task: impl Into<Task<'rt>>,
-    dinp: &View,    // (N, C) overwritten
-    dweight: &View, // (C) accumulated
-    dbias: &View,   // (C) accumulated
-    dres: &View,    // (N, C)
-    dout: &View,    // (N, C)
-    inp: &View,     // (N, C)
-    weight: &View,  // (C)
-    mean: &View,    // (N)
-    rstd: &View,    // (N)
-    n: usize,
-    c: usize,
-) -> Result<TaskHandle> {
-    submit_backward(
-        task,
-        dinp,
-        Some(dres),
-        dweight,
-        dbias,
-        dout,
-        inp,
-        weight,
-        mean,
-        rstd,
-        n,
-        c,
-    )
-}
-
-/// Both backward tasks. `dinp` is declared `read_write` either way (for an
-/// overwrite that orders exactly as a `write` would: after its last writer
-/// and its readers).
-fn submit_backward<'rt>(
-    task: impl Into<Task<'rt>>,
-    dinp: &View,
-    dres: Option<&View>,
-    dweight: &View,
-    dbias: &View,
-    dout: &View,
-    inp: &View,
-    weight: &View,
-    mean: &View,
-    rstd: &View,
+    dinp: &View,         // (N, C) overwritten (accumulated without dres)
+    dres: Option<&View>, // (N, C)
+    dweight: &View,      // (C) accumulated
+    dbias: &View,        // (C) accumulated
+    dout: &View,         // (N, C)
+    inp: &View,          // (N, C)
+    weight: &View,       // (C)
+    mean: &View,         // (N)
+    rstd: &View,         // (N)
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {

@@ -1247,10 +1247,10 @@ impl Gpt2Model {
             ready(li.fcb)?;
             ready(li.fcw)?;
             // ln2 = layernorm(residual2)
-            layernorm_backward(
+            layernorm::backward_residual(
                 task("ln2 backward"),
-                self.fused.then_some(&lda.residual3),
                 &lda.residual2,
+                self.fused.then_some(&lda.residual3),
                 &lg.ln2w,
                 &lg.ln2b,
                 &lda.ln2,
@@ -1349,10 +1349,10 @@ impl Gpt2Model {
             ready(li.qkvb)?;
             ready(li.qkvw)?;
             // ln1 = layernorm(residual_in)
-            layernorm_backward(
+            layernorm::backward_residual(
                 task("ln1 backward"),
-                self.fused.then_some(&lda.residual2),
                 da.residual_in(l),
+                self.fused.then_some(&lda.residual2),
                 &lg.ln1w,
                 &lg.ln1b,
                 &lda.ln1,
@@ -1401,34 +1401,6 @@ impl Gpt2Model {
         ready(id.wpe)?;
         ready(id.wte)?;
         Ok(())
-    }
-}
-
-/// [`layernorm::backward`] (accumulating into `dinp`), or with `dres`
-/// [`layernorm::backward_residual`] (`dinp` = `dres` + the layer norm's
-/// input gradient: the residual's gradient passed through).
-#[allow(clippy::too_many_arguments)] // the layer norm's own argument list
-fn layernorm_backward(
-    task: Task<'_>,
-    dres: Option<&View>,
-    dinp: &View,
-    dweight: &View,
-    dbias: &View,
-    dout: &View,
-    inp: &View,
-    weight: &View,
-    mean: &View,
-    rstd: &View,
-    n: usize,
-    c: usize,
-) -> braid::Result<braid::TaskHandle> {
-    match dres {
-        Some(dres) => layernorm::backward_residual(
-            task, dinp, dweight, dbias, dres, dout, inp, weight, mean, rstd, n, c,
-        ),
-        None => layernorm::backward(
-            task, dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
-        ),
     }
 }
 
