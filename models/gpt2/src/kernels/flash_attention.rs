@@ -56,7 +56,7 @@
 //! operation by operation: the same `f32` dot products in channel order, the
 //! same online-softmax update per key tile of [`BLOCK_K`] columns, the same
 //! accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's
-//! (the CPU's exponential is [`fastmath::exp`](super::fastmath::exp)), so
+//! (the CPU's exponential is [`fastmath::exp`]), so
 //! the two agree to float tolerance. A first version to check against the
 //! CPU: one thread per query row (forward, `dQ`) or key row (`dK`, `dV`,
 //! summed over the queries instead of atomics, so deterministic), no tensor
