@@ -4,9 +4,9 @@
 //! Every task function takes `impl Into<Task>`, so a plain
 //! [`TaskBuilder`] (`rt.task("…")`) is an `f32` task, as before, and
 //! [`Task::new`] names another dtype. A family with CUDA kernels submits
-//! with [`submit!`]: a body per backend ([`TaskBuilder::run_any`]) on every
+//! with `submit!`: a body per backend ([`TaskBuilder::run_any`]) on every
 //! dtype, the CUDA launcher picking the `f32` or the `*_bf16` kernel; a task
-//! with a CPU kernel only submits with [`submit_cpu!`] (on another backend
+//! with a CPU kernel only submits with `submit_cpu!` (on another backend
 //! submission fails with [`braid::Error::NoBody`] naming the task).
 //!
 //! The bf16 CUDA kernels (`*_bf16` in the families' `.cu` files, and
