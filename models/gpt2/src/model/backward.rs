@@ -2,7 +2,7 @@
 
 use braid::{Priority, Runtime};
 
-use super::{Gpt2Model, Tasks, GRADIENT_RING};
+use super::{Gpt2Model, Tasks};
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::{
     attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
@@ -53,7 +53,7 @@ impl Gpt2Model {
         // the encoder's; a later block's slot is zeroed at the end of the
         // block `ring` above it, the slot's previous user (the engine runs
         // the zeroing once that block's last reader of the slot is done).
-        let (layers, ring) = (self.cfg.num_layers, da.blocks.len().min(GRADIENT_RING));
+        let (layers, ring) = (self.cfg.num_layers, da.ring);
         let zero_slot = |l: usize| fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l].0);
         fill::zero(side("zero dacts head".into()), &da.head)?;
         for l in (0..layers).rev() {

@@ -177,6 +177,8 @@ struct Acts {
     /// block's ring slot and its residual pair (for zeroing); empty for the
     /// forward activations.
     blocks: Vec<(View, View)>,
+    /// The layout's ring slots ([`ActivationLayout::ring`]; 0: no ring).
+    ring: usize,
     /// From `lnf` to the end (for zeroing gradients).
     head: View,
 }
@@ -198,6 +200,7 @@ impl Acts {
             logits: v(&a.logits)?,
             probs: v(&a.probs)?,
             losses: v(&a.losses)?,
+            ring: a.ring,
             blocks: match a.ring {
                 0 => Vec::new(),
                 _ => a
