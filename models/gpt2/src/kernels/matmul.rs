@@ -332,16 +332,7 @@ pub fn matmul_backward_weight<S: Storage>(
     }
     let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
     S::update_f32(dweight, |dweight| {
-        sgemm(
-            dweight,
-            Strided::row_major(oc, c),
-            true,
-            // doutᵀ: element (o, bt) is dout[bt·OC + o]
-            &dout,
-            Strided::transposed(oc, n),
-            &inp,
-            Strided::row_major(n, c),
-        )
+        weight_gradient_rows(dweight, &dout, &inp, n, c, oc, 0..oc)
     });
     if let Some(dbias) = dbias {
         S::update_f32(dbias, |dbias| {
@@ -356,9 +347,10 @@ pub fn matmul_backward_weight<S: Storage>(
 
 /// Rows `rows` of [`matmul_backward_weight`]'s `dweight` (no bias):
 /// `dweight_rows[o - rows.start, i] += Σ_bt dout[bt, o] · inp[bt, i]` for
-/// `o` in `rows`, from the full `dout` `(N, OC)`. The same products as the
-/// whole kernel; the library may block a smaller product differently, so a
-/// row may differ from the whole kernel's in its last bits.
+/// `o` in `rows`, from the full `dout` `(N, OC)`. The same product code as
+/// the whole kernel (`weight_gradient_rows`); the library may block a
+/// smaller product differently, so a row may differ from the whole kernel's
+/// in its last bits.
 pub fn matmul_backward_weight_rows<S: Storage>(
     dweight_rows: &mut [S], // (R, C)
     dout: &[S],             // (N, OC)
@@ -382,22 +374,36 @@ pub fn matmul_backward_weight_rows<S: Storage>(
     }
     let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
     S::update_f32(dweight_rows, |dw| {
-        sgemm(
-            dw,
-            Strided::row_major(r, c),
-            true,
-            // doutᵀ's rows `rows`: element (o, bt) is dout[bt·OC + rows.start + o]
-            &dout[rows.start..],
-            Strided {
-                rows: r,
-                cols: n,
-                rs: 1,
-                cs: oc,
-            },
-            &inp,
-            Strided::row_major(n, c),
-        )
+        weight_gradient_rows(dw, &dout, &inp, n, c, oc, rows)
     });
+}
+
+/// The product of both weight-gradient kernels, in `f32`: `dw (R, C) +=`
+/// rows `rows` of `doutᵀ (OC, N)` times `inp (N, C)`.
+fn weight_gradient_rows(
+    dw: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    n: usize,
+    c: usize,
+    oc: usize,
+    rows: std::ops::Range<usize>,
+) {
+    sgemm(
+        dw,
+        Strided::row_major(rows.len(), c),
+        true,
+        // doutᵀ's rows `rows`: element (o, bt) is dout[bt·OC + rows.start + o]
+        &dout[rows.start..],
+        Strided {
+            rows: rows.len(),
+            cols: n,
+            rs: 1,
+            cs: oc,
+        },
+        inp,
+        Strided::row_major(n, c),
+    )
 }
 
 // ---------------------------------------------------------------------------
