@@ -579,20 +579,15 @@ impl<'rt> Reducer<'rt> {
         params: std::ops::Range<usize>,
         rows: super::SparseRows,
     ) -> Result<()> {
-        let (first, last) = match (self.params.get(params.start), params.end.checked_sub(1)) {
-            (Some(_), Some(last)) if last >= params.start && last < self.params.len() => {
-                (params.start, last)
-            }
-            _ => {
-                return Err(self.error(format!(
-                    "no parameters #{}..#{} (there are {})",
-                    params.start,
-                    params.end,
-                    self.params.len()
-                )))
-            }
-        };
-        let pieces = &self.params[first..=last];
+        if params.is_empty() || params.end > self.params.len() {
+            return Err(self.error(format!(
+                "no parameters #{}..#{} (there are {})",
+                params.start,
+                params.end,
+                self.params.len()
+            )));
+        }
+        let pieces = &self.params[params];
         if let Some(w) = pieces
             .windows(2)
             .find(|w| w[0].range.end != w[1].range.start)
