@@ -125,15 +125,22 @@ impl StepSkew {
 /// Mean hidden share over the summaries that have communication, as the
 /// trainer's report averages its ranks (`TrainReport::hidden_comm_share`).
 pub fn mean_hidden(s: &[Summary]) -> f64 {
-    let v: Vec<f64> = s
-        .iter()
-        .filter(|s| s.comm_ns > 0)
-        .map(Summary::hidden_share)
-        .collect();
-    if v.is_empty() {
+    mean_or_zero(
+        s.iter()
+            .filter(|s| s.comm_ns > 0)
+            .map(Summary::hidden_share),
+    )
+}
+
+/// The mean of `v`, 0 when it is empty.
+fn mean_or_zero(v: impl IntoIterator<Item = f64>) -> f64 {
+    let (sum, n) = v
+        .into_iter()
+        .fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
         0.0
     } else {
-        v.iter().sum::<f64>() / v.len() as f64
+        sum / n as f64
     }
 }
 
@@ -212,12 +219,7 @@ impl MeasuredSkew {
     /// the exposed time grows with the skew, so the rare far-skewed step
     /// counts).
     pub fn fitted_skew(&self) -> f64 {
-        let per_step = self.step_skews();
-        if per_step.is_empty() {
-            0.0
-        } else {
-            per_step.iter().sum::<f64>() / per_step.len() as f64
-        }
+        mean_or_zero(self.step_skews())
     }
 
     /// Each complete step's skew: per rank, when its compute last made a
@@ -280,20 +282,12 @@ impl MeasuredSkew {
     /// The rank mean of [`Self::pooled_hidden_shares`]: what a prediction's
     /// hidden share is compared with.
     pub fn steps_hidden_share(&self) -> f64 {
-        let v = self.pooled_hidden_shares();
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
+        mean_or_zero(self.pooled_hidden_shares())
     }
 
     /// Mean over the complete steps of their (rank-mean) hidden share.
     pub fn mean_step_hidden_share(&self) -> f64 {
-        if self.steps.is_empty() {
-            return 0.0;
-        }
-        self.steps.iter().map(StepSkew::hidden_share).sum::<f64>() / self.steps.len() as f64
+        mean_or_zero(self.steps.iter().map(StepSkew::hidden_share))
     }
 }
 
