@@ -31,6 +31,7 @@ pub struct RuntimeBuilder {
     trace: Option<PathBuf>,
     rank: usize,
     replay_as_tasks: bool,
+    graphs: bool,
     replace: bool,
     auto_replay: bool,
     cpu_cores: Option<usize>,
@@ -63,6 +64,7 @@ impl Default for RuntimeBuilder {
             trace: None,
             rank: 0,
             replay_as_tasks: false,
+            graphs: false,
             replace: true,
             auto_replay: false,
             cpu_cores: None,
@@ -133,6 +135,20 @@ impl RuntimeBuilder {
     #[doc(hidden)]
     pub fn replay_as_tasks(mut self, on: bool) -> Self {
         self.replay_as_tasks = on;
+        self
+    }
+
+    /// Replays of recorded schedules run as one unit (default: off). On
+    /// CUDA a schedule is captured into a CUDA graph at its first replay
+    /// (fork and join through events) and each replay is one graph launch;
+    /// on the CPU a replay runs every task in order on one stream thread
+    /// (the CPU's model of a graph launch, with no overlap: for tests).
+    /// Schedules with a collective or a host task, and any whose capture
+    /// fails, replay as before ([`crate::Schedule::graph_refusal`] says
+    /// why). Values that change between replays must live in buffers the
+    /// kernels read: a graph keeps the kernel arguments of its capture.
+    pub fn graphs(mut self, on: bool) -> Self {
+        self.graphs = on;
         self
     }
 
@@ -700,6 +716,78 @@ impl Runtime {
         self.config.replay_as_tasks || !matches!(self.backend, Backend::Cpu)
     }
 
+    /// Whether replays run as one unit ([`RuntimeBuilder::graphs`]).
+    pub(crate) fn config_graphs(&self) -> bool {
+        self.config.graphs
+    }
+
+    /// Submits one replay of `plan` as one unit (a CUDA graph launch, or a
+    /// sequential run on the CPU), capturing it first when `slot` is untried.
+    /// `Ok(None)`: the schedule is not a graph (`slot` says why); replay it
+    /// the ordinary way.
+    pub(crate) fn submit_graph_replay(
+        &self,
+        plan: &std::sync::Arc<sched::replay::Plan>,
+        slot: &std::sync::Mutex<crate::schedule::GraphSlot>,
+    ) -> Result<Option<TaskHandle>> {
+        use crate::schedule::GraphSlot;
+        use sched::capture::{self, Unit};
+        self.wait_for_room();
+        sched::live::submitting(&self.shared);
+        let mut st = lock(&self.state);
+        Self::check_replay_allowed(&st, plan)?;
+        let mut slot = lock(slot);
+        let (unit, fence) = match &*slot {
+            GraphSlot::Ready(u) => (u.clone(), false),
+            GraphSlot::Refused(_) => return Ok(None),
+            GraphSlot::Untried => {
+                let made = match capture::refusal(plan) {
+                    Some(why) => Err(why),
+                    None => match &self.backend {
+                        Backend::Cpu => Ok(Unit::Cpu),
+                        Backend::Cuda(c) => {
+                            // No body of the schedule may be running, and
+                            // no stream may be launching, while it captures.
+                            for (s, &seq) in st.frontier().iter().enumerate() {
+                                self.shared.streams[s].done.wait_at_least(seq);
+                            }
+                            capture::capture_cuda(plan, c)
+                                .map(|g| Unit::Cuda(std::sync::Arc::new(g)))
+                        }
+                    },
+                };
+                match made {
+                    Ok(u) => {
+                        *slot = GraphSlot::Ready(u.clone());
+                        (u, true)
+                    }
+                    Err(why) => {
+                        tracing::warn!(schedule = %plan.name, "not replayed as a graph: {why}");
+                        *slot = GraphSlot::Refused(why);
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        sched::auto::Auto::foreign(&mut st);
+        let task = capture::submit(&mut st, &self.shared, plan, &unit, fence);
+        Ok(Some(TaskHandle {
+            task,
+            shared: self.shared.clone(),
+        }))
+    }
+
+    /// Refuses a replay while a schedule is being recorded.
+    fn check_replay_allowed(st: &sched::SubmitState, plan: &sched::replay::Plan) -> Result<()> {
+        if st.recorder.as_ref().is_some_and(|r| !r.is_auto()) {
+            return Err(Error::Config(format!(
+                "schedule `{}` replayed while a schedule is being recorded",
+                plan.name
+            )));
+        }
+        Ok(())
+    }
+
     /// Submits one replay of `plan`; returns the handle of its end.
     pub(crate) fn submit_replay(
         &self,
@@ -711,12 +799,7 @@ impl Runtime {
         sched::live::submitting(&self.shared);
         let task = {
             let mut st = lock(&self.state);
-            if st.recorder.as_ref().is_some_and(|r| !r.is_auto()) {
-                return Err(Error::Config(format!(
-                    "schedule `{}` replayed while a schedule is being recorded",
-                    plan.name
-                )));
-            }
+            Self::check_replay_allowed(&st, plan)?;
             // A replay is foreign work to automatic replay's step.
             sched::auto::Auto::foreign(&mut st);
             sched::replay::submit(&mut st, &self.shared, plan, how)

@@ -29,6 +29,16 @@ pub struct Schedule<'rt> {
     plan: Mutex<Arc<Plan>>,
     /// Whether the plan has been re-placed (or never will be).
     settled: std::sync::atomic::AtomicBool,
+    /// Graph replay ([`crate::RuntimeBuilder::graphs`]): not tried yet, the
+    /// unit to launch, or why the schedule is not a graph.
+    graph: Mutex<GraphSlot>,
+}
+
+/// A schedule's graph, once its first replay has tried to make one.
+pub(crate) enum GraphSlot {
+    Untried,
+    Ready(crate::sched::capture::Unit),
+    Refused(String),
 }
 
 impl fmt::Debug for Schedule<'_> {
@@ -81,11 +91,13 @@ impl Runtime {
         plan.usable = self.usable_compute_streams() as u16;
         // Re-placement from durations measured on the host: CPU programs only
         // (a CUDA body's host time is its launch, not its kernels).
-        let settled = self.replays_materialised() || !self.config_replace();
+        // A graph keeps the recording's placement (a capture is made once).
+        let settled = self.replays_materialised() || !self.config_replace() || self.config_graphs();
         Ok(Schedule {
             rt: self,
             plan: Mutex::new(Arc::new(plan)),
             settled: settled.into(),
+            graph: Mutex::new(GraphSlot::Untried),
         })
     }
 }
@@ -105,6 +117,11 @@ impl<'rt> Schedule<'rt> {
     /// before it. Results do not depend on placement.
     pub fn replay(&self) -> Result<TaskHandle> {
         use std::sync::atomic::Ordering::{Acquire, Release};
+        if self.rt.config_graphs() {
+            if let Some(h) = self.rt.submit_graph_replay(&self.plan(), &self.graph)? {
+                return Ok(h);
+            }
+        }
         let mut how = How {
             materialise: self.rt.replays_materialised(),
             fence: false,
@@ -149,6 +166,17 @@ impl<'rt> Schedule<'rt> {
     ) -> Result<TaskHandle> {
         self.rt.upload(block, args)?;
         self.replay()
+    }
+
+    /// Why this schedule does not replay as a graph, once a replay has
+    /// tried ([`crate::RuntimeBuilder::graphs`]): a collective or host task
+    /// in it, or what failed during its capture. `None` while untried, when
+    /// it is a graph, or with graphs off.
+    pub fn graph_refusal(&self) -> Option<String> {
+        match &*self.graph.lock().unwrap_or_else(|e| e.into_inner()) {
+            GraphSlot::Refused(why) => Some(why.clone()),
+            GraphSlot::Untried | GraphSlot::Ready(_) => None,
+        }
     }
 
     /// The schedule's name.

@@ -11,6 +11,23 @@ use proptest::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+/// How replays run: one program per CPU stream (the CPU's default), one
+/// task record per step (as on CUDA without graphs), or one unit (graphs:
+/// a CUDA graph launch, on the CPU a sequential run).
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Programs,
+    Tasks,
+    Graph,
+}
+
+const MODES: [Mode; 3] = [Mode::Programs, Mode::Tasks, Mode::Graph];
+
+fn in_mode(b: braid::RuntimeBuilder, m: Mode) -> braid::RuntimeBuilder {
+    b.replay_as_tasks(matches!(m, Mode::Tasks))
+        .graphs(matches!(m, Mode::Graph))
+}
+
 fn cases() -> u32 {
     std::env::var("BRAID_PROPTEST_CASES")
         .ok()
@@ -91,16 +108,15 @@ proptest! {
         streams in 1usize..=8,
         policy in prop_oneof![Just(Policy::Single), Just(Policy::RoundRobin), Just(Policy::Affinity)],
         window in prop_oneof![Just(1usize), Just(3), Just(4096)],
-        as_tasks in any::<bool>(),
+        mode in prop_oneof![Just(Mode::Programs), Just(Mode::Tasks), Just(Mode::Graph)],
     ) {
         let expected = sequential(&unrolled(&p, &c));
         for backend in backends() {
-            let rt = Runtime::builder()
+            let rt = in_mode(Runtime::builder(), mode)
                 .backend(backend)
                 .compute_streams(streams)
                 .policy(policy)
                 .launch_window(window)
-                .replay_as_tasks(as_tasks)
                 .build()
                 .unwrap();
             let got = with_replays(&rt, &p, &c);
@@ -116,7 +132,7 @@ fn long_steps_replayed_many_times() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     for streams in 1..=8 {
         for policy in Policy::ALL {
-            for as_tasks in [false, true] {
+            for mode in MODES {
                 let p = program(200).new_tree(&mut runner).unwrap().current();
                 let n = p.tasks.len();
                 let c = Cut {
@@ -125,17 +141,16 @@ fn long_steps_replayed_many_times() {
                     replays: 3,
                     mask: 0b101,
                 };
-                let rt = Runtime::builder()
+                let rt = in_mode(Runtime::builder(), mode)
                     .backend(BackendKind::Cpu)
                     .compute_streams(streams)
                     .policy(policy)
-                    .replay_as_tasks(as_tasks)
                     .build()
                     .unwrap();
                 assert_eq!(
                     with_replays(&rt, &p, &c),
                     sequential(&unrolled(&p, &c)),
-                    "{streams} streams, {policy}, as tasks: {as_tasks}"
+                    "{streams} streams, {policy}, {mode:?}"
                 );
             }
         }
@@ -143,13 +158,12 @@ fn long_steps_replayed_many_times() {
 }
 
 fn runtimes() -> Vec<Runtime> {
-    [false, true]
+    MODES
         .into_iter()
-        .map(|as_tasks| {
-            Runtime::builder()
+        .map(|mode| {
+            in_mode(Runtime::builder(), mode)
                 .backend(BackendKind::Cpu)
                 .compute_streams(2)
-                .replay_as_tasks(as_tasks)
                 .build()
                 .unwrap()
         })
@@ -295,8 +309,14 @@ fn replay_with_writes_the_argument_block_first() {
 /// ranks keep matching; results equal the sequential sums.
 #[test]
 fn collectives_replay_across_ranks() {
+    for mode in MODES {
+        collectives_replay_in(mode);
+    }
+}
+
+fn collectives_replay_in(mode: Mode) {
     let results = braid::launch(2, |rank, comm| -> braid::Result<Vec<f32>> {
-        let rt = Runtime::builder()
+        let rt = in_mode(Runtime::builder(), mode)
             .backend(BackendKind::Cpu)
             .rank(rank)
             .build()?;
@@ -311,6 +331,10 @@ fn collectives_replay_across_ranks() {
         })?;
         step.replay()?;
         step.replay()?;
+        // A collective keeps a schedule out of graphs: it replays as before.
+        let refused = step.graph_refusal().is_some();
+        assert_eq!(refused, matches!(mode, Mode::Graph), "{mode:?}");
+        assert_eq!(rt.stats().graph_replays, 0);
         let out = rt.read_vec::<f32>(&x)?;
         rt.synchronize()?;
         Ok(out)
@@ -320,6 +344,60 @@ fn collectives_replay_across_ranks() {
     for r in results {
         assert_eq!(r.unwrap(), vec![96.0; 3]);
     }
+}
+
+/// With graphs on, a replay is one unit on one stream: the two independent
+/// chains of a step recorded on two streams run in order on one thread, the
+/// first graph replay after the recording's tasks, and the result is the
+/// sequential one.
+#[test]
+fn graph_replays_run_as_one_unit() {
+    let rt = in_mode(Runtime::builder(), Mode::Graph)
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .oversubscribe(true)
+        .build()
+        .unwrap();
+    let a = rt.alloc_from("a", &[1u64]).unwrap();
+    let b = rt.alloc_from("b", &[1u64]).unwrap();
+    let step = rt
+        .record("step", |rt| {
+            for k in 0..4u64 {
+                rt.task("a")
+                    .run(a.read_write::<u64>(), move |a| a[0] = a[0] * 3 + k)?;
+                rt.task("b")
+                    .run(b.read_write::<u64>(), move |b| b[0] = b[0] * 5 + k)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(step.placement().0, 2, "the recording used both streams");
+    for _ in 0..3 {
+        step.replay().unwrap();
+    }
+    let (mut ea, mut eb) = (1u64, 1u64);
+    for _ in 0..4 {
+        for k in 0..4 {
+            ea = ea * 3 + k;
+            eb = eb * 5 + k;
+        }
+    }
+    assert_eq!(rt.read_vec::<u64>(&a).unwrap(), vec![ea]);
+    assert_eq!(rt.read_vec::<u64>(&b).unwrap(), vec![eb]);
+    let st = rt.stats();
+    assert_eq!(
+        (st.replays, st.graph_replays, st.replayed_tasks),
+        (3, 3, 24)
+    );
+    assert_eq!(step.graph_refusal(), None);
+    // A host task (an upload) keeps a schedule out of graphs.
+    let up = rt
+        .record("upload", |rt| rt.upload(&a, &[7u64]).map(|_| ()))
+        .unwrap();
+    up.replay().unwrap();
+    assert!(up.graph_refusal().unwrap().contains("host work"));
+    assert_eq!(rt.stats().graph_replays, 3);
+    assert_eq!(rt.read_vec::<u64>(&a).unwrap(), vec![7]);
 }
 
 /// Once every recorded task has been measured, the schedule is placed again
@@ -542,10 +620,9 @@ fn automatic_replay_memoises_repeated_steps_and_can_be_turned_off() {
 /// analysis would miss the replay — and give the sequential result.
 #[test]
 fn steps_with_explicit_replays_are_not_memoised() {
-    for as_tasks in [false, true] {
-        let rt = Runtime::builder()
+    for mode in MODES {
+        let rt = in_mode(Runtime::builder(), mode)
             .backend(BackendKind::Cpu)
-            .replay_as_tasks(as_tasks)
             .auto_replay(true)
             .build()
             .unwrap();

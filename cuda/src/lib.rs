@@ -63,6 +63,7 @@ pub mod cublas;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod graph;
 pub mod memory;
 pub mod nccl;
 pub mod nvrtc;
@@ -72,6 +73,7 @@ pub use cublas::{CublasHandle, Gemm, Transpose};
 pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};
+pub use graph::{Capture, CudaGraph};
 pub use memory::{DeviceBuffer, DevicePtr, DeviceRepr, PinnedHostBuffer};
 pub use nvrtc::{
     compile, compile_with_headers, CompileOptions, CompiledKernel, CudaFunction, CudaModule,

@@ -2,6 +2,7 @@
 //! beside this file.
 
 pub(crate) mod auto;
+pub(crate) mod capture;
 pub(crate) mod cost;
 pub(crate) mod gate;
 pub(crate) mod live;
@@ -189,6 +190,8 @@ pub(crate) enum TaskBody {
     Shared(SharedBody),
     /// The end of a replay: no body, only its waits and predecessors.
     Join,
+    /// A whole replay captured as a CUDA graph, launched at once.
+    Graph(std::sync::Arc<capture::CudaStep>),
 }
 
 /// What a stream's queue carries: one task, or a stream's share of a replay
@@ -327,6 +330,9 @@ pub struct Stats {
     pub auto_replayed: u64,
     /// Memoised steps the program left part-way (the rest ran eagerly).
     pub auto_divergences: u64,
+    /// Replays run as one unit: a CUDA graph launch, or on the CPU one
+    /// sequential run (counted in `replays` too).
+    pub graph_replays: u64,
 }
 
 impl SubmitState {

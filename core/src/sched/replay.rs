@@ -236,7 +236,7 @@ pub(crate) struct Plan {
     /// positions (what its completion implies).
     pub(crate) clocks: Vec<SmallVec<[u32; 8]>>,
     /// The union of the tasks' accesses: what the replay is to the tracker.
-    union: std::sync::Arc<Union>,
+    pub(crate) union: std::sync::Arc<Union>,
     /// Streams with work.
     pub(crate) used: u16,
     /// Compute streams the placement could use when the plan was made (the
@@ -352,7 +352,7 @@ impl Plan {
     }
 
     /// Steps on every stream, the join included.
-    fn steps(&self) -> u64 {
+    pub(crate) fn steps(&self) -> u64 {
         self.tasks.len() as u64 + 1
     }
 
@@ -540,6 +540,10 @@ pub(crate) struct Run {
     pub(crate) unit: Arc<TaskShared>,
     /// Measure each body's duration (for re-placement).
     pub(crate) measure: bool,
+    /// Every task on the one stream this run was pushed to, in the
+    /// schedule's order, counted as one completion (a graph replay on the
+    /// CPU, `sched::capture`); else each stream runs its program.
+    pub(crate) sequential: bool,
 }
 
 impl Run {
@@ -657,6 +661,7 @@ pub(crate) fn submit(
             any_failed: crate::sync::AtomicBool::new(false),
             unit: unit.clone(),
             measure: how.measure,
+            sequential: false,
         });
         for &s in &used {
             shared.streams[s].queue.push(Item::Program(run.clone()));

@@ -17,7 +17,7 @@ use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TA
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
-use crate::ctx::{Access, Body, Check, SkipHook, TaskCtx};
+use crate::ctx::{Access, Body, Check, SharedBody, SkipHook, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
 use crate::sync::{lock, Arc};
@@ -148,15 +148,17 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         shared.streams[j as usize].done.wait_at_least(n);
     }
     let external = run.external.iter().find(|p| p.failed());
-    let mut unpublished = 0;
-    let publish = |n: &mut u64| {
-        if *n > 0 {
-            shared.streams[s].done.add(*n);
-            let done = shared.completed.add(*n);
-            live::completed(shared, done);
-            *n = 0;
+    if run.sequential {
+        // A graph on the CPU: every task, in the schedule's order, here;
+        // the replay is one completion (its unit).
+        for (i, t) in plan.tasks.iter().enumerate() {
+            run_step(shared, s, run, i, (&t.body, &t.preds), external);
         }
-    };
+        finish_unit(run, external);
+        publish(shared, s, 1);
+        return;
+    }
+    let mut unpublished = 0;
     for step in &plan.programs[s] {
         for &(j, m) in &step.waits {
             let j = j as usize;
@@ -165,77 +167,107 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         if step.task == JOIN {
             // Every stream's last step is complete (waited for, directly or
             // through the clocks): the replay's outcome is known.
-            let cause = external.map(|p| p.name.as_ref()).or_else(|| {
-                run.failed_task(0..plan.len() as u32)
-                    .map(|i| plan.tasks[i as usize].name.as_ref())
-            });
-            run.unit.finish(match cause {
-                None => Ok(()),
-                Some(c) => Err(join_error(plan, c)),
-            });
-            unpublished += 1;
-            continue;
-        }
-        let i = step.task as usize;
-        let t = &plan.tasks[i];
-        let id = run.id_base + i as u64;
-        tenants::admit(shared);
-        let start = if shared.profiling { now_ns() } else { 0 };
-        live::running(shared, s, Some((id, &t.name, &t.scope)));
-        let cause = external.map(|p| p.name.as_ref()).or_else(|| {
-            run.failed_task(step.preds.iter().copied())
-                .map(|p| plan.tasks[p as usize].name.as_ref())
-        });
-        let outcome = match cause {
-            Some(c) => {
-                if let Some(hook) = &t.on_skip {
-                    hook();
-                }
-                Err(Error::DependencyFailed {
-                    task: t.name.to_string(),
-                    cause: c.to_string(),
-                })
-            }
-            None => {
-                let cell = step.body.as_ref().expect("a task step has a body");
-                // SAFETY: this is the thread of the task's stream, running one
-                // task at a time (`BodyCell`'s invariant).
-                let body = unsafe { cell.get() };
-                let t0 = if run.measure { now_ns() } else { 0 };
-                let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
-                if run.measure {
-                    cell.measured(now_ns() - t0);
-                }
-                r.and_then(|()| run_checks(checks))
-            }
-        };
-        live::running(shared, s, None);
-        let status = note_failure(shared, id, &outcome);
-        if shared.profiling {
-            let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();
-            lock(&shared.streams[s].spans).push(Span {
-                id,
-                name: t.name.clone(),
-                scope: t.scope.clone(),
-                kind: t.kind,
-                stream: s,
-                start_ns: start,
-                end_ns: now_ns(),
-                preds,
-                ok: status == OK,
-                placement: super::replay::replayed(plan),
-                bytes: largest(&t.accesses),
-            });
-        }
-        if status != OK {
-            run.fail(i, status);
+            finish_unit(run, external);
+        } else {
+            let body = step.body.as_ref().expect("a task step has a body");
+            let task = (body, &step.preds[..]);
+            run_step(shared, s, run, step.task as usize, task, external);
         }
         unpublished += 1;
         if step.signal {
-            publish(&mut unpublished);
+            publish(shared, s, std::mem::take(&mut unpublished));
         }
     }
-    publish(&mut unpublished);
+    publish(shared, s, unpublished);
+}
+
+/// Announces `n` completions on stream `s`.
+fn publish(shared: &Shared, s: usize, n: u64) {
+    if n > 0 {
+        shared.streams[s].done.add(n);
+        let done = shared.completed.add(n);
+        live::completed(shared, done);
+    }
+}
+
+/// Finishes a replay's unit with the first failure among its tasks, if any.
+fn finish_unit(run: &Run, external: Option<&Arc<TaskShared>>) {
+    let plan = &run.plan;
+    let cause = external.map(|p| p.name.as_ref()).or_else(|| {
+        run.failed_task(0..plan.len() as u32)
+            .map(|i| plan.tasks[i as usize].name.as_ref())
+    });
+    run.unit.finish(match cause {
+        None => Ok(()),
+        Some(c) => Err(join_error(plan, c)),
+    });
+}
+
+/// Runs task `i` of a replay on stream `s`'s thread (its waits issued), or
+/// skips it when an external predecessor or one of its own failed. `task`:
+/// its body and predecessors (the program step's copies, read in sequence).
+fn run_step(
+    shared: &Shared,
+    s: usize,
+    run: &Run,
+    i: usize,
+    (cell, preds): (&SharedBody, &[u32]),
+    external: Option<&Arc<TaskShared>>,
+) {
+    let plan = &run.plan;
+    let t = &plan.tasks[i];
+    let id = run.id_base + i as u64;
+    tenants::admit(shared);
+    let start = if shared.profiling { now_ns() } else { 0 };
+    live::running(shared, s, Some((id, &t.name, &t.scope)));
+    let cause = external.map(|p| p.name.as_ref()).or_else(|| {
+        run.failed_task(preds.iter().copied())
+            .map(|p| plan.tasks[p as usize].name.as_ref())
+    });
+    let outcome = match cause {
+        Some(c) => {
+            if let Some(hook) = &t.on_skip {
+                hook();
+            }
+            Err(Error::DependencyFailed {
+                task: t.name.to_string(),
+                cause: c.to_string(),
+            })
+        }
+        None => {
+            // SAFETY: one thread runs a replay's task at a time: the thread
+            // of its stream, or the one stream thread of a sequential run
+            // (`BodyCell`'s invariant; see `sched::capture`).
+            let body = unsafe { cell.get() };
+            let t0 = if run.measure { now_ns() } else { 0 };
+            let (r, checks) = call_body(&t.name, body, DeviceCtx::Cpu(PhantomData));
+            if run.measure {
+                cell.measured(now_ns() - t0);
+            }
+            r.and_then(|()| run_checks(checks))
+        }
+    };
+    live::running(shared, s, None);
+    let status = note_failure(shared, id, &outcome);
+    if shared.profiling {
+        let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();
+        lock(&shared.streams[s].spans).push(Span {
+            id,
+            name: t.name.clone(),
+            scope: t.scope.clone(),
+            kind: t.kind,
+            stream: s,
+            start_ns: start,
+            end_ns: now_ns(),
+            preds,
+            ok: status == OK,
+            placement: super::replay::replayed(plan),
+            bytes: largest(&t.accesses),
+        });
+    }
+    if status != OK {
+        run.fail(i, status);
+    }
 }
 
 /// Runs completion checks in order; the first error wins.
@@ -281,11 +313,12 @@ fn run_task<'a>(
             r
         }
         TaskBody::Join => (Ok(()), Vec::new()),
+        TaskBody::Graph(g) => (g.launch(&device()), Vec::new()),
     }
 }
 
 /// Calls a body in its context; catches panics and names the task in errors.
-fn call_body<'a>(
+pub(super) fn call_body<'a>(
     name: &'a str,
     body: &mut Body,
     device: DeviceCtx<'a>,

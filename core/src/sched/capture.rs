@@ -1,0 +1,494 @@
+//! Graph replay: a recorded schedule run as one unit on one stream.
+//!
+//! On CUDA ([`capture_cuda`]) the schedule's tasks are captured once into a
+//! CUDA graph: the origin stream (the plan's join stream) begins a capture,
+//! every other stream the plan uses joins it through an event (the fork),
+//! the bodies run in the schedule's order on the submitting thread — each
+//! enqueues its kernels on its stream, which records them instead of running
+//! them — with the plan's cross-stream waits as events recorded after the
+//! step waited for and waited on before the step that waits, and every
+//! stream rejoins the origin at the end. A replay is then one
+//! `cuGraphLaunch` on the origin stream: one task record, one launch, no
+//! per-task host work.
+//!
+//! On the CPU the same unit is a *sequential run*: one queue item on the
+//! origin stream's thread, which runs every task of the schedule in its
+//! order and completes once. It has no speed to offer (a CPU step's tasks
+//! lose their overlap); it is how the submission side of graph replay — one
+//! unit, its waits, its clocks, its failures — is tested on every machine.
+//!
+//! What is not captured (the replay falls back to one task record per step,
+//! and [`crate::Schedule::graph_refusal`] says why): schedules with a
+//! collective (NCCL inside graphs is not built: its kernels would need the
+//! communicator's stream-ordered state and our completion checks) or a host
+//! task (uploads and read-backs synchronise), and on CUDA any body that fails
+//! while captured or registers a completion check.
+//!
+//! A graph bakes in every kernel argument at capture: values that change
+//! from step to step must live in device buffers the kernels read, which is
+//! the argument-block design replay already has (docs/replay.md).
+//!
+//! `BodyCell`'s invariant (calls of a recorded body never overlap) holds:
+//! the capture runs after every earlier task has completed, under the
+//! runtime's lock; a CPU sequential run's first replay is fenced behind
+//! everything submitted before it, and later ones follow it on one stream.
+
+use super::replay::{Plan, Run};
+use super::{cross_waits, Item, Launch, Record, Shared, SubmitState, TaskBody, TaskShared};
+use crate::backend::gpu::{CudaBackend, StreamDriver};
+use crate::backend::DeviceCtx;
+use crate::cuda::{Capture, CudaEvent, CudaGraph, EventKind};
+use crate::kind::TaskKind;
+use crate::sync::{Arc, AtomicU8};
+use smallvec::SmallVec;
+
+/// One operation of a capture, in the order it is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// The stream joins the capture: it waits for the origin's start.
+    Fork(u16),
+    /// Run task `i`'s body on its stream.
+    Run(u32),
+    /// Record an event on the stream (mark `k`, numbered in issue order).
+    Mark(u16),
+    /// The stream waits for mark `k`.
+    Wait(u16, u32),
+    /// The stream rejoins the origin: the origin waits for its end.
+    Join(u16),
+}
+
+/// The capture of `plan` as operations: forks, then each task in the
+/// schedule's order, preceded by the waits its program step issues and
+/// followed by a mark when another step waits for it, then the joins.
+pub(crate) fn ops(plan: &Plan) -> Vec<Op> {
+    let f = plan.join_stream;
+    let used: SmallVec<[u16; 8]> = (0..plan.programs.len())
+        .filter(|&s| s != f && !plan.programs[s].is_empty())
+        .map(|s| s as u16)
+        .collect();
+    let mut ops: Vec<Op> = used.iter().map(|&s| Op::Fork(s)).collect();
+    // marks[(stream, position)] = mark number.
+    let mut marks: std::collections::HashMap<(u16, u32), u32> = Default::default();
+    for (i, t) in plan.tasks.iter().enumerate() {
+        let s = t.stream;
+        let pos = plan.position[i];
+        let step = &plan.programs[s as usize][pos as usize - 1];
+        for w in &step.waits {
+            ops.push(Op::Wait(s, marks[w]));
+        }
+        ops.push(Op::Run(i as u32));
+        if step.signal {
+            marks.insert((s, pos), marks.len() as u32);
+            ops.push(Op::Mark(s));
+        }
+    }
+    ops.extend(used.iter().map(|&s| Op::Join(s)));
+    ops
+}
+
+/// Why `plan` cannot become a graph, if it cannot (before any capture).
+pub(crate) fn refusal(plan: &Plan) -> Option<String> {
+    plan.tasks.iter().find_map(|t| match t.kind {
+        TaskKind::Comm => Some(format!(
+            "task `{}` is a collective (NCCL inside a graph is not built)",
+            t.name
+        )),
+        TaskKind::Host => Some(format!(
+            "task `{}` is host work (uploads and read-backs synchronise)",
+            t.name
+        )),
+        TaskKind::Compute | TaskKind::Copy => None,
+    })
+}
+
+/// A schedule captured as a CUDA graph, with what its kernels use.
+pub(crate) struct CudaStep {
+    graph: CudaGraph,
+    /// The cuBLAS handles the bodies were captured with: they own
+    /// workspace the graph's kernels use.
+    _cublas: Vec<crate::cuda::CublasHandle>,
+}
+
+impl CudaStep {
+    /// Launches the whole step on `ctx`'s stream.
+    pub(crate) fn launch(&self, ctx: &DeviceCtx<'_>) -> crate::Result<()> {
+        match ctx {
+            DeviceCtx::Cuda(c) => Ok(self.graph.launch(c.stream())?),
+            DeviceCtx::Cpu(_) => Err(crate::Error::Config(
+                "a CUDA graph reached a CPU stream".into(),
+            )),
+        }
+    }
+}
+
+/// Captures `plan` into a CUDA graph on `cuda`'s streams. The caller holds
+/// the runtime's lock and every task submitted so far has completed. An
+/// `Err` says why the schedule is not a graph; nothing ran, and the streams
+/// are out of capture mode.
+pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    let used: Vec<usize> = (0..plan.programs.len())
+        .filter(|&s| !plan.programs[s].is_empty())
+        .collect();
+    // cuBLAS handles are created before the capture (creating one
+    // allocates, which a capture refuses).
+    let mut drivers: Vec<Option<StreamDriver>> = (0..plan.programs.len()).map(|_| None).collect();
+    for &s in &used {
+        let d = cuda.driver(s);
+        if plan.tasks.iter().any(|t| t.stream as usize == s) {
+            let h = crate::cuda::CublasHandle::new(&d.stream)
+                .map_err(|e| fail("creating a cuBLAS handle", &e))?;
+            let _ = d.cublas.set(h);
+        }
+        drivers[s] = Some(d);
+    }
+    let origin = &cuda.streams[plan.join_stream];
+    let capture = Capture::begin(origin).map_err(|e| fail("beginning the capture", &e))?;
+    let event = |s: usize| -> Result<CudaEvent, String> {
+        let ev = CudaEvent::new(&cuda.device, EventKind::Sync)
+            .map_err(|e| fail("creating an event", &e))?;
+        ev.record(&cuda.streams[s])
+            .map_err(|e| fail("recording an event", &e))?;
+        Ok(ev)
+    };
+    let wait = |s: usize, ev: &CudaEvent| {
+        cuda.streams[s]
+            .wait_event(ev)
+            .map_err(|e| fail("waiting on an event", &e))
+    };
+    let mut marks: Vec<CudaEvent> = Vec::new();
+    let mut forked: Vec<usize> = Vec::new();
+    let mut outcome: Result<(), String> = Ok(());
+    for op in ops(plan) {
+        let r = match op {
+            Op::Fork(s) => event(plan.join_stream).and_then(|ev| {
+                wait(s as usize, &ev)?;
+                forked.push(s as usize);
+                marks.push(ev); // kept alive until the capture ends
+                Ok(())
+            }),
+            Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
+            Op::Wait(s, k) => wait(s as usize, &marks[k as usize]),
+            Op::Run(i) => run_captured(plan, i as usize, &drivers),
+            Op::Join(s) => event(s as usize).and_then(|ev| wait(plan.join_stream, &ev)),
+        };
+        if let Err(e) = r {
+            outcome = Err(e);
+            break;
+        }
+    }
+    if let Err(e) = outcome {
+        // Rejoin what was forked so the capture can end cleanly; dropping
+        // it ends the capture and discards the graph.
+        for &s in &forked {
+            if let Ok(ev) = event(s) {
+                let _ = wait(plan.join_stream, &ev);
+            }
+        }
+        drop(capture);
+        return Err(e);
+    }
+    let graph = capture
+        .finish()
+        .map_err(|e| fail("ending the capture", &e))?;
+    graph
+        .upload(origin)
+        .map_err(|e| fail("uploading the graph", &e))?;
+    Ok(CudaStep {
+        graph,
+        _cublas: drivers
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.cublas.into_inner())
+            .collect(),
+    })
+}
+
+/// Runs task `i`'s body on its stream's driver, capturing what it launches.
+fn run_captured(plan: &Plan, i: usize, drivers: &[Option<StreamDriver>]) -> Result<(), String> {
+    let t = &plan.tasks[i];
+    let d = drivers[t.stream as usize]
+        .as_ref()
+        .expect("a driver for every used stream");
+    // SAFETY: every earlier call of this body has returned (the capture
+    // runs after everything submitted completed, under the runtime's lock),
+    // and the capture calls it once (`BodyCell`'s invariant).
+    let body = unsafe { t.body.get() };
+    let (outcome, checks) = super::worker::call_body(&t.name, body, DeviceCtx::Cuda(d.ctx()));
+    outcome.map_err(|e| format!("task `{}` failed while captured: {e}", t.name))?;
+    if !checks.is_empty() {
+        return Err(format!(
+            "task `{}` registers a completion check, which a graph cannot run",
+            t.name
+        ));
+    }
+    Ok(())
+}
+
+/// What a graph replay runs.
+#[derive(Clone)]
+pub(crate) enum Unit {
+    /// The CPU's sequential run of the plan.
+    Cpu,
+    /// The captured graph.
+    Cuda(std::sync::Arc<CudaStep>),
+}
+
+/// Submits one graph replay of `plan` as one task on its join stream; returns
+/// it. Runs under the runtime's lock, like `replay::submit`. `fence`: the
+/// unit waits for everything submitted before on every stream (the first
+/// graph replay: earlier replays ran the same bodies on other streams).
+pub(crate) fn submit(
+    st: &mut SubmitState,
+    shared: &Shared,
+    plan: &std::sync::Arc<Plan>,
+    unit: &Unit,
+    fence: bool,
+) -> Arc<TaskShared> {
+    for id in shared.dropped.drain() {
+        st.tracker.forget(id);
+    }
+    let f = plan.join_stream;
+    let mut ext = std::mem::take(&mut st.preds);
+    ext.clear();
+    st.tracker.preds_of_union(&plan.union, &mut ext);
+    let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
+    if fence {
+        for j in (0..shared.streams.len()).filter(|&j| j != f) {
+            if st.clocks[f][j] < st.placed[j] {
+                waits.push((j as u16, st.placed[j]));
+                st.clocks[f][j] = st.placed[j];
+            }
+        }
+    }
+    st.stats.waits += waits.len() as u64;
+    st.placed[f] += 1;
+    st.clocks[f][f] = st.placed[f];
+    super::live::placed(shared, f, st.placed[f]);
+    let id_base = st.next_id;
+    st.next_id += plan.steps();
+    let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
+    st.preds = ext;
+    let launch = match unit {
+        Unit::Cpu => None,
+        Unit::Cuda(step) => Some(Launch {
+            waits: waits.clone(),
+            preds: external.clone(),
+            accesses: SmallVec::new(),
+            body: TaskBody::Graph(step.clone()),
+            on_skip: None,
+        }),
+    };
+    let task = TaskShared::new(Record {
+        id: id_base + plan.len() as u64,
+        name: plan.name.clone(),
+        scope: None,
+        kind: TaskKind::Compute,
+        stream: f,
+        seq: st.placed[f],
+        clock: st.clocks[f].clone(),
+        placement: super::replay::replayed(plan),
+        eft: 0,
+        cost: super::cost::NO_SLOT,
+        launch,
+    });
+    st.tracker.record_unit(&task, &plan.union);
+    st.tail[f] = task.id;
+    st.stats.replays += 1;
+    st.stats.replayed_tasks += plan.len() as u64;
+    st.stats.graph_replays += 1;
+    shared
+        .submitted
+        .fetch_add(1, crate::sync::Ordering::Relaxed);
+    match unit {
+        Unit::Cuda(_) => shared.streams[f].queue.push(Item::Task(task.clone())),
+        Unit::Cpu => {
+            let mut entry = vec![SmallVec::new(); shared.streams.len()];
+            entry[f] = waits;
+            let run = Arc::new(Run {
+                plan: plan.clone(),
+                base: SmallVec::new(),
+                id_base,
+                entry,
+                external,
+                status: (0..plan.len())
+                    .map(|_| AtomicU8::new(super::PENDING))
+                    .collect(),
+                any_failed: crate::sync::AtomicBool::new(false),
+                unit: task.clone(),
+                measure: false,
+                sequential: true,
+            });
+            shared.streams[f].queue.push(Item::Program(run));
+        }
+    }
+    task
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ctx::BodyCell;
+    use crate::sched::replay::RecTask;
+    use std::collections::HashSet;
+
+    fn task(stream: u16, preds: &[u32]) -> RecTask {
+        RecTask {
+            name: "t".into(),
+            scope: None,
+            kind: TaskKind::Compute,
+            stream,
+            accesses: SmallVec::new(),
+            body: std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(())))),
+            on_skip: None,
+            preds: preds.iter().copied().collect(),
+            movable: true,
+        }
+    }
+
+    /// The capture's beginning, as a node.
+    const START: u32 = u32::MAX;
+
+    /// Interprets `ops` as stream capture does: a node per `Run`, each after
+    /// what its stream had reached (its earlier nodes and the marks it
+    /// waited for). Returns each task's node predecessors and the
+    /// predecessors of the capture's end (what the origin reached).
+    fn interpret(plan: &Plan, ops: &[Op]) -> (Vec<HashSet<u32>>, HashSet<u32>) {
+        let f = plan.join_stream;
+        let n = plan.programs.len();
+        let mut reached: Vec<Option<HashSet<u32>>> = vec![None; n];
+        reached[f] = Some(HashSet::from([START]));
+        let mut marks: Vec<HashSet<u32>> = Vec::new();
+        let mut before: Vec<HashSet<u32>> = vec![HashSet::new(); plan.len()];
+        for &op in ops {
+            match op {
+                Op::Fork(s) => {
+                    assert!(reached[s as usize].is_none(), "forked twice");
+                    reached[s as usize] = reached[f].clone();
+                }
+                Op::Run(i) => {
+                    let s = plan.tasks[i as usize].stream as usize;
+                    let r = reached[s].as_mut().expect("a stream in the capture");
+                    before[i as usize] = std::mem::replace(r, HashSet::from([i]));
+                }
+                Op::Mark(s) => marks.push(reached[s as usize].clone().expect("captured")),
+                Op::Wait(s, k) => {
+                    let m = marks[k as usize].clone();
+                    reached[s as usize].as_mut().expect("captured").extend(m);
+                }
+                Op::Join(s) => {
+                    let r = reached[s as usize].take().expect("joined once");
+                    reached[f].as_mut().unwrap().extend(r);
+                }
+            }
+        }
+        assert!(
+            reached
+                .iter()
+                .enumerate()
+                .all(|(s, r)| r.is_some() == (s == f)),
+            "every forked stream rejoined"
+        );
+        (before, reached[f].take().unwrap())
+    }
+
+    /// Whether node `a` comes before node `b` in the captured graph.
+    fn precedes(before: &[HashSet<u32>], a: u32, b: u32) -> bool {
+        let mut todo = vec![b];
+        let mut seen = HashSet::new();
+        while let Some(x) = todo.pop() {
+            if x == START || !seen.insert(x) {
+                continue;
+            }
+            if before[x as usize].contains(&a) {
+                return true;
+            }
+            todo.extend(before[x as usize].iter().copied());
+        }
+        false
+    }
+
+    fn check(plan: &Plan) {
+        let ops = ops(plan);
+        let runs: Vec<u32> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Run(i) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs, (0..plan.len() as u32).collect::<Vec<_>>());
+        let (before, end) = interpret(plan, &ops);
+        for (i, t) in plan.tasks.iter().enumerate() {
+            for &p in &t.preds {
+                assert!(precedes(&before, p, i as u32), "edge {p} -> {i} lost");
+            }
+            let i = i as u32;
+            let ends_after = end.contains(&i) || end.iter().any(|&e| precedes(&before, i, e));
+            assert!(ends_after, "task {i} not before the end");
+        }
+    }
+
+    #[test]
+    fn a_capture_keeps_every_edge_and_ends_after_every_task() {
+        // A diamond over three streams, a chain, and an unused stream.
+        let p = Plan::new(
+            "p".into(),
+            vec![
+                task(0, &[]),
+                task(1, &[0]),
+                task(2, &[0]),
+                task(0, &[1, 2]),
+                task(1, &[]),
+            ],
+            4,
+        );
+        check(&p);
+        let o = ops(&p);
+        // The origin is the last task's stream; the others fork and join.
+        assert_eq!(p.join_stream, 1);
+        assert_eq!(&o[..2], &[Op::Fork(0), Op::Fork(2)]);
+        assert_eq!(&o[o.len() - 2..], &[Op::Join(0), Op::Join(2)]);
+        // One stream: no forks, joins, marks or waits.
+        let p = Plan::new("c".into(), vec![task(0, &[]), task(0, &[0])], 2);
+        assert_eq!(ops(&p), vec![Op::Run(0), Op::Run(1)]);
+    }
+
+    #[test]
+    fn random_plans_capture_every_edge() {
+        // xorshift64: a fixed, dependency-free sequence of plans.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..300 {
+            let streams = 1 + next(5) as usize;
+            let n = 1 + next(40) as usize;
+            let tasks = (0..n)
+                .map(|i| {
+                    let preds: Vec<u32> = (0..i as u32).filter(|_| next(100) < 15).collect();
+                    task(next(streams as u64) as u16, &preds)
+                })
+                .collect();
+            check(&Plan::new("r".into(), tasks, streams));
+        }
+    }
+
+    #[test]
+    fn collectives_and_host_tasks_are_refused() {
+        let mut c = task(0, &[]);
+        c.kind = TaskKind::Comm;
+        c.name = "all-reduce".into();
+        let p = Plan::new("p".into(), vec![task(0, &[]), c], 1);
+        assert!(refusal(&p)
+            .unwrap()
+            .contains("`all-reduce` is a collective"));
+        let mut h = task(0, &[]);
+        h.kind = TaskKind::Host;
+        assert!(refusal(&Plan::new("h".into(), vec![h], 1)).is_some());
+        assert!(refusal(&Plan::new("k".into(), vec![task(0, &[])], 1)).is_none());
+    }
+}
