@@ -142,3 +142,93 @@ fn cross_stream_read_after_write_waits_for_the_event() {
     assert_eq!(rt.read_vec::<f32>(&out).unwrap(), vec![3.0f32; n]);
     assert!(rt.stats().waits >= 1);
 }
+
+/// Graph replay on CUDA: a step over two streams (a slow add on stream 0, a
+/// copy and an add after it on stream 1, an independent add on stream 0) is
+/// captured into a CUDA graph at its first replay and launched as one unit
+/// afterwards; every replay gives the sequential result. A step whose body
+/// synchronises cannot be captured: it says why and replays as before.
+#[test]
+fn graph_replays_match_the_sequential_program() {
+    if !gpu_or_skip("graph_replays_match_the_sequential_program") {
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .graphs(true)
+        .profile(true)
+        .build()
+        .expect("CUDA runtime");
+    let add = spin_kernel(&rt, "spin_then_add");
+    let n = 4096usize;
+    let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
+    let y = rt.alloc("y", n * 4).unwrap();
+    let z = rt.alloc_from("z", &vec![0.0f32; n]).unwrap();
+    let add_task = |name: &'static str, s: usize, v: &braid::Buffer, spins: i64, by: f32| {
+        let f = add.clone();
+        rt.task(name)
+            .on_stream(s)
+            .run_cuda(v.read_write::<f32>(), move |v, cu| -> Result<(), TaskError> {
+                let mut args = KernelArgs::new();
+                args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
+                // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
+                unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                Ok(())
+            })
+            .map(|_| ())
+    };
+    let step = rt
+        .record("step", |rt| {
+            add_task("slow add x", 0, &x, 2_000_000, 2.0)?;
+            rt.task("copy x to y").on_stream(1).run_cuda(
+                (x.read::<f32>(), y.write::<f32>()),
+                |(src, dst), cu| -> Result<(), TaskError> {
+                    // SAFETY: declared accesses of this task, n floats each,
+                    // two buffers.
+                    unsafe { memcpy_dtod_async(dst.ptr(), src.ptr(), src.bytes(), cu.stream())? };
+                    Ok(())
+                },
+            )?;
+            add_task("add y", 1, &y, 0, 1.0)?;
+            add_task("add z", 0, &z, 0, 3.0)?;
+            Ok(())
+        })
+        .unwrap();
+    for _ in 0..5 {
+        step.replay().unwrap();
+    }
+    // Six runs: x = 1 + 2·6, y = x after the sixth add, + 1; z = 3·6.
+    assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![13.0; n]);
+    assert_eq!(rt.read_vec::<f32>(&y).unwrap(), vec![14.0; n]);
+    assert_eq!(rt.read_vec::<f32>(&z).unwrap(), vec![18.0; n]);
+    assert_eq!(step.graph_refusal(), None);
+    assert_eq!(rt.stats().graph_replays, 5);
+    rt.synchronize().unwrap();
+
+    // A body that synchronises its stream fails under capture: refused,
+    // then replayed task by task with the right result.
+    let f = add.clone();
+    let sync_step = rt
+        .record("synchronising", |rt| {
+            rt.task("add and wait").run_cuda(
+                z.read_write::<f32>(),
+                move |v, cu| -> Result<(), TaskError> {
+                    let mut args = KernelArgs::new();
+                    args.i64(0).ptr(v.ptr()).i32(n as i32).f32(1.0);
+                    // SAFETY: as above.
+                    unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                    cu.stream().synchronize()?;
+                    Ok(())
+                },
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    sync_step.replay().unwrap();
+    sync_step.replay().unwrap();
+    let why = sync_step.graph_refusal().expect("a synchronising body is refused");
+    assert!(why.contains("add and wait"), "{why}");
+    assert_eq!(rt.read_vec::<f32>(&z).unwrap(), vec![21.0; n]);
+    rt.synchronize().unwrap();
+}

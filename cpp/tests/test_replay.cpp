@@ -16,8 +16,13 @@ namespace {
 constexpr braid::Policy kPolicies[] = {braid::Policy::Single, braid::Policy::RoundRobin,
                                        braid::Policy::Affinity};
 
-braid::Runtime runtime(std::size_t streams, braid::Policy policy) {
-  return braid::Runtime::builder().backend(braid::BackendKind::Cpu).compute_streams(streams).policy(policy).build();
+braid::Runtime runtime(std::size_t streams, braid::Policy policy, bool graphs = false) {
+  return braid::Runtime::builder()
+      .backend(braid::BackendKind::Cpu)
+      .compute_streams(streams)
+      .policy(policy)
+      .graphs(graphs)
+      .build();
 }
 
 bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -60,32 +65,35 @@ void replays_match_sequential() {
   }
   for (std::size_t streams = 1; streams <= 3; ++streams) {
     for (braid::Policy policy : kPolicies) {
-      braid::Runtime rt = runtime(streams, policy);
-      braid::Buffer bx = rt.alloc_from("x", x0), by = rt.alloc_from("y", y0), bz = rt.alloc_from("z", z0);
-      braid::Buffer bk = rt.alloc("k", sizeof(float));
-      auto step = [&](const braid::Runtime& r) {
-        r.task("scale").run(braid::read<float>(bk), braid::read<float>(bx), braid::read_write<float>(by), scale);
-        r.task("mix").run(braid::read<float>(bx), braid::read<float>(by), braid::read_write<float>(bz), mix);
-        r.task("close").run(braid::read<float>(bz), braid::read_write<float>(bx), close);
-      };
-      // Step 0 is the recording; the others replay it, each after an eager
-      // task and with its own k.
-      const float k0 = 0.5f;
-      rt.upload(bk, &k0, 1);
-      braid::Schedule sched = rt.record("step", step);
-      CHECK(sched.size() == 3);
-      CHECK(sched.name() == "step");
-      rt.task("halve").run(braid::read_write<float>(bx), halve);
-      for (std::size_t s = 1; s < steps; ++s) {
-        const float k = 1.0f / static_cast<float>(s + 2);
-        rt.upload(bk, &k, 1);
-        sched.replay();
+      for (bool graphs : {false, true}) {
+        braid::Runtime rt = runtime(streams, policy, graphs);
+        braid::Buffer bx = rt.alloc_from("x", x0), by = rt.alloc_from("y", y0), bz = rt.alloc_from("z", z0);
+        braid::Buffer bk = rt.alloc("k", sizeof(float));
+        auto step = [&](const braid::Runtime& r) {
+          r.task("scale").run(braid::read<float>(bk), braid::read<float>(bx), braid::read_write<float>(by), scale);
+          r.task("mix").run(braid::read<float>(bx), braid::read<float>(by), braid::read_write<float>(bz), mix);
+          r.task("close").run(braid::read<float>(bz), braid::read_write<float>(bx), close);
+        };
+        // Step 0 is the recording; the others replay it, each after an eager
+        // task and with its own k.
+        const float k0 = 0.5f;
+        rt.upload(bk, &k0, 1);
+        braid::Schedule sched = rt.record("step", step);
+        CHECK(sched.size() == 3);
+        CHECK(sched.name() == "step");
         rt.task("halve").run(braid::read_write<float>(bx), halve);
+        for (std::size_t s = 1; s < steps; ++s) {
+          const float k = 1.0f / static_cast<float>(s + 2);
+          rt.upload(bk, &k, 1);
+          sched.replay();
+          rt.task("halve").run(braid::read_write<float>(bx), halve);
+        }
+        CHECK(bit_equal(rt.read_vec<float>(bx), x));
+        CHECK(bit_equal(rt.read_vec<float>(by), y));
+        CHECK(bit_equal(rt.read_vec<float>(bz), z));
+        CHECK(sched.graph_refusal().empty());
+        rt.synchronize();
       }
-      CHECK(bit_equal(rt.read_vec<float>(bx), x));
-      CHECK(bit_equal(rt.read_vec<float>(by), y));
-      CHECK(bit_equal(rt.read_vec<float>(bz), z));
-      rt.synchronize();
     }
   }
 }

@@ -159,6 +159,8 @@ mod bridge {
         /// The live view's socket (`braid top`); empty for none (then
         /// `BRAID_LIVE`, if set).
         live: String,
+        /// Replays run as one unit (`RuntimeBuilder::graphs`).
+        graphs: bool,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -249,6 +251,7 @@ mod bridge {
         fn name(self: &Schedule) -> String;
         fn placement_streams(self: &Schedule) -> usize;
         fn placement_waits(self: &Schedule) -> usize;
+        fn graph_refusal(self: &Schedule) -> String;
         fn summary(self: &Runtime) -> SummaryRecord;
         fn spans(self: &Runtime) -> Vec<SpanRecord>;
         fn clear_profile(self: &Runtime);
@@ -423,6 +426,7 @@ fn default_config() -> RuntimeConfig {
         placement: String::new(),
         tenant_class: Class::Normal,
         live: String::new(),
+        graphs: false,
     }
 }
 
@@ -453,6 +457,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .policy(policy)
             .launch_window(cfg.launch_window)
             .profile(cfg.profile)
+            .graphs(cfg.graphs)
             .rank(cfg.rank);
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());
@@ -521,6 +526,12 @@ impl Schedule {
 
     fn placement_waits(&self) -> usize {
         self.step.placement().1
+    }
+
+    /// Why the schedule is not replayed as a graph; empty when it is (or
+    /// graphs are off, or no replay has tried yet).
+    fn graph_refusal(&self) -> String {
+        self.step.graph_refusal().unwrap_or_default()
     }
 }
 

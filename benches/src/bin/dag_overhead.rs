@@ -7,6 +7,10 @@
 //! from the memoised analysis (each repetition is one step: submit, then
 //! synchronize). `--mode replay` (or `--replay`) records the shape once
 //! (`Runtime::record`) and times one replay of it per repetition.
+//! `--mode graph` does the same with `RuntimeBuilder::graphs` on: each
+//! replay is one unit, on the CPU every task in order on one stream thread
+//! (the cost of the unit's bookkeeping and of the bodies' calls, with no
+//! hand-off between threads; on CUDA this would be one graph launch).
 //!
 //! `--held` splits the eager cost in two: every stream thread is first held
 //! by a task that blocks until all N tasks are submitted, so submission
@@ -43,7 +47,7 @@ struct Args {
     /// Repetitions (the best and the median are printed).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// eager, auto or replay.
+    /// eager, auto, replay or graph.
     #[arg(long, default_value = "eager")]
     mode: Mode,
     /// Same as `--mode replay`.
@@ -59,6 +63,7 @@ enum Mode {
     Eager,
     Auto,
     Replay,
+    Graph,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -76,7 +81,8 @@ fn main() -> anyhow::Result<()> {
         .backend(BackendKind::Cpu)
         .compute_streams(a.streams)
         .policy(a.policy)
-        .auto_replay(a.mode == Mode::Auto);
+        .auto_replay(a.mode == Mode::Auto)
+        .graphs(a.mode == Mode::Graph);
     if a.held {
         // Room for every task of a repetition behind the held streams.
         builder = builder.launch_window(2 * a.tasks + 64);
@@ -93,7 +99,7 @@ fn main() -> anyhow::Result<()> {
             split.push((per(sub), per(drain)));
             ns.push(per(sub + drain));
         }
-    } else if a.mode == Mode::Replay {
+    } else if matches!(a.mode, Mode::Replay | Mode::Graph) {
         let step = rt.record("shape", |rt| submit(rt, a.shape, a.tasks, &bufs))?;
         rt.synchronize()?;
         step.replay()?.wait()?; // warm-up

@@ -759,6 +759,10 @@ class Schedule {
   // Streams the current placement uses, and its cross-stream waits per replay.
   std::size_t streams_used() const noexcept { return inner_->placement_streams(); }
   std::size_t waits_per_replay() const noexcept { return inner_->placement_waits(); }
+  // With RuntimeBuilder::graphs: why this schedule is not replayed as one
+  // unit (a collective or host task in it, or a failed capture); empty when
+  // it is, and before its first replay.
+  std::string graph_refusal() const { return std::string(inner_->graph_refusal()); }
 
  private:
   friend class Runtime;
@@ -950,6 +954,13 @@ class RuntimeBuilder {
   RuntimeBuilder& trace(const std::string& path) {
     detail::call([&] { cfg_.trace = rust::String(path); });
     cfg_.profile = cfg_.profile || !path.empty();
+    return *this;
+  }
+  // Replays run as one unit: on CUDA a recorded schedule is captured into a
+  // CUDA graph at its first replay and launched whole; on the CPU a replay
+  // runs its tasks in order on one stream thread (docs/replay.md).
+  RuntimeBuilder& graphs(bool on = true) {
+    cfg_.graphs = on;
     return *this;
   }
   // The rank this runtime plays in a data-parallel job (the trace's process).

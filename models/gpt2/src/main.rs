@@ -148,6 +148,12 @@ struct TrainArgs {
     /// once and replaying it.
     #[arg(long)]
     no_replay: bool,
+    /// Replay the recorded step as a CUDA graph: one launch per step
+    /// (one rank; a step with collectives replays as before). On the CPU
+    /// each replay runs in order on one stream thread. Not yet validated
+    /// on a GPU, hence opt-in.
+    #[arg(long, conflicts_with = "no_replay")]
+    graphs: bool,
     /// A placement file (TOML, docs/scopes.md) mapping the model's scopes
     /// (forward/layer3, backward/layer*, optimizer, ...) to streams,
     /// priorities, policies and bundles; e.g. docs/placement.example.toml.
@@ -489,6 +495,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             CompressionArg::Bf16 => Compression::Bf16,
         },
         replay: !a.no_replay,
+        graphs: a.graphs,
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         class: a.class,

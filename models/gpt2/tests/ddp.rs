@@ -174,6 +174,33 @@ fn replayed_steps_equal_eager_steps_bit_for_bit() {
     }
 }
 
+/// With graphs on, the replayed steps of one rank run as one unit each (on
+/// the CPU, every task in order on one stream thread): bit-identical to
+/// eager steps. Two ranks' step has collectives: refused, replayed as before,
+/// still identical.
+#[test]
+fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 12);
+    for (ranks, dtype) in [(1, Dtype::F32), (1, Dtype::Bf16), (2, Dtype::F32)] {
+        let mut eager = options(ranks, 4 / ranks, 5);
+        (eager.replay, eager.dtype) = (false, dtype);
+        let mut graphs = options(ranks, 4 / ranks, 5);
+        (graphs.graphs, graphs.dtype) = (true, dtype);
+        let (a, b) = (run(&eager, start.clone()), run(&graphs, start.clone()));
+        assert_eq!(losses(&a), losses(&b), "{ranks} ranks {dtype:?}");
+        assert_eq!(a.params, b.params, "{ranks} ranks {dtype:?}");
+        if ranks == 1 {
+            // Steps 4 and 5 replay the step recorded at step 3.
+            assert_eq!(b.graph_replays, [2], "{dtype:?}");
+            assert_eq!(b.graph_refusal, None);
+        } else {
+            assert_eq!(b.graph_replays, [0, 0]);
+            let why = b.graph_refusal.expect("collectives are refused");
+            assert!(why.contains("collective"), "{why}");
+        }
+    }
+}
+
 #[test]
 fn a_resumed_run_continues_bit_identically() {
     let dir = tempfile::tempdir().unwrap();

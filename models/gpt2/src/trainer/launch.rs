@@ -68,7 +68,7 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal), None)
+    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal, false), None)
 }
 
 /// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
@@ -79,7 +79,7 @@ fn model_runtime_with(
     streams: usize,
     policy: Policy,
     rank: usize,
-    (oversubscribe, class): (bool, Class),
+    (oversubscribe, class, graphs): (bool, Class, bool),
     placement: Option<&braid::PlacementFile>,
 ) -> Result<Runtime> {
     let mut builder = Runtime::builder()
@@ -89,6 +89,7 @@ fn model_runtime_with(
         .policy(policy)
         .oversubscribe(oversubscribe)
         .class(class)
+        .graphs(graphs)
         .rank(rank)
         .profile(true);
     if let Some(f) = placement {
@@ -113,7 +114,7 @@ fn model_runtime_with(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    let how = (opts.oversubscribe, opts.class);
+    let how = (opts.oversubscribe, opts.class, opts.graphs);
     model_runtime_with(
         backend,
         opts.streams,

@@ -162,6 +162,8 @@ pub fn train(
         optimizer_bytes: Vec::new(),
         zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
         bucket_cap: None,
+        graph_replays: Vec::new(),
+        graph_refusal: None,
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -172,6 +174,8 @@ pub fn train(
         report.bucket_cap = report.bucket_cap.take().or(o.bucket_cap);
         report.param_hashes.push(o.hash);
         report.optimizer_bytes.push(o.optimizer_bytes);
+        report.graph_replays.push(o.graphs.0);
+        report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
         report.summaries.push(o.profile.summary());
         report.profiles.push(o.profile);
     }

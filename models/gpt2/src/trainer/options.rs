@@ -71,6 +71,11 @@ pub struct TrainOptions {
     /// no dependency inference or placement per step. Off: every step is
     /// submitted eagerly. The results are the same, bit for bit.
     pub replay: bool,
+    /// Replay the recorded step as one unit ([`braid::RuntimeBuilder::graphs`]):
+    /// on CUDA a CUDA graph captured at the first replay, one launch per
+    /// step (a step with collectives, i.e. more than one rank, is refused
+    /// and replays as before). Off by default: not yet run on a GPU.
+    pub graphs: bool,
     /// Run the gradient reducer (and the loss all-reduce) with one rank too,
     /// as PyTorch DDP does at world size 1: the collectives are no-ops, but
     /// the trace holds every bucket with its size and ready point, which the
@@ -164,6 +169,7 @@ impl Default for TrainOptions {
             comm_timeout: braid::comm::DEFAULT_TIMEOUT,
             compression: Compression::None,
             replay: true,
+            graphs: false,
             reduce_single_rank: false,
             tied_split: true,
             fused: false,

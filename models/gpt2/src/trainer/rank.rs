@@ -27,6 +27,9 @@ pub(super) struct RankOutcome {
     pub(super) optimizer_bytes: usize,
     /// Rank 0, auto bucket cap: what the reducer chose.
     pub(super) bucket_cap: Option<CapReport>,
+    /// Replays launched as one unit (a CUDA graph), and why the recorded
+    /// step is not one, if it was refused.
+    pub(super) graphs: (u64, Option<String>),
 }
 
 fn hash_f32s(x: &[f32]) -> u64 {
@@ -342,6 +345,10 @@ pub(super) fn run_rank(
         profile: rt.profile(),
         checkpoint,
         optimizer_bytes: opt.state_bytes(),
+        graphs: (
+            rt.stats().graph_replays,
+            schedule.as_ref().and_then(|s| s.graph_refusal()),
+        ),
     })
 }
 

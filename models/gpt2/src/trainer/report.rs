@@ -63,6 +63,11 @@ pub struct TrainReport {
     /// With [`TrainOptions::auto_bucket_cap`](super::TrainOptions::auto_bucket_cap)
     /// and several ranks: the cap rank 0 chose after the first step.
     pub bucket_cap: Option<CapReport>,
+    /// Each rank's steps replayed as one unit (a CUDA graph launch; on the
+    /// CPU one sequential run), with [`TrainOptions::graphs`](super::TrainOptions::graphs).
+    pub graph_replays: Vec<u64>,
+    /// Why the recorded step did not become a graph, if it was refused.
+    pub graph_refusal: Option<String>,
 }
 
 /// The bucket cap an auto run chose (rank 0's view; every rank uses it).
@@ -212,6 +217,11 @@ impl fmt::Display for TrainReport {
         )?;
         if let Some(c) = &self.bucket_cap {
             writeln!(f, "bucket cap       {c}")?;
+        }
+        if let Some(why) = &self.graph_refusal {
+            writeln!(f, "graph replay     refused: {why}")?;
+        } else if let Some(&n) = self.graph_replays.first().filter(|&&n| n > 0) {
+            writeln!(f, "graph replay     {n} steps launched as one graph each")?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
