@@ -736,7 +736,7 @@ impl Runtime {
         sched::live::submitting(&self.shared);
         let mut st = lock(&self.state);
         Self::check_replay_allowed(&st, plan)?;
-        let mut slot = lock(slot);
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         let (unit, fence) = match &*slot {
             GraphSlot::Ready(u) => (u.clone(), false),
             GraphSlot::Refused(_) => return Ok(None),

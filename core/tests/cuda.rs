@@ -169,13 +169,16 @@ fn graph_replays_match_the_sequential_program() {
         let f = add.clone();
         rt.task(name)
             .on_stream(s)
-            .run_cuda(v.read_write::<f32>(), move |v, cu| -> Result<(), TaskError> {
-                let mut args = KernelArgs::new();
-                args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
-                // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
-                unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
-                Ok(())
-            })
+            .run_cuda(
+                v.read_write::<f32>(),
+                move |v, cu| -> Result<(), TaskError> {
+                    let mut args = KernelArgs::new();
+                    args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
+                    // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
+                    unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                    Ok(())
+                },
+            )
             .map(|_| ())
     };
     let step = rt
@@ -227,7 +230,9 @@ fn graph_replays_match_the_sequential_program() {
         .unwrap();
     sync_step.replay().unwrap();
     sync_step.replay().unwrap();
-    let why = sync_step.graph_refusal().expect("a synchronising body is refused");
+    let why = sync_step
+        .graph_refusal()
+        .expect("a synchronising body is refused");
     assert!(why.contains("add and wait"), "{why}");
     assert_eq!(rt.read_vec::<f32>(&z).unwrap(), vec![21.0; n]);
     rt.synchronize().unwrap();

@@ -68,7 +68,14 @@ pub fn model_runtime(
     policy: Policy,
     rank: usize,
 ) -> Result<Runtime> {
-    model_runtime_with(backend, streams, policy, rank, (false, Class::Normal, false), None)
+    model_runtime_with(
+        backend,
+        streams,
+        policy,
+        rank,
+        (false, Class::Normal, false),
+        None,
+    )
 }
 
 /// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
