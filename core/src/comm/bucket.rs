@@ -161,8 +161,8 @@ pub struct BucketConfig {
     pub compression: Compression,
     /// ZeRO-1: reduce-scatter each bucket instead of all-reducing it, so
     /// each rank holds the averaged gradients of its shard only (default
-    /// off; see `shard.rs` and [`Reducer::shards`]). Plain `f32` buckets
-    /// only.
+    /// off; see `shard.rs` and [`Reducer::shards`]). Uncompressed buckets
+    /// only, of either dtype (bf16 buckets are reduce-scattered in bf16).
     pub shard: bool,
     /// The element type of the gradient buffer: [`DType::F32`] (the
     /// default) or [`DType::Bf16`], whose buckets are all-reduced in bf16
@@ -336,7 +336,7 @@ impl<'rt> Reducer<'rt> {
         }
         if config.shard && !matches!(config.compression, Compression::None) {
             return bad(
-                "sharded buckets (ZeRO-1) travel as plain f32: turn the compression off".into(),
+                "sharded buckets (ZeRO-1) travel as they are: turn the compression off".into(),
             );
         }
         if config.auto_cap && !(config.rebuild && matches!(config.compression, Compression::None)) {
@@ -344,12 +344,6 @@ impl<'rt> Reducer<'rt> {
                 "the bucket cap is chosen (auto) at the rebuild, for plain buckets: turn the rebuild on and the compression off"
                     .into(),
             );
-        }
-        if config.shard && dtype != DType::F32 {
-            return bad(format!(
-                "sharded buckets (ZeRO-1) hold f32 gradients, not {}",
-                dtype.name()
-            ));
         }
         let order: Vec<usize> = (0..params.len()).rev().collect();
         let buckets = form_buckets(
@@ -471,33 +465,43 @@ impl<'rt> Reducer<'rt> {
     }
 
     /// ZeRO-1: submits the all-gathers that give every rank every rank's
-    /// updated slices of `params` (the `f32` parameter buffer the gradients
-    /// belong to): one in place per bucket head, in layout order, so the
-    /// next forward pass's first layers arrive first. Returns at once; tasks
-    /// reading the parameters wait for the all-gather of their range by
-    /// dependency inference. Fails unless [`sharding`](Self::sharding).
+    /// updated slices of `params` (the parameter buffer the gradients belong
+    /// to, of the reducer's dtype): one in place per bucket head, in layout
+    /// order, so the next forward pass's first layers arrive first. Returns
+    /// at once; tasks reading the parameters wait for the all-gather of
+    /// their range by dependency inference. Fails unless
+    /// [`sharding`](Self::sharding).
     pub fn all_gather_params(&self, params: &Buffer) -> Result<()> {
+        self.all_gather_shards(params, self.config.dtype, "params")
+    }
+
+    /// [`all_gather_params`](Self::all_gather_params) for another buffer
+    /// laid out like the parameters, of `dtype` elements: mixed precision's
+    /// `f32` master weights, of which each rank updates its shard.
+    pub fn all_gather_shards(&self, buf: &Buffer, dtype: DType, what: &str) -> Result<()> {
         let Some(mut shards) = self.shards() else {
             return Err(self.error(
                 "parameters are gathered only once the buckets are sharded (ZeRO-1 on, layout final)"
                     .into(),
             ));
         };
-        if params.len() != self.grads.len() {
+        let elems = self.grads.len() / self.config.dtype.size();
+        if buf.len() != elems * dtype.size() {
             return Err(self.error(format!(
-                "parameter buffer `{}` has {} bytes, the gradients {}",
-                params.name(),
-                params.len(),
-                self.grads.len()
+                "buffer `{}` has {} bytes, not {elems} {} elements like the gradients",
+                buf.name(),
+                buf.len(),
+                dtype.name()
             )));
         }
         shards.sort_by_key(|s| s.head.start);
+        let size = dtype.size();
         for s in shards.iter().filter(|s| s.chunk > 0) {
             self.comm.submit_named(
-                format!("all_gather params {}", s.bucket),
+                format!("all_gather {what} {}", s.bucket),
                 CollectiveKind::AllGather,
-                DType::F32,
-                Buffers::InPlace(params.view_of::<f32>(s.head.clone())?),
+                dtype,
+                Buffers::InPlace(buf.view(s.head.start * size..s.head.end * size)?),
             )?;
         }
         Ok(())
@@ -668,20 +672,22 @@ impl<'rt> Reducer<'rt> {
         let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
         if self.sharding() {
             let s = BucketShard::new(&self.buckets[i], self.comm.rank(), self.comm.world_size());
+            let (dtype, size) = (self.config.dtype, self.config.dtype.size());
+            let elems = |r: std::ops::Range<usize>| self.grads.view(r.start * size..r.end * size);
             if s.chunk > 0 {
                 self.comm.submit_named(
                     format!("reduce_scatter bucket {i}"),
                     CollectiveKind::ReduceScatter(ReduceOp::Avg),
-                    DType::F32,
-                    Buffers::InPlace(self.grads.view_of::<f32>(s.head)?),
+                    dtype,
+                    Buffers::InPlace(elems(s.head)?),
                 )?;
             }
             if !s.tail.is_empty() {
                 self.comm.submit_named(
                     format!("all_reduce bucket {i} tail"),
                     avg,
-                    DType::F32,
-                    Buffers::InPlace(self.grads.view_of::<f32>(s.tail)?),
+                    dtype,
+                    Buffers::InPlace(elems(s.tail)?),
                 )?;
             }
             return Ok(());

@@ -293,7 +293,7 @@ fn the_tied_gradient_is_reduced_during_the_backward_pass() {
         ..Gpt2Config::tiny()
     };
     for split in [true, false] {
-        let mut opts = options(2, 2, 4);
+        let mut opts = options(2, 2, 7);
         opts.model = cfg;
         opts.seq_len = 32;
         opts.tied_split = split;
@@ -310,7 +310,7 @@ fn the_tied_gradient_is_reduced_during_the_backward_pass() {
                     .collect::<Vec<_>>()
             );
             if split {
-                // One step of three is enough (the comm thread may not be
+                // One step of six is enough (the comm thread may not be
                 // scheduled in time on a busy machine).
                 assert!(
                     steps.iter().any(|&(start, end)| start < end),
@@ -598,6 +598,67 @@ fn check_zero1_run(r: &TrainReport, single: &TrainReport, label: &str) {
             "{label}: {scatters} reduce-scatters, {gathers} gathers"
         );
     }
+}
+
+/// ZeRO-1 with mixed precision (bf16 storage, `f32` master weights and
+/// moments): the bf16 buckets are reduce-scattered, each rank updates its
+/// shard of the master weights and rounds it into the stored parameters,
+/// and the stored parameters are all-gathered. At 2 and 3 ranks (bucket
+/// tails) it follows unsharded bf16 DDP bit for bit: the same averages
+/// (two or three addends in the same order), the same update per element.
+/// The master weights are gathered at the end, so the final parameters are
+/// every rank's update; a checkpoint resumes bit-identically.
+#[test]
+fn zero1_in_bf16_follows_bf16_ddp_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 13);
+    for ranks in [2, 3] {
+        let steps = 5;
+        let mut ddp = options(ranks, 1, steps);
+        ddp.dtype = Dtype::Bf16;
+        let mut z = zero1(ranks, 1, steps);
+        z.dtype = Dtype::Bf16;
+        let (a, b) = (run(&ddp, start.clone()), run(&z, start.clone()));
+        let label = format!("{ranks} ranks, bf16");
+        assert_eq!(losses(&a), losses(&b), "{label}");
+        let norms = |r: &TrainReport| r.steps.iter().map(|s| s.grad_norm).collect::<Vec<_>>();
+        for (x, y) in norms(&a).iter().zip(&norms(&b)) {
+            // The norm's f64 partial sums are grouped by shard.
+            assert!((x - y).abs() <= 1e-6 * x, "{label}: norm {x} vs {y}");
+        }
+        assert_eq!(a.params, b.params, "{label}");
+        assert!(
+            b.param_hashes.iter().all(|&h| h == b.param_hashes[0]),
+            "{label}"
+        );
+        assert!(b.zero, "{label}");
+        let full = 8 * Gpt2Config::tiny().num_parameters();
+        assert!(
+            b.optimizer_bytes
+                .iter()
+                .all(|&x| (x as f64) < 1.01 * (full / ranks) as f64),
+            "{label}: {:?} bytes of moments per rank",
+            b.optimizer_bytes
+        );
+        for p in &b.profiles {
+            assert!(spans(p, "reduce_scatter bucket").count() >= 4, "{label}");
+            assert!(spans(p, "all_gather params").count() >= 4, "{label}");
+        }
+    }
+    // Resume: two steps, a checkpoint, three more, against five straight.
+    let dir = tempfile::tempdir().unwrap();
+    let mut straight = zero1(2, 2, 5);
+    straight.dtype = Dtype::Bf16;
+    let whole = run(&straight, start.clone());
+    let mut first = straight.clone();
+    first.steps = 2;
+    first.checkpoint_dir = Some(dir.path().join("ckpt"));
+    let half = run(&first, start);
+    let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+    // The checkpoint holds the gathered master weights: every rank's shard.
+    assert_eq!(ckpt.params, half.params);
+    let resumed = run(&straight, StartState::from_checkpoint(ckpt));
+    assert_eq!(losses(&resumed), losses(&whole)[2..]);
+    assert_eq!(resumed.params, whole.params);
 }
 
 /// Each rank keeps the moments of its shard only: about 1/W of the

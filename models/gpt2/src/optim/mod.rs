@@ -198,10 +198,18 @@ impl AdamW {
         max_grad_norm: Option<f32>,
     ) -> Result<Self> {
         let chunks = cut(model.param_groups());
-        let mut opt = Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)?;
-        opt.dtype = model.dtype();
-        opt.master = model.master().cloned();
-        Ok(opt)
+        let opt = Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)?;
+        Ok(opt.storing(model))
+    }
+
+    /// This optimizer, updating `model`'s parameters as the model stores
+    /// them: for a model that stores another type than `f32`, its `f32`
+    /// master weights, rounded into the stored parameters (of the chunks
+    /// this optimizer updates: all of them, or a ZeRO-1 shard).
+    pub fn storing(mut self, model: &Gpt2Model) -> Self {
+        self.dtype = model.dtype();
+        self.master = model.master().cloned();
+        self
     }
 
     /// The hyper-parameters.

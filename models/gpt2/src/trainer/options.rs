@@ -217,17 +217,7 @@ impl TrainOptions {
         if self.zero == 1 && !matches!(self.compression, Compression::None) {
             return bad(
                 "ZeRO stage",
-                "ZeRO-1 reduce-scatters plain f32 buckets: turn the compression off".into(),
-            );
-        }
-        if self.zero == 1 && self.dtype != Dtype::F32 {
-            return bad(
-                "ZeRO stage",
-                format!(
-                    "ZeRO-1 shards f32 gradients and optimizer state; {} training is not \
-                     sharded yet: use --zero 0",
-                    self.dtype
-                ),
+                "ZeRO-1 reduce-scatters the buckets as they are: turn the compression off".into(),
             );
         }
         if self.checkpoint_every == Some(0) {
@@ -368,14 +358,6 @@ mod tests {
                     ..ok.clone()
                 },
                 "ZeRO stage",
-            ),
-            (
-                TrainOptions {
-                    zero: 1,
-                    dtype: Dtype::Bf16,
-                    ..ok.clone()
-                },
-                "not sharded yet",
             ),
         ] {
             let err = opts.check().unwrap_err().to_string();

@@ -372,7 +372,8 @@ fn new_optimizer(
             world,
             opts.optimizer,
             opts.max_grad_norm,
-        )?,
+        )?
+        .storing(model),
         None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
     };
     if let Some((m, v)) = &start.moments {
@@ -382,10 +383,15 @@ fn new_optimizer(
 }
 
 /// ZeRO-1: submits the all-gathers of the updated parameters now (outside a
-/// step), so that reading them sees every rank's update.
+/// step), so that reading them sees every rank's update — with mixed
+/// precision, of the `f32` master weights too (each rank updates its shard;
+/// the steps gather only the stored parameters the forward pass reads).
 fn gather_params(model: &Gpt2Model, reducer: Option<&Reducer<'_>>) -> Result<()> {
     if let Some(r) = reducer.filter(|r| r.sharding()) {
         r.all_gather_params(model.params())?;
+        if let Some(master) = model.master() {
+            r.all_gather_shards(master, DType::F32, "master weights")?;
+        }
     }
     Ok(())
 }
