@@ -8,12 +8,27 @@
 #            run them with the arguments you want)
 # Copy the bundle and the repository to the GPU machine, then run
 #   scripts/gpu-validate.sh BUNDLE_DIR
+#
+# With --new, the bundle holds only what has never run on a GPU (see
+# docs/gpu-validation.md, the "Not yet run" sections), as numbered wrappers
+# in bin/ that gpu-validate.sh runs in priority order, each a harness with
+# its filters or a benchmark with its arguments; the harnesses and programs
+# they call sit in harness/ and bench/. Small enough to carry to a lent GPU
+# machine, and ordered so that a short session does the most urgent first:
+#   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+new=0
+if [ "${1:-}" = "--new" ]; then
+    new=1
+    shift
+fi
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+
+# name -> path of every test harness of the workspace.
+harnesses="$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -22,16 +37,64 @@ for line in sys.stdin:
     except ValueError:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["target"]["name"], m["executable"])
-' | while read -r name exe; do
-    cp "$exe" "$out/tests/$name"
-done
+        name = m["target"]["name"]
+        # The library unit tests of each crate are named after the crate.
+        if m["target"].get("kind") == ["lib"]:
+            name = "lib_" + name.replace("-", "_")
+        print(name, m["executable"])
+')"
 cargo build --release -p braid-benches --bins -p braid-gpt2 --bin braid-gpt2
-for b in dag_overhead allreduce_bw ddp_overlap gpt2_cpu gpt2_gpu braid-gpt2; do
-    [ -x "target/release/$b" ] && cp "target/release/$b" "$out/bench/"
-done
 (cd tools/nvrtc-check && cargo build --release --quiet)
 cp tools/nvrtc-check/target/release/nvrtc-check "$out/bin/"
 echo "--root ." > "$out/bin/nvrtc-check.args"
-strip "$out"/tests/* "$out"/bin/* "$out"/bench/* 2>/dev/null || true
+
+if [ "$new" -eq 0 ]; then
+    while read -r name exe; do
+        cp "$exe" "$out/tests/$name"
+    done <<< "$harnesses"
+    for b in dag_overhead allreduce_bw ddp_overlap gpt2_cpu gpt2_gpu gpt2_graphs braid-gpt2; do
+        [ -x "target/release/$b" ] && cp "target/release/$b" "$out/bench/"
+    done
+else
+    rmdir "$out/tests"
+    mkdir -p "$out/harness"
+    # Wrapper NN_label: runs harness H with ARGS, or benchmark B with ARGS.
+    wrap() { # label kind name args...
+        local label="$1" kind="$2" name="$3"
+        shift 3
+        local dir=harness src
+        if [ "$kind" = bench ]; then
+            dir=bench
+            src="target/release/$name"
+        else
+            src="$(awk -v n="$name" '$1==n {print $2; exit}' <<< "$harnesses")"
+        fi
+        [ -n "$src" ] && [ -x "$src" ] || { echo "gpu-bundle: no $kind $name" >&2; exit 1; }
+        [ -e "$out/$dir/$name" ] || cp "$src" "$out/$dir/$name"
+        printf '#!/bin/sh\nexec "$(dirname "$0")/../%s/%s" %s\n' "$dir" "$name" "$*" > "$out/bin/$label"
+        chmod +x "$out/bin/$label"
+    }
+    t="--test-threads=1"
+    # CUDA graph replay (2026-11-26), then the engine's CUDA paths.
+    wrap 01_cuda_graphs test cuda "graph --nocapture $t"
+    wrap 02_cuda test cuda "$t"
+    wrap 03_replay test replay "$t"
+    # bf16, fused classifier, flash attention, fused residual+layernorm,
+    # AdamW step scalars (2026-11-25/26), and cuBLAS bf16.
+    wrap 04_cuda_kernels test cuda_kernels "--nocapture $t"
+    wrap 05_cublas test lib_braid_cuda "cublas --nocapture $t"
+    wrap 06_cuda_model test cuda_model "--nocapture $t"
+    # Eager vs replay vs graph on the trainer's step; then the fp32 baseline.
+    wrap 07_gpt2_graphs_small bench gpt2_graphs \
+        "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
+    wrap 08_gpt2_graphs_124m bench gpt2_graphs \
+        "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 2 --steps 5"
+    wrap 09_gpt2_gpu bench gpt2_gpu "--batch-size 8 --seq-len 1024 --rounds 2 --steps 5"
+    wrap 10_properties test properties "$t"
+    rm -f "$out/bin/nvrtc-check.args"
+    mv "$out/bin/nvrtc-check" "$out/bench/"
+    printf '#!/bin/sh\nexec "$(dirname "$0")/../bench/nvrtc-check" --root .\n' > "$out/bin/00_nvrtc_check"
+    chmod +x "$out/bin/00_nvrtc_check"
+fi
+strip "$out"/*/* 2>/dev/null || true
 du -sh "$out"

@@ -472,36 +472,28 @@ impl<'rt> Reducer<'rt> {
     /// their range by dependency inference. Fails unless
     /// [`sharding`](Self::sharding).
     pub fn all_gather_params(&self, params: &Buffer) -> Result<()> {
-        self.all_gather_shards(params, self.config.dtype, "params")
-    }
-
-    /// [`all_gather_params`](Self::all_gather_params) for another buffer
-    /// laid out like the parameters, of `dtype` elements: mixed precision's
-    /// `f32` master weights, of which each rank updates its shard.
-    pub fn all_gather_shards(&self, buf: &Buffer, dtype: DType, what: &str) -> Result<()> {
         let Some(mut shards) = self.shards() else {
             return Err(self.error(
                 "parameters are gathered only once the buckets are sharded (ZeRO-1 on, layout final)"
                     .into(),
             ));
         };
-        let elems = self.grads.len() / self.config.dtype.size();
-        if buf.len() != elems * dtype.size() {
+        if params.len() != self.grads.len() {
             return Err(self.error(format!(
-                "buffer `{}` has {} bytes, not {elems} {} elements like the gradients",
-                buf.name(),
-                buf.len(),
-                dtype.name()
+                "parameter buffer `{}` has {} bytes, the gradients {}",
+                params.name(),
+                params.len(),
+                self.grads.len()
             )));
         }
         shards.sort_by_key(|s| s.head.start);
-        let size = dtype.size();
+        let (dtype, size) = (self.config.dtype, self.config.dtype.size());
         for s in shards.iter().filter(|s| s.chunk > 0) {
             self.comm.submit_named(
-                format!("all_gather {what} {}", s.bucket),
+                format!("all_gather params {}", s.bucket),
                 CollectiveKind::AllGather,
                 dtype,
-                Buffers::InPlace(buf.view(s.head.start * size..s.head.end * size)?),
+                Buffers::InPlace(params.view(s.head.start * size..s.head.end * size)?),
             )?;
         }
         Ok(())

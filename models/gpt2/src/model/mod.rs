@@ -633,19 +633,45 @@ impl Gpt2Model {
                 found: params.len(),
             });
         }
-        if let Some(master) = &self.master {
-            rt.upload(master, params)?;
+        match &self.master {
+            Some(master) => {
+                rt.upload(master, params)?;
+            }
+            None if self.dtype != Dtype::F32 => {
+                return Err(Gpt2Error::InvalidSetting {
+                    what: "master weights",
+                    reason: "released to a sharded optimizer: parameters cannot be uploaded".into(),
+                })
+            }
+            None => {}
         }
         self.upload_stored(rt, &self.params, params)
     }
 
     /// The parameters, after every task submitted so far that writes them:
-    /// the `f32` master weights when the model has them.
+    /// the `f32` master weights when the model has them. An error once they
+    /// were released to a sharded optimizer ([`release_master`](Self::release_master)).
     pub fn read_params(&self, rt: &Runtime) -> Result<Vec<f32>> {
         match &self.master {
             Some(master) => Ok(rt.read_vec(master)?),
-            None => Ok(rt.read_vec(&self.params)?),
+            None if self.dtype == Dtype::F32 => Ok(rt.read_vec(&self.params)?),
+            None => Err(Gpt2Error::InvalidSetting {
+                what: "master weights",
+                reason: "released to a sharded optimizer: gather them from it \
+                         (AdamW::gather_master)"
+                    .into(),
+            }),
         }
+    }
+
+    /// Drops the model's `f32` master weights (mixed precision), once a
+    /// ZeRO-1 optimizer keeps its own shard of them
+    /// ([`AdamW::owns_master`](crate::optim::AdamW::owns_master)): their
+    /// memory is freed when the tasks using them are done. Later
+    /// [`read_params`](Self::read_params) and
+    /// [`upload_params`](Self::upload_params) calls fail.
+    pub fn release_master(&mut self) {
+        self.master = None;
     }
 
     /// The parameters as stored (the weights the forward pass reads), as

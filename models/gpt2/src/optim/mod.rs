@@ -57,7 +57,7 @@ use crate::error::{Gpt2Error, Result};
 use crate::kernels::adamw::StepArg;
 use crate::kernels::storage::Dtype;
 use crate::kernels::task::Task;
-use crate::kernels::{adamw, norm};
+use crate::kernels::{adamw, fill, norm};
 use crate::model::Gpt2Model;
 
 /// The largest chunk (in elements) of one sum-of-squares or update task.
@@ -98,8 +98,12 @@ pub struct AdamW {
     step: u64,
     /// The storage type of the parameters and gradients it is given.
     dtype: Dtype,
-    /// The `f32` master weights it updates when `dtype` is not `f32`.
+    /// The `f32` master weights it updates when `dtype` is not `f32`: the
+    /// model's, in layout order, or (sharded, [`storing`](Self::storing))
+    /// its own copy of the ranges it owns, packed like the moments.
     master: Option<Buffer>,
+    /// `master` is packed like the moments (indexed by `state_at`).
+    master_packed: bool,
 }
 
 impl AdamW {
@@ -182,6 +186,7 @@ impl AdamW {
             step: 0,
             dtype: Dtype::F32,
             master: None,
+            master_packed: false,
         })
     }
 
@@ -199,17 +204,42 @@ impl AdamW {
     ) -> Result<Self> {
         let chunks = cut(model.param_groups());
         let opt = Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)?;
-        Ok(opt.storing(model))
+        opt.storing(rt, model)
     }
 
     /// This optimizer, updating `model`'s parameters as the model stores
-    /// them: for a model that stores another type than `f32`, its `f32`
-    /// master weights, rounded into the stored parameters (of the chunks
-    /// this optimizer updates: all of them, or a ZeRO-1 shard).
-    pub fn storing(mut self, model: &Gpt2Model) -> Self {
+    /// them: for a model that stores another type than `f32`, `f32` master
+    /// weights, rounded into the stored parameters. Unsharded, those are the
+    /// model's ([`Gpt2Model::master`]). Sharded (ZeRO-1), the optimizer
+    /// keeps its own copy of the ranges it owns, packed like the moments
+    /// (`1/world` of them; copied from the model's now, by tasks), so the
+    /// model's full copy can be released ([`Gpt2Model::release_master`],
+    /// when [`owns_master`](Self::owns_master)); [`gather_master`](Self::gather_master)
+    /// gives the full master weights back.
+    pub fn storing(mut self, rt: &Runtime, model: &Gpt2Model) -> Result<Self> {
         self.dtype = model.dtype();
-        self.master = model.master().cloned();
-        self
+        self.master = match (model.master(), &self.shard) {
+            (Some(full), Some(_)) => {
+                let packed = rt.alloc("master shard", self.m.len())?;
+                for (i, (c, &at)) in self.chunks.iter().zip(&self.state_at).enumerate() {
+                    fill::copy(
+                        rt.task(format!("master shard {i}")),
+                        &full.view_of::<f32>(c.clone())?,
+                        &packed.view_of::<f32>(at..at + c.len())?,
+                    )?;
+                }
+                self.master_packed = true;
+                Some(packed)
+            }
+            (full, _) => full.cloned(),
+        };
+        Ok(self)
+    }
+
+    /// Whether the optimizer keeps its own (sharded) master weights, so the
+    /// model's copy is not needed ([`storing`](Self::storing)).
+    pub fn owns_master(&self) -> bool {
+        self.master_packed
     }
 
     /// The hyper-parameters.
@@ -243,9 +273,15 @@ impl AdamW {
     }
 
     /// Bytes of optimizer state on this rank's device: the two `f32`
-    /// moments of the elements it updates (all of them, or its shard).
+    /// moments of the elements it updates (all of them, or its shard), and
+    /// the `f32` master weights it keeps itself (sharded mixed precision;
+    /// unsharded, they are the model's and not counted here).
     pub fn state_bytes(&self) -> usize {
-        self.m.len() + self.v.len()
+        let master = match self.master_packed {
+            true => self.master.as_ref().map_or(0, Buffer::len),
+            false => 0,
+        };
+        self.m.len() + self.v.len() + master
     }
 
     /// Restores the moments and the step count from full moments in layout
@@ -435,10 +471,15 @@ impl AdamW {
         for (i, c) in self.chunks.iter().enumerate().rev() {
             let s = self.state_at[i]..self.state_at[i] + c.len();
             if let Some(master) = &self.master {
+                let at = if self.master_packed {
+                    s.clone()
+                } else {
+                    c.clone()
+                };
                 adamw::update_mixed(
                     Task::new(rt.task(format!("adamw {i}")), self.dtype),
                     &self.elems(params, c)?,
-                    &master.view_of::<f32>(c.clone())?,
+                    &master.view_of::<f32>(at)?,
                     &self.elems(grads, c)?,
                     &self.m.view_of::<f32>(s.clone())?,
                     &self.v.view_of::<f32>(s)?,

@@ -136,31 +136,48 @@ impl AdamW {
     /// rank. A collective: every rank calls it at the same point. Unsharded:
     /// [`read_state`](Self::read_state), no collective.
     pub fn gather_state(&self, comm: &BoundComm<'_>) -> Result<(Vec<f32>, Vec<f32>)> {
+        if self.shard.is_none() {
+            return self.read_state(comm.runtime());
+        }
+        Ok((
+            self.gather_packed(comm, &self.m)?,
+            self.gather_packed(comm, &self.v)?,
+        ))
+    }
+
+    /// The full `f32` master weights in layout order when this optimizer
+    /// keeps its own shard of them ([`owns_master`](Self::owns_master)),
+    /// gathered as [`gather_state`](Self::gather_state) gathers the
+    /// moments (a collective); `None` otherwise (no collective).
+    pub fn gather_master(&self, comm: &BoundComm<'_>) -> Result<Option<Vec<f32>>> {
+        match (&self.master, self.master_packed) {
+            (Some(master), true) => Ok(Some(self.gather_packed(comm, master)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A packed per-shard `f32` buffer (moments, master weights) gathered
+    /// from every rank into layout order.
+    fn gather_packed(&self, comm: &BoundComm<'_>, state: &braid::Buffer) -> Result<Vec<f32>> {
         let rt = comm.runtime();
         let Some(s) = &self.shard else {
-            return self.read_state(rt);
+            return Ok(rt.read_vec(state)?);
         };
-        let full = rt.alloc("gathered adam state", self.n * 4)?;
-        let mut out = Vec::with_capacity(2);
-        for state in [&self.m, &self.v] {
-            for b in s.buckets.iter().filter(|b| b.chunk > 0) {
-                let at = self.state_offset(b.owned.start)?;
-                comm.all_gather_into::<f32>(
-                    &state.view_of::<f32>(at..at + b.chunk)?,
-                    &full.view_of::<f32>(b.head.clone())?,
-                )?;
-            }
-            let mut x: Vec<f32> = rt.read_vec(&full)?;
-            let packed: Vec<f32> = rt.read_vec(state)?;
-            for b in s.buckets.iter().filter(|b| !b.tail.is_empty()) {
-                let at = self.state_offset(b.tail.start)?;
-                x[b.tail.clone()].copy_from_slice(&packed[at..at + b.tail.len()]);
-            }
-            out.push(x);
+        let full = rt.alloc("gathered shard state", self.n * 4)?;
+        for b in s.buckets.iter().filter(|b| b.chunk > 0) {
+            let at = self.state_offset(b.owned.start)?;
+            comm.all_gather_into::<f32>(
+                &state.view_of::<f32>(at..at + b.chunk)?,
+                &full.view_of::<f32>(b.head.clone())?,
+            )?;
         }
-        let v = out.pop().unwrap_or_default();
-        let m = out.pop().unwrap_or_default();
-        Ok((m, v))
+        let mut x: Vec<f32> = rt.read_vec(&full)?;
+        let packed: Vec<f32> = rt.read_vec(state)?;
+        for b in s.buckets.iter().filter(|b| !b.tail.is_empty()) {
+            let at = self.state_offset(b.tail.start)?;
+            x[b.tail.clone()].copy_from_slice(&packed[at..at + b.tail.len()]);
+        }
+        Ok(x)
     }
 
     /// Where parameter `elem`'s moments sit in the packed state.

@@ -224,15 +224,15 @@ pub(super) fn run_rank(
                     r.finish()?;
                     if opt.is_none() {
                         if let Some(shards) = r.shards() {
-                            opt = Some(new_optimizer(
-                                rt,
-                                &model,
-                                opts,
-                                start,
-                                Some(&shards),
-                                rank,
-                                world,
-                            )?);
+                            let o =
+                                new_optimizer(rt, &model, opts, start, Some(&shards), rank, world)?;
+                            // Mixed precision: the optimizer keeps its shard
+                            // of the master weights; the model's full copy
+                            // goes (its memory, once its last task is done).
+                            if o.owns_master() {
+                                model.release_master();
+                            }
+                            opt = Some(o);
                         }
                     }
                 }
@@ -326,7 +326,7 @@ pub(super) fn run_rank(
     } else if opt.is_sharded() {
         gather_params(&model, reducer.as_ref())?;
     }
-    let params = model.read_params(&rt)?;
+    let params = read_params(&rt, &model, &opt, comm.as_ref())?;
     rt.synchronize()?;
     let bucket_cap = reducer.as_ref().and_then(|r| {
         r.cap_choice().map(|c| match c {
@@ -373,7 +373,7 @@ fn new_optimizer(
             opts.optimizer,
             opts.max_grad_norm,
         )?
-        .storing(model),
+        .storing(rt, model)?,
         None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
     };
     if let Some((m, v)) = &start.moments {
@@ -383,17 +383,29 @@ fn new_optimizer(
 }
 
 /// ZeRO-1: submits the all-gathers of the updated parameters now (outside a
-/// step), so that reading them sees every rank's update — with mixed
-/// precision, of the `f32` master weights too (each rank updates its shard;
-/// the steps gather only the stored parameters the forward pass reads).
+/// step), so that reading them sees every rank's update.
 fn gather_params(model: &Gpt2Model, reducer: Option<&Reducer<'_>>) -> Result<()> {
     if let Some(r) = reducer.filter(|r| r.sharding()) {
         r.all_gather_params(model.params())?;
-        if let Some(master) = model.master() {
-            r.all_gather_shards(master, DType::F32, "master weights")?;
-        }
     }
     Ok(())
+}
+
+/// The parameters in layout order (with mixed precision, the `f32` master
+/// weights): the model's, or gathered from a ZeRO-1 optimizer that keeps
+/// its shard of the master weights (a collective: every rank calls it).
+fn read_params(
+    rt: &Runtime,
+    model: &Gpt2Model,
+    opt: &AdamW,
+    comm: Option<&BoundComm<'_>>,
+) -> Result<Vec<f32>> {
+    if let Some(c) = comm {
+        if let Some(p) = opt.gather_master(c)? {
+            return Ok(p);
+        }
+    }
+    model.read_params(rt)
 }
 
 /// The optimizer once the step has made it (ZeRO-1 makes it in the first
@@ -422,7 +434,7 @@ fn full_state(
         }
         _ => opt.read_state(rt)?,
     };
-    Ok((model.read_params(rt)?, m, v))
+    Ok((read_params(rt, model, opt, comm)?, m, v))
 }
 
 /// The injected fault ([`super::Fault`]): a task at the start of the step
