@@ -105,14 +105,7 @@ fn round(
     }
     let mut model = Gpt2Model::new(&rt, cfg, a.batch_size, a.seq_len)?;
     model.upload_params(&rt, params)?;
-    let hyper = AdamWHyper {
-        learning_rate: 3e-4,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
-    let mut opt = AdamW::for_model(&rt, &model, hyper, Some(1.0))?;
+    let mut opt = AdamW::for_model(&rt, &model, AdamWHyper::default(), Some(1.0))?;
     rt.synchronize()?;
     let mut rng = Rng::new(a.seed ^ 0x6A47);
     let bt = a.batch_size * a.seq_len;

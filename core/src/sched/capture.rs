@@ -34,7 +34,7 @@
 //! everything submitted before it, and later ones follow it on one stream.
 
 use super::replay::{Plan, Run};
-use super::{cross_waits, Item, Launch, Record, Shared, SubmitState, TaskBody, TaskShared};
+use super::{cross_waits, Item, Launch, Shared, SubmitState, TaskBody, TaskShared};
 use crate::backend::gpu::{CudaBackend, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::cuda::{Capture, CudaEvent, CudaGraph, EventKind};
@@ -245,13 +245,8 @@ pub(crate) fn submit(
     unit: &Unit,
     fence: bool,
 ) -> Arc<TaskShared> {
-    for id in shared.dropped.drain() {
-        st.tracker.forget(id);
-    }
     let f = plan.join_stream;
-    let mut ext = std::mem::take(&mut st.preds);
-    ext.clear();
-    st.tracker.preds_of_union(&plan.union, &mut ext);
+    let mut ext = super::replay::external_preds(st, shared, plan);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
         for j in (0..shared.streams.len()).filter(|&j| j != f) {
@@ -279,23 +274,7 @@ pub(crate) fn submit(
             on_skip: None,
         }),
     };
-    let task = TaskShared::new(Record {
-        id: id_base + plan.len() as u64,
-        name: plan.name.clone(),
-        scope: None,
-        kind: TaskKind::Compute,
-        stream: f,
-        seq: st.placed[f],
-        clock: st.clocks[f].clone(),
-        placement: super::replay::replayed(plan),
-        eft: 0,
-        cost: super::cost::NO_SLOT,
-        launch,
-    });
-    st.tracker.record_unit(&task, &plan.union);
-    st.tail[f] = task.id;
-    st.stats.replays += 1;
-    st.stats.replayed_tasks += plan.len() as u64;
+    let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute, launch);
     st.stats.graph_replays += 1;
     shared
         .submitted

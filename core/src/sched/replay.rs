@@ -586,14 +586,8 @@ pub(crate) fn submit(
     plan: &std::sync::Arc<Plan>,
     how: How,
 ) -> Arc<TaskShared> {
-    for id in shared.dropped.drain() {
-        st.tracker.forget(id);
-    }
     let nstreams = shared.streams.len();
-    // The replay as one unit: its external predecessors.
-    let mut ext = std::mem::take(&mut st.preds);
-    ext.clear();
-    st.tracker.preds_of_union(&plan.union, &mut ext);
+    let mut ext = external_preds(st, shared, plan);
     let used: SmallVec<[usize; 8]> = (0..nstreams)
         .filter(|&s| !plan.programs[s].is_empty())
         .collect();
@@ -625,24 +619,7 @@ pub(crate) fn submit(
     }
     let id_base = st.next_id;
     st.next_id += plan.steps();
-    let f = plan.join_stream;
-    let unit = TaskShared::new(Record {
-        id: id_base + plan.len() as u64,
-        name: plan.name.clone(),
-        scope: None,
-        kind: TaskKind::Host,
-        stream: f,
-        seq: st.placed[f],
-        clock: st.clocks[f].clone(),
-        placement: replayed(plan),
-        eft: 0,
-        cost: super::cost::NO_SLOT,
-        launch: None,
-    });
-    st.tracker.record_unit(&unit, &plan.union);
-    st.tail[f] = unit.id;
-    st.stats.replays += 1;
-    st.stats.replayed_tasks += plan.len() as u64;
+    let unit = unit_record(st, plan, id_base, TaskKind::Host, None);
     shared
         .submitted
         .fetch_add(plan.steps(), crate::sync::Ordering::Relaxed);
@@ -667,6 +644,54 @@ pub(crate) fn submit(
             shared.streams[s].queue.push(Item::Program(run.clone()));
         }
     }
+    unit
+}
+
+/// The unfinished tasks submitted before a replay of `plan` that it depends
+/// on (the union of its accesses against the tracker), in a vector taken
+/// from `st.preds` (give it back).
+pub(crate) fn external_preds(
+    st: &mut SubmitState,
+    shared: &Shared,
+    plan: &Plan,
+) -> Vec<Arc<TaskShared>> {
+    for id in shared.dropped.drain() {
+        st.tracker.forget(id);
+    }
+    let mut ext = std::mem::take(&mut st.preds);
+    ext.clear();
+    st.tracker.preds_of_union(&plan.union, &mut ext);
+    ext
+}
+
+/// A replay's one task record on the plan's join stream (the join, or a
+/// graph launch), recorded in the tracker as the unit with the union of
+/// the schedule's accesses, and counted.
+pub(crate) fn unit_record(
+    st: &mut SubmitState,
+    plan: &Plan,
+    id_base: u64,
+    kind: TaskKind,
+    launch: Option<Launch>,
+) -> Arc<TaskShared> {
+    let f = plan.join_stream;
+    let unit = TaskShared::new(Record {
+        id: id_base + plan.len() as u64,
+        name: plan.name.clone(),
+        scope: None,
+        kind,
+        stream: f,
+        seq: st.placed[f],
+        clock: st.clocks[f].clone(),
+        placement: replayed(plan),
+        eft: 0,
+        cost: super::cost::NO_SLOT,
+        launch,
+    });
+    st.tracker.record_unit(&unit, &plan.union);
+    st.tail[f] = unit.id;
+    st.stats.replays += 1;
+    st.stats.replayed_tasks += plan.len() as u64;
     unit
 }
 
