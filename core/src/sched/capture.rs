@@ -307,22 +307,12 @@ pub(crate) fn submit(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::ctx::BodyCell;
     use crate::sched::replay::RecTask;
     use std::collections::HashSet;
 
+    /// A recorded task on `stream` after `preds`.
     fn task(stream: u16, preds: &[u32]) -> RecTask {
-        RecTask {
-            name: "t".into(),
-            scope: None,
-            kind: TaskKind::Compute,
-            stream,
-            accesses: SmallVec::new(),
-            body: std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(())))),
-            on_skip: None,
-            preds: preds.iter().copied().collect(),
-            movable: true,
-        }
+        crate::sched::replay::tests::task(stream, preds, 1)
     }
 
     /// The capture's beginning, as a node.

@@ -782,12 +782,12 @@ pub(crate) fn join_error(plan: &Plan, cause: &str) -> Error {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ctx::BodyCell;
 
     /// A recorded task on `stream` after `preds`, measured at `ns`.
-    fn task(stream: u16, preds: &[u32], ns: u64) -> RecTask {
+    pub(crate) fn task(stream: u16, preds: &[u32], ns: u64) -> RecTask {
         let body = std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(()))));
         body.measured(ns);
         RecTask {
