@@ -734,9 +734,11 @@ impl Runtime {
         use sched::capture::{self, Unit};
         self.wait_for_room();
         sched::live::submitting(&self.shared);
+        // The slot before the runtime's lock, always: a capture lets go of
+        // the runtime's lock while it waits (below) and takes it again.
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = lock(&self.state);
         Self::check_replay_allowed(&st, plan)?;
-        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         let (unit, fence) = match &*slot {
             GraphSlot::Ready(u) => (u.clone(), false),
             GraphSlot::Refused(_) => return Ok(None),
@@ -746,13 +748,35 @@ impl Runtime {
                     None => match &self.backend {
                         Backend::Cpu => Ok(Unit::Cpu),
                         Backend::Cuda(c) => {
-                            // No body of the schedule may be running, and
-                            // no stream may be launching, while it captures.
-                            for (s, &seq) in st.frontier().iter().enumerate() {
-                                self.shared.streams[s].done.wait_at_least(seq);
+                            if self.shared.check_not_in_task("capture").is_err() {
+                                Err("first replayed from inside a task, which a capture \
+                                     would wait for"
+                                    .to_string())
+                            } else {
+                                // No body of the schedule may be running, and
+                                // no stream launching, while it captures. Wait
+                                // without the lock (a running body may submit,
+                                // which takes it), then check under it.
+                                loop {
+                                    let frontier = st.frontier();
+                                    let streams = &self.shared.streams;
+                                    let idle = frontier
+                                        .iter()
+                                        .zip(streams)
+                                        .all(|(&seq, s)| s.done.get() >= seq);
+                                    if idle {
+                                        break;
+                                    }
+                                    drop(st);
+                                    for (&seq, s) in frontier.iter().zip(streams) {
+                                        s.done.wait_at_least(seq);
+                                    }
+                                    st = lock(&self.state);
+                                    Self::check_replay_allowed(&st, plan)?;
+                                }
+                                capture::capture_cuda(plan, c)
+                                    .map(|g| Unit::Cuda(std::sync::Arc::new(g)))
                             }
-                            capture::capture_cuda(plan, c)
-                                .map(|g| Unit::Cuda(std::sync::Arc::new(g)))
                         }
                     },
                 };
