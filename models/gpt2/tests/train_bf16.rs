@@ -156,3 +156,36 @@ fn bf16_gradients_refuse_bf16_compression() {
     .to_string();
     assert!(err.contains("compression") && err.contains("bf16"), "{err}");
 }
+
+/// A bf16 model's master weights handed to a sharded optimizer
+/// (`Gpt2Model::release_master`): reading or uploading the parameters
+/// through the model is then an error naming them, never the bf16 copy read
+/// as `f32`; an `f32` model has no master weights to release.
+#[test]
+fn released_master_weights_are_not_read_through_the_model() {
+    use braid_gpt2::model::{Gpt2Model, ModelOptions};
+    let rt = braid::Runtime::cpu().unwrap();
+    let cfg = Gpt2Config::tiny();
+    let opts = ModelOptions {
+        dtype: Dtype::Bf16,
+        ..ModelOptions::default()
+    };
+    let mut model = Gpt2Model::with_options(&rt, &cfg, 1, 8, opts).unwrap();
+    let params = braid_gpt2::model::init_params(&cfg, 3);
+    model.upload_params(&rt, &params).unwrap();
+    assert_eq!(model.read_params(&rt).unwrap(), params);
+    model.release_master();
+    assert!(model.master().is_none());
+    for e in [
+        model.read_params(&rt).unwrap_err(),
+        model.upload_params(&rt, &params).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("master weights"), "{e}");
+    }
+    // The stored bf16 parameters are still there.
+    assert_eq!(model.read_stored_params(&rt).unwrap().len(), params.len());
+    let mut f32_model = Gpt2Model::new(&rt, &cfg, 1, 8).unwrap();
+    f32_model.upload_params(&rt, &params).unwrap();
+    f32_model.release_master();
+    assert_eq!(f32_model.read_params(&rt).unwrap(), params);
+}
