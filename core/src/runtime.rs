@@ -743,42 +743,23 @@ impl Runtime {
             GraphSlot::Ready(u) => (u.clone(), false),
             GraphSlot::Refused(_) => return Ok(None),
             GraphSlot::Untried => {
-                let made = match capture::refusal(plan) {
-                    Some(why) => Err(why),
-                    None => match &self.backend {
-                        Backend::Cpu => Ok(Unit::Cpu),
-                        Backend::Cuda(c) => {
-                            if self.shared.check_not_in_task("capture").is_err() {
-                                Err("first replayed from inside a task, which a capture \
-                                     would wait for"
-                                    .to_string())
-                            } else {
-                                // No body of the schedule may be running, and
-                                // no stream launching, while it captures. Wait
-                                // without the lock (a running body may submit,
-                                // which takes it), then check under it.
-                                loop {
-                                    let frontier = st.frontier();
-                                    let streams = &self.shared.streams;
-                                    let idle = frontier
-                                        .iter()
-                                        .zip(streams)
-                                        .all(|(&seq, s)| s.done.get() >= seq);
-                                    if idle {
-                                        break;
-                                    }
-                                    drop(st);
-                                    for (&seq, s) in frontier.iter().zip(streams) {
-                                        s.done.wait_at_least(seq);
-                                    }
-                                    st = lock(&self.state);
-                                    Self::check_replay_allowed(&st, plan)?;
-                                }
-                                capture::capture_cuda(plan, c)
-                                    .map(|g| Unit::Cuda(std::sync::Arc::new(g)))
-                            }
-                        }
-                    },
+                let made = match (capture::refusal(plan), &self.backend) {
+                    (Some(why), _) => Err(why),
+                    (None, Backend::Cpu) => Ok(Unit::Cpu),
+                    (None, Backend::Cuda(_))
+                        if self.shared.check_not_in_task("capture").is_err() =>
+                    {
+                        Err(
+                            "first replayed from inside a task, which a capture would wait for"
+                                .to_string(),
+                        )
+                    }
+                    (None, Backend::Cuda(c)) => {
+                        // No body of the schedule may be running, and no
+                        // stream launching, while it captures.
+                        st = self.lock_when_idle(st, plan)?;
+                        capture::capture_cuda(plan, c).map(|g| Unit::Cuda(std::sync::Arc::new(g)))
+                    }
                 };
                 match made {
                     Ok(u) => {
@@ -799,6 +780,39 @@ impl Runtime {
             task,
             shared: self.shared.clone(),
         }))
+    }
+
+    /// Waits until every stream has completed its tasks up to `frontier`.
+    fn wait_done(&self, frontier: &[u64]) {
+        for (s, &seq) in self.shared.streams.iter().zip(frontier) {
+            s.done.wait_at_least(seq);
+        }
+    }
+
+    /// The runtime's lock, once every task submitted so far has completed:
+    /// waits without it (a running body may submit, which takes it), then
+    /// checks again under it, until nothing is left; a replay of `plan`
+    /// must still be allowed then.
+    fn lock_when_idle<'a>(
+        &'a self,
+        mut st: crate::sync::MutexGuard<'a, sched::SubmitState>,
+        plan: &sched::replay::Plan,
+    ) -> Result<crate::sync::MutexGuard<'a, sched::SubmitState>> {
+        loop {
+            let frontier = st.frontier();
+            let streams = &self.shared.streams;
+            if streams
+                .iter()
+                .zip(&frontier)
+                .all(|(s, &seq)| s.done.get() >= seq)
+            {
+                return Ok(st);
+            }
+            drop(st);
+            self.wait_done(&frontier);
+            st = lock(&self.state);
+            Self::check_replay_allowed(&st, plan)?;
+        }
     }
 
     /// Refuses a replay while a schedule is being recorded.
@@ -845,9 +859,7 @@ impl Runtime {
             sched::auto::Auto::boundary(&mut st);
             st.frontier()
         };
-        for (s, &seq) in frontier.iter().enumerate() {
-            self.shared.streams[s].done.wait_at_least(seq);
-        }
+        self.wait_done(&frontier);
         let mut errors: Vec<Error> = std::mem::take(&mut *lock(&self.shared.errors))
             .into_iter()
             .map(|(_, e)| e)

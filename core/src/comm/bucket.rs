@@ -379,12 +379,18 @@ impl<'rt> Reducer<'rt> {
         Ok(r)
     }
 
+    /// The view of elements `r` (of the reducer's dtype) of `buf`, a buffer
+    /// laid out like the gradients.
+    fn elems(&self, buf: &Buffer, r: std::ops::Range<usize>) -> Result<View> {
+        let size = self.config.dtype.size();
+        buf.view(r.start * size..r.end * size)
+    }
+
     fn set_layout(&mut self, buckets: Vec<BucketInfo>) -> Result<()> {
         let rt = self.comm.runtime();
-        let size = self.config.dtype.size();
         self.views = buckets
             .iter()
-            .map(|b| self.grads.view(b.elems.start * size..b.elems.end * size))
+            .map(|b| self.elems(&self.grads, b.elems.clone()))
             .collect::<Result<_>>()?;
         self.side = match self.config.compression {
             Compression::Bf16 => buckets
@@ -487,13 +493,12 @@ impl<'rt> Reducer<'rt> {
             )));
         }
         shards.sort_by_key(|s| s.head.start);
-        let (dtype, size) = (self.config.dtype, self.config.dtype.size());
         for s in shards.iter().filter(|s| s.chunk > 0) {
             self.comm.submit_named(
                 format!("all_gather params {}", s.bucket),
                 CollectiveKind::AllGather,
-                dtype,
-                Buffers::InPlace(params.view(s.head.start * size..s.head.end * size)?),
+                self.config.dtype,
+                Buffers::InPlace(self.elems(params, s.head.clone())?),
             )?;
         }
         Ok(())
@@ -664,14 +669,13 @@ impl<'rt> Reducer<'rt> {
         let avg = CollectiveKind::AllReduce(ReduceOp::Avg);
         if self.sharding() {
             let s = BucketShard::new(&self.buckets[i], self.comm.rank(), self.comm.world_size());
-            let (dtype, size) = (self.config.dtype, self.config.dtype.size());
-            let elems = |r: std::ops::Range<usize>| self.grads.view(r.start * size..r.end * size);
+            let dtype = self.config.dtype;
             if s.chunk > 0 {
                 self.comm.submit_named(
                     format!("reduce_scatter bucket {i}"),
                     CollectiveKind::ReduceScatter(ReduceOp::Avg),
                     dtype,
-                    Buffers::InPlace(elems(s.head)?),
+                    Buffers::InPlace(self.elems(&self.grads, s.head)?),
                 )?;
             }
             if !s.tail.is_empty() {
@@ -679,7 +683,7 @@ impl<'rt> Reducer<'rt> {
                     format!("all_reduce bucket {i} tail"),
                     avg,
                     dtype,
-                    Buffers::InPlace(elems(s.tail)?),
+                    Buffers::InPlace(self.elems(&self.grads, s.tail)?),
                 )?;
             }
             return Ok(());

@@ -249,12 +249,7 @@ pub(crate) fn submit(
     let mut ext = super::replay::external_preds(st, shared, plan);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
-        for j in (0..shared.streams.len()).filter(|&j| j != f) {
-            if st.clocks[f][j] < st.placed[j] {
-                waits.push((j as u16, st.placed[j]));
-                st.clocks[f][j] = st.placed[j];
-            }
-        }
+        super::replay::fence(&mut st.clocks[f], f, &st.placed, &mut waits);
     }
     st.stats.waits += waits.len() as u64;
     st.placed[f] += 1;
@@ -264,27 +259,32 @@ pub(crate) fn submit(
     st.next_id += plan.steps();
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
-    let launch = match unit {
-        Unit::Cpu => None,
-        Unit::Cuda(step) => Some(Launch {
-            waits: waits.clone(),
-            preds: external.clone(),
-            accesses: SmallVec::new(),
-            body: TaskBody::Graph(step.clone()),
-            on_skip: None,
-        }),
+    // On CUDA the unit's waits and predecessors go into its launch; on the
+    // CPU into the sequential run.
+    let (launch, sequential) = match unit {
+        Unit::Cuda(step) => {
+            let launch = Launch {
+                waits,
+                preds: external,
+                accesses: SmallVec::new(),
+                body: TaskBody::Graph(step.clone()),
+                on_skip: None,
+            };
+            (Some(launch), None)
+        }
+        Unit::Cpu => (None, Some((waits, external))),
     };
     let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute, launch);
     st.stats.graph_replays += 1;
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
-    match unit {
-        Unit::Cuda(_) => shared.streams[f].queue.push(Item::Task(task.clone())),
-        Unit::Cpu => {
+    let item = match sequential {
+        None => Item::Task(task.clone()),
+        Some((waits, external)) => {
             let mut entry = vec![SmallVec::new(); shared.streams.len()];
             entry[f] = waits;
-            let run = Arc::new(Run {
+            Item::Program(Arc::new(Run {
                 plan: plan.clone(),
                 base: SmallVec::new(),
                 id_base,
@@ -297,10 +297,10 @@ pub(crate) fn submit(
                 unit: task.clone(),
                 measure: false,
                 sequential: true,
-            });
-            shared.streams[f].queue.push(Item::Program(run));
+            }))
         }
-    }
+    };
+    shared.streams[f].queue.push(item);
     task
 }
 

@@ -596,12 +596,7 @@ pub(crate) fn submit(
     for &s in &used {
         entry[s] = cross_waits(&mut st.clocks[s], s, &ext, &mut st.stats);
         if how.fence {
-            for j in (0..nstreams).filter(|&j| j != s) {
-                if st.clocks[s][j] < base[j] {
-                    entry[s].push((j as u16, base[j]));
-                    st.clocks[s][j] = base[j];
-                }
-            }
+            fence(&mut st.clocks[s], s, &base, &mut entry[s]);
         }
         st.stats.waits += entry[s].len() as u64;
     }
@@ -645,6 +640,24 @@ pub(crate) fn submit(
         }
     }
     unit
+}
+
+/// Adds to `waits` what stream `s` must wait for to start after every task
+/// placed so far on the other streams (`placed`, each stream's sequence
+/// number), except what its vector clock `clock` already implies, and
+/// advances the clock: a replay's fence.
+pub(crate) fn fence(
+    clock: &mut Clock,
+    s: usize,
+    placed: &[u64],
+    waits: &mut SmallVec<[(u16, u64); 4]>,
+) {
+    for (j, &seq) in placed.iter().enumerate().filter(|&(j, _)| j != s) {
+        if clock[j] < seq {
+            waits.push((j as u16, seq));
+            clock[j] = seq;
+        }
+    }
 }
 
 /// The unfinished tasks submitted before a replay of `plan` that it depends
