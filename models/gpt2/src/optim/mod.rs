@@ -100,10 +100,9 @@ pub struct AdamW {
     dtype: Dtype,
     /// The `f32` master weights it updates when `dtype` is not `f32`: the
     /// model's, in layout order, or (sharded, [`storing`](Self::storing))
-    /// its own copy of the ranges it owns, packed like the moments.
+    /// its own copy of the ranges it owns, packed like the moments (indexed
+    /// by `state_at`; [`owns_master`](Self::owns_master)).
     master: Option<Buffer>,
-    /// `master` is packed like the moments (indexed by `state_at`).
-    master_packed: bool,
 }
 
 impl AdamW {
@@ -186,7 +185,6 @@ impl AdamW {
             step: 0,
             dtype: Dtype::F32,
             master: None,
-            master_packed: false,
         })
     }
 
@@ -228,7 +226,6 @@ impl AdamW {
                         &packed.view_of::<f32>(at..at + c.len())?,
                     )?;
                 }
-                self.master_packed = true;
                 Some(packed)
             }
             (full, _) => full.cloned(),
@@ -239,7 +236,7 @@ impl AdamW {
     /// Whether the optimizer keeps its own (sharded) master weights, so the
     /// model's copy is not needed ([`storing`](Self::storing)).
     pub fn owns_master(&self) -> bool {
-        self.master_packed
+        self.shard.is_some() && self.master.is_some()
     }
 
     /// The hyper-parameters.
@@ -277,9 +274,9 @@ impl AdamW {
     /// the `f32` master weights it keeps itself (sharded mixed precision;
     /// unsharded, they are the model's and not counted here).
     pub fn state_bytes(&self) -> usize {
-        let master = match self.master_packed {
-            true => self.master.as_ref().map_or(0, Buffer::len),
-            false => 0,
+        let master = match (self.owns_master(), &self.master) {
+            (true, Some(m)) => m.len(),
+            _ => 0,
         };
         self.m.len() + self.v.len() + master
     }
@@ -471,7 +468,7 @@ impl AdamW {
         for (i, c) in self.chunks.iter().enumerate().rev() {
             let s = self.state_at[i]..self.state_at[i] + c.len();
             if let Some(master) = &self.master {
-                let at = if self.master_packed {
+                let at = if self.owns_master() {
                     s.clone()
                 } else {
                     c.clone()

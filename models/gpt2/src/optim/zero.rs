@@ -136,12 +136,14 @@ impl AdamW {
     /// rank. A collective: every rank calls it at the same point. Unsharded:
     /// [`read_state`](Self::read_state), no collective.
     pub fn gather_state(&self, comm: &BoundComm<'_>) -> Result<(Vec<f32>, Vec<f32>)> {
-        if self.shard.is_none() {
+        let Some(s) = &self.shard else {
             return self.read_state(comm.runtime());
-        }
+        };
+        // One temporary full-size buffer serves both moments.
+        let full = comm.runtime().alloc("gathered adam state", self.n * 4)?;
         Ok((
-            self.gather_packed(comm, &self.m)?,
-            self.gather_packed(comm, &self.v)?,
+            self.gather_packed(comm, s, &self.m, &full)?,
+            self.gather_packed(comm, s, &self.v, &full)?,
         ))
     }
 
@@ -150,20 +152,28 @@ impl AdamW {
     /// gathered as [`gather_state`](Self::gather_state) gathers the
     /// moments (a collective); `None` otherwise (no collective).
     pub fn gather_master(&self, comm: &BoundComm<'_>) -> Result<Option<Vec<f32>>> {
-        match (&self.master, self.master_packed) {
-            (Some(master), true) => Ok(Some(self.gather_packed(comm, master)?)),
+        match (&self.master, &self.shard) {
+            (Some(master), Some(s)) => {
+                let full = comm
+                    .runtime()
+                    .alloc("gathered master weights", self.n * 4)?;
+                Ok(Some(self.gather_packed(comm, s, master, &full)?))
+            }
             _ => Ok(None),
         }
     }
 
-    /// A packed per-shard `f32` buffer (moments, master weights) gathered
-    /// from every rank into layout order.
-    fn gather_packed(&self, comm: &BoundComm<'_>, state: &braid::Buffer) -> Result<Vec<f32>> {
+    /// A buffer packed like the moments (this rank's shard: moments, master
+    /// weights), gathered from every rank through `full` (`n` f32) into
+    /// layout order; the tails (held by every rank) come from this rank.
+    fn gather_packed(
+        &self,
+        comm: &BoundComm<'_>,
+        s: &Shard,
+        state: &braid::Buffer,
+        full: &braid::Buffer,
+    ) -> Result<Vec<f32>> {
         let rt = comm.runtime();
-        let Some(s) = &self.shard else {
-            return Ok(rt.read_vec(state)?);
-        };
-        let full = rt.alloc("gathered shard state", self.n * 4)?;
         for b in s.buckets.iter().filter(|b| b.chunk > 0) {
             let at = self.state_offset(b.owned.start)?;
             comm.all_gather_into::<f32>(
@@ -171,7 +181,7 @@ impl AdamW {
                 &full.view_of::<f32>(b.head.clone())?,
             )?;
         }
-        let mut x: Vec<f32> = rt.read_vec(&full)?;
+        let mut x: Vec<f32> = rt.read_vec(full)?;
         let packed: Vec<f32> = rt.read_vec(state)?;
         for b in s.buckets.iter().filter(|b| !b.tail.is_empty()) {
             let at = self.state_offset(b.tail.start)?;
