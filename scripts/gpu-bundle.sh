@@ -74,23 +74,43 @@ else
         printf '#!/bin/sh\nexec "$(dirname "$0")/../%s/%s" %s\n' "$dir" "$name" "$*" > "$out/bin/$label"
         chmod +x "$out/bin/$label"
     }
+    # Wrapper NN_label: a command run from the repository's root.
+    script() { # label command
+        printf '#!/bin/sh\nexec %s\n' "$2" > "$out/bin/$1"
+        chmod +x "$out/bin/$1"
+    }
     t="--test-threads=1"
-    # CUDA graph replay (2026-11-26), then the engine's CUDA paths.
+    # CUDA graph replay (2026-11-26); then every GPT-2 CUDA kernel (bf16,
+    # fused classifier, flash attention, residual + layer norm, AdamW step
+    # scalars: 2026-11-25/26) against the CPU kernels, and the bf16 and
+    # fused models against the PyTorch fixtures and the CPU's training.
     wrap 01_cuda_graphs test cuda "graph --nocapture $t"
-    wrap 02_cuda test cuda "$t"
-    wrap 03_replay test replay "$t"
-    # bf16, fused classifier, flash attention, fused residual+layernorm,
-    # AdamW step scalars (2026-11-25/26), and cuBLAS bf16.
-    wrap 04_cuda_kernels test cuda_kernels "--nocapture $t"
-    wrap 05_cublas test lib_braid_cuda "cublas --nocapture $t"
-    wrap 06_cuda_model test cuda_model "--nocapture $t"
-    # Eager vs replay vs graph on the trainer's step; then the fp32 baseline.
-    wrap 07_gpt2_graphs_small bench gpt2_graphs \
+    wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
+    wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
+    wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"
+    wrap 05_cuda_model test cuda_model "--nocapture --skip cli_trains_on_one_gpu $t"
+    wrap 06_cublas test lib_braid_cuda "cublas --nocapture $t"
+    wrap 07_cuda test cuda "$t"
+    wrap 08_replay test replay "$t"
+    # Issue 12's side-by-side, one GPU, B 8 x T 1024: Braid fp32, bf16,
+    # bf16 fused (each with a trace of one step of each policy under
+    # $OUT); PyTorch bf16 autocast and fp32, SDPA.
+    g="--batch-size 8 --seq-len 1024 --rounds 1 --warmup 2 --steps 6"
+    wrap 09_gpt2_gpu_bf16 bench gpt2_gpu "$g --dtype bf16 --profile-step \$OUT/gpt2-bf16-step.json"
+    script 10_pytorch_bf16 "python3 scripts/pytorch_gpt2_bench.py --dtype bf16 --fused-adamw --steps 8"
+    wrap 11_gpt2_gpu_bf16_fused bench gpt2_gpu \
+        "$g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
+    wrap 12_gpt2_gpu_fp32 bench gpt2_gpu "$g"
+    script 13_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
+    # The trainer as a user runs it on one GPU: bf16, graph replay.
+    wrap 14_train_bf16_graphs bench braid-gpt2 \
+        "train --device cuda --ranks 1 --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace --dtype bf16 --graphs"
+    # Eager vs replay vs graph on the trainer's step.
+    wrap 15_gpt2_graphs_small bench gpt2_graphs \
         "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
-    wrap 08_gpt2_graphs_124m bench gpt2_graphs \
-        "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 2 --steps 5"
-    wrap 09_gpt2_gpu bench gpt2_gpu "--batch-size 8 --seq-len 1024 --rounds 2 --steps 5"
-    wrap 10_properties test properties "$t"
+    wrap 16_gpt2_graphs_124m bench gpt2_graphs \
+        "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 1 --steps 5 --dtype bf16"
+    wrap 17_properties test properties "$t"
     rm -f "$out/bin/nvrtc-check.args"
     mv "$out/bin/nvrtc-check" "$out/bench/"
     printf '#!/bin/sh\nexec "$(dirname "$0")/../bench/nvrtc-check" --root .\n' > "$out/bin/00_nvrtc_check"

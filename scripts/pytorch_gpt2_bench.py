@@ -62,6 +62,19 @@ def parse_args():
     p.add_argument("--grad-clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="fp32 (TF32 off), or bf16: torch.autocast to bfloat16 around the "
+        "forward pass and the loss, fp32 parameters, gradients and AdamW "
+        "state (PyTorch's usual mixed precision)",
+    )
+    p.add_argument(
+        "--fused-adamw",
+        action="store_true",
+        help="torch.optim.AdamW(fused=True) instead of the default (foreach)",
+    )
     p.add_argument("--seed", type=int, default=1337)
     return p.parse_args()
 
@@ -199,7 +212,15 @@ def main():
         forward = torch.compile(forward)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
+        model.parameters(),
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.1,
+        fused=args.fused_adamw or None,
+    )
+    autocast = torch.autocast(
+        device_type=device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"
     )
     b, t = args.batch_size, args.seq_len
     vocab = 50257
@@ -214,8 +235,9 @@ def main():
         x = torch.randint(0, vocab, (b, t), device=device, generator=gen)
         y = torch.randint(0, vocab, (b, t), device=device, generator=gen)
         opt.zero_grad(set_to_none=False)
-        logits = forward(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        with autocast:
+            logits = forward(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
         if args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -229,7 +251,8 @@ def main():
     print(f"torch={torch.__version__}")
     print(f"batch_size={b}")
     print(f"seq_len={t}")
-    print("dtype=float32 tf32=off")
+    print(f"dtype={'bfloat16 autocast' if args.dtype == 'bf16' else 'float32'} tf32=off")
+    print(f"adamw={'fused' if args.fused_adamw else 'default'}")
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.warmup):

@@ -337,8 +337,12 @@ impl CublasHandle {
     }
 
     /// [`sgemm`](Self::sgemm) with bfloat16 `A`, `B` and `C` (16-bit
-    /// elements, `ld`s in elements) and FP32 accumulation: `C = round(alpha ·
-    /// op(A) · op(B) + beta · C)`, rounded to bf16 once. Not yet run on a GPU.
+    /// elements, `ld`s in elements) and FP32 accumulation of the product. With
+    /// `beta != 0` cuBLAS 13.0 (seen on an H200) rounds the product to bf16
+    /// before it adds `beta · C`, so the result is rounded twice:
+    /// `round(round(alpha · op(A) · op(B)) + beta · C)`. cuBLAS's default math
+    /// mode also allows reduced-precision split-K reductions for bf16, as
+    /// PyTorch does by default.
     ///
     /// # Safety
     /// As [`sgemm`](Self::sgemm), with 2-byte elements.
@@ -381,7 +385,7 @@ impl CublasHandle {
 
     /// [`sgemm_strided_batched`](Self::sgemm_strided_batched) with bfloat16
     /// operands and FP32 accumulation, as [`gemm_bf16`](Self::gemm_bf16)
-    /// (strides in elements). Not yet run on a GPU.
+    /// (strides in elements).
     ///
     /// # Safety
     /// As [`gemm_bf16`](Self::gemm_bf16), for every batch entry.

@@ -39,7 +39,9 @@ use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::model::{attention_scratch_bytes, init_params, Gpt2Model, Rng, GRADIENT_RING};
+use braid_gpt2::model::{
+    attention_scratch_bytes, init_params, Gpt2Model, ModelOptions, Rng, GRADIENT_RING,
+};
 use braid_gpt2::optim::{AdamW, NORM_SCRATCH};
 use braid_gpt2::reference::ActivationLayout;
 use braid_gpt2::trainer::model_runtime;
@@ -88,6 +90,14 @@ struct Args {
     /// Seed of the initial parameters and of the tokens.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// Storage type: fp32, or bf16 (mixed precision: f32 master weights,
+    /// moments and accumulation).
+    #[arg(long, default_value = "fp32")]
+    dtype: Dtype,
+    /// Fused attention (flash: no (B, NH, T, T) matrices), fused classifier
+    /// (no (B, T, V) probabilities) and fused residual + layer norm.
+    #[arg(long)]
+    fused: bool,
 }
 
 /// The measurements of one policy over every round.
@@ -246,7 +256,11 @@ impl Run {
         // stream 0 idle.
         let rt = model_runtime(BackendKind::Cuda { device: a.device }, a.streams, policy, 0)
             .with_context(|| format!("a CUDA runtime on device {}", a.device))?;
-        let model = Gpt2Model::new(&rt, cfg, a.batch_size, a.seq_len)?;
+        let opts = ModelOptions {
+            fused: a.fused,
+            dtype: a.dtype,
+        };
+        let model = Gpt2Model::with_options(&rt, cfg, a.batch_size, a.seq_len, opts)?;
         model.upload_params(&rt, params)?;
         let hyper = AdamWHyper {
             learning_rate: 3e-4,
@@ -303,7 +317,10 @@ fn main() -> Result<()> {
         );
     }
 
-    // What the model allocates (f32 everywhere).
+    // What the model allocates in fp32 without fusion (the figure is
+    // printed for that layout only; the pool's high-water mark below is
+    // measured for every layout).
+    let plain = a.dtype == Dtype::F32 && !a.fused;
     let np = cfg.num_parameters();
     let (b, t) = (a.batch_size, a.seq_len);
     let acts = ActivationLayout::new(&cfg, b, t).total * 4;
@@ -314,22 +331,26 @@ fn main() -> Result<()> {
     let optim = 2 * np * 4 + chunks_bound * (NORM_SCRATCH + 1) * 8;
     let planned = (2 * np * 4 + acts + dacts + scratch + optim) as f64;
     println!(
-        "gpt2_gpu: model {} ({np} parameters), B {b} x T {t} = {} tokens per step, fp32, \
+        "gpt2_gpu: model {} ({np} parameters), B {b} x T {t} = {} tokens per step, {}{}, \
          {} compute streams, {other} vs single",
         a.model,
         b * t,
+        a.dtype,
+        if a.fused { ", fused kernels" } else { "" },
         a.streams
     );
-    println!(
-        "buffers: params+grads {:.2} GiB, activations {:.2} GiB, activation grads {:.2} GiB, \
+    if plain {
+        println!(
+            "buffers: params+grads {:.2} GiB, activations {:.2} GiB, activation grads {:.2} GiB, \
          attention scratch {:.2} GiB, AdamW {:.2} GiB: {:.2} GiB",
-        gib((2 * np * 4) as f64),
-        gib(acts as f64),
-        gib(dacts as f64),
-        gib(scratch as f64),
-        gib(optim as f64),
-        gib(planned)
-    );
+            gib((2 * np * 4) as f64),
+            gib(acts as f64),
+            gib(dacts as f64),
+            gib(scratch as f64),
+            gib(optim as f64),
+            gib(planned)
+        );
+    }
 
     let params = init_params(&cfg, a.seed);
     let policies = [Policy::Single, other];
@@ -453,10 +474,14 @@ fn main() -> Result<()> {
     println!(
         "peak device memory: {:.2} GiB high-water of the allocation pool (live buffers), {:.2} \
          GiB in use on the device after the measured steps (cuMemGetInfo: pool reserve, \
-         contexts, cuBLAS workspaces); {:.2} GiB of model buffers planned",
+         contexts, cuBLAS workspaces){}",
         gib(peak_pool as f64),
         gib(peak_used as f64),
-        gib(planned)
+        if plain {
+            format!("; {:.2} GiB of model buffers planned", gib(planned))
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }

@@ -156,7 +156,10 @@ pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, 
             .wait_event(ev)
             .map_err(|e| fail("waiting on an event", &e))
     };
+    // `marks[k]` is mark `k` of `ops` (a `Wait` names it by that number);
+    // the fork events live apart, kept until the capture ends.
     let mut marks: Vec<CudaEvent> = Vec::new();
+    let mut forks: Vec<CudaEvent> = Vec::new();
     let mut forked: Vec<usize> = Vec::new();
     let mut outcome: Result<(), String> = Ok(());
     for op in ops(plan) {
@@ -164,13 +167,17 @@ pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, 
             Op::Fork(s) => event(plan.join_stream).and_then(|ev| {
                 wait(s as usize, &ev)?;
                 forked.push(s as usize);
-                marks.push(ev); // kept alive until the capture ends
+                forks.push(ev);
                 Ok(())
             }),
             Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
             Op::Wait(s, k) => wait(s as usize, &marks[k as usize]),
             Op::Run(i) => run_captured(plan, i as usize, &drivers),
-            Op::Join(s) => event(s as usize).and_then(|ev| wait(plan.join_stream, &ev)),
+            Op::Join(s) => event(s as usize).and_then(|ev| {
+                wait(plan.join_stream, &ev)?;
+                forks.push(ev);
+                Ok(())
+            }),
         };
         if let Err(e) = r {
             outcome = Err(e);

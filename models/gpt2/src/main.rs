@@ -175,8 +175,9 @@ struct TrainArgs {
     /// see docs/tenants.md).
     #[arg(long, default_value = "normal", value_parser = parse_class)]
     class: braid::Class,
-    /// Fused attention and fused classifier (CPU only): no (B, NH, T, T)
-    /// attention matrices and no (B, T, V) probabilities kept.
+    /// Fused attention, fused classifier and fused residual + layer norm:
+    /// no (B, NH, T, T) attention matrices and no (B, T, V) probabilities
+    /// kept.
     #[arg(long)]
     fused: bool,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
@@ -189,8 +190,7 @@ struct TrainArgs {
     #[arg(long, default_value_t = 120.0)]
     comm_timeout: f64,
     /// Storage type of parameters, gradients and activations: fp32, or bf16
-    /// (mixed precision: f32 master weights, moments and accumulation; CPU
-    /// ranks only for now).
+    /// (mixed precision: f32 master weights, moments and accumulation).
     #[arg(long, default_value = "fp32")]
     dtype: Dtype,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
@@ -245,7 +245,7 @@ struct EvalArgs {
     /// Compute streams.
     #[arg(long, default_value_t = 2)]
     streams: usize,
-    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    /// Storage type of the model: fp32, or bf16.
     #[arg(long, default_value = "fp32")]
     dtype: Dtype,
 }
@@ -274,7 +274,7 @@ struct SampleArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
-    /// Storage type of the model: fp32, or bf16 (CPU only for now).
+    /// Storage type of the model: fp32, or bf16.
     #[arg(long, default_value = "fp32")]
     dtype: Dtype,
 }

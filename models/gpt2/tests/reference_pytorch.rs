@@ -295,18 +295,23 @@ fn engine_forward_backward_match_pytorch(dev: Device) {
     forward_backward_match_pytorch(dev, ModelOptions::default());
 }
 
-/// The same with the fused attention and classifier (CPU only), at the
-/// same tolerances.
-#[test]
-fn engine_fused_forward_backward_match_pytorch_cpu() {
+/// The same with the fused attention, classifier and residual + layer
+/// norm, at the same tolerances.
+fn engine_fused_forward_backward_match_pytorch(dev: Device) {
     forward_backward_match_pytorch(
-        Device::Cpu,
+        dev,
         ModelOptions {
             fused: true,
             ..ModelOptions::default()
         },
     );
 }
+
+test_device!(
+    engine_fused_forward_backward_match_pytorch,
+    engine_fused_forward_backward_match_pytorch_cpu,
+    engine_fused_forward_backward_match_pytorch_cuda
+);
 
 fn forward_backward_match_pytorch(dev: Device, opts: ModelOptions) {
     let tol = Tol::of(dev);
@@ -407,18 +412,23 @@ fn engine_adamw_steps_match_pytorch(dev: Device) {
     steps_match_pytorch(dev, ModelOptions::default());
 }
 
-/// The same with the fused attention and classifier (CPU only), at the
-/// same tolerances.
-#[test]
-fn engine_fused_adamw_steps_match_pytorch_cpu() {
+/// The same with the fused attention, classifier and residual + layer
+/// norm, at the same tolerances.
+fn engine_fused_adamw_steps_match_pytorch(dev: Device) {
     steps_match_pytorch(
-        Device::Cpu,
+        dev,
         ModelOptions {
             fused: true,
             ..ModelOptions::default()
         },
     );
 }
+
+test_device!(
+    engine_fused_adamw_steps_match_pytorch,
+    engine_fused_adamw_steps_match_pytorch_cpu,
+    engine_fused_adamw_steps_match_pytorch_cuda
+);
 
 fn steps_match_pytorch(dev: Device, opts: ModelOptions) {
     let tol = Tol::of(dev);

@@ -51,7 +51,7 @@ use braid_gpt2::layout::ParamLayout;
 use braid_gpt2::model::{Dtype, Gpt2Model, ModelOptions};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::trainer::model_runtime;
-use common::{check_all, compare, setup_from, Fixture, Worst, FIXTURE_BF16};
+use common::{check_all, compare, setup_from, Device, Fixture, Worst, FIXTURE_BF16};
 
 const LOSS_ATOL: f32 = 2e-3;
 const LOGITS_ATOL: f32 = 4e-3;
@@ -75,21 +75,22 @@ const BF16_FUSED: ModelOptions = ModelOptions {
     dtype: Dtype::Bf16,
 };
 
-fn runtime(streams: usize, policy: Policy) -> braid::Runtime {
-    model_runtime(braid::BackendKind::Cpu, streams, policy, 0)
-        .unwrap_or_else(|e| panic!("a CPU runtime with {streams} streams, {policy}: {e}"))
+fn runtime(dev: Device, streams: usize, policy: Policy) -> braid::Runtime {
+    model_runtime(dev.backend(), streams, policy, 0)
+        .unwrap_or_else(|e| panic!("a {dev:?} runtime with {streams} streams, {policy}: {e}"))
 }
 
 /// Forward and backward of `opts` on the fixture's batch: loss, logits,
 /// gradients (as `f32`).
 fn forward_backward(
+    dev: Device,
     fx: &Fixture,
     params: &[f32],
     opts: ModelOptions,
     streams: usize,
     policy: Policy,
 ) -> (f32, Vec<f32>, Vec<f32>) {
-    let rt = runtime(streams, policy);
+    let rt = runtime(dev, streams, policy);
     let mut model = Gpt2Model::with_options(&rt, &fx.cfg, fx.b, fx.t, opts).unwrap();
     model.upload_params(&rt, params).unwrap();
     model.zero_grad(&rt).unwrap();
@@ -120,17 +121,26 @@ fn grad_results(layout: &ParamLayout, ours: &[f32], theirs: &[f32]) -> Vec<Worst
         .collect()
 }
 
-#[test]
-fn bf16_forward_backward_match_pytorch_bf16() {
+/// On every device, unfused and fused, at the same tolerances: the CUDA
+/// kernels round where the CPU's do, and bf16's own rounding dwarfs the
+/// difference in summation order.
+fn bf16_forward_backward_match_pytorch_bf16(dev: Device) {
     let (fx, layout, params) = setup_from(FIXTURE_BF16);
     assert_eq!(fx.cfg, Gpt2Config::tiny());
     let torch_grads = fx.flat(&layout, "grad.");
     for opts in [BF16, BF16_FUSED] {
-        forward_backward_match(&fx, &layout, &params, &torch_grads, opts);
+        forward_backward_match(dev, &fx, &layout, &params, &torch_grads, opts);
     }
 }
 
+test_device!(
+    bf16_forward_backward_match_pytorch_bf16,
+    bf16_forward_backward_match_pytorch_bf16_cpu,
+    bf16_forward_backward_match_pytorch_bf16_cuda
+);
+
 fn forward_backward_match(
+    dev: Device,
     fx: &Fixture,
     layout: &ParamLayout,
     params: &[f32],
@@ -139,8 +149,8 @@ fn forward_backward_match(
 ) {
     let mut first: Option<(f32, Vec<f32>, Vec<f32>)> = None;
     for (streams, policy) in [(1, Policy::Single), (4, Policy::RoundRobin)] {
-        let what = format!("{opts:?}, {streams} streams, {policy}");
-        let (loss, logits, grads) = forward_backward(fx, params, opts, streams, policy);
+        let what = format!("{dev:?}, {opts:?}, {streams} streams, {policy}");
+        let (loss, logits, grads) = forward_backward(dev, fx, params, opts, streams, policy);
         let torch_loss = fx.tensor("loss")[0];
         eprintln!(
             "{what}: loss ours {loss}, torch {torch_loss}, abs err {:.3e}",
@@ -196,7 +206,7 @@ fn bf16_deviates_from_f32_as_pytorch_bf16_does() {
         }
         dot / (a2.sqrt() * b2.sqrt())
     };
-    let (_, logits, grads) = forward_backward(&fx, &params, BF16, 2, Policy::Affinity);
+    let (_, logits, grads) = forward_backward(Device::Cpu, &fx, &params, BF16, 2, Policy::Affinity);
     let cl = cosine(&logits, fx.tensor("logits"), fx32.tensor("logits"));
     let cg = cosine(
         &grads,
@@ -207,8 +217,14 @@ fn bf16_deviates_from_f32_as_pytorch_bf16_does() {
     assert!(cl > 0.5, "logits: cosine {cl}");
     assert!(cg > 0.5, "gradients: cosine {cg}");
     // The f32 model's deviations from the f32 fixture are unrelated.
-    let (_, l32, g32) =
-        forward_backward(&fx, &params, ModelOptions::default(), 2, Policy::Affinity);
+    let (_, l32, g32) = forward_backward(
+        Device::Cpu,
+        &fx,
+        &params,
+        ModelOptions::default(),
+        2,
+        Policy::Affinity,
+    );
     let c32 = cosine(&l32, fx.tensor("logits"), fx32.tensor("logits"));
     let g32c = cosine(
         &g32,
@@ -219,16 +235,15 @@ fn bf16_deviates_from_f32_as_pytorch_bf16_does() {
     assert!(c32.abs() < 0.3 && g32c.abs() < 0.3, "f32: {c32}, {g32c}");
 }
 
-#[test]
-fn bf16_adamw_steps_match_pytorch_bf16() {
+fn bf16_adamw_steps_match_pytorch_bf16(dev: Device) {
     let (fx, layout, params) = setup_from(FIXTURE_BF16);
     let steps = fx.steps();
     let h: AdamWHyper = fx.adamw_hyper();
     assert_eq!(fx.meta["weight_decay_applies_to"], "all parameters");
     let max_norm = fx.hparam("max_grad_norm");
     for (streams, policy) in [(2, Policy::Affinity), (4, Policy::RoundRobin)] {
-        let what = format!("bf16, {streams} streams, {policy}");
-        let rt = runtime(streams, policy);
+        let what = format!("{dev:?}, bf16, {streams} streams, {policy}");
+        let rt = runtime(dev, streams, policy);
         let mut model = Gpt2Model::with_options(&rt, &fx.cfg, fx.b, fx.t, BF16).unwrap();
         model.upload_params(&rt, &params).unwrap();
         let mut opt = AdamW::for_model(&rt, &model, h, Some(max_norm)).unwrap();
@@ -299,15 +314,8 @@ fn bf16_adamw_steps_match_pytorch_bf16() {
     }
 }
 
-/// bf16 runs on the CPU only for now: another backend is refused with an
-/// error naming the dtype, before anything is allocated.
-#[test]
-fn bf16_off_the_cpu_is_an_error() {
-    if !braid::cuda::gpu_or_skip("bf16_off_the_cpu_is_an_error") {
-        return;
-    }
-    let rt = model_runtime(braid::BackendKind::Cuda { device: 0 }, 1, Policy::Single, 0).unwrap();
-    let err = Gpt2Model::with_options(&rt, &Gpt2Config::tiny(), 1, 8, BF16).unwrap_err();
-    let msg = err.to_string();
-    assert!(msg.contains("bf16") && msg.contains("CPU"), "{msg}");
-}
+test_device!(
+    bf16_adamw_steps_match_pytorch_bf16,
+    bf16_adamw_steps_match_pytorch_bf16_cpu,
+    bf16_adamw_steps_match_pytorch_bf16_cuda
+);

@@ -164,167 +164,107 @@ extern "C" __global__ void attention_softmax_backward(float* __restrict__ dpreat
 #include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
 
 // ---------------------------------------------------------------------------
-// bf16 storage (attention_forward::<Bf16> / attention_backward::<Bf16> in
-// attention.rs). The CPU computes a whole task in f32 and rounds each output
-// once, so these kernels keep every intermediate in f32 (shared memory, or
-// the f32 scratch) and follow the CPU's loops: dot products summed
-// sequentially over the head's channels, products and sums unfused
-// (__fmul_rn/__fadd_rn). They are direct loops, not cuBLAS products: slow,
-// written to be checked against the CPU first. Differences left: the f64
-// softmax sums are added in a warp-tree order and expf is CUDA's, so att,
-// out and dinp may differ from the CPU by a bf16 ulp.
+// bf16 storage (attention_forward::<Bf16> / attention_backward::<Bf16>): the
+// same cuBLAS formulation with bf16 operands (cublasGemmEx, f32 accumulation,
+// each product rounded to bf16 once) and these bf16 twins of the kernels
+// above, which compute in f32 and round what they store. Unlike the CPU bf16
+// kernel, the softmax reads the scores as stored (rounded to bf16), as
+// PyTorch's eager bf16 attention does; q, k, v, vaccum, datt and dpreatt are
+// bf16 in the scratch. The results agree with the CPU's to bf16 tolerances,
+// not bit for bit.
 // ---------------------------------------------------------------------------
 
-static __device__ __forceinline__ double warp_sum_d(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// sum_i a[i] * b[i] for i in 0..n, in order, from -0.0 (Rust's f32 Sum).
-static __device__ __forceinline__ float dot_seq(const bf16_t* a, const bf16_t* b, int n) {
-    float s = -0.0f;
-    for (int i = 0; i < n; i++) s = __fadd_rn(s, __fmul_rn(bf16_load(a[i]), bf16_load(b[i])));
-    return s;
-}
-
-// One warp per query row (b, h, ti): preatt and att rows (the causal prefix
-// computed, the rest 0) and out[b, ti, h*hs..]. Shared memory: T floats.
-//   out (B, T, C), preatt (B, NH, T, T), att (B, NH, T, T), inp (B, T, 3C)
-// Launch: grid B*NH*T, block 32, dynamic shared memory T * 4 bytes.
-extern "C" __global__ void attention_forward_bf16(bf16_t* __restrict__ out,
-                                                  bf16_t* __restrict__ preatt,
-                                                  bf16_t* __restrict__ att,
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_permute_bf16(bf16_t* __restrict__ q, bf16_t* __restrict__ k,
+                                                  bf16_t* __restrict__ v,
                                                   const bf16_t* __restrict__ inp, int B, int T,
-                                                  int C, int NH) {
-    extern __shared__ float row_s[];  // (T): scores, then probabilities
-    const int lane = threadIdx.x;
-    const long long r = blockIdx.x;  // ((b * NH + h) * T + ti)
-    const int ti = (int)(r % T);
-    const int h = (int)((r / T) % NH);
-    const int b = (int)(r / ((long long)T * NH));
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const bf16_t* inp_b = inp + (long long)b * T * C3;
-    const bf16_t* query = inp_b + (long long)ti * C3 + h * hs;
-    bf16_t* pre_row = preatt + r * T;
-    bf16_t* att_row = att + r * T;
-    // pass 1: scores and their maximum
+                                                  int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    const long long C = (long long)NH * hs;
+    const HeadIndex h = head_index(idx, T, NH, hs);
+    q[idx] = inp[h.packed];
+    k[idx] = inp[h.packed + C];
+    v[idx] = inp[h.packed + 2 * C];
+}
+
+// dinp (B, T, 3C) += dq | dk | dv: each sum in f32, rounded once.
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_permute_backward_bf16(bf16_t* __restrict__ dinp,
+                                                           const bf16_t* __restrict__ dq,
+                                                           const bf16_t* __restrict__ dk,
+                                                           const bf16_t* __restrict__ dv, int B,
+                                                           int T, int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    const long long C = (long long)NH * hs;
+    const HeadIndex h = head_index(idx, T, NH, hs);
+    bf16_t* d = dinp + h.packed;
+    d[0] = bf16_store(bf16_load(d[0]) + bf16_load(dq[idx]));
+    d[C] = bf16_store(bf16_load(d[C]) + bf16_load(dk[idx]));
+    d[2 * C] = bf16_store(bf16_load(d[2 * C]) + bf16_load(dv[idx]));
+}
+
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_unpermute_bf16(bf16_t* __restrict__ out,
+                                                    const bf16_t* __restrict__ vaccum, int B,
+                                                    int T, int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    out[head_index(idx, T, NH, hs).unpacked] = vaccum[idx];
+}
+
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_unpermute_backward_bf16(bf16_t* __restrict__ dvaccum,
+                                                             const bf16_t* __restrict__ dout,
+                                                             int B, int T, int NH, int hs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * NH * T * hs) return;
+    dvaccum[idx] = dout[head_index(idx, T, NH, hs).unpacked];
+}
+
+// attention_softmax_forward on bf16 rows: f32 maximum, exponentials and sum,
+// each probability rounded once. The exponentials are recomputed in the last
+// pass instead of being kept in a bf16 row (one rounding, not two).
+// Launch: one warp per row: block 256 (8 rows), grid ceil(B*NH*T / 8).
+extern "C" __global__ void attention_softmax_forward_bf16(bf16_t* __restrict__ att,
+                                                          const bf16_t* __restrict__ preatt,
+                                                          int BNH, int T, float scale) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)BNH * T) return;
+    const int t = (int)(row % T);
+    const bf16_t* x = preatt + row * T;
+    bf16_t* y = att + row * T;
     float mx = NEG_INF;
-    for (int t2 = lane; t2 < T; t2 += 32) {
-        float val = 0.0f;
-        if (t2 <= ti) {
-            val = __fmul_rn(dot_seq(query, inp_b + (long long)t2 * C3 + C + h * hs, hs), scale);
-            mx = fmaxf(mx, val);
-        }
-        row_s[t2] = val;
-        pre_row[t2] = bf16_store(val);
-    }
+    for (int t2 = lane; t2 <= t; t2 += 32) mx = fmaxf(mx, scale * bf16_load(x[t2]));
     mx = warp_max(mx);
-    // pass 2: softmax over the causal prefix (sum in double)
-    double s = 0.0;
-    for (int t2 = lane; t2 <= ti; t2 += 32) {
-        const float e = expf(__fadd_rn(row_s[t2], -mx));
-        row_s[t2] = e;
-        s += (double)e;
-    }
-    const float inv = (float)(1.0 / warp_sum_d(s));
+    float s = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) s += expf(scale * bf16_load(x[t2]) - mx);
+    const float inv = 1.0f / warp_sum(s);
     for (int t2 = lane; t2 < T; t2 += 32) {
-        const float a = t2 <= ti ? __fmul_rn(row_s[t2], inv) : 0.0f;
-        row_s[t2] = a;
-        att_row[t2] = bf16_store(a);
-    }
-    __syncwarp();
-    // pass 3: out = sum over t2 of att * value, in t2 order, per channel
-    bf16_t* out_h = out + ((long long)b * T + ti) * C + h * hs;
-    for (int i = lane; i < hs; i += 32) {
-        float o = 0.0f;
-        for (int t2 = 0; t2 <= ti; t2++) {
-            const float v = bf16_load(inp_b[(long long)t2 * C3 + 2 * C + h * hs + i]);
-            o = __fadd_rn(o, __fmul_rn(row_s[t2], v));
-        }
-        out_h[i] = bf16_store(o);
+        y[t2] = bf16_store((t2 <= t) ? expf(scale * bf16_load(x[t2]) - mx) * inv : 0.0f);
     }
 }
 
-// acc[i] = (float)x[i]: the f32 copy of dinp the backward accumulates into.
-// Launch: grid ceil(N / block), block 256.
-extern "C" __global__ void attention_widen_bf16(float* __restrict__ acc,
-                                                const bf16_t* __restrict__ x, long long N) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) acc[i] = bf16_load(x[i]);
-}
-
-// x[i] = round(acc[i]): dinp rounded once, after every contribution.
-// Launch: grid ceil(N / block), block 256.
-extern "C" __global__ void attention_narrow_bf16(bf16_t* __restrict__ x,
-                                                 const float* __restrict__ acc, long long N) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) x[i] = bf16_store(acc[i]);
-}
-
-// One block per (b, h): the head's rows ti in order, as the CPU loops, adding
-// into the f32 copy `acc` of dinp (B, T, 3C). Thread i owns channel i of the
-// head's q, k and v slices, so every element gets its contributions in the
-// CPU's order with no other writer. Shared memory: 2 * T floats + 32 doubles.
-//   acc (B, T, 3C) f32, dout (B, T, C), inp (B, T, 3C), att (B, NH, T, T)
-// Launch: grid B*NH, block 64 (a multiple of 32; threads beyond hs only
-// help with the t2 loops), dynamic shared memory 2 * T * 4 bytes.
-extern "C" __global__ void attention_backward_bf16(float* __restrict__ acc,
-                                                   const bf16_t* __restrict__ dout,
-                                                   const bf16_t* __restrict__ inp,
-                                                   const bf16_t* __restrict__ att, int B,
-                                                   int T, int C, int NH) {
-    extern __shared__ float sh[];
-    float* datt = sh;      // (T)
-    float* gpre = sh + T;  // (T): dpreatt * scale
-    __shared__ double red[32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-    const int b = blockIdx.x / NH, h = blockIdx.x % NH;
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const bf16_t* inp_b = inp + (long long)b * T * C3;
-    float* acc_b = acc + (long long)b * T * C3;
-    for (int ti = 0; ti < T; ti++) {
-        const bf16_t* att_row = att + (((long long)b * NH + h) * T + ti) * T;
-        const bf16_t* dout_h = dout + ((long long)b * T + ti) * C + h * hs;
-        // datt[t2] = value(t2) . dout_h, channels in order
-        for (int t2 = tid; t2 <= ti; t2 += blockDim.x) {
-            datt[t2] = dot_seq(inp_b + (long long)t2 * C3 + 2 * C + h * hs, dout_h, hs);
-        }
-        __syncthreads();
-        // dot = sum over t2 of att * datt, in double (a block tree)
-        double d = 0.0;
-        for (int t2 = tid; t2 <= ti; t2 += blockDim.x) {
-            d += (double)bf16_load(att_row[t2]) * (double)datt[t2];
-        }
-        d = warp_sum_d(d);
-        if (lane == 0) red[warp] = d;
-        __syncthreads();
-        d = 0.0;
-        for (int w = 0; w < warps; w++) d += red[w];
-        const float dot = (float)d;
-        for (int t2 = tid; t2 <= ti; t2 += blockDim.x) {
-            const float dp = __fmul_rn(bf16_load(att_row[t2]), __fadd_rn(datt[t2], -dot));
-            gpre[t2] = __fmul_rn(dp, scale);
-        }
-        __syncthreads();
-        for (int i = tid; i < hs; i += blockDim.x) {
-            const float g = bf16_load(dout_h[i]);
-            // dv[t2] += att * g
-            for (int t2 = 0; t2 <= ti; t2++) {
-                float* dv = acc_b + (long long)t2 * C3 + 2 * C + h * hs + i;
-                *dv = __fadd_rn(*dv, __fmul_rn(bf16_load(att_row[t2]), g));
-            }
-            // dq[ti] += k[t2] * g'; dk[t2] += q[ti] * g'
-            const float q = bf16_load(inp_b[(long long)ti * C3 + h * hs + i]);
-            float* dq = acc_b + (long long)ti * C3 + h * hs + i;
-            for (int t2 = 0; t2 <= ti; t2++) {
-                const float k = bf16_load(inp_b[(long long)t2 * C3 + C + h * hs + i]);
-                float* dk = acc_b + (long long)t2 * C3 + C + h * hs + i;
-                *dq = __fadd_rn(*dq, __fmul_rn(k, gpre[t2]));
-                *dk = __fadd_rn(*dk, __fmul_rn(q, gpre[t2]));
-            }
-        }
-        __syncthreads();  // datt, gpre and red are rewritten by the next row
+// attention_softmax_backward on bf16 rows (f32 arithmetic, one rounding).
+// Launch: one warp per row: block 256, grid ceil(B*NH*T / 8).
+extern "C" __global__ void attention_softmax_backward_bf16(bf16_t* __restrict__ dpreatt,
+                                                           const bf16_t* __restrict__ datt,
+                                                           const bf16_t* __restrict__ att,
+                                                           int BNH, int T, float scale) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (long long)BNH * T) return;
+    const int t = (int)(row % T);
+    const bf16_t* a = att + row * T;
+    const bf16_t* d = datt + row * T;
+    bf16_t* o = dpreatt + row * T;
+    float dot = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) dot += bf16_load(a[t2]) * bf16_load(d[t2]);
+    dot = warp_sum(dot);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        const float g = (t2 <= t) ? scale * (bf16_load(a[t2]) * (bf16_load(d[t2]) - dot)) : 0.0f;
+        o[t2] = bf16_store(g);
     }
 }

@@ -19,23 +19,24 @@
 //! - [`attention_forward_cuda`] leaves the masked (upper) triangle of
 //!   `preatt` as the full `q·kᵀ` product wrote it, where the CPU writes 0;
 //!   `att` is 0 there on both. Nothing reads that triangle.
-//! - bf16 storage on CUDA (compiled under NVRTC, never yet run on a GPU) is
-//!   not the cuBLAS formulation: direct loops in the CPU's order with every
-//!   intermediate in `f32` (`attention_forward_bf16`, one warp per query
-//!   row; `attention_backward_bf16`, one block per head, adding into an
-//!   `f32` copy of `dinp` in the scratch that is rounded once at the end).
-//!   Slow; written to match the CPU first. `T` is limited by the shared
-//!   memory they use (about 6,000 positions for the backward pass). The
-//!   bf16 forward pass writes the masked triangle of `preatt` as 0, as the
-//!   CPU does.
+//! - bf16 storage on CUDA is the same cuBLAS formulation with bf16 operands
+//!   (`f32` accumulation, each product rounded once) and bf16 twins of the
+//!   permute and softmax kernels; `q`, `k`, `v` and the other head-sized
+//!   intermediates are bf16 in the first half of the `f32` scratch. The
+//!   softmax reads the scores as stored, rounded to bf16 (PyTorch's eager
+//!   bf16 attention does the same); the CPU's bf16 kernel keeps them in
+//!   `f32`. The two agree to bf16 tolerances, not bit for bit. (The first
+//!   bf16 kernels followed the CPU's loops bit for bit, one warp per query
+//!   row and one block per head for the backward pass: on an H200 they made
+//!   a GPT-2 124M step 20× slower than `f32`, 2026-11-26.)
 
-use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
+use braid::cuda::{Gemm, KernelArgs, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
-use super::cuda_common::{task_result, Check, Kernel, Launcher, Program};
+use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
-use super::storage::{Dtype, Storage};
+use super::storage::Storage;
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -48,10 +49,12 @@ pub(crate) static CUDA: Program = Program::new(
         "attention_unpermute_backward",
         "attention_softmax_forward",
         "attention_softmax_backward",
-        "attention_forward_bf16",
-        "attention_widen_bf16",
-        "attention_narrow_bf16",
-        "attention_backward_bf16",
+        "attention_permute_bf16",
+        "attention_permute_backward_bf16",
+        "attention_unpermute_bf16",
+        "attention_unpermute_backward_bf16",
+        "attention_softmax_forward_bf16",
+        "attention_softmax_backward_bf16",
     ],
 );
 static PERMUTE: Kernel = Kernel::new(&CUDA, 0);
@@ -60,10 +63,12 @@ static UNPERMUTE: Kernel = Kernel::new(&CUDA, 2);
 static UNPERMUTE_BACKWARD: Kernel = Kernel::new(&CUDA, 3);
 static SOFTMAX_FORWARD: Kernel = Kernel::new(&CUDA, 4);
 static SOFTMAX_BACKWARD: Kernel = Kernel::new(&CUDA, 5);
-static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 6);
-static WIDEN_BF16: Kernel = Kernel::new(&CUDA, 7);
-static NARROW_BF16: Kernel = Kernel::new(&CUDA, 8);
-static BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 9);
+static PERMUTE_BF16: Kernel = Kernel::new(&CUDA, 6);
+static PERMUTE_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 7);
+static UNPERMUTE_BF16: Kernel = Kernel::new(&CUDA, 8);
+static UNPERMUTE_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 9);
+static SOFTMAX_FORWARD_BF16: Kernel = Kernel::new(&CUDA, 10);
+static SOFTMAX_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 11);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -412,17 +417,14 @@ pub fn attention_forward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let (out, preatt, att, inp, scratch) =
         (out.ptr(), preatt.ptr(), att.ptr(), inp.ptr(), scratch.ptr());
-    if S::DTYPE == Dtype::Bf16 {
-        let shared = shared_bytes(&k, t, 1, 0)?;
-        // SAFETY: bf16 out, preatt, att and inp of the checked sizes.
-        return unsafe { forward_bf16(&l, [out, preatt, att, inp], dims, c, bnh, shared) };
-    }
-    let head = btc; // elements of one (B, NH, T, hs) tensor
+    // The scratch's head-sized parts hold `S` elements (bf16: the first half
+    // of the f32 scratch is used).
+    let head = (btc * std::mem::size_of::<S>()) as u64;
     let (q, kk, v, vaccum) = (
         scratch,
-        scratch + 4 * head as u64,
-        scratch + 8 * head as u64,
-        scratch + 12 * head as u64,
+        scratch + head,
+        scratch + 2 * head,
+        scratch + 3 * head,
     );
     let [bi, ti, nhi, hsi] = dims;
     let (s_tt, s_ths) = (tt as i64, (t * hs) as i64);
@@ -437,29 +439,32 @@ pub fn attention_forward_cuda<S: Storage>(
         .i32(ti)
         .i32(nhi)
         .i32(hsi);
-    // SAFETY: attention_permute(float* q, float* k, float* v, const float*
-    // inp, int B, int T, int NH, int hs); q, k, v are disjoint head-sized
-    // parts of the scratch, inp is (B, T, 3C) (checked).
-    unsafe { l.launch(&PERMUTE, l.linear(head, 256)?, &a)? };
+    // SAFETY: attention_permute[_bf16](S* q, S* k, S* v, const S* inp, int
+    // B, int T, int NH, int hs); q, k, v are disjoint head-sized parts of
+    // the scratch, inp is (B, T, 3C) (checked).
+    let permute = by_dtype::<S>(&PERMUTE, &PERMUTE_BF16);
+    unsafe { l.launch(permute, l.linear(btc, 256)?, &a)? };
     // preatt = scale · q · kᵀ, per head.
     let g = Gemm::new(Transpose::N, Transpose::T, t, t, hs).scaled(scale, 0.0);
     // SAFETY: B·NH entries: q, k (T, hs) at stride T·hs, preatt (T, T) at
     // stride T·T, all inside their checked slices.
-    unsafe { l.gemm_batched(&g, q, s_ths, kk, s_ths, preatt, s_tt, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, q, s_ths, kk, s_ths, preatt, s_tt, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(att).ptr(preatt).i32(bnh as i32).i32(ti).f32(1.0);
-    // SAFETY: attention_softmax_forward(float* att, const float* preatt, int
+    // SAFETY: attention_softmax_forward[_bf16](S* att, const S* preatt, int
     // BNH, int T, float scale); both (B·NH·T, T) (checked).
-    unsafe { l.launch(&SOFTMAX_FORWARD, l.warp_rows(bnh * t)?, &a)? };
+    let softmax = by_dtype::<S>(&SOFTMAX_FORWARD, &SOFTMAX_FORWARD_BF16);
+    unsafe { l.launch(softmax, l.warp_rows(bnh * t)?, &a)? };
     // vaccum = att · v, per head.
     let g = Gemm::new(Transpose::N, Transpose::N, t, hs, t);
     // SAFETY: att (T, T) at stride T·T, v and vaccum (T, hs) at stride T·hs.
-    unsafe { l.gemm_batched(&g, att, s_tt, v, s_ths, vaccum, s_ths, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, att, s_tt, v, s_ths, vaccum, s_ths, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(out).ptr(vaccum).i32(bi).i32(ti).i32(nhi).i32(hsi);
-    // SAFETY: attention_unpermute(float* out, const float* vaccum, int B, int
+    // SAFETY: attention_unpermute[_bf16](S* out, const S* vaccum, int B, int
     // T, int NH, int hs); out (B, T, C), vaccum head-sized (checked).
-    unsafe { l.launch(&UNPERMUTE, l.linear(head, 256)?, &a) }
+    let unpermute = by_dtype::<S>(&UNPERMUTE, &UNPERMUTE_BF16);
+    unsafe { l.launch(unpermute, l.linear(btc, 256)?, &a) }
 }
 
 /// [`attention_backward`] on the task's stream: accumulates into `dinp`.
@@ -499,24 +504,8 @@ pub fn attention_backward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let (dinp, dout, inp, att, scratch) =
         (dinp.ptr(), dout.ptr(), inp.ptr(), att.ptr(), scratch.ptr());
-    if S::DTYPE == Dtype::Bf16 {
-        let shared = shared_bytes(&k, t, 2, 256)?;
-        let n3 = k.mul(btc, 3)?;
-        // SAFETY: bf16 dinp, dout, inp, att of the checked sizes; the f32
-        // scratch holds at least 3·B·T·C floats (6·B·T·C + …, checked).
-        return unsafe {
-            backward_bf16(
-                &l,
-                [dinp, dout, inp, att, scratch],
-                dims,
-                c,
-                bnh,
-                n3,
-                shared,
-            )
-        };
-    }
-    let head = 4 * btc as u64; // bytes of one (B, NH, T, hs) tensor
+    // The scratch holds `S` elements (bf16: its first half is used).
+    let head = (btc * std::mem::size_of::<S>()) as u64; // bytes of one (B, NH, T, hs) tensor
     let (q, kk, v, dvaccum, dk, dv) = (
         scratch,
         scratch + head,
@@ -527,7 +516,7 @@ pub fn attention_backward_cuda<S: Storage>(
     );
     let dq = dvaccum; // dvaccum is consumed before dq is written
     let datt = scratch + 6 * head;
-    let dpreatt = datt + 4 * att_len as u64;
+    let dpreatt = datt + (att_len * std::mem::size_of::<S>()) as u64;
     let [bi, ti, nhi, hsi] = dims;
     let (s_tt, s_ths) = (tt as i64, (t * hs) as i64);
     let scale = 1.0 / (hs as f32).sqrt();
@@ -542,22 +531,23 @@ pub fn attention_backward_cuda<S: Storage>(
         .i32(ti)
         .i32(nhi)
         .i32(hsi);
-    // SAFETY: attention_permute as in the forward pass; q, k, v are disjoint
-    // head-sized parts of the checked scratch.
-    unsafe { l.launch(&PERMUTE, lin, &a)? };
+    // SAFETY: attention_permute[_bf16] as in the forward pass; q, k, v are
+    // disjoint head-sized parts of the checked scratch.
+    unsafe { l.launch(by_dtype::<S>(&PERMUTE, &PERMUTE_BF16), lin, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dvaccum).ptr(dout).i32(bi).i32(ti).i32(nhi).i32(hsi);
     // SAFETY: attention_unpermute_backward(float* dvaccum, const float* dout,
     // int B, int T, int NH, int hs); dout (B, T, C), dvaccum head-sized.
-    unsafe { l.launch(&UNPERMUTE_BACKWARD, lin, &a)? };
+    let unpermute = by_dtype::<S>(&UNPERMUTE_BACKWARD, &UNPERMUTE_BACKWARD_BF16);
+    unsafe { l.launch(unpermute, lin, &a)? };
     // datt = dvaccum · vᵀ
     let g = Gemm::new(Transpose::N, Transpose::T, t, t, hs);
     // SAFETY: B·NH entries of (T, hs), (T, hs) -> (T, T) inside the scratch.
-    unsafe { l.gemm_batched(&g, dvaccum, s_ths, v, s_ths, datt, s_tt, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, dvaccum, s_ths, v, s_ths, datt, s_tt, bnh)? };
     // dv = attᵀ · dvaccum
     let g = Gemm::new(Transpose::T, Transpose::N, t, hs, t);
     // SAFETY: B·NH entries of (T, T)ᵀ, (T, hs) -> (T, hs); att is checked.
-    unsafe { l.gemm_batched(&g, att, s_tt, dvaccum, s_ths, dv, s_ths, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, att, s_tt, dvaccum, s_ths, dv, s_ths, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(dpreatt)
         .ptr(datt)
@@ -568,15 +558,16 @@ pub fn attention_backward_cuda<S: Storage>(
     // SAFETY: attention_softmax_backward(float* dpreatt, const float* datt,
     // const float* att, int BNH, int T, float scale); all (B·NH·T, T), the
     // first two disjoint parts of the scratch.
-    unsafe { l.launch(&SOFTMAX_BACKWARD, l.warp_rows(bnh * t)?, &a)? };
+    let softmax = by_dtype::<S>(&SOFTMAX_BACKWARD, &SOFTMAX_BACKWARD_BF16);
+    unsafe { l.launch(softmax, l.warp_rows(bnh * t)?, &a)? };
     // dq = dpreatt · k (over dvaccum, which dv above was its last reader)
     let g = Gemm::new(Transpose::N, Transpose::N, t, hs, t);
     // SAFETY: B·NH entries of (T, T), (T, hs) -> (T, hs) inside the scratch.
-    unsafe { l.gemm_batched(&g, dpreatt, s_tt, kk, s_ths, dq, s_ths, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, dpreatt, s_tt, kk, s_ths, dq, s_ths, bnh)? };
     // dk = dpreattᵀ · q
     let g = Gemm::new(Transpose::T, Transpose::N, t, hs, t);
     // SAFETY: as above.
-    unsafe { l.gemm_batched(&g, dpreatt, s_tt, q, s_ths, dk, s_ths, bnh)? };
+    unsafe { l.gemm_batched_as::<S>(&g, dpreatt, s_tt, q, s_ths, dk, s_ths, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(dinp)
         .ptr(dq)
@@ -589,106 +580,13 @@ pub fn attention_backward_cuda<S: Storage>(
     // SAFETY: attention_permute_backward(float* dinp, const float* dq, const
     // float* dk, const float* dv, int B, int T, int NH, int hs); dinp is
     // (B, T, 3C) (checked), dq, dk, dv head-sized parts of the scratch.
-    unsafe { l.launch(&PERMUTE_BACKWARD, lin, &a) }
-}
-
-/// Dynamic shared memory of a bf16 kernel: `rows` rows of `T` floats, with
-/// `fixed` bytes of static shared memory beside them, within the 48 KiB a
-/// block gets without opting in.
-fn shared_bytes(k: &Check, t: usize, rows: usize, fixed: usize) -> Result<u32> {
-    let bytes = k.mul(k.mul(t, rows)?, 4)?;
-    if bytes + fixed > 48 * 1024 {
-        return Err(k.err(format!(
-            "T = {t} needs {bytes} bytes of shared memory; the bf16 kernel has at most {}",
-            48 * 1024 - fixed
-        )));
+    unsafe {
+        l.launch(
+            by_dtype::<S>(&PERMUTE_BACKWARD, &PERMUTE_BACKWARD_BF16),
+            lin,
+            &a,
+        )
     }
-    Ok(bytes as u32)
-}
-
-/// The bf16 forward pass: `attention_forward_bf16`, one warp per query row.
-///
-/// # Safety
-/// `ptrs` = bf16 `out (B, T, C)`, `preatt`, `att (B, NH, T, T)`, `inp (B,
-/// T, 3C)` of the sizes `dims` = `[B, T, NH, hs]` and `c` describe.
-unsafe fn forward_bf16(
-    l: &Launcher<'_>,
-    ptrs: [u64; 4],
-    dims: [i32; 4],
-    c: usize,
-    bnh: usize,
-    shared: u32,
-) -> Result<()> {
-    let [out, preatt, att, inp] = ptrs;
-    let [bi, ti, nhi, _] = dims;
-    let mut a = KernelArgs::new();
-    a.ptr(out)
-        .ptr(preatt)
-        .ptr(att)
-        .ptr(inp)
-        .i32(bi)
-        .i32(ti)
-        .i32(c as i32)
-        .i32(nhi);
-    let cfg = LaunchConfig {
-        grid: (l.grid(bnh * ti as usize)?, 1, 1),
-        block: (32, 1, 1),
-        shared_mem_bytes: shared,
-    };
-    // SAFETY: attention_forward_bf16(bf16* out, bf16* preatt, bf16* att,
-    // const bf16* inp, int B, int T, int C, int NH) over B·NH·T rows; the
-    // caller's contract gives the sizes.
-    unsafe { l.launch(&FORWARD_BF16, cfg, &a) }
-}
-
-/// The bf16 backward pass: `dinp` widened into the f32 scratch, every
-/// head's contributions added there (`attention_backward_bf16`, one block
-/// per head), and rounded back into `dinp` once.
-///
-/// # Safety
-/// `ptrs` = bf16 `dinp (B, T, 3C)`, `dout (B, T, C)`, `inp (B, T, 3C)`,
-/// `att (B, NH, T, T)` and an f32 scratch of at least `n3 = 3·B·T·C`
-/// floats, of the sizes `dims` = `[B, T, NH, hs]` and `c` describe.
-unsafe fn backward_bf16(
-    l: &Launcher<'_>,
-    ptrs: [u64; 5],
-    dims: [i32; 4],
-    c: usize,
-    bnh: usize,
-    n3: usize,
-    shared: u32,
-) -> Result<()> {
-    let [dinp, dout, inp, att, acc] = ptrs;
-    let [bi, ti, nhi, _] = dims;
-    let lin = l.linear(n3, 256)?;
-    let mut a = KernelArgs::new();
-    a.ptr(acc).ptr(dinp).i64(n3 as i64);
-    // SAFETY: attention_widen_bf16(float* acc, const bf16* x, long long N);
-    // acc and dinp hold n3 elements (the caller's contract).
-    unsafe { l.launch(&WIDEN_BF16, lin, &a)? };
-    let mut a = KernelArgs::new();
-    a.ptr(acc)
-        .ptr(dout)
-        .ptr(inp)
-        .ptr(att)
-        .i32(bi)
-        .i32(ti)
-        .i32(c as i32)
-        .i32(nhi);
-    let cfg = LaunchConfig {
-        grid: (l.grid(bnh)?, 1, 1),
-        block: (64, 1, 1),
-        shared_mem_bytes: shared,
-    };
-    // SAFETY: attention_backward_bf16(float* acc, const bf16* dout, const
-    // bf16* inp, const bf16* att, int B, int T, int C, int NH), one block per
-    // (b, h); sizes as the caller's contract gives.
-    unsafe { l.launch(&BACKWARD_BF16, cfg, &a)? };
-    let mut a = KernelArgs::new();
-    a.ptr(dinp).ptr(acc).i64(n3 as i64);
-    // SAFETY: attention_narrow_bf16(bf16* x, const float* acc, long long N);
-    // both hold n3 elements.
-    unsafe { l.launch(&NARROW_BF16, lin, &a) }
 }
 
 #[cfg(test)]

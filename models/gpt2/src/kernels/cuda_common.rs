@@ -383,7 +383,7 @@ impl<'c> Launcher<'c> {
     /// Each of the `batch` entries `x + i·stride_x` addresses a matrix of the
     /// size `g` describes.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn gemm_batched(
+    pub(crate) unsafe fn gemm_batched_as<S: Storage>(
         &self,
         g: &Gemm,
         a: u64,
@@ -395,9 +395,19 @@ impl<'c> Launcher<'c> {
         batch: usize,
     ) -> Result<()> {
         let blas = self.cu.cublas()?;
-        // SAFETY: the caller's contract is `sgemm_strided_batched`'s.
-        unsafe { blas.sgemm_strided_batched(g, a, stride_a, b, stride_b, c, stride_c, batch) }
-            .map_err(|e| self.err(e))
+        let r = match S::DTYPE {
+            // SAFETY: the caller's contract is `sgemm_strided_batched`'s, on
+            // f32 matrices.
+            Dtype::F32 => unsafe {
+                blas.sgemm_strided_batched(g, a, stride_a, b, stride_b, c, stride_c, batch)
+            },
+            // SAFETY: the caller's contract is
+            // `gemm_bf16_strided_batched`'s, on bf16 matrices.
+            Dtype::Bf16 => unsafe {
+                blas.gemm_bf16_strided_batched(g, a, stride_a, b, stride_b, c, stride_c, batch)
+            },
+        };
+        r.map_err(|e| self.err(e))
     }
 }
 

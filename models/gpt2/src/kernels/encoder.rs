@@ -4,8 +4,7 @@
 //! kernels [`encoder_forward`] and [`encoder_backward`], their CUDA launchers
 //! [`encoder_forward_cuda`] and [`encoder_backward_cuda`], and `encoder.cu`.
 //! [`forward`] and [`backward`] have a CUDA body for bf16 storage too (the
-//! `*_bf16` kernels: compiled under NVRTC, never yet run on a GPU);
-//! [`backward_positions`] is CPU only.
+//! `*_bf16` kernels); [`backward_positions`] is CPU only.
 //!
 //! # Token ids
 //!
@@ -21,7 +20,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, submit_cpu, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -34,6 +33,7 @@ pub(crate) static CUDA: Program = Program::new(
         "encoder_forward_bf16",
         "encoder_backward_wpe_bf16",
         "encoder_backward_wte_bf16",
+        "encoder_backward_links",
     ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
@@ -42,6 +42,7 @@ static BACKWARD_WTE: Kernel = Kernel::new(&CUDA, 2);
 static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 static BACKWARD_WPE_BF16: Kernel = Kernel::new(&CUDA, 4);
 static BACKWARD_WTE_BF16: Kernel = Kernel::new(&CUDA, 5);
+static BACKWARD_LINKS: Kernel = Kernel::new(&CUDA, 6);
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -81,15 +82,22 @@ pub unsafe fn forward<'rt>(
 
 /// Submits `dwte[tokens] += dout; dwpe[:T] += Σ_b dout` as `task`.
 ///
+/// `links` is scratch of `B·T` `u32` (declared written on every backend, so
+/// the task graph is the same everywhere; the CPU body ignores it): the bf16
+/// CUDA body chains each token's positions there
+/// ([`encoder_backward_cuda`]).
+///
 /// # Safety
 /// As for [`forward`]: every id in `tokens` is below `V` (the rows of
 /// `dwte`) when the task runs.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn backward<'rt>(
     task: impl Into<Task<'rt>>,
     dwte: &View,   // (V, C) accumulated
     dwpe: &View,   // (maxT, C), maxT >= T, accumulated
     dout: &View,   // (B, T, C)
     tokens: &View, // (B, T) u32, each < V
+    links: &View,  // (B, T) u32 scratch
     b: usize,
     t: usize,
     c: usize,
@@ -101,11 +109,16 @@ pub unsafe fn backward<'rt>(
             dwpe.read_write::<S>(),
             dout.read::<S>(),
             tokens.read::<u32>(),
+            links.write::<u32>(),
         ),
-        move |(dwte, dwpe, dout, tokens)| encoder_backward(dwte, dwpe, dout, tokens, b, t, c),
-        move |(dwte, dwpe, dout, tokens), cu| {
+        move |(dwte, dwpe, dout, tokens, _links)| {
+            encoder_backward(dwte, dwpe, dout, tokens, b, t, c)
+        },
+        move |(dwte, dwpe, dout, tokens, links), cu| {
             // SAFETY: the ids are below V, this function's contract.
-            task_result(unsafe { encoder_backward_cuda(cu, dwte, dwpe, dout, tokens, b, t, c) })
+            task_result(unsafe {
+                encoder_backward_cuda(cu, dwte, dwpe, dout, tokens, links, b, t, c)
+            })
         },
     )
 }
@@ -265,19 +278,22 @@ const WTE_PARTS: u32 = 32;
 /// [`encoder_backward`] on the task's stream, summed in `(b, t)` order:
 /// bit-exact with the CPU. Only the first `T` rows of `dwpe` are touched.
 /// With bf16 storage every touched gradient element is loaded, gets all its
-/// contributions in `f32` and is rounded once, as on the CPU; the `dwte`
-/// kernel then scans the tokens once per distinct token it owns (work
-/// `O((B·T)² / 32)` per thread at worst).
+/// contributions in `f32` and is rounded once, as on the CPU: a first kernel
+/// links each position to the token's next one in `links` (`B·T` `u32`
+/// scratch), and the `dwte` kernel walks each token's chain from its first
+/// position (work `O(B·T)` per thread). `links` is unused with `f32`
+/// storage, where each contribution is added in place in `(b, t)` order.
 ///
 /// # Safety
 /// Every id in `tokens` must be below `V` (the rows of `dwte`): the kernel
 /// writes `dwte` at the ids it finds on the device.
 pub unsafe fn encoder_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dwte: DevSliceMut<S>,  // (V, C) accumulated
-    dwpe: DevSliceMut<S>,  // (maxT, C), maxT >= T, accumulated
-    dout: DevSlice<S>,     // (B, T, C)
-    tokens: DevSlice<u32>, // (B, T), each < V
+    dwte: DevSliceMut<S>,    // (V, C) accumulated
+    dwpe: DevSliceMut<S>,    // (maxT, C), maxT >= T, accumulated
+    dout: DevSlice<S>,       // (B, T, C)
+    tokens: DevSlice<u32>,   // (B, T), each < V
+    links: DevSliceMut<u32>, // (B, T) scratch
     b: usize,
     t: usize,
     c: usize,
@@ -291,6 +307,7 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
     k.rows("dwpe", &dwpe, "(maxT, C)", c, t)?;
     k.exact("dout", &dout, "(B, T, C)", btc)?;
     k.exact("tokens", &tokens, "(B, T)", bt)?;
+    k.exact("links", &links, "(B, T)", bt)?;
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dwpe.ptr()).ptr(dout.ptr()).i32(bi).i32(ti).i32(ci);
@@ -300,20 +317,26 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
     // and all of dout (checked).
     unsafe { l.launch(kernel, l.linear(t * c, 256)?, &a)? };
     let mut a = KernelArgs::new();
-    a.ptr(dwte.ptr())
-        .ptr(dout.ptr())
-        .ptr(tokens.ptr())
-        .i32(bti)
-        .i32(ci);
+    a.ptr(dwte.ptr()).ptr(dout.ptr()).ptr(tokens.ptr());
+    if S::DTYPE == Dtype::Bf16 {
+        let mut l_args = KernelArgs::new();
+        l_args.ptr(links.ptr()).ptr(tokens.ptr()).i32(bti);
+        // SAFETY: encoder_backward_links(uint* links, const uint* tokens, int
+        // BT); both hold B·T elements (checked).
+        unsafe { l.launch(&BACKWARD_LINKS, l.linear(bt, 256)?, &l_args)? };
+        a.ptr(links.ptr());
+    }
+    a.i32(bti).i32(ci);
     let cfg = LaunchConfig {
         grid: (l.grid(c.div_ceil(128))?, WTE_PARTS, 1),
         block: (128, 1, 1),
         shared_mem_bytes: 0,
     };
     let kernel = by_dtype::<S>(&BACKWARD_WTE, &BACKWARD_WTE_BF16);
-    // SAFETY: encoder_backward_wte[_bf16](S* dwte, const S* dout, const uint*
-    // tokens, int BT, int C), S the storage type of dwte and dout; dout and
-    // tokens hold B·T rows (checked); dwte rows are indexed by ids < V (the
-    // caller's contract).
+    // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const
+    // uint* tokens, int BT, int C), or encoder_backward_wte_bf16 with `const
+    // uint* links` after `tokens` (the chains the launch above wrote): dout,
+    // tokens and links hold B·T rows (checked); dwte rows are indexed by ids
+    // < V (the caller's contract).
     unsafe { l.launch(kernel, cfg, &a) }
 }

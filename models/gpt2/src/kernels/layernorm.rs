@@ -27,7 +27,7 @@
 //! are the residual gradients themselves, so they need no buffers of their
 //! own. Again bit for bit what the unfused tasks compute.
 
-use braid::cuda::KernelArgs;
+use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
@@ -618,10 +618,12 @@ fn backward_cuda<S: Storage>(
         .i32(ni)
         .i32(ci);
     let kernel = by_dtype::<S>(&BACKWARD_PARAMS, &BACKWARD_PARAMS_BF16);
+    // A block of 32 warps (LN_PARAMS_WARPS) per 32 channels.
+    let cfg = LaunchConfig::grid_block(l.grid(c.div_ceil(32))?, 32 * 32);
     // SAFETY: layernorm_backward_params[_bf16](S* dweight, S* dbias, const
     // S* dout, const S* inp, const float* mean, const float* rstd, int N, int
     // C), S the storage type of the first four, same sizes.
-    unsafe { l.launch(kernel, l.linear(c, 128)?, &a) }
+    unsafe { l.launch(kernel, cfg, &a) }
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@
 //! single-threaded), their CUDA launchers (cuBLAS for the products, `matmul.cu`
 //! for the bias). Rows are `n = B·T` positions. The three tasks have a CUDA
 //! body for bf16 storage too (cuBLAS `gemm_bf16` and the `*_bf16` bias
-//! kernels: compiled, never yet run on a GPU).
+//! kernels). There cuBLAS rounds each product to bf16 before adding what the
+//! output held (the bias, or the gradient accumulated so far), so a bf16
+//! CUDA result is rounded twice where the CPU's is rounded once: within a
+//! bf16 step of the product's magnitude (`tests/cuda_kernels.rs`).
 
 use braid::cuda::{Gemm, KernelArgs, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};

@@ -34,22 +34,21 @@
 //! | [`adamw`] | `update` | `adamw.cu` |
 //! | [`norm`] | `sum_squares`, `clip_factor`, `scale`, `scale_by` | `norm.cu` |
 //! | [`fill`] | `zero` | (a memset) |
-//! | [`flash_attention`] | `forward`, `backward` | `flash_attention.cu` (never yet run) |
-//! | [`fused_classifier`] | `losses`, `forward_backward` | `loss.cu` (never yet run) |
+//! | [`flash_attention`] | `forward`, `backward` | `flash_attention.cu` |
+//! | [`fused_classifier`] | `losses`, `forward_backward` | `loss.cu` |
 //!
 //! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
 //! [`Storage`](storage::Storage) element trait) and [`task`] the
 //! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
 //! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
 //! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,
-//! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`attention`] (direct
-//! loops), [`gelu`], [`residual`], [`loss`]
+//! [`layernorm`], [`matmul`] (cuBLAS bf16 products), [`attention`] (cuBLAS
+//! bf16 products), [`gelu`], [`residual`], [`loss`]
 //! `softmax`/`softmax_crossentropy`/`backward`, [`norm`]
 //! `sum_squares`/`scale`/`scale_by`, [`adamw`] `update_mixed`, and the fused
-//! [`flash_attention`] and [`fused_classifier`] in both dtypes; compiled,
-//! never yet run on a GPU; [`fill`] zeroes bytes, any dtype, on both
-//! backends). The model still
-//! refuses bf16 off the CPU until these kernels have run on a GPU. The bf16
+//! [`flash_attention`] and [`fused_classifier`] in both dtypes; first run
+//! on a GPU on 2026-11-26, docs/gpu-validation.md; [`fill`] zeroes bytes,
+//! any dtype, on both backends). The bf16
 //! kernels share `bf16.cuh`'s load/store helpers through `#include
 //! "bf16.cuh"`: NVRTC reads no files, so the header goes with every program
 //! ([`kernel_headers`]).

@@ -375,6 +375,7 @@ impl Gpt2Model {
                 &g.wpe,
                 &da.encoded,
                 &tokens,
+                &self.links.whole(),
                 b,
                 t,
                 c,

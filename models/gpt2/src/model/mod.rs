@@ -260,9 +260,8 @@ pub struct ModelOptions {
     /// no projection-output gradients) and the GELU outputs recomputed in
     /// the backward pass (a ring of
     /// [`GELU_RING`](crate::reference::GELU_RING) slots instead of one
-    /// `(B, T, 4C)` buffer per block). CPU only for now: the CUDA kernels
-    /// exist but have never run, and [`Gpt2Model::with_options`] refuses
-    /// another backend. Off by default. The results agree with the unfused
+    /// `(B, T, 4C)` buffer per block). Every fused kernel has a CUDA body
+    /// too (docs/gpu-validation.md records where they ran). Off by default. The results agree with the unfused
     /// path to float tolerance, not bit for bit.
     ///
     /// In fused mode [`Gpt2Model::read_probs`] is empty, a forward pass
@@ -277,8 +276,8 @@ pub struct ModelOptions {
     /// `f64`) and rounding once as it stores; layer-norm statistics and
     /// losses stay `f32`; the model keeps `f32` master weights
     /// ([`Gpt2Model::master`]) that the optimizer updates and rounds into the
-    /// bf16 parameters. CPU only for now: there are no bf16 CUDA kernels yet,
-    /// and [`Gpt2Model::with_options`] refuses another backend.
+    /// bf16 parameters. Every kernel has a bf16 CUDA body (cuBLAS products
+    /// with `f32` accumulation).
     pub dtype: Dtype,
 }
 
@@ -306,6 +305,9 @@ pub struct Gpt2Model {
     att_scratch_fwd: View,
     /// The prefix of the same buffer the attention backward task declares.
     att_scratch_bwd: View,
+    /// `B·T` `u32` of scratch for the encoder backward task (the bf16 CUDA
+    /// kernel chains each token's positions there).
+    links: Buffer,
     p: Params<View>,
     g: Params<View>,
     ids: Params<usize>,
@@ -355,26 +357,6 @@ impl Gpt2Model {
         opts: ModelOptions,
     ) -> Result<Self> {
         cfg.validate()?;
-        if opts.fused && rt.backend_name() != "cpu" {
-            return Err(Gpt2Error::InvalidSetting {
-                what: "fused kernels",
-                reason: format!(
-                    "they run on the CPU only (no {} kernels yet)",
-                    rt.backend_name()
-                ),
-            });
-        }
-        if opts.dtype != Dtype::F32 && rt.backend_name() != "cpu" {
-            return Err(Gpt2Error::InvalidSetting {
-                what: "dtype",
-                reason: format!(
-                    "{} runs on the CPU only for now (its {} kernels compile but have not \
-                     been checked on a device yet, docs/gpu-validation.md); use --dtype fp32",
-                    opts.dtype,
-                    rt.backend_name()
-                ),
-            });
-        }
         if b == 0 {
             return Err(Gpt2Error::InvalidSetting {
                 what: "batch size",
@@ -405,6 +387,7 @@ impl Gpt2Model {
         let acts = rt.alloc("acts", al.total * es)?;
         let dacts = rt.alloc("dacts", gl.total * es)?;
         let tokens = rt.alloc("tokens", b * t * 4)?;
+        let links = rt.alloc("token links", b * t * 4)?;
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
@@ -443,6 +426,7 @@ impl Gpt2Model {
             loss,
             att_scratch_fwd,
             att_scratch_bwd,
+            links,
             groups,
             has_targets: false,
             split_tied: false,

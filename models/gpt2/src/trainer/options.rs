@@ -90,8 +90,7 @@ pub struct TrainOptions {
     /// (ignored otherwise). On by default.
     pub tied_split: bool,
     /// Run the model with the fused attention and fused classifier
-    /// ([`ModelOptions::fused`](crate::model::ModelOptions)): CPU ranks only,
-    /// off by default.
+    /// ([`ModelOptions::fused`](crate::model::ModelOptions)), off by default.
     pub fused: bool,
     /// The run's priority class among the Braid programs of the process
     /// (default: normal; `best-effort` trains in the cycles a
@@ -107,9 +106,8 @@ pub struct TrainOptions {
     /// The storage type of parameters, gradients and activations
     /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
     /// default; bf16 (mixed precision, `f32` master weights and moments,
-    /// gradient buckets all-reduced in bf16) runs on CPU ranks only for now
-    /// (its CUDA kernels compile but have not run on a GPU), with the tied
-    /// embedding's gradient reduced as one (`tied_split` is ignored).
+    /// gradient buckets all-reduced in bf16), with the tied embedding's
+    /// gradient reduced as one (`tied_split` is ignored).
     pub dtype: Dtype,
     /// A placement file (docs/scopes.md) every rank's runtime is built with:
     /// it places the model's scopes (`forward/layer{l}`, `backward/layer{l}`,
@@ -229,17 +227,6 @@ impl TrainOptions {
                     "compression",
                     format!(
                         "{} gradients travel in bf16 already: drop --compression bf16",
-                        self.dtype
-                    ),
-                );
-            }
-            if matches!(self.backend, BackendKind::Cuda { .. }) {
-                return bad(
-                    "dtype",
-                    format!(
-                        "{} runs on the CPU only for now (its CUDA kernels compile but have \
-                         not been checked on a GPU yet, docs/gpu-validation.md): use --dtype \
-                         fp32 on a GPU",
                         self.dtype
                     ),
                 );
