@@ -36,10 +36,10 @@
 //! [`CublasHandle::gemm_bf16`] and [`CublasHandle::gemm_bf16_strided_batched`]
 //! take bfloat16 `A`, `B` and `C` (`cublasGemmEx` with `CUDA_R_16BF`) and
 //! accumulate in FP32 (`CUBLAS_COMPUTE_32F`, `alpha`/`beta` as `f32`): `C` is
-//! read (when `beta ≠ 0`), the product added in FP32 and the result rounded
-//! to bf16 once. cuBLAS picks the summation order (tensor cores), so a bf16
-//! product is not bit-identical with a CPU one. These two have compiled but
-//! never run on a GPU.
+//! read (when `beta ≠ 0`). cuBLAS picks the summation order (tensor cores),
+//! and with `beta ≠ 0` it rounds the product to bf16 before adding `beta·C`
+//! (seen with cuBLAS 13.0 on an H200), so a bf16 product is not
+//! bit-identical with a CPU one.
 
 use std::sync::Mutex;
 

@@ -25,8 +25,8 @@ use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::model::{Dtype, Sampler};
 use braid_gpt2::trainer::{
-    evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
-    TrainOptions,
+    evaluate, model_runtime, resolve_backend, resolve_train_backend, train, DistEnv, StartState,
+    StepReport, TrainOptions,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
 use clap::{Args, Parser, Subcommand};
@@ -148,12 +148,15 @@ struct TrainArgs {
     /// once and replaying it.
     #[arg(long)]
     no_replay: bool,
-    /// Replay the recorded step as a CUDA graph: one launch per step
-    /// (one rank; a step with collectives replays as before). On the CPU
-    /// each replay runs in order on one stream thread. Not yet validated
-    /// on a GPU, hence opt-in.
-    #[arg(long, conflicts_with = "no_replay")]
+    /// Replay the recorded step as a CUDA graph: one launch per step (a
+    /// step with collectives, i.e. more than one rank, replays as before).
+    /// On by default for one GPU rank; on the CPU (where it must be asked
+    /// for) each replay runs in order on one stream thread.
+    #[arg(long, conflicts_with_all = ["no_replay", "no_graphs"])]
     graphs: bool,
+    /// Replay the recorded step kernel by kernel, not as a CUDA graph.
+    #[arg(long)]
+    no_graphs: bool,
     /// A placement file (TOML, docs/scopes.md) mapping the model's scopes
     /// (forward/layer3, backward/layer*, optimizer, ...) to streams,
     /// priorities, policies and bundles; e.g. docs/placement.example.toml.
@@ -191,8 +194,9 @@ struct TrainArgs {
     comm_timeout: f64,
     /// Storage type of parameters, gradients and activations: fp32, or bf16
     /// (mixed precision: f32 master weights, moments and accumulation).
-    #[arg(long, default_value = "fp32")]
-    dtype: Dtype,
+    /// Default: bf16 on GPUs, fp32 on CPU ranks.
+    #[arg(long)]
+    dtype: Option<Dtype>,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
     /// that never returns) in the middle of STEP (for tests of how the other
     /// ranks stop; not for training).
@@ -245,9 +249,10 @@ struct EvalArgs {
     /// Compute streams.
     #[arg(long, default_value_t = 2)]
     streams: usize,
-    /// Storage type of the model: fp32, or bf16.
-    #[arg(long, default_value = "fp32")]
-    dtype: Dtype,
+    /// Storage type of the model: fp32, or bf16. Default: bf16 on a GPU,
+    /// fp32 on the CPU.
+    #[arg(long)]
+    dtype: Option<Dtype>,
 }
 
 #[derive(Debug, Args)]
@@ -274,9 +279,19 @@ struct SampleArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
-    /// Storage type of the model: fp32, or bf16.
-    #[arg(long, default_value = "fp32")]
-    dtype: Dtype,
+    /// Storage type of the model: fp32, or bf16. Default: bf16 on a GPU,
+    /// fp32 on the CPU.
+    #[arg(long)]
+    dtype: Option<Dtype>,
+}
+
+/// The storage type when `--dtype` is not given: bf16 on a GPU (mixed
+/// precision, as PyTorch's autocast and llm.c train), fp32 on the CPU.
+fn device_dtype(device: BackendKind) -> Dtype {
+    match device {
+        BackendKind::Cuda { .. } => Dtype::Bf16,
+        _ => Dtype::F32,
+    }
 }
 
 fn parse_device(s: &str) -> std::result::Result<BackendKind, String> {
@@ -461,7 +476,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         Ok(Duration::from_secs_f64(x))
     };
-    let opts = TrainOptions {
+    let mut opts = TrainOptions {
         model: cfg,
         batch_size: a.batch_size,
         seq_len: a.seq_len,
@@ -501,7 +516,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         class: a.class,
         fused: a.fused,
         zero: a.zero,
-        dtype: a.dtype,
+        dtype: a.dtype.unwrap_or(Dtype::F32),
         placement: a
             .placement
             .as_ref()
@@ -515,6 +530,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         BackendKind::Cuda { .. } => DistEnv::launched()?,
         _ => None,
     };
+    // The GPU defaults: bf16, and one rank's step replayed as a CUDA graph.
+    let on_gpu = matches!(device, BackendKind::Cuda { .. });
+    opts.dtype = a.dtype.unwrap_or(device_dtype(device));
+    let world = dist.as_ref().map_or(a.ranks, |d| d.world_size);
+    opts.graphs = a.graphs || (on_gpu && world == 1 && !a.no_graphs && !a.no_replay);
     let device_name = match (device, &dist) {
         (BackendKind::Cuda { .. }, Some(d)) => format!(
             "cuda:{} (torchrun rank {} of {})",
@@ -526,12 +546,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (BackendKind::Cuda { device }, None) => format!("cuda:{device}"),
         _ => "cpu".into(),
     };
-    let ranks = dist.as_ref().map_or(a.ranks, |d| d.world_size);
+    let ranks = world;
 
     // 2. Train.
     eprintln!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
-         x {} tokens per rank, {} stream(s) per rank, {} placement, steps {}..={}",
+         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, steps {}..={}",
         a.model
             .as_deref()
             .unwrap_or(if a.init_from.is_some() || a.resume {
@@ -547,6 +567,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         a.seq_len,
         a.streams,
         a.policy,
+        opts.dtype,
+        if opts.graphs {
+            ", CUDA graph replay"
+        } else {
+            ""
+        },
         start.step + 1,
         a.steps
     );
@@ -611,7 +637,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         a.seq_len,
         a.batch_size,
-        a.dtype,
+        a.dtype.unwrap_or(device_dtype(resolve_backend(a.device)?)),
         |i, n| {
             if i == n || i % 50 == 0 {
                 eprintln!("batch {i}/{n}");
@@ -660,7 +686,8 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     })?;
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
     let window = (context.len() + a.tokens).min(cfg.max_seq_len);
-    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, a.dtype)?;
+    let dtype = a.dtype.unwrap_or(device_dtype(resolve_backend(a.device)?));
+    let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, dtype)?;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", a.prompt)?;

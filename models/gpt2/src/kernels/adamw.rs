@@ -5,8 +5,7 @@
 //! [`adamw_update`], its CUDA launcher [`adamw_update_cuda`] and `adamw.cu`.
 //! The clip factor it may apply comes from [`super::norm`]. The mixed-precision
 //! task [`update_mixed`] has a CUDA body for `f32` and bf16 storage
-//! ([`adamw_update_mixed_cuda`], `adamw_update_mixed_{f32,bf16}`: compiled
-//! under NVRTC, never yet run on a GPU).
+//! ([`adamw_update_mixed_cuda`], `adamw_update_mixed_{f32,bf16}`).
 //!
 //! **Step scalars.** An update's per-step values (`lr / (1 − beta1^t)`,
 //! `sqrt(1 − beta2^t)`, `1 − lr·weight_decay`) come from the step number at

@@ -439,10 +439,10 @@ pub fn attention_forward_cuda<S: Storage>(
         .i32(ti)
         .i32(nhi)
         .i32(hsi);
+    let permute = by_dtype::<S>(&PERMUTE, &PERMUTE_BF16);
     // SAFETY: attention_permute[_bf16](S* q, S* k, S* v, const S* inp, int
     // B, int T, int NH, int hs); q, k, v are disjoint head-sized parts of
     // the scratch, inp is (B, T, 3C) (checked).
-    let permute = by_dtype::<S>(&PERMUTE, &PERMUTE_BF16);
     unsafe { l.launch(permute, l.linear(btc, 256)?, &a)? };
     // preatt = scale · q · kᵀ, per head.
     let g = Gemm::new(Transpose::N, Transpose::T, t, t, hs).scaled(scale, 0.0);
@@ -451,9 +451,9 @@ pub fn attention_forward_cuda<S: Storage>(
     unsafe { l.gemm_batched_as::<S>(&g, q, s_ths, kk, s_ths, preatt, s_tt, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(att).ptr(preatt).i32(bnh as i32).i32(ti).f32(1.0);
+    let softmax = by_dtype::<S>(&SOFTMAX_FORWARD, &SOFTMAX_FORWARD_BF16);
     // SAFETY: attention_softmax_forward[_bf16](S* att, const S* preatt, int
     // BNH, int T, float scale); both (B·NH·T, T) (checked).
-    let softmax = by_dtype::<S>(&SOFTMAX_FORWARD, &SOFTMAX_FORWARD_BF16);
     unsafe { l.launch(softmax, l.warp_rows(bnh * t)?, &a)? };
     // vaccum = att · v, per head.
     let g = Gemm::new(Transpose::N, Transpose::N, t, hs, t);
@@ -461,9 +461,9 @@ pub fn attention_forward_cuda<S: Storage>(
     unsafe { l.gemm_batched_as::<S>(&g, att, s_tt, v, s_ths, vaccum, s_ths, bnh)? };
     let mut a = KernelArgs::new();
     a.ptr(out).ptr(vaccum).i32(bi).i32(ti).i32(nhi).i32(hsi);
+    let unpermute = by_dtype::<S>(&UNPERMUTE, &UNPERMUTE_BF16);
     // SAFETY: attention_unpermute[_bf16](S* out, const S* vaccum, int B, int
     // T, int NH, int hs); out (B, T, C), vaccum head-sized (checked).
-    let unpermute = by_dtype::<S>(&UNPERMUTE, &UNPERMUTE_BF16);
     unsafe { l.launch(unpermute, l.linear(btc, 256)?, &a) }
 }
 
@@ -536,9 +536,9 @@ pub fn attention_backward_cuda<S: Storage>(
     unsafe { l.launch(by_dtype::<S>(&PERMUTE, &PERMUTE_BF16), lin, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dvaccum).ptr(dout).i32(bi).i32(ti).i32(nhi).i32(hsi);
+    let unpermute = by_dtype::<S>(&UNPERMUTE_BACKWARD, &UNPERMUTE_BACKWARD_BF16);
     // SAFETY: attention_unpermute_backward(float* dvaccum, const float* dout,
     // int B, int T, int NH, int hs); dout (B, T, C), dvaccum head-sized.
-    let unpermute = by_dtype::<S>(&UNPERMUTE_BACKWARD, &UNPERMUTE_BACKWARD_BF16);
     unsafe { l.launch(unpermute, lin, &a)? };
     // datt = dvaccum · vᵀ
     let g = Gemm::new(Transpose::N, Transpose::T, t, t, hs);
@@ -555,10 +555,10 @@ pub fn attention_backward_cuda<S: Storage>(
         .i32(bnh as i32)
         .i32(ti)
         .f32(scale);
+    let softmax = by_dtype::<S>(&SOFTMAX_BACKWARD, &SOFTMAX_BACKWARD_BF16);
     // SAFETY: attention_softmax_backward(float* dpreatt, const float* datt,
     // const float* att, int BNH, int T, float scale); all (B·NH·T, T), the
     // first two disjoint parts of the scratch.
-    let softmax = by_dtype::<S>(&SOFTMAX_BACKWARD, &SOFTMAX_BACKWARD_BF16);
     unsafe { l.launch(softmax, l.warp_rows(bnh * t)?, &a)? };
     // dq = dpreatt · k (over dvaccum, which dv above was its last reader)
     let g = Gemm::new(Transpose::N, Transpose::N, t, hs, t);

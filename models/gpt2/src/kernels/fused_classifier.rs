@@ -52,9 +52,7 @@
 //! exponential is [`fastmath::exp`](super::fastmath::exp)): agreement to
 //! float tolerance, not bit for bit. A target not below
 //! `V` gives a NaN loss on CUDA (the CPU kernel panics); nothing is read
-//! outside the row. Compiled under NVRTC; not yet run on a GPU, so
-//! [`ModelOptions::fused`](crate::model::ModelOptions::fused) is still
-//! refused off the CPU.
+//! outside the row. Checked on an H200 (docs/gpu-validation.md, run 5).
 
 use braid::cuda::KernelArgs;
 use braid::cuda::LaunchConfig;

@@ -5,8 +5,7 @@
 //! kernels [`gelu_forward`] and [`gelu_backward`], their CUDA launchers
 //! [`gelu_forward_cuda`] and [`gelu_backward_cuda`], and `gelu.cu` (same
 //! constants, same order of operations). Both tasks have a CUDA body for
-//! bf16 storage too (`gelu_forward_bf16`, `gelu_backward_bf16`: compiled
-//! under NVRTC, never yet run on a GPU).
+//! bf16 storage too (`gelu_forward_bf16`, `gelu_backward_bf16`).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};

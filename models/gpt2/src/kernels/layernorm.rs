@@ -4,8 +4,7 @@
 //! kernels [`layernorm_forward`] and [`layernorm_backward`], their CUDA
 //! launchers [`layernorm_forward_cuda`] and [`layernorm_backward_cuda`], and
 //! `layernorm.cu`. Rows are `n = B·T` positions of `c` channels. Both tasks
-//! have a CUDA body for bf16 storage too (the `*_bf16` kernels: compiled
-//! under NVRTC, never yet run on a GPU).
+//! have a CUDA body for bf16 storage too (the `*_bf16` kernels).
 //!
 //! # Fused with the residual connection
 //!

@@ -9,8 +9,7 @@
 //! vocabulary of `v`.
 //!
 //! [`softmax`], [`softmax_crossentropy`] and [`backward`] have a CUDA body
-//! for bf16 `probs`/`logits`/`dlogits` too (the `*_bf16` kernels: compiled
-//! under NVRTC, never yet run on a GPU); losses stay `f32`, and a loss is
+//! for bf16 `probs`/`logits`/`dlogits` too (the `*_bf16` kernels); losses stay `f32`, and a loss is
 //! computed from the target's `f32` probability before it is rounded, as on
 //! the CPU.
 //!

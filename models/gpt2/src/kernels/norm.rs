@@ -9,8 +9,7 @@
 //! memory ([`grad_norm_sq_partial_cuda`], [`grad_norm_sq_finalize_cuda`])
 //! and the clip factor stays on the device, so clipping needs no host
 //! synchronisation. [`sum_squares`], [`scale`] and [`scale_by`] have a CUDA
-//! body for bf16 gradients too (the `*_bf16` kernels: compiled under NVRTC,
-//! never yet run on a GPU).
+//! body for bf16 gradients too (the `*_bf16` kernels).
 
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};

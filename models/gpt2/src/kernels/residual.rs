@@ -4,8 +4,7 @@
 //! kernels [`residual_forward`] and [`residual_backward`], their CUDA
 //! launchers [`residual_forward_cuda`] and [`residual_backward_cuda`]
 //! (bit-exact with the CPU), and `residual.cu`. Both tasks have a CUDA body
-//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`:
-//! compiled under NVRTC, never yet run on a GPU).
+//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
