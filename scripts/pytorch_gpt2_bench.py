@@ -71,6 +71,13 @@ def parse_args():
         "state (PyTorch's usual mixed precision)",
     )
     p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="peak TFLOP/s the MFU is a share of (default: an H100/H200 SXM's "
+        "dense rate, 989 in bf16, 67 in fp32)",
+    )
+    p.add_argument(
         "--fused-adamw",
         action="store_true",
         help="torch.optim.AdamW(fused=True) instead of the default (foreach)",
@@ -272,6 +279,11 @@ def main():
     print(f"step_ms_mean={statistics.fmean(times) * 1e3:.2f}")
     print(f"step_ms_min={min(times) * 1e3:.2f}")
     print(f"tokens_per_s={b * t / med:.0f}")
+    # llm.c's count: 6 FLOPs per parameter and token, plus the attention's
+    # 12 * layers * channels * T per token (GPT-2 small: 12 layers, 768).
+    flops = (6 * n_params + 12 * 12 * 768 * t) * b * t
+    peak = args.peak_tflops or (989.0 if args.dtype == "bf16" else 67.0)
+    print(f"mfu={100 * flops / med / (peak * 1e12):.1f}")
     if cuda:
         print(f"peak_memory_gib={torch.cuda.max_memory_allocated(device) / 2**30:.2f}")
 

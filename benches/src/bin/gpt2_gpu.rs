@@ -98,6 +98,17 @@ struct Args {
     /// (no (B, T, V) probabilities) and fused residual + layer norm.
     #[arg(long)]
     fused: bool,
+    /// The GPU's peak rate in TFLOP/s that the model FLOPs utilisation
+    /// (MFU) is a share of. Default: an H100/H200 SXM's dense rate for the
+    /// dtype (989 in bf16 on tensor cores, 67 in fp32 without TF32).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+}
+
+/// FLOPs of one training step per token, llm.c's count: 6 per parameter
+/// (forward, and backward twice) plus the attention's `12·L·C·T`.
+fn flops_per_token(cfg: &Gpt2Config, t: usize) -> f64 {
+    6.0 * cfg.num_parameters() as f64 + 12.0 * (cfg.num_layers * cfg.channels * t) as f64
 }
 
 /// The measurements of one policy over every round.
@@ -436,6 +447,11 @@ fn main() -> Result<()> {
         println!("{d}");
     }
     let tokens = (b * t) as f64;
+    let peak = a.peak_tflops.unwrap_or(match a.dtype {
+        Dtype::Bf16 => 989.0,
+        Dtype::F32 => 67.0,
+    });
+    let step_flops = flops_per_token(&cfg, t) * tokens;
     let mut step_of = Vec::new();
     for (p, tally) in policies.iter().zip(&tallies) {
         let step = median(&tally.step_s);
@@ -452,19 +468,26 @@ fn main() -> Result<()> {
             .collect();
         println!(
             "{:<12} step {:>8.1} ms (median of {} steps; mean {:.1})  {:>9.0} tokens/s  \
-             2+ streams busy {:>4.1}% of the step  critical path {:.1} ms  busy per stream \
-             [{}] ms  comm hidden {:.0}% (one GPU: no collectives)",
+             MFU {:.1}%  2+ streams busy {:>4.1}% of the step  critical path {:.1} ms  busy \
+             per stream [{}] ms  comm hidden {:.0}% (one GPU: no collectives)",
             p.name(),
             step * 1e3,
             tally.step_s.len(),
             mean(&tally.step_s) * 1e3,
             tokens / step,
+            100.0 * step_flops / step / (peak * 1e12),
             100.0 * mean(&tally.overlap),
             mean(&tally.critical_ms),
             busy.join(", "),
             100.0 * mean(&tally.hidden)
         );
     }
+    println!(
+        "MFU: {:.2} TFLOP a step ({:.0} per token, 6N + 12LCT) over the median step, \
+         as a share of {peak} TFLOP/s (--peak-tflops)",
+        step_flops / 1e12,
+        flops_per_token(&cfg, t)
+    );
     println!(
         "speed-up of {} over single: {:.3}x (step time single / {})",
         other.name(),

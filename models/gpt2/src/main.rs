@@ -94,9 +94,10 @@ struct TrainArgs {
     /// Data-parallel ranks. CPU: threads of this process. GPU: devices N,
     /// N+1, … of `cuda:N`, one thread each, NCCL between them. Under torchrun
     /// (RANK and WORLD_SIZE set) WORLD_SIZE decides, and this process is rank
-    /// RANK on device LOCAL_RANK.
-    #[arg(long, default_value_t = 2)]
-    ranks: usize,
+    /// RANK on device LOCAL_RANK. Default: 2, or with `--device cuda:N`
+    /// every GPU from N on.
+    #[arg(long)]
+    ranks: Option<usize>,
     /// Compute streams per rank.
     #[arg(long, default_value_t = 2)]
     streams: usize,
@@ -283,6 +284,19 @@ struct SampleArgs {
     /// fp32 on the CPU.
     #[arg(long)]
     dtype: Option<Dtype>,
+}
+
+/// The ranks when `--ranks` is not given: every GPU from `cuda:N` on when the
+/// device is named (one at least, so that a missing GPU is reported by the
+/// trainer), else 2 (CPU ranks, or GPUs under `auto` when there are two).
+fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
+    match (ranks, device) {
+        (Some(n), _) => n,
+        (None, BackendKind::Cuda { device }) => {
+            braid::cuda::cuda_available().map_or(1, |n| n.saturating_sub(device).max(1))
+        }
+        (None, _) => 2,
+    }
 }
 
 /// The storage type when `--dtype` is not given: bf16 on a GPU (mixed
@@ -490,7 +504,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         max_grad_norm: (a.grad_clip > 0.0).then_some(a.grad_clip),
         backend: a.device,
-        ranks: a.ranks,
+        ranks: default_ranks(a.ranks, a.device),
         streams: a.streams,
         policy: a.policy,
         oversubscribe: a.oversubscribe,
@@ -533,15 +547,15 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // The GPU defaults: bf16, and one rank's step replayed as a CUDA graph.
     let on_gpu = matches!(device, BackendKind::Cuda { .. });
     opts.dtype = a.dtype.unwrap_or(device_dtype(device));
-    let world = dist.as_ref().map_or(a.ranks, |d| d.world_size);
+    let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.graphs = a.graphs || (on_gpu && world == 1 && !a.no_graphs && !a.no_replay);
     let device_name = match (device, &dist) {
         (BackendKind::Cuda { .. }, Some(d)) => format!(
             "cuda:{} (torchrun rank {} of {})",
             d.local_rank, d.rank, d.world_size
         ),
-        (BackendKind::Cuda { device }, None) if a.ranks > 1 => {
-            format!("cuda:{device}..=cuda:{}", device + a.ranks - 1)
+        (BackendKind::Cuda { device }, None) if opts.ranks > 1 => {
+            format!("cuda:{device}..=cuda:{}", device + opts.ranks - 1)
         }
         (BackendKind::Cuda { device }, None) => format!("cuda:{device}"),
         _ => "cpu".into(),
