@@ -237,3 +237,114 @@ fn graph_replays_match_the_sequential_program() {
     assert_eq!(rt.read_vec::<f32>(&z).unwrap(), vec![21.0; n]);
     rt.synchronize().unwrap();
 }
+
+/// Random steps captured into CUDA graphs: tasks pinned to random streams,
+/// each adding a constant to a buffer (some after a spin, so streams drift
+/// apart) or copying one buffer into another, recorded once and replayed
+/// as a graph one to three times. Every buffer must hold what the step run
+/// that many times in program order gives. This is what the random-program
+/// replay tests cannot check on CUDA (their bodies synchronise, so their
+/// graphs are refused): the capture's forks, marks, waits and joins on
+/// plans with random cross-stream edges.
+#[test]
+fn random_steps_replay_as_graphs_like_the_sequential_program() {
+    if !gpu_or_skip("random_steps_replay_as_graphs_like_the_sequential_program") {
+        return;
+    }
+    let n = 1024usize;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |below: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % below as u64) as usize
+    };
+    for case in 0..40 {
+        let streams = 1 + next(4);
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cuda { device: 0 })
+            .compute_streams(streams)
+            .graphs(true)
+            .build()
+            .expect("CUDA runtime");
+        let add = spin_kernel(&rt, "spin_then_add");
+        let k = 2 + next(4);
+        let init: Vec<f32> = (0..k).map(|i| i as f32).collect();
+        let bufs: Vec<braid::Buffer> = init
+            .iter()
+            .map(|&v| rt.alloc_from("b", &vec![v; n]).unwrap())
+            .collect();
+        // (stream, source or None for an add, destination, addend, spins)
+        let tasks: Vec<(usize, Option<usize>, usize, f32, i64)> = (0..5 + next(16))
+            .map(|_| {
+                let (s, dst) = (next(streams), next(k));
+                if next(3) == 0 {
+                    let src = (dst + 1 + next(k - 1)) % k;
+                    (s, Some(src), dst, 0.0, 0)
+                } else {
+                    let spins = if next(2) == 0 { 0 } else { 200_000 };
+                    (s, None, dst, (1 + next(3)) as f32, spins)
+                }
+            })
+            .collect();
+        let submit = |rt: &Runtime| -> braid::Result<()> {
+            for &(s, src, dst, by, spins) in &tasks {
+                let task = rt.task(format!("t{dst}")).on_stream(s);
+                match src {
+                    Some(src) => task.run_cuda(
+                        (bufs[src].read::<f32>(), bufs[dst].write::<f32>()),
+                        |(a, b), cu| -> Result<(), TaskError> {
+                            // SAFETY: declared accesses of this task, n floats
+                            // each, two distinct buffers.
+                            unsafe { memcpy_dtod_async(b.ptr(), a.ptr(), a.bytes(), cu.stream())? };
+                            Ok(())
+                        },
+                    )?,
+                    None => {
+                        let f = add.clone();
+                        task.run_cuda(
+                            bufs[dst].read_write::<f32>(),
+                            move |v, cu| -> Result<(), TaskError> {
+                                let mut args = KernelArgs::new();
+                                args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
+                                // SAFETY: spin_then_add(long long, float*, int,
+                                // float) over n declared floats.
+                                unsafe {
+                                    f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)?
+                                };
+                                Ok(())
+                            },
+                        )?
+                    }
+                };
+            }
+            Ok(())
+        };
+        let step = rt.record("random step", submit).unwrap();
+        let replays = 1 + next(3);
+        for _ in 0..replays {
+            step.replay().unwrap();
+        }
+        // The host's model: every element of a buffer holds the same value.
+        let mut want = init.clone();
+        for _ in 0..=replays {
+            for &(_, src, dst, by, _) in &tasks {
+                want[dst] = match src {
+                    Some(src) => want[src],
+                    None => want[dst] + by,
+                };
+            }
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(
+                rt.read_vec::<f32>(b).unwrap(),
+                vec![want[i]; n],
+                "case {case}: buffer {i} after {replays} graph replays of {tasks:?} on {streams} \
+                 streams"
+            );
+        }
+        assert_eq!(step.graph_refusal(), None, "case {case}");
+        assert_eq!(rt.stats().graph_replays, replays as u64, "case {case}");
+        rt.synchronize().unwrap();
+    }
+}
