@@ -80,10 +80,10 @@ else
         chmod +x "$out/bin/$1"
     }
     t="--test-threads=1"
-    # CUDA graph replay (2026-11-26); then every GPT-2 CUDA kernel (bf16,
-    # fused classifier, flash attention, residual + layer norm, AdamW step
-    # scalars: 2026-11-25/26) against the CPU kernels, and the bf16 and
-    # fused models against the PyTorch fixtures and the CPU's training.
+    # Correctness first: CUDA graph replay (with the random steps written
+    # after run 5), every GPT-2 CUDA kernel against the CPU's (the bf16
+    # products' double-rounding bound is new), the PyTorch fixtures on CUDA,
+    # the CUDA model and trainer tests, cuBLAS, the engine's CUDA tests.
     wrap 01_cuda_graphs test cuda "graph --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
@@ -91,26 +91,33 @@ else
     wrap 05_cuda_model test cuda_model "--nocapture --skip cli_trains_on_one_gpu $t"
     wrap 06_cublas test lib_braid_cuda "cublas --nocapture $t"
     wrap 07_cuda test cuda "$t"
-    wrap 08_replay test replay "$t"
-    # Issue 12's side-by-side, one GPU, B 8 x T 1024: Braid fp32, bf16,
-    # bf16 fused (each with a trace of one step of each policy under
-    # $OUT); PyTorch bf16 autocast and fp32, SDPA.
-    g="--batch-size 8 --seq-len 1024 --rounds 1 --warmup 2 --steps 6"
-    wrap 09_gpt2_gpu_bf16 bench gpt2_gpu "$g --dtype bf16 --profile-step \$OUT/gpt2-bf16-step.json"
-    script 10_pytorch_bf16 "python3 scripts/pytorch_gpt2_bench.py --dtype bf16 --fused-adamw --steps 8"
-    wrap 11_gpt2_gpu_bf16_fused bench gpt2_gpu \
-        "$g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
-    wrap 12_gpt2_gpu_fp32 bench gpt2_gpu "$g"
-    script 13_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
-    # The trainer as a user runs it on one GPU: bf16, graph replay.
-    wrap 14_train_bf16_graphs bench braid-gpt2 \
-        "train --device cuda --ranks 1 --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace --dtype bf16 --graphs"
-    # Eager vs replay vs graph on the trainer's step.
-    wrap 15_gpt2_graphs_small bench gpt2_graphs \
+    # Issue 12's side-by-side, one GPU, GPT-2 124M at T 1024: Braid bf16
+    # (single against affinity, a trace of one step of each at B 8) and
+    # PyTorch bf16 autocast with SDPA, eager and torch.compile, at B 8, 16
+    # and 32; then the trainer as a user runs it (bf16 and graph replay by
+    # default on one GPU), graphs against eager, fused, fp32.
+    g="--seq-len 1024 --rounds 1 --warmup 2 --steps 6"
+    py="python3 scripts/pytorch_gpt2_bench.py --dtype bf16 --fused-adamw --steps 8"
+    wrap 08_gpt2_gpu_bf16_b8 bench gpt2_gpu \
+        "--batch-size 8 $g --dtype bf16 --profile-step \$OUT/gpt2-bf16-step.json"
+    script 09_pytorch_bf16_b8 "$py --batch-size 8"
+    script 10_pytorch_bf16_compile_b8 "$py --batch-size 8 --compile"
+    wrap 11_gpt2_gpu_bf16_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16"
+    script 12_pytorch_bf16_b16 "$py --batch-size 16"
+    wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
+    script 14_pytorch_bf16_b32 "$py --batch-size 32"
+    wrap 15_train_gpu bench braid-gpt2 \
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
+    wrap 16_gpt2_graphs_small bench gpt2_graphs \
         "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
-    wrap 16_gpt2_graphs_124m bench gpt2_graphs \
+    wrap 17_gpt2_graphs_124m bench gpt2_graphs \
         "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 1 --steps 5 --dtype bf16"
-    wrap 17_properties test properties "$t"
+    wrap 18_gpt2_gpu_bf16_fused bench gpt2_gpu \
+        "--batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 2 --dtype bf16 --fused"
+    wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
+    script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
+    wrap 21_properties test properties "$t"
+    wrap 22_replay test replay "$t"
     rm -f "$out/bin/nvrtc-check.args"
     mv "$out/bin/nvrtc-check" "$out/bench/"
     printf '#!/bin/sh\nexec "$(dirname "$0")/../bench/nvrtc-check" --root .\n' > "$out/bin/00_nvrtc_check"
