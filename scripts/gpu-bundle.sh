@@ -116,8 +116,12 @@ else
         "--batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 2 --dtype bf16 --fused"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
-    wrap 21_properties test properties "$t"
-    wrap 22_replay test replay "$t"
+    # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort
+    # GPT-2 124M bf16 training on the same GPU.
+    wrap 21_multi_tenant_cuda bench multi_tenant \
+        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200"
+    wrap 22_properties test properties "$t"
+    wrap 23_replay test replay "$t"
     rm -f "$out/bin/nvrtc-check.args"
     mv "$out/bin/nvrtc-check" "$out/bench/"
     printf '#!/bin/sh\nexec "$(dirname "$0")/../bench/nvrtc-check" --root .\n' > "$out/bin/00_nvrtc_check"

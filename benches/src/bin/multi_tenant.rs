@@ -1,7 +1,9 @@
 //! Two programs on one node: a latency-critical one (GPT-2 `tiny` forward
 //! at batch 1, requests at a fixed rate) beside a best-effort GPT-2 training
-//! run (2 CPU ranks by default), threads of one process, each with its own
-//! runtime. Each is measured alone, then both together, with their classes
+//! run (2 CPU ranks by default; one GPU rank with `--device cuda`), threads
+//! of one process, each with its own runtime (on CUDA both on device 0: the
+//! latency-critical runtime's streams at the context's greatest priority,
+//! the best-effort one's launches held back while it has work). Each is measured alone, then both together, with their classes
 //! (`latency-critical`, `best-effort`) and, as the baseline, both `normal`
 //! (what sharing did before classes existed), all in the same run. Prints
 //! latency p50/p99 and training throughput for each, and ends with
@@ -15,12 +17,13 @@
 //! first step (recording, warm-up) out.
 //!
 //! `cargo run --release -p braid-benches --bin multi_tenant -- --requests 150 --period-ms 20`
+//! `… -- --device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --period-ms 5`
 
 use anyhow::{Context, Result};
 use braid::{BackendKind, Class, Runtime};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{Split, TokenSource};
-use braid_gpt2::model::{init_params, Gpt2Model};
+use braid_gpt2::model::{init_params, Dtype, Gpt2Model};
 use braid_gpt2::trainer::{train, StartState, TrainOptions};
 use clap::Parser;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,9 +48,30 @@ struct Args {
     /// Training steps (the first is left out of the throughput).
     #[arg(long, default_value_t = 12)]
     be_steps: u64,
-    /// Training ranks (CPU threads).
+    /// Training ranks (CPU threads; on CUDA GPUs from device 0, so 1 on a
+    /// one-GPU machine).
     #[arg(long, default_value_t = 2)]
     be_ranks: usize,
+    /// Training sequences per step.
+    #[arg(long, default_value_t = 4)]
+    be_batch_size: usize,
+    /// Training tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    be_seq_len: usize,
+    /// cpu, or cuda (both programs on GPU 0; the training run in bf16, with
+    /// one rank unless --be-ranks says otherwise).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+impl Args {
+    fn backend(&self) -> Result<BackendKind> {
+        match self.device.as_str() {
+            "cpu" => Ok(BackendKind::Cpu),
+            "cuda" => Ok(BackendKind::Cuda { device: 0 }),
+            other => anyhow::bail!("--device {other}: expected cpu or cuda"),
+        }
+    }
 }
 
 /// Latencies of a run of requests, ms.
@@ -67,7 +91,7 @@ impl Latency {
 fn serve(a: &Args, class: Class, count: usize, stop: Option<&AtomicBool>) -> Result<Latency> {
     let cfg = Gpt2Config::tiny();
     let rt = Runtime::builder()
-        .backend(BackendKind::Cpu)
+        .backend(a.backend()?)
         .compute_streams(1)
         .class(class)
         .build()?;
@@ -103,12 +127,18 @@ fn serve(a: &Args, class: Class, count: usize, stop: Option<&AtomicBool>) -> Res
 /// Trains and returns tokens/s over the steps after the first.
 fn train_be(a: &Args, class: Class) -> Result<f64> {
     let cfg = Gpt2Config::from_name(&a.be_model).context("--be-model")?;
+    let backend = a.backend()?;
+    let gpu = matches!(backend, BackendKind::Cuda { .. });
     let opts = TrainOptions {
         model: cfg,
-        seq_len: 64,
+        batch_size: a.be_batch_size,
+        seq_len: a.be_seq_len,
         steps: a.be_steps,
+        backend,
         ranks: a.be_ranks,
         class,
+        dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
+        trace: None,
         ..TrainOptions::default()
     };
     let data = TokenSource::builtin(Split::Train)?;
@@ -135,7 +165,10 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Latency, f64)> {
 }
 
 fn main() -> Result<()> {
-    let a = Args::parse();
+    let mut a = Args::parse();
+    if a.backend()? != BackendKind::Cpu && std::env::args().all(|x| !x.starts_with("--be-ranks")) {
+        a.be_ranks = 1;
+    }
     let solo_lc = serve(&a, Class::LatencyCritical, a.requests, None)?;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
