@@ -337,7 +337,7 @@ fn main() -> Result<()> {
     let acts = ActivationLayout::new(&cfg, b, t).total * 4;
     let dacts =
         ActivationLayout::stored_gradients(&cfg, b, t, false, Dtype::F32, GRADIENT_RING).total * 4;
-    let scratch = attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads);
+    let scratch = attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads, Dtype::F32);
     let chunks_bound = np.div_ceil(braid_gpt2::optim::MAX_CHUNK) + cfg.num_layers + 3;
     let optim = 2 * np * 4 + chunks_bound * (NORM_SCRATCH + 1) * 8;
     let planned = (2 * np * 4 + acts + dacts + scratch + optim) as f64;

@@ -534,7 +534,7 @@ fn attention_matches_cpu_and_is_deterministic() {
         g.zeros(bnh * T * T),
         g.zeros(bnh * T * T),
     );
-    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH) / 4);
+    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH, Dtype::F32) / 4);
     let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
     done(attention::forward(
         g.rt.task("attention_forward"),
@@ -569,7 +569,7 @@ fn attention_matches_cpu_and_is_deterministic() {
     let dout = randn(B * T * C, 1.0, 31);
     let mut dinp = randn(B * T * 3 * C, 0.1, 32);
     let bdout = g.up(&dout);
-    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH) / 4);
+    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH, Dtype::F32) / 4);
     let mut results = Vec::new();
     for _ in 0..2 {
         let bdinp = g.up(&dinp);
@@ -1716,7 +1716,7 @@ fn attention_bf16(dev: Device) {
         g.up_bf16(&vec![Bf16(0); bnh * T * T]),
         g.up_bf16(&vec![Bf16(0); bnh * T * T]),
     );
-    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH) / 4);
+    let fwd_scratch = g.zeros(attention::forward_scratch_bytes(B, T, C, NH, Dtype::Bf16) / 4);
     let v = [&gout, &gpre, &gatt, &binp, &fwd_scratch].map(|b| b.whole());
     done(attention::forward(
         bf16_task(&g.rt, "attention_forward bf16"),
@@ -1764,7 +1764,7 @@ fn attention_bf16(dev: Device) {
     let dout = bf16(&randn(B * T * C, 1.0, 131));
     let mut dinp = bf16(&randn(B * T * 3 * C, 0.1, 132));
     let (bdout, bdinp) = (g.up_bf16(&dout), g.up_bf16(&dinp));
-    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH) / 4);
+    let bwd_scratch = g.zeros(attention::backward_scratch_bytes(B, T, C, NH, Dtype::Bf16) / 4);
     let v = [&bdinp, &bdout, &binp, &batt, &bwd_scratch].map(|b| b.whole());
     done(attention::backward(
         bf16_task(&g.rt, "attention_backward bf16"),

@@ -20,9 +20,9 @@
 //!   `preatt` as the full `q·kᵀ` product wrote it, where the CPU writes 0;
 //!   `att` is 0 there on both. Nothing reads that triangle.
 //! - bf16 storage on CUDA is the same cuBLAS formulation with bf16 operands
-//!   (`f32` accumulation, each product rounded once) and bf16 twins of the
-//!   permute and softmax kernels; `q`, `k`, `v` and the other head-sized
-//!   intermediates are bf16 in the first half of the `f32` scratch. The
+//!   (`f32` accumulation; cuBLAS rounds each product to bf16) and bf16 twins
+//!   of the permute and softmax kernels; the scratch holds the storage
+//!   type, so `q`, `k`, `v` and the other intermediates are bf16. The
 //!   softmax reads the scores as stored, rounded to bf16 (PyTorch's eager
 //!   bf16 attention does the same); the CPU's bf16 kernel keeps them in
 //!   `f32`. The two agree to bf16 tolerances, not bit for bit. (The first
@@ -36,7 +36,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -99,7 +99,7 @@ pub fn forward<'rt>(
             preatt.write::<S>(),
             att.write::<S>(),
             inp.read::<S>(),
-            scratch.write::<f32>(),
+            scratch.write::<S>(),
         ),
         move |(out, preatt, att, inp, _scratch)| {
             attention_forward(out, preatt, att, inp, b, t, c, nh)
@@ -137,7 +137,7 @@ pub fn backward<'rt>(
             dout.read::<S>(),
             inp.read::<S>(),
             att.read::<S>(),
-            scratch.write::<f32>(),
+            scratch.write::<S>(),
         ),
         move |(dinp, dout, inp, att, _scratch)| {
             attention_backward(dinp, dout, inp, att, b, t, c, nh)
@@ -150,21 +150,21 @@ pub fn backward<'rt>(
     )
 }
 
-/// Bytes of scratch [`attention_forward_cuda`] needs: `4·B·T·C` `f32`, used
-/// as `q | k | v | vaccum`, each `(B, NH, T, hs)` with `hs = C / NH`: the
-/// heads of `inp` permuted for the batched products, and `att · v` before it
-/// is permuted back into `out`.
-pub fn forward_scratch_bytes(b: usize, t: usize, c: usize, _nh: usize) -> usize {
-    4 * b * t * c * 4
+/// Bytes of scratch [`attention_forward_cuda`] needs: `4·B·T·C` elements of
+/// the storage type `dtype`, used as `q | k | v | vaccum`, each `(B, NH, T,
+/// hs)` with `hs = C / NH`: the heads of `inp` permuted for the batched
+/// products, and `att · v` before it is permuted back into `out`.
+pub fn forward_scratch_bytes(b: usize, t: usize, c: usize, _nh: usize, dtype: Dtype) -> usize {
+    4 * b * t * c * dtype.size()
 }
 
 /// Bytes of scratch [`attention_backward_cuda`] needs: `6·B·T·C + 2·B·NH·T·T`
-/// `f32`, used as `q | k | v | dvaccum | dk | dv` (each `(B, NH, T, hs)`;
+/// elements of the storage type `dtype`, used as `q | k | v | dvaccum | dk | dv` (each `(B, NH, T, hs)`;
 /// `dq` is written over `dvaccum` once that is consumed) then `datt |
 /// dpreatt` (each `(B, NH, T, T)`). `q, k, v` are re-permuted from `inp`, so
 /// nothing from the forward scratch needs to survive.
-pub fn backward_scratch_bytes(b: usize, t: usize, c: usize, nh: usize) -> usize {
-    (6 * b * t * c + 2 * b * nh * t * t) * 4
+pub fn backward_scratch_bytes(b: usize, t: usize, c: usize, nh: usize, dtype: Dtype) -> usize {
+    (6 * b * t * c + 2 * b * nh * t * t) * dtype.size()
 }
 
 // ---------------------------------------------------------------------------
@@ -394,11 +394,11 @@ fn attention_dims(
 /// `scratch`: exactly [`forward_scratch_bytes`] bytes.
 pub fn attention_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<S>,       // (B, T, C)
-    preatt: DevSliceMut<S>,    // (B, NH, T, T)
-    att: DevSliceMut<S>,       // (B, NH, T, T)
-    inp: DevSlice<S>,          // (B, T, 3C)
-    scratch: DevSliceMut<f32>, // 4 × (B, NH, T, hs): q | k | v | vaccum
+    out: DevSliceMut<S>,     // (B, T, C)
+    preatt: DevSliceMut<S>,  // (B, NH, T, T)
+    att: DevSliceMut<S>,     // (B, NH, T, T)
+    inp: DevSlice<S>,        // (B, T, 3C)
+    scratch: DevSliceMut<S>, // 4 × (B, NH, T, hs): q | k | v | vaccum
     b: usize,
     t: usize,
     c: usize,
@@ -417,8 +417,7 @@ pub fn attention_forward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let (out, preatt, att, inp, scratch) =
         (out.ptr(), preatt.ptr(), att.ptr(), inp.ptr(), scratch.ptr());
-    // The scratch's head-sized parts hold `S` elements (bf16: the first half
-    // of the f32 scratch is used).
+    // The scratch holds `S` elements.
     let head = (btc * std::mem::size_of::<S>()) as u64;
     let (q, kk, v, vaccum) = (
         scratch,
@@ -472,11 +471,11 @@ pub fn attention_forward_cuda<S: Storage>(
 /// `scratch`: exactly [`backward_scratch_bytes`] bytes.
 pub fn attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<S>,      // (B, T, 3C) accumulated
-    dout: DevSlice<S>,         // (B, T, C)
-    inp: DevSlice<S>,          // (B, T, 3C)
-    att: DevSlice<S>,          // (B, NH, T, T)
-    scratch: DevSliceMut<f32>, // 6 × (B, NH, T, hs) + 2 × (B, NH, T, T)
+    dinp: DevSliceMut<S>,    // (B, T, 3C) accumulated
+    dout: DevSlice<S>,       // (B, T, C)
+    inp: DevSlice<S>,        // (B, T, 3C)
+    att: DevSlice<S>,        // (B, NH, T, T)
+    scratch: DevSliceMut<S>, // 6 × (B, NH, T, hs) + 2 × (B, NH, T, T)
     b: usize,
     t: usize,
     c: usize,
@@ -504,7 +503,7 @@ pub fn attention_backward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let (dinp, dout, inp, att, scratch) =
         (dinp.ptr(), dout.ptr(), inp.ptr(), att.ptr(), scratch.ptr());
-    // The scratch holds `S` elements (bf16: its first half is used).
+    // The scratch holds `S` elements.
     let head = (btc * std::mem::size_of::<S>()) as u64; // bytes of one (B, NH, T, hs) tensor
     let (q, kk, v, dvaccum, dk, dv) = (
         scratch,
@@ -597,11 +596,14 @@ mod tests {
     #[test]
     fn scratch_sizes() {
         let (b, t, c, nh) = (2, 5, 12, 3);
-        assert_eq!(forward_scratch_bytes(b, t, c, nh), 4 * b * t * c * 4);
-        assert_eq!(
-            backward_scratch_bytes(b, t, c, nh),
-            (6 * b * t * c + 2 * b * nh * t * t) * 4
-        );
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            let e = dtype.size();
+            assert_eq!(forward_scratch_bytes(b, t, c, nh, dtype), 4 * b * t * c * e);
+            assert_eq!(
+                backward_scratch_bytes(b, t, c, nh, dtype),
+                (6 * b * t * c + 2 * b * nh * t * t) * e
+            );
+        }
     }
 
     const B: usize = 2;

@@ -398,10 +398,11 @@ impl Gpt2Model {
             let scratch = rt.alloc("attention scratch", bytes)?;
             (scratch.whole(), scratch.whole())
         } else {
-            let scratch = rt.alloc("attention scratch", attention_scratch_bytes(b, t, c, nh))?;
+            let bytes = attention_scratch_bytes(b, t, c, nh, dtype);
+            let scratch = rt.alloc("attention scratch", bytes)?;
             (
-                scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh))?,
-                scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh))?,
+                scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh, dtype))?,
+                scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh, dtype))?,
             )
         };
         let mut groups = vec![layout.wte(), layout.wpe()];
@@ -796,8 +797,9 @@ impl Gpt2Model {
 }
 
 /// Bytes of device scratch the attention tasks use: the larger of what the
-/// GPU attention kernels need forward (`4·B·T·C` f32: the heads of `q`, `k`,
-/// `v` permuted, and `att · v`) and backward (`6·B·T·C + 2·B·NH·T·T` f32),
+/// GPU attention kernels need forward (`4·B·T·C` elements of the storage
+/// type: the heads of `q`, `k`, `v` permuted, and `att · v`) and backward
+/// (`6·B·T·C + 2·B·NH·T·T` elements),
 /// as [`attention::forward_scratch_bytes`] and
 /// [`attention::backward_scratch_bytes`] document them. The forward task declares (`write`)
 /// the forward size from the start of the buffer, the backward task the
@@ -805,9 +807,9 @@ impl Gpt2Model {
 /// of it; the task graph declares it on every backend so that the graph is
 /// the same everywhere. One buffer serves every layer: the attention tasks
 /// are in one chain anyway.
-pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize) -> usize {
-    attention::forward_scratch_bytes(b, t, c, nh)
-        .max(attention::backward_scratch_bytes(b, t, c, nh))
+pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize, dtype: Dtype) -> usize {
+    attention::forward_scratch_bytes(b, t, c, nh, dtype)
+        .max(attention::backward_scratch_bytes(b, t, c, nh, dtype))
 }
 
 /// GPT-2's initialisation (as in nanoGPT and llm.c): weights `N(0, 0.02)`, the
