@@ -102,6 +102,9 @@ else
         "--batch-size 8 $g --dtype bf16 --profile-step \$OUT/gpt2-bf16-step.json"
     script 09_pytorch_bf16_b8 "$py --batch-size 8"
     script 10_pytorch_bf16_compile_b8 "$py --batch-size 8 --compile"
+    # The classifier's products at the odd vocabulary, padded, and with only
+    # the logits' row stride padded: what padding the model would buy.
+    wrap 10b_gemm_vocab bench gemm_vocab "--dtype bf16"
     wrap 11_gpt2_gpu_bf16_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16"
     script 12_pytorch_bf16_b16 "$py --batch-size 16"
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
