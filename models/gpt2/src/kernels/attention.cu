@@ -41,7 +41,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 // Index helpers: element (b, h, t, i) of a (B, NH, T, hs) tensor and its place in
 // the packed (B, T, 3C) qkv activation (query part; + C for key, + 2C for value).
 struct HeadIndex {
-    long long packed;  // offset of the query element in (B, T, 3C)
+    long long packed;    // offset of the query element in (B, T, 3C)
     long long unpacked;  // offset in (B, T, C) (for out / dout)
 };
 
@@ -59,12 +59,21 @@ static __device__ __forceinline__ HeadIndex head_index(long long idx, int T, int
     return out;
 }
 
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
+
+// The permutes below serve f32 and bf16 storage alike (the `_bf16` wrappers
+// further down): a copy is a copy, and a sum is formed in f32 and stored
+// once (for f32 storage the operations of a plain `+=`).
+static __device__ __forceinline__ float at_ld(float x) { return x; }
+static __device__ __forceinline__ float at_ld(bf16_t x) { return bf16_load(x); }
+static __device__ __forceinline__ void at_st(float* p, float x) { *p = x; }
+static __device__ __forceinline__ void at_st(bf16_t* p, float x) { *p = bf16_store(x); }
+
 // q, k, v (B, NH, T, hs) <- inp (B, T, 3C)
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_permute(float* __restrict__ q, float* __restrict__ k,
-                                             float* __restrict__ v,
-                                             const float* __restrict__ inp, int B, int T,
-                                             int NH, int hs) {
+template <typename S>
+static __device__ __forceinline__ void permute(S* __restrict__ q, S* __restrict__ k,
+                                               S* __restrict__ v, const S* __restrict__ inp, int B,
+                                               int T, int NH, int hs) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)B * NH * T * hs) return;
     const long long C = (long long)NH * hs;
@@ -75,39 +84,82 @@ extern "C" __global__ void attention_permute(float* __restrict__ q, float* __res
 }
 
 // dinp (B, T, 3C) += dq | dk | dv, each (B, NH, T, hs)
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_permute_backward(float* __restrict__ dinp,
-                                                      const float* __restrict__ dq,
-                                                      const float* __restrict__ dk,
-                                                      const float* __restrict__ dv, int B,
-                                                      int T, int NH, int hs) {
+template <typename S>
+static __device__ __forceinline__ void permute_backward(S* __restrict__ dinp,
+                                                        const S* __restrict__ dq,
+                                                        const S* __restrict__ dk,
+                                                        const S* __restrict__ dv, int B, int T,
+                                                        int NH, int hs) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)B * NH * T * hs) return;
     const long long C = (long long)NH * hs;
-    const HeadIndex h = head_index(idx, T, NH, hs);
-    dinp[h.packed] += dq[idx];
-    dinp[h.packed + C] += dk[idx];
-    dinp[h.packed + 2 * C] += dv[idx];
+    S* d = dinp + head_index(idx, T, NH, hs).packed;
+    at_st(&d[0], at_ld(d[0]) + at_ld(dq[idx]));
+    at_st(&d[C], at_ld(d[C]) + at_ld(dk[idx]));
+    at_st(&d[2 * C], at_ld(d[2 * C]) + at_ld(dv[idx]));
 }
 
 // out (B, T, C) <- vaccum (B, NH, T, hs)
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_unpermute(float* __restrict__ out,
-                                               const float* __restrict__ vaccum, int B, int T,
-                                               int NH, int hs) {
+template <typename S>
+static __device__ __forceinline__ void unpermute(S* __restrict__ out, const S* __restrict__ vaccum,
+                                                 int B, int T, int NH, int hs) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)B * NH * T * hs) return;
     out[head_index(idx, T, NH, hs).unpacked] = vaccum[idx];
 }
 
 // dvaccum (B, NH, T, hs) <- dout (B, T, C)   (overwrites: dvaccum is scratch)
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_unpermute_backward(float* __restrict__ dvaccum,
-                                                        const float* __restrict__ dout, int B,
-                                                        int T, int NH, int hs) {
+template <typename S>
+static __device__ __forceinline__ void unpermute_backward(S* __restrict__ dvaccum,
+                                                          const S* __restrict__ dout, int B, int T,
+                                                          int NH, int hs) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)B * NH * T * hs) return;
     dvaccum[idx] = dout[head_index(idx, T, NH, hs).unpacked];
+}
+
+// The permute kernels, f32 and bf16 storage.
+// Launch: grid ceil(B*NH*T*hs / block), block 256.
+extern "C" __global__ void attention_permute(float* q, float* k, float* v, const float* inp, int B,
+                                             int T, int NH, int hs) {
+    permute(q, k, v, inp, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_permute_backward(float* dinp, const float* dq, const float* dk,
+                                                      const float* dv, int B, int T, int NH,
+                                                      int hs) {
+    permute_backward(dinp, dq, dk, dv, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_unpermute(float* out, const float* vaccum, int B, int T,
+                                               int NH, int hs) {
+    unpermute(out, vaccum, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_unpermute_backward(float* dvaccum, const float* dout, int B,
+                                                        int T, int NH, int hs) {
+    unpermute_backward(dvaccum, dout, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_permute_bf16(bf16_t* q, bf16_t* k, bf16_t* v,
+                                                  const bf16_t* inp, int B, int T, int NH, int hs) {
+    permute(q, k, v, inp, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_permute_backward_bf16(bf16_t* dinp, const bf16_t* dq,
+                                                           const bf16_t* dk, const bf16_t* dv,
+                                                           int B, int T, int NH, int hs) {
+    permute_backward(dinp, dq, dk, dv, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_unpermute_bf16(bf16_t* out, const bf16_t* vaccum, int B, int T,
+                                                    int NH, int hs) {
+    unpermute(out, vaccum, B, T, NH, hs);
+}
+
+extern "C" __global__ void attention_unpermute_backward_bf16(bf16_t* dvaccum, const bf16_t* dout,
+                                                             int B, int T, int NH, int hs) {
+    unpermute_backward(dvaccum, dout, B, T, NH, hs);
 }
 
 // att[r, t2] = exp(scale*preatt[r, t2] - max) / sum  for t2 <= t, 0 for t2 > t,
@@ -144,8 +196,8 @@ extern "C" __global__ void attention_softmax_forward(float* __restrict__ att,
 // Launch: one warp per row: block 256, grid ceil(B*NH*T / 8).
 extern "C" __global__ void attention_softmax_backward(float* __restrict__ dpreatt,
                                                       const float* __restrict__ datt,
-                                                      const float* __restrict__ att, int BNH,
-                                                      int T, float scale) {
+                                                      const float* __restrict__ att, int BNH, int T,
+                                                      float scale) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)BNH * T) return;
@@ -161,8 +213,6 @@ extern "C" __global__ void attention_softmax_backward(float* __restrict__ dpreat
     }
 }
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
-
 // ---------------------------------------------------------------------------
 // bf16 storage (attention_forward::<Bf16> / attention_backward::<Bf16>): the
 // same cuBLAS formulation with bf16 operands (cublasGemmEx, f32 accumulation,
@@ -173,55 +223,6 @@ extern "C" __global__ void attention_softmax_backward(float* __restrict__ dpreat
 // bf16 in the scratch. The results agree with the CPU's to bf16 tolerances,
 // not bit for bit.
 // ---------------------------------------------------------------------------
-
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_permute_bf16(bf16_t* __restrict__ q, bf16_t* __restrict__ k,
-                                                  bf16_t* __restrict__ v,
-                                                  const bf16_t* __restrict__ inp, int B, int T,
-                                                  int NH, int hs) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * NH * T * hs) return;
-    const long long C = (long long)NH * hs;
-    const HeadIndex h = head_index(idx, T, NH, hs);
-    q[idx] = inp[h.packed];
-    k[idx] = inp[h.packed + C];
-    v[idx] = inp[h.packed + 2 * C];
-}
-
-// dinp (B, T, 3C) += dq | dk | dv: each sum in f32, rounded once.
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_permute_backward_bf16(bf16_t* __restrict__ dinp,
-                                                           const bf16_t* __restrict__ dq,
-                                                           const bf16_t* __restrict__ dk,
-                                                           const bf16_t* __restrict__ dv, int B,
-                                                           int T, int NH, int hs) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * NH * T * hs) return;
-    const long long C = (long long)NH * hs;
-    const HeadIndex h = head_index(idx, T, NH, hs);
-    bf16_t* d = dinp + h.packed;
-    d[0] = bf16_store(bf16_load(d[0]) + bf16_load(dq[idx]));
-    d[C] = bf16_store(bf16_load(d[C]) + bf16_load(dk[idx]));
-    d[2 * C] = bf16_store(bf16_load(d[2 * C]) + bf16_load(dv[idx]));
-}
-
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_unpermute_bf16(bf16_t* __restrict__ out,
-                                                    const bf16_t* __restrict__ vaccum, int B,
-                                                    int T, int NH, int hs) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * NH * T * hs) return;
-    out[head_index(idx, T, NH, hs).unpacked] = vaccum[idx];
-}
-
-// Launch: grid ceil(B*NH*T*hs / block), block 256.
-extern "C" __global__ void attention_unpermute_backward_bf16(bf16_t* __restrict__ dvaccum,
-                                                             const bf16_t* __restrict__ dout,
-                                                             int B, int T, int NH, int hs) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)B * NH * T * hs) return;
-    dvaccum[idx] = dout[head_index(idx, T, NH, hs).unpacked];
-}
 
 // attention_softmax_forward on bf16 rows: f32 maximum, exponentials and sum,
 // each probability rounded once. The exponentials are recomputed in the last
@@ -251,8 +252,8 @@ extern "C" __global__ void attention_softmax_forward_bf16(bf16_t* __restrict__ a
 // Launch: one warp per row: block 256, grid ceil(B*NH*T / 8).
 extern "C" __global__ void attention_softmax_backward_bf16(bf16_t* __restrict__ dpreatt,
                                                            const bf16_t* __restrict__ datt,
-                                                           const bf16_t* __restrict__ att,
-                                                           int BNH, int T, float scale) {
+                                                           const bf16_t* __restrict__ att, int BNH,
+                                                           int T, float scale) {
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (long long)BNH * T) return;
