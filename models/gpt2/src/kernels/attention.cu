@@ -59,15 +59,11 @@ static __device__ __forceinline__ HeadIndex head_index(long long idx, int T, int
     return out;
 }
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32
 
 // The permutes below serve f32 and bf16 storage alike (the `_bf16` wrappers
 // further down): a copy is a copy, and a sum is formed in f32 and stored
-// once (for f32 storage the operations of a plain `+=`).
-static __device__ __forceinline__ float at_ld(float x) { return x; }
-static __device__ __forceinline__ float at_ld(bf16_t x) { return bf16_load(x); }
-static __device__ __forceinline__ void at_st(float* p, float x) { *p = x; }
-static __device__ __forceinline__ void at_st(bf16_t* p, float x) { *p = bf16_store(x); }
+// once with ld_f32/st_f32 (for f32 storage the operations of a plain `+=`).
 
 // q, k, v (B, NH, T, hs) <- inp (B, T, 3C)
 template <typename S>
@@ -94,9 +90,9 @@ static __device__ __forceinline__ void permute_backward(S* __restrict__ dinp,
     if (idx >= (long long)B * NH * T * hs) return;
     const long long C = (long long)NH * hs;
     S* d = dinp + head_index(idx, T, NH, hs).packed;
-    at_st(&d[0], at_ld(d[0]) + at_ld(dq[idx]));
-    at_st(&d[C], at_ld(d[C]) + at_ld(dk[idx]));
-    at_st(&d[2 * C], at_ld(d[2 * C]) + at_ld(dv[idx]));
+    st_f32(&d[0], ld_f32(d[0]) + ld_f32(dq[idx]));
+    st_f32(&d[C], ld_f32(d[C]) + ld_f32(dk[idx]));
+    st_f32(&d[2 * C], ld_f32(d[2 * C]) + ld_f32(dv[idx]));
 }
 
 // out (B, T, C) <- vaccum (B, NH, T, hs)

@@ -20,3 +20,11 @@ __device__ __forceinline__ bf16_t bf16_store(float x) {
     const unsigned int round = 0x7fffu + ((bits >> 16) & 1u);
     return (bf16_t)((bits + round) >> 16);
 }
+
+// Load and store for code written once over the storage type S (f32 or
+// bf16): arithmetic in f32, one rounding as a bf16 element is stored; the
+// f32 overloads are plain loads and stores.
+__device__ __forceinline__ float ld_f32(float x) { return x; }
+__device__ __forceinline__ float ld_f32(bf16_t x) { return bf16_load(x); }
+__device__ __forceinline__ void st_f32(float* p, float x) { *p = x; }
+__device__ __forceinline__ void st_f32(bf16_t* p, float x) { *p = bf16_store(x); }

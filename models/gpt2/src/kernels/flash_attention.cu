@@ -13,28 +13,23 @@
 //   owns channels h*hs .. (h+1)*hs of each. out, dout (B, T, C); lse, delta
 //   (B, NH, T) f32; hs = C / NH <= FA_MAX_HS.
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32
 
 #define FA_MAX_HS 128
 #define NEG_INF __int_as_float(0xff800000)
-
-static __device__ __forceinline__ float fa_ld(float x) { return x; }
-static __device__ __forceinline__ float fa_ld(bf16_t x) { return bf16_load(x); }
-static __device__ __forceinline__ void fa_st(float* p, float x) { *p = x; }
-static __device__ __forceinline__ void fa_st(bf16_t* p, float x) { *p = bf16_store(x); }
 
 // a . b over hs channels, summed in channel order (the CPU's `dot`).
 template <typename S>
 static __device__ __forceinline__ float fa_dot(const float* a, const S* b, int hs) {
     float s = 0.0f;
-    for (int d = 0; d < hs; d++) s = __fadd_rn(s, __fmul_rn(a[d], fa_ld(b[d])));
+    for (int d = 0; d < hs; d++) s = __fadd_rn(s, __fmul_rn(a[d], ld_f32(b[d])));
     return s;
 }
 
 template <typename S>
 static __device__ __forceinline__ float fa_dot2(const S* a, const S* b, int hs) {
     float s = 0.0f;
-    for (int d = 0; d < hs; d++) s = __fadd_rn(s, __fmul_rn(fa_ld(a[d]), fa_ld(b[d])));
+    for (int d = 0; d < hs; d++) s = __fadd_rn(s, __fmul_rn(ld_f32(a[d]), ld_f32(b[d])));
     return s;
 }
 
@@ -74,7 +69,7 @@ static __device__ void fa_forward(S* __restrict__ out, float* __restrict__ lse,
     const S* base = inp + (long long)b * T * C3;
     float q[FA_MAX_HS], acc[FA_MAX_HS];
     for (int d = 0; d < hs; d++) {
-        q[d] = fa_ld(base[(long long)i * C3 + h * hs + d]);
+        q[d] = ld_f32(base[(long long)i * C3 + h * hs + d]);
         acc[d] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
@@ -95,14 +90,14 @@ static __device__ void fa_forward(S* __restrict__ out, float* __restrict__ lse,
             const float x = __fmul_rn(fa_dot(q, kj, hs), scale);
             const float p = expf(__fadd_rn(x, -m_new));
             sum = __fadd_rn(sum, p);
-            for (int d = 0; d < hs; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(p, fa_ld(vj[d])));
+            for (int d = 0; d < hs; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(p, ld_f32(vj[d])));
         }
         m = m_new;
         l = sum;
     }
     const float inv = 1.0f / l;
     S* o = out + ((long long)b * T + i) * C + h * hs;
-    for (int d = 0; d < hs; d++) fa_st(&o[d], __fmul_rn(acc[d], inv));
+    for (int d = 0; d < hs; d++) st_f32(&o[d], __fmul_rn(acc[d], inv));
     lse[((long long)b * NH + h) * T + i] = __fadd_rn(m, logf(l));
 }
 
@@ -149,16 +144,16 @@ static __device__ void fa_backward_dq(S* __restrict__ dinp, const float* __restr
     const long long r = ((long long)b * NH + h) * T + i;
     S* dq = dinp + ((long long)b * T + i) * C3 + h * hs;
     float acc[FA_MAX_HS];
-    for (int d = 0; d < hs; d++) acc[d] = fa_ld(dq[d]);
+    for (int d = 0; d < hs; d++) acc[d] = ld_f32(dq[d]);
     for (int j = 0; j <= i; j++) {
         float p, ds;
         fa_p_ds(base, dout_i, i, j, h, hs, C, scale, lse[r], delta[r], &p, &ds);
         const float g = __fmul_rn(ds, scale);
         if (g == 0.0f) continue;
         const S* kj = base + (long long)j * C3 + C + h * hs;
-        for (int d = 0; d < hs; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(g, fa_ld(kj[d])));
+        for (int d = 0; d < hs; d++) acc[d] = __fadd_rn(acc[d], __fmul_rn(g, ld_f32(kj[d])));
     }
-    for (int d = 0; d < hs; d++) fa_st(&dq[d], acc[d]);
+    for (int d = 0; d < hs; d++) st_f32(&dq[d], acc[d]);
 }
 
 // dK, dV: thread (b, h, j) sums over i >= j (ascending) p_ij * dout_i into dv
@@ -189,15 +184,15 @@ static __device__ void fa_backward_dkv(S* __restrict__ dinp, const float* __rest
         if (p == 0.0f && g == 0.0f) continue;
         const S* qi = base + (long long)i * C3 + h * hs;
         for (int d = 0; d < hs; d++) {
-            dv[d] = __fadd_rn(dv[d], __fmul_rn(p, fa_ld(dout_i[d])));
-            dk[d] = __fadd_rn(dk[d], __fmul_rn(g, fa_ld(qi[d])));
+            dv[d] = __fadd_rn(dv[d], __fmul_rn(p, ld_f32(dout_i[d])));
+            dk[d] = __fadd_rn(dk[d], __fmul_rn(g, ld_f32(qi[d])));
         }
     }
     S* dkj = dinp + ((long long)b * T + j) * C3 + C + h * hs;
     S* dvj = dinp + ((long long)b * T + j) * C3 + 2 * C + h * hs;
     for (int d = 0; d < hs; d++) {
-        fa_st(&dkj[d], __fadd_rn(fa_ld(dkj[d]), dk[d]));
-        fa_st(&dvj[d], __fadd_rn(fa_ld(dvj[d]), dv[d]));
+        st_f32(&dkj[d], __fadd_rn(ld_f32(dkj[d]), dk[d]));
+        st_f32(&dvj[d], __fadd_rn(ld_f32(dvj[d]), dv[d]));
     }
 }
 

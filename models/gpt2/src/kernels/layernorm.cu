@@ -109,12 +109,7 @@ extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
     }
 }
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
-
-static __device__ __forceinline__ float ln_ld(float x) { return x; }
-static __device__ __forceinline__ float ln_ld(bf16_t x) { return bf16_load(x); }
-static __device__ __forceinline__ void ln_st(float* p, float x) { *p = x; }
-static __device__ __forceinline__ void ln_st(bf16_t* p, float x) { *p = bf16_store(x); }
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32
 
 // dweight[c] += sum_n norm[n, c] * dout[n, c];  dbias[c] += sum_n dout[n, c]
 //   dweight (C), dbias (C), dout (N, C), inp (N, C), mean (N), rstd (N)
@@ -141,8 +136,8 @@ static __device__ __forceinline__ void ln_params(S* __restrict__ dweight, S* __r
     if (c < C) {
         for (int n = warp; n < N; n += LN_PARAMS_WARPS) {
             const long long k = (long long)n * C + c;
-            const float g = ln_ld(dout[k]);
-            const float norm = (ln_ld(inp[k]) - mean[n]) * rstd[n];
+            const float g = ld_f32(dout[k]);
+            const float norm = (ld_f32(inp[k]) - mean[n]) * rstd[n];
             db += g;
             dw += norm * g;
         }
@@ -151,16 +146,15 @@ static __device__ __forceinline__ void ln_params(S* __restrict__ dweight, S* __r
     part_b[warp][lane] = db;
     __syncthreads();
     if (warp == 0 && c < C) {
-        float w = ln_ld(dweight[c]), bsum = ln_ld(dbias[c]);
+        float w = ld_f32(dweight[c]), bsum = ld_f32(dbias[c]);
         for (int i = 0; i < LN_PARAMS_WARPS; i++) {
             w += part_w[i][lane];
             bsum += part_b[i][lane];
         }
-        ln_st(&dweight[c], w);
-        ln_st(&dbias[c], bsum);
+        st_f32(&dweight[c], w);
+        st_f32(&dbias[c], bsum);
     }
 }
-
 
 // The bf16 kernels follow layernorm_forward::<Bf16> / layernorm_backward::<Bf16>
 // in layernorm.rs: row reductions in double (as the CPU's f64 sums; the warp
