@@ -157,9 +157,9 @@ pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, 
             .map_err(|e| fail("waiting on an event", &e))
     };
     // `marks[k]` is mark `k` of `ops` (a `Wait` names it by that number);
-    // the fork events live apart, kept until the capture ends.
+    // the fork and join events live apart, kept until the capture ends.
     let mut marks: Vec<CudaEvent> = Vec::new();
-    let mut forks: Vec<CudaEvent> = Vec::new();
+    let mut kept: Vec<CudaEvent> = Vec::new();
     let mut forked: Vec<usize> = Vec::new();
     let mut outcome: Result<(), String> = Ok(());
     for op in ops(plan) {
@@ -167,7 +167,7 @@ pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, 
             Op::Fork(s) => event(plan.join_stream).and_then(|ev| {
                 wait(s as usize, &ev)?;
                 forked.push(s as usize);
-                forks.push(ev);
+                kept.push(ev);
                 Ok(())
             }),
             Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
@@ -175,7 +175,7 @@ pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, 
             Op::Run(i) => run_captured(plan, i as usize, &drivers),
             Op::Join(s) => event(s as usize).and_then(|ev| {
                 wait(plan.join_stream, &ev)?;
-                forks.push(ev);
+                kept.push(ev);
                 Ok(())
             }),
         };
