@@ -8,6 +8,30 @@ use braid_gpt2::rng::Rng;
 pub mod simulate;
 pub mod toy_mlp;
 
+/// The GPT-2 benchmarks' storage flags (`--dtype`, `--fused`), flattened into
+/// each program's arguments.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct StorageArgs {
+    /// Storage type: fp32, or bf16 (mixed precision: f32 master weights,
+    /// moments and accumulation).
+    #[arg(long, default_value = "fp32")]
+    pub dtype: braid_gpt2::model::Dtype,
+    /// Fused attention (flash: no (B, NH, T, T) matrices), fused classifier
+    /// (no (B, T, V) probabilities) and fused residual + layer norm.
+    #[arg(long)]
+    pub fused: bool,
+}
+
+impl StorageArgs {
+    /// The model options these flags ask for.
+    pub fn options(&self) -> braid_gpt2::model::ModelOptions {
+        braid_gpt2::model::ModelOptions {
+            fused: self.fused,
+            dtype: self.dtype,
+        }
+    }
+}
+
 /// The shape of a generated task graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

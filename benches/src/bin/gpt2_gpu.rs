@@ -36,12 +36,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use braid::trace::Summary;
 use braid::{BackendKind, Policy, Runtime};
+use braid_benches::StorageArgs;
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::model::{
-    attention_scratch_bytes, init_params, Gpt2Model, ModelOptions, Rng, GRADIENT_RING,
-};
+use braid_gpt2::model::{attention_scratch_bytes, init_params, Gpt2Model, Rng, GRADIENT_RING};
 use braid_gpt2::optim::{AdamW, NORM_SCRATCH};
 use braid_gpt2::reference::ActivationLayout;
 use braid_gpt2::trainer::model_runtime;
@@ -90,14 +89,8 @@ struct Args {
     /// Seed of the initial parameters and of the tokens.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Storage type: fp32, or bf16 (mixed precision: f32 master weights,
-    /// moments and accumulation).
-    #[arg(long, default_value = "fp32")]
-    dtype: Dtype,
-    /// Fused attention (flash: no (B, NH, T, T) matrices), fused classifier
-    /// (no (B, T, V) probabilities) and fused residual + layer norm.
-    #[arg(long)]
-    fused: bool,
+    #[command(flatten)]
+    storage: StorageArgs,
     /// The GPU's peak rate in TFLOP/s that the model FLOPs utilisation
     /// (MFU) is a share of. Default: an H100/H200 SXM's dense rate for the
     /// dtype (989 in bf16 on tensor cores, 67 in fp32 without TF32).
@@ -267,11 +260,8 @@ impl Run {
         // stream 0 idle.
         let rt = model_runtime(BackendKind::Cuda { device: a.device }, a.streams, policy, 0)
             .with_context(|| format!("a CUDA runtime on device {}", a.device))?;
-        let opts = ModelOptions {
-            fused: a.fused,
-            dtype: a.dtype,
-        };
-        let model = Gpt2Model::with_options(&rt, cfg, a.batch_size, a.seq_len, opts)?;
+        let model =
+            Gpt2Model::with_options(&rt, cfg, a.batch_size, a.seq_len, a.storage.options())?;
         model.upload_params(&rt, params)?;
         let hyper = AdamWHyper {
             learning_rate: 3e-4,
@@ -331,7 +321,7 @@ fn main() -> Result<()> {
     // What the model allocates in fp32 without fusion (the figure is
     // printed for that layout only; the pool's high-water mark below is
     // measured for every layout).
-    let plain = a.dtype == Dtype::F32 && !a.fused;
+    let plain = a.storage.dtype == Dtype::F32 && !a.storage.fused;
     let np = cfg.num_parameters();
     let (b, t) = (a.batch_size, a.seq_len);
     let acts = ActivationLayout::new(&cfg, b, t).total * 4;
@@ -346,8 +336,12 @@ fn main() -> Result<()> {
          {} compute streams, {other} vs single",
         a.model,
         b * t,
-        a.dtype,
-        if a.fused { ", fused kernels" } else { "" },
+        a.storage.dtype,
+        if a.storage.fused {
+            ", fused kernels"
+        } else {
+            ""
+        },
         a.streams
     );
     if plain {
@@ -447,7 +441,7 @@ fn main() -> Result<()> {
         println!("{d}");
     }
     let tokens = (b * t) as f64;
-    let peak = a.peak_tflops.unwrap_or(match a.dtype {
+    let peak = a.peak_tflops.unwrap_or(match a.storage.dtype {
         Dtype::Bf16 => 989.0,
         Dtype::F32 => 67.0,
     });

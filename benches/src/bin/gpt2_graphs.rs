@@ -28,9 +28,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use braid::{BackendKind, Runtime, Schedule};
+use braid_benches::StorageArgs;
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
-use braid_gpt2::model::{init_params, Dtype, Gpt2Model, ModelOptions, Rng};
+use braid_gpt2::model::{init_params, Gpt2Model, Rng};
 use braid_gpt2::optim::AdamW;
 use clap::Parser;
 
@@ -65,12 +66,8 @@ struct Args {
     /// Seed of the parameters and tokens.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Storage type: fp32, or bf16 (mixed precision).
-    #[arg(long, default_value = "fp32")]
-    dtype: Dtype,
-    /// Fused attention, classifier and residual + layer norm.
-    #[arg(long)]
-    fused: bool,
+    #[command(flatten)]
+    storage: StorageArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +106,8 @@ fn round(
     if let Some(dev) = rt.cuda_device() {
         braid_gpt2::kernels::preload(dev)?;
     }
-    let opts = ModelOptions {
-        fused: a.fused,
-        dtype: a.dtype,
-    };
-    let mut model = Gpt2Model::with_options(&rt, cfg, a.batch_size, a.seq_len, opts)?;
+    let mut model =
+        Gpt2Model::with_options(&rt, cfg, a.batch_size, a.seq_len, a.storage.options())?;
     model.upload_params(&rt, params)?;
     let mut opt = AdamW::for_model(&rt, &model, AdamWHyper::default(), Some(1.0))?;
     rt.synchronize()?;
