@@ -25,8 +25,8 @@ use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::model::{Dtype, Sampler};
 use braid_gpt2::trainer::{
-    evaluate, model_runtime, resolve_backend, resolve_train_backend, train, DistEnv, StartState,
-    StepReport, TrainOptions,
+    evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
+    TrainOptions,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
 use clap::{Args, Parser, Subcommand};
@@ -301,10 +301,11 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
 
 /// The storage type when `--dtype` is not given: bf16 on a GPU (mixed
 /// precision, as PyTorch's autocast and llm.c train), fp32 on the CPU.
-fn device_dtype(device: BackendKind) -> Dtype {
-    match device {
-        BackendKind::Cuda { .. } => Dtype::Bf16,
-        _ => Dtype::F32,
+fn default_dtype(on_gpu: bool) -> Dtype {
+    if on_gpu {
+        Dtype::Bf16
+    } else {
+        Dtype::F32
     }
 }
 
@@ -546,7 +547,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     // The GPU defaults: bf16, and one rank's step replayed as a CUDA graph.
     let on_gpu = matches!(device, BackendKind::Cuda { .. });
-    opts.dtype = a.dtype.unwrap_or(device_dtype(device));
+    opts.dtype = a.dtype.unwrap_or(default_dtype(on_gpu));
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.graphs = a.graphs || (on_gpu && world == 1 && !a.no_graphs && !a.no_replay);
     let device_name = match (device, &dist) {
@@ -651,7 +652,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         a.seq_len,
         a.batch_size,
-        a.dtype.unwrap_or(device_dtype(resolve_backend(a.device)?)),
+        a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
         |i, n| {
             if i == n || i % 50 == 0 {
                 eprintln!("batch {i}/{n}");
@@ -700,7 +701,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     })?;
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
     let window = (context.len() + a.tokens).min(cfg.max_seq_len);
-    let dtype = a.dtype.unwrap_or(device_dtype(resolve_backend(a.device)?));
+    let dtype = a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some()));
     let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, dtype)?;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
