@@ -8,6 +8,18 @@ use braid_gpt2::rng::Rng;
 pub mod simulate;
 pub mod toy_mlp;
 
+/// The median of `v` (the mean of the two middle values when their number is
+/// even); NaN when `v` is empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
 /// The GPT-2 benchmarks' storage flags (`--dtype`, `--fused`), flattened into
 /// each program's arguments.
 #[derive(clap::Args, Debug, Clone, Copy)]

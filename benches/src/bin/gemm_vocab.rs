@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use braid::cuda::{CublasHandle, CudaDevice, CudaStream, DeviceBuffer, Gemm, Transpose};
+use braid_benches::median;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -55,8 +56,7 @@ fn time(stream: &CudaStream, reps: usize, mut f: impl FnMut() -> Result<()>) -> 
         stream.synchronize()?;
         v.push(t0.elapsed().as_secs_f64());
     }
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+    Ok(median(&v))
 }
 
 fn main() -> Result<()> {

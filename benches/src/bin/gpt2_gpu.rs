@@ -36,7 +36,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use braid::trace::Summary;
 use braid::{BackendKind, Policy, Runtime};
-use braid_benches::StorageArgs;
+use braid_benches::{median, StorageArgs};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu::Dtype;
@@ -215,16 +215,6 @@ fn trace_one_step(a: &Args, cfg: &Gpt2Config, run: &mut Run, policy: Policy) -> 
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
 }
 
 fn gib(bytes: f64) -> f64 {

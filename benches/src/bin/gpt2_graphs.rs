@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use braid::{BackendKind, Runtime, Schedule};
-use braid_benches::StorageArgs;
+use braid_benches::{median, StorageArgs};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::model::{init_params, Gpt2Model, Rng};
@@ -162,16 +162,6 @@ fn round(
     }
     tally.losses.push(losses);
     Ok(())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
 }
 
 fn main() -> Result<()> {
