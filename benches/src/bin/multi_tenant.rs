@@ -48,10 +48,10 @@ struct Args {
     /// Training steps (the first is left out of the throughput).
     #[arg(long, default_value_t = 12)]
     be_steps: u64,
-    /// Training ranks (CPU threads; on CUDA GPUs from device 0, so 1 on a
-    /// one-GPU machine).
-    #[arg(long, default_value_t = 2)]
-    be_ranks: usize,
+    /// Training ranks: CPU threads (default 2), or GPUs from device 0 with
+    /// `--device cuda` (default 1).
+    #[arg(long)]
+    be_ranks: Option<usize>,
     /// Training sequences per step.
     #[arg(long, default_value_t = 4)]
     be_batch_size: usize,
@@ -135,7 +135,7 @@ fn train_be(a: &Args, class: Class) -> Result<f64> {
         seq_len: a.be_seq_len,
         steps: a.be_steps,
         backend,
-        ranks: a.be_ranks,
+        ranks: a.be_ranks.unwrap_or(if gpu { 1 } else { 2 }),
         class,
         dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
         trace: None,
@@ -165,10 +165,7 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Latency, f64)> {
 }
 
 fn main() -> Result<()> {
-    let mut a = Args::parse();
-    if a.backend()? != BackendKind::Cpu && std::env::args().all(|x| !x.starts_with("--be-ranks")) {
-        a.be_ranks = 1;
-    }
+    let a = Args::parse();
     let solo_lc = serve(&a, Class::LatencyCritical, a.requests, None)?;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
