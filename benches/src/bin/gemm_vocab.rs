@@ -2,8 +2,10 @@
 //! (50,257: odd, so no row of the logits starts 16-byte aligned), at the
 //! vocabulary padded to a multiple of 128 (50,304, llm.c's), and at the real
 //! vocabulary with only the logits' row stride padded (`ld = 50,304`, `V`
-//! columns used): the question before padding the model is which of the
-//! two it needs. Prints each product's time and TFLOP/s; figures only.
+//! columns used). The model pads only the logits' row stride
+//! (docs/gpt2.md, "The padded logits rows"); this says whether padding `wte`
+//! too would be worth its cost. Prints each product's time and TFLOP/s;
+//! figures only.
 //!
 //! The products, as GPT-2's `matmul` tasks issue them (row-major, `n = B·T`):
 //! `logits forward` `(n, V) = lnf (n, C) · wteᵀ`, `logits backward input`

@@ -1,9 +1,23 @@
 //! GPT-2 model configuration: the five sizes that fix every tensor shape.
 //!
-//! There is no padded vocabulary: `V = vocab_size` everywhere (the logits are
-//! `(B, T, V)` and `wte` is `(V, C)`).
+//! The vocabulary is not padded in the parameters: `wte` is `(V, C)` with
+//! `V = vocab_size`, so checkpoints and Hugging Face weights keep their
+//! shapes. Only the rows of the model's logits (and probabilities and their
+//! gradients) are padded, to [`Gpt2Config::padded_vocab`] elements: see
+//! [`VOCAB_ROW_MULTIPLE`].
 
 use thiserror::Error;
+
+/// The model's `(B, T, V)` logits rows are `V` rounded up to a multiple of
+/// this many elements (GPT-2's 50,257 to 50,304, llm.c's padded vocabulary),
+/// with only the first `V` columns used. An odd row length leaves every
+/// other row of a bf16 (or f32) logits matrix misaligned, which keeps
+/// cuBLAS off its fastest kernels for the three classifier products, the
+/// largest of the step; 128 makes each row start 256-byte aligned in bf16.
+/// The padding columns are never read by a product or a sum, so results
+/// do not depend on it (`tests/engine_model.rs` checks bit-identity with
+/// the unpadded reference at an odd vocabulary).
+pub const VOCAB_ROW_MULTIPLE: usize = 128;
 
 /// The shape-defining hyper-parameters of a GPT-2 model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,6 +154,12 @@ impl Gpt2Config {
             });
         }
         Ok(())
+    }
+
+    /// `Vp`: the row length of the model's logits, `V` rounded up to
+    /// [`VOCAB_ROW_MULTIPLE`].
+    pub const fn padded_vocab(&self) -> usize {
+        self.vocab_size.next_multiple_of(VOCAB_ROW_MULTIPLE)
     }
 
     /// Head size `hs = C / NH`.

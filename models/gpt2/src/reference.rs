@@ -44,6 +44,11 @@
 //!
 //! `residual_in` of layer 0 is `encoded`; of layer `l > 0`, layer `l-1`'s
 //! `residual3`.
+//!
+//! The reference's rows of `logits` and `probs` are `V` long. The model's
+//! ([`ActivationLayout::stored`]) are `Vp` long
+//! ([`Gpt2Config::padded_vocab`]), the first `V` columns used: the same
+//! tensors in wider rows.
 
 use thiserror::Error;
 
@@ -180,14 +185,18 @@ pub struct ActivationLayout {
     pub lnf_mean: Span,
     /// `(B, T)`
     pub lnf_rstd: Span,
-    /// `(B, T, V)`
+    /// `(B, T, Vp)`: rows of [`vp`](Self::vp), the first `V` columns used.
     pub logits: Span,
-    /// `(B, T, V)`
+    /// `(B, T, Vp)`, as `logits`.
     pub probs: Span,
     /// `(B, T)`
     pub losses: Span,
     /// Total elements.
     pub total: usize,
+    /// The row length of `logits` and `probs`: `V` in the reference's
+    /// layouts, [`Gpt2Config::padded_vocab`] in the model's
+    /// ([`stored`](Self::stored), [`stored_gradients`](Self::stored_gradients)).
+    pub vp: usize,
     /// Gradient ring slots ([`stored_gradients`](Self::stored_gradients)), or
     /// 0: every block its own contiguous span.
     pub ring: usize,
@@ -196,7 +205,7 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, false, 1, 0)
+        Self::build(cfg, b, t, false, false, 1, 0, cfg.vocab_size)
     }
 
     /// The layout of a model that stores its activations as `dtype`
@@ -207,7 +216,10 @@ impl ActivationLayout {
     /// kept in `f32` whatever the storage (`*_mean`, `*_rstd`, `losses`, and
     /// in fused mode the logsumexp in `att`) then span `4 / dtype.size()`
     /// elements per value and start at a multiple of that, so that the byte
-    /// range `span · dtype.size()` holds them as `f32`. With `f32` it is the
+    /// range `span · dtype.size()` holds them as `f32`. Rows of `logits` and
+    /// `probs` are [`Gpt2Config::padded_vocab`] long. With `f32` and a
+    /// vocabulary that is a multiple of
+    /// [`VOCAB_ROW_MULTIPLE`](crate::config::VOCAB_ROW_MULTIPLE) it is the
     /// plain layout.
     pub fn stored(
         cfg: &Gpt2Config,
@@ -217,7 +229,8 @@ impl ActivationLayout {
         gradients: bool,
         dtype: Dtype,
     ) -> Self {
-        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size(), 0)
+        let vp = cfg.padded_vocab();
+        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size(), 0, vp)
     }
 
     /// The activation gradients of [`stored`](Self::stored) (`gradients`
@@ -242,7 +255,8 @@ impl ActivationLayout {
         ring: usize,
     ) -> Self {
         let ring = ring.clamp(1, cfg.num_layers.max(1));
-        Self::build(cfg, b, t, true, fused, 4 / dtype.size(), ring)
+        let vp = cfg.padded_vocab();
+        Self::build(cfg, b, t, true, fused, 4 / dtype.size(), ring, vp)
     }
 
     /// The forward activations of the fused kernels
@@ -256,7 +270,7 @@ impl ActivationLayout {
     /// in the backward pass (llm.c's `recompute`), except for the last
     /// `GELU_RING` blocks, whose slots still hold them.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, true, 1, 0)
+        Self::build(cfg, b, t, false, true, 1, 0, cfg.vocab_size)
     }
 
     /// The activation gradients of the fused kernels: as
@@ -267,17 +281,19 @@ impl ActivationLayout {
     /// gradient is `residual2`'s or `residual3`'s
     /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, true, 1, 0)
+        Self::build(cfg, b, t, true, true, 1, 0, cfg.vocab_size)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, false, 1, 0)
+        Self::build(cfg, b, t, true, false, 1, 0, cfg.vocab_size)
     }
 
     /// `stat`: elements per `f32` statistic (1, or 2 for bf16 storage);
-    /// `ring`: gradient ring slots (`grads` only), or 0 for none.
+    /// `ring`: gradient ring slots (`grads` only), or 0 for none; `vp`: the
+    /// row length of `logits` and `probs`.
+    #[allow(clippy::too_many_arguments)]
     fn build(
         cfg: &Gpt2Config,
         b: usize,
@@ -286,8 +302,9 @@ impl ActivationLayout {
         fused: bool,
         stat: usize,
         ring: usize,
+        vp: usize,
     ) -> Self {
-        let (c, v, nh) = (cfg.channels, cfg.vocab_size, cfg.num_heads);
+        let (c, nh) = (cfg.channels, cfg.num_heads);
         let bt = b * t;
         let mut offset = 0usize;
         // `is_stat`: an `f32` statistic, `stat` elements per value, aligned.
@@ -359,8 +376,8 @@ impl ActivationLayout {
         let lnf = span(bt * c, true, false);
         let lnf_mean = span(bt, false, true);
         let lnf_rstd = span(bt, false, true);
-        let logits = span(bt * v, !fused, false);
-        let probs = span(if fused { 0 } else { bt * v }, false, false);
+        let logits = span(bt * vp, !fused, false);
+        let probs = span(if fused { 0 } else { bt * vp }, false, false);
         let losses = span(bt, false, true);
         Self {
             b,
@@ -374,6 +391,7 @@ impl ActivationLayout {
             probs,
             losses,
             total: offset,
+            vp,
             ring,
         }
     }
@@ -668,11 +686,11 @@ impl Reference {
         let [lnf, logits] = split_spans(acts, [a.lnf, a.logits]);
         k::matmul_forward(logits, lnf, w(p.wte()), None, b, t, c, v);
         let [logits, probs] = split_spans(acts, [a.logits, a.probs]);
-        k::softmax_forward(probs, logits, b, t, v);
+        k::softmax_forward(probs, logits, b, t, v, v);
 
         if let Some(targets) = targets {
             let [probs, losses] = split_spans(acts, [a.probs, a.losses]);
-            k::crossentropy_forward(losses, probs, targets, b, t, v);
+            k::crossentropy_forward(losses, probs, targets, b, t, v, v);
             let loss = k::mean_loss(losses);
             self.targets.extend_from_slice(targets);
             self.loss = Some(loss);
@@ -713,7 +731,7 @@ impl Reference {
         dacts.fill(0.0);
 
         let [dlogits] = split_spans(dacts, [g.logits]);
-        k::crossentropy_softmax_backward(dlogits, x(a.probs), targets, dloss, b, t, v);
+        k::crossentropy_softmax_backward(dlogits, x(a.probs), targets, dloss, b, t, v, v);
         let [dlogits, dlnf] = split_spans(dacts, [g.logits, g.lnf]);
         k::matmul_backward_input(dlnf, dlogits, w(p.wte()), b, t, c, v);
         k::matmul_backward_weight(&mut grads[p.wte()], None, dlogits, x(a.lnf), b, t, c, v);

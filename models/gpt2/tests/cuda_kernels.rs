@@ -661,8 +661,8 @@ fn softmax_and_crossentropy_match_cpu() {
     let logits = randn(n * V, 3.0, 50);
     let targets = tokens(n, 51);
     let (mut probs, mut losses) = (vec![0.0; n * V], vec![0.0; n]);
-    cpu::softmax_forward(&mut probs, &logits, B, T, V);
-    cpu::crossentropy_forward(&mut losses, &probs, &targets, B, T, V);
+    cpu::softmax_forward(&mut probs, &logits, B, T, V, V);
+    cpu::crossentropy_forward(&mut losses, &probs, &targets, B, T, V, V);
     let (bl, bt) = (g.up(&logits), g.up_u32(&targets));
 
     let bp_only = g.zeros(n * V);
@@ -671,6 +671,7 @@ fn softmax_and_crossentropy_match_cpu() {
         &bp_only.whole(),
         &bl.whole(),
         n,
+        V,
         V,
     ));
     compare("softmax_forward", &g.down(&bp_only), &probs, 1e-7, 1e-4);
@@ -686,6 +687,7 @@ fn softmax_and_crossentropy_match_cpu() {
             &v[2],
             &v[3],
             n,
+            V,
             V,
         )
     });
@@ -720,7 +722,7 @@ fn softmax_and_crossentropy_match_cpu() {
     let dloss = 0.5f32;
     let mut dlogits = randn(n * V, 0.01, 52);
     let bd = g.up(&dlogits);
-    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V);
+    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V, V);
     let v = [&bd, &bp, &bt].map(|b| b.whole());
     done(loss::backward(
         g.rt.task("crossentropy_softmax_backward"),
@@ -729,6 +731,7 @@ fn softmax_and_crossentropy_match_cpu() {
         &v[2],
         dloss,
         n,
+        V,
         V,
     ));
     compare(
@@ -1366,7 +1369,7 @@ fn softmax_and_crossentropy_bf16(dev: Device) {
     let logits = bf16(&randn(n * V, 3.0, 150));
     let targets = tokens(n, 151);
     let (mut probs, mut losses) = (vec![Bf16(0); n * V], vec![0.0f32; n]);
-    cpu::softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V);
+    cpu::softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V, V);
     let (bl, bt) = (g.up_bf16(&logits), g.up_u32(&targets));
 
     let bp_only = g.up_bf16(&vec![Bf16(0); n * V]);
@@ -1375,6 +1378,7 @@ fn softmax_and_crossentropy_bf16(dev: Device) {
         &bp_only.whole(),
         &bl.whole(),
         n,
+        V,
         V,
     ));
     // CUDA's expf is not the CPU's libm and the f64 row sum is added in a
@@ -1392,6 +1396,7 @@ fn softmax_and_crossentropy_bf16(dev: Device) {
             &v[2],
             &v[3],
             n,
+            V,
             V,
         )
     });
@@ -1411,7 +1416,7 @@ fn softmax_and_crossentropy_bf16(dev: Device) {
     let dloss = 0.5f32;
     let mut dlogits = bf16(&randn(n * V, 0.01, 152));
     let bd = g.up_bf16(&dlogits);
-    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V);
+    cpu::crossentropy_softmax_backward(&mut dlogits, &probs, &targets, dloss, B, T, V, V);
     let v = [&bd, &bprobs, &bt].map(|b| b.whole());
     done(loss::backward(
         bf16_task(&g.rt, "crossentropy_softmax_backward bf16"),
@@ -1420,6 +1425,7 @@ fn softmax_and_crossentropy_bf16(dev: Device) {
         &v[2],
         dloss,
         n,
+        V,
         V,
     ));
     let what = "crossentropy_softmax_backward bf16";
@@ -1431,6 +1437,177 @@ test_device!(
     softmax_and_crossentropy_bf16_cpu,
     softmax_and_crossentropy_bf16_cuda
 );
+
+/// `dense` `(n, cols)` in rows of `ld`, each padded with `fill`.
+fn pad_rows(dense: &[f32], cols: usize, ld: usize, fill: f32) -> Vec<f32> {
+    dense
+        .chunks_exact(cols)
+        .flat_map(|r| {
+            r.iter()
+                .copied()
+                .chain(std::iter::repeat_n(fill, ld - cols))
+        })
+        .collect()
+}
+
+/// The first `cols` of each `ld` row of `padded`, and the padding after them.
+fn split_rows(padded: &[f32], cols: usize, ld: usize) -> (Vec<f32>, Vec<f32>) {
+    let rows = padded.chunks_exact(ld);
+    let used = rows.clone().flat_map(|r| &r[..cols]).copied().collect();
+    (used, rows.flat_map(|r| &r[cols..]).copied().collect())
+}
+
+/// Asserts `padded`'s first `cols` of each `ld` row equal `dense` (the same
+/// bits on the CPU; within `rtol` on CUDA, where cuBLAS may pick another
+/// algorithm for another leading dimension) and that its padding is still
+/// `fill` (bit for bit: nothing wrote it).
+#[track_caller]
+fn check_padded(dev: Device, what: &str, padded: &[f32], dense: &[f32], cols: usize, fill: f32) {
+    let ld = padded.len() / (dense.len() / cols);
+    let (used, pad) = split_rows(padded, cols, ld);
+    match dev {
+        Device::Cpu => assert!(
+            used.iter()
+                .zip(dense)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: padded rows differ from dense ones"
+        ),
+        Device::Cuda => compare(what, &used, dense, 1e-6, 1e-5),
+    }
+    let bad = pad.iter().position(|x| x.to_bits() != fill.to_bits());
+    assert_eq!(bad, None, "{what}: a padding element was written");
+}
+
+/// The classifier's padded rows (`ld > OC`, `Vp > V`; the model pads its
+/// logits to `Gpt2Config::padded_vocab`): each `_ld` matmul task and each
+/// loss task gives the dense task's result in the first columns, reads no
+/// padding (it holds NaN in every input) and writes none.
+fn padded_rows(dev: Device) {
+    let g = Dev::new(dev);
+    let (n, vp) = (B * T, V + 19);
+    let inp = randn(n * C, 1.0, 160);
+    let w = randn(V * C, 0.2, 161);
+    let (binp, bw) = (g.up(&inp), g.up(&w));
+
+    // logits = inp · wᵀ, dense and into rows of Vp (padding 7.0).
+    let dense = g.zeros(n * V);
+    let v = [&dense, &binp, &bw].map(|b| b.whole());
+    done(matmul::forward(
+        g.rt.task("dense"),
+        &v[0],
+        &v[1],
+        &v[2],
+        None,
+        n,
+        C,
+        V,
+    ));
+    let logits = g.down(&dense);
+    let padded = g.up(&pad_rows(&vec![0.0; n * V], V, vp, 7.0));
+    let v = [&padded, &binp, &bw].map(|b| b.whole());
+    let t = g.rt.task("padded");
+    done(matmul::forward_ld(
+        t, &v[0], &v[1], &v[2], None, n, C, V, vp,
+    ));
+    check_padded(dev, "forward_ld", &g.down(&padded), &logits, V, 7.0);
+
+    // Softmax and losses from logits padded with NaN, into probs padded 0.
+    let targets = tokens(n, 162);
+    let bt = g.up_u32(&targets);
+    let bl = g.up(&pad_rows(&logits, V, vp, f32::NAN));
+    let bld = g.up(&logits);
+    let run_loss = |probs: &Buffer, logits: &Buffer, vp: usize| {
+        let losses = g.zeros(n);
+        let v = [probs, &losses, logits, &bt].map(|b| b.whole());
+        // SAFETY: every target is < V (checked by `tokens`).
+        done(unsafe {
+            loss::softmax_crossentropy(g.rt.task("loss"), &v[0], &v[1], &v[2], &v[3], n, V, vp)
+        });
+        g.down(&losses)
+    };
+    let (pd, pp) = (
+        g.zeros(n * V),
+        g.up(&pad_rows(&vec![0.0; n * V], V, vp, 0.0)),
+    );
+    let losses = run_loss(&pd, &bld, V);
+    assert_eq!(run_loss(&pp, &bl, vp), losses, "losses from padded rows");
+    let probs = g.down(&pd);
+    check_padded(dev, "softmax_crossentropy", &g.down(&pp), &probs, V, 0.0);
+    let sm = g.up(&pad_rows(&vec![0.0; n * V], V, vp, 0.0));
+    let v = [&sm, &bl].map(|b| b.whole());
+    done(loss::softmax(g.rt.task("softmax"), &v[0], &v[1], n, V, vp));
+    check_padded(dev, "softmax", &g.down(&sm), &probs, V, 0.0);
+
+    // dlogits += (probs - onehot) · d, probs padded with NaN, dlogits with 5.0.
+    let start = randn(n * V, 0.01, 163);
+    let (dd, dp) = (g.up(&start), g.up(&pad_rows(&start, V, vp, 5.0)));
+    let bpp = g.up(&pad_rows(&probs, V, vp, f32::NAN));
+    let bpd = g.up(&probs);
+    for (dl, pr, vp) in [(&dd, &bpd, V), (&dp, &bpp, vp)] {
+        let v = [dl, pr, &bt].map(|b| b.whole());
+        done(loss::backward(
+            g.rt.task("backward"),
+            &v[0],
+            &v[1],
+            &v[2],
+            0.5,
+            n,
+            V,
+            vp,
+        ));
+    }
+    let dlogits = g.down(&dd);
+    check_padded(dev, "loss backward", &g.down(&dp), &dlogits, V, 5.0);
+
+    // Both gradients of the product from dlogits padded with NaN.
+    let dpn = g.up(&pad_rows(&dlogits, V, vp, f32::NAN));
+    let gi0 = randn(n * C, 0.1, 164);
+    let (gd, gp) = (g.up(&gi0), g.up(&gi0));
+    for (gi, dout, ld) in [(&gd, &dd, V), (&gp, &dpn, vp)] {
+        let v = [gi, dout, &bw].map(|b| b.whole());
+        let t = g.rt.task("backward input");
+        done(matmul::backward_input_ld(
+            t, &v[0], &v[1], &v[2], n, C, V, ld,
+        ));
+    }
+    check_padded(dev, "backward_input_ld", &g.down(&gp), &g.down(&gd), C, 0.0);
+    let (gw0, gb0) = (randn(V * C, 0.1, 165), randn(V, 0.1, 166));
+    let (wd, bd) = (g.up(&gw0), g.up(&gb0));
+    let (wp, bp) = (g.up(&gw0), g.up(&gb0));
+    for (dw, db, dout, ld) in [(&wd, &bd, &dd, V), (&wp, &bp, &dpn, vp)] {
+        let v = [dw, db, dout, &binp].map(|b| b.whole());
+        let t = g.rt.task("backward weight");
+        done(matmul::backward_weight_ld(
+            t,
+            &v[0],
+            Some(&v[1]),
+            &v[2],
+            &v[3],
+            n,
+            C,
+            V,
+            ld,
+        ));
+    }
+    check_padded(
+        dev,
+        "backward_weight_ld dweight",
+        &g.down(&wp),
+        &g.down(&wd),
+        C,
+        0.0,
+    );
+    check_padded(
+        dev,
+        "backward_weight_ld dbias",
+        &g.down(&bp),
+        &g.down(&bd),
+        V,
+        0.0,
+    );
+}
+
+test_device!(padded_rows, padded_rows_cpu, padded_rows_cuda);
 
 /// The fused classifier's tasks (losses alone; losses and the gradient in
 /// place) on a padded vocabulary, f32 and bf16, against the CPU kernel: the

@@ -18,7 +18,7 @@ use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
-use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
+use braid_gpt2::model::{init_params, Dtype, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::{ActivationLayout, Reference, GELU_RING};
 use common::{reference_steps, TEST_ADAMW};
@@ -91,12 +91,36 @@ fn reference_passes(
 }
 
 /// `tiny` with five blocks: more blocks than the activation gradients' ring
-/// has slots (`GRADIENT_RING`), so blocks share slots.
+/// has slots (`GRADIENT_RING`), so blocks share slots; and an odd
+/// vocabulary, 301, so the model's logits rows are padded (to 384,
+/// `Gpt2Config::padded_vocab`) where the reference's are not.
 fn five_blocks() -> Gpt2Config {
-    Gpt2Config {
+    let cfg = Gpt2Config {
         num_layers: 5,
+        vocab_size: 301,
         ..Gpt2Config::tiny()
+    };
+    assert_eq!(cfg.padded_vocab(), 384);
+    cfg
+}
+
+/// The model's `f32` activations (`ActivationLayout::stored`: logits and
+/// probabilities in rows of `Vp`) in the reference's layout (rows of `V`).
+/// Both layouts end with logits, probabilities and losses, and agree before.
+fn dense_activations(cfg: &Gpt2Config, (b, t): (usize, usize), acts: &[f32]) -> Vec<f32> {
+    let ours = ActivationLayout::stored(cfg, b, t, false, false, Dtype::F32);
+    let theirs = ActivationLayout::new(cfg, b, t);
+    assert_eq!(ours.total, acts.len());
+    assert_eq!(ours.logits.offset, theirs.logits.offset);
+    let (v, vp) = (cfg.vocab_size, ours.vp);
+    let mut dense = acts[..ours.logits.offset].to_vec();
+    for span in [ours.logits, ours.probs] {
+        let rows = span.of(acts).chunks_exact(vp);
+        dense.extend(rows.flat_map(|r| &r[..v]));
     }
+    dense.extend_from_slice(ours.losses.of(acts));
+    assert_eq!(dense.len(), theirs.total);
+    dense
 }
 
 #[test]
@@ -131,8 +155,13 @@ fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_po
             let acts: Vec<f32> = rt.read_vec(model.activations()).unwrap();
             assert_bits_eq(
                 &format!("{what}: activations"),
-                &acts,
+                &dense_activations(&cfg, (b, t), &acts),
                 reference.activations(),
+            );
+            assert_bits_eq(
+                &format!("{what}: probabilities"),
+                &model.read_probs(&rt).unwrap(),
+                reference.probs(),
             );
             assert_bits_eq(
                 &format!("{what}: logits"),
@@ -251,13 +280,13 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     }
 
     // Memory: per layer a (B, NH, T) logsumexp instead of two (B, NH, T, T)
-    // buffers; no (B, T, V) probabilities; no (B, T, V) logits gradient, and
+    // buffers; no (B, T, Vp) probabilities; no (B, T, Vp) logits gradient, and
     // per ring slot no (B, T, C) gradients of the two projections (they are
     // the residual's).
     let rt = runtime(1, Policy::Affinity);
     let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
     let fused = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
-    let (l, nh, v) = (cfg.num_layers, cfg.num_heads, cfg.vocab_size);
+    let (l, nh, v) = (cfg.num_layers, cfg.num_heads, cfg.padded_vocab());
     // ... and GELU outputs in a ring of GELU_RING slots, not one per block.
     let saved_acts = l * (2 * b * nh * t * t - b * nh * t)
         + b * t * v
@@ -272,7 +301,7 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     );
     // The ring: of the 5 blocks' gradients other than the residual stream's
     // (16·B·T·C each unfused), GRADIENT_RING blocks' worth is kept.
-    let per_block = ActivationLayout::gradients(&cfg, b, t).total * 4;
+    let per_block = ActivationLayout::stored(&cfg, b, t, false, true, Dtype::F32).total * 4;
     assert_eq!(
         per_block - unfused.activation_grads().len(),
         (l - GRADIENT_RING) * 16 * b * t * cfg.channels * 4

@@ -211,23 +211,23 @@ fn softmax_and_loss_take_the_loss_from_f32_probabilities() {
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5) % V as u32).collect();
     let mut probs = vec![Bf16::default(); n * V];
     let mut probsf = vec![0.0; n * V];
-    softmax_forward(&mut probs, &logits, B, T, V);
-    softmax_forward(&mut probsf, &logitsf, B, T, V);
+    softmax_forward(&mut probs, &logits, B, T, V, V);
+    softmax_forward(&mut probsf, &logitsf, B, T, V, V);
     assert_rounded(&probs, &probsf, "softmax_forward");
 
     let (mut losses, mut lossesf) = (vec![0.0; n], vec![0.0; n]);
-    softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V);
-    softmax_crossentropy_forward(&mut probsf, &mut lossesf, &logitsf, &targets, B, T, V);
+    softmax_crossentropy_forward(&mut probs, &mut losses, &logits, &targets, B, T, V, V);
+    softmax_crossentropy_forward(&mut probsf, &mut lossesf, &logitsf, &targets, B, T, V, V);
     assert_rounded(&probs, &probsf, "softmax_crossentropy_forward probs");
     assert_eq!(losses, lossesf, "softmax_crossentropy_forward losses");
     // With f32 storage, the fused kernel is the two kernels in turn.
     let mut two = vec![0.0; n];
-    crossentropy_forward(&mut two, &probsf, &targets, B, T, V);
+    crossentropy_forward(&mut two, &probsf, &targets, B, T, V, V);
     assert_eq!(two, lossesf);
     // From the rounded probabilities instead, the loss would be off by up to
     // half a bf16 ulp relative (2^-9): the fused kernel does not do that.
     let mut from_rounded = vec![0.0; n];
-    crossentropy_forward(&mut from_rounded, &probs, &targets, B, T, V);
+    crossentropy_forward(&mut from_rounded, &probs, &targets, B, T, V, V);
     assert_close(&from_rounded, &lossesf, 0.0, 4e-3, "loss of rounded probs");
     assert_ne!(
         from_rounded, lossesf,
@@ -236,8 +236,8 @@ fn softmax_and_loss_take_the_loss_from_f32_probabilities() {
 
     let probs_wide = wide(&probs);
     let (mut dl, mut dlf) = rand_bf16(n * V, 0.05, 27);
-    crossentropy_softmax_backward(&mut dl, &probs, &targets, 0.7, B, T, V);
-    crossentropy_softmax_backward(&mut dlf, &probs_wide, &targets, 0.7, B, T, V);
+    crossentropy_softmax_backward(&mut dl, &probs, &targets, 0.7, B, T, V, V);
+    crossentropy_softmax_backward(&mut dlf, &probs_wide, &targets, 0.7, B, T, V, V);
     assert_rounded(&dl, &dlf, "crossentropy_softmax_backward");
 }
 

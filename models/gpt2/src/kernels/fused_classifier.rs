@@ -366,10 +366,10 @@ mod tests {
     ) -> (Vec<f32>, Vec<f32>) {
         let mut probs = vec![f32::NAN; n * v];
         let mut losses = vec![f32::NAN; n];
-        softmax_forward(&mut probs, logits, 1, n, v);
-        crossentropy_forward(&mut losses, &probs, targets, 1, n, v);
+        softmax_forward(&mut probs, logits, 1, n, v, v);
+        crossentropy_forward(&mut losses, &probs, targets, 1, n, v, v);
         let mut dlogits = vec![0.0; n * v];
-        crossentropy_softmax_backward(&mut dlogits, &probs, targets, dloss, 1, n, v);
+        crossentropy_softmax_backward(&mut dlogits, &probs, targets, dloss, 1, n, v, v);
         (losses, dlogits)
     }
 

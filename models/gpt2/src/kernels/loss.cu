@@ -2,6 +2,8 @@
 // and the mean loss (fp32). Semantics: models/gpt2/src/kernels/loss.rs.
 // Block reductions use a fixed tree (warp butterflies, then one warp over the
 // per-warp partials): deterministic.
+// Rows of logits, probs and dlogits are Vp >= V elements apart (the model pads
+// them to Gpt2Config::padded_vocab); columns V..Vp are read by no sum.
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -44,18 +46,18 @@ static __device__ float block_max(float v, float* scratch) {
 
 // probs[n, :] = softmax(logits[n, :]) (row max subtracted first) and, when
 // `losses` and `targets` are not null, losses[n] = -log(probs[n, targets[n]]).
-//   probs (N, V), losses (N) or null, logits (N, V), targets (N) ids < V or null
+//   probs (N, Vp), losses (N) or null, logits (N, Vp), targets (N) ids < V or null
 // Launch: one block per row: grid N, block 1024 (any multiple of 32).
 extern "C" __global__ void softmax_crossentropy_forward(float* __restrict__ probs,
                                                         float* __restrict__ losses,
                                                         const float* __restrict__ logits,
                                                         const unsigned int* __restrict__ targets,
-                                                        int N, int V) {
+                                                        int N, int V, int Vp) {
     __shared__ float scratch[32];
     const int row = blockIdx.x;
     if (row >= N) return;  // uniform for the whole block
-    const float* x = logits + (long long)row * V;
-    float* p = probs + (long long)row * V;
+    const float* x = logits + (long long)row * Vp;
+    float* p = probs + (long long)row * Vp;
     float mx = NEG_INF;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
     mx = block_max(mx, scratch);
@@ -75,19 +77,20 @@ extern "C" __global__ void softmax_crossentropy_forward(float* __restrict__ prob
 
 // dlogits[n, i] += probs[n, i] * d, then dlogits[n, targets[n]] -= d, with
 // d = dloss / (B*T) computed by the caller (dloss = 1, or 1/accumulation steps).
-//   dlogits (N, V), probs (N, V), targets (N)
-// Launch: grid ceil(N*V / block), block 256.
+//   dlogits (N, Vp), probs (N, Vp), targets (N)
+// Launch: grid ceil(N*V / block), block 256 (one thread per used element).
 extern "C" __global__ void crossentropy_softmax_backward(float* __restrict__ dlogits,
                                                          const float* __restrict__ probs,
                                                          const unsigned int* __restrict__ targets,
-                                                         float d, int N, int V) {
+                                                         float d, int N, int V, int Vp) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)N * V) return;
     const long long row = idx / V;
     const unsigned int i = (unsigned int)(idx % V);
-    float g = dlogits[idx] + probs[idx] * d;
+    const long long at = row * Vp + i;
+    float g = dlogits[at] + probs[at] * d;
     if (i == targets[row]) g -= d;
-    dlogits[idx] = g;
+    dlogits[at] = g;
 }
 
 // out[0] = mean(losses[0..N]), accumulated in double.
@@ -130,17 +133,17 @@ static __device__ double block_sum_d(double v, double* scratch) {
 // CPU. The exp is recomputed in the last pass instead of being kept in probs
 // (a bf16 slot cannot hold it). expf and logf are CUDA's, not the CPU's
 // libm: a probability may differ by one bf16 ulp, a loss in its last bits.
-//   probs (N, V), losses (N) or null, logits (N, V), targets (N) ids < V or null
+//   probs (N, Vp), losses (N) or null, logits (N, Vp), targets (N) ids < V or null
 // Launch: one block per row: grid N, block 1024 (any multiple of 32).
 extern "C" __global__ void softmax_crossentropy_forward_bf16(
     bf16_t* __restrict__ probs, float* __restrict__ losses, const bf16_t* __restrict__ logits,
-    const unsigned int* __restrict__ targets, int N, int V) {
+    const unsigned int* __restrict__ targets, int N, int V, int Vp) {
     __shared__ float scratch[32];
     __shared__ double scratch_d[32];
     const int row = blockIdx.x;
     if (row >= N) return;  // uniform for the whole block
-    const bf16_t* x = logits + (long long)row * V;
-    bf16_t* p = probs + (long long)row * V;
+    const bf16_t* x = logits + (long long)row * Vp;
+    bf16_t* p = probs + (long long)row * Vp;
     float mx = NEG_INF;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, bf16_load(x[i]));
     mx = block_max(mx, scratch);
@@ -161,18 +164,19 @@ extern "C" __global__ void softmax_crossentropy_forward_bf16(
 // crossentropy_softmax_backward with bf16 dlogits and probs: each element
 // loaded, p * d added in f32, the target's - d after it, rounded once
 // (crossentropy_softmax_backward::<Bf16>; bit-exact with it).
-//   dlogits (N, V), probs (N, V), targets (N)
-// Launch: grid ceil(N*V / block), block 256.
+//   dlogits (N, Vp), probs (N, Vp), targets (N)
+// Launch: grid ceil(N*V / block), block 256 (one thread per used element).
 extern "C" __global__ void crossentropy_softmax_backward_bf16(
     bf16_t* __restrict__ dlogits, const bf16_t* __restrict__ probs,
-    const unsigned int* __restrict__ targets, float d, int N, int V) {
+    const unsigned int* __restrict__ targets, float d, int N, int V, int Vp) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)N * V) return;
     const long long row = idx / V;
     const unsigned int i = (unsigned int)(idx % V);
-    float g = __fadd_rn(bf16_load(dlogits[idx]), __fmul_rn(bf16_load(probs[idx]), d));
+    const long long at = row * Vp + i;
+    float g = __fadd_rn(bf16_load(dlogits[at]), __fmul_rn(bf16_load(probs[at]), d));
     if (i == targets[row]) g = __fadd_rn(g, -d);
-    dlogits[idx] = bf16_store(g);
+    dlogits[at] = bf16_store(g);
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,10 @@
 //! their CUDA launchers and `loss.cu`. On CUDA the softmax and the loss are
 //! one fused kernel ([`softmax_crossentropy_forward_cuda`]); there is no
 //! stand-alone cross-entropy launcher. Rows are `n = B·T` positions of a
-//! vocabulary of `v`.
+//! vocabulary of `v`, stored `vp >= v` elements apart (the model pads its
+//! logits rows to [`Gpt2Config::padded_vocab`](crate::config::Gpt2Config::padded_vocab);
+//! the reference's are dense, `vp = v`). Columns `v..vp` are neither read
+//! nor written.
 //!
 //! [`softmax`], [`softmax_crossentropy`] and [`backward`] have a CUDA body
 //! for bf16 `probs`/`logits`/`dlogits` too (the `*_bf16` kernels); losses stay `f32`, and a loss is
@@ -58,16 +61,19 @@ static CROSSENTROPY_SOFTMAX_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 4);
 /// Submits `probs = softmax(logits)` (over each row of `v`) as `task`.
 pub fn softmax<'rt>(
     task: impl Into<Task<'rt>>,
-    probs: &View,  // (N, V)
-    logits: &View, // (N, V)
+    probs: &View,  // (N, Vp)
+    logits: &View, // (N, Vp)
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<TaskHandle> {
     submit!(
         task,
         |S| (probs.write::<S>(), logits.read::<S>()),
-        move |(probs, logits)| softmax_forward(probs, logits, 1, n, v),
-        move |(probs, logits), cu| task_result(softmax_forward_cuda(cu, probs, logits, n, v)),
+        move |(probs, logits)| softmax_forward(probs, logits, 1, n, v, vp),
+        move |(probs, logits), cu| {
+            task_result(softmax_forward_cuda(cu, probs, logits, n, v, vp))
+        },
     )
 }
 
@@ -78,12 +84,13 @@ pub fn softmax<'rt>(
 /// When the task runs, every id in `targets` is below `v` (module docs).
 pub unsafe fn softmax_crossentropy<'rt>(
     task: impl Into<Task<'rt>>,
-    probs: &View,   // (N, V)
+    probs: &View,   // (N, Vp)
     losses: &View,  // (N)
-    logits: &View,  // (N, V)
+    logits: &View,  // (N, Vp)
     targets: &View, // (N) u32, each < V
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<TaskHandle> {
     submit!(
         task,
@@ -94,12 +101,12 @@ pub unsafe fn softmax_crossentropy<'rt>(
             targets.read::<u32>(),
         ),
         move |(probs, losses, logits, targets)| {
-            softmax_crossentropy_forward(probs, losses, logits, targets, 1, n, v)
+            softmax_crossentropy_forward(probs, losses, logits, targets, 1, n, v, vp)
         },
         move |(probs, losses, logits, targets), cu| {
             // SAFETY: the ids are below V, this function's contract.
             task_result(unsafe {
-                softmax_crossentropy_forward_cuda(cu, probs, losses, logits, targets, n, v)
+                softmax_crossentropy_forward_cuda(cu, probs, losses, logits, targets, n, v, vp)
             })
         },
     )
@@ -125,12 +132,13 @@ pub fn mean<'rt>(
 /// `task`: `dlogits += (probs - onehot(targets)) · dloss / N`.
 pub fn backward<'rt>(
     task: impl Into<Task<'rt>>,
-    dlogits: &View, // (N, V) accumulated
-    probs: &View,   // (N, V)
+    dlogits: &View, // (N, Vp) accumulated
+    probs: &View,   // (N, Vp)
     targets: &View, // (N) u32
     dloss: f32,
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<TaskHandle> {
     submit!(
         task,
@@ -140,11 +148,11 @@ pub fn backward<'rt>(
             targets.read::<u32>(),
         ),
         move |(dlogits, probs, targets)| {
-            crossentropy_softmax_backward(dlogits, probs, targets, dloss, 1, n, v)
+            crossentropy_softmax_backward(dlogits, probs, targets, dloss, 1, n, v, vp)
         },
         move |(dlogits, probs, targets), cu| {
             task_result(crossentropy_softmax_backward_cuda(
-                cu, dlogits, probs, targets, dloss, n, v,
+                cu, dlogits, probs, targets, dloss, n, v, vp,
             ))
         },
     )
@@ -158,17 +166,27 @@ pub fn backward<'rt>(
 /// maximum is subtracted before `exp`). Computed in `f32` (the sum in `f64`);
 /// a bf16 row is rounded once.
 pub fn softmax_forward<S: Storage>(
-    probs: &mut [S], // (B, T, V)
-    logits: &[S],    // (B, T, V)
+    probs: &mut [S], // (B, T, Vp)
+    logits: &[S],    // (B, T, Vp)
     b: usize,
     t: usize,
     v: usize,
+    vp: usize,
 ) {
-    check_len("softmax_forward", "probs", probs.len(), b * t * v);
-    check_len("softmax_forward", "logits", logits.len(), b * t * v);
-    for (probs_bt, logits_bt) in probs.chunks_exact_mut(v).zip(logits.chunks_exact(v)) {
-        S::update_f32(probs_bt, |probs_bt| softmax_row(probs_bt, logits_bt));
+    let n = b * t;
+    check_rows("softmax_forward", v, vp);
+    check_len("softmax_forward", "probs", probs.len(), n * vp);
+    check_len("softmax_forward", "logits", logits.len(), n * vp);
+    for (probs_bt, logits_bt) in probs.chunks_exact_mut(vp).zip(logits.chunks_exact(vp)) {
+        S::update_f32(&mut probs_bt[..v], |probs_bt| {
+            softmax_row(probs_bt, &logits_bt[..v])
+        });
     }
+}
+
+/// Panics unless `1 <= v <= vp` (the row stride is below the vocabulary).
+fn check_rows(name: &str, v: usize, vp: usize) {
+    assert!(v <= vp, "{name}: row stride Vp ({vp}) is below V ({v})");
 }
 
 /// One row of [`softmax_forward`], into `f32`.
@@ -192,17 +210,19 @@ fn softmax_row<S: Storage>(
 /// `losses[bt] = -ln(probs[bt, targets[bt]])`. Targets must be `< V`.
 pub fn crossentropy_forward<S: Storage>(
     losses: &mut [f32], // (B, T)
-    probs: &[S],        // (B, T, V)
+    probs: &[S],        // (B, T, Vp)
     targets: &[u32],    // (B, T)
     b: usize,
     t: usize,
     v: usize,
+    vp: usize,
 ) {
+    check_rows("crossentropy_forward", v, vp);
     check_len("crossentropy_forward", "losses", losses.len(), b * t);
-    check_len("crossentropy_forward", "probs", probs.len(), b * t * v);
+    check_len("crossentropy_forward", "probs", probs.len(), b * t * vp);
     check_len("crossentropy_forward", "targets", targets.len(), b * t);
-    for ((loss, probs_bt), &tgt) in losses.iter_mut().zip(probs.chunks_exact(v)).zip(targets) {
-        *loss = -probs_bt[tgt as usize].load().ln();
+    for ((loss, probs_bt), &tgt) in losses.iter_mut().zip(probs.chunks_exact(vp)).zip(targets) {
+        *loss = -probs_bt[..v][tgt as usize].load().ln();
     }
 }
 
@@ -213,28 +233,25 @@ pub fn crossentropy_forward<S: Storage>(
 /// `f32` the same way). With `f32` storage it is exactly the two kernels in
 /// turn. Targets must be `< V`.
 pub fn softmax_crossentropy_forward<S: Storage>(
-    probs: &mut [S],    // (B, T, V)
+    probs: &mut [S],    // (B, T, Vp)
     losses: &mut [f32], // (B, T)
-    logits: &[S],       // (B, T, V)
+    logits: &[S],       // (B, T, Vp)
     targets: &[u32],    // (B, T)
     b: usize,
     t: usize,
     v: usize,
+    vp: usize,
 ) {
-    let n = b * t;
-    check_len("softmax_crossentropy_forward", "probs", probs.len(), n * v);
-    check_len("softmax_crossentropy_forward", "losses", losses.len(), n);
-    check_len(
-        "softmax_crossentropy_forward",
-        "logits",
-        logits.len(),
-        n * v,
-    );
-    check_len("softmax_crossentropy_forward", "targets", targets.len(), n);
-    let rows = probs.chunks_exact_mut(v).zip(logits.chunks_exact(v));
+    let (name, n) = ("softmax_crossentropy_forward", b * t);
+    check_rows(name, v, vp);
+    check_len(name, "probs", probs.len(), n * vp);
+    check_len(name, "losses", losses.len(), n);
+    check_len(name, "logits", logits.len(), n * vp);
+    check_len(name, "targets", targets.len(), n);
+    let rows = probs.chunks_exact_mut(vp).zip(logits.chunks_exact(vp));
     for ((probs_bt, logits_bt), (loss, &tgt)) in rows.zip(losses.iter_mut().zip(targets)) {
-        S::update_f32(probs_bt, |probs_bt| {
-            softmax_row(probs_bt, logits_bt);
+        S::update_f32(&mut probs_bt[..v], |probs_bt| {
+            softmax_row(probs_bt, &logits_bt[..v]);
             *loss = -probs_bt[tgt as usize].ln();
         });
     }
@@ -253,38 +270,26 @@ pub fn mean_loss(losses: &[f32], // (B, T)
 /// `dloss` is the gradient of the objective with respect to the mean loss:
 /// 1 for a plain step, `1 / accumulation_steps` when accumulating micro-batches.
 pub fn crossentropy_softmax_backward<S: Storage>(
-    dlogits: &mut [S], // (B, T, V)
-    probs: &[S],       // (B, T, V)
+    dlogits: &mut [S], // (B, T, Vp)
+    probs: &[S],       // (B, T, Vp)
     targets: &[u32],   // (B, T)
     dloss: f32,
     b: usize,
     t: usize,
     v: usize,
+    vp: usize,
 ) {
-    check_len(
-        "crossentropy_softmax_backward",
-        "dlogits",
-        dlogits.len(),
-        b * t * v,
-    );
-    check_len(
-        "crossentropy_softmax_backward",
-        "probs",
-        probs.len(),
-        b * t * v,
-    );
-    check_len(
-        "crossentropy_softmax_backward",
-        "targets",
-        targets.len(),
-        b * t,
-    );
-    let d = dloss / (b * t) as f32;
-    let rows = dlogits.chunks_exact_mut(v).zip(probs.chunks_exact(v));
+    let (name, n) = ("crossentropy_softmax_backward", b * t);
+    check_rows(name, v, vp);
+    check_len(name, "dlogits", dlogits.len(), n * vp);
+    check_len(name, "probs", probs.len(), n * vp);
+    check_len(name, "targets", targets.len(), n);
+    let d = dloss / n as f32;
+    let rows = dlogits.chunks_exact_mut(vp).zip(probs.chunks_exact(vp));
     for ((dlogits_bt, probs_bt), &tgt) in rows.zip(targets) {
         // A bf16 row is rounded once, after the target's `- d`.
-        S::update_f32(dlogits_bt, |dlogits_bt| {
-            for (dl, &p) in dlogits_bt.iter_mut().zip(probs_bt) {
+        S::update_f32(&mut dlogits_bt[..v], |dlogits_bt| {
+            for (dl, &p) in dlogits_bt.iter_mut().zip(&probs_bt[..v]) {
                 *dl += p.load() * d;
             }
             dlogits_bt[tgt as usize] -= d;
@@ -303,20 +308,30 @@ pub(crate) const SOFTMAX_BLOCK: u32 = 1024;
 /// `f32` block trees).
 pub fn softmax_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    probs: DevSliceMut<S>, // (N, V)
-    logits: DevSlice<S>,   // (N, V)
+    probs: DevSliceMut<S>, // (N, Vp)
+    logits: DevSlice<S>,   // (N, Vp)
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<()> {
     let k = Check::new("softmax_forward");
-    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
-    let nv = k.mul(n, v)?;
-    k.exact("probs", &probs, "(N, V)", nv)?;
-    k.exact("logits", &logits, "(N, V)", nv)?;
+    let (ni, vi, vpi) = row_dims(&k, n, v, vp)?;
+    let nv = k.mul(n, vp)?;
+    k.exact("probs", &probs, "(N, Vp)", nv)?;
+    k.exact("logits", &logits, "(N, Vp)", nv)?;
     let l = Launcher::new(k, cu);
     // SAFETY: null losses and targets (the kernel then skips the loss);
-    // probs, logits (N, V) (checked).
-    unsafe { launch_softmax_crossentropy::<S>(&l, probs.ptr(), 0, logits.ptr(), 0, ni, vi) }
+    // probs, logits (N, Vp), V <= Vp (checked).
+    unsafe { launch_softmax_crossentropy::<S>(&l, probs.ptr(), 0, logits.ptr(), 0, [ni, vi, vpi]) }
+}
+
+/// `N`, `V` and `Vp` as the kernels' `int`s, `V <= Vp` checked.
+fn row_dims(k: &Check, n: usize, v: usize, vp: usize) -> Result<(i32, i32, i32)> {
+    let (ni, vi, vpi) = (k.dim("N", n)?, k.dim("V", v)?, k.dim("Vp", vp)?);
+    if vp < v {
+        return Err(k.err(format!("row stride Vp ({vp}) is below V ({v})")));
+    }
+    Ok((ni, vi, vpi))
 }
 
 /// [`softmax_forward`] then [`crossentropy_forward`], in one kernel on the
@@ -327,19 +342,20 @@ pub fn softmax_forward_cuda<S: Storage>(
 /// ids it finds on the device.
 pub unsafe fn softmax_crossentropy_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    probs: DevSliceMut<S>,    // (N, V)
+    probs: DevSliceMut<S>,    // (N, Vp)
     losses: DevSliceMut<f32>, // (N)
-    logits: DevSlice<S>,      // (N, V)
+    logits: DevSlice<S>,      // (N, Vp)
     targets: DevSlice<u32>,   // (N), each < V
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<()> {
     let k = Check::new("softmax_crossentropy_forward");
-    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
-    let nv = k.mul(n, v)?;
-    k.exact("probs", &probs, "(N, V)", nv)?;
+    let dims = row_dims(&k, n, v, vp)?;
+    let nv = k.mul(n, vp)?;
+    k.exact("probs", &probs, "(N, Vp)", nv)?;
     k.exact("losses", &losses, "(N)", n)?;
-    k.exact("logits", &logits, "(N, V)", nv)?;
+    k.exact("logits", &logits, "(N, Vp)", nv)?;
     k.exact("targets", &targets, "(N)", n)?;
     let l = Launcher::new(k, cu);
     // SAFETY: buffers checked; the row of probs is indexed by targets < V
@@ -351,8 +367,7 @@ pub unsafe fn softmax_crossentropy_forward_cuda<S: Storage>(
             losses.ptr(),
             logits.ptr(),
             targets.ptr(),
-            ni,
-            vi,
+            [dims.0, dims.1, dims.2],
         )
     }
 }
@@ -362,17 +377,17 @@ pub unsafe fn softmax_crossentropy_forward_cuda<S: Storage>(
 ///
 /// # Safety
 /// The arguments match `softmax_crossentropy_forward(float* probs, float*
-/// losses, const float* logits, const uint* targets, int N, int V)`: `probs`
-/// and `logits` address `(N, V)`, `losses` and `targets` `(N)` or are both
-/// null (the kernel then skips the loss), and every target is below `V`.
+/// losses, const float* logits, const uint* targets, int N, int V, int
+/// Vp)` (`[n, v, vp]`): `probs` and `logits` address `(N, Vp)` with
+/// `V <= Vp`, `losses` and `targets` `(N)` or are both null (the kernel then
+/// skips the loss), and every target is below `V`.
 unsafe fn launch_softmax_crossentropy<S: Storage>(
     l: &Launcher<'_>,
     probs: u64,
     losses: u64,
     logits: u64,
     targets: u64,
-    n: i32,
-    v: i32,
+    [n, v, vp]: [i32; 3],
 ) -> Result<()> {
     let mut a = KernelArgs::new();
     a.ptr(probs)
@@ -380,7 +395,8 @@ unsafe fn launch_softmax_crossentropy<S: Storage>(
         .ptr(logits)
         .ptr(targets)
         .i32(n)
-        .i32(v);
+        .i32(v)
+        .i32(vp);
     let cfg = LaunchConfig::grid_block(l.grid(n as usize)?, SOFTMAX_BLOCK);
     let kernel = by_dtype::<S>(
         &SOFTMAX_CROSSENTROPY_FORWARD,
@@ -412,18 +428,19 @@ pub fn mean_loss_cuda(
 /// target id: ids are only compared, never used as addresses.
 pub fn crossentropy_softmax_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dlogits: DevSliceMut<S>, // (N, V) accumulated
-    probs: DevSlice<S>,      // (N, V)
+    dlogits: DevSliceMut<S>, // (N, Vp) accumulated
+    probs: DevSlice<S>,      // (N, Vp)
     targets: DevSlice<u32>,  // (N)
     dloss: f32,
     n: usize,
     v: usize,
+    vp: usize,
 ) -> Result<()> {
     let k = Check::new("crossentropy_softmax_backward");
-    let (ni, vi) = (k.dim("N", n)?, k.dim("V", v)?);
-    let nv = k.mul(n, v)?;
-    k.exact("dlogits", &dlogits, "(N, V)", nv)?;
-    k.exact("probs", &probs, "(N, V)", nv)?;
+    let (ni, vi, vpi) = row_dims(&k, n, v, vp)?;
+    let (nv, nvp) = (k.mul(n, v)?, k.mul(n, vp)?);
+    k.exact("dlogits", &dlogits, "(N, Vp)", nvp)?;
+    k.exact("probs", &probs, "(N, Vp)", nvp)?;
     k.exact("targets", &targets, "(N)", n)?;
     let l = Launcher::new(k, cu);
     // The CPU kernel's scalar, computed the same way.
@@ -434,15 +451,16 @@ pub fn crossentropy_softmax_backward_cuda<S: Storage>(
         .ptr(targets.ptr())
         .f32(d)
         .i32(ni)
-        .i32(vi);
+        .i32(vi)
+        .i32(vpi);
     let kernel = by_dtype::<S>(
         &CROSSENTROPY_SOFTMAX_BACKWARD,
         &CROSSENTROPY_SOFTMAX_BACKWARD_BF16,
     );
     // SAFETY: crossentropy_softmax_backward[_bf16](S* dlogits, const S*
-    // probs, const uint* targets, float d, int N, int V), S the storage type
-    // of dlogits and probs; buffers checked; targets are compared with
-    // column indices only.
+    // probs, const uint* targets, float d, int N, int V, int Vp), S the
+    // storage type of dlogits and probs; buffers (N, Vp) with V <= Vp
+    // checked; targets are compared with column indices only.
     unsafe { l.launch(kernel, l.linear(nv, 256)?, &a) }
 }
 
@@ -455,7 +473,7 @@ mod tests {
     fn softmax_is_stable_for_large_logits() {
         let logits = [1000.0f32, 1000.0, -1000.0, 999.0];
         let mut probs = [0.0; 4];
-        softmax_forward(&mut probs, &logits, 1, 1, 4);
+        softmax_forward(&mut probs, &logits, 1, 1, 4, 4);
         assert!(probs.iter().all(|p| p.is_finite()));
         assert!((probs.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert_eq!(probs[2], 0.0);
@@ -469,15 +487,15 @@ mod tests {
         let loss_of = |logits: &[f32]| -> f64 {
             let mut probs = vec![0.0; b * t * v];
             let mut losses = vec![0.0; b * t];
-            softmax_forward(&mut probs, logits, b, t, v);
-            crossentropy_forward(&mut losses, &probs, &targets, b, t, v);
+            softmax_forward(&mut probs, logits, b, t, v, v);
+            crossentropy_forward(&mut losses, &probs, &targets, b, t, v, v);
             // scaled so the gradient is O(1) and f32 rounding stays small
             mean_loss(&losses) as f64 * 3.0
         };
         let mut probs = vec![0.0; b * t * v];
-        softmax_forward(&mut probs, &logits, b, t, v);
+        softmax_forward(&mut probs, &logits, b, t, v, v);
         let mut dlogits = vec![0.0; b * t * v];
-        crossentropy_softmax_backward(&mut dlogits, &probs, &targets, 3.0, b, t, v);
+        crossentropy_softmax_backward(&mut dlogits, &probs, &targets, 3.0, b, t, v, v);
         fd_check(&logits, &dlogits, loss_of, "dlogits");
     }
 }

@@ -12,6 +12,13 @@
 //! output held (the bias, or the gradient accumulated so far), so a bf16
 //! CUDA result is rounded twice where the CPU's is rounded once: within a
 //! bf16 step of the product's magnitude (`tests/cuda_kernels.rs`).
+//!
+//! The `_ld` variants take the `(N, OC)` side (the output, or its gradient)
+//! with rows `ld >= OC` elements apart, BLAS's leading dimension: GPT-2's
+//! classifier writes its logits into rows padded to
+//! [`Gpt2Config::padded_vocab`](crate::config::Gpt2Config::padded_vocab)
+//! so that every row starts aligned. Columns `OC..ld` are neither read nor
+//! written.
 
 use braid::cuda::{Gemm, KernelArgs, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
@@ -52,6 +59,21 @@ pub fn forward<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
+    forward_ld(task, out, inp, weight, bias, n, c, oc, oc)
+}
+
+/// [`forward`] into rows `ld` elements apart (module docs).
+pub fn forward_ld<'rt>(
+    task: impl Into<Task<'rt>>,
+    out: &View,          // (N, ld), columns 0..OC written
+    inp: &View,          // (N, C)
+    weight: &View,       // (OC, C)
+    bias: Option<&View>, // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) -> Result<TaskHandle> {
     submit!(
         task,
         |S| (
@@ -60,9 +82,9 @@ pub fn forward<'rt>(
             weight.read::<S>(),
             bias.map(|b| b.read::<S>()),
         ),
-        move |(out, inp, w, bias)| matmul_forward(out, inp, w, bias, 1, n, c, oc),
+        move |(out, inp, w, bias)| matmul_forward_ld(out, inp, w, bias, n, c, oc, ld),
         move |(out, inp, w, bias), cu| {
-            task_result(matmul_forward_cuda(cu, out, inp, w, bias, n, c, oc))
+            task_result(matmul_forward_cuda(cu, out, inp, w, bias, n, c, oc, ld))
         },
     )
 }
@@ -77,12 +99,26 @@ pub fn backward_input<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
+    backward_input_ld(task, dinp, dout, weight, n, c, oc, oc)
+}
+
+/// [`backward_input`] from `dout` rows `ld` elements apart (module docs).
+pub fn backward_input_ld<'rt>(
+    task: impl Into<Task<'rt>>,
+    dinp: &View,   // (N, C) accumulated
+    dout: &View,   // (N, ld), columns 0..OC read
+    weight: &View, // (OC, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) -> Result<TaskHandle> {
     submit!(
         task,
         |S| (dinp.read_write::<S>(), dout.read::<S>(), weight.read::<S>(),),
-        move |(dinp, dout, w)| matmul_backward_input(dinp, dout, w, 1, n, c, oc),
+        move |(dinp, dout, w)| matmul_backward_input_ld(dinp, dout, w, n, c, oc, ld),
         move |(dinp, dout, w), cu| {
-            task_result(matmul_backward_input_cuda(cu, dinp, dout, w, n, c, oc))
+            task_result(matmul_backward_input_cuda(cu, dinp, dout, w, n, c, oc, ld))
         },
     )
 }
@@ -99,6 +135,21 @@ pub fn backward_weight<'rt>(
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
+    backward_weight_ld(task, dweight, dbias, dout, inp, n, c, oc, oc)
+}
+
+/// [`backward_weight`] from `dout` rows `ld` elements apart (module docs).
+pub fn backward_weight_ld<'rt>(
+    task: impl Into<Task<'rt>>,
+    dweight: &View,       // (OC, C) accumulated
+    dbias: Option<&View>, // (OC) accumulated
+    dout: &View,          // (N, ld), columns 0..OC read
+    inp: &View,           // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) -> Result<TaskHandle> {
     submit!(
         task,
         |S| (
@@ -107,16 +158,18 @@ pub fn backward_weight<'rt>(
             dout.read::<S>(),
             inp.read::<S>(),
         ),
-        move |(dw, db, dout, inp)| matmul_backward_weight(dw, db, dout, inp, 1, n, c, oc),
+        move |(dw, db, dout, inp)| matmul_backward_weight_ld(dw, db, dout, inp, n, c, oc, ld),
         move |(dw, db, dout, inp), cu| {
-            task_result(matmul_backward_weight_cuda(cu, dw, db, dout, inp, n, c, oc))
+            task_result(matmul_backward_weight_cuda(
+                cu, dw, db, dout, inp, n, c, oc, ld,
+            ))
         },
     )
 }
 
-/// Submits rows `rows` of [`backward_weight`]'s weight gradient (no bias)
+/// Submits rows `rows` of [`backward_weight_ld`]'s weight gradient (no bias)
 /// as `task`: accumulates `dweight_rows (R, C)`, the gradient of weight rows
-/// `rows` (`R = rows.len()`), from columns `rows` of `dout (N, OC)`, which
+/// `rows` (`R = rows.len()`), from columns `rows` of `dout (N, ld)`, which
 /// the task declares whole (a read: tasks for other rows run beside it).
 /// The tied embedding's classifier gradient is made in such row blocks, so
 /// that each block's all-reduce starts while the next is computed. CPU
@@ -125,11 +178,12 @@ pub fn backward_weight<'rt>(
 pub fn backward_weight_rows<'rt>(
     task: impl Into<Task<'rt>>,
     dweight_rows: &View, // (R, C) accumulated
-    dout: &View,         // (N, OC)
+    dout: &View,         // (N, ld)
     inp: &View,          // (N, C)
     n: usize,
     c: usize,
     oc: usize,
+    ld: usize,
     rows: std::ops::Range<usize>,
 ) -> Result<TaskHandle> {
     submit_cpu!(
@@ -140,7 +194,7 @@ pub fn backward_weight_rows<'rt>(
             inp.read::<S>()
         ),
         move |(dw, dout, inp)| {
-            matmul_backward_weight_rows(dw, dout, inp, n, c, oc, rows.clone())
+            matmul_backward_weight_rows(dw, dout, inp, n, c, oc, ld, rows.clone())
         },
     )
 }
@@ -167,6 +221,17 @@ impl Strided {
             rows,
             cols,
             rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// A row-major `rows x cols` matrix whose rows are `ld >= cols`
+    /// elements apart.
+    fn padded(rows: usize, cols: usize, ld: usize) -> Strided {
+        Strided {
+            rows,
+            cols,
+            rs: ld,
             cs: 1,
         }
     }
@@ -258,8 +323,22 @@ pub fn matmul_forward<S: Storage>(
     c: usize,
     oc: usize,
 ) {
-    let n = b * t;
-    check_len("matmul_forward", "out", out.len(), n * oc);
+    matmul_forward_ld(out, inp, weight, bias, b * t, c, oc, oc)
+}
+
+/// [`matmul_forward`] into rows `ld` elements apart (module docs).
+pub fn matmul_forward_ld<S: Storage>(
+    out: &mut [S],      // (N, ld), columns 0..OC written
+    inp: &[S],          // (N, C)
+    weight: &[S],       // (OC, C)
+    bias: Option<&[S]>, // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) {
+    check_ld("matmul_forward", oc, ld);
+    check_len("matmul_forward", "out", out.len(), n * ld);
     check_len("matmul_forward", "inp", inp.len(), n * c);
     check_len("matmul_forward", "weight", weight.len(), oc * c);
     if let Some(bias) = bias {
@@ -269,13 +348,13 @@ pub fn matmul_forward<S: Storage>(
     let bias = bias.map(S::load_slice);
     S::update_f32(out, |out| {
         if let Some(bias) = &bias {
-            for out_bt in out.chunks_exact_mut(oc) {
-                out_bt.copy_from_slice(bias);
+            for out_bt in out.chunks_exact_mut(ld) {
+                out_bt[..oc].copy_from_slice(bias);
             }
         }
         sgemm(
             out,
-            Strided::row_major(n, oc),
+            Strided::padded(n, oc, ld),
             bias.is_some(),
             &inp,
             Strided::row_major(n, c),
@@ -296,9 +375,23 @@ pub fn matmul_backward_input<S: Storage>(
     c: usize,
     oc: usize,
 ) {
-    let n = b * t;
+    matmul_backward_input_ld(dinp, dout, weight, b * t, c, oc, oc)
+}
+
+/// [`matmul_backward_input`] from `dout` rows `ld` elements apart (module
+/// docs).
+pub fn matmul_backward_input_ld<S: Storage>(
+    dinp: &mut [S], // (N, C)
+    dout: &[S],     // (N, ld), columns 0..OC read
+    weight: &[S],   // (OC, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) {
+    check_ld("matmul_backward_input", oc, ld);
     check_len("matmul_backward_input", "dinp", dinp.len(), n * c);
-    check_len("matmul_backward_input", "dout", dout.len(), n * oc);
+    check_len("matmul_backward_input", "dout", dout.len(), n * ld);
     check_len("matmul_backward_input", "weight", weight.len(), oc * c);
     let (dout, weight) = (S::load_slice(dout), S::load_slice(weight));
     S::update_f32(dinp, |dinp| {
@@ -307,7 +400,7 @@ pub fn matmul_backward_input<S: Storage>(
             Strided::row_major(n, c),
             true,
             &dout,
-            Strided::row_major(n, oc),
+            Strided::padded(n, oc, ld),
             &weight,
             Strided::row_major(oc, c),
         )
@@ -326,20 +419,35 @@ pub fn matmul_backward_weight<S: Storage>(
     c: usize,
     oc: usize,
 ) {
-    let n = b * t;
+    matmul_backward_weight_ld(dweight, dbias, dout, inp, b * t, c, oc, oc)
+}
+
+/// [`matmul_backward_weight`] from `dout` rows `ld` elements apart (module
+/// docs).
+pub fn matmul_backward_weight_ld<S: Storage>(
+    dweight: &mut [S],       // (OC, C)
+    dbias: Option<&mut [S]>, // (OC)
+    dout: &[S],              // (N, ld), columns 0..OC read
+    inp: &[S],               // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+) {
+    check_ld("matmul_backward_weight", oc, ld);
     check_len("matmul_backward_weight", "dweight", dweight.len(), oc * c);
-    check_len("matmul_backward_weight", "dout", dout.len(), n * oc);
+    check_len("matmul_backward_weight", "dout", dout.len(), n * ld);
     check_len("matmul_backward_weight", "inp", inp.len(), n * c);
     if let Some(dbias) = &dbias {
         check_len("matmul_backward_weight", "dbias", dbias.len(), oc);
     }
     let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
     S::update_f32(dweight, |dweight| {
-        weight_gradient_rows(dweight, &dout, &inp, n, c, oc, 0..oc)
+        weight_gradient_rows(dweight, &dout, &inp, n, c, ld, 0..oc)
     });
     if let Some(dbias) = dbias {
         S::update_f32(dbias, |dbias| {
-            for dout_bt in dout.chunks_exact(oc) {
+            for dout_bt in dout.chunks_exact(ld) {
                 for (d, &g) in dbias.iter_mut().zip(dout_bt) {
                     *d += g;
                 }
@@ -350,17 +458,18 @@ pub fn matmul_backward_weight<S: Storage>(
 
 /// Rows `rows` of [`matmul_backward_weight`]'s `dweight` (no bias):
 /// `dweight_rows[o - rows.start, i] += Σ_bt dout[bt, o] · inp[bt, i]` for
-/// `o` in `rows`, from the full `dout` `(N, OC)`. The same product code as
+/// `o` in `rows`, from the full `dout` `(N, ld)` (`ld = OC`: dense). The same product code as
 /// the whole kernel (`weight_gradient_rows`); the library may block a
 /// smaller product differently, so a row may differ from the whole kernel's
 /// in its last bits.
 pub fn matmul_backward_weight_rows<S: Storage>(
     dweight_rows: &mut [S], // (R, C)
-    dout: &[S],             // (N, OC)
+    dout: &[S],             // (N, ld)
     inp: &[S],              // (N, C)
     n: usize,
     c: usize,
     oc: usize,
+    ld: usize,
     rows: std::ops::Range<usize>,
 ) {
     let name = "matmul_backward_weight_rows";
@@ -368,41 +477,48 @@ pub fn matmul_backward_weight_rows<S: Storage>(
         rows.start <= rows.end && rows.end <= oc,
         "{name}: rows {rows:?} are not inside 0..{oc}"
     );
+    check_ld(name, oc, ld);
     let r = rows.len();
     check_len(name, "dweight_rows", dweight_rows.len(), r * c);
-    check_len(name, "dout", dout.len(), n * oc);
+    check_len(name, "dout", dout.len(), n * ld);
     check_len(name, "inp", inp.len(), n * c);
     if r == 0 || n == 0 {
         return;
     }
     let (dout, inp) = (S::load_slice(dout), S::load_slice(inp));
     S::update_f32(dweight_rows, |dw| {
-        weight_gradient_rows(dw, &dout, &inp, n, c, oc, rows)
+        weight_gradient_rows(dw, &dout, &inp, n, c, ld, rows)
     });
 }
 
+/// Panics unless `ld >= oc` (a leading dimension below the row's width).
+fn check_ld(name: &str, oc: usize, ld: usize) {
+    assert!(ld >= oc, "{name}: row stride ld ({ld}) is below OC ({oc})");
+}
+
 /// The product of both weight-gradient kernels, in `f32`: `dw (R, C) +=`
-/// rows `rows` of `doutᵀ (OC, N)` times `inp (N, C)`.
+/// rows `rows` of `doutᵀ (OC, N)` times `inp (N, C)`, `dout`'s rows `ld`
+/// elements apart.
 fn weight_gradient_rows(
     dw: &mut [f32],
     dout: &[f32],
     inp: &[f32],
     n: usize,
     c: usize,
-    oc: usize,
+    ld: usize,
     rows: std::ops::Range<usize>,
 ) {
     sgemm(
         dw,
         Strided::row_major(rows.len(), c),
         true,
-        // doutᵀ's rows `rows`: element (o, bt) is dout[bt·OC + rows.start + o]
+        // doutᵀ's rows `rows`: element (o, bt) is dout[bt·ld + rows.start + o]
         &dout[rows.start..],
         Strided {
             rows: rows.len(),
             cols: n,
             rs: 1,
-            cs: oc,
+            cs: ld,
         },
         inp,
         Strided::row_major(n, c),
@@ -413,22 +529,35 @@ fn weight_gradient_rows(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// [`matmul_forward`] on the task's stream: the bias is broadcast into `out`
-/// first and the cuBLAS product added with `beta = 1`, the CPU kernel's order.
+/// The leading dimension `ld` of an `(N, ld)` operand checked against `OC`,
+/// as the kernels' `int`.
+fn check_ld_cuda(k: &Check, oc: usize, ld: usize) -> Result<i32> {
+    let ldi = k.dim("ld", ld)?;
+    if ld < oc {
+        return Err(k.err(format!("row stride ld ({ld}) is below OC ({oc})")));
+    }
+    Ok(ldi)
+}
+
+/// [`matmul_forward_ld`] on the task's stream: the bias is broadcast into
+/// `out` first and the cuBLAS product added with `beta = 1`, the CPU
+/// kernel's order. `ld = OC` for dense rows.
 pub fn matmul_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<S>,       // (N, OC)
+    out: DevSliceMut<S>,       // (N, ld)
     inp: DevSlice<S>,          // (N, C)
     weight: DevSlice<S>,       // (OC, C)
     bias: Option<DevSlice<S>>, // (OC)
     n: usize,
     c: usize,
     oc: usize,
+    ld: usize,
 ) -> Result<()> {
     let k = Check::new("matmul_forward");
     let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
+    let ldi = check_ld_cuda(&k, oc, ld)?;
     k.dim("C", c)?;
-    k.exact("out", &out, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("out", &out, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     if let Some(bias) = &bias {
@@ -437,80 +566,87 @@ pub fn matmul_forward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let beta = if let Some(bias) = bias {
         let mut a = KernelArgs::new();
-        a.ptr(out.ptr()).ptr(bias.ptr()).i32(ni).i32(oci);
+        a.ptr(out.ptr()).ptr(bias.ptr()).i32(ni).i32(oci).i32(ldi);
         let kernel = by_dtype::<S>(&BIAS_BROADCAST, &BIAS_BROADCAST_BF16);
         // SAFETY: bias_broadcast[_bf16](S* out, const S* bias, int N, int
-        // OC), S the storage type of both; out is (N, OC), bias (OC)
-        // (checked).
+        // OC, int ld), S the storage type of both; out is (N, ld) with
+        // ld >= OC, bias (OC) (checked).
         unsafe { l.launch(kernel, l.linear(n * oc, 256)?, &a)? };
         1.0
     } else {
         0.0
     };
-    let g = Gemm::new(Transpose::N, Transpose::T, n, oc, c).scaled(1.0, beta);
-    // SAFETY: inp (N, C) · weight (OC, C)ᵀ into out (N, OC), sizes checked,
-    // all stored as S.
+    let mut g = Gemm::new(Transpose::N, Transpose::T, n, oc, c).scaled(1.0, beta);
+    g.ldc = ld;
+    // SAFETY: inp (N, C) · weight (OC, C)ᵀ into columns 0..OC of out
+    // (N, ld), sizes checked, all stored as S.
     unsafe { l.gemm_as::<S>(&g, inp.ptr(), weight.ptr(), out.ptr()) }
 }
 
-/// [`matmul_backward_input`] on the task's stream (cuBLAS, `beta = 1`).
+/// [`matmul_backward_input_ld`] on the task's stream (cuBLAS, `beta = 1`).
 pub fn matmul_backward_input_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     dinp: DevSliceMut<S>, // (N, C) accumulated
-    dout: DevSlice<S>,    // (N, OC)
+    dout: DevSlice<S>,    // (N, ld)
     weight: DevSlice<S>,  // (OC, C)
     n: usize,
     c: usize,
     oc: usize,
+    ld: usize,
 ) -> Result<()> {
     let k = Check::new("matmul_backward_input");
     k.dim("N", n)?;
     k.dim("C", c)?;
     k.dim("OC", oc)?;
+    check_ld_cuda(&k, oc, ld)?;
     k.exact("dinp", &dinp, "(N, C)", k.mul(n, c)?)?;
-    k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("dout", &dout, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     let l = Launcher::new(k, cu);
-    let g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 1.0);
-    // SAFETY: dout (N, OC) · weight (OC, C) added to dinp (N, C), sizes
-    // checked, all stored as S.
+    let mut g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 1.0);
+    g.lda = ld;
+    // SAFETY: columns 0..OC of dout (N, ld) · weight (OC, C) added to dinp
+    // (N, C), sizes checked, all stored as S.
     unsafe { l.gemm_as::<S>(&g, dout.ptr(), weight.ptr(), dinp.ptr()) }
 }
 
-/// [`matmul_backward_weight`] on the task's stream: `dweight += doutᵀ · inp`
-/// (cuBLAS, `beta = 1`) and, with `dbias`, `dbias += Σ_rows dout` (one thread
-/// per channel, rows in order).
+/// [`matmul_backward_weight_ld`] on the task's stream: `dweight += doutᵀ ·
+/// inp` (cuBLAS, `beta = 1`) and, with `dbias`, `dbias += Σ_rows dout` (one
+/// thread per channel, rows in order).
 pub fn matmul_backward_weight_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     dweight: DevSliceMut<S>,       // (OC, C) accumulated
     dbias: Option<DevSliceMut<S>>, // (OC) accumulated
-    dout: DevSlice<S>,             // (N, OC)
+    dout: DevSlice<S>,             // (N, ld)
     inp: DevSlice<S>,              // (N, C)
     n: usize,
     c: usize,
     oc: usize,
+    ld: usize,
 ) -> Result<()> {
     let k = Check::new("matmul_backward_weight");
     let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
+    let ldi = check_ld_cuda(&k, oc, ld)?;
     k.dim("C", c)?;
     k.exact("dweight", &dweight, "(OC, C)", k.mul(oc, c)?)?;
     if let Some(dbias) = &dbias {
         k.exact("dbias", dbias, "(OC)", oc)?;
     }
-    k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("dout", &dout, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
     let l = Launcher::new(k, cu);
-    let g = Gemm::new(Transpose::T, Transpose::N, oc, c, n).scaled(1.0, 1.0);
-    // SAFETY: dout (N, OC)ᵀ · inp (N, C) added to dweight (OC, C), sizes
-    // checked, all stored as S.
+    let mut g = Gemm::new(Transpose::T, Transpose::N, oc, c, n).scaled(1.0, 1.0);
+    g.lda = ld;
+    // SAFETY: columns 0..OC of dout (N, ld), transposed, · inp (N, C) added
+    // to dweight (OC, C), sizes checked, all stored as S.
     unsafe { l.gemm_as::<S>(&g, dout.ptr(), inp.ptr(), dweight.ptr())? };
     if let Some(dbias) = dbias {
         let mut a = KernelArgs::new();
-        a.ptr(dbias.ptr()).ptr(dout.ptr()).i32(ni).i32(oci);
+        a.ptr(dbias.ptr()).ptr(dout.ptr()).i32(ni).i32(oci).i32(ldi);
         let kernel = by_dtype::<S>(&BIAS_BACKWARD, &BIAS_BACKWARD_BF16);
         // SAFETY: bias_backward[_bf16](S* dbias, const S* dout, int N, int
-        // OC), S the storage type of both; dbias (OC), dout (N, OC)
-        // (checked).
+        // OC, int ld), S the storage type of both; dbias (OC), dout (N, ld)
+        // with ld >= OC (checked).
         unsafe { l.launch(kernel, l.linear(oc, 128)?, &a)? };
     }
     Ok(())
@@ -534,7 +670,7 @@ mod tests {
         let mut blocks = start.clone();
         for rows in [0..3, 3..3, 3..10, 10..11] {
             let dw = &mut blocks[rows.start * c..rows.end * c];
-            matmul_backward_weight_rows(dw, &dout, &inp, n, c, oc, rows.clone());
+            matmul_backward_weight_rows(dw, &dout, &inp, n, c, oc, oc, rows.clone());
         }
         assert_close(&blocks, &whole, 1e-6, 1e-5, "row blocks vs whole");
         assert_ne!(blocks, start);
@@ -545,7 +681,7 @@ mod tests {
     fn weight_gradient_rows_past_oc_are_refused() {
         let (n, c, oc) = (2, 3, 11);
         let mut dw = vec![0.0f32; 2 * c];
-        matmul_backward_weight_rows(&mut dw, &[0.0; 22], &[0.0; 6], n, c, oc, 10..12);
+        matmul_backward_weight_rows(&mut dw, &[0.0; 22], &[0.0; 6], n, c, oc, oc, 10..12);
     }
 
     /// The naive triple loop, in f64.

@@ -40,6 +40,7 @@ impl Gpt2Model {
         };
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
+        let vp = self.vp;
         let (p, g, a, da, id) = (&self.p, &self.g, &self.a, &self.da, &self.ids);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let scratch_bwd = &self.att_scratch_bwd;
@@ -76,7 +77,7 @@ impl Gpt2Model {
                 dloss,
                 n,
                 v,
-                v,
+                vp,
             )?;
             // The step's loss, whether or not the forward pass computed it
             // (`forward_for_backward`): the same losses, so the same mean.
@@ -91,11 +92,12 @@ impl Gpt2Model {
                 dloss,
                 n,
                 v,
+                vp,
             )?;
             &da.logits
         };
         // logits = lnf · wteᵀ
-        matmul::backward_input(
+        matmul::backward_input_ld(
             tasks.task("logits backward input"),
             &da.lnf,
             dlogits,
@@ -103,6 +105,7 @@ impl Gpt2Model {
             n,
             c,
             v,
+            vp,
         )?;
         if self.split_tied {
             // The classifier is `wte`'s first writer; the encoder's rows go
@@ -117,12 +120,13 @@ impl Gpt2Model {
                     n,
                     c,
                     v,
+                    vp,
                     rows.clone(),
                 )?;
                 ready(id.wte + i)?;
             }
         } else {
-            matmul::backward_weight(
+            matmul::backward_weight_ld(
                 side("logits backward weight".into()),
                 &g.wte,
                 None,
@@ -131,6 +135,7 @@ impl Gpt2Model {
                 n,
                 c,
                 v,
+                vp,
             )?;
         }
         // lnf = layernorm(residual_out)

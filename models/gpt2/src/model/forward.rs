@@ -20,6 +20,7 @@ impl Gpt2Model {
         };
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
+        let vp = self.vp;
         let (p, a) = (&self.p, &self.a);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let (scratch_fwd, loss) = (&self.att_scratch_fwd, self.loss.whole());
@@ -218,7 +219,7 @@ impl Gpt2Model {
                 c,
             )?;
         }
-        matmul::forward(
+        matmul::forward_ld(
             tasks.task("logits forward"),
             &a.logits,
             &a.lnf,
@@ -227,6 +228,7 @@ impl Gpt2Model {
             n,
             c,
             v,
+            vp,
         )?;
         if self.fused {
             if self.has_targets && losses {
@@ -237,7 +239,7 @@ impl Gpt2Model {
                     &targets,
                     n,
                     v,
-                    v,
+                    vp,
                 )?;
                 loss::mean(tasks.task("mean loss"), &loss, &a.losses)?;
             }
@@ -252,11 +254,12 @@ impl Gpt2Model {
                     &targets,
                     n,
                     v,
+                    vp,
                 )
             }?;
             loss::mean(tasks.task("mean loss"), &loss, &a.losses)?;
         } else {
-            loss::softmax(tasks.task("softmax forward"), &a.probs, &a.logits, n, v)?;
+            loss::softmax(tasks.task("softmax forward"), &a.probs, &a.logits, n, v, vp)?;
         }
         Ok(())
     }

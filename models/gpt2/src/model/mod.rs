@@ -45,7 +45,16 @@
 //! allocated and written only by [`Gpt2Model::forward`], after it checked
 //! every id against the vocabulary on the host (`crate::data::check_ids`, the
 //! check of [`crate::kernels::check_tokens`]); `V` is the configuration's
-//! vocabulary, the row count of `wte` and of every probability row.
+//! vocabulary, the row count of `wte` and the used width of every logits
+//! and probability row.
+//!
+//! # Padded logits rows
+//!
+//! The `(B, T, V)` logits, probabilities and their gradients are stored in
+//! rows of `Vp` ([`Gpt2Config::padded_vocab`]: 50,304 for GPT-2's 50,257),
+//! so that every row starts aligned for the three classifier products; the
+//! tasks read and write only the first `V` columns, and the `read_*`
+//! methods return `(B, T, V)`.
 //!
 //! # Numerics
 //!
@@ -325,6 +334,8 @@ pub struct Gpt2Model {
     wte_pieces: Vec<(std::ops::Range<usize>, View)>,
     fused: bool,
     dtype: Dtype,
+    /// `Vp`: the row length of the logits, probabilities and their gradients.
+    vp: usize,
     /// `f32` master weights (layout order) when `dtype` is not `f32`.
     master: Option<Buffer>,
 }
@@ -434,6 +445,7 @@ impl Gpt2Model {
             wte_pieces: Vec::new(),
             fused,
             dtype,
+            vp: al.vp,
             master,
         })
     }
@@ -564,13 +576,14 @@ impl Gpt2Model {
         self.loss.whole()
     }
 
-    /// `(B, T, V)` logits, of [`dtype`](Self::dtype) elements.
+    /// `(B, T, Vp)` logits ([`Gpt2Config::padded_vocab`]; the first `V`
+    /// columns of each row used), of [`dtype`](Self::dtype) elements.
     pub fn logits_view(&self) -> &View {
         &self.a.logits
     }
 
-    /// `(B, T, V)` probabilities, of [`dtype`](Self::dtype) elements (empty
-    /// with [`ModelOptions::fused`]).
+    /// `(B, T, Vp)` probabilities, as [`logits_view`](Self::logits_view)
+    /// (empty with [`ModelOptions::fused`]).
     pub fn probs_view(&self) -> &View {
         &self.a.probs
     }
@@ -672,20 +685,37 @@ impl Gpt2Model {
 
     /// The `(B, T, V)` logits of the last forward pass (as `f32`).
     pub fn read_logits(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        self.read_stored(rt, &self.a.logits)
+        Ok(self.unpad(self.read_stored(rt, &self.a.logits)?))
     }
 
     /// Row `row` (position `b·T + t`) of the logits, `(V)`, as `f32`.
     pub fn read_logits_row(&self, rt: &Runtime, row: usize) -> Result<Vec<f32>> {
-        let row_bytes = self.cfg.vocab_size * self.dtype.size();
-        let view = self.a.logits.view(row * row_bytes..(row + 1) * row_bytes)?;
+        let es = self.dtype.size();
+        let start = row * self.vp * es;
+        let view = self
+            .a
+            .logits
+            .view(start..start + self.cfg.vocab_size * es)?;
         self.read_stored(rt, &view)
     }
 
     /// The `(B, T, V)` probabilities of the last forward pass (as `f32`;
     /// empty with [`ModelOptions::fused`]).
     pub fn read_probs(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        self.read_stored(rt, &self.a.probs)
+        Ok(self.unpad(self.read_stored(rt, &self.a.probs)?))
+    }
+
+    /// The first `V` columns of each `Vp` row of `padded`.
+    fn unpad(&self, padded: Vec<f32>) -> Vec<f32> {
+        let (v, vp) = (self.cfg.vocab_size, self.vp);
+        if v == vp {
+            return padded;
+        }
+        padded
+            .chunks_exact(vp)
+            .flat_map(|r| &r[..v])
+            .copied()
+            .collect()
     }
 
     /// Reads a view of storage-type elements as `f32`.
