@@ -670,3 +670,51 @@ fn untyped_submission_and_signatures() {
         assert_eq!(r.unwrap(), vec![2, 10]);
     }
 }
+
+/// A rank that reaches an all-reduce 80 ms after the other: the early rank's
+/// span records the wait (`Span::wait_ns`, the trace's `wait_us`), the late
+/// one's barely any, and the summary counts the wait apart from the
+/// transfer.
+#[test]
+fn the_early_rank_records_its_wait_for_the_late_one() {
+    let late = Duration::from_millis(80);
+    let out = launch(2, |rank, comm| {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .comm_streams(1)
+            .rank(rank)
+            .profile(true)
+            .build()?;
+        let x = rt.alloc_from("x", &[1.0f32; 1024])?;
+        if rank == 1 {
+            std::thread::sleep(late);
+        }
+        comm.bind(&rt)?
+            .all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
+        rt.synchronize()?;
+        Ok(rt.profile())
+    });
+    let profiles: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+    let wait = |p: &braid::trace::Profile| {
+        let s = p.spans.iter().find(|s| s.name == "all_reduce").unwrap();
+        assert!(s.wait_ns <= s.end_ns - s.start_ns, "wait within the span");
+        s.wait_ns
+    };
+    let (early, late_wait) = (wait(&profiles[0]), wait(&profiles[1]));
+    assert!(early >= 60_000_000, "the early rank waited {early} ns");
+    assert!(late_wait < early / 4, "the late rank waited {late_wait} ns");
+    let s = profiles[0].summary();
+    assert_eq!(s.comm_wait_ns, early);
+    assert_eq!(s.transfer_ns + s.comm_wait_ns, s.comm_ns);
+    // Through a Chrome trace and back.
+    let path = std::env::temp_dir().join(format!("braid-wait-{}.json", std::process::id()));
+    braid::trace::write_chrome_trace(&path, &[&profiles[0], &profiles[1]]).unwrap();
+    let back = braid::trace::read_chrome_trace(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).ok();
+    let w = wait(&back[0]);
+    assert!(
+        w.abs_diff(early) <= 1_000,
+        "{w} ns read back against {early}"
+    );
+}

@@ -126,6 +126,8 @@ pub fn profile_of_rank(g: &StepGraph, run: &SimRun, rank: usize) -> Profile {
             preds: n.preds.iter().map(|&p| p as u64).collect(),
             ok: true,
             bytes: n.bytes.unwrap_or(0),
+            // The model's collectives start when every rank is there.
+            wait_ns: 0,
         })
         .collect();
     spans.sort_by_key(|s| s.start_ns);
@@ -231,6 +233,7 @@ pub fn traced_summary(r: &trace::RankTrace, s: &trace::StepSlice) -> Summary {
             preds: t.preds.iter().copied().collect(),
             ok: true,
             bytes: t.bytes.unwrap_or(0),
+            wait_ns: 0,
         })
         .collect();
     Profile {

@@ -69,6 +69,8 @@ pub struct RankRow {
     pub comm_ns: u64,
     /// Share of it hidden under compute.
     pub hidden: f64,
+    /// Of `comm_ns`, the time collectives waited for other ranks (skew).
+    pub comm_wait_ns: u64,
     /// Time by scope within the history, largest first (at most 6); by task
     /// name when no task ran in a scope.
     pub by_scope: Vec<(String, u64)>,
@@ -84,6 +86,9 @@ fn clipped(s: &Span, from: u64, at: u64) -> Option<Span> {
     let mut c = s.clone();
     c.start_ns = c.start_ns.max(from);
     c.end_ns = c.end_ns.min(at);
+    // The wait is at the span's start: what of it is inside the window.
+    let wait_end = s.start_ns.saturating_add(s.wait_ns);
+    c.wait_ns = wait_end.clamp(c.start_ns, c.end_ns) - c.start_ns;
     Some(c)
 }
 
@@ -179,6 +184,7 @@ impl RankState {
             streams,
             comm_ns: summary.comm_ns,
             hidden: summary.hidden_share(),
+            comm_wait_ns: summary.comm_wait_ns,
             by_scope,
             scoped,
         }
@@ -211,9 +217,13 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
             Some(c) => format!(" [{}]", c.name()),
             None => String::new(),
         };
+        let waiting = match row.comm_wait_ns {
+            0 => String::new(),
+            ns => format!(" ({:.1} ms of it waiting for other ranks)", ms(ns)),
+        };
         let _ = writeln!(
             out,
-            "\nrank {}{class}  comm {:.1} ms, {:.0}% hidden under compute",
+            "\nrank {}{class}  comm {:.1} ms, {:.0}% hidden under compute{waiting}",
             row.rank,
             ms(row.comm_ns),
             100.0 * row.hidden
@@ -288,6 +298,7 @@ mod tests {
             preds: preds.iter().copied().collect(),
             ok: true,
             bytes: 0,
+            wait_ns: 0,
             scope: (id % 2 == 1).then(|| "odd".into()),
         }
     }

@@ -193,7 +193,8 @@ impl Group {
             .map(|p| format!("the communicator is poisoned: {p}"))
     }
 
-    /// Arrives at barrier `(k, phase)` and waits for every rank.
+    /// Arrives at barrier `(k, phase)` and waits for every rank. The time it
+    /// waited goes to the running task's span (`Span::wait_ns`).
     fn barrier<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
@@ -204,7 +205,9 @@ impl Group {
         let target = stamp(k, phase);
         st.arrived[rank] = st.arrived[rank].max(target);
         self.cv.notify_all();
-        let deadline = Instant::now() + self.timeout;
+        let arrived = Instant::now();
+        let deadline = arrived + self.timeout;
+        let mut waited = false;
         loop {
             if let Some(m) = Self::poisoned_msg(&st) {
                 return Err(m);
@@ -213,8 +216,13 @@ impl Group {
                 .filter(|&j| st.arrived[j] < target)
                 .collect();
             if missing.is_empty() {
+                if waited {
+                    let ns = arrived.elapsed().as_nanos();
+                    crate::trace::note_peer_wait(u64::try_from(ns).unwrap_or(u64::MAX));
+                }
                 return Ok(st);
             }
+            waited = true;
             if let Some((j, d)) = missing.iter().find_map(|&j| {
                 st.departed[j]
                     .as_ref()

@@ -114,9 +114,10 @@ fn run_cpu(shared: &Shared, s: usize) {
             live::running(shared, s, None);
             let outcome = outcome.and_then(|()| run_checks(checks));
             let end = if timed { now_ns() } else { 0 };
+            let wait = crate::trace::take_peer_wait();
             if shared.profiling {
                 let ids = preds.iter().map(|p| p.id).collect();
-                let span = (start, end, largest(&accesses));
+                let span = (start, end, largest(&accesses), wait);
                 push_span(shared, s, &task, ids, span, outcome.is_ok());
             }
             let ok = outcome.is_ok();
@@ -249,6 +250,7 @@ fn run_step(
     };
     live::running(shared, s, None);
     let status = note_failure(shared, id, &outcome);
+    let wait_ns = crate::trace::take_peer_wait();
     if shared.profiling {
         let preds = t.preds.iter().map(|&p| run.id_base + p as u64).collect();
         lock(&shared.streams[s].spans).push(Span {
@@ -263,6 +265,7 @@ fn run_step(
             ok: status == OK,
             placement: super::replay::replayed(plan),
             bytes: largest(&t.accesses),
+            wait_ns,
         });
     }
     if status != OK {
@@ -378,13 +381,14 @@ fn largest(accesses: &[Access]) -> u64 {
         .unwrap_or(0)
 }
 
-/// Records a span; `(start_ns, end_ns, bytes)` as [`Span`] has them.
+/// Records a span; `(start_ns, end_ns, bytes, wait_ns)` as [`Span`] has
+/// them.
 fn push_span(
     shared: &Shared,
     s: usize,
     task: &TaskShared,
     preds: SmallVec<[u64; 4]>,
-    (start_ns, end_ns, bytes): (u64, u64, u64),
+    (start_ns, end_ns, bytes, wait_ns): (u64, u64, u64, u64),
     ok: bool,
 ) {
     lock(&shared.streams[s].spans).push(Span {
@@ -399,6 +403,7 @@ fn push_span(
         preds,
         ok,
         bytes,
+        wait_ns,
     });
 }
 
@@ -547,7 +552,8 @@ fn poll(
             if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
                 if let Ok((a, b)) = d.span_ns(start, end) {
                     let ids = f.preds.iter().map(|p| p.id).collect();
-                    let span = (a, b, largest(&f.accesses));
+                    // NCCL waits for the other ranks on the device.
+                    let span = (a, b, largest(&f.accesses), 0);
                     push_span(shared, s, &f.task, ids, span, !f.task.failed());
                 }
             }

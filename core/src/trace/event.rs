@@ -4,7 +4,8 @@
 //! A task is a complete (`X`) event: `name`, `cat` (its kind), `pid` (the
 //! rank), `tid` (the stream), `ts` and `dur` in microseconds, and `args`:
 //! `task` (submission index), `ok`, `after` (predecessors), `placed`,
-//! `usable_streams`, `priority`, `bytes` and, for a task submitted inside a
+//! `usable_streams`, `priority`, `bytes`, for a collective that waited for
+//! other ranks `wait_us` (microseconds) and, for a task submitted inside a
 //! named scope, `scope`. Streams are `thread_name`
 //! metadata (`M`) events.
 
@@ -60,6 +61,9 @@ pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
     if let Some(scope) = &s.scope {
         event["args"]["scope"] = Value::from(scope.as_ref());
     }
+    if s.wait_ns > 0 {
+        event["args"]["wait_us"] = Value::from(s.wait_ns as f64 / 1e3);
+    }
     event
 }
 
@@ -112,6 +116,7 @@ pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
             .unwrap_or_default(),
         ok: args.get("ok").and_then(Value::as_bool).unwrap_or(true),
         bytes: args.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+        wait_ns: us_to_ns(args.get("wait_us")),
         scope: args.get("scope").and_then(Value::as_str).map(Into::into),
     };
     Some((

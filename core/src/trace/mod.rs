@@ -52,6 +52,37 @@ pub struct Span {
     /// trace's `bytes` argument; what the step simulator prices a
     /// collective by.
     pub bytes: u64,
+    /// Of the span, the time a collective waited for the other ranks to
+    /// reach it (CPU ranks: the local communicator's barriers; 0 for other
+    /// tasks, and on CUDA, where NCCL waits on the device). A rank that is
+    /// ahead waits here for one that is behind: it is skew between the
+    /// ranks, not data moving. The Chrome trace's `wait_us` argument.
+    pub wait_ns: u64,
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    /// The peer wait the task running on this thread has noted so far
+    /// ([`note_peer_wait`]).
+    static PEER_WAIT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Adds `ns` to the running task's [`Span::wait_ns`]: called by a collective
+/// body on its stream thread for the time it waited for other ranks.
+pub(crate) fn note_peer_wait(ns: u64) {
+    #[cfg(not(loom))]
+    PEER_WAIT.with(|w| w.set(w.get().saturating_add(ns)));
+    #[cfg(loom)]
+    let _ = ns;
+}
+
+/// The peer wait noted on this thread since the last call, reset to 0: the
+/// stream thread takes it after each task body.
+pub(crate) fn take_peer_wait() -> u64 {
+    #[cfg(not(loom))]
+    return PEER_WAIT.with(|w| w.replace(0));
+    #[cfg(loom)]
+    0
 }
 
 /// A stream as it appears in a profile.

@@ -31,6 +31,18 @@ pub struct Summary {
     pub comm_ns: u64,
     /// Part of `comm_ns` during which a non-communication task also ran.
     pub comm_hidden_ns: u64,
+    /// Part of `comm_ns` that collectives spent waiting for other ranks to
+    /// reach them ([`Span::wait_ns`](super::Span::wait_ns); CPU ranks only):
+    /// skew between the ranks, which no overlap can hide once the faster
+    /// rank has run out of compute.
+    pub comm_wait_ns: u64,
+    /// Part of `comm_ns` after each collective's wait (the data moving),
+    /// and of that, the part during which a non-communication task also
+    /// ran. Counting each span's wait at its start (where the arrival
+    /// barrier is; the later barriers' waits are short).
+    pub transfer_ns: u64,
+    /// See [`transfer_ns`](Self::transfer_ns).
+    pub transfer_hidden_ns: u64,
     /// Longest chain of dependent tasks, weighted by their durations.
     pub critical_path_ns: u64,
 }
@@ -110,11 +122,11 @@ impl Summary {
             active += d;
             last = t;
         }
-        let comm = union(
-            spans
-                .iter()
-                .filter(|s| s.kind == TaskKind::Comm)
-                .map(|s| (s.start_ns, s.end_ns))
+        let comm_spans = || spans.iter().filter(|s| s.kind == TaskKind::Comm);
+        let comm = union(comm_spans().map(|s| (s.start_ns, s.end_ns)).collect());
+        let transfer = union(
+            comm_spans()
+                .map(|s| ((s.start_ns + s.wait_ns).min(s.end_ns), s.end_ns))
                 .collect(),
         );
         let compute = union(
@@ -142,6 +154,9 @@ impl Summary {
             overlap_ns: overlap,
             comm_ns: total(&comm),
             comm_hidden_ns: intersection(&comm, &compute),
+            comm_wait_ns: total(&comm) - total(&transfer),
+            transfer_ns: total(&transfer),
+            transfer_hidden_ns: intersection(&transfer, &compute),
             critical_path_ns: critical,
         }
     }
@@ -162,6 +177,17 @@ impl Summary {
             0.0
         } else {
             self.comm_hidden_ns as f64 / self.comm_ns as f64
+        }
+    }
+
+    /// Share of the communication time after the waits for other ranks
+    /// ([`transfer_ns`](Self::transfer_ns)) hidden under computation (0
+    /// when there was none).
+    pub fn transfer_hidden_share(&self) -> f64 {
+        if self.transfer_ns == 0 {
+            0.0
+        } else {
+            self.transfer_hidden_ns as f64 / self.transfer_ns as f64
         }
     }
 }
@@ -195,6 +221,14 @@ impl fmt::Display for Summary {
             ms(self.comm_ns),
             100.0 * self.hidden_share()
         )?;
+        if self.comm_wait_ns > 0 {
+            writeln!(
+                f,
+                "comm waiting     {:.3} ms for other ranks; the rest {:.0}% hidden",
+                ms(self.comm_wait_ns),
+                100.0 * self.transfer_hidden_share()
+            )?;
+        }
         write!(f, "critical path    {:.3} ms", ms(self.critical_path_ns))
     }
 }
@@ -221,6 +255,7 @@ mod tests {
             preds: preds.iter().copied().collect(),
             ok: true,
             bytes: 0,
+            wait_ns: 0,
         }
     }
 
@@ -251,5 +286,39 @@ mod tests {
         assert_eq!(s.comm_hidden_ns, 15);
         assert_eq!(s.critical_path_ns, 30);
         assert_eq!(s.streams[0].busy_ns, 20);
+        assert_eq!((s.comm_wait_ns, s.transfer_ns), (0, 20));
+    }
+
+    /// A collective that waited for the other ranks: its wait (at its start)
+    /// is counted apart, and the transfer after it is hidden where compute
+    /// ran beside it.
+    #[test]
+    fn peer_waits_are_counted_apart_from_transfers() {
+        let mut comm = span(2, 1, TaskKind::Comm, 5, 40, &[]);
+        comm.wait_ns = 20; // waiting 5..25, moving data 25..40
+        let p = Profile {
+            rank: 0,
+            streams: vec![
+                StreamInfo {
+                    name: "compute 0".into(),
+                    is_comm: false,
+                },
+                StreamInfo {
+                    name: "comm 0".into(),
+                    is_comm: true,
+                },
+            ],
+            spans: vec![span(0, 0, TaskKind::Compute, 0, 30, &[]), comm],
+        };
+        let s = p.summary();
+        assert_eq!((s.comm_ns, s.comm_hidden_ns), (35, 25));
+        assert_eq!(
+            (s.comm_wait_ns, s.transfer_ns, s.transfer_hidden_ns),
+            (20, 15, 5)
+        );
+        assert!((s.transfer_hidden_share() - 1.0 / 3.0).abs() < 1e-12);
+        assert!(s
+            .to_string()
+            .contains("comm waiting     0.000 ms for other ranks; the rest 33% hidden"));
     }
 }

@@ -155,11 +155,22 @@ impl TrainReport {
     /// Share of communication time hidden under computation, averaged over
     /// ranks (0 without communication).
     pub fn hidden_comm_share(&self) -> f64 {
+        self.mean_over_ranks_with_comm(Summary::hidden_share)
+    }
+
+    /// Share of the communication time after the waits for other ranks
+    /// hidden under computation ([`Summary::transfer_hidden_share`]),
+    /// averaged over ranks (0 without communication).
+    pub fn hidden_transfer_share(&self) -> f64 {
+        self.mean_over_ranks_with_comm(Summary::transfer_hidden_share)
+    }
+
+    fn mean_over_ranks_with_comm(&self, f: impl Fn(&Summary) -> f64) -> f64 {
         let with_comm: Vec<f64> = self
             .summaries
             .iter()
             .filter(|s| s.comm_ns > 0)
-            .map(|s| s.hidden_share())
+            .map(f)
             .collect();
         if with_comm.is_empty() {
             0.0
@@ -170,12 +181,20 @@ impl TrainReport {
 
     /// Communication time per rank, averaged, in seconds.
     pub fn comm_seconds(&self) -> f64 {
+        self.per_rank_seconds(|s| s.comm_ns)
+    }
+
+    /// Of [`comm_seconds`](Self::comm_seconds), the time collectives waited
+    /// for other ranks to reach them (CPU ranks; 0 on NCCL), averaged.
+    pub fn comm_wait_seconds(&self) -> f64 {
+        self.per_rank_seconds(|s| s.comm_wait_ns)
+    }
+
+    fn per_rank_seconds(&self, f: impl Fn(&Summary) -> u64) -> f64 {
         if self.summaries.is_empty() {
             return 0.0;
         }
-        self.summaries.iter().map(|s| s.comm_ns as f64).sum::<f64>()
-            / self.summaries.len() as f64
-            / 1e9
+        self.summaries.iter().map(|s| f(s) as f64).sum::<f64>() / self.summaries.len() as f64 / 1e9
     }
 }
 
@@ -215,6 +234,14 @@ impl fmt::Display for TrainReport {
             self.comm_seconds() * 1e3,
             100.0 * self.hidden_comm_share()
         )?;
+        if self.comm_wait_seconds() > 0.0 {
+            writeln!(
+                f,
+                "                 {:.1} ms of it waiting for other ranks; the rest {:.0}% hidden",
+                self.comm_wait_seconds() * 1e3,
+                100.0 * self.hidden_transfer_share()
+            )?;
+        }
         if let Some(c) = &self.bucket_cap {
             writeln!(f, "bucket cap       {c}")?;
         }
