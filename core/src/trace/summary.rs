@@ -259,9 +259,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn overlap_hidden_comm_and_critical_path() {
-        let p = Profile {
+    /// The summary of `spans` on streams `compute 0` and `comm 0`.
+    fn compute_and_comm(spans: Vec<Span>) -> Summary {
+        Profile {
             rank: 0,
             streams: vec![
                 StreamInfo {
@@ -273,13 +273,18 @@ mod tests {
                     is_comm: true,
                 },
             ],
-            spans: vec![
-                span(0, 0, TaskKind::Compute, 0, 10, &[]),
-                span(1, 0, TaskKind::Compute, 10, 20, &[0]),
-                span(2, 1, TaskKind::Comm, 5, 25, &[0]),
-            ],
-        };
-        let s = p.summary();
+            spans,
+        }
+        .summary()
+    }
+
+    #[test]
+    fn overlap_hidden_comm_and_critical_path() {
+        let s = compute_and_comm(vec![
+            span(0, 0, TaskKind::Compute, 0, 10, &[]),
+            span(1, 0, TaskKind::Compute, 10, 20, &[0]),
+            span(2, 1, TaskKind::Comm, 5, 25, &[0]),
+        ]);
         assert_eq!(s.wall_ns, 25);
         assert_eq!(s.overlap_ns, 15);
         assert_eq!(s.comm_ns, 20);
@@ -296,21 +301,7 @@ mod tests {
     fn peer_waits_are_counted_apart_from_transfers() {
         let mut comm = span(2, 1, TaskKind::Comm, 5, 40, &[]);
         comm.wait_ns = 20; // waiting 5..25, moving data 25..40
-        let p = Profile {
-            rank: 0,
-            streams: vec![
-                StreamInfo {
-                    name: "compute 0".into(),
-                    is_comm: false,
-                },
-                StreamInfo {
-                    name: "comm 0".into(),
-                    is_comm: true,
-                },
-            ],
-            spans: vec![span(0, 0, TaskKind::Compute, 0, 30, &[]), comm],
-        };
-        let s = p.summary();
+        let s = compute_and_comm(vec![span(0, 0, TaskKind::Compute, 0, 30, &[]), comm]);
         assert_eq!((s.comm_ns, s.comm_hidden_ns), (35, 25));
         assert_eq!(
             (s.comm_wait_ns, s.transfer_ns, s.transfer_hidden_ns),
