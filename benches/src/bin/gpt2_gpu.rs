@@ -314,7 +314,7 @@ fn main() -> Result<()> {
     let plain = a.storage.dtype == Dtype::F32 && !a.storage.fused;
     let np = cfg.num_parameters();
     let (b, t) = (a.batch_size, a.seq_len);
-    let acts = ActivationLayout::new(&cfg, b, t).total * 4;
+    let acts = ActivationLayout::stored(&cfg, b, t, false, false, Dtype::F32).total * 4;
     let dacts =
         ActivationLayout::stored_gradients(&cfg, b, t, false, Dtype::F32, GRADIENT_RING).total * 4;
     let scratch = attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads, Dtype::F32);

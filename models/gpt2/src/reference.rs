@@ -205,7 +205,7 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, false, 1, 0, cfg.vocab_size)
+        Self::build(cfg, b, t, false, false, 0, None)
     }
 
     /// The layout of a model that stores its activations as `dtype`
@@ -217,10 +217,14 @@ impl ActivationLayout {
     /// in fused mode the logsumexp in `att`) then span `4 / dtype.size()`
     /// elements per value and start at a multiple of that, so that the byte
     /// range `span · dtype.size()` holds them as `f32`. Rows of `logits` and
-    /// `probs` are [`Gpt2Config::padded_vocab`] long. With `f32` and a
-    /// vocabulary that is a multiple of
-    /// [`VOCAB_ROW_MULTIPLE`](crate::config::VOCAB_ROW_MULTIPLE) it is the
-    /// plain layout.
+    /// `probs` are [`Gpt2Config::padded_vocab`] long. And unfused, every
+    /// layer's `preatt` is the same span, after `encoded`: the scores are
+    /// an intermediate of the attention forward task (it writes them and
+    /// reads them back for the softmax), and the backward pass reads only
+    /// `att` (`attention::backward`), so one `(B, NH, T, T)` serves all
+    /// layers, each layer's forward overwriting the one before (at GPT-2
+    /// 124M, B 8 × T 1024: 11 × 201 MB fewer in bf16). It holds the last
+    /// layer's scores after a forward pass.
     pub fn stored(
         cfg: &Gpt2Config,
         b: usize,
@@ -229,8 +233,7 @@ impl ActivationLayout {
         gradients: bool,
         dtype: Dtype,
     ) -> Self {
-        let vp = cfg.padded_vocab();
-        Self::build(cfg, b, t, gradients, fused, 4 / dtype.size(), 0, vp)
+        Self::build(cfg, b, t, gradients, fused, 0, Some(dtype))
     }
 
     /// The activation gradients of [`stored`](Self::stored) (`gradients`
@@ -255,8 +258,7 @@ impl ActivationLayout {
         ring: usize,
     ) -> Self {
         let ring = ring.clamp(1, cfg.num_layers.max(1));
-        let vp = cfg.padded_vocab();
-        Self::build(cfg, b, t, true, fused, 4 / dtype.size(), ring, vp)
+        Self::build(cfg, b, t, true, fused, ring, Some(dtype))
     }
 
     /// The forward activations of the fused kernels
@@ -270,7 +272,7 @@ impl ActivationLayout {
     /// in the backward pass (llm.c's `recompute`), except for the last
     /// `GELU_RING` blocks, whose slots still hold them.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, true, 1, 0, cfg.vocab_size)
+        Self::build(cfg, b, t, false, true, 0, None)
     }
 
     /// The activation gradients of the fused kernels: as
@@ -281,31 +283,36 @@ impl ActivationLayout {
     /// gradient is `residual2`'s or `residual3`'s
     /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, true, 1, 0, cfg.vocab_size)
+        Self::build(cfg, b, t, true, true, 0, None)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, false, 1, 0, cfg.vocab_size)
+        Self::build(cfg, b, t, true, false, 0, None)
     }
 
-    /// `stat`: elements per `f32` statistic (1, or 2 for bf16 storage);
-    /// `ring`: gradient ring slots (`grads` only), or 0 for none; `vp`: the
-    /// row length of `logits` and `probs`.
-    #[allow(clippy::too_many_arguments)]
+    /// `ring`: gradient ring slots (`grads` only), or 0 for none; `model`:
+    /// the model's layout of that storage type ([`stored`](Self::stored)),
+    /// or `None` for the reference's.
     fn build(
         cfg: &Gpt2Config,
         b: usize,
         t: usize,
         grads: bool,
         fused: bool,
-        stat: usize,
         ring: usize,
-        vp: usize,
+        model: Option<Dtype>,
     ) -> Self {
         let (c, nh) = (cfg.channels, cfg.num_heads);
         let bt = b * t;
+        // Elements per `f32` statistic (1, or 2 for bf16 storage), the row
+        // length of `logits` and `probs`, and whether the layers share one
+        // `preatt` (see `stored`).
+        let (stat, vp, shared_preatt) = match model {
+            None => (1, cfg.vocab_size, false),
+            Some(dtype) => (4 / dtype.size(), cfg.padded_vocab(), !fused && !grads),
+        };
         let mut offset = 0usize;
         // `is_stat`: an `f32` statistic, `stat` elements per value, aligned.
         let mut span = |len: usize, has_grad: bool, is_stat: bool| {
@@ -329,7 +336,15 @@ impl ActivationLayout {
                 ln1_rstd: span(bt, false, true),
                 qkv: span(bt * 3 * c, true, false),
                 atty: span(bt * c, true, false),
-                preatt: span(if fused { 0 } else { b * nh * t * t }, false, false),
+                preatt: span(
+                    if fused || shared_preatt {
+                        0
+                    } else {
+                        b * nh * t * t
+                    },
+                    false,
+                    false,
+                ),
                 att: span(b * nh * t * if fused { 1 } else { t }, false, fused),
                 // Fused, the projections' gradients are the residual's.
                 attproj: span(bt * c, !fused, false),
@@ -344,7 +359,15 @@ impl ActivationLayout {
                 residual3: span(if residuals { bt * c } else { 0 }, true, false),
             };
         let encoded = span(bt * c, true, false);
-        let layers: Vec<LayerActivations> = if grads && ring > 0 {
+        let preatt = span(if shared_preatt { b * nh * t * t } else { 0 }, false, false);
+        let layers: Vec<LayerActivations> = if shared_preatt {
+            (0..cfg.num_layers)
+                .map(|_| LayerActivations {
+                    preatt,
+                    ..block(&mut span, true)
+                })
+                .collect()
+        } else if grads && ring > 0 {
             let slots: Vec<LayerActivations> = (0..ring).map(|_| block(&mut span, false)).collect();
             let pairs: Vec<(Span, Span)> = (0..cfg.num_layers)
                 .map(|_| (span(bt * c, true, false), span(bt * c, true, false)))

@@ -17,7 +17,7 @@ mod common;
 use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
-use braid_gpt2::layout::ParamLayout;
+use braid_gpt2::layout::{ParamLayout, Span};
 use braid_gpt2::model::{init_params, Dtype, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::{ActivationLayout, Reference, GELU_RING};
@@ -104,23 +104,59 @@ fn five_blocks() -> Gpt2Config {
     cfg
 }
 
-/// The model's `f32` activations (`ActivationLayout::stored`: logits and
-/// probabilities in rows of `Vp`) in the reference's layout (rows of `V`).
-/// Both layouts end with logits, probabilities and losses, and agree before.
-fn dense_activations(cfg: &Gpt2Config, (b, t): (usize, usize), acts: &[f32]) -> Vec<f32> {
+/// Asserts that the model's `f32` activations (`ActivationLayout::stored`)
+/// are the reference's (`ActivationLayout::new`), tensor by tensor, bit for
+/// bit. The model's layout differs in two ways: logits and probabilities in
+/// rows of `Vp` (compared over their first `V` columns), and one `preatt`
+/// for all layers (compared with the last layer's, which it holds).
+fn assert_activations_match(
+    what: &str,
+    cfg: &Gpt2Config,
+    (b, t): (usize, usize),
+    acts: &[f32],
+    reference: &[f32],
+) {
     let ours = ActivationLayout::stored(cfg, b, t, false, false, Dtype::F32);
     let theirs = ActivationLayout::new(cfg, b, t);
-    assert_eq!(ours.total, acts.len());
-    assert_eq!(ours.logits.offset, theirs.logits.offset);
-    let (v, vp) = (cfg.vocab_size, ours.vp);
-    let mut dense = acts[..ours.logits.offset].to_vec();
-    for span in [ours.logits, ours.probs] {
-        let rows = span.of(acts).chunks_exact(vp);
-        dense.extend(rows.flat_map(|r| &r[..v]));
+    assert_eq!((ours.total, theirs.total), (acts.len(), reference.len()));
+    let same = |name: &str, o: Span, r: Span| {
+        assert_bits_eq(&format!("{what}: {name}"), o.of(acts), r.of(reference));
+    };
+    same("encoded", ours.encoded, theirs.encoded);
+    let last = cfg.num_layers - 1;
+    for (l, (lo, lr)) in ours.layers.iter().zip(&theirs.layers).enumerate() {
+        let (mut o, mut r) = (Vec::new(), Vec::new());
+        lo.map(|s| o.push(*s));
+        lr.map(|s| r.push(*s));
+        for (i, (o, r)) in o.into_iter().zip(r).enumerate() {
+            if (o, r) == (lo.preatt, lr.preatt) && l != last {
+                assert_eq!(o, ours.layers[last].preatt, "one preatt for all layers");
+                continue;
+            }
+            same(&format!("layer {l} activation {i}"), o, r);
+        }
     }
-    dense.extend_from_slice(ours.losses.of(acts));
-    assert_eq!(dense.len(), theirs.total);
-    dense
+    for (name, o, r) in [
+        ("lnf", ours.lnf, theirs.lnf),
+        ("lnf_mean", ours.lnf_mean, theirs.lnf_mean),
+        ("lnf_rstd", ours.lnf_rstd, theirs.lnf_rstd),
+        ("losses", ours.losses, theirs.losses),
+    ] {
+        same(name, o, r);
+    }
+    let (v, vp) = (cfg.vocab_size, ours.vp);
+    for (name, o, r) in [
+        ("logits", ours.logits, theirs.logits),
+        ("probs", ours.probs, theirs.probs),
+    ] {
+        let used: Vec<f32> = o
+            .of(acts)
+            .chunks_exact(vp)
+            .flat_map(|x| &x[..v])
+            .copied()
+            .collect();
+        assert_bits_eq(&format!("{what}: {name}"), &used, r.of(reference));
+    }
 }
 
 #[test]
@@ -153,11 +189,7 @@ fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_po
             let engine_loss = model.read_loss(&rt).unwrap();
             assert_eq!(engine_loss.to_bits(), loss.to_bits(), "{what}: loss");
             let acts: Vec<f32> = rt.read_vec(model.activations()).unwrap();
-            assert_bits_eq(
-                &format!("{what}: activations"),
-                &dense_activations(&cfg, (b, t), &acts),
-                reference.activations(),
-            );
+            assert_activations_match(&what, &cfg, (b, t), &acts, reference.activations());
             assert_bits_eq(
                 &format!("{what}: probabilities"),
                 &model.read_probs(&rt).unwrap(),
@@ -279,8 +311,9 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
         }
     }
 
-    // Memory: per layer a (B, NH, T) logsumexp instead of two (B, NH, T, T)
-    // buffers; no (B, T, Vp) probabilities; no (B, T, Vp) logits gradient, and
+    // Memory: per layer a (B, NH, T) logsumexp instead of a (B, NH, T, T)
+    // `att`, and no `preatt` (the unfused layout has one for all layers);
+    // no (B, T, Vp) probabilities; no (B, T, Vp) logits gradient, and
     // per ring slot no (B, T, C) gradients of the two projections (they are
     // the residual's).
     let rt = runtime(1, Policy::Affinity);
@@ -288,7 +321,8 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     let fused = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
     let (l, nh, v) = (cfg.num_layers, cfg.num_heads, cfg.padded_vocab());
     // ... and GELU outputs in a ring of GELU_RING slots, not one per block.
-    let saved_acts = l * (2 * b * nh * t * t - b * nh * t)
+    let saved_acts = l * (b * nh * t * t - b * nh * t)
+        + b * nh * t * t
         + b * t * v
         + (l - GELU_RING) * 4 * b * t * cfg.channels;
     assert_eq!(
