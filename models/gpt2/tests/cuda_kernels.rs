@@ -1335,7 +1335,8 @@ fn matmul_bf16(dev: Device) {
     ));
     let what = "matmul_backward_weight bf16 dweight";
     accumulated(dev, what, &g.down_bf16(&bgw), &gw, &pw);
-    // dbias: f32 sums in row order, as on the CPU: bit-identical.
+    // dbias: f32 sums in the lane order (BIAS_GRAD_LANES), as on the CPU:
+    // bit-identical.
     compare_bf16(
         "matmul_backward_weight bf16 dbias",
         &g.down_bf16(&bgb),

@@ -20,7 +20,7 @@
 //! so that every row starts aligned. Columns `OC..ld` are neither read nor
 //! written.
 
-use braid::cuda::{Gemm, KernelArgs, Transpose};
+use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
@@ -408,7 +408,8 @@ pub fn matmul_backward_input_ld<S: Storage>(
 }
 
 /// Accumulates the parameter gradients: `dweight += doutᵀ · inp` and, when
-/// given, `dbias += Σ_bt dout[bt, :]` (summed in `f32`, rounded once).
+/// given, `dbias += Σ_bt dout[bt, :]` (summed in `f32` in the CUDA kernel's
+/// lane order, [`BIAS_GRAD_LANES`]; rounded once).
 pub fn matmul_backward_weight<S: Storage>(
     dweight: &mut [S],       // (OC, C)
     dbias: Option<&mut [S]>, // (OC)
@@ -446,13 +447,7 @@ pub fn matmul_backward_weight_ld<S: Storage>(
         weight_gradient_rows(dweight, &dout, &inp, n, c, ld, 0..oc)
     });
     if let Some(dbias) = dbias {
-        S::update_f32(dbias, |dbias| {
-            for dout_bt in dout.chunks_exact(ld) {
-                for (d, &g) in dbias.iter_mut().zip(dout_bt) {
-                    *d += g;
-                }
-            }
-        });
+        S::update_f32(dbias, |dbias| bias_gradient(dbias, &dout, n, ld));
     }
 }
 
@@ -489,6 +484,32 @@ pub fn matmul_backward_weight_rows<S: Storage>(
     S::update_f32(dweight_rows, |dw| {
         weight_gradient_rows(dw, &dout, &inp, n, c, ld, rows)
     });
+}
+
+/// Row lanes of the bias gradient ([`bias_gradient`]); `BIAS_GRAD_LANES` in
+/// `matmul.cu`, one warp each.
+pub const BIAS_GRAD_LANES: usize = 32;
+
+/// `dbias[o] += Σ_n dout[n, o]` in the CUDA kernel's order: lane `j` sums
+/// rows `j, j + L, j + 2L, …` (`L` = [`BIAS_GRAD_LANES`]) in order from 0,
+/// and `dbias[o]` gets the `L` lane sums added in lane order, all in `f32`.
+/// A fixed order for any `N`, parallel on a GPU (one warp per lane, 32
+/// channels a block), and cheap here (the lane sums are rows of a `(L, OC)`
+/// table, each row added to vectorised).
+fn bias_gradient(dbias: &mut [f32], dout: &[f32], n: usize, ld: usize) {
+    let oc = dbias.len();
+    let mut lanes = vec![0.0f32; BIAS_GRAD_LANES * oc];
+    for (r, row) in dout.chunks(ld).take(n).enumerate() {
+        let lane = &mut lanes[(r % BIAS_GRAD_LANES) * oc..][..oc];
+        for (s, &g) in lane.iter_mut().zip(&row[..oc]) {
+            *s += g;
+        }
+    }
+    for lane in lanes.chunks_exact(oc) {
+        for (d, &s) in dbias.iter_mut().zip(lane) {
+            *d += s;
+        }
+    }
 }
 
 /// Panics unless `ld >= oc` (a leading dimension below the row's width).
@@ -646,8 +667,11 @@ pub fn matmul_backward_weight_cuda<S: Storage>(
         let kernel = by_dtype::<S>(&BIAS_BACKWARD, &BIAS_BACKWARD_BF16);
         // SAFETY: bias_backward[_bf16](S* dbias, const S* dout, int N, int
         // OC, int ld), S the storage type of both; dbias (OC), dout (N, ld)
-        // with ld >= OC (checked).
-        unsafe { l.launch(kernel, l.linear(oc, 128)?, &a)? };
+        // with ld >= OC (checked). One block of BIAS_GRAD_LANES warps per
+        // 32 channels.
+        let block = (32 * BIAS_GRAD_LANES) as u32;
+        let cfg = LaunchConfig::grid_block(l.grid(oc.div_ceil(32))?, block);
+        unsafe { l.launch(kernel, cfg, &a)? };
     }
     Ok(())
 }
@@ -674,6 +698,34 @@ mod tests {
         }
         assert_close(&blocks, &whole, 1e-6, 1e-5, "row blocks vs whole");
         assert_ne!(blocks, start);
+    }
+
+    /// The bias gradient in lane order against an `f64` sum, for fewer rows
+    /// than lanes, more, and padded rows (whose padding is never read).
+    #[test]
+    fn bias_gradient_sums_every_row_once() {
+        for (n, oc, ld) in [(5, 7, 7), (100, 9, 9), (77, 6, 11)] {
+            let mut dout = randn(n * ld, 1.0, 70 + n as u64);
+            for row in dout.chunks_mut(ld) {
+                row[oc..].fill(f32::NAN);
+            }
+            let start = randn(oc, 0.5, 71);
+            let mut dbias = start.clone();
+            bias_gradient(&mut dbias, &dout, n, ld);
+            let want: Vec<f32> = (0..oc)
+                .map(|o| {
+                    let s: f64 = (0..n).map(|r| dout[r * ld + o] as f64).sum();
+                    (start[o] as f64 + s) as f32
+                })
+                .collect();
+            assert_close(
+                &dbias,
+                &want,
+                1e-5,
+                1e-5,
+                &format!("n {n}, oc {oc}, ld {ld}"),
+            );
+        }
     }
 
     #[test]
