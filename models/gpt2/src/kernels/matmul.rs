@@ -665,12 +665,12 @@ pub fn matmul_backward_weight_cuda<S: Storage>(
         let mut a = KernelArgs::new();
         a.ptr(dbias.ptr()).ptr(dout.ptr()).i32(ni).i32(oci).i32(ldi);
         let kernel = by_dtype::<S>(&BIAS_BACKWARD, &BIAS_BACKWARD_BF16);
-        // SAFETY: bias_backward[_bf16](S* dbias, const S* dout, int N, int
-        // OC, int ld), S the storage type of both; dbias (OC), dout (N, ld)
-        // with ld >= OC (checked). One block of BIAS_GRAD_LANES warps per
-        // 32 channels.
+        // One block of BIAS_GRAD_LANES warps per 32 channels.
         let block = (32 * BIAS_GRAD_LANES) as u32;
         let cfg = LaunchConfig::grid_block(l.grid(oc.div_ceil(32))?, block);
+        // SAFETY: bias_backward[_bf16](S* dbias, const S* dout, int N, int
+        // OC, int ld), S the storage type of both; dbias (OC), dout (N, ld)
+        // with ld >= OC (checked).
         unsafe { l.launch(kernel, cfg, &a)? };
     }
     Ok(())
