@@ -20,26 +20,39 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// The GPT-2 benchmarks' storage flags (`--dtype`, `--fused`), flattened into
-/// each program's arguments.
+/// The GPT-2 benchmarks' storage flags (`--dtype`, `--fused`, `--fuse`),
+/// flattened into each program's arguments.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct StorageArgs {
     /// Storage type: fp32, or bf16 (mixed precision: f32 master weights,
     /// moments and accumulation).
     #[arg(long, default_value = "fp32")]
     pub dtype: braid_gpt2::model::Dtype,
-    /// Fused attention (flash: no (B, NH, T, T) matrices), fused classifier
-    /// (no (B, T, V) probabilities) and fused residual + layer norm.
-    #[arg(long)]
+    /// Every fused kernel (`--fuse all`): flash attention (no (B, NH, T, T)
+    /// matrices), the fused classifier (no (B, T, V) probabilities), fused
+    /// residual + layer norm, GELU recomputation.
+    #[arg(long, conflicts_with = "fuse")]
     pub fused: bool,
+    /// Some fused kernels: a comma-separated list of attention, classifier,
+    /// residual-layernorm, gelu-recompute (or all, none).
+    #[arg(long, value_parser = braid_gpt2::model::Fusion::parse)]
+    pub fuse: Option<braid_gpt2::model::Fusion>,
 }
 
 impl StorageArgs {
     /// The model options these flags ask for.
     pub fn options(&self) -> braid_gpt2::model::ModelOptions {
         braid_gpt2::model::ModelOptions {
-            fused: self.fused,
+            fusion: self.fusion(),
             dtype: self.dtype,
+        }
+    }
+
+    /// The fused kernels these flags ask for.
+    pub fn fusion(&self) -> braid_gpt2::model::Fusion {
+        match (self.fused, self.fuse) {
+            (true, _) => braid_gpt2::model::Fusion::ALL,
+            (false, f) => f.unwrap_or_default(),
         }
     }
 }

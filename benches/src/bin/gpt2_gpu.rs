@@ -40,7 +40,9 @@ use braid_benches::{median, StorageArgs};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::model::{attention_scratch_bytes, init_params, Gpt2Model, Rng, GRADIENT_RING};
+use braid_gpt2::model::{
+    attention_scratch_bytes, init_params, Fusion, Gpt2Model, Rng, GRADIENT_RING,
+};
 use braid_gpt2::optim::{AdamW, NORM_SCRATCH};
 use braid_gpt2::reference::ActivationLayout;
 use braid_gpt2::trainer::model_runtime;
@@ -311,27 +313,25 @@ fn main() -> Result<()> {
     // What the model allocates in fp32 without fusion (the figure is
     // printed for that layout only; the pool's high-water mark below is
     // measured for every layout).
-    let plain = a.storage.dtype == Dtype::F32 && !a.storage.fused;
+    let plain = a.storage.dtype == Dtype::F32 && !a.storage.fusion().any();
     let np = cfg.num_parameters();
     let (b, t) = (a.batch_size, a.seq_len);
-    let acts = ActivationLayout::stored(&cfg, b, t, false, false, Dtype::F32).total * 4;
+    let acts = ActivationLayout::stored(&cfg, b, t, Fusion::NONE, false, Dtype::F32).total * 4;
     let dacts =
-        ActivationLayout::stored_gradients(&cfg, b, t, false, Dtype::F32, GRADIENT_RING).total * 4;
+        ActivationLayout::stored_gradients(&cfg, b, t, Fusion::NONE, Dtype::F32, GRADIENT_RING)
+            .total
+            * 4;
     let scratch = attention_scratch_bytes(b, t, cfg.channels, cfg.num_heads, Dtype::F32);
     let chunks_bound = np.div_ceil(braid_gpt2::optim::MAX_CHUNK) + cfg.num_layers + 3;
     let optim = 2 * np * 4 + chunks_bound * (NORM_SCRATCH + 1) * 8;
     let planned = (2 * np * 4 + acts + dacts + scratch + optim) as f64;
     println!(
-        "gpt2_gpu: model {} ({np} parameters), B {b} x T {t} = {} tokens per step, {}{}, \
-         {} compute streams, {other} vs single",
+        "gpt2_gpu: model {} ({np} parameters), B {b} x T {t} = {} tokens per step, {}, \
+         fused kernels: {}, {} compute streams, {other} vs single",
         a.model,
         b * t,
         a.storage.dtype,
-        if a.storage.fused {
-            ", fused kernels"
-        } else {
-            ""
-        },
+        a.storage.fusion(),
         a.streams
     );
     if plain {

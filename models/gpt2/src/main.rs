@@ -23,7 +23,7 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
-use braid_gpt2::model::{Dtype, Sampler};
+use braid_gpt2::model::{Dtype, Fusion, Sampler};
 use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
     TrainOptions,
@@ -179,11 +179,15 @@ struct TrainArgs {
     /// see docs/tenants.md).
     #[arg(long, default_value = "normal", value_parser = parse_class)]
     class: braid::Class,
-    /// Fused attention, fused classifier and fused residual + layer norm:
-    /// no (B, NH, T, T) attention matrices and no (B, T, V) probabilities
-    /// kept.
-    #[arg(long)]
+    /// Every fused kernel (`--fuse all`): flash attention, the fused
+    /// classifier, residual + layer norm, GELU recomputation: no
+    /// (B, NH, T, T) attention matrices and no (B, T, V) probabilities kept.
+    #[arg(long, conflicts_with = "fuse")]
     fused: bool,
+    /// Some fused kernels: a comma-separated list of attention, classifier,
+    /// residual-layernorm, gelu-recompute (or all, none).
+    #[arg(long, value_parser = Fusion::parse)]
+    fuse: Option<Fusion>,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
     /// AdamW state and update sharded over the ranks, parameters
     /// all-gathered under the next forward pass). Plain f32 buckets only.
@@ -529,7 +533,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         class: a.class,
-        fused: a.fused,
+        fusion: if a.fused {
+            Fusion::ALL
+        } else {
+            a.fuse.unwrap_or_default()
+        },
         zero: a.zero,
         dtype: a.dtype.unwrap_or(Dtype::F32),
         placement: a

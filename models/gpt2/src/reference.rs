@@ -168,6 +168,107 @@ impl LayerActivations {
 /// recomputes it from `fch` where a later block has overwritten it.
 pub const GELU_RING: usize = 2;
 
+/// Which fused kernels a model uses ([`ModelOptions::fusion`](crate::model::ModelOptions::fusion)),
+/// each independent of the others; each changes which activations the
+/// model keeps ([`ActivationLayout::stored`]) and which tasks it submits.
+/// All agree with the unfused path to float tolerance, not bit for bit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Fusion {
+    /// [`flash_attention`](crate::kernels::flash_attention): tiles, online
+    /// softmax, probabilities recomputed in the backward pass; `att` holds
+    /// a `(B, NH, T)` logsumexp per layer, and there is no `preatt`.
+    pub attention: bool,
+    /// [`fused_classifier`](crate::kernels::fused_classifier): no
+    /// `(B, T, Vp)` probabilities; the backward pass writes the logits'
+    /// gradient over the logits (no logits gradient buffer either), so
+    /// read the logits before submitting it.
+    pub classifier: bool,
+    /// The residual sums fused with the layer norms after them
+    /// ([`layernorm::forward_residual`](crate::kernels::layernorm::forward_residual),
+    /// [`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)):
+    /// no projection-output gradients, two tasks fewer per block each way.
+    pub residual_layernorm: bool,
+    /// The GELU outputs in a ring of [`GELU_RING`] slots instead of one
+    /// `(B, T, 4C)` buffer per block, recomputed in the backward pass for
+    /// the blocks whose slot was overwritten (llm.c's `recompute`).
+    pub gelu_recompute: bool,
+}
+
+impl Fusion {
+    /// No fused kernel (the default).
+    pub const NONE: Fusion = Fusion {
+        attention: false,
+        classifier: false,
+        residual_layernorm: false,
+        gelu_recompute: false,
+    };
+
+    /// Every fused kernel (`braid-gpt2 train --fused`).
+    pub const ALL: Fusion = Fusion {
+        attention: true,
+        classifier: true,
+        residual_layernorm: true,
+        gelu_recompute: true,
+    };
+
+    /// The names [`parse`](Self::parse) takes, in field order.
+    pub const NAMES: [&'static str; 4] = [
+        "attention",
+        "classifier",
+        "residual-layernorm",
+        "gelu-recompute",
+    ];
+
+    /// Whether any fused kernel is on.
+    pub fn any(&self) -> bool {
+        *self != Fusion::NONE
+    }
+
+    /// A comma-separated list of [`NAMES`](Self::NAMES), `all` or `none`
+    /// (`--fuse classifier,residual-layernorm`).
+    pub fn parse(list: &str) -> Result<Fusion, String> {
+        let mut f = Fusion::NONE;
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => f = Fusion::ALL,
+                "none" => {}
+                "attention" => f.attention = true,
+                "classifier" => f.classifier = true,
+                "residual-layernorm" => f.residual_layernorm = true,
+                "gelu-recompute" => f.gelu_recompute = true,
+                other => {
+                    return Err(format!(
+                        "unknown fused kernel `{other}`: expected all, none or a list of {}",
+                        Fusion::NAMES.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+impl std::fmt::Display for Fusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let on = [
+            self.attention,
+            self.classifier,
+            self.residual_layernorm,
+            self.gelu_recompute,
+        ];
+        let names: Vec<&str> = Fusion::NAMES
+            .iter()
+            .zip(on)
+            .filter_map(|(n, on)| on.then_some(*n))
+            .collect();
+        match names.len() {
+            0 => f.write_str("none"),
+            4 => f.write_str("all"),
+            _ => f.write_str(&names.join(",")),
+        }
+    }
+}
+
 /// Where every activation of a `(B, T)` forward pass lies in one allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActivationLayout {
@@ -205,7 +306,7 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, false, 0, None)
+        Self::build(cfg, b, t, false, Fusion::NONE, 0, None)
     }
 
     /// The layout of a model that stores its activations as `dtype`
@@ -229,11 +330,11 @@ impl ActivationLayout {
         cfg: &Gpt2Config,
         b: usize,
         t: usize,
-        fused: bool,
+        fusion: Fusion,
         gradients: bool,
         dtype: Dtype,
     ) -> Self {
-        Self::build(cfg, b, t, gradients, fused, 0, Some(dtype))
+        Self::build(cfg, b, t, gradients, fusion, 0, Some(dtype))
     }
 
     /// The activation gradients of [`stored`](Self::stored) (`gradients`
@@ -253,12 +354,12 @@ impl ActivationLayout {
         cfg: &Gpt2Config,
         b: usize,
         t: usize,
-        fused: bool,
+        fusion: Fusion,
         dtype: Dtype,
         ring: usize,
     ) -> Self {
         let ring = ring.clamp(1, cfg.num_layers.max(1));
-        Self::build(cfg, b, t, true, fused, ring, Some(dtype))
+        Self::build(cfg, b, t, true, fusion, ring, Some(dtype))
     }
 
     /// The forward activations of the fused kernels
@@ -272,7 +373,7 @@ impl ActivationLayout {
     /// in the backward pass (llm.c's `recompute`), except for the last
     /// `GELU_RING` blocks, whose slots still hold them.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, true, 0, None)
+        Self::build(cfg, b, t, false, Fusion::ALL, 0, None)
     }
 
     /// The activation gradients of the fused kernels: as
@@ -283,13 +384,13 @@ impl ActivationLayout {
     /// gradient is `residual2`'s or `residual3`'s
     /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, true, 0, None)
+        Self::build(cfg, b, t, true, Fusion::ALL, 0, None)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, false, 0, None)
+        Self::build(cfg, b, t, true, Fusion::NONE, 0, None)
     }
 
     /// `ring`: gradient ring slots (`grads` only), or 0 for none; `model`:
@@ -300,10 +401,12 @@ impl ActivationLayout {
         b: usize,
         t: usize,
         grads: bool,
-        fused: bool,
+        fusion: Fusion,
         ring: usize,
         model: Option<Dtype>,
     ) -> Self {
+        let flash = fusion.attention;
+        let gelu_ring = fusion.gelu_recompute && !grads;
         let (c, nh) = (cfg.channels, cfg.num_heads);
         let bt = b * t;
         // Elements per `f32` statistic (1, or 2 for bf16 storage), the row
@@ -311,7 +414,7 @@ impl ActivationLayout {
         // `preatt` (see `stored`).
         let (stat, vp, shared_preatt) = match model {
             None => (1, cfg.vocab_size, false),
-            Some(dtype) => (4 / dtype.size(), cfg.padded_vocab(), !fused && !grads),
+            Some(dtype) => (4 / dtype.size(), cfg.padded_vocab(), !flash && !grads),
         };
         let mut offset = 0usize;
         // `is_stat`: an `f32` statistic, `stat` elements per value, aligned.
@@ -337,7 +440,7 @@ impl ActivationLayout {
                 qkv: span(bt * 3 * c, true, false),
                 atty: span(bt * c, true, false),
                 preatt: span(
-                    if fused || shared_preatt {
+                    if flash || shared_preatt {
                         0
                     } else {
                         b * nh * t * t
@@ -345,29 +448,22 @@ impl ActivationLayout {
                     false,
                     false,
                 ),
-                att: span(b * nh * t * if fused { 1 } else { t }, false, fused),
+                att: span(b * nh * t * if flash { 1 } else { t }, false, flash),
                 // Fused, the projections' gradients are the residual's.
-                attproj: span(bt * c, !fused, false),
+                attproj: span(bt * c, !fusion.residual_layernorm, false),
                 residual2: span(if residuals { bt * c } else { 0 }, true, false),
                 ln2: span(bt * c, true, false),
                 ln2_mean: span(bt, false, true),
                 ln2_rstd: span(bt, false, true),
                 fch: span(bt * 4 * c, true, false),
                 // Fused forward: in the GELU ring instead (below).
-                fch_gelu: span(if fused && !grads { 0 } else { bt * 4 * c }, true, false),
-                fcproj: span(bt * c, !fused, false),
+                fch_gelu: span(if gelu_ring { 0 } else { bt * 4 * c }, true, false),
+                fcproj: span(bt * c, !fusion.residual_layernorm, false),
                 residual3: span(if residuals { bt * c } else { 0 }, true, false),
             };
         let encoded = span(bt * c, true, false);
         let preatt = span(if shared_preatt { b * nh * t * t } else { 0 }, false, false);
-        let layers: Vec<LayerActivations> = if shared_preatt {
-            (0..cfg.num_layers)
-                .map(|_| LayerActivations {
-                    preatt,
-                    ..block(&mut span, true)
-                })
-                .collect()
-        } else if grads && ring > 0 {
+        let layers: Vec<LayerActivations> = if grads && ring > 0 {
             let slots: Vec<LayerActivations> = (0..ring).map(|_| block(&mut span, false)).collect();
             let pairs: Vec<(Span, Span)> = (0..cfg.num_layers)
                 .map(|_| (span(bt * c, true, false), span(bt * c, true, false)))
@@ -381,26 +477,29 @@ impl ActivationLayout {
                     ..slots[l % ring]
                 })
                 .collect()
-        } else if fused && !grads {
-            let gelu: Vec<Span> = (0..GELU_RING)
+        } else {
+            // The GELU ring's slots (none without it), then the blocks.
+            let gelu: Vec<Span> = (0..if gelu_ring { GELU_RING } else { 0 })
                 .map(|_| span(bt * 4 * c, true, false))
                 .collect();
             (0..cfg.num_layers)
-                .map(|l| LayerActivations {
-                    fch_gelu: gelu[l % GELU_RING],
-                    ..block(&mut span, true)
+                .map(|l| {
+                    let mut la = block(&mut span, true);
+                    if shared_preatt {
+                        la.preatt = preatt;
+                    }
+                    if gelu_ring {
+                        la.fch_gelu = gelu[l % GELU_RING];
+                    }
+                    la
                 })
-                .collect()
-        } else {
-            (0..cfg.num_layers)
-                .map(|_| block(&mut span, true))
                 .collect()
         };
         let lnf = span(bt * c, true, false);
         let lnf_mean = span(bt, false, true);
         let lnf_rstd = span(bt, false, true);
-        let logits = span(bt * vp, !fused, false);
-        let probs = span(if fused { 0 } else { bt * vp }, false, false);
+        let logits = span(bt * vp, !fusion.classifier, false);
+        let probs = span(if fusion.classifier { 0 } else { bt * vp }, false, false);
         let losses = span(bt, false, true);
         Self {
             b,

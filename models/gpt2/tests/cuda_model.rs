@@ -20,7 +20,7 @@ use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{write_token_file, TokenSource};
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::model::Rng;
+use braid_gpt2::model::{Fusion, Rng};
 use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
 
 /// The first step's loss on CUDA against the CPU's (see
@@ -258,7 +258,7 @@ fn bf16_and_fused_training_on_cuda_follows_the_cpu() {
         let run = |backend| {
             let opts = TrainOptions {
                 dtype,
-                fused,
+                fusion: if fused { Fusion::ALL } else { Fusion::NONE },
                 ..options(backend, 1, steps)
             };
             train(&opts, start.clone(), &data, &|_| {})

@@ -520,7 +520,7 @@ fn fused_training_follows_the_unfused_run() {
     let start = StartState::fresh(&Gpt2Config::tiny(), 21);
     let plain = run(&options(2, 2, 4), start.clone());
     let mut opts = options(2, 2, 4);
-    opts.fused = true;
+    opts.fusion = braid_gpt2::model::Fusion::ALL;
     let fused = run(&opts, start);
     for (i, (a, b)) in losses(&fused).iter().zip(&losses(&plain)).enumerate() {
         assert!(

@@ -18,7 +18,7 @@ use braid::{BackendKind, Policy, Runtime};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::{ParamLayout, Span};
-use braid_gpt2::model::{init_params, Dtype, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
+use braid_gpt2::model::{init_params, Dtype, Fusion, Gpt2Model, ModelOptions, Rng, GRADIENT_RING};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::{ActivationLayout, Reference, GELU_RING};
 use common::{reference_steps, TEST_ADAMW};
@@ -116,7 +116,7 @@ fn assert_activations_match(
     acts: &[f32],
     reference: &[f32],
 ) {
-    let ours = ActivationLayout::stored(cfg, b, t, false, false, Dtype::F32);
+    let ours = ActivationLayout::stored(cfg, b, t, Fusion::NONE, false, Dtype::F32);
     let theirs = ActivationLayout::new(cfg, b, t);
     assert_eq!((ours.total, theirs.total), (acts.len(), reference.len()));
     let same = |name: &str, o: Span, r: Span| {
@@ -238,6 +238,75 @@ fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
         })
 }
 
+/// Each fused kernel on its own, and the pair a GPU default would take
+/// (classifier, residual + layer norm): the reference's loss, logits and
+/// gradients to the fused model's tolerances, with less activation memory
+/// than the unfused model.
+#[test]
+fn each_fused_kernel_alone_matches_the_reference() {
+    let cfg = five_blocks();
+    let (b, t) = (2, 40);
+    let params = params_for(&cfg, 17);
+    let tokens = ids(b * t, cfg.vocab_size, 21);
+    let targets = ids(b * t, cfg.vocab_size, 22);
+    let tokens2 = ids(b * t, cfg.vocab_size, 23);
+    let (reference, loss, grads, grads2) =
+        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
+    let rt = runtime(2, Policy::Affinity);
+    let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
+    let one = |f: fn(&mut Fusion)| {
+        let mut x = Fusion::NONE;
+        f(&mut x);
+        x
+    };
+    for fusion in [
+        one(|f| f.attention = true),
+        one(|f| f.classifier = true),
+        one(|f| f.residual_layernorm = true),
+        one(|f| f.gelu_recompute = true),
+        Fusion::parse("classifier,residual-layernorm").unwrap(),
+    ] {
+        let what = format!("--fuse {fusion}");
+        let opts = ModelOptions {
+            fusion,
+            ..ModelOptions::default()
+        };
+        let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, opts).unwrap();
+        model.upload_params(&rt, &params).unwrap();
+        model.zero_grad(&rt).unwrap();
+        model.forward(&rt, &tokens, Some(&targets)).unwrap();
+        let logits = model.read_logits(&rt).unwrap();
+        model.backward(&rt, 1.0, |_| Ok(())).unwrap();
+        let engine_loss = model.read_loss(&rt).unwrap();
+        let g = model.read_grads(&rt).unwrap();
+        model.forward(&rt, &tokens2, Some(&targets)).unwrap();
+        model.backward(&rt, 0.5, |_| Ok(())).unwrap();
+        let g2 = model.read_grads(&rt).unwrap();
+        assert!((engine_loss - loss).abs() <= 1e-5, "{what}: loss");
+        assert_close(
+            &format!("{what}: logits"),
+            &logits,
+            reference.logits(),
+            1e-5,
+            1e-4,
+        );
+        assert_close(&format!("{what}: gradients"), &g, &grads, 1e-7, 1e-3);
+        assert_close(&format!("{what}: accumulated"), &g2, &grads2, 1e-7, 1e-3);
+        assert_eq!(model.read_probs(&rt).unwrap().is_empty(), fusion.classifier);
+        let kept = model.activations().len() + model.activation_grads().len();
+        let all = unfused.activations().len() + unfused.activation_grads().len();
+        assert!(
+            kept < all,
+            "{what}: {kept} bytes of activations, unfused {all}"
+        );
+        rt.synchronize().unwrap();
+    }
+    assert_eq!(Fusion::parse("all").unwrap(), Fusion::ALL);
+    assert_eq!(Fusion::ALL.to_string(), "all");
+    let e = Fusion::parse("classifier,flash").unwrap_err();
+    assert!(e.contains("`flash`") && e.contains("gelu-recompute"), "{e}");
+}
+
 /// The fused attention and classifier (`ModelOptions::fused`) as tasks:
 /// the same on every number of streams and policy (bit for bit: the fused
 /// kernels are deterministic and accumulate in submission order), within
@@ -257,7 +326,7 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     let ref_logits = reference.logits().to_vec();
 
     let fused = ModelOptions {
-        fused: true,
+        fusion: Fusion::ALL,
         ..ModelOptions::default()
     };
     // (loss, logits, gradients, accumulated gradients) of the first run
@@ -335,7 +404,7 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     );
     // The ring: of the 5 blocks' gradients other than the residual stream's
     // (16·B·T·C each unfused), GRADIENT_RING blocks' worth is kept.
-    let per_block = ActivationLayout::stored(&cfg, b, t, false, true, Dtype::F32).total * 4;
+    let per_block = ActivationLayout::stored(&cfg, b, t, Fusion::NONE, true, Dtype::F32).total * 4;
     assert_eq!(
         per_block - unfused.activation_grads().len(),
         (l - GRADIENT_RING) * 16 * b * t * cfg.channels * 4
@@ -475,7 +544,7 @@ fn fused_training_forward_leaves_the_loss_to_backward() {
         ),
     ];
     let fused = ModelOptions {
-        fused: true,
+        fusion: Fusion::ALL,
         ..ModelOptions::default()
     };
     let rt = runtime(2, Policy::Affinity);

@@ -41,7 +41,7 @@ mod common;
 
 use braid::Policy;
 use braid_gpt2::kernels::cpu as k;
-use braid_gpt2::model::{Gpt2Model, ModelOptions};
+use braid_gpt2::model::{Fusion, Gpt2Model, ModelOptions};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use braid_gpt2::trainer::model_runtime;
@@ -301,7 +301,7 @@ fn engine_fused_forward_backward_match_pytorch(dev: Device) {
     forward_backward_match_pytorch(
         dev,
         ModelOptions {
-            fused: true,
+            fusion: Fusion::ALL,
             ..ModelOptions::default()
         },
     );
@@ -328,7 +328,10 @@ fn forward_backward_match_pytorch(dev: Device, opts: ModelOptions) {
             model.zero_grad(&rt).unwrap();
             model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
             // The fused backward pass writes the logits' gradient over them.
-            let early_logits = opts.fused.then(|| model.read_logits(&rt).unwrap());
+            let early_logits = opts
+                .fusion
+                .classifier
+                .then(|| model.read_logits(&rt).unwrap());
             let mut ready = Vec::new();
             model
                 .backward(&rt, 1.0, |p| {
@@ -418,7 +421,7 @@ fn engine_fused_adamw_steps_match_pytorch(dev: Device) {
     steps_match_pytorch(
         dev,
         ModelOptions {
-            fused: true,
+            fusion: Fusion::ALL,
             ..ModelOptions::default()
         },
     );

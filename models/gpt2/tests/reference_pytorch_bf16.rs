@@ -48,7 +48,7 @@ use braid::Policy;
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::layout::ParamLayout;
-use braid_gpt2::model::{Dtype, Gpt2Model, ModelOptions};
+use braid_gpt2::model::{Dtype, Fusion, Gpt2Model, ModelOptions};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::trainer::model_runtime;
 use common::{check_all, compare, setup_from, Device, Fixture, Worst, FIXTURE_BF16};
@@ -66,12 +66,12 @@ const NORM_RTOL: f32 = 1e-2;
 const UPDATE_RMS: f64 = 0.15;
 
 const BF16: ModelOptions = ModelOptions {
-    fused: false,
+    fusion: Fusion::NONE,
     dtype: Dtype::Bf16,
 };
 /// The fused attention and classifier in bf16, held to the same tolerances.
 const BF16_FUSED: ModelOptions = ModelOptions {
-    fused: true,
+    fusion: Fusion::ALL,
     dtype: Dtype::Bf16,
 };
 

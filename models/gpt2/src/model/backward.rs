@@ -66,7 +66,7 @@ impl Gpt2Model {
         fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
         let head_scope = rt.scope("head");
 
-        let dlogits = if self.fused {
+        let dlogits = if self.fusion.classifier {
             // The gradient goes over the logits (and the losses are
             // rewritten, with the same values).
             fused_classifier::forward_backward(
@@ -170,7 +170,7 @@ impl Gpt2Model {
             // residual3 = residual2 + fcproj. Fused, fcproj's gradient is
             // residual3's (no copy), and ln2's backward passes residual3's on
             // to residual2 (`layernorm::backward_residual`).
-            let dfcproj = if self.fused {
+            let dfcproj = if self.fusion.residual_layernorm {
                 &lda.residual3
             } else {
                 residual::backward(
@@ -194,7 +194,7 @@ impl Gpt2Model {
             // Fused, fch_gelu lives in the GELU ring: recomputed from fch
             // unless this block's slot still holds it (the last GELU_RING
             // blocks). Only the weight gradient reads it, so Side too.
-            if self.fused && l + GELU_RING < self.cfg.num_layers {
+            if self.fusion.gelu_recompute && l + GELU_RING < self.cfg.num_layers {
                 gelu::forward(side("gelu recompute"), &la.fch_gelu, &la.fch)?;
             }
             matmul::backward_weight(
@@ -237,7 +237,7 @@ impl Gpt2Model {
             layernorm::backward_residual(
                 task("ln2 backward"),
                 &lda.residual2,
-                self.fused.then_some(&lda.residual3),
+                self.fusion.residual_layernorm.then_some(&lda.residual3),
                 &lg.ln2w,
                 &lg.ln2b,
                 &lda.ln2,
@@ -251,7 +251,7 @@ impl Gpt2Model {
             ready(li.ln2b)?;
             ready(li.ln2w)?;
             // residual2 = residual_in + attproj (fused: as residual3 above)
-            let dattproj = if self.fused {
+            let dattproj = if self.fusion.residual_layernorm {
                 &lda.residual2
             } else {
                 residual::backward(
@@ -285,7 +285,7 @@ impl Gpt2Model {
             ready(li.attprojb)?;
             ready(li.attprojw)?;
             // atty = attention(qkv)
-            if self.fused {
+            if self.fusion.attention {
                 flash_attention::backward(
                     task("attention backward"),
                     &lda.qkv,
@@ -339,7 +339,7 @@ impl Gpt2Model {
             layernorm::backward_residual(
                 task("ln1 backward"),
                 da.residual_in(l),
-                self.fused.then_some(&lda.residual2),
+                self.fusion.residual_layernorm.then_some(&lda.residual2),
                 &lg.ln1w,
                 &lg.ln1b,
                 &lda.ln1,

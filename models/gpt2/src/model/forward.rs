@@ -49,7 +49,7 @@ impl Gpt2Model {
             let task = |what: &str| tasks.task(format!("L{l} {what}"));
             let residual = a.residual_in(l);
             // Fused, block l > 0's ln1 came with block l - 1's residual3.
-            if !self.fused || l == 0 {
+            if !self.fusion.residual_layernorm || l == 0 {
                 layernorm::forward(
                     task("ln1 forward"),
                     &la.ln1,
@@ -72,7 +72,7 @@ impl Gpt2Model {
                 c,
                 3 * c,
             )?;
-            if self.fused {
+            if self.fusion.attention {
                 // `att` holds the per-row logsumexp, (B, NH, T).
                 flash_attention::forward(
                     task("attention forward"),
@@ -108,7 +108,7 @@ impl Gpt2Model {
                 c,
                 c,
             )?;
-            if self.fused {
+            if self.fusion.residual_layernorm {
                 layernorm::forward_residual(
                     task("residual2+ln2 forward"),
                     &la.residual2,
@@ -162,7 +162,7 @@ impl Gpt2Model {
                 4 * c,
                 c,
             )?;
-            if self.fused {
+            if self.fusion.residual_layernorm {
                 // With the next layer norm: block l + 1's ln1, or lnf.
                 let (name, out, mean, rstd, w, bias) =
                     match (a.layers.get(l + 1), p.layers.get(l + 1)) {
@@ -206,7 +206,7 @@ impl Gpt2Model {
             }
         }
         let _head = rt.scope("head");
-        if !self.fused {
+        if !self.fusion.residual_layernorm {
             layernorm::forward(
                 tasks.task("lnf forward"),
                 &a.lnf,
@@ -230,7 +230,7 @@ impl Gpt2Model {
             v,
             vp,
         )?;
-        if self.fused {
+        if self.fusion.classifier {
             if self.has_targets && losses {
                 fused_classifier::losses(
                     tasks.task("classifier forward"),

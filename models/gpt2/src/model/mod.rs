@@ -82,6 +82,7 @@ mod sample;
 
 pub use crate::kernels::storage::Dtype;
 pub use crate::kernels::KERNEL_BACKENDS;
+pub use crate::reference::Fusion;
 pub use sample::{sample_next, Sampler};
 
 /// Whether the model's tasks can run on the backend named `backend`
@@ -257,27 +258,18 @@ pub const GRADIENT_RING: usize = 2;
 /// How [`Gpt2Model`] computes attention and the loss.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ModelOptions {
-    /// Use the fused kernels: [`flash_attention`] (tiles, online softmax,
-    /// probabilities recomputed in backward; saves a `(B, NH, T)` logsumexp
-    /// per layer instead of the two `(B, NH, T, T)` `preatt` and `att`) and
-    /// [`fused_classifier`](crate::kernels::fused_classifier) (no `(B, T, V)` probabilities; the backward pass
-    /// writes the logits' gradient over the logits, so there is no
-    /// `(B, T, V)` logits gradient either); also the residual sums fused
-    /// with the layer norms after them
-    /// ([`layernorm::forward_residual`](crate::kernels::layernorm::forward_residual),
-    /// [`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual):
-    /// no projection-output gradients) and the GELU outputs recomputed in
-    /// the backward pass (a ring of
-    /// [`GELU_RING`](crate::reference::GELU_RING) slots instead of one
-    /// `(B, T, 4C)` buffer per block). Every fused kernel has a CUDA body
-    /// too (docs/gpu-validation.md records where they ran). Off by default. The results agree with the unfused
-    /// path to float tolerance, not bit for bit.
+    /// Which fused kernels to use ([`Fusion`]: flash attention, the fused
+    /// classifier, residual + layer norm, GELU recomputation), each on its
+    /// own; none by default. [`Fusion::ALL`] is `braid-gpt2 train --fused`.
+    /// Every fused kernel has a CUDA body too (docs/gpu-validation.md
+    /// records where they ran). The results agree with the unfused path to
+    /// float tolerance, not bit for bit.
     ///
-    /// In fused mode [`Gpt2Model::read_probs`] is empty, a forward pass
-    /// without targets computes no probabilities, and once
+    /// With the fused classifier [`Gpt2Model::read_probs`] is empty, a
+    /// forward pass without targets computes no probabilities, and once
     /// [`Gpt2Model::backward`] is submitted the logits buffer holds the
     /// logits' gradient: read the logits before submitting the backward pass.
-    pub fused: bool,
+    pub fusion: Fusion,
     /// The storage type of parameters, gradients and activations
     /// ([`Dtype::F32`] by default). With [`Dtype::Bf16`] the model works the
     /// way llm.c's mixed precision does: bf16 parameters, gradients and
@@ -332,7 +324,7 @@ pub struct Gpt2Model {
     /// With `split_tied`: the row blocks of `wte` its classifier gradient is
     /// made and handed over in, and their gradient views; else empty.
     wte_pieces: Vec<(std::ops::Range<usize>, View)>,
-    fused: bool,
+    fusion: Fusion,
     dtype: Dtype,
     /// `Vp`: the row length of the logits, probabilities and their gradients.
     vp: usize,
@@ -384,10 +376,10 @@ impl Gpt2Model {
             });
         }
         let layout = ParamLayout::new(cfg);
-        let fused = opts.fused;
+        let fusion = opts.fusion;
         let dtype = opts.dtype;
-        let al = ActivationLayout::stored(cfg, b, t, fused, false, dtype);
-        let gl = ActivationLayout::stored_gradients(cfg, b, t, fused, dtype, GRADIENT_RING);
+        let al = ActivationLayout::stored(cfg, b, t, fusion, false, dtype);
+        let gl = ActivationLayout::stored_gradients(cfg, b, t, fusion, dtype, GRADIENT_RING);
         let (n, es) = (layout.total, dtype.size());
         let params = rt.alloc("params", n * es)?;
         let grads = rt.alloc("grads", n * es)?;
@@ -402,7 +394,7 @@ impl Gpt2Model {
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
-        let (att_scratch_fwd, att_scratch_bwd) = if fused {
+        let (att_scratch_fwd, att_scratch_bwd) = if fusion.attention {
             // D = rowsum(dout ∘ out) of the backward pass; the forward pass
             // declares none.
             let bytes = flash_attention::backward_scratch_bytes(b, t, nh);
@@ -443,7 +435,7 @@ impl Gpt2Model {
             has_targets: false,
             split_tied: false,
             wte_pieces: Vec::new(),
-            fused,
+            fusion,
             dtype,
             vp: al.vp,
             master,
@@ -518,7 +510,7 @@ impl Gpt2Model {
     /// The options the model was made with.
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
-            fused: self.fused,
+            fusion: self.fusion,
             dtype: self.dtype,
         }
     }
@@ -803,8 +795,8 @@ impl Gpt2Model {
 
     /// The forward pass of a training step, to be followed by
     /// [`backward`](Self::backward): [`forward_uploaded`](Self::forward_uploaded)
-    /// without the losses when the model is
-    /// [`fused`](ModelOptions::fused). The fused classifier of the backward
+    /// without the losses when the model uses the fused classifier
+    /// ([`Fusion::classifier`]). The fused classifier of the backward
     /// pass writes the losses and their mean in the same pass over the
     /// `(B, T, V)` logits as their gradient (llm.c's scheme), so the logits
     /// are read once per step instead of twice; [`read_loss`](Self::read_loss)
@@ -812,7 +804,7 @@ impl Gpt2Model {
     /// `forward_uploaded` (the loss comes from the probabilities the
     /// backward pass reads).
     pub fn forward_for_backward(&self, rt: &Runtime) -> Result<()> {
-        self.forward_pass(rt, !self.fused)
+        self.forward_pass(rt, !self.fusion.classifier)
     }
 
     /// Submits tasks that zero the parameter gradients, one per

@@ -90,9 +90,10 @@ pub struct TrainOptions {
     /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
     /// (ignored otherwise). On by default.
     pub tied_split: bool,
-    /// Run the model with the fused attention and fused classifier
-    /// ([`ModelOptions::fused`](crate::model::ModelOptions)), off by default.
-    pub fused: bool,
+    /// The fused kernels the model uses
+    /// ([`ModelOptions::fusion`](crate::model::ModelOptions)), none by
+    /// default.
+    pub fusion: crate::model::Fusion,
     /// The run's priority class among the Braid programs of the process
     /// (default: normal; `best-effort` trains in the cycles a
     /// latency-critical program beside it leaves, docs/tenants.md).
@@ -171,7 +172,7 @@ impl Default for TrainOptions {
             graphs: false,
             reduce_single_rank: false,
             tied_split: true,
-            fused: false,
+            fusion: crate::model::Fusion::NONE,
             class: braid::Class::Normal,
             zero: 0,
             dtype: Dtype::F32,

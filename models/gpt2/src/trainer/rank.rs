@@ -59,7 +59,7 @@ pub(super) fn run_rank(
     let cfg = opts.model;
     let (b, t) = (opts.batch_size, opts.seq_len);
     let model_opts = crate::model::ModelOptions {
-        fused: opts.fused,
+        fusion: opts.fusion,
         dtype: opts.dtype,
     };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
