@@ -310,12 +310,13 @@ impl ActivationLayout {
     }
 
     /// The layout of a model that stores its activations as `dtype`
-    /// ([`Gpt2Model`](crate::model::Gpt2Model)): [`new`](Self::new),
-    /// [`fused`](Self::fused), [`gradients`](Self::gradients) or
-    /// [`fused_gradients`](Self::fused_gradients) by `fused` and
-    /// `gradients`, with spans counted in `dtype` elements. The statistics
+    /// ([`Gpt2Model`](crate::model::Gpt2Model)) with the fused kernels
+    /// `fusion` ([`new`](Self::new) or [`gradients`](Self::gradients) by
+    /// `gradients` with none, [`fused`](Self::fused) or
+    /// [`fused_gradients`](Self::fused_gradients) with all), with spans
+    /// counted in `dtype` elements. The statistics
     /// kept in `f32` whatever the storage (`*_mean`, `*_rstd`, `losses`, and
-    /// in fused mode the logsumexp in `att`) then span `4 / dtype.size()`
+    /// with flash attention the logsumexp in `att`) then span `4 / dtype.size()`
     /// elements per value and start at a multiple of that, so that the byte
     /// range `span · dtype.size()` holds them as `f32`. Rows of `logits` and
     /// `probs` are [`Gpt2Config::padded_vocab`] long. And unfused, every

@@ -307,7 +307,7 @@ fn each_fused_kernel_alone_matches_the_reference() {
     assert!(e.contains("`flash`") && e.contains("gelu-recompute"), "{e}");
 }
 
-/// The fused attention and classifier (`ModelOptions::fused`) as tasks:
+/// Every fused kernel (`Fusion::ALL`) as tasks:
 /// the same on every number of streams and policy (bit for bit: the fused
 /// kernels are deterministic and accumulate in submission order), within
 /// float tolerance of the unfused sequential reference (T = 40 crosses the

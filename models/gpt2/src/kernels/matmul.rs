@@ -486,8 +486,9 @@ pub fn matmul_backward_weight_rows<S: Storage>(
     });
 }
 
-/// Row lanes of the bias gradient ([`bias_gradient`]); `BIAS_GRAD_LANES` in
-/// `matmul.cu`, one warp each.
+/// Row lanes of the bias gradient (the CPU kernel sums in the CUDA
+/// kernel's order: lane `j` takes rows `j, j + L, …`, and the lane sums are
+/// added in lane order); `BIAS_GRAD_LANES` in `matmul.cu`, one warp each.
 pub const BIAS_GRAD_LANES: usize = 32;
 
 /// `dbias[o] += Σ_n dout[n, o]` in the CUDA kernel's order: lane `j` sums

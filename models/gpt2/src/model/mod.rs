@@ -575,7 +575,7 @@ impl Gpt2Model {
     }
 
     /// `(B, T, Vp)` probabilities, as [`logits_view`](Self::logits_view)
-    /// (empty with [`ModelOptions::fused`]).
+    /// (empty with the fused classifier, [`Fusion::classifier`]).
     pub fn probs_view(&self) -> &View {
         &self.a.probs
     }
@@ -692,7 +692,7 @@ impl Gpt2Model {
     }
 
     /// The `(B, T, V)` probabilities of the last forward pass (as `f32`;
-    /// empty with [`ModelOptions::fused`]).
+    /// empty with the fused classifier, [`Fusion::classifier`]).
     pub fn read_probs(&self, rt: &Runtime) -> Result<Vec<f32>> {
         Ok(self.unpad(self.read_stored(rt, &self.a.probs)?))
     }
