@@ -84,6 +84,11 @@ void comm_hidden_under_compute() {
   CHECK(s.comm_ns > 0);
   CHECK(s.comm_hidden_ns > 0);
   CHECK(s.hidden_share() > 0.0 && s.hidden_share() <= 1.0);
+  // A comm task that is not a collective waits for no rank: all of it is
+  // transfer.
+  CHECK_EQ(s.comm_wait_ns, static_cast<std::uint64_t>(0));
+  CHECK_EQ(s.transfer_ns, s.comm_ns);
+  CHECK_EQ(s.transfer_hidden_ns, s.comm_hidden_ns);
   CHECK_EQ(s.streams.size(), static_cast<std::size_t>(2));
   CHECK_EQ(s.streams[1].name, std::string("comm 0"));
 }

@@ -203,6 +203,9 @@ mod bridge {
         overlap_ns: u64,
         comm_ns: u64,
         comm_hidden_ns: u64,
+        comm_wait_ns: u64,
+        transfer_ns: u64,
+        transfer_hidden_ns: u64,
         critical_path_ns: u64,
         /// The summary as Braid prints it.
         text: String,
@@ -707,6 +710,9 @@ fn summary_record(p: &braid::trace::Profile) -> SummaryRecord {
         overlap_ns: s.overlap_ns,
         comm_ns: s.comm_ns,
         comm_hidden_ns: s.comm_hidden_ns,
+        comm_wait_ns: s.comm_wait_ns,
+        transfer_ns: s.transfer_ns,
+        transfer_hidden_ns: s.transfer_hidden_ns,
         critical_path_ns: s.critical_path_ns,
         text: s.to_string(),
     }

@@ -641,6 +641,13 @@ struct Summary {
   // which a non-communication task also ran.
   std::uint64_t comm_ns = 0;
   std::uint64_t comm_hidden_ns = 0;
+  // Of comm_ns, the time collectives of CPU ranks waited for the other
+  // ranks to reach them (skew between the ranks); the rest (the data
+  // moving), and the part of that during which a non-communication task
+  // also ran.
+  std::uint64_t comm_wait_ns = 0;
+  std::uint64_t transfer_ns = 0;
+  std::uint64_t transfer_hidden_ns = 0;
   // Longest chain of dependent tasks, weighted by their durations.
   std::uint64_t critical_path_ns = 0;
   // The summary as Braid prints it.
@@ -649,6 +656,11 @@ struct Summary {
   // Share of communication time hidden under computation (0 without any).
   double hidden_share() const noexcept {
     return comm_ns == 0 ? 0.0 : static_cast<double>(comm_hidden_ns) / static_cast<double>(comm_ns);
+  }
+  // Share of the communication after the waits hidden under computation.
+  double transfer_hidden_share() const noexcept {
+    return transfer_ns == 0 ? 0.0
+                            : static_cast<double>(transfer_hidden_ns) / static_cast<double>(transfer_ns);
   }
   // Number of streams that ran at least one task.
   std::size_t busy_streams() const noexcept {
@@ -681,6 +693,9 @@ inline Summary to_summary(const ffi::SummaryRecord& r) {
   s.overlap_ns = r.overlap_ns;
   s.comm_ns = r.comm_ns;
   s.comm_hidden_ns = r.comm_hidden_ns;
+  s.comm_wait_ns = r.comm_wait_ns;
+  s.transfer_ns = r.transfer_ns;
+  s.transfer_hidden_ns = r.transfer_hidden_ns;
   s.critical_path_ns = r.critical_path_ns;
   s.text = std::string(r.text);
   return s;
