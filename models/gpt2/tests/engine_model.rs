@@ -238,22 +238,104 @@ fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
         })
 }
 
+/// A model run's loss, logits, gradients and accumulated gradients
+/// ([`FusedCase::run`]).
+type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// The fused models' fixture: `five_blocks` at `B 2 × T 40` (T crosses the
+/// CPU tasks' 32-row tiles), parameters, a batch, a second batch, and the
+/// reference's passes over them ([`reference_passes`]).
+struct FusedCase {
+    cfg: Gpt2Config,
+    bt: (usize, usize),
+    params: Vec<f32>,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+    tokens2: Vec<u32>,
+    reference: Reference,
+    loss: f32,
+    grads: Vec<f32>,
+    grads2: Vec<f32>,
+}
+
+impl FusedCase {
+    fn new() -> FusedCase {
+        let cfg = five_blocks();
+        let (b, t) = (2, 40);
+        let params = params_for(&cfg, 17);
+        let tokens = ids(b * t, cfg.vocab_size, 21);
+        let targets = ids(b * t, cfg.vocab_size, 22);
+        let tokens2 = ids(b * t, cfg.vocab_size, 23);
+        let (reference, loss, grads, grads2) =
+            reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
+        FusedCase {
+            cfg,
+            bt: (b, t),
+            params,
+            tokens,
+            targets,
+            tokens2,
+            reference,
+            loss,
+            grads,
+            grads2,
+        }
+    }
+
+    /// A model with `opts` on `rt` through the reference's passes: its loss,
+    /// logits (read before the backward pass), gradients, and gradients
+    /// after the second, accumulated pass.
+    fn run(&self, rt: &Runtime, opts: ModelOptions) -> Run {
+        let (b, t) = self.bt;
+        let mut model = Gpt2Model::with_options(rt, &self.cfg, b, t, opts).unwrap();
+        assert_eq!(model.options(), opts);
+        model.upload_params(rt, &self.params).unwrap();
+        model.zero_grad(rt).unwrap();
+        model
+            .forward(rt, &self.tokens, Some(&self.targets))
+            .unwrap();
+        let logits = model.read_logits(rt).unwrap();
+        model.backward(rt, 1.0, |_| Ok(())).unwrap();
+        let loss = model.read_loss(rt).unwrap();
+        let g = model.read_grads(rt).unwrap();
+        model
+            .forward(rt, &self.tokens2, Some(&self.targets))
+            .unwrap();
+        model.backward(rt, 0.5, |_| Ok(())).unwrap();
+        let g2 = model.read_grads(rt).unwrap();
+        rt.synchronize().unwrap();
+        (loss, logits, g, g2)
+    }
+
+    /// Asserts a run is within the fused kernels' tolerances of the
+    /// reference.
+    fn check(&self, what: &str, (loss, logits, g, g2): &Run) {
+        assert!((loss - self.loss).abs() <= 1e-5, "{what}: loss");
+        let ref_logits = self.reference.logits();
+        assert_close(&format!("{what}: logits"), logits, ref_logits, 1e-5, 1e-4);
+        assert_close(&format!("{what}: gradients"), g, &self.grads, 1e-7, 1e-3);
+        assert_close(
+            &format!("{what}: accumulated"),
+            g2,
+            &self.grads2,
+            1e-7,
+            1e-3,
+        );
+        // Not trivially equal: the accumulation changed something.
+        assert!(g2 != g, "{what}");
+    }
+}
+
 /// Each fused kernel on its own, and the pair a GPU default would take
 /// (classifier, residual + layer norm): the reference's loss, logits and
 /// gradients to the fused model's tolerances, with less activation memory
 /// than the unfused model.
 #[test]
 fn each_fused_kernel_alone_matches_the_reference() {
-    let cfg = five_blocks();
-    let (b, t) = (2, 40);
-    let params = params_for(&cfg, 17);
-    let tokens = ids(b * t, cfg.vocab_size, 21);
-    let targets = ids(b * t, cfg.vocab_size, 22);
-    let tokens2 = ids(b * t, cfg.vocab_size, 23);
-    let (reference, loss, grads, grads2) =
-        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
+    let case = FusedCase::new();
+    let (b, t) = case.bt;
     let rt = runtime(2, Policy::Affinity);
-    let unfused = Gpt2Model::new(&rt, &cfg, b, t).unwrap();
+    let unfused = Gpt2Model::new(&rt, &case.cfg, b, t).unwrap();
     let one = |f: fn(&mut Fusion)| {
         let mut x = Fusion::NONE;
         f(&mut x);
@@ -271,35 +353,16 @@ fn each_fused_kernel_alone_matches_the_reference() {
             fusion,
             ..ModelOptions::default()
         };
-        let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, opts).unwrap();
-        model.upload_params(&rt, &params).unwrap();
-        model.zero_grad(&rt).unwrap();
-        model.forward(&rt, &tokens, Some(&targets)).unwrap();
-        let logits = model.read_logits(&rt).unwrap();
-        model.backward(&rt, 1.0, |_| Ok(())).unwrap();
-        let engine_loss = model.read_loss(&rt).unwrap();
-        let g = model.read_grads(&rt).unwrap();
-        model.forward(&rt, &tokens2, Some(&targets)).unwrap();
-        model.backward(&rt, 0.5, |_| Ok(())).unwrap();
-        let g2 = model.read_grads(&rt).unwrap();
-        assert!((engine_loss - loss).abs() <= 1e-5, "{what}: loss");
-        assert_close(
-            &format!("{what}: logits"),
-            &logits,
-            reference.logits(),
-            1e-5,
-            1e-4,
-        );
-        assert_close(&format!("{what}: gradients"), &g, &grads, 1e-7, 1e-3);
-        assert_close(&format!("{what}: accumulated"), &g2, &grads2, 1e-7, 1e-3);
-        assert_eq!(model.read_probs(&rt).unwrap().is_empty(), fusion.classifier);
+        case.check(&what, &case.run(&rt, opts));
+        let mut model = Gpt2Model::with_options(&rt, &case.cfg, b, t, opts).unwrap();
         let kept = model.activations().len() + model.activation_grads().len();
         let all = unfused.activations().len() + unfused.activation_grads().len();
         assert!(
             kept < all,
             "{what}: {kept} bytes of activations, unfused {all}"
         );
-        rt.synchronize().unwrap();
+        model.forward(&rt, &case.tokens, None).unwrap();
+        assert_eq!(model.read_probs(&rt).unwrap().is_empty(), fusion.classifier);
     }
     assert_eq!(Fusion::parse("all").unwrap(), Fusion::ALL);
     assert_eq!(Fusion::ALL.to_string(), "all");
@@ -315,66 +378,39 @@ fn each_fused_kernel_alone_matches_the_reference() {
 /// activation buffers.
 #[test]
 fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
-    let cfg = five_blocks();
-    let (b, t) = (2, 40);
-    let params = params_for(&cfg, 17);
-    let tokens = ids(b * t, cfg.vocab_size, 21);
-    let targets = ids(b * t, cfg.vocab_size, 22);
-    let tokens2 = ids(b * t, cfg.vocab_size, 23);
-    let (reference, loss, grads, grads2) =
-        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
-    let ref_logits = reference.logits().to_vec();
-
+    let case = FusedCase::new();
+    let (cfg, (b, t)) = (case.cfg, case.bt);
     let fused = ModelOptions {
         fusion: Fusion::ALL,
         ..ModelOptions::default()
     };
     // (loss, logits, gradients, accumulated gradients) of the first run
-    type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
     let mut first: Option<Run> = None;
     for streams in [1, 2, 4] {
         for policy in Policy::ALL {
             let what = format!("fused, {streams} streams, {policy}");
-            let rt = runtime(streams, policy);
-            let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, fused).unwrap();
-            assert_eq!(model.options(), fused);
-            model.upload_params(&rt, &params).unwrap();
-            model.zero_grad(&rt).unwrap();
-            model.forward(&rt, &tokens, Some(&targets)).unwrap();
-            let logits = model.read_logits(&rt).unwrap();
-            model.backward(&rt, 1.0, |_| Ok(())).unwrap();
-            let engine_loss = model.read_loss(&rt).unwrap();
-            let g = model.read_grads(&rt).unwrap();
-            model.forward(&rt, &tokens2, Some(&targets)).unwrap();
-            model.backward(&rt, 0.5, |_| Ok(())).unwrap();
-            let g2 = model.read_grads(&rt).unwrap();
-            rt.synchronize().unwrap();
+            let run = case.run(&runtime(streams, policy), fused);
             match &first {
                 None => {
                     let (el, eg, eg2) = (
-                        max_errors(&logits, &ref_logits, 1e-3),
-                        max_errors(&g, &grads, 1e-4),
-                        max_errors(&g2, &grads2, 1e-4),
+                        max_errors(&run.1, case.reference.logits(), 1e-3),
+                        max_errors(&run.2, &case.grads, 1e-4),
+                        max_errors(&run.3, &case.grads2, 1e-4),
                     );
                     eprintln!(
-                        "{what} vs unfused reference: loss {engine_loss} vs {loss}; \
+                        "{what} vs unfused reference: loss {} vs {}; \
                          logits max abs {:e} rel {:e}; grads max abs {:e} rel {:e}; \
                          accumulated grads max abs {:e} rel {:e}",
-                        el.0, el.1, eg.0, eg.1, eg2.0, eg2.1
+                        run.0, case.loss, el.0, el.1, eg.0, eg.1, eg2.0, eg2.1
                     );
-                    assert!((engine_loss - loss).abs() <= 1e-5, "{what}: loss");
-                    assert_close(&format!("{what}: logits"), &logits, &ref_logits, 1e-5, 1e-4);
-                    assert_close(&format!("{what}: gradients"), &g, &grads, 1e-7, 1e-3);
-                    assert_close(&format!("{what}: accumulated"), &g2, &grads2, 1e-7, 1e-3);
-                    // Not trivially equal: the accumulation changed something.
-                    assert!(g2 != g);
-                    first = Some((engine_loss, logits, g, g2));
+                    case.check(&what, &run);
+                    first = Some(run);
                 }
                 Some((l0, lg0, g0, g20)) => {
-                    assert_eq!(engine_loss.to_bits(), l0.to_bits(), "{what}: loss");
-                    assert_bits_eq(&format!("{what}: logits"), &logits, lg0);
-                    assert_bits_eq(&format!("{what}: gradients"), &g, g0);
-                    assert_bits_eq(&format!("{what}: accumulated"), &g2, g20);
+                    assert_eq!(run.0.to_bits(), l0.to_bits(), "{what}: loss");
+                    assert_bits_eq(&format!("{what}: logits"), &run.1, lg0);
+                    assert_bits_eq(&format!("{what}: gradients"), &run.2, g0);
+                    assert_bits_eq(&format!("{what}: accumulated"), &run.3, g20);
                 }
             }
         }
