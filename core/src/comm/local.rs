@@ -28,7 +28,14 @@
 //! deadline (`timeout` after arriving) passed → poison and fail; else wait on
 //! the condition variable until the deadline. Poison is checked *before*
 //! "everyone arrived", so once the group is poisoned no rank passes any
-//! barrier — in particular no rank starts reading others' memory.
+//! barrier — in particular no rank starts reading others' memory. The one
+//! exception is a collective's **last** barrier, after which no rank reads
+//! another's memory: there "everyone arrived" is checked first, so a
+//! collective that every rank finished completes on every rank, even if a
+//! rank that left it first poisons the group (a later failure) before a
+//! slower rank wakes up at that barrier. (Without it, a rank that failed
+//! right after a checkpoint's gathers could fail the other rank's last
+//! gather, and with it the checkpoint.)
 //!
 //! A **collective** `k` on rank `r`:
 //!
@@ -193,14 +200,16 @@ impl Group {
             .map(|p| format!("the communicator is poisoned: {p}"))
     }
 
-    /// Arrives at barrier `(k, phase)` and waits for every rank. The time it
-    /// waited goes to the running task's span (`Span::wait_ns`).
+    /// Arrives at barrier `(k, phase)` and waits for every rank; `last`: the
+    /// collective's last barrier (see the module docs). The time it waited
+    /// goes to the running task's span (`Span::wait_ns`).
     fn barrier<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
         rank: usize,
         k: u64,
         phase: u64,
+        last: bool,
     ) -> std::result::Result<MutexGuard<'a, State>, String> {
         let target = stamp(k, phase);
         st.arrived[rank] = st.arrived[rank].max(target);
@@ -209,18 +218,19 @@ impl Group {
         let deadline = arrived + self.timeout;
         let mut waited = false;
         loop {
-            if let Some(m) = Self::poisoned_msg(&st) {
-                return Err(m);
-            }
             let missing: Vec<usize> = (0..self.world)
                 .filter(|&j| st.arrived[j] < target)
                 .collect();
-            if missing.is_empty() {
+            let poison = Self::poisoned_msg(&st);
+            if missing.is_empty() && (last || poison.is_none()) {
                 if waited {
                     let ns = arrived.elapsed().as_nanos();
                     crate::trace::note_peer_wait(u64::try_from(ns).unwrap_or(u64::MAX));
                 }
                 return Ok(st);
+            }
+            if let Some(m) = poison {
+                return Err(m);
             }
             waited = true;
             if let Some((j, d)) = missing.iter().find_map(|&j| {
@@ -289,7 +299,7 @@ impl Group {
         slot: Slot,
     ) -> std::result::Result<Vec<Slot>, String> {
         let k = slot.index;
-        let mut st = self.barrier(st, rank, k, ARRIVE)?;
+        let mut st = self.barrier(st, rank, k, ARRIVE, false)?;
         let mut slots = Vec::with_capacity(self.world);
         for j in 0..self.world {
             match st.slots[j][(k % 2) as usize] {
@@ -321,9 +331,17 @@ impl Group {
         Ok(slots)
     }
 
+    /// Barrier `(k, phase)`, not the collective's last.
     fn wait_phase(&self, rank: usize, k: u64, phase: u64) -> std::result::Result<(), String> {
         let st = self.lock();
-        self.barrier(st, rank, k, phase).map(drop)
+        self.barrier(st, rank, k, phase, false).map(drop)
+    }
+
+    /// Barrier `(k, phase)`, the collective's last: no rank reads another's
+    /// memory after it.
+    fn wait_last(&self, rank: usize, k: u64, phase: u64) -> std::result::Result<(), String> {
+        let st = self.lock();
+        self.barrier(st, rank, k, phase, true).map(drop)
     }
 
     /// Step 3: leave the collective. After a failure, wait until no rank is
@@ -534,7 +552,7 @@ impl LocalComm {
                     // and nobody writes it; our chunk `j` is read by nobody.
                     unsafe { copy(recv(j).add(c.start), recv(r).add(c.start), c.len()) };
                 }
-                self.group.wait_phase(r, k, GATHERED)
+                self.group.wait_last(r, k, GATHERED)
             }
             CollectiveKind::ReduceScatter(rop) => {
                 let inputs: Vec<*const T> = (0..w)
@@ -544,7 +562,7 @@ impl LocalComm {
                 // SAFETY: inputs are only read except our own chunk `r`, which
                 // only we read; our output is read by nobody in this phase.
                 unsafe { reduce::<T>(&inputs, recv(r), n, rop, w) };
-                self.group.wait_phase(r, k, REDUCED)
+                self.group.wait_last(r, k, REDUCED)
             }
             CollectiveKind::AllGather => {
                 for j in 0..w {
@@ -556,7 +574,7 @@ impl LocalComm {
                         unsafe { copy(send(j), dst, n) };
                     }
                 }
-                self.group.wait_phase(r, k, REDUCED)
+                self.group.wait_last(r, k, REDUCED)
             }
             CollectiveKind::Broadcast { root } => {
                 if recv(r).cast_const() != send(root) {
@@ -564,7 +582,7 @@ impl LocalComm {
                     // written by us alone.
                     unsafe { copy(send(root), recv(r), n) };
                 }
-                self.group.wait_phase(r, k, REDUCED)
+                self.group.wait_last(r, k, REDUCED)
             }
         }
     }
@@ -836,6 +854,25 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    /// Every rank reached a collective's last barrier, then one poisoned the
+    /// group (a later failure): a rank that wakes up there only now still
+    /// passes, because the collective is complete; at any other barrier
+    /// the poison wins.
+    #[test]
+    fn a_completed_collective_completes_on_every_rank() {
+        let mut comms = LocalComm::group(2, LocalCommConfig::default());
+        let (c1, c0) = (comms.pop().unwrap(), comms.pop().unwrap());
+        let g = c0.group.clone();
+        {
+            let mut st = g.lock();
+            st.arrived = vec![stamp(0, REDUCED); 2];
+        }
+        c1.abort("rank 1 failed after the collective");
+        assert!(g.wait_last(0, 0, REDUCED).is_ok());
+        let e = g.wait_phase(0, 0, REDUCED).unwrap_err();
+        assert!(e.contains("rank 1 failed after the collective"), "{e}");
     }
 
     #[test]
