@@ -195,6 +195,16 @@ fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_po
                 &model.read_probs(&rt).unwrap(),
                 reference.probs(),
             );
+            // One row, as the sampler reads it: row `r` of the padded
+            // logits, `V` long.
+            let v = cfg.vocab_size;
+            for r in [0, b * t - 1] {
+                assert_bits_eq(
+                    &format!("{what}: logits row {r}"),
+                    &model.read_logits_row(&rt, r).unwrap(),
+                    &reference.logits()[r * v..(r + 1) * v],
+                );
+            }
             assert_bits_eq(
                 &format!("{what}: logits"),
                 &model.read_logits(&rt).unwrap(),
