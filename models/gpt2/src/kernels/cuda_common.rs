@@ -238,6 +238,24 @@ impl Check {
         })
     }
 
+    /// A row stride handed to a kernel as `int`: a [`dim`](Self::dim), and
+    /// at least the used row width `width` (named `width_name`).
+    pub(crate) fn stride(
+        &self,
+        name: &str,
+        stride: usize,
+        width_name: &str,
+        width: usize,
+    ) -> Result<i32> {
+        let s = self.dim(name, stride)?;
+        if stride < width {
+            return Err(self.err(format!(
+                "row stride {name} ({stride}) is below {width_name} ({width})"
+            )));
+        }
+        Ok(s)
+    }
+
     /// `a · b`, an error on overflow.
     pub(crate) fn mul(&self, a: usize, b: usize) -> Result<usize> {
         a.checked_mul(b)

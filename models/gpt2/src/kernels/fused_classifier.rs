@@ -58,12 +58,12 @@ use braid::cuda::KernelArgs;
 use braid::cuda::LaunchConfig;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
-use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Elems, Kernel, Launcher};
 use super::fastmath::{exp_in_place_sum_f64, exp_sum_f64, row_max};
-use super::loss::{CUDA, SOFTMAX_BLOCK};
+use super::loss::{row_dims, CUDA, SOFTMAX_BLOCK};
 use super::storage::Storage;
 use super::task::{submit, Task};
+use super::{check_len, check_stride};
 
 static FUSED_CLASSIFIER: Kernel = Kernel::new(&CUDA, 5);
 static FUSED_CLASSIFIER_BF16: Kernel = Kernel::new(&CUDA, 6);
@@ -134,7 +134,8 @@ pub fn forward_backward<'rt>(
 }
 
 fn check(name: &str, logits: usize, losses: usize, targets: &[u32], n: usize, v: usize, vp: usize) {
-    assert!(v > 0 && v <= vp, "{name}: V ({v}) must be in 1..=Vp ({vp})");
+    assert!(v > 0, "{name}: V is 0");
+    check_stride(name, ("V", v), ("Vp", vp));
     check_len(name, "logits", logits, n * vp);
     check_len(name, "losses", losses, n);
     check_len(name, "targets", targets.len(), n);
@@ -320,10 +321,7 @@ unsafe fn launch<S: Storage>(
     dloss: Option<f32>,
     (n, v, vp): (usize, usize, usize),
 ) -> Result<()> {
-    if v == 0 || v > vp {
-        return Err(k.err(format!("V ({v}) must be in 1..=Vp ({vp})")));
-    }
-    let (ni, vi, vpi) = (k.dim("N", n)?, k.dim("V", v)?, k.dim("Vp", vp)?);
+    let (ni, vi, vpi) = row_dims(&k, n, v, vp)?;
     k.exact("logits", logits, "(N, Vp)", k.mul(n, vp)?)?;
     k.exact("losses", losses, "(N)", n)?;
     k.exact("targets", targets, "(N)", n)?;

@@ -27,11 +27,11 @@
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
-use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
 use super::storage::Storage;
 use super::task::{submit, Task};
+use super::{check_len, check_stride};
 
 pub(crate) static CUDA: Program = Program::new(
     "loss.cu",
@@ -174,7 +174,7 @@ pub fn softmax_forward<S: Storage>(
     vp: usize,
 ) {
     let n = b * t;
-    check_rows("softmax_forward", v, vp);
+    check_stride("softmax_forward", ("V", v), ("Vp", vp));
     check_len("softmax_forward", "probs", probs.len(), n * vp);
     check_len("softmax_forward", "logits", logits.len(), n * vp);
     for (probs_bt, logits_bt) in probs.chunks_exact_mut(vp).zip(logits.chunks_exact(vp)) {
@@ -182,11 +182,6 @@ pub fn softmax_forward<S: Storage>(
             softmax_row(probs_bt, &logits_bt[..v])
         });
     }
-}
-
-/// Panics unless `1 <= v <= vp` (the row stride is below the vocabulary).
-fn check_rows(name: &str, v: usize, vp: usize) {
-    assert!(v <= vp, "{name}: row stride Vp ({vp}) is below V ({v})");
 }
 
 /// One row of [`softmax_forward`], into `f32`.
@@ -217,7 +212,7 @@ pub fn crossentropy_forward<S: Storage>(
     v: usize,
     vp: usize,
 ) {
-    check_rows("crossentropy_forward", v, vp);
+    check_stride("crossentropy_forward", ("V", v), ("Vp", vp));
     check_len("crossentropy_forward", "losses", losses.len(), b * t);
     check_len("crossentropy_forward", "probs", probs.len(), b * t * vp);
     check_len("crossentropy_forward", "targets", targets.len(), b * t);
@@ -243,7 +238,7 @@ pub fn softmax_crossentropy_forward<S: Storage>(
     vp: usize,
 ) {
     let (name, n) = ("softmax_crossentropy_forward", b * t);
-    check_rows(name, v, vp);
+    check_stride(name, ("V", v), ("Vp", vp));
     check_len(name, "probs", probs.len(), n * vp);
     check_len(name, "losses", losses.len(), n);
     check_len(name, "logits", logits.len(), n * vp);
@@ -280,7 +275,7 @@ pub fn crossentropy_softmax_backward<S: Storage>(
     vp: usize,
 ) {
     let (name, n) = ("crossentropy_softmax_backward", b * t);
-    check_rows(name, v, vp);
+    check_stride(name, ("V", v), ("Vp", vp));
     check_len(name, "dlogits", dlogits.len(), n * vp);
     check_len(name, "probs", probs.len(), n * vp);
     check_len(name, "targets", targets.len(), n);
@@ -325,13 +320,10 @@ pub fn softmax_forward_cuda<S: Storage>(
     unsafe { launch_softmax_crossentropy::<S>(&l, probs.ptr(), 0, logits.ptr(), 0, [ni, vi, vpi]) }
 }
 
-/// `N`, `V` and `Vp` as the kernels' `int`s, `V <= Vp` checked.
-fn row_dims(k: &Check, n: usize, v: usize, vp: usize) -> Result<(i32, i32, i32)> {
-    let (ni, vi, vpi) = (k.dim("N", n)?, k.dim("V", v)?, k.dim("Vp", vp)?);
-    if vp < v {
-        return Err(k.err(format!("row stride Vp ({vp}) is below V ({v})")));
-    }
-    Ok((ni, vi, vpi))
+/// `N`, `V` and `Vp` as the kernels' `int`s, `V <= Vp` checked (the loss
+/// launchers' and the fused classifier's).
+pub(crate) fn row_dims(k: &Check, n: usize, v: usize, vp: usize) -> Result<(i32, i32, i32)> {
+    Ok((k.dim("N", n)?, k.dim("V", v)?, k.stride("Vp", vp, "V", v)?))
 }
 
 /// [`softmax_forward`] then [`crossentropy_forward`], in one kernel on the

@@ -24,10 +24,10 @@ use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
-use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
 use super::task::{submit, submit_cpu, Task};
+use super::{check_len, check_stride};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
@@ -217,12 +217,7 @@ struct Strided {
 impl Strided {
     /// A row-major `rows x cols` matrix.
     fn row_major(rows: usize, cols: usize) -> Strided {
-        Strided {
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
+        Strided::padded(rows, cols, cols)
     }
 
     /// A row-major `rows x cols` matrix whose rows are `ld >= cols`
@@ -337,7 +332,7 @@ pub fn matmul_forward_ld<S: Storage>(
     oc: usize,
     ld: usize,
 ) {
-    check_ld("matmul_forward", oc, ld);
+    check_stride("matmul_forward", ("OC", oc), ("ld", ld));
     check_len("matmul_forward", "out", out.len(), n * ld);
     check_len("matmul_forward", "inp", inp.len(), n * c);
     check_len("matmul_forward", "weight", weight.len(), oc * c);
@@ -389,7 +384,7 @@ pub fn matmul_backward_input_ld<S: Storage>(
     oc: usize,
     ld: usize,
 ) {
-    check_ld("matmul_backward_input", oc, ld);
+    check_stride("matmul_backward_input", ("OC", oc), ("ld", ld));
     check_len("matmul_backward_input", "dinp", dinp.len(), n * c);
     check_len("matmul_backward_input", "dout", dout.len(), n * ld);
     check_len("matmul_backward_input", "weight", weight.len(), oc * c);
@@ -435,7 +430,7 @@ pub fn matmul_backward_weight_ld<S: Storage>(
     oc: usize,
     ld: usize,
 ) {
-    check_ld("matmul_backward_weight", oc, ld);
+    check_stride("matmul_backward_weight", ("OC", oc), ("ld", ld));
     check_len("matmul_backward_weight", "dweight", dweight.len(), oc * c);
     check_len("matmul_backward_weight", "dout", dout.len(), n * ld);
     check_len("matmul_backward_weight", "inp", inp.len(), n * c);
@@ -472,7 +467,7 @@ pub fn matmul_backward_weight_rows<S: Storage>(
         rows.start <= rows.end && rows.end <= oc,
         "{name}: rows {rows:?} are not inside 0..{oc}"
     );
-    check_ld(name, oc, ld);
+    check_stride(name, ("OC", oc), ("ld", ld));
     let r = rows.len();
     check_len(name, "dweight_rows", dweight_rows.len(), r * c);
     check_len(name, "dout", dout.len(), n * ld);
@@ -513,11 +508,6 @@ fn bias_gradient(dbias: &mut [f32], dout: &[f32], n: usize, ld: usize) {
     }
 }
 
-/// Panics unless `ld >= oc` (a leading dimension below the row's width).
-fn check_ld(name: &str, oc: usize, ld: usize) {
-    assert!(ld >= oc, "{name}: row stride ld ({ld}) is below OC ({oc})");
-}
-
 /// The product of both weight-gradient kernels, in `f32`: `dw (R, C) +=`
 /// rows `rows` of `doutᵀ (OC, N)` times `inp (N, C)`, `dout`'s rows `ld`
 /// elements apart.
@@ -551,16 +541,6 @@ fn weight_gradient_rows(
 // CUDA
 // ---------------------------------------------------------------------------
 
-/// The leading dimension `ld` of an `(N, ld)` operand checked against `OC`,
-/// as the kernels' `int`.
-fn check_ld_cuda(k: &Check, oc: usize, ld: usize) -> Result<i32> {
-    let ldi = k.dim("ld", ld)?;
-    if ld < oc {
-        return Err(k.err(format!("row stride ld ({ld}) is below OC ({oc})")));
-    }
-    Ok(ldi)
-}
-
 /// [`matmul_forward_ld`] on the task's stream: the bias is broadcast into
 /// `out` first and the cuBLAS product added with `beta = 1`, the CPU
 /// kernel's order. `ld = OC` for dense rows.
@@ -577,7 +557,7 @@ pub fn matmul_forward_cuda<S: Storage>(
 ) -> Result<()> {
     let k = Check::new("matmul_forward");
     let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
-    let ldi = check_ld_cuda(&k, oc, ld)?;
+    let ldi = k.stride("ld", ld, "OC", oc)?;
     k.dim("C", c)?;
     k.exact("out", &out, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
@@ -620,7 +600,7 @@ pub fn matmul_backward_input_cuda<S: Storage>(
     k.dim("N", n)?;
     k.dim("C", c)?;
     k.dim("OC", oc)?;
-    check_ld_cuda(&k, oc, ld)?;
+    k.stride("ld", ld, "OC", oc)?;
     k.exact("dinp", &dinp, "(N, C)", k.mul(n, c)?)?;
     k.exact("dout", &dout, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
@@ -648,7 +628,7 @@ pub fn matmul_backward_weight_cuda<S: Storage>(
 ) -> Result<()> {
     let k = Check::new("matmul_backward_weight");
     let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
-    let ldi = check_ld_cuda(&k, oc, ld)?;
+    let ldi = k.stride("ld", ld, "OC", oc)?;
     k.dim("C", c)?;
     k.exact("dweight", &dweight, "(OC, C)", k.mul(oc, c)?)?;
     if let Some(dbias) = &dbias {

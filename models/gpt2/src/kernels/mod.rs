@@ -222,6 +222,16 @@ fn check_len(kernel: &str, arg: &str, len: usize, expected: usize) {
     );
 }
 
+/// Panics unless rows `stride` elements apart hold `width` elements each
+/// (`stride >= width`): a padded row's stride and its used width, each with
+/// its name. The CUDA launchers' twin is `cuda_common::Check::stride`.
+fn check_stride(kernel: &str, (width_name, width): (&str, usize), (name, stride): (&str, usize)) {
+    assert!(
+        stride >= width,
+        "{kernel}: row stride {name} ({stride}) is below {width_name} ({width})"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
