@@ -147,15 +147,16 @@ impl Summary {
             critical = critical.max(l);
             longest.insert(s.id, l);
         }
+        let (comm_ns, transfer_ns) = (total(&comm), total(&transfer));
         Summary {
             tasks: spans.len(),
             wall_ns: end - start,
             streams,
             overlap_ns: overlap,
-            comm_ns: total(&comm),
+            comm_ns,
             comm_hidden_ns: intersection(&comm, &compute),
-            comm_wait_ns: total(&comm) - total(&transfer),
-            transfer_ns: total(&transfer),
+            comm_wait_ns: comm_ns - transfer_ns,
+            transfer_ns,
             transfer_hidden_ns: intersection(&transfer, &compute),
             critical_path_ns: critical,
         }
