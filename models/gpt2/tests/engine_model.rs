@@ -159,17 +159,109 @@ fn assert_activations_match(
     }
 }
 
+/// A model run's loss, logits, gradients and accumulated gradients
+/// ([`Case::run`]).
+type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// A fixture: `five_blocks` at `B 2 × T t`, parameters from `param_seed`,
+/// a batch, a second batch (ids from seeds `id_seed`, `+ 1`, `+ 2`), and the
+/// reference's passes over them ([`reference_passes`]).
+struct Case {
+    cfg: Gpt2Config,
+    bt: (usize, usize),
+    params: Vec<f32>,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+    tokens2: Vec<u32>,
+    reference: Reference,
+    loss: f32,
+    grads: Vec<f32>,
+    grads2: Vec<f32>,
+}
+
+impl Case {
+    fn new(t: usize, param_seed: u64, id_seed: u64) -> Case {
+        let cfg = five_blocks();
+        let b = 2;
+        let params = params_for(&cfg, param_seed);
+        let tokens = ids(b * t, cfg.vocab_size, id_seed);
+        let targets = ids(b * t, cfg.vocab_size, id_seed + 1);
+        let tokens2 = ids(b * t, cfg.vocab_size, id_seed + 2);
+        let (reference, loss, grads, grads2) =
+            reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
+        Case {
+            cfg,
+            bt: (b, t),
+            params,
+            tokens,
+            targets,
+            tokens2,
+            reference,
+            loss,
+            grads,
+            grads2,
+        }
+    }
+
+    /// A model with `opts` on `rt` through the reference's passes: its loss,
+    /// logits (read before the backward pass), gradients, and gradients
+    /// after the second, accumulated pass.
+    fn run(&self, rt: &Runtime, opts: ModelOptions) -> Run {
+        let (b, t) = self.bt;
+        let mut model = Gpt2Model::with_options(rt, &self.cfg, b, t, opts).unwrap();
+        assert_eq!(model.options(), opts);
+        model.upload_params(rt, &self.params).unwrap();
+        model.zero_grad(rt).unwrap();
+        model
+            .forward(rt, &self.tokens, Some(&self.targets))
+            .unwrap();
+        let logits = model.read_logits(rt).unwrap();
+        model.backward(rt, 1.0, |_| Ok(())).unwrap();
+        let loss = model.read_loss(rt).unwrap();
+        let g = model.read_grads(rt).unwrap();
+        model
+            .forward(rt, &self.tokens2, Some(&self.targets))
+            .unwrap();
+        model.backward(rt, 0.5, |_| Ok(())).unwrap();
+        let g2 = model.read_grads(rt).unwrap();
+        rt.synchronize().unwrap();
+        (loss, logits, g, g2)
+    }
+
+    /// Asserts a run is within the fused kernels' tolerances of the
+    /// reference.
+    fn check(&self, what: &str, (loss, logits, g, g2): &Run) {
+        assert!((loss - self.loss).abs() <= 1e-5, "{what}: loss");
+        let ref_logits = self.reference.logits();
+        assert_close(&format!("{what}: logits"), logits, ref_logits, 1e-5, 1e-4);
+        assert_close(&format!("{what}: gradients"), g, &self.grads, 1e-7, 1e-3);
+        assert_close(
+            &format!("{what}: accumulated"),
+            g2,
+            &self.grads2,
+            1e-7,
+            1e-3,
+        );
+        // Not trivially equal: the accumulation changed something.
+        assert!(g2 != g, "{what}");
+    }
+}
+
 #[test]
 fn forward_and_backward_are_bit_identical_to_the_reference_on_any_streams_and_policy() {
-    let cfg = five_blocks();
-    let (b, t) = (2, 16);
+    let Case {
+        cfg,
+        bt: (b, t),
+        params,
+        tokens,
+        targets,
+        tokens2,
+        reference,
+        loss,
+        grads,
+        grads2,
+    } = Case::new(16, 7, 1);
     let layout = ParamLayout::new(&cfg);
-    let params = params_for(&cfg, 7);
-    let tokens = ids(b * t, cfg.vocab_size, 1);
-    let targets = ids(b * t, cfg.vocab_size, 2);
-    let tokens2 = ids(b * t, cfg.vocab_size, 3);
-    let (reference, loss, grads, grads2) =
-        reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
 
     for streams in [1, 2, 4] {
         for policy in Policy::ALL {
@@ -248,101 +340,14 @@ fn max_errors(a: &[f32], b: &[f32], floor: f32) -> (f32, f32) {
         })
 }
 
-/// A model run's loss, logits, gradients and accumulated gradients
-/// ([`FusedCase::run`]).
-type Run = (f32, Vec<f32>, Vec<f32>, Vec<f32>);
-
-/// The fused models' fixture: `five_blocks` at `B 2 × T 40` (T crosses the
-/// CPU tasks' 32-row tiles), parameters, a batch, a second batch, and the
-/// reference's passes over them ([`reference_passes`]).
-struct FusedCase {
-    cfg: Gpt2Config,
-    bt: (usize, usize),
-    params: Vec<f32>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
-    tokens2: Vec<u32>,
-    reference: Reference,
-    loss: f32,
-    grads: Vec<f32>,
-    grads2: Vec<f32>,
-}
-
-impl FusedCase {
-    fn new() -> FusedCase {
-        let cfg = five_blocks();
-        let (b, t) = (2, 40);
-        let params = params_for(&cfg, 17);
-        let tokens = ids(b * t, cfg.vocab_size, 21);
-        let targets = ids(b * t, cfg.vocab_size, 22);
-        let tokens2 = ids(b * t, cfg.vocab_size, 23);
-        let (reference, loss, grads, grads2) =
-            reference_passes(&cfg, (b, t), &params, (&tokens, &targets), &tokens2);
-        FusedCase {
-            cfg,
-            bt: (b, t),
-            params,
-            tokens,
-            targets,
-            tokens2,
-            reference,
-            loss,
-            grads,
-            grads2,
-        }
-    }
-
-    /// A model with `opts` on `rt` through the reference's passes: its loss,
-    /// logits (read before the backward pass), gradients, and gradients
-    /// after the second, accumulated pass.
-    fn run(&self, rt: &Runtime, opts: ModelOptions) -> Run {
-        let (b, t) = self.bt;
-        let mut model = Gpt2Model::with_options(rt, &self.cfg, b, t, opts).unwrap();
-        assert_eq!(model.options(), opts);
-        model.upload_params(rt, &self.params).unwrap();
-        model.zero_grad(rt).unwrap();
-        model
-            .forward(rt, &self.tokens, Some(&self.targets))
-            .unwrap();
-        let logits = model.read_logits(rt).unwrap();
-        model.backward(rt, 1.0, |_| Ok(())).unwrap();
-        let loss = model.read_loss(rt).unwrap();
-        let g = model.read_grads(rt).unwrap();
-        model
-            .forward(rt, &self.tokens2, Some(&self.targets))
-            .unwrap();
-        model.backward(rt, 0.5, |_| Ok(())).unwrap();
-        let g2 = model.read_grads(rt).unwrap();
-        rt.synchronize().unwrap();
-        (loss, logits, g, g2)
-    }
-
-    /// Asserts a run is within the fused kernels' tolerances of the
-    /// reference.
-    fn check(&self, what: &str, (loss, logits, g, g2): &Run) {
-        assert!((loss - self.loss).abs() <= 1e-5, "{what}: loss");
-        let ref_logits = self.reference.logits();
-        assert_close(&format!("{what}: logits"), logits, ref_logits, 1e-5, 1e-4);
-        assert_close(&format!("{what}: gradients"), g, &self.grads, 1e-7, 1e-3);
-        assert_close(
-            &format!("{what}: accumulated"),
-            g2,
-            &self.grads2,
-            1e-7,
-            1e-3,
-        );
-        // Not trivially equal: the accumulation changed something.
-        assert!(g2 != g, "{what}");
-    }
-}
-
 /// Each fused kernel on its own, and the pair a GPU default would take
 /// (classifier, residual + layer norm): the reference's loss, logits and
 /// gradients to the fused model's tolerances, with less activation memory
 /// than the unfused model.
 #[test]
 fn each_fused_kernel_alone_matches_the_reference() {
-    let case = FusedCase::new();
+    // T 40 crosses the CPU tasks' 32-row tiles.
+    let case = Case::new(40, 17, 21);
     let (b, t) = case.bt;
     let rt = runtime(2, Policy::Affinity);
     let unfused = Gpt2Model::new(&rt, &case.cfg, b, t).unwrap();
@@ -388,7 +393,7 @@ fn each_fused_kernel_alone_matches_the_reference() {
 /// activation buffers.
 #[test]
 fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
-    let case = FusedCase::new();
+    let case = Case::new(40, 17, 21);
     let (cfg, (b, t)) = (case.cfg, case.bt);
     let fused = ModelOptions {
         fusion: Fusion::ALL,
