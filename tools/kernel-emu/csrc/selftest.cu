@@ -1,0 +1,151 @@
+// selftest.cu: kernels that exercise the emulator (tests/selftest.rs): a
+// block reduction through shared memory and __syncthreads, warp shuffles and
+// votes, the bf16 tensor-core MMA, and kernels that break the barrier rules.
+// Genuine CUDA (NVRTC, sm_80 or later for the MMA); under the emulator
+// (BRAID_KERNEL_EMU) cuda_emu.h supplies mma_bf16_16816.
+//
+// All launches are one-dimensional: grid (n, 1, 1), block (m, 1, 1).
+
+#define ST_MAX_THREADS 1024
+#define ST_FULL 0xffffffffu
+
+#ifndef BRAID_KERNEL_EMU
+// D += A * B for the warp: mma.sync m16n8k16, bf16 inputs, f32 accumulators,
+// fragments as the PTX ISA lays them out (cuda_emu.h repeats the layout).
+static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
+                                                      const unsigned b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// out[block] = the sum of the block's elements of in (0 past n), by a tree
+// over the next power of two of blockDim.x: at stride s (halving from half
+// that power), thread i < s adds element i + s if it exists.
+extern "C" __global__ void selftest_block_sum(float* out, const float* in, int n) {
+    __shared__ float sh[ST_MAX_THREADS];
+    const unsigned tid = threadIdx.x;
+    const unsigned i = blockIdx.x * blockDim.x + tid;
+    sh[tid] = i < (unsigned)n ? in[i] : 0.0f;
+    __syncthreads();
+    unsigned n2 = 1;
+    while (n2 < blockDim.x) n2 <<= 1;
+    for (unsigned s = n2 / 2; s > 0; s >>= 1) {
+        if (tid < s && tid + s < blockDim.x) sh[tid] = sh[tid] + sh[tid + s];
+        __syncthreads();
+    }
+    if (tid == 0) out[blockIdx.x] = sh[0];
+}
+
+// out[i] = the warp's sum of in (0 past n), by a butterfly: at offsets 16, 8,
+// .., 1 each lane adds its partner's value (v = v + v[lane ^ offset]).
+extern "C" __global__ void selftest_warp_sum(float* out, const float* in, int n) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = i < (unsigned)n ? in[i] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) v = v + __shfl_xor_sync(ST_FULL, v, off);
+    out[i] = v;
+}
+
+// Twelve results per thread of the shuffles and votes in every mode, on
+// v = 100 * (global warp) + lane.
+extern "C" __global__ void selftest_shuffles(int* out) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = (int)(threadIdx.x % 32);
+    const int v = 100 * (int)(i / 32) + lane;
+    int* o = out + 12 * i;
+    o[0] = __shfl_sync(ST_FULL, v, 7);
+    o[1] = __shfl_sync(ST_FULL, v, lane + 5, 16);
+    o[2] = __shfl_xor_sync(ST_FULL, v, 5);
+    o[3] = __shfl_xor_sync(ST_FULL, v, 12, 8);
+    o[4] = __shfl_down_sync(ST_FULL, v, 3);
+    o[5] = __shfl_down_sync(ST_FULL, v, 3, 8);
+    o[6] = __shfl_up_sync(ST_FULL, v, 2, 16);
+    o[7] = (int)__shfl_sync(ST_FULL, 3u * (unsigned)v, 31 - lane);
+    o[8] = (int)__shfl_down_sync(ST_FULL, 0.5f * (float)v, 1);
+    __syncwarp();
+    o[9] = (int)__ballot_sync(ST_FULL, lane % 3 == 0);
+    o[10] = __any_sync(ST_FULL, lane == 17);
+    o[11] = __all_sync(ST_FULL, lane < 31);
+}
+
+static __device__ __forceinline__ unsigned st_pack(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// One m16n8k16 MMA per warp: warp w adds A_w (16 x 16 bf16, row-major, at
+// a + 256 w) times B_w (16 x 8 bf16, k x n row-major, at b + 128 w) to D_w
+// (16 x 8 f32, row-major, at d + 128 w), in place. blockDim.x % 32 == 0.
+extern "C" __global__ void selftest_mma(float* d, const unsigned short* a,
+                                        const unsigned short* b) {
+    const unsigned w = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const unsigned lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    const unsigned short* A = a + 256 * w;
+    const unsigned short* B = b + 128 * w;
+    float* D = d + 128 * w;
+    const unsigned af[4] = {
+        st_pack(A[g * 16 + 2 * t], A[g * 16 + 2 * t + 1]),
+        st_pack(A[(g + 8) * 16 + 2 * t], A[(g + 8) * 16 + 2 * t + 1]),
+        st_pack(A[g * 16 + 2 * t + 8], A[g * 16 + 2 * t + 9]),
+        st_pack(A[(g + 8) * 16 + 2 * t + 8], A[(g + 8) * 16 + 2 * t + 9]),
+    };
+    const unsigned bf[2] = {
+        st_pack(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]),
+        st_pack(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]),
+    };
+    float df[4] = {D[g * 8 + 2 * t], D[g * 8 + 2 * t + 1], D[(g + 8) * 8 + 2 * t],
+                   D[(g + 8) * 8 + 2 * t + 1]};
+    mma_bf16_16816(df, af, bf);
+    D[g * 8 + 2 * t] = df[0];
+    D[g * 8 + 2 * t + 1] = df[1];
+    D[(g + 8) * 8 + 2 * t] = df[2];
+    D[(g + 8) * 8 + 2 * t + 1] = df[3];
+}
+
+// Kernels that break a rule, by mode; the emulator reports each (a GPU may
+// hang or do anything): 0, __syncthreads after thread 0 returned; 1, lanes of
+// one warp at different barriers; 2, a shuffle after lane 5 returned; 3, a
+// shuffle with a partial mask; 4, __trap in thread 3; 5, a shuffle reading
+// past the end of a partial warp (launch with blockDim.x % 32 == 16); 8,
+// lanes of one warp at different shuffles. And two that break no rule but
+// write out of bounds, which the Rust wrappers' canaries catch: 6, every
+// thread writes one element too far; 7, one too early.
+extern "C" __global__ void selftest_fault(float* out, int mode) {
+    const unsigned lane = threadIdx.x % 32;
+    float v = (float)threadIdx.x;
+    switch (mode) {
+        case 0:
+            if (threadIdx.x == 0) return;
+            __syncthreads();
+            break;
+        case 1:
+            if (lane & 1)
+                __syncwarp();
+            else
+                __syncthreads();
+            break;
+        case 2:
+            if (lane == 5) return;
+            v = __shfl_xor_sync(ST_FULL, v, 1);
+            break;
+        case 3:
+            v = __shfl_xor_sync(0x0000ffffu, v, 1);
+            break;
+        case 4:
+            if (threadIdx.x == 3) __trap();
+            break;
+        case 5:
+            v = __shfl_xor_sync(ST_FULL, v, 16);
+            break;
+        case 8:
+            if (lane & 1)
+                v = __shfl_down_sync(ST_FULL, v, 1);
+            else
+                v = __shfl_xor_sync(ST_FULL, v, 1);
+            break;
+    }
+    const int shift = mode == 6 ? 1 : (mode == 7 ? -1 : 0);
+    out[(int)(blockIdx.x * blockDim.x + threadIdx.x) + shift] = v;
+}

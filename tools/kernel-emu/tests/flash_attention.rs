@@ -1,0 +1,851 @@
+//! models/gpt2/src/kernels/flash_attention.cu, emulated, against the CPU
+//! kernels of braid-gpt2 (flash_attention.rs). The CUDA kernels follow the
+//! CPU operation by operation except for the exponential and logarithm (the
+//! C library's expf/logf here, the CPU's fastmath::exp and f32::ln there), so
+//! they agree to a few ulp in f32 and to one bf16 ulp in bf16.
+
+use braid_gpt2::kernels::cpu::{flash_attention_backward, flash_attention_forward, Bf16};
+use braid_gpt2::kernels::flash_attention::{BLOCK_K, BLOCK_Q};
+use braid_kernel_emu::{self as emu, Dim3};
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+}
+
+/// (B, T, C, NH): hs = 16 with T crossing a key tile and B, NH > 1; hs = 64
+/// with two blocks of rows.
+const SHAPES: [Shape; 2] = [
+    Shape {
+        b: 2,
+        t: 37,
+        c: 48,
+        nh: 3,
+    },
+    Shape {
+        b: 1,
+        t: 150,
+        c: 128,
+        nh: 2,
+    },
+];
+
+impl Shape {
+    fn args(self) -> [i32; 4] {
+        [self.b, self.t, self.c, self.nh].map(|x| x as i32)
+    }
+
+    /// The CUDA launcher's configuration, or rows_per_block other than 128.
+    fn launch(self, rows_per_block: u32) -> (Dim3, Dim3) {
+        let blocks = (self.t as u32).div_ceil(rows_per_block);
+        (
+            (blocks, (self.b * self.nh) as u32, 1),
+            (rows_per_block, 1, 1),
+        )
+    }
+}
+
+/// The tensors of one test case, in f32.
+struct Inputs {
+    inp: Vec<f32>,   // (B, T, 3C)
+    dout: Vec<f32>,  // (B, T, C)
+    dinp0: Vec<f32>, // (B, T, 3C), accumulated into
+}
+
+fn inputs(s: Shape, seed: u64) -> Inputs {
+    let btc = s.b * s.t * s.c;
+    Inputs {
+        inp: values(3 * btc, seed, 1.5),
+        dout: values(btc, seed + 1, 1.0),
+        dinp0: values(3 * btc, seed + 2, 0.5),
+    }
+}
+
+/// Distance in units in the last place between two f32 (0 for equal
+/// values, +0 and -0 included).
+fn ulps(a: f32, b: f32) -> u64 {
+    let ord = |x: f32| {
+        let i = x.to_bits();
+        if i >> 31 == 1 {
+            -i64::from(i & 0x7fff_ffff)
+        } else {
+            i64::from(i)
+        }
+    };
+    ord(a).abs_diff(ord(b))
+}
+
+/// Agreement of `got` with `want`: the largest ulp distance (large where an
+/// element is near zero by cancellation), and the largest absolute
+/// difference relative to the largest |want|, the tensor's scale (what the
+/// tests bound).
+#[derive(Debug)]
+struct Agreement {
+    max_ulps: u64,
+    max_scaled: f64,
+}
+
+fn agreement(what: &str, got: &[f32], want: &[f32]) -> Agreement {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0.0f64, |m, &x| m.max(f64::from(x).abs()));
+    let mut a = Agreement {
+        max_ulps: 0,
+        max_scaled: 0.0,
+    };
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "{what}[{i}] = {g}");
+        a.max_ulps = a.max_ulps.max(ulps(g, w));
+        a.max_scaled = a
+            .max_scaled
+            .max((f64::from(g) - f64::from(w)).abs() / scale);
+    }
+    println!("{what}: {a:?}");
+    a
+}
+
+fn to_bf16(x: &[f32]) -> Vec<Bf16> {
+    x.iter().map(|&v| Bf16::from_f32(v)).collect()
+}
+
+fn bits(x: &[Bf16]) -> Vec<u16> {
+    x.iter().map(|h| h.0).collect()
+}
+
+fn widen(x: &[u16]) -> Vec<f32> {
+    x.iter().map(|&h| Bf16(h).to_f32()).collect()
+}
+
+/// The largest distance in bf16 ulps (as `ulps` on the widened values,
+/// counted in bf16 steps).
+fn bf16_ulps(what: &str, got: &[u16], want: &[Bf16]) -> u64 {
+    let m = got
+        .iter()
+        .zip(want)
+        .map(|(&g, w)| ulps(Bf16(g).to_f32(), w.to_f32()) >> 16)
+        .max()
+        .unwrap_or(0);
+    println!("{what}: max {m} bf16 ulp");
+    m
+}
+
+#[test]
+fn f32_kernels_match_the_cpu() {
+    for (n, &s) in SHAPES.iter().enumerate() {
+        let [b, t, c, nh] = s.args();
+        let x = inputs(s, 10 * n as u64);
+        let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+        let (grid, block) = s.launch(128);
+        println!("shape {s:?}, grid {grid:?}, block {block:?}");
+
+        // Forward, at the CPU tasks' tiles and at an odd key tile.
+        let mut out = vec![0.0; btc];
+        let mut lse = vec![0.0; bht];
+        for block_k in [BLOCK_K, 7] {
+            flash_attention_forward(
+                &mut out, &mut lse, &x.inp, s.b, s.t, s.c, s.nh, BLOCK_Q, block_k,
+            );
+            let mut e_out = vec![f32::NAN; btc];
+            let mut e_lse = vec![f32::NAN; bht];
+            let bk = block_k as i32;
+            emu::flash_attention_forward(
+                grid, block, &mut e_out, &mut e_lse, &x.inp, b, t, c, nh, bk,
+            )
+            .unwrap();
+            assert!(
+                agreement(&format!("out (block_k {block_k})"), &e_out, &out).max_scaled <= 1e-6
+            );
+            assert!(
+                agreement(&format!("lse (block_k {block_k})"), &e_lse, &lse).max_scaled <= 1e-6
+            );
+        }
+        // `out` and `lse` are now at block_k 7; recompute at BLOCK_K, the
+        // tasks' tile, for the backward pass.
+        flash_attention_forward(
+            &mut out, &mut lse, &x.inp, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
+        );
+
+        // Backward: both from the CPU's out and lse.
+        let mut dinp = x.dinp0.clone();
+        let mut delta = vec![0.0; bht];
+        flash_attention_backward(
+            &mut dinp, &mut delta, &x.dout, &x.inp, &out, &lse, s.b, s.t, s.c, s.nh, BLOCK_Q,
+            BLOCK_K,
+        );
+        let mut e_delta = vec![f32::NAN; bht];
+        emu::flash_attention_delta(grid, block, &mut e_delta, &x.dout, &out, b, t, c, nh).unwrap();
+        assert_eq!(e_delta, delta, "delta: the same f32 dot products");
+        let mut e_dinp = x.dinp0.clone();
+        emu::flash_attention_backward_dq(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &x.dout,
+            &x.inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        emu::flash_attention_backward_dkv(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &x.dout,
+            &x.inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        let a = agreement("dinp", &e_dinp, &dinp);
+        assert!(a.max_scaled <= 1e-6, "dinp: {a:?}");
+    }
+}
+
+#[test]
+fn bf16_kernels_match_the_cpu() {
+    for (n, &s) in SHAPES.iter().enumerate() {
+        let [b, t, c, nh] = s.args();
+        let x = inputs(s, 100 + 10 * n as u64);
+        let (inp, dout, dinp0) = (to_bf16(&x.inp), to_bf16(&x.dout), to_bf16(&x.dinp0));
+        let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+        let (grid, block) = s.launch(128);
+        println!("shape {s:?}, grid {grid:?}, block {block:?}");
+
+        let mut out = vec![Bf16::default(); btc];
+        let mut lse = vec![0.0; bht];
+        flash_attention_forward(
+            &mut out, &mut lse, &inp, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
+        );
+        let mut e_out = vec![0xffffu16; btc];
+        let mut e_lse = vec![f32::NAN; bht];
+        let bk = BLOCK_K as i32;
+        emu::flash_attention_forward_bf16(
+            grid,
+            block,
+            &mut e_out,
+            &mut e_lse,
+            &bits(&inp),
+            b,
+            t,
+            c,
+            nh,
+            bk,
+        )
+        .unwrap();
+        assert!(bf16_ulps("out", &e_out, &out) <= 1);
+        assert!(agreement("lse", &e_lse, &lse).max_scaled <= 1e-6);
+
+        let mut dinp = dinp0.clone();
+        let mut delta = vec![0.0; bht];
+        flash_attention_backward(
+            &mut dinp, &mut delta, &dout, &inp, &out, &lse, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
+        );
+        let mut e_delta = vec![f32::NAN; bht];
+        emu::flash_attention_delta_bf16(
+            grid,
+            block,
+            &mut e_delta,
+            &bits(&dout),
+            &bits(&out),
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        assert_eq!(e_delta, delta, "delta: the same f32 dot products");
+        let mut e_dinp = bits(&dinp0);
+        let (d_out, d_inp) = (bits(&dout), bits(&inp));
+        emu::flash_attention_backward_dq_bf16(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &d_out,
+            &d_inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        emu::flash_attention_backward_dkv_bf16(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &d_out,
+            &d_inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        assert!(bf16_ulps("dinp", &e_dinp, &dinp) <= 1);
+        agreement("dinp (widened)", &widen(&e_dinp), &widen(&bits(&dinp)));
+    }
+}
+
+/// The kernels index by blockIdx.x too: a launch with 32 rows per block
+/// (several blocks along x) gives the launcher's results bit for bit.
+#[test]
+fn results_do_not_depend_on_rows_per_block() {
+    let s = SHAPES[0];
+    let [b, t, c, nh] = s.args();
+    let x = inputs(s, 7);
+    let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+    let run = |rows: u32| {
+        let (grid, block) = s.launch(rows);
+        let mut out = vec![0.0; btc];
+        let mut lse = vec![0.0; bht];
+        emu::flash_attention_forward(grid, block, &mut out, &mut lse, &x.inp, b, t, c, nh, 32)
+            .unwrap();
+        let mut delta = vec![0.0; bht];
+        emu::flash_attention_delta(grid, block, &mut delta, &x.dout, &out, b, t, c, nh).unwrap();
+        let mut dinp = x.dinp0.clone();
+        emu::flash_attention_backward_dq(
+            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh,
+        )
+        .unwrap();
+        emu::flash_attention_backward_dkv(
+            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh,
+        )
+        .unwrap();
+        (out, lse, delta, dinp)
+    };
+    assert!(run(128) == run(32), "128 and 32 rows per block differ");
+}
+
+#[test]
+fn shapes_the_kernels_do_not_take_are_errors() {
+    // B = 1, T = 2, C = 256.
+    let (mut out, mut lse, inp) = ([0.0; 512], [0.0; 4], [0.0; 1536]);
+    let launch = ((1, 2, 1), (128, 1, 1));
+    // NH = 1: hs = 256 > 128 would overflow the kernels' per-thread arrays.
+    let err = emu::flash_attention_forward(
+        launch.0,
+        launch.1,
+        &mut out,
+        &mut lse[..2],
+        &inp,
+        1,
+        2,
+        256,
+        1,
+        32,
+    )
+    .unwrap_err();
+    assert!(err.contains("at most 128 channels"), "{err}");
+    // NH = 2: a short `out`.
+    let err = emu::flash_attention_forward(
+        launch.0,
+        launch.1,
+        &mut out[..10],
+        &mut lse,
+        &inp,
+        1,
+        2,
+        256,
+        2,
+        32,
+    )
+    .unwrap_err();
+    assert!(err.contains("out has 10 elements, expected 512"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// flash_attention_tc.cu: the tensor-core kernels
+// ---------------------------------------------------------------------------
+
+/// Head size 64 (the tensor-core kernels'): T of one partial tile, of
+/// exactly one tile, just past one tile, and of three tiles with the last
+/// partial; B and NH above 1.
+const TC_SHAPES: [Shape; 4] = [
+    Shape {
+        b: 1,
+        t: 5,
+        c: 64,
+        nh: 1,
+    },
+    Shape {
+        b: 1,
+        t: 64,
+        c: 128,
+        nh: 2,
+    },
+    Shape {
+        b: 2,
+        t: 65,
+        c: 64,
+        nh: 1,
+    },
+    Shape {
+        b: 2,
+        t: 150,
+        c: 192,
+        nh: 3,
+    },
+];
+
+/// The launcher's configuration for the tensor-core kernels.
+fn tc_launch(s: Shape) -> (Dim3, Dim3) {
+    (
+        ((s.t as u32).div_ceil(64), (s.b * s.nh) as u32, 1),
+        (128, 1, 1),
+    )
+}
+
+/// The tensor-core kernels against the CPU kernels on the same bf16 inputs.
+/// They compute the same quantities, but the MMAs take P and dS rounded to
+/// bf16 where the CPU keeps them in f32, and sum in another order, so the
+/// results agree to bf16 tolerance, not bit for bit: bounded here relative
+/// to each tensor's largest element (lse: its own f32 rounding only).
+#[test]
+fn tensor_core_kernels_match_the_cpu_within_bf16_tolerance() {
+    for (n, &s) in TC_SHAPES.iter().enumerate() {
+        let [b, t, c, nh] = s.args();
+        let x = inputs(s, 300 + 10 * n as u64);
+        let (inp, dout, dinp0) = (to_bf16(&x.inp), to_bf16(&x.dout), to_bf16(&x.dinp0));
+        let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+        let (grid, block) = tc_launch(s);
+        println!("shape {s:?}, grid {grid:?}, block {block:?}");
+
+        let mut out = vec![Bf16::default(); btc];
+        let mut lse = vec![0.0; bht];
+        flash_attention_forward(
+            &mut out, &mut lse, &inp, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
+        );
+        let mut e_out = vec![0xffffu16; btc];
+        let mut e_lse = vec![f32::NAN; bht];
+        emu::flash_attention_tc_forward_bf16(
+            grid,
+            block,
+            &mut e_out,
+            &mut e_lse,
+            &bits(&inp),
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        bf16_ulps("tc out", &e_out, &out);
+        let a_out = agreement("tc out (widened)", &widen(&e_out), &widen(&bits(&out)));
+        let a_lse = agreement("tc lse", &e_lse, &lse);
+
+        // Backward from the CPU's out and lse, delta from the scalar kernel.
+        let mut dinp = dinp0.clone();
+        let mut delta = vec![0.0; bht];
+        flash_attention_backward(
+            &mut dinp, &mut delta, &dout, &inp, &out, &lse, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
+        );
+        let mut e_dinp = bits(&dinp0);
+        let (d_out, d_inp) = (bits(&dout), bits(&inp));
+        emu::flash_attention_tc_backward_dq_bf16(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &d_out,
+            &d_inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        emu::flash_attention_tc_backward_dkv_bf16(
+            grid,
+            block,
+            &mut e_dinp,
+            &delta,
+            &d_out,
+            &d_inp,
+            &lse,
+            b,
+            t,
+            c,
+            nh,
+        )
+        .unwrap();
+        bf16_ulps("tc dinp", &e_dinp, &dinp);
+        assert!(a_out.max_scaled <= TC_OUT, "tc out: {a_out:?}");
+        assert!(a_lse.max_scaled <= 1e-6, "tc lse: {a_lse:?}");
+        // The gradient alone (dinp minus its starting value), where the
+        // rounding of P and dS shows.
+        let grad = |d: &[f32]| -> Vec<f32> {
+            d.iter()
+                .zip(widen(&bits(&dinp0)))
+                .map(|(&a, b)| a - b)
+                .collect()
+        };
+        let a_grad = agreement(
+            "tc dinp gradient",
+            &grad(&widen(&e_dinp)),
+            &grad(&widen(&bits(&dinp))),
+        );
+        assert!(a_grad.max_scaled <= TC_GRAD, "tc dinp gradient: {a_grad:?}");
+    }
+}
+
+/// Bounds of the tensor-core kernels' difference from the CPU's, relative
+/// to the tensor's largest element: twice the largest seen over
+/// `TC_SHAPES` (out 0.0053, the gradient 0.0063: about one bf16 ulp at the
+/// tensor's scale, the rounding of P and dS to bf16 for the MMAs).
+const TC_OUT: f64 = 0.0125;
+const TC_GRAD: f64 = 0.0125;
+
+/// Runs the tensor-core forward, then backward from its own out and lse
+/// (delta from the scalar kernel), from zero gradients: (out, lse, dinp)
+/// as bf16 bits.
+fn tc_run(s: Shape, inp: &[u16], dout: &[u16]) -> (Vec<u16>, Vec<f32>, Vec<u16>) {
+    let [b, t, c, nh] = s.args();
+    let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+    let (grid, block) = tc_launch(s);
+    let mut out = vec![0u16; btc];
+    let mut lse = vec![0.0; bht];
+    emu::flash_attention_tc_forward_bf16(grid, block, &mut out, &mut lse, inp, b, t, c, nh)
+        .unwrap();
+    let mut delta = vec![0.0; bht];
+    let (g, bl) = s.launch(128);
+    emu::flash_attention_delta_bf16(g, bl, &mut delta, dout, &out, b, t, c, nh).unwrap();
+    let mut dinp = vec![0u16; 3 * btc];
+    emu::flash_attention_tc_backward_dq_bf16(
+        grid, block, &mut dinp, &delta, dout, inp, &lse, b, t, c, nh,
+    )
+    .unwrap();
+    emu::flash_attention_tc_backward_dkv_bf16(
+        grid, block, &mut dinp, &delta, dout, inp, &lse, b, t, c, nh,
+    )
+    .unwrap();
+    (out, lse, dinp)
+}
+
+/// The causal mask, exactly, at every tile edge: changing the key and value
+/// of position j leaves the output and logsumexp of every earlier row
+/// bit-identical and changes row j's; changing dout at row i leaves the
+/// key and value gradients of every later position bit-identical (they see
+/// only queries at or after them) and the query gradients of every other
+/// row (dQ of row r reads only dout of row r). Positions at tile edges and
+/// in the partial last tile.
+#[test]
+fn tensor_core_kernels_are_exactly_causal() {
+    let s = TC_SHAPES[3];
+    let x = inputs(s, 400);
+    let (inp, dout) = (bits(&to_bf16(&x.inp)), bits(&to_bf16(&x.dout)));
+    let (c3, c, hs) = (3 * s.c, s.c, 64);
+    let base = tc_run(s, &inp, &dout);
+    for j in [0, 1, 63, 64, 65, 127, 128, 149] {
+        // Key and value channels of position j, batch row 1, every head.
+        let mut inp2 = inp.clone();
+        for x in &mut inp2[(s.t + j) * c3 + c..][..2 * c] {
+            *x = Bf16(*x)
+                .to_f32()
+                .mul_add(-1.5, 0.25)
+                .to_bits()
+                .wrapping_shr(16) as u16;
+        }
+        let (out2, lse2, _) = tc_run(s, &inp2, &dout);
+        for h in 0..s.nh {
+            let lse_row = |l: &[f32], r: usize| l[(s.nh + h) * s.t + r];
+            let out_row = |o: &[u16], r: usize| o[(s.t + r) * c + h * hs..][..hs].to_vec();
+            for r in 0..j {
+                assert_eq!(
+                    lse_row(&lse2, r),
+                    lse_row(&base.1, r),
+                    "lse row {r}, key {j}"
+                );
+                assert_eq!(
+                    out_row(&out2, r),
+                    out_row(&base.0, r),
+                    "out row {r}, key {j}"
+                );
+            }
+            assert_ne!(
+                lse_row(&lse2, j),
+                lse_row(&base.1, j),
+                "lse row {j}, key {j}"
+            );
+        }
+        // dout of row j, batch row 1.
+        let mut dout2 = dout.clone();
+        for x in &mut dout2[(s.t + j) * c..][..c] {
+            *x ^= 0x8000; // negated
+        }
+        let (_, _, dinp2) = tc_run(s, &inp, &dout2);
+        for r in 0..s.t {
+            let row = |d: &[u16], part: usize| d[(s.t + r) * c3 + part * c..][..c].to_vec();
+            if r != j {
+                assert_eq!(row(&dinp2, 0), row(&base.2, 0), "dq row {r}, dout row {j}");
+            }
+            if r > j {
+                assert_eq!(row(&dinp2, 1), row(&base.2, 1), "dk row {r}, dout row {j}");
+                assert_eq!(row(&dinp2, 2), row(&base.2, 2), "dv row {r}, dout row {j}");
+            }
+        }
+        assert_ne!(
+            dinp2[(s.t + j) * c3 + 2 * c..][..c],
+            base.2[(s.t + j) * c3 + 2 * c..][..c]
+        );
+        // Batch row 0 saw none of it.
+        assert_eq!(dinp2[..s.t * c3], base.2[..s.t * c3]);
+    }
+}
+
+/// The tensor-core kernels' arithmetic, element by element, as the
+/// emulator runs it: every score and `dout · v` an f32 sum over the
+/// channels in order (an MMA here sums its k terms in order onto the
+/// accumulator, and bf16 × bf16 products are exact in f32); P and dS
+/// rounded to bf16 before their products; each 64-key tile's terms summed
+/// in key order, masked and past-the-end keys included (as zeros); the
+/// softmax sum kept per lane (columns `2t, 2t + 1` of each 8-column group)
+/// and combined `(l0 + l1) + (l2 + l3)` at the end; exponentials by
+/// CUDA's `__expf`. A bit-for-bit model of
+/// the kernels' indexing: any element read from the wrong place, or
+/// masked wrongly, changes a result.
+mod tc_model {
+    use braid_gpt2::kernels::cpu::Bf16;
+
+    pub const TILE: usize = 64;
+    const HS: usize = 64;
+    const SCALE: f32 = 0.125; // 1 / sqrt(64)
+
+    fn ld(x: u16) -> f32 {
+        Bf16(x).to_f32()
+    }
+
+    fn round(x: f32) -> f32 {
+        Bf16::from_f32(x).to_f32()
+    }
+
+    /// CUDA's `__expf` as the emulator (and the hardware) computes it:
+    /// `2^(x · log2 e)`.
+    fn exp(x: f32) -> f32 {
+        (x * std::f32::consts::LOG2_E).exp2()
+    }
+
+    /// Σ a[d]·b[d] over the head's channels, in order, from 0 (f32).
+    fn dot(a: &[u16], b: &[u16]) -> f32 {
+        a.iter()
+            .zip(b)
+            .fold(0.0f32, |s, (&x, &y)| s + ld(x) * ld(y))
+    }
+
+    pub struct Head<'a> {
+        pub t: usize,
+        /// Row `r` of the head's query, key or value channels (zeros past T).
+        pub q: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
+        pub k: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
+        pub v: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
+        pub dout: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
+    }
+
+    impl Head<'_> {
+        /// The forward kernel's row i: (out row in f32 before rounding, lse).
+        pub fn forward_row(&self, i: usize) -> (Vec<f32>, f32) {
+            let qi = (self.q)(i);
+            let (mut m, mut lane_l) = (f32::NEG_INFINITY, [0.0f32; 4]);
+            let mut o = vec![0.0f32; HS];
+            for kt in 0..=i / TILE {
+                let keys = kt * TILE..(kt + 1) * TILE;
+                let x: Vec<f32> = keys
+                    .clone()
+                    .map(|j| {
+                        if j > i {
+                            f32::NEG_INFINITY
+                        } else {
+                            dot(&qi, &(self.k)(j)) * SCALE
+                        }
+                    })
+                    .collect();
+                let m_new = x.iter().fold(m, |a, &b| a.max(b));
+                let corr = exp(m - m_new);
+                m = m_new;
+                for l in &mut lane_l {
+                    *l *= corr;
+                }
+                for a in &mut o {
+                    *a *= corr;
+                }
+                let p: Vec<f32> = x.iter().map(|&x| exp(x - m)).collect();
+                // Lane t's columns: (nt, e) -> nt * 8 + 2t + e, nt then e.
+                for (lane, l) in lane_l.iter_mut().enumerate() {
+                    for nt in 0..TILE / 8 {
+                        for e in 0..2 {
+                            *l += p[nt * 8 + 2 * lane + e];
+                        }
+                    }
+                }
+                for (jj, j) in keys.enumerate() {
+                    let (pb, vj) = (round(p[jj]), (self.v)(j));
+                    for (a, &vv) in o.iter_mut().zip(&vj) {
+                        *a += pb * ld(vv);
+                    }
+                }
+            }
+            let sum = (lane_l[0] + lane_l[1]) + (lane_l[2] + lane_l[3]);
+            let inv = 1.0 / sum;
+            (o.iter().map(|&a| a * inv).collect(), m + sum.ln())
+        }
+
+        /// P and dS of (query i, key j), as the backward kernels compute them.
+        /// Rows past T read lse and delta as 0 and are masked.
+        fn p_ds(&self, i: usize, j: usize, lse: &[f32], delta: &[f32]) -> (f32, f32) {
+            let dp = dot(&(self.dout)(i), &(self.v)(j));
+            let delta_i = if i < self.t { delta[i] } else { 0.0 };
+            let p = if j > i || i >= self.t {
+                0.0
+            } else {
+                exp(dot(&(self.q)(i), &(self.k)(j)) * SCALE - lse[i])
+            };
+            (p, p * (dp - delta_i))
+        }
+
+        /// dQ of row i (before the scale and the add into dinp).
+        pub fn dq_row(&self, i: usize, lse: &[f32], delta: &[f32]) -> Vec<f32> {
+            let mut dq = vec![0.0f32; HS];
+            for j in 0..(i / TILE + 1) * TILE {
+                let (_, ds) = self.p_ds(i, j, lse, delta);
+                let (dsb, kj) = (round(ds), (self.k)(j));
+                for (a, &kk) in dq.iter_mut().zip(&kj) {
+                    *a += dsb * ld(kk);
+                }
+            }
+            dq
+        }
+
+        /// (dK, dV) of key j (dK before the scale).
+        pub fn dkv_row(&self, j: usize, lse: &[f32], delta: &[f32]) -> (Vec<f32>, Vec<f32>) {
+            let (mut dk, mut dv) = (vec![0.0f32; HS], vec![0.0f32; HS]);
+            let end = self.t.div_ceil(TILE) * TILE;
+            for i in (j / TILE) * TILE..end {
+                let (p, ds) = self.p_ds(i, j, lse, delta);
+                let (pb, dsb) = (round(p), round(ds));
+                let (qi, di) = ((self.q)(i), (self.dout)(i));
+                for d in 0..HS {
+                    dv[d] += pb * ld(di[d]);
+                    dk[d] += dsb * ld(qi[d]);
+                }
+            }
+            (dk, dv)
+        }
+    }
+}
+
+/// A head of batch row `bi`, head `h` of `inp` (B, T, 3C) and `dout`
+/// (B, T, C) as bf16 bits, rows past T zero.
+fn tc_head<'a>(
+    s: Shape,
+    inp: &'a [u16],
+    dout: &'a [u16],
+    bi: usize,
+    h: usize,
+) -> tc_model::Head<'a> {
+    let (t, c) = (s.t, s.c);
+    let part = move |m: &'a [u16], ld: usize, off: usize| {
+        Box::new(move |r: usize| {
+            if r < t {
+                m[(bi * t + r) * ld + off + h * 64..][..64].to_vec()
+            } else {
+                vec![0u16; 64]
+            }
+        }) as Box<dyn Fn(usize) -> Vec<u16> + 'a>
+    };
+    tc_model::Head {
+        t,
+        q: part(inp, 3 * c, 0),
+        k: part(inp, 3 * c, c),
+        v: part(inp, 3 * c, 2 * c),
+        dout: part(dout, c, 0),
+    }
+}
+
+/// The emulated tensor-core kernels equal the element-by-element model of
+/// their arithmetic (`tc_model`) bit for bit: out, lse, and dinp (added
+/// into nonzero starting gradients), on every shape of `TC_SHAPES`.
+#[test]
+fn tensor_core_kernels_equal_their_model_bit_for_bit() {
+    for (n, &s) in TC_SHAPES.iter().enumerate() {
+        let [b, t, c, nh] = s.args();
+        let x = inputs(s, 500 + 10 * n as u64);
+        let (inp, dout, dinp0) = (
+            bits(&to_bf16(&x.inp)),
+            bits(&to_bf16(&x.dout)),
+            bits(&to_bf16(&x.dinp0)),
+        );
+        let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+        let (grid, block) = tc_launch(s);
+        let mut out = vec![0u16; btc];
+        let mut lse = vec![0.0; bht];
+        emu::flash_attention_tc_forward_bf16(grid, block, &mut out, &mut lse, &inp, b, t, c, nh)
+            .unwrap();
+        let mut delta = vec![0.0; bht];
+        let (g, bl) = s.launch(128);
+        emu::flash_attention_delta_bf16(g, bl, &mut delta, &dout, &out, b, t, c, nh).unwrap();
+        let mut dinp = dinp0.clone();
+        emu::flash_attention_tc_backward_dq_bf16(
+            grid, block, &mut dinp, &delta, &dout, &inp, &lse, b, t, c, nh,
+        )
+        .unwrap();
+        emu::flash_attention_tc_backward_dkv_bf16(
+            grid, block, &mut dinp, &delta, &dout, &inp, &lse, b, t, c, nh,
+        )
+        .unwrap();
+        let add = |start: u16, x: f32| Bf16::from_f32(Bf16(start).to_f32() + x).0;
+        for bi in 0..s.b {
+            for h in 0..s.nh {
+                let head = tc_head(s, &inp, &dout, bi, h);
+                let r0 = (bi * s.nh + h) * s.t;
+                let (lse_h, delta_h) = (&lse[r0..r0 + s.t], &delta[r0..r0 + s.t]);
+                for i in 0..s.t {
+                    let what = format!("shape {n}, b {bi}, h {h}, row {i}");
+                    let (o, l) = head.forward_row(i);
+                    assert_eq!(lse_h[i], l, "lse {what}");
+                    let o: Vec<u16> = o.iter().map(|&x| Bf16::from_f32(x).0).collect();
+                    assert_eq!(
+                        out[(bi * s.t + i) * s.c + h * 64..][..64],
+                        o[..],
+                        "out {what}"
+                    );
+                    let row = (bi * s.t + i) * 3 * s.c + h * 64;
+                    let dq = head.dq_row(i, lse_h, delta_h);
+                    let (dk, dv) = head.dkv_row(i, lse_h, delta_h);
+                    for (part, vals, scale) in [(0, &dq, 0.125), (1, &dk, 0.125), (2, &dv, 1.0)] {
+                        let at = row + part * s.c;
+                        let want: Vec<u16> = (0..64)
+                            .map(|d| add(dinp0[at + d], vals[d] * scale))
+                            .collect();
+                        assert_eq!(dinp[at..at + 64], want[..], "dinp part {part} {what}");
+                    }
+                }
+            }
+        }
+    }
+}
