@@ -105,12 +105,15 @@ else
     # The classifier's products at the odd vocabulary, padded, and with only
     # the logits' row stride padded: what padding the model would buy.
     wrap 10b_gemm_vocab bench gemm_vocab "--dtype bf16"
-    # The fused kernels one at a time (flash attention is known to be slow):
-    # which of them the bf16 default should take.
+    # The fused kernels one at a time: which of them the bf16 default should
+    # take. Flash attention in bf16 runs on the tensor cores
+    # (flash_attention_tc.cu, not yet run on a GPU), with a trace of a step.
     wrap 10c_gpt2_gpu_bf16_fuse_classifier bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fuse classifier"
     wrap 10d_gpt2_gpu_bf16_fuse_cls_resln bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fuse classifier,residual-layernorm"
+    wrap 10e_gpt2_gpu_bf16_fuse_attention bench gpt2_gpu \
+        "--batch-size 8 $g --dtype bf16 --fuse attention --profile-step \$OUT/gpt2-bf16-flash-step.json"
     wrap 11_gpt2_gpu_bf16_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16"
     script 12_pytorch_bf16_b16 "$py --batch-size 16"
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"

@@ -194,7 +194,7 @@ fn kernel_sources_compile_with_nvrtc() {
         return;
     }
     let sources = kernel_sources();
-    assert_eq!(sources.len(), 10);
+    assert_eq!(sources.len(), 11);
     let opts = braid::cuda::CompileOptions::for_arch("sm_90");
     for (name, source) in sources {
         let k = braid::cuda::compile_with_headers(source, kernel_headers(), name, &opts)
@@ -1728,26 +1728,84 @@ test_device!(
     fused_classifier_tasks_cuda
 );
 
-/// The fused (flash) attention tasks, forward and backward, f32 and bf16,
-/// against the CPU kernels: the same bits on the CPU backend; on CUDA within
-/// float tolerance (the same operations in the same order, but CUDA's
-/// expf/logf) and one bf16 ulp.
-fn flash_attention_tasks(dev: Device) {
-    use braid_gpt2::kernels::flash_attention::{self as fa, BLOCK_K, BLOCK_Q};
-    let g = Dev::new(dev);
-    let exact = matches!(dev, Device::Cpu);
-    let (btc, bht) = (B * T * C, B * NH * T);
-    let inp = randn(3 * btc, 1.0, 170);
-    let dout = randn(btc, 0.5, 171);
-    let dinp0 = randn(3 * btc, 0.1, 172);
-    for dtype in [Dtype::F32, Dtype::Bf16] {
-        let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
-        // Inputs as stored (rounded for bf16), widened; a buffer of them; and
-        // how to read one back widened.
-        let stored = |x: &[f32]| match dtype {
+/// One fused attention problem of shape `(b, t, c, nh)`: inputs, and the
+/// CPU kernels' results on them as stored in `dtype` (out, lse, dinp).
+struct FaCase {
+    shape: (usize, usize, usize, usize),
+    inp: Vec<f32>,
+    dout: Vec<f32>,
+    dinp0: Vec<f32>,
+}
+
+impl FaCase {
+    fn new(shape @ (b, t, c, _): (usize, usize, usize, usize), seed: u64) -> FaCase {
+        let btc = b * t * c;
+        FaCase {
+            shape,
+            inp: randn(3 * btc, 1.0, seed),
+            dout: randn(btc, 0.5, seed + 1),
+            dinp0: randn(3 * btc, 0.1, seed + 2),
+        }
+    }
+
+    /// `x` as stored in `dtype` (rounded for bf16), widened.
+    fn stored(dtype: Dtype, x: &[f32]) -> Vec<f32> {
+        match dtype {
             Dtype::F32 => x.to_vec(),
             Dtype::Bf16 => widen(&bf16(x)),
-        };
+        }
+    }
+
+    /// The CPU kernels on the stored inputs, each output rounded as stored:
+    /// (out, lse, dinp).
+    fn cpu(&self, dtype: Dtype) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        use braid_gpt2::kernels::flash_attention::{BLOCK_K, BLOCK_Q};
+        let (b, t, c, nh) = self.shape;
+        let [inp, dout, dinp0] =
+            [&self.inp, &self.dout, &self.dinp0].map(|x| Self::stored(dtype, x));
+        let mut lse = vec![0.0f32; b * nh * t];
+        let mut delta = vec![0.0f32; b * nh * t];
+        match dtype {
+            Dtype::F32 => {
+                let (mut out, mut dinp) = (vec![0.0f32; b * t * c], dinp0);
+                cpu::flash_attention_forward(
+                    &mut out, &mut lse, &inp, b, t, c, nh, BLOCK_Q, BLOCK_K,
+                );
+                cpu::flash_attention_backward(
+                    &mut dinp, &mut delta, &dout, &inp, &out, &lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
+                );
+                (out, lse, dinp)
+            }
+            Dtype::Bf16 => {
+                let (mut out, mut dinp, inp) = (vec![Bf16(0); b * t * c], bf16(&dinp0), bf16(&inp));
+                cpu::flash_attention_forward(
+                    &mut out, &mut lse, &inp, b, t, c, nh, BLOCK_Q, BLOCK_K,
+                );
+                cpu::flash_attention_backward(
+                    &mut dinp,
+                    &mut delta,
+                    &bf16(&dout),
+                    &inp,
+                    &out,
+                    &lse,
+                    b,
+                    t,
+                    c,
+                    nh,
+                    BLOCK_Q,
+                    BLOCK_K,
+                );
+                (widen(&out), lse, widen(&dinp))
+            }
+        }
+    }
+
+    /// The fused attention tasks on `g`'s backend in `dtype`, forward then
+    /// backward: (out, lse, dinp) read back widened.
+    fn tasks(&self, g: &Dev, dtype: Dtype) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        use braid_gpt2::kernels::flash_attention as fa;
+        let (b, t, c, nh) = self.shape;
+        let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
         let up = |x: &[f32]| match dtype {
             Dtype::F32 => g.up(x),
             Dtype::Bf16 => g.up_bf16(&bf16(x)),
@@ -1756,86 +1814,24 @@ fn flash_attention_tasks(dev: Device) {
             Dtype::F32 => g.down(b),
             Dtype::Bf16 => widen(&g.down_bf16(b)),
         };
-        let (inp_s, dout_s, dinp_s) = (stored(&inp), stored(&dout), stored(&dinp0));
-        // The CPU kernels on the stored values, each output rounded as stored.
-        let mut want_out = vec![0.0f32; btc];
-        let mut want_lse = vec![0.0f32; bht];
-        let mut want_dinp = dinp_s.clone();
-        let mut delta = vec![0.0f32; bht];
-        match dtype {
-            Dtype::F32 => {
-                cpu::flash_attention_forward(
-                    &mut want_out,
-                    &mut want_lse,
-                    &inp_s,
-                    B,
-                    T,
-                    C,
-                    NH,
-                    BLOCK_Q,
-                    BLOCK_K,
-                );
-                cpu::flash_attention_backward(
-                    &mut want_dinp,
-                    &mut delta,
-                    &dout_s,
-                    &inp_s,
-                    &want_out,
-                    &want_lse,
-                    B,
-                    T,
-                    C,
-                    NH,
-                    BLOCK_Q,
-                    BLOCK_K,
-                );
-            }
-            Dtype::Bf16 => {
-                let mut o = vec![Bf16(0); btc];
-                let i16 = bf16(&inp_s);
-                cpu::flash_attention_forward(
-                    &mut o,
-                    &mut want_lse,
-                    &i16,
-                    B,
-                    T,
-                    C,
-                    NH,
-                    BLOCK_Q,
-                    BLOCK_K,
-                );
-                let mut d = bf16(&dinp_s);
-                cpu::flash_attention_backward(
-                    &mut d,
-                    &mut delta,
-                    &bf16(&dout_s),
-                    &i16,
-                    &o,
-                    &want_lse,
-                    B,
-                    T,
-                    C,
-                    NH,
-                    BLOCK_Q,
-                    BLOCK_K,
-                );
-                (want_out, want_dinp) = (widen(&o), widen(&d));
-            }
-        }
-        let (bi, bo, bl) = (up(&inp), up(&vec![0.0; btc]), g.zeros(bht));
+        let (bi, bo, bl) = (
+            up(&self.inp),
+            up(&vec![0.0; b * t * c]),
+            g.zeros(b * nh * t),
+        );
         done(fa::forward(
             task("flash_attention_forward"),
             &bo.whole(),
             &bl.whole(),
             &bi.whole(),
-            B,
-            T,
-            C,
-            NH,
+            b,
+            t,
+            c,
+            nh,
         ));
-        let (bdo, bdi) = (up(&dout), up(&dinp0));
+        let (bdo, bdi) = (up(&self.dout), up(&self.dinp0));
         let scratch =
-            g.rt.alloc("scratch", fa::backward_scratch_bytes(B, T, NH))
+            g.rt.alloc("scratch", fa::backward_scratch_bytes(b, t, nh))
                 .unwrap();
         done(fa::backward(
             task("flash_attention_backward"),
@@ -1845,12 +1841,27 @@ fn flash_attention_tasks(dev: Device) {
             &bo.whole(),
             &bl.whole(),
             &scratch.whole(),
-            B,
-            T,
-            C,
-            NH,
+            b,
+            t,
+            c,
+            nh,
         ));
-        let (out, lse, dinp) = (down(&bo), g.down(&bl), down(&bdi));
+        (down(&bo), g.down(&bl), down(&bdi))
+    }
+}
+
+/// The fused (flash) attention tasks, forward and backward, f32 and bf16,
+/// against the CPU kernels: the same bits on the CPU backend; on CUDA within
+/// float tolerance (the same operations in the same order, but CUDA's
+/// expf/logf) and one bf16 ulp. The head size here (24) is not the
+/// tensor-core kernels', so CUDA runs the scalar kernels.
+fn flash_attention_tasks(dev: Device) {
+    let g = Dev::new(dev);
+    let exact = matches!(dev, Device::Cpu);
+    let case = FaCase::new((B, T, C, NH), 170);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let (want_out, want_lse, want_dinp) = case.cpu(dtype);
+        let (out, lse, dinp) = case.tasks(&g, dtype);
         let what = format!("flash attention {dtype:?}");
         if exact {
             assert_eq!(out, want_out, "{what} out");
@@ -1877,6 +1888,53 @@ test_device!(
     flash_attention_tasks_cpu,
     flash_attention_tasks_cuda
 );
+
+/// At head size 64 in bf16 the fused attention tasks run on the tensor
+/// cores (`flash_attention_tc.cu`): against the CPU kernels within bf16
+/// tolerance, since the MMAs round P and dS to bf16 and sum in the
+/// hardware's order. T = 150: three tiles of 64, the last partial; three
+/// heads. The same kernels run on the CPU under tools/kernel-emu's tests.
+#[test]
+fn flash_attention_tensor_cores_cuda() {
+    use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HS};
+    let Some(g) = Dev::gpu("flash_attention_tensor_cores_cuda") else {
+        return;
+    };
+    let (b, t, nh) = (2, 150, 3);
+    let c = nh * TC_HS;
+    let device = g.rt.cuda_device().expect("a CUDA runtime has a device");
+    if !tensor_cores_apply::<Bf16>(device, c, nh) {
+        eprintln!(
+            "SKIPPED flash_attention_tensor_cores_cuda: compute capability {:?} is below 8.0",
+            device.compute_capability()
+        );
+        return;
+    }
+    let case = FaCase::new((b, t, c, nh), 180);
+    let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
+    let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16);
+    // The gradient alone, where the rounding of P and dS shows.
+    let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
+    let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
+    // Bounds relative to each tensor's largest element: twice what the
+    // emulated kernels show against the CPU (tools/kernel-emu), lse only
+    // its f32 sums.
+    compare_scaled("tensor-core attention lse", &lse, &want_lse, 1e-5);
+    compare_scaled("tensor-core attention out", &out, &want_out, 0.0125);
+    compare_scaled(
+        "tensor-core attention gradient",
+        &grad(&dinp),
+        &grad(&want_dinp),
+        0.0125,
+    );
+}
+
+/// |got - want| at most `bound` times the largest |want| (the tensor's
+/// scale), for results whose rounding differs by design.
+fn compare_scaled(what: &str, got: &[f32], want: &[f32], bound: f32) {
+    let scale = want.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    compare(what, got, want, bound * scale, 0.0);
+}
 
 fn attention_bf16(dev: Device) {
     let g = Dev::new(dev);

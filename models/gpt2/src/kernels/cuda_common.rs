@@ -48,6 +48,9 @@ pub(crate) struct Program {
     /// The `extern "C" __global__` functions the launchers use, in [`Kernel`]
     /// index order.
     pub(crate) kernels: &'static [&'static str],
+    /// The oldest compute capability the program compiles for, `(major,
+    /// minor)`: `(0, 0)` for any; `(8, 0)` for bf16 tensor-core MMA.
+    pub(crate) min_arch: (u32, u32),
     /// The program loaded on each device it ran on.
     loaded: Mutex<Vec<Arc<Loaded>>>,
 }
@@ -76,12 +79,30 @@ impl Program {
         source: &'static str,
         kernels: &'static [&'static str],
     ) -> Program {
+        Program::for_arch(file, source, kernels, (0, 0))
+    }
+
+    /// A program that needs compute capability `min_arch` or newer: its
+    /// launchers check [`supports`](Self::supports) and take another path
+    /// on older devices, and [`super::preload`] skips it there.
+    pub(crate) const fn for_arch(
+        file: &'static str,
+        source: &'static str,
+        kernels: &'static [&'static str],
+        min_arch: (u32, u32),
+    ) -> Program {
         Program {
             file,
             source,
             kernels,
+            min_arch,
             loaded: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether `device` is new enough for the program.
+    pub(crate) fn supports(&self, device: &CudaDevice) -> bool {
+        device.compute_capability() >= self.min_arch
     }
 
     /// The program's table on `device`, created on first use.

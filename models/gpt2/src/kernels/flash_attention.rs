@@ -72,7 +72,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -98,8 +98,59 @@ static BACKWARD_DQ_BF16: Kernel = Kernel::new(&CUDA, 5);
 static BACKWARD_DKV: Kernel = Kernel::new(&CUDA, 6);
 static BACKWARD_DKV_BF16: Kernel = Kernel::new(&CUDA, 7);
 
+/// The tensor-core kernels (`flash_attention_tc.cu`, bf16 only, head size
+/// [`TC_HS`], compute capability 8.0 or newer).
+pub(crate) static CUDA_TC: Program = Program::for_arch(
+    "flash_attention_tc.cu",
+    include_str!("flash_attention_tc.cu"),
+    &[
+        "flash_attention_tc_forward_bf16",
+        "flash_attention_tc_backward_dq_bf16",
+        "flash_attention_tc_backward_dkv_bf16",
+    ],
+    (8, 0),
+);
+static TC_FORWARD: Kernel = Kernel::new(&CUDA_TC, 0);
+static TC_BACKWARD_DQ: Kernel = Kernel::new(&CUDA_TC, 1);
+static TC_BACKWARD_DKV: Kernel = Kernel::new(&CUDA_TC, 2);
+
 /// The largest head size the CUDA kernels take (their per-thread arrays).
 pub const CUDA_MAX_HS: usize = 128;
+
+/// The head size of the tensor-core kernels (GPT-2's at every size).
+pub const TC_HS: usize = 64;
+/// Query rows (forward, dQ) or key rows (dK, dV) per block of the
+/// tensor-core kernels.
+const TC_ROWS: usize = 64;
+
+/// Which CUDA kernels run a fused attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaPath {
+    /// The tensor-core kernels where they apply ([`tensor_cores_apply`] and
+    /// 16-byte aligned `inp` and `dout`), the scalar kernels elsewhere.
+    #[default]
+    Auto,
+    /// `flash_attention.cu`'s scalar kernels everywhere: the CPU kernels'
+    /// operations in the CPU's order, the checked reference.
+    Scalar,
+}
+
+/// Whether [`CudaPath::Auto`] runs an attention of `c` channels in `nh`
+/// heads, stored as `S`, on `device`'s tensor cores: bf16 storage, head
+/// size [`TC_HS`], `c` a multiple of 8 (16-byte rows), compute capability
+/// 8.0 or newer. The launchers also need `inp` and `dout` 16-byte aligned.
+pub fn tensor_cores_apply<S: Storage>(
+    device: &braid::cuda::CudaDevice,
+    c: usize,
+    nh: usize,
+) -> bool {
+    matches!(S::DTYPE, Dtype::Bf16)
+        && nh > 0
+        && c % nh == 0
+        && c / nh == TC_HS
+        && c % 8 == 0
+        && CUDA_TC.supports(device)
+}
 
 /// Query tile rows of the CPU tasks.
 pub const BLOCK_Q: usize = 32;
@@ -530,10 +581,52 @@ fn rows(l: &Launcher<'_>, [b, t, _, nh]: [i32; 4]) -> Result<LaunchConfig> {
     })
 }
 
-/// [`flash_attention_forward`] on the task's stream (module docs, CUDA).
+/// Blocks of the tensor-core kernels: `(ceil(T / 64), B·NH)` blocks of 4
+/// warps (`shape` checked `B·NH`).
+fn tc_tiles(l: &Launcher<'_>, [b, t, _, nh]: [i32; 4]) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid: (l.grid((t as usize).div_ceil(TC_ROWS))?, (b * nh) as u32, 1),
+        block: (128, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Whether a call takes the tensor-core kernels: `path` allows it, the
+/// shape and device do ([`tensor_cores_apply`]) and every tensor the
+/// kernels stage 16 bytes at a time starts 16-byte aligned.
+fn takes_tensor_cores<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    path: CudaPath,
+    c: usize,
+    nh: usize,
+    staged: &[u64],
+) -> bool {
+    path == CudaPath::Auto
+        && tensor_cores_apply::<S>(cu.device(), c, nh)
+        && staged.iter().all(|p| p % 16 == 0)
+}
+
+/// [`flash_attention_forward`] on the task's stream (module docs, CUDA),
+/// on the tensor cores where they apply ([`CudaPath::Auto`]).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<S>,   // (B, T, C)
+    lse: DevSliceMut<f32>, // (B, NH, T)
+    inp: DevSlice<S>,      // (B, T, 3C)
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<()> {
+    flash_attention_forward_cuda_with(cu, CudaPath::Auto, out, lse, inp, b, t, c, nh)
+}
+
+/// [`flash_attention_forward_cuda`] on the kernels `path` picks.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_forward_cuda_with<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    path: CudaPath,
     out: DevSliceMut<S>,   // (B, T, C)
     lse: DevSliceMut<f32>, // (B, NH, T)
     inp: DevSlice<S>,      // (B, T, 3C)
@@ -548,8 +641,8 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     k.exact("out", &out, "(B, T, C)", btc)?;
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
+    let tensor_cores = takes_tensor_cores::<S>(cu, path, c, nh, &[inp.ptr()]);
     let l = Launcher::new(k, cu);
-    let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
     a.ptr(out.ptr())
         .ptr(lse.ptr())
@@ -557,13 +650,20 @@ pub fn flash_attention_forward_cuda<S: Storage>(
         .i32(bi)
         .i32(ti)
         .i32(ci)
-        .i32(nhi)
-        .i32(BLOCK_K as i32);
+        .i32(nhi);
+    if tensor_cores {
+        // SAFETY: flash_attention_tc_forward_bf16(bf16_t* out, float* lse,
+        // const bf16_t* inp, int B, int T, int C, int NH); sizes checked, S
+        // is bf16, hs = 64, C % 8 == 0 and inp 16-byte aligned
+        // (takes_tensor_cores); a block per 64 query rows of one (b, h).
+        return unsafe { l.launch(&TC_FORWARD, tc_tiles(&l, dims)?, &a) };
+    }
+    a.i32(BLOCK_K as i32);
     let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
     // SAFETY: flash_attention_forward[_bf16](S* out, float* lse, const S*
     // inp, int B, int T, int C, int NH, int block_k); sizes checked, one
     // thread per (b, h, row) within the grid `rows` made.
-    unsafe { l.launch(kernel, cfg, &a) }
+    unsafe { l.launch(kernel, rows(&l, dims)?, &a) }
 }
 
 /// The tensors of one [`flash_attention_backward_cuda`] call.
@@ -584,9 +684,23 @@ pub struct Backward<'a, S> {
 }
 
 /// [`flash_attention_backward`] on the task's stream (module docs, CUDA):
-/// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`.
+/// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`; the last
+/// two on the tensor cores where they apply ([`CudaPath::Auto`]).
 pub fn flash_attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
+    bw: Backward<'_, S>,
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<()> {
+    flash_attention_backward_cuda_with(cu, CudaPath::Auto, bw, b, t, c, nh)
+}
+
+/// [`flash_attention_backward_cuda`] on the kernels `path` picks.
+pub fn flash_attention_backward_cuda_with<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    path: CudaPath,
     bw: Backward<'_, S>,
     b: usize,
     t: usize,
@@ -603,6 +717,7 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     k.exact("inp", &bw.inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
+    let tensor_cores = takes_tensor_cores::<S>(cu, path, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
     let l = Launcher::new(k, cu);
     let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
@@ -626,13 +741,24 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         .i32(ti)
         .i32(ci)
         .i32(nhi);
-    // SAFETY: flash_attention_backward_{dq,dkv}[_bf16](S* dinp, const float*
-    // delta, const S* dout, const S* inp, const float* lse, int B, int T, int
-    // C, int NH); sizes checked; the dq kernel writes dinp's query channels,
-    // the dkv kernel (after it on the stream) its key and value channels.
+    let (dq, dkv, cfg) = if tensor_cores {
+        (&TC_BACKWARD_DQ, &TC_BACKWARD_DKV, tc_tiles(&l, dims)?)
+    } else {
+        (
+            by_dtype::<S>(&BACKWARD_DQ, &BACKWARD_DQ_BF16),
+            by_dtype::<S>(&BACKWARD_DKV, &BACKWARD_DKV_BF16),
+            cfg,
+        )
+    };
+    // SAFETY: flash_attention[_tc]_backward_{dq,dkv}[_bf16](S* dinp, const
+    // float* delta, const S* dout, const S* inp, const float* lse, int B,
+    // int T, int C, int NH); sizes checked (and for the tensor-core kernels
+    // S is bf16, hs = 64, C % 8 == 0, inp and dout 16-byte aligned); the dq
+    // kernel writes dinp's query channels, the dkv kernel (after it on the
+    // stream) its key and value channels.
     unsafe {
-        l.launch(by_dtype::<S>(&BACKWARD_DQ, &BACKWARD_DQ_BF16), cfg, &a)?;
-        l.launch(by_dtype::<S>(&BACKWARD_DKV, &BACKWARD_DKV_BF16), cfg, &a)
+        l.launch(dq, cfg, &a)?;
+        l.launch(dkv, cfg, &a)
     }
 }
 

@@ -129,7 +129,7 @@ use cuda_common::Program;
 pub const KERNEL_BACKENDS: &[&str] = &["cpu", "cuda"];
 
 /// Every family's CUDA program.
-static PROGRAMS: [&Program; 10] = [
+static PROGRAMS: [&Program; 11] = [
     &encoder::CUDA,
     &layernorm::CUDA,
     &matmul::CUDA,
@@ -140,6 +140,7 @@ static PROGRAMS: [&Program; 10] = [
     &adamw::CUDA,
     &norm::CUDA,
     &flash_attention::CUDA,
+    &flash_attention::CUDA_TC,
 ];
 
 /// Every GPT-2 CUDA program as `(file name, source)`, e.g. for an NVRTC
@@ -162,7 +163,10 @@ pub fn kernel_headers() -> &'static [braid::cuda::Header<'static>] {
 /// the first task, and no task pays for NVRTC. Optional: launchers load what
 /// they need on first use. Use [`braid::Runtime::cuda_device`] for `device`.
 pub fn preload(device: &braid::cuda::CudaDevice) -> braid::Result<()> {
-    PROGRAMS.iter().try_for_each(|p| p.preload(device))
+    PROGRAMS
+        .iter()
+        .filter(|p| p.supports(device))
+        .try_for_each(|p| p.preload(device))
 }
 
 /// The CPU kernels by their llm.c names, as the sequential

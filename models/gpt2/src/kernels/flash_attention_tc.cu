@@ -1,0 +1,427 @@
+// Fused causal self-attention on tensor cores (FlashAttention-2), bf16
+// storage, head size 64. The same algorithm as flash_attention.cu and the CPU
+// kernels of flash_attention.rs (online softmax over key tiles, probabilities
+// recomputed from the saved logsumexp in the backward pass), with every
+// product of the algorithm a warp-level mma.sync m16n8k16 (bf16 operands, f32
+// accumulation). The order of the sums inside an MMA is the hardware's, so
+// results agree with the CPU to bf16 tolerance, not bit for bit.
+//
+//   inp (B, T, 3C) bf16: per position the C query, C key, C value channels;
+//   head h owns channels h*64 .. h*64+63 of each. out, dout (B, T, C) bf16;
+//   lse, delta (B, NH, T) f32. dinp (B, T, 3C) bf16 is accumulated: each
+//   element is loaded, its gradient added in f32, and stored once.
+//
+// Blocks of 4 warps. The forward and dQ kernels give a block 64 query rows
+// (16 per warp) and walk the 64-key tiles of their causal prefix; the dK/dV
+// kernel gives a block 64 keys (16 per warp) and walks the query tiles at
+// and below the diagonal. Each tile of K and V (or Q and dout) is staged in
+// shared memory by the whole block; each warp keeps its own 16 rows of Q (or
+// K, V, dout) in registers as MMA A fragments. Every output element is
+// written by one thread, no atomics: deterministic.
+//
+// Needs sm_80 or newer (bf16 mma.sync), C a multiple of 8 and every pointer
+// 16-byte aligned (tiles are copied 16 bytes at a time): the launcher checks
+// and otherwise runs flash_attention.cu's kernels.
+//
+// The MMA fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+// floating point type"), with g = lane / 4 and t = lane % 4, two bf16 per
+// 32-bit register, the lower-indexed element in the low half:
+//   A (16 x 16): a[0] = A[g][2t..2t+1],   a[1] = A[g+8][2t..2t+1],
+//                a[2] = A[g][2t+8..2t+9], a[3] = A[g+8][2t+8..2t+9]
+//   B (16 x 8):  b[0] = B[2t..2t+1][g],   b[1] = B[2t+8..2t+9][g]
+//   C (16 x 8):  c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1]
+// so the accumulators of two adjacent 8-column tiles of a product are,
+// rounded to bf16, the A fragment of the next product's 16-wide k step.
+
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
+
+#define TC_HS 64               // head size
+#define TC_ROWS 64             // query (or key) rows of a block
+#define TC_TILE 64             // keys (or queries) of a shared-memory tile
+#define TC_LD (TC_HS + 8)      // shared-memory row stride, in bf16 (bank spread)
+#define TC_THREADS 128         // 4 warps of 16 rows
+#define TC_KSTEPS (TC_HS / 16)   // 16-wide k steps over the head's channels
+#define TC_NCH (TC_HS / 8)       // 8-wide column tiles over the head's channels
+#define TC_NT (TC_TILE / 8)      // 8-wide column tiles over a tile's keys
+#define TC_NEG_INF __int_as_float(0xff800000)
+
+#ifndef BRAID_KERNEL_EMU
+// d += a * b, one warp: A 16 x 16 bf16 (row), B 16 x 8 bf16 (col), D f32.
+static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
+                                                      const unsigned b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 16 bytes from src to dst (both 16-byte aligned).
+static __device__ __forceinline__ void tc_copy16(void* dst, const void* src) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+#else
+static inline void tc_copy16(void* dst, const void* src) { memcpy(dst, src, 16); }
+#endif
+
+// Two bf16 elements as one register: lo in the low half.
+static __device__ __forceinline__ unsigned tc_pack(bf16_t lo, bf16_t hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+static __device__ __forceinline__ unsigned tc_pack_f32(float lo, float hi) {
+    return tc_pack(bf16_store(lo), bf16_store(hi));
+}
+
+// The pair (row, col), (row, col + 1) of a row-major bf16 matrix with row
+// stride ld, as a register; 0 for a row at or past `rows` (padding rows).
+static __device__ __forceinline__ unsigned tc_pair(const bf16_t* m, long long ld, int row,
+                                                   int rows, int col) {
+    if (row >= rows) return 0u;
+    const bf16_t* p = m + (long long)row * ld + col;
+    return tc_pack(p[0], p[1]);
+}
+
+// The A fragments of a 16 x 64 row block of a (T, ld) bf16 matrix starting at
+// row r0 (rows at or past T read as zero): one 16-wide k step per entry.
+static __device__ __forceinline__ void tc_load_a(unsigned a[TC_KSTEPS][4], const bf16_t* m,
+                                                 long long ld, int r0, int rows, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < TC_KSTEPS; ks++) {
+        const int col = ks * 16 + 2 * t;
+        a[ks][0] = tc_pair(m, ld, r0 + g, rows, col);
+        a[ks][1] = tc_pair(m, ld, r0 + g + 8, rows, col);
+        a[ks][2] = tc_pair(m, ld, r0 + g, rows, col + 8);
+        a[ks][3] = tc_pair(m, ld, r0 + g + 8, rows, col + 8);
+    }
+}
+
+// Stages rows row0 .. row0 + 63 of a head's 64 channels (global rows of
+// stride ld, the head's first channel at src) into a shared tile of stride
+// TC_LD; rows at or past T are zero. The whole block takes part.
+static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src, long long ld,
+                                                int row0, int T) {
+    // 8 chunks of 16 bytes per row, 64 rows: 4 chunks per thread.
+    for (int i = threadIdx.x; i < TC_TILE * 8; i += TC_THREADS) {
+        const int r = i >> 3, chunk = i & 7;
+        bf16_t* dst = tile + r * TC_LD + chunk * 8;
+        if (row0 + r < T) {
+            tc_copy16(dst, src + (long long)(row0 + r) * ld + chunk * 8);
+        } else {
+            for (int e = 0; e < 8; e++) dst[e] = 0;
+        }
+    }
+}
+
+// acc[n] += A · X over a 16 x 64 A (fragments a) and a shared tile X read as
+// B = Xᵀ: B[k][n] = X[n0 + n][k], 64 columns n of 8-wide tiles. For Q Kᵀ
+// (X = K tile), dout Vᵀ (X = V tile), and their transposes in the dK/dV
+// kernel.
+static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
+                                                 const unsigned a[TC_KSTEPS][4],
+                                                 const bf16_t* x, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < TC_NT; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+        const bf16_t* row = x + (nt * 8 + g) * TC_LD + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < TC_KSTEPS; ks++) {
+            unsigned b[2];
+            b[0] = tc_pack(row[ks * 16], row[ks * 16 + 1]);
+            b[1] = tc_pack(row[ks * 16 + 8], row[ks * 16 + 9]);
+            mma_bf16_16816(acc[nt], a[ks], b);
+        }
+    }
+}
+
+// out[c] += P · X over a 16 x 64 P held as accumulators p (rounded to bf16
+// here) and a shared 64 x 64 tile X read as B = X: B[k][n] = X[k][n]. For
+// P V, dS K, Pᵀ dout and dSᵀ Q.
+static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const float p[TC_NT][4],
+                                                 const bf16_t* x, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < TC_TILE / 16; j++) {
+        unsigned a[4];
+        a[0] = tc_pack_f32(p[2 * j][0], p[2 * j][1]);
+        a[1] = tc_pack_f32(p[2 * j][2], p[2 * j][3]);
+        a[2] = tc_pack_f32(p[2 * j + 1][0], p[2 * j + 1][1]);
+        a[3] = tc_pack_f32(p[2 * j + 1][2], p[2 * j + 1][3]);
+        const bf16_t* k0 = x + (j * 16 + 2 * t) * TC_LD + g;
+#pragma unroll
+        for (int nc = 0; nc < TC_NCH; nc++) {
+            unsigned b[2];
+            b[0] = tc_pack(k0[nc * 8], k0[TC_LD + nc * 8]);
+            b[1] = tc_pack(k0[8 * TC_LD + nc * 8], k0[9 * TC_LD + nc * 8]);
+            mma_bf16_16816(out[nc], a, b);
+        }
+    }
+}
+
+// Sum over the four lanes of a quad (the lanes that hold one row).
+static __device__ __forceinline__ float tc_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+static __device__ __forceinline__ float tc_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// The block's tile index: reversed for the kernels whose last tiles carry
+// the most work (the causal prefix grows with the query tile), so the
+// longest blocks start first.
+static __device__ __forceinline__ int tc_tile_desc() { return gridDim.x - 1 - blockIdx.x; }
+
+// Adds acc (scaled) into a head's 64 channels of rows r (c[0..1]) and r + 8
+// (c[2..3]) of a bf16 matrix with row stride ld: load, add in f32, store.
+static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, int r, int T,
+                                                     const float acc[TC_NCH][4], float scale,
+                                                     int lane) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = r + 8 * half;
+        if (row >= T) continue;
+        bf16_t* p = m + (long long)row * ld + 2 * t;
+#pragma unroll
+        for (int nc = 0; nc < TC_NCH; nc++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float x = acc[nc][2 * half + e] * scale;
+                p[nc * 8 + e] = bf16_store(bf16_load(p[nc * 8 + e]) + x);
+            }
+        }
+    }
+}
+
+// Forward. Block (query tile qt, b * NH + h); warp w owns query rows
+// qt * 64 + 16w .. +15; the thread's rows are r0 = that + g and r0 + 8.
+// Per key tile: S = Q Kᵀ * scale (masked where key > query), the running
+// max m and sum l per row updated and the accumulator o rescaled by
+// exp(m - m_new), then o += P V with P = exp(S - m_new) in bf16. At the end
+// out = o / l and lse = m + ln l.
+// Launch: grid (ceil(T / 64), B * NH), block 128.
+extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ out,
+                                                           float* __restrict__ lse,
+                                                           const bf16_t* __restrict__ inp, int B,
+                                                           int T, int C, int NH) {
+    __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
+    __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    const int qt = tc_tile_desc();
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const long long C3 = 3LL * C;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* k = q + C;
+    const bf16_t* v = q + 2 * C;
+    const int r0 = qt * TC_ROWS + warp * 16 + g;  // this thread's rows: r0, r0 + 8
+    const float scale = 1.0f / sqrtf((float)TC_HS);
+
+    unsigned qa[TC_KSTEPS][4];
+    tc_load_a(qa, q, C3, r0 - g, T, lane);
+    float o[TC_NCH][4];
+#pragma unroll
+    for (int nc = 0; nc < TC_NCH; nc++)
+        for (int e = 0; e < 4; e++) o[nc][e] = 0.0f;
+    float m[2] = {TC_NEG_INF, TC_NEG_INF}, l[2] = {0.0f, 0.0f};
+
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads();  // the previous tile is no longer read
+        tc_stage(ks_tile, k, C3, kt * TC_TILE, T);
+        tc_stage(vs_tile, v, C3, kt * TC_TILE, T);
+        __syncthreads();
+        float s[TC_NT][4];
+        tc_mma_xt(s, qa, ks_tile, lane);
+        float mx[2] = {TC_NEG_INF, TC_NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < TC_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kt * TC_TILE + nt * 8 + 2 * t + (e & 1);
+                const int row = r0 + 8 * (e >> 1);
+                const float x = key > row ? TC_NEG_INF : s[nt][e] * scale;
+                s[nt][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            // Key kt * 64 <= every row of this block: each row has a finite max.
+            const float m_new = fmaxf(m[i], tc_quad_max(mx[i]));
+            corr[i] = __expf(m[i] - m_new);  // 0 on the first tile
+            m[i] = m_new;
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int nc = 0; nc < TC_NCH; nc++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nc][e] *= corr[e >> 1];
+#pragma unroll
+        for (int nt = 0; nt < TC_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = __expf(s[nt][e] - m[e >> 1]);
+                s[nt][e] = p;
+                l[e >> 1] += p;  // this lane's columns; the quad's summed at the end
+            }
+        tc_mma_px(o, s, vs_tile, lane);
+    }
+
+    // tc_quad_sum is collective: every lane runs it before any skips a row.
+    const float sum[2] = {tc_quad_sum(l[0]), tc_quad_sum(l[1])};
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = r0 + 8 * half;
+        if (row >= T) continue;
+        const float inv = 1.0f / sum[half];
+        bf16_t* dst = out + ((long long)b * T + row) * C + h * TC_HS + 2 * t;
+#pragma unroll
+        for (int nc = 0; nc < TC_NCH; nc++) {
+            dst[nc * 8] = bf16_store(o[nc][2 * half] * inv);
+            dst[nc * 8 + 1] = bf16_store(o[nc][2 * half + 1] * inv);
+        }
+        if (t == 0) lse[((long long)b * NH + h) * T + row] = m[half] + logf(sum[half]);
+    }
+}
+
+// dQ. Block (query tile qt, b * NH + h), rows as in the forward kernel. Per
+// key tile: P = exp(Q Kᵀ * scale - lse) (0 where key > query or the row is
+// past T), dP = dout Vᵀ, dS = P ∘ (dP - delta), dQ += dS K. At the end the
+// query channels of dinp get dQ * scale added.
+// Launch: grid (ceil(T / 64), B * NH), block 128.
+extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
+    bf16_t* __restrict__ dinp, const float* __restrict__ delta, const bf16_t* __restrict__ dout,
+    const bf16_t* __restrict__ inp, const float* __restrict__ lse, int B, int T, int C, int NH) {
+    __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
+    __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    const int qt = tc_tile_desc();
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const long long C3 = 3LL * C;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* k = q + C;
+    const bf16_t* v = q + 2 * C;
+    const bf16_t* d_o = dout + (long long)b * T * C + h * TC_HS;
+    const float* lse_h = lse + ((long long)b * NH + h) * T;
+    const float* delta_h = delta + ((long long)b * NH + h) * T;
+    const int r0 = qt * TC_ROWS + warp * 16 + g;
+    const float scale = 1.0f / sqrtf((float)TC_HS);
+
+    unsigned qa[TC_KSTEPS][4], da[TC_KSTEPS][4];
+    tc_load_a(qa, q, C3, r0 - g, T, lane);
+    tc_load_a(da, d_o, C, r0 - g, T, lane);
+    float lse_r[2], delta_r[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int row = r0 + 8 * i;
+        lse_r[i] = row < T ? lse_h[row] : 0.0f;
+        delta_r[i] = row < T ? delta_h[row] : 0.0f;
+    }
+    float dq[TC_NCH][4];
+#pragma unroll
+    for (int nc = 0; nc < TC_NCH; nc++)
+        for (int e = 0; e < 4; e++) dq[nc][e] = 0.0f;
+
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads();
+        tc_stage(ks_tile, k, C3, kt * TC_TILE, T);
+        tc_stage(vs_tile, v, C3, kt * TC_TILE, T);
+        __syncthreads();
+        float s[TC_NT][4], dp[TC_NT][4];
+        tc_mma_xt(s, qa, ks_tile, lane);
+        tc_mma_xt(dp, da, vs_tile, lane);
+#pragma unroll
+        for (int nt = 0; nt < TC_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kt * TC_TILE + nt * 8 + 2 * t + (e & 1);
+                const int i = e >> 1, row = r0 + 8 * i;
+                const float p =
+                    (key > row || row >= T) ? 0.0f : __expf(s[nt][e] * scale - lse_r[i]);
+                s[nt][e] = p * (dp[nt][e] - delta_r[i]);  // dS
+            }
+        tc_mma_px(dq, s, ks_tile, lane);
+    }
+    tc_accumulate(dinp + (long long)b * T * C3 + h * TC_HS, C3, r0, T, dq, scale, lane);
+}
+
+// dK and dV. Block (key tile kt, b * NH + h); warp w owns keys
+// kt * 64 + 16w .. +15, the thread's keys j0 = that + g and j0 + 8. Per query
+// tile at or below the diagonal (staged with its dout rows, lse and delta):
+// Pᵀ = exp(K Qᵀ * scale - lse) (0 where query < key or the query is past T),
+// dV += Pᵀ dout, dPᵀ = V doutᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - delta), dK += dSᵀ Q. At the
+// end the key and value channels of dinp get dK * scale and dV added.
+// Launch: grid (ceil(T / 64), B * NH), block 128.
+extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
+    bf16_t* __restrict__ dinp, const float* __restrict__ delta, const bf16_t* __restrict__ dout,
+    const bf16_t* __restrict__ inp, const float* __restrict__ lse, int B, int T, int C, int NH) {
+    __shared__ bf16_t qs_tile[TC_TILE * TC_LD];
+    __shared__ bf16_t dos_tile[TC_TILE * TC_LD];
+    __shared__ float lse_tile[TC_TILE];
+    __shared__ float delta_tile[TC_TILE];
+    const int kt = blockIdx.x;  // the first key tiles have the most query tiles
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const long long C3 = 3LL * C;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* k = q + C;
+    const bf16_t* v = q + 2 * C;
+    const bf16_t* d_o = dout + (long long)b * T * C + h * TC_HS;
+    const float* lse_h = lse + ((long long)b * NH + h) * T;
+    const float* delta_h = delta + ((long long)b * NH + h) * T;
+    const int j0 = kt * TC_ROWS + warp * 16 + g;  // this thread's keys: j0, j0 + 8
+    const float scale = 1.0f / sqrtf((float)TC_HS);
+
+    unsigned ka[TC_KSTEPS][4], va[TC_KSTEPS][4];
+    tc_load_a(ka, k, C3, j0 - g, T, lane);
+    tc_load_a(va, v, C3, j0 - g, T, lane);
+    float dk[TC_NCH][4], dv[TC_NCH][4];
+#pragma unroll
+    for (int nc = 0; nc < TC_NCH; nc++)
+        for (int e = 0; e < 4; e++) {
+            dk[nc][e] = 0.0f;
+            dv[nc][e] = 0.0f;
+        }
+
+    const int tiles = (T + TC_TILE - 1) / TC_TILE;
+    for (int qt = kt; qt < tiles; qt++) {
+        __syncthreads();
+        tc_stage(qs_tile, q, C3, qt * TC_TILE, T);
+        tc_stage(dos_tile, d_o, C, qt * TC_TILE, T);
+        for (int i = threadIdx.x; i < TC_TILE; i += TC_THREADS) {
+            const int row = qt * TC_TILE + i;
+            lse_tile[i] = row < T ? lse_h[row] : 0.0f;
+            delta_tile[i] = row < T ? delta_h[row] : 0.0f;
+        }
+        __syncthreads();
+        float s[TC_NT][4], dp[TC_NT][4];
+        tc_mma_xt(s, ka, qs_tile, lane);   // K Qᵀ: rows keys, columns queries
+        tc_mma_xt(dp, va, dos_tile, lane);  // V doutᵀ
+#pragma unroll
+        for (int nt = 0; nt < TC_NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + 2 * t + (e & 1);
+                const int query = qt * TC_TILE + col;
+                const int key = j0 + 8 * (e >> 1);
+                const float p = (query < key || query >= T)
+                                    ? 0.0f
+                                    : __expf(s[nt][e] * scale - lse_tile[col]);
+                s[nt][e] = p;                                // Pᵀ
+                dp[nt][e] = p * (dp[nt][e] - delta_tile[col]);  // dSᵀ
+            }
+        tc_mma_px(dv, s, dos_tile, lane);
+        tc_mma_px(dk, dp, qs_tile, lane);
+    }
+    bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * TC_HS;
+    tc_accumulate(dk_dst, C3, j0, T, dk, scale, lane);
+    tc_accumulate(dk_dst + C, C3, j0, T, dv, 1.0f, lane);
+}
