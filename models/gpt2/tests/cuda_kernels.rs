@@ -1889,44 +1889,43 @@ test_device!(
     flash_attention_tasks_cuda
 );
 
-/// At head size 64 in bf16 the fused attention tasks run on the tensor
-/// cores (`flash_attention_tc.cu`): against the CPU kernels within bf16
-/// tolerance, since the MMAs round P and dS to bf16 and sum in the
-/// hardware's order. T = 150: three tiles of 64, the last partial; three
-/// heads. The same kernels run on the CPU under tools/kernel-emu's tests.
+/// In bf16 at head sizes 16, 32 and 64 the fused attention tasks run on
+/// the tensor cores (`flash_attention_tc.cu`): against the CPU kernels
+/// within bf16 tolerance, since the MMAs round P and dS to bf16 and sum in
+/// the hardware's order. T = 150: three tiles of 64, the last partial;
+/// three heads. The same kernels run on the CPU under tools/kernel-emu's
+/// tests.
 #[test]
 fn flash_attention_tensor_cores_cuda() {
-    use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HS};
+    use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HEAD_SIZES};
     let Some(g) = Dev::gpu("flash_attention_tensor_cores_cuda") else {
         return;
     };
-    let (b, t, nh) = (2, 150, 3);
-    let c = nh * TC_HS;
     let device = g.rt.cuda_device().expect("a CUDA runtime has a device");
-    if !tensor_cores_apply::<Bf16>(device, c, nh) {
-        eprintln!(
-            "SKIPPED flash_attention_tensor_cores_cuda: compute capability {:?} is below 8.0",
-            device.compute_capability()
-        );
-        return;
+    for hs in TC_HEAD_SIZES {
+        let (b, t, nh) = (2, 150, 3);
+        let c = nh * hs;
+        if !tensor_cores_apply::<Bf16>(device, c, nh) {
+            eprintln!(
+                "SKIPPED flash_attention_tensor_cores_cuda: compute capability {:?} is below 8.0",
+                device.compute_capability()
+            );
+            return;
+        }
+        let case = FaCase::new((b, t, c, nh), 180 + hs as u64);
+        let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
+        let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16);
+        // The gradient alone, where the rounding of P and dS shows.
+        let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
+        let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
+        // Bounds relative to each tensor's largest element: twice what the
+        // emulated kernels show against the CPU (tools/kernel-emu), lse
+        // only its f32 sums.
+        let what = |x: &str| format!("tensor-core attention hs {hs} {x}");
+        compare_scaled(&what("lse"), &lse, &want_lse, 1e-5);
+        compare_scaled(&what("out"), &out, &want_out, 0.0125);
+        compare_scaled(&what("gradient"), &grad(&dinp), &grad(&want_dinp), 0.0125);
     }
-    let case = FaCase::new((b, t, c, nh), 180);
-    let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
-    let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16);
-    // The gradient alone, where the rounding of P and dS shows.
-    let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
-    let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
-    // Bounds relative to each tensor's largest element: twice what the
-    // emulated kernels show against the CPU (tools/kernel-emu), lse only
-    // its f32 sums.
-    compare_scaled("tensor-core attention lse", &lse, &want_lse, 1e-5);
-    compare_scaled("tensor-core attention out", &out, &want_out, 0.0125);
-    compare_scaled(
-        "tensor-core attention gradient",
-        &grad(&dinp),
-        &grad(&want_dinp),
-        0.0125,
-    );
 }
 
 /// |got - want| at most `bound` times the largest |want| (the tensor's

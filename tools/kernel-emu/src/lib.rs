@@ -801,18 +801,18 @@ pub fn flash_attention_backward_dkv_bf16(
 }
 
 // ---------------------------------------------------------------------------
-// flash_attention_tc.cu: the tensor-core kernels (bf16, head size 64)
+// flash_attention_tc.cu: the tensor-core kernels (bf16, head sizes 16, 32, 64)
 // ---------------------------------------------------------------------------
 
-/// The head size of `flash_attention_tc.cu`'s kernels.
-pub const TC_HS: i32 = 64;
+/// The head sizes `flash_attention_tc.cu` has kernels for.
+pub const TC_HEAD_SIZES: [i32; 3] = [16, 32, 64];
 
-/// Refuses a head size other than [`TC_HS`] (the kernels index 64 channels
-/// per head whatever `C / NH` is).
+/// Refuses a head size without kernels (each indexes exactly its head
+/// size's channels per head).
 fn tc_shape(k: &str, c: i32, nh: i32) -> Result<(), String> {
-    if nh <= 0 || c != nh * TC_HS {
+    if nh <= 0 || c % nh != 0 || !TC_HEAD_SIZES.contains(&(c / nh)) {
         return Err(format!(
-            "{k}: C ({c}) must be NH ({nh}) heads of {TC_HS} channels"
+            "{k}: C ({c}) must be NH ({nh}) heads of 16, 32 or 64 channels"
         ));
     }
     Ok(())
@@ -835,7 +835,7 @@ pub fn flash_attention_tc_forward_bf16(
     let k = "flash_attention_tc_forward_bf16";
     tc_shape(k, c, nh)?;
     let f: ffi::Forward<u16> = ffi::emu_flash_attention_tc_forward_bf16;
-    fa_forward(k, f, grid, block, out, lse, inp, b, t, c, nh, TC_HS)
+    fa_forward(k, f, grid, block, out, lse, inp, b, t, c, nh, 64)
 }
 
 /// `flash_attention_tc_backward_dq_bf16`: as

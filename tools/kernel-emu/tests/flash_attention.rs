@@ -383,10 +383,10 @@ fn shapes_the_kernels_do_not_take_are_errors() {
 // flash_attention_tc.cu: the tensor-core kernels
 // ---------------------------------------------------------------------------
 
-/// Head size 64 (the tensor-core kernels'): T of one partial tile, of
+/// The tensor-core kernels' head sizes. At 64: T of one partial tile, of
 /// exactly one tile, just past one tile, and of three tiles with the last
-/// partial; B and NH above 1.
-const TC_SHAPES: [Shape; 4] = [
+/// partial; B and NH above 1. At 16 and 32: two tiles, the last partial.
+const TC_SHAPES: [Shape; 6] = [
     Shape {
         b: 1,
         t: 5,
@@ -409,6 +409,18 @@ const TC_SHAPES: [Shape; 4] = [
         b: 2,
         t: 150,
         c: 192,
+        nh: 3,
+    },
+    Shape {
+        b: 2,
+        t: 100,
+        c: 64,
+        nh: 4,
+    },
+    Shape {
+        b: 1,
+        t: 120,
+        c: 96,
         nh: 3,
     },
 ];
@@ -560,7 +572,7 @@ fn tensor_core_kernels_are_exactly_causal() {
     let s = TC_SHAPES[3];
     let x = inputs(s, 400);
     let (inp, dout) = (bits(&to_bf16(&x.inp)), bits(&to_bf16(&x.dout)));
-    let (c3, c, hs) = (3 * s.c, s.c, 64);
+    let (c3, c, hs) = (3 * s.c, s.c, s.c / s.nh);
     let base = tc_run(s, &inp, &dout);
     for j in [0, 1, 63, 64, 65, 127, 128, 149] {
         // Key and value channels of position j, batch row 1, every head.
@@ -634,8 +646,6 @@ mod tc_model {
     use braid_gpt2::kernels::cpu::Bf16;
 
     pub const TILE: usize = 64;
-    const HS: usize = 64;
-    const SCALE: f32 = 0.125; // 1 / sqrt(64)
 
     fn ld(x: u16) -> f32 {
         Bf16(x).to_f32()
@@ -660,6 +670,7 @@ mod tc_model {
 
     pub struct Head<'a> {
         pub t: usize,
+        pub hs: usize,
         /// Row `r` of the head's query, key or value channels (zeros past T).
         pub q: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
         pub k: Box<dyn Fn(usize) -> Vec<u16> + 'a>,
@@ -668,11 +679,16 @@ mod tc_model {
     }
 
     impl Head<'_> {
+        /// 1 / sqrt(hs), as the kernels compute it.
+        fn scale(&self) -> f32 {
+            1.0 / (self.hs as f32).sqrt()
+        }
+
         /// The forward kernel's row i: (out row in f32 before rounding, lse).
         pub fn forward_row(&self, i: usize) -> (Vec<f32>, f32) {
             let qi = (self.q)(i);
             let (mut m, mut lane_l) = (f32::NEG_INFINITY, [0.0f32; 4]);
-            let mut o = vec![0.0f32; HS];
+            let mut o = vec![0.0f32; self.hs];
             for kt in 0..=i / TILE {
                 let keys = kt * TILE..(kt + 1) * TILE;
                 let x: Vec<f32> = keys
@@ -681,7 +697,7 @@ mod tc_model {
                         if j > i {
                             f32::NEG_INFINITY
                         } else {
-                            dot(&qi, &(self.k)(j)) * SCALE
+                            dot(&qi, &(self.k)(j)) * self.scale()
                         }
                     })
                     .collect();
@@ -723,14 +739,14 @@ mod tc_model {
             let p = if j > i || i >= self.t {
                 0.0
             } else {
-                exp(dot(&(self.q)(i), &(self.k)(j)) * SCALE - lse[i])
+                exp(dot(&(self.q)(i), &(self.k)(j)) * self.scale() - lse[i])
             };
             (p, p * (dp - delta_i))
         }
 
         /// dQ of row i (before the scale and the add into dinp).
         pub fn dq_row(&self, i: usize, lse: &[f32], delta: &[f32]) -> Vec<f32> {
-            let mut dq = vec![0.0f32; HS];
+            let mut dq = vec![0.0f32; self.hs];
             for j in 0..(i / TILE + 1) * TILE {
                 let (_, ds) = self.p_ds(i, j, lse, delta);
                 let (dsb, kj) = (round(ds), (self.k)(j));
@@ -743,13 +759,13 @@ mod tc_model {
 
         /// (dK, dV) of key j (dK before the scale).
         pub fn dkv_row(&self, j: usize, lse: &[f32], delta: &[f32]) -> (Vec<f32>, Vec<f32>) {
-            let (mut dk, mut dv) = (vec![0.0f32; HS], vec![0.0f32; HS]);
+            let (mut dk, mut dv) = (vec![0.0f32; self.hs], vec![0.0f32; self.hs]);
             let end = self.t.div_ceil(TILE) * TILE;
             for i in (j / TILE) * TILE..end {
                 let (p, ds) = self.p_ds(i, j, lse, delta);
                 let (pb, dsb) = (round(p), round(ds));
                 let (qi, di) = ((self.q)(i), (self.dout)(i));
-                for d in 0..HS {
+                for d in 0..self.hs {
                     dv[d] += pb * ld(di[d]);
                     dk[d] += dsb * ld(qi[d]);
                 }
@@ -768,18 +784,19 @@ fn tc_head<'a>(
     bi: usize,
     h: usize,
 ) -> tc_model::Head<'a> {
-    let (t, c) = (s.t, s.c);
+    let (t, c, hs) = (s.t, s.c, s.c / s.nh);
     let part = move |m: &'a [u16], ld: usize, off: usize| {
         Box::new(move |r: usize| {
             if r < t {
-                m[(bi * t + r) * ld + off + h * 64..][..64].to_vec()
+                m[(bi * t + r) * ld + off + h * hs..][..hs].to_vec()
             } else {
-                vec![0u16; 64]
+                vec![0u16; hs]
             }
         }) as Box<dyn Fn(usize) -> Vec<u16> + 'a>
     };
     tc_model::Head {
         t,
+        hs,
         q: part(inp, 3 * c, 0),
         k: part(inp, 3 * c, c),
         v: part(inp, 3 * c, 2 * c),
@@ -819,6 +836,8 @@ fn tensor_core_kernels_equal_their_model_bit_for_bit() {
         )
         .unwrap();
         let add = |start: u16, x: f32| Bf16::from_f32(Bf16(start).to_f32() + x).0;
+        let hs = s.c / s.nh;
+        let scale = 1.0 / (hs as f32).sqrt();
         for bi in 0..s.b {
             for h in 0..s.nh {
                 let head = tc_head(s, &inp, &dout, bi, h);
@@ -830,19 +849,19 @@ fn tensor_core_kernels_equal_their_model_bit_for_bit() {
                     assert_eq!(lse_h[i], l, "lse {what}");
                     let o: Vec<u16> = o.iter().map(|&x| Bf16::from_f32(x).0).collect();
                     assert_eq!(
-                        out[(bi * s.t + i) * s.c + h * 64..][..64],
+                        out[(bi * s.t + i) * s.c + h * hs..][..hs],
                         o[..],
                         "out {what}"
                     );
-                    let row = (bi * s.t + i) * 3 * s.c + h * 64;
+                    let row = (bi * s.t + i) * 3 * s.c + h * hs;
                     let dq = head.dq_row(i, lse_h, delta_h);
                     let (dk, dv) = head.dkv_row(i, lse_h, delta_h);
-                    for (part, vals, scale) in [(0, &dq, 0.125), (1, &dk, 0.125), (2, &dv, 1.0)] {
+                    for (part, vals, scale) in [(0, &dq, scale), (1, &dk, scale), (2, &dv, 1.0)] {
                         let at = row + part * s.c;
-                        let want: Vec<u16> = (0..64)
+                        let want: Vec<u16> = (0..hs)
                             .map(|d| add(dinp0[at + d], vals[d] * scale))
                             .collect();
-                        assert_eq!(dinp[at..at + 64], want[..], "dinp part {part} {what}");
+                        assert_eq!(dinp[at..at + hs], want[..], "dinp part {part} {what}");
                     }
                 }
             }

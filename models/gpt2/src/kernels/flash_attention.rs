@@ -1,6 +1,7 @@
-//! Fused (FlashAttention-2 style) causal self-attention on the CPU: the
-//! reference algorithm for a future GPU kernel, checked against the unfused
-//! [`attention`](super::attention) kernels.
+//! Fused (FlashAttention-2 style) causal self-attention: the CPU kernels
+//! (the reference algorithm, checked against the unfused
+//! [`attention`](super::attention) kernels) and the CUDA launchers of its
+//! scalar and tensor-core kernels.
 //!
 //! Same packed input as [`attention`](super::attention): `inp` is
 //! `(B, T, 3C)`, the `C` query, `C` key and `C` value channels of each
@@ -52,19 +53,36 @@
 //!
 //! # CUDA
 //!
-//! `flash_attention.cu` (f32 and `_bf16` kernels) follows the CPU kernels
-//! operation by operation: the same `f32` dot products in channel order, the
-//! same online-softmax update per key tile of [`BLOCK_K`] columns, the same
-//! accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's
-//! (the CPU's exponential is [`fastmath::exp`]), so
-//! the two agree to float tolerance. A first version to check against the
-//! CPU: one thread per query row (forward, `dQ`) or key row (`dK`, `dV`,
-//! summed over the queries instead of atomics, so deterministic), no tensor
-//! cores, no shared-memory tiles; `hs` at most 128. Correct on an H200, and
-//! slow: its backward pass took 2.0 s of a 2.3 s GPT-2 124M step at B8 ×
-//! T1024 (docs/gpu-validation.md, run 5), against 11 ms for the unfused
-//! cuBLAS attention. The fast path the issue asks for (tensor cores, or
-//! cuDNN's SDPA) would replace it, checked against it.
+//! Two sets of kernels; [`CudaPath`] picks (the tasks use
+//! [`CudaPath::Auto`]).
+//!
+//! - **Tensor cores** (`flash_attention_tc.cu`, bf16, head sizes
+//!   [`TC_HEAD_SIZES`], compute capability 8.0 or newer, `C` a multiple of 8 and `inp`, `dout`
+//!   16-byte aligned: [`tensor_cores_apply`]). FlashAttention-2 with every
+//!   product a warp-level `mma.sync` m16n8k16 (bf16 operands, `f32`
+//!   accumulation): blocks of 4 warps over 64 query rows (forward, `dQ`) or
+//!   64 keys (`dK`, `dV`), tiles of 64 keys (queries) staged in shared
+//!   memory, each warp's own 16 rows held in registers as MMA fragments, the
+//!   online softmax in registers. The backward pass is two kernels, `dQ`
+//!   and then `dK`/`dV`, each recomputing `P` (no atomics, deterministic).
+//!   `P` and `dS` are rounded to bf16 for their products, as in every
+//!   tensor-core flash attention, so results agree with the CPU kernels to
+//!   bf16 tolerance: under emulation (tools/kernel-emu) within 0.53% of the
+//!   largest output and 0.63% of the largest gradient element, and bit for
+//!   bit with a scalar model of their arithmetic. Not yet run on a GPU
+//!   (docs/gpu-validation.md).
+//! - **Scalar** (`flash_attention.cu`, f32 and `_bf16`, the checked
+//!   reference and the fallback) follows the CPU kernels operation by
+//!   operation: the same `f32` dot products in channel order, the same
+//!   online-softmax update per key tile of [`BLOCK_K`] columns, the same
+//!   accumulation orders, no FMA contraction; only `expf`/`logf` are CUDA's
+//!   (the CPU's exponential is [`fastmath::exp`]), so the two agree to float
+//!   tolerance. One thread per query row (forward, `dQ`) or key row (`dK`,
+//!   `dV`, summed over the queries instead of atomics, so deterministic), no
+//!   tensor cores, no shared-memory tiles; `hs` at most 128. Correct on an
+//!   H200, and slow: its backward pass took 2.0 s of a 2.3 s GPT-2 124M step
+//!   at B8 × T1024 (docs/gpu-validation.md, run 5), against 11 ms for the
+//!   unfused cuBLAS attention.
 
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
@@ -98,27 +116,52 @@ static BACKWARD_DQ_BF16: Kernel = Kernel::new(&CUDA, 5);
 static BACKWARD_DKV: Kernel = Kernel::new(&CUDA, 6);
 static BACKWARD_DKV_BF16: Kernel = Kernel::new(&CUDA, 7);
 
-/// The tensor-core kernels (`flash_attention_tc.cu`, bf16 only, head size
-/// [`TC_HS`], compute capability 8.0 or newer).
+/// The tensor-core kernels (`flash_attention_tc.cu`, bf16 only, the head
+/// sizes of [`TC_HEAD_SIZES`], compute capability 8.0 or newer): forward,
+/// `dQ` and `dK`/`dV` per head size.
 pub(crate) static CUDA_TC: Program = Program::for_arch(
     "flash_attention_tc.cu",
     include_str!("flash_attention_tc.cu"),
     &[
-        "flash_attention_tc_forward_bf16",
-        "flash_attention_tc_backward_dq_bf16",
-        "flash_attention_tc_backward_dkv_bf16",
+        "flash_attention_tc_forward_hs16_bf16",
+        "flash_attention_tc_backward_dq_hs16_bf16",
+        "flash_attention_tc_backward_dkv_hs16_bf16",
+        "flash_attention_tc_forward_hs32_bf16",
+        "flash_attention_tc_backward_dq_hs32_bf16",
+        "flash_attention_tc_backward_dkv_hs32_bf16",
+        "flash_attention_tc_forward_hs64_bf16",
+        "flash_attention_tc_backward_dq_hs64_bf16",
+        "flash_attention_tc_backward_dkv_hs64_bf16",
     ],
     (8, 0),
 );
-static TC_FORWARD: Kernel = Kernel::new(&CUDA_TC, 0);
-static TC_BACKWARD_DQ: Kernel = Kernel::new(&CUDA_TC, 1);
-static TC_BACKWARD_DKV: Kernel = Kernel::new(&CUDA_TC, 2);
+/// `[forward, dQ, dK/dV]` of the tensor-core kernels, per entry of
+/// [`TC_HEAD_SIZES`].
+static TC_KERNELS: [[Kernel; 3]; 3] = [
+    [
+        Kernel::new(&CUDA_TC, 0),
+        Kernel::new(&CUDA_TC, 1),
+        Kernel::new(&CUDA_TC, 2),
+    ],
+    [
+        Kernel::new(&CUDA_TC, 3),
+        Kernel::new(&CUDA_TC, 4),
+        Kernel::new(&CUDA_TC, 5),
+    ],
+    [
+        Kernel::new(&CUDA_TC, 6),
+        Kernel::new(&CUDA_TC, 7),
+        Kernel::new(&CUDA_TC, 8),
+    ],
+];
 
 /// The largest head size the CUDA kernels take (their per-thread arrays).
 pub const CUDA_MAX_HS: usize = 128;
 
-/// The head size of the tensor-core kernels (GPT-2's at every size).
-pub const TC_HS: usize = 64;
+/// The head sizes the tensor-core kernels are built for: GPT-2's 64 at
+/// every published size, and the 16 and 32 of the `tiny` and `small`
+/// configurations.
+pub const TC_HEAD_SIZES: [usize; 3] = [16, 32, 64];
 /// Query rows (forward, dQ) or key rows (dK, dV) per block of the
 /// tensor-core kernels.
 const TC_ROWS: usize = 64;
@@ -136,9 +179,10 @@ pub enum CudaPath {
 }
 
 /// Whether [`CudaPath::Auto`] runs an attention of `c` channels in `nh`
-/// heads, stored as `S`, on `device`'s tensor cores: bf16 storage, head
-/// size [`TC_HS`], `c` a multiple of 8 (16-byte rows), compute capability
-/// 8.0 or newer. The launchers also need `inp` and `dout` 16-byte aligned.
+/// heads, stored as `S`, on `device`'s tensor cores: bf16 storage, a head
+/// size of [`TC_HEAD_SIZES`], `c` a multiple of 8 (16-byte rows), compute
+/// capability 8.0 or newer. The launchers also need `inp` and `dout`
+/// 16-byte aligned.
 pub fn tensor_cores_apply<S: Storage>(
     device: &braid::cuda::CudaDevice,
     c: usize,
@@ -147,9 +191,16 @@ pub fn tensor_cores_apply<S: Storage>(
     matches!(S::DTYPE, Dtype::Bf16)
         && nh > 0
         && c % nh == 0
-        && c / nh == TC_HS
+        && tc_kernels(c / nh).is_some()
         && c % 8 == 0
         && CUDA_TC.supports(device)
+}
+
+/// `[forward, dQ, dK/dV]` for head size `hs`, if the tensor-core kernels
+/// are built for it.
+fn tc_kernels(hs: usize) -> Option<&'static [Kernel; 3]> {
+    let i = TC_HEAD_SIZES.iter().position(|&h| h == hs)?;
+    Some(&TC_KERNELS[i])
 }
 
 /// Query tile rows of the CPU tasks.
@@ -591,19 +642,21 @@ fn tc_tiles(l: &Launcher<'_>, [b, t, _, nh]: [i32; 4]) -> Result<LaunchConfig> {
     })
 }
 
-/// Whether a call takes the tensor-core kernels: `path` allows it, the
-/// shape and device do ([`tensor_cores_apply`]) and every tensor the
-/// kernels stage 16 bytes at a time starts 16-byte aligned.
+/// The tensor-core kernels `[forward, dQ, dK/dV]` if a call takes them:
+/// `path` allows it, the shape and device do ([`tensor_cores_apply`]) and
+/// every tensor the kernels stage 16 bytes at a time starts 16-byte
+/// aligned.
 fn takes_tensor_cores<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     path: CudaPath,
     c: usize,
     nh: usize,
     staged: &[u64],
-) -> bool {
-    path == CudaPath::Auto
+) -> Option<&'static [Kernel; 3]> {
+    let takes = path == CudaPath::Auto
         && tensor_cores_apply::<S>(cu.device(), c, nh)
-        && staged.iter().all(|p| p % 16 == 0)
+        && staged.iter().all(|p| p % 16 == 0);
+    takes.then(|| tc_kernels(c / nh)).flatten()
 }
 
 /// [`flash_attention_forward`] on the task's stream (module docs, CUDA),
@@ -651,12 +704,13 @@ pub fn flash_attention_forward_cuda_with<S: Storage>(
         .i32(ti)
         .i32(ci)
         .i32(nhi);
-    if tensor_cores {
-        // SAFETY: flash_attention_tc_forward_bf16(bf16_t* out, float* lse,
-        // const bf16_t* inp, int B, int T, int C, int NH); sizes checked, S
-        // is bf16, hs = 64, C % 8 == 0 and inp 16-byte aligned
-        // (takes_tensor_cores); a block per 64 query rows of one (b, h).
-        return unsafe { l.launch(&TC_FORWARD, tc_tiles(&l, dims)?, &a) };
+    if let Some([forward, ..]) = tensor_cores {
+        // SAFETY: flash_attention_tc_forward_hs<hs>_bf16(bf16_t* out, float*
+        // lse, const bf16_t* inp, int B, int T, int C, int NH); sizes
+        // checked, S is bf16, the kernel's head size is C / NH, C % 8 == 0
+        // and inp 16-byte aligned (takes_tensor_cores); a block per 64 query
+        // rows of one (b, h).
+        return unsafe { l.launch(forward, tc_tiles(&l, dims)?, &a) };
     }
     a.i32(BLOCK_K as i32);
     let kernel = by_dtype::<S>(&FORWARD, &FORWARD_BF16);
@@ -741,8 +795,8 @@ pub fn flash_attention_backward_cuda_with<S: Storage>(
         .i32(ti)
         .i32(ci)
         .i32(nhi);
-    let (dq, dkv, cfg) = if tensor_cores {
-        (&TC_BACKWARD_DQ, &TC_BACKWARD_DKV, tc_tiles(&l, dims)?)
+    let (dq, dkv, cfg) = if let Some([_, dq, dkv]) = tensor_cores {
+        (dq, dkv, tc_tiles(&l, dims)?)
     } else {
         (
             by_dtype::<S>(&BACKWARD_DQ, &BACKWARD_DQ_BF16),
@@ -753,7 +807,8 @@ pub fn flash_attention_backward_cuda_with<S: Storage>(
     // SAFETY: flash_attention[_tc]_backward_{dq,dkv}[_bf16](S* dinp, const
     // float* delta, const S* dout, const S* inp, const float* lse, int B,
     // int T, int C, int NH); sizes checked (and for the tensor-core kernels
-    // S is bf16, hs = 64, C % 8 == 0, inp and dout 16-byte aligned); the dq
+    // S is bf16, the kernels' head size is C / NH, C % 8 == 0, inp and dout
+    // 16-byte aligned); the dq
     // kernel writes dinp's query channels, the dkv kernel (after it on the
     // stream) its key and value channels.
     unsafe {

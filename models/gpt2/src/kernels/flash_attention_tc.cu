@@ -1,5 +1,6 @@
 // Fused causal self-attention on tensor cores (FlashAttention-2), bf16
-// storage, head size 64. The same algorithm as flash_attention.cu and the CPU
+// storage, head size HS of 16, 32 or 64 (a template; one set of kernels
+// each, `_hs<HS>` in their names). The same algorithm as flash_attention.cu and the CPU
 // kernels of flash_attention.rs (online softmax over key tiles, probabilities
 // recomputed from the saved logsumexp in the backward pass), with every
 // product of the algorithm a warp-level mma.sync m16n8k16 (bf16 operands, f32
@@ -7,7 +8,7 @@
 // results agree with the CPU to bf16 tolerance, not bit for bit.
 //
 //   inp (B, T, 3C) bf16: per position the C query, C key, C value channels;
-//   head h owns channels h*64 .. h*64+63 of each. out, dout (B, T, C) bf16;
+//   head h owns channels h*HS .. h*HS+HS-1 of each. out, dout (B, T, C) bf16;
 //   lse, delta (B, NH, T) f32. dinp (B, T, 3C) bf16 is accumulated: each
 //   element is loaded, its gradient added in f32, and stored once.
 //
@@ -35,15 +36,18 @@
 
 #include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
 
-#define TC_HS 64               // head size
-#define TC_ROWS 64             // query (or key) rows of a block
-#define TC_TILE 64             // keys (or queries) of a shared-memory tile
-#define TC_LD (TC_HS + 8)      // shared-memory row stride, in bf16 (bank spread)
-#define TC_THREADS 128         // 4 warps of 16 rows
-#define TC_KSTEPS (TC_HS / 16)   // 16-wide k steps over the head's channels
-#define TC_NCH (TC_HS / 8)       // 8-wide column tiles over the head's channels
-#define TC_NT (TC_TILE / 8)      // 8-wide column tiles over a tile's keys
+#define TC_ROWS 64         // query (or key) rows of a block
+#define TC_TILE 64         // keys (or queries) of a shared-memory tile
+#define TC_THREADS 128     // 4 warps of 16 rows
+#define TC_NT (TC_TILE / 8)  // 8-wide column tiles over a tile's keys
 #define TC_NEG_INF __int_as_float(0xff800000)
+
+// Per head size HS: the shared-memory row stride in bf16 (padded by 16
+// bytes to spread the banks), the 16-wide k steps and the 8-wide column
+// tiles over the head's channels.
+#define TC_LD (HS + 8)
+#define TC_KSTEPS (HS / 16)
+#define TC_NCH (HS / 8)
 
 #ifndef BRAID_KERNEL_EMU
 // d += a * b, one warp: A 16 x 16 bf16 (row), B 16 x 8 bf16 (col), D f32.
@@ -82,8 +86,9 @@ static __device__ __forceinline__ unsigned tc_pair(const bf16_t* m, long long ld
     return tc_pack(p[0], p[1]);
 }
 
-// The A fragments of a 16 x 64 row block of a (T, ld) bf16 matrix starting at
-// row r0 (rows at or past T read as zero): one 16-wide k step per entry.
+// The A fragments of a 16 x HS row block of a (T, ld) bf16 matrix starting
+// at row r0 (rows at or past T read as zero): one 16-wide k step per entry.
+template <int HS>
 static __device__ __forceinline__ void tc_load_a(unsigned a[TC_KSTEPS][4], const bf16_t* m,
                                                  long long ld, int r0, int rows, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -97,14 +102,16 @@ static __device__ __forceinline__ void tc_load_a(unsigned a[TC_KSTEPS][4], const
     }
 }
 
-// Stages rows row0 .. row0 + 63 of a head's 64 channels (global rows of
+// Stages rows row0 .. row0 + 63 of a head's HS channels (global rows of
 // stride ld, the head's first channel at src) into a shared tile of stride
 // TC_LD; rows at or past T are zero. The whole block takes part.
+template <int HS>
 static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src, long long ld,
                                                 int row0, int T) {
-    // 8 chunks of 16 bytes per row, 64 rows: 4 chunks per thread.
-    for (int i = threadIdx.x; i < TC_TILE * 8; i += TC_THREADS) {
-        const int r = i >> 3, chunk = i & 7;
+    // HS / 8 chunks of 16 bytes per row, 64 rows.
+    constexpr int chunks = HS / 8;
+    for (int i = threadIdx.x; i < TC_TILE * chunks; i += TC_THREADS) {
+        const int r = i / chunks, chunk = i % chunks;
         bf16_t* dst = tile + r * TC_LD + chunk * 8;
         if (row0 + r < T) {
             tc_copy16(dst, src + (long long)(row0 + r) * ld + chunk * 8);
@@ -114,10 +121,10 @@ static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src,
     }
 }
 
-// acc[n] += A · X over a 16 x 64 A (fragments a) and a shared tile X read as
-// B = Xᵀ: B[k][n] = X[n0 + n][k], 64 columns n of 8-wide tiles. For Q Kᵀ
-// (X = K tile), dout Vᵀ (X = V tile), and their transposes in the dK/dV
-// kernel.
+// acc = A · Xᵀ over a 16 x HS A (fragments a) and a shared 64 x HS tile X
+// read as B[k][n] = X[n][k]: 64 columns n in 8-wide tiles. For Q Kᵀ (X = K
+// tile), dout Vᵀ (X = V tile), and their transposes in the dK/dV kernel.
+template <int HS>
 static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
                                                  const unsigned a[TC_KSTEPS][4],
                                                  const bf16_t* x, int lane) {
@@ -137,9 +144,10 @@ static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
     }
 }
 
-// out[c] += P · X over a 16 x 64 P held as accumulators p (rounded to bf16
-// here) and a shared 64 x 64 tile X read as B = X: B[k][n] = X[k][n]. For
-// P V, dS K, Pᵀ dout and dSᵀ Q.
+// out += P · X over a 16 x 64 P held as accumulators p (rounded to bf16
+// here) and a shared 64 x HS tile X read as B[k][n] = X[k][n]. For P V,
+// dS K, Pᵀ dout and dSᵀ Q.
+template <int HS>
 static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const float p[TC_NT][4],
                                                  const bf16_t* x, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -177,8 +185,9 @@ static __device__ __forceinline__ float tc_quad_max(float x) {
 // longest blocks start first.
 static __device__ __forceinline__ int tc_tile_desc() { return gridDim.x - 1 - blockIdx.x; }
 
-// Adds acc (scaled) into a head's 64 channels of rows r (c[0..1]) and r + 8
+// Adds acc (scaled) into a head's HS channels of rows r (c[0..1]) and r + 8
 // (c[2..3]) of a bf16 matrix with row stride ld: load, add in f32, store.
+template <int HS>
 static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, int r, int T,
                                                      const float acc[TC_NCH][4], float scale,
                                                      int lane) {
@@ -205,11 +214,9 @@ static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, in
 // max m and sum l per row updated and the accumulator o rescaled by
 // exp(m - m_new), then o += P V with P = exp(S - m_new) in bf16. At the end
 // out = o / l and lse = m + ln l.
-// Launch: grid (ceil(T / 64), B * NH), block 128.
-extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ out,
-                                                           float* __restrict__ lse,
-                                                           const bf16_t* __restrict__ inp, int B,
-                                                           int T, int C, int NH) {
+template <int HS>
+static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ lse,
+                                  const bf16_t* __restrict__ inp, int T, int C, int NH) {
     __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
     __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
@@ -217,14 +224,14 @@ extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const long long C3 = 3LL * C;
-    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * HS;
     const bf16_t* k = q + C;
     const bf16_t* v = q + 2 * C;
     const int r0 = qt * TC_ROWS + warp * 16 + g;  // this thread's rows: r0, r0 + 8
-    const float scale = 1.0f / sqrtf((float)TC_HS);
+    const float scale = 1.0f / sqrtf((float)HS);
 
     unsigned qa[TC_KSTEPS][4];
-    tc_load_a(qa, q, C3, r0 - g, T, lane);
+    tc_load_a<HS>(qa, q, C3, r0 - g, T, lane);
     float o[TC_NCH][4];
 #pragma unroll
     for (int nc = 0; nc < TC_NCH; nc++)
@@ -233,11 +240,11 @@ extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ 
 
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads();  // the previous tile is no longer read
-        tc_stage(ks_tile, k, C3, kt * TC_TILE, T);
-        tc_stage(vs_tile, v, C3, kt * TC_TILE, T);
+        tc_stage<HS>(ks_tile, k, C3, kt * TC_TILE, T);
+        tc_stage<HS>(vs_tile, v, C3, kt * TC_TILE, T);
         __syncthreads();
         float s[TC_NT][4];
-        tc_mma_xt(s, qa, ks_tile, lane);
+        tc_mma_xt<HS>(s, qa, ks_tile, lane);
         float mx[2] = {TC_NEG_INF, TC_NEG_INF};
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
@@ -270,7 +277,7 @@ extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ 
                 s[nt][e] = p;
                 l[e >> 1] += p;  // this lane's columns; the quad's summed at the end
             }
-        tc_mma_px(o, s, vs_tile, lane);
+        tc_mma_px<HS>(o, s, vs_tile, lane);
     }
 
     // tc_quad_sum is collective: every lane runs it before any skips a row.
@@ -280,7 +287,7 @@ extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ 
         const int row = r0 + 8 * half;
         if (row >= T) continue;
         const float inv = 1.0f / sum[half];
-        bf16_t* dst = out + ((long long)b * T + row) * C + h * TC_HS + 2 * t;
+        bf16_t* dst = out + ((long long)b * T + row) * C + h * HS + 2 * t;
 #pragma unroll
         for (int nc = 0; nc < TC_NCH; nc++) {
             dst[nc * 8] = bf16_store(o[nc][2 * half] * inv);
@@ -294,10 +301,11 @@ extern "C" __global__ void flash_attention_tc_forward_bf16(bf16_t* __restrict__ 
 // key tile: P = exp(Q Kᵀ * scale - lse) (0 where key > query or the row is
 // past T), dP = dout Vᵀ, dS = P ∘ (dP - delta), dQ += dS K. At the end the
 // query channels of dinp get dQ * scale added.
-// Launch: grid (ceil(T / 64), B * NH), block 128.
-extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
-    bf16_t* __restrict__ dinp, const float* __restrict__ delta, const bf16_t* __restrict__ dout,
-    const bf16_t* __restrict__ inp, const float* __restrict__ lse, int B, int T, int C, int NH) {
+template <int HS>
+static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __restrict__ delta,
+                                      const bf16_t* __restrict__ dout,
+                                      const bf16_t* __restrict__ inp,
+                                      const float* __restrict__ lse, int T, int C, int NH) {
     __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
     __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
@@ -305,18 +313,18 @@ extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const long long C3 = 3LL * C;
-    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * HS;
     const bf16_t* k = q + C;
     const bf16_t* v = q + 2 * C;
-    const bf16_t* d_o = dout + (long long)b * T * C + h * TC_HS;
+    const bf16_t* d_o = dout + (long long)b * T * C + h * HS;
     const float* lse_h = lse + ((long long)b * NH + h) * T;
     const float* delta_h = delta + ((long long)b * NH + h) * T;
     const int r0 = qt * TC_ROWS + warp * 16 + g;
-    const float scale = 1.0f / sqrtf((float)TC_HS);
+    const float scale = 1.0f / sqrtf((float)HS);
 
     unsigned qa[TC_KSTEPS][4], da[TC_KSTEPS][4];
-    tc_load_a(qa, q, C3, r0 - g, T, lane);
-    tc_load_a(da, d_o, C, r0 - g, T, lane);
+    tc_load_a<HS>(qa, q, C3, r0 - g, T, lane);
+    tc_load_a<HS>(da, d_o, C, r0 - g, T, lane);
     float lse_r[2], delta_r[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -331,12 +339,12 @@ extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
 
     for (int kt = 0; kt <= qt; kt++) {
         __syncthreads();
-        tc_stage(ks_tile, k, C3, kt * TC_TILE, T);
-        tc_stage(vs_tile, v, C3, kt * TC_TILE, T);
+        tc_stage<HS>(ks_tile, k, C3, kt * TC_TILE, T);
+        tc_stage<HS>(vs_tile, v, C3, kt * TC_TILE, T);
         __syncthreads();
         float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt(s, qa, ks_tile, lane);
-        tc_mma_xt(dp, da, vs_tile, lane);
+        tc_mma_xt<HS>(s, qa, ks_tile, lane);
+        tc_mma_xt<HS>(dp, da, vs_tile, lane);
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
 #pragma unroll
@@ -347,9 +355,9 @@ extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
                     (key > row || row >= T) ? 0.0f : __expf(s[nt][e] * scale - lse_r[i]);
                 s[nt][e] = p * (dp[nt][e] - delta_r[i]);  // dS
             }
-        tc_mma_px(dq, s, ks_tile, lane);
+        tc_mma_px<HS>(dq, s, ks_tile, lane);
     }
-    tc_accumulate(dinp + (long long)b * T * C3 + h * TC_HS, C3, r0, T, dq, scale, lane);
+    tc_accumulate<HS>(dinp + (long long)b * T * C3 + h * HS, C3, r0, T, dq, scale, lane);
 }
 
 // dK and dV. Block (key tile kt, b * NH + h); warp w owns keys
@@ -358,10 +366,11 @@ extern "C" __global__ void flash_attention_tc_backward_dq_bf16(
 // Pᵀ = exp(K Qᵀ * scale - lse) (0 where query < key or the query is past T),
 // dV += Pᵀ dout, dPᵀ = V doutᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - delta), dK += dSᵀ Q. At the
 // end the key and value channels of dinp get dK * scale and dV added.
-// Launch: grid (ceil(T / 64), B * NH), block 128.
-extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
-    bf16_t* __restrict__ dinp, const float* __restrict__ delta, const bf16_t* __restrict__ dout,
-    const bf16_t* __restrict__ inp, const float* __restrict__ lse, int B, int T, int C, int NH) {
+template <int HS>
+static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* __restrict__ delta,
+                                       const bf16_t* __restrict__ dout,
+                                       const bf16_t* __restrict__ inp,
+                                       const float* __restrict__ lse, int T, int C, int NH) {
     __shared__ bf16_t qs_tile[TC_TILE * TC_LD];
     __shared__ bf16_t dos_tile[TC_TILE * TC_LD];
     __shared__ float lse_tile[TC_TILE];
@@ -371,18 +380,18 @@ extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const long long C3 = 3LL * C;
-    const bf16_t* q = inp + (long long)b * T * C3 + h * TC_HS;
+    const bf16_t* q = inp + (long long)b * T * C3 + h * HS;
     const bf16_t* k = q + C;
     const bf16_t* v = q + 2 * C;
-    const bf16_t* d_o = dout + (long long)b * T * C + h * TC_HS;
+    const bf16_t* d_o = dout + (long long)b * T * C + h * HS;
     const float* lse_h = lse + ((long long)b * NH + h) * T;
     const float* delta_h = delta + ((long long)b * NH + h) * T;
     const int j0 = kt * TC_ROWS + warp * 16 + g;  // this thread's keys: j0, j0 + 8
-    const float scale = 1.0f / sqrtf((float)TC_HS);
+    const float scale = 1.0f / sqrtf((float)HS);
 
     unsigned ka[TC_KSTEPS][4], va[TC_KSTEPS][4];
-    tc_load_a(ka, k, C3, j0 - g, T, lane);
-    tc_load_a(va, v, C3, j0 - g, T, lane);
+    tc_load_a<HS>(ka, k, C3, j0 - g, T, lane);
+    tc_load_a<HS>(va, v, C3, j0 - g, T, lane);
     float dk[TC_NCH][4], dv[TC_NCH][4];
 #pragma unroll
     for (int nc = 0; nc < TC_NCH; nc++)
@@ -394,8 +403,8 @@ extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
     const int tiles = (T + TC_TILE - 1) / TC_TILE;
     for (int qt = kt; qt < tiles; qt++) {
         __syncthreads();
-        tc_stage(qs_tile, q, C3, qt * TC_TILE, T);
-        tc_stage(dos_tile, d_o, C, qt * TC_TILE, T);
+        tc_stage<HS>(qs_tile, q, C3, qt * TC_TILE, T);
+        tc_stage<HS>(dos_tile, d_o, C, qt * TC_TILE, T);
         for (int i = threadIdx.x; i < TC_TILE; i += TC_THREADS) {
             const int row = qt * TC_TILE + i;
             lse_tile[i] = row < T ? lse_h[row] : 0.0f;
@@ -403,8 +412,8 @@ extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
         }
         __syncthreads();
         float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt(s, ka, qs_tile, lane);   // K Qᵀ: rows keys, columns queries
-        tc_mma_xt(dp, va, dos_tile, lane);  // V doutᵀ
+        tc_mma_xt<HS>(s, ka, qs_tile, lane);   // K Qᵀ: rows keys, columns queries
+        tc_mma_xt<HS>(dp, va, dos_tile, lane);  // V doutᵀ
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
 #pragma unroll
@@ -418,10 +427,64 @@ extern "C" __global__ void flash_attention_tc_backward_dkv_bf16(
                 s[nt][e] = p;                                // Pᵀ
                 dp[nt][e] = p * (dp[nt][e] - delta_tile[col]);  // dSᵀ
             }
-        tc_mma_px(dv, s, dos_tile, lane);
-        tc_mma_px(dk, dp, qs_tile, lane);
+        tc_mma_px<HS>(dv, s, dos_tile, lane);
+        tc_mma_px<HS>(dk, dp, qs_tile, lane);
     }
-    bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * TC_HS;
-    tc_accumulate(dk_dst, C3, j0, T, dk, scale, lane);
-    tc_accumulate(dk_dst + C, C3, j0, T, dv, 1.0f, lane);
+    bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * HS;
+    tc_accumulate<HS>(dk_dst, C3, j0, T, dk, scale, lane);
+    tc_accumulate<HS>(dk_dst + C, C3, j0, T, dv, 1.0f, lane);
+}
+
+// The entry points, one per kernel and head size (B is implied by the grid).
+// Launch: grid (ceil(T / 64), B * NH), block 128.
+
+extern "C" __global__ void flash_attention_tc_forward_hs16_bf16(
+    bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
+    tc_forward<16>(out, lse, inp, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dq_hs16_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dq<16>(dinp, delta, dout, inp, lse, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dkv_hs16_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_forward_hs32_bf16(
+    bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
+    tc_forward<32>(out, lse, inp, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dq_hs32_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dq<32>(dinp, delta, dout, inp, lse, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dkv_hs32_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_forward_hs64_bf16(
+    bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
+    tc_forward<64>(out, lse, inp, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dq_hs64_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dq<64>(dinp, delta, dout, inp, lse, T, C, NH);
+}
+
+extern "C" __global__ void flash_attention_tc_backward_dkv_hs64_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH) {
+    tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH);
 }
