@@ -64,8 +64,16 @@ static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned
 static __device__ __forceinline__ void tc_copy16(void* dst, const void* src) {
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 }
+
+// Two adjacent bf16 elements (4-byte aligned) as one register, the first in
+// the low half: one 32-bit load.
+static __device__ __forceinline__ unsigned tc_ld2(const bf16_t* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
 #else
 static inline void tc_copy16(void* dst, const void* src) { memcpy(dst, src, 16); }
+
+static inline unsigned tc_ld2(const bf16_t* p) { return (unsigned)p[0] | ((unsigned)p[1] << 16); }
 #endif
 
 // Two bf16 elements as one register: lo in the low half.
@@ -79,11 +87,11 @@ static __device__ __forceinline__ unsigned tc_pack_f32(float lo, float hi) {
 
 // The pair (row, col), (row, col + 1) of a row-major bf16 matrix with row
 // stride ld, as a register; 0 for a row at or past `rows` (padding rows).
+// col and ld are even and m 4-byte aligned, so the pair is one load.
 static __device__ __forceinline__ unsigned tc_pair(const bf16_t* m, long long ld, int row,
                                                    int rows, int col) {
     if (row >= rows) return 0u;
-    const bf16_t* p = m + (long long)row * ld + col;
-    return tc_pack(p[0], p[1]);
+    return tc_ld2(m + (long long)row * ld + col);
 }
 
 // The A fragments of a 16 x HS row block of a (T, ld) bf16 matrix starting
@@ -137,8 +145,8 @@ static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
 #pragma unroll
         for (int ks = 0; ks < TC_KSTEPS; ks++) {
             unsigned b[2];
-            b[0] = tc_pack(row[ks * 16], row[ks * 16 + 1]);
-            b[1] = tc_pack(row[ks * 16 + 8], row[ks * 16 + 9]);
+            b[0] = tc_ld2(row + ks * 16);
+            b[1] = tc_ld2(row + ks * 16 + 8);
             mma_bf16_16816(acc[nt], a[ks], b);
         }
     }
@@ -217,8 +225,8 @@ static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, in
 template <int HS>
 static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ lse,
                                   const bf16_t* __restrict__ inp, int T, int C, int NH) {
-    __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
-    __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -306,8 +314,8 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
                                       const bf16_t* __restrict__ dout,
                                       const bf16_t* __restrict__ inp,
                                       const float* __restrict__ lse, int T, int C, int NH) {
-    __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
-    __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -371,8 +379,8 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
                                        const bf16_t* __restrict__ dout,
                                        const bf16_t* __restrict__ inp,
                                        const float* __restrict__ lse, int T, int C, int NH) {
-    __shared__ bf16_t qs_tile[TC_TILE * TC_LD];
-    __shared__ bf16_t dos_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t qs_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t dos_tile[TC_TILE * TC_LD];
     __shared__ float lse_tile[TC_TILE];
     __shared__ float delta_tile[TC_TILE];
     const int kt = blockIdx.x;  // the first key tiles have the most query tiles
