@@ -237,6 +237,12 @@ inline T atomicCAS(T* p, T compare, T v) {
 // CUDA's are within 1-2 ulp: results may differ in the last bit or two.
 // ---------------------------------------------------------------------------
 
+// CUDA declares the classification functions in the global namespace (for
+// float and double); <cmath> puts them in std only.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // The _rn forms: one IEEE operation, round to nearest, never contracted (the
 // emulator is built with -ffp-contract=off, so a * b + c is never fused either).

@@ -34,6 +34,11 @@ use bytemuck::Pod;
 /// A CUDA `dim3`: `(x, y, z)`.
 pub type Dim3 = (u32, u32, u32);
 
+// The other kernel families (matmul.cu's bias kernels, loss.cu, ...), a
+// module per `.cu` file under src/gpt2/.
+mod gpt2;
+pub use gpt2::*;
+
 #[rustfmt::skip]
 mod ffi {
     use std::ffi::{c_char, c_int};

@@ -1,0 +1,386 @@
+//! `models/gpt2/src/kernels/encoder.cu`: the token + position embedding,
+//! forward and backward (the position gradient, the token gradient, and
+//! for bf16 the "links" kernel that chains each token's positions).
+
+use bytemuck::Pod;
+
+use super::{dim, ids_below};
+use crate::{finish, need, product, Dim3, Guarded};
+
+#[rustfmt::skip]
+mod ffi {
+    use std::ffi::c_int;
+
+    /// `encoder_forward[_bf16](S* out, const uint* tokens, const S* wte,
+    /// const S* wpe, int B, int T, int C)`.
+    pub type Forward<S> = unsafe extern "C" fn(
+        u32, u32, u32, u32, u32, u32,
+        *mut S, *const u32, *const S, *const S, c_int, c_int, c_int,
+    ) -> c_int;
+    /// `encoder_backward_wpe[_bf16](S* dwpe, const S* dout, int B, int T,
+    /// int C)`.
+    pub type BackwardWpe<S> = unsafe extern "C" fn(
+        u32, u32, u32, u32, u32, u32,
+        *mut S, *const S, c_int, c_int, c_int,
+    ) -> c_int;
+
+    extern "C" {
+        pub fn emu_encoder_forward(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            out: *mut f32, tokens: *const u32, wte: *const f32, wpe: *const f32,
+            b: c_int, t: c_int, c: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_forward_bf16(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            out: *mut u16, tokens: *const u32, wte: *const u16, wpe: *const u16,
+            b: c_int, t: c_int, c: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_backward_wpe(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            dwpe: *mut f32, dout: *const f32, b: c_int, t: c_int, c: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_backward_wpe_bf16(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            dwpe: *mut u16, dout: *const u16, b: c_int, t: c_int, c: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_backward_wte(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            dwte: *mut f32, dout: *const f32, tokens: *const u32, bt: c_int, c: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_backward_links(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            links: *mut u32, tokens: *const u32, bt: c_int,
+        ) -> c_int;
+        pub fn emu_encoder_backward_wte_bf16(
+            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+            dwte: *mut u16, dout: *const u16, tokens: *const u32, links: *const u32,
+            bt: c_int, c: c_int,
+        ) -> c_int;
+    }
+}
+
+/// The rows of a `(rows, C)` table held in `len` elements, at least
+/// `min_rows` (the launchers' `Check::rows`).
+fn table_rows(k: &str, name: &str, len: usize, c: usize, min_rows: usize) -> Result<usize, String> {
+    if len % c != 0 || len / c < min_rows.max(1) {
+        return Err(format!(
+            "{k}: {name} has {len} elements, expected whole rows of {c}, at least {} of them",
+            min_rows.max(1)
+        ));
+    }
+    Ok(len / c)
+}
+
+fn forward<S: Pod>(
+    k: &str,
+    f: ffi::Forward<S>,
+    grid: Dim3,
+    block: Dim3,
+    out: &mut [S],
+    tokens: &[u32],
+    wte: &[S],
+    wpe: &[S],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
+    let bt = product(k, &[bu, tu])?;
+    need(k, "out", out.len(), product(k, &[bt, cu])?)?;
+    need(k, "tokens", tokens.len(), bt)?;
+    let v = table_rows(k, "wte", wte.len(), cu, 1)?;
+    table_rows(k, "wpe", wpe.len(), cu, tu)?;
+    ids_below(k, "tokens", tokens, v)?;
+    let (mut o, mut tk, mut te, mut pe) = (
+        Guarded::output("out", out),
+        Guarded::input("tokens", tokens),
+        Guarded::input("wte", wte),
+        Guarded::input("wpe", wpe),
+    );
+    // SAFETY: `f` is encoder_forward[_bf16] (ffi::Forward); out holds
+    // (B, T, C), tokens B·T ids each below V, the rows of wte (V, C), and
+    // wpe at least T rows of C (checked): the kernel reads wte[tok, c],
+    // wpe[t, c] and writes out[bt, c] for bt < B·T, t < T, c < C.
+    let rc = unsafe {
+        f(
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            o.ptr(),
+            tk.ptr(),
+            te.ptr(),
+            pe.ptr(),
+            b,
+            t,
+            c,
+        )
+    };
+    finish(k, rc, vec![o, tk, te, pe])
+}
+
+/// `encoder_forward` (f32): `out[b, t, :] = wte[tokens[b, t], :] + wpe[t,
+/// :]`; `wte` `(V, C)` with every token below `V` (checked), `wpe` at least
+/// `T` rows. The launcher (encoder.rs, `encoder_forward_cuda`): one thread
+/// per element, grid `ceil(B·T·C / 256)`, block 256.
+pub fn encoder_forward(
+    grid: Dim3,
+    block: Dim3,
+    out: &mut [f32],
+    tokens: &[u32],
+    wte: &[f32],
+    wpe: &[f32],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let f: ffi::Forward<f32> = ffi::emu_encoder_forward;
+    let k = "encoder_forward";
+    forward(k, f, grid, block, out, tokens, wte, wpe, b, t, c)
+}
+
+/// [`encoder_forward`] with bf16 storage.
+pub fn encoder_forward_bf16(
+    grid: Dim3,
+    block: Dim3,
+    out: &mut [u16],
+    tokens: &[u32],
+    wte: &[u16],
+    wpe: &[u16],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let f: ffi::Forward<u16> = ffi::emu_encoder_forward_bf16;
+    let k = "encoder_forward_bf16";
+    forward(k, f, grid, block, out, tokens, wte, wpe, b, t, c)
+}
+
+fn backward_wpe<S: Pod>(
+    k: &str,
+    f: ffi::BackwardWpe<S>,
+    grid: Dim3,
+    block: Dim3,
+    dwpe: &mut [S],
+    dout: &[S],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
+    table_rows(k, "dwpe", dwpe.len(), cu, tu)?;
+    need(k, "dout", dout.len(), product(k, &[bu, tu, cu])?)?;
+    let (mut dw, mut go) = (Guarded::output("dwpe", dwpe), Guarded::input("dout", dout));
+    // SAFETY: `f` is encoder_backward_wpe[_bf16] (ffi::BackwardWpe); dwpe
+    // holds at least T rows of C and dout (B, T, C) (checked); the kernel
+    // touches dwpe[t, c] and dout[b, t, c] for t < T, c < C, b < B.
+    let rc = unsafe {
+        f(
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            dw.ptr(),
+            go.ptr(),
+            b,
+            t,
+            c,
+        )
+    };
+    finish(k, rc, vec![dw, go])
+}
+
+/// `encoder_backward_wpe` (f32): `dwpe[t, c] += Σ_b dout[b, t, c]`, `b` in
+/// order; only the first `T` rows of `dwpe` (`maxT >= T`) are touched. The
+/// launcher (encoder.rs, `encoder_backward_cuda`): grid `ceil(T·C / 256)`,
+/// block 256.
+pub fn encoder_backward_wpe(
+    grid: Dim3,
+    block: Dim3,
+    dwpe: &mut [f32],
+    dout: &[f32],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let f: ffi::BackwardWpe<f32> = ffi::emu_encoder_backward_wpe;
+    backward_wpe("encoder_backward_wpe", f, grid, block, dwpe, dout, b, t, c)
+}
+
+/// [`encoder_backward_wpe`] with bf16 storage (loaded, summed in f32,
+/// rounded once).
+pub fn encoder_backward_wpe_bf16(
+    grid: Dim3,
+    block: Dim3,
+    dwpe: &mut [u16],
+    dout: &[u16],
+    b: i32,
+    t: i32,
+    c: i32,
+) -> Result<(), String> {
+    let f: ffi::BackwardWpe<u16> = ffi::emu_encoder_backward_wpe_bf16;
+    let k = "encoder_backward_wpe_bf16";
+    backward_wpe(k, f, grid, block, dwpe, dout, b, t, c)
+}
+
+/// The token-gradient kernels' shapes: `dwte` `(V, C)`, `dout` `(B·T, C)`,
+/// `tokens` `B·T` ids below `V`.
+fn wte_shape(
+    k: &str,
+    dwte: usize,
+    dout: usize,
+    tokens: &[u32],
+    bt: i32,
+    c: i32,
+) -> Result<(), String> {
+    let (btu, cu) = (dim(k, "BT", bt)?, dim(k, "C", c)?);
+    let v = table_rows(k, "dwte", dwte, cu, 1)?;
+    need(k, "dout", dout, product(k, &[btu, cu])?)?;
+    need(k, "tokens", tokens.len(), btu)?;
+    ids_below(k, "tokens", tokens, v)
+}
+
+/// `encoder_backward_wte` (f32): `dwte[tokens[bt], c] += dout[bt, c]` in
+/// `bt` order, every token below `V` (checked); thread `(c, p)` owns the
+/// tokens congruent to `p` modulo `gridDim.y`. The launcher (encoder.rs,
+/// `encoder_backward_cuda`): grid `(ceil(C / 128), WTE_PARTS = 32, 1)`,
+/// block `(128, 1, 1)`.
+pub fn encoder_backward_wte(
+    grid: Dim3,
+    block: Dim3,
+    dwte: &mut [f32],
+    dout: &[f32],
+    tokens: &[u32],
+    bt: i32,
+    c: i32,
+) -> Result<(), String> {
+    let k = "encoder_backward_wte";
+    wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
+    let (mut dw, mut go, mut tk) = (
+        Guarded::output("dwte", dwte),
+        Guarded::input("dout", dout),
+        Guarded::input("tokens", tokens),
+    );
+    // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const
+    // uint* tokens, int BT, int C) touches dwte[tok, c] for the B·T tokens
+    // (each below V, the rows of dwte), dout[bt, c] and tokens[bt] for
+    // bt < BT, c < C: checked above.
+    let rc = unsafe {
+        ffi::emu_encoder_backward_wte(
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            dw.ptr(),
+            go.ptr(),
+            tk.ptr(),
+            bt,
+            c,
+        )
+    };
+    finish(k, rc, vec![dw, go, tk])
+}
+
+/// The largest `blockDim.x` of `encoder_backward_links`: its shared tile
+/// holds 256 tokens, one per thread.
+pub const LINKS_MAX_BLOCK: u32 = 256;
+
+/// `encoder_backward_links`: `links[bt]` = the next position `r > bt`
+/// holding the same token (`BT` if none), with bit 31 set when an earlier
+/// position holds it. `blockDim.x` at most [`LINKS_MAX_BLOCK`] (the shared
+/// tile: checked). The launcher (encoder.rs, `encoder_backward_cuda`):
+/// grid `ceil(B·T / 256)`, block 256.
+pub fn encoder_backward_links(
+    grid: Dim3,
+    block: Dim3,
+    links: &mut [u32],
+    tokens: &[u32],
+    bt: i32,
+) -> Result<(), String> {
+    let k = "encoder_backward_links";
+    let btu = dim(k, "BT", bt)?;
+    need(k, "links", links.len(), btu)?;
+    need(k, "tokens", tokens.len(), btu)?;
+    if block.0 > LINKS_MAX_BLOCK {
+        return Err(format!(
+            "{k}: blockDim.x ({}) must be at most {LINKS_MAX_BLOCK} (the shared tile)",
+            block.0
+        ));
+    }
+    let (mut l, mut tk) = (
+        Guarded::output("links", links),
+        Guarded::input("tokens", tokens),
+    );
+    // SAFETY: encoder_backward_links(uint* links, const uint* tokens, int
+    // BT) touches links[bt] and tokens[bt] for bt < BT (lengths checked) and
+    // tile[threadIdx.x] of its 256-entry shared tile (blockDim.x checked).
+    let rc = unsafe {
+        ffi::emu_encoder_backward_links(
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            l.ptr(),
+            tk.ptr(),
+            bt,
+        )
+    };
+    finish(k, rc, vec![l, tk])
+}
+
+/// `encoder_backward_wte_bf16`: [`encoder_backward_wte`] with bf16 storage,
+/// each touched row loaded once, all of its token's contributions added in
+/// f32 in `bt` order by walking the chains of `links`
+/// ([`encoder_backward_links`]), rounded once. Launch as
+/// [`encoder_backward_wte`]. Any `links` is memory-safe (a chain ends at
+/// the first position not below `BT`).
+pub fn encoder_backward_wte_bf16(
+    grid: Dim3,
+    block: Dim3,
+    dwte: &mut [u16],
+    dout: &[u16],
+    tokens: &[u32],
+    links: &[u32],
+    bt: i32,
+    c: i32,
+) -> Result<(), String> {
+    let k = "encoder_backward_wte_bf16";
+    wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
+    need(k, "links", links.len(), tokens.len())?;
+    let (mut dw, mut go, mut tk, mut l) = (
+        Guarded::output("dwte", dwte),
+        Guarded::input("dout", dout),
+        Guarded::input("tokens", tokens),
+        Guarded::input("links", links),
+    );
+    // SAFETY: encoder_backward_wte_bf16(bf16_t* dwte, const bf16_t* dout,
+    // const uint* tokens, const uint* links, int BT, int C) touches
+    // dwte[tok, c] for the tokens (each below V, the rows of dwte),
+    // dout[r, c], tokens[r] and links[r] for r < BT (a chain stops at the
+    // first link not below BT), c < C: checked above.
+    let rc = unsafe {
+        ffi::emu_encoder_backward_wte_bf16(
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            dw.ptr(),
+            go.ptr(),
+            tk.ptr(),
+            l.ptr(),
+            bt,
+            c,
+        )
+    };
+    finish(k, rc, vec![dw, go, tk, l])
+}
