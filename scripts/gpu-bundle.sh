@@ -16,13 +16,23 @@
 # they call sit in harness/ and bench/. Small enough to carry to a lent GPU
 # machine, and ordered so that a short session does the most urgent first:
 #   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
+# With --new --quick, only the wrappers a session of about ten minutes of
+# device time can run (QUICK below: the kernels, the bf16 step against
+# PyTorch with and without the tensor-core attention, the vocabulary
+# products, the fused classifier, the model tests, the graph tests).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-new=0
+new=0 quick=0
 if [ "${1:-}" = "--new" ]; then
     new=1
     shift
+    if [ "${1:-}" = "--quick" ]; then
+        quick=1
+        shift
+    fi
 fi
+QUICK="02_cuda_kernels 08_gpt2_gpu_bf16_b8 10e_gpt2_gpu_bf16_fuse_attention 09_pytorch_bf16_b8
+10b_gemm_vocab 10c_gpt2_gpu_bf16_fuse_classifier 05_cuda_model 01_cuda_graphs"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
@@ -138,6 +148,18 @@ else
     mv "$out/bin/nvrtc-check" "$out/bench/"
     printf '#!/bin/sh\nexec "$(dirname "$0")/../bench/nvrtc-check" --root .\n' > "$out/bin/00_nvrtc_check"
     chmod +x "$out/bin/00_nvrtc_check"
+    if [ "$quick" -eq 1 ]; then
+        for w in "$out"/bin/*; do
+            case " $(echo $QUICK) " in
+                *" $(basename "$w") "*) ;;
+                *) rm -f "$w" ;;
+            esac
+        done
+        # Keep only the harnesses and programs the kept wrappers call.
+        for f in "$out"/harness/* "$out"/bench/*; do
+            grep -qs "/$(basename "$f")\"" "$out"/bin/* || rm -f "$f"
+        done
+    fi
 fi
 strip "$out"/*/* 2>/dev/null || true
 du -sh "$out"
