@@ -1,6 +1,9 @@
 //! Compiles the emulator runtime (csrc/emu.cpp) and every kernel wrapper
 //! (csrc/kernels_*.cpp, each of which `#include`s one `.cu` file) into one
-//! static library, with the kernels' directory on the include path.
+//! static library, with the kernels' directory on the include path. The
+//! library is linked whole: a kernels_*.cpp file exports its kernels from
+//! static initialisers (BRAID_EMU_EXPORT) and defines no symbol that anything
+//! refers to, so the linker would otherwise leave it out.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -54,6 +57,7 @@ fn main() {
     for d in &include_dirs {
         build.include(d);
     }
+    build.link_lib_modifier("+whole-archive");
     build.compile("braid_kernel_emu");
 }
 

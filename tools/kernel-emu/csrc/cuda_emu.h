@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 // ---------------------------------------------------------------------------
 // Qualifiers
@@ -319,15 +321,87 @@ inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
 
 // ---------------------------------------------------------------------------
-// C entry points for Rust (kernels_*.cpp): one per kernel,
-//   extern "C" int emu_NAME(BRAID_EMU_DIMS, <the kernel's parameters>) {
-//       return BRAID_EMU_LAUNCH(NAME(<the kernel's arguments>));
-//   }
-// 0 on success; else the message is emu_last_error()'s.
+// Kernels for Rust. A kernels_*.cpp file exports each kernel with one line,
+//   BRAID_EMU_EXPORT(NAME)
+// which registers NAME, under its own name, with a launcher generated from
+// its signature. Rust launches it with emu_launch (emu.cpp): the name, the
+// parameter types it passes (spelled as ParamType spells them), the grid and
+// block, and one pointer per argument at a value of that type (as
+// cuLaunchKernel's kernelParams). emu_launch refuses a name that is not
+// registered, or parameter types other than the kernel's, before reading any
+// argument; 0 on success, else the message is emu_last_error()'s.
 // ---------------------------------------------------------------------------
 
-#define BRAID_EMU_DIMS unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz
-#define BRAID_EMU_LAUNCH(...) \
-    ::braid_emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), [&] { __VA_ARGS__; })
+namespace braid_emu {
 
+// The spelling of each type a kernel parameter may have: the Rust side
+// (src/launch.rs, Arg::c_type) spells its arguments' types the same way. A
+// kernel with a parameter of any other type does not compile here.
+template <class T>
+struct ParamType;
+#define BRAID_EMU_PARAM_TYPE(T)                   \
+    template <>                                   \
+    struct ParamType<T> {                         \
+        static std::string name() { return #T; } \
+    };
+BRAID_EMU_PARAM_TYPE(int)
+BRAID_EMU_PARAM_TYPE(long long)
+BRAID_EMU_PARAM_TYPE(unsigned)
+BRAID_EMU_PARAM_TYPE(unsigned short)  // also bf16_t (bf16.cuh)
+BRAID_EMU_PARAM_TYPE(float)
+BRAID_EMU_PARAM_TYPE(double)
+#undef BRAID_EMU_PARAM_TYPE
+template <class T>
+struct ParamType<T*> {
+    static std::string name() { return ParamType<T>::name() + "*"; }
+};
+template <class T>
+struct ParamType<const T*> {
+    static std::string name() { return "const " + ParamType<T>::name() + "*"; }
+};
+
+// A kernel's parameter types, ", "-separated.
+template <class... A>
+std::string param_types(void (*)(A...)) {
+    std::string s;
+    ((s += (s.empty() ? "" : ", ") + ParamType<A>::name()), ...);
+    return s;
+}
+
+// Launches kernel(*(const A0*)args[0], *(const A1*)args[1], ...).
+template <class... A, size_t... I>
+int launch_packed(void (*kernel)(A...), dim3 grid, dim3 block, const void* const* args,
+                  std::index_sequence<I...>) {
+    return launch(grid, block, [&] { kernel(*static_cast<const A*>(args[I])...); });
+}
+template <class... A>
+int launch_packed(void (*kernel)(A...), dim3 grid, dim3 block, const void* const* args) {
+    return launch_packed(kernel, grid, block, args, std::index_sequence_for<A...>{});
+}
+
+using PackedLaunch = int (*)(dim3 grid, dim3 block, const void* const* args);
+
+// Adds a kernel to emu_launch's registry (emu.cpp): its parameters' types
+// and number, and `launch`, which runs it with arguments as launch_packed
+// reads them. Returns true.
+bool register_kernel(const char* name, std::string param_types, int arity, PackedLaunch launch);
+template <class... A>
+bool register_kernel(const char* name, void (*kernel)(A...), PackedLaunch launch) {
+    return register_kernel(name, param_types(kernel), int(sizeof...(A)), launch);
+}
+
+}  // namespace braid_emu
+
+#define BRAID_EMU_EXPORT(kernel)                                                    \
+    [[maybe_unused]] static const bool braid_emu_exported_##kernel =                  \
+        ::braid_emu::register_kernel(#kernel, kernel,                                 \
+                                     [](dim3 grid, dim3 block, const void* const* a) { \
+                                         return ::braid_emu::launch_packed(kernel,      \
+                                                                           grid, block, \
+                                                                           a);          \
+                                     });
+
+extern "C" int emu_launch(const char* kernel, const char* param_types, int nargs,
+                          const void* const* args, unsigned gx, unsigned gy, unsigned gz,
+                          unsigned bx, unsigned by, unsigned bz);
 extern "C" const char* emu_last_error();

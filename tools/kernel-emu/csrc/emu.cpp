@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdarg>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -411,6 +412,58 @@ int launch_raw(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
 
 const char* last_error() { return last_error_msg.c_str(); }
 
+// ---------------------------------------------------------------------------
+// The exported kernels (BRAID_EMU_EXPORT), by name
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct Exported {
+    std::string param_types;
+    int arity;
+    PackedLaunch launch;
+    int exports;  // more than 1: two files export the name, and it is refused
+};
+
+// Filled by the static initialisers of the kernels_*.cpp files, hence a
+// function-local static (initialised on first use, whatever the order).
+std::map<std::string, Exported>& registry() {
+    static std::map<std::string, Exported> r;
+    return r;
+}
+
+}  // namespace
+
+bool register_kernel(const char* name, std::string param_types, int arity, PackedLaunch launch) {
+    auto it = registry().try_emplace(name, Exported{std::move(param_types), arity, launch, 0}).first;
+    it->second.exports++;
+    return true;
+}
+
 }  // namespace braid_emu
+
+extern "C" int emu_launch(const char* kernel, const char* param_types, int nargs,
+                          const void* const* args, unsigned gx, unsigned gy, unsigned gz,
+                          unsigned bx, unsigned by, unsigned bz) {
+    using namespace braid_emu;
+    const auto it = registry().find(kernel);
+    if (it == registry().end()) {
+        last_error_msg = "no kernel of this name is exported (BRAID_EMU_EXPORT in csrc/)";
+        return 1;
+    }
+    const Exported& k = it->second;
+    if (k.exports != 1) {
+        last_error_msg = "exported " + std::to_string(k.exports) + " times (BRAID_EMU_EXPORT)";
+        return 1;
+    }
+    // The kernel's launcher reads args[0 .. k.arity), each as the type its
+    // parameter list names: both must be the caller's.
+    if (nargs != k.arity || param_types != k.param_types) {
+        last_error_msg = "called with " + std::to_string(nargs) + " arguments (" + param_types +
+                         "), but the kernel's parameters are (" + k.param_types + ")";
+        return 1;
+    }
+    return k.launch(dim3(gx, gy, gz), dim3(bx, by, bz), args);
+}
 
 extern "C" const char* emu_last_error() { return braid_emu::last_error(); }

@@ -2,62 +2,9 @@
 //! forward and backward (the position gradient, the token gradient, and
 //! for bf16 the "links" kernel that chains each token's positions).
 
-use bytemuck::Pod;
-
-use super::{dim, ids_below};
-use crate::{finish, need, product, Dim3, Guarded};
-
-#[rustfmt::skip]
-mod ffi {
-    use std::ffi::c_int;
-
-    /// `encoder_forward[_bf16](S* out, const uint* tokens, const S* wte,
-    /// const S* wpe, int B, int T, int C)`.
-    pub type Forward<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *const u32, *const S, *const S, c_int, c_int, c_int,
-    ) -> c_int;
-    /// `encoder_backward_wpe[_bf16](S* dwpe, const S* dout, int B, int T,
-    /// int C)`.
-    pub type BackwardWpe<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *const S, c_int, c_int, c_int,
-    ) -> c_int;
-
-    extern "C" {
-        pub fn emu_encoder_forward(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut f32, tokens: *const u32, wte: *const f32, wpe: *const f32,
-            b: c_int, t: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_forward_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut u16, tokens: *const u32, wte: *const u16, wpe: *const u16,
-            b: c_int, t: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_backward_wpe(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dwpe: *mut f32, dout: *const f32, b: c_int, t: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_backward_wpe_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dwpe: *mut u16, dout: *const u16, b: c_int, t: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_backward_wte(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dwte: *mut f32, dout: *const f32, tokens: *const u32, bt: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_backward_links(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            links: *mut u32, tokens: *const u32, bt: c_int,
-        ) -> c_int;
-        pub fn emu_encoder_backward_wte_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dwte: *mut u16, dout: *const u16, tokens: *const u32, links: *const u32,
-            bt: c_int, c: c_int,
-        ) -> c_int;
-    }
-}
+use crate::check::{dim, ids_below, need, product};
+use crate::launch::{launch, Arg, Elem};
+use crate::Dim3;
 
 /// The rows of a `(rows, C)` table held in `len` elements, at least
 /// `min_rows` (the launchers' `Check::rows`).
@@ -71,9 +18,8 @@ fn table_rows(k: &str, name: &str, len: usize, c: usize, min_rows: usize) -> Res
     Ok(len / c)
 }
 
-fn forward<S: Pod>(
+fn forward<S: Elem>(
     k: &str,
-    f: ffi::Forward<S>,
     grid: Dim3,
     block: Dim3,
     out: &mut [S],
@@ -91,34 +37,20 @@ fn forward<S: Pod>(
     let v = table_rows(k, "wte", wte.len(), cu, 1)?;
     table_rows(k, "wpe", wpe.len(), cu, tu)?;
     ids_below(k, "tokens", tokens, v)?;
-    let (mut o, mut tk, mut te, mut pe) = (
-        Guarded::output("out", out),
-        Guarded::input("tokens", tokens),
-        Guarded::input("wte", wte),
-        Guarded::input("wpe", wpe),
-    );
-    // SAFETY: `f` is encoder_forward[_bf16] (ffi::Forward); out holds
-    // (B, T, C), tokens B·T ids each below V, the rows of wte (V, C), and
-    // wpe at least T rows of C (checked): the kernel reads wte[tok, c],
-    // wpe[t, c] and writes out[bt, c] for bt < B·T, t < T, c < C.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            o.ptr(),
-            tk.ptr(),
-            te.ptr(),
-            pe.ptr(),
-            b,
-            t,
-            c,
-        )
-    };
-    finish(k, rc, vec![o, tk, te, pe])
+    let args = vec![
+        Arg::output("out", out),
+        Arg::input("tokens", tokens),
+        Arg::input("wte", wte),
+        Arg::input("wpe", wpe),
+        Arg::I32(b),
+        Arg::I32(t),
+        Arg::I32(c),
+    ];
+    // SAFETY: out holds (B, T, C), tokens B·T ids each below V, the rows of
+    // wte (V, C), and wpe at least T rows of C (checked): encoder_forward
+    // [_bf16] reads wte[tok, c], wpe[t, c] and writes out[bt, c] for
+    // bt < B·T, t < T, c < C.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `encoder_forward` (f32): `out[b, t, :] = wte[tokens[b, t], :] + wpe[t,
@@ -136,9 +68,8 @@ pub fn encoder_forward(
     t: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::Forward<f32> = ffi::emu_encoder_forward;
     let k = "encoder_forward";
-    forward(k, f, grid, block, out, tokens, wte, wpe, b, t, c)
+    forward(k, grid, block, out, tokens, wte, wpe, b, t, c)
 }
 
 /// [`encoder_forward`] with bf16 storage.
@@ -153,14 +84,12 @@ pub fn encoder_forward_bf16(
     t: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::Forward<u16> = ffi::emu_encoder_forward_bf16;
     let k = "encoder_forward_bf16";
-    forward(k, f, grid, block, out, tokens, wte, wpe, b, t, c)
+    forward(k, grid, block, out, tokens, wte, wpe, b, t, c)
 }
 
-fn backward_wpe<S: Pod>(
+fn backward_wpe<S: Elem>(
     k: &str,
-    f: ffi::BackwardWpe<S>,
     grid: Dim3,
     block: Dim3,
     dwpe: &mut [S],
@@ -172,26 +101,17 @@ fn backward_wpe<S: Pod>(
     let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
     table_rows(k, "dwpe", dwpe.len(), cu, tu)?;
     need(k, "dout", dout.len(), product(k, &[bu, tu, cu])?)?;
-    let (mut dw, mut go) = (Guarded::output("dwpe", dwpe), Guarded::input("dout", dout));
-    // SAFETY: `f` is encoder_backward_wpe[_bf16] (ffi::BackwardWpe); dwpe
-    // holds at least T rows of C and dout (B, T, C) (checked); the kernel
-    // touches dwpe[t, c] and dout[b, t, c] for t < T, c < C, b < B.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            dw.ptr(),
-            go.ptr(),
-            b,
-            t,
-            c,
-        )
-    };
-    finish(k, rc, vec![dw, go])
+    let args = vec![
+        Arg::output("dwpe", dwpe),
+        Arg::input("dout", dout),
+        Arg::I32(b),
+        Arg::I32(t),
+        Arg::I32(c),
+    ];
+    // SAFETY: dwpe holds at least T rows of C and dout (B, T, C) (checked);
+    // encoder_backward_wpe[_bf16] touches dwpe[t, c] and dout[b, t, c] for
+    // t < T, c < C, b < B.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `encoder_backward_wpe` (f32): `dwpe[t, c] += Σ_b dout[b, t, c]`, `b` in
@@ -207,8 +127,7 @@ pub fn encoder_backward_wpe(
     t: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardWpe<f32> = ffi::emu_encoder_backward_wpe;
-    backward_wpe("encoder_backward_wpe", f, grid, block, dwpe, dout, b, t, c)
+    backward_wpe("encoder_backward_wpe", grid, block, dwpe, dout, b, t, c)
 }
 
 /// [`encoder_backward_wpe`] with bf16 storage (loaded, summed in f32,
@@ -222,9 +141,8 @@ pub fn encoder_backward_wpe_bf16(
     t: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardWpe<u16> = ffi::emu_encoder_backward_wpe_bf16;
     let k = "encoder_backward_wpe_bf16";
-    backward_wpe(k, f, grid, block, dwpe, dout, b, t, c)
+    backward_wpe(k, grid, block, dwpe, dout, b, t, c)
 }
 
 /// The token-gradient kernels' shapes: `dwte` `(V, C)`, `dout` `(B·T, C)`,
@@ -260,31 +178,17 @@ pub fn encoder_backward_wte(
 ) -> Result<(), String> {
     let k = "encoder_backward_wte";
     wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
-    let (mut dw, mut go, mut tk) = (
-        Guarded::output("dwte", dwte),
-        Guarded::input("dout", dout),
-        Guarded::input("tokens", tokens),
-    );
-    // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const
-    // uint* tokens, int BT, int C) touches dwte[tok, c] for the B·T tokens
-    // (each below V, the rows of dwte), dout[bt, c] and tokens[bt] for
-    // bt < BT, c < C: checked above.
-    let rc = unsafe {
-        ffi::emu_encoder_backward_wte(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            dw.ptr(),
-            go.ptr(),
-            tk.ptr(),
-            bt,
-            c,
-        )
-    };
-    finish(k, rc, vec![dw, go, tk])
+    let args = vec![
+        Arg::output("dwte", dwte),
+        Arg::input("dout", dout),
+        Arg::input("tokens", tokens),
+        Arg::I32(bt),
+        Arg::I32(c),
+    ];
+    // SAFETY: the kernel touches dwte[tok, c] for the B·T tokens (each below
+    // V, the rows of dwte), dout[bt, c] and tokens[bt] for bt < BT, c < C:
+    // checked above.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// The largest `blockDim.x` of `encoder_backward_links`: its shared tile
@@ -313,27 +217,15 @@ pub fn encoder_backward_links(
             block.0
         ));
     }
-    let (mut l, mut tk) = (
-        Guarded::output("links", links),
-        Guarded::input("tokens", tokens),
-    );
-    // SAFETY: encoder_backward_links(uint* links, const uint* tokens, int
-    // BT) touches links[bt] and tokens[bt] for bt < BT (lengths checked) and
-    // tile[threadIdx.x] of its 256-entry shared tile (blockDim.x checked).
-    let rc = unsafe {
-        ffi::emu_encoder_backward_links(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            l.ptr(),
-            tk.ptr(),
-            bt,
-        )
-    };
-    finish(k, rc, vec![l, tk])
+    let args = vec![
+        Arg::output("links", links),
+        Arg::input("tokens", tokens),
+        Arg::I32(bt),
+    ];
+    // SAFETY: the kernel touches links[bt] and tokens[bt] for bt < BT
+    // (lengths checked) and tile[threadIdx.x] of its 256-entry shared tile
+    // (blockDim.x checked).
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `encoder_backward_wte_bf16`: [`encoder_backward_wte`] with bf16 storage,
@@ -355,32 +247,16 @@ pub fn encoder_backward_wte_bf16(
     let k = "encoder_backward_wte_bf16";
     wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
     need(k, "links", links.len(), tokens.len())?;
-    let (mut dw, mut go, mut tk, mut l) = (
-        Guarded::output("dwte", dwte),
-        Guarded::input("dout", dout),
-        Guarded::input("tokens", tokens),
-        Guarded::input("links", links),
-    );
-    // SAFETY: encoder_backward_wte_bf16(bf16_t* dwte, const bf16_t* dout,
-    // const uint* tokens, const uint* links, int BT, int C) touches
-    // dwte[tok, c] for the tokens (each below V, the rows of dwte),
-    // dout[r, c], tokens[r] and links[r] for r < BT (a chain stops at the
-    // first link not below BT), c < C: checked above.
-    let rc = unsafe {
-        ffi::emu_encoder_backward_wte_bf16(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            dw.ptr(),
-            go.ptr(),
-            tk.ptr(),
-            l.ptr(),
-            bt,
-            c,
-        )
-    };
-    finish(k, rc, vec![dw, go, tk, l])
+    let args = vec![
+        Arg::output("dwte", dwte),
+        Arg::input("dout", dout),
+        Arg::input("tokens", tokens),
+        Arg::input("links", links),
+        Arg::I32(bt),
+        Arg::I32(c),
+    ];
+    // SAFETY: the kernel touches dwte[tok, c] for the tokens (each below V,
+    // the rows of dwte), dout[r, c], tokens[r] and links[r] for r < BT (a
+    // chain stops at the first link not below BT), c < C: checked above.
+    unsafe { launch(k, grid, block, args) }
 }

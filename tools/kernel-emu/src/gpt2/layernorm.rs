@@ -2,90 +2,9 @@
 //! channels of `N` rows, forward (alone, or fused with the residual sum),
 //! and backward (the input gradient, then the parameter gradients).
 
-use bytemuck::Pod;
-
-use super::{dim, present, ptr_or_null};
-use crate::{finish, need, product, Dim3, Guarded};
-
-#[rustfmt::skip]
-mod ffi {
-    use std::ffi::c_int;
-
-    /// `layernorm_forward[_bf16](S* out, float* mean, float* rstd, const S*
-    /// inp, const S* weight, const S* bias, int N, int C)`.
-    pub type Forward<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *mut f32, *mut f32, *const S, *const S, *const S, c_int, c_int,
-    ) -> c_int;
-    /// `layernorm_residual_forward[_bf16](S* residual, S* out, float* mean,
-    /// float* rstd, const S* inp1, const S* inp2, const S* weight, const S*
-    /// bias, int N, int C)`.
-    pub type ResidualForward<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *mut S, *mut f32, *mut f32, *const S, *const S, *const S, *const S,
-        c_int, c_int,
-    ) -> c_int;
-    /// `layernorm_backward_input[_bf16](S* dinp, const S* dres, const S*
-    /// dout, const S* inp, const S* weight, const float* mean, const float*
-    /// rstd, int N, int C)`.
-    pub type BackwardInput<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *const S, *const S, *const S, *const S, *const f32, *const f32,
-        c_int, c_int,
-    ) -> c_int;
-    /// `layernorm_backward_params[_bf16](S* dweight, S* dbias, const S*
-    /// dout, const S* inp, const float* mean, const float* rstd, int N, int
-    /// C)`.
-    pub type BackwardParams<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *mut S, *const S, *const S, *const f32, *const f32, c_int, c_int,
-    ) -> c_int;
-
-    extern "C" {
-        pub fn emu_layernorm_forward(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut f32, mean: *mut f32, rstd: *mut f32, inp: *const f32,
-            weight: *const f32, bias: *const f32, n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_forward_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut u16, mean: *mut f32, rstd: *mut f32, inp: *const u16,
-            weight: *const u16, bias: *const u16, n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_residual_forward(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            residual: *mut f32, out: *mut f32, mean: *mut f32, rstd: *mut f32,
-            inp1: *const f32, inp2: *const f32, weight: *const f32, bias: *const f32,
-            n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_residual_forward_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            residual: *mut u16, out: *mut u16, mean: *mut f32, rstd: *mut f32,
-            inp1: *const u16, inp2: *const u16, weight: *const u16, bias: *const u16,
-            n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_backward_input(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dinp: *mut f32, dres: *const f32, dout: *const f32, inp: *const f32,
-            weight: *const f32, mean: *const f32, rstd: *const f32, n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_backward_input_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dinp: *mut u16, dres: *const u16, dout: *const u16, inp: *const u16,
-            weight: *const u16, mean: *const f32, rstd: *const f32, n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_backward_params(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dweight: *mut f32, dbias: *mut f32, dout: *const f32, inp: *const f32,
-            mean: *const f32, rstd: *const f32, n: c_int, c: c_int,
-        ) -> c_int;
-        pub fn emu_layernorm_backward_params_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dweight: *mut u16, dbias: *mut u16, dout: *const u16, inp: *const u16,
-            mean: *const f32, rstd: *const f32, n: c_int, c: c_int,
-        ) -> c_int;
-    }
-}
+use crate::check::{dim, need, product};
+use crate::launch::{launch, Arg, Elem};
+use crate::Dim3;
 
 /// `(N, C, N·C)` for `(N, C)`, both at least 1.
 fn shape(k: &str, n: i32, c: i32) -> Result<(usize, usize, usize), String> {
@@ -93,9 +12,8 @@ fn shape(k: &str, n: i32, c: i32) -> Result<(usize, usize, usize), String> {
     Ok((n, c, product(k, &[n, c])?))
 }
 
-fn forward<S: Pod>(
+fn forward<S: Elem>(
     k: &str,
-    f: ffi::Forward<S>,
     grid: Dim3,
     block: Dim3,
     out: &mut [S],
@@ -114,38 +32,20 @@ fn forward<S: Pod>(
     need(k, "inp", inp.len(), nc)?;
     need(k, "weight", weight.len(), cols)?;
     need(k, "bias", bias.len(), cols)?;
-    let (mut o, mut m, mut r) = (
-        Guarded::output("out", out),
-        Guarded::output("mean", mean),
-        Guarded::output("rstd", rstd),
-    );
-    let (mut i, mut w, mut b) = (
-        Guarded::input("inp", inp),
-        Guarded::input("weight", weight),
-        Guarded::input("bias", bias),
-    );
-    // SAFETY: `f` is layernorm_forward[_bf16] (ffi::Forward); out and inp
-    // hold (N, C), mean and rstd N, weight and bias C (checked), and the
-    // kernel touches rows < N, channels < C.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            o.ptr(),
-            m.ptr(),
-            r.ptr(),
-            i.ptr(),
-            w.ptr(),
-            b.ptr(),
-            n,
-            c,
-        )
-    };
-    finish(k, rc, vec![o, m, r, i, w, b])
+    let args = vec![
+        Arg::output("out", out),
+        Arg::output("mean", mean),
+        Arg::output("rstd", rstd),
+        Arg::input("inp", inp),
+        Arg::input("weight", weight),
+        Arg::input("bias", bias),
+        Arg::I32(n),
+        Arg::I32(c),
+    ];
+    // SAFETY: out and inp hold (N, C), mean and rstd N, weight and bias C
+    // (checked), and layernorm_forward[_bf16] touches rows < N, channels
+    // < C.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `layernorm_forward` (f32): `out = (inp - mean) · rstd · weight + bias`
@@ -164,9 +64,8 @@ pub fn layernorm_forward(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::Forward<f32> = ffi::emu_layernorm_forward;
     let k = "layernorm_forward";
-    forward(k, f, grid, block, out, mean, rstd, inp, weight, bias, n, c)
+    forward(k, grid, block, out, mean, rstd, inp, weight, bias, n, c)
 }
 
 /// [`layernorm_forward`] with bf16 `out`, `inp`, `weight`, `bias` (`mean`
@@ -183,14 +82,12 @@ pub fn layernorm_forward_bf16(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::Forward<u16> = ffi::emu_layernorm_forward_bf16;
     let k = "layernorm_forward_bf16";
-    forward(k, f, grid, block, out, mean, rstd, inp, weight, bias, n, c)
+    forward(k, grid, block, out, mean, rstd, inp, weight, bias, n, c)
 }
 
-fn residual_forward<S: Pod>(
+fn residual_forward<S: Elem>(
     k: &str,
-    f: ffi::ResidualForward<S>,
     grid: Dim3,
     block: Dim3,
     (residual, out, mean, rstd): (&mut [S], &mut [S], &mut [f32], &mut [f32]),
@@ -207,43 +104,22 @@ fn residual_forward<S: Pod>(
     need(k, "inp2", inp2.len(), nc)?;
     need(k, "weight", weight.len(), cols)?;
     need(k, "bias", bias.len(), cols)?;
-    let (mut res, mut o, mut m, mut r) = (
-        Guarded::output("residual", residual),
-        Guarded::output("out", out),
-        Guarded::output("mean", mean),
-        Guarded::output("rstd", rstd),
-    );
-    let (mut i1, mut i2, mut w, mut b) = (
-        Guarded::input("inp1", inp1),
-        Guarded::input("inp2", inp2),
-        Guarded::input("weight", weight),
-        Guarded::input("bias", bias),
-    );
-    // SAFETY: `f` is layernorm_residual_forward[_bf16]
-    // (ffi::ResidualForward); residual, out, inp1 and inp2 hold (N, C), mean
-    // and rstd N, weight and bias C (checked), and the kernel touches rows
-    // < N, channels < C.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            res.ptr(),
-            o.ptr(),
-            m.ptr(),
-            r.ptr(),
-            i1.ptr(),
-            i2.ptr(),
-            w.ptr(),
-            b.ptr(),
-            n,
-            c,
-        )
-    };
-    finish(k, rc, vec![res, o, m, r, i1, i2, w, b])
+    let args = vec![
+        Arg::output("residual", residual),
+        Arg::output("out", out),
+        Arg::output("mean", mean),
+        Arg::output("rstd", rstd),
+        Arg::input("inp1", inp1),
+        Arg::input("inp2", inp2),
+        Arg::input("weight", weight),
+        Arg::input("bias", bias),
+        Arg::I32(n),
+        Arg::I32(c),
+    ];
+    // SAFETY: residual, out, inp1 and inp2 hold (N, C), mean and rstd N,
+    // weight and bias C (checked), and layernorm_residual_forward[_bf16]
+    // touches rows < N, channels < C.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `layernorm_residual_forward` (f32): `residual = inp1 + inp2`, then
@@ -263,19 +139,9 @@ pub fn layernorm_residual_forward(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::ResidualForward<f32> = ffi::emu_layernorm_residual_forward;
     let outs = (residual, out, mean, rstd);
     let ins = (inp1, inp2, weight, bias);
-    residual_forward(
-        "layernorm_residual_forward",
-        f,
-        grid,
-        block,
-        outs,
-        ins,
-        n,
-        c,
-    )
+    residual_forward("layernorm_residual_forward", grid, block, outs, ins, n, c)
 }
 
 /// [`layernorm_residual_forward`] with bf16 storage (`mean`, `rstd` `f32`).
@@ -293,16 +159,14 @@ pub fn layernorm_residual_forward_bf16(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::ResidualForward<u16> = ffi::emu_layernorm_residual_forward_bf16;
     let outs = (residual, out, mean, rstd);
     let ins = (inp1, inp2, weight, bias);
     let k = "layernorm_residual_forward_bf16";
-    residual_forward(k, f, grid, block, outs, ins, n, c)
+    residual_forward(k, grid, block, outs, ins, n, c)
 }
 
-fn backward_input<S: Pod>(
+fn backward_input<S: Elem>(
     k: &str,
-    f: ffi::BackwardInput<S>,
     grid: Dim3,
     block: Dim3,
     dinp: &mut [S],
@@ -322,39 +186,21 @@ fn backward_input<S: Pod>(
     need(k, "weight", weight.len(), cols)?;
     need(k, "mean", mean.len(), rows)?;
     need(k, "rstd", rstd.len(), rows)?;
-    let mut di = Guarded::output("dinp", dinp);
-    let mut dr = dres.map(|d| Guarded::input("dres", d));
-    let (mut go, mut i, mut w, mut m, mut r) = (
-        Guarded::input("dout", dout),
-        Guarded::input("inp", inp),
-        Guarded::input("weight", weight),
-        Guarded::input("mean", mean),
-        Guarded::input("rstd", rstd),
-    );
-    // SAFETY: `f` is layernorm_backward_input[_bf16] (ffi::BackwardInput);
-    // dinp, dout, inp and dres (or null) hold (N, C), weight C, mean and
-    // rstd N (checked), and the kernel touches rows < N, channels < C.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            di.ptr(),
-            ptr_or_null(&mut dr),
-            go.ptr(),
-            i.ptr(),
-            w.ptr(),
-            m.ptr(),
-            r.ptr(),
-            n,
-            c,
-        )
-    };
-    let bufs = [Some(di), dr, Some(go), Some(i), Some(w), Some(m), Some(r)];
-    finish(k, rc, present(bufs))
+    let args = vec![
+        Arg::output("dinp", dinp),
+        Arg::input_or_null("dres", dres),
+        Arg::input("dout", dout),
+        Arg::input("inp", inp),
+        Arg::input("weight", weight),
+        Arg::input("mean", mean),
+        Arg::input("rstd", rstd),
+        Arg::I32(n),
+        Arg::I32(c),
+    ];
+    // SAFETY: dinp, dout, inp and dres (or null) hold (N, C), weight C, mean
+    // and rstd N (checked), and layernorm_backward_input[_bf16] touches rows
+    // < N, channels < C.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `layernorm_backward_input` (f32): `dinp = base + (dnorm - mean(dnorm) -
@@ -375,10 +221,9 @@ pub fn layernorm_backward_input(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardInput<f32> = ffi::emu_layernorm_backward_input;
     let (ins, stats) = ((dout, inp, weight), (mean, rstd));
     let k = "layernorm_backward_input";
-    backward_input(k, f, grid, block, dinp, dres, ins, stats, n, c)
+    backward_input(k, grid, block, dinp, dres, ins, stats, n, c)
 }
 
 /// [`layernorm_backward_input`] with bf16 `dinp`, `dres`, `dout`, `inp`,
@@ -396,15 +241,13 @@ pub fn layernorm_backward_input_bf16(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardInput<u16> = ffi::emu_layernorm_backward_input_bf16;
     let (ins, stats) = ((dout, inp, weight), (mean, rstd));
     let k = "layernorm_backward_input_bf16";
-    backward_input(k, f, grid, block, dinp, dres, ins, stats, n, c)
+    backward_input(k, grid, block, dinp, dres, ins, stats, n, c)
 }
 
-fn backward_params<S: Pod>(
+fn backward_params<S: Elem>(
     k: &str,
-    f: ffi::BackwardParams<S>,
     grid: Dim3,
     block: Dim3,
     (dweight, dbias): (&mut [S], &mut [S]),
@@ -419,39 +262,20 @@ fn backward_params<S: Pod>(
     need(k, "inp", inp.len(), nc)?;
     need(k, "mean", mean.len(), rows)?;
     need(k, "rstd", rstd.len(), rows)?;
-    let (mut dw, mut db) = (
-        Guarded::output("dweight", dweight),
-        Guarded::output("dbias", dbias),
-    );
-    let (mut go, mut i, mut m, mut r) = (
-        Guarded::input("dout", dout),
-        Guarded::input("inp", inp),
-        Guarded::input("mean", mean),
-        Guarded::input("rstd", rstd),
-    );
-    // SAFETY: `f` is layernorm_backward_params[_bf16]
-    // (ffi::BackwardParams); dweight and dbias hold C, dout and inp (N, C),
-    // mean and rstd N (checked), and the kernel touches rows < N, channels
-    // < C.
-    let rc = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            dw.ptr(),
-            db.ptr(),
-            go.ptr(),
-            i.ptr(),
-            m.ptr(),
-            r.ptr(),
-            n,
-            c,
-        )
-    };
-    finish(k, rc, vec![dw, db, go, i, m, r])
+    let args = vec![
+        Arg::output("dweight", dweight),
+        Arg::output("dbias", dbias),
+        Arg::input("dout", dout),
+        Arg::input("inp", inp),
+        Arg::input("mean", mean),
+        Arg::input("rstd", rstd),
+        Arg::I32(n),
+        Arg::I32(c),
+    ];
+    // SAFETY: dweight and dbias hold C, dout and inp (N, C), mean and rstd N
+    // (checked), and layernorm_backward_params[_bf16] touches rows < N,
+    // channels < C.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `layernorm_backward_params` (f32): `dweight[c] += Σ_n norm[n, c] ·
@@ -470,10 +294,9 @@ pub fn layernorm_backward_params(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardParams<f32> = ffi::emu_layernorm_backward_params;
     let k = "layernorm_backward_params";
     let ins = (dout, inp, mean, rstd);
-    backward_params(k, f, grid, block, (dweight, dbias), ins, n, c)
+    backward_params(k, grid, block, (dweight, dbias), ins, n, c)
 }
 
 /// [`layernorm_backward_params`] with bf16 `dweight`, `dbias`, `dout`,
@@ -490,8 +313,7 @@ pub fn layernorm_backward_params_bf16(
     n: i32,
     c: i32,
 ) -> Result<(), String> {
-    let f: ffi::BackwardParams<u16> = ffi::emu_layernorm_backward_params_bf16;
     let k = "layernorm_backward_params_bf16";
     let ins = (dout, inp, mean, rstd);
-    backward_params(k, f, grid, block, (dweight, dbias), ins, n, c)
+    backward_params(k, grid, block, (dweight, dbias), ins, n, c)
 }

@@ -3,83 +3,12 @@
 //! `(N, OC)` side are `ld >= OC` elements apart; columns `OC..ld` are
 //! neither read nor written.
 
-use std::ffi::c_int;
-
-use bytemuck::Pod;
-
-use super::{dim, stride};
-use crate::{finish, need, product, Dim3, Guarded};
-
-#[rustfmt::skip]
-mod ffi {
-    use std::ffi::c_int;
-
-    /// `bias_broadcast[_bf16](S* out, const S* bias, int N, int OC, int ld)`
-    /// and `bias_backward[_bf16](S* dbias, const S* dout, int N, int OC,
-    /// int ld)`: one signature.
-    pub type Bias<S> = unsafe extern "C" fn(
-        u32, u32, u32, u32, u32, u32,
-        *mut S, *const S, c_int, c_int, c_int,
-    ) -> c_int;
-
-    extern "C" {
-        pub fn emu_bias_broadcast(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut f32, bias: *const f32, n: c_int, oc: c_int, ld: c_int,
-        ) -> c_int;
-        pub fn emu_bias_broadcast_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            out: *mut u16, bias: *const u16, n: c_int, oc: c_int, ld: c_int,
-        ) -> c_int;
-        pub fn emu_bias_backward(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dbias: *mut f32, dout: *const f32, n: c_int, oc: c_int, ld: c_int,
-        ) -> c_int;
-        pub fn emu_bias_backward_bf16(
-            gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-            dbias: *mut u16, dout: *const u16, n: c_int, oc: c_int, ld: c_int,
-        ) -> c_int;
-    }
-}
+use crate::check::{dim, need, product, stride};
+use crate::launch::{launch, Arg, Elem};
+use crate::Dim3;
 
 /// Row lanes (warps) of `bias_backward`: `BIAS_GRAD_LANES` in matmul.cu.
 pub const BIAS_GRAD_LANES: u32 = 32;
-
-/// Both bias kernels: `rows` is the `(N, ld)` side (`out`, or `dout`) and
-/// `vec` the `(OC)` side (`bias`, or `dbias`); the kernel writes the one
-/// that is `&mut`.
-fn bias_kernel<S: Pod>(
-    k: &str,
-    f: ffi::Bias<S>,
-    grid: Dim3,
-    block: Dim3,
-    (first, second): (Guarded<'_>, Guarded<'_>),
-    n: i32,
-    oc: i32,
-    ld: i32,
-) -> Result<(), String> {
-    let (mut a, mut b) = (first, second);
-    // SAFETY: `f` is bias_broadcast[_bf16] or bias_backward[_bf16]
-    // (ffi::Bias); the callers checked that the (N, ld) buffer holds N·ld
-    // elements with ld >= OC and the (OC) buffer OC: every index the kernels
-    // form, n·ld + o with n < N and o < OC, is inside.
-    let rc: c_int = unsafe {
-        f(
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            a.ptr(),
-            b.ptr(),
-            n,
-            oc,
-            ld,
-        )
-    };
-    finish(k, rc, vec![a, b])
-}
 
 /// `(N, OC, ld)` checked: `N, OC >= 1`, `ld >= OC`; the `(N, ld)` side's
 /// and the `(OC)` side's lengths.
@@ -87,9 +16,7 @@ fn bias_shape(
     k: &str,
     rows: (&str, usize),
     vec: (&str, usize),
-    n: i32,
-    oc: i32,
-    ld: i32,
+    [n, oc, ld]: [i32; 3],
 ) -> Result<(), String> {
     let (n, oc) = (dim(k, "N", n)?, dim(k, "OC", oc)?);
     let ld = stride(k, "ld", ld, "OC", oc)?;
@@ -97,39 +24,38 @@ fn bias_shape(
     need(k, vec.0, vec.1, oc)
 }
 
-fn broadcast<S: Pod>(
+fn broadcast<S: Elem>(
     k: &str,
-    f: ffi::Bias<S>,
     grid: Dim3,
     block: Dim3,
     out: &mut [S],
     bias: &[S],
-    n: i32,
-    oc: i32,
-    ld: i32,
+    dims: [i32; 3],
 ) -> Result<(), String> {
-    bias_shape(k, ("out", out.len()), ("bias", bias.len()), n, oc, ld)?;
-    let bufs = (Guarded::output("out", out), Guarded::input("bias", bias));
-    bias_kernel(k, f, grid, block, bufs, n, oc, ld)
+    bias_shape(k, ("out", out.len()), ("bias", bias.len()), dims)?;
+    let mut args = vec![Arg::output("out", out), Arg::input("bias", bias)];
+    args.extend(dims.map(Arg::I32));
+    // SAFETY: out holds N·ld elements with ld >= OC, bias OC (checked): every
+    // index the kernel forms, n·ld + o and o with n < N and o < OC, is
+    // inside.
+    unsafe { launch(k, grid, block, args) }
 }
 
-fn backward<S: Pod>(
+fn backward<S: Elem>(
     k: &str,
-    f: ffi::Bias<S>,
     grid: Dim3,
     block: Dim3,
     dbias: &mut [S],
     dout: &[S],
-    n: i32,
-    oc: i32,
-    ld: i32,
+    dims: [i32; 3],
 ) -> Result<(), String> {
-    bias_shape(k, ("dout", dout.len()), ("dbias", dbias.len()), n, oc, ld)?;
-    let bufs = (
-        Guarded::output("dbias", dbias),
-        Guarded::input("dout", dout),
-    );
-    bias_kernel(k, f, grid, block, bufs, n, oc, ld)
+    bias_shape(k, ("dout", dout.len()), ("dbias", dbias.len()), dims)?;
+    let mut args = vec![Arg::output("dbias", dbias), Arg::input("dout", dout)];
+    args.extend(dims.map(Arg::I32));
+    // SAFETY: dout holds N·ld elements with ld >= OC, dbias OC (checked):
+    // every index the kernel forms, n·ld + o and o with n < N and o < OC, is
+    // inside.
+    unsafe { launch(k, grid, block, args) }
 }
 
 /// `bias_broadcast` (f32): `out[n, o] = bias[o]`, `out` `(N, ld)`, `bias`
@@ -144,8 +70,7 @@ pub fn bias_broadcast(
     oc: i32,
     ld: i32,
 ) -> Result<(), String> {
-    let f: ffi::Bias<f32> = ffi::emu_bias_broadcast;
-    broadcast("bias_broadcast", f, grid, block, out, bias, n, oc, ld)
+    broadcast("bias_broadcast", grid, block, out, bias, [n, oc, ld])
 }
 
 /// [`bias_broadcast`] with bf16 storage (`u16` bit patterns).
@@ -158,8 +83,7 @@ pub fn bias_broadcast_bf16(
     oc: i32,
     ld: i32,
 ) -> Result<(), String> {
-    let f: ffi::Bias<u16> = ffi::emu_bias_broadcast_bf16;
-    broadcast("bias_broadcast_bf16", f, grid, block, out, bias, n, oc, ld)
+    broadcast("bias_broadcast_bf16", grid, block, out, bias, [n, oc, ld])
 }
 
 /// `bias_backward` (f32): `dbias[o] += Σ_n dout[n, o]`, `dbias` `(OC)`,
@@ -175,8 +99,7 @@ pub fn bias_backward(
     oc: i32,
     ld: i32,
 ) -> Result<(), String> {
-    let f: ffi::Bias<f32> = ffi::emu_bias_backward;
-    backward("bias_backward", f, grid, block, dbias, dout, n, oc, ld)
+    backward("bias_backward", grid, block, dbias, dout, [n, oc, ld])
 }
 
 /// [`bias_backward`] with bf16 storage (each `dbias` loaded, the f32 sums
@@ -190,6 +113,5 @@ pub fn bias_backward_bf16(
     oc: i32,
     ld: i32,
 ) -> Result<(), String> {
-    let f: ffi::Bias<u16> = ffi::emu_bias_backward_bf16;
-    backward("bias_backward_bf16", f, grid, block, dbias, dout, n, oc, ld)
+    backward("bias_backward_bf16", grid, block, dbias, dout, [n, oc, ld])
 }

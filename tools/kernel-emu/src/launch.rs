@@ -1,0 +1,357 @@
+//! The one way into the emulator: [`launch`] runs a kernel that a
+//! `csrc/kernels_*.cpp` file exports (`BRAID_EMU_EXPORT`), by name, with a
+//! list of [`Arg`]s: buffers (copied into [`Guarded`] buffers, checked and
+//! copied back) and scalars.
+
+use std::ffi::{c_int, c_void, CStr, CString};
+
+use bytemuck::Pod;
+
+use crate::Dim3;
+
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void};
+
+    extern "C" {
+        pub fn emu_last_error() -> *const c_char;
+        pub fn emu_launch(
+            kernel: *const c_char,
+            param_types: *const c_char,
+            nargs: c_int,
+            args: *const *const c_void,
+            gx: u32,
+            gy: u32,
+            gz: u32,
+            bx: u32,
+            by: u32,
+            bz: u32,
+        ) -> c_int;
+    }
+}
+
+/// An element type of a kernel's buffers, with its C++ spelling (as
+/// `ParamType` in `csrc/cuda_emu.h` spells it).
+pub(crate) trait Elem: Pod {
+    const C_TYPE: &'static str;
+}
+
+impl Elem for f32 {
+    const C_TYPE: &'static str = "float";
+}
+impl Elem for f64 {
+    const C_TYPE: &'static str = "double";
+}
+impl Elem for i32 {
+    const C_TYPE: &'static str = "int";
+}
+impl Elem for u32 {
+    const C_TYPE: &'static str = "unsigned";
+}
+/// bf16 bit patterns: `bf16_t` is `unsigned short` (bf16.cuh).
+impl Elem for u16 {
+    const C_TYPE: &'static str = "unsigned short";
+}
+
+/// Canary bytes on each side of every buffer a kernel gets.
+const GUARD_BYTES: usize = 64 * 1024;
+const CANARY: u8 = 0xff;
+
+/// A kernel's copy of one argument slice, between two canary regions.
+pub(crate) struct Guarded<'a> {
+    name: &'static str,
+    c_type: &'static str, // of an element
+    words: Vec<u64>,      // u64 so the data (at GUARD_BYTES) is 8-byte aligned
+    len: usize,           // bytes of data
+    elem: usize,          // bytes of an element
+    back: Option<&'a mut [u8]>,
+}
+
+impl<'a> Guarded<'a> {
+    fn new<T: Elem>(name: &'static str, data: &[T]) -> Self {
+        let data: &[u8] = bytemuck::cast_slice(data);
+        let mut words = vec![u64::MAX; (2 * GUARD_BYTES + data.len()).div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[GUARD_BYTES..][..data.len()]
+            .copy_from_slice(data);
+        Guarded {
+            name,
+            c_type: T::C_TYPE,
+            words,
+            len: data.len(),
+            elem: size_of::<T>(),
+            back: None,
+        }
+    }
+
+    /// The data's address, for the kernel. The pointer carries the whole
+    /// allocation's provenance, so a kernel that strays into the canaries
+    /// stays within memory it may touch.
+    fn ptr(&mut self) -> *mut c_void {
+        self.words
+            .as_mut_ptr()
+            .cast::<u8>()
+            .wrapping_add(GUARD_BYTES)
+            .cast()
+    }
+
+    /// The first out-of-bounds write the canaries show, if any.
+    fn check(&self, kernel: &str) -> Result<(), String> {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.words);
+        let (before, rest) = bytes.split_at(GUARD_BYTES);
+        let after = &rest[self.len..][..GUARD_BYTES];
+        let (n, name) = (self.len / self.elem, self.name);
+        if let Some(i) = before.iter().rposition(|&b| b != CANARY) {
+            let e = (GUARD_BYTES - i).div_ceil(self.elem);
+            return Err(format!(
+                "{kernel}: wrote {name}[-{e}], before the start of its {n} elements"
+            ));
+        }
+        if let Some(i) = after.iter().position(|&b| b != CANARY) {
+            let e = n + i / self.elem;
+            return Err(format!(
+                "{kernel}: wrote {name}[{e}], past the end of its {n} elements"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies an output back to the caller's slice.
+    fn copy_back(self) {
+        if let Some(dst) = self.back {
+            dst.copy_from_slice(&bytemuck::cast_slice(&self.words)[GUARD_BYTES..][..self.len]);
+        }
+    }
+}
+
+/// One kernel argument, in the kernel's parameter order. Each knows the C++
+/// type it stands for ([`Arg::c_type`]), which `emu_launch` compares with the
+/// kernel's own parameter list before it reads any argument.
+pub(crate) enum Arg<'a> {
+    /// A buffer: `const T*` for one the kernel reads ([`Arg::input`]), `T*`
+    /// for one it writes ([`Arg::output`], copied back after a clean launch).
+    Buf(Guarded<'a>),
+    /// A null `const T*` (`write` false) or `T*`: an optional buffer left out.
+    Null { c_type: &'static str, write: bool },
+    /// `int`.
+    I32(i32),
+    /// `long long`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+}
+
+impl<'a> Arg<'a> {
+    /// A buffer the kernel reads (`const T*`): a copy of `s`.
+    pub(crate) fn input<T: Elem>(name: &'static str, s: &[T]) -> Self {
+        Arg::Buf(Guarded::new(name, s))
+    }
+
+    /// A buffer the kernel writes, or reads and writes (`T*`): a copy of `s`,
+    /// copied back only after a launch with no error and intact canaries.
+    pub(crate) fn output<T: Elem>(name: &'static str, s: &'a mut [T]) -> Self {
+        let mut g = Guarded::new(name, s);
+        g.back = Some(bytemuck::cast_slice_mut(s));
+        Arg::Buf(g)
+    }
+
+    /// [`Arg::input`], or a null `const T*` for `None`.
+    pub(crate) fn input_or_null<T: Elem>(name: &'static str, s: Option<&[T]>) -> Self {
+        s.map_or(
+            Arg::Null {
+                c_type: T::C_TYPE,
+                write: false,
+            },
+            |s| Arg::input(name, s),
+        )
+    }
+
+    /// [`Arg::output`], or a null `T*` for `None`.
+    pub(crate) fn output_or_null<T: Elem>(name: &'static str, s: Option<&'a mut [T]>) -> Self {
+        s.map_or(
+            Arg::Null {
+                c_type: T::C_TYPE,
+                write: true,
+            },
+            |s| Arg::output(name, s),
+        )
+    }
+
+    /// The C++ type this argument passes, spelled as `ParamType` spells it.
+    fn c_type(&self) -> String {
+        match self {
+            Arg::Buf(g) => pointer(g.c_type, g.back.is_some()),
+            Arg::Null { c_type, write } => pointer(c_type, *write),
+            Arg::I32(_) => "int".into(),
+            Arg::I64(_) => "long long".into(),
+            Arg::F32(_) => "float".into(),
+        }
+    }
+}
+
+/// `T*`, or `const T*` for a buffer the kernel does not write.
+fn pointer(c_type: &str, write: bool) -> String {
+    let c = if write { "" } else { "const " };
+    format!("{c}{c_type}*")
+}
+
+/// The calling thread's last launch error.
+fn last_error() -> String {
+    // SAFETY: emu_last_error returns a NUL-terminated string owned by the
+    // calling thread's emulator state, unchanged until this thread's next
+    // launch; it is copied here at once.
+    unsafe { CStr::from_ptr(ffi::emu_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Runs the exported kernel `kernel` (its name in the `.cu` file) on `grid`
+/// and `block` with `args`. Returns the emulator's error (a kernel not
+/// exported, arguments whose types are not its parameters', a deadlock,
+/// `__trap()`, ...), else the first out-of-bounds write the canaries show,
+/// each prefixed with `kernel`; copies the outputs back only if there is
+/// neither.
+///
+/// # Safety
+///
+/// The argument types are checked (by `emu_launch`, against the kernel's
+/// own parameter list); their meaning is the caller's: every index the
+/// kernel can form from these arguments, on this grid and block, must lie
+/// inside the buffer it indexes. The canaries turn a write slightly out of
+/// bounds into an error, not one further out.
+pub(crate) unsafe fn launch(
+    kernel: &str,
+    grid: Dim3,
+    block: Dim3,
+    mut args: Vec<Arg<'_>>,
+) -> Result<(), String> {
+    let name = CString::new(kernel).map_err(|_| format!("{kernel}: a NUL in the name"))?;
+    let types = args.iter().map(Arg::c_type).collect::<Vec<_>>().join(", ");
+    let types = CString::new(types).expect("C++ type names have no NUL");
+    let nargs = c_int::try_from(args.len()).map_err(|_| format!("{kernel}: too many arguments"))?;
+    // Each pointer argument's value, then each argument's address.
+    let ptrs: Vec<*mut c_void> = args
+        .iter_mut()
+        .map(|a| match a {
+            Arg::Buf(g) => g.ptr(),
+            _ => std::ptr::null_mut(),
+        })
+        .collect();
+    let addrs: Vec<*const c_void> = args
+        .iter()
+        .zip(&ptrs)
+        .map(|(a, p)| match a {
+            Arg::Buf(_) | Arg::Null { .. } => std::ptr::from_ref(p).cast(),
+            Arg::I32(x) => std::ptr::from_ref(x).cast(),
+            Arg::I64(x) => std::ptr::from_ref(x).cast(),
+            Arg::F32(x) => std::ptr::from_ref(x).cast(),
+        })
+        .collect();
+    // SAFETY: `name` and `types` are NUL-terminated and outlive the call.
+    // `addrs` holds `nargs` addresses, the i-th at a live value of the type
+    // the i-th name of `types` spells: an i32 (`int`), i64 (`long long`) or
+    // f32 (`float`) in `args`, or a pointer in `ptrs` (`T*` and `const T*`
+    // are both pointers), null or a Guarded buffer's data. emu_launch starts
+    // the kernel only if `nargs` is its number of parameters and `types`
+    // their types (cuda_emu.h's ParamType), so each argument it reads is a
+    // value of the type it reads it as. Neither `args` nor `ptrs` is touched
+    // until the call returns. That the kernel's indices stay inside the
+    // buffers is the caller's obligation (this function's Safety section).
+    let rc = unsafe {
+        ffi::emu_launch(
+            name.as_ptr(),
+            types.as_ptr(),
+            nargs,
+            addrs.as_ptr(),
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("{kernel}: {}", last_error()));
+    }
+    let bufs = args.into_iter().filter_map(|a| match a {
+        Arg::Buf(g) => Some(g),
+        _ => None,
+    });
+    let bufs: Vec<Guarded<'_>> = bufs.collect();
+    for g in &bufs {
+        g.check(kernel)?;
+    }
+    bufs.into_iter().for_each(Guarded::copy_back);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{launch, Arg};
+
+    /// `emu_launch` refuses, before reading any argument, a name no file
+    /// exports and arguments that are not the kernel's parameters (in number,
+    /// type or constness); the outputs are left alone.
+    #[test]
+    fn arguments_must_be_the_kernels_parameters() {
+        let (grid, block, inp) = ((1, 1, 1), (32, 1, 1), [1.0f32; 32]);
+        let (mut outs, mut d) = ([[0.0f32; 1]; 2], [0.0f32; 128]);
+        let [out1, out2] = &mut outs;
+        let cases: [(&str, Vec<Arg<'_>>, &str); 5] = [
+            (
+                "no_such_kernel",
+                vec![],
+                "no_such_kernel: no kernel of this name",
+            ),
+            (
+                "selftest_block_sum",
+                vec![Arg::output("out", out1), Arg::input("inp", &inp)],
+                "selftest_block_sum: called with 2 arguments (float*, const float*), \
+                 but the kernel's parameters are (float*, const float*, int)",
+            ),
+            (
+                "selftest_block_sum",
+                vec![
+                    Arg::output("out", out2),
+                    Arg::input("inp", &inp),
+                    Arg::I64(32),
+                ],
+                "(float*, const float*, long long), but",
+            ),
+            (
+                "selftest_block_sum",
+                vec![
+                    Arg::input("out", &[0.0f32]),
+                    Arg::input("inp", &inp),
+                    Arg::I32(32),
+                ],
+                "(const float*, const float*, int), but",
+            ),
+            (
+                "selftest_mma",
+                vec![
+                    Arg::output("d", &mut d),
+                    Arg::input("a", &[0.0f32; 256]),
+                    Arg::input("b", &[0u16; 128]),
+                ],
+                "(float*, const float*, const unsigned short*), but the kernel's parameters \
+                 are (float*, const unsigned short*, const unsigned short*)",
+            ),
+        ];
+        for (kernel, args, want) in cases {
+            // SAFETY: every buffer is as long as the kernel indexes (and
+            // the launch is refused before it runs).
+            let err = unsafe { launch(kernel, grid, block, args) }.unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+        assert_eq!((outs, d), ([[0.0]; 2], [0.0; 128]));
+        let mut out = [0.0f32];
+        let args = vec![
+            Arg::output("out", &mut out),
+            Arg::input("inp", &inp),
+            Arg::I32(32),
+        ];
+        // SAFETY: as above.
+        unsafe { launch("selftest_block_sum", grid, block, args) }.unwrap();
+        assert_eq!(out, [32.0]);
+    }
+}
