@@ -403,5 +403,5 @@ bool register_kernel(const char* name, void (*kernel)(A...), PackedLaunch launch
 
 extern "C" int emu_launch(const char* kernel, const char* param_types, int nargs,
                           const void* const* args, unsigned gx, unsigned gy, unsigned gz,
-                          unsigned bx, unsigned by, unsigned bz);
+                          unsigned bx, unsigned by, unsigned bz, int reverse);
 extern "C" const char* emu_last_error();

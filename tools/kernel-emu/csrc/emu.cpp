@@ -6,7 +6,10 @@
 // it waits at a barrier or returns; a fiber that stops switches straight to
 // the next runnable one after it, and the last back to the scheduler, which
 // starts another pass while any fiber is runnable. None runnable and not all
-// returned is a deadlock.
+// returned is a deadlock. A reversed launch (emu_launch's `reverse`) takes
+// the blocks and, within a pass, the threads in the opposite order: a kernel
+// free of races between threads and between blocks gives the same bits
+// either way (what src/launch.rs checks).
 //
 // A warp-collective operation (shuffle, vote, MMA) is one warp barrier: every
 // lane deposits its operands in the warp's exchange buffer, waits, and reads
@@ -70,12 +73,14 @@ struct Runtime {
     void (*fn)(void*) = nullptr;
     void* arg = nullptr;
     std::string error;  // set by fail(): ends the launch
+    bool reverse = false;  // blocks and threads in the opposite order
 };
 
 Runtime rt;
 std::mutex launch_mutex;
 thread_local std::string last_error_msg;
 thread_local bool in_launch = false;
+thread_local bool reverse_next = false;  // emu_launch's `reverse`, for launch_raw
 
 std::string format(const char* fmt, va_list ap) {
     char buf[1024];
@@ -92,17 +97,23 @@ std::string format(const char* fmt, ...) {
     return s;
 }
 
+// The k-th fiber of a pass, and the place of fiber i in a pass.
+size_t order_at(size_t k) { return rt.reverse ? rt.fibers.size() - 1 - k : k; }
+size_t order_pos(size_t i) { return order_at(i); }
+
 // Leaves `f` (waiting, or exited: then for good) for the next runnable
 // fiber after it, or the scheduler at the end of the pass; returns when `f`
 // is resumed.
 void yield(Fiber* f) {
     ucontext_t* to = &rt.scheduler;
     rt.running = nullptr;
-    for (size_t i = f->t.linear + 1; i < rt.fibers.size(); i++) {
-        if (rt.fibers[i].state == State::Runnable) {
-            rt.running = &rt.fibers[i];
-            detail::current = &rt.running->t;
-            to = &rt.running->ctx;
+    const size_t n = rt.fibers.size();
+    for (size_t k = order_pos(f->t.linear) + 1; k < n; k++) {
+        Fiber& g = rt.fibers[order_at(k)];
+        if (g.state == State::Runnable) {
+            rt.running = &g;
+            detail::current = &g.t;
+            to = &g.ctx;
             break;
         }
     }
@@ -221,7 +232,8 @@ bool run_block() {
     rt.block_arrived = 0;
     for (;;) {  // a pass
         Fiber* first = nullptr;
-        for (Fiber& f : rt.fibers) {
+        for (size_t k = 0; k < rt.fibers.size(); k++) {
+            Fiber& f = rt.fibers[order_at(k)];
             if (f.state == State::Runnable) {
                 first = &f;
                 break;
@@ -281,12 +293,13 @@ bool run_grid(dim3 grid, dim3 block) {
         rt.warps[w].lanes = unsigned(std::min<size_t>(32, n - w * 32));
     detail::grid.block_dim = block;
     detail::grid.grid_dim = grid;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                detail::grid.block_idx = {x, y, z};
-                if (!run_block()) return false;
-            }
+    const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+    for (unsigned long long k = 0; k < blocks; k++) {
+        const unsigned long long i = rt.reverse ? blocks - 1 - k : k;  // x fastest
+        detail::grid.block_idx = {unsigned(i % grid.x), unsigned(i / grid.x % grid.y),
+                                  unsigned(i / (1ull * grid.x * grid.y))};
+        if (!run_block()) return false;
+    }
     return true;
 }
 
@@ -402,6 +415,7 @@ int launch_raw(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
     rt.fn = fn;
     rt.arg = arg;
     rt.error.clear();
+    rt.reverse = reverse_next;
     const bool ok = run_grid(grid, block);
     rt.running = nullptr;
     detail::current = nullptr;
@@ -444,7 +458,7 @@ bool register_kernel(const char* name, std::string param_types, int arity, Packe
 
 extern "C" int emu_launch(const char* kernel, const char* param_types, int nargs,
                           const void* const* args, unsigned gx, unsigned gy, unsigned gz,
-                          unsigned bx, unsigned by, unsigned bz) {
+                          unsigned bx, unsigned by, unsigned bz, int reverse) {
     using namespace braid_emu;
     const auto it = registry().find(kernel);
     if (it == registry().end()) {
@@ -463,7 +477,10 @@ extern "C" int emu_launch(const char* kernel, const char* param_types, int nargs
                          "), but the kernel's parameters are (" + k.param_types + ")";
         return 1;
     }
-    return k.launch(dim3(gx, gy, gz), dim3(bx, by, bz), args);
+    reverse_next = reverse != 0;
+    const int rc = k.launch(dim3(gx, gy, gz), dim3(bx, by, bz), args);
+    reverse_next = false;
+    return rc;
 }
 
 extern "C" const char* emu_last_error() { return braid_emu::last_error(); }

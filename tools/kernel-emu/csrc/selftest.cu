@@ -111,8 +111,12 @@ extern "C" __global__ void selftest_mma(float* d, const unsigned short* a,
 // past the end of a partial warp (launch with blockDim.x % 32 == 16); 8,
 // lanes of one warp at different shuffles. And two that break no rule but
 // write out of bounds, which the Rust wrappers' canaries catch: 6, every
-// thread writes one element too far; 7, one too early.
+// thread writes one element too far; 7, one too early. And a race, which the
+// Rust launcher's second run (blocks and threads in the opposite order)
+// catches: 9, each thread reads the shared slot another thread writes,
+// without a __syncthreads between.
 extern "C" __global__ void selftest_fault(float* out, int mode) {
+    __shared__ float sh[ST_MAX_THREADS];
     const unsigned lane = threadIdx.x % 32;
     float v = (float)threadIdx.x;
     switch (mode) {
@@ -144,6 +148,10 @@ extern "C" __global__ void selftest_fault(float* out, int mode) {
                 v = __shfl_down_sync(ST_FULL, v, 1);
             else
                 v = __shfl_xor_sync(ST_FULL, v, 1);
+            break;
+        case 9:
+            sh[threadIdx.x] = (float)(blockIdx.x * blockDim.x + threadIdx.x);
+            v = sh[blockDim.x - 1 - threadIdx.x];
             break;
     }
     const int shift = mode == 6 ? 1 : (mode == 7 ? -1 : 0);

@@ -25,6 +25,7 @@ mod ffi {
             bx: u32,
             by: u32,
             bz: u32,
+            reverse: c_int,
         ) -> c_int;
     }
 }
@@ -112,6 +113,27 @@ impl<'a> Guarded<'a> {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the buffer (canaries included) holds `other`'s bits: else the
+    /// first element that differs, as a race between the two runs' orders.
+    fn same_as(&self, kernel: &str, other: &[u64]) -> Result<(), String> {
+        let (a, b): (&[u8], &[u8]) = (
+            bytemuck::cast_slice(&self.words),
+            bytemuck::cast_slice(other),
+        );
+        match a.iter().zip(b).position(|(x, y)| x != y) {
+            None => Ok(()),
+            Some(i) => {
+                let e = (i as isize - GUARD_BYTES as isize).div_euclid(self.elem as isize);
+                Err(format!(
+                    "{kernel}: {}[{e}] differs between a run with the blocks and threads in \
+                     order and one in the opposite order: a race (a missing __syncthreads, or \
+                     threads or blocks writing what others read or write)",
+                    self.name
+                ))
+            }
+        }
     }
 
     /// Copies an output back to the caller's slice.
@@ -204,11 +226,15 @@ fn last_error() -> String {
 }
 
 /// Runs the exported kernel `kernel` (its name in the `.cu` file) on `grid`
-/// and `block` with `args`. Returns the emulator's error (a kernel not
-/// exported, arguments whose types are not its parameters', a deadlock,
-/// `__trap()`, ...), else the first out-of-bounds write the canaries show,
-/// each prefixed with `kernel`; copies the outputs back only if there is
-/// neither.
+/// and `block` with `args`, twice from the same buffers: its blocks and
+/// threads in order, then in the opposite order. Returns the emulator's
+/// error (a kernel not exported, arguments whose types are not its
+/// parameters', a deadlock, `__trap()`, ...), else the first out-of-bounds
+/// write the canaries show, else the first element the two runs disagree
+/// on (a race: a missing `__syncthreads`, or blocks or threads writing what
+/// others read or write, whose outcome CUDA leaves to the order they run
+/// in), each prefixed with `kernel`; copies the outputs back only if there
+/// is none of these.
 ///
 /// # Safety
 ///
@@ -245,43 +271,75 @@ pub(crate) unsafe fn launch(
             Arg::F32(x) => std::ptr::from_ref(x).cast(),
         })
         .collect();
-    // SAFETY: `name` and `types` are NUL-terminated and outlive the call.
-    // `addrs` holds `nargs` addresses, the i-th at a live value of the type
-    // the i-th name of `types` spells: an i32 (`int`), i64 (`long long`) or
-    // f32 (`float`) in `args`, or a pointer in `ptrs` (`T*` and `const T*`
-    // are both pointers), null or a Guarded buffer's data. emu_launch starts
-    // the kernel only if `nargs` is its number of parameters and `types`
-    // their types (cuda_emu.h's ParamType), so each argument it reads is a
-    // value of the type it reads it as. Neither `args` nor `ptrs` is touched
-    // until the call returns. That the kernel's indices stay inside the
-    // buffers is the caller's obligation (this function's Safety section).
-    let rc = unsafe {
-        ffi::emu_launch(
-            name.as_ptr(),
-            types.as_ptr(),
-            nargs,
-            addrs.as_ptr(),
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-        )
+    let run = |reverse: bool| {
+        // SAFETY: `name` and `types` are NUL-terminated and outlive the
+        // call. `addrs` holds `nargs` addresses, the i-th at a live value of
+        // the type the i-th name of `types` spells: an i32 (`int`), i64
+        // (`long long`) or f32 (`float`) in `args`, or a pointer in `ptrs`
+        // (`T*` and `const T*` are both pointers), null or a Guarded
+        // buffer's data. emu_launch starts the kernel only if `nargs` is its
+        // number of parameters and `types` their types (cuda_emu.h's
+        // ParamType), so each argument it reads is a value of the type it
+        // reads it as. `ptrs` is not touched and no buffer of `args` moves
+        // (their contents are only reset in place between the two runs)
+        // until the calls return. That the kernel's indices stay inside the
+        // buffers is the caller's obligation (this function's Safety
+        // section).
+        let rc = unsafe {
+            ffi::emu_launch(
+                name.as_ptr(),
+                types.as_ptr(),
+                nargs,
+                addrs.as_ptr(),
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                c_int::from(reverse),
+            )
+        };
+        if rc != 0 {
+            return Err(format!("{kernel}: {}", last_error()));
+        }
+        Ok(())
     };
-    if rc != 0 {
-        return Err(format!("{kernel}: {}", last_error()));
+    // Every buffer as it starts (canaries included), for the second run.
+    let start: Vec<Vec<u64>> = bufs_of(&args).map(|g| g.words.clone()).collect();
+    run(false)?;
+    let forward: Vec<Vec<u64>> = bufs_of(&args).map(|g| g.words.clone()).collect();
+    for (g, s) in bufs_mut(&mut args).zip(&start) {
+        g.words.copy_from_slice(s);
     }
-    let bufs = args.into_iter().filter_map(|a| match a {
-        Arg::Buf(g) => Some(g),
-        _ => None,
-    });
-    let bufs: Vec<Guarded<'_>> = bufs.collect();
-    for g in &bufs {
+    run(true)?;
+    for g in bufs_of(&args) {
         g.check(kernel)?;
     }
-    bufs.into_iter().for_each(Guarded::copy_back);
+    for (g, f) in bufs_of(&args).zip(&forward) {
+        g.same_as(kernel, f)?;
+    }
+    args.into_iter()
+        .filter_map(|a| match a {
+            Arg::Buf(g) => Some(g),
+            _ => None,
+        })
+        .for_each(Guarded::copy_back);
     Ok(())
+}
+
+fn bufs_of<'s, 'a>(args: &'s [Arg<'a>]) -> impl Iterator<Item = &'s Guarded<'a>> {
+    args.iter().filter_map(|a| match a {
+        Arg::Buf(g) => Some(g),
+        _ => None,
+    })
+}
+
+fn bufs_mut<'s, 'a>(args: &'s mut [Arg<'a>]) -> impl Iterator<Item = &'s mut Guarded<'a>> {
+    args.iter_mut().filter_map(|a| match a {
+        Arg::Buf(g) => Some(g),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

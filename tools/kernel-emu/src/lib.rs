@@ -127,7 +127,7 @@ pub fn selftest_mma(
 /// barriers in one warp, 2 a shuffle after a lane returned, 3 a partial
 /// shuffle mask, 4 `__trap()`, 5 a shuffle past the end of a partial warp,
 /// 6 and 7 a write one element past either end of `out`, 8 lanes of a warp
-/// at different shuffles). Expected to fail;
+/// at different shuffles, 9 a race on shared memory). Expected to fail;
 /// `out` (an element per thread) is written if it does not.
 pub fn selftest_fault(grid: Dim3, block: Dim3, out: &mut [f32], mode: i32) -> Result<(), String> {
     let k = "selftest_fault";

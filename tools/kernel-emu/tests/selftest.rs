@@ -169,7 +169,7 @@ fn mma_is_the_f32_matmul_of_the_bf16_values() {
 
 #[test]
 fn broken_kernels_are_errors_not_hangs() {
-    let cases: [(i32, u32, &str); 9] = [
+    let cases: [(i32, u32, &str); 10] = [
         (0, 64, "1 have returned"),
         (1, 64, "32 wait at __syncthreads, 32 at a warp barrier"),
         (2, 64, "warp 0: 31 of 32 lanes"),
@@ -182,6 +182,11 @@ fn broken_kernels_are_errors_not_hangs() {
             8,
             64,
             "lanes of warp 0 at different warp-collective operations",
+        ),
+        (
+            9,
+            64,
+            "differs between a run with the blocks and threads in order",
         ),
     ];
     for (mode, threads, want) in cases {
