@@ -15,9 +15,13 @@
 //! Besides NVRTC errors it checks that every `__global__` function is declared
 //! `extern "C"` (the runtime looks kernels up by their unmangled name).
 //! It prints the compile time of each file, the figure that decides whether the
-//! runtime's on-disk kernel cache pays (docs/cuda.md).
+//! runtime's on-disk kernel cache pays (docs/cuda.md), and for a real
+//! architecture (`sm_*`) each kernel's registers per thread and stack frame
+//! from the cubin (`cubin.rs`): occupancy and spills, known without a GPU.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod cubin;
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
@@ -47,6 +51,8 @@ struct Outcome {
     log: String,
     image_bytes: usize,
     ms: f64,
+    /// Per kernel, from a cubin (empty for PTX).
+    resources: std::collections::BTreeMap<String, cubin::Resources>,
 }
 
 fn nv_message(status: nv::nvrtcResult) -> String {
@@ -68,15 +74,30 @@ impl Drop for Program {
     }
 }
 
-fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[String]) -> Result<Outcome, String> {
+fn compile(
+    source: &str,
+    name: &str,
+    headers: &[(String, String)],
+    args: &[String],
+) -> Result<Outcome, String> {
     let src = CString::new(source).map_err(|_| "source contains a NUL byte".to_string())?;
     let cname = CString::new(name).map_err(|_| "name contains a NUL byte".to_string())?;
-    let c = |n: &str, s: &str| CString::new(s).map_err(|_| format!("header {n} contains a NUL byte"));
-    let h_names = headers.iter().map(|(n, _)| c(n, n)).collect::<Result<Vec<_>, _>>()?;
-    let h_texts = headers.iter().map(|(n, t)| c(n, t)).collect::<Result<Vec<_>, _>>()?;
+    let c =
+        |n: &str, s: &str| CString::new(s).map_err(|_| format!("header {n} contains a NUL byte"));
+    let h_names = headers
+        .iter()
+        .map(|(n, _)| c(n, n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let h_texts = headers
+        .iter()
+        .map(|(n, t)| c(n, t))
+        .collect::<Result<Vec<_>, _>>()?;
     let h_name_ptrs: Vec<*const std::ffi::c_char> = h_names.iter().map(|h| h.as_ptr()).collect();
     let h_text_ptrs: Vec<*const std::ffi::c_char> = h_texts.iter().map(|h| h.as_ptr()).collect();
-    let cargs: Vec<CString> = args.iter().map(|a| CString::new(a.as_str()).expect("no NUL")).collect();
+    let cargs: Vec<CString> = args
+        .iter()
+        .map(|a| CString::new(a.as_str()).expect("no NUL"))
+        .collect();
     let ptrs: Vec<*const std::ffi::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
     let start = Instant::now();
     let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
@@ -105,7 +126,9 @@ fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[Strin
     if unsafe { nv::nvrtcGetProgramLogSize(prog.0, &mut size) } == nv::nvrtcResult::NVRTC_SUCCESS {
         let mut buf = vec![0u8; size.max(1)];
         // SAFETY: buffer of the reported size.
-        if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) } == nv::nvrtcResult::NVRTC_SUCCESS {
+        if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) }
+            == nv::nvrtcResult::NVRTC_SUCCESS
+        {
             let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
             log = String::from_utf8_lossy(&buf[..end]).trim_end().to_string();
         }
@@ -114,7 +137,13 @@ fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[Strin
         if log.is_empty() {
             log = nv_message(status);
         }
-        return Ok(Outcome { ok: false, log, image_bytes: 0, ms });
+        return Ok(Outcome {
+            ok: false,
+            log,
+            image_bytes: 0,
+            ms,
+            resources: Default::default(),
+        });
     }
     let mut image = 0usize;
     // SAFETY: compiled program; out-pointer valid.
@@ -127,7 +156,23 @@ fn compile(source: &str, name: &str, headers: &[(String, String)], args: &[Strin
     if r != nv::nvrtcResult::NVRTC_SUCCESS {
         return Err(format!("getting the image size: {}", nv_message(r)));
     }
-    Ok(Outcome { ok: true, log, image_bytes: image, ms })
+    let mut resources = Default::default();
+    if args[0].contains("=sm_") {
+        let mut bytes = vec![0u8; image];
+        // SAFETY: compiled program; `bytes` holds the size NVRTC reported.
+        let r = unsafe { nv::nvrtcGetCUBIN(prog.0, bytes.as_mut_ptr().cast()) };
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("getting the cubin: {}", nv_message(r)));
+        }
+        resources = cubin::resources(&bytes).unwrap_or_default();
+    }
+    Ok(Outcome {
+        ok: true,
+        log,
+        image_bytes: image,
+        ms,
+        resources,
+    })
 }
 
 /// `__global__` functions not declared `extern "C"` (1-based line numbers).
@@ -153,7 +198,11 @@ fn find_cu(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if entry.file_type()?.is_dir() {
-            if name.starts_with('.') || name == "target" || name == "build" || name.starts_with("cmake-build") {
+            if name.starts_with('.')
+                || name == "target"
+                || name == "build"
+                || name.starts_with("cmake-build")
+            {
                 continue;
             }
             find_cu(&path, out)?;
@@ -207,7 +256,13 @@ fn main() -> ExitCode {
                 None => return usage(),
             },
             "--arch" => match args.next() {
-                Some(v) => archs = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+                Some(v) => {
+                    archs = v
+                        .split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                }
                 None => return usage(),
             },
             "--repeat" => match args.next().and_then(|v| v.parse().ok()) {
@@ -250,13 +305,21 @@ fn main() -> ExitCode {
         eprintln!("nvrtc-check: no .cu files under {}", root.display());
         return ExitCode::from(1);
     }
-    println!("nvrtc-check: NVRTC {ma}.{mi}, {} file(s), arch {}", files.len(), archs.join(","));
+    println!(
+        "nvrtc-check: NVRTC {ma}.{mi}, {} file(s), arch {}",
+        files.len(),
+        archs.join(",")
+    );
 
     let mut failures: Vec<String> = Vec::new();
     let mut total_ms = 0.0;
     let mut compiles = 0usize;
     for file in &files {
-        let shown = file.strip_prefix(&root).unwrap_or(file).display().to_string();
+        let shown = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
         let source = match std::fs::read_to_string(file) {
             Ok(s) => s,
             Err(e) => {
@@ -265,9 +328,14 @@ fn main() -> ExitCode {
             }
         };
         for line in mangled_kernels(&source) {
-            failures.push(format!("{shown}:{line}: __global__ function is not extern \"C\""));
+            failures.push(format!(
+                "{shown}:{line}: __global__ function is not extern \"C\""
+            ));
         }
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let headers = match headers_beside(file) {
             Ok(h) => h,
             Err(e) => {
@@ -298,16 +366,33 @@ fn main() -> ExitCode {
             total_ms += times.iter().sum::<f64>();
             compiles += times.len();
             if o.ok {
-                println!("  ok   {shown} [{arch}] {median:.1} ms, {} bytes", o.image_bytes);
+                println!(
+                    "  ok   {shown} [{arch}] {median:.1} ms, {} bytes",
+                    o.image_bytes
+                );
+                for (kernel, r) in &o.resources {
+                    let show = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
+                    println!(
+                        "         {kernel}: {} registers, {} bytes of stack",
+                        show(r.registers),
+                        show(r.frame_bytes)
+                    );
+                }
                 if !o.log.is_empty() {
                     println!("       warnings:\n{}", indent(&o.log));
                     if deny_warnings {
-                        failures.push(format!("{shown} [{arch}]: warnings (--deny-warnings):\n{}", indent(&o.log)));
+                        failures.push(format!(
+                            "{shown} [{arch}]: warnings (--deny-warnings):\n{}",
+                            indent(&o.log)
+                        ));
                     }
                 }
             } else {
                 println!("  FAIL {shown} [{arch}] {median:.1} ms");
-                failures.push(format!("{shown} [{arch}]: compile error:\n{}", indent(&o.log)));
+                failures.push(format!(
+                    "{shown} [{arch}]: compile error:\n{}",
+                    indent(&o.log)
+                ));
             }
         }
     }
@@ -328,7 +413,10 @@ fn main() -> ExitCode {
 }
 
 fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("         {l}")).collect::<Vec<_>>().join("\n")
+    s.lines()
+        .map(|l| format!("         {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
