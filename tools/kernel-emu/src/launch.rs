@@ -1,12 +1,14 @@
 //! The one way into the emulator: [`launch`] runs a kernel that a
 //! `csrc/kernels_*.cpp` file exports (`BRAID_EMU_EXPORT`), by name, with a
 //! list of [`Arg`]s: buffers (copied into [`Guarded`] buffers, checked and
-//! copied back) and scalars.
+//! copied back) and scalars. The wrappers build that list with [`Args`],
+//! which checks each buffer's length as it adds it.
 
 use std::ffi::{c_int, c_void, CStr, CString};
 
 use bytemuck::Pod;
 
+use crate::check::{need, need_at_least};
 use crate::Dim3;
 
 mod ffi {
@@ -209,6 +211,141 @@ impl<'a> Arg<'a> {
     }
 }
 
+/// A kernel's argument list, in its parameter order, for [`launch`]: each
+/// buffer's length is checked as it is added (the error [`need`] or
+/// [`need_at_least`] returns, naming the kernel and the buffer), so a wrapper
+/// builds the whole list before it launches, and a wrong length launches
+/// nothing and leaves every output alone.
+pub(crate) struct Args<'a> {
+    kernel: &'a str,
+    list: Vec<Arg<'a>>,
+}
+
+impl<'a> Args<'a> {
+    /// An empty list for `kernel` (the name [`launch`] runs, and the prefix
+    /// of every error).
+    pub(crate) fn new(kernel: &'a str) -> Self {
+        Args {
+            kernel,
+            list: Vec::new(),
+        }
+    }
+
+    fn push(mut self, arg: Arg<'a>) -> Self {
+        self.list.push(arg);
+        self
+    }
+
+    /// [`Arg::input`] of exactly `len` elements.
+    pub(crate) fn input<T: Elem>(
+        self,
+        name: &'static str,
+        s: &'a [T],
+        len: usize,
+    ) -> Result<Self, String> {
+        need(self.kernel, name, s.len(), len)?;
+        Ok(self.push(Arg::input(name, s)))
+    }
+
+    /// [`Arg::output`] of exactly `len` elements.
+    pub(crate) fn output<T: Elem>(
+        self,
+        name: &'static str,
+        s: &'a mut [T],
+        len: usize,
+    ) -> Result<Self, String> {
+        need(self.kernel, name, s.len(), len)?;
+        Ok(self.push(Arg::output(name, s)))
+    }
+
+    /// [`Arg::input`] of at least `len` elements.
+    pub(crate) fn input_at_least<T: Elem>(
+        self,
+        name: &'static str,
+        s: &'a [T],
+        len: usize,
+    ) -> Result<Self, String> {
+        need_at_least(self.kernel, name, s.len(), len)?;
+        Ok(self.push(Arg::input(name, s)))
+    }
+
+    /// [`Arg::input_or_null`]: `None`, or exactly `len` elements.
+    pub(crate) fn input_or_null<T: Elem>(
+        self,
+        name: &'static str,
+        s: Option<&'a [T]>,
+        len: usize,
+    ) -> Result<Self, String> {
+        if let Some(s) = s {
+            need(self.kernel, name, s.len(), len)?;
+        }
+        Ok(self.push(Arg::input_or_null(name, s)))
+    }
+
+    /// [`Arg::output_or_null`]: `None`, or exactly `len` elements.
+    pub(crate) fn output_or_null<T: Elem>(
+        self,
+        name: &'static str,
+        s: Option<&'a mut [T]>,
+        len: usize,
+    ) -> Result<Self, String> {
+        if let Some(s) = &s {
+            need(self.kernel, name, s.len(), len)?;
+        }
+        Ok(self.push(Arg::output_or_null(name, s)))
+    }
+
+    /// [`Arg::input`] whose length the wrapper has checked itself, before
+    /// (a shape no exact or minimum length expresses, such as whole rows).
+    pub(crate) fn input_prechecked<T: Elem>(self, name: &'static str, s: &'a [T]) -> Self {
+        self.push(Arg::input(name, s))
+    }
+
+    /// [`Arg::output`] whose length the wrapper has checked itself, before.
+    pub(crate) fn output_prechecked<T: Elem>(self, name: &'static str, s: &'a mut [T]) -> Self {
+        self.push(Arg::output(name, s))
+    }
+
+    /// An `int`.
+    pub(crate) fn i32(self, x: i32) -> Self {
+        self.push(Arg::I32(x))
+    }
+
+    /// `int`s, in order.
+    pub(crate) fn i32s<const N: usize>(mut self, xs: [i32; N]) -> Self {
+        self.list.extend(xs.map(Arg::I32));
+        self
+    }
+
+    /// A `long long`.
+    pub(crate) fn i64(self, x: i64) -> Self {
+        self.push(Arg::I64(x))
+    }
+
+    /// A `float`.
+    pub(crate) fn f32(self, x: f32) -> Self {
+        self.push(Arg::F32(x))
+    }
+
+    /// `float`s, in order.
+    pub(crate) fn f32s<const N: usize>(mut self, xs: [f32; N]) -> Self {
+        self.list.extend(xs.map(Arg::F32));
+        self
+    }
+
+    /// [`launch`]es the kernel with these arguments.
+    ///
+    /// # Safety
+    ///
+    /// As [`launch`]'s: every index the kernel can form from these
+    /// arguments, on this grid and block, lies inside the buffer it indexes.
+    pub(crate) unsafe fn launch(self, grid: Dim3, block: Dim3) -> Result<(), String> {
+        // SAFETY: the caller's obligation is launch's (this function's
+        // Safety section).
+        unsafe { launch(self.kernel, grid, block, self.list) }
+    }
+}
+
 /// `T*`, or `const T*` for a buffer the kernel does not write.
 fn pointer(c_type: &str, write: bool) -> String {
     let c = if write { "" } else { "const " };
@@ -344,7 +481,35 @@ fn bufs_mut<'s, 'a>(args: &'s mut [Arg<'a>]) -> impl Iterator<Item = &'s mut Gua
 
 #[cfg(test)]
 mod tests {
-    use super::{launch, Arg};
+    use super::{launch, Arg, Args};
+
+    /// `Args` checks each buffer's length as it adds it, with `need`'s and
+    /// `need_at_least`'s messages; a wrapper builds the whole list first, so
+    /// a wrong length anywhere launches nothing and leaves the outputs alone.
+    #[test]
+    fn args_check_lengths_before_any_launch() {
+        let k = "selftest_block_sum";
+        let mut out = [7.0f32; 2];
+        let err = Args::new(k).output("out", &mut out, 1).err();
+        assert_eq!(
+            err.as_deref(),
+            Some("selftest_block_sum: out has 2 elements, expected 1")
+        );
+        let err = Args::new(k).input_at_least("inp", &[0.0f32; 3], 4).err();
+        let want = "selftest_block_sum: inp has 3 elements, expected at least 4";
+        assert_eq!(err.as_deref(), Some(want));
+        let err = Args::new(k).input_or_null("s", Some(&[0.0f32; 2]), 1).err();
+        assert_eq!(
+            err.as_deref(),
+            Some("selftest_block_sum: s has 2 elements, expected 1")
+        );
+        assert!(Args::new(k).input_or_null::<f32>("s", None, 1).is_ok());
+        // The first buffer right, the last wrong: nothing runs.
+        let (mut d, a) = ([7.0f32; 128], [0u16; 256]);
+        let err = crate::selftest_mma((1, 1, 1), (32, 1, 1), &mut d, &a, &[0; 127]).unwrap_err();
+        assert_eq!(err, "selftest_mma: b has 127 elements, expected 128");
+        assert_eq!((out, d), ([7.0; 2], [7.0; 128]));
+    }
 
     /// `emu_launch` refuses, before reading any argument, a name no file
     /// exports and arguments that are not the kernel's parameters (in number,

@@ -38,8 +38,8 @@ mod launch;
 mod gpt2;
 pub use gpt2::*;
 
-use check::{need, need_at_least, nonneg, product, threads_1d};
-use launch::{launch, Arg};
+use check::{nonneg, product, threads_1d};
+use launch::Args;
 
 // ---------------------------------------------------------------------------
 // selftest.cu
@@ -57,12 +57,13 @@ pub fn selftest_block_sum(
 ) -> Result<(), String> {
     let k = "selftest_block_sum";
     threads_1d(k, grid, block)?;
-    need(k, "out", out.len(), grid.0 as usize)?;
-    need_at_least(k, "inp", inp.len(), nonneg(k, n)?)?;
-    let args = vec![Arg::output("out", out), Arg::input("inp", inp), Arg::I32(n)];
+    let args = Args::new(k)
+        .output("out", out, grid.0 as usize)?
+        .input_at_least("inp", inp, nonneg(k, n)?)?
+        .i32(n);
     // SAFETY: the kernel writes out[blockIdx.x] and reads in[i] for i < n:
     // lengths checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `selftest_warp_sum`: every thread's `out` element = its warp's sum of
@@ -77,12 +78,13 @@ pub fn selftest_warp_sum(
 ) -> Result<(), String> {
     let k = "selftest_warp_sum";
     let threads = threads_1d(k, grid, block)?;
-    need(k, "out", out.len(), threads)?;
-    need_at_least(k, "inp", inp.len(), nonneg(k, n)?)?;
-    let args = vec![Arg::output("out", out), Arg::input("inp", inp), Arg::I32(n)];
+    let args = Args::new(k)
+        .output("out", out, threads)?
+        .input_at_least("inp", inp, nonneg(k, n)?)?
+        .i32(n);
     // SAFETY: the kernel writes out[thread] and reads in[i] for i < n:
     // lengths checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `selftest_shuffles`: twelve `i32` per thread, each shuffle and vote mode
@@ -90,10 +92,10 @@ pub fn selftest_warp_sum(
 pub fn selftest_shuffles(grid: Dim3, block: Dim3, out: &mut [i32]) -> Result<(), String> {
     let k = "selftest_shuffles";
     let threads = threads_1d(k, grid, block)?;
-    need(k, "out", out.len(), product(k, &[threads, 12])?)?;
+    let args = Args::new(k).output("out", out, product(k, &[threads, 12])?)?;
     // SAFETY: the kernel writes out[12 * thread ..][..12]: length checked
     // above.
-    unsafe { launch(k, grid, block, vec![Arg::output("out", out)]) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `selftest_mma`: one `mma_bf16_16816` per warp `w`: `d[128 w..][..128]`
@@ -113,13 +115,13 @@ pub fn selftest_mma(
         return Err(format!("{k}: blockDim.x must be a multiple of 32"));
     }
     let warps = threads / 32;
-    need(k, "d", d.len(), product(k, &[warps, 128])?)?;
-    need(k, "a", a.len(), product(k, &[warps, 256])?)?;
-    need(k, "b", b.len(), product(k, &[warps, 128])?)?;
-    let args = vec![Arg::output("d", d), Arg::input("a", a), Arg::input("b", b)];
+    let args = Args::new(k)
+        .output("d", d, product(k, &[warps, 128])?)?
+        .input("a", a, product(k, &[warps, 256])?)?
+        .input("b", b, product(k, &[warps, 128])?)?;
     // SAFETY: the kernel touches the 128, 256 and 128 elements of each warp:
     // lengths checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `selftest_fault`: a kernel that breaks a barrier rule, by `mode`
@@ -132,9 +134,8 @@ pub fn selftest_mma(
 pub fn selftest_fault(grid: Dim3, block: Dim3, out: &mut [f32], mode: i32) -> Result<(), String> {
     let k = "selftest_fault";
     let threads = threads_1d(k, grid, block)?;
-    need(k, "out", out.len(), threads)?;
-    let args = vec![Arg::output("out", out), Arg::I32(mode)];
+    let args = Args::new(k).output("out", out, threads)?.i32(mode);
     // SAFETY: the kernel writes out[thread], or out[thread ± 1] (modes 6 and
     // 7), one element into the canaries: length checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }

@@ -2,8 +2,8 @@
 //! forward and backward (the position gradient, the token gradient, and
 //! for bf16 the "links" kernel that chains each token's positions).
 
-use crate::check::{dim, ids_below, need, product};
-use crate::launch::{launch, Arg, Elem};
+use crate::check::{dim, ids_below, product};
+use crate::launch::{Args, Elem};
 use crate::Dim3;
 
 /// The rows of a `(rows, C)` table held in `len` elements, at least
@@ -18,148 +18,87 @@ fn table_rows(k: &str, name: &str, len: usize, c: usize, min_rows: usize) -> Res
     Ok(len / c)
 }
 
-fn forward<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    out: &mut [S],
-    tokens: &[u32],
-    wte: &[S],
-    wpe: &[S],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
-    let bt = product(k, &[bu, tu])?;
-    need(k, "out", out.len(), product(k, &[bt, cu])?)?;
-    need(k, "tokens", tokens.len(), bt)?;
-    let v = table_rows(k, "wte", wte.len(), cu, 1)?;
-    table_rows(k, "wpe", wpe.len(), cu, tu)?;
-    ids_below(k, "tokens", tokens, v)?;
-    let args = vec![
-        Arg::output("out", out),
-        Arg::input("tokens", tokens),
-        Arg::input("wte", wte),
-        Arg::input("wpe", wpe),
-        Arg::I32(b),
-        Arg::I32(t),
-        Arg::I32(c),
-    ];
-    // SAFETY: out holds (B, T, C), tokens B·T ids each below V, the rows of
-    // wte (V, C), and wpe at least T rows of C (checked): encoder_forward
-    // [_bf16] reads wte[tok, c], wpe[t, c] and writes out[bt, c] for
-    // bt < B·T, t < T, c < C.
-    unsafe { launch(k, grid, block, args) }
+twins! {
+    /// `encoder_forward` (f32): `out[b, t, :] = wte[tokens[b, t], :] + wpe[t,
+    /// :]`; `wte` `(V, C)` with every token below `V` (checked), `wpe` at least
+    /// `T` rows. The launcher (encoder.rs, `encoder_forward_cuda`): one thread
+    /// per element, grid `ceil(B·T·C / 256)`, block 256.
+    pub fn encoder_forward(S = f32);
+    /// [`encoder_forward`] with bf16 storage.
+    pub fn encoder_forward_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        out: &mut [S],
+        tokens: &[u32],
+        wte: &[S],
+        wpe: &[S],
+        b: i32,
+        t: i32,
+        c: i32,
+    ) {
+        let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
+        let bt = product(k, &[bu, tu])?;
+        let args = Args::new(k)
+            .output("out", out, product(k, &[bt, cu])?)?
+            .input("tokens", tokens, bt)?;
+        let v = table_rows(k, "wte", wte.len(), cu, 1)?;
+        table_rows(k, "wpe", wpe.len(), cu, tu)?;
+        ids_below(k, "tokens", tokens, v)?;
+        let args = args
+            .input_prechecked("wte", wte)
+            .input_prechecked("wpe", wpe)
+            .i32s([b, t, c]);
+        // SAFETY: out holds (B, T, C), tokens B·T ids each below V, the rows
+        // of wte (V, C), and wpe at least T rows of C (checked):
+        // encoder_forward[_bf16] reads wte[tok, c], wpe[t, c] and writes
+        // out[bt, c] for bt < B·T, t < T, c < C.
+        unsafe { args.launch(grid, block) }
+    }
 }
 
-/// `encoder_forward` (f32): `out[b, t, :] = wte[tokens[b, t], :] + wpe[t,
-/// :]`; `wte` `(V, C)` with every token below `V` (checked), `wpe` at least
-/// `T` rows. The launcher (encoder.rs, `encoder_forward_cuda`): one thread
-/// per element, grid `ceil(B·T·C / 256)`, block 256.
-pub fn encoder_forward(
-    grid: Dim3,
-    block: Dim3,
-    out: &mut [f32],
-    tokens: &[u32],
-    wte: &[f32],
-    wpe: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    let k = "encoder_forward";
-    forward(k, grid, block, out, tokens, wte, wpe, b, t, c)
+twins! {
+    /// `encoder_backward_wpe` (f32): `dwpe[t, c] += Σ_b dout[b, t, c]`, `b` in
+    /// order; only the first `T` rows of `dwpe` (`maxT >= T`) are touched. The
+    /// launcher (encoder.rs, `encoder_backward_cuda`): grid `ceil(T·C / 256)`,
+    /// block 256.
+    pub fn encoder_backward_wpe(S = f32);
+    /// [`encoder_backward_wpe`] with bf16 storage (loaded, summed in f32,
+    /// rounded once).
+    pub fn encoder_backward_wpe_bf16(S = u16);
+    fn(k, grid: Dim3, block: Dim3, dwpe: &mut [S], dout: &[S], b: i32, t: i32, c: i32) {
+        let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
+        table_rows(k, "dwpe", dwpe.len(), cu, tu)?;
+        let args = Args::new(k)
+            .output_prechecked("dwpe", dwpe)
+            .input("dout", dout, product(k, &[bu, tu, cu])?)?
+            .i32s([b, t, c]);
+        // SAFETY: dwpe holds at least T rows of C and dout (B, T, C)
+        // (checked); encoder_backward_wpe[_bf16] touches dwpe[t, c] and
+        // dout[b, t, c] for t < T, c < C, b < B.
+        unsafe { args.launch(grid, block) }
+    }
 }
 
-/// [`encoder_forward`] with bf16 storage.
-pub fn encoder_forward_bf16(
-    grid: Dim3,
-    block: Dim3,
-    out: &mut [u16],
-    tokens: &[u32],
-    wte: &[u16],
-    wpe: &[u16],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    let k = "encoder_forward_bf16";
-    forward(k, grid, block, out, tokens, wte, wpe, b, t, c)
-}
-
-fn backward_wpe<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    dwpe: &mut [S],
-    dout: &[S],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    let (bu, tu, cu) = (dim(k, "B", b)?, dim(k, "T", t)?, dim(k, "C", c)?);
-    table_rows(k, "dwpe", dwpe.len(), cu, tu)?;
-    need(k, "dout", dout.len(), product(k, &[bu, tu, cu])?)?;
-    let args = vec![
-        Arg::output("dwpe", dwpe),
-        Arg::input("dout", dout),
-        Arg::I32(b),
-        Arg::I32(t),
-        Arg::I32(c),
-    ];
-    // SAFETY: dwpe holds at least T rows of C and dout (B, T, C) (checked);
-    // encoder_backward_wpe[_bf16] touches dwpe[t, c] and dout[b, t, c] for
-    // t < T, c < C, b < B.
-    unsafe { launch(k, grid, block, args) }
-}
-
-/// `encoder_backward_wpe` (f32): `dwpe[t, c] += Σ_b dout[b, t, c]`, `b` in
-/// order; only the first `T` rows of `dwpe` (`maxT >= T`) are touched. The
-/// launcher (encoder.rs, `encoder_backward_cuda`): grid `ceil(T·C / 256)`,
-/// block 256.
-pub fn encoder_backward_wpe(
-    grid: Dim3,
-    block: Dim3,
-    dwpe: &mut [f32],
-    dout: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    backward_wpe("encoder_backward_wpe", grid, block, dwpe, dout, b, t, c)
-}
-
-/// [`encoder_backward_wpe`] with bf16 storage (loaded, summed in f32,
-/// rounded once).
-pub fn encoder_backward_wpe_bf16(
-    grid: Dim3,
-    block: Dim3,
-    dwpe: &mut [u16],
-    dout: &[u16],
-    b: i32,
-    t: i32,
-    c: i32,
-) -> Result<(), String> {
-    let k = "encoder_backward_wpe_bf16";
-    backward_wpe(k, grid, block, dwpe, dout, b, t, c)
-}
-
-/// The token-gradient kernels' shapes: `dwte` `(V, C)`, `dout` `(B·T, C)`,
-/// `tokens` `B·T` ids below `V`.
-fn wte_shape(
-    k: &str,
-    dwte: usize,
-    dout: usize,
-    tokens: &[u32],
+/// The token-gradient kernels' arguments up to `tokens` (`dwte` `(V, C)`,
+/// `dout` `(B·T, C)`, `tokens` `B·T` ids below `V`, checked), and `BT`.
+fn wte_args<'a, S: Elem>(
+    k: &'a str,
+    dwte: &'a mut [S],
+    dout: &'a [S],
+    tokens: &'a [u32],
     bt: i32,
     c: i32,
-) -> Result<(), String> {
+) -> Result<(Args<'a>, usize), String> {
     let (btu, cu) = (dim(k, "BT", bt)?, dim(k, "C", c)?);
-    let v = table_rows(k, "dwte", dwte, cu, 1)?;
-    need(k, "dout", dout, product(k, &[btu, cu])?)?;
-    need(k, "tokens", tokens.len(), btu)?;
-    ids_below(k, "tokens", tokens, v)
+    let v = table_rows(k, "dwte", dwte.len(), cu, 1)?;
+    let args = Args::new(k)
+        .output_prechecked("dwte", dwte)
+        .input("dout", dout, product(k, &[btu, cu])?)?
+        .input("tokens", tokens, btu)?;
+    ids_below(k, "tokens", tokens, v)?;
+    Ok((args, btu))
 }
 
 /// `encoder_backward_wte` (f32): `dwte[tokens[bt], c] += dout[bt, c]` in
@@ -177,18 +116,12 @@ pub fn encoder_backward_wte(
     c: i32,
 ) -> Result<(), String> {
     let k = "encoder_backward_wte";
-    wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
-    let args = vec![
-        Arg::output("dwte", dwte),
-        Arg::input("dout", dout),
-        Arg::input("tokens", tokens),
-        Arg::I32(bt),
-        Arg::I32(c),
-    ];
+    let (args, _) = wte_args(k, dwte, dout, tokens, bt, c)?;
+    let args = args.i32s([bt, c]);
     // SAFETY: the kernel touches dwte[tok, c] for the B·T tokens (each below
     // V, the rows of dwte), dout[bt, c] and tokens[bt] for bt < BT, c < C:
     // checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// The largest `blockDim.x` of `encoder_backward_links`: its shared tile
@@ -209,23 +142,20 @@ pub fn encoder_backward_links(
 ) -> Result<(), String> {
     let k = "encoder_backward_links";
     let btu = dim(k, "BT", bt)?;
-    need(k, "links", links.len(), btu)?;
-    need(k, "tokens", tokens.len(), btu)?;
+    let args = Args::new(k)
+        .output("links", links, btu)?
+        .input("tokens", tokens, btu)?
+        .i32(bt);
     if block.0 > LINKS_MAX_BLOCK {
         return Err(format!(
             "{k}: blockDim.x ({}) must be at most {LINKS_MAX_BLOCK} (the shared tile)",
             block.0
         ));
     }
-    let args = vec![
-        Arg::output("links", links),
-        Arg::input("tokens", tokens),
-        Arg::I32(bt),
-    ];
     // SAFETY: the kernel touches links[bt] and tokens[bt] for bt < BT
     // (lengths checked) and tile[threadIdx.x] of its 256-entry shared tile
     // (blockDim.x checked).
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `encoder_backward_wte_bf16`: [`encoder_backward_wte`] with bf16 storage,
@@ -245,18 +175,10 @@ pub fn encoder_backward_wte_bf16(
     c: i32,
 ) -> Result<(), String> {
     let k = "encoder_backward_wte_bf16";
-    wte_shape(k, dwte.len(), dout.len(), tokens, bt, c)?;
-    need(k, "links", links.len(), tokens.len())?;
-    let args = vec![
-        Arg::output("dwte", dwte),
-        Arg::input("dout", dout),
-        Arg::input("tokens", tokens),
-        Arg::input("links", links),
-        Arg::I32(bt),
-        Arg::I32(c),
-    ];
+    let (args, btu) = wte_args(k, dwte, dout, tokens, bt, c)?;
+    let args = args.input("links", links, btu)?.i32s([bt, c]);
     // SAFETY: the kernel touches dwte[tok, c] for the tokens (each below V,
     // the rows of dwte), dout[r, c], tokens[r] and links[r] for r < BT (a
     // chain stops at the first link not below BT), c < C: checked above.
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }

@@ -4,8 +4,8 @@
 //! and the log-sum-exp `lse`), and backward (`delta`, then dQ, then dK and
 //! dV).
 
-use crate::check::{need, nonneg, product};
-use crate::launch::{launch, Arg, Elem};
+use crate::check::{nonneg, product};
+use crate::launch::{Args, Elem};
 use crate::Dim3;
 
 /// flash_attention.cu's largest head size (its per-thread arrays).
@@ -35,46 +35,20 @@ fn fa_forward<S: Elem>(
     block_k: Option<i32>,
 ) -> Result<(), String> {
     let (btc, bht) = fa_shape(k, dims)?;
-    need(k, "out", out.len(), btc)?;
-    need(k, "lse", lse.len(), bht)?;
-    need(k, "inp", inp.len(), product(k, &[btc, 3])?)?;
-    let mut args = vec![
-        Arg::output("out", out),
-        Arg::output("lse", lse),
-        Arg::input("inp", inp),
-    ];
-    args.extend(dims.map(Arg::I32));
+    let mut args = Args::new(k)
+        .output("out", out, btc)?
+        .output("lse", lse, bht)?
+        .input("inp", inp, product(k, &[btc, 3])?)?
+        .i32s(dims);
     if let Some(block_k) = block_k {
         if block_k <= 0 {
             return Err(format!("{k}: block_k ({block_k}) must be positive"));
         }
-        args.push(Arg::I32(block_k));
+        args = args.i32(block_k);
     }
     // SAFETY: the buffers have the (B, T, C), (B, NH, T) and (B, T, 3C)
     // elements the kernel indexes, with hs <= FA_MAX_HS (checked above).
-    unsafe { launch(k, grid, block, args) }
-}
-
-fn fa_delta<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    (delta, dout, out): (&mut [f32], &[S], &[S]),
-    dims: [i32; 4],
-) -> Result<(), String> {
-    let (btc, bht) = fa_shape(k, dims)?;
-    need(k, "delta", delta.len(), bht)?;
-    need(k, "dout", dout.len(), btc)?;
-    need(k, "out", out.len(), btc)?;
-    let mut args = vec![
-        Arg::output("delta", delta),
-        Arg::input("dout", dout),
-        Arg::input("out", out),
-    ];
-    args.extend(dims.map(Arg::I32));
-    // SAFETY: the buffers have the (B, NH, T), (B, T, C) and (B, T, C)
-    // elements the kernel indexes (checked above).
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// The backwards, dQ and dK/dV: one signature.
@@ -88,172 +62,123 @@ fn fa_backward<S: Elem>(
 ) -> Result<(), String> {
     let (btc, bht) = fa_shape(k, dims)?;
     let btc3 = product(k, &[btc, 3])?;
-    need(k, "dinp", dinp.len(), btc3)?;
-    need(k, "delta", delta.len(), bht)?;
-    need(k, "dout", dout.len(), btc)?;
-    need(k, "inp", inp.len(), btc3)?;
-    need(k, "lse", lse.len(), bht)?;
-    let mut args = vec![
-        Arg::output("dinp", dinp),
-        Arg::input("delta", delta),
-        Arg::input("dout", dout),
-        Arg::input("inp", inp),
-        Arg::input("lse", lse),
-    ];
-    args.extend(dims.map(Arg::I32));
+    let args = Args::new(k)
+        .output("dinp", dinp, btc3)?
+        .input("delta", delta, bht)?
+        .input("dout", dout, btc)?
+        .input("inp", inp, btc3)?
+        .input("lse", lse, bht)?
+        .i32s(dims);
     // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
     // (B, T, 3C) and (B, NH, T) elements the kernel indexes, with
     // hs <= FA_MAX_HS (checked above).
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
-/// `flash_attention_forward` (f32): `out` (B, T, C) and `lse` (B, NH, T) from
-/// `inp` (B, T, 3C), online softmax over key tiles of `block_k`. The
-/// launcher's configuration is grid `(ceil(T / 128), B·NH, 1)`, block
-/// `(128, 1, 1)`.
-pub fn flash_attention_forward(
-    grid: Dim3,
-    block: Dim3,
-    out: &mut [f32],
-    lse: &mut [f32],
-    inp: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-    block_k: i32,
-) -> Result<(), String> {
-    let k = "flash_attention_forward";
-    let (bufs, dims) = ((out, lse, inp), [b, t, c, nh]);
-    fa_forward(k, grid, block, bufs, dims, Some(block_k))
+twins! {
+    /// `flash_attention_forward` (f32): `out` (B, T, C) and `lse` (B, NH, T) from
+    /// `inp` (B, T, 3C), online softmax over key tiles of `block_k`. The
+    /// launcher's configuration is grid `(ceil(T / 128), B·NH, 1)`, block
+    /// `(128, 1, 1)`.
+    pub fn flash_attention_forward(S = f32);
+    /// [`flash_attention_forward`] with bf16 storage (`u16` bit patterns).
+    pub fn flash_attention_forward_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        out: &mut [S],
+        lse: &mut [f32],
+        inp: &[S],
+        b: i32,
+        t: i32,
+        c: i32,
+        nh: i32,
+        block_k: i32,
+    ) {
+        let (bufs, dims) = ((out, lse, inp), [b, t, c, nh]);
+        fa_forward(k, grid, block, bufs, dims, Some(block_k))
+    }
 }
 
-/// [`flash_attention_forward`] with bf16 storage (`u16` bit patterns).
-pub fn flash_attention_forward_bf16(
-    grid: Dim3,
-    block: Dim3,
-    out: &mut [u16],
-    lse: &mut [f32],
-    inp: &[u16],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-    block_k: i32,
-) -> Result<(), String> {
-    let k = "flash_attention_forward_bf16";
-    let (bufs, dims) = ((out, lse, inp), [b, t, c, nh]);
-    fa_forward(k, grid, block, bufs, dims, Some(block_k))
+twins! {
+    /// `flash_attention_delta` (f32): `delta` (B, NH, T) = per head
+    /// `rowsum(dout ∘ out)`. Launch as [`flash_attention_forward`].
+    pub fn flash_attention_delta(S = f32);
+    /// [`flash_attention_delta`] with bf16 storage.
+    pub fn flash_attention_delta_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        delta: &mut [f32],
+        dout: &[S],
+        out: &[S],
+        b: i32,
+        t: i32,
+        c: i32,
+        nh: i32,
+    ) {
+        let (btc, bht) = fa_shape(k, [b, t, c, nh])?;
+        let args = Args::new(k)
+            .output("delta", delta, bht)?
+            .input("dout", dout, btc)?
+            .input("out", out, btc)?
+            .i32s([b, t, c, nh]);
+        // SAFETY: the buffers have the (B, NH, T), (B, T, C) and (B, T, C)
+        // elements the kernel indexes (checked above).
+        unsafe { args.launch(grid, block) }
+    }
 }
 
-/// `flash_attention_delta` (f32): `delta` (B, NH, T) = per head
-/// `rowsum(dout ∘ out)`. Launch as [`flash_attention_forward`].
-pub fn flash_attention_delta(
-    grid: Dim3,
-    block: Dim3,
-    delta: &mut [f32],
-    dout: &[f32],
-    out: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let k = "flash_attention_delta";
-    fa_delta(k, grid, block, (delta, dout, out), [b, t, c, nh])
+twins! {
+    /// `flash_attention_backward_dq` (f32): adds dQ into the query channels of
+    /// `dinp` (B, T, 3C). Launch as [`flash_attention_forward`].
+    pub fn flash_attention_backward_dq(S = f32);
+    /// [`flash_attention_backward_dq`] with bf16 storage.
+    pub fn flash_attention_backward_dq_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        dinp: &mut [S],
+        delta: &[f32],
+        dout: &[S],
+        inp: &[S],
+        lse: &[f32],
+        b: i32,
+        t: i32,
+        c: i32,
+        nh: i32,
+    ) {
+        let ins = (delta, dout, inp, lse);
+        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+    }
 }
 
-/// [`flash_attention_delta`] with bf16 storage.
-pub fn flash_attention_delta_bf16(
-    grid: Dim3,
-    block: Dim3,
-    delta: &mut [f32],
-    dout: &[u16],
-    out: &[u16],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let k = "flash_attention_delta_bf16";
-    fa_delta(k, grid, block, (delta, dout, out), [b, t, c, nh])
-}
-
-/// `flash_attention_backward_dq` (f32): adds dQ into the query channels of
-/// `dinp` (B, T, 3C). Launch as [`flash_attention_forward`].
-pub fn flash_attention_backward_dq(
-    grid: Dim3,
-    block: Dim3,
-    dinp: &mut [f32],
-    delta: &[f32],
-    dout: &[f32],
-    inp: &[f32],
-    lse: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let (k, ins) = ("flash_attention_backward_dq", (delta, dout, inp, lse));
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
-}
-
-/// [`flash_attention_backward_dq`] with bf16 storage.
-pub fn flash_attention_backward_dq_bf16(
-    grid: Dim3,
-    block: Dim3,
-    dinp: &mut [u16],
-    delta: &[f32],
-    dout: &[u16],
-    inp: &[u16],
-    lse: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let ins = (delta, dout, inp, lse);
-    let k = "flash_attention_backward_dq_bf16";
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
-}
-
-/// `flash_attention_backward_dkv` (f32): adds dK and dV into the key and
-/// value channels of `dinp` (B, T, 3C). Launch as [`flash_attention_forward`].
-pub fn flash_attention_backward_dkv(
-    grid: Dim3,
-    block: Dim3,
-    dinp: &mut [f32],
-    delta: &[f32],
-    dout: &[f32],
-    inp: &[f32],
-    lse: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let ins = (delta, dout, inp, lse);
-    let k = "flash_attention_backward_dkv";
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
-}
-
-/// [`flash_attention_backward_dkv`] with bf16 storage.
-pub fn flash_attention_backward_dkv_bf16(
-    grid: Dim3,
-    block: Dim3,
-    dinp: &mut [u16],
-    delta: &[f32],
-    dout: &[u16],
-    inp: &[u16],
-    lse: &[f32],
-    b: i32,
-    t: i32,
-    c: i32,
-    nh: i32,
-) -> Result<(), String> {
-    let ins = (delta, dout, inp, lse);
-    let k = "flash_attention_backward_dkv_bf16";
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+twins! {
+    /// `flash_attention_backward_dkv` (f32): adds dK and dV into the key and
+    /// value channels of `dinp` (B, T, 3C). Launch as [`flash_attention_forward`].
+    pub fn flash_attention_backward_dkv(S = f32);
+    /// [`flash_attention_backward_dkv`] with bf16 storage.
+    pub fn flash_attention_backward_dkv_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        dinp: &mut [S],
+        delta: &[f32],
+        dout: &[S],
+        inp: &[S],
+        lse: &[f32],
+        b: i32,
+        t: i32,
+        c: i32,
+        nh: i32,
+    ) {
+        let ins = (delta, dout, inp, lse);
+        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -1,55 +1,29 @@
 //! `models/gpt2/src/kernels/norm.cu`: the squared gradient norm (partials,
 //! then their sum), the clip factor, and scaling in place.
 
-use crate::check::{count, dim, need};
-use crate::launch::{launch, Arg, Elem};
+use crate::check::{count, dim};
+use crate::launch::Args;
 use crate::Dim3;
 
-fn partial<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    partials: &mut [f64],
-    grads: &[S],
-    n: i64,
-) -> Result<(), String> {
-    need(k, "partials", partials.len(), grid.0 as usize)?;
-    need(k, "grads", grads.len(), count(k, n)?)?;
-    let args = vec![
-        Arg::output("partials", partials),
-        Arg::input("grads", grads),
-        Arg::I64(n),
-    ];
-    // SAFETY: grad_norm_sq_partial[_bf16] writes partials[blockIdx.x]
-    // (gridDim.x of them) and reads grads[i] for i < N (lengths checked
-    // above).
-    unsafe { launch(k, grid, block, args) }
-}
-
-/// `grad_norm_sq_partial` (f32 gradients): `partials[b]` = the sum of `g²`
-/// (double) over the elements block `b` visits, grid-stride; `partials` has
-/// `grid.0` elements. The launcher (norm.rs, `grad_norm_sq_partial_cuda`):
-/// grid `P = partials.len()` (the model: `GRAD_NORM_PARTIALS` = 512), block
-/// 512.
-pub fn grad_norm_sq_partial(
-    grid: Dim3,
-    block: Dim3,
-    partials: &mut [f64],
-    grads: &[f32],
-    n: i64,
-) -> Result<(), String> {
-    partial("grad_norm_sq_partial", grid, block, partials, grads, n)
-}
-
-/// [`grad_norm_sq_partial`] with bf16 gradients.
-pub fn grad_norm_sq_partial_bf16(
-    grid: Dim3,
-    block: Dim3,
-    partials: &mut [f64],
-    grads: &[u16],
-    n: i64,
-) -> Result<(), String> {
-    partial("grad_norm_sq_partial_bf16", grid, block, partials, grads, n)
+twins! {
+    /// `grad_norm_sq_partial` (f32 gradients): `partials[b]` = the sum of `g²`
+    /// (double) over the elements block `b` visits, grid-stride; `partials` has
+    /// `grid.0` elements. The launcher (norm.rs, `grad_norm_sq_partial_cuda`):
+    /// grid `P = partials.len()` (the model: `GRAD_NORM_PARTIALS` = 512), block
+    /// 512.
+    pub fn grad_norm_sq_partial(S = f32);
+    /// [`grad_norm_sq_partial`] with bf16 gradients.
+    pub fn grad_norm_sq_partial_bf16(S = u16);
+    fn(k, grid: Dim3, block: Dim3, partials: &mut [f64], grads: &[S], n: i64) {
+        let args = Args::new(k)
+            .output("partials", partials, grid.0 as usize)?
+            .input("grads", grads, count(k, n)?)?
+            .i64(n);
+        // SAFETY: grad_norm_sq_partial[_bf16] writes partials[blockIdx.x]
+        // (gridDim.x of them) and reads grads[i] for i < N (lengths checked
+        // above).
+        unsafe { args.launch(grid, block) }
+    }
 }
 
 /// `grad_norm_sq_finalize`: `out[0]` = the sum of `partials` (`P`). The
@@ -62,16 +36,13 @@ pub fn grad_norm_sq_finalize(
     p: i32,
 ) -> Result<(), String> {
     let k = "grad_norm_sq_finalize";
-    need(k, "out", out.len(), 1)?;
-    need(k, "partials", partials.len(), dim(k, "P", p)?)?;
-    let args = vec![
-        Arg::output("out", out),
-        Arg::input("partials", partials),
-        Arg::I32(p),
-    ];
+    let args = Args::new(k)
+        .output("out", out, 1)?
+        .input("partials", partials, dim(k, "P", p)?)?
+        .i32(p);
     // SAFETY: the kernel writes out[0] and reads partials[i] for i < P
     // (checked above).
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
 /// `grad_clip_scale`: `scale[0] = min(1, max_norm / (sqrt(Σ norm_sq) +
@@ -86,88 +57,45 @@ pub fn grad_clip_scale(
     max_norm: f32,
 ) -> Result<(), String> {
     let k = "grad_clip_scale";
-    need(k, "scale", scale.len(), 1)?;
-    need(k, "norm_sq", norm_sq.len(), dim(k, "K", k_parts)?)?;
-    let args = vec![
-        Arg::output("scale", scale),
-        Arg::input("norm_sq", norm_sq),
-        Arg::I32(k_parts),
-        Arg::F32(max_norm),
-    ];
+    let args = Args::new(k)
+        .output("scale", scale, 1)?
+        .input("norm_sq", norm_sq, dim(k, "K", k_parts)?)?
+        .i32(k_parts)
+        .f32(max_norm);
     // SAFETY: the kernel writes scale[0] and reads norm_sq[k] for k < K
     // (checked above).
-    unsafe { launch(k, grid, block, args) }
+    unsafe { args.launch(grid, block) }
 }
 
-fn scale_host<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    x: &mut [S],
-    n: i64,
-    s: f32,
-) -> Result<(), String> {
-    need(k, "x", x.len(), count(k, n)?)?;
-    let args = vec![Arg::output("x", x), Arg::I64(n), Arg::F32(s)];
-    // SAFETY: scale_inplace[_bf16] touches x[i] for i < N, the length of x
-    // (checked).
-    unsafe { launch(k, grid, block, args) }
+twins! {
+    /// `scale_inplace` (f32): `x *= s`. The launcher (norm.rs,
+    /// `scale_in_place_cuda`): nothing for `s == 1`, else one thread per
+    /// element, grid `ceil(N / 256)`, block 256.
+    pub fn scale_inplace(S = f32);
+    /// [`scale_inplace`] with bf16 storage.
+    pub fn scale_inplace_bf16(S = u16);
+    fn(k, grid: Dim3, block: Dim3, x: &mut [S], n: i64, s: f32) {
+        let args = Args::new(k).output("x", x, count(k, n)?)?.i64(n).f32(s);
+        // SAFETY: scale_inplace[_bf16] touches x[i] for i < N, the length of x
+        // (checked).
+        unsafe { args.launch(grid, block) }
+    }
 }
 
-/// `scale_inplace` (f32): `x *= s`. The launcher (norm.rs,
-/// `scale_in_place_cuda`): nothing for `s == 1`, else one thread per
-/// element, grid `ceil(N / 256)`, block 256.
-pub fn scale_inplace(grid: Dim3, block: Dim3, x: &mut [f32], n: i64, s: f32) -> Result<(), String> {
-    scale_host("scale_inplace", grid, block, x, n, s)
-}
-
-/// [`scale_inplace`] with bf16 storage.
-pub fn scale_inplace_bf16(
-    grid: Dim3,
-    block: Dim3,
-    x: &mut [u16],
-    n: i64,
-    s: f32,
-) -> Result<(), String> {
-    scale_host("scale_inplace_bf16", grid, block, x, n, s)
-}
-
-fn scale_dev<S: Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    x: &mut [S],
-    n: i64,
-    s: &[f32],
-) -> Result<(), String> {
-    need(k, "x", x.len(), count(k, n)?)?;
-    need(k, "s", s.len(), 1)?;
-    let args = vec![Arg::output("x", x), Arg::I64(n), Arg::input("s", s)];
-    // SAFETY: scale_inplace_dev[_bf16] touches x[i] for i < N, the length
-    // of x, and s[0] (checked).
-    unsafe { launch(k, grid, block, args) }
-}
-
-/// `scale_inplace_dev` (f32): `x *= s[0]`, the factor read on the device.
-/// The launcher (norm.rs, `scale_in_place_by_cuda`): one thread per element,
-/// grid `ceil(N / 256)`, block 256.
-pub fn scale_inplace_dev(
-    grid: Dim3,
-    block: Dim3,
-    x: &mut [f32],
-    n: i64,
-    s: &[f32],
-) -> Result<(), String> {
-    scale_dev("scale_inplace_dev", grid, block, x, n, s)
-}
-
-/// [`scale_inplace_dev`] with bf16 storage.
-pub fn scale_inplace_dev_bf16(
-    grid: Dim3,
-    block: Dim3,
-    x: &mut [u16],
-    n: i64,
-    s: &[f32],
-) -> Result<(), String> {
-    scale_dev("scale_inplace_dev_bf16", grid, block, x, n, s)
+twins! {
+    /// `scale_inplace_dev` (f32): `x *= s[0]`, the factor read on the device.
+    /// The launcher (norm.rs, `scale_in_place_by_cuda`): one thread per element,
+    /// grid `ceil(N / 256)`, block 256.
+    pub fn scale_inplace_dev(S = f32);
+    /// [`scale_inplace_dev`] with bf16 storage.
+    pub fn scale_inplace_dev_bf16(S = u16);
+    fn(k, grid: Dim3, block: Dim3, x: &mut [S], n: i64, s: &[f32]) {
+        let args = Args::new(k)
+            .output("x", x, count(k, n)?)?
+            .i64(n)
+            .input("s", s, 1)?;
+        // SAFETY: scale_inplace_dev[_bf16] touches x[i] for i < N, the length
+        // of x, and s[0] (checked).
+        unsafe { args.launch(grid, block) }
+    }
 }
