@@ -53,8 +53,8 @@
 //!
 //! # CUDA
 //!
-//! Two sets of kernels; [`CudaPath`] picks (the tasks use
-//! [`CudaPath::Auto`]).
+//! Two sets of kernels; the launchers take the tensor-core ones wherever
+//! they apply.
 //!
 //! - **Tensor cores** (`flash_attention_tc.cu`, bf16, head sizes
 //!   [`TC_HEAD_SIZES`], compute capability 8.0 or newer, `C` a multiple of 8 and `inp`, `dout`
@@ -166,19 +166,7 @@ pub const TC_HEAD_SIZES: [usize; 3] = [16, 32, 64];
 /// tensor-core kernels.
 const TC_ROWS: usize = 64;
 
-/// Which CUDA kernels run a fused attention call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CudaPath {
-    /// The tensor-core kernels where they apply ([`tensor_cores_apply`] and
-    /// 16-byte aligned `inp` and `dout`), the scalar kernels elsewhere.
-    #[default]
-    Auto,
-    /// `flash_attention.cu`'s scalar kernels everywhere: the CPU kernels'
-    /// operations in the CPU's order, the checked reference.
-    Scalar,
-}
-
-/// Whether [`CudaPath::Auto`] runs an attention of `c` channels in `nh`
+/// Whether the launchers run an attention of `c` channels in `nh`
 /// heads, stored as `S`, on `device`'s tensor cores: bf16 storage, a head
 /// size of [`TC_HEAD_SIZES`], `c` a multiple of 8 (16-byte rows), compute
 /// capability 8.0 or newer. The launchers also need `inp` and `dout`
@@ -643,43 +631,23 @@ fn tc_tiles(l: &Launcher<'_>, [b, t, _, nh]: [i32; 4]) -> Result<LaunchConfig> {
 }
 
 /// The tensor-core kernels `[forward, dQ, dK/dV]` if a call takes them:
-/// `path` allows it, the shape and device do ([`tensor_cores_apply`]) and
-/// every tensor the kernels stage 16 bytes at a time starts 16-byte
-/// aligned.
+/// the shape and device allow it ([`tensor_cores_apply`]) and every tensor
+/// the kernels stage 16 bytes at a time starts 16-byte aligned.
 fn takes_tensor_cores<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    path: CudaPath,
     c: usize,
     nh: usize,
     staged: &[u64],
 ) -> Option<&'static [Kernel; 3]> {
-    let takes = path == CudaPath::Auto
-        && tensor_cores_apply::<S>(cu.device(), c, nh)
-        && staged.iter().all(|p| p % 16 == 0);
+    let takes = tensor_cores_apply::<S>(cu.device(), c, nh) && staged.iter().all(|p| p % 16 == 0);
     takes.then(|| tc_kernels(c / nh)).flatten()
 }
 
 /// [`flash_attention_forward`] on the task's stream (module docs, CUDA),
-/// on the tensor cores where they apply ([`CudaPath::Auto`]).
+/// on the tensor cores where they apply.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    out: DevSliceMut<S>,   // (B, T, C)
-    lse: DevSliceMut<f32>, // (B, NH, T)
-    inp: DevSlice<S>,      // (B, T, 3C)
-    b: usize,
-    t: usize,
-    c: usize,
-    nh: usize,
-) -> Result<()> {
-    flash_attention_forward_cuda_with(cu, CudaPath::Auto, out, lse, inp, b, t, c, nh)
-}
-
-/// [`flash_attention_forward_cuda`] on the kernels `path` picks.
-#[allow(clippy::too_many_arguments)]
-pub fn flash_attention_forward_cuda_with<S: Storage>(
-    cu: &CudaTaskCtx<'_>,
-    path: CudaPath,
     out: DevSliceMut<S>,   // (B, T, C)
     lse: DevSliceMut<f32>, // (B, NH, T)
     inp: DevSlice<S>,      // (B, T, 3C)
@@ -694,7 +662,7 @@ pub fn flash_attention_forward_cuda_with<S: Storage>(
     k.exact("out", &out, "(B, T, C)", btc)?;
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
-    let tensor_cores = takes_tensor_cores::<S>(cu, path, c, nh, &[inp.ptr()]);
+    let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[inp.ptr()]);
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(out.ptr())
@@ -739,22 +707,9 @@ pub struct Backward<'a, S> {
 
 /// [`flash_attention_backward`] on the task's stream (module docs, CUDA):
 /// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`; the last
-/// two on the tensor cores where they apply ([`CudaPath::Auto`]).
+/// two on the tensor cores where they apply.
 pub fn flash_attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    bw: Backward<'_, S>,
-    b: usize,
-    t: usize,
-    c: usize,
-    nh: usize,
-) -> Result<()> {
-    flash_attention_backward_cuda_with(cu, CudaPath::Auto, bw, b, t, c, nh)
-}
-
-/// [`flash_attention_backward_cuda`] on the kernels `path` picks.
-pub fn flash_attention_backward_cuda_with<S: Storage>(
-    cu: &CudaTaskCtx<'_>,
-    path: CudaPath,
     bw: Backward<'_, S>,
     b: usize,
     t: usize,
@@ -771,7 +726,7 @@ pub fn flash_attention_backward_cuda_with<S: Storage>(
     k.exact("inp", &bw.inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
-    let tensor_cores = takes_tensor_cores::<S>(cu, path, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
+    let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
     let l = Launcher::new(k, cu);
     let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
