@@ -117,6 +117,7 @@ enum class Shfl { Idx, Up, Down, Bfly };
 unsigned shfl_word(unsigned mask, unsigned v, Shfl mode, unsigned b, int width, const char* who);
 unsigned ballot(unsigned mask, int pred, const char* who);
 void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]);
+void ldmatrix_x4_trans(unsigned r[4], const void* row);
 
 template <class T>
 T shfl(unsigned mask, T v, Shfl mode, unsigned b, int width, const char* who) {
@@ -192,6 +193,16 @@ inline int __all_sync(unsigned mask, int pred) {
 // order and internal precision differ.
 inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
     ::braid_emu::mma_bf16_16816(d, a, b);
+}
+
+// ldmatrix_x4_trans(r, row): PTX `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`,
+// warp-collective: lane l gives the address of row l % 8 of 8 x 8 matrix
+// l / 8 (16-byte aligned, 8 consecutive b16 elements), and receives in r[i]
+// matrix i read column-major: with g = lane / 4, t = lane % 4,
+//   r[i] = {M_i[2t][g], M_i[2t+1][g]}   (the lower row in the low half)
+// which is an mma B fragment register when M_i's rows are k and columns n.
+inline void ldmatrix_x4_trans(unsigned r[4], const void* row) {
+    ::braid_emu::ldmatrix_x4_trans(r, row);
 }
 
 // ---------------------------------------------------------------------------

@@ -54,6 +54,7 @@ struct Fiber {
 struct Exchange {
     unsigned word[32];                     // shuffles and votes
     unsigned mma_a[32][4], mma_b[32][2];   // MMA fragments
+    const void* row[32];                   // ldmatrix row addresses
 };
 
 struct Warp {
@@ -403,6 +404,26 @@ void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
         for (unsigned k = 0; k < 16; k++) acc = acc + A(r, k) * B(k, c);
         d[i] = acc;
     }
+}
+
+void ldmatrix_x4_trans(unsigned r[4], const void* row) {
+    Fiber* f = self("ldmatrix_x4_trans");
+    Warp& w = warp_of(f);
+    if (w.lanes != 32) fail("ldmatrix_x4_trans: needs a full warp, this one has %u threads", w.lanes);
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+        fail("ldmatrix_x4_trans: row address %p is not 16-byte aligned", row);
+    const unsigned lane = f->t.lane;
+    Exchange& x = exchange(f);
+    x.row[lane] = row;
+    warp_barrier(f, "ldmatrix_x4_trans");
+    // Element (row, col) of matrix i: row `row` of it starts at lane 8i + row.
+    const auto at = [&](unsigned i, unsigned rw, unsigned col) {
+        unsigned short v;
+        std::memcpy(&v, static_cast<const char*>(x.row[8 * i + rw]) + 2 * col, 2);
+        return unsigned(v);
+    };
+    const unsigned g = lane >> 2, t = lane % 4;
+    for (unsigned i = 0; i < 4; i++) r[i] = at(i, 2 * t, g) | (at(i, 2 * t + 1, g) << 16);
 }
 
 int launch_raw(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {

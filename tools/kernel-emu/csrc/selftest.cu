@@ -20,6 +20,16 @@ static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// r[i] = matrix i of four 8 x 8 bf16 matrices in shared memory, read
+// column-major (cuda_emu.h spells out the layout); lane l gives the address
+// of row l % 8 of matrix l / 8.
+static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* row) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 #endif
 
 // out[block] = the sum of the block's elements of in (0 past n), by a tree
@@ -102,6 +112,37 @@ extern "C" __global__ void selftest_mma(float* d, const unsigned short* a,
     D[g * 8 + 2 * t + 1] = df[1];
     D[(g + 8) * 8 + 2 * t] = df[2];
     D[(g + 8) * 8 + 2 * t + 1] = df[3];
+}
+
+// D = A B for one warp, B's fragments from ldmatrix .x4 .trans: A 16 x 16
+// bf16 and B 16 x 16 bf16 (k x n), row-major, at a and b; D 16 x 16 f32,
+// row-major, at d, from zero. B is staged in shared memory and lane l gives
+// the address of B row l % 16, columns (l / 16) * 8 on, so the four
+// matrices are the B registers of column tiles 0 (k 0-7, 8-15) and 1: the
+// pattern flash_attention_tc.cu uses. One block of 32 threads.
+extern "C" __global__ void selftest_ldmatrix_mma(float* d, const unsigned short* a,
+                                                 const unsigned short* b) {
+    alignas(16) __shared__ unsigned short sh[16 * 16];
+    const unsigned lane = threadIdx.x, g = lane >> 2, t = lane % 4;
+    for (unsigned i = lane; i < 256; i += 32) sh[i] = b[i];
+    __syncwarp();
+    const unsigned af[4] = {
+        st_pack(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
+        st_pack(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]),
+        st_pack(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]),
+        st_pack(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9]),
+    };
+    unsigned bf[4];
+    ldmatrix_x4_trans(bf, sh + (lane % 16) * 16 + (lane / 16) * 8);
+    for (unsigned n0 = 0; n0 < 2; n0++) {
+        float df[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_bf16_16816(df, af, bf + 2 * n0);
+        const unsigned c = n0 * 8 + 2 * t;
+        d[g * 16 + c] = df[0];
+        d[g * 16 + c + 1] = df[1];
+        d[(g + 8) * 16 + c] = df[2];
+        d[(g + 8) * 16 + c + 1] = df[3];
+    }
 }
 
 // Kernels that break a rule, by mode; the emulator reports each (a GPU may

@@ -70,6 +70,16 @@ static __device__ __forceinline__ void tc_copy16(void* dst, const void* src) {
 static __device__ __forceinline__ unsigned tc_ld2(const bf16_t* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
+
+// Four 8 x 8 bf16 matrices of shared memory, each read column-major: lane l
+// gives the address of row l % 8 of matrix l / 8 (16-byte aligned), and
+// r[i] = {M_i[2t][g], M_i[2t+1][g]}, an mma B register when M_i's rows are k.
+static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* row) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 #else
 static inline void tc_copy16(void* dst, const void* src) { memcpy(dst, src, 16); }
 
@@ -158,7 +168,6 @@ static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
 template <int HS>
 static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const float p[TC_NT][4],
                                                  const bf16_t* x, int lane) {
-    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < TC_TILE / 16; j++) {
         unsigned a[4];
@@ -166,13 +175,16 @@ static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const flo
         a[1] = tc_pack_f32(p[2 * j][2], p[2 * j][3]);
         a[2] = tc_pack_f32(p[2 * j + 1][0], p[2 * j + 1][1]);
         a[3] = tc_pack_f32(p[2 * j + 1][2], p[2 * j + 1][3]);
-        const bf16_t* k0 = x + (j * 16 + 2 * t) * TC_LD + g;
+        // The B registers of two column tiles in one ldmatrix: lane l gives
+        // row j * 16 + l % 16, columns (l / 16) * 8 on, so matrices 0 and 1
+        // are k rows 0-7 and 8-15 of column tile nc, 2 and 3 those of nc + 1.
+        const bf16_t* row = x + (j * 16 + (lane & 15)) * TC_LD + (lane >> 4) * 8;
 #pragma unroll
-        for (int nc = 0; nc < TC_NCH; nc++) {
-            unsigned b[2];
-            b[0] = tc_pack(k0[nc * 8], k0[TC_LD + nc * 8]);
-            b[1] = tc_pack(k0[8 * TC_LD + nc * 8], k0[9 * TC_LD + nc * 8]);
+        for (int nc = 0; nc < TC_NCH; nc += 2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, row + nc * 8);
             mma_bf16_16816(out[nc], a, b);
+            mma_bf16_16816(out[nc + 1], a, b + 2);
         }
     }
 }
