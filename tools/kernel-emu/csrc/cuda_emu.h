@@ -118,6 +118,7 @@ unsigned shfl_word(unsigned mask, unsigned v, Shfl mode, unsigned b, int width, 
 unsigned ballot(unsigned mask, int pred, const char* who);
 void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]);
 void ldmatrix_x4_trans(unsigned r[4], const void* row);
+void ldmatrix_x4(unsigned r[4], const void* row);
 
 template <class T>
 T shfl(unsigned mask, T v, Shfl mode, unsigned b, int width, const char* who) {
@@ -204,6 +205,11 @@ inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2])
 inline void ldmatrix_x4_trans(unsigned r[4], const void* row) {
     ::braid_emu::ldmatrix_x4_trans(r, row);
 }
+
+// ldmatrix_x4(r, row): the same without .trans, each matrix read row-major:
+//   r[i] = {M_i[g][2t], M_i[g][2t+1]}
+// an mma B register when M_i's rows are n and columns k.
+inline void ldmatrix_x4(unsigned r[4], const void* row) { ::braid_emu::ldmatrix_x4(r, row); }
 
 // ---------------------------------------------------------------------------
 // Memory, atomics, fences, __trap

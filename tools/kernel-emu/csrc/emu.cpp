@@ -406,16 +406,17 @@ void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
     }
 }
 
-void ldmatrix_x4_trans(unsigned r[4], const void* row) {
-    Fiber* f = self("ldmatrix_x4_trans");
+// ldmatrix .m8n8 .x4 .b16, `trans` or not (cuda_emu.h).
+void ldmatrix_x4_any(unsigned r[4], const void* row, bool trans, const char* who) {
+    Fiber* f = self(who);
     Warp& w = warp_of(f);
-    if (w.lanes != 32) fail("ldmatrix_x4_trans: needs a full warp, this one has %u threads", w.lanes);
+    if (w.lanes != 32) fail("%s: needs a full warp, this one has %u threads", who, w.lanes);
     if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
-        fail("ldmatrix_x4_trans: row address %p is not 16-byte aligned", row);
+        fail("%s: row address %p is not 16-byte aligned", who, row);
     const unsigned lane = f->t.lane;
     Exchange& x = exchange(f);
     x.row[lane] = row;
-    warp_barrier(f, "ldmatrix_x4_trans");
+    warp_barrier(f, who);
     // Element (row, col) of matrix i: row `row` of it starts at lane 8i + row.
     const auto at = [&](unsigned i, unsigned rw, unsigned col) {
         unsigned short v;
@@ -423,8 +424,16 @@ void ldmatrix_x4_trans(unsigned r[4], const void* row) {
         return unsigned(v);
     };
     const unsigned g = lane >> 2, t = lane % 4;
-    for (unsigned i = 0; i < 4; i++) r[i] = at(i, 2 * t, g) | (at(i, 2 * t + 1, g) << 16);
+    for (unsigned i = 0; i < 4; i++)
+        r[i] = trans ? at(i, 2 * t, g) | (at(i, 2 * t + 1, g) << 16)
+                     : at(i, g, 2 * t) | (at(i, g, 2 * t + 1) << 16);
 }
+
+void ldmatrix_x4_trans(unsigned r[4], const void* row) {
+    ldmatrix_x4_any(r, row, true, "ldmatrix_x4_trans");
+}
+
+void ldmatrix_x4(unsigned r[4], const void* row) { ldmatrix_x4_any(r, row, false, "ldmatrix_x4"); }
 
 int launch_raw(dim3 grid, dim3 block, void (*fn)(void*), void* arg) {
     if (in_launch) {

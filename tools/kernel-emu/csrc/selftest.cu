@@ -30,6 +30,14 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const vo
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+
+// The same without .trans: each matrix read row-major.
+static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* row) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 #endif
 
 // out[block] = the sum of the block's elements of in (0 past n), by a tree
@@ -114,17 +122,20 @@ extern "C" __global__ void selftest_mma(float* d, const unsigned short* a,
     D[(g + 8) * 8 + 2 * t + 1] = df[3];
 }
 
-// D = A B for one warp, B's fragments from ldmatrix .x4 .trans: A 16 x 16
-// bf16 and B 16 x 16 bf16 (k x n), row-major, at a and b; D 16 x 16 f32,
-// row-major, at d, from zero. B is staged in shared memory and lane l gives
-// the address of B row l % 16, columns (l / 16) * 8 on, so the four
-// matrices are the B registers of column tiles 0 (k 0-7, 8-15) and 1: the
-// pattern flash_attention_tc.cu uses. One block of 32 threads.
+// D = A B for one warp, B's fragments from ldmatrix .x4: A 16 x 16 bf16 and
+// B 16 x 16 bf16 (k x n), row-major, at a and b; D 16 x 16 f32, row-major,
+// at d, from zero. One block of 32 threads. With trans, B is staged as it
+// is and lane l gives the address of B row l % 16, columns (l / 16) * 8 on:
+// matrices 0, 1 are k rows 0-7, 8-15 of column tile 0, matrices 2, 3 those
+// of tile 1 (flash_attention_tc.cu's P V pattern). Without, Bᵀ (n x k) is
+// staged and lane l gives Bᵀ row (l / 16) * 8 + l % 8, columns
+// ((l / 8) % 2) * 8 on: matrices 0, 1 are k 0-7, 8-15 of tile 0, 2, 3 of
+// tile 1 (its Q Kᵀ pattern, with one k step).
 extern "C" __global__ void selftest_ldmatrix_mma(float* d, const unsigned short* a,
-                                                 const unsigned short* b) {
+                                                 const unsigned short* b, int trans) {
     alignas(16) __shared__ unsigned short sh[16 * 16];
     const unsigned lane = threadIdx.x, g = lane >> 2, t = lane % 4;
-    for (unsigned i = lane; i < 256; i += 32) sh[i] = b[i];
+    for (unsigned i = lane; i < 256; i += 32) sh[trans ? i : (i % 16) * 16 + i / 16] = b[i];
     __syncwarp();
     const unsigned af[4] = {
         st_pack(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
@@ -133,7 +144,10 @@ extern "C" __global__ void selftest_ldmatrix_mma(float* d, const unsigned short*
         st_pack(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9]),
     };
     unsigned bf[4];
-    ldmatrix_x4_trans(bf, sh + (lane % 16) * 16 + (lane / 16) * 8);
+    if (trans)
+        ldmatrix_x4_trans(bf, sh + (lane % 16) * 16 + (lane / 16) * 8);
+    else
+        ldmatrix_x4(bf, sh + ((lane / 16) * 8 + lane % 8) * 16 + ((lane / 8) % 2) * 8);
     for (unsigned n0 = 0; n0 < 2; n0++) {
         float df[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         mma_bf16_16816(df, af, bf + 2 * n0);

@@ -126,14 +126,21 @@ pub fn selftest_mma(
 
 /// `selftest_ldmatrix_mma`: `d` (16 × 16 f32, row-major) = `a` (16 × 16
 /// bf16, row-major) times `b` (16 × 16 bf16, k × n row-major), by one warp
-/// whose B registers come from `ldmatrix_x4_trans` (the tensor-core flash
-/// attention's pattern). One block of 32 threads.
-pub fn selftest_ldmatrix_mma(d: &mut [f32], a: &[u16], b: &[u16]) -> Result<(), String> {
+/// whose B registers come from `ldmatrix_x4_trans` (`trans`) or
+/// `ldmatrix_x4` over `bᵀ` (the tensor-core flash attention's patterns).
+/// One block of 32 threads.
+pub fn selftest_ldmatrix_mma(
+    d: &mut [f32],
+    a: &[u16],
+    b: &[u16],
+    trans: bool,
+) -> Result<(), String> {
     let k = "selftest_ldmatrix_mma";
     let args = Args::new(k)
         .output("d", d, 256)?
         .input("a", a, 256)?
-        .input("b", b, 256)?;
+        .input("b", b, 256)?
+        .i32(i32::from(trans));
     // SAFETY: one warp touches elements 0..256 of each: lengths checked above.
     unsafe { args.launch((1, 1, 1), (32, 1, 1)) }
 }

@@ -167,26 +167,28 @@ fn mma_is_the_f32_matmul_of_the_bf16_values() {
     }
 }
 
-/// B fragments from `ldmatrix .x4 .trans` (two column tiles per
-/// instruction, as the tensor-core attention loads them) feed the MMA the
-/// B it multiplies by: D is the f32 product of the bf16 values.
+/// B fragments from `ldmatrix .x4 .trans` over B, and from `ldmatrix .x4`
+/// over Bᵀ (as the tensor-core attention loads them), feed the MMA the B it
+/// multiplies by: D is the f32 product of the bf16 values.
 #[test]
-fn ldmatrix_trans_gives_the_mma_its_b_fragments() {
+fn ldmatrix_gives_the_mma_its_b_fragments() {
     let a: Vec<u16> = values(256, 6).iter().map(|&x| bf16(3.0 * x)).collect();
     let b: Vec<u16> = values(256, 7)
         .iter()
         .enumerate()
         .map(|(i, &x)| bf16(x * (1 + i % 5) as f32))
         .collect();
-    let mut d = vec![f32::NAN; 256];
-    emu::selftest_ldmatrix_mma(&mut d, &a, &b).unwrap();
-    for r in 0..16 {
-        for n in 0..16 {
-            let mut acc = 0.0f32;
-            for k in 0..16 {
-                acc += from_bf16(a[r * 16 + k]) * from_bf16(b[k * 16 + n]);
+    for trans in [true, false] {
+        let mut d = vec![f32::NAN; 256];
+        emu::selftest_ldmatrix_mma(&mut d, &a, &b, trans).unwrap();
+        for r in 0..16 {
+            for n in 0..16 {
+                let mut acc = 0.0f32;
+                for k in 0..16 {
+                    acc += from_bf16(a[r * 16 + k]) * from_bf16(b[k * 16 + n]);
+                }
+                assert_eq!(d[r * 16 + n], acc, "trans {trans}: D[{r}][{n}]");
             }
-            assert_eq!(d[r * 16 + n], acc, "D[{r}][{n}]");
         }
     }
 }

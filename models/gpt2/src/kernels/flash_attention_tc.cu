@@ -80,6 +80,15 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const vo
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
+
+// The same, each matrix read row-major: r[i] = {M_i[g][2t], M_i[g][2t+1]},
+// an mma B register when M_i's rows are n and its columns k.
+static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* row) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 #else
 static inline void tc_copy16(void* dst, const void* src) { memcpy(dst, src, 16); }
 
@@ -151,13 +160,26 @@ static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
     for (int nt = 0; nt < TC_NT; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-        const bf16_t* row = x + (nt * 8 + g) * TC_LD + 2 * t;
+        if constexpr (TC_KSTEPS % 2 == 0) {
+            // Two k steps' B registers in one ldmatrix: lane l gives row
+            // nt * 8 + l % 8, columns (l / 8) * 8 on (then + 32 per pair).
+            const bf16_t* row = x + (nt * 8 + (lane & 7)) * TC_LD + (lane >> 3) * 8;
 #pragma unroll
-        for (int ks = 0; ks < TC_KSTEPS; ks++) {
-            unsigned b[2];
-            b[0] = tc_ld2(row + ks * 16);
-            b[1] = tc_ld2(row + ks * 16 + 8);
-            mma_bf16_16816(acc[nt], a[ks], b);
+            for (int ks = 0; ks < TC_KSTEPS; ks += 2) {
+                unsigned b[4];
+                ldmatrix_x4(b, row + ks * 16);
+                mma_bf16_16816(acc[nt], a[ks], b);
+                mma_bf16_16816(acc[nt], a[ks + 1], b + 2);
+            }
+        } else {
+            const bf16_t* row = x + (nt * 8 + g) * TC_LD + 2 * t;
+#pragma unroll
+            for (int ks = 0; ks < TC_KSTEPS; ks++) {
+                unsigned b[2];
+                b[0] = tc_ld2(row + ks * 16);
+                b[1] = tc_ld2(row + ks * 16 + 8);
+                mma_bf16_16816(acc[nt], a[ks], b);
+            }
         }
     }
 }
