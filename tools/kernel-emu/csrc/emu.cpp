@@ -98,9 +98,9 @@ std::string format(const char* fmt, ...) {
     return s;
 }
 
-// The k-th fiber of a pass, and the place of fiber i in a pass.
+// The k-th fiber of a pass; also the place of fiber k in a pass, since
+// either order is its own inverse.
 size_t order_at(size_t k) { return rt.reverse ? rt.fibers.size() - 1 - k : k; }
-size_t order_pos(size_t i) { return order_at(i); }
 
 // Leaves `f` (waiting, or exited: then for good) for the next runnable
 // fiber after it, or the scheduler at the end of the pass; returns when `f`
@@ -109,7 +109,7 @@ void yield(Fiber* f) {
     ucontext_t* to = &rt.scheduler;
     rt.running = nullptr;
     const size_t n = rt.fibers.size();
-    for (size_t k = order_pos(f->t.linear) + 1; k < n; k++) {
+    for (size_t k = order_at(f->t.linear) + 1; k < n; k++) {
         Fiber& g = rt.fibers[order_at(k)];
         if (g.state == State::Runnable) {
             rt.running = &g;

@@ -478,35 +478,7 @@ fn tensor_core_kernels_match_the_cpu_within_bf16_tolerance() {
             &mut dinp, &mut delta, &dout, &inp, &out, &lse, s.b, s.t, s.c, s.nh, BLOCK_Q, BLOCK_K,
         );
         let mut e_dinp = bits(&dinp0);
-        let (d_out, d_inp) = (bits(&dout), bits(&inp));
-        emu::flash_attention_tc_backward_dq_bf16(
-            grid,
-            block,
-            &mut e_dinp,
-            &delta,
-            &d_out,
-            &d_inp,
-            &lse,
-            b,
-            t,
-            c,
-            nh,
-        )
-        .unwrap();
-        emu::flash_attention_tc_backward_dkv_bf16(
-            grid,
-            block,
-            &mut e_dinp,
-            &delta,
-            &d_out,
-            &d_inp,
-            &lse,
-            b,
-            t,
-            c,
-            nh,
-        )
-        .unwrap();
+        tc_backward(s, &mut e_dinp, &delta, &bits(&dout), &bits(&inp), &lse);
         bf16_ulps("tc dinp", &e_dinp, &dinp);
         assert!(a_out.max_scaled <= TC_OUT, "tc out: {a_out:?}");
         assert!(a_lse.max_scaled <= 1e-6, "tc lse: {a_lse:?}");
@@ -534,10 +506,28 @@ fn tensor_core_kernels_match_the_cpu_within_bf16_tolerance() {
 const TC_OUT: f64 = 0.0125;
 const TC_GRAD: f64 = 0.0125;
 
+/// The tensor-core backward kernels, `dQ` then `dK`/`dV`, adding into
+/// `dinp`, at the launcher's configuration.
+fn tc_backward(s: Shape, dinp: &mut [u16], delta: &[f32], dout: &[u16], inp: &[u16], lse: &[f32]) {
+    let [b, t, c, nh] = s.args();
+    let (grid, block) = tc_launch(s);
+    emu::flash_attention_tc_backward_dq_bf16(grid, block, dinp, delta, dout, inp, lse, b, t, c, nh)
+        .unwrap();
+    emu::flash_attention_tc_backward_dkv_bf16(
+        grid, block, dinp, delta, dout, inp, lse, b, t, c, nh,
+    )
+    .unwrap();
+}
+
 /// Runs the tensor-core forward, then backward from its own out and lse
-/// (delta from the scalar kernel), from zero gradients: (out, lse, dinp)
-/// as bf16 bits.
-fn tc_run(s: Shape, inp: &[u16], dout: &[u16]) -> (Vec<u16>, Vec<f32>, Vec<u16>) {
+/// (delta from the scalar kernel), adding into `dinp0`: (out, lse, delta,
+/// dinp) as the kernels leave them.
+fn tc_run(
+    s: Shape,
+    inp: &[u16],
+    dout: &[u16],
+    dinp0: &[u16],
+) -> (Vec<u16>, Vec<f32>, Vec<f32>, Vec<u16>) {
     let [b, t, c, nh] = s.args();
     let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
     let (grid, block) = tc_launch(s);
@@ -548,16 +538,9 @@ fn tc_run(s: Shape, inp: &[u16], dout: &[u16]) -> (Vec<u16>, Vec<f32>, Vec<u16>)
     let mut delta = vec![0.0; bht];
     let (g, bl) = s.launch(128);
     emu::flash_attention_delta_bf16(g, bl, &mut delta, dout, &out, b, t, c, nh).unwrap();
-    let mut dinp = vec![0u16; 3 * btc];
-    emu::flash_attention_tc_backward_dq_bf16(
-        grid, block, &mut dinp, &delta, dout, inp, &lse, b, t, c, nh,
-    )
-    .unwrap();
-    emu::flash_attention_tc_backward_dkv_bf16(
-        grid, block, &mut dinp, &delta, dout, inp, &lse, b, t, c, nh,
-    )
-    .unwrap();
-    (out, lse, dinp)
+    let mut dinp = dinp0.to_vec();
+    tc_backward(s, &mut dinp, &delta, dout, inp, &lse);
+    (out, lse, delta, dinp)
 }
 
 /// The causal mask, exactly, at every tile edge: changing the key and value
@@ -573,7 +556,8 @@ fn tensor_core_kernels_are_exactly_causal() {
     let x = inputs(s, 400);
     let (inp, dout) = (bits(&to_bf16(&x.inp)), bits(&to_bf16(&x.dout)));
     let (c3, c, hs) = (3 * s.c, s.c, s.c / s.nh);
-    let base = tc_run(s, &inp, &dout);
+    let zeros = vec![0u16; 3 * s.b * s.t * s.c];
+    let (base_out, base_lse, _, base_dinp) = tc_run(s, &inp, &dout, &zeros);
     for j in [0, 1, 63, 64, 65, 127, 128, 149] {
         // Key and value channels of position j, batch row 1, every head.
         let mut inp2 = inp.clone();
@@ -584,25 +568,25 @@ fn tensor_core_kernels_are_exactly_causal() {
                 .to_bits()
                 .wrapping_shr(16) as u16;
         }
-        let (out2, lse2, _) = tc_run(s, &inp2, &dout);
+        let (out2, lse2, _, _) = tc_run(s, &inp2, &dout, &zeros);
         for h in 0..s.nh {
             let lse_row = |l: &[f32], r: usize| l[(s.nh + h) * s.t + r];
             let out_row = |o: &[u16], r: usize| o[(s.t + r) * c + h * hs..][..hs].to_vec();
             for r in 0..j {
                 assert_eq!(
                     lse_row(&lse2, r),
-                    lse_row(&base.1, r),
+                    lse_row(&base_lse, r),
                     "lse row {r}, key {j}"
                 );
                 assert_eq!(
                     out_row(&out2, r),
-                    out_row(&base.0, r),
+                    out_row(&base_out, r),
                     "out row {r}, key {j}"
                 );
             }
             assert_ne!(
                 lse_row(&lse2, j),
-                lse_row(&base.1, j),
+                lse_row(&base_lse, j),
                 "lse row {j}, key {j}"
             );
         }
@@ -611,23 +595,35 @@ fn tensor_core_kernels_are_exactly_causal() {
         for x in &mut dout2[(s.t + j) * c..][..c] {
             *x ^= 0x8000; // negated
         }
-        let (_, _, dinp2) = tc_run(s, &inp, &dout2);
+        let (_, _, _, dinp2) = tc_run(s, &inp, &dout2, &zeros);
         for r in 0..s.t {
             let row = |d: &[u16], part: usize| d[(s.t + r) * c3 + part * c..][..c].to_vec();
             if r != j {
-                assert_eq!(row(&dinp2, 0), row(&base.2, 0), "dq row {r}, dout row {j}");
+                assert_eq!(
+                    row(&dinp2, 0),
+                    row(&base_dinp, 0),
+                    "dq row {r}, dout row {j}"
+                );
             }
             if r > j {
-                assert_eq!(row(&dinp2, 1), row(&base.2, 1), "dk row {r}, dout row {j}");
-                assert_eq!(row(&dinp2, 2), row(&base.2, 2), "dv row {r}, dout row {j}");
+                assert_eq!(
+                    row(&dinp2, 1),
+                    row(&base_dinp, 1),
+                    "dk row {r}, dout row {j}"
+                );
+                assert_eq!(
+                    row(&dinp2, 2),
+                    row(&base_dinp, 2),
+                    "dv row {r}, dout row {j}"
+                );
             }
         }
         assert_ne!(
             dinp2[(s.t + j) * c3 + 2 * c..][..c],
-            base.2[(s.t + j) * c3 + 2 * c..][..c]
+            base_dinp[(s.t + j) * c3 + 2 * c..][..c]
         );
         // Batch row 0 saw none of it.
-        assert_eq!(dinp2[..s.t * c3], base.2[..s.t * c3]);
+        assert_eq!(dinp2[..s.t * c3], base_dinp[..s.t * c3]);
     }
 }
 
@@ -810,31 +806,13 @@ fn tc_head<'a>(
 #[test]
 fn tensor_core_kernels_equal_their_model_bit_for_bit() {
     for (n, &s) in TC_SHAPES.iter().enumerate() {
-        let [b, t, c, nh] = s.args();
         let x = inputs(s, 500 + 10 * n as u64);
         let (inp, dout, dinp0) = (
             bits(&to_bf16(&x.inp)),
             bits(&to_bf16(&x.dout)),
             bits(&to_bf16(&x.dinp0)),
         );
-        let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
-        let (grid, block) = tc_launch(s);
-        let mut out = vec![0u16; btc];
-        let mut lse = vec![0.0; bht];
-        emu::flash_attention_tc_forward_bf16(grid, block, &mut out, &mut lse, &inp, b, t, c, nh)
-            .unwrap();
-        let mut delta = vec![0.0; bht];
-        let (g, bl) = s.launch(128);
-        emu::flash_attention_delta_bf16(g, bl, &mut delta, &dout, &out, b, t, c, nh).unwrap();
-        let mut dinp = dinp0.clone();
-        emu::flash_attention_tc_backward_dq_bf16(
-            grid, block, &mut dinp, &delta, &dout, &inp, &lse, b, t, c, nh,
-        )
-        .unwrap();
-        emu::flash_attention_tc_backward_dkv_bf16(
-            grid, block, &mut dinp, &delta, &dout, &inp, &lse, b, t, c, nh,
-        )
-        .unwrap();
+        let (out, lse, delta, dinp) = tc_run(s, &inp, &dout, &dinp0);
         let add = |start: u16, x: f32| Bf16::from_f32(Bf16(start).to_f32() + x).0;
         let hs = s.c / s.nh;
         let scale = 1.0 / (hs as f32).sqrt();
