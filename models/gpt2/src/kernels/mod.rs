@@ -159,9 +159,12 @@ pub fn kernel_headers() -> &'static [braid::cuda::Header<'static>] {
 }
 
 /// Compiles (or loads from NVRTC's disk cache) and looks up every GPT-2
-/// kernel on `device` now, so a compile error surfaces here rather than in
-/// the first task, and no task pays for NVRTC. Optional: launchers load what
-/// they need on first use. Use [`braid::Runtime::cuda_device`] for `device`.
+/// kernel `device` can run now (a program that needs a newer compute
+/// capability, such as the tensor-core attention's, is skipped: its
+/// launchers take another path there), so a compile error surfaces here
+/// rather than in the first task, and no task pays for NVRTC. Optional:
+/// launchers load what they need on first use. Use
+/// [`braid::Runtime::cuda_device`] for `device`.
 pub fn preload(device: &braid::cuda::CudaDevice) -> braid::Result<()> {
     PROGRAMS
         .iter()
