@@ -17,9 +17,10 @@
 # machine, and ordered so that a short session does the most urgent first:
 #   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
 # With --new --quick, only the wrappers a session of about ten minutes of
-# device time can run (QUICK below: the kernels, the bf16 step against
-# PyTorch with and without the tensor-core attention, the vocabulary
-# products, the fused classifier, the model tests, the graph tests).
+# device time can run (QUICK below: the PyTorch fixtures and model tests
+# on CUDA, the fused bf16 step that is the trainer's GPU default against
+# PyTorch eager and torch.compile at B 8 and 32, the trainer, graph replay
+# of the fused step).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -31,8 +32,9 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="02_cuda_kernels 08_gpt2_gpu_bf16_b8 10e_gpt2_gpu_bf16_fuse_attention 09_pytorch_bf16_b8
-10b_gemm_vocab 10c_gpt2_gpu_bf16_fuse_classifier 05_cuda_model 01_cuda_graphs"
+QUICK="03_reference_cuda 04_reference_bf16_cuda 05_cuda_model 18_gpt2_gpu_bf16_fused
+09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
+13b_gpt2_gpu_bf16_fused_b32 14_pytorch_bf16_b32"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
@@ -127,6 +129,7 @@ else
     wrap 11_gpt2_gpu_bf16_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16"
     script 12_pytorch_bf16_b16 "$py --batch-size 16"
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
+    wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     wrap 15_train_gpu bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
@@ -134,8 +137,12 @@ else
         "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
     wrap 17_gpt2_graphs_124m bench gpt2_graphs \
         "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 1 --steps 5 --dtype bf16"
+    wrap 17b_gpt2_graphs_124m_fused bench gpt2_graphs \
+        "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 1 --steps 5 --dtype bf16 --fused"
+    # Every fused kernel, the trainer's default on a GPU (with the padded
+    # classifier weight), with a trace of a step.
     wrap 18_gpt2_gpu_bf16_fused bench gpt2_gpu \
-        "--batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 2 --dtype bf16 --fused"
+        "--batch-size 8 $g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
     # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort

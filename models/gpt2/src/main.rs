@@ -182,10 +182,12 @@ struct TrainArgs {
     /// Every fused kernel (`--fuse all`): flash attention, the fused
     /// classifier, residual + layer norm, GELU recomputation: no
     /// (B, NH, T, T) attention matrices and no (B, T, V) probabilities kept.
+    /// The default on a GPU.
     #[arg(long, conflicts_with = "fuse")]
     fused: bool,
     /// Some fused kernels: a comma-separated list of attention, classifier,
-    /// residual-layernorm, gelu-recompute (or all, none).
+    /// residual-layernorm, gelu-recompute (or all, none). Default: all on a
+    /// GPU, none on the CPU.
     #[arg(long, value_parser = Fusion::parse)]
     fuse: Option<Fusion>,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
@@ -310,6 +312,18 @@ fn default_dtype(on_gpu: bool) -> Dtype {
         Dtype::Bf16
     } else {
         Dtype::F32
+    }
+}
+
+/// The fused kernels when neither `--fused` nor `--fuse` is given: all of
+/// them on a GPU (the fastest and smallest step there: docs/gpu-validation.md,
+/// run 6), none on the CPU (where the unfused model is bit-identical to the
+/// sequential reference).
+fn default_fusion(on_gpu: bool) -> Fusion {
+    if on_gpu {
+        Fusion::ALL
+    } else {
+        Fusion::NONE
     }
 }
 
@@ -533,11 +547,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         class: a.class,
-        fusion: if a.fused {
-            Fusion::ALL
-        } else {
-            a.fuse.unwrap_or_default()
-        },
+        fusion: Fusion::NONE,
         zero: a.zero,
         dtype: a.dtype.unwrap_or(Dtype::F32),
         placement: a
@@ -556,6 +566,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // The GPU defaults: bf16, and one rank's step replayed as a CUDA graph.
     let on_gpu = matches!(device, BackendKind::Cuda { .. });
     opts.dtype = a.dtype.unwrap_or(default_dtype(on_gpu));
+    opts.fusion = match (a.fused, a.fuse) {
+        (true, _) => Fusion::ALL,
+        (false, Some(f)) => f,
+        (false, None) => default_fusion(on_gpu),
+    };
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.graphs = a.graphs || (on_gpu && world == 1 && !a.no_graphs && !a.no_replay);
     let device_name = match (device, &dist) {

@@ -96,15 +96,20 @@ impl Gpt2Model {
             )?;
             &da.logits
         };
-        // logits = lnf · wteᵀ
+        // logits = lnf · wᵀ, `w` the padded classifier weight if there is
+        // one (its padding rows and the logits' padding columns are zero).
+        let (w, k) = match &self.classifier_weight {
+            Some(w) => (w.whole(), vp),
+            None => (p.wte.clone(), v),
+        };
         matmul::backward_input_ld(
             tasks.task("logits backward input"),
             &da.lnf,
             dlogits,
-            &p.wte,
+            &w,
             n,
             c,
-            v,
+            k,
             vp,
         )?;
         if self.split_tied {

@@ -1,12 +1,13 @@
 //! The forward pass as tasks ([`Gpt2Model::forward_uploaded`] and
 //! [`Gpt2Model::forward_for_backward`] call it).
 
-use braid::Runtime;
+use braid::{Runtime, View};
 
 use super::{Gpt2Model, Tasks};
 use crate::error::Result;
 use crate::kernels::{
-    attention, encoder, flash_attention, fused_classifier, gelu, layernorm, loss, matmul, residual,
+    attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
+    residual,
 };
 
 impl Gpt2Model {
@@ -27,6 +28,10 @@ impl Gpt2Model {
         // Scopes (`forward/encoder`, `forward/layer{l}`, `forward/head`)
         // name the parts of the pass for the trace and the placement file.
         let _forward = rt.scope("forward");
+        // The classifier's weight, `wte` padded to `Vp` rows if the model
+        // keeps a padded copy (refreshed here, off the critical path: only
+        // the logits product at the end reads it).
+        let (w_classifier, oc) = self.refresh_classifier_weight(&tasks)?;
 
         // encoded = wte[tokens] + wpe
         let encoder_scope = rt.scope("encoder");
@@ -219,15 +224,17 @@ impl Gpt2Model {
                 c,
             )?;
         }
+        // logits = lnf · wteᵀ, over `Vp` columns with the padded
+        // classifier weight (module docs of `model`).
         matmul::forward_ld(
             tasks.task("logits forward"),
             &a.logits,
             &a.lnf,
-            &p.wte,
+            &w_classifier,
             None,
             n,
             c,
-            v,
+            oc,
             vp,
         )?;
         if self.fusion.classifier {
@@ -262,5 +269,23 @@ impl Gpt2Model {
             loss::softmax(tasks.task("softmax forward"), &a.probs, &a.logits, n, v, vp)?;
         }
         Ok(())
+    }
+
+    /// With a padded classifier weight, submits the copy of `wte` into its
+    /// first `V` rows and returns it with its row count `Vp`; else `wte`
+    /// and `V`.
+    fn refresh_classifier_weight(&self, tasks: &Tasks<'_>) -> Result<(View, usize)> {
+        let wte = &self.p.wte;
+        match &self.classifier_weight {
+            Some(w) => {
+                fill::copy(
+                    tasks.task("classifier weight"),
+                    wte,
+                    &w.view(0..wte.len())?,
+                )?;
+                Ok((w.whole(), self.vp))
+            }
+            None => Ok((wte.clone(), self.cfg.vocab_size)),
+        }
     }
 }

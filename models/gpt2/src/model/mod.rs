@@ -56,6 +56,31 @@
 //! tasks read and write only the first `V` columns, and the `read_*`
 //! methods return `(B, T, V)`.
 //!
+//! # Padded classifier weight
+//!
+//! An odd vocabulary keeps cuBLAS off its fast tiles for the classifier's
+//! products even with aligned rows: on an H100, `(8192, 768) · (768,
+//! 50257)` in bf16 took 6.7 ms against 0.8 ms at 50,304 columns
+//! (`benches/src/bin/gemm_vocab.rs`, docs/gpu-validation.md run 6). So with
+//! the fused classifier the model keeps a `(Vp, C)` classifier weight:
+//! its first `V` rows a copy of `wte` made by a task at the start of every
+//! forward pass (0.05 ms on the H100 at 124M), its other rows zero from the
+//! allocation and never written. The logits product and the input-gradient
+//! product run over all `Vp` columns:
+//!
+//! - the padding columns of the logits are `lnf · 0 = 0`; no kernel reads
+//!   them as logits (the loss, softmax and sampling read the first `V`);
+//! - the fused classifier writes the logits' gradient over the logits'
+//!   first `V` columns only, so the padding columns still hold those zeros
+//!   when the input-gradient product sums over them: they add exactly
+//!   nothing.
+//!
+//! `wte` itself keeps `V` rows (checkpoints, Hugging Face weights and the
+//! parameter layout are unchanged), and the weight-gradient product writes
+//! `wte`'s gradient over its `V` rows, as before. Without the fused
+//! classifier the logits' gradient has its own buffer, whose padding
+//! columns nothing writes, and the products stay at `V` columns.
+//!
 //! # Numerics
 //!
 //! Every task runs the same kernel on the same inputs as the reference, and
@@ -330,6 +355,10 @@ pub struct Gpt2Model {
     vp: usize,
     /// `f32` master weights (layout order) when `dtype` is not `f32`.
     master: Option<Buffer>,
+    /// With the fused classifier and `Vp > V`: the classifier's `(Vp, C)`
+    /// weight, `wte` copied into its first `V` rows at the start of every
+    /// forward pass, the rest zero (see "Padded classifier weight" above).
+    classifier_weight: Option<Buffer>,
 }
 
 /// Makes the model's tasks: `rt.task(name)` with the model's storage dtype.
@@ -408,6 +437,12 @@ impl Gpt2Model {
                 scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh, dtype))?,
             )
         };
+        let vp = al.vp;
+        let classifier_weight = if fusion.classifier && vp > cfg.vocab_size {
+            Some(rt.alloc("classifier weight", vp * c * es)?)
+        } else {
+            None
+        };
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
@@ -437,8 +472,9 @@ impl Gpt2Model {
             wte_pieces: Vec::new(),
             fusion,
             dtype,
-            vp: al.vp,
+            vp,
             master,
+            classifier_weight,
         })
     }
 
