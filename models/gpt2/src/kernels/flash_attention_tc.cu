@@ -60,9 +60,29 @@ static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// 16 bytes from src to dst (both 16-byte aligned).
-static __device__ __forceinline__ void tc_copy16(void* dst, const void* src) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+// 16 bytes from global src to shared dst (both 16-byte aligned), without
+// going through registers: issued now, landed after tc_async_wait*.
+static __device__ __forceinline__ void tc_copy16_async(void* dst, const void* src) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+}
+
+// The same for one 4-byte-aligned float.
+static __device__ __forceinline__ void tc_copy4_async(float* dst, const float* src) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(src));
+}
+
+// Closes the group of this thread's copies issued since the last commit.
+static __device__ __forceinline__ void tc_async_commit() {
+    asm volatile("cp.async.commit_group;");
+}
+
+// Waits for every group of this thread's copies but the newest: the copies
+// of the tile before the one just prefetched. The tile is visible to the
+// block after a __syncthreads.
+static __device__ __forceinline__ void tc_async_wait_prev() {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
 // Two adjacent bf16 elements (4-byte aligned) as one register, the first in
@@ -90,7 +110,16 @@ static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* ro
                  : "r"(a));
 }
 #else
-static inline void tc_copy16(void* dst, const void* src) { memcpy(dst, src, 16); }
+// The emulator copies at once: a buffer overwritten while another thread
+// still reads it (a missing barrier) changes the results of one of the
+// two orders every launch runs in.
+static inline void tc_copy16_async(void* dst, const void* src) { memcpy(dst, src, 16); }
+
+static inline void tc_copy4_async(float* dst, const float* src) { *dst = *src; }
+
+static inline void tc_async_commit() {}
+
+static inline void tc_async_wait_prev() {}
 
 static inline unsigned tc_ld2(const bf16_t* p) { return (unsigned)p[0] | ((unsigned)p[1] << 16); }
 #endif
@@ -129,9 +158,13 @@ static __device__ __forceinline__ void tc_load_a(unsigned a[TC_KSTEPS][4], const
     }
 }
 
-// Stages rows row0 .. row0 + 63 of a head's HS channels (global rows of
-// stride ld, the head's first channel at src) into a shared tile of stride
-// TC_LD; rows at or past T are zero. The whole block takes part.
+// Starts staging rows row0 .. row0 + 63 of a head's HS channels (global
+// rows of stride ld, the head's first channel at src) into a shared tile of
+// stride TC_LD, as asynchronous copies of this thread's group; rows at or
+// past T are zeroed at once. The whole block takes part. The tiles are
+// double-buffered: a block copies the next tile while it computes on this
+// one (tc_async_commit, tc_async_wait_prev, __syncthreads; FlashAttention-2's
+// pipeline).
 template <int HS>
 static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src, long long ld,
                                                 int row0, int T) {
@@ -141,7 +174,7 @@ static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src,
         const int r = i / chunks, chunk = i % chunks;
         bf16_t* dst = tile + r * TC_LD + chunk * 8;
         if (row0 + r < T) {
-            tc_copy16(dst, src + (long long)(row0 + r) * ld + chunk * 8);
+            tc_copy16_async(dst, src + (long long)(row0 + r) * ld + chunk * 8);
         } else {
             for (int e = 0; e < 8; e++) dst[e] = 0;
         }
@@ -259,8 +292,8 @@ static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, in
 template <int HS>
 static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ lse,
                                   const bf16_t* __restrict__ inp, int T, int C, int NH) {
-    alignas(16) __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
-    alignas(16) __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t ks_tile[2][TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t vs_tile[2][TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -272,6 +305,9 @@ static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ 
     const int r0 = qt * TC_ROWS + warp * 16 + g;  // this thread's rows: r0, r0 + 8
     const float scale = 1.0f / sqrtf((float)HS);
 
+    tc_stage<HS>(ks_tile[0], k, C3, 0, T);
+    tc_stage<HS>(vs_tile[0], v, C3, 0, T);
+    tc_async_commit();
     unsigned qa[TC_KSTEPS][4];
     tc_load_a<HS>(qa, q, C3, r0 - g, T, lane);
     float o[TC_NCH][4];
@@ -281,20 +317,27 @@ static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ 
     float m[2] = {TC_NEG_INF, TC_NEG_INF}, l[2] = {0.0f, 0.0f};
 
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();  // the previous tile is no longer read
-        tc_stage<HS>(ks_tile, k, C3, kt * TC_TILE, T);
-        tc_stage<HS>(vs_tile, v, C3, kt * TC_TILE, T);
-        __syncthreads();
+        const int buf = kt & 1;
+        if (kt < qt) {  // prefetch the next tile into the other buffer
+            tc_stage<HS>(ks_tile[buf ^ 1], k, C3, (kt + 1) * TC_TILE, T);
+            tc_stage<HS>(vs_tile[buf ^ 1], v, C3, (kt + 1) * TC_TILE, T);
+        }
+        tc_async_commit();
+        tc_async_wait_prev();
+        __syncthreads();  // tile kt has landed, every thread's part of it
         float s[TC_NT][4];
-        tc_mma_xt<HS>(s, qa, ks_tile, lane);
+        tc_mma_xt<HS>(s, qa, ks_tile[buf], lane);
         float mx[2] = {TC_NEG_INF, TC_NEG_INF};
+        // Only the diagonal tile has keys past a row (and past T: a tile
+        // below the diagonal ends before the block's first row).
+        const bool diagonal = kt == qt;
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kt * TC_TILE + nt * 8 + 2 * t + (e & 1);
                 const int row = r0 + 8 * (e >> 1);
-                const float x = key > row ? TC_NEG_INF : s[nt][e] * scale;
+                const float x = diagonal && key > row ? TC_NEG_INF : s[nt][e] * scale;
                 s[nt][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
@@ -319,7 +362,8 @@ static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ 
                 s[nt][e] = p;
                 l[e >> 1] += p;  // this lane's columns; the quad's summed at the end
             }
-        tc_mma_px<HS>(o, s, vs_tile, lane);
+        tc_mma_px<HS>(o, s, vs_tile[buf], lane);
+        __syncthreads();  // buffer buf is free for tile kt + 2
     }
 
     // tc_quad_sum is collective: every lane runs it before any skips a row.
@@ -348,8 +392,8 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
                                       const bf16_t* __restrict__ dout,
                                       const bf16_t* __restrict__ inp,
                                       const float* __restrict__ lse, int T, int C, int NH) {
-    alignas(16) __shared__ bf16_t ks_tile[TC_TILE * TC_LD];
-    alignas(16) __shared__ bf16_t vs_tile[TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t ks_tile[2][TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t vs_tile[2][TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -363,6 +407,10 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
     const float* delta_h = delta + ((long long)b * NH + h) * T;
     const int r0 = qt * TC_ROWS + warp * 16 + g;
     const float scale = 1.0f / sqrtf((float)HS);
+
+    tc_stage<HS>(ks_tile[0], k, C3, 0, T);
+    tc_stage<HS>(vs_tile[0], v, C3, 0, T);
+    tc_async_commit();
 
     unsigned qa[TC_KSTEPS][4], da[TC_KSTEPS][4];
     tc_load_a<HS>(qa, q, C3, r0 - g, T, lane);
@@ -380,24 +428,34 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
         for (int e = 0; e < 4; e++) dq[nc][e] = 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        tc_stage<HS>(ks_tile, k, C3, kt * TC_TILE, T);
-        tc_stage<HS>(vs_tile, v, C3, kt * TC_TILE, T);
+        const int buf = kt & 1;
+        if (kt < qt) {
+            tc_stage<HS>(ks_tile[buf ^ 1], k, C3, (kt + 1) * TC_TILE, T);
+            tc_stage<HS>(vs_tile[buf ^ 1], v, C3, (kt + 1) * TC_TILE, T);
+        }
+        tc_async_commit();
+        tc_async_wait_prev();
         __syncthreads();
         float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt<HS>(s, qa, ks_tile, lane);
-        tc_mma_xt<HS>(dp, da, vs_tile, lane);
+        tc_mma_xt<HS>(s, qa, ks_tile[buf], lane);
+        tc_mma_xt<HS>(dp, da, vs_tile[buf], lane);
+        // Keys past a row only on the diagonal tile. Rows past T (of the
+        // last query tile only) give dS only to their own dQ rows, which
+        // are not stored: masked on the diagonal, ignored below it.
+        const bool diagonal = kt == qt;
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kt * TC_TILE + nt * 8 + 2 * t + (e & 1);
                 const int i = e >> 1, row = r0 + 8 * i;
-                const float p =
-                    (key > row || row >= T) ? 0.0f : __expf(s[nt][e] * scale - lse_r[i]);
+                const float p = diagonal && (key > row || row >= T)
+                                    ? 0.0f
+                                    : __expf(s[nt][e] * scale - lse_r[i]);
                 s[nt][e] = p * (dp[nt][e] - delta_r[i]);  // dS
             }
-        tc_mma_px<HS>(dq, s, ks_tile, lane);
+        tc_mma_px<HS>(dq, s, ks_tile[buf], lane);
+        __syncthreads();
     }
     tc_accumulate<HS>(dinp + (long long)b * T * C3 + h * HS, C3, r0, T, dq, scale, lane);
 }
@@ -413,10 +471,10 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
                                        const bf16_t* __restrict__ dout,
                                        const bf16_t* __restrict__ inp,
                                        const float* __restrict__ lse, int T, int C, int NH) {
-    alignas(16) __shared__ bf16_t qs_tile[TC_TILE * TC_LD];
-    alignas(16) __shared__ bf16_t dos_tile[TC_TILE * TC_LD];
-    __shared__ float lse_tile[TC_TILE];
-    __shared__ float delta_tile[TC_TILE];
+    alignas(16) __shared__ bf16_t qs_tile[2][TC_TILE * TC_LD];
+    alignas(16) __shared__ bf16_t dos_tile[2][TC_TILE * TC_LD];
+    __shared__ float lse_tile[2][TC_TILE];
+    __shared__ float delta_tile[2][TC_TILE];
     const int kt = blockIdx.x;  // the first key tiles have the most query tiles
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -443,19 +501,39 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
         }
 
     const int tiles = (T + TC_TILE - 1) / TC_TILE;
-    for (int qt = kt; qt < tiles; qt++) {
-        __syncthreads();
-        tc_stage<HS>(qs_tile, q, C3, qt * TC_TILE, T);
-        tc_stage<HS>(dos_tile, d_o, C, qt * TC_TILE, T);
+    // Starts copying query tile qt (with its dout rows, lse and delta) into
+    // buffer buf.
+    auto stage = [&](int buf, int qt) {
+        tc_stage<HS>(qs_tile[buf], q, C3, qt * TC_TILE, T);
+        tc_stage<HS>(dos_tile[buf], d_o, C, qt * TC_TILE, T);
         for (int i = threadIdx.x; i < TC_TILE; i += TC_THREADS) {
             const int row = qt * TC_TILE + i;
-            lse_tile[i] = row < T ? lse_h[row] : 0.0f;
-            delta_tile[i] = row < T ? delta_h[row] : 0.0f;
+            if (row < T) {
+                tc_copy4_async(&lse_tile[buf][i], lse_h + row);
+                tc_copy4_async(&delta_tile[buf][i], delta_h + row);
+            } else {
+                lse_tile[buf][i] = 0.0f;
+                delta_tile[buf][i] = 0.0f;
+            }
         }
+    };
+    stage(0, kt);
+    tc_async_commit();
+    for (int qt = kt; qt < tiles; qt++) {
+        const int buf = (qt - kt) & 1;
+        if (qt + 1 < tiles) stage(buf ^ 1, qt + 1);
+        tc_async_commit();
+        tc_async_wait_prev();
         __syncthreads();
+        const bf16_t* qs = qs_tile[buf];
+        const bf16_t* dos = dos_tile[buf];
+        const float* lse_t = lse_tile[buf];
+        const float* delta_t = delta_tile[buf];
         float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt<HS>(s, ka, qs_tile, lane);   // K Qᵀ: rows keys, columns queries
-        tc_mma_xt<HS>(dp, va, dos_tile, lane);  // V doutᵀ
+        tc_mma_xt<HS>(s, ka, qs, lane);   // K Qᵀ: rows keys, columns queries
+        tc_mma_xt<HS>(dp, va, dos, lane);  // V doutᵀ
+        // Masked on every tile: a mask on the edge tiles only (the diagonal
+        // and the last) costs this kernel spills at head size 64.
 #pragma unroll
         for (int nt = 0; nt < TC_NT; nt++)
 #pragma unroll
@@ -465,12 +543,13 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
                 const int key = j0 + 8 * (e >> 1);
                 const float p = (query < key || query >= T)
                                     ? 0.0f
-                                    : __expf(s[nt][e] * scale - lse_tile[col]);
+                                    : __expf(s[nt][e] * scale - lse_t[col]);
                 s[nt][e] = p;                                // Pᵀ
-                dp[nt][e] = p * (dp[nt][e] - delta_tile[col]);  // dSᵀ
+                dp[nt][e] = p * (dp[nt][e] - delta_t[col]);  // dSᵀ
             }
-        tc_mma_px<HS>(dv, s, dos_tile, lane);
-        tc_mma_px<HS>(dk, dp, qs_tile, lane);
+        tc_mma_px<HS>(dv, s, dos, lane);
+        tc_mma_px<HS>(dk, dp, qs, lane);
+        __syncthreads();
     }
     bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * HS;
     tc_accumulate<HS>(dk_dst, C3, j0, T, dk, scale, lane);
