@@ -26,6 +26,11 @@ fn wte_launch(c: usize) -> (Dim3, Dim3) {
     ((common::grid(c.div_ceil(128)), WTE_PARTS, 1), (128, 1, 1))
 }
 
+/// The bf16 token-gradient launch: one block of 128 per position.
+fn wte_bf16_launch(bt: usize) -> (Dim3, Dim3) {
+    ((common::grid(bt), 1, 1), (128, 1, 1))
+}
+
 /// Token ids below `v` with repeats (cuda_kernels.rs's `tokens`).
 fn tokens(n: usize, v: usize, seed: u64) -> Vec<u32> {
     (0..n)
@@ -122,7 +127,7 @@ fn bf16_kernels_are_bit_identical_to_the_cpu() {
         emu::encoder_backward_links(g, bl, &mut links, &tok, bt as i32).unwrap();
         assert_eq!(links, links_by_definition(&tok), "links {what}");
         let mut e_dwte = bits(&dwte0);
-        let (g, bl) = wte_launch(c);
+        let (g, bl) = wte_bf16_launch(bt);
         emu::encoder_backward_wte_bf16(
             g,
             bl,
@@ -141,6 +146,34 @@ fn bf16_kernels_are_bit_identical_to_the_cpu() {
             0,
         );
     }
+}
+
+/// The bf16 token kernel on more channels than one pass of its block takes
+/// (8 per thread: 1,100 channels are 5 passes of a 32-thread block, the
+/// last one partial), bit-identical with the CPU.
+#[test]
+fn bf16_token_gradient_takes_several_passes_over_the_channels() {
+    let (b, t, c, v) = (2, 21, 1100, 17);
+    let bt = b * t;
+    let tok = tokens(bt, v, 41);
+    let dout = to_bf16(&values(bt * c, 42, 1.0));
+    let dwte0 = to_bf16(&values(v * c, 43, 0.01));
+    let (mut dwte, mut dwpe) = (dwte0.clone(), to_bf16(&values(t * c, 44, 0.01)));
+    encoder_backward(&mut dwte, &mut dwpe, &dout, &tok, b, t, c);
+    let links = links_by_definition(&tok);
+    let mut e_dwte = bits(&dwte0);
+    emu::encoder_backward_wte_bf16(
+        (common::grid(bt), 1, 1),
+        (32, 1, 1),
+        &mut e_dwte,
+        &bits(&dout),
+        &tok,
+        &links,
+        bt as i32,
+        c as i32,
+    )
+    .unwrap();
+    compare_bf16("encoder_backward bf16 dwte, C 1100", &e_dwte, &dwte, 0);
 }
 
 /// The token kernels give the same bits for any number of parts (the

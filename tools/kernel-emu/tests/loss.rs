@@ -34,11 +34,28 @@ const SHAPES: [(usize, usize, usize); 3] = [(13, 333, 352), (3, 1500, 1536), (5,
 /// What the padding of an output holds before a kernel runs.
 const SENTINEL: f32 = 7.0;
 
-/// The softmax and fused classifier launchers' configuration (loss.rs,
-/// `launch_softmax_crossentropy`; fused_classifier.rs, `launch`): one
-/// block of `SOFTMAX_BLOCK` (1024, `pub(crate)` in loss.rs) threads per row.
+/// The fused classifier's: [`SHAPES`], then GPT-2's vocabulary as the model
+/// pads it (each thread of a block several 16-byte vectors, one tail
+/// column), and a dense row of whole vectors (no tail).
+const CLASSIFIER_SHAPES: [(usize, usize, usize); 5] = [
+    SHAPES[0],
+    SHAPES[1],
+    SHAPES[2],
+    (2, 50257, 50304),
+    (4, 1024, 1024),
+];
+
+/// The softmax launcher's configuration (loss.rs,
+/// `launch_softmax_crossentropy`): one block of `SOFTMAX_BLOCK` (1024,
+/// `pub(crate)` in loss.rs) threads per row.
 fn row_blocks(n: usize) -> (Dim3, Dim3) {
     ((common::grid(n), 1, 1), (1024, 1, 1))
+}
+
+/// The fused classifier launcher's (fused_classifier.rs, `launch`): one
+/// block of `CLASSIFIER_BLOCK` (512) threads per row.
+fn classifier_blocks(n: usize) -> (Dim3, Dim3) {
+    ((common::grid(n), 1, 1), (512, 1, 1))
 }
 
 /// `dense` (N, V) in rows of Vp padded with NaN: an input.
@@ -249,14 +266,14 @@ fn loss_mean_matches_the_cpu() {
 /// f32 gradient 1e-9 + 1e-5 relative, bf16 gradient one ulp.
 #[test]
 fn fused_classifier_matches_the_cpu() {
-    for (s, &(n, v, vp)) in SHAPES.iter().enumerate() {
+    for (s, &(n, v, vp)) in CLASSIFIER_SHAPES.iter().enumerate() {
         let what = format!("N {n}, V {v}, Vp {vp}");
         let real = values(n * v, 160 + s as u64, 9.0);
         let targets = ids(n, v, 161 + s as u64);
         let dloss = 0.5f32;
         let d = dloss / n as f32; // the launcher's scalar
         let [ni, vi, vpi] = [n, v, vp].map(|x| x as i32);
-        let (grid, block) = row_blocks(n);
+        let (grid, block) = classifier_blocks(n);
 
         // f32.
         let logits = input(&real, v, vp);
@@ -385,7 +402,7 @@ fn fused_classifier_target_in_the_padding_gives_a_nan_loss() {
     let (n, v, vp) = (4usize, 37usize, 48usize);
     let logits = input(&values(n * v, 170, 3.0), v, vp);
     let mut targets = ids(n, v, 171);
-    let (grid, block) = row_blocks(n);
+    let (grid, block) = classifier_blocks(n);
     let d = 0.25f32;
     let run = |targets: &[u32]| {
         let (mut x, mut l) = (logits.clone(), vec![0.0f32; n]);
@@ -407,6 +424,44 @@ fn fused_classifier_target_in_the_padding_gives_a_nan_loss() {
             assert_eq!(a.to_bits(), b.to_bits(), "element {i}");
         }
     }
+}
+
+/// The 16-byte path (rows 16-byte aligned: Vp 352) and the element-by-element
+/// one (Vp 333, bf16 rows 666 bytes apart; Vp 337 for f32) do the same
+/// arithmetic: the same losses and gradients, bit for bit, f32 and bf16.
+#[test]
+fn fused_classifier_vector_and_scalar_paths_agree() {
+    let (n, v) = (13usize, 333usize);
+    let real = values(n * v, 180, 9.0);
+    let targets = ids(n, v, 181);
+    let (grid, block) = classifier_blocks(n);
+    let d = 0.5 / n as f32;
+    let run32 = |vp: usize| {
+        let mut x = input(&real, v, vp);
+        let mut l = vec![f32::NAN; n];
+        emu::fused_classifier(
+            grid, block, &mut x, &mut l, &targets, d, true, n as i32, v as i32, vp as i32,
+        )
+        .unwrap();
+        (split_rows(&x, v, vp).0, l)
+    };
+    let (g_vec, l_vec) = run32(352);
+    let (g_sc, l_sc) = run32(337);
+    assert_bits("f32 losses, 16-byte = scalar", &l_vec, &l_sc);
+    assert_bits("f32 dlogits, 16-byte = scalar", &g_vec, &g_sc);
+    let run16 = |vp: usize| {
+        let mut x = bits(&pad_rows(&to_bf16(&real), v, vp, Bf16::from_f32(f32::NAN)));
+        let mut l = vec![f32::NAN; n];
+        emu::fused_classifier_bf16(
+            grid, block, &mut x, &mut l, &targets, d, true, n as i32, v as i32, vp as i32,
+        )
+        .unwrap();
+        (split_rows(&x, v, vp).0, l)
+    };
+    let (g_vec, l_vec) = run16(352);
+    let (g_sc, l_sc) = run16(333);
+    assert_bits("bf16 losses, 16-byte = scalar", &l_vec, &l_sc);
+    assert_eq!(g_vec, g_sc, "bf16 dlogits, 16-byte = scalar");
 }
 
 #[test]

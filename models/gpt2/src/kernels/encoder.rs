@@ -280,9 +280,10 @@ const WTE_PARTS: u32 = 32;
 /// With bf16 storage every touched gradient element is loaded, gets all its
 /// contributions in `f32` and is rounded once, as on the CPU: a first kernel
 /// links each position to the token's next one in `links` (`B·T` `u32`
-/// scratch), and the `dwte` kernel walks each token's chain from its first
-/// position (work `O(B·T)` per thread). `links` is unused with `f32`
-/// storage, where each contribution is added in place in `(b, t)` order.
+/// scratch), and the `dwte` kernel gives each token's first position a
+/// block that walks the token's chain (work `O(B·T·C)` in all). `links` is
+/// unused with `f32` storage, where each contribution is added in place in
+/// `(b, t)` order.
 ///
 /// # Safety
 /// Every id in `tokens` must be below `V` (the rows of `dwte`): the kernel
@@ -327,10 +328,15 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
         a.ptr(links.ptr());
     }
     a.i32(bti).i32(ci);
-    let cfg = LaunchConfig {
-        grid: (l.grid(c.div_ceil(128))?, WTE_PARTS, 1),
-        block: (128, 1, 1),
-        shared_mem_bytes: 0,
+    let cfg = if S::DTYPE == Dtype::Bf16 {
+        // One block per position; the first position of each token works.
+        LaunchConfig::grid_block(l.grid(bt)?, 128)
+    } else {
+        LaunchConfig {
+            grid: (l.grid(c.div_ceil(128))?, WTE_PARTS, 1),
+            block: (128, 1, 1),
+            shared_mem_bytes: 0,
+        }
     };
     let kernel = by_dtype::<S>(&BACKWARD_WTE, &BACKWARD_WTE_BF16);
     // SAFETY: encoder_backward_wte(float* dwte, const float* dout, const

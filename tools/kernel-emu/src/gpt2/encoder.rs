@@ -161,9 +161,10 @@ pub fn encoder_backward_links(
 /// `encoder_backward_wte_bf16`: [`encoder_backward_wte`] with bf16 storage,
 /// each touched row loaded once, all of its token's contributions added in
 /// f32 in `bt` order by walking the chains of `links`
-/// ([`encoder_backward_links`]), rounded once. Launch as
-/// [`encoder_backward_wte`]. Any `links` is memory-safe (a chain ends at
-/// the first position not below `BT`).
+/// ([`encoder_backward_links`]), rounded once: block `bt` works if `bt` is
+/// its token's first position. The launcher (encoder.rs,
+/// `encoder_backward_cuda`): grid `B·T`, block 128. Any `links` is
+/// memory-safe (a chain ends at the first position not below `BT`).
 pub fn encoder_backward_wte_bf16(
     grid: Dim3,
     block: Dim3,
