@@ -40,30 +40,14 @@ extern "C" __global__ void gelu_backward(float* __restrict__ dinp, const float* 
 // each). tanhf is CUDA's, not the CPU's libm: the f32 result may differ in its
 // last bit, so the stored bf16 may differ by one bf16 ulp where that bit
 // decides the rounding.
-//   out (N), inp (N)
-// Launch: grid ceil(N / block), block 256.
-extern "C" __global__ void gelu_forward_bf16(bf16_t* __restrict__ out,
-                                             const bf16_t* __restrict__ inp, long long N) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    const float x = bf16_load(inp[i]);
+static __device__ __forceinline__ float gelu_bf16_value(float x) {
     const float cube = __fmul_rn(__fmul_rn(__fmul_rn(GELU_CUBIC, x), x), x);
     const float t = tanhf(__fmul_rn(GELU_SCALING_FACTOR, __fadd_rn(x, cube)));
-    out[i] = bf16_store(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
 }
 
-// dinp[i] += gelu'(inp[i]) * dout[i], bf16 storage: dinp loaded, the product
-// added in f32, rounded once (gelu_backward::<Bf16>). Same caveats as
-// gelu_forward_bf16.
-//   dinp (N), inp (N), dout (N)
-// Launch: grid ceil(N / block), block 256.
-extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
-                                              const bf16_t* __restrict__ inp,
-                                              const bf16_t* __restrict__ dout, long long N) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    const float x = bf16_load(inp[i]);
-    const float g = bf16_load(dout[i]);
+// gelu'(x), in gelu_backward::<Bf16>'s order.
+static __device__ __forceinline__ float gelu_bf16_grad(float x) {
     const float cube = __fmul_rn(__fmul_rn(__fmul_rn(GELU_CUBIC, x), x), x);
     const float tanh_out = tanhf(__fmul_rn(GELU_SCALING_FACTOR, __fadd_rn(x, cube)));
     const float sech2 = __fadd_rn(1.0f, -__fmul_rn(tanh_out, tanh_out));
@@ -74,6 +58,68 @@ extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
         __fadd_rn(1.0f, __fmul_rn(__fmul_rn(__fmul_rn(3.0f, GELU_CUBIC), x), x));
     const float right = __fmul_rn(
         __fmul_rn(__fmul_rn(__fmul_rn(x, 0.5f), sech2), GELU_SCALING_FACTOR), poly);
-    const float local_grad = __fadd_rn(left, right);
-    dinp[i] = bf16_store(__fadd_rn(bf16_load(dinp[i]), __fmul_rn(local_grad, g)));
+    return __fadd_rn(left, right);
+}
+
+// Eight bf16 elements, one 16-byte load or store.
+struct alignas(16) gelu_bf16x8 {
+    bf16_t v[8];
+};
+
+// Whether the eight elements from p are one aligned 16-byte vector.
+static __device__ __forceinline__ bool gelu_aligned16(const void* p) {
+    return ((unsigned long long)p & 15ull) == 0;
+}
+
+// The bf16 kernels give each thread GELU_PER consecutive elements: one
+// 16-byte load per operand where every pointer is 16-byte aligned and the
+// eight are in range, element by element otherwise (the same arithmetic, so
+// the same bits either way).
+#define GELU_PER 8
+
+//   out (N), inp (N)
+// Launch: grid ceil(N / (8 * block)), block 256.
+extern "C" __global__ void gelu_forward_bf16(bf16_t* __restrict__ out,
+                                             const bf16_t* __restrict__ inp, long long N) {
+    const long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * GELU_PER;
+    if (i0 >= N) return;
+    if (i0 + GELU_PER <= N && gelu_aligned16(out) && gelu_aligned16(inp)) {
+        const gelu_bf16x8 x = *reinterpret_cast<const gelu_bf16x8*>(inp + i0);
+        gelu_bf16x8 y;
+#pragma unroll
+        for (int e = 0; e < GELU_PER; e++) y.v[e] = bf16_store(gelu_bf16_value(bf16_load(x.v[e])));
+        *reinterpret_cast<gelu_bf16x8*>(out + i0) = y;
+    } else {
+        for (long long i = i0; i < N && i < i0 + GELU_PER; i++)
+            out[i] = bf16_store(gelu_bf16_value(bf16_load(inp[i])));
+    }
+}
+
+// dinp[i] += gelu'(inp[i]) * dout[i], bf16 storage: dinp loaded, the product
+// added in f32, rounded once (gelu_backward::<Bf16>). Same caveats as
+// gelu_forward_bf16.
+//   dinp (N), inp (N), dout (N)
+// Launch: grid ceil(N / (8 * block)), block 256.
+extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
+                                              const bf16_t* __restrict__ inp,
+                                              const bf16_t* __restrict__ dout, long long N) {
+    const long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * GELU_PER;
+    if (i0 >= N) return;
+    if (i0 + GELU_PER <= N && gelu_aligned16(dinp) && gelu_aligned16(inp) &&
+        gelu_aligned16(dout)) {
+        const gelu_bf16x8 x = *reinterpret_cast<const gelu_bf16x8*>(inp + i0);
+        const gelu_bf16x8 g = *reinterpret_cast<const gelu_bf16x8*>(dout + i0);
+        gelu_bf16x8 d = *reinterpret_cast<const gelu_bf16x8*>(dinp + i0);
+#pragma unroll
+        for (int e = 0; e < GELU_PER; e++) {
+            const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(x.v[e])), bf16_load(g.v[e]));
+            d.v[e] = bf16_store(__fadd_rn(bf16_load(d.v[e]), grad));
+        }
+        *reinterpret_cast<gelu_bf16x8*>(dinp + i0) = d;
+    } else {
+        for (long long i = i0; i < N && i < i0 + GELU_PER; i++) {
+            const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(inp[i])), bf16_load(dout[i]));
+            dinp[i] = bf16_store(__fadd_rn(bf16_load(dinp[i]), grad));
+        }
+    }
 }

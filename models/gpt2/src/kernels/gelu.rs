@@ -7,13 +7,13 @@
 //! constants, same order of operations). Both tasks have a CUDA body for
 //! bf16 storage too (`gelu_forward_bf16`, `gelu_backward_bf16`).
 
-use braid::cuda::KernelArgs;
+use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -131,7 +131,7 @@ pub fn gelu_forward_cuda<S: Storage>(
     unsafe {
         l.launch(
             by_dtype::<S>(&FORWARD, &FORWARD_BF16),
-            l.linear(n, 256)?,
+            elementwise::<S>(&l, n)?,
             &a,
         )
     }
@@ -161,8 +161,22 @@ pub fn gelu_backward_cuda<S: Storage>(
     let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
     // SAFETY: gelu_backward[_bf16](S* dinp, const S* inp, const S* dout,
     // long long N), S the storage type of all three; all N.
-    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
+    unsafe { l.launch(kernel, elementwise::<S>(&l, n)?, &a) }
 }
+
+/// The launch of the kernels over `n` elements: one thread per element in
+/// `f32`, per [`BF16_PER_THREAD`] elements in bf16 (16-byte loads).
+fn elementwise<S: Storage>(l: &Launcher<'_>, n: usize) -> Result<LaunchConfig> {
+    let per = if S::DTYPE == Dtype::Bf16 {
+        BF16_PER_THREAD
+    } else {
+        1
+    };
+    l.linear(n.div_ceil(per), 256)
+}
+
+/// Elements of a bf16 kernel's thread (`GELU_PER` in gelu.cu).
+const BF16_PER_THREAD: usize = 8;
 
 #[cfg(test)]
 mod tests {

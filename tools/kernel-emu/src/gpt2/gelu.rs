@@ -10,7 +10,8 @@ twins! {
     /// 0.044715·x³)))`. The launcher (gelu.rs, `gelu_forward_cuda`): one thread
     /// per element, grid `ceil(N / 256)`, block 256.
     pub fn gelu_forward(S = f32);
-    /// [`gelu_forward`] with bf16 storage.
+    /// [`gelu_forward`] with bf16 storage, 8 elements a thread (one 16-byte
+    /// load per operand where aligned): grid `ceil(N / 2048)`, block 256.
     pub fn gelu_forward_bf16(S = u16);
     fn(k, grid: Dim3, block: Dim3, out: &mut [S], inp: &[S], n: i64) {
         let len = count(k, n)?;
@@ -28,7 +29,8 @@ twins! {
     /// `gelu_backward` (f32): `dinp += gelu'(inp) · dout`. Launch as
     /// [`gelu_forward`] (gelu.rs, `gelu_backward_cuda`).
     pub fn gelu_backward(S = f32);
-    /// [`gelu_backward`] with bf16 storage.
+    /// [`gelu_backward`] with bf16 storage, 8 elements a thread (one 16-byte
+    /// load per operand where aligned): grid `ceil(N / 2048)`, block 256.
     pub fn gelu_backward_bf16(S = u16);
     fn(k, grid: Dim3, block: Dim3, dinp: &mut [S], inp: &[S], dout: &[S], n: i64) {
         let len = count(k, n)?;
