@@ -265,6 +265,7 @@ fn bf16_and_fused_training_on_cuda_follows_the_cpu() {
     ] {
         let run = |backend| {
             let opts = TrainOptions {
+                model: cfg,
                 dtype,
                 fusion: if fused { Fusion::ALL } else { Fusion::NONE },
                 ..options(backend, 1, steps)

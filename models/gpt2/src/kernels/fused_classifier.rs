@@ -43,14 +43,21 @@
 //! # CUDA
 //!
 //! `fused_classifier` / `fused_classifier_bf16` in `loss.cu` (they share its
-//! block reductions): one block per row, each thread folding its columns into
-//! a running `(max, sum)` pair, the pairs merged in a fixed tree (so the
-//! result does not depend on timing), then the gradient pass. The same f32
-//! operations as the CPU kernel, except that the maximum and the sum come
-//! from one online pass; the sum is in `double` in a tree order rather than
-//! the CPU's eight lanes, and `expf`/`log` are CUDA's (the CPU's
-//! exponential is [`fastmath::exp`](super::fastmath::exp)): agreement to
-//! float tolerance, not bit for bit. A target not below
+//! block reductions): one block of `CLASSIFIER_BLOCK` (512) threads per row,
+//! each thread folding its columns into a running `(max, sum)` pair, the
+//! pairs merged in a fixed tree (so the result does not depend on timing),
+//! then the gradient pass: one read of the row for the losses, a second
+//! read and a write for the gradient. Where the rows are 16-byte aligned
+//! (the model's `Vp`, a multiple of 128) every access moves 16 bytes (8 bf16
+//! or 4 f32), the padding is written without being read, and the `V % 8`
+//! tail columns are taken one by one. The same f32 operations per element
+//! as the CPU kernel, except that the maximum and the sum come from one
+//! online pass, vector by vector (a vector's maximum first, then its
+//! exponentials, summed pairwise in f32 and added to a `double` sum); the
+//! sum is in a tree order rather than the CPU's eight lanes, and
+//! `expf`/`log` are CUDA's (the CPU's exponential is
+//! [`fastmath::exp`](super::fastmath::exp)): agreement to float tolerance,
+//! not bit for bit. A target not below
 //! `V` gives a NaN loss on CUDA (the CPU kernel panics); nothing is read
 //! outside the row. Checked on an H200 (docs/gpu-validation.md, run 5).
 
@@ -60,10 +67,15 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::cuda_common::{by_dtype, task_result, Check, Elems, Kernel, Launcher};
 use super::fastmath::{exp_in_place_sum_f64, exp_sum_f64, row_max};
-use super::loss::{row_dims, CUDA, SOFTMAX_BLOCK};
+use super::loss::{row_dims, CUDA};
 use super::storage::Storage;
 use super::task::{submit, Task};
 use super::{check_len, check_stride};
+
+/// Threads per row of the fused classifier (any multiple of 32 up to 1024
+/// works): 512 leaves each thread 12 or 13 of a GPT-2 row's 6,283 vectors,
+/// and three blocks (rows) per SM at the bf16 kernel's 40 registers.
+pub(crate) const CLASSIFIER_BLOCK: u32 = 512;
 
 static FUSED_CLASSIFIER: Kernel = Kernel::new(&CUDA, 5);
 static FUSED_CLASSIFIER_BF16: Kernel = Kernel::new(&CUDA, 6);
@@ -306,7 +318,7 @@ pub fn fused_classifier_cuda<S: Storage>(
 
 /// Checks the shapes of a fused classifier launch (`V` in `1..=Vp`, the
 /// logits `(N, Vp)`, losses and targets `(N)`), then queues
-/// `fused_classifier[_bf16]`, one block of [`SOFTMAX_BLOCK`] threads per
+/// `fused_classifier[_bf16]`, one block of [`CLASSIFIER_BLOCK`] threads per
 /// row; `dloss: None` writes the losses only.
 ///
 /// # Safety
@@ -337,7 +349,7 @@ unsafe fn launch<S: Storage>(
         .i32(ni)
         .i32(vi)
         .i32(vpi);
-    let cfg = LaunchConfig::grid_block(l.grid(n)?, SOFTMAX_BLOCK);
+    let cfg = LaunchConfig::grid_block(l.grid(n)?, CLASSIFIER_BLOCK);
     let kernel = by_dtype::<S>(&FUSED_CLASSIFIER, &FUSED_CLASSIFIER_BF16);
     // SAFETY: fused_classifier[_bf16](S* logits, float* losses, const uint*
     // targets, float d, int write_grad, int N, int V, int Vp), S the logits'

@@ -244,6 +244,140 @@ static __device__ void block_online(float& m, double& s, float* ms, double* ss) 
     }
 }
 
+// 16-byte vectors of the logits: 8 bf16 or 4 f32 (VEC = 16 / sizeof(T)),
+// taken where the rows are 16-byte aligned (the model's: Vp = 50304 is a
+// multiple of 128 elements); otherwise the same arithmetic element by element.
+struct alignas(16) fc_vec16 {
+    unsigned int w[4];
+};
+
+static __device__ __forceinline__ bool fc_aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
+}
+
+static __device__ __forceinline__ fc_vec16 fc_load16(const void* p) {
+#ifdef BRAID_KERNEL_EMU
+    if (!fc_aligned16(p)) __trap();  // the GPU would fault
+    fc_vec16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#else
+    return *reinterpret_cast<const fc_vec16*>(p);
+#endif
+}
+
+static __device__ __forceinline__ void fc_store16(void* p, const fc_vec16& v) {
+#ifdef BRAID_KERNEL_EMU
+    if (!fc_aligned16(p)) __trap();
+    memcpy(p, &v, sizeof v);
+#else
+    *reinterpret_cast<fc_vec16*>(p) = v;
+#endif
+}
+
+// The VEC elements of a vector, widened (bf16: the low half of a word first).
+static __device__ __forceinline__ void fc_unpack(const fc_vec16& v, float (&x)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) x[e] = __uint_as_float(v.w[e]);
+}
+static __device__ __forceinline__ void fc_unpack(const fc_vec16& v, float (&x)[8]) {
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        x[2 * h] = __uint_as_float(v.w[h] << 16);
+        x[2 * h + 1] = __uint_as_float(v.w[h] & 0xffff0000u);
+    }
+}
+static __device__ __forceinline__ fc_vec16 fc_pack(const float (&g)[4]) {
+    fc_vec16 v;
+#pragma unroll
+    for (int e = 0; e < 4; e++) v.w[e] = __float_as_uint(g[e]);
+    return v;
+}
+static __device__ __forceinline__ fc_vec16 fc_pack(const float (&g)[8]) {
+    fc_vec16 v;
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        v.w[h] = (unsigned int)bf16_store(g[2 * h]) |
+                 ((unsigned int)bf16_store(g[2 * h + 1]) << 16);
+    }
+    return v;
+}
+
+// The VEC elements of vector j of row x (all below V), by one 16-byte load or
+// element by element.
+template <typename T, int VEC>
+static __device__ __forceinline__ void fc_read(const T* x, int j, bool vec, float (&v)[VEC]) {
+    if (vec) {
+        fc_unpack(fc_load16(x + (long long)j * VEC), v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[e] = ld(x[j * VEC + e]);
+    }
+}
+
+// Folds a whole vector into the running (m, s): its maximum first (one
+// comparison with m per vector), then its VEC exponentials, each f32, summed
+// pairwise in f32 and added to s in double.
+template <int VEC>
+static __device__ __forceinline__ void fc_fold(float& m, double& s, const float (&v)[VEC]) {
+    float vm = v[0];
+#pragma unroll
+    for (int e = 1; e < VEC; e++) vm = fmaxf(vm, v[e]);
+    if (vm > m) {
+        s = s * (double)expf(m - vm);
+        m = vm;
+    }
+    float t[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) t[e] = expf(__fadd_rn(v[e], -m));
+#pragma unroll
+    for (int w = 1; w < VEC; w <<= 1) {
+#pragma unroll
+        for (int e = 0; e < VEC; e += 2 * w) t[e] = __fadd_rn(t[e], t[e + w]);
+    }
+    s += (double)t[0];
+}
+
+// The gradient pass's read of vector k: its real columns (none for a vector
+// of padding; element by element for the one holding V), 0 elsewhere.
+template <typename T, int VEC>
+static __device__ __forceinline__ void fc_grad_read(const T* x, int k, int whole, int V, bool vec,
+                                                    float (&v)[VEC]) {
+    const int i0 = k * VEC;
+    if (k < whole) {
+        fc_read(x, k, vec, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[e] = i0 + e < V ? ld(x[i0 + e]) : 0.0f;
+    }
+}
+
+// Writes vector k of the gradient from its logits v: (exp(v - m) * inv) * d,
+// minus d at the target, over the real columns; 0 over the padding.
+template <typename T, int VEC>
+static __device__ __forceinline__ void fc_grad_write(T* x, int k, int V, int Vp, bool vec, float m,
+                                                     float inv, float d, unsigned int tgt,
+                                                     const float (&v)[VEC]) {
+    const int i0 = k * VEC;
+    float g[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        g[e] = 0.0f;
+        if (i0 + e < V) {
+            g[e] = __fmul_rn(__fmul_rn(expf(__fadd_rn(v[e], -m)), inv), d);
+            if ((unsigned int)(i0 + e) == tgt) g[e] = __fadd_rn(g[e], -d);
+        }
+    }
+    if (vec) {  // Vp a multiple of VEC: the vector lies inside the row
+        fc_store16(x + i0, fc_pack(g));
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            if (i0 + e < Vp) st(&x[i0 + e], g[e]);
+        }
+    }
+}
+
 // losses[n] = m + ln s - x[n, targets[n]] (logsumexp over the V real
 // columns, in double, rounded to f32) and, when write_grad, row n of the
 // logits overwritten with (exp(x - m) * (float)(1 / s) * d) - [i == target]
@@ -252,19 +386,46 @@ static __device__ void block_online(float& m, double& s, float* ms, double* ss) 
 // loss and no one-hot term (the CPU kernel refuses it; here nothing is read
 // out of the row).
 //   logits (N, Vp) in place, losses (N), targets (N)
-// Launch: one block per row: grid N, block 1024 (any multiple of 32).
+// Launch: one block per row: grid N, block CLASSIFIER_BLOCK (512; any
+// multiple of 32 up to 1024).
+// Two passes over the row, 16-byte accesses where the rows are aligned: the
+// statistics (one read; thread t takes vectors t, t + blockDim.x, ... of the
+// V / VEC whole ones, and the thread after the last whole vector's owner
+// the V % VEC tail columns one by one), the block's fixed merge tree, then
+// the gradient (a second read, of a row the block has just read, and one
+// write; the padding is written without a read).
 template <typename T>
 static __device__ void fused_classifier_rows(T* __restrict__ logits, float* __restrict__ losses,
                                              const unsigned int* __restrict__ targets, float d,
                                              int write_grad, int N, int V, int Vp) {
+    constexpr int VEC = 16 / (int)sizeof(T);
     __shared__ float ms[32];
     __shared__ double ss[32];
     const int row = blockIdx.x;
     if (row >= N) return;  // uniform for the whole block
     T* x = logits + (long long)row * Vp;
+    const bool vec = fc_aligned16(logits) && ((long long)Vp * (long long)sizeof(T)) % 16 == 0;
+    const int whole = V / VEC;  // vectors entirely below V
     float m = NEG_INF;
     double s = 0.0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) online_add(m, s, ld(x[i]));
+    int j = threadIdx.x;
+#pragma unroll 1
+    for (; j + (int)blockDim.x < whole; j += 2 * blockDim.x) {  // two loads in flight
+        float a[VEC], b[VEC];
+        fc_read(x, j, vec, a);
+        fc_read(x, j + (int)blockDim.x, vec, b);
+        fc_fold(m, s, a);
+        fc_fold(m, s, b);
+    }
+    if (j < whole) {
+        float a[VEC];
+        fc_read(x, j, vec, a);
+        fc_fold(m, s, a);
+        j += blockDim.x;
+    }
+    if (j == whole) {  // the tail columns, after this thread's whole vectors
+        for (int i = whole * VEC; i < V; i++) online_add(m, s, ld(x[i]));
+    }
     block_online(m, s, ms, ss);
     const unsigned int tgt = targets[row];
     if (threadIdx.x == 0) {
@@ -274,13 +435,14 @@ static __device__ void fused_classifier_rows(T* __restrict__ logits, float* __re
     if (!write_grad) return;
     __syncthreads();  // thread 0 has read x[tgt] before it is overwritten
     const float inv = (float)(1.0 / s);
-    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
-        float g = 0.0f;
-        if (i < V) {
-            g = __fmul_rn(__fmul_rn(expf(__fadd_rn(ld(x[i]), -m)), inv), d);
-            if ((unsigned int)i == tgt) g = __fadd_rn(g, -d);
-        }
-        st(&x[i], g);
+    const int vecs = (Vp + VEC - 1) / VEC;  // vectors of the row, padding included
+    for (int k = threadIdx.x; k < vecs; k += 2 * blockDim.x) {  // two loads in flight
+        const int k2 = k + blockDim.x;
+        float a[VEC], b[VEC];
+        fc_grad_read(x, k, whole, V, vec, a);
+        if (k2 < vecs) fc_grad_read(x, k2, whole, V, vec, b);
+        fc_grad_write(x, k, V, Vp, vec, m, inv, d, tgt, a);
+        if (k2 < vecs) fc_grad_write(x, k2, V, Vp, vec, m, inv, d, tgt, b);
     }
 }
 
