@@ -17,10 +17,10 @@
 # machine, and ordered so that a short session does the most urgent first:
 #   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
 # With --new --quick, only the wrappers a session of about ten minutes of
-# device time can run (QUICK below: the PyTorch fixtures and model tests
-# on CUDA, the fused bf16 step that is the trainer's GPU default against
-# PyTorch eager and torch.compile at B 8 and 32, the trainer, graph replay
-# of the fused step).
+# device time can run (QUICK below: the kernel tests, the PyTorch fixtures
+# and model tests on CUDA, the fused bf16 step that is the trainer's GPU
+# default against torch.compile at B 8 and 32, the trainer, graph replay of
+# the fused step, two tenants on one GPU).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -32,9 +32,9 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="03_reference_cuda 04_reference_bf16_cuda 05_cuda_model 18_gpt2_gpu_bf16_fused
-09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
-13b_gpt2_gpu_bf16_fused_b32 14_pytorch_bf16_b32"
+QUICK="02_cuda_kernels 03_reference_cuda 04_reference_bf16_cuda 05_cuda_model
+18_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
+21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
@@ -131,6 +131,7 @@ else
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
     wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
+    script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
     wrap 15_train_gpu bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
     wrap 16_gpt2_graphs_small bench gpt2_graphs \
