@@ -33,7 +33,7 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="02_cuda_kernels 03_reference_cuda 04_reference_bf16_cuda 05_cuda_model
-18_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
+18_gpt2_gpu_bf16_fused 18b_nsys_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
@@ -144,6 +144,10 @@ else
     # classifier weight), with a trace of a step.
     wrap 18_gpt2_gpu_bf16_fused bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
+    # Where its time goes, kernel by kernel (Nsight Systems, when the
+    # machine has it).
+    script 18b_nsys_gpt2_gpu_bf16_fused "scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
+--batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 3 --dtype bf16 --fused"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
     # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort

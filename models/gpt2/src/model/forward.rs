@@ -278,11 +278,7 @@ impl Gpt2Model {
         let wte = &self.p.wte;
         match &self.classifier_weight {
             Some(w) => {
-                fill::copy(
-                    tasks.task("classifier weight"),
-                    wte,
-                    &w.view(0..wte.len())?,
-                )?;
+                fill::copy(tasks.task("classifier weight"), wte, &w.view(0..wte.len())?)?;
                 Ok((w.whole(), self.vp))
             }
             None => Ok((wte.clone(), self.cfg.vocab_size)),
