@@ -3,9 +3,8 @@
 //! (cuda_kernels.rs: `layernorm_matches_cpu_and_is_deterministic`,
 //! `layernorm_bf16`, `residual_layernorm_tasks`). The statistics are warp
 //! trees (f32, or double for bf16) where the CPU sums rows in f64, and the
-//! parameter gradients are summed in 512 (bf16) or 256 (f32) row slots per
-//! block, combined in a fixed tree, where the CPU adds rows in turn: float
-//! tolerance and one bf16 ulp, not bit for bit. The fused
+//! parameter gradients are summed by 32 warps where the CPU adds rows in
+//! turn: float tolerance and one bf16 ulp, not bit for bit. The fused
 //! residual kernels equal the unfused ones bit for bit.
 
 mod common;
@@ -16,17 +15,14 @@ use braid_kernel_emu::{self as emu, Dim3};
 use common::{assert_bits, bits, compare, compare_bf16, to_bf16, values, warp_rows};
 
 /// (N, C): rows not a multiple of the 8 a block takes, channels not a
-/// multiple of 16 (the parameter kernel's last block partial; scalar
-/// paths); fewer rows than the parameter kernel's row slots; a multiple of 8
-/// channels (the 16-byte paths) in fewer chunks than a warp's lanes; a row
-/// of one channel past a warp; GPT-2's 768 (every lane three cached
-/// chunks); 1032 (chunks past the cached ones, read twice).
-const SHAPES: [(usize, usize); 5] = [(37, 83), (5, 40), (9, 33), (11, 768), (3, 1032)];
+/// multiple of 32 (the parameter kernel's last block partial); fewer rows
+/// than the parameter kernel's 32 warps; a row of one channel past a warp.
+const SHAPES: [(usize, usize); 3] = [(37, 83), (5, 40), (9, 33)];
 
 /// The parameter kernel's launch (layernorm.rs, `backward_cuda`): a block
-/// of 1024 threads (LN_PARAMS_THREADS) per 16 channels (LN_PARAMS_CH).
+/// of 32 warps (LN_PARAMS_WARPS) per 32 channels.
 fn params_launch(c: usize) -> (Dim3, Dim3) {
-    ((common::grid(c.div_ceil(16)), 1, 1), (1024, 1, 1))
+    ((common::grid(c.div_ceil(32)), 1, 1), (32 * 32, 1, 1))
 }
 
 /// The inputs of one case: `inp` (and `inp2`, its residual partner),
@@ -301,17 +297,11 @@ fn f32_fused_residual_kernels_are_the_unfused_ones() {
 }
 
 /// The bf16 fused residual kernels: as the f32 ones (the residual the CPU's
-/// rounded sum, bit for bit; the outputs the unfused kernel's on it; the
-/// backward with `dres` the accumulating kernel started from `dres`, bit for
-/// bit), on the scalar paths (C 83) and the 16-byte ones (C 768).
+/// rounded sum, bit for bit; the outputs the unfused kernel's on it).
 #[test]
 fn bf16_fused_residual_kernels_are_the_unfused_ones() {
-    bf16_fused_residual_case(SHAPES[0], 400);
-    bf16_fused_residual_case(SHAPES[3], 500);
-}
-
-fn bf16_fused_residual_case((n, c): (usize, usize), seed: u64) {
-    let x = case(n, c, seed);
+    let (n, c) = SHAPES[0];
+    let x = case(n, c, 400);
     let [inp, inp2, weight, bias, dout] =
         [&x.inp, &x.inp2, &x.weight, &x.bias, &x.dout].map(|v| to_bf16(v));
     let [ni, ci] = [n, c].map(|v| v as i32);
@@ -372,7 +362,7 @@ fn bf16_fused_residual_case((n, c): (usize, usize), seed: u64) {
     compare("fused mean bf16 vs cpu", &e.2, &mean, 1e-7, 1e-6);
 
     // Backward with dres, from the CPU's statistics.
-    let dres = to_bf16(&values(n * c, seed + 1, 1.0));
+    let dres = to_bf16(&values(n * c, 401, 1.0));
     let (mut dinp, mut dw, mut db) = (
         to_bf16(&values(n * c, 9, 5.0)),
         vec![Bf16(0); c],
@@ -397,20 +387,4 @@ fn bf16_fused_residual_case((n, c): (usize, usize), seed: u64) {
     )
     .unwrap();
     compare_bf16("backward residual bf16 dinp", &e_dinp, &dinp, 1);
-    let mut e_acc = bits(&dres);
-    emu::layernorm_backward_input_bf16(
-        grid,
-        block,
-        &mut e_acc,
-        None,
-        &bits(&dout),
-        &bits(&sum),
-        &bits(&weight),
-        &mean,
-        &rstd,
-        ni,
-        ci,
-    )
-    .unwrap();
-    assert_eq!(e_dinp, e_acc, "bf16 dres as the base = accumulating");
 }

@@ -53,9 +53,9 @@ fn row_blocks(n: usize) -> (Dim3, Dim3) {
 }
 
 /// The fused classifier launcher's (fused_classifier.rs, `launch`): one
-/// block of `CLASSIFIER_BLOCK` (512) threads per row.
+/// block of `CLASSIFIER_BLOCK` (256) threads per row.
 fn classifier_blocks(n: usize) -> (Dim3, Dim3) {
-    ((common::grid(n), 1, 1), (512, 1, 1))
+    ((common::grid(n), 1, 1), (256, 1, 1))
 }
 
 /// `dense` (N, V) in rows of Vp padded with NaN: an input.

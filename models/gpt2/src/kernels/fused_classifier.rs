@@ -43,7 +43,7 @@
 //! # CUDA
 //!
 //! `fused_classifier` / `fused_classifier_bf16` in `loss.cu` (they share its
-//! block reductions): one block of `CLASSIFIER_BLOCK` (512) threads per row,
+//! block reductions): one block of `CLASSIFIER_BLOCK` (256) threads per row,
 //! each thread folding its columns into a running `(max, sum)` pair, the
 //! pairs merged in a fixed tree (so the result does not depend on timing),
 //! then the gradient pass: one read of the row for the losses, a second
@@ -73,9 +73,13 @@ use super::task::{submit, Task};
 use super::{check_len, check_stride};
 
 /// Threads per row of the fused classifier (any multiple of 32 up to 1024
-/// works): 512 leaves each thread 12 or 13 of a GPT-2 row's 6,283 vectors,
-/// and three blocks (rows) per SM at the bf16 kernel's 40 registers.
-pub(crate) const CLASSIFIER_BLOCK: u32 = 512;
+/// works): 256 gives each thread 24 or 25 of a GPT-2 row's 6,283 16-byte
+/// vectors and six blocks (rows) per SM at the bf16 kernel's 40 registers.
+/// On an H100 at (8192, 50257 of 50304) bf16 (2026-11-26, the kernel alone,
+/// CUDA events): losses 302 us, losses and gradient 889 us, where 512
+/// threads took 330 and 880 us, 1024 (one block per SM) 514 and 1144 us,
+/// and the kernel before the 16-byte rewrite (1024 threads) 525 and 1148 us.
+pub(crate) const CLASSIFIER_BLOCK: u32 = 256;
 
 static FUSED_CLASSIFIER: Kernel = Kernel::new(&CUDA, 5);
 static FUSED_CLASSIFIER_BF16: Kernel = Kernel::new(&CUDA, 6);

@@ -386,14 +386,15 @@ static __device__ __forceinline__ void fc_grad_write(T* x, int k, int V, int Vp,
 // loss and no one-hot term (the CPU kernel refuses it; here nothing is read
 // out of the row).
 //   logits (N, Vp) in place, losses (N), targets (N)
-// Launch: one block per row: grid N, block CLASSIFIER_BLOCK (512; any
+// Launch: one block per row: grid N, block CLASSIFIER_BLOCK (256; any
 // multiple of 32 up to 1024).
 // Two passes over the row, 16-byte accesses where the rows are aligned: the
 // statistics (one read; thread t takes vectors t, t + blockDim.x, ... of the
 // V / VEC whole ones, and the thread after the last whole vector's owner
 // the V % VEC tail columns one by one), the block's fixed merge tree, then
-// the gradient (a second read, of a row the block has just read, and one
-// write; the padding is written without a read).
+// the gradient (a second read, of the row the block has just read, each
+// thread's vectors in reverse so the last read come first while still in
+// L2, and one write; the padding is written without a read).
 template <typename T>
 static __device__ void fused_classifier_rows(T* __restrict__ logits, float* __restrict__ losses,
                                              const unsigned int* __restrict__ targets, float d,
@@ -435,14 +436,24 @@ static __device__ void fused_classifier_rows(T* __restrict__ logits, float* __re
     if (!write_grad) return;
     __syncthreads();  // thread 0 has read x[tgt] before it is overwritten
     const float inv = (float)(1.0 / s);
+    // This thread's vectors from its last one back: the block reads the row
+    // in the reverse of the order it just read it, the most recently read
+    // (likeliest still in L2) first. Two loads in flight.
     const int vecs = (Vp + VEC - 1) / VEC;  // vectors of the row, padding included
-    for (int k = threadIdx.x; k < vecs; k += 2 * blockDim.x) {  // two loads in flight
-        const int k2 = k + blockDim.x;
+    const int first = threadIdx.x, step = blockDim.x;
+    if (first >= vecs) return;
+    int k = first + (vecs - 1 - first) / step * step;
+    for (; k - step >= first; k -= 2 * step) {
         float a[VEC], b[VEC];
         fc_grad_read(x, k, whole, V, vec, a);
-        if (k2 < vecs) fc_grad_read(x, k2, whole, V, vec, b);
+        fc_grad_read(x, k - step, whole, V, vec, b);
         fc_grad_write(x, k, V, Vp, vec, m, inv, d, tgt, a);
-        if (k2 < vecs) fc_grad_write(x, k2, V, Vp, vec, m, inv, d, tgt, b);
+        fc_grad_write(x, k - step, V, Vp, vec, m, inv, d, tgt, b);
+    }
+    if (k == first) {
+        float a[VEC];
+        fc_grad_read(x, k, whole, V, vec, a);
+        fc_grad_write(x, k, V, Vp, vec, m, inv, d, tgt, a);
     }
 }
 

@@ -70,16 +70,14 @@
 //!
 //! - the padding columns of the logits are `lnf · 0 = 0`; no kernel reads
 //!   them as logits (the loss, softmax and sampling read the first `V`);
-//! - the fused classifier writes the logits' gradient over the logits'
-//!   first `V` columns only, so the padding columns still hold those zeros
-//!   when the input-gradient product sums over them: they add exactly
-//!   nothing.
+//! - the fused classifier writes the logits' gradient over the logits, and
+//!   zeros over their padding columns, so the input-gradient product's sum
+//!   over the padding adds exactly nothing.
 //!
 //! `wte` itself keeps `V` rows (checkpoints, Hugging Face weights and the
 //! parameter layout are unchanged), and the weight-gradient product writes
 //! `wte`'s gradient over its `V` rows, as before. Without the fused
-//! classifier the logits' gradient has its own buffer, whose padding
-//! columns nothing writes, and the products stay at `V` columns.
+//! classifier the products stay at `V` columns.
 //!
 //! # Numerics
 //!

@@ -118,8 +118,8 @@ twins! {
     /// mean loss, `(softmax - onehot) · d` over the `V` real columns and 0 over
     /// the padding; `d = dloss / N`, computed by the caller as the launcher
     /// does. The launcher (fused_classifier.rs, `launch`): one block per row,
-    /// grid `N`, block `SOFTMAX_BLOCK` = 1024; `write_grad` 0 (and `d` 0) for
-    /// the losses alone.
+    /// grid `N`, block `CLASSIFIER_BLOCK` = 256; `write_grad` 0 (and `d` 0)
+    /// for the losses alone.
     pub fn fused_classifier(S = f32);
     /// [`fused_classifier`] with bf16 logits (losses `f32`).
     pub fn fused_classifier_bf16(S = u16);
