@@ -22,7 +22,10 @@
 //! and print the p99 of each. On a GPU the start dominates the tail: module
 //! loads and large allocations stall every stream of the device, whatever
 //! its priority. `lc_p99_steady_ratio` (the steady state's p99 over the solo
-//! p99) follows the last line's two figures.
+//! p99) follows the last line's two figures. To say where the tail comes
+//! from, each shared run also prints its slowest requests (when they were
+//! due, from the moment both programs started) beside the training run's
+//! timeline: when each of its steps ended and when it returned.
 //!
 //! `cargo run --release -p braid-benches --bin multi_tenant -- --requests 150 --period-ms 20`
 //! `… -- --device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --period-ms 5`
@@ -35,6 +38,7 @@ use braid_gpt2::model::{init_params, Dtype, Gpt2Model};
 use braid_gpt2::trainer::{train, StartState, TrainOptions};
 use clap::Parser;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -94,16 +98,42 @@ impl Latency {
     }
 }
 
+/// The training run's timeline in a shared run, from one clock.
+struct Timeline {
+    /// When both programs started.
+    t0: Instant,
+    /// Set when the training run's first step has ended.
+    steady: AtomicBool,
+    /// When each step ended, ms after `t0`.
+    step_ends: Mutex<Vec<f64>>,
+}
+
+impl Timeline {
+    fn ms(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64() * 1e3
+    }
+}
+
+/// What a run of requests measured.
+struct Served {
+    /// Every request's latency.
+    all: Latency,
+    /// The latencies of the requests due after the training run's first step.
+    steady: Latency,
+    /// The slowest requests: (due, ms after the timeline's start; latency).
+    slowest: Vec<(f64, f64)>,
+}
+
 /// Serves requests at a fixed rate until `count` are done or `stop` is set;
-/// with `steady`, also returns the latencies of the requests due after it
-/// was set.
+/// with a training run's `timeline`, also sorts the requests by when they
+/// were due against it.
 fn serve(
     a: &Args,
     class: Class,
     count: usize,
     stop: Option<&AtomicBool>,
-    steady: Option<&AtomicBool>,
-) -> Result<(Latency, Latency)> {
+    timeline: Option<&Timeline>,
+) -> Result<Served> {
     let cfg = Gpt2Config::tiny();
     let rt = Runtime::builder()
         .backend(a.backend()?)
@@ -122,7 +152,7 @@ fn serve(
     }
     let period = Duration::from_secs_f64(a.period_ms / 1e3);
     let start = Instant::now();
-    let (mut lat, mut steady_lat) = (Vec::new(), Vec::new());
+    let (mut lat, mut steady_lat, mut slowest) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0.. {
         let done = stop.map_or(i >= count, |s| s.load(Ordering::Acquire));
         if done {
@@ -132,7 +162,7 @@ fn serve(
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let in_steady_state = steady.is_some_and(|s| s.load(Ordering::Acquire));
+        let in_steady_state = timeline.is_some_and(|t| t.steady.load(Ordering::Acquire));
         model.forward(&rt, &tokens, None)?;
         model.read_logits(&rt)?;
         let ms = due.elapsed().as_secs_f64() * 1e3;
@@ -140,13 +170,26 @@ fn serve(
         if in_steady_state {
             steady_lat.push(ms);
         }
+        if let Some(t) = timeline {
+            let due_ms = due.saturating_duration_since(t.t0).as_secs_f64() * 1e3;
+            slowest.push((due_ms, ms));
+        }
     }
-    Ok((Latency(lat), Latency(steady_lat)))
+    slowest.sort_by(|x, y| y.1.total_cmp(&x.1));
+    slowest.truncate(SLOWEST);
+    Ok(Served {
+        all: Latency(lat),
+        steady: Latency(steady_lat),
+        slowest,
+    })
 }
 
-/// Trains and returns tokens/s over the steps after the first; sets
-/// `steady`, if given, when the first step has ended.
-fn train_be(a: &Args, class: Class, steady: Option<&AtomicBool>) -> Result<f64> {
+/// How many of a shared run's slowest requests it prints.
+const SLOWEST: usize = 5;
+
+/// Trains and returns tokens/s over the steps after the first; records its
+/// steps in `timeline`, if given.
+fn train_be(a: &Args, class: Class, timeline: Option<&Timeline>) -> Result<f64> {
     let cfg = Gpt2Config::from_name(&a.be_model).context("--be-model")?;
     let backend = a.backend()?;
     let gpu = matches!(backend, BackendKind::Cuda { .. });
@@ -164,8 +207,9 @@ fn train_be(a: &Args, class: Class, steady: Option<&AtomicBool>) -> Result<f64> 
     };
     let data = TokenSource::builtin(Split::Train)?;
     let report = train(&opts, StartState::fresh(&opts.model, 1), &data, &|_| {
-        if let Some(s) = steady {
-            s.store(true, Ordering::Release);
+        if let Some(t) = timeline {
+            t.step_ends.lock().expect("timeline").push(t.ms());
+            t.steady.store(true, Ordering::Release);
         }
     })?;
     let steps = report.steps.get(1..).unwrap_or_default();
@@ -175,26 +219,32 @@ fn train_be(a: &Args, class: Class, steady: Option<&AtomicBool>) -> Result<f64> 
 }
 
 /// Both programs at once: training in a thread, requests while it runs.
-/// Returns every request's latency, those of the requests due in the
-/// training run's steady state, and the training throughput.
-fn shared(a: &Args, lc: Class, be: Class) -> Result<(Latency, Latency, f64)> {
-    let (stop, steady) = (AtomicBool::new(false), AtomicBool::new(false));
+/// Returns the requests' measures, the training throughput, and the
+/// training run's step ends and return (ms after both started).
+fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)> {
+    let stop = AtomicBool::new(false);
+    let timeline = Timeline {
+        t0: Instant::now(),
+        steady: AtomicBool::new(false),
+        step_ends: Mutex::new(Vec::new()),
+    };
     std::thread::scope(|s| {
         let trainer = s.spawn(|| {
-            let r = train_be(a, be, Some(&steady));
+            let r = train_be(a, be, Some(&timeline));
+            let returned = timeline.ms();
             stop.store(true, Ordering::Release);
-            r
+            (r, returned)
         });
-        let lat = serve(a, lc, 0, Some(&stop), Some(&steady));
-        let tput = trainer.join().expect("the training thread panicked");
-        let (all, steady) = lat?;
-        Ok((all, steady, tput?))
+        let served = serve(a, lc, 0, Some(&stop), Some(&timeline));
+        let (tput, returned) = trainer.join().expect("the training thread panicked");
+        let ends = std::mem::take(&mut *timeline.step_ends.lock().expect("timeline"));
+        Ok((served?, tput?, ends, returned))
     })
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let (solo_lc, _) = serve(&a, Class::LatencyCritical, a.requests, None, None)?;
+    let solo_lc = serve(&a, Class::LatencyCritical, a.requests, None, None)?.all;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
         solo_lc.0.len(),
@@ -212,7 +262,8 @@ fn main() -> Result<()> {
             Class::BestEffort,
         ),
     ] {
-        let (lat, steady, tput) = shared(&a, lc, be)?;
+        let (served, tput, ends, returned) = shared(&a, lc, be)?;
+        let (lat, steady) = (&served.all, &served.steady);
         let (p99, ratio) = (lat.pct(0.99) / solo_lc.pct(0.99), tput / solo_be);
         println!(
             "together, {label}: {} requests, p50 {:.3} ms, p99 {:.3} ms ({p99:.2}x alone); \
@@ -232,6 +283,18 @@ fn main() -> Result<()> {
              ({steady_ratio:.2}x alone)",
             steady.0.len(),
             steady_p99,
+        );
+        let slowest: Vec<String> = served
+            .slowest
+            .iter()
+            .map(|(due, ms)| format!("+{due:.0} ({ms:.1} ms)"))
+            .collect();
+        let ends: Vec<String> = ends.iter().map(|e| format!("+{e:.0}")).collect();
+        println!(
+            "  slowest requests, due at ms after the start: {}; training steps ended at {}, \
+             the run returned at +{returned:.0}",
+            slowest.join(", "),
+            ends.join(", ")
         );
         last = (p99, ratio, steady_ratio);
     }
