@@ -19,8 +19,8 @@
 # With --new --quick, only the wrappers a session of about ten minutes of
 # device time can run (QUICK below: the kernel tests, the PyTorch fixtures
 # and model tests on CUDA, the fused bf16 step that is the trainer's GPU
-# default against torch.compile at B 8 and 32, the trainer, graph replay of
-# the fused step, two tenants on one GPU).
+# default against torch.compile, its kernels under Nsight Systems, the
+# trainer, graph replay of the fused step, two tenants on one GPU).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -33,8 +33,8 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="02_cuda_kernels 03_reference_cuda 04_reference_bf16_cuda 05_cuda_model
-18_gpt2_gpu_bf16_fused 18b_nsys_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 15_train_gpu 17b_gpt2_graphs_124m_fused
-21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32"
+18_gpt2_gpu_bf16_fused 18b_nsys_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8
+15_train_gpu 17b_gpt2_graphs_124m_fused 21_multi_tenant_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
