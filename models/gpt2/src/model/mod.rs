@@ -283,7 +283,8 @@ pub const GRADIENT_RING: usize = 2;
 pub struct ModelOptions {
     /// Which fused kernels to use ([`Fusion`]: flash attention, the fused
     /// classifier, residual + layer norm, GELU recomputation), each on its
-    /// own; none by default. [`Fusion::ALL`] is `braid-gpt2 train --fused`.
+    /// own; none by default. [`Fusion::ALL`] is `braid-gpt2 train --fused`,
+    /// the trainer's default on a GPU.
     /// Every fused kernel has a CUDA body too (docs/gpu-validation.md
     /// records where they ran). The results agree with the unfused path to
     /// float tolerance, not bit for bit.
