@@ -70,6 +70,11 @@ struct Args {
     /// Training tokens per sequence.
     #[arg(long, default_value_t = 64)]
     be_seq_len: usize,
+    /// Rounds of the whole measurement (each program alone, then together),
+    /// the last line giving the median of the rounds' ratios: on a shared,
+    /// noisy machine one round's p99 ratio spreads widely.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// cpu, or cuda (both programs on GPU 0; the training run in bf16, with
     /// one rank unless --be-ranks says otherwise).
     #[arg(long, default_value = "cpu")]
@@ -242,16 +247,18 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
     })
 }
 
-fn main() -> Result<()> {
-    let a = Args::parse();
-    let solo_lc = serve(&a, Class::LatencyCritical, a.requests, None, None)?.all;
+/// One round: each program alone, then both together without and with
+/// classes. Returns the run with classes' (p99 ratio, throughput ratio,
+/// steady-state p99 ratio).
+fn round(a: &Args) -> Result<(f64, f64, f64)> {
+    let solo_lc = serve(a, Class::LatencyCritical, a.requests, None, None)?.all;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
         solo_lc.0.len(),
         solo_lc.pct(0.5),
         solo_lc.pct(0.99)
     );
-    let solo_be = train_be(&a, Class::BestEffort, None)?;
+    let solo_be = train_be(a, Class::BestEffort, None)?;
     println!("best-effort alone: {solo_be:.0} tokens/s");
     let mut last = (0.0, 0.0, 0.0);
     for (label, lc, be) in [
@@ -262,7 +269,7 @@ fn main() -> Result<()> {
             Class::BestEffort,
         ),
     ] {
-        let (served, tput, ends, returned) = shared(&a, lc, be)?;
+        let (served, tput, ends, returned) = shared(a, lc, be)?;
         let (lat, steady) = (&served.all, &served.steady);
         let (p99, ratio) = (lat.pct(0.99) / solo_lc.pct(0.99), tput / solo_be);
         println!(
@@ -297,6 +304,34 @@ fn main() -> Result<()> {
             ends.join(", ")
         );
         last = (p99, ratio, steady_ratio);
+    }
+    Ok(last)
+}
+
+/// The median of `x` (the mean of the middle two for an even count).
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    let n = x.len();
+    if n % 2 == 1 {
+        x[n / 2]
+    } else {
+        (x[n / 2 - 1] + x[n / 2]) / 2.0
+    }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let mut rounds = Vec::new();
+    for r in 0..a.rounds.max(1) {
+        if a.rounds > 1 {
+            println!("round {}:", r + 1);
+        }
+        rounds.push(round(&a)?);
+    }
+    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(rounds.iter().map(f).collect());
+    let last = (pick(|r| r.0), pick(|r| r.1), pick(|r| r.2));
+    if a.rounds > 1 {
+        println!("medians of {} rounds:", rounds.len());
     }
     println!(
         "lc_p99_ratio={:.3} be_throughput_ratio={:.3} lc_p99_steady_ratio={:.3}",
