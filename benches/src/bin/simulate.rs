@@ -58,6 +58,10 @@ struct Args {
     /// CPU machine: cores' worth of other work beside the traced run.
     #[arg(long)]
     traced_background: Option<f64>,
+    /// GPU machine: kernel sharing σ (a compute task runs 1 + σ·(k − 1) times
+    /// slower while k of its rank's compute tasks run)
+    #[arg(long)]
+    gpu_sharing: Option<f64>,
     /// CPU machine: memory contention γ (a task runs 1 + γ·(busy cores − 1)
     /// times slower).
     #[arg(long)]
@@ -145,6 +149,9 @@ fn main() -> Result<()> {
     }
     if let Some(b) = a.traced_background {
         machine.traced_background = b;
+    }
+    if let Some(s) = a.gpu_sharing {
+        machine.gpu_sharing = s;
     }
     if let Some(c) = a.contention {
         machine.contention = c;

@@ -62,6 +62,13 @@ pub struct Machine {
     /// top of the cores' time sharing).
     #[serde(default)]
     pub contention: f64,
+    /// GPU: how much a rank's concurrent kernels slow each other down: a
+    /// compute task runs `1 + gpu_sharing·(k − 1)` times slower while `k`
+    /// compute tasks of its rank run (on its streams, sharing the SMs). 0:
+    /// streams as independent devices; 1: one device's throughput shared,
+    /// so overlap gains nothing (a step whose kernels each fill the GPU).
+    #[serde(default)]
+    pub gpu_sharing: f64,
     /// CPU: cores' worth of other work beside the traced run (to undo the
     /// sharing its durations went through).
     #[serde(default)]
@@ -87,6 +94,15 @@ pub fn this_host_cores() -> usize {
 }
 
 impl Machine {
+    /// GPU: the speed of a compute task while `kernels` compute tasks of its
+    /// rank run (itself included).
+    pub fn gpu_rate(&self, kernels: usize) -> f64 {
+        if self.backend != Backend::Gpu || kernels <= 1 {
+            return 1.0;
+        }
+        1.0 / (1.0 + self.gpu_sharing.max(0.0) * (kernels - 1) as f64)
+    }
+
     /// CPU: the speed of a core-using task while `threads` threads (every
     /// rank's busy ones plus `background`) share the cores.
     pub fn cpu_rate(&self, threads: f64) -> f64 {
@@ -121,6 +137,7 @@ impl Machine {
             comm_uses_cores: false,
             background: 0.0,
             contention: 0.0,
+            gpu_sharing: GPU_SHARING,
             traced_background: 0.0,
             // Not measured: no machine here has two GPUs.
             rank_skew: 0.0,
@@ -152,6 +169,7 @@ impl Machine {
                 comm_uses_cores: false,
                 background: 0.0,
                 contention: CPU_CONTENTION,
+                gpu_sharing: 0.0,
                 traced_background: 0.0,
                 rank_skew: CPU_RANK_SKEW,
             },
@@ -218,6 +236,9 @@ impl Machine {
             ", launch {} µs, tree η {}, compute ×{}",
             f.launch_us, f.tree_efficiency, self.compute_scale
         );
+        if self.backend == Backend::Gpu {
+            s += &format!(", kernel sharing {}", self.gpu_sharing);
+        }
         if self.backend == Backend::Cpu {
             s += &format!(", memory contention {}", self.contention);
         }
@@ -239,6 +260,8 @@ const CPU_LAUNCH_US: f64 = 10.0;
 const CPU_LOCAL_GBPS: f64 = 8.0;
 const CPU_HANDOFF_US: f64 = 10.0;
 const CPU_CONTENTION: f64 = 0.2;
+/// Fitted on run 6's H100 steps (docs/simulator.md, "GPU sharing").
+const GPU_SHARING: f64 = 0.7;
 /// Fitted on six 2-rank runs of the main job: the skew at which the
 /// predicted hidden share is their mean measured one (docs/simulator.md,
 /// "Rank skew").

@@ -143,7 +143,7 @@ pub fn durations(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> Vec<u64> {
                 let own = if m.backend == Backend::Cpu {
                     m.cpu_rate(traced)
                 } else {
-                    1.0
+                    1.0 / (1.0 + m.gpu_sharing.max(0.0) * n.overlap)
                 };
                 (n.dur_ns as f64 * own * scale).round() as u64
             }
@@ -426,6 +426,8 @@ pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f6
         TaskKind::Comm => m.backend == Backend::Cpu && m.comm_uses_cores,
         _ => m.backend == Backend::Cpu,
     };
+    let shares_sms =
+        |t: usize| m.backend == Backend::Gpu && g.nodes[t % n].kind == TaskKind::Compute;
     // A collective waits (moves nothing, uses nothing) until every rank has
     // arrived; other tasks of the comm stream (a local sparse-row add) do
     // not wait.
@@ -490,11 +492,20 @@ pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f6
         } else {
             1.0
         };
+        // GPU: each rank's running kernels share its SMs.
+        let mut kernels = vec![0usize; copies];
+        for &t in busy.iter().flatten() {
+            if shares_sms(t) {
+                kernels[t / n] += 1;
+            }
+        }
         let rate = |t: usize| {
             if waiting(t, &arrived) {
                 0.0
             } else if uses_core(t) {
                 rate_core
+            } else if shares_sms(t) {
+                m.gpu_rate(kernels[t / n])
             } else {
                 1.0
             }
@@ -631,6 +642,7 @@ mod tests {
             comm_uses_cores: false,
             background: 0.0,
             contention: 0.0,
+            gpu_sharing: 0.0,
             traced_background: 0.0,
             rank_skew: 0.0,
         }
@@ -672,6 +684,42 @@ mod tests {
             ]
         );
         assert_eq!(r.makespan_ns, 75 * MS);
+    }
+
+    /// GPU sharing: two independent 20 ms kernels on two streams end
+    /// together at 20 ms with σ 0 (independent devices), at 40 ms with σ 1
+    /// (one device's throughput shared: the pair takes their sum), at
+    /// 20·(1 + σ) in between.
+    #[test]
+    fn kernels_on_two_streams_share_the_gpu() {
+        let mut g = step(
+            vec![
+                node("a", 20, &[]),
+                node("b", 20, &[]),
+                node("c", 1, &[0, 1]),
+            ],
+            MS,
+        );
+        g.nodes[1].traced_stream = Some(1);
+        g.traced_streams = 2;
+        for (sigma, both_end) in [(0.0, 20), (0.5, 30), (1.0, 40)] {
+            let m = Machine {
+                gpu_sharing: sigma,
+                ..machine(Backend::Gpu, 0)
+            };
+            let r = simulate(&g, &m, &cfg(1, 2, SimPolicy::Recorded));
+            let ends: Vec<u64> = r.tasks.iter().map(|t| t.end_ns / MS).collect();
+            assert_eq!(ends, vec![both_end, both_end, both_end + 1], "σ {sigma}");
+        }
+        // On one stream nothing is shared: the sum, whatever σ.
+        let m = Machine {
+            gpu_sharing: 1.0,
+            ..machine(Backend::Gpu, 0)
+        };
+        assert_eq!(
+            simulate(&g, &m, &cfg(1, 1, SimPolicy::Single)).makespan_ns,
+            41 * MS
+        );
     }
 
     /// Under `single` nothing overlaps a collective, even where the graph
@@ -819,6 +867,7 @@ mod tests {
                 Machine {
                     background: 0.5,
                     contention: 0.2,
+                    gpu_sharing: 0.0,
                     ..machine(Backend::Cpu, 2)
                 },
                 SimConfig {
