@@ -71,8 +71,8 @@ pub fn adamw_update(
 twins! {
     /// `adamw_update_mixed_f32`: one [`adamw_update`] of the f32 `master`
     /// weights from the stored gradients, then `params = master` (f32 storage).
-    /// The launcher (adamw.rs, `adamw_update_mixed_cuda`): one thread per
-    /// element, grid `ceil(N / 256)`, block 256.
+    /// The launcher (adamw.rs, `adamw_update_mixed_cuda`): four elements a
+    /// thread (vector loads where aligned), grid `ceil(N / 1024)`, block 256.
     pub fn adamw_update_mixed_f32(S = f32);
     /// [`adamw_update_mixed_f32`] with bf16 stored weights and gradients
     /// (`params` the master weights rounded).
