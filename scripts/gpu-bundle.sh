@@ -17,10 +17,11 @@
 # machine, and ordered so that a short session does the most urgent first:
 #   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
 # With --new --quick, only the wrappers a session of about ten minutes of
-# device time can run (QUICK below: the kernel tests, the PyTorch fixtures
-# and model tests on CUDA, the fused bf16 step that is the trainer's GPU
-# default against torch.compile, its kernels under Nsight Systems, the
-# trainer, graph replay of the fused step, two tenants on one GPU).
+# device time can run (QUICK below: the kernel and model
+# tests, the fused bf16 step that is the trainer's GPU default against
+# torch.compile at B 8 and 32 and alone at B 64, its leading kernels under
+# a profiler, two tenants with the trainer's timeline, the trainer, the
+# PyTorch fixtures on CUDA).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -32,9 +33,10 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="02_cuda_kernels 03_reference_cuda 04_reference_bf16_cuda 05_cuda_model
-18_gpt2_gpu_bf16_fused 18b_nsys_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8
-15_train_gpu 17b_gpt2_graphs_124m_fused 21_multi_tenant_cuda"
+QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8
+18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
+14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 15_train_gpu
+03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
@@ -130,6 +132,8 @@ else
     script 12_pytorch_bf16_b16 "$py --batch-size 16"
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
     wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
+    # llm.c's published figure is at B 64.
+    wrap 13c_gpt2_gpu_bf16_fused_b64 bench gpt2_gpu "--batch-size 64 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
     wrap 15_train_gpu bench braid-gpt2 \
@@ -144,9 +148,14 @@ else
     # classifier weight), with a trace of a step.
     wrap 18_gpt2_gpu_bf16_fused bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
-    # Where its time goes, kernel by kernel (Nsight Systems, when the
-    # machine has it).
-    script 18b_nsys_gpt2_gpu_bf16_fused "scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
+    # Where its time goes, kernel by kernel: Nsight Systems' table when the
+    # machine has it, else Nsight Compute on the kernels that lead the
+    # step after run 6: the first six launches of the attention's backward
+    # pair and the layer norm's backward (the final layer norm's, the last
+    # block's second and its attention's).
+    script 18b_profile_gpt2_gpu_bf16_fused "env BRAID_NCU_COUNT=6 \
+BRAID_NCU_KERNELS='flash_attention_tc_backward|layernorm_backward' \
+scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
 --batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 3 --dtype bf16 --fused"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
