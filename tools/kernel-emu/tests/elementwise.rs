@@ -8,7 +8,7 @@
 mod common;
 
 use braid_gpt2::kernels::cpu::{
-    gelu_backward, gelu_forward, residual_backward, residual_forward, Bf16,
+    gelu_backward, gelu_forward, residual_accumulate, residual_backward, residual_forward, Bf16,
 };
 use braid_kernel_emu as emu;
 use common::{assert_bits, bits, compare, compare_bf16, linear, to_bf16, values};
@@ -70,9 +70,15 @@ fn residual_is_bit_identical_to_the_cpu() {
     let (mut d1, mut d2) = (a.clone(), b.clone());
     residual_backward(&mut d1, &mut d2, &dout);
     let (mut e1, mut e2) = (a.clone(), b.clone());
-    emu::residual_backward(grid, block, &mut e1, &mut e2, &dout, n).unwrap();
+    emu::residual_backward(grid, block, &mut e1, Some(&mut e2), &dout, n).unwrap();
     assert_bits("residual_backward dinp1", &e1, &d1);
     assert_bits("residual_backward dinp2", &e2, &d2);
+    // `accumulate`: no second gradient.
+    let mut want = a.clone();
+    residual_accumulate(&mut want, &dout);
+    let mut got = a.clone();
+    emu::residual_backward(grid, block, &mut got, None, &dout, n).unwrap();
+    assert_bits("residual accumulate", &got, &want);
 
     let [a16, b16, dout16] = [&a, &b, &dout].map(|x| to_bf16(x));
     let mut want = vec![Bf16(0); N];
@@ -84,7 +90,12 @@ fn residual_is_bit_identical_to_the_cpu() {
     let (mut d1, mut d2) = (a16.clone(), b16.clone());
     residual_backward(&mut d1, &mut d2, &dout16);
     let (mut e1, mut e2) = (bits(&a16), bits(&b16));
-    emu::residual_backward_bf16(grid, block, &mut e1, &mut e2, &bits(&dout16), n).unwrap();
+    emu::residual_backward_bf16(grid, block, &mut e1, Some(&mut e2), &bits(&dout16), n).unwrap();
     compare_bf16("residual_backward bf16 dinp1", &e1, &d1, 0);
     compare_bf16("residual_backward bf16 dinp2", &e2, &d2, 0);
+    let mut want = a16.clone();
+    residual_accumulate(&mut want, &dout16);
+    let mut got = bits(&a16);
+    emu::residual_backward_bf16(grid, block, &mut got, None, &bits(&dout16), n).unwrap();
+    compare_bf16("residual accumulate bf16", &got, &want, 0);
 }

@@ -188,7 +188,7 @@ pub mod cpu {
     };
     pub use super::matmul::{matmul_backward_input, matmul_backward_weight, matmul_forward};
     pub use super::norm::{clip_scale, global_norm, grad_norm_sq, scale_in_place};
-    pub use super::residual::{residual_backward, residual_forward};
+    pub use super::residual::{residual_accumulate, residual_backward, residual_forward};
     pub use super::storage::{convert, Bf16, Dtype, Storage};
     pub use super::{check_tokens, TokenError};
 }

@@ -1,10 +1,11 @@
 //! Residual connection: elementwise sum.
 //!
-//! The family's one home: the tasks [`forward`] and [`backward`], the CPU
-//! kernels [`residual_forward`] and [`residual_backward`], their CUDA
-//! launchers [`residual_forward_cuda`] and [`residual_backward_cuda`]
-//! (bit-exact with the CPU), and `residual.cu`. Both tasks have a CUDA body
-//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`).
+//! The family's one home: the tasks [`forward`], [`backward`] and
+//! [`accumulate`], the CPU kernels [`residual_forward`],
+//! [`residual_backward`] and [`residual_accumulate`], their CUDA launchers
+//! (bit-exact with the CPU), and `residual.cu`. Every task has a CUDA body
+//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`;
+//! `accumulate` is the backward kernel with one gradient).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
@@ -67,6 +68,22 @@ pub fn backward<'rt>(
     )
 }
 
+/// Submits `dst += src` (elementwise, equal lengths) as `task`: a gradient
+/// made in a buffer of its own added into the one it belongs to (GPT-2's
+/// padded classifier weight gradient into `wte`'s).
+pub fn accumulate<'rt>(
+    task: impl Into<Task<'rt>>,
+    dst: &View, // (N) accumulated
+    src: &View, // (N)
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (dst.read_write::<S>(), src.read::<S>()),
+        |(dst, src)| residual_accumulate(dst, src),
+        |(dst, src), cu| task_result(residual_accumulate_cuda(cu, dst, src)),
+    )
+}
+
 // ---------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------
@@ -98,6 +115,17 @@ pub fn residual_backward<S: Storage>(
         let g = g.load();
         *d1 = S::store(d1.load() + g);
         *d2 = S::store(d2.load() + g);
+    }
+}
+
+/// `dst += src`: each element loaded, the sum rounded once.
+pub fn residual_accumulate<S: Storage>(
+    dst: &mut [S], // (N)
+    src: &[S],     // (N)
+) {
+    check_len("residual_accumulate", "src", src.len(), dst.len());
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = S::store(d.load() + s.load());
     }
 }
 
@@ -157,5 +185,28 @@ pub fn residual_backward_cuda<S: Storage>(
     // SAFETY: residual_backward[_bf16](S* dinp1, S* dinp2, const S* dout,
     // long long N), S the storage type of all three; all N, dinp1 and dinp2
     // disjoint (the engine checked the task's write tokens at submission).
+    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
+}
+
+/// [`residual_accumulate`] on the task's stream, `f32` or bf16 storage:
+/// the backward kernel with no second gradient. Bit-exact with the CPU.
+pub fn residual_accumulate_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dst: DevSliceMut<S>, // (N) accumulated
+    src: DevSlice<S>,    // (N)
+) -> Result<()> {
+    let k = Check::new("residual_accumulate");
+    let n = dst.len();
+    k.exact("src", &src, "(N)", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dst.ptr()).ptr(0).ptr(src.ptr()).i64(n as i64);
+    let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
+    // SAFETY: residual_backward[_bf16](S* dinp1, S* dinp2, const S* dout,
+    // long long N) with dinp2 null (the kernel skips it): dst and src of the
+    // storage type S, both N (checked).
     unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }

@@ -130,6 +130,25 @@ impl Gpt2Model {
                 )?;
                 ready(id.wte + i)?;
             }
+        } else if let Some(dw) = &self.classifier_grad {
+            // The padded classifier weight's gradient, all `Vp` rows, in a
+            // buffer of its own (its padding rows are zero: so are the
+            // logits gradient's padding columns), then its first `V` rows
+            // added into `wte`'s.
+            let dw_wte = dw.view(0..g.wte.len())?;
+            fill::zero(side("zero classifier weight grad".into()), &dw.whole())?;
+            matmul::backward_weight_ld(
+                side("logits backward weight".into()),
+                &dw.whole(),
+                None,
+                dlogits,
+                &a.lnf,
+                n,
+                c,
+                vp,
+                vp,
+            )?;
+            residual::accumulate(side("classifier weight grad".into()), &g.wte, &dw_wte)?;
         } else {
             matmul::backward_weight_ld(
                 side("logits backward weight".into()),

@@ -28,7 +28,8 @@
 /// inp: &[f32], n: i64) -> Result<(), String>` with the first doc comment,
 /// and `gelu_forward_bf16` with `u16` for `S` and the second, each running
 /// the body with `k` its own name (the kernel's, as in the `.cu` file). `S`
-/// is replaced in parameters typed `&mut [S]`, `&[S]` or `Option<&[S]>`;
+/// is replaced in parameters typed `&mut [S]`, `&[S]`, `Option<&[S]>` or
+/// `Option<&mut [S]>`;
 /// other parameters keep their types.
 macro_rules! twins {
     (
@@ -51,6 +52,10 @@ macro_rules! twins {
     (@fn $doc:tt $name:ident $e:ident $k:ident [$($done:tt)*]
         [$p:ident: Option<&[S]> $(, $($rest:tt)*)?] $body:block) => {
         twins!(@fn $doc $name $e $k [$($done)* $p: Option<&[$e]>,] [$($($rest)*)?] $body);
+    };
+    (@fn $doc:tt $name:ident $e:ident $k:ident [$($done:tt)*]
+        [$p:ident: Option<&mut [S]> $(, $($rest:tt)*)?] $body:block) => {
+        twins!(@fn $doc $name $e $k [$($done)* $p: Option<&mut [$e]>,] [$($($rest)*)?] $body);
     };
     (@fn $doc:tt $name:ident $e:ident $k:ident [$($done:tt)*]
         [$p:ident: $t:ty $(, $($rest:tt)*)?] $body:block) => {

@@ -26,21 +26,31 @@ twins! {
 }
 
 twins! {
-    /// `residual_backward` (f32): `dinp1 += dout; dinp2 += dout`. Launch as
-    /// [`residual_forward`] (residual.rs, `residual_backward_cuda`).
+    /// `residual_backward` (f32): `dinp1 += dout; dinp2 += dout`, or
+    /// `dinp1 += dout` alone with no `dinp2` (residual.rs's `accumulate`).
+    /// Launch as [`residual_forward`] (residual.rs, `residual_backward_cuda`,
+    /// `residual_accumulate_cuda`).
     pub fn residual_backward(S = f32);
     /// [`residual_backward`] with bf16 storage.
     pub fn residual_backward_bf16(S = u16);
-    fn(k, grid: Dim3, block: Dim3, dinp1: &mut [S], dinp2: &mut [S], dout: &[S], n: i64) {
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        dinp1: &mut [S],
+        dinp2: Option<&mut [S]>,
+        dout: &[S],
+        n: i64,
+    ) {
         let len = count(k, n)?;
         let args = Args::new(k)
             .output("dinp1", dinp1, len)?
-            .output("dinp2", dinp2, len)?
+            .output_or_null("dinp2", dinp2, len)?
             .input("dout", dout, len)?
             .i64(n);
         // SAFETY: residual_backward[_bf16] touches element i < N of each
-        // buffer, all N long (checked); dinp1 and dinp2 are distinct copies,
-        // so they never alias.
+        // buffer, all N long (checked), and no dinp2 when it is null;
+        // dinp1 and dinp2 are distinct copies, so they never alias.
         unsafe { args.launch(grid, block) }
     }
 }
