@@ -95,12 +95,13 @@ pub fn this_host_cores() -> usize {
 
 impl Machine {
     /// GPU: the speed of a compute task while `kernels` compute tasks of its
-    /// rank run (itself included).
-    pub fn gpu_rate(&self, kernels: usize) -> f64 {
-        if self.backend != Backend::Gpu || kernels <= 1 {
+    /// rank run (itself included; a traced task's mean, `1 + overlap`, to
+    /// undo the sharing its duration went through).
+    pub fn gpu_rate(&self, kernels: f64) -> f64 {
+        if self.backend != Backend::Gpu {
             return 1.0;
         }
-        1.0 / (1.0 + self.gpu_sharing.max(0.0) * (kernels - 1) as f64)
+        1.0 / (1.0 + self.gpu_sharing.max(0.0) * (kernels - 1.0).max(0.0))
     }
 
     /// CPU: the speed of a core-using task while `threads` threads (every

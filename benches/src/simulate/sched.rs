@@ -143,7 +143,7 @@ pub fn durations(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> Vec<u64> {
                 let own = if m.backend == Backend::Cpu {
                     m.cpu_rate(traced)
                 } else {
-                    1.0 / (1.0 + m.gpu_sharing.max(0.0) * n.overlap)
+                    m.gpu_rate(1.0 + n.overlap)
                 };
                 (n.dur_ns as f64 * own * scale).round() as u64
             }
@@ -505,7 +505,7 @@ pub fn simulate_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig, factors: &[f6
             } else if uses_core(t) {
                 rate_core
             } else if shares_sms(t) {
-                m.gpu_rate(kernels[t / n])
+                m.gpu_rate(kernels[t / n] as f64)
             } else {
                 1.0
             }

@@ -4,22 +4,12 @@
 //! C library's expf/logf here, the CPU's fastmath::exp and f32::ln there), so
 //! they agree to a few ulp in f32 and to one bf16 ulp in bf16.
 
+mod common;
+
 use braid_gpt2::kernels::cpu::{flash_attention_backward, flash_attention_forward, Bf16};
 use braid_gpt2::kernels::flash_attention::{BLOCK_K, BLOCK_Q};
 use braid_kernel_emu::{self as emu, Dim3};
-
-/// Deterministic values in [-scale, scale).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+use common::{bits, to_bf16, values, widen};
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -117,18 +107,6 @@ fn agreement(what: &str, got: &[f32], want: &[f32]) -> Agreement {
     }
     println!("{what}: {a:?}");
     a
-}
-
-fn to_bf16(x: &[f32]) -> Vec<Bf16> {
-    x.iter().map(|&v| Bf16::from_f32(v)).collect()
-}
-
-fn bits(x: &[Bf16]) -> Vec<u16> {
-    x.iter().map(|h| h.0).collect()
-}
-
-fn widen(x: &[u16]) -> Vec<f32> {
-    x.iter().map(|&h| Bf16(h).to_f32()).collect()
 }
 
 /// The largest distance in bf16 ulps (as `ulps` on the widened values,

@@ -513,9 +513,13 @@ pub fn adamw_update_mixed_cuda<S: Storage>(
     // float step_size, float bc2_sqrt, float beta1, float beta2, float eps,
     // float decay, const float* scalars), S the storage type of params and
     // grads; the five arrays hold N, grad_scale 1 or null, scalars 3 or
-    // null (checked). Four elements a thread (`ADAMW_PER` in adamw.cu).
-    unsafe { l.launch(kernel, l.linear(n.div_ceil(4), 256)?, &a) }
+    // null (checked).
+    unsafe { l.launch(kernel, l.linear(n.div_ceil(MIXED_PER_THREAD), 256)?, &a) }
 }
+
+/// Elements of a mixed-precision update kernel's thread (`ADAMW_PER` in
+/// adamw.cu: vector loads where aligned).
+const MIXED_PER_THREAD: usize = 4;
 
 #[cfg(test)]
 mod tests {

@@ -2,10 +2,11 @@
 //!
 //! The family's one home: the tasks [`forward`], [`backward`] and
 //! [`accumulate`], the CPU kernels [`residual_forward`],
-//! [`residual_backward`] and [`residual_accumulate`], their CUDA launchers
-//! (bit-exact with the CPU), and `residual.cu`. Every task has a CUDA body
-//! for bf16 storage too (`residual_forward_bf16`, `residual_backward_bf16`;
-//! `accumulate` is the backward kernel with one gradient).
+//! [`residual_backward`] and [`residual_accumulate`], the CUDA launchers
+//! [`residual_forward_cuda`] and [`residual_backward_cuda`] (bit-exact with
+//! the CPU; `accumulate` is the backward launch with one gradient), and
+//! `residual.cu`. Every task has a CUDA body for bf16 storage too
+//! (`residual_forward_bf16`, `residual_backward_bf16`).
 
 use braid::cuda::KernelArgs;
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
@@ -64,7 +65,7 @@ pub fn backward<'rt>(
             dout.read::<S>(),
         ),
         |(d1, d2, dout)| residual_backward(d1, d2, dout),
-        |(d1, d2, dout), cu| task_result(residual_backward_cuda(cu, d1, d2, dout)),
+        |(d1, d2, dout), cu| task_result(residual_backward_cuda(cu, d1, Some(d2), dout)),
     )
 }
 
@@ -80,7 +81,7 @@ pub fn accumulate<'rt>(
         task,
         |S| (dst.read_write::<S>(), src.read::<S>()),
         |(dst, src)| residual_accumulate(dst, src),
-        |(dst, src), cu| task_result(residual_accumulate_cuda(cu, dst, src)),
+        |(dst, src), cu| task_result(residual_backward_cuda(cu, dst, None, src)),
     )
 }
 
@@ -160,17 +161,20 @@ pub fn residual_forward_cuda<S: Storage>(
     unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }
 
-/// [`residual_backward`] on the task's stream, `f32` or bf16 storage.
+/// [`residual_backward`] on the task's stream, `f32` or bf16 storage, or
+/// [`residual_accumulate`] with no `dinp2` (the kernel skips a null one).
 /// Bit-exact with the CPU.
 pub fn residual_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp1: DevSliceMut<S>, // (N) accumulated
-    dinp2: DevSliceMut<S>, // (N) accumulated
-    dout: DevSlice<S>,     // (N)
+    dinp1: DevSliceMut<S>,         // (N) accumulated
+    dinp2: Option<DevSliceMut<S>>, // (N) accumulated
+    dout: DevSlice<S>,             // (N)
 ) -> Result<()> {
     let k = Check::new("residual_backward");
     let n = dinp1.len();
-    k.exact("dinp2", &dinp2, "(N)", n)?;
+    if let Some(d2) = &dinp2 {
+        k.exact("dinp2", d2, "(N)", n)?;
+    }
     k.exact("dout", &dout, "(N)", n)?;
     if n == 0 {
         return Ok(());
@@ -178,35 +182,13 @@ pub fn residual_backward_cuda<S: Storage>(
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dinp1.ptr())
-        .ptr(dinp2.ptr())
+        .ptr(dinp2.as_ref().map_or(0, |d| d.ptr()))
         .ptr(dout.ptr())
         .i64(n as i64);
     let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
     // SAFETY: residual_backward[_bf16](S* dinp1, S* dinp2, const S* dout,
-    // long long N), S the storage type of all three; all N, dinp1 and dinp2
-    // disjoint (the engine checked the task's write tokens at submission).
-    unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
-}
-
-/// [`residual_accumulate`] on the task's stream, `f32` or bf16 storage:
-/// the backward kernel with no second gradient. Bit-exact with the CPU.
-pub fn residual_accumulate_cuda<S: Storage>(
-    cu: &CudaTaskCtx<'_>,
-    dst: DevSliceMut<S>, // (N) accumulated
-    src: DevSlice<S>,    // (N)
-) -> Result<()> {
-    let k = Check::new("residual_accumulate");
-    let n = dst.len();
-    k.exact("src", &src, "(N)", n)?;
-    if n == 0 {
-        return Ok(());
-    }
-    let l = Launcher::new(k, cu);
-    let mut a = KernelArgs::new();
-    a.ptr(dst.ptr()).ptr(0).ptr(src.ptr()).i64(n as i64);
-    let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
-    // SAFETY: residual_backward[_bf16](S* dinp1, S* dinp2, const S* dout,
-    // long long N) with dinp2 null (the kernel skips it): dst and src of the
-    // storage type S, both N (checked).
+    // long long N), S the storage type of all three; all N, dinp2 null or
+    // disjoint from dinp1 (the engine checked the task's write tokens at
+    // submission).
     unsafe { l.launch(kernel, l.linear(n, 256)?, &a) }
 }

@@ -98,10 +98,7 @@ impl Gpt2Model {
         };
         // logits = lnf · wᵀ, `w` the padded classifier weight if there is
         // one (its padding rows and the logits' padding columns are zero).
-        let (w, k) = match &self.classifier_weight {
-            Some(w) => (w.whole(), vp),
-            None => (p.wte.clone(), v),
-        };
+        let (w, k) = self.classifier_weight();
         matmul::backward_input_ld(
             tasks.task("logits backward input"),
             &da.lnf,

@@ -272,16 +272,21 @@ impl Gpt2Model {
     }
 
     /// With a padded classifier weight, submits the copy of `wte` into its
-    /// first `V` rows and returns it with its row count `Vp`; else `wte`
-    /// and `V`.
+    /// first `V` rows; returns [`classifier_weight`](Self::classifier_weight).
     fn refresh_classifier_weight(&self, tasks: &Tasks<'_>) -> Result<(View, usize)> {
-        let wte = &self.p.wte;
+        if let Some(w) = &self.classifier_weight {
+            let wte = &self.p.wte;
+            fill::copy(tasks.task("classifier weight"), wte, &w.view(0..wte.len())?)?;
+        }
+        Ok(self.classifier_weight())
+    }
+
+    /// The classifier's weight with its row count: the padded copy and
+    /// `Vp` if the model keeps one, else `wte` and `V`.
+    pub(super) fn classifier_weight(&self) -> (View, usize) {
         match &self.classifier_weight {
-            Some(w) => {
-                fill::copy(tasks.task("classifier weight"), wte, &w.view(0..wte.len())?)?;
-                Ok((w.whole(), self.vp))
-            }
-            None => Ok((wte.clone(), self.cfg.vocab_size)),
+            Some(w) => (w.whole(), self.vp),
+            None => (self.p.wte.clone(), self.cfg.vocab_size),
         }
     }
 }

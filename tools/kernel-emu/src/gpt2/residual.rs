@@ -28,8 +28,7 @@ twins! {
 twins! {
     /// `residual_backward` (f32): `dinp1 += dout; dinp2 += dout`, or
     /// `dinp1 += dout` alone with no `dinp2` (residual.rs's `accumulate`).
-    /// Launch as [`residual_forward`] (residual.rs, `residual_backward_cuda`,
-    /// `residual_accumulate_cuda`).
+    /// Launch as [`residual_forward`] (residual.rs, `residual_backward_cuda`).
     pub fn residual_backward(S = f32);
     /// [`residual_backward`] with bf16 storage.
     pub fn residual_backward_bf16(S = u16);
