@@ -1,10 +1,13 @@
 //! The reducer's row contributions (a gradient with several writers): the
 //! dense part reduced with its bucket, the rows exchanged and added at
 //! `finish`. Checked against the average of the full gradients computed here
-//! (each rank's dense gradient plus its rows), on 1–4 CPU ranks, with
-//! repeated ids, with sync off (local accumulation), and for bad input.
+//! (each rank's dense gradient plus its rows), on 1–4 CPU ranks, in f32 and
+//! bf16, with repeated ids, with sync off (local accumulation), and for bad
+//! input; the CPU reference of the CUDA kernels against the definition.
 
-use braid::comm::{BucketConfig, ParamSpec, SparseRows};
+use braid::comm::{
+    sparse_add_chunk, sparse_links, Bf16, BucketConfig, DType, ParamSpec, SparseRows,
+};
 use braid::{launch, BackendKind, Error, Reducer, Runtime};
 
 const ROW: usize = 3;
@@ -90,6 +93,117 @@ fn step_with(
         rt.read_vec::<f32>(&grads)
     });
     out.into_iter().map(|r| r.expect("rank failed")).collect()
+}
+
+/// The bf16 step: gradients, rows and buckets in bf16 (the same values,
+/// rounded); every rank's reduced gradient, widened.
+fn step_bf16(world: usize) -> Vec<Vec<f32>> {
+    let bf = |v: &[f32]| v.iter().map(|&x| Bf16::from_f32(x)).collect::<Vec<_>>();
+    let out = launch(world, |rank, comm| {
+        let rt = runtime(rank)?;
+        let (dense, ids, rows) = inputs(rank);
+        let grads = rt.alloc_from("grads", &bf(&dense))?;
+        let ids = rt.alloc_from("ids", &ids)?;
+        let rows = rt.alloc_from("rows", &bf(&rows))?;
+        let config = BucketConfig::default().dtype(DType::Bf16);
+        let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(), config)?;
+        red.grad_ready(0)?;
+        red.grad_ready(1)?;
+        red.sparse_ready(0, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
+        red.finish()?;
+        let g = rt.read_vec::<Bf16>(&grads)?;
+        Ok(g.iter().map(|x| x.to_f32()).collect())
+    });
+    out.into_iter().map(|r| r.expect("rank failed")).collect()
+}
+
+/// bf16 gradients: the average within bf16 rounding (the inputs are exact
+/// in bf16: quarters and eighths), every rank the same bits.
+#[test]
+fn bf16_rows_are_averaged_into_the_reduced_gradient() {
+    for world in 1..=4 {
+        let want = expected(world);
+        let got = step_bf16(world);
+        for (rank, g) in got.iter().enumerate() {
+            for (i, (&g, &w)) in g.iter().zip(&want).enumerate() {
+                // A few roundings of 2^-8 relative each.
+                assert!(
+                    (g as f64 - w).abs() <= 1.6e-2 * (0.25 + w.abs()),
+                    "world {world}, rank {rank}, element {i}: {g} vs {w}"
+                );
+            }
+            assert_eq!(g, &got[0], "world {world}: rank {rank} differs from rank 0");
+        }
+    }
+}
+
+/// Ids with repeats, runs and singletons.
+fn chunk_ids(n: usize, nrows: usize, seed: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7 + seed) % 11 % nrows) as u32)
+        .collect()
+}
+
+/// `sparse_links` is its definition: the next index with the same id (n
+/// if none), bit 31 when an earlier index has it.
+#[test]
+fn links_follow_their_definition() {
+    for (n, nrows) in [(0, 3), (1, 3), (40, 5), (300, 64)] {
+        let ids = chunk_ids(n, nrows, n);
+        let mut links = vec![0u32; n];
+        sparse_links(&ids, &mut links);
+        for i in 0..n {
+            let next = (i + 1..n).find(|&r| ids[r] == ids[i]).unwrap_or(n) as u32;
+            let repeat = ids[..i].contains(&ids[i]);
+            assert_eq!(links[i], next | (u32::from(repeat) << 31), "n {n}, index {i}");
+        }
+    }
+}
+
+/// With f32 gradients, a chunk's add is bit for bit the rows added one by
+/// one (`g += scale * row`, in order); with bf16, each touched element is
+/// the f32 sum rounded once.
+#[test]
+fn a_chunk_adds_as_defined_in_f32_and_bf16() {
+    let (n, nrows, row_len, scale) = (60, 7, 5, 1.0 / 3.0);
+    let ids = chunk_ids(n, nrows, 2);
+    let mut links = vec![0u32; n];
+    sparse_links(&ids, &mut links);
+    let rows: Vec<f32> = (0..n * row_len)
+        .map(|i| ((i * 37) % 101) as f32 * 0.0137 - 0.6)
+        .collect();
+    let grad: Vec<f32> = (0..nrows * row_len).map(|i| i as f32 * 0.01).collect();
+
+    let mut got = grad.clone();
+    sparse_add_chunk(&mut got, &ids, &links, &rows, row_len, scale).unwrap();
+    let mut want = grad.clone();
+    for (i, &id) in ids.iter().enumerate() {
+        for k in 0..row_len {
+            want[id as usize * row_len + k] += scale * rows[i * row_len + k];
+        }
+    }
+    assert_eq!(got, want);
+
+    let bf = |v: &[f32]| v.iter().map(|&x| Bf16::from_f32(x)).collect::<Vec<_>>();
+    let (rows_b, mut got_b) = (bf(&rows), bf(&grad));
+    sparse_add_chunk(&mut got_b, &ids, &links, &rows_b, row_len, scale).unwrap();
+    let mut sum: Vec<f32> = bf(&grad).iter().map(|x| x.to_f32()).collect();
+    for (i, &id) in ids.iter().enumerate() {
+        for k in 0..row_len {
+            sum[id as usize * row_len + k] += scale * rows_b[i * row_len + k].to_f32();
+        }
+    }
+    let want_b = bf(&sum);
+    assert_eq!(got_b, want_b);
+
+    // An id past the rows: an error, nothing written.
+    let mut bad_ids = ids.clone();
+    bad_ids[n - 1] = nrows as u32;
+    sparse_links(&bad_ids, &mut links);
+    let mut g = grad.clone();
+    let e = sparse_add_chunk(&mut g, &bad_ids, &links, &rows, row_len, scale).unwrap_err();
+    assert!(e.contains("row id 7 is past the gradient's 7 rows"), "{e}");
+    assert_eq!(g, grad);
 }
 
 #[test]

@@ -98,6 +98,15 @@ pub mod test_kernels {
     pub const AXPB: &str = include_str!("../kernels/axpb.cu");
 }
 
+/// CUDA C sources of the engine's own kernels (`cuda/kernels/`), compiled at
+/// first use through [`KernelCache`].
+pub mod engine_kernels {
+    /// `cuda/kernels/sparse_rows.cu`: the gradient reducer's row
+    /// contributions (`sparse_rows_links`, `sparse_rows_add_f32`,
+    /// `sparse_rows_add_bf16`).
+    pub const SPARSE_ROWS: &str = include_str!("../kernels/sparse_rows.cu");
+}
+
 /// Where users are told to look when the driver is missing.
 const DRIVER_HINT: &str =
     "no NVIDIA driver is installed on this machine, or libcuda.so.1 is not on the loader path";
@@ -242,14 +251,15 @@ mod tests {
     }
 
     #[test]
-    fn test_kernels_compile_without_a_gpu() {
+    fn engine_and_test_kernels_compile_without_a_gpu() {
         if !nvrtc_library_present() {
-            eprintln!("SKIPPED test_kernels_compile_without_a_gpu: libnvrtc not found");
+            eprintln!("SKIPPED engine_and_test_kernels_compile_without_a_gpu: libnvrtc not found");
             return;
         }
         for (src, name) in [
             (test_kernels::SPIN, "spin.cu"),
             (test_kernels::AXPB, "axpb.cu"),
+            (engine_kernels::SPARSE_ROWS, "sparse_rows.cu"),
         ] {
             let k = compile(src, name, &CompileOptions::for_arch("sm_90")).unwrap();
             assert!(k.is_cubin && !k.image.is_empty());

@@ -565,7 +565,8 @@ impl<'rt> Reducer<'rt> {
     /// [`grad_ready`](Self::grad_ready) and reduced at once; the encoder's rows
     /// come last). Exchanged now with two all-gathers; added, averaged, into
     /// the reduced gradient at [`finish`](Self::finish) (see `sparse.rs`).
-    /// With sync off, added locally at once. CPU backend only for now.
+    /// With sync off, added locally at once. The rows are of the gradients'
+    /// storage type (`f32` or bf16).
     pub fn sparse_ready(&mut self, param: usize, rows: super::SparseRows) -> Result<()> {
         self.sparse_ready_range(param..param + 1, rows)
     }
@@ -602,17 +603,14 @@ impl<'rt> Reducer<'rt> {
             [one] => one.name.clone(),
             _ => format!("{} .. {}", pieces[0].name, pieces[pieces.len() - 1].name),
         };
-        if self.config.dtype != DType::F32 {
-            return Err(self.error(format!(
-                "sparse rows of `{name}`: the gradients are {}; row contributions are f32 only",
-                self.config.dtype.name()
-            )));
-        }
         let range = pieces[0].range.start..pieces[pieces.len() - 1].range.end;
-        let grad = self.grads.view_of::<f32>(range)?;
+        let dtype = self.config.dtype;
+        let size = dtype.size();
+        let grad = self.grads.view(range.start * size..range.end * size)?;
         let comm = &self.comm;
         let refuse = |m| reducer_error(comm, format!("sparse rows of `{name}`: {m}"));
-        self.sparse.take(comm, &name, grad, rows, self.sync, refuse)
+        self.sparse
+            .take(comm, &name, grad, dtype, rows, self.sync, refuse)
     }
 
     /// Ends the backward pass of a step: submits every bucket not yet
@@ -1184,7 +1182,7 @@ mod tests {
     }
 
     #[test]
-    fn bf16_gradients_refuse_bf16_compression_and_sparse_rows() {
+    fn bf16_gradients_refuse_bf16_compression_and_f32_rows() {
         use crate::{BackendKind, Runtime};
         let out = crate::launch(1, |rank, comm| {
             let rt = Runtime::builder()
@@ -1212,6 +1210,10 @@ mod tests {
         });
         let res = out.into_iter().next().unwrap().unwrap();
         let err = res.unwrap_err();
-        assert!(err.to_string().contains("f32 only"), "{err}");
+        // Row contributions of bf16 gradients are bf16: 8 f32s are refused.
+        assert!(
+            err.to_string().contains("need 16 bytes of bf16 rows"),
+            "{err}"
+        );
     }
 }

@@ -85,7 +85,7 @@ pub use launch::{launch, launch_with, spawn_ranks, Ranks};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
 pub use shard::{owned_ranges, BucketShard};
-pub use sparse::SparseRows;
+pub use sparse::{sparse_add_chunk, sparse_links, RowElement, SparseRows};
 
 use crate::access::{DevBytes, DynAccess, HostBytes};
 use crate::backend::gpu::CudaTaskCtx;
