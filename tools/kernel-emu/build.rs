@@ -17,7 +17,8 @@ fn main() {
         .nth(2)
         .expect("tools/kernel-emu is two levels down");
     let kernels = repo.join("models/gpt2/src/kernels");
-    let include_dirs = [csrc.clone(), kernels];
+    let engine_kernels = repo.join("cuda/kernels");
+    let include_dirs = [csrc.clone(), kernels, engine_kernels];
 
     let mut sources: Vec<PathBuf> = fs::read_dir(&csrc)
         .expect("csrc/ is readable")

@@ -38,6 +38,10 @@ mod launch;
 mod gpt2;
 pub use gpt2::*;
 
+// The engine's own kernels (cuda/kernels/).
+mod engine;
+pub use engine::*;
+
 use check::{nonneg, product, threads_1d};
 use launch::Args;
 
