@@ -1606,6 +1606,32 @@ fn padded_rows(dev: Device) {
         V,
         0.0,
     );
+
+    // The same weight gradient (no bias) in row blocks, uneven and one
+    // empty, each its own task writing its rows (the tied embedding's
+    // classifier gradient when it is split): the whole one's, to float
+    // tolerance on CUDA (other GEMM shapes).
+    let whole = g.up(&gw0);
+    let v = [&whole, &dpn, &binp].map(|b| b.whole());
+    let t = g.rt.task("backward weight whole");
+    done(matmul::backward_weight_ld(
+        t, &v[0], None, &v[1], &v[2], n, C, V, vp,
+    ));
+    let blocks = g.up(&gw0);
+    for rows in [0..3, 3..3, 3..V - 5, V - 5..V] {
+        let dw = blocks.view_of::<f32>(rows.start * C..rows.end * C).unwrap();
+        let (dout, inp) = (dpn.whole(), binp.whole());
+        let t = g.rt.task(format!("backward weight rows {rows:?}"));
+        done(matmul::backward_weight_rows(
+            t, &dw, &dout, &inp, n, C, V, vp, rows,
+        ));
+    }
+    let (got, want) = (g.down(&blocks), g.down(&whole));
+    match dev {
+        Device::Cpu => compare("backward_weight_rows", &got, &want, 1e-6, 1e-5),
+        Device::Cuda => compare("backward_weight_rows", &got, &want, 1e-5, 1e-4),
+    }
+    assert_ne!(got, gw0, "backward_weight_rows changed nothing");
 }
 
 test_device!(padded_rows, padded_rows_cpu, padded_rows_cuda);

@@ -335,6 +335,69 @@ fn cli_trains_on_one_gpu() {
     assert!(dir.path().join("t.json").is_file());
 }
 
+/// The tied gradient split on one GPU (the reducer at world size 1, NCCL
+/// with one rank): the classifier's part reduced in row blocks, the
+/// encoder's token rows linked, gathered and added by the reducer's CUDA
+/// kernels (`cuda/kernels/sparse_rows.cu`) — the same losses and
+/// parameters, to float tolerance, as with the gradient whole; in f32, and
+/// in bf16 with the fused kernels (the trainer's GPU default).
+#[test]
+fn the_tied_split_runs_on_one_gpu() {
+    if braid::cuda::gpu_or_skip("the_tied_split_runs_on_one_gpu") {
+        tied_split_at_one_rank(BackendKind::Cuda { device: 0 });
+    }
+}
+
+/// The same on the CPU backend (the test's own check, everywhere).
+#[test]
+fn the_tied_split_runs_on_one_cpu_rank() {
+    tied_split_at_one_rank(BackendKind::Cpu);
+}
+
+fn tied_split_at_one_rank(backend: BackendKind) {
+    let data = TokenSource::from_ids(&runs_of_ids(8192, 99), "counting runs").unwrap();
+    let start = StartState::fresh(&Gpt2Config::tiny(), 5);
+    let steps = 3;
+    for (dtype, fusion, rtol) in [
+        (Dtype::F32, Fusion::NONE, 1e-5),
+        (Dtype::Bf16, Fusion::ALL, 2e-3),
+    ] {
+        let run = |split: bool| {
+            let mut o = options(backend, 1, steps);
+            (o.reduce_single_rank, o.tied_split) = (true, split);
+            (o.dtype, o.fusion) = (dtype, fusion);
+            train(&o, start.clone(), &data, &|_| {}).unwrap()
+        };
+        let (split, whole) = (run(true), run(false));
+        let label = format!("{backend:?}, {dtype:?}");
+        let adds = |r: &TrainReport| {
+            r.profiles[0]
+                .spans
+                .iter()
+                .filter(|s| s.name.starts_with("add sparse rows"))
+                .count()
+        };
+        assert_eq!(adds(&split), steps as usize, "{label}: one add per step");
+        assert_eq!(adds(&whole), 0, "{label}");
+        eprintln!(
+            "{label}: split {:?}, whole {:?}",
+            losses(&split),
+            losses(&whole)
+        );
+        for (a, b) in losses(&split).iter().zip(&losses(&whole)) {
+            assert!((a - b).abs() <= rtol * b.abs(), "{label}: loss {a} vs {b}");
+        }
+        let worst = split
+            .params
+            .iter()
+            .zip(&whole.params)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        // Adam's steps are at most the learning rate (3e-3) each.
+        assert!(worst <= 3e-3, "{label}: parameters {worst} apart");
+    }
+}
+
 // ----- two GPUs ------------------------------------------------------------------
 
 /// Two GPU ranks in one process (NCCL between them) against one GPU rank on

@@ -4,7 +4,8 @@
 //! kernels [`encoder_forward`] and [`encoder_backward`], their CUDA launchers
 //! [`encoder_forward_cuda`] and [`encoder_backward_cuda`], and `encoder.cu`.
 //! [`forward`] and [`backward`] have a CUDA body for bf16 storage too (the
-//! `*_bf16` kernels); [`backward_positions`] is CPU only.
+//! `*_bf16` kernels), and so has [`backward_positions`] (the position half
+//! alone, [`encoder_backward_positions_cuda`]).
 //!
 //! # Token ids
 //!
@@ -21,7 +22,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::{Dtype, Storage};
-use super::task::{submit, submit_cpu, Task};
+use super::task::{submit, Task};
 
 pub(crate) static CUDA: Program = Program::new(
     "encoder.cu",
@@ -126,8 +127,7 @@ pub unsafe fn backward<'rt>(
 /// Submits `dwpe[:T] += Σ_b dout` as `task`: the position half of
 /// [`backward`], for a program that hands the token rows (`dout` itself, at
 /// the rows `tokens`) to the gradient reducer as a separate contribution
-/// ([`braid::Reducer::sparse_ready`]). CPU body only: the trainer splits the
-/// tied gradient on the CPU backend.
+/// ([`braid::Reducer::sparse_ready`]).
 pub fn backward_positions<'rt>(
     task: impl Into<Task<'rt>>,
     dwpe: &View, // (maxT, C), maxT >= T, accumulated
@@ -136,10 +136,13 @@ pub fn backward_positions<'rt>(
     t: usize,
     c: usize,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    submit!(
         task,
         |S| (dwpe.read_write::<S>(), dout.read::<S>()),
         move |(dwpe, dout)| encoder_backward_positions(dwpe, dout, b, t, c),
+        move |(dwpe, dout), cu| {
+            task_result(encoder_backward_positions_cuda(cu, dwpe, dout, b, t, c))
+        },
     )
 }
 
@@ -271,6 +274,31 @@ pub unsafe fn encoder_forward_cuda<S: Storage>(
     unsafe { l.launch(kernel, l.linear(btc, 256)?, &a) }
 }
 
+/// [`encoder_backward_positions`] on the task's stream, each element's `B`
+/// contributions summed in `b` order: bit-exact with the CPU. Only the
+/// first `T` rows of `dwpe` are touched.
+pub fn encoder_backward_positions_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dwpe: DevSliceMut<S>, // (maxT, C), maxT >= T, accumulated
+    dout: DevSlice<S>,    // (B, T, C)
+    b: usize,
+    t: usize,
+    c: usize,
+) -> Result<()> {
+    let k = Check::new("encoder_backward_positions");
+    let (bi, ti, ci) = (k.dim("B", b)?, k.dim("T", t)?, k.dim("C", c)?);
+    k.rows("dwpe", &dwpe, "(maxT, C)", c, t)?;
+    k.exact("dout", &dout, "(B, T, C)", k.mul(k.mul(b, t)?, c)?)?;
+    let l = Launcher::new(k, cu);
+    let mut a = KernelArgs::new();
+    a.ptr(dwpe.ptr()).ptr(dout.ptr()).i32(bi).i32(ti).i32(ci);
+    let kernel = by_dtype::<S>(&BACKWARD_WPE, &BACKWARD_WPE_BF16);
+    // SAFETY: encoder_backward_wpe[_bf16](S* dwpe, const S* dout, int B, int
+    // T, int C), S the storage type of both, touches the first T rows of dwpe
+    // and all of dout (checked).
+    unsafe { l.launch(kernel, l.linear(t * c, 256)?, &a) }
+}
+
 /// Number of token-residue classes `encoder_backward_wte` splits `dwte` into
 /// (`gridDim.y`); any value gives the same result.
 const WTE_PARTS: u32 = 32;
@@ -299,24 +327,16 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
     t: usize,
     c: usize,
 ) -> Result<()> {
+    encoder_backward_positions_cuda(cu, dwpe, dout, b, t, c)?;
     let k = Check::new("encoder_backward");
-    let (bi, ti, ci) = (k.dim("B", b)?, k.dim("T", t)?, k.dim("C", c)?);
+    let ci = k.dim("C", c)?;
     let bt = k.mul(b, t)?;
     let bti = k.dim("B·T", bt)?;
-    let btc = k.mul(bt, c)?;
     k.rows("dwte", &dwte, "(V, C)", c, 1)?;
-    k.rows("dwpe", &dwpe, "(maxT, C)", c, t)?;
-    k.exact("dout", &dout, "(B, T, C)", btc)?;
+    k.exact("dout", &dout, "(B, T, C)", k.mul(bt, c)?)?;
     k.exact("tokens", &tokens, "(B, T)", bt)?;
     k.exact("links", &links, "(B, T)", bt)?;
     let l = Launcher::new(k, cu);
-    let mut a = KernelArgs::new();
-    a.ptr(dwpe.ptr()).ptr(dout.ptr()).i32(bi).i32(ti).i32(ci);
-    let kernel = by_dtype::<S>(&BACKWARD_WPE, &BACKWARD_WPE_BF16);
-    // SAFETY: encoder_backward_wpe[_bf16](S* dwpe, const S* dout, int B, int
-    // T, int C), S the storage type of both, touches the first T rows of dwpe
-    // and all of dout (checked).
-    unsafe { l.launch(kernel, l.linear(t * c, 256)?, &a)? };
     let mut a = KernelArgs::new();
     a.ptr(dwte.ptr()).ptr(dout.ptr()).ptr(tokens.ptr());
     if S::DTYPE == Dtype::Bf16 {

@@ -26,7 +26,7 @@ use gemm::{gemm, Parallelism};
 
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::Storage;
-use super::task::{submit, submit_cpu, Task};
+use super::task::{submit, Task};
 use super::{check_len, check_stride};
 
 pub(crate) static CUDA: Program = Program::new(
@@ -172,9 +172,8 @@ pub fn backward_weight_ld<'rt>(
 /// `rows` (`R = rows.len()`), from columns `rows` of `dout (N, ld)`, which
 /// the task declares whole (a read: tasks for other rows run beside it).
 /// The tied embedding's classifier gradient is made in such row blocks, so
-/// that each block's all-reduce starts while the next is computed. CPU
-/// body only (a column block of `dout` is a strided matrix; the CUDA
-/// launchers take dense ones).
+/// that each block's all-reduce starts while the next is computed (the
+/// CUDA body: [`matmul_backward_weight_rows_cuda`]).
 pub fn backward_weight_rows<'rt>(
     task: impl Into<Task<'rt>>,
     dweight_rows: &View, // (R, C) accumulated
@@ -186,7 +185,8 @@ pub fn backward_weight_rows<'rt>(
     ld: usize,
     rows: std::ops::Range<usize>,
 ) -> Result<TaskHandle> {
-    submit_cpu!(
+    let cuda_rows = rows.clone();
+    submit!(
         task,
         |S| (
             dweight_rows.read_write::<S>(),
@@ -195,6 +195,19 @@ pub fn backward_weight_rows<'rt>(
         ),
         move |(dw, dout, inp)| {
             matmul_backward_weight_rows(dw, dout, inp, n, c, oc, ld, rows.clone())
+        },
+        move |(dw, dout, inp), cu| {
+            task_result(matmul_backward_weight_rows_cuda(
+                cu,
+                dw,
+                dout,
+                inp,
+                n,
+                c,
+                oc,
+                ld,
+                cuda_rows.clone(),
+            ))
         },
     )
 }
@@ -655,6 +668,46 @@ pub fn matmul_backward_weight_cuda<S: Storage>(
         unsafe { l.launch(kernel, cfg, &a)? };
     }
     Ok(())
+}
+
+/// [`matmul_backward_weight_rows`] on the task's stream through cuBLAS:
+/// columns `rows` of `dout (N, ld)` are a matrix of leading dimension `ld`
+/// starting `rows.start` elements in, so the product is one GEMM of `R`
+/// output rows, as [`matmul_backward_weight_cuda`]'s is of `OC`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward_weight_rows_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dweight_rows: DevSliceMut<S>, // (R, C) accumulated
+    dout: DevSlice<S>,            // (N, ld)
+    inp: DevSlice<S>,             // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+    rows: std::ops::Range<usize>,
+) -> Result<()> {
+    let k = Check::new("matmul_backward_weight_rows");
+    k.dim("N", n)?;
+    k.dim("C", c)?;
+    k.stride("ld", ld, "OC", oc)?;
+    if rows.start > rows.end || rows.end > oc {
+        return Err(k.err(format!("rows {rows:?} are not rows of the {oc} outputs")));
+    }
+    let r = rows.len();
+    k.exact("dweight_rows", &dweight_rows, "(R, C)", k.mul(r, c)?)?;
+    k.exact("dout", &dout, "(N, ld)", k.mul(n, ld)?)?;
+    k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
+    if r == 0 {
+        return Ok(());
+    }
+    let l = Launcher::new(k, cu);
+    let mut g = Gemm::new(Transpose::T, Transpose::N, r, c, n).scaled(1.0, 1.0);
+    g.lda = ld;
+    let first = dout.ptr() + (rows.start * std::mem::size_of::<S>()) as u64;
+    // SAFETY: columns rows of dout (N, ld) — R columns from `first`, ld
+    // apart, rows.end <= OC <= ld (checked) — transposed, · inp (N, C)
+    // added to dweight_rows (R, C), sizes checked, all stored as S.
+    unsafe { l.gemm_as::<S>(&g, first, inp.ptr(), dweight_rows.ptr()) }
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! [`TaskBuilder`] (`rt.task("…")`) is an `f32` task, as before, and
 //! [`Task::new`] names another dtype. A family with CUDA kernels submits
 //! with `submit!`: a body per backend ([`TaskBuilder::run_any`]) on every
-//! dtype, the CUDA launcher picking the `f32` or the `*_bf16` kernel; a task
-//! with a CPU kernel only submits with `submit_cpu!` (on another backend
-//! submission fails with [`braid::Error::NoBody`] naming the task).
+//! dtype, the CUDA launcher picking the `f32` or the `*_bf16` kernel. Every
+//! task of the model has both bodies (a task with a CPU body only would
+//! fail to submit on CUDA with [`braid::Error::NoBody`] naming it).
 //!
 //! The bf16 CUDA kernels (`*_bf16` in the families' `.cu` files, and
 //! cuBLAS's bf16 product): `tests/cuda_kernels.rs` compares each with its
@@ -80,22 +80,4 @@ macro_rules! submit {
         }
     }};
 }
-/// [`submit!`] for a task with a CPU body only (on every dtype).
-macro_rules! submit_cpu {
-    ($task:expr, |$S:ident| $tokens:expr, $cpu:expr $(,)?) => {{
-        let task: $crate::kernels::task::Task<'_> = $task.into();
-        match task.dtype {
-            $crate::kernels::storage::Dtype::F32 => {
-                #[allow(dead_code)]
-                type $S = f32;
-                task.builder.run($tokens, $cpu)
-            }
-            $crate::kernels::storage::Dtype::Bf16 => {
-                #[allow(dead_code)]
-                type $S = $crate::kernels::storage::Bf16;
-                task.builder.run($tokens, $cpu)
-            }
-        }
-    }};
-}
-pub(crate) use {submit, submit_cpu};
+pub(crate) use submit;

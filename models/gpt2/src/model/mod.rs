@@ -496,9 +496,8 @@ impl Gpt2Model {
     /// gradient for [`tied_rows`](Self::tied_rows) — hand them to
     /// [`Reducer::sparse_ready`](braid::Reducer::sparse_ready) after the
     /// backward pass. Without a reducer that adds them, `wte`'s gradient
-    /// misses the encoder's part. CPU backend only (the position-only encoder
-    /// task has no CUDA body yet), and `f32` models only: the rows are of the
-    /// model's storage type, and the reducer's are `f32`.
+    /// misses the encoder's part. Every backend and dtype: the rows are of
+    /// the model's storage type, as the reducer's gradients are.
     ///
     /// The classifier's part is made and handed over in [`TIED_PIECES`] row
     /// blocks of `wte`, each its own weight-gradient task and its own

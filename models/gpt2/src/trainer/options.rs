@@ -87,8 +87,8 @@ pub struct TrainOptions {
     /// ([`Gpt2Model::set_split_tied`](crate::model::Gpt2Model::set_split_tied)): the
     /// classifier's dense part all-reduced as soon as it is written, at the
     /// start of the backward pass, the encoder's token rows exchanged at the
-    /// end ([`braid::Reducer::sparse_ready`]). CPU ranks with a reducer only
-    /// (ignored otherwise). On by default.
+    /// end ([`braid::Reducer::sparse_ready`]). With a reducer only (ignored
+    /// otherwise), on every backend and dtype. On by default.
     pub tied_split: bool,
     /// The fused kernels the model uses
     /// ([`ModelOptions::fusion`](crate::model::ModelOptions)), none by
@@ -108,8 +108,8 @@ pub struct TrainOptions {
     /// The storage type of parameters, gradients and activations
     /// ([`ModelOptions::dtype`](crate::model::ModelOptions)): `f32` by
     /// default; bf16 (mixed precision, `f32` master weights and moments,
-    /// gradient buckets all-reduced in bf16), with the tied embedding's
-    /// gradient reduced as one (`tied_split` is ignored).
+    /// gradient buckets all-reduced in bf16, the tied embedding's token rows
+    /// exchanged in bf16).
     pub dtype: Dtype,
     /// A placement file (docs/scopes.md) every rank's runtime is built with:
     /// it places the model's scopes (`forward/layer{l}`, `backward/layer{l}`,

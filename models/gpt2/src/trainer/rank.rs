@@ -76,14 +76,10 @@ pub(super) fn run_rank(
         .filter(|_| world > 1 || opts.reduce_single_rank)
         .map(|c| c.bind(&rt))
         .transpose()?;
-    // The tied gradient's two writers, reduced on their own (CPU ranks; the
-    // reducer's row contributions are f32). Set before the reducer is made:
-    // the classifier's part is handed over in pieces (`param_specs`).
-    let split = comm.is_some()
-        && opts.tied_split
-        && rt.backend_name() == "cpu"
-        && model.dtype() == Dtype::F32;
-    model.set_split_tied(split)?;
+    // The tied gradient's two writers, reduced on their own. Set before the
+    // reducer is made: the classifier's part is handed over in pieces
+    // (`param_specs`).
+    model.set_split_tied(comm.is_some() && opts.tied_split)?;
     let mut reducer = match &comm {
         Some(c) => {
             // Every rank starts from rank 0's parameters, as DDP does (with
