@@ -155,7 +155,11 @@ fn links_follow_their_definition() {
         for i in 0..n {
             let next = (i + 1..n).find(|&r| ids[r] == ids[i]).unwrap_or(n) as u32;
             let repeat = ids[..i].contains(&ids[i]);
-            assert_eq!(links[i], next | (u32::from(repeat) << 31), "n {n}, index {i}");
+            assert_eq!(
+                links[i],
+                next | (u32::from(repeat) << 31),
+                "n {n}, index {i}"
+            );
         }
     }
 }

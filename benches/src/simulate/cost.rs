@@ -64,6 +64,14 @@ impl Collective {
         .find(|(p, _)| n.starts_with(p))
         .map(|(_, c)| c)
     }
+
+    /// Whether the collective task `name` gathers one contribution per rank,
+    /// so that its output grows with the ranks: the reducer's row exchange
+    /// (`all_gather rows: ids of wte`, core/src/comm/sparse.rs). Other
+    /// gathers (ZeRO-1's parameters) gather a fixed whole in more pieces.
+    pub fn grows_with_ranks(name: &str) -> bool {
+        name.trim_start().starts_with("all_gather rows")
+    }
 }
 
 /// A link: per-rank bandwidth in one direction and per-hop latency.

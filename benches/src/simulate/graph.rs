@@ -264,12 +264,37 @@ impl StepGraph {
     /// (`other`, e.g. one GPU step) by task name, keeping this graph's
     /// structure: its tasks, edges and collectives (their bytes). A task the
     /// other trace does not have — or a non-collective communication task —
-    /// is scaled by the median ratio of the matched durations. Also takes the
-    /// other trace's host time between steps. Returns (matched, scaled).
+    /// is scaled by the median ratio of the matched durations. A task split
+    /// into numbered pieces here (`logits backward weight 0` … `3`) that the
+    /// other trace ran whole (`logits backward weight`) takes an equal share
+    /// of the whole's duration. Also takes the other trace's host time
+    /// between steps. Returns (matched, scaled).
     pub fn durations_from(&mut self, other: &StepGraph) -> (usize, usize) {
-        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        let mut by_name: HashMap<String, u64> = HashMap::new();
         for n in other.nodes.iter().filter(|n| n.collective.is_none()) {
-            by_name.entry(n.name.as_str()).or_insert(n.dur_ns);
+            by_name.entry(n.name.clone()).or_insert(n.dur_ns);
+        }
+        let mut pieces: HashMap<&str, u64> = HashMap::new();
+        for n in self.nodes.iter().filter(|n| n.collective.is_none()) {
+            if let Some(whole) = piece_of(&n.name)
+                .filter(|w| !by_name.contains_key(&n.name) && by_name.contains_key(*w))
+            {
+                *pieces.entry(whole).or_default() += 1;
+            }
+        }
+        let shares: Vec<(String, u64)> = pieces
+            .into_iter()
+            .map(|(whole, k)| (whole.to_string(), k))
+            .collect();
+        for (whole, k) in shares {
+            let d = by_name[&whole] / k;
+            for n in self
+                .nodes
+                .iter()
+                .filter(|n| piece_of(&n.name) == Some(whole.as_str()))
+            {
+                by_name.entry(n.name.clone()).or_insert(d);
+            }
         }
         let mut ratios: Vec<f64> = self
             .nodes
@@ -302,6 +327,12 @@ impl StepGraph {
         self.measured_step_ns = other.measured_step_ns;
         (matched, scaled)
     }
+}
+
+/// The whole task a numbered piece belongs to: `"x y"` for `"x y 3"`.
+fn piece_of(name: &str) -> Option<&str> {
+    let (whole, k) = name.rsplit_once(' ')?;
+    (!k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())).then_some(whole)
 }
 
 #[cfg(test)]
@@ -363,5 +394,23 @@ mod tests {
         assert_eq!(d, vec![10, 20, 50]);
         assert_eq!(g.host_gap_ns, 3);
         assert!(g.nodes[..2].iter().all(|n| n.overlap == 0.0));
+    }
+
+    /// Pieces `w 0` … `w 3` of a task the other trace ran whole as `w`
+    /// take a quarter of its duration each; a numbered name the other trace
+    /// has itself keeps its own.
+    #[test]
+    fn numbered_pieces_share_the_whole_tasks_duration() {
+        let mut g = graph(
+            (0..4)
+                .map(|i| node(&format!("w {i}"), 100, None))
+                .chain([node("L 3", 100, None)])
+                .collect(),
+            0,
+        );
+        let other = graph(vec![node("w", 80, None), node("L 3", 7, None)], 0);
+        assert_eq!(g.durations_from(&other), (5, 0));
+        let d: Vec<u64> = g.nodes.iter().map(|n| n.dur_ns).collect();
+        assert_eq!(d, vec![20, 20, 20, 20, 7]);
     }
 }

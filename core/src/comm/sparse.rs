@@ -40,7 +40,7 @@
 //! row (it never writes outside the gradient) but cannot report it without a
 //! host wait, so on a GPU the ids are the program's contract.
 
-use super::{Bf16, BoundComm, DType, Element};
+use super::{out_of_place, Bf16, BoundComm, CollectiveKind, DType, Element};
 use crate::buffer::{Buffer, View};
 use crate::cuda::{engine_kernels, CudaFunction, KernelArgs, KernelCache, LaunchConfig};
 use crate::error::{Error, Result};
@@ -271,12 +271,20 @@ impl Exchange {
             return add_rows(comm, &p, kernels);
         }
         let [gids, glinks, grows] = self.gathered(comm, n, c.row_len, dtype)?.map(|b| b.whole());
-        comm.all_gather_into::<i32>(&p.ids, &gids)?;
-        comm.all_gather_into::<i32>(&p.links, &glinks)?;
-        match dtype {
-            DType::Bf16 => comm.all_gather_into::<Bf16>(&p.rows, &grows)?,
-            _ => comm.all_gather_into::<f32>(&p.rows, &grows)?,
+        // Named `all_gather rows…`: each rank adds its own rows, so what
+        // is gathered grows with the ranks (the step simulator prices these
+        // gathers by that rule, benches/src/simulate).
+        let gather = |what: &str, send: &View, recv: &View, dt: DType| {
+            comm.submit_named(
+                format!("all_gather rows: {what} of {name}"),
+                CollectiveKind::AllGather,
+                dt,
+                out_of_place(send, recv),
+            )
         };
+        gather("ids", &p.ids, &gids, DType::I32)?;
+        gather("links", &p.links, &glinks, DType::I32)?;
+        gather("rows", &p.rows, &grows, dtype)?;
         (p.ids, p.links, p.rows) = (gids, glinks, grows);
         p.scale = 1.0 / comm.world_size() as f32;
         self.pending.push(p);
