@@ -110,6 +110,12 @@ struct Args {
     /// collectives (tasks it lacks are scaled by the median ratio).
     #[arg(long)]
     durations_from: Option<PathBuf>,
+    /// Multiply the bytes of the gathers of per-rank rows (the reducer's
+    /// `all_gather rows: …`, proportional to each rank's tokens): predict a
+    /// batch F times the traced one's tokens per rank from a small trace
+    /// (the other collectives' bytes depend on the parameters only).
+    #[arg(long, default_value_t = 1.0)]
+    rows_scale: f64,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -134,6 +140,16 @@ fn main() -> Result<()> {
         println!(
             "durations from {}: {matched} tasks by name, {scaled} scaled by the median ratio",
             p.display()
+        );
+    }
+    if a.rows_scale != 1.0 {
+        if !(a.rows_scale > 0.0 && a.rows_scale.is_finite()) {
+            bail!("--rows-scale needs a positive factor, not {}", a.rows_scale);
+        }
+        let n = g.scale_row_gathers(a.rows_scale);
+        println!(
+            "rows scaled by {}: {n} gathers of per-rank rows",
+            a.rows_scale
         );
     }
     if let Some(h) = a.host_gap_ms {

@@ -329,6 +329,21 @@ impl StepGraph {
     }
 }
 
+impl StepGraph {
+    /// Multiplies the bytes of every gather of per-rank rows
+    /// ([`Collective::grows_with_ranks`]) by `factor`; returns how many.
+    pub fn scale_row_gathers(&mut self, factor: f64) -> usize {
+        let mut n = 0;
+        for node in &mut self.nodes {
+            if node.collective.is_some() && Collective::grows_with_ranks(&node.name) {
+                node.bytes = node.bytes.map(|b| (b as f64 * factor).round() as u64);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
 /// The whole task a numbered piece belongs to: `"x y"` for `"x y 3"`.
 fn piece_of(name: &str) -> Option<&str> {
     let (whole, k) = name.rsplit_once(' ')?;

@@ -171,7 +171,9 @@ struct TrainArgs {
     reduce_single_rank: bool,
     /// Reduce the tied embedding's gradient as one (its all-reduce then waits
     /// for the encoder's backward, the last task) instead of all-reducing the
-    /// classifier's part at once and exchanging the encoder's rows at the end.
+    /// classifier's part at once and exchanging the encoder's rows at the end
+    /// (the default while batch × sequence × ranks < 2 × vocabulary, where
+    /// that exchange is the smaller).
     #[arg(long)]
     no_tied_split: bool,
     /// The run's priority class: latency-critical, normal or best-effort

@@ -63,7 +63,7 @@ fn two_and_four_ranks_reproduce_one_rank_on_the_combined_batch() {
         let mut opts = options(ranks, 4 / ranks, steps);
         opts.tied_split = split;
         let r = run(&opts, start.clone());
-        assert_eq!(r.ranks, ranks);
+        assert_eq!((r.ranks, r.tied_split), (ranks, split));
         assert_matches_single(&r, &single, &format!("{ranks} ranks (split {split})"));
     }
 }

@@ -161,6 +161,7 @@ pub fn train(
         checkpoint: None,
         optimizer_bytes: Vec::new(),
         zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
+        tied_split: opts.splits_tied(world),
         bucket_cap: None,
         graph_replays: Vec::new(),
         graph_refusal: None,

@@ -88,7 +88,9 @@ pub struct TrainOptions {
     /// classifier's dense part all-reduced as soon as it is written, at the
     /// start of the backward pass, the encoder's token rows exchanged at the
     /// end ([`braid::Reducer::sparse_ready`]). With a reducer only (ignored
-    /// otherwise), on every backend and dtype. On by default.
+    /// otherwise), on every backend and dtype, and only where it pays
+    /// ([`TrainOptions::splits_tied`]: fewer token rows gathered at the end
+    /// than the embedding's all-reduce would move there). On by default.
     pub tied_split: bool,
     /// The fused kernels the model uses
     /// ([`ModelOptions::fusion`](crate::model::ModelOptions)), none by
@@ -183,6 +185,22 @@ impl Default for TrainOptions {
 }
 
 impl TrainOptions {
+    /// Whether a run of `world` ranks splits the tied gradient: with a
+    /// reducer (several ranks, or `reduce_single_rank`) and `tied_split` on,
+    /// when the split's exchange at the end of the step is the smaller. The
+    /// split all-reduces the classifier's part during the backward pass and
+    /// gathers every rank's `B·T` token rows at the end: each rank receives
+    /// `(W − 1)·B·T` rows. Whole, the embedding's ring all-reduce at the end
+    /// moves `2·(W − 1)/W·V` rows per rank. So the split pays while
+    /// `B·T·W < 2·V` (both over the same links; docs/collectives.md has the
+    /// simulator's figures: at B 8 × T 1024 it wins on 8 H100s and loses on
+    /// 2 × 8 over InfiniBand and on 64).
+    pub fn splits_tied(&self, world: usize) -> bool {
+        let reducer = world > 1 || self.reduce_single_rank;
+        let rows = self.batch_size * self.seq_len * world;
+        reducer && self.tied_split && rows < 2 * self.model.vocab_size
+    }
+
     /// Checks the options before any rank starts.
     pub(super) fn check(&self) -> Result<()> {
         self.model.validate()?;
@@ -304,6 +322,34 @@ impl StartState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The split where its exchange is the smaller (B·T·W < 2·V), with a
+    /// reducer and `tied_split` on only.
+    #[test]
+    fn the_tied_split_is_chosen_where_its_exchange_is_smaller() {
+        let o = TrainOptions {
+            model: Gpt2Config::gpt2_124m(),
+            batch_size: 8,
+            seq_len: 1024,
+            ..TrainOptions::default()
+        };
+        // 8 ranks: 65,536 rows gathered against 2 · 50,257; 16: 131,072.
+        assert!(o.splits_tied(8));
+        assert!(!o.splits_tied(16));
+        assert!(!o.splits_tied(1), "no reducer at one rank");
+        let one = TrainOptions {
+            reduce_single_rank: true,
+            ..o.clone()
+        };
+        assert!(one.splits_tied(1));
+        let off = TrainOptions {
+            tied_split: false,
+            ..o.clone()
+        };
+        assert!(!off.splits_tied(8));
+        // The main job: 2 ranks of B 4 × T 64 on `small`.
+        assert!(TrainOptions::default().splits_tied(2));
+    }
 
     #[test]
     fn options_are_checked() {

@@ -79,7 +79,7 @@ pub(super) fn run_rank(
     // The tied gradient's two writers, reduced on their own. Set before the
     // reducer is made: the classifier's part is handed over in pieces
     // (`param_specs`).
-    model.set_split_tied(comm.is_some() && opts.tied_split)?;
+    model.set_split_tied(comm.is_some() && opts.splits_tied(world))?;
     let mut reducer = match &comm {
         Some(c) => {
             // Every rank starts from rank 0's parameters, as DDP does (with

@@ -60,6 +60,9 @@ pub struct TrainReport {
     pub optimizer_bytes: Vec<usize>,
     /// Whether the optimizer state was sharded (ZeRO-1).
     pub zero: bool,
+    /// Whether the tied embedding's gradient was reduced as two writers
+    /// ([`TrainOptions::splits_tied`](super::TrainOptions::splits_tied)).
+    pub tied_split: bool,
     /// With [`TrainOptions::auto_bucket_cap`](super::TrainOptions::auto_bucket_cap)
     /// and several ranks: the cap rank 0 chose after the first step.
     pub bucket_cap: Option<CapReport>,
@@ -230,9 +233,14 @@ impl fmt::Display for TrainReport {
         )?;
         writeln!(
             f,
-            "communication    {:.1} ms per rank, {:.0}% hidden under compute",
+            "communication    {:.1} ms per rank, {:.0}% hidden under compute{}",
             self.comm_seconds() * 1e3,
-            100.0 * self.hidden_comm_share()
+            100.0 * self.hidden_comm_share(),
+            if self.tied_split {
+                " (tied gradient split)"
+            } else {
+                ""
+            }
         )?;
         if self.comm_wait_seconds() > 0.0 {
             writeln!(
