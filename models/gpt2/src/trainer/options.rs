@@ -103,7 +103,8 @@ pub struct TrainOptions {
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1, with a reducer: each bucket is
     /// reduce-scattered, each rank keeps AdamW state for and updates its
     /// shard only, the parameters are all-gathered at the start of the next
-    /// step; see `docs/collectives.md`). Plain `f32` buckets only. With one
+    /// step; see `docs/collectives.md`). Plain buckets only (no
+    /// compression), `f32` or bf16 (`dtype`). With one
     /// rank and no reducer (`reduce_single_rank` off) it changes nothing.
     /// Default 0.
     pub zero: u8,
