@@ -5,34 +5,14 @@
 // no atomics; every touched gradient element has one writer, which adds its
 // contributions in row order.
 
-// links[i] = the next index r > i with ids[r] == ids[i] (n if none), with
-// bit 31 set when an earlier index holds the same id: the chains
-// sparse_rows_add_* walk. Each block compares its entries with every tile
-// of 256 ids staged in shared memory (work O(n^2 / 256) per block).
+#include "row_links.cuh"  // row_links
+
+// row_links over one rank's ids: the chains sparse_rows_add_* walk.
 //   links (n) out, ids (n)
 // Launch: grid ceil(n / 256), block 256.
 extern "C" __global__ void sparse_rows_links(unsigned int* __restrict__ links,
                                              const unsigned int* __restrict__ ids, int n) {
-    __shared__ unsigned int tile[256];
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned int id = i < n ? ids[i] : 0u;
-    unsigned int next = (unsigned int)n, repeat = 0u;
-    for (int base = 0; base < n; base += 256) {
-        const int j = base + (int)threadIdx.x;
-        tile[threadIdx.x] = j < n ? ids[j] : 0u;
-        __syncthreads();
-        const int m = min(256, n - base);
-        if (i < n) {
-            for (int k = 0; k < m; k++) {
-                const int r = base + k;
-                if (tile[k] != id || r == i) continue;
-                if (r < i) repeat = 1u;
-                else if (next == (unsigned int)n) next = (unsigned int)r;
-            }
-        }
-        __syncthreads();
-    }
-    if (i < n) links[i] = next | (repeat << 31);
+    row_links(links, ids, n);
 }
 
 // bf16 elements as the upper 16 bits of an f32: loads exact, stores rounded

@@ -101,10 +101,19 @@ pub mod test_kernels {
 /// CUDA C sources of the engine's own kernels (`cuda/kernels/`), compiled at
 /// first use through [`KernelCache`].
 pub mod engine_kernels {
+    use crate::Header;
+
     /// `cuda/kernels/sparse_rows.cu`: the gradient reducer's row
     /// contributions (`sparse_rows_links`, `sparse_rows_add_f32`,
-    /// `sparse_rows_add_bf16`).
+    /// `sparse_rows_add_bf16`). Includes [`HEADERS`].
     pub const SPARSE_ROWS: &str = include_str!("../kernels/sparse_rows.cu");
+
+    /// The engine's shared CUDA headers, `(name, text)`, to hand NVRTC with
+    /// any program that includes them (the model crates' programs too):
+    /// `row_links.cuh`, the chains of repeated ids deterministic
+    /// scatter-adds walk.
+    pub const HEADERS: &[Header<'static>] =
+        &[("row_links.cuh", include_str!("../kernels/row_links.cuh"))];
 }
 
 /// Where users are told to look when the driver is missing.
@@ -261,7 +270,8 @@ mod tests {
             (test_kernels::AXPB, "axpb.cu"),
             (engine_kernels::SPARSE_ROWS, "sparse_rows.cu"),
         ] {
-            let k = compile(src, name, &CompileOptions::for_arch("sm_90")).unwrap();
+            let opts = CompileOptions::for_arch("sm_90");
+            let k = compile_with_headers(src, engine_kernels::HEADERS, name, &opts).unwrap();
             assert!(k.is_cubin && !k.image.is_empty());
         }
     }

@@ -42,7 +42,9 @@
 
 use super::{out_of_place, Bf16, BoundComm, CollectiveKind, DType, Element};
 use crate::buffer::{Buffer, View};
-use crate::cuda::{engine_kernels, CudaFunction, KernelArgs, KernelCache, LaunchConfig};
+use crate::cuda::{
+    engine_kernels, CompileOptions, CudaFunction, KernelArgs, KernelCache, LaunchConfig,
+};
 use crate::error::{Error, Result};
 use crate::kind::TaskKind;
 use crate::{CudaTaskCtx, DevSlice, DevSliceMut, TaskError};
@@ -305,8 +307,13 @@ impl Exchange {
             return Ok(None);
         };
         if self.kernels.is_none() {
-            let m =
-                KernelCache::global().module(dev, engine_kernels::SPARSE_ROWS, "sparse_rows.cu")?;
+            let m = KernelCache::global().module_with_headers(
+                dev,
+                engine_kernels::SPARSE_ROWS,
+                engine_kernels::HEADERS,
+                "sparse_rows.cu",
+                &CompileOptions::for_device(dev),
+            )?;
             self.kernels = Some(Arc::new(Kernels {
                 links: m.function("sparse_rows_links")?,
                 add_f32: m.function("sparse_rows_add_f32")?,

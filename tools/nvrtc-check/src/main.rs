@@ -7,10 +7,11 @@
 //!             [--deny-warnings] [--repeat N] [FILE.cu ...]
 //! ```
 //!
-//! Each `.cu` is given the `.cuh` files of its own directory as NVRTC headers,
-//! by file name, as the runtime gives its programs their headers (NVRTC reads
-//! no files: `#include "bf16.cuh"` resolves only to a header passed with the
-//! program).
+//! Each `.cu` is given the `.cuh` files of its own directory, and the
+//! engine's shared headers (`cuda/kernels/*.cuh` under the root), as NVRTC
+//! headers, by file name, as the runtime gives its programs their headers
+//! (NVRTC reads no files: `#include "bf16.cuh"` resolves only to a header
+//! passed with the program).
 //!
 //! Besides NVRTC errors it checks that every `__global__` function is declared
 //! `extern "C"` (the runtime looks kernels up by their unmangled name).
@@ -213,15 +214,23 @@ fn find_cu(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The `.cuh` files beside `file`, as `(file name, text)` NVRTC headers.
-fn headers_beside(file: &Path) -> std::io::Result<Vec<(String, String)>> {
+/// The `.cuh` files beside `file` and in `shared` (the engine's headers,
+/// which every program may include; when it exists), as `(file name, text)`
+/// NVRTC headers, one per name (the file's own directory first).
+fn headers_for(file: &Path, shared: &Path) -> std::io::Result<Vec<(String, String)>> {
     let dir = file.parent().unwrap_or(Path::new("."));
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".cuh") && entry.file_type()?.is_file() {
-            out.push((name, std::fs::read_to_string(entry.path())?));
+    let mut out: Vec<(String, String)> = Vec::new();
+    for d in [dir, shared] {
+        if d != dir && !d.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(d)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let seen = out.iter().any(|(n, _)| *n == name);
+            if name.ends_with(".cuh") && entry.file_type()?.is_file() && !seen {
+                out.push((name, std::fs::read_to_string(entry.path())?));
+            }
         }
     }
     out.sort();
@@ -336,7 +345,7 @@ fn main() -> ExitCode {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let headers = match headers_beside(file) {
+        let headers = match headers_for(file, &root.join("cuda/kernels")) {
             Ok(h) => h,
             Err(e) => {
                 failures.push(format!("{shown}: cannot read the headers beside it: {e}"));

@@ -36,8 +36,13 @@ use super::storage::{Dtype, Storage};
 
 /// The headers a program may `#include "…"`, given to NVRTC with every
 /// program (it reads no files; tools/nvrtc-check passes the same `.cuh`
-/// files).
-pub(crate) const HEADERS: &[Header<'static>] = &[("bf16.cuh", include_str!("bf16.cuh"))];
+/// files): this directory's, and the engine's shared ones
+/// ([`braid::cuda::engine_kernels::HEADERS`]: `row_links.cuh`, the chains
+/// of repeated ids that `encoder.cu`'s token gradient walks).
+pub(crate) const HEADERS: &[Header<'static>] = &[
+    ("bf16.cuh", include_str!("bf16.cuh")),
+    braid::cuda::engine_kernels::HEADERS[0],
+];
 
 /// One CUDA C program (a `.cu` file of a kernel family) and its kernels.
 pub(crate) struct Program {

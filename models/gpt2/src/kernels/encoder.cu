@@ -102,35 +102,17 @@ extern "C" __global__ void encoder_backward_wpe_bf16(bf16_t* __restrict__ dwpe,
     dwpe[idx] = bf16_store(acc);
 }
 
+#include "row_links.cuh"  // row_links (the engine's header)
+
 // links[bt] = the next position r > bt holding the same token (BT if none),
 // with bit 31 set when an earlier position holds it: the chains
-// encoder_backward_wte_bf16 walks. Each block compares its positions with
-// every tile of 256 tokens staged in shared memory.
+// encoder_backward_wte_bf16 walks (row_links over the tokens).
 //   links (B*T) scratch, tokens (B*T)
 // Launch: grid ceil(B*T / 256), block 256.
 extern "C" __global__ void encoder_backward_links(unsigned int* __restrict__ links,
                                                   const unsigned int* __restrict__ tokens,
                                                   int BT) {
-    __shared__ unsigned int tile[256];
-    const int bt = blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned int tok = bt < BT ? tokens[bt] : 0u;
-    unsigned int next = (unsigned int)BT, repeat = 0u;
-    for (int base = 0; base < BT; base += 256) {
-        const int j = base + (int)threadIdx.x;
-        tile[threadIdx.x] = j < BT ? tokens[j] : 0u;
-        __syncthreads();
-        const int n = min(256, BT - base);
-        if (bt < BT) {
-            for (int k = 0; k < n; k++) {
-                const int r = base + k;
-                if (tile[k] != tok || r == bt) continue;
-                if (r < bt) repeat = 1u;
-                else if (next == (unsigned int)BT) next = (unsigned int)r;
-            }
-        }
-        __syncthreads();
-    }
-    if (bt < BT) links[bt] = next | (repeat << 31);
+    row_links(links, tokens, BT);
 }
 
 // encoder_backward_wte with bf16 storage: each row of a token is loaded once,
