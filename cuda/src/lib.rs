@@ -111,9 +111,15 @@ pub mod engine_kernels {
     /// The engine's shared CUDA headers, `(name, text)`, to hand NVRTC with
     /// any program that includes them (the model crates' programs too):
     /// `row_links.cuh`, the chains of repeated ids deterministic
-    /// scatter-adds walk.
-    pub const HEADERS: &[Header<'static>] =
-        &[("row_links.cuh", include_str!("../kernels/row_links.cuh"))];
+    /// scatter-adds walk; `mma.cuh`, the bf16 tensor-core instructions.
+    pub const HEADERS: &[Header<'static>] = &[ROW_LINKS_CUH, MMA_CUH];
+
+    /// `cuda/kernels/row_links.cuh`, as an NVRTC header.
+    pub const ROW_LINKS_CUH: Header<'static> =
+        ("row_links.cuh", include_str!("../kernels/row_links.cuh"));
+
+    /// `cuda/kernels/mma.cuh`, as an NVRTC header.
+    pub const MMA_CUH: Header<'static> = ("mma.cuh", include_str!("../kernels/mma.cuh"));
 }
 
 /// Where users are told to look when the driver is missing.

@@ -2,43 +2,15 @@
 // block reduction through shared memory and __syncthreads, warp shuffles and
 // votes, the bf16 tensor-core MMA, and kernels that break the barrier rules.
 // Genuine CUDA (NVRTC, sm_80 or later for the MMA); under the emulator
-// (BRAID_KERNEL_EMU) cuda_emu.h supplies mma_bf16_16816.
+// (BRAID_KERNEL_EMU) cuda_emu.h supplies the MMA and ldmatrix functions of
+// mma.cuh.
 //
 // All launches are one-dimensional: grid (n, 1, 1), block (m, 1, 1).
 
 #define ST_MAX_THREADS 1024
 #define ST_FULL 0xffffffffu
 
-#ifndef BRAID_KERNEL_EMU
-// D += A * B for the warp: mma.sync m16n8k16, bf16 inputs, f32 accumulators,
-// fragments as the PTX ISA lays them out (cuda_emu.h repeats the layout).
-static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
-                                                      const unsigned b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// r[i] = matrix i of four 8 x 8 bf16 matrices in shared memory, read
-// column-major (cuda_emu.h spells out the layout); lane l gives the address
-// of row l % 8 of matrix l / 8.
-static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* row) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-// The same without .trans: each matrix read row-major.
-static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* row) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-#endif
+#include "mma.cuh"  // mma_bf16_16816, ldmatrix_x4[_trans] (cuda/kernels)
 
 // out[block] = the sum of the block's elements of in (0 past n), by a tree
 // over the next power of two of blockDim.x: at stride s (halving from half

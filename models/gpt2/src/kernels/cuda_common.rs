@@ -38,10 +38,12 @@ use super::storage::{Dtype, Storage};
 /// program (it reads no files; tools/nvrtc-check passes the same `.cuh`
 /// files): this directory's, and the engine's shared ones
 /// ([`braid::cuda::engine_kernels::HEADERS`]: `row_links.cuh`, the chains
-/// of repeated ids that `encoder.cu`'s token gradient walks).
+/// of repeated ids that `encoder.cu`'s token gradient walks; `mma.cuh`, the
+/// tensor-core instructions of `flash_attention_tc.cu`).
 pub(crate) const HEADERS: &[Header<'static>] = &[
     ("bf16.cuh", include_str!("bf16.cuh")),
-    braid::cuda::engine_kernels::HEADERS[0],
+    braid::cuda::engine_kernels::ROW_LINKS_CUH,
+    braid::cuda::engine_kernels::MMA_CUH,
 ];
 
 /// One CUDA C program (a `.cu` file of a kernel family) and its kernels.

@@ -49,17 +49,9 @@
 #define TC_KSTEPS (HS / 16)
 #define TC_NCH (HS / 8)
 
-#ifndef BRAID_KERNEL_EMU
-// d += a * b, one warp: A 16 x 16 bf16 (row), B 16 x 8 bf16 (col), D f32.
-static __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned a[4],
-                                                      const unsigned b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+#include "mma.cuh"  // mma_bf16_16816, ldmatrix_x4[_trans] (the engine's header)
 
+#ifndef BRAID_KERNEL_EMU
 // 16 bytes from global src to shared dst (both 16-byte aligned), without
 // going through registers: issued now, landed after tc_async_wait*.
 static __device__ __forceinline__ void tc_copy16_async(void* dst, const void* src) {
@@ -91,24 +83,6 @@ static __device__ __forceinline__ unsigned tc_ld2(const bf16_t* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
 
-// Four 8 x 8 bf16 matrices of shared memory, each read column-major: lane l
-// gives the address of row l % 8 of matrix l / 8 (16-byte aligned), and
-// r[i] = {M_i[2t][g], M_i[2t+1][g]}, an mma B register when M_i's rows are k.
-static __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const void* row) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-// The same, each matrix read row-major: r[i] = {M_i[g][2t], M_i[g][2t+1]},
-// an mma B register when M_i's rows are n and its columns k.
-static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const void* row) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
 #else
 // The emulator copies at once: a buffer overwritten while another thread
 // still reads it (a missing barrier) changes the results of one of the
