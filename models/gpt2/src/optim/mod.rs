@@ -2,8 +2,9 @@
 //! tasks.
 //!
 //! The parameters are split into fixed chunks (by default the model's
-//! [`param_groups`](crate::model::Gpt2Model::param_groups), large ones cut to
-//! at most [`MAX_CHUNK`] elements). One step submits
+//! [`param_groups`](crate::model::Gpt2Model::param_groups); on the CPU,
+//! large ones cut to at most [`MAX_CHUNK`] elements, see
+//! [`AdamW::for_model`]). One step submits
 //!
 //! ```text
 //! grad sumsq i   read grads[i]       write partials[i] (f64)                  one per chunk
@@ -60,7 +61,8 @@ use crate::kernels::task::Task;
 use crate::kernels::{adamw, fill, norm};
 use crate::model::Gpt2Model;
 
-/// The largest chunk (in elements) of one sum-of-squares or update task.
+/// The largest chunk (in elements) of one sum-of-squares or update task on
+/// the CPU ([`AdamW::for_model`]).
 pub const MAX_CHUNK: usize = 1 << 20;
 
 /// `f64` partial sums a GPU sum-of-squares kernel writes per chunk (a fixed
@@ -194,13 +196,24 @@ impl AdamW {
     /// `f32` master weights ([`Gpt2Model::master`]) from the stored
     /// gradients and rounds them into the stored parameters (llm.c's mixed
     /// precision); the moments are `f32` either way.
+    ///
+    /// The chunks: on the CPU the groups cut to at most [`MAX_CHUNK`]
+    /// elements, which the placement spreads over the compute streams; on a
+    /// GPU the groups whole (15 for GPT-2 124M instead of 123), since there
+    /// a chunk is one launch of a memory-bound kernel. In run 6 (H100,
+    /// docs/gpu-validation.md) the 123 update chunks took 14.7 µs each
+    /// against about 9 µs of memory traffic, every one of them after the
+    /// clip factor, and the 37 sums of squares of `wte`'s chunks, complete
+    /// last, ran one after another at the end of the step. The update is
+    /// elementwise, so its results do not depend on the chunks; the norm's
+    /// `f64` partials are grouped by them (the same every step).
     pub fn for_model(
         rt: &Runtime,
         model: &Gpt2Model,
         hyper: AdamWHyper,
         max_grad_norm: Option<f32>,
     ) -> Result<Self> {
-        let chunks = cut(model.param_groups());
+        let chunks = chunks_for(model.param_groups(), rt.cuda_device().is_some());
         let opt = Self::new(rt, model.layout().total, chunks, hyper, max_grad_norm)?;
         opt.storing(rt, model)
     }
@@ -512,6 +525,15 @@ fn check_max_norm(max_grad_norm: Option<f32>) -> Result<()> {
     }
 }
 
+/// The optimizer's chunks of the parameter groups `groups`: whole on a GPU,
+/// else [`cut`].
+fn chunks_for(groups: &[Range<usize>], gpu: bool) -> Vec<Range<usize>> {
+    match gpu {
+        true => groups.to_vec(),
+        false => cut(groups),
+    }
+}
+
 /// `ranges` cut into chunks of at most [`MAX_CHUNK`] elements, in order.
 fn cut(ranges: &[Range<usize>]) -> Vec<Range<usize>> {
     let mut chunks = Vec::new();
@@ -524,4 +546,22 @@ fn cut(ranges: &[Range<usize>]) -> Vec<Range<usize>> {
         }
     }
     chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a GPU the groups whole; on the CPU cut to at most `MAX_CHUNK`,
+    /// in order, covering the same elements.
+    #[test]
+    fn chunks_are_the_groups_on_a_gpu_and_cut_on_the_cpu() {
+        let groups = vec![0..3 * MAX_CHUNK + 5, 3 * MAX_CHUNK + 5..3 * MAX_CHUNK + 9];
+        assert_eq!(chunks_for(&groups, true), groups);
+        let cpu = chunks_for(&groups, false);
+        assert_eq!(cpu.len(), 5);
+        assert!(cpu.iter().all(|c| c.len() <= MAX_CHUNK && !c.is_empty()));
+        assert!(cpu.windows(2).all(|w| w[0].end == w[1].start));
+        assert_eq!((cpu[0].start, cpu[4].end), (0, 3 * MAX_CHUNK + 9));
+    }
 }
