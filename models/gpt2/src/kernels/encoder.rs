@@ -327,7 +327,6 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
     t: usize,
     c: usize,
 ) -> Result<()> {
-    encoder_backward_positions_cuda(cu, dwpe, dout, b, t, c)?;
     let k = Check::new("encoder_backward");
     let ci = k.dim("C", c)?;
     let bt = k.mul(b, t)?;
@@ -336,6 +335,8 @@ pub unsafe fn encoder_backward_cuda<S: Storage>(
     k.exact("dout", &dout, "(B, T, C)", k.mul(bt, c)?)?;
     k.exact("tokens", &tokens, "(B, T)", bt)?;
     k.exact("links", &links, "(B, T)", bt)?;
+    // Every shape checked before the first launch (this one checks its own).
+    encoder_backward_positions_cuda(cu, dwpe, dout, b, t, c)?;
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dwte.ptr()).ptr(dout.ptr()).ptr(tokens.ptr());
