@@ -153,6 +153,9 @@ pub struct CublasHandle {
     raw: Mutex<cb::cublasHandle_t>,
     stream: CudaStream,
     tf32: bool,
+    /// cuBLASLt's handle and workspace, made at the first product with a
+    /// fused bias ([`gemm_bf16_bias`](Self::gemm_bf16_bias)).
+    lt: std::sync::OnceLock<super::cublaslt::Lt>,
 }
 
 // SAFETY: the handle is only used under the `Mutex`, with the stream's context
@@ -183,6 +186,7 @@ impl CublasHandle {
             raw: Mutex::new(raw),
             stream: stream.clone(),
             tf32: false,
+            lt: std::sync::OnceLock::new(),
         };
         handle.bind(stream)?;
         Ok(handle)
@@ -381,6 +385,39 @@ impl CublasHandle {
             )
         }
         .named("cublasGemmEx")
+    }
+
+    /// `C = alpha · op(A) · op(B) + bias` with bfloat16 operands, result and
+    /// `bias` (`g.n` values, one per column of `C`), the bias added in the
+    /// product's epilogue by cuBLASLt (`cublaslt.rs`): FP32 accumulation,
+    /// one rounding to bf16, `C` not read (`g.beta` must be 0). The first
+    /// call makes the handle's cuBLASLt state (a workspace allocation: not
+    /// inside a graph capture).
+    ///
+    /// # Safety
+    /// As [`gemm_bf16`](Self::gemm_bf16), and `bias` holds `g.n` bf16 values.
+    pub unsafe fn gemm_bf16_bias(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        bias: DevicePtr,
+    ) -> CudaResult<()> {
+        let h = self.begin(g, None)?;
+        let lt = match self.lt.get() {
+            Some(lt) => lt,
+            None => {
+                let made = super::cublaslt::Lt::new(&self.stream)?;
+                let _ = self.lt.set(made);
+                self.lt.get().expect("set just above")
+            }
+        };
+        // SAFETY: the caller's contract; the handle's mutex (`h`) is held, so
+        // the cuBLASLt state serves one product at a time.
+        let r = unsafe { lt.gemm_bf16_bias(&self.stream, g, a, b, c, bias) };
+        drop(h);
+        r
     }
 
     /// [`sgemm_strided_batched`](Self::sgemm_strided_batched) with bfloat16

@@ -60,6 +60,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cublas;
+mod cublaslt;
 pub mod device;
 pub mod error;
 pub mod event;
@@ -70,6 +71,7 @@ pub mod nvrtc;
 pub mod stream;
 
 pub use cublas::{CublasHandle, Gemm, Transpose};
+pub use cublaslt::cublaslt_library_present;
 pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};

@@ -1267,6 +1267,55 @@ fn accumulated(dev: Device, what: &str, got: &[Bf16], want: &[Bf16], product: &[
     );
 }
 
+/// The bias in cuBLASLt's epilogue (`matmul_forward_cuda_with(.., true)`,
+/// what `BRAID_CUBLASLT_BIAS=1` turns on): against the CPU within
+/// `accumulated`'s bound, dense and into rows of `ld > OC` (whose padding
+/// it must not write). GPU only: there is no CPU body to twin.
+#[test]
+fn matmul_bias_epilogue_bf16_cuda() {
+    let Some(g) = Dev::gpu("matmul_bias_epilogue_bf16_cuda") else {
+        return;
+    };
+    let (n, oc) = (B * T, 3 * C);
+    let inp = bf16(&randn(n * C, 1.0, 130));
+    let w = bf16(&randn(oc * C, 0.2, 131));
+    let bias = bf16(&randn(oc, 0.5, 132));
+    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
+    let mut want = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut want, &inp, &w, Some(&bias[..]), B, T, C, oc);
+    let mut product = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut product, &inp, &w, None, B, T, C, oc);
+    for ld in [oc, oc + 8] {
+        let fill = Bf16::from_f32(7.0);
+        let out = g.up_bf16(&vec![fill; n * ld]);
+        let accesses = (
+            out.write::<Bf16>(),
+            binp.read::<Bf16>(),
+            bw.read::<Bf16>(),
+            bbias.read::<Bf16>(),
+        );
+        done(g.rt.task("matmul_forward bf16, bias epilogue").run_cuda(
+            accesses,
+            move |(o, i, w, b), cu| -> Result<(), braid::TaskError> {
+                matmul::matmul_forward_cuda_with(cu, o, i, w, Some(b), n, C, oc, ld, true)?;
+                Ok(())
+            },
+        ));
+        let got = g.down_bf16(&out);
+        let (mut used, mut pad) = (Vec::new(), Vec::new());
+        for row in got.chunks(ld) {
+            used.extend_from_slice(&row[..oc]);
+            pad.extend_from_slice(&row[oc..]);
+        }
+        let what = format!("matmul_forward bf16, bias epilogue (ld {ld})");
+        accumulated(Device::Cuda, &what, &used, &want, &product);
+        assert!(
+            pad.iter().all(|&x| x == fill),
+            "{what}: a padding element was written"
+        );
+    }
+}
+
 fn matmul_bf16(dev: Device) {
     let g = Dev::new(dev);
     let (n, oc) = (B * T, 3 * C);

@@ -425,6 +425,26 @@ impl<'c> Launcher<'c> {
         r.map_err(|e| self.err(e))
     }
 
+    /// A bf16 cuBLASLt product with the bias added in its epilogue
+    /// (`CublasHandle::gemm_bf16_bias`: one rounding, `C` not read).
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` address bf16 matrices of the sizes `g` describes,
+    /// `bias` `g.n` bf16 values.
+    pub(crate) unsafe fn gemm_bf16_bias(
+        &self,
+        g: &Gemm,
+        a: u64,
+        b: u64,
+        c: u64,
+        bias: u64,
+    ) -> Result<()> {
+        let blas = self.cu.cublas()?;
+        // SAFETY: the caller's contract is `gemm_bf16_bias`'s; the handle is
+        // bound to the task's stream.
+        unsafe { blas.gemm_bf16_bias(g, a, b, c, bias) }.map_err(|e| self.err(e))
+    }
+
     /// # Safety
     /// Each of the `batch` entries `x + i·stride_x` addresses a matrix of the
     /// size `g` describes.

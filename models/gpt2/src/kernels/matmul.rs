@@ -25,7 +25,7 @@ use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
-use super::storage::Storage;
+use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
 use super::{check_len, check_stride};
 
@@ -556,7 +556,9 @@ fn weight_gradient_rows(
 
 /// [`matmul_forward_ld`] on the task's stream: the bias is broadcast into
 /// `out` first and the cuBLAS product added with `beta = 1`, the CPU
-/// kernel's order. `ld = OC` for dense rows.
+/// kernel's order; or, for bf16 with [`bias_epilogue`] on (and operands that
+/// allow it), added in cuBLASLt's epilogue. `ld = OC` for dense rows.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     out: DevSliceMut<S>,       // (N, ld)
@@ -568,6 +570,45 @@ pub fn matmul_forward_cuda<S: Storage>(
     oc: usize,
     ld: usize,
 ) -> Result<()> {
+    let lt = bias_epilogue()
+        && bias
+            .as_ref()
+            .is_some_and(|b| bias_epilogue_fits::<S>(&out, &inp, &weight, b, c, ld));
+    matmul_forward_cuda_with(cu, out, inp, weight, bias, n, c, oc, ld, lt)
+}
+
+/// Whether a product can take its bias in cuBLASLt's epilogue: bf16, every
+/// operand 16-byte aligned, `C` and `ld` multiples of 8 elements.
+fn bias_epilogue_fits<S: Storage>(
+    out: &DevSliceMut<S>,
+    inp: &DevSlice<S>,
+    weight: &DevSlice<S>,
+    bias: &DevSlice<S>,
+    c: usize,
+    ld: usize,
+) -> bool {
+    let aligned = [inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()]
+        .iter()
+        .all(|p| p % 16 == 0);
+    S::DTYPE == Dtype::Bf16 && aligned && c % 8 == 0 && ld % 8 == 0
+}
+
+/// [`matmul_forward_cuda`] with the choice made: `lt` adds the bias in
+/// cuBLASLt's epilogue (an error where the operands do not allow it, or
+/// without a bias); else the broadcast and `beta = 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_cuda_with<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<S>,       // (N, ld)
+    inp: DevSlice<S>,          // (N, C)
+    weight: DevSlice<S>,       // (OC, C)
+    bias: Option<DevSlice<S>>, // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+    ld: usize,
+    lt: bool,
+) -> Result<()> {
     let k = Check::new("matmul_forward");
     let (ni, oci) = (k.dim("N", n)?, k.dim("OC", oc)?);
     let ldi = k.stride("ld", ld, "OC", oc)?;
@@ -577,6 +618,22 @@ pub fn matmul_forward_cuda<S: Storage>(
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     if let Some(bias) = &bias {
         k.exact("bias", bias, "(OC)", oc)?;
+    }
+    if lt {
+        let Some(bias) = bias.filter(|b| bias_epilogue_fits::<S>(&out, &inp, &weight, b, c, ld))
+        else {
+            return Err(k.err(
+                "the bias epilogue needs a bias, bf16 operands aligned to 16 bytes and C, ld \
+                 multiples of 8"
+                    .into(),
+            ));
+        };
+        let l = Launcher::new(k, cu);
+        let mut g = Gemm::new(Transpose::N, Transpose::T, n, oc, c);
+        g.ldc = ld;
+        // SAFETY: inp (N, C) · weight (OC, C)ᵀ + bias (OC) into columns
+        // 0..OC of out (N, ld), sizes checked, all bf16 (S is).
+        return unsafe { l.gemm_bf16_bias(&g, inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()) };
     }
     let l = Launcher::new(k, cu);
     let beta = if let Some(bias) = bias {
@@ -597,6 +654,20 @@ pub fn matmul_forward_cuda<S: Storage>(
     // (N, ld), sizes checked, all stored as S.
     unsafe { l.gemm_as::<S>(&g, inp.ptr(), weight.ptr(), out.ptr()) }
 }
+
+/// Whether bf16 products with a bias add it in cuBLASLt's epilogue
+/// ([`matmul_forward_cuda`]) instead of broadcasting it into the output
+/// first and accumulating the product onto it: `BRAID_CUBLASLT_BIAS=1`,
+/// read once. Off by default until it has run on a GPU
+/// (docs/gpu-validation.md): the product is then rounded once, not twice,
+/// and one pass over the output is saved.
+pub fn bias_epilogue() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(BIAS_EPILOGUE_ENV).is_some_and(|v| v == "1"))
+}
+
+/// The environment variable of [`bias_epilogue`].
+pub const BIAS_EPILOGUE_ENV: &str = "BRAID_CUBLASLT_BIAS";
 
 /// [`matmul_backward_input_ld`] on the task's stream (cuBLAS, `beta = 1`).
 pub fn matmul_backward_input_cuda<S: Storage>(

@@ -1,0 +1,261 @@
+//! cuBLASLt products with the bias fused into the product's epilogue
+//! (`CUBLASLT_EPILOGUE_BIAS`), in the row-major terms of `cublas.rs`.
+//!
+//! `C = alpha · op(A) · op(B) + bias` (row-major, `bias` one value per
+//! column of `C`) is, column-major, `Cᵀ = op(B)ᵀ · op(A)ᵀ` plus `bias`
+//! added to each column of `Cᵀ`: cuBLASLt's bias (one value per row of the
+//! column-major result). So, as in [`CublasHandle::sgemm`](super::CublasHandle::sgemm),
+//! the operands are swapped and `m`/`n` exchanged. bf16 operands and result,
+//! `CUBLAS_COMPUTE_32F` with `f32` scales: the product and the bias are
+//! added in `f32` and rounded to bf16 once, where the broadcast-then-`beta =
+//! 1` path rounds the product first. The bias is bf16 (the result's type,
+//! cuBLASLt's default).
+//!
+//! State: one cuBLASLt handle and one workspace per [`CublasHandle`](super::CublasHandle)
+//! (so per stream: two streams never share a workspace), created at the
+//! first product. The workspace is allocated then (32 MiB from compute
+//! capability 9, else 4 MiB, NVIDIA's recommendation): make the first product
+//! outside a CUDA graph capture.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+
+use cudarc::cublaslt::{result as lt, sys};
+
+use super::cublas::{Gemm, Transpose};
+use super::error::{catch_panic, CudaError, CudaResult};
+use super::memory::{DeviceBuffer, DevicePtr};
+use super::stream::CudaStream;
+
+/// Names a failed cuBLASLt call.
+fn named<T>(r: Result<T, lt::CublasError>, call: &'static str) -> CudaResult<T> {
+    r.map_err(|e| CudaError::Cublas {
+        call,
+        status: format!("{:?}", e.0),
+    })
+}
+
+/// True when cuBLASLt (`libcublasLt.so.13`) can be loaded. Cached.
+pub fn cublaslt_library_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's
+        // candidate names and closes them again.
+        std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+    })
+}
+
+/// A cuBLASLt handle and its workspace (one per stream).
+pub(crate) struct Lt {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceBuffer,
+}
+
+// SAFETY: the handle is used by one product at a time: the owning
+// `CublasHandle` calls it under its mutex.
+unsafe impl Send for Lt {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: created by `Lt::new`, destroyed once. A failure here has
+        // nowhere to go.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// RAII wrappers of the descriptors one product needs.
+struct Layout(sys::cublasLtMatrixLayout_t);
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matrix_layout`, destroyed once.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+struct Desc(sys::cublasLtMatmulDesc_t);
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_desc`, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+struct Pref(sys::cublasLtMatmulPreference_t);
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_pref`, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+impl Lt {
+    /// A handle and a workspace on `stream` (allocated there).
+    pub(crate) fn new(stream: &CudaStream) -> CudaResult<Lt> {
+        if !cublaslt_library_present() {
+            return Err(CudaError::LibraryMissing {
+                library: "libcublasLt",
+                what: "dlopen of libcublasLt.so / libcublasLt.so.13 failed".into(),
+                hint: "install the nvidia-cublas 13 wheel or a CUDA 13 toolkit and add its lib \
+                       directory to LD_LIBRARY_PATH",
+            });
+        }
+        stream.device().bind_to_thread()?;
+        let size = if stream.device().compute_capability().0 >= 9 {
+            32 << 20
+        } else {
+            4 << 20
+        };
+        let workspace = DeviceBuffer::alloc(stream, size)?;
+        let handle = catch_panic("cublasLtCreate", || {
+            named(lt::create_handle(), "cublasLtCreate")
+        })?;
+        Ok(Lt { handle, workspace })
+    }
+
+    /// `C = alpha · op(A) · op(B) + bias` in bf16 (row-major; `g.beta` must
+    /// be 0), on `stream`.
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` are device pointers of this device to bf16 matrices of
+    /// the sizes `g` describes, `bias` to `g.n` bf16 values, all alive until
+    /// the product has run, with no conflicting concurrent access; `stream`
+    /// is this handle's stream's device's.
+    pub(crate) unsafe fn gemm_bf16_bias(
+        &self,
+        stream: &CudaStream,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        bias: DevicePtr,
+    ) -> CudaResult<()> {
+        if g.beta != 0.0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "a product with a fused bias overwrites C (beta 0), not beta {}",
+                g.beta
+            )));
+        }
+        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        // Column-major view (module docs): D = op(B)ᵀ-stored · op(A)ᵀ-stored,
+        // i.e. cuBLAS's A is our B and its B our A; D is n × m with ld ldc.
+        // A stored operand is, column-major, (its row length) × (its rows).
+        let stored = |t: Transpose, rows_op: usize, cols_op: usize, ld: usize| {
+            // Row-major op(X) is rows_op × cols_op; X as stored is that or its
+            // transpose; column-major, X is (row length) × (rows) = ld-strided.
+            let (r, c) = match t {
+                Transpose::N => (cols_op, rows_op),
+                Transpose::T => (rows_op, cols_op),
+            };
+            named(
+                lt::create_matrix_layout(bf16, r as u64, c as u64, ld as i64),
+                "cublasLtMatrixLayoutCreate",
+            )
+            .map(Layout)
+        };
+        // cuBLAS's A = our B (op(B) is k × n): column-major op = our flag.
+        let la = stored(g.trans_b, g.k, g.n, g.ldb)?;
+        // cuBLAS's B = our A (op(A) is m × k).
+        let lb = stored(g.trans_a, g.m, g.k, g.lda)?;
+        let ld = named(
+            lt::create_matrix_layout(bf16, g.n as u64, g.m as u64, g.ldc as i64),
+            "cublasLtMatrixLayoutCreate",
+        )
+        .map(Layout)?;
+        let desc = named(
+            lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType_t::CUDA_R_32F,
+            ),
+            "cublasLtMatmulDescCreate",
+        )
+        .map(Desc)?;
+        // cublasOperation_t as the attribute takes it (an int32_t): N 0, T 1.
+        let op = |t: Transpose| -> i32 {
+            match t {
+                Transpose::N => 0,
+                Transpose::T => 1,
+            }
+        };
+        let set = |attr: sys::cublasLtMatmulDescAttributes_t, v: *const c_void, n: usize| {
+            // SAFETY: `v` points at a live value of `n` bytes of the type
+            // the attribute takes.
+            named(
+                unsafe { lt::set_matmul_desc_attribute(desc.0, attr, v, n) },
+                "cublasLtMatmulDescSetAttribute",
+            )
+        };
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let (ta, tb) = (op(g.trans_b), op(g.trans_a));
+        set(
+            A::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&ta as *const i32).cast(),
+            size_of::<i32>(),
+        )?;
+        set(
+            A::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&tb as *const i32).cast(),
+            size_of::<i32>(),
+        )?;
+        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+        set(
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
+            size_of::<sys::cublasLtEpilogue_t>(),
+        )?;
+        let bias_ptr = bias as *const c_void;
+        set(
+            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            (&bias_ptr as *const *const c_void).cast(),
+            size_of::<*const c_void>(),
+        )?;
+        let pref = named(lt::create_matmul_pref(), "cublasLtMatmulPreferenceCreate").map(Pref)?;
+        let ws = self.workspace.len_bytes();
+        let set_ws = || {
+            // SAFETY: `ws` is a live usize, the attribute's type.
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref.0,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    (&ws as *const usize).cast(),
+                    size_of::<usize>(),
+                )
+            }
+        };
+        named(set_ws(), "cublasLtMatmulPreferenceSetAttribute")?;
+        stream.device().bind_to_thread()?;
+        let heuristic = {
+            // SAFETY: every descriptor is live; D is also C (beta 0, not read).
+            let r = unsafe {
+                lt::get_matmul_algo_heuristic(self.handle, desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
+            };
+            named(r, "cublasLtMatmulAlgoGetHeuristic")?
+        };
+        let (alpha, beta) = (g.alpha, 0.0f32);
+        // SAFETY: the caller's pointers (this function's contract), the
+        // descriptors above, the handle's workspace of `ws` bytes, and the
+        // task's stream (a `CUstream` is a `cudaStream_t`).
+        named(
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    desc.0,
+                    (&alpha as *const f32).cast(),
+                    (&beta as *const f32).cast(),
+                    b as *const c_void,
+                    la.0,
+                    a as *const c_void,
+                    lb.0,
+                    c as *const c_void,
+                    ld.0,
+                    c as *mut c_void,
+                    ld.0,
+                    &heuristic.algo,
+                    self.workspace.device_ptr() as *mut c_void,
+                    ws,
+                    stream.raw() as sys::cudaStream_t,
+                )
+            },
+            "cublasLtMatmul",
+        )
+    }
+}
