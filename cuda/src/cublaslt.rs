@@ -35,6 +35,11 @@ fn named<T>(r: Result<T, lt::CublasError>, call: &'static str) -> CudaResult<T> 
     })
 }
 
+/// The alignment of a device address in bytes, up to 256.
+fn alignment(ptr: DevicePtr) -> u32 {
+    1u32 << ptr.trailing_zeros().min(8)
+}
+
 /// True when cuBLASLt (`libcublasLt.so.13`) can be loaded. Cached.
 pub fn cublaslt_library_present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -222,6 +227,27 @@ impl Lt {
             }
         };
         named(set_ws(), "cublasLtMatmulPreferenceSetAttribute")?;
+        // The heuristic assumes 256-byte aligned operands unless told
+        // otherwise; views into a larger buffer may be less aligned.
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        for (attr, ptr) in [
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c),
+        ] {
+            let align: u32 = alignment(ptr);
+            // SAFETY: `align` is a live u32, the attribute's type.
+            let r = unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref.0,
+                    attr,
+                    (&align as *const u32).cast(),
+                    size_of::<u32>(),
+                )
+            };
+            named(r, "cublasLtMatmulPreferenceSetAttribute")?;
+        }
         stream.device().bind_to_thread()?;
         let heuristic = {
             // SAFETY: every descriptor is live; D is also C (beta 0, not read).
@@ -257,5 +283,19 @@ impl Lt {
             },
             "cublasLtMatmul",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alignment;
+
+    /// The alignment the heuristic is told: the address's, at most 256.
+    #[test]
+    fn alignment_is_the_addresses_up_to_256() {
+        assert_eq!(alignment(0x1000), 256);
+        assert_eq!(alignment(0x1010), 16);
+        assert_eq!(alignment(0x1002), 2);
+        assert_eq!(alignment(0x1080), 128);
     }
 }
