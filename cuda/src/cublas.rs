@@ -59,7 +59,8 @@ pub enum Transpose {
 }
 
 impl Transpose {
-    fn op(self) -> cb::cublasOperation_t {
+    /// cuBLAS's operation (cuBLASLt takes the same values).
+    pub(crate) fn op(self) -> cb::cublasOperation_t {
         match self {
             Transpose::N => cb::cublasOperation_t::CUBLAS_OP_N,
             Transpose::T => cb::cublasOperation_t::CUBLAS_OP_T,

@@ -23,31 +23,13 @@ use std::mem::size_of;
 use cudarc::cublaslt::{result as lt, sys};
 
 use super::cublas::{Gemm, Transpose};
-use super::error::{catch_panic, CudaError, CudaResult};
+use super::error::{catch_panic, CudaError, CudaResult, Named};
 use super::memory::{DeviceBuffer, DevicePtr};
 use super::stream::CudaStream;
-
-/// Names a failed cuBLASLt call.
-fn named<T>(r: Result<T, lt::CublasError>, call: &'static str) -> CudaResult<T> {
-    r.map_err(|e| CudaError::Cublas {
-        call,
-        status: format!("{:?}", e.0),
-    })
-}
 
 /// The alignment of a device address in bytes, up to 256.
 fn alignment(ptr: DevicePtr) -> u32 {
     1u32 << ptr.trailing_zeros().min(8)
-}
-
-/// True when cuBLASLt (`libcublasLt.so.13`) can be loaded. Cached.
-pub fn cublaslt_library_present() -> bool {
-    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's
-        // candidate names and closes them again.
-        std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
-    })
 }
 
 /// A cuBLASLt handle and its workspace (one per stream).
@@ -96,14 +78,7 @@ impl Drop for Pref {
 impl Lt {
     /// A handle and a workspace on `stream` (allocated there).
     pub(crate) fn new(stream: &CudaStream) -> CudaResult<Lt> {
-        if !cublaslt_library_present() {
-            return Err(CudaError::LibraryMissing {
-                library: "libcublasLt",
-                what: "dlopen of libcublasLt.so / libcublasLt.so.13 failed".into(),
-                hint: "install the nvidia-cublas 13 wheel or a CUDA 13 toolkit and add its lib \
-                       directory to LD_LIBRARY_PATH",
-            });
-        }
+        super::require_cublaslt()?;
         stream.device().bind_to_thread()?;
         let size = if stream.device().compute_capability().0 >= 9 {
             32 << 20
@@ -112,7 +87,7 @@ impl Lt {
         };
         let workspace = DeviceBuffer::alloc(stream, size)?;
         let handle = catch_panic("cublasLtCreate", || {
-            named(lt::create_handle(), "cublasLtCreate")
+            lt::create_handle().named("cublasLtCreate")
         })?;
         Ok(Lt { handle, workspace })
     }
@@ -151,43 +126,29 @@ impl Lt {
                 Transpose::N => (cols_op, rows_op),
                 Transpose::T => (rows_op, cols_op),
             };
-            named(
-                lt::create_matrix_layout(bf16, r as u64, c as u64, ld as i64),
-                "cublasLtMatrixLayoutCreate",
-            )
-            .map(Layout)
+            lt::create_matrix_layout(bf16, r as u64, c as u64, ld as i64)
+                .named("cublasLtMatrixLayoutCreate")
+                .map(Layout)
         };
         // cuBLAS's A = our B (op(B) is k × n): column-major op = our flag.
         let la = stored(g.trans_b, g.k, g.n, g.ldb)?;
         // cuBLAS's B = our A (op(A) is m × k).
         let lb = stored(g.trans_a, g.m, g.k, g.lda)?;
-        let ld = named(
-            lt::create_matrix_layout(bf16, g.n as u64, g.m as u64, g.ldc as i64),
-            "cublasLtMatrixLayoutCreate",
+        // D = C (n × m column-major): a dense result is stored untransposed.
+        let ld = stored(Transpose::N, g.m, g.n, g.ldc)?;
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
         )
-        .map(Layout)?;
-        let desc = named(
-            lt::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType_t::CUDA_R_32F,
-            ),
-            "cublasLtMatmulDescCreate",
-        )
+        .named("cublasLtMatmulDescCreate")
         .map(Desc)?;
-        // cublasOperation_t as the attribute takes it (an int32_t): N 0, T 1.
-        let op = |t: Transpose| -> i32 {
-            match t {
-                Transpose::N => 0,
-                Transpose::T => 1,
-            }
-        };
+        // cublasOperation_t as the attribute takes it (an int32_t).
+        let op = |t: Transpose| t.op() as i32;
         let set = |attr: sys::cublasLtMatmulDescAttributes_t, v: *const c_void, n: usize| {
             // SAFETY: `v` points at a live value of `n` bytes of the type
             // the attribute takes.
-            named(
-                unsafe { lt::set_matmul_desc_attribute(desc.0, attr, v, n) },
-                "cublasLtMatmulDescSetAttribute",
-            )
+            unsafe { lt::set_matmul_desc_attribute(desc.0, attr, v, n) }
+                .named("cublasLtMatmulDescSetAttribute")
         };
         use sys::cublasLtMatmulDescAttributes_t as A;
         let (ta, tb) = (op(g.trans_b), op(g.trans_a));
@@ -213,7 +174,9 @@ impl Lt {
             (&bias_ptr as *const *const c_void).cast(),
             size_of::<*const c_void>(),
         )?;
-        let pref = named(lt::create_matmul_pref(), "cublasLtMatmulPreferenceCreate").map(Pref)?;
+        let pref = lt::create_matmul_pref()
+            .named("cublasLtMatmulPreferenceCreate")
+            .map(Pref)?;
         let ws = self.workspace.len_bytes();
         let set_ws = || {
             // SAFETY: `ws` is a live usize, the attribute's type.
@@ -226,7 +189,7 @@ impl Lt {
                 )
             }
         };
-        named(set_ws(), "cublasLtMatmulPreferenceSetAttribute")?;
+        set_ws().named("cublasLtMatmulPreferenceSetAttribute")?;
         // The heuristic assumes 256-byte aligned operands unless told
         // otherwise; views into a larger buffer may be less aligned.
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
@@ -246,7 +209,7 @@ impl Lt {
                     size_of::<u32>(),
                 )
             };
-            named(r, "cublasLtMatmulPreferenceSetAttribute")?;
+            r.named("cublasLtMatmulPreferenceSetAttribute")?;
         }
         stream.device().bind_to_thread()?;
         let heuristic = {
@@ -254,35 +217,33 @@ impl Lt {
             let r = unsafe {
                 lt::get_matmul_algo_heuristic(self.handle, desc.0, la.0, lb.0, ld.0, ld.0, pref.0)
             };
-            named(r, "cublasLtMatmulAlgoGetHeuristic")?
+            r.named("cublasLtMatmulAlgoGetHeuristic")?
         };
         let (alpha, beta) = (g.alpha, 0.0f32);
         // SAFETY: the caller's pointers (this function's contract), the
         // descriptors above, the handle's workspace of `ws` bytes, and the
         // task's stream (a `CUstream` is a `cudaStream_t`).
-        named(
-            unsafe {
-                lt::matmul(
-                    self.handle,
-                    desc.0,
-                    (&alpha as *const f32).cast(),
-                    (&beta as *const f32).cast(),
-                    b as *const c_void,
-                    la.0,
-                    a as *const c_void,
-                    lb.0,
-                    c as *const c_void,
-                    ld.0,
-                    c as *mut c_void,
-                    ld.0,
-                    &heuristic.algo,
-                    self.workspace.device_ptr() as *mut c_void,
-                    ws,
-                    stream.raw() as sys::cudaStream_t,
-                )
-            },
-            "cublasLtMatmul",
-        )
+        let r = unsafe {
+            lt::matmul(
+                self.handle,
+                desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b as *const c_void,
+                la.0,
+                a as *const c_void,
+                lb.0,
+                c as *const c_void,
+                ld.0,
+                c as *mut c_void,
+                ld.0,
+                &heuristic.algo,
+                self.workspace.device_ptr() as *mut c_void,
+                ws,
+                stream.raw() as sys::cudaStream_t,
+            )
+        };
+        r.named("cublasLtMatmul")
     }
 }
 

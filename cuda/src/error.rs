@@ -2,7 +2,7 @@
 //!
 //! Every foreign call is checked where it is made: through a function of
 //! cudarc's checked layer (`cudarc::driver::result`, `cudarc::nvrtc::result`,
-//! `cudarc::cublas::result`) or, where that layer has none, the raw call's
+//! `cudarc::cublas::result`, `cudarc::cublaslt::result`) or, where that layer has none, the raw call's
 //! `.result()`; then `Named::named` turns cudarc's bare status error into a
 //! [`CudaError`] naming the call that failed and carrying the library's own
 //! message (`cuGetErrorName`/`cuGetErrorString`, `nvrtcGetErrorString`, the
@@ -170,6 +170,16 @@ impl<T> Named<T> for Result<T, DriverError> {
 }
 
 impl<T> Named<T> for Result<T, CublasError> {
+    #[inline]
+    fn named(self, call: &'static str) -> CudaResult<T> {
+        self.map_err(|e| CudaError::Cublas {
+            call,
+            status: format!("{:?}", e.0),
+        })
+    }
+}
+
+impl<T> Named<T> for Result<T, cudarc::cublaslt::result::CublasError> {
     #[inline]
     fn named(self, call: &'static str) -> CudaResult<T> {
         self.map_err(|e| CudaError::Cublas {

@@ -71,7 +71,6 @@ pub mod nvrtc;
 pub mod stream;
 
 pub use cublas::{CublasHandle, Gemm, Transpose};
-pub use cublaslt::cublaslt_library_present;
 pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};
@@ -158,6 +157,16 @@ pub fn cublas_library_present() -> bool {
     })
 }
 
+/// True when cuBLASLt (`libcublasLt.so.13`) can be loaded. Cached.
+pub fn cublaslt_library_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        // SAFETY: as in `driver_library_present`.
+        std::panic::catch_unwind(|| unsafe { cudarc::cublaslt::sys::is_culib_present() })
+            .unwrap_or(false)
+    })
+}
+
 pub(crate) fn require_driver() -> CudaResult<()> {
     if driver_library_present() {
         Ok(())
@@ -190,6 +199,19 @@ pub(crate) fn require_cublas() -> CudaResult<()> {
         Err(CudaError::LibraryMissing {
             library: "libcublas",
             what: "dlopen of libcublas.so / libcublas.so.13 failed".into(),
+            hint: "install the nvidia-cublas 13 wheel or a CUDA 13 toolkit and add its lib \
+                   directory to LD_LIBRARY_PATH",
+        })
+    }
+}
+
+pub(crate) fn require_cublaslt() -> CudaResult<()> {
+    if cublaslt_library_present() {
+        Ok(())
+    } else {
+        Err(CudaError::LibraryMissing {
+            library: "libcublasLt",
+            what: "dlopen of libcublasLt.so / libcublasLt.so.13 failed".into(),
             hint: "install the nvidia-cublas 13 wheel or a CUDA 13 toolkit and add its lib \
                    directory to LD_LIBRARY_PATH",
         })
