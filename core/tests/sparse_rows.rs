@@ -59,62 +59,71 @@ fn specs() -> Vec<ParamSpec> {
     ]
 }
 
-/// One synced step on `world` ranks; every rank's reduced gradient.
-fn step(world: usize) -> Vec<Vec<f32>> {
-    step_with(world, specs(), |red, rows| {
+/// One synced step on `world` ranks with gradients, rows and buckets of
+/// `dtype` (bf16: the same values, rounded); every rank's reduced
+/// gradient, widened to `f32`.
+fn step(world: usize, dtype: DType) -> Vec<Vec<f32>> {
+    step_with(world, specs(), dtype, |red, rows| {
         red.grad_ready(0)?; // the dense writer of wte, first
         red.grad_ready(1)?;
         red.sparse_ready(0, rows)
     })
 }
 
-/// One synced step on `world` ranks of a reducer of `params`, which
-/// `hand_over` marks ready and gives the rank's rows; every rank's reduced
-/// gradient.
+/// One synced step on `world` ranks of a reducer of `params` in `dtype`,
+/// which `hand_over` marks ready and gives the rank's rows; every rank's
+/// reduced gradient, widened to `f32`.
 fn step_with(
     world: usize,
     params: Vec<ParamSpec>,
+    dtype: DType,
     hand_over: fn(&mut Reducer, SparseRows) -> braid::Result<()>,
 ) -> Vec<Vec<f32>> {
-    let out = launch(world, |rank, comm| {
-        let rt = runtime(rank)?;
-        let (dense, ids, rows) = inputs(rank);
-        let grads = rt.alloc_from("grads", &dense)?;
-        let ids = rt.alloc_from("ids", &ids)?;
-        let rows = rt.alloc_from("rows", &rows)?;
-        let mut red = Reducer::new(
-            comm.bind(&rt)?,
-            &grads,
-            params.clone(),
-            BucketConfig::default(),
-        )?;
-        hand_over(&mut red, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
-        red.finish()?;
-        rt.read_vec::<f32>(&grads)
-    });
-    out.into_iter().map(|r| r.expect("rank failed")).collect()
-}
-
-/// The bf16 step: gradients, rows and buckets in bf16 (the same values,
-/// rounded); every rank's reduced gradient, widened.
-fn step_bf16(world: usize) -> Vec<Vec<f32>> {
     let bf = |v: &[f32]| v.iter().map(|&x| Bf16::from_f32(x)).collect::<Vec<_>>();
     let out = launch(world, |rank, comm| {
         let rt = runtime(rank)?;
         let (dense, ids, rows) = inputs(rank);
-        let grads = rt.alloc_from("grads", &bf(&dense))?;
+        let (grads, rows) = match dtype {
+            DType::Bf16 => (
+                rt.alloc_from("grads", &bf(&dense))?,
+                rt.alloc_from("rows", &bf(&rows))?,
+            ),
+            _ => (
+                rt.alloc_from("grads", &dense)?,
+                rt.alloc_from("rows", &rows)?,
+            ),
+        };
         let ids = rt.alloc_from("ids", &ids)?;
-        let rows = rt.alloc_from("rows", &bf(&rows))?;
-        let config = BucketConfig::default().dtype(DType::Bf16);
-        let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(), config)?;
-        red.grad_ready(0)?;
-        red.grad_ready(1)?;
-        red.sparse_ready(0, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
+        let config = BucketConfig::default().dtype(dtype);
+        let mut red = Reducer::new(comm.bind(&rt)?, &grads, params.clone(), config)?;
+        hand_over(&mut red, SparseRows::new(ids.whole(), rows.whole(), ROW))?;
         red.finish()?;
-        let g = rt.read_vec::<Bf16>(&grads)?;
-        Ok(g.iter().map(|x| x.to_f32()).collect())
+        match dtype {
+            DType::Bf16 => Ok(rt
+                .read_vec::<Bf16>(&grads)?
+                .iter()
+                .map(|x| x.to_f32())
+                .collect()),
+            _ => rt.read_vec::<f32>(&grads),
+        }
     });
     out.into_iter().map(|r| r.expect("rank failed")).collect()
+}
+
+/// Every rank's gradient is the average over `world` ranks within
+/// `rtol · (floor + |want|)`, and every rank has the same bits.
+fn assert_averaged(world: usize, got: &[Vec<f32>], rtol: f64, floor: f64) {
+    let want = expected(world);
+    for (rank, g) in got.iter().enumerate() {
+        for (i, (&g, &w)) in g.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() <= rtol * (floor + w.abs()),
+                "world {world}, rank {rank}, element {i}: {g} vs {w}"
+            );
+        }
+        // Every rank computes the same bits.
+        assert_eq!(g, &got[0], "world {world}: rank {rank} differs from rank 0");
+    }
 }
 
 /// bf16 gradients: the average within bf16 rounding (the inputs are exact
@@ -122,18 +131,8 @@ fn step_bf16(world: usize) -> Vec<Vec<f32>> {
 #[test]
 fn bf16_rows_are_averaged_into_the_reduced_gradient() {
     for world in 1..=4 {
-        let want = expected(world);
-        let got = step_bf16(world);
-        for (rank, g) in got.iter().enumerate() {
-            for (i, (&g, &w)) in g.iter().zip(&want).enumerate() {
-                // A few roundings of 2^-8 relative each.
-                assert!(
-                    (g as f64 - w).abs() <= 1.6e-2 * (0.25 + w.abs()),
-                    "world {world}, rank {rank}, element {i}: {g} vs {w}"
-                );
-            }
-            assert_eq!(g, &got[0], "world {world}: rank {rank} differs from rank 0");
-        }
+        // A few roundings of 2^-8 relative each.
+        assert_averaged(world, &step(world, DType::Bf16), 1.6e-2, 0.25);
     }
 }
 
@@ -213,18 +212,7 @@ fn a_chunk_adds_as_defined_in_f32_and_bf16() {
 #[test]
 fn rows_are_averaged_into_the_reduced_gradient() {
     for world in 1..=4 {
-        let want = expected(world);
-        let got = step(world);
-        for (rank, g) in got.iter().enumerate() {
-            for (i, (&g, &w)) in g.iter().zip(&want).enumerate() {
-                assert!(
-                    (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                    "world {world}, rank {rank}, element {i}: {g} vs {w}"
-                );
-            }
-            // Every rank computes the same bits.
-            assert_eq!(g, &got[0], "world {world}: rank {rank} differs from rank 0");
-        }
+        assert_averaged(world, &step(world, DType::F32), 1e-5, 1.0);
     }
 }
 
@@ -235,13 +223,13 @@ fn rows_are_averaged_into_the_reduced_gradient() {
 #[test]
 fn rows_over_pieces_are_added_as_over_one_parameter() {
     let world = 3;
-    let whole = step(world);
+    let whole = step(world, DType::F32);
     let pieces = vec![
         ParamSpec::new("wte[0..2]", 0..2 * ROW),
         ParamSpec::new("wte[2..5]", 2 * ROW..ROWS * ROW),
         ParamSpec::new("other", ROWS * ROW..ROWS * ROW + OTHER),
     ];
-    let got = step_with(world, pieces, |red, rows| {
+    let got = step_with(world, pieces, DType::F32, |red, rows| {
         red.grad_ready(1)?;
         red.grad_ready(0)?;
         red.grad_ready(2)?;
