@@ -99,20 +99,26 @@ impl Gpt2Model {
         // logits = lnf · wᵀ, `w` the padded classifier weight if there is
         // one (its padding rows and the logits' padding columns are zero).
         let (w, k) = self.classifier_weight();
-        matmul::backward_input_ld(
-            tasks.task("logits backward input"),
-            &da.lnf,
-            dlogits,
-            &w,
-            n,
-            c,
-            k,
-            vp,
-        )?;
+        let input_grad = || {
+            matmul::backward_input_ld(
+                tasks.task("logits backward input"),
+                &da.lnf,
+                dlogits,
+                &w,
+                n,
+                c,
+                k,
+                vp,
+            )
+        };
         if self.split_tied {
             // The classifier is `wte`'s first writer; the encoder's rows go
             // to the reducer on their own. Its part in row blocks, each
-            // ready (and all-reduced) while the next is computed.
+            // ready (and all-reduced) while the next is computed, all of
+            // them submitted before the input gradient: on one stream their
+            // all-reduces then run under the input gradient and the blocks'
+            // backward (submitted after, they had only the blocks' backward
+            // to hide under); on two, the side stream takes them either way.
             for (i, (rows, dw)) in self.wte_pieces.iter().enumerate() {
                 matmul::backward_weight_rows(
                     side(format!("logits backward weight {i}")),
@@ -127,7 +133,9 @@ impl Gpt2Model {
                 )?;
                 ready(id.wte + i)?;
             }
+            input_grad()?;
         } else if let Some(dw) = &self.classifier_grad {
+            input_grad()?;
             // The padded classifier weight's gradient, all `Vp` rows, in a
             // buffer of its own (its padding rows are zero: so are the
             // logits gradient's padding columns), then its first `V` rows
@@ -147,6 +155,7 @@ impl Gpt2Model {
             )?;
             residual::accumulate(side("classifier weight grad".into()), &g.wte, &dw_wte)?;
         } else {
+            input_grad()?;
             matmul::backward_weight_ld(
                 side("logits backward weight".into()),
                 &g.wte,
