@@ -111,9 +111,11 @@ struct TrainArgs {
     oversubscribe: bool,
     /// Gradient bucket cap in MiB, or `auto`: 25 MiB for the first step,
     /// then the cap a model of the reducer calibrated on that step predicts
-    /// leaves the least communication after the backward pass.
-    #[arg(long, default_value = "25", value_parser = parse_cap)]
-    bucket_cap_mb: CapArg,
+    /// leaves the least communication after the backward pass. Default:
+    /// `auto`, or 25 with --compression (whose buckets the model does not
+    /// price).
+    #[arg(long, value_parser = parse_cap)]
+    bucket_cap_mb: Option<CapArg>,
     /// Cap of the first gradient bucket in MiB.
     #[arg(long, default_value_t = 1.0)]
     first_bucket_mb: f64,
@@ -505,6 +507,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         Ok(((x * (1 << 20) as f64) as usize).max(4))
     };
+    // `auto` by default, but a compression's buckets are not what the cap
+    // model prices: they keep 25 MiB unless the cap is given.
+    let cap = a.bucket_cap_mb.unwrap_or(match a.compression {
+        CompressionArg::None => CapArg::Auto,
+        _ => CapArg::Mib(25.0),
+    });
     let secs = |x: f64, what: &str| -> Result<Duration> {
         if !(x.is_finite() && x > 0.0) {
             bail!("{what} must be a positive number of seconds, not {x}");
@@ -529,11 +537,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         streams: a.streams,
         policy: a.policy,
         oversubscribe: a.oversubscribe,
-        bucket_cap_bytes: match a.bucket_cap_mb {
+        bucket_cap_bytes: match cap {
             CapArg::Mib(x) => mib(x, "--bucket-cap-mb")?,
             CapArg::Auto => 25 << 20,
         },
-        auto_bucket_cap: matches!(a.bucket_cap_mb, CapArg::Auto),
+        auto_bucket_cap: matches!(cap, CapArg::Auto),
         first_bucket_bytes: mib(a.first_bucket_mb, "--first-bucket-mb")?,
         seed: a.seed,
         checkpoint_dir: a.checkpoint_dir.clone(),

@@ -582,9 +582,10 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     );
 }
 
-/// `--bucket-cap-mb auto` trains and prints the cap it chose; a value that
-/// is neither a size nor `auto` is refused, naming both; with a compression
-/// auto is refused (it models plain buckets).
+/// `--bucket-cap-mb auto` trains and prints the cap it chose, and is the
+/// default; a value that is neither a size nor `auto` is refused, naming
+/// both; with a compression an explicit auto is refused (it models plain
+/// buckets), and the default is then the fixed 25 MiB.
 #[test]
 fn bucket_cap_auto_reports_its_choice() {
     let tmp = tempfile::tempdir().unwrap();
@@ -596,15 +597,19 @@ fn bucket_cap_auto_reports_its_choice() {
         "--batch-size", "2", "--seq-len", "16", "--no-trace", "--bucket-cap-mb",
     ];
     let with = |cap: &'static str| -> Vec<&str> { args.iter().copied().chain([cap]).collect() };
-    let out = ok(d, &with("auto"));
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("bucket cap"))
-        .unwrap_or_else(|| panic!("no bucket cap line in:\n{out}"));
-    assert!(
-        line.contains("auto") && line.contains("predicted exposed"),
-        "{line}"
-    );
+    let chose = |out: &str| {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("bucket cap"))
+            .unwrap_or_else(|| panic!("no bucket cap line in:\n{out}"));
+        assert!(
+            line.contains("auto") && line.contains("predicted exposed"),
+            "{line}"
+        );
+    };
+    chose(&ok(d, &with("auto")));
+    // The default, without the flag.
+    chose(&ok(d, &args[..args.len() - 1]));
     // A numeric cap prints no such line.
     assert!(!ok(d, &with("1")).contains("bucket cap"));
     fails(d, &with("fast"), &["fast", "MiB", "auto"]);
@@ -613,4 +618,10 @@ fn bucket_cap_auto_reports_its_choice() {
         .chain(["--compression", "bf16"])
         .collect();
     fails(d, &bf16, &["auto", "compression"]);
+    let bf16_default: Vec<&str> = args[..args.len() - 1]
+        .iter()
+        .copied()
+        .chain(["--compression", "bf16"])
+        .collect();
+    assert!(!ok(d, &bf16_default).contains("bucket cap"));
 }
