@@ -218,6 +218,7 @@ pub fn adamw_update<G: Storage>(
 
 /// [`adamw_update`] with its per-step scalars given.
 #[allow(clippy::too_many_arguments)]
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn adamw_update_with<G: Storage>(
     params: &mut [f32], // (N)
     grads: &[G],        // (N)

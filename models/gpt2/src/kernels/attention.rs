@@ -209,6 +209,7 @@ pub fn attention_forward<S: Storage>(
 }
 
 /// [`attention_forward`] in `f32`, shapes checked.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn attention_forward_f32(
     out: &mut [f32],    // (B, T, C)
     preatt: &mut [f32], // (B, NH, T, T)
@@ -299,6 +300,7 @@ pub fn attention_backward<S: Storage>(
 }
 
 /// [`attention_backward`] in `f32`, shapes checked.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn attention_backward_f32(
     dinp: &mut [f32], // (B, T, 3C)
     dout: &[f32],     // (B, T, C)

@@ -94,7 +94,7 @@ pub fn tanh(x: f32) -> f32 {
 
 /// The largest element of `row` (`-∞` for an empty row; a NaN may be
 /// skipped, as the comparisons are `x > m`).
-#[inline]
+#[inline(always)]
 pub fn row_max(row: &[f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; LANES];
     let chunks = row.chunks_exact(LANES);
@@ -110,14 +110,14 @@ pub fn row_max(row: &[f32]) -> f32 {
 
 /// `Σ row` in `f64`: element `i` goes to lane `i % 8`, the lanes are added
 /// in order at the end (a fixed order: the same bits every time).
-#[inline]
+#[inline(always)]
 pub fn row_sum_f64(row: &[f32]) -> f64 {
     lane_sum_f64(row, |x| x)
 }
 
 /// `Σ exp(x - m)` over `row` in `f64`: [`row_sum_f64`] of the
 /// exponentials, the same bits, without storing them.
-#[inline]
+#[inline(always)]
 pub fn exp_sum_f64(row: &[f32], m: f32) -> f64 {
     lane_sum_f64(row, |x| exp(x - m))
 }
@@ -141,7 +141,7 @@ fn lane_sum_f64(row: &[f32], f: impl Fn(f32) -> f32) -> f64 {
 
 /// `x ← exp(x - m)` over `row`, and their sum: [`exp_sum_f64`], the
 /// exponentials left in place.
-#[inline]
+#[inline(always)]
 pub fn exp_in_place_sum_f64(row: &mut [f32], m: f32) -> f64 {
     for x in row.iter_mut() {
         *x = exp(*x - m);

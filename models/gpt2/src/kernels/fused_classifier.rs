@@ -174,6 +174,7 @@ pub fn classifier_losses<S: Storage>(
 }
 
 /// [`classifier_losses`] in `f32`.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn classifier_losses_f32(
     losses: &mut [f32], // (N)
     logits: &[f32],     // (N, Vp)
@@ -219,6 +220,7 @@ pub fn fused_classifier<S: Storage>(
 }
 
 /// [`fused_classifier`] in `f32`.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn fused_classifier_f32(
     logits: &mut [f32], // (N, Vp)
     losses: &mut [f32], // (N)

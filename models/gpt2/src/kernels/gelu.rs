@@ -72,6 +72,7 @@ const GELU_SCALING_FACTOR: f32 = 0.797_884_6; // sqrt(2 / pi)
 const GELU_CUBIC: f32 = 0.044_715;
 
 /// `out = gelu(inp)` elementwise.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn gelu_forward<S: Storage>(
     out: &mut [S], // (N)
     inp: &[S],     // (N)
@@ -85,6 +86,7 @@ pub fn gelu_forward<S: Storage>(
 }
 
 /// `dinp += gelu'(inp) · dout` elementwise.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn gelu_backward<S: Storage>(
     dinp: &mut [S], // (N)
     inp: &[S],      // (N)

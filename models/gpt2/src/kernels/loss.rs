@@ -185,6 +185,9 @@ pub fn softmax_forward<S: Storage>(
 }
 
 /// One row of [`softmax_forward`], into `f32`.
+/// (Dispatched per row: called through `update_f32`'s closure, the row
+/// would not inherit its caller's AVX2 code.)
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 fn softmax_row<S: Storage>(
     probs_bt: &mut [f32], // (V)
     logits_bt: &[S],      // (V)
@@ -264,6 +267,7 @@ pub fn mean_loss(losses: &[f32], // (B, T)
 ///
 /// `dloss` is the gradient of the objective with respect to the mean loss:
 /// 1 for a plain step, `1 / accumulation_steps` when accumulating micro-batches.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn crossentropy_softmax_backward<S: Storage>(
     dlogits: &mut [S], // (B, T, Vp)
     probs: &[S],       // (B, T, Vp)

@@ -69,7 +69,10 @@
 //!   before it queues anything.
 //! - **Single-threaded CPU kernels.** Parallelism comes from the engine running
 //!   independent kernels as concurrent tasks; matrix products go through `gemm`
-//!   with `Parallelism::None`.
+//!   with `Parallelism::None`. The elementwise and row loops that dominate
+//!   (softmax, the classifier, attention, GELU, AdamW) are compiled a second
+//!   time for AVX2 (`multiversion`, picked at run time; no FMA, so the same
+//!   bits as the baseline build).
 //! - **Forward kernels overwrite** their outputs (declared `write`).
 //! - **Backward kernels accumulate** (`+=`) into every gradient they are given,
 //!   parameter gradients and activation gradients alike, as llm.c does
