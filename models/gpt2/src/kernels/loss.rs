@@ -475,6 +475,25 @@ mod tests {
         assert_eq!(probs[2], 0.0);
     }
 
+    /// The softmax row is dispatched to an AVX2 copy where the CPU has one;
+    /// it must give the bits of the same operations compiled for the
+    /// baseline, as this test's own loop is (no FMA, the same order).
+    #[test]
+    fn the_dispatched_softmax_gives_the_baseline_bits() {
+        let (n, v, vp) = (3, 1029, 1032);
+        let logits = randn(n * vp, 4.0, 7);
+        let mut probs = vec![0.0f32; n * vp];
+        softmax_forward(&mut probs, &logits, 1, n, v, vp);
+        for (got, row) in probs.chunks_exact(vp).zip(logits.chunks_exact(vp)) {
+            let mut want = row[..v].to_vec();
+            let m = fastmath::row_max(&want);
+            let inv = (1.0 / fastmath::exp_in_place_sum_f64(&mut want, m)) as f32;
+            for (g, w) in got[..v].iter().zip(&want) {
+                assert_eq!(g.to_bits(), (w * inv).to_bits());
+            }
+        }
+    }
+
     #[test]
     fn crossentropy_softmax_backward_matches_finite_differences() {
         let (b, t, v) = (2, 3, 7);
