@@ -262,6 +262,8 @@ fn save_checkpoint_with(
             safetensors::SafeTensorError::IoError(source) => Gpt2Error::io("writing", tmp, source),
             other => ckpt_err(tmp, other.to_string()),
         })?;
+        crate::weights::sort_safetensors_header(tmp)
+            .map_err(|source| Gpt2Error::io("writing", tmp, source))?;
         before_rename(tmp)
     })
 }

@@ -15,7 +15,7 @@
 //! [`infer_config_from_safetensors`] can read them back, heads included.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
 use std::path::Path;
 
@@ -472,6 +472,49 @@ pub(crate) fn write_safetensors<'a>(
                 path: path.to_path_buf(),
                 message: other.to_string(),
             },
-        })
+        })?;
+        sort_safetensors_header(tmp).map_err(|source| Gpt2Error::io("writing", tmp, source))
     })
+}
+
+/// Rewrites the header of the safetensors file at `path`, just written by
+/// `safetensors::serialize_to_file`, with its keys in sorted order. The crate
+/// takes the metadata as a `HashMap` and writes it in that map's order, so
+/// the same tensors made files that differed from run to run in the order
+/// of the metadata's keys; sorted, the same weights give the same bytes. The
+/// keys and values are the same, so the header keeps its length (padded
+/// with spaces as before) and the data offsets hold.
+pub(crate) fn sort_safetensors_header(path: &Path) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)?;
+    let len = usize::try_from(u64::from_le_bytes(len))
+        .map_err(|_| bad("safetensors header length does not fit in memory".into()))?;
+    let mut header = vec![0u8; len];
+    f.read_exact(&mut header)?;
+    let json = |e: serde_json::Error| bad(format!("safetensors header: {e}"));
+    let mut map: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(json)?;
+    if let Some(meta) = map.get_mut("__metadata__") {
+        // Sorted whatever `serde_json`'s map keeps (its `preserve_order`
+        // feature keeps insertion order: the sorted order, here).
+        let sorted: BTreeMap<String, String> =
+            serde_json::from_value(meta.take()).map_err(json)?;
+        *meta = serde_json::to_value(sorted).map_err(json)?;
+    }
+    let mut sorted = serde_json::to_vec(&map).map_err(json)?;
+    if sorted.len() > len {
+        return Err(bad(format!(
+            "safetensors header grew from {len} to {} bytes when sorted",
+            sorted.len()
+        )));
+    }
+    sorted.resize(len, b' ');
+    f.seek(SeekFrom::Start(8))?;
+    f.write_all(&sorted)
 }

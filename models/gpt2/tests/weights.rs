@@ -476,6 +476,27 @@ fn infers_heads_of_published_sizes() {
     assert_eq!(infer_config_from_safetensors(&path).unwrap(), cfg);
 }
 
+/// The same weights saved twice give the same bytes (the safetensors crate
+/// writes its metadata in a `HashMap`'s order, which changes from map to
+/// map; the header is rewritten sorted).
+#[test]
+fn saving_the_same_weights_twice_gives_the_same_bytes() {
+    let cfg = Gpt2Config::tiny();
+    let layout = ParamLayout::new(&cfg);
+    let flat = known_params(layout.total);
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<Vec<u8>> = (0..3)
+        .map(|i| {
+            let path = dir.path().join(format!("export{i}.safetensors"));
+            save_hf_safetensors(&path, &flat, &cfg, &layout).unwrap();
+            std::fs::read(&path).unwrap()
+        })
+        .collect();
+    assert!(files.windows(2).all(|w| w[0] == w[1]));
+    let st = safetensors::SafeTensors::deserialize(&files[0]).unwrap();
+    assert_eq!(st.len(), hf_state_dict(&cfg, &flat, true, false, false).len());
+}
+
 #[test]
 fn save_then_load_round_trips_and_writes_hf_layout() {
     let cfg = Gpt2Config::tiny();
