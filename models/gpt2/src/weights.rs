@@ -503,8 +503,7 @@ pub(crate) fn sort_safetensors_header(path: &Path) -> std::io::Result<()> {
     if let Some(meta) = map.get_mut("__metadata__") {
         // Sorted whatever `serde_json`'s map keeps (its `preserve_order`
         // feature keeps insertion order: the sorted order, here).
-        let sorted: BTreeMap<String, String> =
-            serde_json::from_value(meta.take()).map_err(json)?;
+        let sorted: BTreeMap<String, String> = serde_json::from_value(meta.take()).map_err(json)?;
         *meta = serde_json::to_value(sorted).map_err(json)?;
     }
     let mut sorted = serde_json::to_vec(&map).map_err(json)?;

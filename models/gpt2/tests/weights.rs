@@ -494,7 +494,10 @@ fn saving_the_same_weights_twice_gives_the_same_bytes() {
         .collect();
     assert!(files.windows(2).all(|w| w[0] == w[1]));
     let st = safetensors::SafeTensors::deserialize(&files[0]).unwrap();
-    assert_eq!(st.len(), hf_state_dict(&cfg, &flat, true, false, false).len());
+    assert_eq!(
+        st.len(),
+        hf_state_dict(&cfg, &flat, true, false, false).len()
+    );
 }
 
 #[test]
