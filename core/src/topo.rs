@@ -47,17 +47,23 @@ fn parse_budget(v: &str) -> Result<usize> {
     }
 }
 
-/// Pins the calling stream thread to a core chosen by its stream index.
-#[cfg(not(feature = "hwloc"))]
-pub(crate) fn pin_stream_thread(_stream: usize) {}
+/// The environment variable that pins stream threads without the `hwloc`
+/// feature (Linux): `1` pins, anything else or unset does not. With the
+/// feature, stream threads are always pinned.
+pub const PIN_THREADS_ENV: &str = "BRAID_PIN_THREADS";
 
 /// A human-readable description of the machine's topology as Braid sees it.
 #[cfg(not(feature = "hwloc"))]
 pub fn describe() -> String {
     format!(
-        "{} logical CPUs, core budget {} (build with the `hwloc` feature for the full topology and thread pinning)",
+        "{} logical CPUs, core budget {}, stream threads {} (build with the `hwloc` feature for the full topology)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
-        budget_text()
+        budget_text(),
+        if pin::places().is_some() {
+            "pinned"
+        } else {
+            "not pinned"
+        }
     )
 }
 
@@ -69,69 +75,55 @@ fn budget_text() -> String {
     }
 }
 
-#[cfg(feature = "hwloc")]
-mod imp {
-    use hwlocality::cpu::binding::CpuBindingFlags;
-    use hwlocality::cpu::cpuset::CpuSet;
-    use hwlocality::object::types::ObjectType;
-    use hwlocality::Topology;
+/// Pins the calling stream thread to one place (a core with hwloc, a logical
+/// CPU without) of the process's binding. Low stream indices are the busy
+/// ones (placement fills compute stream 0 first, and a runtime limited by the
+/// core budget uses only its first streams), so stream `s` goes to the place
+/// with the fewest live pinned threads of streams `0..=s`, across every
+/// runtime of the process (ties: fewest pinned threads, then the lowest
+/// place): two ranks' stream 0 land on two cores, not both on core 0.
+/// Failures (no permission, unsupported OS) leave the thread unpinned; so
+/// does a build without `hwloc` unless `BRAID_PIN_THREADS=1`.
+pub(crate) fn pin_stream_thread(stream: usize) {
+    pin::pin(stream);
+}
+
+/// The places and their load, shared by the two ways of binding.
+mod pin {
     use std::cell::RefCell;
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::Mutex;
 
     /// Stream indices at or above this share one pinning class.
     const CLASSES: usize = 8;
 
-    /// The topology, the cores the process may run on (each as the part of
-    /// its cpuset inside the process's binding) and, per core, how many live
-    /// pinned stream threads of each stream-index class it holds.
-    struct Pins {
-        topo: Topology,
-        cores: Vec<CpuSet>,
+    /// Where threads may be pinned, and per place how many live pinned
+    /// stream threads of each stream-index class it holds.
+    pub(super) struct Places<P> {
+        pub(super) places: Vec<P>,
         load: Mutex<Vec<[u32; CLASSES]>>,
     }
 
-    fn pins() -> Option<&'static Pins> {
-        static PINS: OnceLock<Option<Pins>> = OnceLock::new();
-        PINS.get_or_init(|| {
-            let topo = Topology::new().ok()?;
-            let binding = topo.cpu_binding(CpuBindingFlags::PROCESS).ok();
-            let cores: Vec<CpuSet> = topo
-                .objects_with_type(ObjectType::Core)
-                .filter_map(|c| {
-                    let set = c.cpuset()?.clone_target();
-                    let set = match &binding {
-                        Some(b) => &set & b,
-                        None => set,
-                    };
-                    (!set.is_empty()).then_some(set)
-                })
-                .collect();
-            if cores.is_empty() {
-                return None;
-            }
-            let load = Mutex::new(vec![[0; CLASSES]; cores.len()]);
-            Some(Pins { topo, cores, load })
-        })
-        .as_ref()
-    }
-
-    /// Physical cores the process's CPU binding touches.
-    pub(super) fn cores_in_binding() -> Option<usize> {
-        pins().map(|p| p.cores.len())
+    impl<P> Places<P> {
+        pub(super) fn new(places: Vec<P>) -> Option<Places<P>> {
+            (!places.is_empty()).then(|| Places {
+                load: Mutex::new(vec![[0; CLASSES]; places.len()]),
+                places,
+            })
+        }
     }
 
     /// A pinned thread's place in the load table; released when the thread
     /// exits (thread-local destructor).
     struct Pinned {
-        core: usize,
+        place: usize,
         class: usize,
     }
 
     impl Drop for Pinned {
         fn drop(&mut self) {
-            if let Some(p) = pins() {
+            if let Some(p) = places() {
                 let mut load = p.load.lock().unwrap_or_else(|e| e.into_inner());
-                load[self.core][self.class] -= 1;
+                load[self.place][self.class] -= 1;
             }
         }
     }
@@ -140,36 +132,79 @@ mod imp {
         static PINNED: RefCell<Option<Pinned>> = const { RefCell::new(None) };
     }
 
-    /// Pins the calling stream thread to one core of the process's binding.
-    /// Low stream indices are the busy ones (placement fills compute stream
-    /// 0 first, and a runtime limited by the core budget uses only its first
-    /// streams), so stream `s` goes to the core with the fewest live pinned
-    /// threads of streams `0..=s`, across every runtime of the process (ties:
-    /// fewest pinned threads, then the lowest core): two ranks' stream 0 land
-    /// on two cores, not both on core 0. Failures (no permission,
-    /// unsupported OS) leave the thread unpinned.
-    pub(crate) fn pin_stream_thread(stream: usize) {
-        let Some(p) = pins() else { return };
+    pub(super) fn pin(stream: usize) {
+        let Some(p) = places() else { return };
         let class = stream.min(CLASSES - 1);
-        let core = {
+        let place = {
             let mut load = p.load.lock().unwrap_or_else(|e| e.into_inner());
             let key = |c: usize| {
                 let busy: u32 = load[c][..=class].iter().sum();
                 (busy, load[c].iter().sum::<u32>(), c)
             };
-            let Some(core) = (0..load.len()).min_by_key(|&c| key(c)) else {
+            let Some(place) = (0..load.len()).min_by_key(|&c| key(c)) else {
                 return;
             };
-            load[core][class] += 1;
-            core
+            load[place][class] += 1;
+            place
         };
-        let pinned = Pinned { core, class };
-        if p.topo
-            .bind_cpu(&p.cores[core], CpuBindingFlags::THREAD)
-            .is_ok()
-        {
+        let pinned = Pinned { place, class };
+        if super::imp::bind(&p.places[place]) {
             PINNED.with(|g| *g.borrow_mut() = Some(pinned));
         }
+    }
+
+    pub(super) fn places() -> Option<&'static Places<super::imp::Place>> {
+        super::imp::places()
+    }
+}
+
+/// Binding with hwloc: a place is a physical core (its processing units
+/// inside the process's binding).
+#[cfg(feature = "hwloc")]
+mod imp {
+    use super::pin::Places;
+    use hwlocality::cpu::binding::CpuBindingFlags;
+    use hwlocality::cpu::cpuset::CpuSet;
+    use hwlocality::object::types::ObjectType;
+    use hwlocality::Topology;
+    use std::sync::OnceLock;
+
+    pub(super) type Place = CpuSet;
+
+    fn topology() -> Option<&'static Topology> {
+        static TOPO: OnceLock<Option<Topology>> = OnceLock::new();
+        TOPO.get_or_init(|| Topology::new().ok()).as_ref()
+    }
+
+    pub(super) fn places() -> Option<&'static Places<CpuSet>> {
+        static PLACES: OnceLock<Option<Places<CpuSet>>> = OnceLock::new();
+        PLACES
+            .get_or_init(|| {
+                let topo = topology()?;
+                let binding = topo.cpu_binding(CpuBindingFlags::PROCESS).ok();
+                let cores: Vec<CpuSet> = topo
+                    .objects_with_type(ObjectType::Core)
+                    .filter_map(|c| {
+                        let set = c.cpuset()?.clone_target();
+                        let set = match &binding {
+                            Some(b) => &set & b,
+                            None => set,
+                        };
+                        (!set.is_empty()).then_some(set)
+                    })
+                    .collect();
+                Places::new(cores)
+            })
+            .as_ref()
+    }
+
+    pub(super) fn bind(core: &CpuSet) -> bool {
+        topology().is_some_and(|t| t.bind_cpu(core, CpuBindingFlags::THREAD).is_ok())
+    }
+
+    /// Physical cores the process's CPU binding touches.
+    pub(super) fn cores_in_binding() -> Option<usize> {
+        places().map(|p| p.places.len())
     }
 
     /// The machine's packages, cores and processing units as hwloc sees them.
@@ -190,8 +225,66 @@ mod imp {
 
 #[cfg(feature = "hwloc")]
 pub use imp::describe;
-#[cfg(feature = "hwloc")]
-pub(crate) use imp::pin_stream_thread;
+
+/// Binding without hwloc (Linux, `BRAID_PIN_THREADS=1`): a place is one
+/// logical CPU of the process's affinity mask as it was at the first pin
+/// (hyperthread siblings are not known without hwloc).
+#[cfg(all(not(feature = "hwloc"), target_os = "linux"))]
+mod imp {
+    use super::pin::Places;
+    use std::sync::OnceLock;
+
+    pub(super) type Place = usize;
+
+    pub(super) fn places() -> Option<&'static Places<usize>> {
+        static PLACES: OnceLock<Option<Places<usize>>> = OnceLock::new();
+        PLACES
+            .get_or_init(|| {
+                if std::env::var(super::PIN_THREADS_ENV).ok()?.trim() != "1" {
+                    return None;
+                }
+                // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by
+                // sched_getaffinity for this thread (pid 0), read with CPU_ISSET.
+                let cpus = unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                        return None;
+                    }
+                    (0..libc::CPU_SETSIZE as usize)
+                        .filter(|&c| libc::CPU_ISSET(c, &set))
+                        .collect()
+                };
+                Places::new(cpus)
+            })
+            .as_ref()
+    }
+
+    pub(super) fn bind(cpu: &usize) -> bool {
+        // SAFETY: a zeroed cpu_set_t with one CPU set (`cpu` came from the
+        // affinity mask, so it is below CPU_SETSIZE), for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(*cpu, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+}
+
+/// No binding (neither hwloc nor Linux).
+#[cfg(all(not(feature = "hwloc"), not(target_os = "linux")))]
+mod imp {
+    use super::pin::Places;
+
+    pub(super) type Place = ();
+
+    pub(super) fn places() -> Option<&'static Places<()>> {
+        None
+    }
+
+    pub(super) fn bind(_: &()) -> bool {
+        false
+    }
+}
 
 #[cfg(test)]
 mod tests {

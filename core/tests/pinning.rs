@@ -1,0 +1,72 @@
+//! Stream threads pinned without the `hwloc` feature (Linux,
+//! `BRAID_PIN_THREADS=1`). A test binary of its own: the variable is read once
+//! per process, at the first stream thread.
+#![cfg(all(target_os = "linux", not(feature = "hwloc")))]
+
+use braid::{BackendKind, Runtime};
+use std::sync::{Arc, Mutex};
+
+/// The logical CPUs the calling thread may run on.
+fn affinity() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills it for the calling thread (pid 0); CPU_ISSET only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Two runtimes' compute stream 0 (two ranks' busy threads) are each pinned
+/// to one CPU of the process's mask, different CPUs when there are two; the
+/// submitting thread is left alone.
+#[test]
+fn two_runtimes_stream_zero_pinned_to_different_cpus() {
+    let before = affinity();
+    // SAFETY: set before any other thread of this test binary exists (the
+    // only test here), and read only by the stream threads started below.
+    unsafe { std::env::set_var("BRAID_PIN_THREADS", "1") };
+    let runtimes: Vec<Runtime> = (0..2)
+        .map(|_| {
+            Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .compute_streams(2)
+                .oversubscribe(true)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let seen: Vec<Vec<usize>> = runtimes
+        .iter()
+        .map(|rt| {
+            let buf = rt.alloc("b", 4).unwrap();
+            let out = Arc::new(Mutex::new(Vec::new()));
+            let o = out.clone();
+            rt.task("where")
+                .on_stream(0)
+                .run(buf.write::<u8>(), move |_| {
+                    *o.lock().unwrap() = affinity();
+                })
+                .unwrap()
+                .wait()
+                .unwrap();
+            let cpus = out.lock().unwrap().clone();
+            cpus
+        })
+        .collect();
+    for cpus in &seen {
+        assert_eq!(cpus.len(), 1, "a stream thread pinned to one CPU: {cpus:?}");
+        assert!(before.contains(&cpus[0]), "{cpus:?} outside {before:?}");
+    }
+    if before.len() >= 2 {
+        assert_ne!(seen[0], seen[1], "two ranks' stream 0 on one CPU");
+    }
+    assert_eq!(affinity(), before, "the submitting thread stays unpinned");
+    let d = braid::topo::describe();
+    assert!(d.contains("stream threads pinned"), "{d}");
+}
