@@ -258,12 +258,10 @@ fn save_checkpoint_with(
         });
     let file = checkpoint_file(dir);
     write_atomic_with(&file, |tmp| {
-        safetensors::serialize_to_file(views, Some(metadata), tmp).map_err(|e| match e {
+        crate::weights::serialize_sorted(views, metadata, tmp).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(source) => Gpt2Error::io("writing", tmp, source),
             other => ckpt_err(tmp, other.to_string()),
         })?;
-        crate::weights::sort_safetensors_header(tmp)
-            .map_err(|source| Gpt2Error::io("writing", tmp, source))?;
         before_rename(tmp)
     })
 }

@@ -466,15 +466,26 @@ pub(crate) fn write_safetensors<'a>(
     metadata: HashMap<String, String>,
 ) -> Result<()> {
     write_atomic_with(path, |tmp| {
-        safetensors::serialize_to_file(tensors, Some(metadata), tmp).map_err(|e| match e {
+        serialize_sorted(tensors, metadata, tmp).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(source) => Gpt2Error::io("writing", tmp, source),
             other => Gpt2Error::Safetensors {
                 path: path.to_path_buf(),
                 message: other.to_string(),
             },
-        })?;
-        sort_safetensors_header(tmp).map_err(|source| Gpt2Error::io("writing", tmp, source))
+        })
     })
+}
+
+/// `safetensors::serialize_to_file`, then the header sorted
+/// ([`sort_safetensors_header`]): what every safetensors file of the crate
+/// (weights, checkpoints) is written with.
+pub(crate) fn serialize_sorted<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, F32View<'a>)>,
+    metadata: HashMap<String, String>,
+    path: &Path,
+) -> std::result::Result<(), safetensors::SafeTensorError> {
+    safetensors::serialize_to_file(tensors, Some(metadata), path)?;
+    sort_safetensors_header(path).map_err(safetensors::SafeTensorError::IoError)
 }
 
 /// Rewrites the header of the safetensors file at `path`, just written by
@@ -484,7 +495,7 @@ pub(crate) fn write_safetensors<'a>(
 /// of the metadata's keys; sorted, the same weights give the same bytes. The
 /// keys and values are the same, so the header keeps its length (padded
 /// with spaces as before) and the data offsets hold.
-pub(crate) fn sort_safetensors_header(path: &Path) -> std::io::Result<()> {
+fn sort_safetensors_header(path: &Path) -> std::io::Result<()> {
     use std::io::{Seek, SeekFrom, Write};
     let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let mut f = std::fs::OpenOptions::new()

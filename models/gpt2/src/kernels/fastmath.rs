@@ -112,29 +112,30 @@ pub fn row_max(row: &[f32]) -> f32 {
 /// in order at the end (a fixed order: the same bits every time).
 #[inline(always)]
 pub fn row_sum_f64(row: &[f32]) -> f64 {
-    lane_sum_f64(row, |x| x)
+    lane_sum_f64(row, |x| x as f64)
 }
 
 /// `Σ exp(x - m)` over `row` in `f64`: [`row_sum_f64`] of the
 /// exponentials, the same bits, without storing them.
 #[inline(always)]
 pub fn exp_sum_f64(row: &[f32], m: f32) -> f64 {
-    lane_sum_f64(row, |x| exp(x - m))
+    lane_sum_f64(row, |x| exp(x - m) as f64)
 }
 
-/// `Σ f(x)` over `row` in the lanes of [`row_sum_f64`].
+/// `Σ f(x)` over `row` in the lanes of [`row_sum_f64`]: element `i` to lane
+/// `i % 8`, the lanes added in order at the end.
 #[inline(always)]
-fn lane_sum_f64(row: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+pub fn lane_sum_f64<T: Copy>(row: &[T], f: impl Fn(T) -> f64) -> f64 {
     let mut s = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
         for (s, &x) in s.iter_mut().zip(c) {
-            *s += f(x) as f64;
+            *s += f(x);
         }
     }
     for (s, &x) in s.iter_mut().zip(tail) {
-        *s += f(x) as f64;
+        *s += f(x);
     }
     s.iter().sum()
 }

@@ -15,6 +15,7 @@ use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskBuilder, TaskHandle, View};
 
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
+use super::fastmath;
 use super::storage::Storage;
 use super::task::{submit, Task};
 
@@ -123,28 +124,16 @@ pub fn scale_by<'rt>(
 /// partials of every bucket (and rank) and take the square root for the
 /// global L2 norm.
 ///
-/// Element `i` goes to lane `i % 8` and the lanes are added in order at the
-/// end: a fixed order (the same bits every time), and eight independent
-/// chains of adds that vectorise, where one running total waited for each
-/// add in turn.
+/// Summed in the lanes of [`fastmath::lane_sum_f64`]: a fixed order (the
+/// same bits every time), and eight independent chains of adds that
+/// vectorise, where one running total waited for each add in turn.
 #[multiversion::multiversion(targets("x86_64+avx2"))]
 pub fn grad_norm_sq<S: Storage>(grads: &[S], // (N)
 ) -> f64 {
-    const LANES: usize = 8;
-    let mut s = [0.0f64; LANES];
-    let chunks = grads.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (s, &g) in s.iter_mut().zip(c) {
-            let g = g.load() as f64;
-            *s += g * g;
-        }
-    }
-    for (s, &g) in s.iter_mut().zip(tail) {
+    fastmath::lane_sum_f64(grads, |g| {
         let g = g.load() as f64;
-        *s += g * g;
-    }
-    s.iter().sum()
+        g * g
+    })
 }
 
 /// The factor to multiply gradients by so their global L2 norm is at most
