@@ -36,6 +36,7 @@ pub struct RuntimeBuilder {
     auto_replay: bool,
     cpu_cores: Option<usize>,
     oversubscribe: bool,
+    pin_threads: bool,
     live: Option<PathBuf>,
     class: Class,
     placement: Option<PlacementSource>,
@@ -69,6 +70,7 @@ impl Default for RuntimeBuilder {
             auto_replay: false,
             cpu_cores: None,
             oversubscribe: false,
+            pin_threads: cfg!(feature = "hwloc"),
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
             class: Class::Normal,
             placement: None,
@@ -192,6 +194,20 @@ impl RuntimeBuilder {
     /// it leave its cores to it.
     pub fn oversubscribe(mut self, on: bool) -> Self {
         self.oversubscribe = on;
+        self
+    }
+
+    /// Pin each stream thread to one place of the process's CPUs (default:
+    /// off; on with the `hwloc` feature): a logical CPU of the affinity mask
+    /// on Linux, a physical core with hwloc; each thread goes to the place
+    /// with the fewest pinned threads of its stream index or lower, across
+    /// the process's runtimes, so two ranks' busy compute threads land on
+    /// different cores. The submitting thread is left alone. The
+    /// environment variable `BRAID_PIN_THREADS` overrides it for every
+    /// runtime (`1` pins, any other value does not). Elsewhere, or where
+    /// binding fails, threads stay unpinned.
+    pub fn pin_threads(mut self, on: bool) -> Self {
+        self.pin_threads = on;
         self
     }
 
@@ -359,6 +375,7 @@ impl RuntimeBuilder {
             busy_since: AtomicU64::new(0),
             busy_periods: Mutex::new(Default::default()),
             class: self.class,
+            pin_threads: self.pin_threads,
             measure: matches!(backend, Backend::Cpu),
             estimates: Default::default(),
         });
@@ -611,6 +628,15 @@ impl Runtime {
     /// Reads `v` back after every earlier write to it (a synchronisation point
     /// for this view only).
     pub fn read_vec<T: bytemuck::Pod>(&self, v: impl AsView) -> Result<Vec<T>> {
+        self.read_vec_named("read back", v)
+    }
+
+    /// [`read_vec`](Self::read_vec) as a task named `name`.
+    pub(crate) fn read_vec_named<T: bytemuck::Pod>(
+        &self,
+        name: &'static str,
+        v: impl AsView,
+    ) -> Result<Vec<T>> {
         let v = v.as_view();
         let sz = size_of::<T>();
         if sz == 0 || v.len() % sz != 0 {
@@ -622,7 +648,7 @@ impl Runtime {
         }
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
         let (sink, dev_sink) = (out.clone(), out.clone());
-        let h = self.task("read back").kind(TaskKind::Host).run_any(
+        let h = self.task(name).kind(TaskKind::Host).run_any(
             v.read::<u8>(),
             move |src| *lock(&sink) = src.to_vec(),
             move |src, cu| {

@@ -29,9 +29,23 @@ pub struct Schedule<'rt> {
     plan: Mutex<Arc<Plan>>,
     /// Whether the plan has been re-placed (or never will be).
     settled: std::sync::atomic::AtomicBool,
+    /// What the ranks of a group agreed to place the plan from
+    /// (`BoundComm::agree_placement`); used by the next replay.
+    agreed: Mutex<Option<Agreement>>,
     /// Graph replay ([`crate::RuntimeBuilder::graphs`]): not tried yet, the
     /// unit to launch, or why the schedule is not a graph.
     graph: Mutex<GraphSlot>,
+}
+
+/// What the ranks of a group agreed on for re-placing one schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Agreement {
+    /// Place from these durations (by task index) on this many compute
+    /// streams: the same inputs, so the same plan, on every rank.
+    Place { dur: Vec<u64>, compute: usize },
+    /// Some rank cannot re-place (not every task measured, or its schedule
+    /// already settled): every rank keeps the recording's placement.
+    Keep,
 }
 
 /// A schedule's graph, once its first replay has tried to make one.
@@ -97,6 +111,7 @@ impl Runtime {
             rt: self,
             plan: Mutex::new(Arc::new(plan)),
             settled: settled.into(),
+            agreed: Mutex::new(None),
             graph: Mutex::new(GraphSlot::Untried),
         })
     }
@@ -114,7 +129,9 @@ impl<'rt> Schedule<'rt> {
     /// the schedule is placed again by earliest finish time (a cost model:
     /// short tasks gather on one stream, long independent ones spread out);
     /// the first replay of the new placement waits for everything submitted
-    /// before it. Results do not depend on placement.
+    /// before it. Results do not depend on placement. The ranks of a group
+    /// each measure their own durations and so could place differently;
+    /// `BoundComm::agree_placement` makes them place alike.
     pub fn replay(&self) -> Result<TaskHandle> {
         use std::sync::atomic::Ordering::{Acquire, Release};
         if self.rt.config_graphs() {
@@ -131,8 +148,23 @@ impl<'rt> Schedule<'rt> {
             let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
             if !self.settled.load(Acquire) {
                 how.measure = true;
-                let compute = self.rt.usable_compute_streams();
-                if let Some(p) = plan.replaced(compute, crate::sched::cost::HANDOFF_NS) {
+                let agreed = self.agreed.lock().unwrap_or_else(|e| e.into_inner()).take();
+                // Agreed inputs start from one recorded placement on every
+                // rank too (ties keep a task's recorded stream).
+                let from = match agreed {
+                    Some(Agreement::Place { dur, compute }) => {
+                        Some((Arc::new(plan.movable_on_first_stream()), dur, compute))
+                    }
+                    Some(Agreement::Keep) => {
+                        self.settled.store(true, Release);
+                        None
+                    }
+                    None => plan
+                        .measured()
+                        .map(|dur| (plan.clone(), dur, self.rt.usable_compute_streams())),
+                };
+                if let Some((base, dur, compute)) = from {
+                    let p = base.replaced(&dur, compute, crate::sched::cost::HANDOFF_NS);
                     *plan = Arc::new(p);
                     self.settled.store(true, Release);
                     how.fence = true;
@@ -141,6 +173,22 @@ impl<'rt> Schedule<'rt> {
             plan.clone()
         };
         self.rt.submit_replay(&plan, how)
+    }
+
+    /// What this rank brings to a placement agreement: each task's measured
+    /// duration and its usable compute streams, or `None` when it will not
+    /// re-place (already settled, or not every task measured yet).
+    pub(crate) fn placement_inputs(&self) -> Option<(Vec<u64>, usize)> {
+        if self.settled.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let dur = self.plan().measured()?;
+        Some((dur, self.rt.usable_compute_streams()))
+    }
+
+    /// Sets what the next replay re-places from (see `placement_inputs`).
+    pub(crate) fn set_agreement(&self, a: Agreement) {
+        *self.agreed.lock().unwrap_or_else(|e| e.into_inner()) = Some(a);
     }
 
     fn plan(&self) -> Arc<Plan> {
@@ -198,6 +246,17 @@ impl<'rt> Schedule<'rt> {
     /// cross-stream waits per replay)`.
     pub fn placement(&self) -> (usize, usize) {
         self.plan().shape()
+    }
+
+    /// The recorded tasks' names and streams, in the order the current plan
+    /// runs them (a re-placement may reorder them; for tests and tools).
+    #[doc(hidden)]
+    pub fn task_order(&self) -> Vec<(String, usize)> {
+        let plan = self.plan();
+        plan.tasks
+            .iter()
+            .map(|t| (t.name.to_string(), t.stream as usize))
+            .collect()
     }
 
     /// The runtime the schedule replays on.

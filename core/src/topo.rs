@@ -1,9 +1,9 @@
 //! Topology: the CPU cores this process may use (the budget CPU runtimes
-//! share, see [`cpu_budget`]), and pinning stream threads to cores with hwloc
-//! (feature `hwloc`).
+//! share, see [`cpu_budget`]), and pinning stream threads to places: physical
+//! cores with hwloc (feature `hwloc`), logical CPUs without it on Linux.
 //!
-//! Without the feature, the budget comes from the standard library alone,
-//! pinning is a no-op and `describe` says so.
+//! Without the feature, the budget comes from the standard library alone;
+//! off Linux, pinning is a no-op; `describe` says which.
 
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
@@ -47,10 +47,26 @@ fn parse_budget(v: &str) -> Result<usize> {
     }
 }
 
-/// The environment variable that pins stream threads without the `hwloc`
-/// feature (Linux): `1` pins, anything else or unset does not. With the
-/// feature, stream threads are always pinned.
+/// The environment variable that decides for every runtime whether its
+/// stream threads are pinned: `1` pins, any other value does not; unset,
+/// each runtime's builder decides (`RuntimeBuilder::pin_threads`).
 pub const PIN_THREADS_ENV: &str = "BRAID_PIN_THREADS";
+
+/// What `BRAID_PIN_THREADS` says, read once: `None` when unset.
+fn pin_env() -> Option<bool> {
+    static ENV: OnceLock<Option<bool>> = OnceLock::new();
+    *ENV.get_or_init(|| std::env::var(PIN_THREADS_ENV).ok().map(|v| v.trim() == "1"))
+}
+
+/// How stream threads are pinned, in words (for `describe`).
+fn pin_text() -> &'static str {
+    match (pin::places().is_some(), pin_env()) {
+        (false, _) => "not pinned (binding unavailable)",
+        (true, Some(true)) => "pinned",
+        (true, Some(false)) => "not pinned",
+        (true, None) => "pinned where a runtime asks",
+    }
+}
 
 /// A human-readable description of the machine's topology as Braid sees it.
 #[cfg(not(feature = "hwloc"))]
@@ -59,11 +75,7 @@ pub fn describe() -> String {
         "{} logical CPUs, core budget {}, stream threads {} (build with the `hwloc` feature for the full topology)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         budget_text(),
-        if pin::places().is_some() {
-            "pinned"
-        } else {
-            "not pinned"
-        }
+        pin_text()
     )
 }
 
@@ -82,10 +94,12 @@ fn budget_text() -> String {
 /// with the fewest live pinned threads of streams `0..=s`, across every
 /// runtime of the process (ties: fewest pinned threads, then the lowest
 /// place): two ranks' stream 0 land on two cores, not both on core 0.
-/// Failures (no permission, unsupported OS) leave the thread unpinned; so
-/// does a build without `hwloc` unless `BRAID_PIN_THREADS=1`.
-pub(crate) fn pin_stream_thread(stream: usize) {
-    pin::pin(stream);
+/// Only when `asked` (the runtime's builder), or `BRAID_PIN_THREADS` says
+/// so. Failures (no permission, unsupported OS) leave the thread unpinned.
+pub(crate) fn pin_stream_thread(stream: usize, asked: bool) {
+    if pin_env().unwrap_or(asked) {
+        pin::pin(stream);
+    }
 }
 
 /// The places and their load, shared by the two ways of binding.
@@ -211,12 +225,13 @@ mod imp {
     pub fn describe() -> String {
         match Topology::new() {
             Ok(t) => format!(
-                "{} packages, {} cores, {} processing units (hwloc); {} cores in this process's binding, core budget {}",
+                "{} packages, {} cores, {} processing units (hwloc); {} cores in this process's binding, core budget {}, stream threads {}",
                 t.objects_with_type(ObjectType::Package).count(),
                 t.objects_with_type(ObjectType::Core).count(),
                 t.objects_with_type(ObjectType::PU).count(),
                 cores_in_binding().unwrap_or(0),
-                super::budget_text()
+                super::budget_text(),
+                super::pin_text()
             ),
             Err(e) => format!("hwloc could not read the topology: {e}"),
         }
@@ -226,7 +241,7 @@ mod imp {
 #[cfg(feature = "hwloc")]
 pub use imp::describe;
 
-/// Binding without hwloc (Linux, `BRAID_PIN_THREADS=1`): a place is one
+/// Binding without hwloc (Linux): a place is one
 /// logical CPU of the process's affinity mask as it was at the first pin
 /// (hyperthread siblings are not known without hwloc).
 #[cfg(all(not(feature = "hwloc"), target_os = "linux"))]
@@ -240,9 +255,6 @@ mod imp {
         static PLACES: OnceLock<Option<Places<usize>>> = OnceLock::new();
         PLACES
             .get_or_init(|| {
-                if std::env::var(super::PIN_THREADS_ENV).ok()?.trim() != "1" {
-                    return None;
-                }
                 // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by
                 // sched_getaffinity for this thread (pid 0), read with CPU_ISSET.
                 let cpus = unsafe {

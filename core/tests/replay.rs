@@ -524,6 +524,74 @@ fn replacement_runs_a_long_path_first() {
     );
 }
 
+/// Two ranks that measured different durations re-place a schedule
+/// differently on their own (so each would reach its collectives at another
+/// point of its step), and alike once they agree: the same order and
+/// streams on both. Rank 0's `tail` lasts 30 ms, rank 1's 1 ms: alone, rank
+/// 0 starts the long path (`head`, `tail`) first and rank 1 keeps program
+/// order; agreed on the maximum, both start it first.
+#[test]
+fn ranks_that_agree_place_a_schedule_alike() {
+    use std::time::Duration;
+    let orders = braid::launch(2, |rank, comm| {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true)
+            .rank(rank)
+            .build()?;
+        let comm = comm.bind(&rt)?;
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| rt.alloc(n, 4).unwrap());
+        let sleep = |ms| std::thread::sleep(Duration::from_millis(ms));
+        let tail_ms = if rank == 0 { 30 } else { 1 };
+        let program = |rt: &Runtime| {
+            rt.task("x1").run(a.read_write::<u32>(), move |a| {
+                sleep(10);
+                a[0] += 1
+            })?;
+            rt.task("x2").run(b.read_write::<u32>(), move |b| {
+                sleep(10);
+                b[0] += 2
+            })?;
+            rt.task("head").run(c.read_write::<u32>(), move |c| {
+                sleep(1);
+                c[0] += 3
+            })?;
+            rt.task("tail")
+                .run((c.read::<u32>(), d.read_write::<u32>()), move |(c, d)| {
+                    sleep(tail_ms);
+                    d[0] += c[0]
+                })?;
+            Ok(())
+        };
+        let mut orders = Vec::new();
+        for agree in [false, true] {
+            let step = rt.record("step", program)?;
+            rt.synchronize()?; // every task measured
+            if agree {
+                comm.agree_placement(&step)?;
+            }
+            step.replay()?;
+            rt.synchronize()?;
+            orders.push(step.task_order());
+        }
+        Ok(orders)
+    });
+    let [r0, r1]: [Vec<Vec<(String, usize)>>; 2] = orders
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    let names = |o: &[(String, usize)]| o.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    // Alone: each rank's own choice, and they differ.
+    assert_eq!(names(&r0[0])[0], "head", "{:?}", r0[0]);
+    assert_eq!(names(&r1[0]), ["x1", "x2", "head", "tail"], "{:?}", r1[0]);
+    // Agreed: one plan on both ranks, the long path first.
+    assert_eq!(r0[1], r1[1]);
+    assert_eq!(names(&r1[1])[0], "head", "{:?}", r1[1]);
+}
+
 /// Automatic replay: a program repeated step after step (synchronising
 /// between steps), with steps that diverge part-way, gives the sequential
 /// result; repeated steps are submitted from the memoised analysis.

@@ -66,6 +66,7 @@
 //! order). `BoundComm<'rt>` borrows the runtime; the [`Reducer`] holds one and
 //! so borrows it too.
 
+mod agree;
 mod bucket;
 pub mod cap;
 mod env;

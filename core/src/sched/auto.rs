@@ -348,14 +348,14 @@ pub(crate) fn submit_memoised(
         placement,
         eft: 0,
         cost: super::cost::NO_SLOT,
-        launch: Some(Launch {
-            waits,
-            preds,
-            accesses: t.accesses,
-            body: TaskBody::Once(t.body),
-            on_skip: t.on_skip,
-        }),
     });
+    let launch = Launch {
+        waits,
+        preds,
+        accesses: t.accesses,
+        body: TaskBody::Once(t.body),
+        on_skip: t.on_skip,
+    };
     m.made.push(Some(task.clone()));
     if m.made.len() % SWEEP_EVERY == 0 {
         m.sweep();
@@ -365,6 +365,6 @@ pub(crate) fn submit_memoised(
         .fetch_add(1, crate::sync::Ordering::Relaxed);
     shared.streams[s]
         .queue
-        .push(super::Item::Task(task.clone()));
+        .push(super::Item::Task(task.clone(), launch));
     task
 }

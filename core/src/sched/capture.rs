@@ -268,27 +268,24 @@ pub(crate) fn submit(
     st.preds = ext;
     // On CUDA the unit's waits and predecessors go into its launch; on the
     // CPU into the sequential run.
-    let (launch, sequential) = match unit {
-        Unit::Cuda(step) => {
-            let launch = Launch {
-                waits,
-                preds: external,
-                accesses: SmallVec::new(),
-                body: TaskBody::Graph(step.clone()),
-                on_skip: None,
-            };
-            (Some(launch), None)
-        }
-        Unit::Cpu => (None, Some((waits, external))),
+    let how = match unit {
+        Unit::Cuda(step) => Ok(Launch {
+            waits,
+            preds: external,
+            accesses: SmallVec::new(),
+            body: TaskBody::Graph(step.clone()),
+            on_skip: None,
+        }),
+        Unit::Cpu => Err((waits, external)),
     };
-    let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute, launch);
+    let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute);
     st.stats.graph_replays += 1;
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
-    let item = match sequential {
-        None => Item::Task(task.clone()),
-        Some((waits, external)) => {
+    let item = match how {
+        Ok(launch) => Item::Task(task.clone(), launch),
+        Err((waits, external)) => {
             let mut entry = vec![SmallVec::new(); shared.streams.len()];
             entry[f] = waits;
             Item::Program(Arc::new(Run {

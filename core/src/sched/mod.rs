@@ -67,8 +67,6 @@ pub(crate) struct TaskShared {
     pub(crate) cost: u32,
     status: AtomicU8,
     error: OnceLock<Error>,
-    /// Set at submission, taken by the stream thread (one allocation per task).
-    pub(crate) launch: Mutex<Option<Launch>>,
     /// CUDA: the event recorded after the task's work on its stream; other
     /// streams wait on it. Set by the launching stream thread before it
     /// advances its `launched` gate.
@@ -93,7 +91,6 @@ pub(crate) struct Record {
     pub(crate) placement: crate::kind::Placement,
     pub(crate) eft: u64,
     pub(crate) cost: u32,
-    pub(crate) launch: Option<Launch>,
 }
 
 /// The status an outcome publishes: `OK`, `SKIPPED` for a dependency that
@@ -123,7 +120,6 @@ impl TaskShared {
             status: AtomicU8::new(PENDING),
             error: OnceLock::new(),
             event: OnceLock::new(),
-            launch: Mutex::new(r.launch),
         })
     }
 
@@ -169,8 +165,11 @@ impl TaskRef for Arc<TaskShared> {
 }
 
 /// What a stream thread needs to run a task, besides its identity: the
-/// waits it must issue first, its predecessors and its body. Lives inside the
-/// task's one allocation and is taken once, by the stream thread.
+/// waits it must issue first, its predecessors and its body. Travels in the
+/// stream's queue beside the task record (not inside it: the record is
+/// shared with the tracker and the handles, the launch is the stream
+/// thread's alone, and a smaller record is fewer cache lines crossing
+/// between the submitting thread and the stream thread).
 pub(crate) struct Launch {
     /// Cross-stream waits `(stream, seq)` not already implied by earlier waits.
     pub(crate) waits: SmallVec<[(u16, u64); 4]>,
@@ -194,10 +193,12 @@ pub(crate) enum TaskBody {
     Graph(std::sync::Arc<capture::CudaStep>),
 }
 
-/// What a stream's queue carries: one task, or a stream's share of a replay
-/// (its whole precomputed program, run by the CPU stream thread in a loop).
+/// What a stream's queue carries: one task with its launch, or a stream's
+/// share of a replay (its whole precomputed program, run by the CPU stream
+/// thread in a loop).
+#[allow(clippy::large_enum_variant)] // boxing the launch would cost an allocation per task; the queue's slots are reused
 pub(crate) enum Item {
-    Task(Arc<TaskShared>),
+    Task(Arc<TaskShared>, Launch),
     Program(Arc<replay::Run>),
 }
 
@@ -238,6 +239,8 @@ pub(crate) struct Shared {
     pub(crate) profiling: bool,
     /// The program's priority class among the process's runtimes.
     pub(crate) class: crate::kind::Class,
+    /// Pin the stream threads (`RuntimeBuilder::pin_threads`).
+    pub(crate) pin_threads: bool,
     /// A live view is attached (`RuntimeBuilder::live`): stream threads
     /// publish the task they run, and busy periods are timed.
     pub(crate) live: bool,
@@ -575,19 +578,17 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         placement,
         eft,
         cost,
-        launch: Some(Launch {
-            waits,
-            preds: preds.drain(..).collect(),
-            accesses: t.accesses,
-            body,
-            on_skip: t.on_skip,
-        }),
     });
-    if let Some(l) = lock(&task.launch).as_ref() {
-        for a in &l.accesses {
-            st.tracker
-                .record(a.view.buf.id(), a.view.range(), a.mode, &task);
-        }
+    let launch = Launch {
+        waits,
+        preds: preds.drain(..).collect(),
+        accesses: t.accesses,
+        body,
+        on_skip: t.on_skip,
+    };
+    for a in &launch.accesses {
+        st.tracker
+            .record(a.view.buf.id(), a.view.range(), a.mode, &task);
     }
     st.tail[s] = id;
     st.stats.tasks += 1;
@@ -595,7 +596,9 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     st.stats.waits += nwaits;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
     st.preds = preds;
-    shared.streams[s].queue.push(Item::Task(task.clone()));
+    shared.streams[s]
+        .queue
+        .push(Item::Task(task.clone(), launch));
     task
 }
 

@@ -356,8 +356,29 @@ impl Plan {
         self.tasks.len() as u64 + 1
     }
 
+    /// Each task's last measured duration, by task index; `None` until
+    /// every task has been measured.
+    pub(crate) fn measured(&self) -> Option<Vec<u64>> {
+        self.tasks.iter().map(|t| t.body.nanos()).collect()
+    }
+
+    /// The same schedule with every movable task on compute stream 0, as if
+    /// recorded there: [`Plan::replaced`] keeps a task's recorded stream on
+    /// a tie, so ranks whose recordings placed tasks differently re-place
+    /// them alike from this (the ranks' agreed re-placement).
+    pub(crate) fn movable_on_first_stream(&self) -> Plan {
+        let mut tasks = self.tasks.clone();
+        for t in tasks.iter_mut().filter(|t| t.movable) {
+            t.stream = 0;
+        }
+        let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
+        p.usable = self.usable;
+        p
+    }
+
     /// The same schedule placed by earliest finish time (HEFT's rule) from
-    /// each task's last measured duration: taking the tasks in an order, a
+    /// each task's duration `dur` (by task index; [`Plan::measured`], or
+    /// what the ranks of a group agreed on): taking the tasks in an order, a
     /// movable task goes to the compute stream among the first `compute`
     /// where it would finish first, counting `sync_ns` for each predecessor
     /// on another stream and once for each extra stream the plan starts
@@ -378,16 +399,12 @@ impl Plan {
     /// predicted makespan is no better than running every movable task on
     /// one stream, they all go to the compute stream most of them were on,
     /// in program order.
-    pub(crate) fn replaced(&self, compute: usize, sync_ns: u64) -> Option<Plan> {
-        let dur: Vec<u64> = self
-            .tasks
-            .iter()
-            .map(|t| t.body.nanos())
-            .collect::<Option<_>>()?;
+    pub(crate) fn replaced(&self, dur: &[u64], compute: usize, sync_ns: u64) -> Plan {
+        debug_assert_eq!(dur.len(), self.tasks.len());
         let program: Vec<usize> = (0..self.tasks.len()).collect();
-        let ranked = self.by_upward_rank(&dur, sync_ns);
-        let (a, span_a) = self.place_in(&program, &dur, compute, sync_ns);
-        let (b, span_b) = self.place_in(&ranked, &dur, compute, sync_ns);
+        let ranked = self.by_upward_rank(dur, sync_ns);
+        let (a, span_a) = self.place_in(&program, dur, compute, sync_ns);
+        let (b, span_b) = self.place_in(&ranked, dur, compute, sync_ns);
         let (order, streams, makespan) = if span_b < span_a {
             (ranked, b, span_b)
         } else {
@@ -417,7 +434,7 @@ impl Plan {
         }
         let mut p = Plan::new(self.name.clone(), tasks, self.programs.len());
         p.usable = compute as u16;
-        Some(p)
+        p
     }
 
     /// The task indices by decreasing upward rank, ties in program order
@@ -614,7 +631,7 @@ pub(crate) fn submit(
     }
     let id_base = st.next_id;
     st.next_id += plan.steps();
-    let unit = unit_record(st, plan, id_base, TaskKind::Host, None);
+    let unit = unit_record(st, plan, id_base, TaskKind::Host);
     shared
         .submitted
         .fetch_add(plan.steps(), crate::sync::Ordering::Relaxed);
@@ -685,7 +702,6 @@ pub(crate) fn unit_record(
     plan: &Plan,
     id_base: u64,
     kind: TaskKind,
-    launch: Option<Launch>,
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let unit = TaskShared::new(Record {
@@ -699,7 +715,6 @@ pub(crate) fn unit_record(
         placement: replayed(plan),
         eft: 0,
         cost: super::cost::NO_SLOT,
-        launch,
     });
     st.tracker.record_unit(&unit, &plan.union);
     st.tail[f] = unit.id;
@@ -748,15 +763,17 @@ fn push_tasks(
             placement: replayed(plan),
             eft: 0,
             cost: super::cost::NO_SLOT,
-            launch: Some(Launch {
-                waits: abs(&step.waits, first),
-                preds,
-                accesses: t.accesses.clone(),
-                body: TaskBody::Shared(t.body.clone()),
-                on_skip: t.on_skip.clone(),
-            }),
         });
-        shared.streams[s].queue.push(Item::Task(task.clone()));
+        let launch = Launch {
+            waits: abs(&step.waits, first),
+            preds,
+            accesses: t.accesses.clone(),
+            body: TaskBody::Shared(t.body.clone()),
+            on_skip: t.on_skip.clone(),
+        };
+        shared.streams[s]
+            .queue
+            .push(Item::Task(task.clone(), launch));
         made.push(task);
     }
     let f = plan.join_stream;
@@ -766,14 +783,16 @@ fn push_tasks(
     let first = (plan.programs[f].len() == 1).then_some(f);
     let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
     preds.extend(external.iter().cloned());
-    *crate::sync::lock(&unit.launch) = Some(Launch {
+    let launch = Launch {
         waits: abs(&join.waits, first),
         preds,
         accesses: SmallVec::new(),
         body: TaskBody::Join,
         on_skip: None,
-    });
-    shared.streams[f].queue.push(Item::Task(unit.clone()));
+    };
+    shared.streams[f]
+        .queue
+        .push(Item::Task(unit.clone(), launch));
 }
 
 /// The placement record of a replayed task.
@@ -816,6 +835,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// Re-placed from its measured durations (`None`: not all measured).
+    fn re_placed(p: Plan, compute: usize, sync_ns: u64) -> Option<Plan> {
+        p.measured().map(|d| p.replaced(&d, compute, sync_ns))
+    }
+
     fn streams(p: &Plan) -> Vec<u16> {
         p.tasks.iter().map(|t| t.stream).collect()
     }
@@ -846,9 +870,7 @@ pub(crate) mod tests {
     fn replacement_gathers_short_tasks_and_spreads_long_independent_ones() {
         // Short tasks alternating over two streams: one stream is better.
         let short: Vec<RecTask> = (0..6).map(|i| task(i % 2, &[], 100)).collect();
-        let p = Plan::new("short".into(), short, 2)
-            .replaced(2, 5_000)
-            .unwrap();
+        let p = re_placed(Plan::new("short".into(), short, 2), 2, 5_000).unwrap();
         assert_eq!(streams(&p), vec![0; 6]);
         // Two long independent chains recorded on one stream: spread.
         let long = vec![
@@ -857,14 +879,12 @@ pub(crate) mod tests {
             task(0, &[0], 1_000_000),
             task(0, &[1], 1_000_000),
         ];
-        let p = Plan::new("long".into(), long, 2)
-            .replaced(2, 5_000)
-            .unwrap();
+        let p = re_placed(Plan::new("long".into(), long, 2), 2, 5_000).unwrap();
         assert_eq!(streams(&p), vec![0, 1, 0, 1]);
         // Unmeasured tasks: no replacement yet.
         let mut t = task(0, &[], 1);
         t.body = std::sync::Arc::new(BodyCell::new(crate::ctx::body(|_| Ok(()))));
-        assert!(Plan::new("x".into(), vec![t], 1).replaced(1, 0).is_none());
+        assert!(re_placed(Plan::new("x".into(), vec![t], 1), 1, 0).is_none());
     }
 
     fn named(mut t: RecTask, name: &'static str) -> RecTask {
@@ -889,14 +909,14 @@ pub(crate) mod tests {
             named(task(0, &[], MS), "b"),
             named(task(0, &[2], 10 * MS), "c"),
         ];
-        let p = Plan::new("p".into(), tasks, 2).replaced(2, 5_000).unwrap();
+        let p = re_placed(Plan::new("p".into(), tasks, 2), 2, 5_000).unwrap();
         assert_eq!(names(&p), ["b", "x1", "x2", "c"]);
         assert_eq!(streams(&p), [0, 1, 0, 1]);
         // `c`'s predecessor, renumbered: `b`, now first.
         assert_eq!(p.tasks[3].preds.to_vec(), [0]);
         // Where program order is as good, it is kept.
         let chain = vec![named(task(0, &[], MS), "a"), named(task(0, &[0], MS), "b")];
-        let p = Plan::new("q".into(), chain, 2).replaced(2, 5_000).unwrap();
+        let p = re_placed(Plan::new("q".into(), chain, 2), 2, 5_000).unwrap();
         assert_eq!(names(&p), ["a", "b"]);
     }
 
@@ -916,7 +936,7 @@ pub(crate) mod tests {
             c2,
             named(task(0, &[2], 30 * MS), "after c2"),
         ];
-        let p = Plan::new("p".into(), tasks, 3).replaced(2, 5_000).unwrap();
+        let p = re_placed(Plan::new("p".into(), tasks, 3), 2, 5_000).unwrap();
         let order = names(&p);
         let at = |n: &str| order.iter().position(|&m| m == n).unwrap();
         assert!(at("c1") < at("c2"), "{order:?}");

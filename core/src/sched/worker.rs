@@ -40,7 +40,7 @@ pub(crate) fn spawn(
         shared.streams[s].name.replace(' ', "")
     );
     std::thread::Builder::new().name(name).spawn(move || {
-        crate::topo::pin_stream_thread(s);
+        crate::topo::pin_stream_thread(s, shared.pin_threads);
         if driver.is_none() {
             shared.class.enter();
             tenants::mark_stream_thread(shared.class);
@@ -51,13 +51,6 @@ pub(crate) fn spawn(
             Some(d) => run_cuda(&shared, s, d),
         }
     })
-}
-
-fn take_launch(task: &TaskShared) -> Launch {
-    match lock(&task.launch).take() {
-        Some(l) => l,
-        None => unreachable!("a task is queued once"),
-    }
 }
 
 /// Tasks whose name's estimate is short are timed one in this many (the two
@@ -86,8 +79,8 @@ fn run_cpu(shared: &Shared, s: usize) {
     let mut tasks_run = 0;
     while shared.streams[s].queue.pop_batch(&mut batch) {
         while let Some(item) = batch.pop_front() {
-            let task = match item {
-                Item::Task(task) => task,
+            let (task, launch) = match item {
+                Item::Task(task, launch) => (task, launch),
                 Item::Program(run) => {
                     run_program(shared, s, &run);
                     continue;
@@ -99,7 +92,7 @@ fn run_cpu(shared: &Shared, s: usize) {
                 accesses,
                 body,
                 on_skip,
-            } = take_launch(&task);
+            } = launch;
             for &(j, n) in &waits {
                 shared.streams[j as usize].done.wait_at_least(n);
             }
@@ -436,8 +429,8 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
                 .pop_batch_timeout(&mut batch, Duration::from_micros(50))
         };
         while let Some(item) = batch.pop_front() {
-            let task = match item {
-                Item::Task(task) => task,
+            let (task, launch) = match item {
+                Item::Task(task, launch) => (task, launch),
                 // CUDA replays are materialised as tasks (`replay::submit`).
                 Item::Program(run) => {
                     let e = Error::Config("a replay program reached a CUDA stream".into());
@@ -449,7 +442,7 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
             // unfinished: the device queue it leaves is the bundle a
             // latency-critical kernel may wait behind.
             tenants::admit(shared);
-            inflight.push_back(launch_cuda(shared, s, &d, task));
+            inflight.push_back(launch_cuda(shared, s, &d, task, launch));
             poll(shared, s, &d, &mut inflight, false);
         }
         let drain = !open;
@@ -460,14 +453,20 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
     }
 }
 
-fn launch_cuda(shared: &Shared, s: usize, d: &StreamDriver, task: Arc<TaskShared>) -> InFlight {
+fn launch_cuda(
+    shared: &Shared,
+    s: usize,
+    d: &StreamDriver,
+    task: Arc<TaskShared>,
+    launch: Launch,
+) -> InFlight {
     let Launch {
         waits,
         preds,
         accesses,
         body,
         on_skip,
-    } = take_launch(&task);
+    } = launch;
     let mut err = None;
     for &(j, n) in &waits {
         shared.streams[j as usize].launched.wait_at_least(n);

@@ -213,8 +213,24 @@ fn replayed_steps_equal_eager_steps_bit_for_bit() {
         let replayed = |r: &TrainReport| r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>();
         assert_eq!(replayed(&a), [false; 6]);
         assert_eq!(replayed(&b), [false, false, false, true, true, true]);
-        let tasks = |r: &TrainReport| r.profiles[0].spans.len();
+        // (Besides, with several ranks, the replaying run's agreement on
+        // the schedule's placement, once.)
+        let agreement = |r: &TrainReport| {
+            let spans = &r.profiles[0].spans;
+            spans
+                .iter()
+                .filter(|s| s.name == "placement agreement")
+                .count()
+        };
+        let tasks = |r: &TrainReport| r.profiles[0].spans.len() - agreement(r);
         assert_eq!(tasks(&a), tasks(&b), "the same tasks ran, {ranks} ranks");
+        assert_eq!(agreement(&a), 0);
+        // Two collectives, each with its upload and its read-back.
+        assert_eq!(
+            agreement(&b),
+            if ranks > 1 { 6 } else { 0 },
+            "{ranks} ranks"
+        );
         // Among them, before each step, the upload of AdamW's step scalars,
         // which the update (in the schedule, when replaying) reads.
         let scalars = |r: &TrainReport| {

@@ -73,20 +73,28 @@ pub fn model_runtime(
         streams,
         policy,
         rank,
-        (false, Class::Normal, false),
+        &RuntimeExtras::default(),
         None,
     )
 }
 
-/// [`model_runtime`], with `oversubscribe` (CPU: every compute stream
-/// whatever the process's core budget) and a placement file (`None`: the
-/// one `BRAID_PLACEMENT` names, if any).
+/// A trainer rank's runtime settings beyond streams and policy.
+#[derive(Debug, Clone, Copy, Default)]
+struct RuntimeExtras {
+    /// CPU: every compute stream whatever the process's core budget.
+    oversubscribe: bool,
+    class: Class,
+    graphs: bool,
+}
+
+/// [`model_runtime`], with `extras` and a placement file (`None`: the one
+/// `BRAID_PLACEMENT` names, if any).
 fn model_runtime_with(
     backend: BackendKind,
     streams: usize,
     policy: Policy,
     rank: usize,
-    (oversubscribe, class, graphs): (bool, Class, bool),
+    extras: &RuntimeExtras,
     placement: Option<&braid::PlacementFile>,
 ) -> Result<Runtime> {
     let mut builder = Runtime::builder()
@@ -94,9 +102,9 @@ fn model_runtime_with(
         .compute_streams(streams)
         .comm_streams(1)
         .policy(policy)
-        .oversubscribe(oversubscribe)
-        .class(class)
-        .graphs(graphs)
+        .oversubscribe(extras.oversubscribe)
+        .class(extras.class)
+        .graphs(extras.graphs)
         .rank(rank)
         .profile(true);
     if let Some(f) = placement {
@@ -121,13 +129,17 @@ fn model_runtime_with(
 
 /// Builds a rank's runtime.
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
-    let how = (opts.oversubscribe, opts.class, opts.graphs);
+    let extras = RuntimeExtras {
+        oversubscribe: opts.oversubscribe,
+        class: opts.class,
+        graphs: opts.graphs,
+    };
     model_runtime_with(
         backend,
         opts.streams,
         opts.policy,
         rank,
-        how,
+        &extras,
         opts.placement.as_ref(),
     )
 }

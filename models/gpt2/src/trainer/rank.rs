@@ -280,6 +280,12 @@ pub(super) fn run_rank(
         }
         let opt_ref = the_optimizer(opt.as_mut())?;
         rt.synchronize()?;
+        if let (Some(c), Some(s), false) = (&comm, &schedule, replayed) {
+            // Just recorded: the ranks place the replays alike (each
+            // measured its own durations), so each reaches each collective
+            // at the same point of its step.
+            c.agree_placement(s)?;
+        }
         let report = StepReport {
             step,
             loss: model.read_loss(&rt)?,
