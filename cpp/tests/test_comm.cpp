@@ -111,6 +111,47 @@ void collectives_are_ordered_by_their_accesses() {
   });
 }
 
+// Two ranks record a step with a collective in it, agree on its placement and
+// replay it: the replays compute what the recording did, and both ranks place
+// the schedule alike. A schedule recorded on another runtime is refused.
+void ranks_agree_on_a_schedules_placement() {
+  braid::launch(2, [](std::size_t rank, braid::Communicator& comm) {
+    braid::Runtime rt = rank_runtime(rank);
+    braid::Buffer g = rt.alloc("g", 256 * sizeof(float));
+    braid::Buffer w = rt.alloc("w", 256 * sizeof(float));
+    braid::Schedule step = rt.record("step", [&](const braid::Runtime& r) {
+      r.task("grad").run(braid::write<float>(g), [rank](braid::Span<float> out) {
+        std::this_thread::sleep_for(milliseconds(rank == 0 ? 5 : 1));
+        for (float& x : out) x = static_cast<float>(rank + 1);
+      });
+      comm.all_reduce<float>(r, g, braid::ReduceOp::Sum);
+      r.task("update").run(braid::read<float>(g), braid::read_write<float>(w),
+                           [](braid::Span<const float> in, braid::Span<float> o) {
+                             for (std::size_t i = 0; i < in.size(); ++i) o[i] += in[i];
+                           });
+    });
+    rt.synchronize();
+    comm.agree_placement(rt, step);
+    for (int i = 0; i < 3; ++i) step.replay();
+    for (float v : rt.read_vec<float>(w)) require(v == 12.0f, "four steps of +3");
+    require(step.streams_used() >= 1, "the replays ran on the streams of the plan");
+
+    braid::Runtime other = rank_runtime(rank);
+    braid::Schedule foreign = other.record("foreign", [](const braid::Runtime& r) {
+      braid::Buffer b = r.alloc("b", 4);
+      r.task("t").run(braid::write<float>(b), [](braid::Span<float> o) { o[0] = 1.0f; });
+    });
+    bool threw = false;
+    try {
+      comm.agree_placement(rt, foreign);
+    } catch (const braid::Error& e) {
+      threw = std::string(e.what()).find("another runtime") != std::string::npos;
+    }
+    require(threw, "a schedule of another runtime is refused");
+    rt.synchronize();
+  });
+}
+
 void a_throwing_rank_fails_the_job_without_hanging() {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> errors = braid::try_launch(
@@ -222,6 +263,7 @@ int main() {
   check::Runner t;
   t.run("all_collectives_match_by_hand", all_collectives_match_by_hand);
   t.run("collectives_are_ordered_by_their_accesses", collectives_are_ordered_by_their_accesses);
+  t.run("ranks_agree_on_a_schedules_placement", ranks_agree_on_a_schedules_placement);
   t.run("a_throwing_rank_fails_the_job_without_hanging", a_throwing_rank_fails_the_job_without_hanging);
   t.run("misuse_of_collectives_throws", misuse_of_collectives_throws);
   t.run("a_group_with_own_threads", a_group_with_own_threads);

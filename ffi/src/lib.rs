@@ -304,6 +304,7 @@ mod bridge {
             recv: &View,
         ) -> Result<Box<TaskHandle>>;
         fn barrier(self: &Comm, rt: &Runtime, name: &str) -> Result<Box<TaskHandle>>;
+        fn agree_placement(self: &Comm, rt: &Runtime, schedule: &Schedule) -> Result<()>;
 
         fn len(self: &Buffer) -> usize;
         fn name(self: &Buffer) -> &str;
@@ -1312,6 +1313,13 @@ impl Comm {
         guard("Communicator::barrier", || {
             use braid::comm::{Buffers, CollectiveKind, DType};
             self.submit(rt, name, CollectiveKind::Barrier, DType::F32, Buffers::None)
+        })
+    }
+
+    /// [`braid::BoundComm::agree_placement`] on `rt`.
+    fn agree_placement(&self, rt: &Runtime, schedule: &Schedule) -> FfiResult<()> {
+        guard("Communicator::agree_placement", || {
+            self.0.bind(&rt.0)?.agree_placement(&schedule.step)
         })
     }
 }

@@ -779,6 +779,8 @@ class Schedule {
   // it is, and before its first replay.
   std::string graph_refusal() const { return std::string(inner_->graph_refusal()); }
 
+  const ffi::Schedule& raw() const noexcept { return *inner_; }
+
  private:
   friend class Runtime;
   explicit Schedule(rust::Box<ffi::Schedule> inner) : inner_(std::move(inner)) {}
@@ -1129,6 +1131,15 @@ class Communicator {
   // Completes on each rank once every rank has reached it.
   TaskHandle barrier(const Runtime& rt, const std::string& name = "") const {
     return TaskHandle(detail::call([&] { return inner_->barrier(rt.raw(), detail::name(name)); }));
+  }
+  // Makes every rank re-place the recorded schedule `s` (recorded on `rt`)
+  // alike: the ranks agree on each task's measured duration (the maximum)
+  // and the usable compute streams (the minimum), and the next replay
+  // re-places from those. Collective: call it on every rank at the same
+  // point, after the recording ran and before the first replay. Ranks whose
+  // schedules differ keep the recorded placement. Waits for the agreement.
+  void agree_placement(const Runtime& rt, const Schedule& s) const {
+    detail::call([&] { inner_->agree_placement(rt.raw(), s.raw()); });
   }
 
   const ffi::Comm& raw() const noexcept { return *inner_; }
