@@ -452,13 +452,42 @@ fn replacement_from_measured_durations_keeps_results() {
     assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![2]);
 }
 
+/// Submits two independent tasks `x1` and `x2` (on `a`, `b`), then a short
+/// `head` (on `c`) and its long successor `tail` (reads `c`, updates `d`),
+/// each sleeping its entry of `ms`: the shape whose re-placement may start
+/// the path `head`, `tail` first.
+fn long_path_step(
+    rt: &Runtime,
+    [a, b, c, d]: &[braid::Buffer; 4],
+    ms: [u64; 4],
+) -> braid::Result<()> {
+    let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+    rt.task("x1").run(a.read_write::<u32>(), move |a| {
+        sleep(ms[0]);
+        a[0] += 1
+    })?;
+    rt.task("x2").run(b.read_write::<u32>(), move |b| {
+        sleep(ms[1]);
+        b[0] += 2
+    })?;
+    rt.task("head").run(c.read_write::<u32>(), move |c| {
+        sleep(ms[2]);
+        c[0] += 3
+    })?;
+    rt.task("tail")
+        .run((c.read::<u32>(), d.read_write::<u32>()), move |(c, d)| {
+            sleep(ms[3]);
+            d[0] = d[0] * 2 + c[0]
+        })?;
+    Ok(())
+}
+
 /// The re-placement takes the tasks by upward rank when that predicts a
 /// shorter step: a task heading a long chain, recorded after two long
 /// independent ones, runs first on its stream in the replays; results stay
 /// the sequential ones.
 #[test]
 fn replacement_runs_a_long_path_first() {
-    use std::time::Duration;
     let rt = Runtime::builder()
         .backend(BackendKind::Cpu)
         .compute_streams(2)
@@ -468,29 +497,10 @@ fn replacement_runs_a_long_path_first() {
         .profile(true)
         .build()
         .unwrap();
-    let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| rt.alloc(n, 4).unwrap());
-    let sleep = |ms| std::thread::sleep(Duration::from_millis(ms));
+    let bufs = ["a", "b", "c", "d"].map(|n| rt.alloc(n, 4).unwrap());
+    let [a, b, c, d] = &bufs;
     let step = rt
-        .record("step", |rt| {
-            rt.task("x1").run(a.read_write::<u32>(), move |a| {
-                sleep(20);
-                a[0] += 1
-            })?;
-            rt.task("x2").run(b.read_write::<u32>(), move |b| {
-                sleep(20);
-                b[0] += 2
-            })?;
-            rt.task("head").run(c.read_write::<u32>(), move |c| {
-                sleep(10);
-                c[0] += 3
-            })?;
-            rt.task("tail")
-                .run((c.read::<u32>(), d.read_write::<u32>()), move |(c, d)| {
-                    sleep(20);
-                    d[0] = d[0] * 2 + c[0]
-                })?;
-            Ok(())
-        })
+        .record("step", |rt| long_path_step(rt, &bufs, [20, 20, 10, 20]))
         .unwrap();
     rt.synchronize().unwrap(); // every task measured
     for _ in 0..3 {
@@ -500,7 +510,7 @@ fn replacement_runs_a_long_path_first() {
     assert!(step.replaced());
     // Four runs: a = 4, b = 8, c = 12, d = ((3·2 + 6)·2 + 9)·2 + 12.
     let read = |x: &braid::Buffer| rt.read_vec::<u32>(x).unwrap()[0];
-    assert_eq!([read(&a), read(&b), read(&c), read(&d)], [4, 8, 12, 78]);
+    assert_eq!([read(a), read(b), read(c), read(d)], [4, 8, 12, 78]);
     // In the last replay `head` started with the replay, though recorded
     // after both 20 ms tasks: in program order it would have waited for one
     // of them on its stream (two streams, three tasks before `tail`;
@@ -532,7 +542,6 @@ fn replacement_runs_a_long_path_first() {
 /// order; agreed on the maximum, both start it first.
 #[test]
 fn ranks_that_agree_place_a_schedule_alike() {
-    use std::time::Duration;
     let orders = braid::launch(2, |rank, comm| {
         let rt = Runtime::builder()
             .backend(BackendKind::Cpu)
@@ -541,29 +550,9 @@ fn ranks_that_agree_place_a_schedule_alike() {
             .rank(rank)
             .build()?;
         let comm = comm.bind(&rt)?;
-        let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| rt.alloc(n, 4).unwrap());
-        let sleep = |ms| std::thread::sleep(Duration::from_millis(ms));
+        let bufs = ["a", "b", "c", "d"].map(|n| rt.alloc(n, 4).unwrap());
         let tail_ms = if rank == 0 { 30 } else { 1 };
-        let program = |rt: &Runtime| {
-            rt.task("x1").run(a.read_write::<u32>(), move |a| {
-                sleep(10);
-                a[0] += 1
-            })?;
-            rt.task("x2").run(b.read_write::<u32>(), move |b| {
-                sleep(10);
-                b[0] += 2
-            })?;
-            rt.task("head").run(c.read_write::<u32>(), move |c| {
-                sleep(1);
-                c[0] += 3
-            })?;
-            rt.task("tail")
-                .run((c.read::<u32>(), d.read_write::<u32>()), move |(c, d)| {
-                    sleep(tail_ms);
-                    d[0] += c[0]
-                })?;
-            Ok(())
-        };
+        let program = |rt: &Runtime| long_path_step(rt, &bufs, [10, 10, 1, tail_ms]);
         let mut orders = Vec::new();
         for agree in [false, true] {
             let step = rt.record("step", program)?;
