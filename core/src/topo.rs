@@ -55,7 +55,13 @@ pub const PIN_THREADS_ENV: &str = "BRAID_PIN_THREADS";
 /// What `BRAID_PIN_THREADS` says, read once: `None` when unset.
 fn pin_env() -> Option<bool> {
     static ENV: OnceLock<Option<bool>> = OnceLock::new();
-    *ENV.get_or_init(|| std::env::var(PIN_THREADS_ENV).ok().map(|v| v.trim() == "1"))
+    *ENV.get_or_init(|| parse_pin(std::env::var(PIN_THREADS_ENV).ok().as_deref()))
+}
+
+/// `BRAID_PIN_THREADS`'s value (`None`: unset) as a decision: `1` pins,
+/// any other value does not, unset leaves it to the builder.
+fn parse_pin(v: Option<&str>) -> Option<bool> {
+    v.map(|v| v.trim() == "1")
 }
 
 /// How stream threads are pinned, in words (for `describe`).
@@ -310,5 +316,18 @@ mod tests {
             assert!(matches!(parse_budget(bad), Err(Error::Config(_))), "{bad}");
         }
         assert!(cpu_cores() >= 1);
+    }
+
+    #[test]
+    fn the_pinning_variable_overrides_the_builder() {
+        let decide = |env: Option<&str>, asked| parse_pin(env).unwrap_or(asked);
+        for asked in [false, true] {
+            assert!(decide(Some("1"), asked));
+            assert!(decide(Some(" 1\n"), asked));
+            for off in ["0", "", "yes", "true"] {
+                assert!(!decide(Some(off), asked), "{off:?}");
+            }
+            assert_eq!(decide(None, asked), asked);
+        }
     }
 }

@@ -1,6 +1,8 @@
-//! Stream threads pinned without the `hwloc` feature (Linux,
-//! `BRAID_PIN_THREADS=1`). A test binary of its own: the variable is read once
-//! per process, at the first stream thread.
+//! Stream threads pinned without the `hwloc` feature (Linux) where a
+//! runtime's builder asks (`RuntimeBuilder::pin_threads`). A test binary of
+//! its own: `BRAID_PIN_THREADS`, which would override the builders, must be
+//! unset here (it is read once per process, at the first stream thread; its
+//! reading is unit-tested in `topo.rs`).
 #![cfg(all(target_os = "linux", not(feature = "hwloc")))]
 
 use braid::{BackendKind, Runtime};
@@ -22,43 +24,43 @@ fn affinity() -> Vec<usize> {
     }
 }
 
-/// Two runtimes' compute stream 0 (two ranks' busy threads) are each pinned
-/// to one CPU of the process's mask, different CPUs when there are two; the
-/// submitting thread is left alone.
+/// Two runtimes that ask for pinning have their compute stream 0 (two
+/// ranks' busy threads) each pinned to one CPU of the process's mask,
+/// different CPUs when there are two; a runtime that does not ask, and the
+/// submitting thread, are left alone.
 #[test]
 fn two_runtimes_stream_zero_pinned_to_different_cpus() {
     let before = affinity();
-    // SAFETY: set before any other thread of this test binary exists (the
-    // only test here), and read only by the stream threads started below.
-    unsafe { std::env::set_var("BRAID_PIN_THREADS", "1") };
-    let runtimes: Vec<Runtime> = (0..2)
-        .map(|_| {
-            Runtime::builder()
-                .backend(BackendKind::Cpu)
-                .compute_streams(2)
-                .oversubscribe(true)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    let seen: Vec<Vec<usize>> = runtimes
-        .iter()
-        .map(|rt| {
-            let buf = rt.alloc("b", 4).unwrap();
-            let out = Arc::new(Mutex::new(Vec::new()));
-            let o = out.clone();
-            rt.task("where")
-                .on_stream(0)
-                .run(buf.write::<u8>(), move |_| {
-                    *o.lock().unwrap() = affinity();
-                })
-                .unwrap()
-                .wait()
-                .unwrap();
-            let cpus = out.lock().unwrap().clone();
-            cpus
-        })
-        .collect();
+    // SAFETY: removed before any other thread of this test binary exists
+    // (the only test here), and read only by the stream threads below.
+    unsafe { std::env::remove_var("BRAID_PIN_THREADS") };
+    let builder = |pin| {
+        Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true)
+            .pin_threads(pin)
+            .build()
+            .unwrap()
+    };
+    let unpinned = builder(false);
+    let runtimes: Vec<Runtime> = (0..2).map(|_| builder(true)).collect();
+    let where_stream_zero_runs = |rt: &Runtime| {
+        let buf = rt.alloc("b", 4).unwrap();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let o = out.clone();
+        rt.task("where")
+            .on_stream(0)
+            .run(buf.write::<u8>(), move |_| {
+                *o.lock().unwrap() = affinity();
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+        let cpus = out.lock().unwrap().clone();
+        cpus
+    };
+    let seen: Vec<Vec<usize>> = runtimes.iter().map(where_stream_zero_runs).collect();
     for cpus in &seen {
         assert_eq!(cpus.len(), 1, "a stream thread pinned to one CPU: {cpus:?}");
         assert!(before.contains(&cpus[0]), "{cpus:?} outside {before:?}");
@@ -66,7 +68,15 @@ fn two_runtimes_stream_zero_pinned_to_different_cpus() {
     if before.len() >= 2 {
         assert_ne!(seen[0], seen[1], "two ranks' stream 0 on one CPU");
     }
+    assert_eq!(
+        where_stream_zero_runs(&unpinned),
+        before,
+        "a runtime that did not ask"
+    );
     assert_eq!(affinity(), before, "the submitting thread stays unpinned");
     let d = braid::topo::describe();
-    assert!(d.contains("stream threads pinned"), "{d}");
+    assert!(
+        d.contains("stream threads pinned where a runtime asks"),
+        "{d}"
+    );
 }
