@@ -22,8 +22,8 @@ use std::mem::size_of;
 
 use cudarc::cublaslt::{result as lt, sys};
 
-use super::cublas::{Gemm, Transpose};
 use super::error::{catch_panic, CudaError, CudaResult, Named};
+use super::gemm::{Gemm, Transpose};
 use super::memory::{DeviceBuffer, DevicePtr};
 use super::stream::CudaStream;
 

@@ -64,6 +64,7 @@ mod cublaslt;
 pub mod device;
 pub mod error;
 pub mod event;
+mod gemm;
 pub mod graph;
 pub mod memory;
 pub mod nccl;
