@@ -67,7 +67,9 @@ impl Trace {
     /// Parses a Chrome trace Braid wrote (read by
     /// [`braid::trace::read_chrome_trace`]: the JSON object form or a bare
     /// array of events). A `bytes` of 0 (traces written before the argument
-    /// existed) reads as unknown.
+    /// existed) reads as unknown. The ranks' placement agreement
+    /// ([`braid::comm::AGREEMENT_TASK`], once, between the recording and
+    /// the first replay) is part of no step and is left out.
     pub fn parse(json: &str) -> Result<Trace> {
         let profiles = braid::trace::read_chrome_trace(json)?;
         let ranks = profiles
@@ -76,6 +78,7 @@ impl Trace {
                 let mut tasks: Vec<TraceTask> = p
                     .spans
                     .iter()
+                    .filter(|s| s.name != braid::comm::AGREEMENT_TASK)
                     .map(|s| TraceTask {
                         id: s.id,
                         name: s.name.to_string(),

@@ -26,8 +26,11 @@ use crate::schedule::Agreement;
 use crate::Schedule;
 use std::hash::{Hash, Hasher};
 
-/// The name of the agreement's tasks (what the trace shows).
-const TASK: &str = "placement agreement";
+/// The name of the agreement's tasks (what the trace shows; a one-off
+/// before the first replay, which tools that cut steps out of a trace leave
+/// out).
+pub const AGREEMENT_TASK: &str = "placement agreement";
+const TASK: &str = AGREEMENT_TASK;
 
 impl BoundComm<'_> {
     /// Makes every rank of the group re-place `schedule` the same way:

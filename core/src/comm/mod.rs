@@ -78,6 +78,7 @@ pub mod rendezvous;
 mod shard;
 mod sparse;
 
+pub use agree::AGREEMENT_TASK;
 /// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
 pub use braid_cuda::nccl;
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};

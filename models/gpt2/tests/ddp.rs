@@ -219,7 +219,7 @@ fn replayed_steps_equal_eager_steps_bit_for_bit() {
             let spans = &r.profiles[0].spans;
             spans
                 .iter()
-                .filter(|s| s.name == "placement agreement")
+                .filter(|s| s.name == braid::comm::AGREEMENT_TASK)
                 .count()
         };
         let tasks = |r: &TrainReport| r.profiles[0].spans.len() - agreement(r);
