@@ -149,22 +149,23 @@ impl<'rt> Schedule<'rt> {
             if !self.settled.load(Acquire) {
                 how.measure = true;
                 let agreed = self.agreed.lock().unwrap_or_else(|e| e.into_inner()).take();
-                // Agreed inputs start from one recorded placement on every
-                // rank too (ties keep a task's recorded stream).
-                let from = match agreed {
-                    Some(Agreement::Place { dur, compute }) => {
-                        Some((Arc::new(plan.movable_on_first_stream()), dur, compute))
-                    }
+                let handoff = crate::sched::cost::HANDOFF_NS;
+                let new = match agreed {
+                    // Agreed inputs start from one recorded placement on
+                    // every rank too (ties keep a task's recorded stream).
+                    Some(Agreement::Place { dur, compute }) => Some(
+                        plan.movable_on_first_stream()
+                            .replaced(&dur, compute, handoff),
+                    ),
                     Some(Agreement::Keep) => {
                         self.settled.store(true, Release);
                         None
                     }
                     None => plan
                         .measured()
-                        .map(|dur| (plan.clone(), dur, self.rt.usable_compute_streams())),
+                        .map(|dur| plan.replaced(&dur, self.rt.usable_compute_streams(), handoff)),
                 };
-                if let Some((base, dur, compute)) = from {
-                    let p = base.replaced(&dur, compute, crate::sched::cost::HANDOFF_NS);
+                if let Some(p) = new {
                     *plan = Arc::new(p);
                     self.settled.store(true, Release);
                     how.fence = true;

@@ -247,9 +247,9 @@ mod imp {
 #[cfg(feature = "hwloc")]
 pub use imp::describe;
 
-/// Binding without hwloc (Linux): a place is one
-/// logical CPU of the process's affinity mask as it was at the first pin
-/// (hyperthread siblings are not known without hwloc).
+/// Binding without hwloc (Linux): a place is one logical CPU of the
+/// process's affinity mask as it was at the first pin (hyperthread siblings
+/// are not known without hwloc).
 #[cfg(all(not(feature = "hwloc"), target_os = "linux"))]
 mod imp {
     use super::pin::Places;

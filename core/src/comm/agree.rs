@@ -6,7 +6,7 @@
 //! orders, so each rank reaches each collective at a different time and one
 //! waits for the other (on the GPT-2 trainer, 2 CPU ranks: one rank ran the
 //! classifier's input gradient first, the other its weight pieces first, and
-//! the first bucket's all-reduce waited 30 ms for the other rank). Agreeing
+//! the first bucket's all-reduce waited 28 ms for the other rank). Agreeing
 //! on the inputs first — the largest duration of each task over the ranks
 //! (a collective step waits for the slowest rank) and the fewest usable
 //! compute streams — gives every rank the same inputs to a deterministic
@@ -30,7 +30,6 @@ use std::hash::{Hash, Hasher};
 /// before the first replay, which tools that cut steps out of a trace leave
 /// out).
 pub const AGREEMENT_TASK: &str = "placement agreement";
-const TASK: &str = AGREEMENT_TASK;
 
 impl BoundComm<'_> {
     /// Makes every rank of the group re-place `schedule` the same way:
@@ -94,14 +93,14 @@ impl BoundComm<'_> {
     /// The element-wise maximum of `v` over the ranks (a synchronisation
     /// point for this rank).
     fn max_of(&self, v: &[f64]) -> Result<Vec<f64>> {
-        let buf = self.rt.alloc(TASK, std::mem::size_of_val(v))?;
-        self.rt.upload_named(TASK, &buf, v)?;
+        let buf = self.rt.alloc(AGREEMENT_TASK, std::mem::size_of_val(v))?;
+        self.rt.upload_named(AGREEMENT_TASK, &buf, v)?;
         self.submit_named(
-            TASK,
+            AGREEMENT_TASK,
             CollectiveKind::AllReduce(ReduceOp::Max),
             DType::F64,
             Buffers::InPlace(buf.whole()),
         )?;
-        self.rt.read_vec_named(TASK, &buf)
+        self.rt.read_vec_named(AGREEMENT_TASK, &buf)
     }
 }
