@@ -110,4 +110,31 @@ impl Profile {
     pub fn summary(&self) -> Summary {
         Summary::of(self)
     }
+
+    /// The spans that started at or after `t_ns` (on the timeline of
+    /// [`now_ns`]), with the same rank and streams: for example the steps
+    /// after a warm-up, cut at a synchronisation point taken with
+    /// [`now_ns`]. Dependency edges to tasks left out stay in each span's
+    /// `preds` (they name no span, and the summary's critical path ignores
+    /// them).
+    pub fn since(&self, t_ns: u64) -> Profile {
+        Profile {
+            rank: self.rank,
+            streams: self.streams.clone(),
+            spans: self
+                .spans
+                .iter()
+                .filter(|s| s.start_ns >= t_ns)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// Now, in nanoseconds on the process-wide timeline every span is timed on
+/// ([`Span::start_ns`]; CUDA spans are mapped onto it): a host-side mark to
+/// cut a profile with ([`Profile::since`]) or to place host events beside
+/// the spans.
+pub fn now_ns() -> u64 {
+    crate::clock::now_ns()
 }

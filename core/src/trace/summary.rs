@@ -262,6 +262,10 @@ mod tests {
 
     /// The summary of `spans` on streams `compute 0` and `comm 0`.
     fn compute_and_comm(spans: Vec<Span>) -> Summary {
+        profile(spans).summary()
+    }
+
+    fn profile(spans: Vec<Span>) -> Profile {
         Profile {
             rank: 0,
             streams: vec![
@@ -276,7 +280,25 @@ mod tests {
             ],
             spans,
         }
-        .summary()
+    }
+
+    /// A profile cut at a mark: the spans that started before it are left
+    /// out, the edges to them ignored.
+    #[test]
+    fn a_profile_since_a_mark_summarises_the_later_spans() {
+        let p = profile(vec![
+            span(0, 1, TaskKind::Comm, 0, 10, &[]), // exposed, before the mark
+            span(1, 0, TaskKind::Compute, 12, 20, &[0]),
+            span(2, 1, TaskKind::Comm, 15, 20, &[1]),
+        ]);
+        assert_eq!((p.summary().comm_ns, p.summary().comm_hidden_ns), (15, 5));
+        let later = p.since(11);
+        assert_eq!(later.spans.len(), 2);
+        assert_eq!(later.streams.len(), 2);
+        let s = later.summary();
+        assert_eq!((s.comm_ns, s.comm_hidden_ns, s.wall_ns), (5, 5, 8));
+        assert_eq!(s.critical_path_ns, 13);
+        assert!(p.since(21).summary().comm_ns == 0);
     }
 
     #[test]

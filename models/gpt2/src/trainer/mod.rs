@@ -150,6 +150,7 @@ pub fn train(
         param_hashes: Vec::new(),
         profiles: Vec::new(),
         summaries: Vec::new(),
+        whole_run: Vec::new(),
         ranks: world,
         process_rank: dist.as_ref().map(|d| d.rank),
         tokens_per_step: opts.batch_size * opts.seq_len * world,
@@ -177,7 +178,11 @@ pub fn train(
         report.optimizer_bytes.push(o.optimizer_bytes);
         report.graph_replays.push(o.graphs.0);
         report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
-        report.summaries.push(o.profile.summary());
+        report.whole_run.push(o.profile.summary());
+        report.summaries.push(match o.steady_from {
+            Some(t) => o.profile.since(t).summary(),
+            None => o.profile.summary(),
+        });
         report.profiles.push(o.profile);
     }
     if let Some(path) = &opts.trace {

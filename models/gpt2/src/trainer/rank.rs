@@ -22,6 +22,10 @@ pub(super) struct RankOutcome {
     pub(super) params: Option<Vec<f32>>,
     pub(super) hash: u64,
     pub(super) profile: Profile,
+    /// When this run's first step had completed (on the spans' timeline),
+    /// if more steps followed: the summary of the measured steps starts
+    /// there, as the mean step time leaves the first step out.
+    pub(super) steady_from: Option<u64>,
     pub(super) checkpoint: Option<PathBuf>,
     /// Bytes of AdamW state on this rank's device.
     pub(super) optimizer_bytes: usize,
@@ -171,6 +175,7 @@ pub(super) fn run_rank(
     // reducer's bucket order is rebuilt and every step submits the same tasks.
     let first = start.step + 1;
     let mut schedule = None;
+    let mut steady_from = None;
     for step in first..=opts.steps.max(start.step) {
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
@@ -280,6 +285,9 @@ pub(super) fn run_rank(
         }
         let opt_ref = the_optimizer(opt.as_mut())?;
         rt.synchronize()?;
+        if step == first && step < opts.steps {
+            steady_from = Some(braid::trace::now_ns());
+        }
         if let (Some(c), Some(s), false) = (&comm, &schedule, replayed) {
             // Just recorded: the ranks place the replays alike (each
             // measured its own durations), so each reaches each collective
@@ -345,6 +353,7 @@ pub(super) fn run_rank(
         hash: hash_f32s(&params),
         params: (rank == 0).then_some(params),
         profile: rt.profile(),
+        steady_from,
         checkpoint,
         optimizer_bytes: opt.state_bytes(),
         graphs: (

@@ -40,8 +40,13 @@ pub struct TrainReport {
     pub param_hashes: Vec<u64>,
     /// Each rank's profile (this process's ranks).
     pub profiles: Vec<Profile>,
-    /// Each rank's summary of its profile.
+    /// Each rank's summary of the measured steps: its profile from the end
+    /// of this run's first step on (the warm-up, which the mean step time
+    /// leaves out too: first collectives, the recording), or of the whole
+    /// profile for a one-step run.
     pub summaries: Vec<Summary>,
+    /// Each rank's summary of its whole profile, the first step included.
+    pub whole_run: Vec<Summary>,
     /// Number of ranks in the job.
     pub ranks: usize,
     /// Under torchrun: the rank this process played (the report then holds
@@ -155,34 +160,28 @@ impl TrainReport {
         }
     }
 
-    /// Share of communication time hidden under computation, averaged over
-    /// ranks (0 without communication).
+    /// Share of communication time hidden under computation over the
+    /// measured steps ([`summaries`](Self::summaries)), averaged over ranks
+    /// (0 without communication).
     pub fn hidden_comm_share(&self) -> f64 {
-        self.mean_over_ranks_with_comm(Summary::hidden_share)
+        mean_over_ranks_with_comm(&self.summaries, Summary::hidden_share)
+    }
+
+    /// The same over the whole run, the first step included
+    /// ([`whole_run`](Self::whole_run)).
+    pub fn hidden_comm_share_whole_run(&self) -> f64 {
+        mean_over_ranks_with_comm(&self.whole_run, Summary::hidden_share)
     }
 
     /// Share of the communication time after the waits for other ranks
-    /// hidden under computation ([`Summary::transfer_hidden_share`]),
-    /// averaged over ranks (0 without communication).
+    /// hidden under computation ([`Summary::transfer_hidden_share`]) over
+    /// the measured steps, averaged over ranks (0 without communication).
     pub fn hidden_transfer_share(&self) -> f64 {
-        self.mean_over_ranks_with_comm(Summary::transfer_hidden_share)
+        mean_over_ranks_with_comm(&self.summaries, Summary::transfer_hidden_share)
     }
 
-    fn mean_over_ranks_with_comm(&self, f: impl Fn(&Summary) -> f64) -> f64 {
-        let with_comm: Vec<f64> = self
-            .summaries
-            .iter()
-            .filter(|s| s.comm_ns > 0)
-            .map(f)
-            .collect();
-        if with_comm.is_empty() {
-            0.0
-        } else {
-            with_comm.iter().sum::<f64>() / with_comm.len() as f64
-        }
-    }
-
-    /// Communication time per rank, averaged, in seconds.
+    /// Communication time per rank over the measured steps, averaged, in
+    /// seconds.
     pub fn comm_seconds(&self) -> f64 {
         self.per_rank_seconds(|s| s.comm_ns)
     }
@@ -193,11 +192,29 @@ impl TrainReport {
         self.per_rank_seconds(|s| s.comm_wait_ns)
     }
 
+    /// The steps the summaries and the mean step time cover: this run's
+    /// steps after the first, or its one step.
+    pub fn measured_steps(&self) -> usize {
+        self.steps
+            .len()
+            .saturating_sub(1)
+            .max(self.steps.len().min(1))
+    }
+
     fn per_rank_seconds(&self, f: impl Fn(&Summary) -> u64) -> f64 {
         if self.summaries.is_empty() {
             return 0.0;
         }
         self.summaries.iter().map(|s| f(s) as f64).sum::<f64>() / self.summaries.len() as f64 / 1e9
+    }
+}
+
+fn mean_over_ranks_with_comm(summaries: &[Summary], f: impl Fn(&Summary) -> f64) -> f64 {
+    let with_comm: Vec<f64> = summaries.iter().filter(|s| s.comm_ns > 0).map(f).collect();
+    if with_comm.is_empty() {
+        0.0
+    } else {
+        with_comm.iter().sum::<f64>() / with_comm.len() as f64
     }
 }
 
@@ -231,6 +248,14 @@ impl fmt::Display for TrainReport {
             "throughput       {:.0} tokens/s",
             self.tokens_per_second()
         )?;
+        let first_step = match self.steps.len() {
+            n if n > 1 => format!(
+                "; with step {}: {:.0}%",
+                self.steps[0].step,
+                100.0 * self.hidden_comm_share_whole_run()
+            ),
+            _ => String::new(),
+        };
         writeln!(
             f,
             "communication    {:.1} ms per rank, {:.0}% hidden under compute{}",
@@ -242,6 +267,14 @@ impl fmt::Display for TrainReport {
                 ""
             }
         )?;
+        if self.comm_seconds() > 0.0 && self.steps.len() > 1 {
+            writeln!(
+                f,
+                "                 over steps {}-{} (as the mean step time){first_step}",
+                self.steps[1].step,
+                self.steps[self.steps.len() - 1].step
+            )?;
+        }
         if self.comm_wait_seconds() > 0.0 {
             writeln!(
                 f,
