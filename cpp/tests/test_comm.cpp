@@ -238,21 +238,33 @@ void a_group_with_own_threads() {
 void one_trace_for_all_ranks() {
   std::mutex mu;
   std::vector<braid::Profile> profiles;
+  std::vector<std::uint64_t> marks;
   braid::launch(2, [&](std::size_t rank, braid::Communicator& comm) {
     braid::Runtime rt = rank_runtime(rank);
     braid::Buffer g = rt.alloc("g", 64);
     rt.task("compute").run(braid::write(g), [](auto) { std::this_thread::sleep_for(milliseconds(2)); });
     comm.all_reduce<float>(rt, g);
     rt.synchronize();
+    // A second step, cut from the first at a mark taken after it.
+    const std::uint64_t mark = braid::now_ns();
+    rt.task("compute").run(braid::write(g), [](auto) {});
+    rt.synchronize();
     std::lock_guard<std::mutex> lock(mu);
     profiles.push_back(rt.profile());
+    marks.push_back(mark);
   });
   CHECK_EQ(profiles.size(), static_cast<std::size_t>(2));
   CHECK(profiles[0].rank() != profiles[1].rank());
-  for (const auto& p : profiles) {
+  for (std::size_t i = 0; i < profiles.size(); ++i) {
+    const braid::Profile& p = profiles[i];
     const braid::Summary s = p.summary();
     CHECK(s.comm_ns > 0);
     CHECK_EQ(p.spans().size(), s.tasks);
+    const braid::Profile second = p.since(marks[i]);
+    CHECK_EQ(second.spans().size(), static_cast<std::size_t>(1));
+    CHECK(second.spans()[0].start_ns >= marks[i]);
+    CHECK(second.summary().comm_ns == 0);
+    CHECK_EQ(second.rank(), p.rank());
   }
   braid::write_trace("braid-cpp-test-ranks.json", profiles);
 }

@@ -264,7 +264,9 @@ mod bridge {
         fn rank(self: &Profile) -> usize;
         fn summary(self: &Profile) -> SummaryRecord;
         fn spans(self: &Profile) -> Vec<SpanRecord>;
+        fn since(self: &Profile, t_ns: u64) -> Box<Profile>;
         fn clone_profile(p: &Profile) -> Box<Profile>;
+        fn timeline_now_ns() -> u64;
         fn new_trace_set() -> Box<TraceSet>;
         fn add(self: &mut TraceSet, p: &Profile);
         fn write(self: &TraceSet, path: &str) -> Result<()>;
@@ -1040,6 +1042,14 @@ impl Profile {
     fn spans(&self) -> Vec<SpanRecord> {
         span_records(&self.0)
     }
+
+    fn since(&self, t_ns: u64) -> Box<Profile> {
+        Box::new(Profile(self.0.since(t_ns)))
+    }
+}
+
+fn timeline_now_ns() -> u64 {
+    braid::trace::now_ns()
 }
 
 fn clone_profile(p: &Profile) -> Box<Profile> {

@@ -729,6 +729,9 @@ class Profile {
   std::size_t rank() const noexcept { return inner_->rank(); }
   Summary summary() const { return detail::to_summary(inner_->summary()); }
   std::vector<TaskSpan> spans() const { return detail::to_spans(inner_->spans()); }
+  // The spans that started at or after t_ns (braid::now_ns()'s timeline):
+  // for example the steps after a warm-up, marked after a synchronize.
+  Profile since(std::uint64_t t_ns) const { return Profile(inner_->since(t_ns)); }
 
   const ffi::Profile& raw() const noexcept { return *inner_; }
 
@@ -737,6 +740,10 @@ class Profile {
   explicit Profile(rust::Box<ffi::Profile> inner) : inner_(std::move(inner)) {}
   rust::Box<ffi::Profile> inner_;
 };
+
+// Now, in nanoseconds on the process-wide timeline every span is timed on
+// (TaskSpan's start and end): a mark to cut a profile with (Profile::since).
+inline std::uint64_t now_ns() { return ffi::timeline_now_ns(); }
 
 // Writes the profiles (typically one per rank) as one Chrome trace: one
 // process per rank, one track per stream.
