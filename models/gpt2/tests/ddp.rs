@@ -460,6 +460,18 @@ fn gradient_all_reduces_start_before_the_backward_pass_ends() {
         }
     }
     assert!(r.summaries.iter().all(|s| s.comm_ns > 0));
+    // The summaries cover the steps after the first, as the mean step time
+    // does (two of the three here); `whole_run` the first step too.
+    assert_eq!(r.whole_run.len(), r.summaries.len());
+    for (steady, whole) in r.summaries.iter().zip(&r.whole_run) {
+        assert!(
+            whole.tasks > steady.tasks && 2 * steady.tasks >= whole.tasks,
+            "{} tasks in steps 2-3, {} in the run",
+            steady.tasks,
+            whole.tasks
+        );
+        assert!(steady.comm_ns < whole.comm_ns);
+    }
     // One trace, one process per rank, named stream tracks.
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
