@@ -42,6 +42,30 @@ use super::device::CudaDevice;
 use super::error::{CudaResult, Named};
 use super::stream::CudaStream;
 
+// Both halves of a cross-stream wait live here, recording an event on a
+// stream (below) and a stream waiting on one, so the stream module does not
+// know events (no import cycle between the two).
+impl CudaStream {
+    /// Makes all future work on this stream wait until `event` (as last recorded)
+    /// has completed. Asynchronous: the host does not block.
+    #[inline]
+    pub fn wait_event(&self, event: &CudaEvent) -> CudaResult<()> {
+        self.device()
+            .check_same(event.device(), "event waited on")?;
+        self.device().bind_to_thread()?;
+        // SAFETY: both handles are alive (borrowed) and belong to the current
+        // context.
+        unsafe {
+            result::stream::wait_event(
+                self.raw(),
+                event.raw(),
+                drv::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .named("cuStreamWaitEvent")
+    }
+}
+
 /// What an event can be used for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {

@@ -14,7 +14,6 @@ use cudarc::driver::sys as drv;
 
 use super::device::CudaDevice;
 use super::error::{CudaResult, Named};
-use super::event::CudaEvent;
 
 /// Scheduling priority of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,26 +104,6 @@ impl CudaStream {
     /// The CUDA priority value it was created with (smaller is higher).
     pub fn priority(&self) -> i32 {
         self.inner.priority
-    }
-
-    /// Makes all future work on this stream wait until `event` (as last recorded)
-    /// has completed. Asynchronous: the host does not block.
-    #[inline]
-    pub fn wait_event(&self, event: &CudaEvent) -> CudaResult<()> {
-        self.inner
-            .device
-            .check_same(event.device(), "event waited on")?;
-        self.inner.device.bind_to_thread()?;
-        // SAFETY: both handles are alive (borrowed) and belong to the current
-        // context.
-        unsafe {
-            result::stream::wait_event(
-                self.inner.raw,
-                event.raw(),
-                drv::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .named("cuStreamWaitEvent")
     }
 
     /// Blocks the calling thread until all work queued on this stream is done.
