@@ -78,7 +78,7 @@ impl Tally {
         self.step_s.push(r.mean_step_seconds());
         self.hidden.push(r.hidden_comm_share());
         self.comm_s
-            .push(r.comm_seconds() / r.measured_steps() as f64);
+            .push(r.comm_seconds() / r.measured_steps().max(1) as f64);
     }
     fn mean(v: &[f64]) -> f64 {
         v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -180,7 +180,7 @@ fn main() -> Result<()> {
                  compute streams used/usable per rank {}",
                 r.mean_step_seconds() * 1e3,
                 r.tokens_per_second(),
-                r.comm_seconds() * 1e3 / r.measured_steps() as f64,
+                r.comm_seconds() * 1e3 / r.measured_steps().max(1) as f64,
                 100.0 * r.hidden_comm_share(),
                 streams_used(&r)
             );
