@@ -266,26 +266,25 @@ pub(crate) fn submit(
     st.next_id += plan.steps();
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
-    // On CUDA the unit's waits and predecessors go into its launch; on the
-    // CPU into the sequential run.
-    let how = match unit {
-        Unit::Cuda(step) => Ok(Launch {
-            waits,
-            preds: external,
-            accesses: SmallVec::new(),
-            body: TaskBody::Graph(step.clone()),
-            on_skip: None,
-        }),
-        Unit::Cpu => Err((waits, external)),
-    };
     let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute);
     st.stats.graph_replays += 1;
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
-    let item = match how {
-        Ok(launch) => Item::Task(task.clone(), launch),
-        Err((waits, external)) => {
+    // On CUDA the unit's waits and predecessors go into its launch; on the
+    // CPU into the sequential run.
+    let item = match unit {
+        Unit::Cuda(step) => Item::Task(
+            task.clone(),
+            Launch {
+                waits,
+                preds: external,
+                accesses: SmallVec::new(),
+                body: TaskBody::Graph(step.clone()),
+                on_skip: None,
+            },
+        ),
+        Unit::Cpu => {
             let mut entry = vec![SmallVec::new(); shared.streams.len()];
             entry[f] = waits;
             Item::Program(Arc::new(Run {
