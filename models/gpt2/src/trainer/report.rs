@@ -138,11 +138,7 @@ impl TrainReport {
     /// Mean wall time per step, leaving out the first step of the run (warm-up)
     /// when there is more than one.
     pub fn mean_step_seconds(&self) -> f64 {
-        let s = if self.steps.len() > 1 {
-            &self.steps[1..]
-        } else {
-            &self.steps[..]
-        };
+        let s = self.measured();
         if s.is_empty() {
             0.0
         } else {
@@ -192,13 +188,18 @@ impl TrainReport {
         self.per_rank_seconds(|s| s.comm_wait_ns)
     }
 
-    /// The steps the summaries and the mean step time cover: this run's
-    /// steps after the first, or its one step.
+    /// How many steps the summaries and the mean step time cover: this
+    /// run's steps after the first, or its one step.
     pub fn measured_steps(&self) -> usize {
-        self.steps
-            .len()
-            .saturating_sub(1)
-            .max(self.steps.len().min(1))
+        self.measured().len()
+    }
+
+    /// The steps the summaries and the mean step time cover.
+    fn measured(&self) -> &[StepReport] {
+        match self.steps.len() {
+            0 | 1 => &self.steps,
+            _ => &self.steps[1..],
+        }
     }
 
     fn per_rank_seconds(&self, f: impl Fn(&Summary) -> u64) -> f64 {
@@ -248,14 +249,6 @@ impl fmt::Display for TrainReport {
             "throughput       {:.0} tokens/s",
             self.tokens_per_second()
         )?;
-        let first_step = match self.steps.len() {
-            n if n > 1 => format!(
-                "; with step {}: {:.0}%",
-                self.steps[0].step,
-                100.0 * self.hidden_comm_share_whole_run()
-            ),
-            _ => String::new(),
-        };
         writeln!(
             f,
             "communication    {:.1} ms per rank, {:.0}% hidden under compute{}",
@@ -267,13 +260,20 @@ impl fmt::Display for TrainReport {
                 ""
             }
         )?;
-        if self.comm_seconds() > 0.0 && self.steps.len() > 1 {
-            writeln!(
-                f,
-                "                 over steps {}-{} (as the mean step time){first_step}",
-                self.steps[1].step,
-                self.steps[self.steps.len() - 1].step
-            )?;
+        // With more than one step, the summary covers the steps after the
+        // first (`measured`); the whole run's share goes beside it.
+        let m = self.measured();
+        if let ([first, _, ..], Some(second), Some(last)) = (&self.steps[..], m.first(), m.last()) {
+            if self.comm_seconds() > 0.0 {
+                writeln!(
+                    f,
+                    "                 over steps {}-{} (as the mean step time); with step {}: {:.0}%",
+                    second.step,
+                    last.step,
+                    first.step,
+                    100.0 * self.hidden_comm_share_whole_run()
+                )?;
+            }
         }
         if self.comm_wait_seconds() > 0.0 {
             writeln!(
