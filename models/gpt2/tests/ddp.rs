@@ -373,9 +373,13 @@ fn the_tied_gradient_is_reduced_during_the_backward_pass() {
         (false, Dtype::F32),
         (false, Dtype::Bf16),
     ] {
-        let mut opts = options(2, 2, 7);
+        // B4 × T64: a backward pass of several ms even in a release build,
+        // longer than an oversubscribed 2-core machine takes to give the comm
+        // thread a core (at B2 × T32 the whole backward pass took 1.5 ms and
+        // the comm threads of both ranks often ran only after it).
+        let mut opts = options(2, 4, 7);
         opts.model = cfg;
-        opts.seq_len = 32;
+        opts.seq_len = 64;
         opts.tied_split = split;
         opts.dtype = dtype;
         let r = run(&opts, StartState::fresh(&cfg, 3));
@@ -420,9 +424,10 @@ fn gradient_all_reduces_start_before_the_backward_pass_ends() {
         ..Gpt2Config::tiny()
     };
     let steps = 3;
-    let mut opts = options(2, 2, steps);
+    // B4 × T64, as in the test above: long enough in a release build.
+    let mut opts = options(2, 4, steps);
     opts.model = cfg;
-    opts.seq_len = 32;
+    opts.seq_len = 64;
     opts.trace = Some(trace.clone());
     let r = run(&opts, StartState::fresh(&cfg, 3));
     assert_eq!(r.profiles.len(), 2);
