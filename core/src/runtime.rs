@@ -404,12 +404,19 @@ impl RuntimeBuilder {
         let tenant =
             (self.class == Class::LatencyCritical).then(|| sched::tenants::register(&shared));
         let mut threads = Vec::with_capacity(n);
+        // Where compute stream 0 is pinned (the comm streams go elsewhere).
+        let mut home = None;
         for s in 0..n {
             let driver = match &backend {
                 Backend::Cpu => None,
                 Backend::Cuda(c) => Some(c.driver(s)),
             };
-            match sched::spawn_worker(shared.clone(), s, driver) {
+            let pin =
+                crate::topo::stream_pin(s, shared.streams[s].is_comm, home, shared.pin_threads);
+            if s == 0 {
+                home = pin.place();
+            }
+            match sched::spawn_worker(shared.clone(), s, driver, pin) {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     for st in &shared.streams {

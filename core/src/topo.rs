@@ -93,18 +93,50 @@ fn budget_text() -> String {
     }
 }
 
-/// Pins the calling stream thread to one place (a core with hwloc, a logical
-/// CPU without) of the process's binding. Low stream indices are the busy
-/// ones (placement fills compute stream 0 first, and a runtime limited by the
-/// core budget uses only its first streams), so stream `s` goes to the place
-/// with the fewest live pinned threads of streams `0..=s`, across every
-/// runtime of the process (ties: fewest pinned threads, then the lowest
-/// place): two ranks' stream 0 land on two cores, not both on core 0.
-/// Only when `asked` (the runtime's builder), or `BRAID_PIN_THREADS` says
-/// so. Failures (no permission, unsupported OS) leave the thread unpinned.
-pub(crate) fn pin_stream_thread(stream: usize, asked: bool) {
-    if pin_env().unwrap_or(asked) {
-        pin::pin(stream);
+/// Where a stream thread is to be pinned: chosen by the thread that starts
+/// the runtime's stream threads, in stream order (so the comm streams know
+/// where compute stream 0 went), and bound by the stream thread itself
+/// ([`StreamPin::bind`]). Holds its place in the process's load table until
+/// the pinned thread exits (or, never bound, until dropped).
+pub(crate) struct StreamPin(Option<pin::Ticket>);
+
+/// Where stream `stream` of a runtime goes, when the runtime `asked` for
+/// pinning (or `BRAID_PIN_THREADS` says so); `home` is where the runtime's
+/// compute stream 0 went (`None`: not pinned, or not started yet).
+///
+/// A place is a core with hwloc, a logical CPU of the process's binding
+/// without it. Low compute stream indices are the busy ones (placement fills
+/// compute stream 0 first, and a runtime limited by the core budget uses
+/// only its first streams), so compute stream `s` goes to the place with the
+/// fewest live pinned compute threads of streams `0..=s`, across every
+/// runtime of the process (ties: the fewest pinned threads, then the lowest
+/// place): two ranks' stream 0 land on two places, not both on the first.
+/// A comm stream goes to a place other than its own runtime's compute
+/// stream 0 (where there is another), the one with the fewest comm threads
+/// (ties as above): a rank's collectives then run beside its own compute,
+/// not in its turns. Two ranks on two cores: rank 0 computes on core 0 and
+/// communicates on core 1, rank 1 the other way round.
+pub(crate) fn stream_pin(stream: usize, comm: bool, home: Option<usize>, asked: bool) -> StreamPin {
+    StreamPin(
+        pin_env()
+            .unwrap_or(asked)
+            .then(|| pin::choose(stream, comm, home))
+            .flatten(),
+    )
+}
+
+impl StreamPin {
+    /// The place chosen (`None`: not pinned).
+    pub(crate) fn place(&self) -> Option<usize> {
+        self.0.as_ref().map(pin::Ticket::place)
+    }
+
+    /// Pins the calling thread to the chosen place. A failure (no
+    /// permission, unsupported OS) leaves the thread unpinned.
+    pub(crate) fn bind(self) {
+        if let Some(t) = self.0 {
+            pin::bind(t);
+        }
     }
 }
 
@@ -113,63 +145,100 @@ mod pin {
     use std::cell::RefCell;
     use std::sync::Mutex;
 
-    /// Stream indices at or above this share one pinning class.
+    /// Compute stream indices at or above this share one pinning class.
     const CLASSES: usize = 8;
 
-    /// Where threads may be pinned, and per place how many live pinned
-    /// stream threads of each stream-index class it holds.
+    /// The live pinned stream threads of one place.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Load {
+        /// Compute streams, by stream-index class.
+        compute: [u32; CLASSES],
+        comm: u32,
+    }
+
+    impl Load {
+        fn total(&self) -> u32 {
+            self.compute.iter().sum::<u32>() + self.comm
+        }
+    }
+
+    /// Where threads may be pinned, and per place its live pinned threads.
     pub(super) struct Places<P> {
         pub(super) places: Vec<P>,
-        load: Mutex<Vec<[u32; CLASSES]>>,
+        load: Mutex<Vec<Load>>,
     }
 
     impl<P> Places<P> {
         pub(super) fn new(places: Vec<P>) -> Option<Places<P>> {
             (!places.is_empty()).then(|| Places {
-                load: Mutex::new(vec![[0; CLASSES]; places.len()]),
+                load: Mutex::new(vec![Load::default(); places.len()]),
                 places,
             })
         }
     }
 
-    /// A pinned thread's place in the load table; released when the thread
-    /// exits (thread-local destructor).
-    struct Pinned {
+    /// A stream thread's place in the load table; released when dropped
+    /// (by the pinned thread's thread-local destructor at its exit).
+    pub(crate) struct Ticket {
         place: usize,
-        class: usize,
+        /// A compute stream's class, `None` for a comm stream.
+        class: Option<usize>,
     }
 
-    impl Drop for Pinned {
+    impl Ticket {
+        pub(crate) fn place(&self) -> usize {
+            self.place
+        }
+    }
+
+    impl Drop for Ticket {
         fn drop(&mut self) {
             if let Some(p) = places() {
                 let mut load = p.load.lock().unwrap_or_else(|e| e.into_inner());
-                load[self.place][self.class] -= 1;
+                let l = &mut load[self.place];
+                match self.class {
+                    Some(c) => l.compute[c] -= 1,
+                    None => l.comm -= 1,
+                }
             }
         }
     }
 
     thread_local! {
-        static PINNED: RefCell<Option<Pinned>> = const { RefCell::new(None) };
+        static PINNED: RefCell<Option<Ticket>> = const { RefCell::new(None) };
     }
 
-    pub(super) fn pin(stream: usize) {
-        let Some(p) = places() else { return };
-        let class = stream.min(CLASSES - 1);
-        let place = {
-            let mut load = p.load.lock().unwrap_or_else(|e| e.into_inner());
-            let key = |c: usize| {
-                let busy: u32 = load[c][..=class].iter().sum();
-                (busy, load[c].iter().sum::<u32>(), c)
-            };
-            let Some(place) = (0..load.len()).min_by_key(|&c| key(c)) else {
-                return;
-            };
-            load[place][class] += 1;
-            place
+    /// The place for a stream thread (the rule: [`super::stream_pin`]),
+    /// counted in the load table.
+    pub(super) fn choose(stream: usize, comm: bool, home: Option<usize>) -> Option<Ticket> {
+        let p = places()?;
+        let mut load = p.load.lock().unwrap_or_else(|e| e.into_inner());
+        let n = load.len();
+        let ticket = if comm {
+            let place = (0..n)
+                .filter(|&c| n == 1 || Some(c) != home)
+                .min_by_key(|&c| (load[c].comm, load[c].total(), c))?;
+            load[place].comm += 1;
+            Ticket { place, class: None }
+        } else {
+            let class = stream.min(CLASSES - 1);
+            let busy = |c: usize| load[c].compute[..=class].iter().sum::<u32>();
+            let place = (0..n).min_by_key(|&c| (busy(c), load[c].total(), c))?;
+            load[place].compute[class] += 1;
+            Ticket {
+                place,
+                class: Some(class),
+            }
         };
-        let pinned = Pinned { place, class };
-        if super::imp::bind(&p.places[place]) {
-            PINNED.with(|g| *g.borrow_mut() = Some(pinned));
+        Some(ticket)
+    }
+
+    /// Binds the calling thread to the ticket's place and keeps the ticket
+    /// until the thread exits (or releases it at once if binding failed).
+    pub(super) fn bind(t: Ticket) {
+        let Some(p) = places() else { return };
+        if super::imp::bind(&p.places[t.place]) {
+            PINNED.with(|g| *g.borrow_mut() = Some(t));
         }
     }
 

@@ -5,7 +5,7 @@
 //! reading is unit-tested in `topo.rs`).
 #![cfg(all(target_os = "linux", not(feature = "hwloc")))]
 
-use braid::{BackendKind, Runtime};
+use braid::{BackendKind, Runtime, TaskKind};
 use std::sync::{Arc, Mutex};
 
 /// The logical CPUs the calling thread may run on.
@@ -26,8 +26,9 @@ fn affinity() -> Vec<usize> {
 
 /// Two runtimes that ask for pinning have their compute stream 0 (two
 /// ranks' busy threads) each pinned to one CPU of the process's mask,
-/// different CPUs when there are two; a runtime that does not ask, and the
-/// submitting thread, are left alone.
+/// different CPUs when there are two, and each its comm stream on a CPU
+/// other than its compute stream 0's (the other rank's, with two); a
+/// runtime that does not ask, and the submitting thread, are left alone.
 #[test]
 fn two_runtimes_stream_zero_pinned_to_different_cpus() {
     let before = affinity();
@@ -45,28 +46,44 @@ fn two_runtimes_stream_zero_pinned_to_different_cpus() {
     };
     let unpinned = builder(false);
     let runtimes: Vec<Runtime> = (0..2).map(|_| builder(true)).collect();
-    let where_stream_zero_runs = |rt: &Runtime| {
+    // The CPUs a task of `kind` (on compute stream 0, or the comm stream)
+    // may run on.
+    let where_runs = |rt: &Runtime, kind: TaskKind| {
         let buf = rt.alloc("b", 4).unwrap();
         let out = Arc::new(Mutex::new(Vec::new()));
         let o = out.clone();
-        rt.task("where")
-            .on_stream(0)
-            .run(buf.write::<u8>(), move |_| {
-                *o.lock().unwrap() = affinity();
-            })
-            .unwrap()
-            .wait()
-            .unwrap();
+        let task = rt.task("where").kind(kind);
+        let task = match kind {
+            TaskKind::Comm => task,
+            _ => task.on_stream(0),
+        };
+        task.run(buf.write::<u8>(), move |_| {
+            *o.lock().unwrap() = affinity();
+        })
+        .unwrap()
+        .wait()
+        .unwrap();
         let cpus = out.lock().unwrap().clone();
         cpus
     };
+    let where_stream_zero_runs = |rt: &Runtime| where_runs(rt, TaskKind::Compute);
     let seen: Vec<Vec<usize>> = runtimes.iter().map(where_stream_zero_runs).collect();
-    for cpus in &seen {
+    let comm: Vec<Vec<usize>> = runtimes
+        .iter()
+        .map(|rt| where_runs(rt, TaskKind::Comm))
+        .collect();
+    for cpus in seen.iter().chain(&comm) {
         assert_eq!(cpus.len(), 1, "a stream thread pinned to one CPU: {cpus:?}");
         assert!(before.contains(&cpus[0]), "{cpus:?} outside {before:?}");
     }
     if before.len() >= 2 {
         assert_ne!(seen[0], seen[1], "two ranks' stream 0 on one CPU");
+        for (compute, comm) in seen.iter().zip(&comm) {
+            assert_ne!(
+                compute, comm,
+                "a rank's comm stream beside its own compute stream 0"
+            );
+        }
     }
     assert_eq!(
         where_stream_zero_runs(&unpinned),

@@ -28,11 +28,13 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-/// Starts the thread that drives stream `s` (a CUDA stream when `driver` is given).
+/// Starts the thread that drives stream `s` (a CUDA stream when `driver` is
+/// given), pinned where `pin` says.
 pub(crate) fn spawn(
     shared: Arc<Shared>,
     s: usize,
     driver: Option<StreamDriver>,
+    pin: crate::topo::StreamPin,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let name = format!(
         "braid-r{}-{}",
@@ -40,7 +42,7 @@ pub(crate) fn spawn(
         shared.streams[s].name.replace(' ', "")
     );
     std::thread::Builder::new().name(name).spawn(move || {
-        crate::topo::pin_stream_thread(s, shared.pin_threads);
+        pin.bind();
         if driver.is_none() {
             shared.class.enter();
             tenants::mark_stream_thread(shared.class);

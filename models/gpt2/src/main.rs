@@ -109,6 +109,11 @@ struct TrainArgs {
     /// cores: BRAID_CPU_CORES, else the cores the process may use).
     #[arg(long)]
     oversubscribe: bool,
+    /// Pin each rank's stream threads to cores: true or false. Default: true
+    /// for several CPU ranks (each computes on one core and communicates on
+    /// another), false on GPUs. BRAID_PIN_THREADS (1 or 0) overrides it.
+    #[arg(long)]
+    pin_threads: Option<bool>,
     /// Gradient bucket cap in MiB, or `auto`: 25 MiB for the first step,
     /// then the cap a model of the reducer calibrated on that step predicts
     /// leaves the least communication after the backward pass. Default:
@@ -537,6 +542,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         streams: a.streams,
         policy: a.policy,
         oversubscribe: a.oversubscribe,
+        pin_threads: a.pin_threads,
         bucket_cap_bytes: match cap {
             CapArg::Mib(x) => mib(x, "--bucket-cap-mb")?,
             CapArg::Auto => 25 << 20,

@@ -83,6 +83,8 @@ pub fn model_runtime(
 struct RuntimeExtras {
     /// CPU: every compute stream whatever the process's core budget.
     oversubscribe: bool,
+    /// Pin the stream threads (`RuntimeBuilder::pin_threads`).
+    pin_threads: bool,
     class: Class,
     graphs: bool,
 }
@@ -103,6 +105,7 @@ fn model_runtime_with(
         .comm_streams(1)
         .policy(policy)
         .oversubscribe(extras.oversubscribe)
+        .pin_threads(extras.pin_threads)
         .class(extras.class)
         .graphs(extras.graphs)
         .rank(rank)
@@ -131,6 +134,10 @@ fn model_runtime_with(
 fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Result<Runtime> {
     let extras = RuntimeExtras {
         oversubscribe: opts.oversubscribe,
+        // Several CPU ranks are threads of this process sharing its cores.
+        pin_threads: opts
+            .pin_threads
+            .unwrap_or(backend == BackendKind::Cpu && opts.ranks > 1),
         class: opts.class,
         graphs: opts.graphs,
     };

@@ -43,6 +43,13 @@ pub struct TrainOptions {
     /// CPU: let the default placement use every compute stream of every rank
     /// whatever the process's core budget (`RuntimeBuilder::oversubscribe`).
     pub oversubscribe: bool,
+    /// Pin each rank's stream threads to cores
+    /// ([`braid::RuntimeBuilder::pin_threads`]; a rank computes on one core
+    /// and communicates on another). `None`, the default: pinned when
+    /// several CPU ranks share this process's cores, where it keeps each
+    /// rank's collectives beside its compute (docs/engine.md); not on GPUs.
+    /// `BRAID_PIN_THREADS` overrides either way.
+    pub pin_threads: Option<bool>,
     /// Gradient bucket cap in bytes (with `auto_bucket_cap`: the first
     /// step's cap, and the fallback).
     pub bucket_cap_bytes: usize,
@@ -162,6 +169,7 @@ impl Default for TrainOptions {
             streams: 2,
             policy: Policy::Affinity,
             oversubscribe: false,
+            pin_threads: None,
             bucket_cap_bytes: 25 << 20,
             auto_bucket_cap: false,
             first_bucket_bytes: 1 << 20,
