@@ -56,6 +56,10 @@ struct Args {
     /// Eager only: time submission and execution apart (see above).
     #[arg(long)]
     held: bool,
+    /// The runtime's launch window (tasks submitted and not finished before
+    /// the submitter waits; the builder's default when not given).
+    #[arg(long)]
+    window: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +87,9 @@ fn main() -> anyhow::Result<()> {
         .policy(a.policy)
         .auto_replay(a.mode == Mode::Auto)
         .graphs(a.mode == Mode::Graph);
+    if let Some(w) = a.window {
+        builder = builder.launch_window(w);
+    }
     if a.held {
         // Room for every task of a repetition behind the held streams.
         builder = builder.launch_window(2 * a.tasks + 64);
