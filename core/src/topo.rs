@@ -317,8 +317,10 @@ mod imp {
 pub use imp::describe;
 
 /// Binding without hwloc (Linux): a place is one logical CPU of the
-/// process's affinity mask as it was at the first pin (hyperthread siblings
-/// are not known without hwloc).
+/// process's affinity mask as it was at the first pin, ordered so that the
+/// first CPU of every physical core comes before any hyperthread sibling
+/// (the kernel's `thread_siblings_list`): a place is chosen lowest first on
+/// ties, so busy threads get cores of their own before they share one.
 #[cfg(all(not(feature = "hwloc"), target_os = "linux"))]
 mod imp {
     use super::pin::Places;
@@ -341,9 +343,51 @@ mod imp {
                         .filter(|&c| libc::CPU_ISSET(c, &set))
                         .collect()
                 };
-                Places::new(cpus)
+                Places::new(spread_over_cores(cpus, |c| {
+                    let f = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+                    parse_cpu_list(&std::fs::read_to_string(f).ok()?)
+                }))
             })
             .as_ref()
+    }
+
+    /// A kernel CPU list (`0-3,8,10-11`) as CPU numbers; `None` if malformed.
+    pub(super) fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+        let mut out = Vec::new();
+        for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                    if a > b {
+                        return None;
+                    }
+                    out.extend(a..=b);
+                }
+                None => out.push(part.parse().ok()?),
+            }
+        }
+        Some(out)
+    }
+
+    /// `cpus` with every physical core's first CPU (in the mask) before any
+    /// core's second, and so on; in CPU order within each rank. `siblings(c)`
+    /// is the CPUs sharing `c`'s core, `c` included (`None`: unknown, taken
+    /// as `c` alone).
+    pub(super) fn spread_over_cores(
+        cpus: Vec<usize>,
+        siblings: impl Fn(usize) -> Option<Vec<usize>>,
+    ) -> Vec<usize> {
+        let mut keyed: Vec<(usize, usize)> = cpus
+            .iter()
+            .map(|&c| {
+                let nth = siblings(c).map_or(0, |s| {
+                    s.iter().filter(|&&x| x < c && cpus.contains(&x)).count()
+                });
+                (nth, c)
+            })
+            .collect();
+        keyed.sort_unstable();
+        keyed.into_iter().map(|(_, c)| c).collect()
     }
 
     pub(super) fn bind(cpu: &usize) -> bool {
@@ -385,6 +429,39 @@ mod tests {
             assert!(matches!(parse_budget(bad), Err(Error::Config(_))), "{bad}");
         }
         assert!(cpu_cores() >= 1);
+    }
+
+    #[cfg(all(not(feature = "hwloc"), target_os = "linux"))]
+    #[test]
+    fn places_take_one_cpu_of_every_core_first() {
+        use imp::{parse_cpu_list, spread_over_cores};
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        for bad in ["3-1", "a", "1-", "1,,x"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+        }
+        // Siblings numbered apart (cpu i and i + 4 share a core): unchanged.
+        let apart = |c: usize| Some(vec![c % 4, c % 4 + 4]);
+        assert_eq!(
+            spread_over_cores((0..8).collect(), apart),
+            (0..8).collect::<Vec<_>>()
+        );
+        // Siblings side by side (0 and 1 share a core, 2 and 3, ...).
+        let adjacent = |c: usize| Some(vec![c & !1, c | 1]);
+        assert_eq!(
+            spread_over_cores((0..8).collect(), adjacent),
+            vec![0, 2, 4, 6, 1, 3, 5, 7]
+        );
+        // A mask without CPU 0: CPU 1 is its core's first in the mask.
+        assert_eq!(
+            spread_over_cores((1..8).collect(), adjacent),
+            vec![1, 2, 4, 6, 3, 5, 7]
+        );
+        // Unknown siblings: CPU order.
+        assert_eq!(spread_over_cores(vec![0, 1, 2], |_| None), vec![0, 1, 2]);
     }
 
     #[test]
