@@ -71,6 +71,7 @@ pub use sched::scoped::{ScopeDecision, StreamChoice};
 pub use sched::tenants::preemption_point;
 pub use sched::Stats;
 pub use sched::TaskHandle;
+pub use sched::INLINE_MAX_NS;
 pub use schedule::Schedule;
 pub use scope::{PlacementFile, Scope};
 pub use task::{TaskBuilder, TaskResult};

@@ -37,6 +37,7 @@ pub struct RuntimeBuilder {
     cpu_cores: Option<usize>,
     oversubscribe: bool,
     pin_threads: bool,
+    inline_short_tasks: bool,
     live: Option<PathBuf>,
     class: Class,
     placement: Option<PlacementSource>,
@@ -71,6 +72,7 @@ impl Default for RuntimeBuilder {
             cpu_cores: None,
             oversubscribe: false,
             pin_threads: cfg!(feature = "hwloc"),
+            inline_short_tasks: true,
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
             class: Class::Normal,
             placement: None,
@@ -208,6 +210,21 @@ impl RuntimeBuilder {
     /// binding fails, threads stay unpinned.
     pub fn pin_threads(mut self, on: bool) -> Self {
         self.pin_threads = on;
+        self
+    }
+
+    /// CPU: run a short task on the submitting thread, inside the call that
+    /// submits it (default: on). Only a task the cost model has measured at
+    /// under [`INLINE_MAX_NS`](crate::INLINE_MAX_NS), whose predecessors
+    /// have all completed and whose stream has finished everything placed on
+    /// it before, and only in a `normal` or latency-critical runtime and
+    /// outside a task: handing such a task to its stream's thread costs more
+    /// than running it. It still counts as its stream's next task (its span,
+    /// its place in the stream's order; `Stats::inline` counts them). Off:
+    /// every body runs on its stream's thread, for bodies that depend on
+    /// which thread runs them (thread-locals, CPU affinity).
+    pub fn inline_short_tasks(mut self, on: bool) -> Self {
+        self.inline_short_tasks = on;
         self
     }
 
@@ -360,6 +377,7 @@ impl RuntimeBuilder {
                 spans: Mutex::new(Vec::new()),
                 placed: AtomicU64::new(0),
                 running: Mutex::new(None),
+                inline: AtomicU64::new(0),
             });
         }
         let shared = Arc::new(Shared {
@@ -377,6 +395,9 @@ impl RuntimeBuilder {
             class: self.class,
             pin_threads: self.pin_threads,
             measure: matches!(backend, Backend::Cpu),
+            inline: self.inline_short_tasks
+                && matches!(backend, Backend::Cpu)
+                && self.class != Class::BestEffort,
             estimates: Default::default(),
         });
         let layout = Layout {
@@ -683,10 +704,14 @@ impl Runtime {
         }
         self.wait_for_room();
         sched::live::submitting(&self.shared);
-        let task = {
+        let (task, inline) = {
             let mut st = lock(&self.state);
             sched::submit(&mut st, &self.shared, b)
         };
+        if let Some(launch) = inline {
+            // Outside the lock: the body may submit tasks itself.
+            sched::run_inline(&self.shared, &task, launch);
+        }
         Ok(TaskHandle {
             task,
             shared: self.shared.clone(),

@@ -41,6 +41,8 @@ fn two_runtimes_stream_zero_pinned_to_different_cpus() {
             .compute_streams(2)
             .oversubscribe(true)
             .pin_threads(pin)
+            // Every body on its stream's thread (the test asks where that is).
+            .inline_short_tasks(false)
             .build()
             .unwrap()
     };

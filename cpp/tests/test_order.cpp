@@ -190,6 +190,31 @@ void writer_waits_for_every_reader() {
 
 }  // namespace
 
+// Short tasks may run on the submitting thread (inline_short_tasks, on by
+// default) with the sequential result; switched off, every body runs on a
+// stream thread.
+void inline_short_tasks_switch() {
+  for (bool inline_on : {true, false}) {
+    braid::Runtime rt = braid::Runtime::builder()
+                            .backend(braid::BackendKind::Cpu)
+                            .compute_streams(2)
+                            .inline_short_tasks(inline_on)
+                            .build();
+    braid::Buffer x = rt.alloc_from("x", std::vector<std::uint32_t>{0});
+    std::atomic<int> here{0};
+    const std::thread::id me = std::this_thread::get_id();
+    for (std::uint32_t i = 0; i < 500; ++i) {
+      if (i % 100 == 0) rt.synchronize();
+      rt.task("tick").run(braid::read_write<std::uint32_t>(x), [i, me, &here](braid::Span<std::uint32_t> v) {
+        if (v[0] == i) v[0] += 1;
+        if (std::this_thread::get_id() == me) here.fetch_add(1);
+      });
+    }
+    CHECK(rt.read_vec<std::uint32_t>(x) == std::vector<std::uint32_t>{500});
+    if (!inline_on) CHECK(here.load() == 0);
+  }
+}
+
 int main() {
   check::Runner t;
   t.run("chain_matches_sequential", chain);
@@ -197,5 +222,6 @@ int main() {
   t.run("disjoint_views_are_independent", disjoint_views_are_independent);
   t.run("overlapping_views_are_ordered", overlapping_views_are_ordered);
   t.run("writer_waits_for_every_reader", writer_waits_for_every_reader);
+  t.run("inline_short_tasks_switch", inline_short_tasks_switch);
   return t.finish();
 }

@@ -161,6 +161,9 @@ mod bridge {
         live: String,
         /// Replays run as one unit (`RuntimeBuilder::graphs`).
         graphs: bool,
+        /// Short tasks may run on the submitting thread
+        /// (`RuntimeBuilder::inline_short_tasks`).
+        inline_short_tasks: bool,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -433,6 +436,7 @@ fn default_config() -> RuntimeConfig {
         tenant_class: Class::Normal,
         live: String::new(),
         graphs: false,
+        inline_short_tasks: true,
     }
 }
 
@@ -464,6 +468,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .launch_window(cfg.launch_window)
             .profile(cfg.profile)
             .graphs(cfg.graphs)
+            .inline_short_tasks(cfg.inline_short_tasks)
             .rank(cfg.rank);
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());

@@ -191,7 +191,10 @@ fn early_all_reduce(p: &Profile) -> bool {
 /// started early, and the hidden comm time summed over those steps.
 fn overlap_run(config: BucketConfig, steps: u64) -> Vec<(Vec<bool>, u64, u64)> {
     let dims = [64, 192, 192, 192, 32];
-    let batch = 32;
+    // A backward pass of a few ms even beside the other tests of this file
+    // on two cores (at 32 rows it was short enough that a comm thread the
+    // OS scheduled late started only after it, now and then).
+    let batch = 128;
     launch(2, |rank, comm| {
         let (rt, m) = ddp_rank(rank, &comm, &dims, batch)?;
         let mut red = reducer(&rt, &comm, &m, config.clone())?;

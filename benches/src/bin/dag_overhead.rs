@@ -60,6 +60,10 @@ struct Args {
     /// the submitter waits; the builder's default when not given).
     #[arg(long)]
     window: Option<usize>,
+    /// Every body on its stream's thread: no short task run by the
+    /// submitter (`RuntimeBuilder::inline_short_tasks(false)`).
+    #[arg(long)]
+    no_inline: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,7 +90,8 @@ fn main() -> anyhow::Result<()> {
         .compute_streams(a.streams)
         .policy(a.policy)
         .auto_replay(a.mode == Mode::Auto)
-        .graphs(a.mode == Mode::Graph);
+        .graphs(a.mode == Mode::Graph)
+        .inline_short_tasks(!a.no_inline);
     if let Some(w) = a.window {
         builder = builder.launch_window(w);
     }
@@ -146,7 +151,7 @@ fn main() -> anyhow::Result<()> {
         )
     };
     println!(
-        "shape={:?} mode={}{} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={} memoised={}{held_figures}",
+        "shape={:?} mode={}{} tasks={} streams={} policy={} ns_per_task={:.1} best_ns_per_task={:.1} waits={} elided_waits={} memoised={} inline={}{held_figures}",
         a.shape,
         format!("{:?}", a.mode).to_lowercase(),
         if a.held { "-held" } else { "" },
@@ -157,7 +162,8 @@ fn main() -> anyhow::Result<()> {
         ns[0],
         s.waits,
         s.elided_waits,
-        s.auto_replayed
+        s.auto_replayed,
+        s.inline
     );
     Ok(())
 }

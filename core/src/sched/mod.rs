@@ -222,6 +222,11 @@ pub(crate) struct StreamShared {
     /// The task the stream's thread is running, kept only for the live view
     /// ([`Shared::live`]).
     pub(crate) running: Mutex<Option<crate::trace::live::Running>>,
+    /// The sequence number of the last task its submitter chose to run
+    /// inline ([`run_inline`]; 0: none yet): the stream's thread waits for
+    /// `done` to reach it before it runs anything else. Written under the
+    /// runtime's lock before any later task of the stream is queued.
+    pub(crate) inline: AtomicU64,
 }
 
 /// State shared by the runtime handle and its stream threads.
@@ -253,6 +258,9 @@ pub(crate) struct Shared {
     /// CPU stream threads measure bodies into `estimates` and submission
     /// places by earliest finish time once a name is measured (`cost.rs`).
     pub(crate) measure: bool,
+    /// Short tasks may run on the submitting thread
+    /// (`RuntimeBuilder::inline_short_tasks`; CPU, not best-effort).
+    pub(crate) inline: bool,
     pub(crate) estimates: cost::Estimates,
 }
 
@@ -336,6 +344,9 @@ pub struct Stats {
     /// Replays run as one unit: a CUDA graph launch, or on the CPU one
     /// sequential run (counted in `replays` too).
     pub graph_replays: u64,
+    /// Eager tasks run on the submitting thread
+    /// (`RuntimeBuilder::inline_short_tasks`; counted in `tasks` too).
+    pub inline: u64,
 }
 
 impl SubmitState {
@@ -432,9 +443,21 @@ impl ScopePlace {
     }
 }
 
+/// The longest estimated duration of a task that may run on its submitting
+/// thread (`RuntimeBuilder::inline_short_tasks`): about what handing a task
+/// to a stream thread that is spinning costs on the 2-core development VM
+/// (0.3–1 µs, docs/engine.md), a wake-up of a sleeping one costing ~30 µs.
+pub const INLINE_MAX_NS: u64 = 2_000;
+
 /// Infers the task's predecessors, places it, computes its waits and hands it
-/// to its stream. Runs under the runtime's lock; never blocks on a stream.
-pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<TaskShared> {
+/// to its stream, or returns its launch for the caller to run inline
+/// ([`run_inline`]) once it has let go of the runtime's lock. Runs under the
+/// runtime's lock; never blocks on a stream.
+pub(crate) fn submit(
+    st: &mut SubmitState,
+    shared: &Shared,
+    t: NewTask,
+) -> (Arc<TaskShared>, Option<Launch>) {
     if st.auto.is_some() {
         if t.scope.as_ref().is_some_and(|s| !s.decision.replay) {
             // The placement file turned replay off for this scope: its
@@ -443,7 +466,7 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
         } else {
             let h = auto::task_hash(&t);
             if auto::Auto::admit(st, shared, &t, h) {
-                return auto::submit_memoised(st, shared, t);
+                return (auto::submit_memoised(st, shared, t), None);
             }
         }
     }
@@ -596,10 +619,45 @@ pub(crate) fn submit(st: &mut SubmitState, shared: &Shared, t: NewTask) -> Arc<T
     st.stats.waits += nwaits;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
     st.preds = preds;
+    // Run inline: a measured short eager task with nothing to wait for, on
+    // a stream that has finished everything placed on it (so its thread is
+    // idle and the task is next in its order either way).
+    let inline = shared.inline
+        && t.kind != TaskKind::Comm
+        && matches!(launch.body, TaskBody::Once(_))
+        && launch.preds.is_empty()
+        && launch.waits.is_empty()
+        && shared
+            .estimates
+            .get(cost)
+            .is_some_and(|e| e <= INLINE_MAX_NS)
+        && shared.streams[s].done.get() + 1 == seq
+        && IN_TASK_OF.with(Cell::get) != shared.runtime_id;
+    if inline {
+        shared.streams[s].inline.store(seq, Ordering::Release);
+        st.stats.inline += 1;
+        return (task, Some(launch));
+    }
     shared.streams[s]
         .queue
         .push(Item::Task(task.clone(), launch));
-    task
+    (task, None)
+}
+
+thread_local! {
+    /// Tasks this thread ran inline, for the cost model's sampling.
+    static INLINE_RUN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs a task [`submit`] chose to run inline, on the calling (submitting)
+/// thread, as its stream's thread would have: its stream's next task, timed,
+/// traced and completed the same way. Call without the runtime's lock.
+pub(crate) fn run_inline(shared: &Shared, task: &TaskShared, launch: Launch) {
+    let outer = IN_TASK_OF.with(|c| c.replace(shared.runtime_id));
+    let mut n = INLINE_RUN.with(Cell::get);
+    worker::execute(shared, task.stream as usize, task, launch, &mut n);
+    INLINE_RUN.with(|c| c.set(n));
+    IN_TASK_OF.with(|c| c.set(outer));
 }
 
 /// The cross-stream waits a task on stream `s` needs for `preds`: the latest

@@ -20,7 +20,7 @@ use crate::clock::now_ns;
 use crate::ctx::{Access, Body, Check, SharedBody, SkipHook, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
-use crate::sync::{lock, Arc};
+use crate::sync::{lock, Arc, Ordering};
 use crate::trace::Span;
 use smallvec::SmallVec;
 use std::collections::VecDeque;
@@ -81,53 +81,69 @@ fn run_cpu(shared: &Shared, s: usize) {
     let mut tasks_run = 0;
     while shared.streams[s].queue.pop_batch(&mut batch) {
         while let Some(item) = batch.pop_front() {
-            let (task, launch) = match item {
-                Item::Task(task, launch) => (task, launch),
-                Item::Program(run) => {
-                    run_program(shared, s, &run);
-                    continue;
-                }
-            };
-            let Launch {
-                waits,
-                preds,
-                accesses,
-                body,
-                on_skip,
-            } = launch;
-            for &(j, n) in &waits {
-                shared.streams[j as usize].done.wait_at_least(n);
+            // A task its submitter ran inline comes first (`sched::inline`):
+            // every later item of the stream waits for it.
+            let inline = shared.streams[s].inline.load(Ordering::Acquire);
+            if inline != 0 {
+                shared.streams[s].done.wait_at_least(inline);
             }
-            let measure = sample(shared, &task, &mut tasks_run);
-            let timed = shared.profiling || measure;
-            tenants::admit(shared);
-            let start = if timed { now_ns() } else { 0 };
-            live::running(shared, s, Some((task.id, &task.name, &task.scope)));
-            let (outcome, checks) = run_task(&task, &preds, body, on_skip, true, || {
-                DeviceCtx::Cpu(PhantomData)
-            });
-            live::running(shared, s, None);
-            let outcome = outcome.and_then(|()| run_checks(checks));
-            let end = if timed { now_ns() } else { 0 };
-            let wait = crate::trace::take_peer_wait();
-            if shared.profiling {
-                let ids = preds.iter().map(|p| p.id).collect();
-                let span = (start, end, largest(&accesses), wait);
-                push_span(shared, s, &task, ids, span, outcome.is_ok());
-            }
-            let ok = outcome.is_ok();
-            report(shared, &task, outcome);
-            // Release the buffers before announcing completion, so memory is
-            // free once a synchronisation point returns.
-            drop(accesses);
-            drop(preds);
-            complete(shared, s);
-            if measure && ok {
-                // What the task occupies its stream for, the engine's own
-                // per-task work included: what placement must predict.
-                shared.estimates.record(task.cost, now_ns() - start);
+            match item {
+                Item::Task(task, launch) => execute(shared, s, &task, launch, &mut tasks_run),
+                Item::Program(run) => run_program(shared, s, &run),
             }
         }
+    }
+}
+
+/// Runs an eager task of CPU stream `s` on the calling thread: the stream's
+/// own, or the submitter's for a task run inline. Issues its waits, times it
+/// for the cost model (`tasks_run` counts the thread's tasks, for sampling)
+/// and completes it.
+pub(super) fn execute(
+    shared: &Shared,
+    s: usize,
+    task: &TaskShared,
+    launch: Launch,
+    tasks_run: &mut u32,
+) {
+    let Launch {
+        waits,
+        preds,
+        accesses,
+        body,
+        on_skip,
+    } = launch;
+    for &(j, n) in &waits {
+        shared.streams[j as usize].done.wait_at_least(n);
+    }
+    let measure = sample(shared, task, tasks_run);
+    let timed = shared.profiling || measure;
+    tenants::admit(shared);
+    let start = if timed { now_ns() } else { 0 };
+    live::running(shared, s, Some((task.id, &task.name, &task.scope)));
+    let (outcome, checks) = run_task(task, &preds, body, on_skip, true, || {
+        DeviceCtx::Cpu(PhantomData)
+    });
+    live::running(shared, s, None);
+    let outcome = outcome.and_then(|()| run_checks(checks));
+    let end = if timed { now_ns() } else { 0 };
+    let wait = crate::trace::take_peer_wait();
+    if shared.profiling {
+        let ids = preds.iter().map(|p| p.id).collect();
+        let span = (start, end, largest(&accesses), wait);
+        push_span(shared, s, task, ids, span, outcome.is_ok());
+    }
+    let ok = outcome.is_ok();
+    report(shared, task, outcome);
+    // Release the buffers before announcing completion, so memory is
+    // free once a synchronisation point returns.
+    drop(accesses);
+    drop(preds);
+    complete(shared, s);
+    if measure && ok {
+        // What the task occupies its stream for, the engine's own
+        // per-task work included: what placement must predict.
+        shared.estimates.record(task.cost, now_ns() - start);
     }
 }
 

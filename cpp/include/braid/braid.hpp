@@ -987,6 +987,14 @@ class RuntimeBuilder {
     cfg_.graphs = on;
     return *this;
   }
+  // CPU: a short task (measured under braid's INLINE_MAX_NS, its
+  // predecessors done, its stream idle) runs on the submitting thread inside
+  // the call that submits it (default: on; docs/engine.md). Off: every body
+  // runs on its stream's thread, for bodies that care which thread runs them.
+  RuntimeBuilder& inline_short_tasks(bool on = true) {
+    cfg_.inline_short_tasks = on;
+    return *this;
+  }
   // The rank this runtime plays in a data-parallel job (the trace's process).
   RuntimeBuilder& rank(std::size_t r) {
     cfg_.rank = r;
