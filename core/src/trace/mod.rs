@@ -13,6 +13,7 @@ mod summary;
 
 pub use chrome::{write_chrome_trace, HostTraceGuard};
 pub use event::read_chrome_trace;
+#[cfg(all(unix, not(loom)))] // the live view's server (sched/live.rs)
 pub(crate) use event::span_event;
 pub use summary::{StreamBusy, Summary};
 
