@@ -81,7 +81,7 @@ fn run_cpu(shared: &Shared, s: usize) {
     let mut tasks_run = 0;
     while shared.streams[s].queue.pop_batch(&mut batch) {
         while let Some(item) = batch.pop_front() {
-            // A task its submitter ran inline comes first (`sched::inline`):
+            // A task its submitter ran inline comes first (`sched::run_inline`):
             // every later item of the stream waits for it.
             let inline = shared.streams[s].inline.load(Ordering::Acquire);
             if inline != 0 {
