@@ -22,7 +22,8 @@
 # torch.compile at B 8 and 32 and alone at B 64, its leading kernels under
 # a profiler, two tenants with the trainer's timeline, the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
-# the PyTorch fixtures on CUDA).
+# and with its graphs cut around the reducer's collectives against no
+# graphs, the CUDA graph tests, the PyTorch fixtures on CUDA).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -37,7 +38,8 @@ fi
 QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_lt 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 15_train_gpu
-15b_train_gpu_split 15c_train_gpu_whole 03_reference_cuda 04_reference_bf16_cuda"
+15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
+03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"
@@ -141,11 +143,15 @@ else
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
     # Issue 11: the reducer at one rank on the GPU, the tied gradient split
     # (its CUDA kernels) and whole, each with a trace for the step
-    # simulator (docs/collectives.md, "The tied split in bf16").
+    # simulator (docs/collectives.md, "The tied split in bf16"). Its step
+    # has (no-op) collectives, so its graph replay is cut around them
+    # (docs/replay.md): 15d, without graphs, must print the same losses.
     wrap 15b_train_gpu_split bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --trace \$OUT/gpt2-bf16-split.json"
     wrap 15c_train_gpu_whole bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-tied-split --trace \$OUT/gpt2-bf16-whole.json"
+    wrap 15d_train_gpu_split_no_graphs bench braid-gpt2 \
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-graphs --no-trace"
     wrap 16_gpt2_graphs_small bench gpt2_graphs \
         "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
     wrap 17_gpt2_graphs_124m bench gpt2_graphs \

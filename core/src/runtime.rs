@@ -147,10 +147,14 @@ impl RuntimeBuilder {
     /// (fork and join through events) and each replay is one graph launch;
     /// on the CPU a replay runs every task in order on one stream thread
     /// (the CPU's model of a graph launch, with no overlap: for tests).
-    /// Schedules with a collective or a host task, and any whose capture
-    /// fails, replay as before ([`crate::Schedule::graph_refusal`] says
-    /// why). Values that change between replays must live in buffers the
-    /// kernels read: a graph keeps the kernel arguments of its capture.
+    /// A schedule with collectives or host tasks is cut around them: each
+    /// run of other tasks between them is a graph, and they run as ordinary
+    /// tasks, so a collective overlaps the next graph
+    /// ([`crate::Schedule::graph_shape`]). A schedule whose capture fails,
+    /// or that has nothing to capture, replays as before
+    /// ([`crate::Schedule::graph_refusal`] says why). Values that change
+    /// between replays must live in buffers the kernels read: a graph keeps
+    /// the kernel arguments of its capture.
     pub fn graphs(mut self, on: bool) -> Self {
         self.graphs = on;
         self
@@ -797,14 +801,14 @@ impl Runtime {
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = lock(&self.state);
         Self::check_replay_allowed(&st, plan)?;
-        let (unit, fence) = match &*slot {
+        let (split, fence) = match &*slot {
             GraphSlot::Ready(u) => (u.clone(), false),
             GraphSlot::Refused(_) => return Ok(None),
             GraphSlot::Untried => {
-                let made = match (capture::refusal(plan), &self.backend) {
-                    (Some(why), _) => Err(why),
-                    (None, Backend::Cpu) => Ok(Unit::Cpu),
-                    (None, Backend::Cuda(_))
+                let made = match (sched::split::split(plan), &self.backend) {
+                    (Err(why), _) => Err(why),
+                    (Ok(split), Backend::Cpu) => split.made(|_, ()| Ok(Unit::Cpu)),
+                    (Ok(_), Backend::Cuda(_))
                         if self.shared.check_not_in_task("capture").is_err() =>
                     {
                         Err(
@@ -812,17 +816,18 @@ impl Runtime {
                                 .to_string(),
                         )
                     }
-                    (None, Backend::Cuda(c)) => {
+                    (Ok(split), Backend::Cuda(c)) => {
                         // No body of the schedule may be running, and no
                         // stream launching, while it captures.
                         st = self.lock_when_idle(st, plan)?;
-                        capture::capture_cuda(plan, c).map(|g| Unit::Cuda(std::sync::Arc::new(g)))
+                        capture::capture_cuda(split, plan, c)
                     }
                 };
                 match made {
-                    Ok(u) => {
-                        *slot = GraphSlot::Ready(u.clone());
-                        (u, true)
+                    Ok(split) => {
+                        let split = std::sync::Arc::new(split);
+                        *slot = GraphSlot::Ready(split.clone());
+                        (split, true)
                     }
                     Err(why) => {
                         tracing::warn!(schedule = %plan.name, "not replayed as a graph: {why}");
@@ -833,7 +838,7 @@ impl Runtime {
             }
         };
         sched::auto::Auto::foreign(&mut st);
-        let task = capture::submit(&mut st, &self.shared, plan, &unit, fence);
+        let task = sched::split::submit(&mut st, &self.shared, plan, &split, fence);
         Ok(Some(TaskHandle {
             task,
             shared: self.shared.clone(),

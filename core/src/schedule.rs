@@ -51,7 +51,7 @@ pub(crate) enum Agreement {
 /// A schedule's graph, once its first replay has tried to make one.
 pub(crate) enum GraphSlot {
     Untried,
-    Ready(crate::sched::capture::Unit),
+    Ready(Arc<crate::sched::split::Split<crate::sched::capture::Unit>>),
     Refused(String),
 }
 
@@ -218,13 +218,27 @@ impl<'rt> Schedule<'rt> {
     }
 
     /// Why this schedule does not replay as a graph, once a replay has
-    /// tried ([`crate::RuntimeBuilder::graphs`]): a collective or host task
-    /// in it, or what failed during its capture. `None` while untried, when
-    /// it is a graph, or with graphs off.
+    /// tried ([`crate::RuntimeBuilder::graphs`]): no task of it can be
+    /// captured (all are collectives or host work), or what failed during
+    /// its capture. `None` while untried, when it is a graph, or with graphs
+    /// off.
     pub fn graph_refusal(&self) -> Option<String> {
         match &*self.graph.lock().unwrap_or_else(|e| e.into_inner()) {
             GraphSlot::Refused(why) => Some(why.clone()),
             GraphSlot::Untried | GraphSlot::Ready(_) => None,
+        }
+    }
+
+    /// How a graph replay runs this schedule, once a replay has made it a
+    /// graph: `(graphs, tasks outside them)` per replay. A schedule with
+    /// collectives or host tasks is cut around them (docs/replay.md): each
+    /// run of other tasks between them is one graph, and they run as
+    /// ordinary tasks. `None` while untried, when refused, or with graphs
+    /// off.
+    pub fn graph_shape(&self) -> Option<(usize, usize)> {
+        match &*self.graph.lock().unwrap_or_else(|e| e.into_inner()) {
+            GraphSlot::Ready(split) => Some(split.shape()),
+            GraphSlot::Untried | GraphSlot::Refused(_) => None,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use braid::cuda::memory::memcpy_dtod_async;
 use braid::cuda::{gpu_or_skip, test_kernels, CudaFunction, KernelArgs, KernelCache, LaunchConfig};
-use braid::{BackendKind, Error, Runtime, TaskError};
+use braid::{BackendKind, Error, Runtime, TaskError, TaskKind};
 use std::sync::Arc;
 
 /// A profiled CUDA runtime for `test`, or `None` (after saying so) without a GPU.
@@ -245,7 +245,9 @@ fn graph_replays_match_the_sequential_program() {
 /// that many times in program order gives. This is what the random-program
 /// replay tests cannot check on CUDA (their bodies synchronise, so their
 /// graphs are refused): the capture's forks, marks, waits and joins on
-/// plans with random cross-stream edges.
+/// plans with random cross-stream edges. One task in four (never the first)
+/// is marked host work, so the step is cut around it (`sched::split`): the
+/// graphs of its parts and the tasks between them must keep every edge.
 #[test]
 fn random_steps_replay_as_graphs_like_the_sequential_program() {
     if !gpu_or_skip("random_steps_replay_as_graphs_like_the_sequential_program") {
@@ -287,9 +289,15 @@ fn random_steps_replay_as_graphs_like_the_sequential_program() {
                 }
             })
             .collect();
+        let host: Vec<bool> = (0..tasks.len()).map(|i| i > 0 && next(4) == 0).collect();
         let submit = |rt: &Runtime| -> braid::Result<()> {
-            for &(s, src, dst, by, spins) in &tasks {
-                let task = rt.task(format!("t{dst}")).on_stream(s);
+            for (&(s, src, dst, by, spins), &host) in tasks.iter().zip(&host) {
+                let kind = if host {
+                    TaskKind::Host
+                } else {
+                    TaskKind::Compute
+                };
+                let task = rt.task(format!("t{dst}")).on_stream(s).kind(kind);
                 match src {
                     Some(src) => task.run_cuda(
                         (bufs[src].read::<f32>(), bufs[dst].write::<f32>()),
@@ -344,6 +352,9 @@ fn random_steps_replay_as_graphs_like_the_sequential_program() {
             );
         }
         assert_eq!(step.graph_refusal(), None, "case {case}");
+        let (graphs, between) = step.graph_shape().expect("a graph");
+        assert_eq!(between, host.iter().filter(|&&h| h).count(), "case {case}");
+        assert!(graphs >= 1, "case {case}");
         assert_eq!(rt.stats().graph_replays, replays as u64, "case {case}");
         rt.synchronize().unwrap();
     }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use braid::{BackendKind, Error, Policy, Runtime};
+use braid::{BackendKind, Error, Policy, Runtime, TaskKind};
 use common::*;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -78,12 +78,22 @@ fn unrolled(p: &Program, c: &Cut) -> Program {
     }
 }
 
+/// Some tasks are host tasks (one in five, by their salt): a graph replay
+/// cuts the schedule around them, as around collectives.
+fn kind(t: &GenTask) -> TaskKind {
+    if t.salt % 5 == 0 {
+        TaskKind::Host
+    } else {
+        TaskKind::Compute
+    }
+}
+
 fn with_replays(rt: &Runtime, p: &Program, c: &Cut) -> Vec<Vec<u32>> {
     let bufs = alloc_buffers(rt, p);
     submit_tasks(rt, &bufs, &p.tasks[..c.step.start]);
     let step = rt
         .record("step", |rt| {
-            submit_tasks(rt, &bufs, &p.tasks[c.step.clone()]);
+            submit_tasks_as(rt, &bufs, &p.tasks[c.step.clone()], kind);
             Ok(())
         })
         .unwrap();
@@ -221,6 +231,112 @@ fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
     }
 }
 
+/// A graph replay cut around a host task (as around a collective): a
+/// failure names the task that failed, and skips the later parts that
+/// depend on the part it happened in, whole (a graph runs whole or not at
+/// all) — here an independent task that shares a part with a dependent.
+/// Without graphs only the dependents are skipped. Then the runtime and the
+/// schedule are usable again.
+#[test]
+fn a_failure_in_a_cut_graph_replay_names_the_task_and_skips_later_parts() {
+    for mode in MODES {
+        let graph = matches!(mode, Mode::Graph);
+        let rt = in_mode(Runtime::builder(), mode)
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .build()
+            .unwrap();
+        let x = rt.alloc_from("x", &[1u32]).unwrap();
+        let [y, w, z] = ["y", "w", "z"].map(|n| rt.alloc(n, 4).unwrap());
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("flaky").run(x.read_write::<u32>(), move |x| {
+                    if r.fetch_add(1, Ordering::Relaxed) == 1 {
+                        return Err("the second run fails".into());
+                    }
+                    x[0] += 1;
+                    Ok(())
+                })?;
+                rt.task("copy x")
+                    .kind(TaskKind::Host)
+                    .run((x.read::<u32>(), w.write::<u32>()), |(x, w)| w[0] = x[0])?;
+                rt.task("after flaky")
+                    .run((x.read::<u32>(), y.write::<u32>()), |(x, y)| y[0] = x[0])?;
+                rt.task("independent")
+                    .run(z.read_write::<u32>(), |z| z[0] += 10)?;
+                Ok(())
+            })
+            .unwrap();
+        rt.synchronize().unwrap();
+        match step.replay().unwrap().wait() {
+            Err(Error::DependencyFailed { task, cause }) => {
+                assert_eq!(
+                    (task.as_str(), cause.as_str()),
+                    ("step", "flaky"),
+                    "{mode:?}"
+                );
+            }
+            other => panic!("{mode:?}: expected the replay to name `flaky`, got {other:?}"),
+        }
+        let e = rt.synchronize().unwrap_err().to_string();
+        assert!(e.contains("flaky") && e.contains("second run fails"), "{e}");
+        assert_eq!(step.graph_shape(), graph.then_some((2, 1)), "{mode:?}");
+        let read = |b: &braid::Buffer| rt.read_vec::<u32>(b).unwrap()[0];
+        assert_eq!((read(&x), read(&w), read(&y)), (2, 2, 2), "{mode:?}");
+        assert_eq!(read(&z), if graph { 10 } else { 20 }, "{mode:?}");
+        step.replay().unwrap().wait().unwrap();
+        assert_eq!((read(&x), read(&w), read(&y)), (3, 3, 3), "{mode:?}");
+        assert_eq!(read(&z), if graph { 20 } else { 30 }, "{mode:?}");
+    }
+}
+
+/// Explicit edges (`TaskBuilder::after`) among recorded tasks hold in every
+/// replay, across the parts of a cut graph replay too: a host task after a
+/// slow task on another stream, with no data between them, sees its effect.
+#[test]
+fn explicit_edges_hold_across_the_parts_of_a_graph_replay() {
+    for mode in MODES {
+        let rt = in_mode(Runtime::builder(), mode)
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true)
+            .build()
+            .unwrap();
+        let a = rt.alloc("a", 4).unwrap();
+        let runs = Arc::new(AtomicU32::new(0));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (r, r2, s) = (runs.clone(), runs.clone(), seen.clone());
+        let step = rt
+            .record("step", |rt| {
+                let slow = rt
+                    .task("slow")
+                    .on_stream(1)
+                    .run(a.write::<u32>(), move |a| {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        a[0] = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    })?;
+                rt.task("host after slow")
+                    .kind(TaskKind::Host)
+                    .on_stream(0)
+                    .after(&slow)
+                    .run((), move |()| {
+                        s.lock().unwrap().push(r2.load(Ordering::SeqCst));
+                    })?;
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..3 {
+            step.replay().unwrap();
+        }
+        rt.synchronize().unwrap();
+        assert_eq!(*seen.lock().unwrap(), [1, 2, 3, 4], "{mode:?}");
+        let graph = matches!(mode, Mode::Graph);
+        assert_eq!(step.graph_shape(), graph.then_some((1, 1)), "{mode:?}");
+    }
+}
+
 #[test]
 fn a_panic_in_a_replay_is_reported_and_nothing_hangs() {
     for rt in runtimes() {
@@ -331,10 +447,12 @@ fn collectives_replay_in(mode: Mode) {
         })?;
         step.replay()?;
         step.replay()?;
-        // A collective keeps a schedule out of graphs: it replays as before.
-        let refused = step.graph_refusal().is_some();
-        assert_eq!(refused, matches!(mode, Mode::Graph), "{mode:?}");
-        assert_eq!(rt.stats().graph_replays, 0);
+        // With graphs, the step is cut around its collective: one graph
+        // (on the CPU a sequential run), then the all-reduce as a task.
+        let graphs = matches!(mode, Mode::Graph);
+        assert_eq!(step.graph_refusal(), None);
+        assert_eq!(step.graph_shape(), graphs.then_some((1, 1)), "{mode:?}");
+        assert_eq!(rt.stats().graph_replays, if graphs { 2 } else { 0 });
         let out = rt.read_vec::<f32>(&x)?;
         rt.synchronize()?;
         Ok(out)

@@ -308,19 +308,30 @@ impl CublasHandle {
         bias: DevicePtr,
     ) -> CudaResult<()> {
         let h = self.begin(g, None)?;
-        let lt = match self.lt.get() {
-            Some(lt) => lt,
-            None => {
-                let made = super::cublaslt::Lt::new(&self.stream)?;
-                let _ = self.lt.set(made);
-                self.lt.get().expect("set just above")
-            }
-        };
+        let lt = self.lt()?;
         // SAFETY: the caller's contract; the handle's mutex (`h`) is held, so
         // the cuBLASLt state serves one product at a time.
         let r = unsafe { lt.gemm_bf16_bias(&self.stream, g, a, b, c, bias) };
         drop(h);
         r
+    }
+
+    /// The handle's cuBLASLt state, made (its workspace allocated on the
+    /// handle's stream) if it is not yet.
+    fn lt(&self) -> CudaResult<&super::cublaslt::Lt> {
+        if let Some(lt) = self.lt.get() {
+            return Ok(lt);
+        }
+        let made = super::cublaslt::Lt::new(&self.stream)?;
+        let _ = self.lt.set(made);
+        Ok(self.lt.get().expect("set just above"))
+    }
+
+    /// Makes the handle's cuBLASLt state now (the workspace of the fused-bias
+    /// products, 32 MiB from compute capability 9): before a CUDA graph
+    /// capture, in which the first such product could not allocate it.
+    pub fn prepare_for_capture(&self) -> CudaResult<()> {
+        self.lt().map(|_| ())
     }
 
     /// [`sgemm_strided_batched`](Self::sgemm_strided_batched) with bfloat16

@@ -17,12 +17,11 @@
 //! lose their overlap); it is how the submission side of graph replay — one
 //! unit, its waits, its clocks, its failures — is tested on every machine.
 //!
-//! What is not captured (the replay falls back to one task record per step,
-//! and [`crate::Schedule::graph_refusal`] says why): schedules with a
-//! collective (NCCL inside graphs is not built: its kernels would need the
-//! communicator's stream-ordered state and our completion checks) or a host
-//! task (uploads and read-backs synchronise), and on CUDA any body that fails
-//! while captured or registers a completion check.
+//! What is not captured: collectives and host tasks (a schedule that holds
+//! some is cut around them, `sched::split`, and each run of other tasks is
+//! captured on its own), and on CUDA any body that fails while captured or
+//! registers a completion check (the replay falls back to one task record
+//! per step, and [`crate::Schedule::graph_refusal`] says why).
 //!
 //! A graph bakes in every kernel argument at capture: values that change
 //! from step to step must live in device buffers the kernels read, which is
@@ -34,6 +33,7 @@
 //! everything submitted before it, and later ones follow it on one stream.
 
 use super::replay::{Plan, Run};
+use super::split::Split;
 use super::{cross_waits, Item, Launch, Shared, SubmitState, TaskBody, TaskShared};
 use crate::backend::gpu::{CudaBackend, StreamDriver};
 use crate::backend::DeviceCtx;
@@ -86,27 +86,14 @@ pub(crate) fn ops(plan: &Plan) -> Vec<Op> {
     ops
 }
 
-/// Why `plan` cannot become a graph, if it cannot (before any capture).
-pub(crate) fn refusal(plan: &Plan) -> Option<String> {
-    plan.tasks.iter().find_map(|t| match t.kind {
-        TaskKind::Comm => Some(format!(
-            "task `{}` is a collective (NCCL inside a graph is not built)",
-            t.name
-        )),
-        TaskKind::Host => Some(format!(
-            "task `{}` is host work (uploads and read-backs synchronise)",
-            t.name
-        )),
-        TaskKind::Compute | TaskKind::Copy => None,
-    })
-}
-
-/// A schedule captured as a CUDA graph, with what its kernels use.
+/// A schedule (or a part of one) captured as a CUDA graph, with what its
+/// kernels use.
 pub(crate) struct CudaStep {
     graph: CudaGraph,
     /// The cuBLAS handles the bodies were captured with: they own
-    /// workspace the graph's kernels use.
-    _cublas: Vec<crate::cuda::CublasHandle>,
+    /// workspace the graph's kernels use (shared by the graphs of one
+    /// schedule, which run one after another: `sched::split`).
+    _cublas: std::sync::Arc<Vec<crate::cuda::CublasHandle>>,
 }
 
 impl CudaStep {
@@ -121,94 +108,133 @@ impl CudaStep {
     }
 }
 
-/// Captures `plan` into a CUDA graph on `cuda`'s streams. The caller holds
+/// Captures every graph part of `split` (a cut of `plan`). The caller holds
 /// the runtime's lock and every task submitted so far has completed. An
 /// `Err` says why the schedule is not a graph; nothing ran, and the streams
 /// are out of capture mode.
-pub(crate) fn capture_cuda(plan: &Plan, cuda: &CudaBackend) -> Result<CudaStep, String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    let used: Vec<usize> = (0..plan.programs.len())
-        .filter(|&s| !plan.programs[s].is_empty())
-        .collect();
-    // cuBLAS handles are created before the capture (creating one
-    // allocates, which a capture refuses).
-    let mut drivers: Vec<Option<StreamDriver>> = (0..plan.programs.len()).map(|_| None).collect();
-    for &s in &used {
-        let d = cuda.driver(s);
-        if plan.tasks.iter().any(|t| t.stream as usize == s) {
-            let h = crate::cuda::CublasHandle::new(&d.stream)
-                .map_err(|e| fail("creating a cuBLAS handle", &e))?;
-            let _ = d.cublas.set(h);
-        }
-        drivers[s] = Some(d);
-    }
-    let origin = &cuda.streams[plan.join_stream];
-    let capture = Capture::begin(origin).map_err(|e| fail("beginning the capture", &e))?;
-    let event = |s: usize| -> Result<CudaEvent, String> {
-        let ev = CudaEvent::new(&cuda.device, EventKind::Sync)
-            .map_err(|e| fail("creating an event", &e))?;
-        ev.record(&cuda.streams[s])
-            .map_err(|e| fail("recording an event", &e))?;
-        Ok(ev)
-    };
-    let wait = |s: usize, ev: &CudaEvent| {
-        cuda.streams[s]
-            .wait_event(ev)
-            .map_err(|e| fail("waiting on an event", &e))
-    };
-    // `marks[k]` is mark `k` of `ops` (a `Wait` names it by that number);
-    // the fork and join events live apart, kept until the capture ends.
-    let mut marks: Vec<CudaEvent> = Vec::new();
-    let mut kept: Vec<CudaEvent> = Vec::new();
-    let mut forked: Vec<usize> = Vec::new();
-    let mut outcome: Result<(), String> = Ok(());
-    for op in ops(plan) {
-        let r = match op {
-            Op::Fork(s) => event(plan.join_stream).and_then(|ev| {
-                wait(s as usize, &ev)?;
-                forked.push(s as usize);
-                kept.push(ev);
-                Ok(())
-            }),
-            Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
-            Op::Wait(s, k) => wait(s as usize, &marks[k as usize]),
-            Op::Run(i) => run_captured(plan, i as usize, &drivers),
-            Op::Join(s) => event(s as usize).and_then(|ev| {
-                wait(plan.join_stream, &ev)?;
-                kept.push(ev);
-                Ok(())
-            }),
+pub(crate) fn capture_cuda(
+    split: Split<()>,
+    plan: &Plan,
+    cuda: &CudaBackend,
+) -> Result<Split<Unit>, String> {
+    let cap = Capturer::new(cuda, plan)?;
+    let graphs = split.made(|part, ()| cap.capture(part))?;
+    let handles = std::sync::Arc::new(cap.into_handles());
+    graphs.made(|_, graph| {
+        let step = CudaStep {
+            graph,
+            _cublas: handles.clone(),
         };
-        if let Err(e) = r {
-            outcome = Err(e);
-            break;
-        }
-    }
-    if let Err(e) = outcome {
-        // Rejoin what was forked so the capture can end cleanly; dropping
-        // it ends the capture and discards the graph.
-        for &s in &forked {
-            if let Ok(ev) = event(s) {
-                let _ = wait(plan.join_stream, &ev);
+        Ok(Unit::Cuda(std::sync::Arc::new(step)))
+    })
+}
+
+fn fail(what: &str, e: &dyn std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// What the captures of one schedule share: a driver per stream its graphs
+/// use, each with a cuBLAS handle made before any capture (making one, or
+/// its cuBLASLt workspace, allocates, which a capture refuses).
+struct Capturer<'a> {
+    cuda: &'a CudaBackend,
+    drivers: Vec<Option<StreamDriver>>,
+}
+
+impl<'a> Capturer<'a> {
+    fn new(cuda: &'a CudaBackend, plan: &Plan) -> Result<Self, String> {
+        let mut drivers: Vec<Option<StreamDriver>> =
+            (0..plan.programs.len()).map(|_| None).collect();
+        for t in plan.tasks.iter().filter(|t| !super::split::eager(t)) {
+            let s = t.stream as usize;
+            if drivers[s].is_none() {
+                let d = cuda.driver(s);
+                let h = crate::cuda::CublasHandle::new(&d.stream)
+                    .map_err(|e| fail("creating a cuBLAS handle", &e))?;
+                h.prepare_for_capture()
+                    .map_err(|e| fail("making a cuBLASLt workspace", &e))?;
+                let _ = d.cublas.set(h);
+                drivers[s] = Some(d);
             }
         }
-        drop(capture);
-        return Err(e);
+        Ok(Capturer { cuda, drivers })
     }
-    let graph = capture
-        .finish()
-        .map_err(|e| fail("ending the capture", &e))?;
-    graph
-        .upload(origin)
-        .map_err(|e| fail("uploading the graph", &e))?;
-    Ok(CudaStep {
-        graph,
-        _cublas: drivers
+
+    /// The handles, which the graphs' kernels use.
+    fn into_handles(self) -> Vec<crate::cuda::CublasHandle> {
+        self.drivers
             .into_iter()
             .flatten()
             .filter_map(|d| d.cublas.into_inner())
-            .collect(),
-    })
+            .collect()
+    }
+
+    /// Captures `plan` (every task on a stream with a driver) into a graph
+    /// on its join stream.
+    fn capture(&self, plan: &Plan) -> Result<CudaGraph, String> {
+        let cuda = self.cuda;
+        let origin = &cuda.streams[plan.join_stream];
+        let capture = Capture::begin(origin).map_err(|e| fail("beginning the capture", &e))?;
+        let event = |s: usize| -> Result<CudaEvent, String> {
+            let ev = CudaEvent::new(&cuda.device, EventKind::Sync)
+                .map_err(|e| fail("creating an event", &e))?;
+            ev.record(&cuda.streams[s])
+                .map_err(|e| fail("recording an event", &e))?;
+            Ok(ev)
+        };
+        let wait = |s: usize, ev: &CudaEvent| {
+            cuda.streams[s]
+                .wait_event(ev)
+                .map_err(|e| fail("waiting on an event", &e))
+        };
+        // `marks[k]` is mark `k` of `ops` (a `Wait` names it by that
+        // number); the fork and join events live apart, kept until the
+        // capture ends.
+        let mut marks: Vec<CudaEvent> = Vec::new();
+        let mut kept: Vec<CudaEvent> = Vec::new();
+        let mut forked: Vec<usize> = Vec::new();
+        let mut outcome: Result<(), String> = Ok(());
+        for op in ops(plan) {
+            let r = match op {
+                Op::Fork(s) => event(plan.join_stream).and_then(|ev| {
+                    wait(s as usize, &ev)?;
+                    forked.push(s as usize);
+                    kept.push(ev);
+                    Ok(())
+                }),
+                Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
+                Op::Wait(s, k) => wait(s as usize, &marks[k as usize]),
+                Op::Run(i) => run_captured(plan, i as usize, &self.drivers),
+                Op::Join(s) => event(s as usize).and_then(|ev| {
+                    wait(plan.join_stream, &ev)?;
+                    kept.push(ev);
+                    Ok(())
+                }),
+            };
+            if let Err(e) = r {
+                outcome = Err(e);
+                break;
+            }
+        }
+        if let Err(e) = outcome {
+            // Rejoin what was forked so the capture can end cleanly;
+            // dropping it ends the capture and discards the graph.
+            for &s in &forked {
+                if let Ok(ev) = event(s) {
+                    let _ = wait(plan.join_stream, &ev);
+                }
+            }
+            drop(capture);
+            return Err(e);
+        }
+        let graph = capture
+            .finish()
+            .map_err(|e| fail("ending the capture", &e))?;
+        graph
+            .upload(origin)
+            .map_err(|e| fail("uploading the graph", &e))?;
+        Ok(graph)
+    }
 }
 
 /// Runs task `i`'s body on its stream's driver, capturing what it launches.
@@ -241,19 +267,27 @@ pub(crate) enum Unit {
     Cuda(std::sync::Arc<CudaStep>),
 }
 
-/// Submits one graph replay of `plan` as one task on its join stream; returns
-/// it. Runs under the runtime's lock, like `replay::submit`. `fence`: the
-/// unit waits for everything submitted before on every stream (the first
-/// graph replay: earlier replays ran the same bodies on other streams).
+/// Submits `plan` (a whole schedule or a part of one: `sched::split`) as one
+/// task on its join stream; returns it. Runs under the runtime's lock, like
+/// `replay::submit`. `fence`: the unit waits for everything submitted before
+/// on every stream (the first graph replay: earlier replays ran the same
+/// bodies on other streams). `after`: earlier parts of the same replay it
+/// has an edge from.
 pub(crate) fn submit(
     st: &mut SubmitState,
     shared: &Shared,
     plan: &std::sync::Arc<Plan>,
     unit: &Unit,
     fence: bool,
+    after: &[Arc<TaskShared>],
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let mut ext = super::replay::external_preds(st, shared, plan);
+    for p in after {
+        if !p.is_finished() && !ext.iter().any(|q| q.id == p.id) {
+            ext.push(p.clone());
+        }
+    }
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
         super::replay::fence(&mut st.clocks[f], f, &st.placed, &mut waits);
@@ -267,7 +301,6 @@ pub(crate) fn submit(
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
     let task = super::replay::unit_record(st, plan, id_base, TaskKind::Compute);
-    st.stats.graph_replays += 1;
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
@@ -447,20 +480,5 @@ mod tests {
                 .collect();
             check(&Plan::new("r".into(), tasks, streams));
         }
-    }
-
-    #[test]
-    fn collectives_and_host_tasks_are_refused() {
-        let mut c = task(0, &[]);
-        c.kind = TaskKind::Comm;
-        c.name = "all-reduce".into();
-        let p = Plan::new("p".into(), vec![task(0, &[]), c], 1);
-        assert!(refusal(&p)
-            .unwrap()
-            .contains("`all-reduce` is a collective"));
-        let mut h = task(0, &[]);
-        h.kind = TaskKind::Host;
-        assert!(refusal(&Plan::new("h".into(), vec![h], 1)).is_some());
-        assert!(refusal(&Plan::new("k".into(), vec![task(0, &[])], 1)).is_none());
     }
 }

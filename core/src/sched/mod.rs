@@ -10,6 +10,7 @@ pub(crate) mod placement;
 pub(crate) mod queue;
 pub(crate) mod replay;
 pub(crate) mod scoped;
+pub(crate) mod split;
 pub(crate) mod tenants;
 mod worker;
 
@@ -137,6 +138,15 @@ impl TaskShared {
             let _ = self.error.set(e);
         }
         self.status.store(st, Ordering::Release);
+    }
+
+    /// The task a failed task's failure comes from: the cause it was
+    /// skipped for, else its own name.
+    pub(crate) fn root_cause(&self) -> String {
+        match self.error.get() {
+            Some(Error::DependencyFailed { cause, .. }) => cause.clone(),
+            _ => self.name.to_string(),
+        }
     }
 
     fn outcome(&self) -> Result<()> {

@@ -632,6 +632,8 @@ pub(crate) fn submit(
     let id_base = st.next_id;
     st.next_id += plan.steps();
     let unit = unit_record(st, plan, id_base, TaskKind::Host);
+    st.stats.replays += 1;
+    st.stats.replayed_tasks += plan.len() as u64;
     shared
         .submitted
         .fetch_add(plan.steps(), crate::sync::Ordering::Relaxed);
@@ -696,7 +698,7 @@ pub(crate) fn external_preds(
 
 /// A replay's one task record on the plan's join stream (the join, or a
 /// graph launch), recorded in the tracker as the unit with the union of
-/// the schedule's accesses, and counted.
+/// the schedule's accesses.
 pub(crate) fn unit_record(
     st: &mut SubmitState,
     plan: &Plan,
@@ -718,8 +720,6 @@ pub(crate) fn unit_record(
     });
     st.tracker.record_unit(&unit, &plan.union);
     st.tail[f] = unit.id;
-    st.stats.replays += 1;
-    st.stats.replayed_tasks += plan.len() as u64;
     unit
 }
 

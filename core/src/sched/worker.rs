@@ -305,10 +305,15 @@ fn run_task<'a>(
         if let Some(hook) = on_skip {
             hook();
         }
-        // (The join of a replay names the task of the replay that failed.)
+        // (The join of a replay names the task of the replay that failed,
+        // through a part of a split graph replay: `sched::split`.)
+        let cause = match body {
+            TaskBody::Join => p.root_cause(),
+            _ => p.name.to_string(),
+        };
         let e = Error::DependencyFailed {
             task: task.name.to_string(),
-            cause: p.name.to_string(),
+            cause,
         };
         return (Err(e), Vec::new());
     }

@@ -179,7 +179,19 @@ pub fn alloc_buffers(rt: &Runtime, p: &Program) -> Vec<Buffer> {
 
 /// Submits `tasks` on `bufs`, one engine task each.
 pub fn submit_tasks(rt: &Runtime, bufs: &[Buffer], tasks: &[GenTask]) {
+    submit_tasks_as(rt, bufs, tasks, |_| braid::TaskKind::Compute)
+}
+
+/// [`submit_tasks`], each task of the kind `kind` gives it (the same
+/// arithmetic whatever its kind).
+pub fn submit_tasks_as(
+    rt: &Runtime,
+    bufs: &[Buffer],
+    tasks: &[GenTask],
+    kind: impl Fn(&GenTask) -> braid::TaskKind,
+) {
     for t in tasks {
+        let k = kind(t);
         // Modes chosen at run time: byte accesses, one per generated access.
         let tokens: Vec<DynAccess> = t
             .accesses
@@ -194,6 +206,7 @@ pub fn submit_tasks(rt: &Runtime, bufs: &[Buffer], tasks: &[GenTask]) {
         // compute on the host, copy the results back (on CUDA these are
         // copies on the task's stream, ordered by the engine's events).
         rt.task(format!("t{}", t.salt))
+            .kind(k)
             .run_any(
                 tokens,
                 move |mut host| {

@@ -157,9 +157,10 @@ struct TrainArgs {
     #[arg(long)]
     no_replay: bool,
     /// Replay the recorded step as a CUDA graph: one launch per step (a
-    /// step with collectives, i.e. more than one rank, replays as before).
-    /// On by default for one GPU rank; on the CPU (where it must be asked
-    /// for) each replay runs in order on one stream thread.
+    /// step with collectives, i.e. more than one rank, is cut around them:
+    /// a graph per run of other tasks). On by default for one GPU rank; on
+    /// the CPU (where it must be asked for) each graph runs in order on one
+    /// stream thread.
     #[arg(long, conflicts_with_all = ["no_replay", "no_graphs"])]
     graphs: bool,
     /// Replay the recorded step kernel by kernel, not as a CUDA graph.

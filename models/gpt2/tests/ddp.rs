@@ -246,7 +246,8 @@ fn replayed_steps_equal_eager_steps_bit_for_bit() {
 
 /// With graphs on, the replayed steps of one rank run as one unit each (on
 /// the CPU, every task in order on one stream thread): bit-identical to
-/// eager steps. Two ranks' step has collectives: refused, replayed as before,
+/// eager steps. Two ranks' step has collectives: it is cut around them (each
+/// run of other tasks one unit, the collectives ordinary tasks between them),
 /// still identical.
 #[test]
 fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
@@ -259,15 +260,9 @@ fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
         let (a, b) = (run(&eager, start.clone()), run(&graphs, start.clone()));
         assert_eq!(losses(&a), losses(&b), "{ranks} ranks {dtype:?}");
         assert_eq!(a.params, b.params, "{ranks} ranks {dtype:?}");
-        if ranks == 1 {
-            // Steps 4 and 5 replay the step recorded at step 3.
-            assert_eq!(b.graph_replays, [2], "{dtype:?}");
-            assert_eq!(b.graph_refusal, None);
-        } else {
-            assert_eq!(b.graph_replays, [0, 0]);
-            let why = b.graph_refusal.expect("collectives are refused");
-            assert!(why.contains("collective"), "{why}");
-        }
+        // Steps 4 and 5 replay the step recorded at step 3, on every rank.
+        assert_eq!(b.graph_replays, vec![2; ranks], "{ranks} ranks {dtype:?}");
+        assert_eq!(b.graph_refusal, None);
     }
 }
 

@@ -166,6 +166,7 @@ pub fn train(
         bucket_cap: None,
         graph_replays: Vec::new(),
         graph_refusal: None,
+        graph_shape: None,
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -178,6 +179,7 @@ pub fn train(
         report.optimizer_bytes.push(o.optimizer_bytes);
         report.graph_replays.push(o.graphs.0);
         report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
+        report.graph_shape = report.graph_shape.or(o.graphs.2);
         report.whole_run.push(o.profile.summary());
         report.summaries.push(match o.steady_from {
             Some(t) => o.profile.since(t).summary(),

@@ -80,9 +80,10 @@ pub struct TrainOptions {
     pub replay: bool,
     /// Replay the recorded step as one unit ([`braid::RuntimeBuilder::graphs`]):
     /// on CUDA a CUDA graph captured at the first replay, one launch per
-    /// step (a step with collectives, i.e. more than one rank, is refused
-    /// and replays as before). Off by default here; `braid-gpt2 train`
-    /// turns it on for one GPU rank.
+    /// step (a step with collectives, i.e. more than one rank, is cut
+    /// around them: a graph per run of other tasks, the collectives as
+    /// ordinary tasks between them). Off by default here; `braid-gpt2
+    /// train` turns it on for one GPU rank.
     pub graphs: bool,
     /// Run the gradient reducer (and the loss all-reduce) with one rank too,
     /// as PyTorch DDP does at world size 1: the collectives are no-ops, but

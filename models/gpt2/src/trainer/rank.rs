@@ -33,7 +33,8 @@ pub(super) struct RankOutcome {
     pub(super) bucket_cap: Option<CapReport>,
     /// Replays launched as one unit (a CUDA graph), and why the recorded
     /// step is not one, if it was refused.
-    pub(super) graphs: (u64, Option<String>),
+    /// Graph replays, why the step was refused, or how it was cut.
+    pub(super) graphs: (u64, Option<String>, Option<(usize, usize)>),
 }
 
 fn hash_f32s(x: &[f32]) -> u64 {
@@ -359,6 +360,7 @@ pub(super) fn run_rank(
         graphs: (
             rt.stats().graph_replays,
             schedule.as_ref().and_then(|s| s.graph_refusal()),
+            schedule.as_ref().and_then(|s| s.graph_shape()),
         ),
     })
 }

@@ -76,6 +76,9 @@ pub struct TrainReport {
     pub graph_replays: Vec<u64>,
     /// Why the recorded step did not become a graph, if it was refused.
     pub graph_refusal: Option<String>,
+    /// How a graph-replayed step runs (`braid::Schedule::graph_shape`,
+    /// rank 0's): `(graphs, collectives and host tasks between them)`.
+    pub graph_shape: Option<(usize, usize)>,
 }
 
 /// The bucket cap an auto run chose (rank 0's view; every rank uses it).
@@ -289,7 +292,14 @@ impl fmt::Display for TrainReport {
         if let Some(why) = &self.graph_refusal {
             writeln!(f, "graph replay     refused: {why}")?;
         } else if let Some(&n) = self.graph_replays.first().filter(|&&n| n > 0) {
-            writeln!(f, "graph replay     {n} steps launched as one graph each")?;
+            match self.graph_shape {
+                Some((g, e)) if e > 0 => writeln!(
+                    f,
+                    "graph replay     {n} steps, each {g} graphs with {e} collectives \
+                     or host tasks between them"
+                )?,
+                _ => writeln!(f, "graph replay     {n} steps launched as one graph each")?,
+            }
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
