@@ -258,6 +258,8 @@ mod bridge {
         fn placement_streams(self: &Schedule) -> usize;
         fn placement_waits(self: &Schedule) -> usize;
         fn graph_refusal(self: &Schedule) -> String;
+        fn graph_parts(self: &Schedule) -> usize;
+        fn graph_tasks_between(self: &Schedule) -> usize;
         fn summary(self: &Runtime) -> SummaryRecord;
         fn spans(self: &Runtime) -> Vec<SpanRecord>;
         fn clear_profile(self: &Runtime);
@@ -543,6 +545,17 @@ impl Schedule {
     /// graphs are off, or no replay has tried yet).
     fn graph_refusal(&self) -> String {
         self.step.graph_refusal().unwrap_or_default()
+    }
+
+    /// Graphs per replay ([`braid::Schedule::graph_shape`]); 0 when the
+    /// schedule is not replayed as graphs.
+    fn graph_parts(&self) -> usize {
+        self.step.graph_shape().map_or(0, |(g, _)| g)
+    }
+
+    /// Collectives and host tasks run between the graphs per replay.
+    fn graph_tasks_between(&self) -> usize {
+        self.step.graph_shape().map_or(0, |(_, e)| e)
     }
 }
 

@@ -781,10 +781,15 @@ class Schedule {
   // Streams the current placement uses, and its cross-stream waits per replay.
   std::size_t streams_used() const noexcept { return inner_->placement_streams(); }
   std::size_t waits_per_replay() const noexcept { return inner_->placement_waits(); }
-  // With RuntimeBuilder::graphs: why this schedule is not replayed as one
-  // unit (a collective or host task in it, or a failed capture); empty when
+  // With RuntimeBuilder::graphs: why this schedule is not replayed as
+  // graphs (nothing in it can be captured, or a capture failed); empty when
   // it is, and before its first replay.
   std::string graph_refusal() const { return std::string(inner_->graph_refusal()); }
+  // With RuntimeBuilder::graphs, once replayed as graphs: the graphs each
+  // replay launches, and the collectives and host tasks it runs between
+  // them (a schedule is cut around those: docs/replay.md). Both 0 otherwise.
+  std::size_t graphs_per_replay() const noexcept { return inner_->graph_parts(); }
+  std::size_t tasks_between_graphs() const noexcept { return inner_->graph_tasks_between(); }
 
   const ffi::Schedule& raw() const noexcept { return *inner_; }
 
