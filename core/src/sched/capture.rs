@@ -153,6 +153,11 @@ impl<'a> Capturer<'a> {
                     .map_err(|e| fail("creating a cuBLAS handle", &e))?;
                 h.prepare_for_capture()
                     .map_err(|e| fail("making a cuBLASLt workspace", &e))?;
+                // The workspace is allocated in stream order on `s`; the
+                // graphs run it elsewhere: let the allocation complete.
+                d.stream
+                    .synchronize()
+                    .map_err(|e| fail("synchronising a stream", &e))?;
                 let _ = d.cublas.set(h);
                 drivers[s] = Some(d);
             }
