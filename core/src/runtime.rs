@@ -708,6 +708,7 @@ impl Runtime {
         }
         self.wait_for_room();
         sched::live::submitting(&self.shared);
+        sched::tenants::program_thread(&self.shared);
         let (task, inline) = {
             let mut st = lock(&self.state);
             sched::submit(&mut st, &self.shared, b)
@@ -796,6 +797,7 @@ impl Runtime {
         use sched::capture::{self, Unit};
         self.wait_for_room();
         sched::live::submitting(&self.shared);
+        sched::tenants::program_thread(&self.shared);
         // The slot before the runtime's lock, always: a capture lets go of
         // the runtime's lock while it waits (below) and takes it again.
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -847,6 +849,7 @@ impl Runtime {
 
     /// Waits until every stream has completed its tasks up to `frontier`.
     fn wait_done(&self, frontier: &[u64]) {
+        sched::tenants::program_thread(&self.shared);
         for (s, &seq) in self.shared.streams.iter().zip(frontier) {
             s.done.wait_at_least(seq);
         }
@@ -898,6 +901,7 @@ impl Runtime {
         let _span = tracing::trace_span!("replay", schedule = %plan.name).entered();
         self.wait_for_room();
         sched::live::submitting(&self.shared);
+        sched::tenants::program_thread(&self.shared);
         let task = {
             let mut st = lock(&self.state);
             Self::check_replay_allowed(&st, plan)?;

@@ -82,12 +82,34 @@ pub(crate) fn spin_hint() {
     loom::thread::yield_now();
 }
 
+thread_local! {
+    /// This thread's spin-waits never yield (`set_no_yield`).
+    static NO_YIELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Stops the calling thread's spin-waits from yielding: a thread of a
+/// latency-critical program. A yield offers the core to any runnable
+/// thread, and the scheduler gives it to a best-effort thread at the idle
+/// policy if that is all there is, until its next tick (3–4 ms on the
+/// development VM: the tail `multi_tenant` measured, docs/tenants.md);
+/// after its spin the thread sleeps instead, and its wake-up preempts an
+/// idle-policy thread at once.
+pub(crate) fn set_no_yield() {
+    NO_YIELD.with(|c| c.set(true));
+}
+
+/// Whether the calling thread's spin-waits yield.
+pub(crate) fn yields() -> bool {
+    !NO_YIELD.with(std::cell::Cell::get)
+}
+
 /// Turn `i` of a spin-wait: a pause, and every 64th turn a yield, so that
 /// the thread being waited for can run on a machine with more busy threads
-/// than cores.
+/// than cores (not in a thread of a latency-critical program:
+/// [`set_no_yield`]).
 #[inline]
 pub(crate) fn spin_turn(i: u32) {
-    if i % 64 == 63 {
+    if i % 64 == 63 && yields() {
         #[cfg(not(loom))]
         std::thread::yield_now();
     }

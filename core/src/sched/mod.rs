@@ -292,6 +292,7 @@ impl Shared {
 
     pub(crate) fn wait_task(&self, t: &TaskShared) -> Result<()> {
         self.check_not_in_task("TaskHandle::wait")?;
+        tenants::program_thread(self);
         self.streams[t.stream as usize].done.wait_at_least(t.seq);
         let r = t.outcome();
         if r.is_err() {

@@ -79,6 +79,15 @@ pub(crate) fn mark_stream_thread(class: crate::kind::Class) {
     BEST_EFFORT.with(|b| b.set(class == crate::kind::Class::BestEffort));
 }
 
+/// Called by a thread that submits to, or waits on, the runtime of
+/// `shared`: a thread of a latency-critical program stops yielding in its
+/// spin-waits (`sync::set_no_yield`).
+pub(crate) fn program_thread(shared: &Shared) {
+    if shared.class == crate::kind::Class::LatencyCritical {
+        crate::sync::set_no_yield();
+    }
+}
+
 /// A point inside a long task body where a best-effort task may pause.
 ///
 /// In a task of a best-effort CPU runtime, returns once no latency-critical
@@ -120,12 +129,17 @@ fn wait_for_latency_critical() {
 impl crate::kind::Class {
     /// Gives the calling thread this class's scheduling policy: the idle
     /// policy for best-effort (Linux; a system that refuses leaves the
-    /// thread as it was), nothing for the others. A runtime applies it to
-    /// its own stream threads; a best-effort program applies it to the
-    /// threads that submit its tasks, so its host work yields too.
+    /// thread as it was); for latency-critical, spin-waits that never
+    /// yield their core (a yield can hand it to an idle-policy thread for
+    /// a whole time slice); nothing for normal. A runtime applies it to its
+    /// own stream threads, and a latency-critical runtime to the threads
+    /// that submit to it or wait on it; a best-effort program applies it to
+    /// the threads that submit its tasks, so its host work yields too.
     pub fn enter(self) {
-        if self == crate::kind::Class::BestEffort {
-            lower_this_thread();
+        match self {
+            crate::kind::Class::BestEffort => lower_this_thread(),
+            crate::kind::Class::LatencyCritical => crate::sync::set_no_yield(),
+            crate::kind::Class::Normal => {}
         }
     }
 }
@@ -143,5 +157,46 @@ fn lower_this_thread() {
         if rc != 0 {
             tracing::debug!("SCHED_IDLE refused: {}", std::io::Error::last_os_error());
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::kind::Class;
+    use crate::{BackendKind, Runtime};
+
+    /// Whether spin-waits yield in a thread that submits to a runtime of
+    /// `class`, and in that runtime's stream thread.
+    fn yields_in(class: Class) -> (bool, bool) {
+        std::thread::spawn(move || {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .compute_streams(1)
+                .oversubscribe(true)
+                .inline_short_tasks(false)
+                .class(class)
+                .build()
+                .unwrap();
+            let out = rt.alloc("out", 1).unwrap();
+            rt.task("look")
+                .run(out.write::<u8>(), |o| {
+                    o[0] = u8::from(crate::sync::yields())
+                })
+                .unwrap();
+            let stream = rt.read_vec::<u8>(&out).unwrap()[0] == 1;
+            (crate::sync::yields(), stream)
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A latency-critical program's threads, its own stream threads and the
+    /// threads that submit to it, never yield in a spin-wait (a yield can
+    /// hand the core to an idle-policy thread for a whole time slice); a
+    /// normal program's do.
+    #[test]
+    fn latency_critical_threads_do_not_yield_in_spin_waits() {
+        assert_eq!(yields_in(Class::LatencyCritical), (false, false));
+        assert_eq!(yields_in(Class::Normal), (true, true));
     }
 }
