@@ -180,31 +180,45 @@ fn runtimes() -> Vec<Runtime> {
         .collect()
 }
 
+/// Records a step over `[x, y, z]`: "flaky" adds 1 to `x` and fails in its
+/// second run (the first replay); with `copy_to`, the host task "copy x"
+/// copies `x` there; "after flaky" copies `x` to `y`; "independent" adds 10
+/// to `z`.
+fn flaky_step<'rt>(
+    rt: &'rt Runtime,
+    [x, y, z]: [&braid::Buffer; 3],
+    copy_to: Option<&braid::Buffer>,
+) -> braid::Schedule<'rt> {
+    let runs = Arc::new(AtomicU32::new(0));
+    rt.record("step", |rt| {
+        rt.task("flaky").run(x.read_write::<u32>(), move |x| {
+            if runs.fetch_add(1, Ordering::Relaxed) == 1 {
+                return Err("the second run fails".into());
+            }
+            x[0] += 1;
+            Ok(())
+        })?;
+        if let Some(w) = copy_to {
+            rt.task("copy x")
+                .kind(TaskKind::Host)
+                .run((x.read::<u32>(), w.write::<u32>()), |(x, w)| w[0] = x[0])?;
+        }
+        rt.task("after flaky")
+            .run((x.read::<u32>(), y.write::<u32>()), |(x, y)| y[0] = x[0])?;
+        rt.task("independent")
+            .run(z.read_write::<u32>(), |z| z[0] += 10)?;
+        Ok(())
+    })
+    .unwrap()
+}
+
 #[test]
 fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
     for rt in runtimes() {
         let x = rt.alloc_from("x", &[1u32]).unwrap();
         let y = rt.alloc("y", 4).unwrap();
         let z = rt.alloc("z", 4).unwrap();
-        let runs = Arc::new(AtomicU32::new(0));
-        let r = runs.clone();
-        let step = rt
-            .record("step", |rt| {
-                rt.task("flaky").run(x.read_write::<u32>(), move |x| {
-                    // Fails in its second run (the first replay).
-                    if r.fetch_add(1, Ordering::Relaxed) == 1 {
-                        return Err("the second run fails".into());
-                    }
-                    x[0] += 1;
-                    Ok(())
-                })?;
-                rt.task("after flaky")
-                    .run((x.read::<u32>(), y.write::<u32>()), |(x, y)| y[0] = x[0])?;
-                rt.task("independent")
-                    .run(z.read_write::<u32>(), |z| z[0] += 10)?;
-                Ok(())
-            })
-            .unwrap();
+        let step = flaky_step(&rt, [&x, &y, &z], None);
         rt.synchronize().unwrap();
         let h = step.replay().unwrap();
         match h.wait() {
@@ -248,27 +262,7 @@ fn a_failure_in_a_cut_graph_replay_names_the_task_and_skips_later_parts() {
             .unwrap();
         let x = rt.alloc_from("x", &[1u32]).unwrap();
         let [y, w, z] = ["y", "w", "z"].map(|n| rt.alloc(n, 4).unwrap());
-        let runs = Arc::new(AtomicU32::new(0));
-        let r = runs.clone();
-        let step = rt
-            .record("step", |rt| {
-                rt.task("flaky").run(x.read_write::<u32>(), move |x| {
-                    if r.fetch_add(1, Ordering::Relaxed) == 1 {
-                        return Err("the second run fails".into());
-                    }
-                    x[0] += 1;
-                    Ok(())
-                })?;
-                rt.task("copy x")
-                    .kind(TaskKind::Host)
-                    .run((x.read::<u32>(), w.write::<u32>()), |(x, w)| w[0] = x[0])?;
-                rt.task("after flaky")
-                    .run((x.read::<u32>(), y.write::<u32>()), |(x, y)| y[0] = x[0])?;
-                rt.task("independent")
-                    .run(z.read_write::<u32>(), |z| z[0] += 10)?;
-                Ok(())
-            })
-            .unwrap();
+        let step = flaky_step(&rt, [&x, &y, &z], Some(&w));
         rt.synchronize().unwrap();
         match step.replay().unwrap().wait() {
             Err(Error::DependencyFailed { task, cause }) => {

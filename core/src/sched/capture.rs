@@ -466,23 +466,10 @@ mod tests {
 
     #[test]
     fn random_plans_capture_every_edge() {
-        // xorshift64: a fixed, dependency-free sequence of plans.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        for _ in 0..300 {
-            let streams = 1 + next(5) as usize;
-            let n = 1 + next(40) as usize;
-            let tasks = (0..n)
-                .map(|i| {
-                    let preds: Vec<u32> = (0..i as u32).filter(|_| next(100) < 15).collect();
-                    task(next(streams as u64) as u16, &preds)
-                })
-                .collect();
+        let plans = crate::sched::replay::tests::random_schedules(0x9e37_79b9_7f4a_7c15, 5, |_| {
+            TaskKind::Compute
+        });
+        for (streams, tasks) in plans {
             check(&Plan::new("r".into(), tasks, streams));
         }
     }

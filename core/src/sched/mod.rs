@@ -482,15 +482,7 @@ pub(crate) fn submit(
         }
     }
     let sp = ScopePlace::of(&t, st.compute);
-    for id in shared.dropped.drain() {
-        st.tracker.forget(id);
-    }
-    let mut preds = std::mem::take(&mut st.preds);
-    preds.clear();
-    for a in &t.accesses {
-        st.tracker
-            .preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
-    }
+    let mut preds = inferred_preds(st, shared, &t.accesses);
     for p in &t.after {
         if !p.retired() && !preds.iter().any(|q| q.id == p.id) {
             preds.push(p.clone());
@@ -653,6 +645,25 @@ pub(crate) fn submit(
         .queue
         .push(Item::Task(task.clone(), launch));
     (task, None)
+}
+
+/// The unfinished tasks that `accesses` conflict with (dependency
+/// inference), in a vector taken from `st.preds` (give it back).
+pub(crate) fn inferred_preds(
+    st: &mut SubmitState,
+    shared: &Shared,
+    accesses: &[Access],
+) -> Vec<Arc<TaskShared>> {
+    for id in shared.dropped.drain() {
+        st.tracker.forget(id);
+    }
+    let mut preds = std::mem::take(&mut st.preds);
+    preds.clear();
+    for a in accesses {
+        st.tracker
+            .preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
+    }
+    preds
 }
 
 thread_local! {

@@ -835,6 +835,39 @@ pub(crate) mod tests {
         }
     }
 
+    /// 300 random schedules (`(streams, tasks)`) from a fixed xorshift64
+    /// sequence seeded with `seed`: 1 to `max_streams` streams, up to 40
+    /// tasks, each after each earlier task with probability 0.15, of the
+    /// kind `kind` gives a random number below 100.
+    pub(crate) fn random_schedules(
+        seed: u64,
+        max_streams: u64,
+        kind: impl Fn(u64) -> TaskKind,
+    ) -> Vec<(usize, Vec<RecTask>)> {
+        let mut x = seed;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        (0..300)
+            .map(|_| {
+                let streams = 1 + next(max_streams) as usize;
+                let n = 1 + next(40) as usize;
+                let tasks = (0..n)
+                    .map(|i| {
+                        let preds: Vec<u32> = (0..i as u32).filter(|_| next(100) < 15).collect();
+                        let mut t = task(next(streams as u64) as u16, &preds, 1);
+                        t.kind = kind(next(100));
+                        t
+                    })
+                    .collect();
+                (streams, tasks)
+            })
+            .collect()
+    }
+
     /// Re-placed from its measured durations (`None`: not all measured).
     fn re_placed(p: Plan, compute: usize, sync_ns: u64) -> Option<Plan> {
         p.measured().map(|d| p.replaced(&d, compute, sync_ns))

@@ -215,15 +215,7 @@ fn submit_recorded(
 ) -> Arc<TaskShared> {
     let t = &plan.tasks[i];
     let s = t.stream as usize;
-    for id in shared.dropped.drain() {
-        st.tracker.forget(id);
-    }
-    let mut preds = std::mem::take(&mut st.preds);
-    preds.clear();
-    for a in &t.accesses {
-        st.tracker
-            .preds(a.view.buf.id(), a.view.range(), a.mode, &mut preds);
-    }
+    let mut preds = super::inferred_preds(st, shared, &t.accesses);
     add_after(&mut preds, after);
     let (task, waits) = place(
         st,
@@ -448,28 +440,14 @@ mod tests {
 
     #[test]
     fn random_schedules_keep_every_edge() {
-        // xorshift64: a fixed, dependency-free sequence of schedules.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
+        let kind = |r: u64| match r % 6 {
+            0 => TaskKind::Comm,
+            1 => TaskKind::Host,
+            _ => TaskKind::Compute,
         };
-        for _ in 0..300 {
-            let streams = 1 + next(4) as usize;
-            let n = 1 + next(40) as usize;
-            let tasks: Vec<RecTask> = (0..n)
-                .map(|i| {
-                    let preds: Vec<u32> = (0..i as u32).filter(|_| next(100) < 15).collect();
-                    let kind = match next(6) {
-                        0 => TaskKind::Comm,
-                        1 => TaskKind::Host,
-                        _ => TaskKind::Compute,
-                    };
-                    task(kind, next(streams as u64) as u16, &preds)
-                })
-                .collect();
+        let schedules =
+            crate::sched::replay::tests::random_schedules(0x2545_f491_4f6c_dd1d, 4, kind);
+        for (streams, tasks) in schedules {
             let p = plan(tasks, streams);
             if let Ok(s) = split(&p) {
                 check(&p, &s);
