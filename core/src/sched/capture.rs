@@ -288,11 +288,7 @@ pub(crate) fn submit(
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let mut ext = super::replay::external_preds(st, shared, plan);
-    for p in after {
-        if !p.is_finished() && !ext.iter().any(|q| q.id == p.id) {
-            ext.push(p.clone());
-        }
-    }
+    super::split::add_after(&mut ext, after);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
         super::replay::fence(&mut st.clocks[f], f, &st.placed, &mut waits);

@@ -274,7 +274,7 @@ fn submit_join(
 }
 
 /// Adds the unfinished tasks of `after` not already in `preds`.
-fn add_after(preds: &mut Vec<Arc<TaskShared>>, after: &[Arc<TaskShared>]) {
+pub(crate) fn add_after(preds: &mut Vec<Arc<TaskShared>>, after: &[Arc<TaskShared>]) {
     for p in after {
         if !p.is_finished() && !preds.iter().any(|q| q.id == p.id) {
             preds.push(p.clone());
