@@ -40,6 +40,7 @@ pub struct RuntimeBuilder {
     inline_short_tasks: bool,
     live: Option<PathBuf>,
     class: Class,
+    realtime: bool,
     placement: Option<PlacementSource>,
 }
 
@@ -75,6 +76,7 @@ impl Default for RuntimeBuilder {
             inline_short_tasks: true,
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
             class: Class::Normal,
+            realtime: false,
             placement: None,
         }
     }
@@ -252,6 +254,22 @@ impl RuntimeBuilder {
         self
     }
 
+    /// A latency-critical runtime's threads ask the OS for a real-time
+    /// policy (Linux `SCHED_FIFO`, its lowest priority) — its stream threads
+    /// and every thread that submits to it or waits on it, for good
+    /// (default: off; `build` refuses it for other classes). Then nothing
+    /// below real time, best-effort work or another process, runs on a core
+    /// a latency-critical thread wants: the idle policy alone does not
+    /// guarantee that (docs/tenants.md). It needs `CAP_SYS_NICE` or a
+    /// non-zero `RLIMIT_RTPRIO`; where the OS refuses, the threads keep the
+    /// default policy and a warning says so once. A latency-critical task
+    /// body that never ends holds its core (the kernel's real-time
+    /// throttling leaves others 5% of it).
+    pub fn realtime(mut self, on: bool) -> Self {
+        self.realtime = on;
+        self
+    }
+
     /// Reads the placement file at `path` when the runtime is built
     /// (docs/scopes.md): it maps scope patterns to streams, priorities,
     /// policies, bundling and replay. A file that cannot be read or parsed,
@@ -346,6 +364,12 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
+        if self.realtime && self.class != Class::LatencyCritical {
+            return Err(Error::Config(format!(
+                "real-time threads are for latency-critical runtimes; this one is {}",
+                self.class.name()
+            )));
+        }
         // The placement file is read and checked before anything starts.
         let placement = self.placement_file_checked()?;
         let backend = Backend::open(
@@ -397,6 +421,7 @@ impl RuntimeBuilder {
             busy_since: AtomicU64::new(0),
             busy_periods: Mutex::new(Default::default()),
             class: self.class,
+            realtime: self.realtime,
             pin_threads: self.pin_threads,
             measure: matches!(backend, Backend::Cpu),
             inline: self.inline_short_tasks

@@ -113,6 +113,69 @@ fn best_effort_threads_run_at_idle_priority() {
     assert_eq!(policy_in(Class::LatencyCritical), libc::SCHED_OTHER);
 }
 
+/// With `realtime(true)`, a latency-critical runtime's stream thread and
+/// the thread that submits to it run at `SCHED_FIFO` — where this process
+/// may use it (probed on a scratch thread first); where it may not, both
+/// keep the default policy and the runtime still works. Other classes
+/// refuse the switch with an error naming the class.
+#[cfg(target_os = "linux")]
+#[test]
+fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
+    let allowed = std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .unwrap();
+    let want = if allowed {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_OTHER
+    };
+    let (stream, submitter) = std::thread::spawn(|| {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .oversubscribe(true)
+            .inline_short_tasks(false)
+            .class(Class::LatencyCritical)
+            .realtime(true)
+            .build()
+            .unwrap();
+        let out = rt.alloc("out", 4).unwrap();
+        rt.task("policy")
+            .run(out.write::<i32>(), |o| {
+                // SAFETY: pid 0 names the calling thread.
+                o[0] = unsafe { libc::sched_getscheduler(0) };
+            })
+            .unwrap();
+        let stream = rt.read_vec::<i32>(&out).unwrap()[0];
+        // SAFETY: as above.
+        (stream, unsafe { libc::sched_getscheduler(0) })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        (stream, submitter),
+        (want, want),
+        "SCHED_FIFO allowed: {allowed}"
+    );
+    for class in [Class::Normal, Class::BestEffort] {
+        let e = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .class(class)
+            .realtime(true)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("latency-critical") && e.contains(class.name()),
+            "{e}"
+        );
+    }
+}
+
 /// A best-effort task that had already started when latency-critical work
 /// arrived pauses at its next `preemption_point` until that work is done,
 /// then goes on; in a normal runtime's task, or outside any task, the point

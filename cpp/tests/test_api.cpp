@@ -283,6 +283,32 @@ void classes_and_live() {
   CHECK(!socket_exists(sock));
 }
 
+// Real-time threads through the builder: a latency-critical runtime with
+// them computes its program's result (on a thread of its own: the threads
+// that submit to it switch too, where the OS allows); other classes throw.
+void realtime_threads() {
+  std::thread serving([] {
+    braid::Runtime lc = braid::Runtime::builder()
+                            .backend(braid::BackendKind::Cpu)
+                            .priority_class(braid::Class::LatencyCritical)
+                            .realtime()
+                            .build();
+    braid::Buffer a = lc.alloc_from<int>("a", {1, 2, 3});
+    lc.task("serve").run(braid::read_write<int>(a), [](braid::Span<int> x) {
+      for (int& v : x) v *= 10;
+    });
+    CHECK(lc.read_vec<int>(a) == std::vector<int>({10, 20, 30}));
+  });
+  serving.join();
+  bool threw = false;
+  try {
+    braid::Runtime::builder().backend(braid::BackendKind::Cpu).realtime().build();
+  } catch (const braid::Error& e) {
+    threw = std::string(e.what()).find("latency-critical") != std::string::npos;
+  }
+  CHECK(threw);
+}
+
 }  // namespace
 
 int main() {
@@ -297,5 +323,6 @@ int main() {
   t.run("many_submitting_threads", many_submitting_threads);
   t.run("launch_window_bounds_unfinished_tasks", launch_window_bounds_unfinished_tasks);
   t.run("classes_and_live", classes_and_live);
+  t.run("realtime_threads", realtime_threads);
   return t.finish();
 }

@@ -164,6 +164,9 @@ mod bridge {
         /// Short tasks may run on the submitting thread
         /// (`RuntimeBuilder::inline_short_tasks`).
         inline_short_tasks: bool,
+        /// A latency-critical runtime's threads at a real-time policy
+        /// (`RuntimeBuilder::realtime`).
+        realtime: bool,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -439,6 +442,7 @@ fn default_config() -> RuntimeConfig {
         live: String::new(),
         graphs: false,
         inline_short_tasks: true,
+        realtime: false,
     }
 }
 
@@ -471,6 +475,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .profile(cfg.profile)
             .graphs(cfg.graphs)
             .inline_short_tasks(cfg.inline_short_tasks)
+            .realtime(cfg.realtime)
             .rank(cfg.rank);
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());

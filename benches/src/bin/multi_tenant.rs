@@ -27,6 +27,10 @@
 //! due, from the moment both programs started) beside the training run's
 //! timeline: when each of its steps ended and when it returned.
 //!
+//! With `--realtime` the latency-critical runtime's threads (and the
+//! thread serving its requests) run at a real-time policy where the OS
+//! allows it (`RuntimeBuilder::realtime`).
+//!
 //! `cargo run --release -p braid-benches --bin multi_tenant -- --requests 150 --period-ms 20`
 //! `… -- --device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --period-ms 5`
 
@@ -79,6 +83,11 @@ struct Args {
     /// one rank unless --be-ranks says otherwise).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// The latency-critical runtime's threads at a real-time policy
+    /// (`RuntimeBuilder::realtime`: SCHED_FIFO, where the OS allows it),
+    /// alone and shared alike.
+    #[arg(long)]
+    realtime: bool,
 }
 
 impl Args {
@@ -144,6 +153,7 @@ fn serve(
         .backend(a.backend()?)
         .compute_streams(1)
         .class(class)
+        .realtime(a.realtime && class == Class::LatencyCritical)
         .build()?;
     let mut model = Gpt2Model::new(&rt, &cfg, 1, a.request_tokens)?;
     model.upload_params(&rt, &init_params(&cfg, 7))?;

@@ -254,6 +254,9 @@ pub(crate) struct Shared {
     pub(crate) profiling: bool,
     /// The program's priority class among the process's runtimes.
     pub(crate) class: crate::kind::Class,
+    /// Latency-critical threads ask for a real-time policy
+    /// (`RuntimeBuilder::realtime`).
+    pub(crate) realtime: bool,
     /// Pin the stream threads (`RuntimeBuilder::pin_threads`).
     pub(crate) pin_threads: bool,
     /// A live view is attached (`RuntimeBuilder::live`): stream threads

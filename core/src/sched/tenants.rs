@@ -85,6 +85,37 @@ pub(crate) fn mark_stream_thread(class: crate::kind::Class) {
 pub(crate) fn program_thread(shared: &Shared) {
     if shared.class == crate::kind::Class::LatencyCritical {
         crate::sync::set_no_yield();
+        if shared.realtime {
+            enter_realtime();
+        }
+    }
+}
+
+/// Gives the calling thread the lowest real-time priority (Linux
+/// `SCHED_FIFO` 1), once per thread (`RuntimeBuilder::realtime`). Where the
+/// OS refuses (no `CAP_SYS_NICE`, `RLIMIT_RTPRIO` 0), the thread keeps its
+/// policy and the process warns once.
+pub(crate) fn enter_realtime() {
+    thread_local! {
+        static ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if ASKED.with(|a| a.replace(true)) {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: `param` is a valid `sched_param` for the call's duration;
+        // pid 0 names the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        if rc != 0 && !WARNED.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "latency-critical threads asked for SCHED_FIFO and the OS refused ({}): they \
+                 keep the default policy (it needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1)",
+                std::io::Error::last_os_error()
+            );
+        }
     }
 }
 

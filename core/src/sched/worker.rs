@@ -47,6 +47,9 @@ pub(crate) fn spawn(
             shared.class.enter();
             tenants::mark_stream_thread(shared.class);
         }
+        if shared.realtime {
+            tenants::enter_realtime();
+        }
         IN_TASK_OF.with(|c| c.set(shared.runtime_id));
         match driver {
             None => run_cpu(&shared, s),

@@ -1021,6 +1021,15 @@ class RuntimeBuilder {
     cfg_.tenant_class = c;
     return *this;
   }
+  // A LatencyCritical runtime's threads (its stream threads, and every
+  // thread that submits to it or waits on it) ask the OS for a real-time
+  // policy (Linux SCHED_FIFO, priority 1); where it refuses (no
+  // CAP_SYS_NICE, RLIMIT_RTPRIO 0) they keep the default and a warning says
+  // so once. build() throws for other classes. Default off; docs/tenants.md.
+  RuntimeBuilder& realtime(bool on = true) {
+    cfg_.realtime = on;
+    return *this;
+  }
   // Serves the live view (`braid top --attach SOCKET`) on this local socket;
   // `{rank}` is replaced by the rank. Turns profiling on. Without it,
   // BRAID_LIVE, if set.
