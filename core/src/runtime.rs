@@ -819,7 +819,7 @@ impl Runtime {
         slot: &std::sync::Mutex<crate::schedule::GraphSlot>,
     ) -> Result<Option<TaskHandle>> {
         use crate::schedule::GraphSlot;
-        use sched::capture::{self, Unit};
+        use sched::capture::Unit;
         self.wait_for_room();
         sched::live::submitting(&self.shared);
         sched::tenants::program_thread(&self.shared);
@@ -847,7 +847,7 @@ impl Runtime {
                         // No body of the schedule may be running, and no
                         // stream launching, while it captures.
                         st = self.lock_when_idle(st, plan)?;
-                        capture::capture_cuda(split, plan, c)
+                        sched::split::capture_cuda(split, plan, c)
                     }
                 };
                 match made {

@@ -1,6 +1,6 @@
 //! Graph replay: a recorded schedule run as one unit on one stream.
 //!
-//! On CUDA ([`capture_cuda`]) the schedule's tasks are captured once into a
+//! On CUDA ([`Capturer`]) the schedule's tasks are captured once into a
 //! CUDA graph: the origin stream (the plan's join stream) begins a capture,
 //! every other stream the plan uses joins it through an event (the fork),
 //! the bodies run in the schedule's order on the submitting thread — each
@@ -33,7 +33,6 @@
 //! everything submitted before it, and later ones follow it on one stream.
 
 use super::replay::{Plan, Run};
-use super::split::Split;
 use super::{cross_waits, Item, Launch, Shared, SubmitState, TaskBody, TaskShared};
 use crate::backend::gpu::{CudaBackend, StreamDriver};
 use crate::backend::DeviceCtx;
@@ -97,6 +96,17 @@ pub(crate) struct CudaStep {
 }
 
 impl CudaStep {
+    /// A captured graph with the handles its kernels use.
+    pub(crate) fn new(
+        graph: CudaGraph,
+        cublas: std::sync::Arc<Vec<crate::cuda::CublasHandle>>,
+    ) -> Self {
+        CudaStep {
+            graph,
+            _cublas: cublas,
+        }
+    }
+
     /// Launches the whole step on `ctx`'s stream.
     pub(crate) fn launch(&self, ctx: &DeviceCtx<'_>) -> crate::Result<()> {
         match ctx {
@@ -108,45 +118,29 @@ impl CudaStep {
     }
 }
 
-/// Captures every graph part of `split` (a cut of `plan`). The caller holds
-/// the runtime's lock and every task submitted so far has completed. An
-/// `Err` says why the schedule is not a graph; nothing ran, and the streams
-/// are out of capture mode.
-pub(crate) fn capture_cuda(
-    split: Split<()>,
-    plan: &Plan,
-    cuda: &CudaBackend,
-) -> Result<Split<Unit>, String> {
-    let cap = Capturer::new(cuda, plan)?;
-    let graphs = split.made(|part, ()| cap.capture(part))?;
-    let handles = std::sync::Arc::new(cap.into_handles());
-    graphs.made(|_, graph| {
-        let step = CudaStep {
-            graph,
-            _cublas: handles.clone(),
-        };
-        Ok(Unit::Cuda(std::sync::Arc::new(step)))
-    })
-}
-
 fn fail(what: &str, e: &dyn std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
 /// What the captures of one schedule share: a driver per stream its graphs
 /// use, each with a cuBLAS handle made before any capture (making one, or
-/// its cuBLASLt workspace, allocates, which a capture refuses).
-struct Capturer<'a> {
+/// its cuBLASLt workspace, allocates, which a capture refuses). The caller
+/// holds the runtime's lock and every task submitted so far has completed.
+pub(crate) struct Capturer<'a> {
     cuda: &'a CudaBackend,
     drivers: Vec<Option<StreamDriver>>,
 }
 
 impl<'a> Capturer<'a> {
-    fn new(cuda: &'a CudaBackend, plan: &Plan) -> Result<Self, String> {
-        let mut drivers: Vec<Option<StreamDriver>> =
-            (0..plan.programs.len()).map(|_| None).collect();
-        for t in plan.tasks.iter().filter(|t| !super::split::eager(t)) {
-            let s = t.stream as usize;
+    /// Drivers with handles for `streams` (with repeats) of `cuda`'s
+    /// `n` streams.
+    pub(crate) fn new(
+        cuda: &'a CudaBackend,
+        n: usize,
+        streams: impl IntoIterator<Item = usize>,
+    ) -> Result<Self, String> {
+        let mut drivers: Vec<Option<StreamDriver>> = (0..n).map(|_| None).collect();
+        for s in streams {
             if drivers[s].is_none() {
                 let d = cuda.driver(s);
                 let h = crate::cuda::CublasHandle::new(&d.stream)
@@ -166,7 +160,7 @@ impl<'a> Capturer<'a> {
     }
 
     /// The handles, which the graphs' kernels use.
-    fn into_handles(self) -> Vec<crate::cuda::CublasHandle> {
+    pub(crate) fn into_handles(self) -> Vec<crate::cuda::CublasHandle> {
         self.drivers
             .into_iter()
             .flatten()
@@ -175,8 +169,9 @@ impl<'a> Capturer<'a> {
     }
 
     /// Captures `plan` (every task on a stream with a driver) into a graph
-    /// on its join stream.
-    fn capture(&self, plan: &Plan) -> Result<CudaGraph, String> {
+    /// on its join stream. An `Err` says why it is not a graph; nothing ran,
+    /// and the streams are out of capture mode.
+    pub(crate) fn capture(&self, plan: &Plan) -> Result<CudaGraph, String> {
         let cuda = self.cuda;
         let origin = &cuda.streams[plan.join_stream];
         let capture = Capture::begin(origin).map_err(|e| fail("beginning the capture", &e))?;
@@ -288,7 +283,7 @@ pub(crate) fn submit(
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let mut ext = super::replay::external_preds(st, shared, plan);
-    super::split::add_after(&mut ext, after);
+    super::add_unfinished(&mut ext, after);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
         super::replay::fence(&mut st.clocks[f], f, &st.placed, &mut waits);

@@ -650,6 +650,15 @@ pub(crate) fn submit(
     (task, None)
 }
 
+/// Adds the unfinished tasks of `more` not already in `preds`.
+pub(crate) fn add_unfinished(preds: &mut Vec<Arc<TaskShared>>, more: &[Arc<TaskShared>]) {
+    for p in more {
+        if !p.is_finished() && !preds.iter().any(|q| q.id == p.id) {
+            preds.push(p.clone());
+        }
+    }
+}
+
 /// The unfinished tasks that `accesses` conflict with (dependency
 /// inference), in a vector taken from `st.preds` (give it back).
 pub(crate) fn inferred_preds(

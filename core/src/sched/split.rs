@@ -44,7 +44,7 @@ pub(crate) struct Split<U> {
 }
 
 /// Whether a task stays out of graphs.
-pub(crate) fn eager(t: &RecTask) -> bool {
+fn eager(t: &RecTask) -> bool {
     matches!(t.kind, TaskKind::Comm | TaskKind::Host)
 }
 
@@ -172,6 +172,29 @@ impl<U> Split<U> {
     }
 }
 
+/// Captures every graph part of `split` (a cut of `plan`) on CUDA, sharing
+/// one set of cuBLAS handles: the caller holds the runtime's lock and every
+/// task submitted so far has completed. An `Err` says why the schedule is
+/// not a graph; nothing ran, and the streams are out of capture mode.
+pub(crate) fn capture_cuda(
+    split: Split<()>,
+    plan: &Plan,
+    cuda: &crate::backend::gpu::CudaBackend,
+) -> Result<Split<Unit>, String> {
+    let graph_streams = plan
+        .tasks
+        .iter()
+        .filter(|t| !eager(t))
+        .map(|t| t.stream as usize);
+    let cap = capture::Capturer::new(cuda, plan.programs.len(), graph_streams)?;
+    let graphs = split.made(|part, ()| cap.capture(part))?;
+    let handles = std::sync::Arc::new(cap.into_handles());
+    graphs.made(|_, graph| {
+        let step = capture::CudaStep::new(graph, handles.clone());
+        Ok(Unit::Cuda(std::sync::Arc::new(step)))
+    })
+}
+
 /// Submits one graph replay of `plan`, cut as `split`; returns the task
 /// whose handle is the replay's. Runs under the runtime's lock. `fence`:
 /// the first graph replay (each graph part waits for everything submitted
@@ -216,7 +239,7 @@ fn submit_recorded(
     let t = &plan.tasks[i];
     let s = t.stream as usize;
     let mut preds = super::inferred_preds(st, shared, &t.accesses);
-    add_after(&mut preds, after);
+    super::add_unfinished(&mut preds, after);
     let (task, waits) = place(
         st,
         shared,
@@ -271,15 +294,6 @@ fn submit_join(
         .queue
         .push(Item::Task(task.clone(), launch));
     task
-}
-
-/// Adds the unfinished tasks of `after` not already in `preds`.
-pub(crate) fn add_after(preds: &mut Vec<Arc<TaskShared>>, after: &[Arc<TaskShared>]) {
-    for p in after {
-        if !p.is_finished() && !preds.iter().any(|q| q.id == p.id) {
-            preds.push(p.clone());
-        }
-    }
 }
 
 /// Places a task record on stream `s` after `preds`: its sequence number,
