@@ -329,8 +329,42 @@ fn median(mut x: Vec<f64>) -> f64 {
     }
 }
 
+/// Whether a latency-critical runtime's stream thread got `SCHED_FIFO`
+/// (`--realtime`): the OS may refuse it (no `CAP_SYS_NICE`, `ulimit -r` 0).
+/// Read from `/proc/thread-self/stat` (field 41, the policy: 1 is FIFO).
+fn realtime_granted(a: &Args) -> Result<bool> {
+    let rt = Runtime::builder()
+        .backend(a.backend()?)
+        .compute_streams(1)
+        .class(Class::LatencyCritical)
+        .realtime(true)
+        .build()?;
+    let out = rt.alloc("policy", 4)?;
+    rt.task("policy").run(out.write::<u32>(), |o| {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+        let after_name = stat.rsplit(')').next().unwrap_or("");
+        o[0] = after_name
+            .split_whitespace()
+            .nth(41 - 3)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+    })?;
+    Ok(rt.read_vec::<u32>(&out)?[0] == 1)
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
+    if a.realtime {
+        let granted = realtime_granted(&a)?;
+        println!(
+            "real-time latency-critical threads: {}",
+            if granted {
+                "SCHED_FIFO granted"
+            } else {
+                "refused by the OS (default policy)"
+            }
+        );
+    }
     let mut rounds = Vec::new();
     for r in 0..a.rounds.max(1) {
         if a.rounds > 1 {
