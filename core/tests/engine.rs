@@ -136,6 +136,22 @@ fn failing_task_skips_dependents_and_runtime_stays_usable() {
     }
 }
 
+/// An explicit edge (`TaskBuilder::after`) to a task that has already
+/// failed, and finished, still skips the dependent: finished is not enough
+/// to drop an edge, only finished without error is.
+#[test]
+fn an_explicit_edge_to_a_finished_failed_task_skips_the_dependent() {
+    let rt = rt(2);
+    let x = rt.alloc("x", 4).unwrap();
+    let bad = failing(&rt, "bad".into(), &x, "gone");
+    assert!(bad.wait().is_err());
+    let after = rt.task("after bad").after(&bad).run((), |()| ()).unwrap();
+    assert!(
+        matches!(after.wait(), Err(Error::DependencyFailed { task, cause }) if task == "after bad" && cause == "bad")
+    );
+    rt.synchronize().unwrap();
+}
+
 #[test]
 fn panicking_task_is_an_error_naming_it() {
     let rt = rt(2);

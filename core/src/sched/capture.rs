@@ -283,7 +283,7 @@ pub(crate) fn submit(
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let mut ext = super::replay::external_preds(st, shared, plan);
-    super::add_unfinished(&mut ext, after);
+    super::add_after(&mut ext, after);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
         super::replay::fence(&mut st.clocks[f], f, &st.placed, &mut waits);

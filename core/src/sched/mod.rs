@@ -486,11 +486,7 @@ pub(crate) fn submit(
     }
     let sp = ScopePlace::of(&t, st.compute);
     let mut preds = inferred_preds(st, shared, &t.accesses);
-    for p in &t.after {
-        if !p.retired() && !preds.iter().any(|q| q.id == p.id) {
-            preds.push(p.clone());
-        }
-    }
+    add_after(&mut preds, &t.after);
 
     // Placement (with the cost model's view on the CPU).
     let latest = preds.iter().max_by_key(|p| p.id);
@@ -650,10 +646,12 @@ pub(crate) fn submit(
     (task, None)
 }
 
-/// Adds the unfinished tasks of `more` not already in `preds`.
-pub(crate) fn add_unfinished(preds: &mut Vec<Arc<TaskShared>>, more: &[Arc<TaskShared>]) {
-    for p in more {
-        if !p.is_finished() && !preds.iter().any(|q| q.id == p.id) {
+/// Adds the explicit predecessors `after` to `preds`: each one not yet
+/// retired (unfinished, or finished with a failure, which skips the
+/// dependent) and not already there.
+pub(crate) fn add_after(preds: &mut Vec<Arc<TaskShared>>, after: &[Arc<TaskShared>]) {
+    for p in after {
+        if !p.retired() && !preds.iter().any(|q| q.id == p.id) {
             preds.push(p.clone());
         }
     }

@@ -239,7 +239,7 @@ fn submit_recorded(
     let t = &plan.tasks[i];
     let s = t.stream as usize;
     let mut preds = super::inferred_preds(st, shared, &t.accesses);
-    super::add_unfinished(&mut preds, after);
+    super::add_after(&mut preds, after);
     let (task, waits) = place(
         st,
         shared,
