@@ -731,9 +731,7 @@ impl Runtime {
                 )));
             }
         }
-        self.wait_for_room();
-        sched::live::submitting(&self.shared);
-        sched::tenants::program_thread(&self.shared);
+        self.before_submitting();
         let (task, inline) = {
             let mut st = lock(&self.state);
             sched::submit(&mut st, &self.shared, b)
@@ -746,6 +744,15 @@ impl Runtime {
             task,
             shared: self.shared.clone(),
         })
+    }
+
+    /// What every submission does first: waits for room in the launch
+    /// window, starts the live view's busy period if idle, and gives the
+    /// submitting thread its class's spin-waits (and real-time policy).
+    fn before_submitting(&self) {
+        self.wait_for_room();
+        sched::live::submitting(&self.shared);
+        sched::tenants::program_thread(&self.shared);
     }
 
     /// Back-pressure: waits until the launch window has room (not from inside
@@ -820,9 +827,7 @@ impl Runtime {
     ) -> Result<Option<TaskHandle>> {
         use crate::schedule::GraphSlot;
         use sched::capture::Unit;
-        self.wait_for_room();
-        sched::live::submitting(&self.shared);
-        sched::tenants::program_thread(&self.shared);
+        self.before_submitting();
         // The slot before the runtime's lock, always: a capture lets go of
         // the runtime's lock while it waits (below) and takes it again.
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -924,9 +929,7 @@ impl Runtime {
         how: sched::replay::How,
     ) -> Result<TaskHandle> {
         let _span = tracing::trace_span!("replay", schedule = %plan.name).entered();
-        self.wait_for_room();
-        sched::live::submitting(&self.shared);
-        sched::tenants::program_thread(&self.shared);
+        self.before_submitting();
         let task = {
             let mut st = lock(&self.state);
             Self::check_replay_allowed(&st, plan)?;

@@ -105,17 +105,28 @@ pub(crate) fn enter_realtime() {
     #[cfg(target_os = "linux")]
     {
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: `param` is a valid `sched_param` for the call's duration;
-        // pid 0 names the calling thread.
-        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-        if rc != 0 && !WARNED.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                "latency-critical threads asked for SCHED_FIFO and the OS refused ({}): they \
-                 keep the default policy (it needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1)",
-                std::io::Error::last_os_error()
-            );
+        if let Err(e) = set_policy(libc::SCHED_FIFO, 1) {
+            if !WARNED.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    "latency-critical threads asked for SCHED_FIFO and the OS refused ({e}): \
+                     they keep the default policy (it needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1)"
+                );
+            }
         }
+    }
+}
+
+/// Gives the calling thread scheduling `policy` at `priority` (Linux).
+#[cfg(target_os = "linux")]
+fn set_policy(policy: libc::c_int, priority: libc::c_int) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid `sched_param` for the call's duration; pid 0
+    // names the calling thread.
+    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -180,14 +191,8 @@ impl crate::kind::Class {
 /// default policy.
 fn lower_this_thread() {
     #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid `sched_param` for the call's duration;
-        // pid 0 names the calling thread.
-        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-        if rc != 0 {
-            tracing::debug!("SCHED_IDLE refused: {}", std::io::Error::last_os_error());
-        }
+    if let Err(e) = set_policy(libc::SCHED_IDLE, 0) {
+        tracing::debug!("SCHED_IDLE refused: {e}");
     }
 }
 
