@@ -69,7 +69,7 @@ impl Default for RuntimeBuilder {
             replay_as_tasks: false,
             graphs: false,
             replace: true,
-            auto_replay: false,
+            auto_replay: true,
             cpu_cores: None,
             oversubscribe: false,
             pin_threads: cfg!(feature = "hwloc"),
@@ -170,14 +170,13 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Automatic replay (default: off): after a few identical steps (what is
+    /// Automatic replay (default: on): after a few identical steps (what is
     /// submitted between two `synchronize` calls: the same task names, kinds
     /// and accesses in the same order), later identical steps are submitted
     /// from the memoised analysis — no inference, no placement — and the
-    /// moment a step diverges it continues eagerly, nothing lost. Off by
-    /// default because it has not measured faster than eager submission on
-    /// the CPU (docs/replay.md): the hand-off of each task, not its analysis,
-    /// dominates there. An explicit [`Runtime::record`] saves both.
+    /// moment a step diverges it continues eagerly, nothing lost
+    /// (docs/replay.md). Off: every task is inferred and placed as it comes.
+    /// An explicit [`Runtime::record`] saves the hand-off of each task too.
     pub fn auto_replay(mut self, on: bool) -> Self {
         self.auto_replay = on;
         self

@@ -132,11 +132,43 @@ void trace_files_name_streams_and_tasks() {
 
 }  // namespace
 
+// Automatic replay (on by default): repeated steps are placed from the
+// memoised analysis (the trace says "memoised"), with the same result as
+// with it switched off, where no task is.
+void automatic_replay_switch() {
+  for (bool on : {true, false}) {
+    const std::string path = on ? "braid-cpp-test-auto-on.json" : "braid-cpp-test-auto-off.json";
+    std::remove(path.c_str());
+    braid::RuntimeBuilder b = braid::Runtime::builder().backend(braid::BackendKind::Cpu).compute_streams(2);
+    if (!on) b.auto_replay(false);
+    braid::Runtime rt = b.profile().build();
+    braid::Buffer x = rt.alloc_from("x", std::vector<std::uint64_t>{1});
+    braid::Buffer y = rt.alloc_from("y", std::vector<std::uint64_t>{0});
+    for (std::uint64_t step = 0; step < 8; ++step) {
+      rt.task("scale").run(braid::read_write<std::uint64_t>(x), [step](braid::Span<std::uint64_t> v) { v[0] = v[0] * 3 + step; });
+      rt.task("sum").run(braid::read<std::uint64_t>(x), braid::read_write<std::uint64_t>(y),
+                         [](braid::Span<const std::uint64_t> a, braid::Span<std::uint64_t> b) { b[0] += a[0]; });
+      rt.synchronize();
+    }
+    std::uint64_t xs = 1, ys = 0;
+    for (std::uint64_t step = 0; step < 8; ++step) {
+      xs = xs * 3 + step;
+      ys += xs;
+    }
+    CHECK(rt.read_vec<std::uint64_t>(x) == std::vector<std::uint64_t>{xs});
+    CHECK(rt.read_vec<std::uint64_t>(y) == std::vector<std::uint64_t>{ys});
+    rt.write_trace(path);
+    const bool memoised = slurp(path).find("\"memoised\"") != std::string::npos;
+    CHECK_MSG(memoised == on, path);
+  }
+}
+
 int main() {
   check::Runner t;
   t.run("independent_tasks_overlap", independent_tasks_overlap);
   t.run("single_policy_never_overlaps", single_policy_never_overlaps);
   t.run("comm_hidden_under_compute", comm_hidden_under_compute);
   t.run("trace_files_name_streams_and_tasks", trace_files_name_streams_and_tasks);
+  t.run("automatic_replay_switch", automatic_replay_switch);
   return t.finish();
 }

@@ -161,6 +161,8 @@ mod bridge {
         live: String,
         /// Replays run as one unit (`RuntimeBuilder::graphs`).
         graphs: bool,
+        /// Repeated steps are memoised (`RuntimeBuilder::auto_replay`).
+        auto_replay: bool,
         /// Short tasks may run on the submitting thread
         /// (`RuntimeBuilder::inline_short_tasks`).
         inline_short_tasks: bool,
@@ -441,6 +443,7 @@ fn default_config() -> RuntimeConfig {
         tenant_class: Class::Normal,
         live: String::new(),
         graphs: false,
+        auto_replay: true,
         inline_short_tasks: true,
         realtime: false,
     }
@@ -474,6 +477,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .launch_window(cfg.launch_window)
             .profile(cfg.profile)
             .graphs(cfg.graphs)
+            .auto_replay(cfg.auto_replay)
             .inline_short_tasks(cfg.inline_short_tasks)
             .realtime(cfg.realtime)
             .rank(cfg.rank);

@@ -288,7 +288,8 @@ pub(crate) fn submit_memoised(
     st: &mut SubmitState,
     shared: &Shared,
     t: NewTask,
-) -> Arc<TaskShared> {
+) -> (Arc<TaskShared>, Option<Launch>) {
+    let cost = super::cost_slot(st, shared, &t);
     let Some(State::Replay(m)) = st.auto.as_mut().map(|a| &mut a.state) else {
         unreachable!("admitted by Auto::admit");
     };
@@ -300,15 +301,24 @@ pub(crate) fn submit_memoised(
     let s = plan.tasks[i].stream as usize;
     let pos = plan.position[i];
     let step = &plan.programs[s][pos as usize - 1];
+    // The plan names every wait and predecessor, finished or not; those
+    // already satisfied are left out, as eager inference leaves them out
+    // (and a task left with none may run inline, `hand_off`).
     let waits: SmallVec<[(u16, u64); 4]> = step
         .waits
         .iter()
         .map(|&(j, p)| (j, m.base[j as usize] + p as u64))
+        .filter(|&(j, seq)| shared.streams[j as usize].done.get() < seq)
         .collect();
     let preds: SmallVec<[Arc<TaskShared>; 4]> = plan.tasks[i]
         .preds
         .iter()
-        .filter_map(|&p| m.made[p as usize].clone())
+        .filter_map(|&p| {
+            m.made[p as usize]
+                .as_ref()
+                .filter(|t| !t.retired())
+                .cloned()
+        })
         .collect();
     let clock: Clock = plan.clocks[i]
         .iter()
@@ -347,7 +357,7 @@ pub(crate) fn submit_memoised(
         clock,
         placement,
         eft: 0,
-        cost: super::cost::NO_SLOT,
+        cost,
     });
     let launch = Launch {
         waits,
@@ -363,8 +373,5 @@ pub(crate) fn submit_memoised(
     shared
         .submitted
         .fetch_add(1, crate::sync::Ordering::Relaxed);
-    shared.streams[s]
-        .queue
-        .push(super::Item::Task(task.clone(), launch));
-    task
+    super::hand_off(st, shared, task, launch)
 }

@@ -480,7 +480,7 @@ pub(crate) fn submit(
         } else {
             let h = auto::task_hash(&t);
             if auto::Auto::admit(st, shared, &t, h) {
-                return (auto::submit_memoised(st, shared, t), None);
+                return auto::submit_memoised(st, shared, t);
             }
         }
     }
@@ -490,11 +490,7 @@ pub(crate) fn submit(
 
     // Placement (with the cost model's view on the CPU).
     let latest = preds.iter().max_by_key(|p| p.id);
-    let cost = match &t.name {
-        _ if !shared.measure => cost::NO_SLOT,
-        Cow::Borrowed(name) => st.names.slot_static(name),
-        Cow::Owned(name) => st.names.slot(name),
-    };
+    let cost = cost_slot(st, shared, &t);
     let pred_times: SmallVec<[(usize, u64); 8]> = if shared.measure {
         preds.iter().map(|p| (p.stream as usize, p.eft)).collect()
     } else {
@@ -621,22 +617,43 @@ pub(crate) fn submit(
     st.stats.waits += nwaits;
     shared.submitted.fetch_add(1, Ordering::Relaxed);
     st.preds = preds;
-    // Run inline: a measured short eager task with nothing to wait for, on
-    // a stream that has finished everything placed on it (so its thread is
-    // idle and the task is next in its order either way).
+    hand_off(st, shared, task, launch)
+}
+
+/// The duration-estimate slot of `t`'s name ([`cost::NO_SLOT`] where the
+/// runtime does not measure).
+pub(crate) fn cost_slot(st: &mut SubmitState, shared: &Shared, t: &NewTask) -> u32 {
+    match &t.name {
+        _ if !shared.measure => cost::NO_SLOT,
+        Cow::Borrowed(name) => st.names.slot_static(name),
+        Cow::Owned(name) => st.names.slot(name),
+    }
+}
+
+/// Hands a placed task to its stream's queue, or returns its launch for the
+/// caller to run inline ([`run_inline`]): a measured short task with nothing
+/// to wait for, on a stream that has finished everything placed on it (so
+/// its thread is idle and the task is next in its order either way).
+pub(crate) fn hand_off(
+    st: &mut SubmitState,
+    shared: &Shared,
+    task: Arc<TaskShared>,
+    launch: Launch,
+) -> (Arc<TaskShared>, Option<Launch>) {
+    let s = task.stream as usize;
     let inline = shared.inline
-        && t.kind != TaskKind::Comm
+        && task.kind != TaskKind::Comm
         && matches!(launch.body, TaskBody::Once(_))
         && launch.preds.is_empty()
         && launch.waits.is_empty()
         && shared
             .estimates
-            .get(cost)
+            .get(task.cost)
             .is_some_and(|e| e <= INLINE_MAX_NS)
-        && shared.streams[s].done.get() + 1 == seq
+        && shared.streams[s].done.get() + 1 == task.seq
         && IN_TASK_OF.with(Cell::get) != shared.runtime_id;
     if inline {
-        shared.streams[s].inline.store(seq, Ordering::Release);
+        shared.streams[s].inline.store(task.seq, Ordering::Release);
         st.stats.inline += 1;
         return (task, Some(launch));
     }

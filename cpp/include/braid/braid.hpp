@@ -992,6 +992,15 @@ class RuntimeBuilder {
     cfg_.graphs = on;
     return *this;
   }
+  // Automatic replay (default: on): after a few identical steps (what is
+  // submitted between two synchronize() calls), the next identical ones are
+  // submitted from the memoised analysis, and a step that diverges goes on
+  // eagerly with nothing lost (docs/replay.md). Off: every task is inferred
+  // and placed as it comes.
+  RuntimeBuilder& auto_replay(bool on = true) {
+    cfg_.auto_replay = on;
+    return *this;
+  }
   // CPU: a short task (measured under braid's INLINE_MAX_NS, its
   // predecessors done, its stream idle) runs on the submitting thread inside
   // the call that submits it (default: on; docs/engine.md). Off: every body

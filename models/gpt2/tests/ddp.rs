@@ -244,6 +244,41 @@ fn replayed_steps_equal_eager_steps_bit_for_bit() {
     }
 }
 
+/// Eager steps that automatic replay memoises (`--no-replay` turns it off;
+/// a placement file turns it back on) are bit-identical to eager ones:
+/// steps 2–4 are alike, step 5 is recorded, steps 6 and 7 are submitted from
+/// its analysis, collectives and the AdamW scalars' upload included.
+#[test]
+fn memoised_eager_steps_equal_eager_steps_bit_for_bit() {
+    let start = StartState::fresh(&Gpt2Config::tiny(), 13);
+    let auto_on = braid::PlacementFile::parse("[runtime]\nauto_replay = true\n", "test").unwrap();
+    for ranks in [1, 2] {
+        let mut eager = options(ranks, 4 / ranks, 7);
+        eager.replay = false;
+        let mut memoised = eager.clone();
+        memoised.placement = Some(auto_on.clone());
+        let (a, b) = (run(&eager, start.clone()), run(&memoised, start.clone()));
+        assert_eq!(losses(&a), losses(&b), "{ranks} ranks");
+        assert_eq!(a.params, b.params, "{ranks} ranks");
+        let count = |r: &TrainReport| {
+            r.profiles[0]
+                .spans
+                .iter()
+                .filter(|s| s.placement.reason == braid::PlaceReason::Memoised)
+                .count()
+        };
+        // Two steps' tasks (the first step's count differs a little from
+        // the others', so the mean is within a task per step of theirs).
+        let mean = a.profiles[0].spans.len() as f64 / 7.0;
+        let (n, expect) = (count(&b), 2.0 * mean);
+        assert_eq!(count(&a), 0, "{ranks} ranks");
+        assert!(
+            n % 2 == 0 && (n as f64 - expect).abs() <= 2.0,
+            "{ranks} ranks: {n} memoised, {mean} tasks a step"
+        );
+    }
+}
+
 /// With graphs on, the replayed steps of one rank run as one unit each (on
 /// the CPU, every task in order on one stream thread): bit-identical to
 /// eager steps. Two ranks' step has collectives: it is cut around them (each

@@ -87,6 +87,8 @@ struct RuntimeExtras {
     pin_threads: bool,
     class: Class,
     graphs: bool,
+    /// Automatic replay on or off (`None`: the builder's default, on).
+    auto_replay: Option<bool>,
 }
 
 /// [`model_runtime`], with `extras` and a placement file (`None`: the one
@@ -110,6 +112,9 @@ fn model_runtime_with(
         .graphs(extras.graphs)
         .rank(rank)
         .profile(true);
+    if let Some(on) = extras.auto_replay {
+        builder = builder.auto_replay(on);
+    }
     if let Some(f) = placement {
         builder = builder.placement(f.clone());
     }
@@ -140,6 +145,8 @@ fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Resu
             .unwrap_or(backend == BackendKind::Cpu && opts.ranks > 1),
         class: opts.class,
         graphs: opts.graphs,
+        // `replay` off means every step eager: not memoised either.
+        auto_replay: (!opts.replay).then_some(false),
     };
     model_runtime_with(
         backend,

@@ -76,7 +76,9 @@ pub struct TrainOptions {
     /// Record the steady-state step (from the third step of a run: the
     /// reducer's buckets are rebuilt after the first) and replay it after:
     /// no dependency inference or placement per step. Off: every step is
-    /// submitted eagerly. The results are the same, bit for bit.
+    /// submitted eagerly (automatic replay off too,
+    /// [`braid::RuntimeBuilder::auto_replay`]). The results are the same,
+    /// bit for bit.
     pub replay: bool,
     /// Replay the recorded step as one unit ([`braid::RuntimeBuilder::graphs`]):
     /// on CUDA a CUDA graph captured at the first replay, one launch per
