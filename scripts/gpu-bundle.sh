@@ -23,7 +23,8 @@
 # a profiler, two tenants with the trainer's timeline, the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
 # and with its graphs cut around the reducer's collectives against no
-# graphs, the CUDA graph tests, the PyTorch fixtures on CUDA).
+# graphs, the CUDA graph tests, a small model's steps eager, memoised by
+# automatic replay, replayed and as graphs, the PyTorch fixtures on CUDA).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 new=0 quick=0
@@ -39,7 +40,7 @@ QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fu
 18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
-03_reference_cuda 04_reference_bf16_cuda"
+16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/bin" "$out/bench"

@@ -1,5 +1,6 @@
 //! Criterion benches of the engine's per-task overhead (empty tasks, so the
-//! figure is inference + placement + dispatch + completion).
+//! figure is inference + placement + dispatch + completion; automatic
+//! replay off, or the repeated iterations would be memoised).
 
 use braid::{BackendKind, Policy, Runtime};
 use braid_benches::{buffers, run, Shape};
@@ -15,6 +16,7 @@ fn overhead(c: &mut Criterion) {
                 .backend(BackendKind::Cpu)
                 .compute_streams(2)
                 .policy(policy)
+                .auto_replay(false)
                 .build()
                 .unwrap();
             let bufs = buffers(&rt, shape, n).unwrap();

@@ -1,5 +1,8 @@
-//! GPT-2 training steps submitted three ways on one device, side by side:
-//! `eager` (every task inferred and placed each step), `replay` (the step
+//! GPT-2 training steps submitted four ways on one device, side by side:
+//! `eager` (every task inferred and placed each step, automatic replay
+//! off), `auto` (the same submissions with automatic replay on, the
+//! builder's default: after a few identical steps each is submitted from
+//! the memoised analysis), `replay` (the step
 //! recorded once and replayed: on CUDA one task record per step, each
 //! kernel its own launch) and `graph` (`RuntimeBuilder::graphs`: on CUDA
 //! the step captured once into a CUDA graph, one launch per step; on the
@@ -7,7 +10,8 @@
 //! step time, the median *host* time per step (from the step's first
 //! submission until the submitting thread is free again, before the
 //! synchronisation: what dispatch costs the host), the last loss, and a
-//! last line `graph_step_ratio=<graph/eager> graph_host_ratio=<graph/eager>`.
+//! last line `graph_step_ratio=<graph/eager> graph_host_ratio=<graph/eager>
+//! auto_host_ratio=<auto/eager>`.
 //! Whether the modes' losses agree is printed too. Figures only; nothing is
 //! asserted.
 //!
@@ -36,7 +40,7 @@ use braid_gpt2::optim::AdamW;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(about = "GPT-2 steps submitted eagerly, replayed, and replayed as a graph")]
+#[command(about = "GPT-2 steps submitted eagerly, memoised, replayed, and replayed as a graph")]
 struct Args {
     /// Model: gpt2 (124M), small, tiny, ...
     #[arg(long, default_value = "small")]
@@ -73,11 +77,12 @@ struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Eager,
+    Auto,
     Replay,
     Graph,
 }
 
-const MODES: [Mode; 3] = [Mode::Eager, Mode::Replay, Mode::Graph];
+const MODES: [Mode; 4] = [Mode::Eager, Mode::Auto, Mode::Replay, Mode::Graph];
 
 /// One mode's measurements over every round.
 #[derive(Default)]
@@ -85,7 +90,7 @@ struct Tally {
     step_s: Vec<f64>,
     host_s: Vec<f64>,
     losses: Vec<Vec<f32>>,
-    graph_note: Option<String>,
+    note: Option<String>,
 }
 
 /// Runs one round of `mode`: warm-up, then measured steps. Returns every
@@ -102,6 +107,7 @@ fn round(
         .backend(backend)
         .compute_streams(a.streams)
         .graphs(mode == Mode::Graph)
+        .auto_replay(mode == Mode::Auto)
         .build()?;
     if let Some(dev) = rt.cuda_device() {
         braid_gpt2::kernels::preload(dev)?;
@@ -134,7 +140,7 @@ fn round(
                 .map_err(e)
         };
         match (mode, &schedule) {
-            (Mode::Eager, _) => submit(&rt, &mut model, &mut opt)?,
+            (Mode::Eager | Mode::Auto, _) => submit(&rt, &mut model, &mut opt)?,
             (_, Some(s)) => {
                 s.replay()?;
             }
@@ -153,9 +159,16 @@ fn round(
             tally.host_s.push(host);
         }
     }
+    if mode == Mode::Auto {
+        let s = rt.stats();
+        tally.note = Some(format!(
+            "{} tasks memoised, {} divergences",
+            s.auto_replayed, s.auto_divergences
+        ));
+    }
     if mode == Mode::Graph {
         let s = schedule.as_ref().context("no schedule was recorded")?;
-        tally.graph_note = Some(match s.graph_refusal() {
+        tally.note = Some(match s.graph_refusal() {
             None => format!("{} graph launches", rt.stats().graph_replays),
             Some(why) => format!("refused: {why}"),
         });
@@ -205,7 +218,7 @@ fn main() -> Result<()> {
                 .and_then(|l| l.last())
                 .copied()
                 .unwrap_or(f32::NAN),
-            t.graph_note
+            t.note
                 .as_ref()
                 .map(|n| format!("  ({n})"))
                 .unwrap_or_default()
@@ -216,11 +229,15 @@ fn main() -> Result<()> {
         "losses bit-identical across modes: {}",
         if same { "yes" } else { "no" }
     );
-    let ratio = |f: fn(&Tally) -> &Vec<f64>| median(f(&tallies[2])) / median(f(&tallies[0]));
+    let ratio = |m: Mode, f: fn(&Tally) -> &Vec<f64>| {
+        let i = MODES.iter().position(|&x| x == m).expect("a mode");
+        median(f(&tallies[i])) / median(f(&tallies[0]))
+    };
     println!(
-        "graph_step_ratio={:.3} graph_host_ratio={:.3}",
-        ratio(|t| &t.step_s),
-        ratio(|t| &t.host_s)
+        "graph_step_ratio={:.3} graph_host_ratio={:.3} auto_host_ratio={:.3}",
+        ratio(Mode::Graph, |t| &t.step_s),
+        ratio(Mode::Graph, |t| &t.host_s),
+        ratio(Mode::Auto, |t| &t.host_s)
     );
     Ok(())
 }
