@@ -325,13 +325,10 @@ pub(crate) fn submit_memoised(
         .zip(m.base.iter())
         .map(|(&l, &b)| b + l as u64)
         .collect();
-    let seq = m.base[s] + pos as u64;
-    st.placed[s] = seq;
-    super::live::placed(shared, s, seq);
+    // `Auto::admit` checked that the stream is where the plan expects it.
+    let (id, seq) = super::next_slot(&mut st.placed, &mut st.tail, &mut st.next_id, shared, s);
+    debug_assert_eq!(seq, m.base[s] + pos as u64);
     st.clocks[s].clone_from(&clock);
-    let id = st.next_id;
-    st.next_id += 1;
-    st.tail[s] = id;
     st.stats.tasks += 1;
     st.stats.auto_replayed += 1;
     st.stats.edges += preds.len() as u64;
@@ -370,8 +367,5 @@ pub(crate) fn submit_memoised(
     if m.made.len() % SWEEP_EVERY == 0 {
         m.sweep();
     }
-    shared
-        .submitted
-        .fetch_add(1, crate::sync::Ordering::Relaxed);
     super::hand_off(st, shared, task, launch)
 }

@@ -559,12 +559,8 @@ pub(crate) fn submit(
     let waits = cross_waits(&mut st.clocks[s], s, &preds, &mut st.stats);
     let clock = &mut st.clocks[s];
     let (edges, nwaits) = (preds.len() as u64, waits.len() as u64);
-    st.placed[s] += 1;
-    let seq = st.placed[s];
-    live::placed(shared, s, seq);
+    let (id, seq) = next_slot(&mut st.placed, &mut st.tail, &mut st.next_id, shared, s);
     clock[s] = seq;
-    let id = st.next_id;
-    st.next_id += 1;
     let body = match &mut st.recorder {
         Some(rec) => rec.keep(
             id,
@@ -611,13 +607,32 @@ pub(crate) fn submit(
         st.tracker
             .record(a.view.buf.id(), a.view.range(), a.mode, &task);
     }
-    st.tail[s] = id;
     st.stats.tasks += 1;
     st.stats.edges += edges;
     st.stats.waits += nwaits;
-    shared.submitted.fetch_add(1, Ordering::Relaxed);
     st.preds = preds;
     hand_off(st, shared, task, launch)
+}
+
+/// Takes the next position on stream `s` and the next task id for a new
+/// task record, under the lock: the stream's placed count (and the live
+/// view's), the id, the stream's tail and the submitted count. Returns
+/// `(id, seq)`.
+pub(crate) fn next_slot(
+    placed: &mut [u64],
+    tail: &mut [u64],
+    next_id: &mut u64,
+    shared: &Shared,
+    s: usize,
+) -> (u64, u64) {
+    placed[s] += 1;
+    let seq = placed[s];
+    live::placed(shared, s, seq);
+    let id = *next_id;
+    *next_id += 1;
+    tail[s] = id;
+    shared.submitted.fetch_add(1, Ordering::Relaxed);
+    (id, seq)
 }
 
 /// The duration-estimate slot of `t`'s name ([`cost::NO_SLOT`] where the

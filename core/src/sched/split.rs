@@ -25,7 +25,7 @@ use super::capture::{self, Unit};
 use super::replay::{self, Plan, RecTask};
 use super::{cross_waits, Item, Launch, Record, Shared, SubmitState, TaskBody, TaskShared};
 use crate::kind::TaskKind;
-use crate::sync::{Arc, Ordering};
+use crate::sync::Arc;
 use smallvec::SmallVec;
 
 /// A piece of a schedule, in the schedule's order.
@@ -312,14 +312,8 @@ fn place(
 ) -> (Arc<TaskShared>, SmallVec<[(u16, u64); 4]>) {
     let waits = cross_waits(&mut st.clocks[s], s, preds, &mut st.stats);
     st.stats.waits += waits.len() as u64;
-    st.placed[s] += 1;
-    let seq = st.placed[s];
-    super::live::placed(shared, s, seq);
+    let (id, seq) = super::next_slot(&mut st.placed, &mut st.tail, &mut st.next_id, shared, s);
     st.clocks[s][s] = seq;
-    let id = st.next_id;
-    st.next_id += 1;
-    st.tail[s] = id;
-    shared.submitted.fetch_add(1, Ordering::Relaxed);
     let task = TaskShared::new(Record {
         id,
         name,
