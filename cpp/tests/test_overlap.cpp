@@ -133,8 +133,8 @@ void trace_files_name_streams_and_tasks() {
 }  // namespace
 
 // Automatic replay (on by default): repeated steps are placed from the
-// memoised analysis (the trace says "memoised"), with the same result as
-// with it switched off, where no task is.
+// memoised analysis (the trace says "memoised", stats() counts them), with
+// the same result as with it switched off, where no task is.
 void automatic_replay_switch() {
   for (bool on : {true, false}) {
     const std::string path = on ? "braid-cpp-test-auto-on.json" : "braid-cpp-test-auto-off.json";
@@ -160,6 +160,14 @@ void automatic_replay_switch() {
     rt.write_trace(path);
     const bool memoised = slurp(path).find("\"memoised\"") != std::string::npos;
     CHECK_MSG(memoised == on, path);
+    // Steps 3 and 4 equal the one before them, step 5 is recorded, steps 6
+    // to 8 are memoised: two tasks each.
+    const braid::Stats s = rt.stats();
+    // Sixteen, the two uploads and the two reads.
+    CHECK_EQ(s.tasks, static_cast<std::uint64_t>(16 + 2 + 2));
+    CHECK_EQ(s.auto_replayed, static_cast<std::uint64_t>(on ? 6 : 0));
+    // The reads after the loop leave the memoised step: one divergence.
+    CHECK_EQ(s.auto_divergences, static_cast<std::uint64_t>(on ? 1 : 0));
   }
 }
 

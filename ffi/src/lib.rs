@@ -202,6 +202,21 @@ mod bridge {
         scope: String,
     }
 
+    /// What the scheduler did (`braid::Stats`; see its fields).
+    #[derive(Debug)]
+    struct StatsRecord {
+        tasks: u64,
+        edges: u64,
+        waits: u64,
+        elided_waits: u64,
+        replays: u64,
+        replayed_tasks: u64,
+        auto_replayed: u64,
+        auto_divergences: u64,
+        graph_replays: u64,
+        inline_tasks: u64,
+    }
+
     /// The profile summary.
     #[derive(Debug)]
     struct SummaryRecord {
@@ -266,6 +281,7 @@ mod bridge {
         fn graph_parts(self: &Schedule) -> usize;
         fn graph_tasks_between(self: &Schedule) -> usize;
         fn summary(self: &Runtime) -> SummaryRecord;
+        fn stats(self: &Runtime) -> StatsRecord;
         fn spans(self: &Runtime) -> Vec<SpanRecord>;
         fn clear_profile(self: &Runtime);
         fn write_trace(self: &Runtime, path: &str) -> Result<()>;
@@ -383,7 +399,8 @@ mod bridge {
 
 pub use bridge::{
     BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
-    RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StreamBusy, SummaryRecord, TaskKind,
+    RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StatsRecord, StreamBusy, SummaryRecord,
+    TaskKind,
 };
 
 /// The error every fallible bridge function returns; cxx throws it in C++ as
@@ -704,6 +721,22 @@ impl Runtime {
 
     fn summary(&self) -> SummaryRecord {
         summary_record(&self.0.profile())
+    }
+
+    fn stats(&self) -> StatsRecord {
+        let s = self.0.stats();
+        StatsRecord {
+            tasks: s.tasks,
+            edges: s.edges,
+            waits: s.waits,
+            elided_waits: s.elided_waits,
+            replays: s.replays,
+            replayed_tasks: s.replayed_tasks,
+            auto_replayed: s.auto_replayed,
+            auto_divergences: s.auto_divergences,
+            graph_replays: s.graph_replays,
+            inline_tasks: s.inline,
+        }
     }
 
     fn spans(&self) -> Vec<SpanRecord> {

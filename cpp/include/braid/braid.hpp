@@ -672,6 +672,21 @@ struct Summary {
 
 inline std::ostream& operator<<(std::ostream& os, const Summary& s) { return os << s.text; }
 
+// Counters of what the scheduler did since the runtime was built
+// (Runtime::stats(); braid::Stats in Rust).
+struct Stats {
+  std::uint64_t tasks = 0;             // tasks submitted (inferred and placed, or memoised)
+  std::uint64_t edges = 0;             // dependency edges to unfinished tasks
+  std::uint64_t waits = 0;             // cross-stream waits issued
+  std::uint64_t elided_waits = 0;      // cross-stream waits implied by an earlier one
+  std::uint64_t replays = 0;           // replays of recorded schedules
+  std::uint64_t replayed_tasks = 0;    // tasks those replays ran (not in `tasks`)
+  std::uint64_t auto_replayed = 0;     // tasks of steps memoised by automatic replay (in `tasks`)
+  std::uint64_t auto_divergences = 0;  // memoised steps the program left part-way
+  std::uint64_t graph_replays = 0;     // replays run as one unit (CUDA graph launches)
+  std::uint64_t inline_tasks = 0;      // tasks run on the submitting thread (in `tasks`)
+};
+
 // One task's execution as the profile recorded it.
 struct TaskSpan {
   std::uint64_t id = 0;  // submission index
@@ -927,6 +942,12 @@ class Runtime {
 
   // The summary of the spans recorded so far (profiling must be on).
   Summary summary() const { return detail::to_summary(inner_->summary()); }
+  // What the scheduler did so far (counters; profiling need not be on).
+  Stats stats() const noexcept {
+    const ffi::StatsRecord r = inner_->stats();
+    return Stats{r.tasks,   r.edges,          r.waits,         r.elided_waits,     r.replays,
+                 r.replayed_tasks, r.auto_replayed, r.auto_divergences, r.graph_replays, r.inline_tasks};
+  }
   // The spans recorded so far, sorted by start time.
   std::vector<TaskSpan> spans() const { return detail::to_spans(inner_->spans()); }
   // A snapshot of the spans recorded so far.
