@@ -22,8 +22,11 @@
 //! * **Divergence** (a task that does not match, an explicit edge, a
 //!   submission the plan did not foresee): the tasks submitted so far in the
 //!   step are entered into the tracker, in order, as eager submission would
-//!   have, and the step continues eagerly — nothing is lost. At the next
-//!   synchronisation detection starts again.
+//!   have, and the step continues eagerly — nothing is lost. The next step
+//!   is tried against the plan again (a program that evaluates every few
+//!   steps, or reads a result after its loop, comes back to it); after two
+//!   steps in a row leave it, the plan is dropped and detection starts
+//!   again.
 //!
 //! A step that ends early (fewer tasks) needs nothing: every task it did
 //! submit was placed consistently.
@@ -39,6 +42,9 @@ use std::ops::Range;
 
 /// Identical steps in a row before one is recorded.
 const REPEATS: u32 = 2;
+
+/// Steps in a row that leave a memoised plan before it is dropped.
+const MISSES: u32 = 2;
 
 /// What automatic replay keeps between submissions.
 #[derive(Default)]
@@ -88,6 +94,8 @@ struct Memo {
     base: Clock,
     /// The current step left the plan.
     diverged: bool,
+    /// Steps in a row, up to the last finished one, that left the plan.
+    misses: u32,
 }
 
 /// A task's identity for repetition: everything its analysis depends on.
@@ -178,15 +186,20 @@ impl Auto {
                     State::Observe
                 }
             },
-            State::Replay(mut m) if repeated && !m.diverged && m.made.len() == m.hashes.len() => {
-                m.made.clear();
-                m.touches.clear();
-                m.at.clear();
-                m.at.push(0);
-                m.swept = 0;
-                State::Replay(m)
+            // A step that followed the plan to its end keeps it; so does
+            // one that left it (an evaluation every few steps, a read after
+            // the loop), unless the step before left it too: then the
+            // program has changed, and detection starts again.
+            State::Replay(mut m) => {
+                let followed = !m.diverged && m.made.len() == m.hashes.len();
+                m.misses = if followed { 0 } else { m.misses + 1 };
+                if m.misses >= MISSES {
+                    State::Observe
+                } else {
+                    m.restart();
+                    State::Replay(m)
+                }
             }
-            State::Replay(_) => State::Observe,
         };
         auto.recorded.clear();
         st.auto = Some(auto);
@@ -218,6 +231,7 @@ impl Auto {
             plan,
             hashes,
             diverged: false,
+            misses: 0,
         }))
     }
 }
@@ -226,6 +240,16 @@ impl Auto {
 const SWEEP_EVERY: usize = 1024;
 
 impl Memo {
+    /// Readies the plan for the next step.
+    fn restart(&mut self) {
+        self.made.clear();
+        self.touches.clear();
+        self.at.clear();
+        self.at.push(0);
+        self.swept = 0;
+        self.diverged = false;
+    }
+
     /// Forgets the step's tasks that completed without error, from the
     /// first one not yet finished on: their records are freed now (by the
     /// submitting thread) instead of at the end of the step. A failed task
