@@ -625,3 +625,83 @@ fn bucket_cap_auto_reports_its_choice() {
         .collect();
     assert!(!ok(d, &bf16_default).contains("bucket cap"));
 }
+
+/// `eval` on Hugging Face weights (a `model.safetensors` with its
+/// `config.json`, as a checkpoint comes) scores tokens as `transformers`
+/// does: the PyTorch fixture's initial weights and its fp32 logits
+/// (`scripts/make_reference.py`), which give `transformers`' loss for any
+/// targets. In fp32 the printed loss is that loss; in bf16 it is close to it
+/// and not the same number.
+#[test]
+fn eval_on_hf_weights_matches_transformers() {
+    use safetensors::SafeTensors;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gpt2_tiny_reference.safetensors");
+    let bytes = std::fs::read(&fixture).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // The initial weights only (the fixture also keeps gradients, final
+    // weights, logits and the batch), under their Hugging Face names.
+    let weights: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("transformer."))
+        .collect();
+    assert!(weights.len() > 20, "{} weight tensors", weights.len());
+    safetensors::serialize_to_file(weights, None, &d.join("model.safetensors")).unwrap();
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"model_type": "gpt2", "n_head": 4}"#,
+    )
+    .unwrap();
+
+    let i32s =
+        |name: &str| -> Vec<i32> { bytemuck::pod_collect_to_vec(st.tensor(name).unwrap().data()) };
+    let logits: Vec<f32> = bytemuck::pod_collect_to_vec(st.tensor("logits").unwrap().data());
+    let tokens = i32s("tokens");
+    let (b, t) = (2, 16);
+    let v = logits.len() / (b * t);
+    assert_eq!(tokens.len(), b * t);
+    // The two rows one after the other and one more token: `eval`'s windows
+    // (stride T) are then exactly the fixture's rows, each predicting the
+    // token after each position.
+    let mut file: Vec<u16> = tokens.iter().map(|&x| x as u16).collect();
+    file.push(tokens[0] as u16);
+    write_token_file(d.join("val.bin"), &file).unwrap();
+    let mut expected = 0.0f64;
+    for (p, row) in logits.chunks(v).enumerate() {
+        let target = file[p + 1] as usize;
+        let max = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        expected += lse - row[target] as f64;
+    }
+    expected /= (b * t) as f64;
+
+    let eval = |dtype: &str| -> f64 {
+        #[rustfmt::skip]
+        let out = ok(d, &[
+            "eval", "--weights", "model.safetensors", "--tokens", "val.bin", "--seq-len", "16",
+            "--batch-size", "2", "--device", "cpu", "--dtype", dtype,
+        ]);
+        out.lines()
+            .find_map(|l| l.strip_prefix("loss="))
+            .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
+            .parse()
+            .unwrap()
+    };
+    let (l32, l16) = (eval("fp32"), eval("bf16"));
+    assert!(
+        (l32 - expected).abs() < 1e-5,
+        "fp32 {l32}, transformers {expected}"
+    );
+    assert!(
+        (l16 - expected).abs() < 5e-3 && l16 != l32,
+        "bf16 {l16}, fp32 {l32}, transformers {expected}"
+    );
+}
