@@ -76,6 +76,10 @@ pub struct RankRow {
     pub by_scope: Vec<(String, u64)>,
     /// Whether `by_scope` groups by scope (else by task name).
     pub scoped: bool,
+    /// Tasks that ran within the history by why they went to their stream
+    /// (the trace's `placed`: `memoised` by automatic replay, `replayed`
+    /// from a recorded schedule, else the placement rule), most first.
+    pub placed: Vec<(&'static str, usize)>,
 }
 
 /// Ends a span at `at` (a span still running then counts up to `at`).
@@ -179,6 +183,12 @@ impl RankState {
             .collect();
         by_scope.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         by_scope.truncate(6);
+        let mut placed: HashMap<&'static str, usize> = HashMap::new();
+        for s in &seen.spans {
+            *placed.entry(s.placement.reason.name()).or_default() += 1;
+        }
+        let mut placed: Vec<(&'static str, usize)> = placed.into_iter().collect();
+        placed.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         RankRow {
             rank: p.rank,
             streams,
@@ -187,6 +197,7 @@ impl RankState {
             comm_wait_ns: summary.comm_wait_ns,
             by_scope,
             scoped,
+            placed,
         }
     }
 }
@@ -271,6 +282,15 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
                 .collect();
             let by = if row.scoped { "scope" } else { "task" };
             let _ = writeln!(out, "  time by {by}: {}", parts.join(" · "));
+        }
+        let tasks: usize = row.placed.iter().map(|p| p.1).sum();
+        if tasks > 0 {
+            let parts: Vec<String> = row
+                .placed
+                .iter()
+                .map(|(why, n)| format!("{why} {:.0}%", 100.0 * *n as f64 / tasks as f64))
+                .collect();
+            let _ = writeln!(out, "  placed: {} (of {tasks} tasks)", parts.join(" · "));
         }
     }
     out
@@ -357,8 +377,17 @@ mod tests {
             row.by_scope,
             vec![("(no scope)".into(), 150), ("odd".into(), 100)]
         );
+        // Tasks 0, 1 and 4 ran by 200, all pinned.
+        assert_eq!(row.placed, vec![("pinned", 3)]);
         let text = render("test", &[state], w);
-        for name in ["compute 0", "compute 1", "comm 0", "rank 2", "READY"] {
+        for name in [
+            "compute 0",
+            "compute 1",
+            "comm 0",
+            "rank 2",
+            "READY",
+            "placed: pinned 100% (of 3 tasks)",
+        ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
     }
