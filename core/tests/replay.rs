@@ -756,6 +756,35 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// Steps that repeat a pattern of 1 to 4 step variants (a variant leaves
+    /// the program's order after some task, or keeps it), with one step
+    /// swapped for another variant somewhere: periods detected, plans kept
+    /// and left, results the sequential ones.
+    #[test]
+    fn automatic_replay_of_periodic_steps_matches_sequential(
+        p in program(20),
+        pattern in prop::collection::vec(prop_oneof![2 => Just(None), 1 => (0usize..20).prop_map(Some)], 1..=4),
+        repeats in 3usize..7,
+        swap in any::<prop::sample::Index>(),
+        other in prop_oneof![Just(None), (0usize..20).prop_map(Some)],
+        streams in 1usize..=4,
+    ) {
+        let mut steps: Vec<Option<usize>> = pattern.iter().cycle().take(pattern.len() * repeats).copied().collect();
+        let at = swap.index(steps.len());
+        steps[at] = other;
+        let expected = auto_sequential(&p, &steps);
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(streams)
+            .build()
+            .unwrap();
+        prop_assert_eq!(&auto_steps(&rt, &p, &steps), &expected);
+    }
+}
+
 #[test]
 fn automatic_replay_memoises_repeated_steps_and_can_be_turned_off() {
     use proptest::strategy::ValueTree;
@@ -784,6 +813,54 @@ fn automatic_replay_memoises_repeated_steps_and_can_be_turned_off() {
             assert_eq!((s.auto_replayed, s.auto_divergences), (0, 0));
         }
     }
+}
+
+/// A loop that alternates two data buffers (double buffering: step `i`
+/// loads into buffer `i % 2` and computes from it) repeats with period 2:
+/// both steps are memoised, the results are the sequential ones.
+#[test]
+fn double_buffered_steps_are_memoised() {
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .build()
+        .unwrap();
+    let bufs = [
+        rt.alloc_from("data 0", &[0u64; 4]).unwrap(),
+        rt.alloc_from("data 1", &[0u64; 4]).unwrap(),
+    ];
+    let acc = rt.alloc_from("acc", &[0u64; 4]).unwrap();
+    rt.synchronize().unwrap();
+    let steps = 12u64;
+    for i in 0..steps {
+        let b = &bufs[(i % 2) as usize];
+        rt.task("load")
+            .run(b.write::<u64>(), move |d| {
+                for (k, x) in d.iter_mut().enumerate() {
+                    *x = i * 10 + k as u64;
+                }
+            })
+            .unwrap();
+        rt.task("accumulate")
+            .run((b.read::<u64>(), acc.read_write::<u64>()), |(d, a)| {
+                for (a, d) in a.iter_mut().zip(d) {
+                    *a = *a * 3 + d;
+                }
+            })
+            .unwrap();
+        rt.synchronize().unwrap();
+    }
+    let mut expect = [0u64; 4];
+    for i in 0..steps {
+        for (k, a) in expect.iter_mut().enumerate() {
+            *a = *a * 3 + i * 10 + k as u64;
+        }
+    }
+    // Steps 1-6 observed (each of the two occurs three times), 7 and 8
+    // recorded, 9-12 memoised: 8 tasks.
+    let s = rt.stats();
+    assert_eq!((s.auto_replayed, s.auto_divergences), (8, 0), "{s:?}");
+    assert_eq!(rt.read_vec::<u64>(&acc).unwrap(), expect.to_vec());
 }
 
 /// A memoised plan outlives one step that leaves it (an evaluation every few

@@ -8,11 +8,17 @@
 //! of the step. A task whose scope the placement file gives `replay = false`
 //! counts as foreign (below): its step is never memoised.
 //!
-//! * **Observe.** After two steps identical to the one before them (same
-//!   hash, same length), the next step is recorded.
-//! * **Record.** The step runs eagerly while a recorder (the explicit
-//!   recorder, without bodies) keeps its analysis. If the step ends identical
-//!   again, its plan is kept; else back to observing.
+//! * **Predict.** At each boundary the step's signature (hash, length)
+//!   joins a history of the last 8. The next step is predicted from it: the
+//!   step one period back, for the shortest period of 1 to 4 steps that the
+//!   last two periods repeat with (a plain loop has period 1; one that
+//!   alternates two data buffers, period 2); without a period, the plan the
+//!   last step followed.
+//! * **Record.** If the predicted step has no plan yet and has occurred
+//!   three times in the history, the next step runs eagerly while a recorder
+//!   (the explicit recorder, without bodies) keeps its analysis. At its end
+//!   the plan is kept, under the step's signature, if that step is one that
+//!   occurred three times (up to 4 plans, the oldest dropped first).
 //! * **Replay.** Each task of a following step is checked against the plan's
 //!   task at the same position (hash) and, if it matches, is submitted with
 //!   the plan's stream, waits and predecessors, and its *own* new body: no
@@ -22,11 +28,10 @@
 //! * **Divergence** (a task that does not match, an explicit edge, a
 //!   submission the plan did not foresee): the tasks submitted so far in the
 //!   step are entered into the tracker, in order, as eager submission would
-//!   have, and the step continues eagerly — nothing is lost. The next step
-//!   is tried against the plan again (a program that evaluates every few
-//!   steps, or reads a result after its loop, comes back to it); after two
-//!   steps in a row leave it, the plan is dropped and detection starts
-//!   again.
+//!   have, and the step continues eagerly — nothing is lost. The plan stays
+//!   (a program that evaluates every few steps, or reads a result after its
+//!   loop, comes back to it: the next step is predicted to follow it again);
+//!   after two steps in a row leave it, it is dropped.
 //!
 //! A step that ends early (fewer tasks) needs nothing: every task it did
 //! submit was placed consistently.
@@ -40,11 +45,25 @@ use crate::sync::Arc;
 use smallvec::SmallVec;
 use std::ops::Range;
 
-/// Identical steps in a row before one is recorded.
-const REPEATS: u32 = 2;
+/// Occurrences of a step among the last [`HISTORY`] before the next one
+/// expected to equal it is recorded.
+const SEEN: usize = 3;
+
+/// Steps remembered for detecting repetition.
+const HISTORY: usize = 8;
+
+/// The longest period detected: steps that repeat every 1 to 4 steps
+/// (double-buffered data alternates two steps).
+const MAX_PERIOD: usize = 4;
+
+/// Memoised plans kept (the oldest is dropped for a new one).
+const PLANS: usize = 4;
 
 /// Steps in a row that leave a memoised plan before it is dropped.
 const MISSES: u32 = 2;
+
+/// A step's identity: the hash of its tasks and their count.
+type Sig = (u64, u64);
 
 /// What automatic replay keeps between submissions.
 #[derive(Default)]
@@ -52,10 +71,13 @@ pub(crate) struct Auto {
     /// The running hash and length of the current step.
     hash: u64,
     len: u64,
-    /// The previous step's.
-    prev: (u64, u64),
-    /// How many steps in a row equalled the one before.
-    same: u32,
+    /// The last steps' signatures, oldest first.
+    history: std::collections::VecDeque<Sig>,
+    /// Memoised plans not in use, oldest first.
+    plans: Vec<(Sig, Box<Memo>)>,
+    /// The plan the last step followed to its end (expected again when the
+    /// history shows no period: after a step that left it).
+    last: Option<Sig>,
     /// The hashes of the step being recorded.
     recorded: Vec<u64>,
     /// Foreign events so far (each makes its step unique).
@@ -68,7 +90,7 @@ enum State {
     #[default]
     Observe,
     Record,
-    Replay(Box<Memo>),
+    Replay(Sig, Box<Memo>),
 }
 
 /// One access as the tracker records it: buffer, byte range, mode.
@@ -132,7 +154,7 @@ impl Auto {
         }
         let explicit = st.recorder.is_some();
         let fits = match &auto.state {
-            State::Replay(m) => {
+            State::Replay(_, m) => {
                 let i = m.made.len();
                 !m.diverged
                     && t.after.is_empty()
@@ -152,57 +174,95 @@ impl Auto {
         fits
     }
 
-    /// A step boundary (`Runtime::synchronize`, under the lock).
+    /// A step boundary (`Runtime::synchronize`, under the lock): files the
+    /// step that ended (a plan followed or left, a recording kept), then
+    /// predicts the next step from the history and readies its plan, or a
+    /// recording of it.
     pub(crate) fn boundary(st: &mut SubmitState) {
         let Some(mut auto) = st.auto.take() else {
             return;
         };
-        let step = (auto.hash, auto.len);
+        let sig = (auto.hash, auto.len);
         (auto.hash, auto.len) = (0, 0);
-        if step.1 == 0 {
+        if sig.1 == 0 {
             // Nothing submitted since the last synchronisation: not a step.
             st.auto = Some(auto);
             return;
         }
-        let repeated = step == auto.prev;
-        auto.same = if repeated { auto.same + 1 } else { 0 };
-        auto.prev = step;
-        auto.state = match std::mem::take(&mut auto.state) {
-            State::Observe if auto.same >= REPEATS && st.recorder.is_none() => {
-                st.recorder = Some(Recorder::with_bodies(st.next_id, false));
-                State::Record
-            }
-            State::Observe => State::Observe,
-            State::Record => match st.recorder.take() {
-                Some(rec) if rec.is_auto() && repeated => {
-                    let tasks = rec.into_tasks();
-                    let streams = st.placed.len();
-                    let plan = Plan::new("step".into(), tasks, streams);
-                    Self::memo(plan, std::mem::take(&mut auto.recorded))
-                }
-                other => {
-                    // An explicit recording took over, or the step changed.
-                    st.recorder = other.filter(|r| !r.is_auto());
-                    State::Observe
-                }
-            },
-            // A step that followed the plan to its end keeps it; so does
-            // one that left it (an evaluation every few steps, a read after
-            // the loop), unless the step before left it too: then the
-            // program has changed, and detection starts again.
-            State::Replay(mut m) => {
+        let seen = auto.history.iter().filter(|&&h| h == sig).count();
+        match std::mem::take(&mut auto.state) {
+            State::Observe => {}
+            State::Replay(s, mut m) => {
                 let followed = !m.diverged && m.made.len() == m.hashes.len();
                 m.misses = if followed { 0 } else { m.misses + 1 };
-                if m.misses >= MISSES {
-                    State::Observe
-                } else {
+                if followed {
+                    auto.last = Some(s);
+                }
+                if m.misses < MISSES {
                     m.restart();
-                    State::Replay(m)
+                    auto.keep(s, m);
+                } else if auto.last == Some(s) {
+                    auto.last = None;
                 }
             }
+            State::Record => match st.recorder.take() {
+                Some(rec) if rec.is_auto() => {
+                    let hashes = std::mem::take(&mut auto.recorded);
+                    // Keep it if the step is one that repeats.
+                    if seen + 1 >= SEEN && !auto.plans.iter().any(|(s, _)| *s == sig) {
+                        let plan = Plan::new("step".into(), rec.into_tasks(), st.placed.len());
+                        if let Some(m) = Memo::new(plan, hashes) {
+                            auto.keep(sig, m);
+                        }
+                    }
+                }
+                // An explicit recording took over.
+                other => st.recorder = other.filter(|r| !r.is_auto()),
+            },
+        }
+        auto.history.push_back(sig);
+        if auto.history.len() > HISTORY {
+            auto.history.pop_front();
+        }
+        auto.state = match auto.predict() {
+            Some(next) => match auto.plans.iter().position(|(s, _)| *s == next) {
+                Some(i) => {
+                    let (s, m) = auto.plans.remove(i);
+                    State::Replay(s, m)
+                }
+                None if auto.history.iter().filter(|&&h| h == next).count() >= SEEN
+                    && st.recorder.is_none() =>
+                {
+                    st.recorder = Some(Recorder::with_bodies(st.next_id, false));
+                    State::Record
+                }
+                None => State::Observe,
+            },
+            None => State::Observe,
         };
         auto.recorded.clear();
         st.auto = Some(auto);
+    }
+
+    /// The next step's signature as the history predicts it: the step one
+    /// period back, for the shortest period (1 to [`MAX_PERIOD`]) the last
+    /// two periods repeat with; else the plan last followed.
+    fn predict(&self) -> Option<Sig> {
+        let h = &self.history;
+        let n = h.len();
+        (1..=MAX_PERIOD)
+            .find(|&p| n >= 2 * p && (1..=p).all(|i| h[n - i] == h[n - i - p]))
+            .map(|p| h[n - p])
+            .or(self.last)
+    }
+
+    /// Files a plan not in use, dropping the oldest beyond [`PLANS`].
+    fn keep(&mut self, sig: Sig, m: Box<Memo>) {
+        self.plans.retain(|(s, _)| *s != sig);
+        if self.plans.len() == PLANS {
+            self.plans.remove(0);
+        }
+        self.plans.push((sig, m));
     }
 
     /// Something the plan does not know about enters the step (a replay of
@@ -217,29 +277,30 @@ impl Auto {
             auto.len += 1;
         }
     }
-
-    fn memo(plan: Plan, hashes: Vec<u64>) -> State {
-        if hashes.len() != plan.len() {
-            return State::Observe;
-        }
-        State::Replay(Box::new(Memo {
-            made: Vec::with_capacity(plan.len()),
-            touches: Vec::new(),
-            at: vec![0],
-            swept: 0,
-            base: Clock::new(),
-            plan,
-            hashes,
-            diverged: false,
-            misses: 0,
-        }))
-    }
 }
 
 /// Tasks submitted through a memoised step between two sweeps of it.
 const SWEEP_EVERY: usize = 1024;
 
 impl Memo {
+    /// A memoised step from its plan and its tasks' hashes (`None` if they
+    /// disagree).
+    fn new(plan: Plan, hashes: Vec<u64>) -> Option<Box<Memo>> {
+        (hashes.len() == plan.len()).then(|| {
+            Box::new(Memo {
+                made: Vec::with_capacity(plan.len()),
+                touches: Vec::new(),
+                at: vec![0],
+                swept: 0,
+                base: Clock::new(),
+                plan,
+                hashes,
+                diverged: false,
+                misses: 0,
+            })
+        })
+    }
+
     /// Readies the plan for the next step.
     fn restart(&mut self) {
         self.made.clear();
@@ -290,7 +351,7 @@ fn all_done(shared: &Shared, placed: &[u64]) -> bool {
 /// them as if it had all been eager.
 fn diverge(st: &mut SubmitState) {
     let Some(auto) = st.auto.as_mut() else { return };
-    let State::Replay(m) = &mut auto.state else {
+    let State::Replay(_, m) = &mut auto.state else {
         return;
     };
     if m.diverged {
@@ -314,7 +375,7 @@ pub(crate) fn submit_memoised(
     t: NewTask,
 ) -> (Arc<TaskShared>, Option<Launch>) {
     let cost = super::cost_slot(st, shared, &t);
-    let Some(State::Replay(m)) = st.auto.as_mut().map(|a| &mut a.state) else {
+    let Some(State::Replay(_, m)) = st.auto.as_mut().map(|a| &mut a.state) else {
         unreachable!("admitted by Auto::admit");
     };
     let i = m.made.len();
