@@ -172,9 +172,10 @@ impl RuntimeBuilder {
 
     /// Automatic replay (default: on): after a few identical steps (what is
     /// submitted between two `synchronize` calls: the same task names, kinds
-    /// and accesses in the same order), later identical steps are submitted
-    /// from the memoised analysis — no inference, no placement — and the
-    /// moment a step diverges it continues eagerly, nothing lost
+    /// and accesses in the same order), in a row or repeating with a period
+    /// of up to 4 steps (double-buffered data), later identical steps are
+    /// submitted from the memoised analysis — no inference, no placement —
+    /// and the moment a step diverges it continues eagerly, nothing lost
     /// (docs/replay.md). Off: every task is inferred and placed as it comes.
     /// An explicit [`Runtime::record`] saves the hand-off of each task too.
     pub fn auto_replay(mut self, on: bool) -> Self {

@@ -1014,7 +1014,8 @@ class RuntimeBuilder {
     return *this;
   }
   // Automatic replay (default: on): after a few identical steps (what is
-  // submitted between two synchronize() calls), the next identical ones are
+  // submitted between two synchronize() calls; in a row, or repeating with a
+  // period of up to 4 steps, as double-buffered data does), the next ones are
   // submitted from the memoised analysis, and a step that diverges goes on
   // eagerly with nothing lost (docs/replay.md). Off: every task is inferred
   // and placed as it comes.
