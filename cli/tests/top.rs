@@ -52,6 +52,15 @@ fn replay_once_names_every_stream_of_the_trainer() {
         }
     }
     assert!(text.contains("hidden under compute") && text.contains("time by scope"));
+    // Why the tasks went where they did, over all of each rank's tasks.
+    for p in &profiles {
+        let of = format!("(of {} tasks)", p.spans.len());
+        let line = text.lines().find(|l| l.contains(&of));
+        assert!(
+            line.is_some_and(|l| l.starts_with("  placed: ")),
+            "no `{of}` in\n{text}"
+        );
+    }
     // An instant inside the run shows a task running on some stream.
     let first = profiles[0]
         .spans
