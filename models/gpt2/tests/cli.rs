@@ -46,6 +46,15 @@ fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
 }
 
 /// Tokens below the tiny model's vocabulary (runs of consecutive ids).
+/// The loss `eval` prints (`loss=<mean cross-entropy>`).
+fn eval_loss(out: &str) -> f64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("loss="))
+        .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
+        .parse()
+        .unwrap()
+}
+
 fn tokens(n: usize) -> Vec<u16> {
     (0..n)
         .map(|i| ((i / 7 * 13 + i % 7) % 512) as u16)
@@ -174,12 +183,7 @@ fn train_eval_sample_and_bad_inputs() {
             "3",
         ],
     );
-    let loss: f64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("loss="))
-        .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
-        .parse()
-        .unwrap();
+    let loss = eval_loss(&out);
     assert!(loss.is_finite() && loss > 0.0 && loss < 7.0, "loss {loss}");
 
     // Sampling from the checkpoint and from the weights, deterministic in the seed.
@@ -437,11 +441,7 @@ fn bf16_train_eval_sample() {
             "eval", "--weights", "w.safetensors", "--tokens", "val.bin", "--seq-len", "16",
             "--device", "cpu", "--dtype", dtype,
         ]);
-        out.lines()
-            .find_map(|l| l.strip_prefix("loss="))
-            .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
-            .parse()
-            .unwrap()
+        eval_loss(&out)
     };
     let (l16, l32) = (eval("bf16"), eval("fp32"));
     assert!(l16.is_finite() && l16 > 0.0, "bf16 loss {l16}");
@@ -689,11 +689,7 @@ fn eval_on_hf_weights_matches_transformers() {
             "eval", "--weights", "model.safetensors", "--tokens", "val.bin", "--seq-len", "16",
             "--batch-size", "2", "--device", "cpu", "--dtype", dtype,
         ]);
-        out.lines()
-            .find_map(|l| l.strip_prefix("loss="))
-            .unwrap_or_else(|| panic!("no loss= line in:\n{out}"))
-            .parse()
-            .unwrap()
+        eval_loss(&out)
     };
     let (l32, l16) = (eval("fp32"), eval("bf16"));
     assert!(
