@@ -351,7 +351,7 @@ impl RuntimeBuilder {
     }
 
     /// Starts the runtime's stream threads.
-    pub fn build(self) -> Result<Runtime> {
+    pub fn build(mut self) -> Result<Runtime> {
         if self.compute_streams == 0 {
             return Err(Error::Config(
                 "at least one compute stream is needed".into(),
@@ -364,14 +364,28 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
-        if self.realtime && self.class != Class::LatencyCritical {
-            return Err(Error::Config(format!(
-                "real-time threads are for latency-critical runtimes; this one is {}",
-                self.class.name()
-            )));
-        }
-        // The placement file is read and checked before anything starts.
+        // The placement file is read and checked before anything starts;
+        // its `[runtime]` class and real-time setting override the builder's.
         let placement = self.placement_file_checked()?;
+        if let Some(f) = &placement {
+            self.class = f.class().unwrap_or(self.class);
+            self.realtime = f.realtime().unwrap_or(self.realtime);
+        }
+        if self.realtime && self.class != Class::LatencyCritical {
+            return Err(placement
+                .as_ref()
+                .and_then(|f| f.realtime_refused(self.class))
+                .unwrap_or_else(|| {
+                    let from = match placement.as_ref().filter(|f| f.class().is_some()) {
+                        Some(f) => format!(" (`runtime.class` in placement file `{}`)", f.origin()),
+                        None => String::new(),
+                    };
+                    Error::Config(format!(
+                        "real-time threads are for latency-critical runtimes; this one is {}{from}",
+                        self.class.name()
+                    ))
+                }));
+        }
         let backend = Backend::open(
             self.backend,
             self.compute_streams,
@@ -603,6 +617,12 @@ impl Runtime {
     /// The placement file this runtime was built with, if any.
     pub fn placement_file(&self) -> Option<&PlacementFile> {
         self.scopes.file()
+    }
+
+    /// The program's priority class: the builder's, or the placement file's
+    /// `[runtime] class`.
+    pub fn class(&self) -> Class {
+        self.shared.class
     }
 
     /// The placement policy.

@@ -176,6 +176,91 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
     }
 }
 
+/// The policy of the stream thread of `rt` (one compute stream).
+#[cfg(target_os = "linux")]
+fn stream_policy(rt: &Runtime) -> i32 {
+    let out = rt.alloc("out", 4).unwrap();
+    rt.task("policy")
+        .run(out.write::<i32>(), |o| {
+            // SAFETY: pid 0 names the calling thread.
+            o[0] = unsafe { libc::sched_getscheduler(0) };
+        })
+        .unwrap();
+    rt.read_vec::<i32>(&out).unwrap()[0]
+}
+
+/// A placement file's `[runtime] class` and `realtime` override the
+/// builder's: the program's code keeps `Class::Normal`, and the file makes
+/// it best-effort (idle-policy stream threads) or latency-critical with
+/// real-time threads (where the process may use them). Real-time threads
+/// for a class other than latency-critical fail `build`, naming the file's
+/// line when the file asked for them, and the file's class when it set it.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_placement_file_sets_the_class_and_real_time_threads() {
+    use braid::{Error, PlacementFile};
+    let build = |file: &str, class: Class, realtime: bool| {
+        Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .oversubscribe(true)
+            .inline_short_tasks(false)
+            .class(class)
+            .realtime(realtime)
+            .placement(PlacementFile::parse(file, "p.toml").unwrap())
+            .build()
+    };
+    let rt = build("[runtime]\nclass = \"best-effort\"\n", Class::Normal, false).unwrap();
+    assert_eq!(rt.class(), Class::BestEffort);
+    assert_eq!(stream_policy(&rt), libc::SCHED_IDLE);
+    drop(rt);
+
+    let allowed = std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .unwrap();
+    let file = "[runtime]\nclass = \"latency-critical\"\nrealtime = true\n";
+    let policy = std::thread::spawn(move || {
+        let rt = build(file, Class::Normal, false).unwrap();
+        assert_eq!(rt.class(), Class::LatencyCritical);
+        stream_policy(&rt)
+    })
+    .join()
+    .unwrap();
+    let want = if allowed {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_OTHER
+    };
+    assert_eq!(policy, want, "SCHED_FIFO allowed: {allowed}");
+
+    match build("[runtime]\n\nrealtime = true\n", Class::Normal, false) {
+        Err(Error::Placement {
+            file,
+            line,
+            message,
+        }) => {
+            assert_eq!((file.as_str(), line), ("p.toml", 3), "{message}");
+            assert!(
+                message.contains("latency-critical") && message.contains("normal"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a placement error, got {other:?}"),
+    }
+    let e = build(
+        "[runtime]\nclass = \"normal\"\n",
+        Class::LatencyCritical,
+        true,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("runtime.class") && e.contains("p.toml"), "{e}");
+}
+
 /// A best-effort task that had already started when latency-critical work
 /// arrived pauses at its next `preemption_point` until that work is done,
 /// then goes on; in a normal runtime's task, or outside any task, the point

@@ -5,7 +5,7 @@
 
 use super::pattern::Pattern;
 use crate::error::{Error, Result};
-use crate::kind::Priority;
+use crate::kind::{Class, Priority};
 use crate::sched::placement::Policy;
 use crate::sched::scoped::{ScopeDecision, StreamChoice};
 use serde::Deserialize;
@@ -26,6 +26,10 @@ pub struct PlacementFile {
     origin: String,
     rules: Vec<Rule>,
     auto_replay: Option<bool>,
+    class: Option<Class>,
+    /// `[runtime] realtime`, and its line (for the error when the class is
+    /// not latency-critical).
+    realtime: Option<(bool, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +61,8 @@ struct RawFile {
 #[serde(deny_unknown_fields)]
 struct RawRuntime {
     auto_replay: Option<Spanned<Value>>,
+    class: Option<Spanned<Value>>,
+    realtime: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]
@@ -90,8 +96,22 @@ impl PlacementFile {
                 message: e.message().trim_end().replace('\n', "; "),
             }
         })?;
-        let auto_replay = match raw.runtime.and_then(|r| r.auto_replay) {
-            Some(v) => Some(boolean("runtime.auto_replay", &v).map_err(|m| at(v.span(), m))?),
+        let runtime = raw.runtime.as_ref();
+        let auto_replay = cx.field(
+            &runtime.and_then(|r| r.auto_replay.clone()),
+            "runtime.auto_replay",
+            boolean,
+        )?;
+        let class = cx.field(
+            &runtime.and_then(|r| r.class.clone()),
+            "runtime.class",
+            class,
+        )?;
+        let realtime = match runtime.and_then(|r| r.realtime.as_ref()) {
+            Some(v) => Some((
+                boolean("runtime.realtime", v).map_err(|m| at(v.span(), m))?,
+                line_of(text, v.span().start),
+            )),
             None => None,
         };
         let mut rules = Vec::with_capacity(raw.scope.len());
@@ -132,6 +152,8 @@ impl PlacementFile {
             origin,
             rules,
             auto_replay,
+            class,
+            realtime,
         })
     }
 
@@ -162,6 +184,36 @@ impl PlacementFile {
     /// builder's [`crate::RuntimeBuilder::auto_replay`]).
     pub fn auto_replay(&self) -> Option<bool> {
         self.auto_replay
+    }
+
+    /// `[runtime] class`, when the file sets it (it overrides the builder's
+    /// [`crate::RuntimeBuilder::class`]): a deployment decides which
+    /// program serves and which trains beside it, not the program's code.
+    pub fn class(&self) -> Option<Class> {
+        self.class
+    }
+
+    /// `[runtime] realtime`, when the file sets it (it overrides the
+    /// builder's [`crate::RuntimeBuilder::realtime`]): real-time threads
+    /// need privileges that the machine's operator grants, so the operator
+    /// may also be the one to ask for them.
+    pub fn realtime(&self) -> Option<bool> {
+        self.realtime.map(|(on, _)| on)
+    }
+
+    /// The error for real-time threads asked of a runtime of `class` (not
+    /// latency-critical), naming the `realtime` line when the file asked.
+    pub(crate) fn realtime_refused(&self, class: Class) -> Option<Error> {
+        let (on, line) = self.realtime?;
+        on.then(|| Error::Placement {
+            file: self.origin.clone(),
+            line,
+            message: format!(
+                "`runtime.realtime`: real-time threads are for latency-critical runtimes; \
+                 this one is {}",
+                class.name()
+            ),
+        })
     }
 
     /// What the file decides for tasks in scope `path` (`forward/layer3`).
@@ -275,6 +327,18 @@ fn boolean(key: &str, v: &Spanned<Value>) -> std::result::Result<bool, String> {
     v.get_ref()
         .as_bool()
         .ok_or_else(|| format!("`{key}` must be true or false, not {}", shown(v.get_ref())))
+}
+
+fn class(key: &str, v: &Spanned<Value>) -> std::result::Result<Class, String> {
+    v.get_ref()
+        .as_str()
+        .and_then(Class::from_name)
+        .ok_or_else(|| {
+            format!(
+                "`{key}` must be \"latency-critical\", \"normal\" or \"best-effort\", not {}",
+                shown(v.get_ref())
+            )
+        })
 }
 
 fn priority(key: &str, v: &Spanned<Value>) -> std::result::Result<Priority, String> {

@@ -1,6 +1,6 @@
 use super::PlacementFile;
 use crate::error::Error;
-use crate::kind::Priority;
+use crate::kind::{Class, Priority};
 use crate::sched::placement::Policy;
 use crate::sched::scoped::{ScopeDecision, StreamChoice};
 
@@ -26,6 +26,8 @@ fn a_full_file_parses() {
 # comment
 [runtime]
 auto_replay = true
+class = "latency-critical"
+realtime = true
 
 [[scope]]
 pattern = "forward/*"
@@ -44,6 +46,8 @@ stream = "comm:0"
     .unwrap();
     assert_eq!(f.len(), 2);
     assert_eq!(f.auto_replay(), Some(true));
+    assert_eq!(f.class(), Some(Class::LatencyCritical));
+    assert_eq!(f.realtime(), Some(true));
     assert_eq!(
         f.decide("forward/layer0"),
         ScopeDecision {
@@ -116,9 +120,22 @@ fn bad_values_name_the_line_and_the_key() {
         assert_eq!(line, 6, "{bad}: {msg}");
         assert!(msg.contains(&format!("`{key}`")), "{bad}: {msg}");
     }
-    let (line, msg) = error("[runtime]\nauto_replay = \"on\"\n");
-    assert_eq!(line, 2, "{msg}");
-    assert!(msg.contains("auto_replay"), "{msg}");
+    for (bad, key) in [
+        ("auto_replay = \"on\"", "runtime.auto_replay"),
+        ("class = \"urgent\"", "runtime.class"),
+        ("class = 1", "runtime.class"),
+        ("realtime = \"yes\"", "runtime.realtime"),
+    ] {
+        let (line, msg) = error(&format!("[runtime]\n\n{bad}\n"));
+        assert_eq!(line, 3, "{bad}: {msg}");
+        assert!(msg.contains(&format!("`{key}`")), "{bad}: {msg}");
+    }
+    for name in ["latency-critical", "normal", "best-effort"] {
+        let text = format!("[runtime]\nclass = \"{name}\"\n");
+        let f = PlacementFile::parse(&text, "p.toml").unwrap();
+        assert_eq!(f.class().map(Class::name), Some(name));
+        assert_eq!(f.realtime(), None);
+    }
 }
 
 #[test]

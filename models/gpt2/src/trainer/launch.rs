@@ -257,14 +257,15 @@ pub(super) fn train_cpu(
             LocalCommConfig::default().timeout(opts.comm_timeout),
             opts.comm_timeout,
             move |rank, comm| {
-                // The rank's own thread submits and waits: it yields like the
-                // stream threads of its class.
-                opts.class.enter();
                 let report = |r: &StepReport| {
                     let _ = steps.send(*r);
                 };
                 build_runtime(&opts, BackendKind::Cpu, rank)
                     .and_then(|rt| {
+                        // The rank's own thread submits and waits: it yields
+                        // like the stream threads of its runtime's class (the
+                        // options', or the placement file's).
+                        rt.class().enter();
                         run_rank(&opts, rt, rank, world, Some(comm), &start, &data, &report)
                     })
                     .map_err(|e| {
