@@ -27,6 +27,11 @@
 //! due, from the moment both programs started) beside the training run's
 //! timeline: when each of its steps ended and when it returned.
 //!
+//! A p99 of a few hundred requests rests on two or three of them, so each
+//! shared run also prints a 90% bootstrap interval of its p99 ratio and the
+//! share of its requests slower than the solo p99 (about 1% when sharing
+//! costs nothing); the last line ends with that share, `lc_over_solo_p99`.
+//!
 //! With `--realtime` the latency-critical runtime's threads (and the
 //! thread serving its requests) run at a real-time policy where the OS
 //! allows it (`RuntimeBuilder::realtime`).
@@ -107,9 +112,66 @@ impl Latency {
     fn pct(&self, p: f64) -> f64 {
         let mut v = self.0.clone();
         v.sort_by(f64::total_cmp);
-        let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i]
+        pct_sorted(&v, p)
     }
+
+    /// The share of the requests slower than `ms`.
+    fn share_over(&self, ms: f64) -> f64 {
+        self.0.iter().filter(|&&x| x > ms).count() as f64 / self.0.len().max(1) as f64
+    }
+}
+
+/// Percentile `p` of the sorted `v` (nearest rank).
+fn pct_sorted(v: &[f64], p: f64) -> f64 {
+    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// A 90% interval of `shared`'s p99 over `solo`'s, from 1,000 bootstrap
+/// resamples of each (with replacement, the same size). A p99 of 150
+/// requests is their second slowest, so one stalled request moves it: the
+/// interval says how far the ratio could have fallen by chance. The
+/// generator is seeded, so the same latencies give the same interval.
+fn p99_ratio_interval(solo: &Latency, shared: &Latency) -> (f64, f64) {
+    const RESAMPLES: usize = 1000;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+    };
+    let mut resampled_p99 = |x: &[f64], buf: &mut Vec<f64>| {
+        buf.clear();
+        buf.extend((0..x.len()).map(|_| x[next(x.len())]));
+        buf.sort_by(f64::total_cmp);
+        pct_sorted(buf, 0.99)
+    };
+    let mut buf = Vec::new();
+    let mut ratios: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let a = resampled_p99(&shared.0, &mut buf);
+            a / resampled_p99(&solo.0, &mut buf)
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    (pct_sorted(&ratios, 0.05), pct_sorted(&ratios, 0.95))
+}
+
+/// What one round measured, for the run with classes.
+#[derive(Clone, Copy)]
+struct Figures {
+    /// Shared p99 over solo p99.
+    p99_ratio: f64,
+    /// Training throughput shared over solo.
+    throughput_ratio: f64,
+    /// The p99 of the requests due after the training run's first step,
+    /// over the solo p99.
+    steady_ratio: f64,
+    /// The share of shared requests slower than the solo p99 (about 0.01
+    /// if sharing cost nothing).
+    over_solo_p99: f64,
 }
 
 /// The training run's timeline in a shared run, from one clock.
@@ -258,9 +320,8 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
 }
 
 /// One round: each program alone, then both together without and with
-/// classes. Returns the run with classes' (p99 ratio, throughput ratio,
-/// steady-state p99 ratio).
-fn round(a: &Args) -> Result<(f64, f64, f64)> {
+/// classes. Returns the run with classes' figures.
+fn round(a: &Args) -> Result<Figures> {
     let solo_lc = serve(a, Class::LatencyCritical, a.requests, None, None)?.all;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
@@ -270,7 +331,7 @@ fn round(a: &Args) -> Result<(f64, f64, f64)> {
     );
     let solo_be = train_be(a, Class::BestEffort, None)?;
     println!("best-effort alone: {solo_be:.0} tokens/s");
-    let mut last = (0.0, 0.0, 0.0);
+    let mut last = None;
     for (label, lc, be) in [
         ("both normal (no classes)", Class::Normal, Class::Normal),
         (
@@ -282,12 +343,16 @@ fn round(a: &Args) -> Result<(f64, f64, f64)> {
         let (served, tput, ends, returned) = shared(a, lc, be)?;
         let (lat, steady) = (&served.all, &served.steady);
         let (p99, ratio) = (lat.pct(0.99) / solo_lc.pct(0.99), tput / solo_be);
+        let (lo, hi) = p99_ratio_interval(&solo_lc, lat);
+        let over = lat.share_over(solo_lc.pct(0.99));
         println!(
-            "together, {label}: {} requests, p50 {:.3} ms, p99 {:.3} ms ({p99:.2}x alone); \
-             training {tput:.0} tokens/s ({ratio:.2}x alone)",
+            "together, {label}: {} requests, p50 {:.3} ms, p99 {:.3} ms ({p99:.2}x alone, \
+             90% interval {lo:.2}-{hi:.2}x by resampling; {:.1}% of requests slower than \
+             the solo p99); training {tput:.0} tokens/s ({ratio:.2}x alone)",
             lat.0.len(),
             lat.pct(0.5),
             lat.pct(0.99),
+            over * 100.0,
         );
         let steady_p99 = if steady.0.is_empty() {
             f64::NAN
@@ -313,9 +378,14 @@ fn round(a: &Args) -> Result<(f64, f64, f64)> {
             slowest.join(", "),
             ends.join(", ")
         );
-        last = (p99, ratio, steady_ratio);
+        last = Some(Figures {
+            p99_ratio: p99,
+            throughput_ratio: ratio,
+            steady_ratio,
+            over_solo_p99: over,
+        });
     }
-    Ok(last)
+    Ok(last.expect("the run with classes ran"))
 }
 
 /// The median of `x` (the mean of the middle two for an even count).
@@ -372,14 +442,17 @@ fn main() -> Result<()> {
         }
         rounds.push(round(&a)?);
     }
-    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(rounds.iter().map(f).collect());
-    let last = (pick(|r| r.0), pick(|r| r.1), pick(|r| r.2));
+    let pick = |f: fn(&Figures) -> f64| median(rounds.iter().map(f).collect());
     if a.rounds > 1 {
         println!("medians of {} rounds:", rounds.len());
     }
     println!(
-        "lc_p99_ratio={:.3} be_throughput_ratio={:.3} lc_p99_steady_ratio={:.3}",
-        last.0, last.1, last.2
+        "lc_p99_ratio={:.3} be_throughput_ratio={:.3} lc_p99_steady_ratio={:.3} \
+         lc_over_solo_p99={:.4}",
+        pick(|r| r.p99_ratio),
+        pick(|r| r.throughput_ratio),
+        pick(|r| r.steady_ratio),
+        pick(|r| r.over_solo_p99),
     );
     Ok(())
 }
