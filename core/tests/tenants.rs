@@ -92,22 +92,44 @@ fn a_failing_best_effort_program_harms_no_other() {
     assert!(err.to_string().contains("best-effort bug"), "{err}");
 }
 
+/// The policy of the stream thread of `rt` (one compute stream).
+#[cfg(target_os = "linux")]
+fn stream_policy(rt: &Runtime) -> i32 {
+    let out = rt.alloc("out", 4).unwrap();
+    rt.task("policy")
+        .run(out.write::<i32>(), |o| {
+            // SAFETY: pid 0 names the calling thread.
+            o[0] = unsafe { libc::sched_getscheduler(0) };
+        })
+        .unwrap();
+    rt.read_vec::<i32>(&out).unwrap()[0]
+}
+
+/// Whether this process may give a thread `SCHED_FIFO` (probed on a
+/// scratch thread), and the policy a real-time runtime's threads get here.
+#[cfg(target_os = "linux")]
+fn real_time_here() -> (bool, i32) {
+    let allowed = std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .unwrap();
+    let want = if allowed {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_OTHER
+    };
+    (allowed, want)
+}
+
 /// Best-effort CPU stream threads run at the idle scheduling policy; the
 /// others keep the default.
 #[cfg(target_os = "linux")]
 #[test]
 fn best_effort_threads_run_at_idle_priority() {
-    let policy_in = |class: Class| -> i32 {
-        let rt = cpu(class);
-        let out = rt.alloc("out", 4).unwrap();
-        rt.task("policy")
-            .run(out.write::<i32>(), |o| {
-                // SAFETY: pid 0 names the calling thread.
-                o[0] = unsafe { libc::sched_getscheduler(0) };
-            })
-            .unwrap();
-        rt.read_vec::<i32>(&out).unwrap()[0]
-    };
+    let policy_in = |class: Class| stream_policy(&cpu(class));
     assert_eq!(policy_in(Class::BestEffort), libc::SCHED_IDLE);
     assert_eq!(policy_in(Class::Normal), libc::SCHED_OTHER);
     assert_eq!(policy_in(Class::LatencyCritical), libc::SCHED_OTHER);
@@ -121,18 +143,7 @@ fn best_effort_threads_run_at_idle_priority() {
 #[cfg(target_os = "linux")]
 #[test]
 fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
-    let allowed = std::thread::spawn(|| {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
-    })
-    .join()
-    .unwrap();
-    let want = if allowed {
-        libc::SCHED_FIFO
-    } else {
-        libc::SCHED_OTHER
-    };
+    let (allowed, want) = real_time_here();
     let (stream, submitter) = std::thread::spawn(|| {
         let rt = Runtime::builder()
             .backend(BackendKind::Cpu)
@@ -143,15 +154,8 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
             .realtime(true)
             .build()
             .unwrap();
-        let out = rt.alloc("out", 4).unwrap();
-        rt.task("policy")
-            .run(out.write::<i32>(), |o| {
-                // SAFETY: pid 0 names the calling thread.
-                o[0] = unsafe { libc::sched_getscheduler(0) };
-            })
-            .unwrap();
-        let stream = rt.read_vec::<i32>(&out).unwrap()[0];
-        // SAFETY: as above.
+        let stream = stream_policy(&rt);
+        // SAFETY: pid 0 names the calling thread.
         (stream, unsafe { libc::sched_getscheduler(0) })
     })
     .join()
@@ -174,19 +178,6 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
             "{e}"
         );
     }
-}
-
-/// The policy of the stream thread of `rt` (one compute stream).
-#[cfg(target_os = "linux")]
-fn stream_policy(rt: &Runtime) -> i32 {
-    let out = rt.alloc("out", 4).unwrap();
-    rt.task("policy")
-        .run(out.write::<i32>(), |o| {
-            // SAFETY: pid 0 names the calling thread.
-            o[0] = unsafe { libc::sched_getscheduler(0) };
-        })
-        .unwrap();
-    rt.read_vec::<i32>(&out).unwrap()[0]
 }
 
 /// A placement file's `[runtime] class` and `realtime` override the
@@ -215,13 +206,7 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
     assert_eq!(stream_policy(&rt), libc::SCHED_IDLE);
     drop(rt);
 
-    let allowed = std::thread::spawn(|| {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
-    })
-    .join()
-    .unwrap();
+    let (allowed, want) = real_time_here();
     let file = "[runtime]\nclass = \"latency-critical\"\nrealtime = true\n";
     let policy = std::thread::spawn(move || {
         let rt = build(file, Class::Normal, false).unwrap();
@@ -230,11 +215,6 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
     })
     .join()
     .unwrap();
-    let want = if allowed {
-        libc::SCHED_FIFO
-    } else {
-        libc::SCHED_OTHER
-    };
     assert_eq!(policy, want, "SCHED_FIFO allowed: {allowed}");
 
     match build("[runtime]\n\nrealtime = true\n", Class::Normal, false) {
