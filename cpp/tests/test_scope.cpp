@@ -136,6 +136,25 @@ void a_bad_file_fails_the_build_naming_the_line() {
   CHECK_CONTAINS(msg, "bundel");
 }
 
+void the_file_sets_the_priority_class() {
+  write_file("scope-class.toml", "[runtime]\nclass = \"best-effort\"\n");
+  auto rt = braid::Runtime::builder()
+                .backend(braid::BackendKind::Cpu)
+                .placement_file("scope-class.toml")
+                .build();
+  CHECK(rt.priority_class() == braid::Class::BestEffort);
+  auto plain = braid::Runtime::builder().backend(braid::BackendKind::Cpu).build();
+  CHECK(plain.priority_class() == braid::Class::Normal);
+  write_file("scope-realtime.toml", "[runtime]\n\nrealtime = true\n");
+  std::string msg = ERROR_OF(braid::Runtime::builder()
+                                 .backend(braid::BackendKind::Cpu)
+                                 .placement_file("scope-realtime.toml")
+                                 .build());
+  CHECK_CONTAINS(msg, "scope-realtime.toml");
+  CHECK_CONTAINS(msg, "line 3");
+  CHECK_CONTAINS(msg, "latency-critical");
+}
+
 }  // namespace
 
 int main() {
@@ -143,5 +162,6 @@ int main() {
   t.run("scopes_nest_and_tag_tasks", scopes_nest_and_tag_tasks);
   t.run("a_placement_file_moves_tasks_not_results", a_placement_file_moves_tasks_not_results);
   t.run("a_bad_file_fails_the_build_naming_the_line", a_bad_file_fails_the_build_naming_the_line);
+  t.run("the_file_sets_the_priority_class", the_file_sets_the_priority_class);
   return t.finish();
 }

@@ -255,6 +255,7 @@ mod bridge {
         fn streams(self: &Runtime) -> usize;
         fn compute_streams(self: &Runtime) -> usize;
         fn rank(self: &Runtime) -> usize;
+        fn priority_class(self: &Runtime) -> Class;
         fn alloc(self: &Runtime, name: &str, bytes: usize) -> Result<Box<Buffer>>;
         fn upload(self: &Runtime, v: &View, data: &[u8]) -> Result<Box<TaskHandle>>;
         fn read_bytes(self: &Runtime, v: &View, elem_size: usize) -> Result<Vec<u8>>;
@@ -631,6 +632,14 @@ impl Runtime {
 
     fn rank(&self) -> usize {
         self.0.rank()
+    }
+
+    fn priority_class(&self) -> Class {
+        match self.0.class() {
+            braid::Class::LatencyCritical => Class::LatencyCritical,
+            braid::Class::Normal => Class::Normal,
+            braid::Class::BestEffort => Class::BestEffort,
+        }
     }
 
     fn alloc(&self, name: &str, bytes: usize) -> FfiResult<Box<Buffer>> {

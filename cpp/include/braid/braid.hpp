@@ -860,6 +860,9 @@ class Runtime {
   std::size_t streams() const noexcept { return inner_->streams(); }
   std::size_t compute_streams() const noexcept { return inner_->compute_streams(); }
   std::size_t rank() const noexcept { return inner_->rank(); }
+  // The priority class: the builder's, or the placement file's
+  // `[runtime] class` (docs/tenants.md).
+  Class priority_class() const noexcept { return inner_->priority_class(); }
 
   // Allocates `bytes` zeroed bytes on the runtime's device.
   Buffer alloc(const std::string& name, std::size_t bytes) const {
