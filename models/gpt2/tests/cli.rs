@@ -45,7 +45,6 @@ fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
     }
 }
 
-/// Tokens below the tiny model's vocabulary (runs of consecutive ids).
 /// The loss `eval` prints (`loss=<mean cross-entropy>`).
 fn eval_loss(out: &str) -> f64 {
     out.lines()
@@ -55,6 +54,7 @@ fn eval_loss(out: &str) -> f64 {
         .unwrap()
 }
 
+/// Tokens below the tiny model's vocabulary (runs of consecutive ids).
 fn tokens(n: usize) -> Vec<u16> {
     (0..n)
         .map(|i| ((i / 7 * 13 + i % 7) % 512) as u16)
