@@ -189,7 +189,9 @@ impl Auto {
             st.auto = Some(auto);
             return;
         }
-        let seen = auto.history.iter().filter(|&&h| h == sig).count();
+        // This step's occurrences, itself included (before it joins the
+        // history, which may drop the oldest entry).
+        let seen = auto.occurrences(sig) + 1;
         match std::mem::take(&mut auto.state) {
             State::Observe => {}
             State::Replay(s, mut m) => {
@@ -209,7 +211,7 @@ impl Auto {
                 Some(rec) if rec.is_auto() => {
                     let hashes = std::mem::take(&mut auto.recorded);
                     // Keep it if the step is one that repeats.
-                    if seen + 1 >= SEEN && !auto.plans.iter().any(|(s, _)| *s == sig) {
+                    if seen >= SEEN && !auto.plans.iter().any(|(s, _)| *s == sig) {
                         let plan = Plan::new("step".into(), rec.into_tasks(), st.placed.len());
                         if let Some(m) = Memo::new(plan, hashes) {
                             auto.keep(sig, m);
@@ -230,9 +232,7 @@ impl Auto {
                     let (s, m) = auto.plans.remove(i);
                     State::Replay(s, m)
                 }
-                None if auto.history.iter().filter(|&&h| h == next).count() >= SEEN
-                    && st.recorder.is_none() =>
-                {
+                None if auto.occurrences(next) >= SEEN && st.recorder.is_none() => {
                     st.recorder = Some(Recorder::with_bodies(st.next_id, false));
                     State::Record
                 }
@@ -254,6 +254,11 @@ impl Auto {
             .find(|&p| n >= 2 * p && (1..=p).all(|i| h[n - i] == h[n - i - p]))
             .map(|p| h[n - p])
             .or(self.last)
+    }
+
+    /// How many of the remembered steps have signature `sig`.
+    fn occurrences(&self, sig: Sig) -> usize {
+        self.history.iter().filter(|&&h| h == sig).count()
     }
 
     /// Files a plan not in use, dropping the oldest beyond [`PLANS`].
