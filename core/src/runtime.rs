@@ -5,12 +5,14 @@ use crate::buffer::{AsView, Buffer, BufferInner, Dropped};
 use crate::error::{Error, Result};
 use crate::kind::{Class, TaskKind};
 use crate::sched::placement::{self, Claim, CoreBudget, Layout, Lease, Policy, Share};
+use crate::sched::tenants::transfer;
 use crate::sched::TaskHandle;
 use crate::sched::{self, gate::Gate, queue::Queue, NewTask, Shared, StreamShared, SubmitState};
 use crate::scope::{PlacementFile, Scope, Scopes};
 use crate::sync::{lock, next_id, Arc, AtomicU64, IdKind, Mutex, Ordering};
 use crate::trace::{Profile, StreamInfo};
 use std::borrow::Cow;
+use std::convert::Infallible;
 use std::path::PathBuf;
 
 #[cfg(all(unix, not(loom)))]
@@ -692,11 +694,21 @@ impl Runtime {
         // One copy of the data, shared by whichever body the backend runs.
         let host = Arc::new(bytes);
         let dev_bytes = host.clone();
+        // A best-effort runtime's long copies go in bundles (`transfer`).
+        let class = self.shared.class;
         self.task(name).kind(TaskKind::Host).run_any(
             v.write::<u8>(),
-            move |dst| dst.copy_from_slice(&host),
+            move |dst| {
+                let Ok(()) = transfer(class, dst.len(), |r| {
+                    dst[r.clone()].copy_from_slice(&host[r]);
+                    Ok::<_, Infallible>(())
+                });
+            },
             move |dst, cu| {
-                crate::backend::gpu::upload(cu.stream(), dst.ptr(), &dev_bytes)?;
+                transfer(class, dev_bytes.len(), |r| {
+                    let at = dst.ptr() + r.start as u64;
+                    crate::backend::gpu::upload(cu.stream(), at, &dev_bytes[r])
+                })?;
                 Ok(())
             },
         )
@@ -725,12 +737,23 @@ impl Runtime {
         }
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
         let (sink, dev_sink) = (out.clone(), out.clone());
+        let class = self.shared.class;
         let h = self.task(name).kind(TaskKind::Host).run_any(
             v.read::<u8>(),
-            move |src| *lock(&sink) = src.to_vec(),
+            move |src| {
+                let mut bytes = Vec::with_capacity(src.len());
+                let Ok(()) = transfer(class, src.len(), |r| {
+                    bytes.extend_from_slice(&src[r]);
+                    Ok::<_, Infallible>(())
+                });
+                *lock(&sink) = bytes;
+            },
             move |src, cu| {
                 let mut bytes = vec![0u8; src.len()];
-                crate::backend::gpu::download(cu.stream(), src.ptr(), &mut bytes)?;
+                transfer(class, src.len(), |r| {
+                    let at = src.ptr() + r.start as u64;
+                    crate::backend::gpu::download(cu.stream(), at, &mut bytes[r])
+                })?;
                 *lock(&dev_sink) = bytes;
                 Ok(())
             },

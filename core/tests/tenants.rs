@@ -295,3 +295,21 @@ fn a_started_best_effort_task_pauses_at_a_preemption_point() {
     be.synchronize().unwrap();
     assert!(passed.load(Ordering::SeqCst));
 }
+
+/// A best-effort runtime copies long uploads and reads in bundles
+/// (docs/tenants.md): every byte arrives, in place, whatever the length.
+#[test]
+fn best_effort_uploads_and_reads_arrive_whole() {
+    let be = cpu(Class::BestEffort);
+    for len in [5usize, (9 << 20) + 3] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 + i / 4099) as u8).collect();
+        let b = be.alloc("b", len).unwrap();
+        be.upload(&b, &data).unwrap();
+        assert!(be.read_vec::<u8>(&b).unwrap() == data, "{len} bytes");
+        let part = b.view(len / 3..len).unwrap();
+        assert!(
+            be.read_vec::<u8>(part).unwrap() == data[len / 3..],
+            "{len} bytes, from a third"
+        );
+    }
+}

@@ -159,6 +159,50 @@ pub(crate) fn admit(shared: &Shared) {
     }
 }
 
+/// How long one bundle of a best-effort transfer should take: what a
+/// latency-critical program's own transfer or task waits behind at most,
+/// once the transfer has started.
+const TRANSFER_BUNDLE_NS: u128 = 1_000_000;
+/// A best-effort transfer's first bundle, before its rate is known; a
+/// transfer this short is one bundle.
+const FIRST_TRANSFER_BUNDLE: usize = 4 << 20;
+/// Bounds on a bundle sized from a measured rate.
+const TRANSFER_BUNDLES: std::ops::RangeInclusive<usize> = (256 << 10)..=(256 << 20);
+
+/// Copies `len` bytes by calling `copy` on ranges of them, in order. For a
+/// best-effort runtime a long transfer goes in bundles: the first
+/// [`FIRST_TRANSFER_BUNDLE`] bytes, then bundles sized from the rate the
+/// previous one ran at to take about [`TRANSFER_BUNDLE_NS`], and between
+/// two bundles the copy waits while a latency-critical runtime of the
+/// process has unfinished work. A copy cannot be preempted once started,
+/// and a copy engine does not order copies by stream priority, so without
+/// bundles a latency-critical request's few bytes could wait behind a
+/// whole model's parameters. Other classes copy in one call.
+pub(crate) fn transfer<E>(
+    class: crate::kind::Class,
+    len: usize,
+    mut copy: impl FnMut(std::ops::Range<usize>) -> Result<(), E>,
+) -> Result<(), E> {
+    if class != crate::kind::Class::BestEffort {
+        return copy(0..len);
+    }
+    let (mut at, mut bundle) = (0, FIRST_TRANSFER_BUNDLE);
+    while at < len {
+        if at > 0 {
+            wait_for_latency_critical();
+        }
+        let end = len.min(at + bundle);
+        let start = std::time::Instant::now();
+        copy(at..end)?;
+        let ns = start.elapsed().as_nanos().max(1);
+        let sized = (end - at) as u128 * TRANSFER_BUNDLE_NS / ns;
+        bundle = (sized.min(usize::MAX as u128) as usize)
+            .clamp(*TRANSFER_BUNDLES.start(), *TRANSFER_BUNDLES.end());
+        at = end;
+    }
+    Ok(())
+}
+
 /// Sleeps until no latency-critical task of the process is unfinished.
 fn wait_for_latency_critical() {
     while latency_critical_busy() {
@@ -224,6 +268,99 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    /// The ranges a transfer of `len` bytes by a runtime of `class` copies.
+    fn bundles(class: Class, len: usize) -> Vec<std::ops::Range<usize>> {
+        let mut seen = Vec::new();
+        super::transfer(class, len, |r| {
+            seen.push(r);
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        seen
+    }
+
+    /// Other classes copy in one call; a best-effort runtime copies a long
+    /// transfer in bundles, in order, every byte once, each within the
+    /// bounds.
+    #[test]
+    fn best_effort_transfers_go_in_bundles() {
+        let len = (super::FIRST_TRANSFER_BUNDLE * 5) / 2 + 3;
+        assert_eq!(bundles(Class::Normal, len), vec![0..len]);
+        assert_eq!(bundles(Class::LatencyCritical, len), vec![0..len]);
+        assert_eq!(bundles(Class::BestEffort, 1000), vec![0..1000]);
+        let b = bundles(Class::BestEffort, len);
+        assert!(b.len() >= 2, "{b:?}");
+        assert_eq!(b[0], 0..super::FIRST_TRANSFER_BUNDLE);
+        let mut at = 0;
+        for r in &b {
+            assert_eq!(r.start, at, "{b:?}");
+            assert!(r.end > r.start, "{b:?}");
+            assert!(r.end - r.start <= *super::TRANSFER_BUNDLES.end(), "{b:?}");
+            if r.end < len {
+                assert!(r.end - r.start >= *super::TRANSFER_BUNDLES.start(), "{b:?}");
+            }
+            at = r.end;
+        }
+        assert_eq!(at, len);
+    }
+
+    /// A failed bundle ends the transfer with its error.
+    #[test]
+    fn a_failed_bundle_ends_the_transfer() {
+        let len = super::FIRST_TRANSFER_BUNDLE * 3;
+        let mut calls = 0;
+        let r = super::transfer(Class::BestEffort, len, |_| {
+            calls += 1;
+            if calls == 2 {
+                Err("bundle 2")
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!((r, calls), (Err("bundle 2"), 2));
+    }
+
+    /// Between two bundles a best-effort transfer waits while a
+    /// latency-critical runtime has unfinished work: work that became
+    /// unfinished during the first bundle is finished when the second
+    /// starts.
+    #[test]
+    fn a_best_effort_transfer_waits_between_bundles() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let lc = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .oversubscribe(true)
+            .class(Class::LatencyCritical)
+            .build()
+            .unwrap();
+        let x = lc.alloc("x", 4).unwrap();
+        let served = Arc::new(AtomicBool::new(false));
+        let mut bundle = 0;
+        super::transfer(Class::BestEffort, super::FIRST_TRANSFER_BUNDLE + 1, |_| {
+            bundle += 1;
+            if bundle == 1 {
+                let served = served.clone();
+                lc.task("request")
+                    .run(x.write::<u8>(), move |_| {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        served.store(true, Ordering::SeqCst);
+                    })
+                    .unwrap();
+            } else {
+                assert!(
+                    served.load(Ordering::SeqCst),
+                    "bundle {bundle} began beside an unfinished latency-critical task"
+                );
+            }
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(bundle, 2);
+        lc.synchronize().unwrap();
     }
 
     /// A latency-critical program's threads, its own stream threads and the
