@@ -24,6 +24,7 @@ use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::model::{Dtype, Fusion, Sampler};
+use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
     TrainOptions,
@@ -78,9 +79,24 @@ struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 64)]
     seq_len: usize,
-    /// AdamW learning rate (constant).
+    /// AdamW peak learning rate (see --lr-schedule).
     #[arg(long, default_value_t = 2e-3)]
     lr: f32,
+    /// How the learning rate follows the step: `cosine` warms up linearly
+    /// over --warmup-steps, then decays along a cosine to --min-lr-frac of
+    /// --lr at the last step (nanoGPT's and llm.c's GPT-2 schedule);
+    /// `constant` keeps --lr throughout (after any warm-up).
+    #[arg(long, value_enum, default_value_t = LrScheduleArg::Cosine)]
+    lr_schedule: LrScheduleArg,
+    /// Steps of linear learning-rate warm-up from 0 to --lr [default: a
+    /// tenth of --steps with the cosine schedule, none with the constant
+    /// one]. Without one, AdamW's first steps move every weight by about
+    /// --lr at once, and the gradient norm spikes.
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    /// The learning rate at the last step, as a fraction of --lr (cosine).
+    #[arg(long, default_value_t = 0.1)]
+    min_lr_frac: f32,
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f32,
@@ -350,6 +366,13 @@ fn parse_policy(s: &str) -> std::result::Result<Policy, String> {
     s.parse().map_err(|e: braid::Error| e.to_string())
 }
 
+/// `--lr-schedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LrScheduleArg {
+    Cosine,
+    Constant,
+}
+
 /// `--compression`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CompressionArg {
@@ -525,6 +548,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         Ok(Duration::from_secs_f64(x))
     };
+    if !(a.min_lr_frac.is_finite() && (0.0..=1.0).contains(&a.min_lr_frac)) {
+        bail!("--min-lr-frac must be in 0..=1, not {}", a.min_lr_frac);
+    }
     let mut opts = TrainOptions {
         model: cfg,
         batch_size: a.batch_size,
@@ -536,6 +562,15 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: a.weight_decay,
+        },
+        lr_schedule: match a.lr_schedule {
+            LrScheduleArg::Cosine => {
+                let warmup = a.warmup_steps.unwrap_or(a.steps / 10);
+                LrSchedule::cosine(warmup, a.steps, a.min_lr_frac)
+            }
+            LrScheduleArg::Constant => {
+                LrSchedule::cosine(a.warmup_steps.unwrap_or(0), a.steps, 1.0)
+            }
         },
         max_grad_norm: (a.grad_clip > 0.0).then_some(a.grad_clip),
         backend: a.device,
@@ -638,9 +673,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     );
     let on_step = |s: &StepReport| {
         let line = format!(
-            "loss {:.4}  norm {:.3}  {:.0} tokens/s",
+            "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s",
             s.loss,
             s.grad_norm,
+            s.lr,
             s.tokens as f64 / s.seconds
         );
         if pb.is_hidden() {

@@ -701,3 +701,93 @@ fn eval_on_hf_weights_matches_transformers() {
         "bf16 {l16}, fp32 {l32}, transformers {expected}"
     );
 }
+
+/// The learning rate each step line of `train` prints.
+fn step_rates(stderr: &str) -> Vec<f64> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .map(|l| {
+            let at = l.find(" lr ").unwrap_or_else(|| panic!("no lr in {l:?}"));
+            l[at + 4..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `--lr-schedule`: by default a linear warm-up over a tenth of the steps,
+/// then a cosine down to `--min-lr-frac` of `--lr` at the last step;
+/// `constant` keeps `--lr`. Each step line prints its rate. A fraction
+/// outside 0..=1 is refused by name.
+#[test]
+fn the_learning_rate_warms_up_then_decays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    let train = |extra: &[&str]| -> Vec<f64> {
+        let base = [
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            "train.bin",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--ranks",
+            "1",
+            "--lr",
+            "1e-3",
+            "--no-trace",
+        ];
+        let args = [&base[..], extra].concat();
+        let out = run(d, &args);
+        assert!(out.status.success(), "{args:?}:\n{}", text(&out.stderr));
+        step_rates(&text(&out.stderr))
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b;
+
+    let r = train(&[
+        "--steps",
+        "10",
+        "--warmup-steps",
+        "4",
+        "--min-lr-frac",
+        "0.5",
+    ]);
+    assert_eq!(r.len(), 10, "{r:?}");
+    assert!(close(r[0], 2.5e-4) && close(r[3], 1e-3), "{r:?}");
+    assert!(r.windows(2).take(3).all(|w| w[1] > w[0]), "{r:?}");
+    assert!(r.windows(2).skip(3).all(|w| w[1] < w[0]), "{r:?}");
+    assert!(close(r[9], 5e-4), "{r:?}");
+
+    // The default warm-up: a tenth of 20 steps.
+    let r = train(&["--steps", "20"]);
+    assert!(
+        close(r[0], 5e-4) && close(r[1], 1e-3) && r[2] < r[1],
+        "{r:?}"
+    );
+    assert!(close(r[19], 1e-4), "{r:?}");
+
+    let r = train(&["--steps", "3", "--lr-schedule", "constant"]);
+    assert!(r.len() == 3 && r.iter().all(|&x| close(x, 1e-3)), "{r:?}");
+
+    fails(
+        d,
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            "train.bin",
+            "--min-lr-frac",
+            "1.5",
+        ],
+        &["--min-lr-frac", "1.5"],
+    );
+}

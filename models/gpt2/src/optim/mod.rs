@@ -47,7 +47,10 @@
 //! groups; those depend only on the program and the number of ranks, so a
 //! run resumed at the same rank count is still bit-identical.
 
+mod schedule;
 mod zero;
+
+pub use schedule::LrSchedule;
 
 use std::ops::Range;
 
@@ -72,7 +75,11 @@ pub const NORM_SCRATCH: usize = 512;
 /// The optimizer: AdamW state on a runtime, and the tasks of one step.
 #[derive(Debug)]
 pub struct AdamW {
+    /// The hyper-parameters, `learning_rate` that of the current step.
     hyper: AdamWHyper,
+    /// The rate `schedule` scales (`set_learning_rate`).
+    peak_lr: f32,
+    schedule: LrSchedule,
     max_grad_norm: Option<f32>,
     n: usize,
     /// Update chunks (element ranges of the parameters), in order.
@@ -168,6 +175,8 @@ impl AdamW {
         };
         Ok(AdamW {
             hyper,
+            peak_lr: hyper.learning_rate,
+            schedule: LrSchedule::constant(),
             max_grad_norm,
             n,
             m: rt.alloc("adam_m", state * 4)?,
@@ -257,9 +266,26 @@ impl AdamW {
         &self.hyper
     }
 
-    /// Changes the learning rate of later steps.
+    /// Changes the learning rate of later steps (with a schedule, the peak
+    /// rate it scales).
     pub fn set_learning_rate(&mut self, lr: f32) {
+        self.peak_lr = lr;
         self.hyper.learning_rate = lr;
+    }
+
+    /// Follows `schedule` from the next step on: each step's rate is the
+    /// schedule's for its number and the peak rate (the hyper-parameters'
+    /// at construction, or the last [`set_learning_rate`](Self::set_learning_rate)).
+    pub fn with_schedule(mut self, schedule: LrSchedule) -> Result<Self> {
+        schedule.check()?;
+        self.schedule = schedule;
+        Ok(self)
+    }
+
+    /// Counts a step and sets its learning rate from the schedule.
+    fn next_step(&mut self) {
+        self.step += 1;
+        self.hyper.learning_rate = self.schedule.rate(self.peak_lr, self.step);
     }
 
     /// The clipping threshold.
@@ -428,7 +454,7 @@ impl AdamW {
     /// submission: for an update inside a recorded step use
     /// [`advance`](Self::advance) and [`update_recorded`](Self::update_recorded).
     pub fn update(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
-        self.step += 1;
+        self.next_step();
         self.submit_update(rt, params, grads, StepArg::Number(self.step))
     }
 
@@ -438,7 +464,7 @@ impl AdamW {
     /// outside a recording, before each run of the recorded step (the
     /// recording run too): `advance(rt)`, then record or replay.
     pub fn advance(&mut self, rt: &Runtime) -> Result<()> {
-        self.step += 1;
+        self.next_step();
         let scalars = adamw::step_scalars(self.step, self.hyper);
         rt.upload_named("adamw step scalars", &self.step_scalars, &scalars)?;
         self.scalars_step = self.step;

@@ -28,8 +28,11 @@ pub struct TrainOptions {
     /// Train until this many optimizer steps are done in total (a resumed run
     /// continues from its checkpoint's step).
     pub steps: u64,
-    /// AdamW settings (constant learning rate).
+    /// AdamW settings; `learning_rate` is the peak rate of `lr_schedule`.
     pub optimizer: AdamWHyper,
+    /// How the learning rate follows the step (default: constant; the
+    /// CLI's default warms up and decays, `braid-gpt2 train --help`).
+    pub lr_schedule: crate::optim::LrSchedule,
     /// Clip the global gradient norm to this (`None`: no clipping).
     pub max_grad_norm: Option<f32>,
     /// The device.
@@ -166,6 +169,7 @@ impl Default for TrainOptions {
                 eps: 1e-8,
                 weight_decay: 0.1,
             },
+            lr_schedule: crate::optim::LrSchedule::constant(),
             max_grad_norm: Some(1.0),
             backend: BackendKind::Cpu,
             ranks: 2,
@@ -232,6 +236,7 @@ impl TrainOptions {
         if !(lr.is_finite() && lr > 0.0) {
             return bad("learning rate", format!("{lr} is not a positive number"));
         }
+        self.lr_schedule.check()?;
         if self.auto_bucket_cap && !matches!(self.compression, Compression::None) {
             return bad(
                 "bucket cap",

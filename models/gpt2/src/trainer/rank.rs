@@ -315,6 +315,7 @@ pub(super) fn run_rank(
             step,
             loss: model.read_loss(&rt)?,
             grad_norm: opt_ref.read_grad_norm(&rt)?,
+            lr: opt_ref.hyper().learning_rate,
             seconds: t0.elapsed().as_secs_f64(),
             tokens,
             replayed,
@@ -404,7 +405,8 @@ fn new_optimizer(
         )?
         .storing(rt, model)?,
         None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
-    };
+    }
+    .with_schedule(opts.lr_schedule)?;
     if let Some((m, v)) = &start.moments {
         opt.load_state(rt, m, v, start.step)?;
     }

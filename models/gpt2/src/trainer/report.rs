@@ -17,6 +17,8 @@ pub struct StepReport {
     pub loss: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// The step's learning rate (`TrainOptions::lr_schedule`).
+    pub lr: f32,
     /// Wall time of the step (submission to completion).
     pub seconds: f64,
     /// Tokens in the global batch.
