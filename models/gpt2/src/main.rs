@@ -213,7 +213,7 @@ struct TrainArgs {
     fused: bool,
     /// Some fused kernels: a comma-separated list of attention, classifier,
     /// residual-layernorm, gelu-recompute (or all, none). Default: all on a
-    /// GPU, none on the CPU.
+    /// GPU, classifier on the CPU.
     #[arg(long, value_parser = Fusion::parse)]
     fuse: Option<Fusion>,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
@@ -343,13 +343,16 @@ fn default_dtype(on_gpu: bool) -> Dtype {
 
 /// The fused kernels when neither `--fused` nor `--fuse` is given: all of
 /// them on a GPU (the fastest and smallest step there: docs/gpu-validation.md,
-/// run 6), none on the CPU (where the unfused model is bit-identical to the
-/// sequential reference).
+/// run 6), the classifier alone on the CPU (the only one that pays there:
+/// docs/gpt2.md, "The command line").
 fn default_fusion(on_gpu: bool) -> Fusion {
     if on_gpu {
         Fusion::ALL
     } else {
-        Fusion::NONE
+        Fusion {
+            classifier: true,
+            ..Fusion::NONE
+        }
     }
 }
 
@@ -641,7 +644,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // 2. Train.
     eprintln!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
-         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, steps {}..={}",
+         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}, \
+         steps {}..={}",
         a.model
             .as_deref()
             .unwrap_or(if a.init_from.is_some() || a.resume {
@@ -663,6 +667,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         } else {
             ""
         },
+        opts.fusion,
         start.step + 1,
         a.steps
     );
