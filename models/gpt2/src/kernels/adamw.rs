@@ -103,17 +103,10 @@ pub fn update<'a>(
         ),
         move |(params, grads, m, v, scale, scalars)| {
             // The clip factor applied as the gradients are read: the same
-            // products `scale_in_place` forms, into a copy.
-            let scaled: Vec<f32>;
-            let g = match scale {
-                Some(s) if s[0] != 1.0 => {
-                    scaled = grads.iter().map(|x| x * s[0]).collect();
-                    &scaled[..]
-                }
-                _ => grads,
-            };
+            // products `scale_in_place` forms.
+            let s = scale.map_or(1.0, |s| s[0]);
             let sc = StepScalars::of(scalars, step, h);
-            adamw_update_with(params, g, m, v, &sc, h.beta1, h.beta2, h.eps);
+            adamw_update_with(params, grads, s, m, v, &sc, h.beta1, h.beta2, h.eps);
         },
         move |(params, grads, m, v, scale, scalars), cu| {
             let t = Update {
@@ -213,17 +206,21 @@ pub fn adamw_update<G: Storage>(
 ) {
     assert!(step >= 1, "adamw_update: steps are numbered from 1");
     let sc = StepScalars::new(step, lr, beta1, beta2, weight_decay);
-    adamw_update_with(params, grads, m, v, &sc, beta1, beta2, eps);
+    adamw_update_with(params, grads, 1.0, m, v, &sc, beta1, beta2, eps);
 }
 
-/// [`adamw_update`] with its per-step scalars given.
+/// [`adamw_update`] with its per-step scalars given, each gradient
+/// multiplied by `grad_scale` (the clip factor) as it is read: the product
+/// a scaled copy of the gradients would hold, without the copy (`x · 1.0`
+/// is `x`, so an unclipped step computes what it did before).
 #[allow(clippy::too_many_arguments)]
 #[multiversion::multiversion(targets("x86_64+avx2"))]
 fn adamw_update_with<G: Storage>(
     params: &mut [f32], // (N)
     grads: &[G],        // (N)
-    m: &mut [f32],      // (N)
-    v: &mut [f32],      // (N)
+    grad_scale: f32,
+    m: &mut [f32], // (N)
+    v: &mut [f32], // (N)
     sc: &StepScalars,
     beta1: f32,
     beta2: f32,
@@ -244,7 +241,7 @@ fn adamw_update_with<G: Storage>(
         .zip(m.iter_mut())
         .zip(v.iter_mut())
     {
-        let g = g.load();
+        let g = g.load() * grad_scale;
         *p *= decay;
         *m = beta1 * *m + (1.0 - beta1) * g;
         *v = beta2 * *v + (1.0 - beta2) * g * g;
@@ -288,13 +285,8 @@ fn adamw_update_mixed_with<S: Storage>(
     check_len("adamw_update_mixed", "params", params.len(), n);
     check_len("adamw_update_mixed", "grads", grads.len(), n);
     let (b1, b2, eps) = (h.beta1, h.beta2, h.eps);
-    match grad_scale {
-        Some(s) if s != 1.0 => {
-            let g: Vec<f32> = grads.iter().map(|x| x.load() * s).collect();
-            adamw_update_with(master, &g, m, v, sc, b1, b2, eps);
-        }
-        _ => adamw_update_with(master, grads, m, v, sc, b1, b2, eps),
-    }
+    let s = grad_scale.unwrap_or(1.0);
+    adamw_update_with(master, grads, s, m, v, sc, b1, b2, eps);
     convert(params, master);
 }
 
