@@ -61,6 +61,21 @@ fn replay_once_names_every_stream_of_the_trainer() {
             "no `{of}` in\n{text}"
         );
     }
+    // Every task the trainer submits is in a scope (what a placement file
+    // matches), its uploads and reads too.
+    for p in &profiles {
+        let bare: Vec<&str> = p
+            .spans
+            .iter()
+            .filter(|s| s.scope.is_none())
+            .map(|s| &*s.name)
+            .collect();
+        assert!(
+            bare.is_empty(),
+            "rank {}: tasks without a scope: {bare:?}",
+            p.rank
+        );
+    }
     // An instant inside the run shows a task running on some stream.
     let first = profiles[0]
         .spans

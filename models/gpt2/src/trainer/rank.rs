@@ -84,7 +84,10 @@ pub(super) fn run_rank(
         dtype: opts.dtype,
     };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
-    model.upload_params(&rt, &start.params)?;
+    {
+        let _s = rt.scope("init");
+        model.upload_params(&rt, &start.params)?;
+    }
     if start.moments.is_none() && start.step != 0 {
         return Err(Gpt2Error::InvalidSetting {
             what: "start state",
@@ -157,7 +160,10 @@ pub(super) fn run_rank(
         if rank != 0 && !opt.is_sharded() {
             return Ok(None);
         }
-        let (params, adam_m, adam_v) = full_state(&rt, model, opt, reducer, comm.as_ref())?;
+        let (params, adam_m, adam_v) = {
+            let _s = rt.scope("checkpoint");
+            full_state(&rt, model, opt, reducer, comm.as_ref())?
+        };
         if rank != 0 {
             return Ok(None);
         }
@@ -196,7 +202,10 @@ pub(super) fn run_rank(
     for step in first..=opts.steps.max(start.step) {
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
-        model.upload_batch(&rt, &x, Some(&y))?;
+        {
+            let _s = rt.scope("data");
+            model.upload_batch(&rt, &x, Some(&y))?;
+        }
         if let Some(f) = opts.fault.filter(|f| (f.rank, f.step) == (rank, step)) {
             inject_fault(&rt, model.grads(), f.hang)?;
         }
@@ -259,6 +268,7 @@ pub(super) fn run_rank(
             if let Some(c) = &comm {
                 // After the buckets, so it never holds them up on the comm
                 // stream (it waits for the slowest rank's forward pass).
+                let _s = rt.scope("reduce");
                 c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
             }
             // The gradient norm and clip factor: the same tasks every step,
@@ -309,12 +319,17 @@ pub(super) fn run_rank(
             // Just recorded: the ranks place the replays alike (each
             // measured its own durations), so each reaches each collective
             // at the same point of its step.
+            let _s = rt.scope("reduce");
             c.agree_placement(s)?;
         }
+        let (loss, grad_norm) = {
+            let _s = rt.scope("report");
+            (model.read_loss(&rt)?, opt_ref.read_grad_norm(&rt)?)
+        };
         let report = StepReport {
             step,
-            loss: model.read_loss(&rt)?,
-            grad_norm: opt_ref.read_grad_norm(&rt)?,
+            loss,
+            grad_norm,
             lr: opt_ref.hyper().learning_rate,
             seconds: t0.elapsed().as_secs_f64(),
             tokens,
@@ -352,9 +367,13 @@ pub(super) fn run_rank(
             checkpoint = Some(dir);
         }
     } else if opt.is_sharded() {
+        let _s = rt.scope("report");
         gather_params(&model, reducer.as_ref())?;
     }
-    let params = read_params(&rt, &model, &opt, comm.as_ref())?;
+    let params = {
+        let _s = rt.scope("report");
+        read_params(&rt, &model, &opt, comm.as_ref())?
+    };
     rt.synchronize()?;
     let bucket_cap = reducer.as_ref().and_then(|r| {
         r.cap_choice().map(|c| match c {
