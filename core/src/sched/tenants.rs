@@ -6,7 +6,8 @@
 //! a replayed step) only while no latency-critical runtime of the process has
 //! an unfinished task. A latency-critical task therefore waits for at most the
 //! best-effort work already started — one task per best-effort stream on the
-//! CPU, what is already launched on CUDA.
+//! CPU, what is already launched on CUDA, one bundle of a long transfer
+//! ([`transfer`]).
 //!
 //! On the CPU the operating system also helps: best-effort stream threads run
 //! at `SCHED_IDLE` (Linux), so a task already running yields its core the
