@@ -45,6 +45,7 @@ impl StorageArgs {
         braid_gpt2::model::ModelOptions {
             fusion: self.fusion(),
             dtype: self.dtype,
+            ..Default::default()
         }
     }
 

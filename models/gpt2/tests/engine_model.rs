@@ -463,6 +463,31 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
     assert!(fused.read_probs(&rt).unwrap().is_empty());
 }
 
+/// The fused classifier with and without the padded classifier weight
+/// (kept by default on CUDA only: `ModelOptions::padded_classifier`), both
+/// on the CPU: each within float tolerance of the unfused reference; the
+/// padded one keeps its `(Vp, C)` copy of `wte` at this odd vocabulary.
+#[test]
+fn the_fused_classifier_matches_the_reference_padded_or_not() {
+    let case = Case::new(40, 17, 21);
+    let (b, t) = case.bt;
+    let rt = runtime(2, Policy::Affinity);
+    for padded in [None, Some(true), Some(false)] {
+        let opts = ModelOptions {
+            fusion: Fusion {
+                classifier: true,
+                ..Fusion::NONE
+            },
+            padded_classifier: padded,
+            ..ModelOptions::default()
+        };
+        let model = Gpt2Model::with_options(&rt, &case.cfg, b, t, opts).unwrap();
+        assert_eq!(model.pads_classifier(), padded == Some(true), "{padded:?}");
+        let run = case.run(&rt, opts);
+        case.check(&format!("fused classifier, padded {padded:?}"), &run);
+    }
+}
+
 #[test]
 fn bad_inputs_are_errors_and_submit_nothing() {
     let cfg = Gpt2Config::tiny();

@@ -68,11 +68,13 @@ const UPDATE_RMS: f64 = 0.15;
 const BF16: ModelOptions = ModelOptions {
     fusion: Fusion::NONE,
     dtype: Dtype::Bf16,
+    padded_classifier: None,
 };
 /// The fused attention and classifier in bf16, held to the same tolerances.
 const BF16_FUSED: ModelOptions = ModelOptions {
     fusion: Fusion::ALL,
     dtype: Dtype::Bf16,
+    padded_classifier: None,
 };
 
 fn runtime(dev: Device, streams: usize, policy: Policy) -> braid::Runtime {

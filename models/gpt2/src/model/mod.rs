@@ -81,7 +81,10 @@
 //! and the add move about 0.3 GB). `wte` itself keeps `V` rows
 //! (checkpoints, Hugging Face weights and the parameter layout are
 //! unchanged). Without the fused classifier the products stay at `V`
-//! columns.
+//! columns. The CPU's products gain nothing from the padding, so there the
+//! model keeps no padded weight by default and the fused classifier's
+//! products run over `V` (`ModelOptions::padded_classifier`; the main job
+//! 0.97× the wall time without the copy, 6 pairs).
 //!
 //! # Numerics
 //!
@@ -308,6 +311,13 @@ pub struct ModelOptions {
     /// bf16 parameters. Every kernel has a bf16 CUDA body (cuBLAS products
     /// with `f32` accumulation).
     pub dtype: Dtype,
+    /// With the fused classifier and an odd vocabulary: whether the model
+    /// keeps the padded `(Vp, C)` copy of `wte` as the classifier's weight
+    /// (see "Padded classifier weight" above). `None`, the default: on
+    /// CUDA, where the padded products are several times faster, not on
+    /// the CPU, where the per-step copy costs more than it saves.
+    /// `Some(_)` forces the choice (the CPU tests of the padded path).
+    pub padded_classifier: Option<bool>,
 }
 
 /// GPT-2 on a Braid runtime, for a fixed batch shape `(B, T)`.
@@ -354,6 +364,8 @@ pub struct Gpt2Model {
     wte_pieces: Vec<(std::ops::Range<usize>, View)>,
     fusion: Fusion,
     dtype: Dtype,
+    /// As made ([`ModelOptions::padded_classifier`]).
+    padded_classifier: Option<bool>,
     /// `Vp`: the row length of the logits, probabilities and their gradients.
     vp: usize,
     /// `f32` master weights (layout order) when `dtype` is not `f32`.
@@ -444,14 +456,18 @@ impl Gpt2Model {
             )
         };
         let vp = al.vp;
-        let (classifier_weight, classifier_grad) = if fusion.classifier && vp > cfg.vocab_size {
-            (
-                Some(rt.alloc("classifier weight", vp * c * es)?),
-                Some(rt.alloc("classifier weight grad", vp * c * es)?),
-            )
-        } else {
-            (None, None)
-        };
+        let padded = opts
+            .padded_classifier
+            .unwrap_or(rt.backend_name() == "cuda");
+        let (classifier_weight, classifier_grad) =
+            if fusion.classifier && vp > cfg.vocab_size && padded {
+                (
+                    Some(rt.alloc("classifier weight", vp * c * es)?),
+                    Some(rt.alloc("classifier weight grad", vp * c * es)?),
+                )
+            } else {
+                (None, None)
+            };
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
@@ -480,6 +496,7 @@ impl Gpt2Model {
             split_tied: false,
             wte_pieces: Vec::new(),
             fusion,
+            padded_classifier: opts.padded_classifier,
             dtype,
             vp,
             master,
@@ -552,11 +569,19 @@ impl Gpt2Model {
         &self.cfg
     }
 
+    /// Whether the model keeps the padded classifier weight
+    /// ([`ModelOptions::padded_classifier`]; only with the fused classifier
+    /// and an odd vocabulary).
+    pub fn pads_classifier(&self) -> bool {
+        self.classifier_weight.is_some()
+    }
+
     /// The options the model was made with.
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
             fusion: self.fusion,
             dtype: self.dtype,
+            padded_classifier: self.padded_classifier,
         }
     }
 

@@ -82,6 +82,7 @@ pub(super) fn run_rank(
     let model_opts = crate::model::ModelOptions {
         fusion: opts.fusion,
         dtype: opts.dtype,
+        ..Default::default()
     };
     let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
     {
