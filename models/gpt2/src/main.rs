@@ -571,9 +571,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                 let warmup = a.warmup_steps.unwrap_or(a.steps / 10);
                 LrSchedule::cosine(warmup, a.steps, a.min_lr_frac)
             }
-            LrScheduleArg::Constant => {
-                LrSchedule::cosine(a.warmup_steps.unwrap_or(0), a.steps, 1.0)
-            }
+            LrScheduleArg::Constant => LrSchedule {
+                warmup_steps: a.warmup_steps.unwrap_or(0),
+                ..LrSchedule::constant()
+            },
         },
         max_grad_norm: (a.grad_clip > 0.0).then_some(a.grad_clip),
         backend: a.device,
