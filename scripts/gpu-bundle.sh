@@ -19,7 +19,7 @@
 # With --new --quick, only the wrappers a session of about ten minutes of
 # device time can run (QUICK below: the kernel and model
 # tests, the fused bf16 step that is the trainer's GPU default against
-# torch.compile at B 8 and 32 and alone at B 64, its leading kernels under
+# torch.compile at B 8, 16, 32 and 64, its leading kernels under
 # a profiler, two tenants with the trainer's timeline, the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
 # and with its graphs cut around the reducer's collectives against no
@@ -38,7 +38,8 @@ if [ "${1:-}" = "--new" ]; then
 fi
 QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_lt 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
-14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 15_train_gpu
+14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
+11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
 16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
@@ -133,13 +134,16 @@ else
     wrap 10e_gpt2_gpu_bf16_fuse_attention bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fuse attention --profile-step \$OUT/gpt2-bf16-flash-step.json"
     wrap 11_gpt2_gpu_bf16_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16"
+    wrap 11b_gpt2_gpu_bf16_fused_b16 bench gpt2_gpu "--batch-size 16 $g --dtype bf16 --fused"
     script 12_pytorch_bf16_b16 "$py --batch-size 16"
+    script 12b_pytorch_bf16_compile_b16 "$py --batch-size 16 --compile"
     wrap 13_gpt2_gpu_bf16_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16"
     wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
     # llm.c's published figure is at B 64.
     wrap 13c_gpt2_gpu_bf16_fused_b64 bench gpt2_gpu "--batch-size 64 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
+    script 14c_pytorch_bf16_compile_b64 "$py --batch-size 64 --compile"
     wrap 15_train_gpu bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
     # Issue 11: the reducer at one rank on the GPU, the tied gradient split

@@ -316,7 +316,9 @@ pub(super) fn train_gpus(
     // Rank 0's runtime first: a missing driver or device is reported as the
     // engine finds it.
     let rt0 = build_runtime(opts, BackendKind::Cuda { device: first }, 0)?;
-    if world == 1 {
+    // One GPU needs no communicator, unless the reducer runs at one rank
+    // (`reduce_single_rank`): then NCCL with one rank, as below.
+    if world == 1 && !opts.reduce_single_rank {
         return Ok(vec![run_rank(opts, rt0, 0, 1, None, start, data, on_step)?]);
     }
     let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;

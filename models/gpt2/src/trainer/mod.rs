@@ -37,7 +37,8 @@
 //! each with its own [`Runtime`](braid::Runtime) and a [`LocalComm`](braid::LocalComm). GPU
 //! ranks run the same per-rank code on a CUDA runtime, in one of three ways:
 //!
-//! * **one GPU** (`ranks == 1`): one CUDA runtime, no communicator;
+//! * **one GPU** (`ranks == 1`): one CUDA runtime, no communicator (with
+//!   `reduce_single_rank`, NCCL at one rank);
 //! * **one process, N GPUs** (`ranks == N`, no torchrun variables): one
 //!   runtime per device `d, d+1, …, d+N-1` (`d` from `cuda:d`), NCCL
 //!   communicators made together (`ncclCommInitAll`), one thread per rank;
