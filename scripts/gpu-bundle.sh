@@ -36,7 +36,7 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_lt 10_pytorch_bf16_compile_b8
+QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
@@ -176,11 +176,12 @@ else
 BRAID_NCU_KERNELS='flash_attention_tc_backward|layernorm_backward' \
 scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
 --batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 3 --dtype bf16 --fused"
-    # The same step with the linear layers' biases added in cuBLASLt's
-    # epilogue (BRAID_CUBLASLT_BIAS=1; written without a GPU), against 18.
-    script 18c_gpt2_gpu_bf16_fused_lt "env BRAID_CUBLASLT_BIAS=1 \
+    # The same step with the linear layers' biases broadcast and accumulated
+    # instead of added in cuBLASLt's epilogue (the default since run 7),
+    # against 18.
+    script 18c_gpt2_gpu_bf16_fused_bcast_bias "env BRAID_CUBLASLT_BIAS=0 \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
---profile-step \$OUT/gpt2-bf16-fused-lt-step.json"
+--profile-step \$OUT/gpt2-bf16-fused-bcast-bias-step.json"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
     # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort
