@@ -33,6 +33,9 @@ const B: usize = 2;
 const T: usize = 37;
 const C: usize = 96;
 const NH: usize = 4;
+/// Rows of the layer-norm tests: three row chunks of the CUDA parameter
+/// gradients' sums (`layernorm::params_chunks`), the last one short.
+const LN_ROWS: usize = 700;
 const V: usize = 333;
 
 /// Token ids below `V`, with repeats (embedding gradients accumulate).
@@ -355,12 +358,12 @@ fn layernorm_matches_cpu_and_is_deterministic() {
     let Some(g) = Dev::gpu("cuda_kernels::layernorm_matches_cpu_and_is_deterministic") else {
         return;
     };
-    let n = B * T;
+    let n = LN_ROWS;
     let inp = randn(n * C, 2.0, 10);
     let w: Vec<f32> = randn(C, 0.3, 11).iter().map(|x| 1.0 + x).collect();
     let bias = randn(C, 0.3, 12);
     let (mut out, mut mean, mut rstd) = (vec![0.0; n * C], vec![0.0; n], vec![0.0; n]);
-    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, B, T, C);
+    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, 1, n, C);
     let (dinp, dw, db) = (g.up(&inp), g.up(&w), g.up(&bias));
     let (gout, gmean, grstd) = (g.zeros(n * C), g.zeros(n), g.zeros(n));
     let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
@@ -384,7 +387,8 @@ fn layernorm_matches_cpu_and_is_deterministic() {
     let mut results = Vec::new();
     for _ in 0..2 {
         let (bi, bw, bb, bdout) = (g.up(&gi), g.up(&gw), g.up(&gb), g.up(&dout));
-        let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &gmean, &grstd].map(|b| b.whole());
+        let scratch = g.zeros(layernorm::backward_scratch_bytes(n, C) / 4);
+        let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &gmean, &grstd, &scratch].map(|b| b.whole());
         done(layernorm::backward(
             g.rt.task("layernorm_backward"),
             &v[0],
@@ -395,6 +399,7 @@ fn layernorm_matches_cpu_and_is_deterministic() {
             &v[5],
             &v[6],
             &v[7],
+            &v[8],
             n,
             C,
         ));
@@ -405,7 +410,7 @@ fn layernorm_matches_cpu_and_is_deterministic() {
         "layernorm_backward is not deterministic"
     );
     cpu::layernorm_backward(
-        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, B, T, C,
+        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, 1, n, C,
     );
     compare("layernorm_backward dinp", &results[0].0, &gi, 1e-5, 1e-4);
     compare("layernorm_backward dweight", &results[0].1, &gw, 1e-4, 1e-4);
@@ -1131,7 +1136,7 @@ fn adamw_mixed_bf16(dev: Device) {
 
 fn layernorm_bf16(dev: Device) {
     let g = Dev::new(dev);
-    let n = B * T;
+    let n = LN_ROWS;
     let inp = bf16(&randn(n * C, 2.0, 110));
     let w = bf16(
         &randn(C, 0.3, 111)
@@ -1141,7 +1146,7 @@ fn layernorm_bf16(dev: Device) {
     );
     let bias = bf16(&randn(C, 0.3, 112));
     let (mut out, mut mean, mut rstd) = (vec![Bf16(0); n * C], vec![0.0; n], vec![0.0; n]);
-    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, B, T, C);
+    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, 1, n, C);
     let (dinp, dw, db) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
     let (gout, gmean, grstd) = (g.up_bf16(&vec![Bf16(0); n * C]), g.zeros(n), g.zeros(n));
     let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
@@ -1190,7 +1195,8 @@ fn layernorm_bf16(dev: Device) {
         g.up_bf16(&gb),
         g.up_bf16(&dout),
     );
-    let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &bmean, &brstd].map(|b| b.whole());
+    let scratch = g.zeros(layernorm::backward_scratch_bytes(n, C) / 4);
+    let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &bmean, &brstd, &scratch].map(|b| b.whole());
     done(layernorm::backward(
         bf16_task(&g.rt, "layernorm_backward bf16"),
         &v[0],
@@ -1201,15 +1207,17 @@ fn layernorm_bf16(dev: Device) {
         &v[5],
         &v[6],
         &v[7],
+        &v[8],
         n,
         C,
     ));
     cpu::layernorm_backward(
-        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, B, T, C,
+        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, 1, n, C,
     );
     // dinp: the two row means are f64 sums in another order (one bf16 ulp);
-    // dweight, dbias: on CUDA the rows are summed by 32 warps and their
-    // partial sums added (f32, another order than the CPU's rows in turn):
+    // dweight, dbias: on CUDA the rows are summed in chunks, each by 8 warps,
+    // then the chunks in order (f32, another order than the CPU's rows in
+    // turn):
     // within one bf16 ulp. On the CPU the task runs the kernel: identical.
     let ulps = if dev == Device::Cpu { 0 } else { 1 };
     compare_bf16("layernorm_backward bf16 dinp", &g.down_bf16(&bi), &gi, 1);
@@ -2183,6 +2191,7 @@ fn residual_layernorm_tasks(dev: Device) {
 
         // Backward: zeroed dinp += dres (residual backward) += the layer
         // norm's; fused: dinp (garbage) overwritten with dres + the same.
+        let ln_scratch = zeros(layernorm::backward_scratch_bytes(n, C) / 4);
         let (dinp, dproj) = (zeros(n * C), zeros(n * C));
         // The same starting dweight and dbias as dw0 and db0.
         let (dw, db) = (up(&data[6]), up(&data[7]));
@@ -2202,6 +2211,7 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&w),
             &v(&mean),
             &v(&rstd),
+            &v(&ln_scratch),
             n,
             C,
         ));
@@ -2217,6 +2227,7 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&w),
             &v(&mean),
             &v(&rstd),
+            &v(&ln_scratch),
             n,
             C,
         ));

@@ -3,26 +3,58 @@
 //! (cuda_kernels.rs: `layernorm_matches_cpu_and_is_deterministic`,
 //! `layernorm_bf16`, `residual_layernorm_tasks`). The statistics are warp
 //! trees (f32, or double for bf16) where the CPU sums rows in f64, and the
-//! parameter gradients are summed by 32 warps where the CPU adds rows in
-//! turn: float tolerance and one bf16 ulp, not bit for bit. The fused
+//! parameter gradients are summed in row chunks, each by 8 warps, where the
+//! CPU adds rows in turn: float tolerance and one bf16 ulp, not bit for bit. The fused
 //! residual kernels equal the unfused ones bit for bit.
 
 mod common;
 
 use braid_gpt2::kernels::cpu::{layernorm_backward, layernorm_forward, residual_forward, Bf16};
-use braid_gpt2::kernels::layernorm::{layernorm_backward_residual, layernorm_residual_forward};
+use braid_gpt2::kernels::layernorm::{
+    layernorm_backward_residual, layernorm_residual_forward, params_chunks,
+};
 use braid_kernel_emu::{self as emu, Dim3};
 use common::{assert_bits, bits, compare, compare_bf16, to_bf16, values, warp_rows};
 
 /// (N, C): rows not a multiple of the 8 a block takes, channels not a
-/// multiple of 32 (the parameter kernel's last block partial); fewer rows
-/// than the parameter kernel's 32 warps; a row of one channel past a warp.
-const SHAPES: [(usize, usize); 3] = [(37, 83), (5, 40), (9, 33)];
+/// multiple of 32 (the parameter kernels' last block partial); fewer rows
+/// than a parameter block's 8 warps; a row of one channel past a warp; rows
+/// in three chunks of the parameter sums, the last one short.
+const SHAPES: [(usize, usize); 4] = [(37, 83), (5, 40), (9, 33), (700, 35)];
 
-/// The parameter kernel's launch (layernorm.rs, `backward_cuda`): a block
-/// of 32 warps (LN_PARAMS_WARPS) per 32 channels.
-fn params_launch(c: usize) -> (Dim3, Dim3) {
-    ((common::grid(c.div_ceil(32)), 1, 1), (32 * 32, 1, 1))
+/// The parameter gradients as the launcher (layernorm.rs, `backward_cuda`)
+/// runs them: the row chunks' sums (`params_chunks(N)` chunks, a block of 8
+/// warps per 32 channels and chunk) into a scratch of NaNs, then one thread
+/// per channel adds them to `dweight` and `dbias`.
+fn params<S: Copy>(
+    partial: impl Fn(Dim3, Dim3, &mut [f32], &[S], &[S], &[f32], &[f32], i32, i32) -> Result<(), String>,
+    finish: impl Fn(Dim3, Dim3, &mut [S], &mut [S], &[f32], i32, i32) -> Result<(), String>,
+    (dw, db): (&mut [S], &mut [S]),
+    (dout, inp, mean, rstd): (&[S], &[S], &[f32], &[f32]),
+    n: usize,
+    c: usize,
+) {
+    let chunks = params_chunks(n);
+    let mut part = vec![f32::NAN; chunks * 2 * c];
+    let grid = (c.div_ceil(32) as u32, chunks as u32, 1);
+    partial(
+        grid,
+        (32 * 8, 1, 1),
+        &mut part,
+        dout,
+        inp,
+        mean,
+        rstd,
+        n as i32,
+        c as i32,
+    )
+    .unwrap();
+    assert!(
+        part.iter().all(|x| x.is_finite()),
+        "every chunk sum written"
+    );
+    let (g, b) = common::linear(c, 256);
+    finish(g, b, dw, db, &part, c as i32, chunks as i32).unwrap();
 }
 
 /// The inputs of one case: `inp` (and `inp2`, its residual partner),
@@ -104,11 +136,14 @@ fn f32_kernels_match_the_cpu() {
         .unwrap();
         compare(&format!("backward dinp {what}"), &e_dinp, &dinp, 1e-5, 1e-4);
         let (mut e_dw, mut e_db) = (x.dw0.clone(), x.db0.clone());
-        let (pg, pb) = params_launch(c);
-        emu::layernorm_backward_params(
-            pg, pb, &mut e_dw, &mut e_db, &x.dout, &x.inp, &mean, &rstd, ni, ci,
-        )
-        .unwrap();
+        params(
+            emu::layernorm_backward_params_partial,
+            emu::layernorm_backward_params_finish,
+            (&mut e_dw, &mut e_db),
+            (&x.dout, &x.inp, &mean, &rstd),
+            n,
+            c,
+        );
         compare(&format!("backward dweight {what}"), &e_dw, &dw, 1e-4, 1e-4);
         compare(&format!("backward dbias {what}"), &e_db, &db, 1e-4, 1e-4);
     }
@@ -183,20 +218,14 @@ fn bf16_kernels_match_the_cpu() {
         .unwrap();
         compare_bf16(&format!("backward bf16 dinp {what}"), &e_dinp, &dinp, 1);
         let (mut e_dw, mut e_db) = (bits(&dw0), bits(&db0));
-        let (pg, pb) = params_launch(c);
-        emu::layernorm_backward_params_bf16(
-            pg,
-            pb,
-            &mut e_dw,
-            &mut e_db,
-            &bits(&dout),
-            &bits(&inp),
-            &mean,
-            &rstd,
-            ni,
-            ci,
-        )
-        .unwrap();
+        params(
+            emu::layernorm_backward_params_partial_bf16,
+            emu::layernorm_backward_params_finish_bf16,
+            (&mut e_dw, &mut e_db),
+            (&bits(&dout), &bits(&inp), &mean, &rstd),
+            n,
+            c,
+        );
         compare_bf16(&format!("backward bf16 dweight {what}"), &e_dw, &dw, 1);
         compare_bf16(&format!("backward bf16 dbias {what}"), &e_db, &db, 1);
     }

@@ -1,8 +1,8 @@
 // GPT-2 layer normalisation over channels, forward and backward (fp32).
 // Semantics: models/gpt2/src/kernels/layernorm.rs (biased variance,
 // eps = 1e-5, saves mean and rstd). Row statistics are reduced with a fixed
-// butterfly of warp shuffles and parameter gradients by one thread per channel
-// in row order: deterministic, no atomics.
+// butterfly of warp shuffles and parameter gradients in fixed row chunks,
+// then the chunks in order: deterministic, no atomics.
 
 #define LN_EPS 1e-5f
 
@@ -111,30 +111,46 @@ extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
 
 #include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32
 
-// dweight[c] += sum_n norm[n, c] * dout[n, c];  dbias[c] += sum_n dout[n, c]
-//   dweight (C), dbias (C), dout (N, C), inp (N, C), mean (N), rstd (N)
-// Launch: LN_PARAMS_WARPS warps per block (block 32 * LN_PARAMS_WARPS), grid
-// ceil(C / 32). A block owns 32 channels, one per lane; warp w sums rows w,
-// w + W, w + 2W, ... in order (coalesced across the lanes' channels), then
-// the W partial sums are added in warp order. Deterministic: a fixed
-// assignment and a fixed combining order for any N and C. (One thread per
-// channel walking all N rows left 768 threads busy for 1.5 ms per call at
-// N = 8192: the largest cost of a GPT-2 124M step, 2026-11-26.)
-#define LN_PARAMS_WARPS 32
+// dweight[c] += sum_n norm[n, c] * dout[n, c];  dbias[c] += sum_n dout[n, c],
+// in two kernels, deterministic (a fixed assignment and a fixed combining
+// order for any N and C, no atomics):
+//
+// ln_params_partial: row chunk r of R (rows r * per .. min(N, (r+1) * per),
+// per = ceil(N / R)) summed into part (R, 2, C) f32: part[r][0][c] the
+// dweight sum, part[r][1][c] the dbias sum.
+//   Launch: grid (ceil(C / 32), R), block 32 * LN_PARAMS_WARPS. A block owns
+//   32 channels, one per lane, of one chunk; warp w sums the chunk's rows w,
+//   w + W, w + 2W, ... in order (coalesced across the lanes' channels), then
+//   the W partial sums are added in warp order.
+// ln_params_finish: dweight[c] += part[0][0][c] + part[1][0][c] + ... in
+// chunk order (one rounding with bf16 storage), dbias likewise.
+//   Launch: one thread per channel, block 256, grid ceil(C / 256).
+//
+// (One thread per channel walking all N rows left 768 threads busy for 1.5
+// ms per call at N = 8192, 2026-11-26; one block per 32 channels and all N
+// rows ran 67 us on an H200 with 24 blocks on 132 SMs at 8% of its memory
+// bandwidth, 2026-11-27. The launcher picks R so that a chunk is about
+// LN_PARAMS_ROWS rows: 768 blocks at N = 8192, C = 768.)
+#define LN_PARAMS_WARPS 8
 
 template <typename S>
-static __device__ __forceinline__ void ln_params(S* __restrict__ dweight, S* __restrict__ dbias,
-                                                 const S* __restrict__ dout,
-                                                 const S* __restrict__ inp,
-                                                 const float* __restrict__ mean,
-                                                 const float* __restrict__ rstd, int N, int C) {
+static __device__ __forceinline__ void ln_params_partial(float* __restrict__ part,
+                                                         const S* __restrict__ dout,
+                                                         const S* __restrict__ inp,
+                                                         const float* __restrict__ mean,
+                                                         const float* __restrict__ rstd,
+                                                         int N, int C) {
     __shared__ float part_w[LN_PARAMS_WARPS][32];
     __shared__ float part_b[LN_PARAMS_WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane;
+    const int r = blockIdx.y, chunks = gridDim.y;
+    const int per = (N + chunks - 1) / chunks;
+    const int start = r * per;
+    const int end = min(N, start + per);
     float dw = 0.0f, db = 0.0f;
     if (c < C) {
-        for (int n = warp; n < N; n += LN_PARAMS_WARPS) {
+        for (int n = start + warp; n < end; n += LN_PARAMS_WARPS) {
             const long long k = (long long)n * C + c;
             const float g = ld_f32(dout[k]);
             const float norm = (ld_f32(inp[k]) - mean[n]) * rstd[n];
@@ -146,14 +162,30 @@ static __device__ __forceinline__ void ln_params(S* __restrict__ dweight, S* __r
     part_b[warp][lane] = db;
     __syncthreads();
     if (warp == 0 && c < C) {
-        float w = ld_f32(dweight[c]), bsum = ld_f32(dbias[c]);
+        float w = 0.0f, bsum = 0.0f;
         for (int i = 0; i < LN_PARAMS_WARPS; i++) {
             w += part_w[i][lane];
             bsum += part_b[i][lane];
         }
-        st_f32(&dweight[c], w);
-        st_f32(&dbias[c], bsum);
+        part[(long long)(2 * r) * C + c] = w;
+        part[(long long)(2 * r + 1) * C + c] = bsum;
     }
+}
+
+template <typename S>
+static __device__ __forceinline__ void ln_params_finish(S* __restrict__ dweight,
+                                                        S* __restrict__ dbias,
+                                                        const float* __restrict__ part,
+                                                        int C, int R) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float w = ld_f32(dweight[c]), bsum = ld_f32(dbias[c]);
+    for (int r = 0; r < R; r++) {
+        w += part[(long long)(2 * r) * C + c];
+        bsum += part[(long long)(2 * r + 1) * C + c];
+    }
+    st_f32(&dweight[c], w);
+    st_f32(&dbias[c], bsum);
 }
 
 // The bf16 kernels follow layernorm_forward::<Bf16> / layernorm_backward::<Bf16>
@@ -265,26 +297,35 @@ extern "C" __global__ void layernorm_backward_input_bf16(bf16_t* __restrict__ di
     }
 }
 
-// layernorm_backward_params and its bf16 twin: ln_params (above) on f32 or
-// bf16 storage; bf16 dweight and dbias are loaded, the f32 partial sums
-// added, and rounded once.
-// Launch: grid ceil(C / 32), block 32 * LN_PARAMS_WARPS.
-extern "C" __global__ void layernorm_backward_params(float* __restrict__ dweight,
-                                                     float* __restrict__ dbias,
-                                                     const float* __restrict__ dout,
-                                                     const float* __restrict__ inp,
-                                                     const float* __restrict__ mean,
-                                                     const float* __restrict__ rstd, int N,
-                                                     int C) {
-    ln_params(dweight, dbias, dout, inp, mean, rstd, N, C);
+// layernorm_backward_params_partial / _finish and their bf16 twins:
+// ln_params_partial and ln_params_finish (above) on f32 or bf16 storage;
+// bf16 dweight and dbias are loaded, the chunks' f32 sums added, and rounded
+// once.
+extern "C" __global__ void layernorm_backward_params_partial(float* __restrict__ part,
+                                                             const float* __restrict__ dout,
+                                                             const float* __restrict__ inp,
+                                                             const float* __restrict__ mean,
+                                                             const float* __restrict__ rstd,
+                                                             int N, int C) {
+    ln_params_partial(part, dout, inp, mean, rstd, N, C);
 }
 
-extern "C" __global__ void layernorm_backward_params_bf16(bf16_t* __restrict__ dweight,
-                                                          bf16_t* __restrict__ dbias,
-                                                          const bf16_t* __restrict__ dout,
-                                                          const bf16_t* __restrict__ inp,
-                                                          const float* __restrict__ mean,
-                                                          const float* __restrict__ rstd, int N,
-                                                          int C) {
-    ln_params(dweight, dbias, dout, inp, mean, rstd, N, C);
+extern "C" __global__ void layernorm_backward_params_partial_bf16(
+    float* __restrict__ part, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ inp,
+    const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C) {
+    ln_params_partial(part, dout, inp, mean, rstd, N, C);
+}
+
+extern "C" __global__ void layernorm_backward_params_finish(float* __restrict__ dweight,
+                                                            float* __restrict__ dbias,
+                                                            const float* __restrict__ part,
+                                                            int C, int R) {
+    ln_params_finish(dweight, dbias, part, C, R);
+}
+
+extern "C" __global__ void layernorm_backward_params_finish_bf16(bf16_t* __restrict__ dweight,
+                                                                 bf16_t* __restrict__ dbias,
+                                                                 const float* __restrict__ part,
+                                                                 int C, int R) {
+    ln_params_finish(dweight, dbias, part, C, R);
 }

@@ -40,22 +40,47 @@ pub(crate) static CUDA: Program = Program::new(
     &[
         "layernorm_forward",
         "layernorm_backward_input",
-        "layernorm_backward_params",
+        "layernorm_backward_params_partial",
         "layernorm_forward_bf16",
         "layernorm_backward_input_bf16",
-        "layernorm_backward_params_bf16",
+        "layernorm_backward_params_partial_bf16",
         "layernorm_residual_forward",
         "layernorm_residual_forward_bf16",
+        "layernorm_backward_params_finish",
+        "layernorm_backward_params_finish_bf16",
     ],
 );
 static FORWARD: Kernel = Kernel::new(&CUDA, 0);
 static BACKWARD_INPUT: Kernel = Kernel::new(&CUDA, 1);
-static BACKWARD_PARAMS: Kernel = Kernel::new(&CUDA, 2);
+static PARAMS_PARTIAL: Kernel = Kernel::new(&CUDA, 2);
 static FORWARD_BF16: Kernel = Kernel::new(&CUDA, 3);
 static BACKWARD_INPUT_BF16: Kernel = Kernel::new(&CUDA, 4);
-static BACKWARD_PARAMS_BF16: Kernel = Kernel::new(&CUDA, 5);
+static PARAMS_PARTIAL_BF16: Kernel = Kernel::new(&CUDA, 5);
 static RESIDUAL_FORWARD: Kernel = Kernel::new(&CUDA, 6);
 static RESIDUAL_FORWARD_BF16: Kernel = Kernel::new(&CUDA, 7);
+static PARAMS_FINISH: Kernel = Kernel::new(&CUDA, 8);
+static PARAMS_FINISH_BF16: Kernel = Kernel::new(&CUDA, 9);
+
+/// Rows per chunk the parameter gradients' first kernel aims at on CUDA
+/// (`layernorm.cu`, `ln_params_partial`): each chunk's sums are a block's
+/// work per 32 channels.
+pub const PARAMS_CHUNK_ROWS: usize = 256;
+/// At most this many row chunks.
+pub const PARAMS_MAX_CHUNKS: usize = 64;
+
+/// The row chunks of the parameter gradients' sums on CUDA for `n` rows:
+/// `ceil(n / 256)`, 1 to 64. A function of `n` alone, so the sums are the
+/// same, bit for bit, for every run of a shape.
+pub fn params_chunks(n: usize) -> usize {
+    n.div_ceil(PARAMS_CHUNK_ROWS).clamp(1, PARAMS_MAX_CHUNKS)
+}
+
+/// Bytes of scratch [`backward`] and [`backward_residual`] need on CUDA for
+/// `n` rows of `c` channels: the row chunks' `f32` sums, `(chunks, 2, c)`
+/// ([`params_chunks`]). The CPU body leaves the scratch untouched.
+pub fn backward_scratch_bytes(n: usize, c: usize) -> usize {
+    params_chunks(n) * 2 * c * 4
+}
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -106,11 +131,12 @@ pub fn backward<'rt>(
     weight: &View,  // (C)
     mean: &View,    // (N)
     rstd: &View,    // (N)
+    scratch: &View, // backward_scratch_bytes
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
     backward_residual(
-        task, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+        task, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, scratch, n, c,
     )
 }
 
@@ -173,6 +199,7 @@ pub fn backward_residual<'rt>(
     weight: &View,       // (C)
     mean: &View,         // (N)
     rstd: &View,         // (N)
+    scratch: &View,      // backward_scratch_bytes
     n: usize,
     c: usize,
 ) -> Result<TaskHandle> {
@@ -192,13 +219,14 @@ pub fn backward_residual<'rt>(
             weight.read::<S>(),
             mean.read::<f32>(),
             rstd.read::<f32>(),
+            scratch.write::<f32>(),
         ),
-        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd)| {
+        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd, _scratch)| {
             backward_rows(name, dinp, dres, dw, db, dout, inp, w, mean, rstd, n, c)
         },
-        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd), cu| {
+        move |(dinp, dres, dw, db, dout, inp, w, mean, rstd, scratch), cu| {
             task_result(backward_cuda(
-                cu, dinp, dres, dw, db, dout, inp, w, mean, rstd, n, c,
+                cu, dinp, dres, dw, db, dout, inp, w, mean, rstd, scratch, n, c,
             ))
         },
     )
@@ -537,19 +565,20 @@ fn forward_cuda<S: Storage>(
 /// once, as on the CPU).
 pub fn layernorm_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<S>,    // (N, C) accumulated
-    dweight: DevSliceMut<S>, // (C) accumulated
-    dbias: DevSliceMut<S>,   // (C) accumulated
-    dout: DevSlice<S>,       // (N, C)
-    inp: DevSlice<S>,        // (N, C)
-    weight: DevSlice<S>,     // (C)
-    mean: DevSlice<f32>,     // (N)
-    rstd: DevSlice<f32>,     // (N)
+    dinp: DevSliceMut<S>,      // (N, C) accumulated
+    dweight: DevSliceMut<S>,   // (C) accumulated
+    dbias: DevSliceMut<S>,     // (C) accumulated
+    dout: DevSlice<S>,         // (N, C)
+    inp: DevSlice<S>,          // (N, C)
+    weight: DevSlice<S>,       // (C)
+    mean: DevSlice<f32>,       // (N)
+    rstd: DevSlice<f32>,       // (N)
+    scratch: DevSliceMut<f32>, // (chunks, 2, C), backward_scratch_bytes
     n: usize,
     c: usize,
 ) -> Result<()> {
     backward_cuda(
-        cu, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+        cu, dinp, None, dweight, dbias, dout, inp, weight, mean, rstd, scratch, n, c,
     )
 }
 
@@ -568,6 +597,7 @@ fn backward_cuda<S: Storage>(
     weight: DevSlice<S>,
     mean: DevSlice<f32>,
     rstd: DevSlice<f32>,
+    scratch: DevSliceMut<f32>,
     n: usize,
     c: usize,
 ) -> Result<()> {
@@ -589,6 +619,9 @@ fn backward_cuda<S: Storage>(
     k.exact("weight", &weight, "(C)", c)?;
     k.exact("mean", &mean, "(N)", n)?;
     k.exact("rstd", &rstd, "(N)", n)?;
+    let chunks = params_chunks(n);
+    k.rows("scratch", &scratch, "(chunks, 2, C) f32", c, 2 * chunks)?;
+    let chunks_i = k.dim("chunks", chunks)?;
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
     a.ptr(dinp.ptr())
@@ -607,22 +640,40 @@ fn backward_cuda<S: Storage>(
     // weight, buffers sized for N rows of C (checked); dres null (accumulate)
     // or disjoint from dinp (distinct tokens of one task).
     unsafe { l.launch(kernel, l.warp_rows(n)?, &a)? };
+    // The parameter gradients: each row chunk's sums into the scratch,
+    // then dweight and dbias accumulate the chunks in order.
     let mut a = KernelArgs::new();
-    a.ptr(dweight.ptr())
-        .ptr(dbias.ptr())
+    a.ptr(scratch.ptr())
         .ptr(dout.ptr())
         .ptr(inp.ptr())
         .ptr(mean.ptr())
         .ptr(rstd.ptr())
         .i32(ni)
         .i32(ci);
-    let kernel = by_dtype::<S>(&BACKWARD_PARAMS, &BACKWARD_PARAMS_BF16);
-    // A block of 32 warps (LN_PARAMS_WARPS) per 32 channels.
-    let cfg = LaunchConfig::grid_block(l.grid(c.div_ceil(32))?, 32 * 32);
-    // SAFETY: layernorm_backward_params[_bf16](S* dweight, S* dbias, const
-    // S* dout, const S* inp, const float* mean, const float* rstd, int N, int
-    // C), S the storage type of the first four, same sizes.
-    unsafe { l.launch(kernel, cfg, &a) }
+    let kernel = by_dtype::<S>(&PARAMS_PARTIAL, &PARAMS_PARTIAL_BF16);
+    // A block of 8 warps (LN_PARAMS_WARPS) per 32 channels and row chunk.
+    let cfg = LaunchConfig {
+        grid: (l.grid(c.div_ceil(32))?, chunks_i as u32, 1),
+        block: (32 * 8, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: layernorm_backward_params_partial[_bf16](float* part, const S*
+    // dout, const S* inp, const float* mean, const float* rstd, int N, int
+    // C), S the storage type of dout and inp, buffers sized for N rows of C
+    // (checked), part at least (gridDim.y, 2, C) f32 (checked); part is the
+    // task's own scratch, disjoint from the rest.
+    unsafe { l.launch(kernel, cfg, &a)? };
+    let mut a = KernelArgs::new();
+    a.ptr(dweight.ptr())
+        .ptr(dbias.ptr())
+        .ptr(scratch.ptr())
+        .i32(ci)
+        .i32(chunks_i);
+    let kernel = by_dtype::<S>(&PARAMS_FINISH, &PARAMS_FINISH_BF16);
+    // SAFETY: layernorm_backward_params_finish[_bf16](S* dweight, S* dbias,
+    // const float* part, int C, int R): dweight and dbias hold C (checked),
+    // part (R, 2, C) f32 written by the launch above on this stream.
+    unsafe { l.launch(kernel, l.linear(c, 256)?, &a) }
 }
 
 #[cfg(test)]

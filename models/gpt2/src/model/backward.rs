@@ -44,6 +44,7 @@ impl Gpt2Model {
         let (p, g, a, da, id) = (&self.p, &self.g, &self.a, &self.da, &self.ids);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
         let scratch_bwd = &self.att_scratch_bwd;
+        let ln_scratch = &self.ln_scratch.whole();
         let side = |name: String| tasks.task(name).priority(Priority::Side);
         // Scopes: `backward/head`, `backward/layer{l}`, `backward/encoder`
         // (the zeroing of the activation gradients is in `backward`).
@@ -179,6 +180,7 @@ impl Gpt2Model {
             &p.lnfw,
             &a.lnf_mean,
             &a.lnf_rstd,
+            ln_scratch,
             n,
             c,
         )?;
@@ -275,6 +277,7 @@ impl Gpt2Model {
                 &lp.ln2w,
                 &la.ln2_mean,
                 &la.ln2_rstd,
+                ln_scratch,
                 n,
                 c,
             )?;
@@ -377,6 +380,7 @@ impl Gpt2Model {
                 &lp.ln1w,
                 &la.ln1_mean,
                 &la.ln1_rstd,
+                ln_scratch,
                 n,
                 c,
             )?;

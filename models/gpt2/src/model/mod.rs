@@ -128,7 +128,7 @@ use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::storage::{convert, Bf16};
 use crate::kernels::task::Task;
-use crate::kernels::{attention, fill, flash_attention};
+use crate::kernels::{attention, fill, flash_attention, layernorm};
 use crate::layout::{LayerParams, ParamLayout, Span};
 use crate::reference::{ActivationLayout, LayerActivations};
 
@@ -347,6 +347,11 @@ pub struct Gpt2Model {
     /// `B·T` `u32` of scratch for the encoder backward task (the bf16 CUDA
     /// kernel chains each token's positions there).
     links: Buffer,
+    /// The layer norms' backward scratch on CUDA (the row chunks' parameter
+    /// gradient sums, [`layernorm::backward_scratch_bytes`]); one buffer
+    /// for all of them, which run one after another anyway (each takes the
+    /// residual gradient the one after it made).
+    ln_scratch: Buffer,
     p: Params<View>,
     g: Params<View>,
     ids: Params<usize>,
@@ -438,6 +443,10 @@ impl Gpt2Model {
         let dacts = rt.alloc("dacts", gl.total * es)?;
         let tokens = rt.alloc("tokens", b * t * 4)?;
         let links = rt.alloc("token links", b * t * 4)?;
+        let ln_scratch = rt.alloc(
+            "layer norm scratch",
+            layernorm::backward_scratch_bytes(b * t, cfg.channels),
+        )?;
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
@@ -491,6 +500,7 @@ impl Gpt2Model {
             att_scratch_fwd,
             att_scratch_bwd,
             links,
+            ln_scratch,
             groups,
             has_targets: false,
             split_tied: false,

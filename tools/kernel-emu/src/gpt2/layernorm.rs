@@ -131,40 +131,120 @@ twins! {
     }
 }
 
+/// `layernorm_backward_params_partial` (f32): the sums of row chunk `r`
+/// of `R = gridDim.y` (rows `r·per .. min(N, (r+1)·per)`, `per = ceil(N /
+/// R)`) into `part` `(R, 2, C)`: `part[r][0][c] = Σ norm[n, c] · dout[n,
+/// c]`, `part[r][1][c] = Σ dout[n, c]`, summed by 8 warps
+/// (`LN_PARAMS_WARPS`) in a fixed order. The launcher (layernorm.rs,
+/// `backward_cuda`): grid `(ceil(C / 32), R)`, block `32 · 8`.
+pub fn layernorm_backward_params_partial(
+    grid: Dim3,
+    block: Dim3,
+    part: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    n: i32,
+    c: i32,
+) -> Result<(), String> {
+    params_partial(
+        "layernorm_backward_params_partial",
+        grid,
+        block,
+        part,
+        dout,
+        inp,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+/// [`layernorm_backward_params_partial`] with bf16 `dout` and `inp` (the
+/// sums stay `f32`).
+pub fn layernorm_backward_params_partial_bf16(
+    grid: Dim3,
+    block: Dim3,
+    part: &mut [f32],
+    dout: &[u16],
+    inp: &[u16],
+    mean: &[f32],
+    rstd: &[f32],
+    n: i32,
+    c: i32,
+) -> Result<(), String> {
+    params_partial(
+        "layernorm_backward_params_partial_bf16",
+        grid,
+        block,
+        part,
+        dout,
+        inp,
+        mean,
+        rstd,
+        n,
+        c,
+    )
+}
+
+fn params_partial<S: crate::launch::Elem>(
+    k: &str,
+    grid: Dim3,
+    block: Dim3,
+    part: &mut [f32],
+    dout: &[S],
+    inp: &[S],
+    mean: &[f32],
+    rstd: &[f32],
+    n: i32,
+    c: i32,
+) -> Result<(), String> {
+    let (rows, cols, nc) = shape(k, n, c)?;
+    let chunks = grid.1 as usize;
+    let args = Args::new(k)
+        .output("part", part, product(k, &[chunks, 2, cols])?)?
+        .input("dout", dout, nc)?
+        .input("inp", inp, nc)?
+        .input("mean", mean, rows)?
+        .input("rstd", rstd, rows)?
+        .i32s([n, c]);
+    // SAFETY: part holds (gridDim.y, 2, C), dout and inp (N, C), mean and
+    // rstd N (checked), and layernorm_backward_params_partial[_bf16] touches
+    // chunks < gridDim.y, rows < N, channels < C.
+    unsafe { args.launch(grid, block) }
+}
+
 twins! {
-    /// `layernorm_backward_params` (f32): `dweight[c] += Σ_n norm[n, c] ·
-    /// dout[n, c]`, `dbias[c] += Σ_n dout[n, c]`, summed by 32 warps
-    /// (`LN_PARAMS_WARPS`) in a fixed lane order. The launcher (layernorm.rs,
-    /// `backward_cuda`): grid `ceil(C / 32)`, block `32 · 32`.
-    pub fn layernorm_backward_params(S = f32);
-    /// [`layernorm_backward_params`] with bf16 `dweight`, `dbias`, `dout`,
-    /// `inp` (each gradient loaded, the f32 sums added, rounded once).
-    pub fn layernorm_backward_params_bf16(S = u16);
+    /// `layernorm_backward_params_finish` (f32): `dweight[c] += part[0][0][c]
+    /// + part[1][0][c] + …` in chunk order, `dbias` from `part[r][1]`
+    /// likewise. The launcher (layernorm.rs, `backward_cuda`): one thread
+    /// per channel, grid `ceil(C / 256)`, block 256.
+    pub fn layernorm_backward_params_finish(S = f32);
+    /// [`layernorm_backward_params_finish`] with bf16 `dweight` and `dbias`
+    /// (each loaded, the chunks' sums added in f32, rounded once).
+    pub fn layernorm_backward_params_finish_bf16(S = u16);
     fn(
         k,
         grid: Dim3,
         block: Dim3,
         dweight: &mut [S],
         dbias: &mut [S],
-        dout: &[S],
-        inp: &[S],
-        mean: &[f32],
-        rstd: &[f32],
-        n: i32,
+        part: &[f32],
         c: i32,
+        chunks: i32,
     ) {
-        let (rows, cols, nc) = shape(k, n, c)?;
+        let cols = dim(k, "C", c)?;
+        let r = dim(k, "R", chunks)?;
         let args = Args::new(k)
             .output("dweight", dweight, cols)?
             .output("dbias", dbias, cols)?
-            .input("dout", dout, nc)?
-            .input("inp", inp, nc)?
-            .input("mean", mean, rows)?
-            .input("rstd", rstd, rows)?
-            .i32s([n, c]);
-        // SAFETY: dweight and dbias hold C, dout and inp (N, C), mean and rstd
-        // N (checked), and layernorm_backward_params[_bf16] touches rows < N,
-        // channels < C.
+            .input("part", part, product(k, &[r, 2, cols])?)?
+            .i32s([c, chunks]);
+        // SAFETY: dweight and dbias hold C, part (R, 2, C) (checked), and
+        // layernorm_backward_params_finish[_bf16] touches channels < C,
+        // chunks < R.
         unsafe { args.launch(grid, block) }
     }
 }
