@@ -36,7 +36,7 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
+QUICK="01b_cuda_be_window 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
@@ -104,6 +104,8 @@ else
     # products' double-rounding bound is new), the PyTorch fixtures on CUDA,
     # the CUDA model and trainer tests, cuBLAS, the engine's CUDA tests.
     wrap 01_cuda_graphs test cuda "graph --nocapture $t"
+    # A best-effort stream's bundle of kernels in flight (written after run 7).
+    wrap 01b_cuda_be_window test cuda "a_best_effort_stream_keeps_a_bundle --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
     wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"

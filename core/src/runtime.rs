@@ -883,6 +883,11 @@ impl Runtime {
                 let made = match (sched::split::split(plan), &self.backend) {
                     (Err(why), _) => Err(why),
                     (Ok(split), Backend::Cpu) => split.made(|_, ()| Ok(Unit::Cpu)),
+                    (Ok(_), Backend::Cuda(_)) if self.shared.class == Class::BestEffort => Err(
+                        "a best-effort runtime keeps about a millisecond of work in flight \
+                             (docs/tenants.md); a graph launches its whole schedule at once"
+                            .to_string(),
+                    ),
                     (Ok(_), Backend::Cuda(_))
                         if self.shared.check_not_in_task("capture").is_err() =>
                     {

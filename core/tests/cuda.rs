@@ -359,3 +359,70 @@ fn random_steps_replay_as_graphs_like_the_sequential_program() {
         rt.synchronize().unwrap();
     }
 }
+
+/// A best-effort CUDA stream keeps about a millisecond of work in flight
+/// (`docs/tenants.md`, "Kernels in bundles"): once a task name has been
+/// timed, a task of 2 ms is launched only after the one before it has
+/// finished on the device, where an unbounded stream launches them all at
+/// once. Each body notes the host time of its launch; the device spans say
+/// when each task ended.
+#[test]
+fn a_best_effort_stream_keeps_a_bundle_in_flight() {
+    if !gpu_or_skip("a_best_effort_stream_keeps_a_bundle_in_flight") {
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(1)
+        .class(braid::Class::BestEffort)
+        .profile(true)
+        .build()
+        .expect("CUDA runtime");
+    let spin = spin_kernel(&rt, "spin");
+    // About 2 ms at 1.5–2 GHz.
+    let cycles: i64 = 3_500_000;
+    let out = rt.alloc("out", 8).unwrap();
+    let launched = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks = 12;
+    for _ in 0..tasks {
+        let (f, launched) = (spin.clone(), launched.clone());
+        rt.task("spin")
+            .run_cuda(out.write::<i64>(), move |o, cu| -> Result<(), TaskError> {
+                launched.lock().unwrap().push(braid::trace::now_ns());
+                let mut args = KernelArgs::new();
+                args.i64(cycles).ptr(o.ptr());
+                // SAFETY: `spin(long long, long long*)` with a declared 8-byte output.
+                unsafe { f.launch(cu.stream(), LaunchConfig::grid_block(1, 1), &args)? };
+                Ok(())
+            })
+            .unwrap();
+    }
+    rt.synchronize().unwrap();
+    assert!(rt.read_vec::<i64>(&out).unwrap()[0] >= cycles);
+    let p = rt.profile();
+    let mut spins: Vec<_> = p.spans.iter().filter(|s| s.name == "spin").collect();
+    spins.sort_by_key(|s| s.start_ns);
+    assert_eq!(spins.len(), tasks);
+    let launched = launched.lock().unwrap().clone();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    for s in &spins {
+        assert!(
+            s.end_ns - s.start_ns > 1_000_000,
+            "a spin took {} ms",
+            ms(s.end_ns - s.start_ns)
+        );
+    }
+    // Untimed, the first five fit the window at once; once timed at about
+    // 2 ms, each launch waits for the task before it (the host and device
+    // timelines agree to well under a millisecond).
+    for i in 8..tasks {
+        let (launch, prev_end) = (launched[i], spins[i - 1].end_ns);
+        assert!(
+            launch + 500_000 >= prev_end,
+            "task {i} launched at {:.3} ms, {:.3} ms before task {} ended",
+            ms(launch),
+            ms(prev_end - launch),
+            i - 1
+        );
+    }
+}

@@ -636,10 +636,11 @@ pub(crate) fn next_slot(
 }
 
 /// The duration-estimate slot of `t`'s name ([`cost::NO_SLOT`] where the
-/// runtime does not measure).
+/// runtime neither measures nor bounds a best-effort launch window by name,
+/// `tenants::DeviceBundle`).
 pub(crate) fn cost_slot(st: &mut SubmitState, shared: &Shared, t: &NewTask) -> u32 {
     match &t.name {
-        _ if !shared.measure => cost::NO_SLOT,
+        _ if !shared.measure && shared.class != crate::kind::Class::BestEffort => cost::NO_SLOT,
         Cow::Borrowed(name) => st.names.slot_static(name),
         Cow::Owned(name) => st.names.slot(name),
     }

@@ -6,8 +6,8 @@
 //! a replayed step) only while no latency-critical runtime of the process has
 //! an unfinished task. A latency-critical task therefore waits for at most the
 //! best-effort work already started — one task per best-effort stream on the
-//! CPU, what is already launched on CUDA, one bundle of a long transfer
-//! ([`transfer`]).
+//! CPU, about a millisecond of launched kernels per best-effort stream on
+//! CUDA ([`DeviceBundle`]), one bundle of a long transfer ([`transfer`]).
 //!
 //! On the CPU the operating system also helps: best-effort stream threads run
 //! at `SCHED_IDLE` (Linux), so a task already running yields its core the
@@ -204,6 +204,69 @@ pub(crate) fn transfer<E>(
     Ok(())
 }
 
+/// How much launched-but-unfinished device work a best-effort CUDA stream
+/// keeps at most (estimated): the bundle a latency-critical kernel may find
+/// queued ahead of it on that stream.
+pub(crate) const DEVICE_BUNDLE_NS: u64 = 1_000_000;
+/// What a task of a name not yet timed is charged: five of them fill a
+/// bundle.
+const UNTIMED_TASK_NS: u64 = DEVICE_BUNDLE_NS / 5;
+
+/// The launch window of a best-effort CUDA stream thread, in device time.
+///
+/// A CUDA stream thread launches a task and moves on: without a bound, a
+/// best-effort stream can have a whole training step queued on the device
+/// before a latency-critical request arrives, and admission (which only
+/// stops new launches) cannot take it back. Stream priorities let the
+/// request's blocks go first as blocks free up, but not past a kernel whose
+/// blocks hold the SMs, nor past work that shares its hardware queue. So a
+/// best-effort stream keeps at most about [`DEVICE_BUNDLE_NS`] of work in
+/// flight: before each launch the thread waits for its oldest tasks until
+/// the new one fits (one task always fits in an empty window). Each task is
+/// charged its name's device time, measured from its start and end events
+/// (an exponentially weighted mean, weight 1/4 on the newest, kept by this
+/// thread: not the placement's cost model, which a CUDA runtime leaves
+/// empty), or [`UNTIMED_TASK_NS`] before the first measurement.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceBundle {
+    estimates: std::collections::HashMap<u32, u64>,
+    in_flight_ns: u64,
+}
+
+impl DeviceBundle {
+    /// What launching a task of estimate slot `slot` charges the window.
+    pub(crate) fn charge(&self, slot: u32) -> u64 {
+        self.estimates
+            .get(&slot)
+            .copied()
+            .unwrap_or(UNTIMED_TASK_NS)
+            .max(1)
+    }
+
+    /// Whether a task charged `ns` must wait for the oldest task in flight
+    /// before it launches.
+    pub(crate) fn full(&self, ns: u64) -> bool {
+        self.in_flight_ns > 0 && self.in_flight_ns + ns > DEVICE_BUNDLE_NS
+    }
+
+    /// A task charged `ns` was launched.
+    pub(crate) fn launched(&mut self, ns: u64) {
+        self.in_flight_ns += ns;
+    }
+
+    /// A task of `slot` charged `charged` completed after `measured` ns of
+    /// device time (if its events could be read).
+    pub(crate) fn completed(&mut self, slot: u32, charged: u64, measured: Option<u64>) {
+        self.in_flight_ns = self.in_flight_ns.saturating_sub(charged);
+        if let Some(ns) = measured {
+            self.estimates
+                .entry(slot)
+                .and_modify(|e| *e = *e - *e / 4 + ns / 4)
+                .or_insert(ns);
+        }
+    }
+}
+
 /// Sleeps until no latency-critical task of the process is unfinished.
 fn wait_for_latency_critical() {
     while latency_critical_busy() {
@@ -243,6 +306,7 @@ fn lower_this_thread() {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::{DeviceBundle, DEVICE_BUNDLE_NS, UNTIMED_TASK_NS};
     use crate::kind::Class;
     use crate::{BackendKind, Runtime};
 
@@ -372,5 +436,46 @@ mod tests {
     fn latency_critical_threads_do_not_yield_in_spin_waits() {
         assert_eq!(yields_in(Class::LatencyCritical), (false, false));
         assert_eq!(yields_in(Class::Normal), (true, true));
+    }
+
+    /// A best-effort CUDA stream's window: one task always fits when nothing
+    /// is in flight; untimed tasks fill it five at a time; a measured name
+    /// is charged its device time (a weighted mean that moves a quarter of
+    /// the way to each new sample); completions free what was charged.
+    #[test]
+    fn the_device_bundle_holds_about_a_millisecond() {
+        let mut b = DeviceBundle::default();
+        assert!(
+            !b.full(10 * DEVICE_BUNDLE_NS),
+            "an empty window takes any task"
+        );
+        let untimed = b.charge(7);
+        assert_eq!(untimed, UNTIMED_TASK_NS);
+        let mut launched = 0;
+        while !b.full(untimed) {
+            b.launched(untimed);
+            launched += 1;
+        }
+        assert_eq!(launched, 5);
+        b.completed(7, untimed, Some(400_000));
+        assert_eq!(b.charge(7), 400_000);
+        assert!(
+            b.full(400_000),
+            "800k in flight and 400k more exceed the window"
+        );
+        assert!(!b.full(200_000));
+        for _ in 0..4 {
+            b.completed(7, untimed, Some(800_000));
+        }
+        assert_eq!(b.in_flight_ns, 0);
+        // 400k, then four samples of 800k: 500k, 575k, 631,250, 673,438
+        // (integer quarters).
+        assert_eq!(b.charge(7), 673_438);
+        b.launched(673_438);
+        assert!(b.full(673_438), "two such tasks exceed the window");
+        assert!(!b.full(DEVICE_BUNDLE_NS - 673_438));
+        // A task measured at 0 ns still counts as in flight.
+        b.completed(9, 1, Some(0));
+        assert_eq!(b.charge(9), 1);
     }
 }

@@ -438,6 +438,9 @@ struct InFlight {
     outcome: Option<Error>,
     /// Run when the end event has completed (`TaskCtx::on_complete`).
     checks: Vec<Check>,
+    /// What it charged a best-effort stream's window
+    /// ([`tenants::DeviceBundle`]).
+    charged: u64,
 }
 
 fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
@@ -446,6 +449,9 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
     }
     let mut batch = VecDeque::new();
     let mut inflight: VecDeque<InFlight> = VecDeque::new();
+    // A best-effort stream keeps about a bundle of device work in flight.
+    let mut bundle =
+        (shared.class == crate::kind::Class::BestEffort).then(tenants::DeviceBundle::default);
     loop {
         let open = if inflight.is_empty() {
             shared.streams[s].queue.pop_batch(&mut batch)
@@ -465,26 +471,65 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
                 }
             };
             // Best effort launches nothing while latency-critical work is
-            // unfinished: the device queue it leaves is the bundle a
-            // latency-critical kernel may wait behind.
+            // unfinished, and keeps at most about a bundle in flight: the
+            // device queue it leaves is what a latency-critical kernel may
+            // wait behind.
+            let charged = match &mut bundle {
+                Some(b) => {
+                    let ns = b.charge(task.cost);
+                    while b.full(ns) && !inflight.is_empty() {
+                        wait_oldest(shared, s, &d, &mut inflight, b);
+                    }
+                    ns
+                }
+                None => 0,
+            };
             tenants::admit(shared);
-            inflight.push_back(launch_cuda(shared, s, &d, task, launch));
-            poll(shared, s, &d, &mut inflight, false);
+            let f = launch_cuda(shared, s, &d, task, launch, bundle.is_some());
+            if let Some(b) = &mut bundle {
+                b.launched(charged);
+            }
+            inflight.push_back(InFlight { charged, ..f });
+            poll(shared, s, &d, &mut inflight, false, bundle.as_mut());
         }
         let drain = !open;
-        poll(shared, s, &d, &mut inflight, drain);
+        poll(shared, s, &d, &mut inflight, drain, bundle.as_mut());
         if drain && inflight.is_empty() && batch.is_empty() {
             break;
         }
     }
 }
 
+/// Waits for the oldest of a best-effort stream's tasks in flight to
+/// complete on the device, and completes what has.
+fn wait_oldest(
+    shared: &Shared,
+    s: usize,
+    d: &StreamDriver,
+    inflight: &mut VecDeque<InFlight>,
+    bundle: &mut tenants::DeviceBundle,
+) {
+    if let Some(ev) = inflight.front().and_then(|f| f.task.event.get()) {
+        // An error shows again in `poll`, which reports it.
+        let _ = ev.synchronize();
+    }
+    let before = inflight.len();
+    poll(shared, s, d, inflight, false, Some(bundle));
+    if inflight.len() == before {
+        // Its event could not be waited for: let `poll` block (and report).
+        poll(shared, s, d, inflight, true, Some(bundle));
+    }
+}
+
+/// Launches `task` on stream `s` (its waits, its body, its end event); with
+/// `timed` (or when profiling) also records a start event.
 fn launch_cuda(
     shared: &Shared,
     s: usize,
     d: &StreamDriver,
     task: Arc<TaskShared>,
     launch: Launch,
+    timed: bool,
 ) -> InFlight {
     let Launch {
         waits,
@@ -503,7 +548,7 @@ fn launch_cuda(
             }
         }
     }
-    let start = if shared.profiling {
+    let start = if shared.profiling || timed {
         d.record().ok()
     } else {
         None
@@ -538,17 +583,20 @@ fn launch_cuda(
         start,
         outcome,
         checks,
+        charged: 0,
     }
 }
 
-/// Completes in-flight tasks whose end events have completed, in FIFO order.
-/// With `block`, waits for all of them.
+/// Completes in-flight tasks whose end events have completed, in FIFO order
+/// (and frees what they charged `bundle`, with their device times). With
+/// `block`, waits for all of them.
 fn poll(
     shared: &Shared,
     s: usize,
     d: &StreamDriver,
     inflight: &mut VecDeque<InFlight>,
     block: bool,
+    mut bundle: Option<&mut tenants::DeviceBundle>,
 ) {
     while let Some(f) = inflight.front() {
         let ev = f.task.event.get();
@@ -573,15 +621,18 @@ fn poll(
             };
             report(shared, &f.task, result);
         }
-        if shared.profiling {
-            if let (Some(start), Some(end)) = (&f.start, f.task.event.get()) {
-                if let Ok((a, b)) = d.span_ns(start, end) {
-                    let ids = f.preds.iter().map(|p| p.id).collect();
-                    // NCCL waits for the other ranks on the device.
-                    let span = (a, b, largest(&f.accesses), 0);
-                    push_span(shared, s, &f.task, ids, span, !f.task.failed());
-                }
-            }
+        let span = match (&f.start, f.task.event.get()) {
+            (Some(start), Some(end)) => d.span_ns(start, end).ok(),
+            _ => None,
+        };
+        if let Some(b) = bundle.as_deref_mut() {
+            b.completed(f.task.cost, f.charged, span.map(|(a, z)| z - a.min(z)));
+        }
+        if let (true, Some((a, b))) = (shared.profiling, span) {
+            let ids = f.preds.iter().map(|p| p.id).collect();
+            // NCCL waits for the other ranks on the device.
+            let span = (a, b, largest(&f.accesses), 0);
+            push_span(shared, s, &f.task, ids, span, !f.task.failed());
         }
         drop(f);
         complete(shared, s);
