@@ -163,18 +163,36 @@ impl Loaded {
         // Compiled once per process (and cached on disk), loaded once per
         // context: the cache hands back the live module while any of its
         // functions is held here.
+        let mut opts = CompileOptions::for_device(&self.device);
+        opts.extra = extra_nvrtc_options().to_vec();
         let module = KernelCache::global().module_with_headers(
             &self.device,
             program.source,
             HEADERS,
             program.file,
-            &CompileOptions::for_device(&self.device),
+            &opts,
         )?;
         let f = module.function(program.kernels[index])?;
         // A racing thread may have set it first; either value is the same kernel.
         let _ = cell.set(f);
         Ok(cell.get().expect("set just above"))
     }
+}
+
+/// The environment variable of [`extra_nvrtc_options`].
+pub(crate) const NVRTC_OPTIONS_ENV: &str = "BRAID_NVRTC_OPTIONS";
+
+/// Extra NVRTC options for every GPT-2 kernel, from `BRAID_NVRTC_OPTIONS`
+/// (split at whitespace; read once), for tuning experiments: e.g.
+/// `-DTC_MIN_BLOCKS_DKV=3` (`flash_attention_tc.cu`). They are part of the
+/// kernel cache's key, so a run with other options compiles anew.
+pub(crate) fn extra_nvrtc_options() -> &'static [String] {
+    static OPTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    OPTS.get_or_init(|| {
+        std::env::var(NVRTC_OPTIONS_ENV)
+            .map(|v| v.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    })
 }
 
 /// One kernel of a [`Program`]: `program.kernels[index]`.

@@ -532,53 +532,78 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
 
 // The entry points, one per kernel and head size (B is implied by the grid).
 // Launch: grid (ceil(T / 64), B * NH), block 128.
+//
+// TC_MIN_BLOCKS_FWD / _DQ / _DKV, when defined: the blocks per SM a kernel
+// is compiled for (`__launch_bounds__(128, n)`). Undefined, the compiler
+// chooses freely (and uses fewer registers than with any bound: run 7's
+// kernels, 145 / 174 / 251 registers at head size 64 against 171 / 250 /
+// 251 with a bound of 1). Run 7's profile on an H200: at head size 64 both
+// backward kernels fit 2 blocks of 4 warps an SM and were latency-bound at
+// 12% occupancy. A tuning experiment sets them through
+// BRAID_NVRTC_OPTIONS (docs/cuda.md), e.g. -DTC_MIN_BLOCKS_DQ=3 (168
+// registers, 24 bytes of stack).
+#ifdef TC_MIN_BLOCKS_FWD
+#define TC_FWD extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_FWD)
+#else
+#define TC_FWD extern "C" __global__ void
+#endif
+#ifdef TC_MIN_BLOCKS_DQ
+#define TC_DQ extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DQ)
+#else
+#define TC_DQ extern "C" __global__ void
+#endif
+#ifdef TC_MIN_BLOCKS_DKV
+#define TC_DKV extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DKV)
+#else
+#define TC_DKV extern "C" __global__ void
+#endif
 
-extern "C" __global__ void flash_attention_tc_forward_hs16_bf16(
+TC_FWD flash_attention_tc_forward_hs16_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<16>(out, lse, inp, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dq_hs16_bf16(
+TC_DQ flash_attention_tc_backward_dq_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<16>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dkv_hs16_bf16(
+TC_DKV flash_attention_tc_backward_dkv_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_forward_hs32_bf16(
+TC_FWD flash_attention_tc_forward_hs32_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<32>(out, lse, inp, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dq_hs32_bf16(
+TC_DQ flash_attention_tc_backward_dq_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<32>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dkv_hs32_bf16(
+TC_DKV flash_attention_tc_backward_dkv_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_forward_hs64_bf16(
+TC_FWD flash_attention_tc_forward_hs64_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<64>(out, lse, inp, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dq_hs64_bf16(
+TC_DQ flash_attention_tc_backward_dq_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<64>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-extern "C" __global__ void flash_attention_tc_backward_dkv_hs64_bf16(
+TC_DKV flash_attention_tc_backward_dkv_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH);
