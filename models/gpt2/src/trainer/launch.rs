@@ -303,6 +303,19 @@ fn nccl_setup_error(rank: usize, e: impl fmt::Display) -> Gpt2Error {
     })
 }
 
+/// An NCCL communicator of one rank on `rt`'s device, for the reducer at
+/// world size 1 (`TrainOptions::reduce_single_rank`).
+fn one_rank_comm(rt: &Runtime) -> Result<Comm> {
+    let dev = rt
+        .cuda_device()
+        .cloned()
+        .expect("a CUDA runtime has a device");
+    let mut comms =
+        braid::comm::nccl::NcclComm::init_all(&[dev]).map_err(|e| nccl_setup_error(0, e))?;
+    let c = comms.pop().expect("one communicator per device");
+    Ok(Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+}
+
 /// GPU ranks of this process: `opts.ranks` devices from `first`, one thread
 /// and one runtime per device, NCCL communicators between them.
 pub(super) fn train_gpus(
@@ -317,9 +330,13 @@ pub(super) fn train_gpus(
     // engine finds it.
     let rt0 = build_runtime(opts, BackendKind::Cuda { device: first }, 0)?;
     // One GPU needs no communicator, unless the reducer runs at one rank
-    // (`reduce_single_rank`): then NCCL with one rank, as below.
-    if world == 1 && !opts.reduce_single_rank {
-        return Ok(vec![run_rank(opts, rt0, 0, 1, None, start, data, on_step)?]);
+    // (`reduce_single_rank`): then NCCL with one rank.
+    if world == 1 {
+        let comm = match opts.reduce_single_rank {
+            true => Some(one_rank_comm(&rt0)?),
+            false => None,
+        };
+        return Ok(vec![run_rank(opts, rt0, 0, 1, comm, start, data, on_step)?]);
     }
     let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;
     if first + world > count {
@@ -502,6 +519,8 @@ pub(super) fn train_torchrun(
                 other => other,
             }
         })?)
+    } else if opts.reduce_single_rank {
+        Some(one_rank_comm(&rt)?)
     } else {
         None
     };
