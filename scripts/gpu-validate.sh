@@ -17,6 +17,9 @@
 #   TORCH_VENV          venv with NVIDIA's pip wheels (default /opt/torch/.venv)
 #   BRAID_TEST_TIMEOUT  seconds per binary (default 900)
 #   BRAID_TEST_ARGS     arguments for libtest harnesses (default --test-threads=1)
+#   BRAID_VALIDATE_PACK 1: at the end, pack everything under $OUT into
+#                       $OUT/gpu-validate.tgz and remove the loose files (for
+#                       a way back that takes few files)
 #
 # Exit status: 0 when every binary exited 0, 1 otherwise. The last line is
 # "N passed, N failed".
@@ -158,4 +161,11 @@ if [ "$found" -eq 0 ]; then
 fi
 
 echo "$passed passed, $failed failed" | tee -a "$summary"
+if [ "${BRAID_VALIDATE_PACK:-0}" = 1 ]; then
+    pack="$(mktemp "${TMPDIR:-/tmp}/gpu-validate.XXXXXX.tgz")"
+    if tar czf "$pack" -C "$OUT" .; then
+        find "$OUT" -mindepth 1 -delete
+        mv "$pack" "$OUT/gpu-validate.tgz"
+    fi
+fi
 [ "$failed" -eq 0 ]
