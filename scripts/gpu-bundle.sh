@@ -37,7 +37,7 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="01b_cuda_be_window 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 21_multi_tenant_cuda 13b_gpt2_gpu_bf16_fused_b32
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
@@ -202,6 +202,13 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     # the p99 target on the CPU): whether the GPU's stall is host-side.
     wrap 21b_multi_tenant_cuda_realtime bench multi_tenant \
         "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --realtime"
+    # The same with 32 hardware work queues instead of CUDA's default 8: two
+    # runtimes' streams (and NCCL's, cuBLAS's) may otherwise share a queue,
+    # and a request's kernel then waits behind best-effort kernels queued
+    # ahead of it in that queue whatever the stream priorities.
+    script 21c_multi_tenant_cuda_connections "env CUDA_DEVICE_MAX_CONNECTIONS=32 \
+\"\$(dirname \"\$0\")/../bench/multi_tenant\" --device cuda --be-model gpt2 --be-batch-size 8 \
+--be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200"
     wrap 22_properties test properties "$t"
     wrap 23_replay test replay "$t"
     rm -f "$out/bin/nvrtc-check.args"
