@@ -30,6 +30,29 @@ fn spin_kernel(rt: &Runtime, name: &str) -> Arc<CudaFunction> {
     Arc::new(module.function(name).unwrap())
 }
 
+/// Submits a task named `spin` that runs `spin` for `cycles` clock cycles on
+/// one thread, writing the cycles spent to `out` (8 bytes); `on_launch` runs
+/// in the body, as the task is launched.
+fn submit_spin(
+    rt: &Runtime,
+    spin: &Arc<CudaFunction>,
+    out: &braid::Buffer,
+    cycles: i64,
+    on_launch: impl Fn() + Send + 'static,
+) {
+    let f = spin.clone();
+    rt.task("spin")
+        .run_cuda(out.write::<i64>(), move |o, cu| -> Result<(), TaskError> {
+            on_launch();
+            let mut args = KernelArgs::new();
+            args.i64(cycles).ptr(o.ptr());
+            // SAFETY: `spin(long long, long long*)` with a declared 8-byte output.
+            unsafe { f.launch(cu.stream(), LaunchConfig::grid_block(1, 1), &args)? };
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// Without a GPU, asking for CUDA is a clear error and `auto` falls back to
 /// the CPU; with one, `auto` picks CUDA.
 #[test]
@@ -72,16 +95,7 @@ fn spin_kernels_overlap_on_two_streams() {
     // ~50 ms at ~2 GHz.
     let cycles: i64 = 100_000_000;
     for out in &outs {
-        let f = spin.clone();
-        rt.task("spin")
-            .run_cuda(out.write::<i64>(), move |o, cu| -> Result<(), TaskError> {
-                let mut args = KernelArgs::new();
-                args.i64(cycles).ptr(o.ptr());
-                // SAFETY: `spin(long long, long long*)` with a declared 8-byte output.
-                unsafe { f.launch(cu.stream(), LaunchConfig::grid_block(1, 1), &args)? };
-                Ok(())
-            })
-            .unwrap();
+        submit_spin(&rt, &spin, out, cycles, || {});
     }
     rt.synchronize().unwrap();
     for out in &outs {
@@ -385,17 +399,10 @@ fn a_best_effort_stream_keeps_a_bundle_in_flight() {
     let launched = Arc::new(std::sync::Mutex::new(Vec::new()));
     let tasks = 12;
     for _ in 0..tasks {
-        let (f, launched) = (spin.clone(), launched.clone());
-        rt.task("spin")
-            .run_cuda(out.write::<i64>(), move |o, cu| -> Result<(), TaskError> {
-                launched.lock().unwrap().push(braid::trace::now_ns());
-                let mut args = KernelArgs::new();
-                args.i64(cycles).ptr(o.ptr());
-                // SAFETY: `spin(long long, long long*)` with a declared 8-byte output.
-                unsafe { f.launch(cu.stream(), LaunchConfig::grid_block(1, 1), &args)? };
-                Ok(())
-            })
-            .unwrap();
+        let launched = launched.clone();
+        submit_spin(&rt, &spin, &out, cycles, move || {
+            launched.lock().unwrap().push(braid::trace::now_ns())
+        });
     }
     rt.synchronize().unwrap();
     assert!(rt.read_vec::<i64>(&out).unwrap()[0] >= cycles);

@@ -131,89 +131,43 @@ twins! {
     }
 }
 
-/// `layernorm_backward_params_partial` (f32): the sums of row chunk `r`
-/// of `R = gridDim.y` (rows `r·per .. min(N, (r+1)·per)`, `per = ceil(N /
-/// R)`) into `part` `(R, 2, C)`: `part[r][0][c] = Σ norm[n, c] · dout[n,
-/// c]`, `part[r][1][c] = Σ dout[n, c]`, summed by 8 warps
-/// (`LN_PARAMS_WARPS`) in a fixed order. The launcher (layernorm.rs,
-/// `backward_cuda`): grid `(ceil(C / 32), R)`, block `32 · 8`.
-pub fn layernorm_backward_params_partial(
-    grid: Dim3,
-    block: Dim3,
-    part: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    n: i32,
-    c: i32,
-) -> Result<(), String> {
-    params_partial(
-        "layernorm_backward_params_partial",
-        grid,
-        block,
-        part,
-        dout,
-        inp,
-        mean,
-        rstd,
-        n,
-        c,
-    )
-}
-
-/// [`layernorm_backward_params_partial`] with bf16 `dout` and `inp` (the
-/// sums stay `f32`).
-pub fn layernorm_backward_params_partial_bf16(
-    grid: Dim3,
-    block: Dim3,
-    part: &mut [f32],
-    dout: &[u16],
-    inp: &[u16],
-    mean: &[f32],
-    rstd: &[f32],
-    n: i32,
-    c: i32,
-) -> Result<(), String> {
-    params_partial(
-        "layernorm_backward_params_partial_bf16",
-        grid,
-        block,
-        part,
-        dout,
-        inp,
-        mean,
-        rstd,
-        n,
-        c,
-    )
-}
-
-fn params_partial<S: crate::launch::Elem>(
-    k: &str,
-    grid: Dim3,
-    block: Dim3,
-    part: &mut [f32],
-    dout: &[S],
-    inp: &[S],
-    mean: &[f32],
-    rstd: &[f32],
-    n: i32,
-    c: i32,
-) -> Result<(), String> {
-    let (rows, cols, nc) = shape(k, n, c)?;
-    let chunks = grid.1 as usize;
-    let args = Args::new(k)
-        .output("part", part, product(k, &[chunks, 2, cols])?)?
-        .input("dout", dout, nc)?
-        .input("inp", inp, nc)?
-        .input("mean", mean, rows)?
-        .input("rstd", rstd, rows)?
-        .i32s([n, c]);
-    // SAFETY: part holds (gridDim.y, 2, C), dout and inp (N, C), mean and
-    // rstd N (checked), and layernorm_backward_params_partial[_bf16] touches
-    // chunks < gridDim.y, rows < N, channels < C.
-    unsafe { args.launch(grid, block) }
+twins! {
+    /// `layernorm_backward_params_partial` (f32): the sums of row chunk `r`
+    /// of `R = gridDim.y` (rows `r·per .. min(N, (r+1)·per)`, `per = ceil(N /
+    /// R)`) into `part` `(R, 2, C)`: `part[r][0][c] = Σ norm[n, c] · dout[n,
+    /// c]`, `part[r][1][c] = Σ dout[n, c]`, summed by 8 warps
+    /// (`LN_PARAMS_WARPS`) in a fixed order. The launcher (layernorm.rs,
+    /// `backward_cuda`): grid `(ceil(C / 32), R)`, block `32 · 8`.
+    pub fn layernorm_backward_params_partial(S = f32);
+    /// [`layernorm_backward_params_partial`] with bf16 `dout` and `inp` (the
+    /// sums stay `f32`).
+    pub fn layernorm_backward_params_partial_bf16(S = u16);
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        part: &mut [f32],
+        dout: &[S],
+        inp: &[S],
+        mean: &[f32],
+        rstd: &[f32],
+        n: i32,
+        c: i32,
+    ) {
+        let (rows, cols, nc) = shape(k, n, c)?;
+        let chunks = grid.1 as usize;
+        let args = Args::new(k)
+            .output("part", part, product(k, &[chunks, 2, cols])?)?
+            .input("dout", dout, nc)?
+            .input("inp", inp, nc)?
+            .input("mean", mean, rows)?
+            .input("rstd", rstd, rows)?
+            .i32s([n, c]);
+        // SAFETY: part holds (gridDim.y, 2, C), dout and inp (N, C), mean and
+        // rstd N (checked), and layernorm_backward_params_partial[_bf16]
+        // touches chunks < gridDim.y, rows < N, channels < C.
+        unsafe { args.launch(grid, block) }
+    }
 }
 
 twins! {
