@@ -37,7 +37,7 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="01b_cuda_be_window 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
@@ -192,6 +192,11 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     script 18e_gpt2_gpu_bf16_fused_tc34 "env BRAID_NVRTC_OPTIONS='-DTC_MIN_BLOCKS_DQ=3 \
 -DTC_MIN_BLOCKS_DKV=3 -DTC_MIN_BLOCKS_FWD=4' \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g \
 --dtype bf16 --fused"
+    # The MLP's GELU in cuBLASLt's epilogue (BRAID_CUBLASLT_GELU=1; written
+    # after run 7 without a GPU), with a trace of a step, against 18.
+    script 18f_gpt2_gpu_bf16_fused_gelu_lt "env BRAID_CUBLASLT_GELU=1 \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
+--profile-step \$OUT/gpt2-bf16-fused-gelu-lt-step.json"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
     # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort

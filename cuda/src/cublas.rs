@@ -307,11 +307,51 @@ impl CublasHandle {
         c: DevicePtr,
         bias: DevicePtr,
     ) -> CudaResult<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.gemm_bf16_lt(g, a, b, c, bias, None) }
+    }
+
+    /// [`gemm_bf16_bias`](Self::gemm_bf16_bias) with cuBLASLt's
+    /// `GELU_AUX_BIAS` epilogue: `aux` (m × n bf16, row stride `ld_aux`)
+    /// gets `op(A)·op(B) + bias` and `c` its GELU (the tanh form), each
+    /// rounded once.
+    ///
+    /// # Safety
+    /// As [`gemm_bf16_bias`](Self::gemm_bf16_bias), and `aux` holds an
+    /// m × n bf16 matrix of row stride `ld_aux`, disjoint from `c`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_bf16_bias_gelu(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        bias: DevicePtr,
+        aux: DevicePtr,
+        ld_aux: usize,
+    ) -> CudaResult<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.gemm_bf16_lt(g, a, b, c, bias, Some((aux, ld_aux))) }
+    }
+
+    /// The cuBLASLt products with an epilogue, under the handle's mutex.
+    ///
+    /// # Safety
+    /// [`Lt::gemm_bf16_bias`](super::cublaslt::Lt::gemm_bf16_bias)'s.
+    unsafe fn gemm_bf16_lt(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        bias: DevicePtr,
+        gelu_aux: Option<(DevicePtr, usize)>,
+    ) -> CudaResult<()> {
         let h = self.begin(g, None)?;
         let lt = self.lt()?;
         // SAFETY: the caller's contract; the handle's mutex (`h`) is held, so
         // the cuBLASLt state serves one product at a time.
-        let r = unsafe { lt.gemm_bf16_bias(&self.stream, g, a, b, c, bias) };
+        let r = unsafe { lt.gemm_bf16_bias(&self.stream, g, a, b, c, bias, gelu_aux) };
         drop(h);
         r
     }

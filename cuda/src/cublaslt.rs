@@ -93,13 +93,18 @@ impl Lt {
     }
 
     /// `C = alpha · op(A) · op(B) + bias` in bf16 (row-major; `g.beta` must
-    /// be 0), on `stream`.
+    /// be 0), on `stream`. With `gelu_aux = Some((aux, ld_aux))` the
+    /// epilogue is cuBLASLt's `GELU_AUX_BIAS`: `aux` (m × n bf16, row stride
+    /// `ld_aux`) gets the sum with the bias and `C` its GELU (the tanh
+    /// form), each rounded once from the f32 accumulator.
     ///
     /// # Safety
     /// `a`, `b`, `c` are device pointers of this device to bf16 matrices of
-    /// the sizes `g` describes, `bias` to `g.n` bf16 values, all alive until
-    /// the product has run, with no conflicting concurrent access; `stream`
-    /// is this handle's stream's device's.
+    /// the sizes `g` describes, `bias` to `g.n` bf16 values, `aux` (if given)
+    /// to an m × n bf16 matrix of row stride `ld_aux`, all alive until the
+    /// product has run, with no conflicting concurrent access; `stream` is
+    /// this handle's stream's device's.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn gemm_bf16_bias(
         &self,
         stream: &CudaStream,
@@ -108,6 +113,7 @@ impl Lt {
         b: DevicePtr,
         c: DevicePtr,
         bias: DevicePtr,
+        gelu_aux: Option<(DevicePtr, usize)>,
     ) -> CudaResult<()> {
         if g.beta != 0.0 {
             return Err(CudaError::InvalidArgument(format!(
@@ -162,12 +168,31 @@ impl Lt {
             (&tb as *const i32).cast(),
             size_of::<i32>(),
         )?;
-        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+        let epilogue = match gelu_aux {
+            None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Some(_) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        };
         set(
             A::CUBLASLT_MATMUL_DESC_EPILOGUE,
             (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
             size_of::<sys::cublasLtEpilogue_t>(),
         )?;
+        if let Some((aux, ld_aux)) = gelu_aux {
+            // The auxiliary output has D's layout (n × m column-major, so
+            // its leading dimension is our row stride) and D's type.
+            let aux_ptr = aux as *const c_void;
+            set(
+                A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                (&aux_ptr as *const *const c_void).cast(),
+                size_of::<*const c_void>(),
+            )?;
+            let ld_aux = ld_aux as i64;
+            set(
+                A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                (&ld_aux as *const i64).cast(),
+                size_of::<i64>(),
+            )?;
+        }
         let bias_ptr = bias as *const c_void;
         set(
             A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,

@@ -1421,6 +1421,138 @@ test_device!(
 test_device!(layernorm_bf16, layernorm_bf16_cpu, layernorm_bf16_cuda);
 test_device!(matmul_bf16, matmul_bf16_cpu, matmul_bf16_cuda);
 
+/// `matmul::forward_gelu` (the MLP's first layer and its GELU as one task)
+/// is `matmul::forward` then `gelu::forward`, bit for bit, in f32 and bf16
+/// (on CUDA with `BRAID_CUBLASLT_GELU` unset: the same kernels).
+fn matmul_gelu_task(dev: Device) {
+    if matmul::gelu_epilogue() {
+        eprintln!("matmul_gelu_task: BRAID_CUBLASLT_GELU=1 runs the epilogue; see the _cuda test");
+        return;
+    }
+    let g = Dev::new(dev);
+    let (n, oc) = (B * T, 4 * C);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let inp = randn(n * C, 1.0, 140);
+        let w = randn(oc * C, 0.2, 141);
+        let bias = randn(oc, 0.5, 142);
+        let up = |x: &[f32]| match dtype {
+            Dtype::F32 => g.up(x),
+            Dtype::Bf16 => g.up_bf16(&bf16(x)),
+        };
+        let (binp, bw, bbias) = (up(&inp), up(&w), up(&bias));
+        let size = dtype.size();
+        let [pre1, out1, pre2, out2] =
+            [0, 1, 2, 3].map(|i| g.rt.alloc(format!("out{i}"), n * oc * size).unwrap());
+        let v = |b: &Buffer| b.whole();
+        let task = |name: &'static str| Task::new(g.rt.task(name), dtype);
+        done(matmul::forward(
+            task("fc"),
+            &v(&pre1),
+            &v(&binp),
+            &v(&bw),
+            Some(&v(&bbias)),
+            n,
+            C,
+            oc,
+        ));
+        done(gelu::forward(task("gelu"), &v(&out1), &v(&pre1)));
+        done(matmul::forward_gelu(
+            task("fc+gelu"),
+            &v(&out2),
+            &v(&pre2),
+            &v(&binp),
+            &v(&bw),
+            &v(&bbias),
+            n,
+            C,
+            oc,
+        ));
+        let bytes = |b: &Buffer| g.rt.read_vec::<u8>(b).unwrap();
+        assert!(
+            bytes(&pre1) == bytes(&pre2),
+            "{dtype:?}: pre-activation differs"
+        );
+        assert!(bytes(&out1) == bytes(&out2), "{dtype:?}: GELU differs");
+    }
+}
+
+test_device!(
+    matmul_gelu_task,
+    matmul_gelu_task_cpu,
+    matmul_gelu_task_cuda
+);
+
+/// The GELU in cuBLASLt's epilogue (`matmul_forward_gelu_cuda(.., true)`,
+/// what `BRAID_CUBLASLT_GELU=1` turns on): the pre-activation against the
+/// CPU's product plus bias within `accumulated`'s bound; the GELU against
+/// the CPU's GELU of the CPU's pre-activation, within the same bound carried
+/// through GELU's slope (at most 1.13) plus one bf16 rounding. GPU only.
+#[test]
+fn matmul_gelu_epilogue_bf16_cuda() {
+    let Some(g) = Dev::gpu("matmul_gelu_epilogue_bf16_cuda") else {
+        return;
+    };
+    let (n, oc) = (B * T, 4 * C);
+    let inp = bf16(&randn(n * C, 1.0, 150));
+    let w = bf16(&randn(oc * C, 0.2, 151));
+    let bias = bf16(&randn(oc, 0.5, 152));
+    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
+    let mut want_pre = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut want_pre, &inp, &w, Some(&bias[..]), B, T, C, oc);
+    let mut product = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut product, &inp, &w, None, B, T, C, oc);
+    let mut want_out = vec![Bf16(0); n * oc];
+    cpu::gelu_forward(&mut want_out, &want_pre);
+    let (out, pre) = (
+        g.up_bf16(&vec![Bf16(0); n * oc]),
+        g.up_bf16(&vec![Bf16(0); n * oc]),
+    );
+    let accesses = (
+        out.write::<Bf16>(),
+        pre.write::<Bf16>(),
+        binp.read::<Bf16>(),
+        bw.read::<Bf16>(),
+        bbias.read::<Bf16>(),
+    );
+    done(g.rt.task("matmul_forward bf16, GELU epilogue").run_cuda(
+        accesses,
+        move |(o, p, i, w, b), cu| -> Result<(), braid::TaskError> {
+            matmul::matmul_forward_gelu_cuda(cu, o, p, i, w, b, (n, C, oc), true)?;
+            Ok(())
+        },
+    ));
+    let what = "matmul_forward bf16, GELU epilogue";
+    accumulated(
+        Device::Cuda,
+        &format!("{what}: pre"),
+        &g.down_bf16(&pre),
+        &want_pre,
+        &product,
+    );
+    let (got, want, prod) = (widen(&g.down_bf16(&out)), widen(&want_out), widen(&product));
+    let pre_w = widen(&want_pre);
+    let (worst, at) = (0..got.len())
+        .map(|i| {
+            let bound = 1.13 * ((prod[i].abs() + pre_w[i].abs()) / 128.0 + 1e-5)
+                + want[i].abs() / 128.0
+                + 1e-5;
+            (got[i] - want[i]).abs() / bound
+        })
+        .enumerate()
+        .fold(
+            (0.0f32, 0),
+            |(m, i), (j, e)| if e > m { (e, j) } else { (m, i) },
+        );
+    eprintln!("    {what}: gelu worst error {worst:.3} of its bound at {at}");
+    assert!(
+        worst <= 1.0,
+        "{what}: element {at}: gpu {} vs cpu {} (pre {}): {worst} times the bound",
+        got[at],
+        want[at],
+        pre_w[at]
+    );
+}
+
 fn softmax_and_crossentropy_bf16(dev: Device) {
     let g = Dev::new(dev);
     let n = B * T;

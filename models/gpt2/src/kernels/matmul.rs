@@ -89,6 +89,57 @@ pub fn forward_ld<'rt>(
     )
 }
 
+/// Submits `pre = inp · weightᵀ + bias; out = gelu(pre)` as one task (the
+/// MLP's first layer and its activation). On the CPU, and on CUDA unless
+/// [`gelu_epilogue`] is on, it runs the product and then the GELU kernel:
+/// bit for bit [`forward`] then [`gelu::forward`](super::gelu::forward).
+/// With [`gelu_epilogue`] on CUDA (bf16, operands that fit) one cuBLASLt
+/// product writes both: `pre` and `out` each rounded once from the f32
+/// accumulator plus the bias, so `out` may differ from the GELU of the
+/// stored `pre` by a bf16 ulp.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_gelu<'rt>(
+    task: impl Into<Task<'rt>>,
+    out: &View,    // (N, OC)
+    pre: &View,    // (N, OC)
+    inp: &View,    // (N, C)
+    weight: &View, // (OC, C)
+    bias: &View,   // (OC)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (
+            out.write::<S>(),
+            pre.write::<S>(),
+            inp.read::<S>(),
+            weight.read::<S>(),
+            bias.read::<S>(),
+        ),
+        move |(out, pre, inp, w, bias)| {
+            matmul_forward_ld(pre, inp, w, Some(bias), n, c, oc, oc);
+            super::gelu::gelu_forward(out, pre);
+        },
+        move |(out, pre, inp, w, bias), cu| {
+            let lt = gelu_epilogue()
+                && pre.ptr() % 16 == 0
+                && bias_epilogue_fits::<S>(&out, &inp, &w, &bias, c, oc);
+            task_result(matmul_forward_gelu_cuda(
+                cu,
+                out,
+                pre,
+                inp,
+                w,
+                bias,
+                (n, c, oc),
+                lt,
+            ))
+        },
+    )
+}
+
 /// Submits `dinp += dout · weight` as `task` (the critical path of backward).
 pub fn backward_input<'rt>(
     task: impl Into<Task<'rt>>,
@@ -665,6 +716,72 @@ pub fn matmul_forward_cuda_with<S: Storage>(
 pub fn bias_epilogue() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os(BIAS_EPILOGUE_ENV).is_none_or(|v| v != "0"))
+}
+
+/// Whether [`forward_gelu`] takes its GELU in cuBLASLt's epilogue
+/// (`GELU_AUX_BIAS`) on CUDA: `BRAID_CUBLASLT_GELU=1`, read once. Off by
+/// default until it has run on a GPU (docs/gpu-validation.md): it saves
+/// the GELU kernel's pass over the MLP's activations (0.53 ms of run 7's
+/// 25.6 ms B 8 step on an H200).
+pub fn gelu_epilogue() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(GELU_EPILOGUE_ENV).is_some_and(|v| v == "1"))
+}
+
+/// The environment variable of [`gelu_epilogue`].
+pub const GELU_EPILOGUE_ENV: &str = "BRAID_CUBLASLT_GELU";
+
+/// [`forward_gelu`] on the task's stream: with `lt`, one cuBLASLt product
+/// with the `GELU_AUX_BIAS` epilogue (an error where the operands do not
+/// allow it: bf16, 16-byte aligned, `C` and `OC` multiples of 8); else
+/// [`matmul_forward_cuda`] then the GELU kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward_gelu_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<S>, // (N, OC)
+    pre: DevSliceMut<S>, // (N, OC)
+    inp: DevSlice<S>,    // (N, C)
+    weight: DevSlice<S>, // (OC, C)
+    bias: DevSlice<S>,   // (OC)
+    (n, c, oc): (usize, usize, usize),
+    lt: bool,
+) -> Result<()> {
+    if !lt {
+        matmul_forward_cuda(cu, pre, inp, weight, Some(bias), n, c, oc, oc)?;
+        return super::gelu::gelu_forward_cuda(cu, out, pre.as_read());
+    }
+    let k = Check::new("matmul_forward_gelu");
+    k.dim("N", n)?;
+    k.dim("C", c)?;
+    k.dim("OC", oc)?;
+    let noc = k.mul(n, oc)?;
+    k.exact("out", &out, "(N, OC)", noc)?;
+    k.exact("pre", &pre, "(N, OC)", noc)?;
+    k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
+    k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
+    k.exact("bias", &bias, "(OC)", oc)?;
+    if !bias_epilogue_fits::<S>(&out, &inp, &weight, &bias, c, oc) || pre.ptr() % 16 != 0 {
+        return Err(k.err(
+            "the GELU epilogue needs bf16 operands aligned to 16 bytes and C, OC multiples of 8"
+                .into(),
+        ));
+    }
+    let l = Launcher::new(k, cu);
+    let g = Gemm::new(Transpose::N, Transpose::T, n, oc, c);
+    // SAFETY: inp (N, C) · weight (OC, C)ᵀ + bias (OC) into pre (N, OC),
+    // its GELU into out (N, OC), sizes checked, all bf16 (S is), out and
+    // pre distinct declared writes of the task.
+    unsafe {
+        l.gemm_bf16_bias_gelu(
+            &g,
+            inp.ptr(),
+            weight.ptr(),
+            out.ptr(),
+            bias.ptr(),
+            pre.ptr(),
+            oc,
+        )
+    }
 }
 
 /// The environment variable of [`bias_epilogue`].

@@ -146,17 +146,32 @@ impl Gpt2Model {
                     c,
                 )?;
             }
-            matmul::forward(
-                task("fc forward"),
-                &la.fch,
-                &la.ln2,
-                &lp.fcw,
-                Some(&lp.fcb),
-                n,
-                c,
-                4 * c,
-            )?;
-            gelu::forward(task("gelu forward"), &la.fch_gelu, &la.fch)?;
+            if matmul::gelu_epilogue() {
+                // One task; on CUDA in bf16 one cuBLASLt product.
+                matmul::forward_gelu(
+                    task("fc forward"),
+                    &la.fch_gelu,
+                    &la.fch,
+                    &la.ln2,
+                    &lp.fcw,
+                    &lp.fcb,
+                    n,
+                    c,
+                    4 * c,
+                )?;
+            } else {
+                matmul::forward(
+                    task("fc forward"),
+                    &la.fch,
+                    &la.ln2,
+                    &lp.fcw,
+                    Some(&lp.fcb),
+                    n,
+                    c,
+                    4 * c,
+                )?;
+                gelu::forward(task("gelu forward"), &la.fch_gelu, &la.fch)?;
+            }
             matmul::forward(
                 task("fcproj forward"),
                 &la.fcproj,
