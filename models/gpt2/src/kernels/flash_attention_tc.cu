@@ -543,67 +543,67 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
 // BRAID_NVRTC_OPTIONS (docs/cuda.md), e.g. -DTC_MIN_BLOCKS_DQ=3 (168
 // registers, 24 bytes of stack).
 #ifdef TC_MIN_BLOCKS_FWD
-#define TC_FWD extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_FWD)
+#define TC_BOUNDS_FWD __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_FWD)
 #else
-#define TC_FWD extern "C" __global__ void
+#define TC_BOUNDS_FWD
 #endif
 #ifdef TC_MIN_BLOCKS_DQ
-#define TC_DQ extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DQ)
+#define TC_BOUNDS_DQ __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DQ)
 #else
-#define TC_DQ extern "C" __global__ void
+#define TC_BOUNDS_DQ
 #endif
 #ifdef TC_MIN_BLOCKS_DKV
-#define TC_DKV extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DKV)
+#define TC_BOUNDS_DKV __launch_bounds__(TC_THREADS, TC_MIN_BLOCKS_DKV)
 #else
-#define TC_DKV extern "C" __global__ void
+#define TC_BOUNDS_DKV
 #endif
 
-TC_FWD flash_attention_tc_forward_hs16_bf16(
+extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs16_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<16>(out, lse, inp, T, C, NH);
 }
 
-TC_DQ flash_attention_tc_backward_dq_hs16_bf16(
+extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<16>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-TC_DKV flash_attention_tc_backward_dkv_hs16_bf16(
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-TC_FWD flash_attention_tc_forward_hs32_bf16(
+extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs32_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<32>(out, lse, inp, T, C, NH);
 }
 
-TC_DQ flash_attention_tc_backward_dq_hs32_bf16(
+extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<32>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-TC_DKV flash_attention_tc_backward_dkv_hs32_bf16(
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-TC_FWD flash_attention_tc_forward_hs64_bf16(
+extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs64_bf16(
     bf16_t* out, float* lse, const bf16_t* inp, int B, int T, int C, int NH) {
     tc_forward<64>(out, lse, inp, T, C, NH);
 }
 
-TC_DQ flash_attention_tc_backward_dq_hs64_bf16(
+extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dq<64>(dinp, delta, dout, inp, lse, T, C, NH);
 }
 
-TC_DKV flash_attention_tc_backward_dkv_hs64_bf16(
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH) {
     tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH);
