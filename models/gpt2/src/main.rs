@@ -628,7 +628,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (false, None) => default_fusion(on_gpu),
     };
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
-    opts.graphs = a.graphs || (on_gpu && world == 1 && !a.no_graphs && !a.no_replay);
+    // Not for a best-effort run: its runtime launches in bounded bundles
+    // and refuses graphs (docs/tenants.md, "Kernels in bundles").
+    opts.graphs = a.graphs
+        || (on_gpu
+            && world == 1
+            && !a.no_graphs
+            && !a.no_replay
+            && a.class != braid::Class::BestEffort);
     let device_name = match (device, &dist) {
         (BackendKind::Cuda { .. }, Some(d)) => format!(
             "cuda:{} (torchrun rank {} of {})",
