@@ -171,10 +171,10 @@ else
         "--batch-size 8 $g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
     # Where its time goes, kernel by kernel: Nsight Systems' table when the
     # machine has it, else Nsight Compute on the kernels that lead the
-    # step after run 6: the first six launches of the attention's backward
-    # pair and the layer norm's backward (the final layer norm's, the last
-    # block's second and its attention's).
-    script 18b_profile_gpt2_gpu_bf16_fused "env BRAID_NCU_COUNT=6 \
+    # step: the first twelve launches of the attention's backward pair and
+    # the layer norm's backward (three kernels each since run 7: the final
+    # layer norm's, the last block's second, its attention's, its first).
+    script 18b_profile_gpt2_gpu_bf16_fused "env BRAID_NCU_COUNT=12 \
 BRAID_NCU_KERNELS='flash_attention_tc_backward|layernorm_backward' \
 scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
 --batch-size 8 --seq-len 1024 --rounds 1 --warmup 1 --steps 3 --dtype bf16 --fused"
