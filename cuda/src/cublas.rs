@@ -297,48 +297,16 @@ impl CublasHandle {
     /// call makes the handle's cuBLASLt state (a workspace allocation: not
     /// inside a graph capture).
     ///
+    /// With `gelu_aux = Some((aux, ld_aux))` the epilogue is cuBLASLt's
+    /// `GELU_AUX_BIAS`: `aux` (m × n bf16, row stride `ld_aux`) gets
+    /// `op(A)·op(B) + bias` and `c` its GELU (the tanh form), each rounded
+    /// once.
+    ///
     /// # Safety
-    /// As [`gemm_bf16`](Self::gemm_bf16), and `bias` holds `g.n` bf16 values.
+    /// As [`gemm_bf16`](Self::gemm_bf16), and `bias` holds `g.n` bf16
+    /// values; `aux`, if given, an m × n bf16 matrix of row stride `ld_aux`,
+    /// disjoint from `c`.
     pub unsafe fn gemm_bf16_bias(
-        &self,
-        g: &Gemm,
-        a: DevicePtr,
-        b: DevicePtr,
-        c: DevicePtr,
-        bias: DevicePtr,
-    ) -> CudaResult<()> {
-        // SAFETY: the caller's contract.
-        unsafe { self.gemm_bf16_lt(g, a, b, c, bias, None) }
-    }
-
-    /// [`gemm_bf16_bias`](Self::gemm_bf16_bias) with cuBLASLt's
-    /// `GELU_AUX_BIAS` epilogue: `aux` (m × n bf16, row stride `ld_aux`)
-    /// gets `op(A)·op(B) + bias` and `c` its GELU (the tanh form), each
-    /// rounded once.
-    ///
-    /// # Safety
-    /// As [`gemm_bf16_bias`](Self::gemm_bf16_bias), and `aux` holds an
-    /// m × n bf16 matrix of row stride `ld_aux`, disjoint from `c`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_bf16_bias_gelu(
-        &self,
-        g: &Gemm,
-        a: DevicePtr,
-        b: DevicePtr,
-        c: DevicePtr,
-        bias: DevicePtr,
-        aux: DevicePtr,
-        ld_aux: usize,
-    ) -> CudaResult<()> {
-        // SAFETY: the caller's contract.
-        unsafe { self.gemm_bf16_lt(g, a, b, c, bias, Some((aux, ld_aux))) }
-    }
-
-    /// The cuBLASLt products with an epilogue, under the handle's mutex.
-    ///
-    /// # Safety
-    /// [`Lt::gemm_bf16_bias`](super::cublaslt::Lt::gemm_bf16_bias)'s.
-    unsafe fn gemm_bf16_lt(
         &self,
         g: &Gemm,
         a: DevicePtr,

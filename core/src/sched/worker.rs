@@ -474,22 +474,18 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
             // unfinished, and keeps at most about a bundle in flight: the
             // device queue it leaves is what a latency-critical kernel may
             // wait behind.
-            let charged = match &mut bundle {
-                Some(b) => {
-                    let ns = b.charge(task.cost);
-                    while b.full(ns) && !inflight.is_empty() {
-                        wait_oldest(shared, s, &d, &mut inflight, b);
-                    }
-                    ns
+            let charged = bundle.as_mut().map(|b| {
+                let ns = b.charge(task.cost);
+                while b.full(ns) && !inflight.is_empty() {
+                    wait_oldest(shared, s, &d, &mut inflight, b);
                 }
-                None => 0,
-            };
+                ns
+            });
             tenants::admit(shared);
-            let f = launch_cuda(shared, s, &d, task, launch, bundle.is_some());
-            if let Some(b) = &mut bundle {
-                b.launched(charged);
+            inflight.push_back(launch_cuda(shared, s, &d, task, launch, charged));
+            if let (Some(b), Some(ns)) = (&mut bundle, charged) {
+                b.launched(ns);
             }
-            inflight.push_back(InFlight { charged, ..f });
             poll(shared, s, &d, &mut inflight, false, bundle.as_mut());
         }
         let drain = !open;
@@ -521,15 +517,16 @@ fn wait_oldest(
     }
 }
 
-/// Launches `task` on stream `s` (its waits, its body, its end event); with
-/// `timed` (or when profiling) also records a start event.
+/// Launches `task` on stream `s` (its waits, its body, its end event). A
+/// task `charged` to a best-effort stream's window (or any, when
+/// profiling) also records a start event, for its device time.
 fn launch_cuda(
     shared: &Shared,
     s: usize,
     d: &StreamDriver,
     task: Arc<TaskShared>,
     launch: Launch,
-    timed: bool,
+    charged: Option<u64>,
 ) -> InFlight {
     let Launch {
         waits,
@@ -548,7 +545,7 @@ fn launch_cuda(
             }
         }
     }
-    let start = if shared.profiling || timed {
+    let start = if shared.profiling || charged.is_some() {
         d.record().ok()
     } else {
         None
@@ -583,7 +580,7 @@ fn launch_cuda(
         start,
         outcome,
         checks,
-        charged: 0,
+        charged: charged.unwrap_or(0),
     }
 }
 

@@ -1255,24 +1255,63 @@ fn accumulated(dev: Device, what: &str, got: &[Bf16], want: &[Bf16], product: &[
         compare(what, &got, &want, 0.0, 0.0);
         return;
     }
-    let (worst, at) = got
-        .iter()
-        .zip(&want)
-        .zip(&product)
-        .map(|((g, w), p)| (g - w).abs() / ((p.abs() + w.abs()) / 128.0 + 1e-5))
-        .enumerate()
+    within_bound(what, &got, &want, &product, "product", |i| {
+        (product[i].abs() + want[i].abs()) / 128.0 + 1e-5
+    });
+}
+
+/// Asserts `|got[i] - want[i]| <= bound(i)` for every element, naming the
+/// worst (with `aside[i]`, called `aside_name`, beside it) if one is not.
+fn within_bound(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    aside: &[f32],
+    aside_name: &str,
+    bound: impl Fn(usize) -> f32,
+) {
+    let (worst, at) = (0..got.len())
+        .map(|i| ((got[i] - want[i]).abs() / bound(i), i))
         .fold(
             (0.0f32, 0),
-            |(m, i), (j, e)| if e > m { (e, j) } else { (m, i) },
+            |(m, i), (e, j)| if e > m { (e, j) } else { (m, i) },
         );
     eprintln!("    {what}: worst error {worst:.3} of its bound at {at}");
     assert!(
         worst <= 1.0,
-        "{what}: element {at}: gpu {} vs cpu {} (product {}): {worst} times the bound",
+        "{what}: element {at}: gpu {} vs cpu {} ({aside_name} {}): {worst} times the bound",
         got[at],
         want[at],
-        product[at]
+        aside[at]
     );
+}
+
+/// A bf16 linear layer `(n, C) → (n, oc)` from seeds `seed..seed + 3` on
+/// the device (input, weight, bias), and the CPU's results: the product
+/// plus the bias, and the product alone (`accumulated`'s inputs).
+struct Bf16Linear {
+    inp: Buffer,
+    w: Buffer,
+    bias: Buffer,
+    want: Vec<Bf16>,
+    product: Vec<Bf16>,
+}
+
+fn bf16_linear(g: &Dev, n: usize, oc: usize, seed: u64) -> Bf16Linear {
+    let inp = bf16(&randn(n * C, 1.0, seed));
+    let w = bf16(&randn(oc * C, 0.2, seed + 1));
+    let bias = bf16(&randn(oc, 0.5, seed + 2));
+    let mut want = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut want, &inp, &w, Some(&bias[..]), 1, n, C, oc);
+    let mut product = vec![Bf16(0); n * oc];
+    cpu::matmul_forward(&mut product, &inp, &w, None, 1, n, C, oc);
+    Bf16Linear {
+        inp: g.up_bf16(&inp),
+        w: g.up_bf16(&w),
+        bias: g.up_bf16(&bias),
+        want,
+        product,
+    }
 }
 
 /// The bias in cuBLASLt's epilogue (`matmul_forward_cuda_with(.., true)`,
@@ -1285,14 +1324,13 @@ fn matmul_bias_epilogue_bf16_cuda() {
         return;
     };
     let (n, oc) = (B * T, 3 * C);
-    let inp = bf16(&randn(n * C, 1.0, 130));
-    let w = bf16(&randn(oc * C, 0.2, 131));
-    let bias = bf16(&randn(oc, 0.5, 132));
-    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
-    let mut want = vec![Bf16(0); n * oc];
-    cpu::matmul_forward(&mut want, &inp, &w, Some(&bias[..]), B, T, C, oc);
-    let mut product = vec![Bf16(0); n * oc];
-    cpu::matmul_forward(&mut product, &inp, &w, None, B, T, C, oc);
+    let Bf16Linear {
+        inp: binp,
+        w: bw,
+        bias: bbias,
+        want,
+        product,
+    } = bf16_linear(&g, n, oc, 130);
     for ld in [oc, oc + 8] {
         let fill = Bf16::from_f32(7.0);
         let out = g.up_bf16(&vec![fill; n * ld]);
@@ -1493,14 +1531,13 @@ fn matmul_gelu_epilogue_bf16_cuda() {
         return;
     };
     let (n, oc) = (B * T, 4 * C);
-    let inp = bf16(&randn(n * C, 1.0, 150));
-    let w = bf16(&randn(oc * C, 0.2, 151));
-    let bias = bf16(&randn(oc, 0.5, 152));
-    let (binp, bw, bbias) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
-    let mut want_pre = vec![Bf16(0); n * oc];
-    cpu::matmul_forward(&mut want_pre, &inp, &w, Some(&bias[..]), B, T, C, oc);
-    let mut product = vec![Bf16(0); n * oc];
-    cpu::matmul_forward(&mut product, &inp, &w, None, B, T, C, oc);
+    let Bf16Linear {
+        inp: binp,
+        w: bw,
+        bias: bbias,
+        want: want_pre,
+        product,
+    } = bf16_linear(&g, n, oc, 150);
     let mut want_out = vec![Bf16(0); n * oc];
     cpu::gelu_forward(&mut want_out, &want_pre);
     let (out, pre) = (
@@ -1531,26 +1568,9 @@ fn matmul_gelu_epilogue_bf16_cuda() {
     );
     let (got, want, prod) = (widen(&g.down_bf16(&out)), widen(&want_out), widen(&product));
     let pre_w = widen(&want_pre);
-    let (worst, at) = (0..got.len())
-        .map(|i| {
-            let bound = 1.13 * ((prod[i].abs() + pre_w[i].abs()) / 128.0 + 1e-5)
-                + want[i].abs() / 128.0
-                + 1e-5;
-            (got[i] - want[i]).abs() / bound
-        })
-        .enumerate()
-        .fold(
-            (0.0f32, 0),
-            |(m, i), (j, e)| if e > m { (e, j) } else { (m, i) },
-        );
-    eprintln!("    {what}: gelu worst error {worst:.3} of its bound at {at}");
-    assert!(
-        worst <= 1.0,
-        "{what}: element {at}: gpu {} vs cpu {} (pre {}): {worst} times the bound",
-        got[at],
-        want[at],
-        pre_w[at]
-    );
+    within_bound(&format!("{what}: gelu"), &got, &want, &pre_w, "pre", |i| {
+        1.13 * ((prod[i].abs() + pre_w[i].abs()) / 128.0 + 1e-5) + want[i].abs() / 128.0 + 1e-5
+    });
 }
 
 fn softmax_and_crossentropy_bf16(dev: Device) {

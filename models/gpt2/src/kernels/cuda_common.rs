@@ -444,11 +444,14 @@ impl<'c> Launcher<'c> {
     }
 
     /// A bf16 cuBLASLt product with the bias added in its epilogue
-    /// (`CublasHandle::gemm_bf16_bias`: one rounding, `C` not read).
+    /// (`CublasHandle::gemm_bf16_bias`: one rounding, `C` not read); with
+    /// `gelu_aux = Some((aux, ld_aux))` also the GELU: `aux` gets the sum
+    /// with the bias, `c` its GELU.
     ///
     /// # Safety
     /// `a`, `b`, `c` address bf16 matrices of the sizes `g` describes,
-    /// `bias` `g.n` bf16 values.
+    /// `bias` `g.n` bf16 values, `aux` (if given) an m × n bf16 matrix of
+    /// row stride `ld_aux`, disjoint from `c`.
     pub(crate) unsafe fn gemm_bf16_bias(
         &self,
         g: &Gemm,
@@ -456,35 +459,12 @@ impl<'c> Launcher<'c> {
         b: u64,
         c: u64,
         bias: u64,
+        gelu_aux: Option<(u64, usize)>,
     ) -> Result<()> {
         let blas = self.cu.cublas()?;
         // SAFETY: the caller's contract is `gemm_bf16_bias`'s; the handle is
         // bound to the task's stream.
-        unsafe { blas.gemm_bf16_bias(g, a, b, c, bias) }.map_err(|e| self.err(e))
-    }
-
-    /// [`gemm_bf16_bias`](Self::gemm_bf16_bias) with the GELU in the
-    /// epilogue (`CublasHandle::gemm_bf16_bias_gelu`): `aux` gets the sum
-    /// with the bias, `c` its GELU.
-    ///
-    /// # Safety
-    /// As [`gemm_bf16_bias`](Self::gemm_bf16_bias), and `aux` addresses an
-    /// m × n bf16 matrix of row stride `ld_aux`, disjoint from `c`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn gemm_bf16_bias_gelu(
-        &self,
-        g: &Gemm,
-        a: u64,
-        b: u64,
-        c: u64,
-        bias: u64,
-        aux: u64,
-        ld_aux: usize,
-    ) -> Result<()> {
-        let blas = self.cu.cublas()?;
-        // SAFETY: the caller's contract is `gemm_bf16_bias_gelu`'s; the
-        // handle is bound to the task's stream.
-        unsafe { blas.gemm_bf16_bias_gelu(g, a, b, c, bias, aux, ld_aux) }.map_err(|e| self.err(e))
+        unsafe { blas.gemm_bf16_bias(g, a, b, c, bias, gelu_aux) }.map_err(|e| self.err(e))
     }
 
     /// # Safety

@@ -123,9 +123,7 @@ pub fn forward_gelu<'rt>(
             super::gelu::gelu_forward(out, pre);
         },
         move |(out, pre, inp, w, bias), cu| {
-            let lt = gelu_epilogue()
-                && pre.ptr() % 16 == 0
-                && bias_epilogue_fits::<S>(&out, &inp, &w, &bias, c, oc);
+            let lt = gelu_epilogue() && gelu_epilogue_fits::<S>(&out, &pre, &inp, &w, &bias, c, oc);
             task_result(matmul_forward_gelu_cuda(
                 cu,
                 out,
@@ -644,6 +642,20 @@ fn bias_epilogue_fits<S: Storage>(
     S::DTYPE == Dtype::Bf16 && aligned && c % 8 == 0 && ld % 8 == 0
 }
 
+/// Whether a product can take its bias and GELU in cuBLASLt's epilogue:
+/// as [`bias_epilogue_fits`] (with `ld = OC`), and `pre` 16-byte aligned.
+fn gelu_epilogue_fits<S: Storage>(
+    out: &DevSliceMut<S>,
+    pre: &DevSliceMut<S>,
+    inp: &DevSlice<S>,
+    weight: &DevSlice<S>,
+    bias: &DevSlice<S>,
+    c: usize,
+    oc: usize,
+) -> bool {
+    pre.ptr() % 16 == 0 && bias_epilogue_fits::<S>(out, inp, weight, bias, c, oc)
+}
+
 /// [`matmul_forward_cuda`] with the choice made: `lt` adds the bias in
 /// cuBLASLt's epilogue (an error where the operands do not allow it, or
 /// without a bias); else the broadcast and `beta = 1`.
@@ -684,7 +696,9 @@ pub fn matmul_forward_cuda_with<S: Storage>(
         g.ldc = ld;
         // SAFETY: inp (N, C) · weight (OC, C)ᵀ + bias (OC) into columns
         // 0..OC of out (N, ld), sizes checked, all bf16 (S is).
-        return unsafe { l.gemm_bf16_bias(&g, inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()) };
+        return unsafe {
+            l.gemm_bf16_bias(&g, inp.ptr(), weight.ptr(), out.ptr(), bias.ptr(), None)
+        };
     }
     let l = Launcher::new(k, cu);
     let beta = if let Some(bias) = bias {
@@ -760,7 +774,7 @@ pub fn matmul_forward_gelu_cuda<S: Storage>(
     k.exact("inp", &inp, "(N, C)", k.mul(n, c)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     k.exact("bias", &bias, "(OC)", oc)?;
-    if !bias_epilogue_fits::<S>(&out, &inp, &weight, &bias, c, oc) || pre.ptr() % 16 != 0 {
+    if !gelu_epilogue_fits::<S>(&out, &pre, &inp, &weight, &bias, c, oc) {
         return Err(k.err(
             "the GELU epilogue needs bf16 operands aligned to 16 bytes and C, OC multiples of 8"
                 .into(),
@@ -772,14 +786,13 @@ pub fn matmul_forward_gelu_cuda<S: Storage>(
     // its GELU into out (N, OC), sizes checked, all bf16 (S is), out and
     // pre distinct declared writes of the task.
     unsafe {
-        l.gemm_bf16_bias_gelu(
+        l.gemm_bf16_bias(
             &g,
             inp.ptr(),
             weight.ptr(),
             out.ptr(),
             bias.ptr(),
-            pre.ptr(),
-            oc,
+            Some((pre.ptr(), oc)),
         )
     }
 }

@@ -303,17 +303,29 @@ fn nccl_setup_error(rank: usize, e: impl fmt::Display) -> Gpt2Error {
     })
 }
 
-/// An NCCL communicator of one rank on `rt`'s device, for the reducer at
-/// world size 1 (`TrainOptions::reduce_single_rank`).
+/// NCCL communicators made together (`ncclCommInitAll`) over the devices
+/// of `rts`, one rank each in order: several GPU ranks of this process, or
+/// one for the reducer at world size 1 (`TrainOptions::reduce_single_rank`).
+fn local_comms(rts: &[&Runtime]) -> Result<Vec<Comm>> {
+    let devices: Vec<braid::cuda::CudaDevice> = rts
+        .iter()
+        .map(|rt| {
+            rt.cuda_device()
+                .cloned()
+                .expect("a CUDA runtime has a device")
+        })
+        .collect();
+    Ok(braid::comm::nccl::NcclComm::init_all(&devices)
+        .map_err(|e| nccl_setup_error(0, e))?
+        .into_iter()
+        .map(|c| Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+        .collect())
+}
+
+/// The one-rank communicator of [`local_comms`] on `rt`'s device.
 fn one_rank_comm(rt: &Runtime) -> Result<Comm> {
-    let dev = rt
-        .cuda_device()
-        .cloned()
-        .expect("a CUDA runtime has a device");
-    let mut comms =
-        braid::comm::nccl::NcclComm::init_all(&[dev]).map_err(|e| nccl_setup_error(0, e))?;
-    let c = comms.pop().expect("one communicator per device");
-    Ok(Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+    let mut comms = local_comms(&[rt])?;
+    Ok(comms.pop().expect("one communicator per device"))
 }
 
 /// GPU ranks of this process: `opts.ranks` devices from `first`, one thread
@@ -361,19 +373,7 @@ pub(super) fn train_gpus(
             rank,
         )?);
     }
-    let devices: Vec<braid::cuda::CudaDevice> = rts
-        .iter()
-        .map(|rt| {
-            rt.cuda_device()
-                .cloned()
-                .expect("a CUDA runtime has a device")
-        })
-        .collect();
-    let comms: Vec<Comm> = braid::comm::nccl::NcclComm::init_all(&devices)
-        .map_err(|e| nccl_setup_error(0, e))?
-        .into_iter()
-        .map(|c| Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
-        .collect();
+    let comms = local_comms(&rts.iter().collect::<Vec<_>>())?;
     let failures = Failures::default();
     let outcomes: Vec<Option<RankOutcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = rts
