@@ -37,7 +37,7 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="01b_cuda_be_window 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
@@ -197,6 +197,16 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     script 18f_gpt2_gpu_bf16_fused_gelu_lt "env BRAID_CUBLASLT_GELU=1 \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
 --profile-step \$OUT/gpt2-bf16-fused-gelu-lt-step.json"
+    # The attention's backward kernels walking their tiles 16 rows at a time
+    # (written after run 7 without a GPU): 130 and 170 registers at head
+    # size 64 against 174 and 250, and with bounds for 4 and 3 blocks an SM
+    # 128 and 168 (8 bytes of stack). The gradients are bit-identical to
+    # 18's (kernel-emu checks it), so the losses printed must be too.
+    script 18g_gpt2_gpu_bf16_fused_chunk16 "env BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16' \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"
+    script 18h_gpt2_gpu_bf16_fused_chunk16_bounds "env BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16 \
+-DTC_MIN_BLOCKS_DQ=4 -DTC_MIN_BLOCKS_DKV=3' \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g \
+--dtype bf16 --fused"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
     script 20_pytorch_fp32 "python3 scripts/pytorch_gpt2_bench.py --steps 8"
     # Issue 13: a latency-critical GPT-2 tiny forward beside best-effort

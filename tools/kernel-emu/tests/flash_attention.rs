@@ -8,7 +8,7 @@ mod common;
 
 use braid_gpt2::kernels::cpu::{flash_attention_backward, flash_attention_forward, Bf16};
 use braid_gpt2::kernels::flash_attention::{BLOCK_K, BLOCK_Q};
-use braid_kernel_emu::{self as emu, Dim3};
+use braid_kernel_emu::{self as emu, Dim3, TcBuild};
 use common::{bits, to_bf16, values, widen};
 
 #[derive(Clone, Copy, Debug)]
@@ -487,14 +487,53 @@ const TC_GRAD: f64 = 0.0125;
 /// The tensor-core backward kernels, `dQ` then `dK`/`dV`, adding into
 /// `dinp`, at the launcher's configuration.
 fn tc_backward(s: Shape, dinp: &mut [u16], delta: &[f32], dout: &[u16], inp: &[u16], lse: &[f32]) {
+    tc_backward_of(TcBuild::Default, s, dinp, delta, dout, inp, lse);
+}
+
+/// [`tc_backward`] with the kernels of `build`.
+fn tc_backward_of(
+    build: TcBuild,
+    s: Shape,
+    dinp: &mut [u16],
+    delta: &[f32],
+    dout: &[u16],
+    inp: &[u16],
+    lse: &[f32],
+) {
     let [b, t, c, nh] = s.args();
     let (grid, block) = tc_launch(s);
-    emu::flash_attention_tc_backward_dq_bf16(grid, block, dinp, delta, dout, inp, lse, b, t, c, nh)
-        .unwrap();
-    emu::flash_attention_tc_backward_dkv_bf16(
-        grid, block, dinp, delta, dout, inp, lse, b, t, c, nh,
+    let (g, bl) = (grid, block);
+    emu::flash_attention_tc_backward_dq_bf16(
+        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh,
     )
     .unwrap();
+    emu::flash_attention_tc_backward_dkv_bf16(
+        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh,
+    )
+    .unwrap();
+}
+
+/// The backward kernels built to walk their tiles 16 rows at a time
+/// (`-DTC_BWD_CHUNK=16`, fewer registers) give the default build's
+/// gradients bit for bit: every accumulator gets the same MMAs in the same
+/// order, and the chunks they skip on the diagonal are all masked. Every
+/// shape of `TC_SHAPES` (each head size, partial and whole tiles).
+#[test]
+fn chunked_backward_kernels_are_bit_identical_to_the_default_build() {
+    for (n, &s) in TC_SHAPES.iter().enumerate() {
+        let x = inputs(s, 500 + 10 * n as u64);
+        let (inp, dout, dinp0) = (
+            bits(&to_bf16(&x.inp)),
+            bits(&to_bf16(&x.dout)),
+            bits(&to_bf16(&x.dinp0)),
+        );
+        let (_, lse, delta, default) = tc_run(s, &inp, &dout, &dinp0);
+        let mut chunked = dinp0.clone();
+        tc_backward_of(TcBuild::Chunk16, s, &mut chunked, &delta, &dout, &inp, &lse);
+        assert_ne!(default, dinp0, "shape {s:?}: the backward changed nothing");
+        let differ = default.iter().zip(&chunked).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "shape {s:?}: {differ} gradients differ");
+    }
 }
 
 /// Runs the tensor-core forward, then backward from its own out and lse

@@ -245,7 +245,7 @@ fn library_present() -> bool {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: nvrtc-check [--root DIR] [--arch sm_90[,sm_80,...]] [--fast-math] [--deny-warnings] \
-         [--repeat N] [FILE.cu ...]"
+         [--repeat N] [--define NAME[=VALUE] ...] [FILE.cu ...]"
     );
     ExitCode::from(2)
 }
@@ -256,6 +256,7 @@ fn main() -> ExitCode {
     let mut fast_math = false;
     let mut deny_warnings = false;
     let mut repeat = 1usize;
+    let mut defines = Vec::new();
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -276,6 +277,12 @@ fn main() -> ExitCode {
             },
             "--repeat" => match args.next().and_then(|v| v.parse().ok()) {
                 Some(n) if n >= 1 => repeat = n,
+                _ => return usage(),
+            },
+            // A macro for every file (`-DNAME=VALUE`), as a tuning build's
+            // BRAID_NVRTC_OPTIONS sets it: registers per variant.
+            "--define" => match args.next() {
+                Some(v) if !v.is_empty() => defines.push(format!("-D{v}")),
                 _ => return usage(),
             },
             "--fast-math" => fast_math = true,
@@ -353,7 +360,8 @@ fn main() -> ExitCode {
             }
         };
         for arch in &archs {
-            let args = nvrtc_args(arch, fast_math);
+            let mut args = nvrtc_args(arch, fast_math);
+            args.extend(defines.iter().cloned());
             let mut times = Vec::with_capacity(repeat);
             let mut last = None;
             for _ in 0..repeat {

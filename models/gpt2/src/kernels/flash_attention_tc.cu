@@ -51,6 +51,27 @@
 
 #include "mma.cuh"  // mma_bf16_16816, ldmatrix_x4[_trans] (the engine's header)
 
+// The backward kernels walk a staged 64-row tile in chunks of TC_BWD_CHUNK
+// keys (dQ) or queries (dK, dV), 16, 32 or 64: per chunk the slices of S
+// and dP, then their products into the accumulators. A chunk of 64 is the
+// whole tile at once, as the forward kernel does; a smaller one keeps fewer
+// of S's and dP's accumulators live (16 registers a thread at 16, against
+// 64), for more blocks an SM. Every accumulator gets the same MMAs in the
+// same order for any chunk, so the results are bit-identical; only
+// all-masked chunks on the diagonal are skipped (their products are zero).
+// A tuning experiment sets it through BRAID_NVRTC_OPTIONS (docs/cuda.md).
+#ifndef TC_BWD_CHUNK
+#define TC_BWD_CHUNK 64
+#endif
+#if TC_BWD_CHUNK != 16 && TC_BWD_CHUNK != 32 && TC_BWD_CHUNK != 64
+#error "TC_BWD_CHUNK is 16, 32 or 64"
+#endif
+#define TC_CNT (TC_BWD_CHUNK / 8)  // 8-wide column tiles of a chunk
+
+// The chunks of a diagonal tile that hold a key at or before tile row
+// `last` (a warp's last query row): the rest are masked for the warp.
+static __device__ __forceinline__ int tc_chunks_to(int last) { return last / TC_BWD_CHUNK + 1; }
+
 #ifndef BRAID_KERNEL_EMU
 // 16 bytes from global src to shared dst (both 16-byte aligned), without
 // going through registers: issued now, landed after tc_async_wait*.
@@ -155,16 +176,17 @@ static __device__ __forceinline__ void tc_stage(bf16_t* tile, const bf16_t* src,
     }
 }
 
-// acc = A · Xᵀ over a 16 x HS A (fragments a) and a shared 64 x HS tile X
-// read as B[k][n] = X[n][k]: 64 columns n in 8-wide tiles. For Q Kᵀ (X = K
-// tile), dout Vᵀ (X = V tile), and their transposes in the dK/dV kernel.
-template <int HS>
-static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
+// acc = A · Xᵀ over a 16 x HS A (fragments a) and NT * 8 rows of a shared
+// x HS tile X (from row x on) read as B[k][n] = X[n][k]: NT * 8 columns n in
+// 8-wide tiles. For Q Kᵀ (X = K tile), dout Vᵀ (X = V tile), and their
+// transposes in the dK/dV kernel.
+template <int HS, int NT>
+static __device__ __forceinline__ void tc_mma_xt(float acc[NT][4],
                                                  const unsigned a[TC_KSTEPS][4],
                                                  const bf16_t* x, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < TC_NT; nt++) {
+    for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
         if constexpr (TC_KSTEPS % 2 == 0) {
@@ -191,14 +213,16 @@ static __device__ __forceinline__ void tc_mma_xt(float acc[TC_NT][4],
     }
 }
 
-// out += P · X over a 16 x 64 P held as accumulators p (rounded to bf16
-// here) and a shared 64 x HS tile X read as B[k][n] = X[k][n]. For P V,
-// dS K, Pᵀ dout and dSᵀ Q.
-template <int HS>
-static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const float p[TC_NT][4],
+// out += P · X over a 16 x (NT * 8) P held as accumulators p (rounded to
+// bf16 here) and NT * 8 rows of a shared x HS tile X (from row x on) read as
+// B[k][n] = X[k][n], in 16-wide k steps in ascending order. For P V, dS K,
+// Pᵀ dout and dSᵀ Q.
+template <int HS, int NT>
+static __device__ __forceinline__ void tc_mma_px(float out[TC_NCH][4], const float p[NT][4],
                                                  const bf16_t* x, int lane) {
+    static_assert(NT % 2 == 0, "whole 16-wide k steps");
 #pragma unroll
-    for (int j = 0; j < TC_TILE / 16; j++) {
+    for (int j = 0; j < NT / 2; j++) {
         unsigned a[4];
         a[0] = tc_pack_f32(p[2 * j][0], p[2 * j][1]);
         a[1] = tc_pack_f32(p[2 * j][2], p[2 * j][3]);
@@ -300,7 +324,7 @@ static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ 
         tc_async_wait_prev();
         __syncthreads();  // tile kt has landed, every thread's part of it
         float s[TC_NT][4];
-        tc_mma_xt<HS>(s, qa, ks_tile[buf], lane);
+        tc_mma_xt<HS, TC_NT>(s, qa, ks_tile[buf], lane);
         float mx[2] = {TC_NEG_INF, TC_NEG_INF};
         // Only the diagonal tile has keys past a row (and past T: a tile
         // below the diagonal ends before the block's first row).
@@ -336,7 +360,7 @@ static __device__ void tc_forward(bf16_t* __restrict__ out, float* __restrict__ 
                 s[nt][e] = p;
                 l[e >> 1] += p;  // this lane's columns; the quad's summed at the end
             }
-        tc_mma_px<HS>(o, s, vs_tile[buf], lane);
+        tc_mma_px<HS, TC_NT>(o, s, vs_tile[buf], lane);
         __syncthreads();  // buffer buf is free for tile kt + 2
     }
 
@@ -410,25 +434,34 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
         tc_async_commit();
         tc_async_wait_prev();
         __syncthreads();
-        float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt<HS>(s, qa, ks_tile[buf], lane);
-        tc_mma_xt<HS>(dp, da, vs_tile[buf], lane);
         // Keys past a row only on the diagonal tile. Rows past T (of the
         // last query tile only) give dS only to their own dQ rows, which
         // are not stored: masked on the diagonal, ignored below it.
         const bool diagonal = kt == qt;
+        // The tile's keys in chunks of TC_BWD_CHUNK (see its definition).
+        // On the diagonal a chunk that starts past the warp's last row is
+        // all masked (dS = 0) and skipped: its products would add zeros.
+        const int chunks = diagonal ? tc_chunks_to(warp * 16 + 15) : TC_TILE / TC_BWD_CHUNK;
 #pragma unroll
-        for (int nt = 0; nt < TC_NT; nt++)
+        for (int ch = 0; ch < TC_TILE / TC_BWD_CHUNK; ch++) {
+            if (ch >= chunks) break;
+            const int c0 = ch * TC_BWD_CHUNK;
+            float s[TC_CNT][4], dp[TC_CNT][4];
+            tc_mma_xt<HS, TC_CNT>(s, qa, ks_tile[buf] + c0 * TC_LD, lane);
+            tc_mma_xt<HS, TC_CNT>(dp, da, vs_tile[buf] + c0 * TC_LD, lane);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = kt * TC_TILE + nt * 8 + 2 * t + (e & 1);
-                const int i = e >> 1, row = r0 + 8 * i;
-                const float p = diagonal && (key > row || row >= T)
-                                    ? 0.0f
-                                    : __expf(s[nt][e] * scale - lse_r[i]);
-                s[nt][e] = p * (dp[nt][e] - delta_r[i]);  // dS
-            }
-        tc_mma_px<HS>(dq, s, ks_tile[buf], lane);
+            for (int nt = 0; nt < TC_CNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = kt * TC_TILE + c0 + nt * 8 + 2 * t + (e & 1);
+                    const int i = e >> 1, row = r0 + 8 * i;
+                    const float p = diagonal && (key > row || row >= T)
+                                        ? 0.0f
+                                        : __expf(s[nt][e] * scale - lse_r[i]);
+                    s[nt][e] = p * (dp[nt][e] - delta_r[i]);  // dS
+                }
+            tc_mma_px<HS, TC_CNT>(dq, s, ks_tile[buf] + c0 * TC_LD, lane);
+        }
         __syncthreads();
     }
     tc_accumulate<HS>(dinp + (long long)b * T * C3 + h * HS, C3, r0, T, dq, scale, lane);
@@ -503,26 +536,36 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
         const bf16_t* dos = dos_tile[buf];
         const float* lse_t = lse_tile[buf];
         const float* delta_t = delta_tile[buf];
-        float s[TC_NT][4], dp[TC_NT][4];
-        tc_mma_xt<HS>(s, ka, qs, lane);   // K Qᵀ: rows keys, columns queries
-        tc_mma_xt<HS>(dp, va, dos, lane);  // V doutᵀ
-        // Masked on every tile: a mask on the edge tiles only (the diagonal
-        // and the last) costs this kernel spills at head size 64.
+        // The tile's queries in chunks of TC_BWD_CHUNK. On the diagonal a
+        // chunk that ends before the warp's first key is all masked and
+        // skipped.
+        const int first = qt == kt ? warp * 16 / TC_BWD_CHUNK : 0;
 #pragma unroll
-        for (int nt = 0; nt < TC_NT; nt++)
+        for (int ch = 0; ch < TC_TILE / TC_BWD_CHUNK; ch++) {
+            if (ch < first) continue;
+            const int c0 = ch * TC_BWD_CHUNK;
+            float s[TC_CNT][4], dp[TC_CNT][4];
+            tc_mma_xt<HS, TC_CNT>(s, ka, qs + c0 * TC_LD, lane);    // K Qᵀ: rows keys
+            tc_mma_xt<HS, TC_CNT>(dp, va, dos + c0 * TC_LD, lane);  // V doutᵀ
+            // Masked on every tile: a mask on the edge tiles only (the
+            // diagonal and the last) costs this kernel spills at head size
+            // 64.
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = nt * 8 + 2 * t + (e & 1);
-                const int query = qt * TC_TILE + col;
-                const int key = j0 + 8 * (e >> 1);
-                const float p = (query < key || query >= T)
-                                    ? 0.0f
-                                    : __expf(s[nt][e] * scale - lse_t[col]);
-                s[nt][e] = p;                                // Pᵀ
-                dp[nt][e] = p * (dp[nt][e] - delta_t[col]);  // dSᵀ
-            }
-        tc_mma_px<HS>(dv, s, dos, lane);
-        tc_mma_px<HS>(dk, dp, qs, lane);
+            for (int nt = 0; nt < TC_CNT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = c0 + nt * 8 + 2 * t + (e & 1);
+                    const int query = qt * TC_TILE + col;
+                    const int key = j0 + 8 * (e >> 1);
+                    const float p = (query < key || query >= T)
+                                        ? 0.0f
+                                        : __expf(s[nt][e] * scale - lse_t[col]);
+                    s[nt][e] = p;                                // Pᵀ
+                    dp[nt][e] = p * (dp[nt][e] - delta_t[col]);  // dSᵀ
+                }
+            tc_mma_px<HS, TC_CNT>(dv, s, dos + c0 * TC_LD, lane);
+            tc_mma_px<HS, TC_CNT>(dk, dp, qs + c0 * TC_LD, lane);
+        }
         __syncthreads();
     }
     bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * HS;

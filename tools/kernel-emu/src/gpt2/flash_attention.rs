@@ -188,16 +188,35 @@ twins! {
 /// The head sizes `flash_attention_tc.cu` has kernels for.
 pub const TC_HEAD_SIZES: [i32; 3] = [16, 32, 64];
 
-/// The kernel `flash_attention_tc_{kernel}_hs{C / NH}_bf16`, refusing a head
+/// Which build of `flash_attention_tc.cu`'s backward kernels to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcBuild {
+    /// The build the engine compiles by default.
+    Default,
+    /// `-DTC_BWD_CHUNK=16`: the staged tiles walked 16 rows at a time
+    /// (`flash_attention_tc_chunk16_*`).
+    Chunk16,
+}
+
+impl TcBuild {
+    fn prefix(self) -> &'static str {
+        match self {
+            TcBuild::Default => "flash_attention_tc",
+            TcBuild::Chunk16 => "flash_attention_tc_chunk16",
+        }
+    }
+}
+
+/// The kernel `{build's prefix}_{kernel}_hs{C / NH}_bf16`, refusing a head
 /// size without one (each indexes exactly its head size's channels per
 /// head).
-fn tc_kernel(k: &str, kernel: &str, c: i32, nh: i32) -> Result<String, String> {
+fn tc_kernel(k: &str, build: TcBuild, kernel: &str, c: i32, nh: i32) -> Result<String, String> {
     if nh <= 0 || c % nh != 0 || !TC_HEAD_SIZES.contains(&(c / nh)) {
         return Err(format!(
             "{k}: C ({c}) must be NH ({nh}) heads of 16, 32 or 64 channels"
         ));
     }
-    Ok(format!("flash_attention_tc_{kernel}_hs{}_bf16", c / nh))
+    Ok(format!("{}_{kernel}_hs{}_bf16", build.prefix(), c / nh))
 }
 
 /// `flash_attention_tc_forward_bf16`: as [`flash_attention_forward_bf16`]
@@ -215,14 +234,21 @@ pub fn flash_attention_tc_forward_bf16(
     c: i32,
     nh: i32,
 ) -> Result<(), String> {
-    let k = &tc_kernel("flash_attention_tc_forward_bf16", "forward", c, nh)?;
+    let k = &tc_kernel(
+        "flash_attention_tc_forward_bf16",
+        TcBuild::Default,
+        "forward",
+        c,
+        nh,
+    )?;
     fa_forward(k, grid, block, (out, lse, inp), [b, t, c, nh], None)
 }
 
 /// `flash_attention_tc_backward_dq_bf16`: as
-/// [`flash_attention_backward_dq_bf16`] on tensor cores. Launch as
-/// [`flash_attention_tc_forward_bf16`].
+/// [`flash_attention_backward_dq_bf16`] on tensor cores, from `build`.
+/// Launch as [`flash_attention_tc_forward_bf16`].
 pub fn flash_attention_tc_backward_dq_bf16(
+    build: TcBuild,
     grid: Dim3,
     block: Dim3,
     dinp: &mut [u16],
@@ -235,15 +261,22 @@ pub fn flash_attention_tc_backward_dq_bf16(
     c: i32,
     nh: i32,
 ) -> Result<(), String> {
-    let k = &tc_kernel("flash_attention_tc_backward_dq_bf16", "backward_dq", c, nh)?;
+    let k = &tc_kernel(
+        "flash_attention_tc_backward_dq_bf16",
+        build,
+        "backward_dq",
+        c,
+        nh,
+    )?;
     let ins = (delta, dout, inp, lse);
     fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
 }
 
 /// `flash_attention_tc_backward_dkv_bf16`: as
-/// [`flash_attention_backward_dkv_bf16`] on tensor cores. Launch as
-/// [`flash_attention_tc_forward_bf16`].
+/// [`flash_attention_backward_dkv_bf16`] on tensor cores, from `build`.
+/// Launch as [`flash_attention_tc_forward_bf16`].
 pub fn flash_attention_tc_backward_dkv_bf16(
+    build: TcBuild,
     grid: Dim3,
     block: Dim3,
     dinp: &mut [u16],
@@ -258,6 +291,7 @@ pub fn flash_attention_tc_backward_dkv_bf16(
 ) -> Result<(), String> {
     let k = &tc_kernel(
         "flash_attention_tc_backward_dkv_bf16",
+        build,
         "backward_dkv",
         c,
         nh,

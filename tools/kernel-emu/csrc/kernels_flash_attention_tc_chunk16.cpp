@@ -1,0 +1,26 @@
+// The backward kernels of models/gpt2/src/kernels/flash_attention_tc.cu built
+// with TC_BWD_CHUNK 16 (a tuning build's -DTC_BWD_CHUNK=16), exported as
+// flash_attention_tc_chunk16_*: the tests check them bit for bit against the
+// default build (kernels_flash_attention_tc.cpp). Every entry point is
+// renamed, the forward ones too, so that none clashes with the default's.
+#include "cuda_emu.h"
+
+#define TC_BWD_CHUNK 16
+#define flash_attention_tc_forward_hs16_bf16 flash_attention_tc_chunk16_forward_hs16_bf16
+#define flash_attention_tc_forward_hs32_bf16 flash_attention_tc_chunk16_forward_hs32_bf16
+#define flash_attention_tc_forward_hs64_bf16 flash_attention_tc_chunk16_forward_hs64_bf16
+#define flash_attention_tc_backward_dq_hs16_bf16 flash_attention_tc_chunk16_backward_dq_hs16_bf16
+#define flash_attention_tc_backward_dq_hs32_bf16 flash_attention_tc_chunk16_backward_dq_hs32_bf16
+#define flash_attention_tc_backward_dq_hs64_bf16 flash_attention_tc_chunk16_backward_dq_hs64_bf16
+#define flash_attention_tc_backward_dkv_hs16_bf16 flash_attention_tc_chunk16_backward_dkv_hs16_bf16
+#define flash_attention_tc_backward_dkv_hs32_bf16 flash_attention_tc_chunk16_backward_dkv_hs32_bf16
+#define flash_attention_tc_backward_dkv_hs64_bf16 flash_attention_tc_chunk16_backward_dkv_hs64_bf16
+
+#include "flash_attention_tc.cu"
+
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dq_hs16_bf16)
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dkv_hs16_bf16)
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dq_hs32_bf16)
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dkv_hs32_bf16)
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dq_hs64_bf16)
+BRAID_EMU_EXPORT(flash_attention_tc_chunk16_backward_dkv_hs64_bf16)
