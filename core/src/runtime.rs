@@ -33,7 +33,8 @@ pub struct RuntimeBuilder {
     trace: Option<PathBuf>,
     rank: usize,
     replay_as_tasks: bool,
-    graphs: bool,
+    /// `None`: the backend's default ([`Runtime::config_graphs`]).
+    graphs: Option<bool>,
     replace: bool,
     auto_replay: bool,
     cpu_cores: Option<usize>,
@@ -69,7 +70,7 @@ impl Default for RuntimeBuilder {
             trace: None,
             rank: 0,
             replay_as_tasks: false,
-            graphs: false,
+            graphs: None,
             replace: true,
             auto_replay: true,
             cpu_cores: None,
@@ -146,7 +147,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Replays of recorded schedules run as one unit (default: off). On
+    /// Replays of recorded schedules run as one unit (default: on with a
+    /// CUDA backend, except for a best-effort runtime; off on the CPU). On
     /// CUDA a schedule is captured into a CUDA graph at its first replay
     /// (fork and join through events) and each replay is one graph launch;
     /// on the CPU a replay runs every task in order on one stream thread
@@ -160,7 +162,7 @@ impl RuntimeBuilder {
     /// between replays must live in buffers the kernels read: a graph keeps
     /// the kernel arguments of its capture.
     pub fn graphs(mut self, on: bool) -> Self {
-        self.graphs = on;
+        self.graphs = Some(on);
         self
     }
 
@@ -854,9 +856,13 @@ impl Runtime {
         self.config.replay_as_tasks || !matches!(self.backend, Backend::Cpu)
     }
 
-    /// Whether replays run as one unit ([`RuntimeBuilder::graphs`]).
+    /// Whether replays run as one unit ([`RuntimeBuilder::graphs`]): as the
+    /// builder says, else on CUDA unless best-effort (whose kernels go in
+    /// bounded bundles, docs/tenants.md, which a graph launch cannot be).
     pub(crate) fn config_graphs(&self) -> bool {
-        self.config.graphs
+        self.config.graphs.unwrap_or_else(|| {
+            matches!(self.backend, Backend::Cuda(_)) && self.shared.class != Class::BestEffort
+        })
     }
 
     /// Submits one replay of `plan` as one unit (a CUDA graph launch, or a

@@ -252,6 +252,57 @@ fn graph_replays_match_the_sequential_program() {
     rt.synchronize().unwrap();
 }
 
+/// Graphs are the default on CUDA: a runtime built without
+/// `RuntimeBuilder::graphs` replays a recorded step as one graph launch,
+/// except a best-effort one, whose kernels go in bounded bundles. Both give
+/// the sequential result.
+#[test]
+fn recorded_steps_replay_as_graphs_by_default_except_best_effort() {
+    if !gpu_or_skip("recorded_steps_replay_as_graphs_by_default_except_best_effort") {
+        return;
+    }
+    for (class, graphs) in [
+        (braid::Class::Normal, 3),
+        (braid::Class::LatencyCritical, 3),
+        (braid::Class::BestEffort, 0),
+    ] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cuda { device: 0 })
+            .class(class)
+            .build()
+            .expect("CUDA runtime");
+        let add = spin_kernel(&rt, "spin_then_add");
+        let n = 1024usize;
+        let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
+        let step = rt
+            .record("step", |rt| {
+                for by in [2.0f32, 3.0] {
+                    let f = add.clone();
+                    rt.task("add").run_cuda(
+                        x.read_write::<f32>(),
+                        move |v, cu| -> Result<(), TaskError> {
+                            let mut args = KernelArgs::new();
+                            args.i64(0).ptr(v.ptr()).i32(n as i32).f32(by);
+                            // SAFETY: spin_then_add(long long, float*, int,
+                            // float) over n declared floats.
+                            unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                            Ok(())
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..3 {
+            step.replay().unwrap();
+        }
+        // Four runs of +2 +3.
+        assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![21.0; n], "{class:?}");
+        assert_eq!(rt.stats().graph_replays, graphs, "{class:?}");
+        assert_eq!(step.graph_refusal(), None, "{class:?}");
+    }
+}
+
 /// Random steps captured into CUDA graphs: tasks pinned to random streams,
 /// each adding a constant to a buffer (some after a spin, so streams drift
 /// apart) or copying one buffer into another, recorded once and replayed

@@ -512,6 +512,35 @@ fn graph_replays_run_as_one_unit() {
     assert_eq!(rt.read_vec::<u64>(&a).unwrap(), vec![7]);
 }
 
+/// On the CPU graphs are off unless asked for (a CPU "graph" runs a step in
+/// order on one thread, losing its overlap): a default runtime replays a
+/// step per stream, and `graphs(true)` as one unit.
+#[test]
+fn graphs_are_off_by_default_on_the_cpu() {
+    for (asked, graphs) in [(None, 0), (Some(true), 2)] {
+        let mut b = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true);
+        if let Some(on) = asked {
+            b = b.graphs(on);
+        }
+        let rt = b.build().unwrap();
+        let a = rt.alloc_from("a", &[1u64]).unwrap();
+        let step = rt
+            .record("step", |rt| {
+                rt.task("a").run(a.read_write::<u64>(), |a| a[0] *= 3)?;
+                Ok(())
+            })
+            .unwrap();
+        step.replay().unwrap();
+        step.replay().unwrap();
+        assert_eq!(rt.read_vec::<u64>(&a).unwrap(), vec![27], "{asked:?}");
+        let st = rt.stats();
+        assert_eq!((st.replays, st.graph_replays), (2, graphs), "{asked:?}");
+    }
+}
+
 /// Once every recorded task has been measured, the schedule is placed again
 /// from the durations (CPU); results stay those of the sequential program.
 #[test]

@@ -64,6 +64,15 @@ mod bridge {
         BestEffort,
     }
 
+    /// Whether replays run as one unit (`RuntimeBuilder::graphs`): the
+    /// backend's default (on for CUDA), or as asked.
+    #[derive(Debug)]
+    enum Graphs {
+        Default,
+        On,
+        Off,
+    }
+
     /// What a task does.
     #[derive(Debug)]
     enum TaskKind {
@@ -160,7 +169,7 @@ mod bridge {
         /// `BRAID_LIVE`, if set).
         live: String,
         /// Replays run as one unit (`RuntimeBuilder::graphs`).
-        graphs: bool,
+        graphs: Graphs,
         /// Repeated steps are memoised (`RuntimeBuilder::auto_replay`).
         auto_replay: bool,
         /// Short tasks may run on the submitting thread
@@ -399,9 +408,9 @@ mod bridge {
 }
 
 pub use bridge::{
-    BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
-    RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StatsRecord, StreamBusy, SummaryRecord,
-    TaskKind,
+    BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Graphs, Mode, Policy, Priority,
+    RankOutcome, RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StatsRecord, StreamBusy,
+    SummaryRecord, TaskKind,
 };
 
 /// The error every fallible bridge function returns; cxx throws it in C++ as
@@ -460,7 +469,7 @@ fn default_config() -> RuntimeConfig {
         placement: String::new(),
         tenant_class: Class::Normal,
         live: String::new(),
-        graphs: false,
+        graphs: Graphs::Default,
         auto_replay: true,
         inline_short_tasks: true,
         realtime: false,
@@ -494,7 +503,6 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .policy(policy)
             .launch_window(cfg.launch_window)
             .profile(cfg.profile)
-            .graphs(cfg.graphs)
             .auto_replay(cfg.auto_replay)
             .inline_short_tasks(cfg.inline_short_tasks)
             .realtime(cfg.realtime)
@@ -508,6 +516,12 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
         if !cfg.live.is_empty() {
             b = b.live(cfg.live.as_str());
         }
+        b = match cfg.graphs {
+            Graphs::Default => b,
+            Graphs::On => b.graphs(true),
+            Graphs::Off => b.graphs(false),
+            _ => return Err(to_error("graphs setting")),
+        };
         b = b.class(match cfg.tenant_class {
             Class::LatencyCritical => braid::Class::LatencyCritical,
             Class::Normal => braid::Class::Normal,

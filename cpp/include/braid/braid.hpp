@@ -1011,9 +1011,10 @@ class RuntimeBuilder {
   }
   // Replays run as one unit: on CUDA a recorded schedule is captured into a
   // CUDA graph at its first replay and launched whole; on the CPU a replay
-  // runs its tasks in order on one stream thread (docs/replay.md).
+  // runs its tasks in order on one stream thread (docs/replay.md). Default:
+  // on with a CUDA backend (not for a best-effort runtime), off on the CPU.
   RuntimeBuilder& graphs(bool on = true) {
-    cfg_.graphs = on;
+    cfg_.graphs = on ? ffi::Graphs::On : ffi::Graphs::Off;
     return *this;
   }
   // Automatic replay (default: on): after a few identical steps (what is
