@@ -198,9 +198,9 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
 --profile-step \$OUT/gpt2-bf16-fused-gelu-lt-step.json"
     # The attention's backward kernels walking their tiles 16 rows at a time
-    # (written after run 7 without a GPU): 130 and 170 registers at head
-    # size 64 against 174 and 250, and with bounds for 4 and 3 blocks an SM
-    # 128 and 168 (8 bytes of stack). The gradients are bit-identical to
+    # (written after run 7 without a GPU): 131 and 166 registers at head
+    # size 64 against 174 and 248, and with bounds for 4 and 3 blocks an SM
+    # 128 (24 bytes of stack) and 167. The gradients are bit-identical to
     # 18's (kernel-emu checks it), so the losses printed must be too.
     script 18g_gpt2_gpu_bf16_fused_chunk16 "env BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16' \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"

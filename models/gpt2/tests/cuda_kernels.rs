@@ -23,7 +23,7 @@ use braid_gpt2::kernels::cpu::{Bf16, Dtype};
 use braid_gpt2::kernels::task::Task;
 use braid_gpt2::kernels::{
     adamw, attention, check_tokens, cpu, encoder, fused_classifier, gelu, kernel_headers,
-    kernel_sources, layernorm, loss, matmul, norm, preload, residual,
+    kernel_sources, layernorm, loss, matmul, norm, preload, residual, GradWrite,
 };
 use braid_gpt2::rng::randn;
 use common::{Device, TEST_ADAMW};
@@ -470,6 +470,7 @@ fn matmul_matches_cpu() {
     done(matmul::backward_input(
         g.rt.task("matmul_backward_input"),
         &v[0],
+        GradWrite::Add,
         &v[1],
         &v[2],
         n,
@@ -477,6 +478,26 @@ fn matmul_matches_cpu() {
         oc,
     ));
     compare("matmul_backward_input", &g.down(&bgi), &gi, 1e-4, 1e-4);
+    // Written over (cuBLAS beta 0): the buffer's result above is not read.
+    let mut fresh = vec![0.0; n * C];
+    cpu::matmul_backward_input(&mut fresh, &dout, &w, B, T, C, oc);
+    done(matmul::backward_input(
+        g.rt.task("matmul_backward_input set"),
+        &v[0],
+        GradWrite::Set,
+        &v[1],
+        &v[2],
+        n,
+        C,
+        oc,
+    ));
+    compare(
+        "matmul_backward_input set",
+        &g.down(&bgi),
+        &fresh,
+        1e-4,
+        1e-4,
+    );
 
     for with_bias in [true, false] {
         let (mut gw, mut gb) = (randn(oc * C, 0.1, 25), randn(oc, 0.1, 26));
@@ -626,10 +647,22 @@ fn gelu_and_residual_match_cpu() {
     done(gelu::backward(
         g.rt.task("gelu_backward"),
         &v[0],
+        GradWrite::Add,
         &v[1],
         &v[2],
     ));
     compare("gelu_backward", &g.down(&bd), &dinp, 1e-6, 1e-5);
+    // Written over: what the buffer held (the result above) is not read.
+    let mut fresh = vec![0.0; n];
+    cpu::gelu_backward(&mut fresh, &x, &dout);
+    done(gelu::backward(
+        g.rt.task("gelu_backward set"),
+        &v[0],
+        GradWrite::Set,
+        &v[1],
+        &v[2],
+    ));
+    compare("gelu_backward set", &g.down(&bd), &fresh, 1e-6, 1e-5);
 
     let (a1, a2) = (randn(n, 1.0, 43), randn(n, 1.0, 44));
     let mut want = vec![0.0; n];
@@ -940,10 +973,21 @@ fn gelu_and_residual_bf16(dev: Device) {
     done(gelu::backward(
         bf16_task(&g.rt, "gelu_backward bf16"),
         &v[0],
+        GradWrite::Add,
         &v[1],
         &v[2],
     ));
     compare_bf16("gelu_backward bf16", &g.down_bf16(&bd), &dinp, 1);
+    let mut fresh = vec![Bf16(0); n];
+    cpu::gelu_backward(&mut fresh, &x, &dout);
+    done(gelu::backward(
+        bf16_task(&g.rt, "gelu_backward bf16 set"),
+        &v[0],
+        GradWrite::Set,
+        &v[1],
+        &v[2],
+    ));
+    compare_bf16("gelu_backward bf16 set", &g.down_bf16(&bd), &fresh, 1);
 
     let (a1, a2) = (bf16(&randn(n, 1.0, 143)), bf16(&randn(n, 1.0, 144)));
     let mut want = vec![Bf16(0); n];
@@ -1403,6 +1447,7 @@ fn matmul_bf16(dev: Device) {
     done(matmul::backward_input(
         bf16_task(&g.rt, "matmul_backward_input bf16"),
         &v[0],
+        GradWrite::Add,
         &v[1],
         &v[2],
         n,
@@ -1777,7 +1822,15 @@ fn padded_rows(dev: Device) {
         let v = [gi, dout, &bw].map(|b| b.whole());
         let t = g.rt.task("backward input");
         done(matmul::backward_input_ld(
-            t, &v[0], &v[1], &v[2], n, C, V, ld,
+            t,
+            &v[0],
+            GradWrite::Add,
+            &v[1],
+            &v[2],
+            n,
+            C,
+            V,
+            ld,
         ));
     }
     check_padded(dev, "backward_input_ld", &g.down(&gp), &g.down(&gd), C, 0.0);
@@ -1983,6 +2036,17 @@ impl FaCase {
         }
     }
 
+    /// The same problem with a zero starting gradient: what a task that
+    /// writes the gradient over ([`GradWrite::Set`]) must give.
+    fn zeroed(&self) -> FaCase {
+        FaCase {
+            shape: self.shape,
+            inp: self.inp.clone(),
+            dout: self.dout.clone(),
+            dinp0: vec![0.0; self.dinp0.len()],
+        }
+    }
+
     /// `x` as stored in `dtype` (rounded for bf16), widened.
     fn stored(dtype: Dtype, x: &[f32]) -> Vec<f32> {
         match dtype {
@@ -2037,7 +2101,7 @@ impl FaCase {
 
     /// The fused attention tasks on `g`'s backend in `dtype`, forward then
     /// backward: (out, lse, dinp) read back widened.
-    fn tasks(&self, g: &Dev, dtype: Dtype) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn tasks(&self, g: &Dev, dtype: Dtype, write: GradWrite) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         use braid_gpt2::kernels::flash_attention as fa;
         let (b, t, c, nh) = self.shape;
         let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
@@ -2071,6 +2135,7 @@ impl FaCase {
         done(fa::backward(
             task("flash_attention_backward"),
             &bdi.whole(),
+            write,
             &bdo.whole(),
             &bi.whole(),
             &bo.whole(),
@@ -2089,15 +2154,25 @@ impl FaCase {
 /// against the CPU kernels: the same bits on the CPU backend; on CUDA within
 /// float tolerance (the same operations in the same order, but CUDA's
 /// expf/logf) and one bf16 ulp. The head size here (24) is not the
-/// tensor-core kernels', so CUDA runs the scalar kernels.
+/// tensor-core kernels', so CUDA runs the scalar kernels. The gradient
+/// added to one that is not zero, and written over it.
 fn flash_attention_tasks(dev: Device) {
     let g = Dev::new(dev);
     let exact = matches!(dev, Device::Cpu);
     let case = FaCase::new((B, T, C, NH), 170);
-    for dtype in [Dtype::F32, Dtype::Bf16] {
-        let (want_out, want_lse, want_dinp) = case.cpu(dtype);
-        let (out, lse, dinp) = case.tasks(&g, dtype);
-        let what = format!("flash attention {dtype:?}");
+    let zeroed = case.zeroed();
+    for (dtype, write) in [Dtype::F32, Dtype::Bf16]
+        .into_iter()
+        .flat_map(|d| [(d, GradWrite::Add), (d, GradWrite::Set)])
+    {
+        let want = if write == GradWrite::Set {
+            &zeroed
+        } else {
+            &case
+        };
+        let (want_out, want_lse, want_dinp) = want.cpu(dtype);
+        let (out, lse, dinp) = case.tasks(&g, dtype, write);
+        let what = format!("flash attention {dtype:?} {write:?}");
         if exact {
             assert_eq!(out, want_out, "{what} out");
             assert_eq!(lse, want_lse, "{what} lse");
@@ -2149,7 +2224,7 @@ fn flash_attention_tensor_cores_cuda() {
         }
         let case = FaCase::new((b, t, c, nh), 180 + hs as u64);
         let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
-        let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16);
+        let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16, GradWrite::Add);
         // The gradient alone, where the rounding of P and dS shows.
         let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
         let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
@@ -2160,6 +2235,10 @@ fn flash_attention_tensor_cores_cuda() {
         compare_scaled(&what("lse"), &lse, &want_lse, 1e-5);
         compare_scaled(&what("out"), &out, &want_out, 0.0125);
         compare_scaled(&what("gradient"), &grad(&dinp), &grad(&want_dinp), 0.0125);
+        // Written over the starting gradient: the gradient alone.
+        let (_, _, want_set) = case.zeroed().cpu(Dtype::Bf16);
+        let (_, _, set) = case.tasks(&g, Dtype::Bf16, GradWrite::Set);
+        compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
     }
 }
 

@@ -33,7 +33,7 @@ fn gelu_matches_the_cpu() {
     let mut want = dinp0.clone();
     gelu_backward(&mut want, &x, &dout);
     let mut got = dinp0.clone();
-    emu::gelu_backward(grid, block, &mut got, &x, &dout, n).unwrap();
+    emu::gelu_backward(grid, block, &mut got, &x, &dout, n, 1).unwrap();
     compare("gelu_backward", &got, &want, 1e-6, 1e-5);
 
     // The bf16 kernels: 8 elements a thread (16-byte loads; the last
@@ -50,8 +50,31 @@ fn gelu_matches_the_cpu() {
     let mut want = dinp16.clone();
     gelu_backward(&mut want, &x16, &dout16);
     let mut got = bits(&dinp16);
-    emu::gelu_backward_bf16(grid, block, &mut got, &bits(&x16), &bits(&dout16), n).unwrap();
+    emu::gelu_backward_bf16(grid, block, &mut got, &bits(&x16), &bits(&dout16), n, 1).unwrap();
     compare_bf16("gelu_backward bf16", &got, &want, 1);
+}
+
+/// With `accumulate` 0 the GELU backward writes the gradient over what the
+/// buffer held (NaN here: never read), with the bits that adding into zeros
+/// gives, in f32 and bf16.
+#[test]
+fn gelu_backward_written_over_is_added_to_zero() {
+    let n = N as i64;
+    let (x, dout) = (values(N, 43, 4.0), values(N, 44, 1.0));
+    let (grid, block) = linear(N, 256);
+    let mut added = vec![0.0f32; N];
+    emu::gelu_backward(grid, block, &mut added, &x, &dout, n, 1).unwrap();
+    let mut set = vec![f32::NAN; N];
+    emu::gelu_backward(grid, block, &mut set, &x, &dout, n, 0).unwrap();
+    assert_bits("gelu_backward set", &set, &added);
+
+    let (grid, block) = linear(N.div_ceil(8), 256);
+    let (x16, dout16) = (bits(&to_bf16(&x)), bits(&to_bf16(&dout)));
+    let mut added = vec![0u16; N];
+    emu::gelu_backward_bf16(grid, block, &mut added, &x16, &dout16, n, 1).unwrap();
+    let mut set = vec![0x7fc0u16; N]; // bf16 NaN
+    emu::gelu_backward_bf16(grid, block, &mut set, &x16, &dout16, n, 0).unwrap();
+    assert_eq!(set, added, "gelu_backward bf16 set");
 }
 
 #[test]

@@ -181,6 +181,7 @@ fn f32_kernels_match_the_cpu() {
             t,
             c,
             nh,
+            1,
         )
         .unwrap();
         emu::flash_attention_backward_dkv(
@@ -195,6 +196,7 @@ fn f32_kernels_match_the_cpu() {
             t,
             c,
             nh,
+            1,
         )
         .unwrap();
         let a = agreement("dinp", &e_dinp, &dinp);
@@ -269,6 +271,7 @@ fn bf16_kernels_match_the_cpu() {
             t,
             c,
             nh,
+            1,
         )
         .unwrap();
         emu::flash_attention_backward_dkv_bf16(
@@ -283,10 +286,80 @@ fn bf16_kernels_match_the_cpu() {
             t,
             c,
             nh,
+            1,
         )
         .unwrap();
         assert!(bf16_ulps("dinp", &e_dinp, &dinp) <= 1);
         agreement("dinp (widened)", &widen(&e_dinp), &widen(&bits(&dinp)));
+    }
+}
+
+/// With `accumulate` 0 the backward kernels write the gradient over what
+/// `dinp` held (NaN here: never read), with the bits that adding into
+/// zeros gives: the scalar kernels in f32 and bf16, and the tensor-core
+/// kernels of both builds.
+#[test]
+fn backward_written_over_is_added_to_zero() {
+    let s = SHAPES[1];
+    let [b, t, c, nh] = s.args();
+    let x = inputs(s, 9);
+    let (btc, bht) = (s.b * s.t * s.c, s.b * s.nh * s.t);
+    let (grid, block) = s.launch(128);
+    let mut out = vec![0.0; btc];
+    let mut lse = vec![0.0; bht];
+    emu::flash_attention_forward(grid, block, &mut out, &mut lse, &x.inp, b, t, c, nh, 32).unwrap();
+    let mut delta = vec![0.0; bht];
+    emu::flash_attention_delta(grid, block, &mut delta, &x.dout, &out, b, t, c, nh).unwrap();
+    let f32_run = |dinp: &mut [f32], acc: i32| {
+        let (d, o, i) = (&delta, &x.dout, &x.inp);
+        emu::flash_attention_backward_dq(grid, block, dinp, d, o, i, &lse, b, t, c, nh, acc)
+            .unwrap();
+        emu::flash_attention_backward_dkv(grid, block, dinp, d, o, i, &lse, b, t, c, nh, acc)
+            .unwrap();
+    };
+    let mut added = vec![0.0f32; 3 * btc];
+    f32_run(&mut added, 1);
+    let mut set = vec![f32::NAN; 3 * btc];
+    f32_run(&mut set, 0);
+    common::assert_bits("f32 backward set", &set, &added);
+
+    let (o16, i16) = (bits(&to_bf16(&x.dout)), bits(&to_bf16(&x.inp)));
+    let bf16_run = |dinp: &mut [u16], acc: i32| {
+        let (d, l) = (&delta, &lse);
+        emu::flash_attention_backward_dq_bf16(
+            grid, block, dinp, d, &o16, &i16, l, b, t, c, nh, acc,
+        )
+        .unwrap();
+        emu::flash_attention_backward_dkv_bf16(
+            grid, block, dinp, d, &o16, &i16, l, b, t, c, nh, acc,
+        )
+        .unwrap();
+    };
+    let mut added = vec![0u16; 3 * btc];
+    bf16_run(&mut added, 1);
+    let mut set = vec![0x7fc0u16; 3 * btc];
+    bf16_run(&mut set, 0);
+    assert_eq!(set, added, "bf16 backward set");
+
+    for build in [TcBuild::Default, TcBuild::Chunk16] {
+        let s = TC_SHAPES[3];
+        let [b, t, c, nh] = s.args();
+        let x = inputs(s, 11);
+        let (inp, dout) = (bits(&to_bf16(&x.inp)), bits(&to_bf16(&x.dout)));
+        let zeros = vec![0u16; 3 * s.b * s.t * s.c];
+        let (_, lse, delta, added) = tc_run(s, &inp, &dout, &zeros);
+        let (grid, block) = tc_launch(s);
+        let mut set = vec![0x7fc0u16; zeros.len()];
+        let (d, l) = (&delta, &lse);
+        emu::flash_attention_tc_backward_dq_bf16(
+            build, grid, block, &mut set, d, &dout, &inp, l, b, t, c, nh, 0,
+        )
+        .unwrap();
+        emu::flash_attention_tc_backward_dkv_bf16(
+            build, grid, block, &mut set, d, &dout, &inp, l, b, t, c, nh, 0,
+        )
+        .unwrap();
+        assert_eq!(set, added, "tensor-core backward set ({build:?})");
     }
 }
 
@@ -308,11 +381,11 @@ fn results_do_not_depend_on_rows_per_block() {
         emu::flash_attention_delta(grid, block, &mut delta, &x.dout, &out, b, t, c, nh).unwrap();
         let mut dinp = x.dinp0.clone();
         emu::flash_attention_backward_dq(
-            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh,
+            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh, 1,
         )
         .unwrap();
         emu::flash_attention_backward_dkv(
-            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh,
+            grid, block, &mut dinp, &delta, &x.dout, &x.inp, &lse, b, t, c, nh, 1,
         )
         .unwrap();
         (out, lse, delta, dinp)
@@ -504,11 +577,11 @@ fn tc_backward_of(
     let (grid, block) = tc_launch(s);
     let (g, bl) = (grid, block);
     emu::flash_attention_tc_backward_dq_bf16(
-        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh,
+        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh, 1,
     )
     .unwrap();
     emu::flash_attention_tc_backward_dkv_bf16(
-        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh,
+        build, g, bl, dinp, delta, dout, inp, lse, b, t, c, nh, 1,
     )
     .unwrap();
 }

@@ -128,13 +128,14 @@ static __device__ __forceinline__ void fa_p_ds(const S* base, const S* dout_i, i
 }
 
 // dQ: thread (b, h, i) adds sum over j <= i (ascending) of ds_ij * scale * k_j
-// into dinp's query channels (loaded once, rounded once on store).
+// into dinp's query channels (loaded once, rounded once on store; with
+// accumulate 0 not read: the sum starts from 0, as over a zeroed dinp).
 // Launch: grid (ceil(T / 128), B * NH), block 128.
 template <typename S>
 static __device__ void fa_backward_dq(S* __restrict__ dinp, const float* __restrict__ delta,
                                       const S* __restrict__ dout, const S* __restrict__ inp,
                                       const float* __restrict__ lse, int B, int T, int C,
-                                      int NH) {
+                                      int NH, int accumulate) {
     FaThread th;
     if (!fa_thread(B, T, C, NH, &th)) return;
     const int i = th.row, b = th.b, h = th.h, hs = th.hs, C3 = th.C3;
@@ -144,7 +145,7 @@ static __device__ void fa_backward_dq(S* __restrict__ dinp, const float* __restr
     const long long r = ((long long)b * NH + h) * T + i;
     S* dq = dinp + ((long long)b * T + i) * C3 + h * hs;
     float acc[FA_MAX_HS];
-    for (int d = 0; d < hs; d++) acc[d] = ld_f32(dq[d]);
+    for (int d = 0; d < hs; d++) acc[d] = accumulate ? ld_f32(dq[d]) : 0.0f;
     for (int j = 0; j <= i; j++) {
         float p, ds;
         fa_p_ds(base, dout_i, i, j, h, hs, C, scale, lse[r], delta[r], &p, &ds);
@@ -158,13 +159,14 @@ static __device__ void fa_backward_dq(S* __restrict__ dinp, const float* __restr
 
 // dK, dV: thread (b, h, j) sums over i >= j (ascending) p_ij * dout_i into dv
 // and ds_ij * scale * q_i into dk, from zero, then adds them into dinp's key
-// and value channels (the CPU's per-tile accumulators, added once).
+// and value channels (the CPU's per-tile accumulators, added once; to 0 with
+// accumulate 0, dinp not read).
 // Launch: grid (ceil(T / 128), B * NH), block 128.
 template <typename S>
 static __device__ void fa_backward_dkv(S* __restrict__ dinp, const float* __restrict__ delta,
                                        const S* __restrict__ dout, const S* __restrict__ inp,
                                        const float* __restrict__ lse, int B, int T, int C,
-                                       int NH) {
+                                       int NH, int accumulate) {
     FaThread th;
     if (!fa_thread(B, T, C, NH, &th)) return;
     const int j = th.row, b = th.b, h = th.h, hs = th.hs, C3 = th.C3;
@@ -191,8 +193,8 @@ static __device__ void fa_backward_dkv(S* __restrict__ dinp, const float* __rest
     S* dkj = dinp + ((long long)b * T + j) * C3 + C + h * hs;
     S* dvj = dinp + ((long long)b * T + j) * C3 + 2 * C + h * hs;
     for (int d = 0; d < hs; d++) {
-        st_f32(&dkj[d], __fadd_rn(ld_f32(dkj[d]), dk[d]));
-        st_f32(&dvj[d], __fadd_rn(ld_f32(dvj[d]), dv[d]));
+        st_f32(&dkj[d], __fadd_rn(accumulate ? ld_f32(dkj[d]) : 0.0f, dk[d]));
+        st_f32(&dvj[d], __fadd_rn(accumulate ? ld_f32(dvj[d]) : 0.0f, dv[d]));
     }
 }
 
@@ -221,28 +223,29 @@ extern "C" __global__ void flash_attention_delta_bf16(float* delta, const bf16_t
 extern "C" __global__ void flash_attention_backward_dq(float* dinp, const float* delta,
                                                        const float* dout, const float* inp,
                                                        const float* lse, int B, int T, int C,
-                                                       int NH) {
-    fa_backward_dq(dinp, delta, dout, inp, lse, B, T, C, NH);
+                                                       int NH, int accumulate) {
+    fa_backward_dq(dinp, delta, dout, inp, lse, B, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void flash_attention_backward_dq_bf16(bf16_t* dinp, const float* delta,
                                                             const bf16_t* dout,
                                                             const bf16_t* inp, const float* lse,
-                                                            int B, int T, int C, int NH) {
-    fa_backward_dq(dinp, delta, dout, inp, lse, B, T, C, NH);
+                                                            int B, int T, int C, int NH,
+                                                            int accumulate) {
+    fa_backward_dq(dinp, delta, dout, inp, lse, B, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void flash_attention_backward_dkv(float* dinp, const float* delta,
                                                         const float* dout, const float* inp,
                                                         const float* lse, int B, int T, int C,
-                                                        int NH) {
-    fa_backward_dkv(dinp, delta, dout, inp, lse, B, T, C, NH);
+                                                        int NH, int accumulate) {
+    fa_backward_dkv(dinp, delta, dout, inp, lse, B, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void flash_attention_backward_dkv_bf16(bf16_t* dinp, const float* delta,
                                                              const bf16_t* dout,
                                                              const bf16_t* inp,
                                                              const float* lse, int B, int T,
-                                                             int C, int NH) {
-    fa_backward_dkv(dinp, delta, dout, inp, lse, B, T, C, NH);
+                                                             int C, int NH, int accumulate) {
+    fa_backward_dkv(dinp, delta, dout, inp, lse, B, T, C, NH, accumulate);
 }

@@ -87,11 +87,11 @@
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
-use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
 use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
+use super::{check_len, GradWrite};
 
 pub(crate) static CUDA: Program = Program::new(
     "flash_attention.cu",
@@ -256,7 +256,8 @@ pub fn forward<'rt>(
 /// (declared `write`, dead after the task).
 pub fn backward<'rt>(
     task: impl Into<Task<'rt>>,
-    dinp: &View,    // (B, T, 3C) accumulated
+    dinp: &View, // (B, T, 3C) accumulated or overwritten
+    write: GradWrite,
     dout: &View,    // (B, T, C)
     inp: &View,     // (B, T, 3C)
     out: &View,     // (B, T, C)
@@ -278,6 +279,7 @@ pub fn backward<'rt>(
             scratch.write::<f32>(),
         ),
         move |(dinp, dout, inp, out, lse, delta)| {
+            write.prepare(dinp);
             flash_attention_backward(
                 dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
             )
@@ -285,6 +287,7 @@ pub fn backward<'rt>(
         move |(dinp, dout, inp, out, lse, delta), cu| {
             let bw = Backward {
                 dinp,
+                write,
                 delta,
                 dout,
                 inp,
@@ -691,8 +694,10 @@ pub fn flash_attention_forward_cuda<S: Storage>(
 /// The tensors of one [`flash_attention_backward_cuda`] call.
 #[derive(Debug)]
 pub struct Backward<'a, S> {
-    /// (B, T, 3C) accumulated.
+    /// (B, T, 3C) accumulated, or overwritten with [`GradWrite::Set`].
     pub dinp: DevSliceMut<'a, S>,
+    /// Whether `dinp` is added to or written over.
+    pub write: GradWrite,
     /// (B, NH, T) scratch, overwritten with `rowsum(dout ∘ out)`.
     pub delta: DevSliceMut<'a, f32>,
     /// (B, T, C).
@@ -749,7 +754,8 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         .i32(bi)
         .i32(ti)
         .i32(ci)
-        .i32(nhi);
+        .i32(nhi)
+        .i32(bw.write.accumulate());
     let (dq, dkv, cfg) = if let Some([_, dq, dkv]) = tensor_cores {
         (dq, dkv, tc_tiles(&l, dims)?)
     } else {
@@ -761,7 +767,7 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     };
     // SAFETY: flash_attention[_tc]_backward_{dq,dkv}[_bf16](S* dinp, const
     // float* delta, const S* dout, const S* inp, const float* lse, int B,
-    // int T, int C, int NH); sizes checked (and for the tensor-core kernels
+    // int T, int C, int NH, int accumulate); sizes checked (and for the tensor-core kernels
     // S is bf16, the kernels' head size is C / NH, C % 8 == 0, inp and dout
     // 16-byte aligned); the dq
     // kernel writes dinp's query channels, the dkv kernel (after it on the

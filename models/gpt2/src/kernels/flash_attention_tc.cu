@@ -10,7 +10,8 @@
 //   inp (B, T, 3C) bf16: per position the C query, C key, C value channels;
 //   head h owns channels h*HS .. h*HS+HS-1 of each. out, dout (B, T, C) bf16;
 //   lse, delta (B, NH, T) f32. dinp (B, T, 3C) bf16 is accumulated: each
-//   element is loaded, its gradient added in f32, and stored once.
+//   element is loaded, its gradient added in f32, and stored once (with the
+//   backward kernels' `accumulate` 0, added to 0 and stored: not read).
 //
 // Blocks of 4 warps. The forward and dQ kernels give a block 64 query rows
 // (16 per warp) and walk the 64-key tiles of their causal prefix; the dK/dV
@@ -259,11 +260,12 @@ static __device__ __forceinline__ float tc_quad_max(float x) {
 static __device__ __forceinline__ int tc_tile_desc() { return gridDim.x - 1 - blockIdx.x; }
 
 // Adds acc (scaled) into a head's HS channels of rows r (c[0..1]) and r + 8
-// (c[2..3]) of a bf16 matrix with row stride ld: load, add in f32, store.
+// (c[2..3]) of a bf16 matrix with row stride ld: load, add in f32, store;
+// with accumulate 0, added to 0 (the bits over a zeroed matrix), no load.
 template <int HS>
 static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, int r, int T,
                                                      const float acc[TC_NCH][4], float scale,
-                                                     int lane) {
+                                                     int lane, int accumulate) {
     const int t = lane & 3;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -275,7 +277,8 @@ static __device__ __forceinline__ void tc_accumulate(bf16_t* m, long long ld, in
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float x = acc[nc][2 * half + e] * scale;
-                p[nc * 8 + e] = bf16_store(bf16_load(p[nc * 8 + e]) + x);
+                const float base = accumulate ? bf16_load(p[nc * 8 + e]) : 0.0f;
+                p[nc * 8 + e] = bf16_store(base + x);
             }
         }
     }
@@ -389,7 +392,8 @@ template <int HS>
 static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __restrict__ delta,
                                       const bf16_t* __restrict__ dout,
                                       const bf16_t* __restrict__ inp,
-                                      const float* __restrict__ lse, int T, int C, int NH) {
+                                      const float* __restrict__ lse, int T, int C, int NH,
+                                      int accumulate) {
     alignas(16) __shared__ bf16_t ks_tile[2][TC_TILE * TC_LD];
     alignas(16) __shared__ bf16_t vs_tile[2][TC_TILE * TC_LD];
     const int qt = tc_tile_desc();
@@ -464,7 +468,8 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
         }
         __syncthreads();
     }
-    tc_accumulate<HS>(dinp + (long long)b * T * C3 + h * HS, C3, r0, T, dq, scale, lane);
+    tc_accumulate<HS>(dinp + (long long)b * T * C3 + h * HS, C3, r0, T, dq, scale, lane,
+                      accumulate);
 }
 
 // dK and dV. Block (key tile kt, b * NH + h); warp w owns keys
@@ -477,7 +482,8 @@ template <int HS>
 static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* __restrict__ delta,
                                        const bf16_t* __restrict__ dout,
                                        const bf16_t* __restrict__ inp,
-                                       const float* __restrict__ lse, int T, int C, int NH) {
+                                       const float* __restrict__ lse, int T, int C, int NH,
+                                       int accumulate) {
     alignas(16) __shared__ bf16_t qs_tile[2][TC_TILE * TC_LD];
     alignas(16) __shared__ bf16_t dos_tile[2][TC_TILE * TC_LD];
     __shared__ float lse_tile[2][TC_TILE];
@@ -569,8 +575,8 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
         __syncthreads();
     }
     bf16_t* dk_dst = dinp + (long long)b * T * C3 + C + h * HS;
-    tc_accumulate<HS>(dk_dst, C3, j0, T, dk, scale, lane);
-    tc_accumulate<HS>(dk_dst + C, C3, j0, T, dv, 1.0f, lane);
+    tc_accumulate<HS>(dk_dst, C3, j0, T, dk, scale, lane, accumulate);
+    tc_accumulate<HS>(dk_dst + C, C3, j0, T, dv, 1.0f, lane, accumulate);
 }
 
 // The entry points, one per kernel and head size (B is implied by the grid).
@@ -608,14 +614,14 @@ extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs16_bf16(
 
 extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dq<16>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dq<16>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs32_bf16(
@@ -625,14 +631,14 @@ extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs32_bf16(
 
 extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dq<32>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dq<32>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs64_bf16(
@@ -642,12 +648,12 @@ extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs64_bf16(
 
 extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dq<64>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dq<64>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }
 
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
-    int B, int T, int C, int NH) {
-    tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH);
+    int B, int T, int C, int NH, int accumulate) {
+    tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
 }

@@ -16,11 +16,13 @@ extern "C" __global__ void gelu_forward(float* __restrict__ out, const float* __
     out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
 }
 
-// dinp[i] += gelu'(inp[i]) * dout[i]
+// dinp[i] += gelu'(inp[i]) * dout[i]; with accumulate 0, dinp is not read
+// and the product is added to 0 (the bits a zeroed dinp would give).
 //   dinp (N), inp (N), dout (N)
 // Launch: grid ceil(N / block), block 256.
 extern "C" __global__ void gelu_backward(float* __restrict__ dinp, const float* __restrict__ inp,
-                                         const float* __restrict__ dout, long long N) {
+                                         const float* __restrict__ dout, long long N,
+                                         int accumulate) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     const float x = inp[i];
@@ -29,7 +31,7 @@ extern "C" __global__ void gelu_backward(float* __restrict__ dinp, const float* 
     const float sech2 = 1.0f - tanh_out * tanh_out;
     const float local_grad = 0.5f * (1.0f + tanh_out) +
                              x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * GELU_CUBIC * x * x);
-    dinp[i] += local_grad * dout[i];
+    dinp[i] = (accumulate ? dinp[i] : 0.0f) + local_grad * dout[i];
 }
 
 #include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
@@ -95,21 +97,23 @@ extern "C" __global__ void gelu_forward_bf16(bf16_t* __restrict__ out,
     }
 }
 
-// dinp[i] += gelu'(inp[i]) * dout[i], bf16 storage: dinp loaded, the product
-// added in f32, rounded once (gelu_backward::<Bf16>). Same caveats as
-// gelu_forward_bf16.
+// dinp[i] += gelu'(inp[i]) * dout[i], bf16 storage: dinp loaded (0 with
+// accumulate 0, not read), the product added in f32, rounded once
+// (gelu_backward::<Bf16>). Same caveats as gelu_forward_bf16.
 //   dinp (N), inp (N), dout (N)
 // Launch: grid ceil(N / (8 * block)), block 256.
 extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
                                               const bf16_t* __restrict__ inp,
-                                              const bf16_t* __restrict__ dout, long long N) {
+                                              const bf16_t* __restrict__ dout, long long N,
+                                              int accumulate) {
     const long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * GELU_PER;
     if (i0 >= N) return;
     if (i0 + GELU_PER <= N && gelu_aligned16(dinp) && gelu_aligned16(inp) &&
         gelu_aligned16(dout)) {
         const gelu_bf16x8 x = *reinterpret_cast<const gelu_bf16x8*>(inp + i0);
         const gelu_bf16x8 g = *reinterpret_cast<const gelu_bf16x8*>(dout + i0);
-        gelu_bf16x8 d = *reinterpret_cast<const gelu_bf16x8*>(dinp + i0);
+        gelu_bf16x8 d = {};  // bf16 zeros
+        if (accumulate) d = *reinterpret_cast<const gelu_bf16x8*>(dinp + i0);
 #pragma unroll
         for (int e = 0; e < GELU_PER; e++) {
             const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(x.v[e])), bf16_load(g.v[e]));
@@ -119,7 +123,8 @@ extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
     } else {
         for (long long i = i0; i < N && i < i0 + GELU_PER; i++) {
             const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(inp[i])), bf16_load(dout[i]));
-            dinp[i] = bf16_store(__fadd_rn(bf16_load(dinp[i]), grad));
+            const float base = accumulate ? bf16_load(dinp[i]) : 0.0f;
+            dinp[i] = bf16_store(__fadd_rn(base, grad));
         }
     }
 }

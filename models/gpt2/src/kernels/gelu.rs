@@ -10,11 +10,11 @@
 use braid::cuda::{KernelArgs, LaunchConfig};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
-use super::check_len;
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::fastmath;
 use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
+use super::{check_len, GradWrite};
 
 pub(crate) static CUDA: Program = Program::new(
     "gelu.cu",
@@ -49,18 +49,22 @@ pub fn forward<'rt>(
     )
 }
 
-/// Submits `dinp += gelu'(inp) · dout` as `task`.
+/// Submits `dinp += gelu'(inp) · dout` (or `=`, by `write`) as `task`.
 pub fn backward<'rt>(
     task: impl Into<Task<'rt>>,
-    dinp: &View, // (N) accumulated
+    dinp: &View, // (N) accumulated or overwritten
+    write: GradWrite,
     inp: &View,  // (N)
     dout: &View, // (N)
 ) -> Result<TaskHandle> {
     submit!(
         task,
         |S| (dinp.read_write::<S>(), inp.read::<S>(), dout.read::<S>(),),
-        |(dinp, inp, dout)| gelu_backward(dinp, inp, dout),
-        |(dinp, inp, dout), cu| task_result(gelu_backward_cuda(cu, dinp, inp, dout)),
+        move |(dinp, inp, dout)| {
+            write.prepare(dinp);
+            gelu_backward(dinp, inp, dout)
+        },
+        move |(dinp, inp, dout), cu| task_result(gelu_backward_cuda(cu, dinp, write, inp, dout)),
     )
 }
 
@@ -139,13 +143,15 @@ pub fn gelu_forward_cuda<S: Storage>(
     }
 }
 
-/// [`gelu_backward`] on the task's stream: `dinp += gelu'(inp) · dout`,
+/// [`gelu_backward`] on the task's stream: `dinp += gelu'(inp) · dout` (`=` for
+/// [`GradWrite::Set`]: `dinp` not read),
 /// `f32` or bf16 storage (as [`gelu_forward_cuda`]).
 pub fn gelu_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<S>, // (N) accumulated
-    inp: DevSlice<S>,     // (N)
-    dout: DevSlice<S>,    // (N)
+    dinp: DevSliceMut<S>, // (N) accumulated or overwritten
+    write: GradWrite,
+    inp: DevSlice<S>,  // (N)
+    dout: DevSlice<S>, // (N)
 ) -> Result<()> {
     let k = Check::new("gelu_backward");
     let n = dinp.len();
@@ -159,10 +165,11 @@ pub fn gelu_backward_cuda<S: Storage>(
     a.ptr(dinp.ptr())
         .ptr(inp.ptr())
         .ptr(dout.ptr())
-        .i64(n as i64);
+        .i64(n as i64)
+        .i32(write.accumulate());
     let kernel = by_dtype::<S>(&BACKWARD, &BACKWARD_BF16);
     // SAFETY: gelu_backward[_bf16](S* dinp, const S* inp, const S* dout,
-    // long long N), S the storage type of all three; all N.
+    // long long N, int accumulate), S the storage type of all three; all N.
     unsafe { l.launch(kernel, elementwise::<S>(&l, n)?, &a) }
 }
 

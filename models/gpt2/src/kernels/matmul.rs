@@ -27,7 +27,7 @@ use gemm::{gemm, Parallelism};
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
 use super::storage::{Dtype, Storage};
 use super::task::{submit, Task};
-use super::{check_len, check_stride};
+use super::{check_len, check_stride, GradWrite};
 
 pub(crate) static CUDA: Program = Program::new(
     "matmul.cu",
@@ -138,23 +138,26 @@ pub fn forward_gelu<'rt>(
     )
 }
 
-/// Submits `dinp += dout · weight` as `task` (the critical path of backward).
+/// Submits `dinp += dout · weight` (or `=`, by `write`) as `task` (the
+/// critical path of backward).
 pub fn backward_input<'rt>(
     task: impl Into<Task<'rt>>,
-    dinp: &View,   // (N, C) accumulated
+    dinp: &View, // (N, C) accumulated or overwritten
+    write: GradWrite,
     dout: &View,   // (N, OC)
     weight: &View, // (OC, C)
     n: usize,
     c: usize,
     oc: usize,
 ) -> Result<TaskHandle> {
-    backward_input_ld(task, dinp, dout, weight, n, c, oc, oc)
+    backward_input_ld(task, dinp, write, dout, weight, n, c, oc, oc)
 }
 
 /// [`backward_input`] from `dout` rows `ld` elements apart (module docs).
 pub fn backward_input_ld<'rt>(
     task: impl Into<Task<'rt>>,
-    dinp: &View,   // (N, C) accumulated
+    dinp: &View, // (N, C) accumulated or overwritten
+    write: GradWrite,
     dout: &View,   // (N, ld), columns 0..OC read
     weight: &View, // (OC, C)
     n: usize,
@@ -165,9 +168,14 @@ pub fn backward_input_ld<'rt>(
     submit!(
         task,
         |S| (dinp.read_write::<S>(), dout.read::<S>(), weight.read::<S>(),),
-        move |(dinp, dout, w)| matmul_backward_input_ld(dinp, dout, w, n, c, oc, ld),
+        move |(dinp, dout, w)| {
+            write.prepare(dinp);
+            matmul_backward_input_ld(dinp, dout, w, n, c, oc, ld)
+        },
         move |(dinp, dout, w), cu| {
-            task_result(matmul_backward_input_cuda(cu, dinp, dout, w, n, c, oc, ld))
+            task_result(matmul_backward_input_cuda(
+                cu, dinp, write, dout, w, n, c, oc, ld,
+            ))
         },
     )
 }
@@ -800,12 +808,14 @@ pub fn matmul_forward_gelu_cuda<S: Storage>(
 /// The environment variable of [`bias_epilogue`].
 pub const BIAS_EPILOGUE_ENV: &str = "BRAID_CUBLASLT_BIAS";
 
-/// [`matmul_backward_input_ld`] on the task's stream (cuBLAS, `beta = 1`).
+/// [`matmul_backward_input_ld`] on the task's stream (cuBLAS, `beta = 1`; `beta =
+/// 0` for [`GradWrite::Set`]).
 pub fn matmul_backward_input_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
-    dinp: DevSliceMut<S>, // (N, C) accumulated
-    dout: DevSlice<S>,    // (N, ld)
-    weight: DevSlice<S>,  // (OC, C)
+    dinp: DevSliceMut<S>, // (N, C) accumulated or overwritten
+    write: GradWrite,
+    dout: DevSlice<S>,   // (N, ld)
+    weight: DevSlice<S>, // (OC, C)
     n: usize,
     c: usize,
     oc: usize,
@@ -820,10 +830,12 @@ pub fn matmul_backward_input_cuda<S: Storage>(
     k.exact("dout", &dout, "(N, ld)", k.mul(n, ld)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     let l = Launcher::new(k, cu);
-    let mut g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 1.0);
+    // beta 0 does not read dinp (cuBLAS: C need not be valid then).
+    let beta = if write == GradWrite::Set { 0.0 } else { 1.0 };
+    let mut g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, beta);
     g.lda = ld;
-    // SAFETY: columns 0..OC of dout (N, ld) · weight (OC, C) added to dinp
-    // (N, C), sizes checked, all stored as S.
+    // SAFETY: columns 0..OC of dout (N, ld) · weight (OC, C) added to (or
+    // written over) dinp (N, C), sizes checked, all stored as S.
     unsafe { l.gemm_as::<S>(&g, dout.ptr(), weight.ptr(), dinp.ptr()) }
 }
 

@@ -77,7 +77,11 @@
 //! - **Backward kernels accumulate** (`+=`) into every gradient they are given,
 //!   parameter gradients and activation gradients alike, as llm.c does
 //!   (declared `read_write`): the caller zeroes gradient buffers before a
-//!   backward pass (or not, to accumulate micro-batches).
+//!   backward pass (or not, to accumulate micro-batches). The input
+//!   gradients of [`matmul::backward_input`], [`gelu::backward`] and
+//!   [`flash_attention::backward`] can instead be written over
+//!   ([`GradWrite::Set`]) where the task is the gradient's only writer in the
+//!   step: no zeroing task, and on CUDA no read of the old values.
 //! - **Tokens** are `u32` ids. Kernels index embedding rows with them, so the
 //!   caller validates them first with [`check_tokens`]; out-of-range ids are an
 //!   input error to report, not something kernels check. On CUDA they cannot
@@ -126,6 +130,34 @@ mod bf16_tests;
 pub(crate) mod testutil;
 
 use cuda_common::Program;
+use storage::Storage;
+
+/// How a backward task writes an input gradient.
+///
+/// Either way the task declares the gradient `read_write` (the order the
+/// engine gives it is the same), and the bits are those of a zeroing task
+/// followed by `Add`, but for the sign of a zero (`+0 + -0` is `+0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradWrite {
+    /// `dinp += …`: one of several contributions, into a zeroed buffer.
+    Add,
+    /// `dinp = …`: the gradient's only writer, over whatever it held.
+    Set,
+}
+
+impl GradWrite {
+    /// The CPU kernels accumulate: a `Set` gradient is zeroed first.
+    pub(crate) fn prepare<S: Storage>(self, dinp: &mut [S]) {
+        if self == GradWrite::Set {
+            dinp.fill(S::store(0.0));
+        }
+    }
+
+    /// The CUDA kernels' `accumulate` argument (`int`).
+    pub(crate) fn accumulate(self) -> i32 {
+        i32::from(self == GradWrite::Add)
+    }
+}
 
 /// The backends (by [`braid::Runtime::backend_name`]) the tasks have a body
 /// for.

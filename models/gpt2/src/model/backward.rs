@@ -6,7 +6,7 @@ use super::{Gpt2Model, Tasks};
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::{
     attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
-    residual,
+    residual, GradWrite,
 };
 use crate::reference::GELU_RING;
 
@@ -50,21 +50,39 @@ impl Gpt2Model {
         // (the zeroing of the activation gradients is in `backward`).
         let _backward = rt.scope("backward");
 
-        // Activation gradients accumulate, so they start from zero: the head,
-        // each block's residual pair, the first `ring` blocks' ring slots,
-        // the encoder's; a later block's slot is zeroed at the end of the
-        // block `ring` above it, the slot's previous user (the engine runs
-        // the zeroing once that block's last reader of the slot is done).
+        // With the fused residual + layer norm and the fused attention, every
+        // activation gradient has one writer in the step, which writes it
+        // over (`GradWrite::Set`): nothing is zeroed but the last block's
+        // output gradient, which the final layer norm's backward adds into
+        // (and the unfused classifier's logits gradient, in the head).
+        // Otherwise activation gradients accumulate, so they start from
+        // zero: the head, each block's residual pair, the first `ring`
+        // blocks' ring slots, the encoder's; a later block's slot is zeroed
+        // at the end of the block `ring` above it, the slot's previous user
+        // (the engine runs the zeroing once that block's last reader of the
+        // slot is done).
+        let one_writer = self.fusion.residual_layernorm && self.fusion.attention;
+        let write = if one_writer {
+            GradWrite::Set
+        } else {
+            GradWrite::Add
+        };
         let (layers, ring) = (self.cfg.num_layers, da.ring);
         let zero_slot = |l: usize| fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l].0);
-        fill::zero(side("zero dacts head".into()), &da.head)?;
-        for l in (0..layers).rev() {
-            fill::zero(side(format!("L{l} zero residual dacts")), &da.blocks[l].1)?;
+        if !one_writer || !self.fusion.classifier {
+            fill::zero(side("zero dacts head".into()), &da.head)?;
         }
-        for l in (layers.saturating_sub(ring)..layers).rev() {
-            zero_slot(l)?;
+        if one_writer {
+            fill::zero(side("zero dacts out".into()), da.residual_out())?;
+        } else {
+            for l in (0..layers).rev() {
+                fill::zero(side(format!("L{l} zero residual dacts")), &da.blocks[l].1)?;
+            }
+            for l in (layers.saturating_sub(ring)..layers).rev() {
+                zero_slot(l)?;
+            }
+            fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
         }
-        fill::zero(side("zero dacts encoded".into()), &da.encoded)?;
         let head_scope = rt.scope("head");
 
         let dlogits = if self.fusion.classifier {
@@ -104,6 +122,7 @@ impl Gpt2Model {
             matmul::backward_input_ld(
                 tasks.task("logits backward input"),
                 &da.lnf,
+                write,
                 dlogits,
                 &w,
                 n,
@@ -217,6 +236,7 @@ impl Gpt2Model {
             matmul::backward_input(
                 task("fcproj backward input"),
                 &lda.fch_gelu,
+                write,
                 dfcproj,
                 &lp.fcprojw,
                 n,
@@ -242,11 +262,18 @@ impl Gpt2Model {
             ready(li.fcprojb)?;
             ready(li.fcprojw)?;
             // fch_gelu = gelu(fch)
-            gelu::backward(task("gelu backward"), &lda.fch, &la.fch, &lda.fch_gelu)?;
+            gelu::backward(
+                task("gelu backward"),
+                &lda.fch,
+                write,
+                &la.fch,
+                &lda.fch_gelu,
+            )?;
             // fch = ln2 · fcwᵀ + fcb
             matmul::backward_input(
                 task("fc backward input"),
                 &lda.ln2,
+                write,
                 &lda.fch,
                 &lp.fcw,
                 n,
@@ -299,6 +326,7 @@ impl Gpt2Model {
             matmul::backward_input(
                 task("attproj backward input"),
                 &lda.atty,
+                write,
                 dattproj,
                 &lp.attprojw,
                 n,
@@ -322,6 +350,7 @@ impl Gpt2Model {
                 flash_attention::backward(
                     task("attention backward"),
                     &lda.qkv,
+                    write,
                     &lda.atty,
                     &la.qkv,
                     &la.atty,
@@ -350,6 +379,7 @@ impl Gpt2Model {
             matmul::backward_input(
                 task("qkv backward input"),
                 &lda.ln1,
+                write,
                 &lda.qkv,
                 &lp.qkvw,
                 n,
@@ -387,7 +417,7 @@ impl Gpt2Model {
             ready(li.ln1b)?;
             ready(li.ln1w)?;
             // Block l is done with its slot: block l - ring's turn.
-            if l >= ring {
+            if l >= ring && !one_writer {
                 zero_slot(l - ring)?;
             }
         }

@@ -51,7 +51,8 @@ fn fa_forward<S: Elem>(
     unsafe { args.launch(grid, block) }
 }
 
-/// The backwards, dQ and dK/dV: one signature.
+/// The backwards, dQ and dK/dV: one signature (`accumulate` 0: `dinp`
+/// written over, not read).
 fn fa_backward<S: Elem>(
     k: &str,
     grid: Dim3,
@@ -59,6 +60,7 @@ fn fa_backward<S: Elem>(
     dinp: &mut [S],
     (delta, dout, inp, lse): (&[f32], &[S], &[S], &[f32]),
     dims: [i32; 4],
+    accumulate: i32,
 ) -> Result<(), String> {
     let (btc, bht) = fa_shape(k, dims)?;
     let btc3 = product(k, &[btc, 3])?;
@@ -68,7 +70,8 @@ fn fa_backward<S: Elem>(
         .input("dout", dout, btc)?
         .input("inp", inp, btc3)?
         .input("lse", lse, bht)?
-        .i32s(dims);
+        .i32s(dims)
+        .i32(accumulate);
     // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
     // (B, T, 3C) and (B, NH, T) elements the kernel indexes, with
     // hs <= FA_MAX_HS (checked above).
@@ -150,9 +153,10 @@ twins! {
         t: i32,
         c: i32,
         nh: i32,
+        accumulate: i32,
     ) {
         let ins = (delta, dout, inp, lse);
-        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh], accumulate)
     }
 }
 
@@ -175,9 +179,10 @@ twins! {
         t: i32,
         c: i32,
         nh: i32,
+        accumulate: i32,
     ) {
         let ins = (delta, dout, inp, lse);
-        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+        fa_backward(k, grid, block, dinp, ins, [b, t, c, nh], accumulate)
     }
 }
 
@@ -260,6 +265,7 @@ pub fn flash_attention_tc_backward_dq_bf16(
     t: i32,
     c: i32,
     nh: i32,
+    accumulate: i32,
 ) -> Result<(), String> {
     let k = &tc_kernel(
         "flash_attention_tc_backward_dq_bf16",
@@ -269,7 +275,7 @@ pub fn flash_attention_tc_backward_dq_bf16(
         nh,
     )?;
     let ins = (delta, dout, inp, lse);
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh], accumulate)
 }
 
 /// `flash_attention_tc_backward_dkv_bf16`: as
@@ -288,6 +294,7 @@ pub fn flash_attention_tc_backward_dkv_bf16(
     t: i32,
     c: i32,
     nh: i32,
+    accumulate: i32,
 ) -> Result<(), String> {
     let k = &tc_kernel(
         "flash_attention_tc_backward_dkv_bf16",
@@ -297,5 +304,5 @@ pub fn flash_attention_tc_backward_dkv_bf16(
         nh,
     )?;
     let ins = (delta, dout, inp, lse);
-    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh])
+    fa_backward(k, grid, block, dinp, ins, [b, t, c, nh], accumulate)
 }

@@ -26,19 +26,30 @@ twins! {
 }
 
 twins! {
-    /// `gelu_backward` (f32): `dinp += gelu'(inp) · dout`. Launch as
+    /// `gelu_backward` (f32): `dinp += gelu'(inp) · dout`, or with
+    /// `accumulate` 0 `dinp = 0 + gelu'(inp) · dout` (not read). Launch as
     /// [`gelu_forward`] (gelu.rs, `gelu_backward_cuda`).
     pub fn gelu_backward(S = f32);
     /// [`gelu_backward`] with bf16 storage, 8 elements a thread (one 16-byte
     /// load per operand where aligned): grid `ceil(N / 2048)`, block 256.
     pub fn gelu_backward_bf16(S = u16);
-    fn(k, grid: Dim3, block: Dim3, dinp: &mut [S], inp: &[S], dout: &[S], n: i64) {
+    fn(
+        k,
+        grid: Dim3,
+        block: Dim3,
+        dinp: &mut [S],
+        inp: &[S],
+        dout: &[S],
+        n: i64,
+        accumulate: i32,
+    ) {
         let len = count(k, n)?;
         let args = Args::new(k)
             .output("dinp", dinp, len)?
             .input("inp", inp, len)?
             .input("dout", dout, len)?
-            .i64(n);
+            .i64(n)
+            .i32(accumulate);
         // SAFETY: gelu_backward[_bf16] touches dinp[i], inp[i] and dout[i] for
         // i < N, the length of all three (checked).
         unsafe { args.launch(grid, block) }
