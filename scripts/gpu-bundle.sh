@@ -36,7 +36,7 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
@@ -106,6 +106,9 @@ else
     wrap 01_cuda_graphs test cuda "graph --nocapture $t"
     # A best-effort stream's bundle of kernels in flight (written after run 7).
     wrap 01b_cuda_be_window test cuda "a_best_effort_stream_keeps_a_bundle --nocapture $t"
+    # The placement trial (written in the seventeenth session): two streams
+    # against one, measured on the first replays, the faster kept.
+    wrap 01c_cuda_placement_trial test cuda "placement_trial --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
     wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"
@@ -146,8 +149,10 @@ else
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
     script 14c_pytorch_bf16_compile_b64 "$py --batch-size 64 --compile"
+    # 24 steps: the step is recorded at step 3, and its placement trial
+    # (16 replays) decides by step 19 and prints a "placement trial" line.
     wrap 15_train_gpu bench braid-gpt2 \
-        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 12 --no-trace"
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 24 --no-trace"
     # Issue 11: the reducer at one rank on the GPU, the tied gradient split
     # (its CUDA kernels) and whole, each with a trace for the step
     # simulator (docs/collectives.md, "The tied split in bf16"). Its step

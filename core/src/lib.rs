@@ -69,6 +69,7 @@ pub use runtime::{Runtime, RuntimeBuilder, PLACEMENT_ENV};
 pub use sched::placement::Policy;
 pub use sched::scoped::{ScopeDecision, StreamChoice};
 pub use sched::tenants::preemption_point;
+pub use sched::trial::{TrialOutcome, TrialPlacement};
 pub use sched::Stats;
 pub use sched::TaskHandle;
 pub use sched::INLINE_MAX_NS;

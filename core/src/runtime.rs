@@ -35,6 +35,8 @@ pub struct RuntimeBuilder {
     replay_as_tasks: bool,
     /// `None`: the backend's default ([`Runtime::config_graphs`]).
     graphs: Option<bool>,
+    /// `None`: the backend's default ([`Runtime::config_placement_trial`]).
+    placement_trial: Option<bool>,
     replace: bool,
     auto_replay: bool,
     cpu_cores: Option<usize>,
@@ -71,6 +73,7 @@ impl Default for RuntimeBuilder {
             rank: 0,
             replay_as_tasks: false,
             graphs: None,
+            placement_trial: None,
             replace: true,
             auto_replay: true,
             cpu_cores: None,
@@ -163,6 +166,19 @@ impl RuntimeBuilder {
     /// the kernel arguments of its capture.
     pub fn graphs(mut self, on: bool) -> Self {
         self.graphs = Some(on);
+        self
+    }
+
+    /// Whether the first replays of a recorded schedule whose tasks use
+    /// several compute streams are a trial of its placement against one
+    /// stream, timed, the faster kept (default: on for CUDA; docs/replay.md,
+    /// "The placement trial"). Sixteen replays are waited for as they are
+    /// submitted; results do not depend on it. On the CPU a schedule's
+    /// replays run as per-stream programs placed by the cost model
+    /// ([`replace_schedules`](Self::replace_schedules)), and the trial
+    /// applies only to replays made tasks (on CUDA, or for tests).
+    pub fn placement_trial(mut self, on: bool) -> Self {
+        self.placement_trial = Some(on);
         self
     }
 
@@ -863,6 +879,17 @@ impl Runtime {
         self.config.graphs.unwrap_or_else(|| {
             matches!(self.backend, Backend::Cuda(_)) && self.shared.class != Class::BestEffort
         })
+    }
+
+    /// Whether recorded schedules begin with a placement trial
+    /// ([`RuntimeBuilder::placement_trial`]): replays made tasks only, by
+    /// default on CUDA.
+    pub(crate) fn config_placement_trial(&self) -> bool {
+        self.replays_materialised()
+            && self
+                .config
+                .placement_trial
+                .unwrap_or(matches!(self.backend, Backend::Cuda(_)))
     }
 
     /// Submits one replay of `plan` as one unit (a CUDA graph launch, or a

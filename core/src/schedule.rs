@@ -5,6 +5,7 @@
 use crate::buffer::AsView;
 use crate::error::{Error, Result};
 use crate::sched::replay::{How, Plan};
+use crate::sched::trial::{Trial, TrialOutcome, TrialPlacement};
 use crate::{Runtime, TaskHandle};
 use std::borrow::Cow;
 use std::fmt;
@@ -35,6 +36,18 @@ pub struct Schedule<'rt> {
     /// Graph replay ([`crate::RuntimeBuilder::graphs`]): not tried yet, the
     /// unit to launch, or why the schedule is not a graph.
     graph: Mutex<GraphSlot>,
+    /// The placement trial ([`crate::RuntimeBuilder::placement_trial`]), or
+    /// `None` for a schedule without one.
+    trial: Mutex<Option<PlacementTrial>>,
+}
+
+/// A schedule's placement trial: its bookkeeping, the placement `plan` and
+/// `graph` hold now, and the plan and graph slot of the other one (dropped
+/// once the trial has decided against it).
+struct PlacementTrial {
+    trial: Trial,
+    current: TrialPlacement,
+    other: Option<(Arc<Plan>, GraphSlot)>,
 }
 
 /// What the ranks of a group agreed on for re-placing one schedule.
@@ -107,12 +120,20 @@ impl Runtime {
         // (a CUDA body's host time is its launch, not its kernels).
         // A graph keeps the recording's placement (a capture is made once).
         let settled = self.replays_materialised() || !self.config_replace() || self.config_graphs();
+        // Whether streams beat one stream is measured where a replay is one
+        // unit (CUDA): the other placement is made now, captured when tried.
+        let trial = (self.config_placement_trial() && plan.spread()).then(|| PlacementTrial {
+            trial: Trial::new(),
+            current: TrialPlacement::Recorded,
+            other: Some((Arc::new(plan.movable_on_first_stream()), GraphSlot::Untried)),
+        });
         Ok(Schedule {
             rt: self,
             plan: Mutex::new(Arc::new(plan)),
             settled: settled.into(),
             agreed: Mutex::new(None),
             graph: Mutex::new(GraphSlot::Untried),
+            trial: Mutex::new(trial),
         })
     }
 }
@@ -132,7 +153,71 @@ impl<'rt> Schedule<'rt> {
     /// before it. Results do not depend on placement. The ranks of a group
     /// each measure their own durations and so could place differently;
     /// `BoundComm::agree_placement` makes them place alike.
+    ///
+    /// With a placement trial ([`crate::RuntimeBuilder::placement_trial`],
+    /// on CUDA by default) the first replays of a schedule spread over
+    /// several streams alternate between its placement and one stream, and
+    /// each returns once it has completed; the faster placement is kept
+    /// ([`placement_trial`](Self::placement_trial)).
     pub fn replay(&self) -> Result<TaskHandle> {
+        let (timed, switched) = self.trial_begin();
+        let h = self.replay_placed(switched)?;
+        if timed && h.wait_unreported() {
+            self.trial_completed(crate::clock::now_ns());
+        }
+        Ok(h)
+    }
+
+    /// What this schedule's placement trial measured and kept, once it has
+    /// decided; `None` before, or for a schedule without a trial (the CPU's
+    /// per-stream programs, trials off, or a placement on one stream
+    /// already).
+    pub fn placement_trial(&self) -> Option<TrialOutcome> {
+        let t = self.trial.lock().unwrap_or_else(|e| e.into_inner());
+        t.as_ref().and_then(|t| t.trial.outcome())
+    }
+
+    /// Before a replay: puts in place the placement the trial gives it.
+    /// Returns (whether the replay is timed, whether the placement changed).
+    fn trial_begin(&self) -> (bool, bool) {
+        let mut t = self.trial.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(t) = t.as_mut() else {
+            return (false, false);
+        };
+        let want = t.trial.placement();
+        let switched = want != t.current;
+        if switched {
+            if let Some((plan, graph)) = t.other.as_mut() {
+                std::mem::swap(
+                    &mut *self.plan.lock().unwrap_or_else(|e| e.into_inner()),
+                    plan,
+                );
+                std::mem::swap(
+                    &mut *self.graph.lock().unwrap_or_else(|e| e.into_inner()),
+                    graph,
+                );
+                t.current = want;
+            }
+        }
+        if !t.trial.running() {
+            // Decided, and the kept placement in place: the other's graph
+            // goes (its last replay has completed).
+            t.other = None;
+        }
+        (t.trial.running(), switched)
+    }
+
+    /// A timed replay of the trial completed at `at_ns`.
+    fn trial_completed(&self, at_ns: u64) {
+        let mut t = self.trial.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = t.as_mut() {
+            t.trial.completed(at_ns);
+        }
+    }
+
+    /// [`replay`](Self::replay) with the current placement; `switched`: it
+    /// has just changed, so the replay waits for everything before it.
+    fn replay_placed(&self, switched: bool) -> Result<TaskHandle> {
         use std::sync::atomic::Ordering::{Acquire, Release};
         if self.rt.config_graphs() {
             if let Some(h) = self.rt.submit_graph_replay(&self.plan(), &self.graph)? {
@@ -141,7 +226,7 @@ impl<'rt> Schedule<'rt> {
         }
         let mut how = How {
             materialise: self.rt.replays_materialised(),
-            fence: false,
+            fence: switched,
             measure: false,
         };
         let plan = {

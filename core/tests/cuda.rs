@@ -303,6 +303,63 @@ fn recorded_steps_replay_as_graphs_by_default_except_best_effort() {
     }
 }
 
+/// The placement trial on CUDA (on by default): a step of two independent
+/// chains of spinning kernels, recorded over two streams, runs about twice
+/// as fast there as on one stream; the trial must measure that and keep the
+/// recorded placement, and every replay gives the sequential result.
+#[test]
+fn the_placement_trial_keeps_two_streams_for_independent_spins() {
+    if !gpu_or_skip("the_placement_trial_keeps_two_streams_for_independent_spins") {
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .build()
+        .expect("CUDA runtime");
+    let add = spin_kernel(&rt, "spin_then_add");
+    let n = 256usize;
+    let x = rt.alloc_from("x", &vec![0.0f32; n]).unwrap();
+    let z = rt.alloc_from("z", &vec![0.0f32; n]).unwrap();
+    let step = rt
+        .record("step", |rt| {
+            for _ in 0..4 {
+                for v in [&x, &z] {
+                    let f = add.clone();
+                    rt.task("spin add").run_cuda(
+                        v.read_write::<f32>(),
+                        move |v, cu| -> Result<(), TaskError> {
+                            let mut args = KernelArgs::new();
+                            // About 0.5 ms at 1.5-2 GHz, then +1.
+                            args.i64(800_000).ptr(v.ptr()).i32(n as i32).f32(1.0);
+                            // SAFETY: spin_then_add(long long, float*, int,
+                            // float) over n declared floats.
+                            unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                            Ok(())
+                        },
+                    )?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        step.placement().0,
+        2,
+        "the chains were recorded on two streams"
+    );
+    for _ in 0..20 {
+        step.replay().unwrap();
+    }
+    assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![84.0; n]);
+    assert_eq!(rt.read_vec::<f32>(&z).unwrap(), vec![84.0; n]);
+    let o = step.placement_trial().expect("decided after 16 replays");
+    eprintln!("placement trial: {o:?}");
+    assert_eq!(o.kept, braid::TrialPlacement::Recorded, "{o:?}");
+    assert!(o.one_stream_ns as f64 > 1.5 * o.recorded_ns as f64, "{o:?}");
+    assert_eq!(step.placement().0, 2);
+}
+
 /// Random steps captured into CUDA graphs: tasks pinned to random streams,
 /// each adding a constant to a buffer (some after a spin, so streams drift
 /// apart) or copying one buffer into another, recorded once and replayed

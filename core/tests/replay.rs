@@ -541,6 +541,70 @@ fn graphs_are_off_by_default_on_the_cpu() {
     }
 }
 
+/// The placement trial (replays made tasks, as on CUDA): the first replays
+/// of a step recorded on two streams alternate between its placement and
+/// one stream, then keep the faster; every replay gives the sequential
+/// result, with graphs and without. Off by default on the CPU.
+#[test]
+fn a_placement_trial_keeps_results_and_decides() {
+    for (graphs, trial) in [(false, Some(true)), (true, Some(true)), (true, None)] {
+        let mut b = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true)
+            .replay_as_tasks(true)
+            .graphs(graphs);
+        if let Some(on) = trial {
+            b = b.placement_trial(on);
+        }
+        let rt = b.build().unwrap();
+        let a = rt.alloc_from("a", &[1u64]).unwrap();
+        let c = rt.alloc_from("c", &[1u64]).unwrap();
+        let step = rt
+            .record("step", |rt| {
+                for k in 0..4u64 {
+                    rt.task("a").run(a.read_write::<u64>(), move |a| {
+                        a[0] = (a[0] * 3 + k) % 1_000_003
+                    })?;
+                    rt.task("c").run(c.read_write::<u64>(), move |c| {
+                        c[0] = (c[0] * 5 + k) % 1_000_003
+                    })?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(step.placement().0, 2, "the recording used both streams");
+        let replays = 24;
+        for i in 0..replays {
+            step.replay().unwrap();
+            if i == 3 {
+                assert_eq!(step.placement_trial(), None, "decided after 4 replays");
+            }
+        }
+        let (mut ea, mut ec) = (1u64, 1u64);
+        for _ in 0..=replays {
+            for k in 0..4 {
+                ea = (ea * 3 + k) % 1_000_003;
+                ec = (ec * 5 + k) % 1_000_003;
+            }
+        }
+        assert_eq!(rt.read_vec::<u64>(&a).unwrap(), vec![ea], "graphs {graphs}");
+        assert_eq!(rt.read_vec::<u64>(&c).unwrap(), vec![ec], "graphs {graphs}");
+        let outcome = step.placement_trial();
+        if trial.is_none() {
+            assert_eq!(outcome, None, "no trial by default on the CPU");
+            continue;
+        }
+        let o = outcome.expect("a trial of 16 replays has decided after 24");
+        assert!(o.recorded_ns > 0 && o.one_stream_ns > 0, "{o:?}");
+        let streams = match o.kept {
+            braid::TrialPlacement::Recorded => 2,
+            braid::TrialPlacement::OneStream => 1,
+        };
+        assert_eq!(step.placement().0, streams, "{o:?}");
+    }
+}
+
 /// Once every recorded task has been measured, the schedule is placed again
 /// from the durations (CPU); results stay those of the sequential program.
 #[test]

@@ -12,6 +12,7 @@ pub(crate) mod replay;
 pub(crate) mod scoped;
 pub(crate) mod split;
 pub(crate) mod tenants;
+pub(crate) mod trial;
 mod worker;
 
 #[cfg(all(test, loom))]
@@ -797,5 +798,18 @@ impl TaskHandle {
     /// Whether the task has finished (successfully or not).
     pub fn is_done(&self) -> bool {
         self.task.is_finished()
+    }
+
+    /// Blocks until the task has finished, without reporting its outcome:
+    /// a failure is still reported by `wait` or the next synchronisation
+    /// point. `false` (without waiting) from inside a task.
+    pub(crate) fn wait_unreported(&self) -> bool {
+        if self.shared.check_not_in_task("a placement trial").is_err() {
+            return false;
+        }
+        self.shared.streams[self.task.stream as usize]
+            .done
+            .wait_at_least(self.task.seq);
+        true
     }
 }

@@ -366,6 +366,14 @@ impl Plan {
     /// recorded there: [`Plan::replaced`] keeps a task's recorded stream on
     /// a tie, so ranks whose recordings placed tasks differently re-place
     /// them alike from this (the ranks' agreed re-placement).
+    /// Whether some movable task is on another stream than the first
+    /// compute stream (what [`movable_on_first_stream`] would change).
+    ///
+    /// [`movable_on_first_stream`]: Self::movable_on_first_stream
+    pub(crate) fn spread(&self) -> bool {
+        self.tasks.iter().any(|t| t.movable && t.stream != 0)
+    }
+
     pub(crate) fn movable_on_first_stream(&self) -> Plan {
         let mut tasks = self.tasks.clone();
         for t in tasks.iter_mut().filter(|t| t.movable) {

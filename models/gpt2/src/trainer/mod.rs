@@ -168,6 +168,7 @@ pub fn train(
         graph_replays: Vec::new(),
         graph_refusal: None,
         graph_shape: None,
+        placement_trial: None,
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -181,6 +182,7 @@ pub fn train(
         report.graph_replays.push(o.graphs.0);
         report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
         report.graph_shape = report.graph_shape.or(o.graphs.2);
+        report.placement_trial = report.placement_trial.or(o.placement_trial);
         report.whole_run.push(o.profile.summary());
         report.summaries.push(match o.steady_from {
             Some(t) => o.profile.since(t).summary(),

@@ -35,6 +35,8 @@ pub(super) struct RankOutcome {
     /// step is not one, if it was refused.
     /// Graph replays, why the step was refused, or how it was cut.
     pub(super) graphs: (u64, Option<String>, Option<(usize, usize)>),
+    /// What the recorded step's placement trial kept, once decided.
+    pub(super) placement_trial: Option<braid::TrialOutcome>,
 }
 
 /// A hash of `x`'s bit patterns, for checking that ranks agree: eight
@@ -399,6 +401,7 @@ pub(super) fn run_rank(
             schedule.as_ref().and_then(|s| s.graph_refusal()),
             schedule.as_ref().and_then(|s| s.graph_shape()),
         ),
+        placement_trial: schedule.as_ref().and_then(|s| s.placement_trial()),
     })
 }
 

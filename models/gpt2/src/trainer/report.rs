@@ -81,6 +81,9 @@ pub struct TrainReport {
     /// How a graph-replayed step runs (`braid::Schedule::graph_shape`,
     /// rank 0's): `(graphs, collectives and host tasks between them)`.
     pub graph_shape: Option<(usize, usize)>,
+    /// What the recorded step's placement trial measured and kept
+    /// (`braid::Schedule::placement_trial`, rank 0's; CUDA).
+    pub placement_trial: Option<braid::TrialOutcome>,
 }
 
 /// The bucket cap an auto run chose (rank 0's view; every rank uses it).
@@ -302,6 +305,18 @@ impl fmt::Display for TrainReport {
                 )?,
                 _ => writeln!(f, "graph replay     {n} steps launched as one graph each")?,
             }
+        }
+        if let Some(t) = &self.placement_trial {
+            let kept = match t.kept {
+                braid::TrialPlacement::Recorded => "its streams",
+                braid::TrialPlacement::OneStream => "one stream",
+            };
+            writeln!(
+                f,
+                "placement trial  a step {:.2} ms on its streams, {:.2} ms on one: kept {kept}",
+                t.recorded_ns as f64 / 1e6,
+                t.one_stream_ns as f64 / 1e6,
+            )?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
