@@ -97,6 +97,8 @@ void replays_match_sequential() {
         CHECK(sched.graph_refusal().empty());
         CHECK(sched.graphs_per_replay() == (graphs ? 2u : 0u));
         CHECK(sched.tasks_between_graphs() == (graphs ? 1u : 0u));
+        // The CPU's replays are per-stream programs: no placement trial.
+        CHECK(!sched.placement_trial().decided);
         rt.synchronize();
       }
     }

@@ -64,13 +64,25 @@ mod bridge {
         BestEffort,
     }
 
-    /// Whether replays run as one unit (`RuntimeBuilder::graphs`): the
-    /// backend's default (on for CUDA), or as asked.
+    /// A builder setting whose default depends on the backend
+    /// (`RuntimeBuilder::graphs`, `RuntimeBuilder::placement_trial`: on for
+    /// CUDA), or as asked.
     #[derive(Debug)]
-    enum Graphs {
+    enum Switch {
         Default,
         On,
         Off,
+    }
+
+    /// What a schedule's placement trial measured and kept
+    /// (`braid::Schedule::placement_trial`); `decided` false before (or
+    /// without a trial), the rest 0 then.
+    #[derive(Debug)]
+    struct TrialRecord {
+        decided: bool,
+        recorded_ns: u64,
+        one_stream_ns: u64,
+        kept_one_stream: bool,
     }
 
     /// What a task does.
@@ -169,7 +181,10 @@ mod bridge {
         /// `BRAID_LIVE`, if set).
         live: String,
         /// Replays run as one unit (`RuntimeBuilder::graphs`).
-        graphs: Graphs,
+        graphs: Switch,
+        /// Recorded placements timed against one stream
+        /// (`RuntimeBuilder::placement_trial`).
+        placement_trial: Switch,
         /// Repeated steps are memoised (`RuntimeBuilder::auto_replay`).
         auto_replay: bool,
         /// Short tasks may run on the submitting thread
@@ -290,6 +305,7 @@ mod bridge {
         fn graph_refusal(self: &Schedule) -> String;
         fn graph_parts(self: &Schedule) -> usize;
         fn graph_tasks_between(self: &Schedule) -> usize;
+        fn placement_trial(self: &Schedule) -> TrialRecord;
         fn summary(self: &Runtime) -> SummaryRecord;
         fn stats(self: &Runtime) -> StatsRecord;
         fn spans(self: &Runtime) -> Vec<SpanRecord>;
@@ -408,9 +424,9 @@ mod bridge {
 }
 
 pub use bridge::{
-    BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Graphs, Mode, Policy, Priority,
-    RankOutcome, RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StatsRecord, StreamBusy,
-    SummaryRecord, TaskKind,
+    BackendKind, Class, CollectiveKind, CollectiveSpec, DType, Mode, Policy, Priority, RankOutcome,
+    RawAccess, ReduceOp, RuntimeConfig, SpanRecord, StatsRecord, StreamBusy, SummaryRecord, Switch,
+    TaskKind, TrialRecord,
 };
 
 /// The error every fallible bridge function returns; cxx throws it in C++ as
@@ -469,7 +485,8 @@ fn default_config() -> RuntimeConfig {
         placement: String::new(),
         tenant_class: Class::Normal,
         live: String::new(),
-        graphs: Graphs::Default,
+        graphs: Switch::Default,
+        placement_trial: Switch::Default,
         auto_replay: true,
         inline_short_tasks: true,
         realtime: false,
@@ -517,10 +534,16 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             b = b.live(cfg.live.as_str());
         }
         b = match cfg.graphs {
-            Graphs::Default => b,
-            Graphs::On => b.graphs(true),
-            Graphs::Off => b.graphs(false),
+            Switch::Default => b,
+            Switch::On => b.graphs(true),
+            Switch::Off => b.graphs(false),
             _ => return Err(to_error("graphs setting")),
+        };
+        b = match cfg.placement_trial {
+            Switch::Default => b,
+            Switch::On => b.placement_trial(true),
+            Switch::Off => b.placement_trial(false),
+            _ => return Err(to_error("placement trial setting")),
         };
         b = b.class(match cfg.tenant_class {
             Class::LatencyCritical => braid::Class::LatencyCritical,
@@ -597,6 +620,24 @@ impl Schedule {
     /// Collectives and host tasks run between the graphs per replay.
     fn graph_tasks_between(&self) -> usize {
         self.step.graph_shape().map_or(0, |(_, e)| e)
+    }
+
+    /// The placement trial's outcome ([`braid::Schedule::placement_trial`]).
+    fn placement_trial(&self) -> TrialRecord {
+        match self.step.placement_trial() {
+            Some(o) => TrialRecord {
+                decided: true,
+                recorded_ns: o.recorded_ns,
+                one_stream_ns: o.one_stream_ns,
+                kept_one_stream: o.kept == braid::TrialPlacement::OneStream,
+            },
+            None => TrialRecord {
+                decided: false,
+                recorded_ns: 0,
+                one_stream_ns: 0,
+                kept_one_stream: false,
+            },
+        }
     }
 }
 

@@ -805,6 +805,11 @@ class Schedule {
   // them (a schedule is cut around those: docs/replay.md). Both 0 otherwise.
   std::size_t graphs_per_replay() const noexcept { return inner_->graph_parts(); }
   std::size_t tasks_between_graphs() const noexcept { return inner_->graph_tasks_between(); }
+  // What the placement trial measured and kept, once decided: the median
+  // interval between replays on the recorded streams and on one stream (ns),
+  // and whether one stream was kept. `decided` is false before, and for a
+  // schedule without a trial (RuntimeBuilder::placement_trial).
+  ffi::TrialRecord placement_trial() const { return inner_->placement_trial(); }
 
   const ffi::Schedule& raw() const noexcept { return *inner_; }
 
@@ -1014,7 +1019,15 @@ class RuntimeBuilder {
   // runs its tasks in order on one stream thread (docs/replay.md). Default:
   // on with a CUDA backend (not for a best-effort runtime), off on the CPU.
   RuntimeBuilder& graphs(bool on = true) {
-    cfg_.graphs = on ? ffi::Graphs::On : ffi::Graphs::Off;
+    cfg_.graphs = on ? ffi::Switch::On : ffi::Switch::Off;
+    return *this;
+  }
+  // The first replays of a recorded schedule whose tasks use several compute
+  // streams time its placement against one stream and keep the faster
+  // (default: on with a CUDA backend; on the CPU only for replays made
+  // tasks; docs/replay.md, "The placement trial").
+  RuntimeBuilder& placement_trial(bool on = true) {
+    cfg_.placement_trial = on ? ffi::Switch::On : ffi::Switch::Off;
     return *this;
   }
   // Automatic replay (default: on): after a few identical steps (what is
