@@ -49,6 +49,7 @@ use super::error::{catch_panic, CudaError, CudaResult, Named};
 use super::memory::DevicePtr;
 use super::stream::CudaStream;
 
+pub use super::cublaslt::Epilogue;
 pub use super::gemm::{Gemm, Transpose};
 
 /// A cuBLAS handle bound to one stream.
@@ -57,7 +58,7 @@ pub struct CublasHandle {
     stream: CudaStream,
     tf32: bool,
     /// cuBLASLt's handle and workspace, made at the first product with a
-    /// fused bias ([`gemm_bf16_bias`](Self::gemm_bf16_bias)).
+    /// fused epilogue ([`gemm_bf16_epilogue`](Self::gemm_bf16_epilogue)).
     lt: std::sync::OnceLock<super::cublaslt::Lt>,
 }
 
@@ -290,36 +291,30 @@ impl CublasHandle {
         .named("cublasGemmEx")
     }
 
-    /// `C = alpha · op(A) · op(B) + bias` with bfloat16 operands, result and
-    /// `bias` (`g.n` values, one per column of `C`), the bias added in the
-    /// product's epilogue by cuBLASLt (`cublaslt.rs`): FP32 accumulation,
-    /// one rounding to bf16, `C` not read (`g.beta` must be 0). The first
-    /// call makes the handle's cuBLASLt state (a workspace allocation: not
-    /// inside a graph capture).
-    ///
-    /// With `gelu_aux = Some((aux, ld_aux))` the epilogue is cuBLASLt's
-    /// `GELU_AUX_BIAS`: `aux` (m × n bf16, row stride `ld_aux`) gets
-    /// `op(A)·op(B) + bias` and `c` its GELU (the tanh form), each rounded
-    /// once.
+    /// `C = epilogue(alpha · op(A) · op(B))` with bfloat16 operands and
+    /// result, the epilogue's work ([`Epilogue`]: a bias, a bias and a GELU,
+    /// a GELU's gradient) done by cuBLASLt (`cublaslt.rs`): FP32
+    /// accumulation, one rounding to bf16, `C` not read (`g.beta` must be
+    /// 0). The first call makes the handle's cuBLASLt state (a workspace
+    /// allocation: not inside a graph capture).
     ///
     /// # Safety
-    /// As [`gemm_bf16`](Self::gemm_bf16), and `bias` holds `g.n` bf16
-    /// values; `aux`, if given, an m × n bf16 matrix of row stride `ld_aux`,
+    /// As [`gemm_bf16`](Self::gemm_bf16), and the epilogue's bias holds
+    /// `g.n` bf16 values, its `aux` an m × n bf16 matrix of its row stride,
     /// disjoint from `c`.
-    pub unsafe fn gemm_bf16_bias(
+    pub unsafe fn gemm_bf16_epilogue(
         &self,
         g: &Gemm,
         a: DevicePtr,
         b: DevicePtr,
         c: DevicePtr,
-        bias: DevicePtr,
-        gelu_aux: Option<(DevicePtr, usize)>,
+        epilogue: Epilogue,
     ) -> CudaResult<()> {
         let h = self.begin(g, None)?;
         let lt = self.lt()?;
         // SAFETY: the caller's contract; the handle's mutex (`h`) is held, so
         // the cuBLASLt state serves one product at a time.
-        let r = unsafe { lt.gemm_bf16_bias(&self.stream, g, a, b, c, bias, gelu_aux) };
+        let r = unsafe { lt.gemm_bf16_epilogue(&self.stream, g, a, b, c, epilogue) };
         drop(h);
         r
     }

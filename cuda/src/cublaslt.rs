@@ -1,5 +1,6 @@
-//! cuBLASLt products with the bias fused into the product's epilogue
-//! (`CUBLASLT_EPILOGUE_BIAS`), in the row-major terms of `cublas.rs`.
+//! cuBLASLt products with work fused into the product's epilogue
+//! ([`Epilogue`]: the bias, the bias and a GELU, or a GELU's gradient), in
+//! the row-major terms of `cublas.rs`.
 //!
 //! `C = alpha · op(A) · op(B) + bias` (row-major, `bias` one value per
 //! column of `C`) is, column-major, `Cᵀ = op(B)ᵀ · op(A)ᵀ` plus `bias`
@@ -30,6 +31,51 @@ use super::stream::CudaStream;
 /// The alignment of a device address in bytes, up to 256.
 fn alignment(ptr: DevicePtr) -> u32 {
     1u32 << ptr.trailing_zeros().min(8)
+}
+
+/// What a bf16 cuBLASLt product adds in its epilogue, in the row-major terms
+/// of `cublas.rs` (`C` is m × n). Every result is rounded to bf16 once, from
+/// the f32 accumulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `C = product + bias` (`BIAS`; `bias`: `n` values, one per column).
+    Bias(DevicePtr),
+    /// `aux = product + bias`, `C = gelu(aux)` (the tanh form;
+    /// `GELU_AUX_BIAS`): `aux` an m × n matrix of row stride `ld`.
+    GeluAuxBias {
+        bias: DevicePtr,
+        aux: DevicePtr,
+        ld: usize,
+    },
+    /// `C = product · gelu'(aux)`, elementwise (`DGELU`): `aux` the GELU's
+    /// input, an m × n matrix of row stride `ld`; the backward of
+    /// `GeluAuxBias` for the product's input gradient.
+    DGelu { aux: DevicePtr, ld: usize },
+}
+
+impl Epilogue {
+    fn kind(self) -> sys::cublasLtEpilogue_t {
+        use sys::cublasLtEpilogue_t as E;
+        match self {
+            Epilogue::Bias(_) => E::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::GeluAuxBias { .. } => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Epilogue::DGelu { .. } => E::CUBLASLT_EPILOGUE_DGELU,
+        }
+    }
+
+    fn bias(self) -> Option<DevicePtr> {
+        match self {
+            Epilogue::Bias(bias) | Epilogue::GeluAuxBias { bias, .. } => Some(bias),
+            Epilogue::DGelu { .. } => None,
+        }
+    }
+
+    fn aux(self) -> Option<(DevicePtr, usize)> {
+        match self {
+            Epilogue::Bias(_) => None,
+            Epilogue::GeluAuxBias { aux, ld, .. } | Epilogue::DGelu { aux, ld } => Some((aux, ld)),
+        }
+    }
 }
 
 /// A cuBLASLt handle and its workspace (one per stream).
@@ -92,32 +138,27 @@ impl Lt {
         Ok(Lt { handle, workspace })
     }
 
-    /// `C = alpha · op(A) · op(B) + bias` in bf16 (row-major; `g.beta` must
-    /// be 0), on `stream`. With `gelu_aux = Some((aux, ld_aux))` the
-    /// epilogue is cuBLASLt's `GELU_AUX_BIAS`: `aux` (m × n bf16, row stride
-    /// `ld_aux`) gets the sum with the bias and `C` its GELU (the tanh
-    /// form), each rounded once from the f32 accumulator.
+    /// `C = epilogue(alpha · op(A) · op(B))` in bf16 (row-major; `g.beta`
+    /// must be 0: `C` is not read), on `stream`.
     ///
     /// # Safety
     /// `a`, `b`, `c` are device pointers of this device to bf16 matrices of
-    /// the sizes `g` describes, `bias` to `g.n` bf16 values, `aux` (if given)
-    /// to an m × n bf16 matrix of row stride `ld_aux`, all alive until the
-    /// product has run, with no conflicting concurrent access; `stream` is
-    /// this handle's stream's device's.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn gemm_bf16_bias(
+    /// the sizes `g` describes, the epilogue's bias to `g.n` bf16 values and
+    /// its `aux` to an m × n bf16 matrix of row stride `ld` (disjoint from
+    /// `c`), all alive until the product has run, with no conflicting
+    /// concurrent access; `stream` is this handle's stream's device's.
+    pub(crate) unsafe fn gemm_bf16_epilogue(
         &self,
         stream: &CudaStream,
         g: &Gemm,
         a: DevicePtr,
         b: DevicePtr,
         c: DevicePtr,
-        bias: DevicePtr,
-        gelu_aux: Option<(DevicePtr, usize)>,
+        epilogue: Epilogue,
     ) -> CudaResult<()> {
         if g.beta != 0.0 {
             return Err(CudaError::InvalidArgument(format!(
-                "a product with a fused bias overwrites C (beta 0), not beta {}",
+                "a product with a fused epilogue overwrites C (beta 0), not beta {}",
                 g.beta
             )));
         }
@@ -168,18 +209,16 @@ impl Lt {
             (&tb as *const i32).cast(),
             size_of::<i32>(),
         )?;
-        let epilogue = match gelu_aux {
-            None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            Some(_) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-        };
+        let kind = epilogue.kind();
         set(
             A::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
+            (&kind as *const sys::cublasLtEpilogue_t).cast(),
             size_of::<sys::cublasLtEpilogue_t>(),
         )?;
-        if let Some((aux, ld_aux)) = gelu_aux {
-            // The auxiliary output has D's layout (n × m column-major, so
-            // its leading dimension is our row stride) and D's type.
+        if let Some((aux, ld_aux)) = epilogue.aux() {
+            // The auxiliary matrix (GELU_AUX_BIAS's output, DGELU's input)
+            // has D's layout (n × m column-major, so its leading dimension
+            // is our row stride) and D's type.
             let aux_ptr = aux as *const c_void;
             set(
                 A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -193,12 +232,14 @@ impl Lt {
                 size_of::<i64>(),
             )?;
         }
-        let bias_ptr = bias as *const c_void;
-        set(
-            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-            (&bias_ptr as *const *const c_void).cast(),
-            size_of::<*const c_void>(),
-        )?;
+        if let Some(bias) = epilogue.bias() {
+            let bias_ptr = bias as *const c_void;
+            set(
+                A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                (&bias_ptr as *const *const c_void).cast(),
+                size_of::<*const c_void>(),
+            )?;
+        }
         let pref = lt::create_matmul_pref()
             .named("cublasLtMatmulPreferenceCreate")
             .map(Pref)?;

@@ -71,7 +71,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod stream;
 
-pub use cublas::{CublasHandle, Gemm, Transpose};
+pub use cublas::{CublasHandle, Epilogue, Gemm, Transpose};
 pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};

@@ -1565,6 +1565,57 @@ test_device!(
     matmul_gelu_task_cuda
 );
 
+/// `matmul::backward_input_dgelu` (the MLP's input gradient through its
+/// GELU as one task, written over a buffer that is not zero): on the CPU
+/// `matmul_backward_input` then `gelu_backward`, bit for bit; on CUDA one
+/// cuBLASLt product with the `DGELU` epilogue, against the CPU within the
+/// GELU epilogue's bound (the product rounded once instead of twice, times
+/// a slope of at most 1.13, plus one bf16 rounding). bf16: the CUDA body
+/// takes nothing else.
+fn matmul_dgelu_task(dev: Device) {
+    let g = Dev::new(dev);
+    let (n, c, oc) = (B * T, 4 * C, C);
+    let dout = bf16(&randn(n * oc, 1.0, 160));
+    let w = bf16(&randn(oc * c, 0.2, 161));
+    let pre = bf16(&randn(n * c, 1.5, 162));
+    let mut product = vec![Bf16(0); n * c];
+    cpu::matmul_backward_input(&mut product, &dout, &w, 1, n, c, oc);
+    let mut want = vec![Bf16(0); n * c];
+    cpu::gelu_backward(&mut want, &pre, &product);
+    let dinp = g.up_bf16(&bf16(&randn(n * c, 1.0, 163)));
+    let v = [&dinp, &g.up_bf16(&dout), &g.up_bf16(&w), &g.up_bf16(&pre)].map(|b| b.whole());
+    done(matmul::backward_input_dgelu(
+        bf16_task(&g.rt, "fcproj backward input + gelu backward"),
+        &v[0],
+        &v[1],
+        &v[2],
+        &v[3],
+        n,
+        c,
+        oc,
+    ));
+    let got = g.down_bf16(&dinp);
+    if dev == Device::Cpu {
+        assert!(got == want, "the task differs from its two kernels");
+        return;
+    }
+    let (got, want, prod) = (widen(&got), widen(&want), widen(&product));
+    within_bound(
+        "matmul dgelu epilogue",
+        &got,
+        &want,
+        &prod,
+        "product",
+        |i| 1.13 * (prod[i].abs() / 128.0 + 1e-5) + want[i].abs() / 128.0 + 1e-5,
+    );
+}
+
+test_device!(
+    matmul_dgelu_task,
+    matmul_dgelu_task_cpu,
+    matmul_dgelu_task_cuda
+);
+
 /// The GELU in cuBLASLt's epilogue (`matmul_forward_gelu_cuda(.., true)`,
 /// what `BRAID_CUBLASLT_GELU=1` turns on): the pre-activation against the
 /// CPU's product plus bias within `accumulated`'s bound; the GELU against

@@ -27,8 +27,8 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use braid::cuda::{
-    CompileOptions, CudaDevice, CudaError, CudaFunction, Gemm, Header, KernelArgs, KernelCache,
-    LaunchConfig,
+    CompileOptions, CudaDevice, CudaError, CudaFunction, Epilogue, Gemm, Header, KernelArgs,
+    KernelCache, LaunchConfig,
 };
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Error, Result};
 
@@ -443,28 +443,26 @@ impl<'c> Launcher<'c> {
         r.map_err(|e| self.err(e))
     }
 
-    /// A bf16 cuBLASLt product with the bias added in its epilogue
-    /// (`CublasHandle::gemm_bf16_bias`: one rounding, `C` not read); with
-    /// `gelu_aux = Some((aux, ld_aux))` also the GELU: `aux` gets the sum
-    /// with the bias, `c` its GELU.
+    /// A bf16 cuBLASLt product with work in its epilogue
+    /// (`CublasHandle::gemm_bf16_epilogue`: the bias, the bias and a GELU,
+    /// or a GELU's gradient; one rounding, `C` not read).
     ///
     /// # Safety
-    /// `a`, `b`, `c` address bf16 matrices of the sizes `g` describes,
-    /// `bias` `g.n` bf16 values, `aux` (if given) an m × n bf16 matrix of
-    /// row stride `ld_aux`, disjoint from `c`.
-    pub(crate) unsafe fn gemm_bf16_bias(
+    /// `a`, `b`, `c` address bf16 matrices of the sizes `g` describes, the
+    /// epilogue's bias `g.n` bf16 values, its `aux` an m × n bf16 matrix of
+    /// its row stride, disjoint from `c`.
+    pub(crate) unsafe fn gemm_bf16_epilogue(
         &self,
         g: &Gemm,
         a: u64,
         b: u64,
         c: u64,
-        bias: u64,
-        gelu_aux: Option<(u64, usize)>,
+        epilogue: Epilogue,
     ) -> Result<()> {
         let blas = self.cu.cublas()?;
-        // SAFETY: the caller's contract is `gemm_bf16_bias`'s; the handle is
-        // bound to the task's stream.
-        unsafe { blas.gemm_bf16_bias(g, a, b, c, bias, gelu_aux) }.map_err(|e| self.err(e))
+        // SAFETY: the caller's contract is `gemm_bf16_epilogue`'s; the
+        // handle is bound to the task's stream.
+        unsafe { blas.gemm_bf16_epilogue(g, a, b, c, epilogue) }.map_err(|e| self.err(e))
     }
 
     /// # Safety

@@ -20,7 +20,7 @@
 //! so that every row starts aligned. Columns `OC..ld` are neither read nor
 //! written.
 
-use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
+use braid::cuda::{Epilogue, Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 use gemm::{gemm, Parallelism};
 
@@ -175,6 +175,51 @@ pub fn backward_input_ld<'rt>(
         move |(dinp, dout, w), cu| {
             task_result(matmul_backward_input_cuda(
                 cu, dinp, write, dout, w, n, c, oc, ld,
+            ))
+        },
+    )
+}
+
+/// Submits `dinp = (dout · weight) ∘ gelu'(pre)` as one task: the input
+/// gradient of a product whose output went through a GELU, `pre` the GELU's
+/// input, written over `dinp` (its only writer: [`GradWrite::Set`]). On
+/// the CPU it is [`backward_input`] then [`gelu::backward`](super::gelu::backward)
+/// into a temporary, bit for bit; on CUDA one cuBLASLt product with the
+/// `DGELU` epilogue (bf16, operands 16-byte aligned, `C` and `OC` multiples
+/// of 8; an error otherwise), the product times the GELU's slope rounded
+/// once. What [`dgelu_epilogue`] turns on in the fused model.
+pub fn backward_input_dgelu<'rt>(
+    task: impl Into<Task<'rt>>,
+    dinp: &View,   // (N, C) overwritten
+    dout: &View,   // (N, OC)
+    weight: &View, // (OC, C)
+    pre: &View,    // (N, C)
+    n: usize,
+    c: usize,
+    oc: usize,
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (
+            dinp.write::<S>(),
+            dout.read::<S>(),
+            weight.read::<S>(),
+            pre.read::<S>(),
+        ),
+        move |(dinp, dout, w, pre)| {
+            let mut grad = vec![S::store(0.0); n * c];
+            matmul_backward_input_ld(&mut grad, dout, w, n, c, oc, oc);
+            GradWrite::Set.prepare(dinp);
+            super::gelu::gelu_backward(dinp, pre, &grad);
+        },
+        move |(dinp, dout, w, pre), cu| {
+            task_result(matmul_backward_input_dgelu_cuda(
+                cu,
+                dinp,
+                dout,
+                w,
+                pre,
+                (n, c, oc),
             ))
         },
     )
@@ -705,7 +750,13 @@ pub fn matmul_forward_cuda_with<S: Storage>(
         // SAFETY: inp (N, C) · weight (OC, C)ᵀ + bias (OC) into columns
         // 0..OC of out (N, ld), sizes checked, all bf16 (S is).
         return unsafe {
-            l.gemm_bf16_bias(&g, inp.ptr(), weight.ptr(), out.ptr(), bias.ptr(), None)
+            l.gemm_bf16_epilogue(
+                &g,
+                inp.ptr(),
+                weight.ptr(),
+                out.ptr(),
+                Epilogue::Bias(bias.ptr()),
+            )
         };
     }
     let l = Launcher::new(k, cu);
@@ -741,13 +792,31 @@ pub fn bias_epilogue() -> bool {
 }
 
 /// Whether [`forward_gelu`] takes its GELU in cuBLASLt's epilogue
-/// (`GELU_AUX_BIAS`) on CUDA: `BRAID_CUBLASLT_GELU=1`, read once. Off by
-/// default until it has run on a GPU (docs/gpu-validation.md): it saves
-/// the GELU kernel's pass over the MLP's activations (0.53 ms of run 7's
-/// 25.6 ms B 8 step on an H200).
+/// (`GELU_AUX_BIAS`) on CUDA: `BRAID_CUBLASLT_GELU=1` (or `2`, below), read
+/// once. Off by default until it has run on a GPU
+/// (docs/gpu-validation.md): it saves the GELU kernel's pass over the MLP's
+/// activations (0.53 ms of run 7's 25.6 ms B 8 step on an H200).
 pub fn gelu_epilogue() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(GELU_EPILOGUE_ENV).is_some_and(|v| v == "1"))
+    gelu_fusion() >= 1
+}
+
+/// Whether the fused model's MLP backward also takes the GELU's gradient in
+/// cuBLASLt's epilogue ([`backward_input_dgelu`]): `BRAID_CUBLASLT_GELU=2`
+/// (llm.c's `gelu_fusion` levels: 1 forward, 2 forward and backward), read
+/// once. Off by default until it has run on a GPU: it saves the GELU
+/// backward kernel (0.67 ms of run 7's step) and a pass over its input.
+pub fn dgelu_epilogue() -> bool {
+    gelu_fusion() >= 2
+}
+
+/// `BRAID_CUBLASLT_GELU` as a level: 0 (unset or anything else), 1 or 2.
+fn gelu_fusion() -> u8 {
+    static LEVEL: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| match std::env::var_os(GELU_EPILOGUE_ENV) {
+        Some(v) if v == "1" => 1,
+        Some(v) if v == "2" => 2,
+        _ => 0,
+    })
 }
 
 /// The environment variable of [`gelu_epilogue`].
@@ -794,19 +863,70 @@ pub fn matmul_forward_gelu_cuda<S: Storage>(
     // its GELU into out (N, OC), sizes checked, all bf16 (S is), out and
     // pre distinct declared writes of the task.
     unsafe {
-        l.gemm_bf16_bias(
+        l.gemm_bf16_epilogue(
             &g,
             inp.ptr(),
             weight.ptr(),
             out.ptr(),
-            bias.ptr(),
-            Some((pre.ptr(), oc)),
+            Epilogue::GeluAuxBias {
+                bias: bias.ptr(),
+                aux: pre.ptr(),
+                ld: oc,
+            },
         )
     }
 }
 
 /// The environment variable of [`bias_epilogue`].
 pub const BIAS_EPILOGUE_ENV: &str = "BRAID_CUBLASLT_BIAS";
+
+/// [`backward_input_dgelu`] on the task's stream: one cuBLASLt product with
+/// the `DGELU` epilogue (an error where the operands do not allow it: bf16,
+/// 16-byte aligned, `C` and `OC` multiples of 8).
+pub fn matmul_backward_input_dgelu_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    dinp: DevSliceMut<S>, // (N, C) overwritten
+    dout: DevSlice<S>,    // (N, OC)
+    weight: DevSlice<S>,  // (OC, C)
+    pre: DevSlice<S>,     // (N, C)
+    (n, c, oc): (usize, usize, usize),
+) -> Result<()> {
+    let k = Check::new("matmul_backward_input_dgelu");
+    k.dim("N", n)?;
+    k.dim("C", c)?;
+    k.dim("OC", oc)?;
+    let nc = k.mul(n, c)?;
+    k.exact("dinp", &dinp, "(N, C)", nc)?;
+    k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
+    k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
+    k.exact("pre", &pre, "(N, C)", nc)?;
+    let aligned = [dinp.ptr(), dout.ptr(), weight.ptr(), pre.ptr()]
+        .iter()
+        .all(|p| p % 16 == 0);
+    if S::DTYPE != Dtype::Bf16 || !aligned || c % 8 != 0 || oc % 8 != 0 {
+        return Err(k.err(
+            "the DGELU epilogue needs bf16 operands aligned to 16 bytes and C, OC multiples of 8"
+                .into(),
+        ));
+    }
+    let l = Launcher::new(k, cu);
+    let g = Gemm::new(Transpose::N, Transpose::N, n, c, oc).scaled(1.0, 0.0);
+    // SAFETY: dout (N, OC) · weight (OC, C) times gelu'(pre (N, C)) into
+    // dinp (N, C), sizes checked, all bf16 (S is); dinp a declared write
+    // distinct from the reads.
+    unsafe {
+        l.gemm_bf16_epilogue(
+            &g,
+            dout.ptr(),
+            weight.ptr(),
+            dinp.ptr(),
+            Epilogue::DGelu {
+                aux: pre.ptr(),
+                ld: c,
+            },
+        )
+    }
+}
 
 /// [`matmul_backward_input_ld`] on the task's stream (cuBLAS, `beta = 1`; `beta =
 /// 0` for [`GradWrite::Set`]).

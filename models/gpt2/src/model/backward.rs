@@ -6,7 +6,7 @@ use super::{Gpt2Model, Tasks};
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::{
     attention, encoder, fill, flash_attention, fused_classifier, gelu, layernorm, loss, matmul,
-    residual, GradWrite,
+    residual, storage::Dtype, GradWrite,
 };
 use crate::reference::GELU_RING;
 
@@ -67,6 +67,9 @@ impl Gpt2Model {
         } else {
             GradWrite::Add
         };
+        // The MLP's GELU gradient in cuBLASLt's epilogue (bf16, one writer;
+        // `BRAID_CUBLASLT_GELU=2`, `matmul::dgelu_epilogue`).
+        let dgelu = one_writer && self.dtype == Dtype::Bf16 && matmul::dgelu_epilogue();
         let (layers, ring) = (self.cfg.num_layers, da.ring);
         let zero_slot = |l: usize| fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l].0);
         if !one_writer || !self.fusion.classifier {
@@ -232,17 +235,32 @@ impl Gpt2Model {
                 )?;
                 &lda.fcproj
             };
-            // fcproj = fch_gelu · fcprojwᵀ + fcprojb
-            matmul::backward_input(
-                task("fcproj backward input"),
-                &lda.fch_gelu,
-                write,
-                dfcproj,
-                &lp.fcprojw,
-                n,
-                4 * c,
-                c,
-            )?;
+            // fcproj = fch_gelu · fcprojwᵀ + fcprojb, and (below) fch_gelu =
+            // gelu(fch): with the DGELU epilogue on, one task writes fch's
+            // gradient (fch_gelu's is never stored).
+            if dgelu {
+                matmul::backward_input_dgelu(
+                    task("fcproj backward input + gelu backward"),
+                    &lda.fch,
+                    dfcproj,
+                    &lp.fcprojw,
+                    &la.fch,
+                    n,
+                    4 * c,
+                    c,
+                )?;
+            } else {
+                matmul::backward_input(
+                    task("fcproj backward input"),
+                    &lda.fch_gelu,
+                    write,
+                    dfcproj,
+                    &lp.fcprojw,
+                    n,
+                    4 * c,
+                    c,
+                )?;
+            }
             // Fused, fch_gelu lives in the GELU ring: recomputed from fch
             // unless this block's slot still holds it (the last GELU_RING
             // blocks). Only the weight gradient reads it, so Side too.
@@ -262,13 +280,15 @@ impl Gpt2Model {
             ready(li.fcprojb)?;
             ready(li.fcprojw)?;
             // fch_gelu = gelu(fch)
-            gelu::backward(
-                task("gelu backward"),
-                &lda.fch,
-                write,
-                &la.fch,
-                &lda.fch_gelu,
-            )?;
+            if !dgelu {
+                gelu::backward(
+                    task("gelu backward"),
+                    &lda.fch,
+                    write,
+                    &la.fch,
+                    &lda.fch_gelu,
+                )?;
+            }
             // fch = ln2 · fcwᵀ + fcb
             matmul::backward_input(
                 task("fc backward input"),
