@@ -101,7 +101,40 @@ static __device__ void fa_forward(S* __restrict__ out, float* __restrict__ lse,
     lse[((long long)b * NH + h) * T + i] = __fadd_rn(m, logf(l));
 }
 
-// delta[b, h, i] = dout_i . out_i over the head's channels.
+// 16 bytes of S: 8 bf16 or 4 f32.
+struct alignas(16) fa_vec16 {
+    unsigned int w[4];
+};
+
+// fa_dot2 of two 16-byte aligned rows of hs (a multiple of 16 / sizeof(S))
+// elements, read 16 bytes at a time: the same products summed in the same
+// (channel) order, so the same bits.
+template <typename S>
+static __device__ __forceinline__ float fa_dot2_vec(const S* a, const S* b, int hs) {
+    constexpr int VEC = 16 / (int)sizeof(S);
+    float s = 0.0f;
+    for (int d0 = 0; d0 < hs; d0 += VEC) {
+        fa_vec16 va, vb;
+#ifdef BRAID_KERNEL_EMU
+        if ((((unsigned long long)(a + d0)) | ((unsigned long long)(b + d0))) & 15ull) __trap();
+        memcpy(&va, a + d0, sizeof va);
+        memcpy(&vb, b + d0, sizeof vb);
+#else
+        va = *reinterpret_cast<const fa_vec16*>(a + d0);
+        vb = *reinterpret_cast<const fa_vec16*>(b + d0);
+#endif
+        const S* xa = reinterpret_cast<const S*>(&va);
+        const S* xb = reinterpret_cast<const S*>(&vb);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) s = __fadd_rn(s, __fmul_rn(ld_f32(xa[e]), ld_f32(xb[e])));
+    }
+    return s;
+}
+
+// delta[b, h, i] = dout_i . out_i over the head's channels; 16-byte loads
+// where both rows are 16-byte aligned and hs a multiple of the vector (the
+// model's: C and hs multiples of 8), element by element otherwise, the same
+// bits either way.
 // Launch: grid (ceil(T / 128), B * NH), block 128.
 template <typename S>
 static __device__ void fa_delta(float* __restrict__ delta, const S* __restrict__ dout,
@@ -110,7 +143,10 @@ static __device__ void fa_delta(float* __restrict__ delta, const S* __restrict__
     if (!fa_thread(B, T, C, NH, &th)) return;
     const int i = th.row, b = th.b, h = th.h, hs = th.hs;
     const long long row = ((long long)b * T + i) * C + h * hs;
-    delta[((long long)b * NH + h) * T + i] = fa_dot2(dout + row, out + row, hs);
+    const S *a = dout + row, *o = out + row;
+    const bool vec = hs % (16 / (int)sizeof(S)) == 0 &&
+                     ((((unsigned long long)a) | ((unsigned long long)o)) & 15ull) == 0;
+    delta[((long long)b * NH + h) * T + i] = vec ? fa_dot2_vec(a, o, hs) : fa_dot2(a, o, hs);
 }
 
 // P and dS of one (query i, key j <= i) pair, as the CPU's backward tile:
