@@ -58,6 +58,14 @@ struct Inputs {
     dinp0: Vec<f32>, // (B, T, 3C), accumulated into
 }
 
+impl Inputs {
+    /// (inp, dout, dinp0) rounded to bf16, as bit patterns.
+    fn bf16_bits(&self) -> (Vec<u16>, Vec<u16>, Vec<u16>) {
+        let b = |x: &[f32]| bits(&to_bf16(x));
+        (b(&self.inp), b(&self.dout), b(&self.dinp0))
+    }
+}
+
 fn inputs(s: Shape, seed: u64) -> Inputs {
     let btc = s.b * s.t * s.c;
     Inputs {
@@ -594,12 +602,7 @@ fn tc_backward_of(
 #[test]
 fn chunked_backward_kernels_are_bit_identical_to_the_default_build() {
     for (n, &s) in TC_SHAPES.iter().enumerate() {
-        let x = inputs(s, 500 + 10 * n as u64);
-        let (inp, dout, dinp0) = (
-            bits(&to_bf16(&x.inp)),
-            bits(&to_bf16(&x.dout)),
-            bits(&to_bf16(&x.dinp0)),
-        );
+        let (inp, dout, dinp0) = inputs(s, 500 + 10 * n as u64).bf16_bits();
         let (_, lse, delta, default) = tc_run(s, &inp, &dout, &dinp0);
         let mut chunked = dinp0.clone();
         tc_backward_of(TcBuild::Chunk16, s, &mut chunked, &delta, &dout, &inp, &lse);
@@ -896,12 +899,7 @@ fn tc_head<'a>(
 #[test]
 fn tensor_core_kernels_equal_their_model_bit_for_bit() {
     for (n, &s) in TC_SHAPES.iter().enumerate() {
-        let x = inputs(s, 500 + 10 * n as u64);
-        let (inp, dout, dinp0) = (
-            bits(&to_bf16(&x.inp)),
-            bits(&to_bf16(&x.dout)),
-            bits(&to_bf16(&x.dinp0)),
-        );
+        let (inp, dout, dinp0) = inputs(s, 500 + 10 * n as u64).bf16_bits();
         let (out, lse, delta, dinp) = tc_run(s, &inp, &dout, &dinp0);
         let add = |start: u16, x: f32| Bf16::from_f32(Bf16(start).to_f32() + x).0;
         let hs = s.c / s.nh;
