@@ -284,6 +284,15 @@ thread_local! {
 }
 
 impl Shared {
+    /// Blocks until `t` has finished, whatever its outcome; an error (named
+    /// `what`) from inside a task of this runtime, which could deadlock.
+    fn wait_finished(&self, t: &TaskShared, what: &'static str) -> Result<()> {
+        self.check_not_in_task(what)?;
+        tenants::program_thread(self);
+        self.streams[t.stream as usize].done.wait_at_least(t.seq);
+        Ok(())
+    }
+
     pub(crate) fn check_not_in_task(&self, what: &'static str) -> Result<()> {
         if IN_TASK_OF.with(Cell::get) == self.runtime_id {
             return Err(Error::WaitInsideTask {
@@ -295,9 +304,7 @@ impl Shared {
     }
 
     pub(crate) fn wait_task(&self, t: &TaskShared) -> Result<()> {
-        self.check_not_in_task("TaskHandle::wait")?;
-        tenants::program_thread(self);
-        self.streams[t.stream as usize].done.wait_at_least(t.seq);
+        self.wait_finished(t, "TaskHandle::wait")?;
         let r = t.outcome();
         if r.is_err() {
             // Reported here: not again at the next synchronize.
@@ -804,12 +811,8 @@ impl TaskHandle {
     /// a failure is still reported by `wait` or the next synchronisation
     /// point. `false` (without waiting) from inside a task.
     pub(crate) fn wait_unreported(&self) -> bool {
-        if self.shared.check_not_in_task("a placement trial").is_err() {
-            return false;
-        }
-        self.shared.streams[self.task.stream as usize]
-            .done
-            .wait_at_least(self.task.seq);
-        true
+        self.shared
+            .wait_finished(&self.task, "a placement trial")
+            .is_ok()
     }
 }

@@ -362,10 +362,6 @@ impl Plan {
         self.tasks.iter().map(|t| t.body.nanos()).collect()
     }
 
-    /// The same schedule with every movable task on compute stream 0, as if
-    /// recorded there: [`Plan::replaced`] keeps a task's recorded stream on
-    /// a tie, so ranks whose recordings placed tasks differently re-place
-    /// them alike from this (the ranks' agreed re-placement).
     /// Whether some movable task is on another stream than the first
     /// compute stream (what [`movable_on_first_stream`] would change).
     ///
@@ -374,6 +370,11 @@ impl Plan {
         self.tasks.iter().any(|t| t.movable && t.stream != 0)
     }
 
+    /// The same schedule with every movable task on compute stream 0, as if
+    /// recorded there: [`Plan::replaced`] keeps a task's recorded stream on
+    /// a tie, so ranks whose recordings placed tasks differently re-place
+    /// them alike from this (the ranks' agreed re-placement). Also the
+    /// placement trial's one-stream placement (`sched::trial`).
     pub(crate) fn movable_on_first_stream(&self) -> Plan {
         let mut tasks = self.tasks.clone();
         for t in tasks.iter_mut().filter(|t| t.movable) {

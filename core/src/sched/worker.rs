@@ -623,7 +623,11 @@ fn poll(
             _ => None,
         };
         if let Some(b) = bundle.as_deref_mut() {
-            b.completed(f.task.cost, f.charged, span.map(|(a, z)| z - a.min(z)));
+            b.completed(
+                f.task.cost,
+                f.charged,
+                span.map(|(a, z)| z.saturating_sub(a)),
+            );
         }
         if let (true, Some((a, b))) = (shared.profiling, span) {
             let ids = f.preds.iter().map(|p| p.id).collect();

@@ -679,6 +679,13 @@ pub fn matmul_forward_cuda<S: Storage>(
     matmul_forward_cuda_with(cu, out, inp, weight, bias, n, c, oc, ld, lt)
 }
 
+/// Whether cuBLASLt can run a product with a fused epilogue on these
+/// operands: bf16 storage, every pointer in `ptrs` 16-byte aligned, every
+/// dimension in `dims` a multiple of 8 elements.
+fn epilogue_fits<S: Storage>(ptrs: &[u64], dims: &[usize]) -> bool {
+    S::DTYPE == Dtype::Bf16 && ptrs.iter().all(|p| p % 16 == 0) && dims.iter().all(|d| d % 8 == 0)
+}
+
 /// Whether a product can take its bias in cuBLASLt's epilogue: bf16, every
 /// operand 16-byte aligned, `C` and `ld` multiples of 8 elements.
 fn bias_epilogue_fits<S: Storage>(
@@ -689,10 +696,7 @@ fn bias_epilogue_fits<S: Storage>(
     c: usize,
     ld: usize,
 ) -> bool {
-    let aligned = [inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()]
-        .iter()
-        .all(|p| p % 16 == 0);
-    S::DTYPE == Dtype::Bf16 && aligned && c % 8 == 0 && ld % 8 == 0
+    epilogue_fits::<S>(&[inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()], &[c, ld])
 }
 
 /// Whether a product can take its bias and GELU in cuBLASLt's epilogue:
@@ -706,7 +710,8 @@ fn gelu_epilogue_fits<S: Storage>(
     c: usize,
     oc: usize,
 ) -> bool {
-    pre.ptr() % 16 == 0 && bias_epilogue_fits::<S>(out, inp, weight, bias, c, oc)
+    let ptrs = [pre.ptr(), inp.ptr(), weight.ptr(), out.ptr(), bias.ptr()];
+    epilogue_fits::<S>(&ptrs, &[c, oc])
 }
 
 /// [`matmul_forward_cuda`] with the choice made: `lt` adds the bias in
@@ -900,10 +905,8 @@ pub fn matmul_backward_input_dgelu_cuda<S: Storage>(
     k.exact("dout", &dout, "(N, OC)", k.mul(n, oc)?)?;
     k.exact("weight", &weight, "(OC, C)", k.mul(oc, c)?)?;
     k.exact("pre", &pre, "(N, C)", nc)?;
-    let aligned = [dinp.ptr(), dout.ptr(), weight.ptr(), pre.ptr()]
-        .iter()
-        .all(|p| p % 16 == 0);
-    if S::DTYPE != Dtype::Bf16 || !aligned || c % 8 != 0 || oc % 8 != 0 {
+    let ptrs = [dinp.ptr(), dout.ptr(), weight.ptr(), pre.ptr()];
+    if !epilogue_fits::<S>(&ptrs, &[c, oc]) {
         return Err(k.err(
             "the DGELU epilogue needs bf16 operands aligned to 16 bytes and C, OC multiples of 8"
                 .into(),
