@@ -36,8 +36,8 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 01c_cuda_placement_trial 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 13b_gpt2_gpu_bf16_fused_b32
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
@@ -109,6 +109,13 @@ else
     # The placement trial (written in the seventeenth session): two streams
     # against one, measured on the first replays, the faster kept.
     wrap 01c_cuda_placement_trial test cuda "placement_trial --nocapture $t"
+    # SM partitions (written in the eighteenth session): a green context's
+    # streams keep their kernels off the spared SMs (the CUDA layer, then
+    # the engine), and a best-effort GPT-2 run sparing SMs trains like one
+    # on every SM (cuBLAS and NVRTC kernels on green streams).
+    wrap 01d_cuda_green_context test lib_braid_cuda "green --nocapture $t"
+    wrap 01e_cuda_spare_sms test cuda "spare --nocapture $t"
+    wrap 01f_cuda_model_spare_sms test cuda_model "spares_sms --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
     wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"
@@ -239,6 +246,14 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     script 21c_multi_tenant_cuda_connections "env CUDA_DEVICE_MAX_CONNECTIONS=32 \
 \"\$(dirname \"\$0\")/../bench/multi_tenant\" --device cuda --be-model gpt2 --be-batch-size 8 \
 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200"
+    # The training run's kernels kept off 8 and 16 of the SMs
+    # (`--be-spare-sms`, a green context): whether a request's kernels,
+    # which then always find SMs free, bring the p99 to the 1.10x target,
+    # and what the spared SMs cost the training.
+    wrap 21d_multi_tenant_cuda_spare_8 bench multi_tenant \
+        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --be-spare-sms 8"
+    wrap 21e_multi_tenant_cuda_spare_16 bench multi_tenant \
+        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --be-spare-sms 16"
     wrap 22_properties test properties "$t"
     wrap 23_replay test replay "$t"
     rm -f "$out/bin/nvrtc-check.args"

@@ -46,6 +46,7 @@ pub struct RuntimeBuilder {
     live: Option<PathBuf>,
     class: Class,
     realtime: bool,
+    spare_sms: u32,
     placement: Option<PlacementSource>,
 }
 
@@ -83,6 +84,7 @@ impl Default for RuntimeBuilder {
             live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
             class: Class::Normal,
             realtime: false,
+            spare_sms: 0,
             placement: None,
         }
     }
@@ -290,6 +292,24 @@ impl RuntimeBuilder {
         self
     }
 
+    /// On CUDA, leave `n` of the device's SMs to the other programs on it:
+    /// this runtime's compute streams are made in a green context over the
+    /// rest, so its kernels never run on those `n` (default 0: every SM).
+    /// For a best-effort runtime beside a latency-critical one, whose
+    /// kernels then always find SMs free instead of waiting for the
+    /// best-effort blocks ahead of them to finish (a GPU cannot preempt a
+    /// running kernel; docs/tenants.md). The driver rounds `n` up to its
+    /// partition size (a multiple of 8 on an H100):
+    /// [`Runtime::spared_sms`] says how many were left. Its communication
+    /// streams stay on every SM. Ignored on the CPU backend, where the
+    /// classes already divide the cores. `build` fails, naming the driver's
+    /// reason, where the driver has no green contexts (before 12.4) or `n`
+    /// leaves no SM.
+    pub fn spare_sms(mut self, n: u32) -> Self {
+        self.spare_sms = n;
+        self
+    }
+
     /// Reads the placement file at `path` when the runtime is built
     /// (docs/scopes.md): it maps scope patterns to streams, priorities,
     /// policies, bundling and replay. A file that cannot be read or parsed,
@@ -385,11 +405,13 @@ impl RuntimeBuilder {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
         // The placement file is read and checked before anything starts;
-        // its `[runtime]` class and real-time setting override the builder's.
+        // its `[runtime]` class, real-time setting and spared SMs override
+        // the builder's.
         let placement = self.placement_file_checked()?;
         if let Some(f) = &placement {
             self.class = f.class().unwrap_or(self.class);
             self.realtime = f.realtime().unwrap_or(self.realtime);
+            self.spare_sms = f.spare_sms().unwrap_or(self.spare_sms);
         }
         if self.realtime && self.class != Class::LatencyCritical {
             return Err(placement
@@ -408,9 +430,12 @@ impl RuntimeBuilder {
         }
         let backend = Backend::open(
             self.backend,
-            self.compute_streams,
-            self.comm_streams,
-            self.class,
+            crate::backend::gpu::StreamSet {
+                compute: self.compute_streams,
+                comm: self.comm_streams,
+                class: self.class,
+                spare_sms: self.spare_sms,
+            },
         )?;
         let runtime_id = next_id(IdKind::Runtime);
         // CPU stream threads are busy threads: register with the process's
@@ -643,6 +668,16 @@ impl Runtime {
     /// `[runtime] class`.
     pub fn class(&self) -> Class {
         self.shared.class
+    }
+
+    /// On CUDA with [`RuntimeBuilder::spare_sms`]: how many of the device's
+    /// SMs this runtime's compute kernels never run on (the request, as the
+    /// driver rounded it). `None` on the CPU or when none are spared.
+    pub fn spared_sms(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Cpu => None,
+            Backend::Cuda(c) => c.green.as_ref().map(|g| g.spared()),
+        }
     }
 
     /// The placement policy.

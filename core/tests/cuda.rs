@@ -541,3 +541,57 @@ fn a_best_effort_stream_keeps_a_bundle_in_flight() {
         );
     }
 }
+
+/// A runtime that spares SMs (`RuntimeBuilder::spare_sms`) runs its compute
+/// kernels on the others only, and says how many it spared; without the
+/// setting, a launch of the same kernel reaches more SMs than that. Each
+/// block of `where_blocks_ran` writes the SM it ran on.
+#[test]
+fn a_runtime_that_spares_sms_keeps_its_kernels_off_them() {
+    if !gpu_or_skip("a_runtime_that_spares_sms_keeps_its_kernels_off_them") {
+        return;
+    }
+    let reached = |spare: u32| -> (usize, Option<u32>, u32) {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cuda { device: 0 })
+            .compute_streams(1)
+            .class(braid::Class::BestEffort)
+            .spare_sms(spare)
+            .build()
+            .expect("CUDA runtime");
+        let sms = rt.cuda_device().unwrap().sm_count();
+        let f = spin_kernel(&rt, "where_blocks_ran");
+        let blocks = 8 * sms as usize;
+        let out = rt.alloc("smid", blocks * 4).unwrap();
+        rt.task("where")
+            .run_cuda(out.write::<u32>(), move |o, cu| -> Result<(), TaskError> {
+                let mut args = KernelArgs::new();
+                args.ptr(o.ptr()).i64(200_000);
+                let cfg = LaunchConfig::grid_block(blocks as u32, 32);
+                // SAFETY: `where_blocks_ran(unsigned*, long long)`, one u32
+                // per block in the declared output.
+                unsafe { f.launch(cu.stream(), cfg, &args)? };
+                Ok(())
+            })
+            .unwrap();
+        let ids = rt.read_vec::<u32>(&out).unwrap();
+        let distinct: std::collections::BTreeSet<u32> = ids.into_iter().collect();
+        (distinct.len(), rt.spared_sms(), sms)
+    };
+    let (everywhere, none, sms) = reached(0);
+    assert_eq!(none, None);
+    let (confined, spared, _) = reached(8);
+    let spared = spared.expect("a runtime sparing 8 SMs reports how many it spared");
+    eprintln!("{sms} SMs: all reached {everywhere}; sparing {spared}, reached {confined}");
+    assert!(spared >= 8, "spared {spared} SMs, asked 8");
+    let allowed = (sms - spared) as usize;
+    assert!(
+        everywhere > allowed,
+        "without sparing, the launch reached {everywhere} SMs, no more than {allowed}: \
+         the check cannot tell"
+    );
+    assert!(
+        confined <= allowed,
+        "sparing {spared} of {sms} SMs, the launch reached {confined} SMs"
+    );
+}

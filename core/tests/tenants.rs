@@ -241,6 +241,41 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
     assert!(e.contains("runtime.class") && e.contains("p.toml"), "{e}");
 }
 
+/// Sparing SMs (`RuntimeBuilder::spare_sms`, `[runtime] spare_sms`) is a
+/// CUDA setting: on the CPU it is accepted, changes nothing and reports no
+/// spared SMs, so one program runs on either backend. Results do not move.
+#[test]
+fn sparing_sms_changes_nothing_on_the_cpu() {
+    use braid::PlacementFile;
+    let run = |spare: u32, file: Option<&str>| {
+        let mut b = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .oversubscribe(true)
+            .class(Class::BestEffort)
+            .spare_sms(spare);
+        if let Some(f) = file {
+            b = b.placement(PlacementFile::parse(f, "p.toml").unwrap());
+        }
+        let rt = b.build().unwrap();
+        assert_eq!(rt.spared_sms(), None);
+        let x = rt.alloc("x", 4 * 64).unwrap();
+        for k in 0..8 {
+            rt.task("step")
+                .run(x.write::<f32>(), move |x| {
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v = *v * 0.5 + (i * k) as f32;
+                    }
+                })
+                .unwrap();
+        }
+        rt.read_vec::<f32>(&x).unwrap()
+    };
+    let plain = run(0, None);
+    assert_eq!(run(16, None), plain);
+    assert_eq!(run(0, Some("[runtime]\nspare_sms = 8\n")), plain);
+}
+
 /// A best-effort task that had already started when latency-critical work
 /// arrived pauses at its next `preemption_point` until that work is done,
 /// then goes on; in a normal runtime's task, or outside any task, the point

@@ -153,6 +153,21 @@ void the_file_sets_the_priority_class() {
   CHECK_CONTAINS(msg, "scope-realtime.toml");
   CHECK_CONTAINS(msg, "line 3");
   CHECK_CONTAINS(msg, "latency-critical");
+  // Sparing SMs is a CUDA setting: the CPU accepts it and spares none.
+  write_file("scope-spare.toml", "[runtime]\nclass = \"best-effort\"\nspare_sms = 8\n");
+  auto spare = braid::Runtime::builder()
+                   .backend(braid::BackendKind::Cpu)
+                   .spare_sms(16)
+                   .placement_file("scope-spare.toml")
+                   .build();
+  CHECK(spare.spared_sms() == 0);
+  write_file("scope-spare-bad.toml", "[runtime]\nspare_sms = -8\n");
+  msg = ERROR_OF(braid::Runtime::builder()
+                     .backend(braid::BackendKind::Cpu)
+                     .placement_file("scope-spare-bad.toml")
+                     .build());
+  CHECK_CONTAINS(msg, "line 2");
+  CHECK_CONTAINS(msg, "runtime.spare_sms");
 }
 
 }  // namespace

@@ -34,3 +34,19 @@ extern "C" __global__ void spin_then_add(long long cycles, float* x, int n, floa
         x[i] = __fadd_rn(x[i], v);
     }
 }
+
+// where_blocks_ran(smid, cycles): each block's first thread writes the SM it
+// runs on to smid[blockIdx.x], then spins for `cycles`, so that the blocks of
+// a launch several times the SM count spread over every SM they may use.
+// Lets a test count the SMs a stream's kernels reach (a green context's
+// stream must stay on its partition).
+extern "C" __global__ void where_blocks_ran(unsigned* smid, long long cycles) {
+    if (threadIdx.x == 0) {
+        unsigned id;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+        smid[blockIdx.x] = id;
+        const long long start = clock64();
+        while (clock64() - start < cycles) {
+        }
+    }
+}

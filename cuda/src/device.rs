@@ -281,6 +281,11 @@ impl CudaDevice {
         Arc::ptr_eq(&self.inner, &other.inner) || self.inner.ctx == other.inner.ctx
     }
 
+    /// The driver's device handle.
+    pub(crate) fn cu_device(&self) -> drv::CUdevice {
+        self.inner.cu_device
+    }
+
     /// Raw primary context (for FFI interop only).
     pub fn raw_context(&self) -> drv::CUcontext {
         self.inner.ctx

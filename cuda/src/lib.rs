@@ -39,7 +39,9 @@
 //!
 //! # Threads and contexts
 //!
-//! Every device is used through its *primary context*. All handles are plain
+//! Every device is used through its *primary context*; a [`GreenContext`]
+//! (part of the device's SMs) only makes streams, and shares the primary
+//! context's memory and modules (see [`green`]). All handles are plain
 //! driver objects, usable from any thread once the context is current there, so
 //! the types are `Send + Sync`. Every method that calls the driver first calls
 //! [`CudaDevice::bind_to_thread`] (one `cuCtxGetCurrent`, a thread-local read in
@@ -66,6 +68,7 @@ pub mod error;
 pub mod event;
 mod gemm;
 pub mod graph;
+pub mod green;
 pub mod memory;
 pub mod nccl;
 pub mod nvrtc;
@@ -76,6 +79,7 @@ pub use device::{CudaDevice, PoolStats};
 pub use error::{CudaError, CudaResult};
 pub use event::{CudaEvent, EventKind, EventPool, Timeline};
 pub use graph::{Capture, CudaGraph};
+pub use green::GreenContext;
 pub use memory::{DeviceBuffer, DevicePtr, DeviceRepr, PinnedHostBuffer};
 pub use nvrtc::{
     compile, compile_with_headers, CompileOptions, CompiledKernel, CudaFunction, CudaModule,

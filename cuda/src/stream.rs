@@ -14,6 +14,7 @@ use cudarc::driver::sys as drv;
 
 use super::device::CudaDevice;
 use super::error::{CudaResult, Named};
+use super::green::GreenContext;
 
 /// Scheduling priority of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,19 @@ pub enum StreamPriority {
     Exact(i32),
 }
 
+impl StreamPriority {
+    /// The CUDA priority value on `device` (smaller is higher).
+    fn value(self, device: &CudaDevice) -> i32 {
+        let (least, greatest) = device.stream_priority_range();
+        match self {
+            StreamPriority::Normal => least,
+            StreamPriority::High => greatest,
+            // Numerically: greatest <= p <= least.
+            StreamPriority::Exact(p) => p.clamp(greatest, least),
+        }
+    }
+}
+
 /// An owned, non-blocking CUDA stream. Clones share it; destroyed with the last clone.
 #[derive(Clone)]
 pub struct CudaStream {
@@ -36,6 +50,9 @@ struct StreamInner {
     raw: drv::CUstream,
     device: CudaDevice,
     priority: i32,
+    /// The green context it was made in, kept alive until the stream is
+    /// destroyed; `None` for a stream of the primary context.
+    green: Option<GreenContext>,
 }
 
 // SAFETY: a `CUstream` is a driver handle usable from any thread on which its
@@ -52,6 +69,7 @@ impl std::fmt::Debug for CudaStream {
             .field("raw", &self.inner.raw)
             .field("device", &self.inner.device.ordinal())
             .field("priority", &self.inner.priority)
+            .field("green", &self.inner.green)
             .finish()
     }
 }
@@ -60,13 +78,7 @@ impl CudaStream {
     /// Creates a non-blocking stream with the given priority on `device`.
     pub fn new(device: &CudaDevice, priority: StreamPriority) -> CudaResult<Self> {
         device.bind_to_thread()?;
-        let (least, greatest) = device.stream_priority_range();
-        let prio = match priority {
-            StreamPriority::Normal => least,
-            StreamPriority::High => greatest,
-            // Numerically: greatest <= p <= least.
-            StreamPriority::Exact(p) => p.clamp(greatest, least),
-        };
+        let prio = priority.value(device);
         // Context current. Destroyed in `Drop for StreamInner`.
         let raw = result::stream::create_with_priority(StreamKind::NonBlocking, prio)
             .named("cuStreamCreateWithPriority")?;
@@ -75,8 +87,45 @@ impl CudaStream {
                 raw,
                 device: device.clone(),
                 priority: prio,
+                green: None,
             }),
         })
+    }
+
+    /// A non-blocking stream of `green`: its kernels run on the green
+    /// context's SMs only (see [`GreenContext`]). Everything else about it
+    /// is a primary-context stream's: its device is the green context's.
+    pub fn in_green(green: &GreenContext, priority: StreamPriority) -> CudaResult<Self> {
+        let device = green.device();
+        device.bind_to_thread()?;
+        let prio = priority.value(device);
+        let mut raw: drv::CUstream = std::ptr::null_mut();
+        // SAFETY: the green context is alive (and kept alive by the stream);
+        // the driver requires the non-blocking flag. Destroyed in `Drop for
+        // StreamInner`.
+        unsafe {
+            drv::cuGreenCtxStreamCreate(
+                &mut raw,
+                green.raw(),
+                drv::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint,
+                prio,
+            )
+        }
+        .result()
+        .named("cuGreenCtxStreamCreate")?;
+        Ok(CudaStream {
+            inner: Arc::new(StreamInner {
+                raw,
+                device: device.clone(),
+                priority: prio,
+                green: Some(green.clone()),
+            }),
+        })
+    }
+
+    /// The green context it runs in, if any.
+    pub fn green(&self) -> Option<&GreenContext> {
+        self.inner.green.as_ref()
     }
 
     /// A compute stream (normal priority).

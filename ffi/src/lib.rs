@@ -193,6 +193,9 @@ mod bridge {
         /// A latency-critical runtime's threads at a real-time policy
         /// (`RuntimeBuilder::realtime`).
         realtime: bool,
+        /// On CUDA, SMs the compute streams leave to other programs
+        /// (`RuntimeBuilder::spare_sms`; 0: none).
+        spare_sms: u32,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -280,6 +283,7 @@ mod bridge {
         fn compute_streams(self: &Runtime) -> usize;
         fn rank(self: &Runtime) -> usize;
         fn priority_class(self: &Runtime) -> Class;
+        fn spared_sms(self: &Runtime) -> u32;
         fn alloc(self: &Runtime, name: &str, bytes: usize) -> Result<Box<Buffer>>;
         fn upload(self: &Runtime, v: &View, data: &[u8]) -> Result<Box<TaskHandle>>;
         fn read_bytes(self: &Runtime, v: &View, elem_size: usize) -> Result<Vec<u8>>;
@@ -490,6 +494,7 @@ fn default_config() -> RuntimeConfig {
         auto_replay: true,
         inline_short_tasks: true,
         realtime: false,
+        spare_sms: 0,
     }
 }
 
@@ -523,6 +528,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .auto_replay(cfg.auto_replay)
             .inline_short_tasks(cfg.inline_short_tasks)
             .realtime(cfg.realtime)
+            .spare_sms(cfg.spare_sms)
             .rank(cfg.rank);
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());
@@ -695,6 +701,10 @@ impl Runtime {
             braid::Class::Normal => Class::Normal,
             braid::Class::BestEffort => Class::BestEffort,
         }
+    }
+
+    fn spared_sms(&self) -> u32 {
+        self.0.spared_sms().unwrap_or(0)
     }
 
     fn alloc(&self, name: &str, bytes: usize) -> FfiResult<Box<Buffer>> {

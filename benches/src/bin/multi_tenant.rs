@@ -32,6 +32,12 @@
 //! share of its requests slower than the solo p99 (about 1% when sharing
 //! costs nothing); the last line ends with that share, `lc_over_solo_p99`.
 //!
+//! With `--be-spare-sms N` (CUDA) the best-effort training run's kernels
+//! stay off N of the device's SMs (`RuntimeBuilder::spare_sms`), which the
+//! requests' kernels then always find free: a GPU cannot preempt a running
+//! kernel, so without it a request waits for the training blocks ahead of
+//! it to finish.
+//!
 //! With `--realtime` the latency-critical runtime's threads (and the
 //! thread serving its requests) run at a real-time policy where the OS
 //! allows it (`RuntimeBuilder::realtime`).
@@ -93,6 +99,13 @@ struct Args {
     /// alone and shared alike.
     #[arg(long)]
     realtime: bool,
+    /// On CUDA, SMs the training run leaves to the latency-critical one
+    /// (`RuntimeBuilder::spare_sms`: its compute streams in a green context
+    /// over the others), in the shared run with classes only: alone it
+    /// trains on every SM, so the throughput ratio counts what sparing
+    /// costs. Default 0: every SM.
+    #[arg(long, default_value_t = 0)]
+    be_spare_sms: u32,
 }
 
 impl Args {
@@ -264,9 +277,9 @@ fn serve(
 /// How many of a shared run's slowest requests it prints.
 const SLOWEST: usize = 5;
 
-/// Trains and returns tokens/s over the steps after the first; records its
-/// steps in `timeline`, if given.
-fn train_be(a: &Args, class: Class, timeline: Option<&Timeline>) -> Result<f64> {
+/// Trains, leaving `spare_sms` to other programs, and returns tokens/s over
+/// the steps after the first; records its steps in `timeline`, if given.
+fn train_be(a: &Args, class: Class, spare_sms: u32, timeline: Option<&Timeline>) -> Result<f64> {
     let cfg = Gpt2Config::from_name(&a.be_model).context("--be-model")?;
     let backend = a.backend()?;
     let gpu = matches!(backend, BackendKind::Cuda { .. });
@@ -278,6 +291,7 @@ fn train_be(a: &Args, class: Class, timeline: Option<&Timeline>) -> Result<f64> 
         backend,
         ranks: a.be_ranks.unwrap_or(if gpu { 1 } else { 2 }),
         class,
+        spare_sms,
         dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
         trace: None,
         ..TrainOptions::default()
@@ -307,7 +321,14 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
     };
     std::thread::scope(|s| {
         let trainer = s.spawn(|| {
-            let r = train_be(a, be, Some(&timeline));
+            // Only the run with classes spares SMs; the baseline with both
+            // normal shares the device as before classes existed.
+            let spare = if be == Class::BestEffort {
+                a.be_spare_sms
+            } else {
+                0
+            };
+            let r = train_be(a, be, spare, Some(&timeline));
             let returned = timeline.ms();
             stop.store(true, Ordering::Release);
             (r, returned)
@@ -329,7 +350,7 @@ fn round(a: &Args) -> Result<Figures> {
         solo_lc.pct(0.5),
         solo_lc.pct(0.99)
     );
-    let solo_be = train_be(a, Class::BestEffort, None)?;
+    let solo_be = train_be(a, Class::BestEffort, 0, None)?;
     println!("best-effort alone: {solo_be:.0} tokens/s");
     let mut last = None;
     for (label, lc, be) in [

@@ -10,8 +10,8 @@
 //! against the launch window.
 
 use super::cuda::{
-    CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream, DeviceBuffer, EventKind, EventPool,
-    Timeline,
+    stream::StreamPriority, CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream,
+    DeviceBuffer, EventKind, EventPool, GreenContext, Timeline,
 };
 use super::Check;
 use crate::error::{Error, Result};
@@ -25,6 +25,9 @@ pub(crate) struct CudaBackend {
     /// One CUDA stream per engine stream: compute streams at normal priority,
     /// communication streams at the highest.
     pub(crate) streams: Vec<CudaStream>,
+    /// The green context the compute streams run in, when the runtime
+    /// spares SMs ([`crate::RuntimeBuilder::spare_sms`]).
+    pub(crate) green: Option<GreenContext>,
     /// Allocations and frees are ordered on this stream.
     alloc_stream: CudaStream,
     pub(crate) events: EventPool,
@@ -39,26 +42,44 @@ pub(crate) struct TimelineAt {
     pub(crate) epoch_ns: u64,
 }
 
+/// The streams a runtime asks of its backend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamSet {
+    pub(crate) compute: usize,
+    pub(crate) comm: usize,
+    pub(crate) class: crate::kind::Class,
+    /// SMs the compute streams leave to other programs (0: none).
+    pub(crate) spare_sms: u32,
+}
+
 impl CudaBackend {
-    /// Opens device `ordinal` with `compute` and `comm` streams. A
-    /// latency-critical runtime's compute streams get the highest priority
-    /// too, so its kernels are scheduled before those of other programs'
-    /// streams as soon as blocks free up.
-    pub(crate) fn open(
-        ordinal: usize,
-        compute: usize,
-        comm: usize,
-        class: crate::kind::Class,
-    ) -> Result<Self> {
+    /// Opens device `ordinal` with the streams of `set`. A latency-critical
+    /// runtime's compute streams get the highest priority too, so its
+    /// kernels are scheduled before those of other programs' streams as
+    /// soon as blocks free up. With SMs to spare, the compute streams are
+    /// made in a green context over the others; the communication streams
+    /// (whose collectives other ranks wait for) stay on every SM.
+    pub(crate) fn open(ordinal: usize, set: StreamSet) -> Result<Self> {
         let device = CudaDevice::open(ordinal)?;
-        let mut streams = Vec::with_capacity(compute + comm);
-        for _ in 0..compute {
-            streams.push(match class {
-                crate::kind::Class::LatencyCritical => CudaStream::comm(&device)?,
-                _ => CudaStream::compute(&device)?,
+        let green = match set.spare_sms {
+            0 => None,
+            n => Some(
+                GreenContext::all_but(&device, n)
+                    .map_err(|e| Error::Config(format!("sparing {n} SMs (`spare_sms`): {e}")))?,
+            ),
+        };
+        let priority = match set.class {
+            crate::kind::Class::LatencyCritical => StreamPriority::High,
+            _ => StreamPriority::Normal,
+        };
+        let mut streams = Vec::with_capacity(set.compute + set.comm);
+        for _ in 0..set.compute {
+            streams.push(match &green {
+                Some(g) => CudaStream::in_green(g, priority)?,
+                None => CudaStream::new(&device, priority)?,
             });
         }
-        for _ in 0..comm {
+        for _ in 0..set.comm {
             streams.push(CudaStream::comm(&device)?);
         }
         let alloc_stream = CudaStream::compute(&device)?;
@@ -69,6 +90,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             device,
             streams,
+            green,
             alloc_stream,
             events,
             timeline: Arc::new(TimelineAt { timeline, epoch_ns }),

@@ -122,18 +122,11 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    pub(crate) fn open(
-        kind: BackendKind,
-        compute: usize,
-        comm: usize,
-        class: crate::kind::Class,
-    ) -> Result<Self> {
+    pub(crate) fn open(kind: BackendKind, set: gpu::StreamSet) -> Result<Self> {
         match kind {
             BackendKind::Cpu => Ok(Backend::Cpu),
             BackendKind::Auto => match cuda::cuda_available() {
-                Ok(n) if n > 0 => Ok(Backend::Cuda(gpu::CudaBackend::open(
-                    0, compute, comm, class,
-                )?)),
+                Ok(n) if n > 0 => Ok(Backend::Cuda(gpu::CudaBackend::open(0, set)?)),
                 _ => Ok(Backend::Cpu),
             },
             BackendKind::Cuda { device } => {
@@ -144,9 +137,7 @@ impl Backend {
                         reason: format!("device {device} requested, {n} present"),
                     });
                 }
-                Ok(Backend::Cuda(gpu::CudaBackend::open(
-                    device, compute, comm, class,
-                )?))
+                Ok(Backend::Cuda(gpu::CudaBackend::open(device, set)?))
             }
         }
     }

@@ -30,6 +30,7 @@ pub struct PlacementFile {
     /// `[runtime] realtime`, and its line (for the error when the class is
     /// not latency-critical).
     realtime: Option<(bool, usize)>,
+    spare_sms: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -63,6 +64,7 @@ struct RawRuntime {
     auto_replay: Option<Spanned<Value>>,
     class: Option<Spanned<Value>>,
     realtime: Option<Spanned<Value>>,
+    spare_sms: Option<Spanned<Value>>,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +116,11 @@ impl PlacementFile {
             )),
             None => None,
         };
+        let spare_sms = cx.field(
+            &runtime.and_then(|r| r.spare_sms.clone()),
+            "runtime.spare_sms",
+            sm_count,
+        )?;
         let mut rules = Vec::with_capacity(raw.scope.len());
         for spanned in &raw.scope {
             let r = spanned.get_ref();
@@ -154,6 +161,7 @@ impl PlacementFile {
             auto_replay,
             class,
             realtime,
+            spare_sms,
         })
     }
 
@@ -199,6 +207,13 @@ impl PlacementFile {
     /// may also be the one to ask for them.
     pub fn realtime(&self) -> Option<bool> {
         self.realtime.map(|(on, _)| on)
+    }
+
+    /// `[runtime] spare_sms`, when the file sets it (it overrides the
+    /// builder's [`crate::RuntimeBuilder::spare_sms`]): how much of a GPU a
+    /// best-effort program leaves to the others is the deployment's choice.
+    pub fn spare_sms(&self) -> Option<u32> {
+        self.spare_sms
     }
 
     /// The error for real-time threads asked of a runtime of `class` (not
@@ -327,6 +342,17 @@ fn boolean(key: &str, v: &Spanned<Value>) -> std::result::Result<bool, String> {
     v.get_ref()
         .as_bool()
         .ok_or_else(|| format!("`{key}` must be true or false, not {}", shown(v.get_ref())))
+}
+
+fn sm_count(key: &str, v: &Spanned<Value>) -> std::result::Result<u32, String> {
+    match v.get_ref() {
+        Value::Integer(i) => u32::try_from(*i)
+            .map_err(|_| format!("`{key}` must be a number of SMs (0 or more), not {i}")),
+        other => Err(format!(
+            "`{key}` must be a number of SMs (0 or more), not {}",
+            shown(other)
+        )),
+    }
 }
 
 fn class(key: &str, v: &Spanned<Value>) -> std::result::Result<Class, String> {

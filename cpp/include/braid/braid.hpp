@@ -868,6 +868,10 @@ class Runtime {
   // The priority class: the builder's, or the placement file's
   // `[runtime] class` (docs/tenants.md).
   Class priority_class() const noexcept { return inner_->priority_class(); }
+  // On CUDA with RuntimeBuilder::spare_sms: the SMs its compute kernels
+  // never run on, as the driver rounded the request; 0 on the CPU or when
+  // none are spared.
+  std::uint32_t spared_sms() const noexcept { return inner_->spared_sms(); }
 
   // Allocates `bytes` zeroed bytes on the runtime's device.
   Buffer alloc(const std::string& name, std::size_t bytes) const {
@@ -1076,6 +1080,16 @@ class RuntimeBuilder {
   // so once. build() throws for other classes. Default off; docs/tenants.md.
   RuntimeBuilder& realtime(bool on = true) {
     cfg_.realtime = on;
+    return *this;
+  }
+  // On CUDA, leave `n` of the device's SMs to the other programs on it: the
+  // compute streams are made in a green context over the rest (the driver
+  // rounds `n` up to its partition size; Runtime::spared_sms() says how many
+  // were left). For a BestEffort runtime beside a LatencyCritical one.
+  // Ignored on the CPU; build() throws where the driver has no green
+  // contexts. Default 0; docs/tenants.md.
+  RuntimeBuilder& spare_sms(std::uint32_t n) {
+    cfg_.spare_sms = n;
     return *this;
   }
   // Serves the live view (`braid top --attach SOCKET`) on this local socket;

@@ -205,6 +205,12 @@ struct TrainArgs {
     /// see docs/tenants.md).
     #[arg(long, default_value = "normal", value_parser = parse_class)]
     class: braid::Class,
+    /// On a GPU, leave this many of the device's SMs to the other programs
+    /// on it: the run's compute kernels never use them (a green context; the
+    /// driver rounds up to its partition size). For a best-effort run beside
+    /// a serving one (docs/tenants.md). Default 0: every SM.
+    #[arg(long, default_value_t = 0)]
+    spare_sms: u32,
     /// Every fused kernel (`--fuse all`): flash attention, the fused
     /// classifier, residual + layer norm, GELU recomputation: no
     /// (B, NH, T, T) attention matrices and no (B, T, V) probabilities kept.
@@ -603,6 +609,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         class: a.class,
+        spare_sms: a.spare_sms,
         fusion: Fusion::NONE,
         zero: a.zero,
         dtype: a.dtype.unwrap_or(Dtype::F32),

@@ -292,6 +292,51 @@ fn bf16_and_fused_training_on_cuda_follows_the_cpu() {
     }
 }
 
+/// A best-effort bf16 run that leaves SMs to other programs
+/// (`TrainOptions::spare_sms`: its compute streams in a green context)
+/// trains like one on every SM: every kernel (NVRTC's, cuBLAS's) runs on
+/// the green context's streams, with the primary context's buffers, events
+/// and modules. The report says how many SMs were spared.
+#[test]
+fn a_run_that_spares_sms_trains_like_one_on_every_sm() {
+    if !braid::cuda::gpu_or_skip("a_run_that_spares_sms_trains_like_one_on_every_sm") {
+        return;
+    }
+    let cfg = Gpt2Config::tiny();
+    let data = TokenSource::from_ids(&runs_of_ids(8192, 5), "counting runs").unwrap();
+    let start = StartState::fresh(&cfg, 3);
+    let steps = 4;
+    let run = |spare_sms| {
+        let opts = TrainOptions {
+            dtype: Dtype::Bf16,
+            fusion: Fusion::ALL,
+            class: braid::Class::BestEffort,
+            spare_sms,
+            ..options(BackendKind::Cuda { device: 0 }, 1, steps)
+        };
+        train(&opts, start.clone(), &data, &|_| {})
+            .unwrap_or_else(|e| panic!("spare_sms {spare_sms}: {e}"))
+    };
+    let (all, spared) = (run(0), run(8));
+    assert_eq!(all.spared_sms, None);
+    let (n, of) = spared.spared_sms.expect("the report names the spared SMs");
+    assert!(n >= 8 && n < of, "spared {n} of {of}");
+    let (a, b) = (losses(&all), losses(&spared));
+    eprintln!(
+        "every SM {a:?}\nspared {n} of {of}: {b:?} (bit-identical: {})",
+        a == b
+    );
+    // The kernels are deterministic and do not depend on where their blocks
+    // run; cuBLAS may pick another algorithm for fewer SMs, which moves the
+    // last bits only.
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-3,
+            "step {i}: {x} on every SM, {y} sparing {n}"
+        );
+    }
+}
+
 /// The program on one GPU: trains, and says it ran on cuda.
 #[test]
 fn cli_trains_on_one_gpu() {

@@ -28,6 +28,7 @@ fn a_full_file_parses() {
 auto_replay = true
 class = "latency-critical"
 realtime = true
+spare_sms = 16
 
 [[scope]]
 pattern = "forward/*"
@@ -48,6 +49,7 @@ stream = "comm:0"
     assert_eq!(f.auto_replay(), Some(true));
     assert_eq!(f.class(), Some(Class::LatencyCritical));
     assert_eq!(f.realtime(), Some(true));
+    assert_eq!(f.spare_sms(), Some(16));
     assert_eq!(
         f.decide("forward/layer0"),
         ScopeDecision {
@@ -125,6 +127,9 @@ fn bad_values_name_the_line_and_the_key() {
         ("class = \"urgent\"", "runtime.class"),
         ("class = 1", "runtime.class"),
         ("realtime = \"yes\"", "runtime.realtime"),
+        ("spare_sms = -8", "runtime.spare_sms"),
+        ("spare_sms = \"8\"", "runtime.spare_sms"),
+        ("spare_sms = 8.5", "runtime.spare_sms"),
     ] {
         let (line, msg) = error(&format!("[runtime]\n\n{bad}\n"));
         assert_eq!(line, 3, "{bad}: {msg}");
@@ -135,6 +140,7 @@ fn bad_values_name_the_line_and_the_key() {
         let f = PlacementFile::parse(&text, "p.toml").unwrap();
         assert_eq!(f.class().map(Class::name), Some(name));
         assert_eq!(f.realtime(), None);
+        assert_eq!(f.spare_sms(), None);
     }
 }
 

@@ -86,6 +86,8 @@ struct RuntimeExtras {
     /// Pin the stream threads (`RuntimeBuilder::pin_threads`).
     pin_threads: bool,
     class: Class,
+    /// SMs left to other programs (`RuntimeBuilder::spare_sms`).
+    spare_sms: u32,
     graphs: bool,
     /// Automatic replay on or off (`None`: the builder's default, on).
     auto_replay: Option<bool>,
@@ -109,6 +111,7 @@ fn model_runtime_with(
         .oversubscribe(extras.oversubscribe)
         .pin_threads(extras.pin_threads)
         .class(extras.class)
+        .spare_sms(extras.spare_sms)
         .graphs(extras.graphs)
         .rank(rank)
         .profile(true);
@@ -144,6 +147,7 @@ fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Resu
             .pin_threads
             .unwrap_or(backend == BackendKind::Cpu && opts.ranks > 1),
         class: opts.class,
+        spare_sms: opts.spare_sms,
         graphs: opts.graphs,
         // `replay` off means every step eager: not memoised either.
         auto_replay: (!opts.replay).then_some(false),

@@ -169,6 +169,7 @@ pub fn train(
         graph_refusal: None,
         graph_shape: None,
         placement_trial: None,
+        spared_sms: None,
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
@@ -183,6 +184,7 @@ pub fn train(
         report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
         report.graph_shape = report.graph_shape.or(o.graphs.2);
         report.placement_trial = report.placement_trial.or(o.placement_trial);
+        report.spared_sms = report.spared_sms.or(o.spared_sms);
         report.whole_run.push(o.profile.summary());
         report.summaries.push(match o.steady_from {
             Some(t) => o.profile.since(t).summary(),

@@ -113,6 +113,10 @@ pub struct TrainOptions {
     /// (default: normal; `best-effort` trains in the cycles a
     /// latency-critical program beside it leaves, docs/tenants.md).
     pub class: braid::Class,
+    /// On CUDA, SMs of the device this run's compute kernels leave to the
+    /// other programs on it ([`braid::RuntimeBuilder::spare_sms`]; 0, the
+    /// default: none). For a best-effort run beside a latency-critical one.
+    pub spare_sms: u32,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1, with a reducer: each bucket is
     /// reduce-scattered, each rank keeps AdamW state for and updates its
     /// shard only, the parameters are all-gathered at the start of the next
@@ -192,6 +196,7 @@ impl Default for TrainOptions {
             tied_split: true,
             fusion: crate::model::Fusion::NONE,
             class: braid::Class::Normal,
+            spare_sms: 0,
             zero: 0,
             dtype: Dtype::F32,
             placement: None,

@@ -37,6 +37,9 @@ pub(super) struct RankOutcome {
     pub(super) graphs: (u64, Option<String>, Option<(usize, usize)>),
     /// What the recorded step's placement trial kept, once decided.
     pub(super) placement_trial: Option<braid::TrialOutcome>,
+    /// `(spared, of)`: the SMs this rank's compute kernels left to other
+    /// programs, of the device's (`braid::Runtime::spared_sms`).
+    pub(super) spared_sms: Option<(u32, u32)>,
 }
 
 /// A hash of `x`'s bit patterns, for checking that ranks agree: eight
@@ -402,6 +405,7 @@ pub(super) fn run_rank(
             schedule.as_ref().and_then(|s| s.graph_shape()),
         ),
         placement_trial: schedule.as_ref().and_then(|s| s.placement_trial()),
+        spared_sms: rt.spared_sms().zip(rt.cuda_device().map(|d| d.sm_count())),
     })
 }
 

@@ -84,6 +84,10 @@ pub struct TrainReport {
     /// What the recorded step's placement trial measured and kept
     /// (`braid::Schedule::placement_trial`, rank 0's; CUDA).
     pub placement_trial: Option<braid::TrialOutcome>,
+    /// `(spared, of)`: the SMs rank 0's compute kernels left to other
+    /// programs, of its device's, with
+    /// [`TrainOptions::spare_sms`](super::TrainOptions::spare_sms) on CUDA.
+    pub spared_sms: Option<(u32, u32)>,
 }
 
 /// The bucket cap an auto run chose (rank 0's view; every rank uses it).
@@ -316,6 +320,13 @@ impl fmt::Display for TrainReport {
                 "placement trial  a step {:.2} ms on its streams, {:.2} ms on one: kept {kept}",
                 t.recorded_ns as f64 / 1e6,
                 t.one_stream_ns as f64 / 1e6,
+            )?;
+        }
+        if let Some((spared, of)) = self.spared_sms {
+            writeln!(
+                f,
+                "SMs              compute on {} of {of}, {spared} left to other programs",
+                of - spared
             )?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
