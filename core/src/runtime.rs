@@ -1113,14 +1113,18 @@ impl Runtime {
                 })
                 .collect(),
             spans,
+            class: Some(self.shared.class),
+            busy: lock(&self.shared.busy_periods).clone(),
         }
     }
 
-    /// Forgets the spans recorded so far (e.g. after warm-up steps).
+    /// Forgets the spans and busy periods recorded so far (e.g. after
+    /// warm-up steps).
     pub fn clear_profile(&self) {
         for s in &self.shared.streams {
             lock(&s.spans).clear();
         }
+        lock(&self.shared.busy_periods).clear();
     }
 
     /// Writes this runtime's profile as a Chrome trace.

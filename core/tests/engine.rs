@@ -406,7 +406,11 @@ fn chrome_trace_names_streams_and_tasks() {
         .filter(|e| e["name"] == "thread_name")
         .map(|e| e["args"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, vec!["compute 0", "compute 1", "comm 0"]);
+    // The streams, then the track of the runtime's busy periods.
+    assert_eq!(
+        names,
+        vec!["compute 0", "compute 1", "comm 0", "busy periods"]
+    );
     let hello = ev.iter().find(|e| e["name"] == "hello").unwrap();
     assert_eq!(hello["ph"], "X");
     let bye = ev.iter().find(|e| e["name"] == "bye").unwrap();
@@ -476,7 +480,9 @@ fn chrome_trace_records_placement_decisions() {
 }
 
 /// A trace read back ([`braid::trace::read_chrome_trace`]) is the profile
-/// that was written: the same spans (µs precision), streams and summary.
+/// that was written: the same spans (µs precision), streams, summary, class
+/// and busy periods (one at least per synchronisation: the runtime may also
+/// go idle between two submissions).
 #[test]
 fn chrome_trace_reads_back_as_the_profile_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -486,6 +492,7 @@ fn chrome_trace_reads_back_as_the_profile_written() {
         let x = rt.alloc("x", 4).unwrap();
         let y = rt.alloc("y", 4).unwrap();
         sleeper(&rt, "first", &x, 2);
+        rt.synchronize().unwrap();
         empty(rt.task("next"), x.read_write::<u8>());
         empty(rt.task("aside").priority(Priority::Side), y.write::<u8>());
         empty(rt.task("bye").kind(TaskKind::Comm), x.read::<u8>());
@@ -525,6 +532,17 @@ fn chrome_trace_reads_back_as_the_profile_written() {
         );
         assert!(b.end_ns.abs_diff(w.end_ns) <= 2);
     }
+    assert_eq!(back.class, Some(braid::Class::Normal));
+    assert!(written.busy.len() >= 2, "{:?}", written.busy);
+    assert_eq!(back.busy.len(), written.busy.len());
+    for (b, w) in back.busy.iter().zip(&written.busy) {
+        assert!(
+            b.0.abs_diff(w.0) <= 1 && b.1.abs_diff(w.1) <= 2,
+            "{b:?} vs {w:?}"
+        );
+    }
+    // The first period holds the 2 ms sleeper.
+    assert!(written.busy[0].1 - written.busy[0].0 >= 2_000_000);
     let (sb, sw) = (back.summary(), written.summary());
     assert_eq!((sb.tasks, sb.streams.len()), (sw.tasks, sw.streams.len()));
     assert!(sb.critical_path_ns.abs_diff(sw.critical_path_ns) <= 8);

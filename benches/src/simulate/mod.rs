@@ -135,6 +135,7 @@ pub fn profile_of_rank(g: &StepGraph, run: &SimRun, rank: usize) -> Profile {
         rank,
         streams,
         spans,
+        ..Profile::default()
     }
 }
 
@@ -240,6 +241,7 @@ pub fn traced_summary(r: &trace::RankTrace, s: &trace::StepSlice) -> Summary {
         rank: r.rank,
         streams,
         spans,
+        ..Profile::default()
     }
     .summary()
 }

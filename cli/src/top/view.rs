@@ -63,6 +63,11 @@ pub struct StreamRow {
 pub struct RankRow {
     /// The rank.
     pub rank: usize,
+    /// Its priority class: the live frame's, or the trace's.
+    pub class: Option<Class>,
+    /// Its busy periods: the live frame's summary (the latest 4,096), or,
+    /// in a replay, of the periods that ended within the history.
+    pub busy: Option<BusyPeriods>,
     /// Its streams.
     pub streams: Vec<StreamRow>,
     /// Communication time within the history, ns.
@@ -110,6 +115,7 @@ impl RankState {
                 .iter()
                 .filter_map(|s| clipped(s, from, w.at_ns))
                 .collect(),
+            ..Profile::default()
         };
         let summary = seen.summary();
         // The latest submission index that had started by `at`: every task
@@ -189,8 +195,20 @@ impl RankState {
         }
         let mut placed: Vec<(&'static str, usize)> = placed.into_iter().collect();
         placed.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let live = self.live.as_ref();
+        let busy = match live {
+            Some(l) => l.busy,
+            None => BusyPeriods::of(
+                p.busy
+                    .iter()
+                    .filter(|&&(_, z)| z <= w.at_ns && z > from)
+                    .map(|(a, z)| z - a),
+            ),
+        };
         RankRow {
             rank: p.rank,
+            class: live.and_then(|l| l.class).or(p.class),
+            busy,
             streams,
             comm_ns: summary.comm_ns,
             hidden: summary.hidden_share(),
@@ -224,7 +242,7 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
     for r in ranks {
         let row = r.row(w);
         let live = r.live.as_ref();
-        let class = match live.and_then(|l| l.class) {
+        let class = match row.class {
             Some(c) => format!(" [{}]", c.name()),
             None => String::new(),
         };
@@ -239,10 +257,10 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
             ms(row.comm_ns),
             100.0 * row.hidden
         );
-        if let Some(b) = live.and_then(|l| l.busy) {
+        if let Some(b) = row.busy {
             let _ = writeln!(
                 out,
-                "  busy periods (submission to idle): {} kept, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                "  busy periods (submission to idle): {}, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
                 b.n,
                 ms(b.p50_ns),
                 ms(b.p99_ns),
@@ -350,6 +368,9 @@ mod tests {
                     // Not yet submitted at 200 as far as the trace can tell.
                     span(5, 1, TaskKind::Compute, (300, 310), &[]),
                 ],
+                class: Some(Class::BestEffort),
+                // Two ended by 200 (150 and 30 ns long); the third had not.
+                busy: vec![(0, 150), (160, 190), (195, 350)],
             },
             live: None,
         };
@@ -379,12 +400,23 @@ mod tests {
         );
         // Tasks 0, 1 and 4 ran by 200, all pinned.
         assert_eq!(row.placed, vec![("pinned", 3)]);
+        assert_eq!(row.class, Some(Class::BestEffort));
+        assert_eq!(
+            row.busy,
+            Some(BusyPeriods {
+                n: 2,
+                p50_ns: 30,
+                p99_ns: 150,
+                max_ns: 150
+            })
+        );
         let text = render("test", &[state], w);
         for name in [
             "compute 0",
             "compute 1",
             "comm 0",
-            "rank 2",
+            "rank 2 [best-effort]",
+            "busy periods (submission to idle): 2,",
             "READY",
             "placed: pinned 100% (of 3 tasks)",
         ] {

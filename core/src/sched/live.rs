@@ -65,50 +65,45 @@ pub(crate) fn placed(shared: &Shared, s: usize, seq: u64) {
     }
 }
 
-/// How many busy periods the live view keeps.
+/// How many of the latest busy periods a live frame summarises.
+#[cfg(all(unix, not(loom)))]
 const BUSY_PERIODS: usize = 4096;
 
-/// Live view: a submission is about to be made; if the runtime is idle it
+/// Profiling: a submission is about to be made; if the runtime is idle it
 /// becomes busy now. (A completion racing with it can at worst mis-time one
 /// period: this is a monitoring figure.)
 pub(crate) fn submitting(shared: &Shared) {
     use crate::sync::Ordering;
-    if shared.live && shared.submitted.load(Ordering::Acquire) == shared.completed.get() {
+    if shared.profiling && shared.submitted.load(Ordering::Acquire) == shared.completed.get() {
         shared.busy_since.store(now_ns().max(1), Ordering::Release);
     }
 }
 
-/// Live view: `done` tasks have completed; if that is every submitted one,
-/// the busy period ends and its length is kept.
+/// Profiling: `done` tasks have completed; if that is every submitted one,
+/// the busy period ends and is kept (the profile's `busy`, the live view's
+/// summary).
 pub(crate) fn completed(shared: &Shared, done: u64) {
     use crate::sync::Ordering;
-    if !shared.live || done != shared.submitted.load(Ordering::Acquire) {
+    if !shared.profiling || done != shared.submitted.load(Ordering::Acquire) {
         return;
     }
     let since = shared.busy_since.swap(0, Ordering::AcqRel);
     if since != 0 {
-        let mut log = lock(&shared.busy_periods);
-        if log.len() == BUSY_PERIODS {
-            log.pop_front();
-        }
-        log.push_back(now_ns().saturating_sub(since));
+        lock(&shared.busy_periods).push((since, now_ns().max(since)));
     }
 }
 
 #[cfg(all(unix, not(loom)))]
-/// The `busy` object of a frame: how many periods are kept, and their
-/// median, 99th percentile and longest, µs.
+/// The `busy` object of a frame: how many of the latest periods it covers,
+/// and their median, 99th percentile and longest, µs.
 fn busy_summary(shared: &Shared) -> serde_json::Value {
-    let mut v: Vec<u64> = lock(&shared.busy_periods).iter().copied().collect();
-    if v.is_empty() {
-        return serde_json::Value::Null;
+    let log = lock(&shared.busy_periods);
+    let latest = &log[log.len().saturating_sub(BUSY_PERIODS)..];
+    match crate::trace::live::BusyPeriods::of(latest.iter().map(|(a, z)| z - a)) {
+        None => serde_json::Value::Null,
+        Some(b) => serde_json::json!({"n": b.n, "p50_us": b.p50_ns as f64 / 1e3,
+            "p99_us": b.p99_ns as f64 / 1e3, "max_us": b.max_ns as f64 / 1e3}),
     }
-    v.sort_unstable();
-    let pct = |p: f64| {
-        let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i] as f64 / 1e3
-    };
-    serde_json::json!({"n": v.len(), "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": pct(1.0)})
 }
 
 /// A task as [`running`] publishes it: submission index, name, scope.

@@ -263,12 +263,12 @@ pub(crate) struct Shared {
     /// A live view is attached (`RuntimeBuilder::live`): stream threads
     /// publish the task they run, and busy periods are timed.
     pub(crate) live: bool,
-    /// Live view: when the runtime last went from idle (every submitted task
-    /// finished) to busy, ns on the process timeline; 0 while idle.
+    /// Profiling: when the runtime last went from idle (every submitted
+    /// task finished) to busy, ns on the process timeline; 0 while idle.
     pub(crate) busy_since: AtomicU64,
-    /// Live view: the lengths of the last busy periods, ns (a request's
+    /// Profiling: the busy periods, `(start_ns, end_ns)` (a request's
     /// latency, for a program that serves one request at a time).
-    pub(crate) busy_periods: Mutex<std::collections::VecDeque<u64>>,
+    pub(crate) busy_periods: Mutex<Vec<(u64, u64)>>,
     /// CPU stream threads measure bodies into `estimates` and submission
     /// places by earliest finish time once a name is measured (`cost.rs`).
     pub(crate) measure: bool,

@@ -4,7 +4,8 @@
 //! (`placed`: the rule, `usable_streams`: the compute streams the policy
 //! could choose from, `priority`: the task's hint) and `bytes`, its largest
 //! declared access (a collective's buffer size), and `scope`, the scope the
-//! task was submitted in (absent outside any scope).
+//! task was submitted in (absent outside any scope); the runtime's class and
+//! busy periods ride along (`event.rs`).
 
 use super::Profile;
 use crate::error::{Error, Result};
@@ -20,6 +21,7 @@ pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Resu
     for p in profiles {
         super::event::metadata_events(p, &mut events);
         events.extend(p.spans.iter().map(|s| super::event::span_event(p.rank, s)));
+        super::event::busy_events(p, &mut events);
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
     crate::fs::write_atomic_with(path, |tmp| {

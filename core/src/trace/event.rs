@@ -7,7 +7,11 @@
 //! `usable_streams`, `priority`, `bytes`, for a collective that waited for
 //! other ranks `wait_us` (microseconds) and, for a task submitted inside a
 //! named scope, `scope`. Streams are `thread_name`
-//! metadata (`M`) events.
+//! metadata (`M`) events. The process's `process_name` event carries the
+//! runtime's priority class (`args.class`; a `process_labels` event shows
+//! it in viewers), and its busy periods are complete events named `busy`
+//! (`cat` `busy`) on a track of their own after the streams, `busy periods`,
+//! whose `thread_name` event says `"track": "busy"`.
 
 use super::{Profile, Span, StreamInfo};
 use crate::error::{Error, Result};
@@ -15,13 +19,22 @@ use crate::kind::{PlaceReason, Placement, Priority, TaskKind};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
+/// The name of the busy periods' track and the `cat` of their events.
+const BUSY: &str = "busy";
+
 /// The metadata events that name rank `p.rank`'s process and stream tracks.
 pub(crate) fn metadata_events(p: &Profile, out: &mut Vec<Value>) {
     let pid = p.rank;
-    out.push(
-        json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                    "args": {"name": format!("rank {}", p.rank)}}),
-    );
+    let mut name = json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                          "args": {"name": format!("rank {}", p.rank)}});
+    if let Some(c) = p.class {
+        name["args"]["class"] = Value::from(c.name());
+        out.push(
+            json!({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                        "args": {"labels": c.name()}}),
+        );
+    }
+    out.push(name);
     out.push(
         json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                     "args": {"sort_index": p.rank}}),
@@ -36,6 +49,27 @@ pub(crate) fn metadata_events(p: &Profile, out: &mut Vec<Value>) {
                         "args": {"sort_index": tid}}),
         );
     }
+}
+
+/// Rank `p.rank`'s busy periods as complete events on a track after its
+/// streams, named by a metadata event (none when it has none).
+pub(crate) fn busy_events(p: &Profile, out: &mut Vec<Value>) {
+    if p.busy.is_empty() {
+        return;
+    }
+    let (pid, tid) = (p.rank, p.streams.len());
+    out.push(
+        json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                    "args": {"name": "busy periods", "track": BUSY}}),
+    );
+    out.push(
+        json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                    "args": {"sort_index": tid}}),
+    );
+    out.extend(p.busy.iter().map(|&(a, z)| {
+        json!({"ph": "X", "name": BUSY, "cat": BUSY, "pid": pid, "tid": tid,
+               "ts": a as f64 / 1e3, "dur": z.saturating_sub(a) as f64 / 1e3})
+    }));
 }
 
 /// Span `s` of rank `pid` as a complete (`X`) event.
@@ -148,14 +182,27 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
         });
     };
     for e in events {
+        let rank = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
         if let Some((rank, span)) = span_of_event(e) {
             profile(&mut ranks, rank);
             let p = ranks.get_mut(&rank).expect("inserted above");
             p.spans.push(span);
-        } else if e.get("ph").and_then(Value::as_str) == Some("M")
-            && e.get("name").and_then(Value::as_str) == Some("thread_name")
+        } else if str_of(e, "ph") == Some("X") && str_of(e, "cat") == Some(BUSY) {
+            profile(&mut ranks, rank);
+            let start = us_to_ns(e.get("ts"));
+            let p = ranks.get_mut(&rank).expect("inserted above");
+            p.busy.push((start, start + us_to_ns(e.get("dur"))));
+        } else if str_of(e, "ph") == Some("M") && str_of(e, "name") == Some("process_name") {
+            profile(&mut ranks, rank);
+            let p = ranks.get_mut(&rank).expect("inserted above");
+            p.class = e
+                .pointer("/args/class")
+                .and_then(Value::as_str)
+                .and_then(crate::Class::from_name);
+        } else if str_of(e, "ph") == Some("M")
+            && str_of(e, "name") == Some("thread_name")
+            && e.pointer("/args/track").is_none()
         {
-            let rank = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
             let tid = e.get("tid").and_then(Value::as_u64).unwrap_or(0) as usize;
             let name = e
                 .pointer("/args/name")
@@ -177,6 +224,7 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
     }
     for p in &mut out {
         p.spans.sort_by_key(|s| (s.start_ns, s.stream));
+        p.busy.sort_unstable();
         let tracks = p.spans.iter().map(|s| s.stream + 1).max().unwrap_or(0);
         while p.streams.len() < tracks {
             let tid = p.streams.len();
@@ -184,6 +232,11 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
         }
     }
     Ok(out)
+}
+
+/// The string field `k` of event `e`, if it has one.
+fn str_of<'a>(e: &'a Value, k: &str) -> Option<&'a str> {
+    e.get(k).and_then(Value::as_str)
 }
 
 /// Names track `tid` of `p` (a stream is a communication stream when its

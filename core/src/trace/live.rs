@@ -84,6 +84,25 @@ pub struct BusyPeriods {
     pub max_ns: u64,
 }
 
+impl BusyPeriods {
+    /// The summary of the periods `lengths` (ns, any order): `None` for
+    /// none.
+    pub fn of(lengths: impl IntoIterator<Item = u64>) -> Option<BusyPeriods> {
+        let mut v: Vec<u64> = lengths.into_iter().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let pct = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Some(BusyPeriods {
+            n: v.len() as u64,
+            p50_ns: pct(0.5),
+            p99_ns: pct(0.99),
+            max_ns: pct(1.0),
+        })
+    }
+}
+
 /// One runtime's frame: its streams now and the spans recorded since the
 /// client's previous frame of it.
 #[derive(Debug, Clone)]

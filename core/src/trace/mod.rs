@@ -104,6 +104,13 @@ pub struct Profile {
     pub streams: Vec<StreamInfo>,
     /// Every recorded span, sorted by start time.
     pub spans: Vec<Span>,
+    /// The runtime's priority class (`None` in a trace that does not say).
+    pub class: Option<crate::Class>,
+    /// Its busy periods, `(start_ns, end_ns)` in order: from a submission
+    /// to an idle runtime until every submitted task had finished — a
+    /// request's latency, for a program that serves one request at a time.
+    /// The trace's `busy periods` track.
+    pub busy: Vec<(u64, u64)>,
 }
 
 impl Profile {
@@ -128,6 +135,8 @@ impl Profile {
                 .filter(|s| s.start_ns >= t_ns)
                 .cloned()
                 .collect(),
+            class: self.class,
+            busy: self.busy.iter().filter(|b| b.0 >= t_ns).copied().collect(),
         }
     }
 }

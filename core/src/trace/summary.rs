@@ -279,6 +279,7 @@ mod tests {
                 },
             ],
             spans,
+            ..Profile::default()
         }
     }
 
