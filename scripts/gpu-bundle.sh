@@ -36,7 +36,7 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
 18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
@@ -116,6 +116,9 @@ else
     wrap 01d_cuda_green_context test lib_braid_cuda "green --nocapture $t"
     wrap 01e_cuda_spare_sms test cuda "spare --nocapture $t"
     wrap 01f_cuda_model_spare_sms test cuda_model "spares_sms --nocapture $t"
+    # The live view's RUNNING column on CUDA (written in the eighteenth
+    # session): a stream's oldest unfinished task once the device started it.
+    wrap 01g_cuda_live_running test cuda "the_live_view --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
     wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"

@@ -595,3 +595,61 @@ fn a_runtime_that_spares_sms_keeps_its_kernels_off_them() {
         "sparing {spared} of {sms} SMs, the launch reached {confined} SMs"
     );
 }
+
+/// The live view (`braid top`) shows what a CUDA stream runs: its oldest
+/// unfinished task once the device has started it (its start event has
+/// completed), with the device's start time; nothing once it is done.
+#[cfg(unix)]
+#[test]
+fn the_live_view_shows_the_kernel_a_cuda_stream_runs() {
+    use braid::trace::live::Line;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixStream;
+    use std::time::{Duration, Instant};
+    if !gpu_or_skip("the_live_view_shows_the_kernel_a_cuda_stream_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("top.sock");
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(1)
+        .live(&sock)
+        .build()
+        .expect("CUDA runtime");
+    let spin = spin_kernel(&rt, "spin");
+    let out = rt.alloc("out", 8).unwrap();
+    // About 1.5 s at 1.5–2 GHz: long enough for a few frames.
+    let submitted = braid::trace::now_ns();
+    submit_spin(&rt, &spin, &out, 2_500_000_000, || ());
+    let running = |deadline: Instant| {
+        let conn = UnixStream::connect(&sock).expect("the live socket accepts");
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        for line in BufReader::new(conn).lines() {
+            if let Line::Frame(f) = Line::parse(&line.unwrap()).unwrap() {
+                if let Some(t) = f.streams[0].running.clone() {
+                    return Some(t);
+                }
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+        }
+        None
+    };
+    let task = running(Instant::now() + Duration::from_millis(1000))
+        .expect("no frame showed the spin running within a second");
+    assert_eq!(task.name, "spin");
+    assert!(
+        task.since_ns >= submitted && task.since_ns <= braid::trace::now_ns(),
+        "started at {} ns, submitted at {submitted} ns",
+        task.since_ns
+    );
+    rt.synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        running(Instant::now() + Duration::from_millis(300)).is_none(),
+        "a finished stream still shows a running task"
+    );
+}

@@ -116,11 +116,20 @@ pub(crate) type Now<'a> = (
 /// Publishes (or clears) what stream `s` runs, when a live view is attached.
 pub(crate) fn running(shared: &Shared, s: usize, task: Option<Now<'_>>) {
     if shared.live {
-        *lock(&shared.streams[s].running) = task.map(|(id, name, scope)| Running {
+        running_since(shared, s, task.map(|t| (t, now_ns())));
+    }
+}
+
+/// Publishes (or clears) what stream `s` runs and since when (ns on the
+/// process timeline): a CUDA stream's oldest unfinished task once its start
+/// event has completed on the device.
+pub(crate) fn running_since(shared: &Shared, s: usize, task: Option<(Now<'_>, u64)>) {
+    if shared.live {
+        *lock(&shared.streams[s].running) = task.map(|((id, name, scope), start_ns)| Running {
             id,
             name: name.clone(),
             scope: scope.clone(),
-            start_ns: now_ns(),
+            start_ns,
         });
     }
 }

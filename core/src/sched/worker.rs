@@ -603,7 +603,7 @@ fn poll(
             Some(ev) => ev.query(),
         };
         let device_err = match status {
-            Ok(false) => return,
+            Ok(false) => break,
             Ok(true) => None,
             Err(e) => Some(device_error("kernel execution", e)),
         };
@@ -637,6 +637,27 @@ fn poll(
         }
         drop(f);
         complete(shared, s);
+    }
+    if shared.live {
+        publish_running(shared, s, d, inflight.front());
+    }
+}
+
+/// Live view: what a CUDA stream runs is its oldest unfinished task, once
+/// its start event has completed (before that the device is still on the
+/// task before it, or waiting for another stream), timed from that event.
+fn publish_running(shared: &Shared, s: usize, d: &StreamDriver, front: Option<&InFlight>) {
+    let started = front.and_then(|f| {
+        let start = f.start.as_ref()?;
+        if !start.query().ok()? {
+            return None;
+        }
+        let (at, _) = d.span_ns(start, start).ok()?;
+        Some(((f.task.id, &f.task.name, &f.task.scope), at))
+    });
+    let shown = lock(&shared.streams[s].running).as_ref().map(|r| r.id);
+    if shown != started.as_ref().map(|((id, _, _), _)| *id) {
+        live::running_since(shared, s, started);
     }
 }
 

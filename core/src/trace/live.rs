@@ -19,8 +19,9 @@
 //! periods — from a submission to an idle runtime until every submitted task
 //! has finished, a request's latency for a program that serves one request
 //! at a time (`null` before the first ends). `queued` counts the tasks placed
-//! on the stream and not finished (the one running included); `running` is `null` on an idle stream, and always on
-//! CUDA, whose stream threads launch work rather than run it. Several
+//! on the stream and not finished (the one running included); `running` is `null` on an idle stream; on CUDA,
+//! whose stream threads launch work rather than run it, it is the stream's
+//! oldest unfinished task once the device has started it. Several
 //! runtimes of one process (the ranks of a CPU job) may share one socket:
 //! the first to name a path serves it, and it closes, its file removed, when
 //! the last of them is dropped.
@@ -65,7 +66,8 @@ pub struct LiveStream {
     pub is_comm: bool,
     /// Tasks placed on it and not finished (the running one included).
     pub queued: u64,
-    /// The task it runs; `None` when idle (and always on CUDA).
+    /// The task it runs; `None` when idle (on CUDA: the oldest unfinished
+    /// task, once the device has started it).
     pub running: Option<LiveTask>,
 }
 
