@@ -19,9 +19,10 @@
 //! periods — from a submission to an idle runtime until every submitted task
 //! has finished, a request's latency for a program that serves one request
 //! at a time (`null` before the first ends). `queued` counts the tasks placed
-//! on the stream and not finished (the one running included); `running` is `null` on an idle stream; on CUDA,
-//! whose stream threads launch work rather than run it, it is the stream's
-//! oldest unfinished task once the device has started it. Several
+//! on the stream and not finished (the one running included); `running` is
+//! `null` on an idle stream; on CUDA, whose stream threads launch work rather
+//! than run it, it is the stream's oldest unfinished task once the device has
+//! started it. Several
 //! runtimes of one process (the ranks of a CPU job) may share one socket:
 //! the first to name a path serves it, and it closes, its file removed, when
 //! the last of them is dropped.
