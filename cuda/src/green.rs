@@ -9,12 +9,13 @@
 //! those few free for everyone else: the quick program's kernels (on the
 //! primary context, which spans every SM) always find them idle.
 //!
-//! A green context shares the primary context's memory and loaded modules
-//! (it retains the primary context, and its `CUcontext` is treated as the
-//! primary one for everything but execution resources), so buffers, events,
-//! kernels and cuBLAS handles made on the primary context work on its
-//! streams unchanged. Only the streams differ: [`CudaStream::in_green`]
-//! makes one whose kernels run on the partition.
+//! A green context retains the primary context, and the driver documents
+//! its `CUcontext` as treated like the primary one for everything but
+//! execution resources; so buffers, events, kernels and cuBLAS handles made
+//! on the primary context are expected to work on its streams unchanged
+//! (the GPU tests here check it; not yet run on a GPU). Only the streams
+//! differ: [`CudaStream::in_green`] makes one whose kernels run on the
+//! partition.
 //!
 //! [`CudaStream::in_green`]: super::CudaStream::in_green
 

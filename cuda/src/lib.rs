@@ -40,7 +40,7 @@
 //! # Threads and contexts
 //!
 //! Every device is used through its *primary context*; a [`GreenContext`]
-//! (part of the device's SMs) only makes streams, and shares the primary
+//! (part of the device's SMs) only makes streams, which use the primary
 //! context's memory and modules (see [`green`]). All handles are plain
 //! driver objects, usable from any thread once the context is current there, so
 //! the types are `Send + Sync`. Every method that calls the driver first calls
