@@ -303,6 +303,9 @@ fn train_be(a: &Args, class: Class, spare_sms: u32, timeline: Option<&Timeline>)
             t.steady.store(true, Ordering::Release);
         }
     })?;
+    if let Some((n, of)) = report.spared_sms {
+        println!("  the training run left {n} of the device's {of} SMs to the requests");
+    }
     let steps = report.steps.get(1..).unwrap_or_default();
     let tokens: usize = steps.iter().map(|s| s.tokens).sum();
     let secs: f64 = steps.iter().map(|s| s.seconds).sum();
