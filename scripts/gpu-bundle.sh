@@ -37,7 +37,7 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 18k_gpt2_gpu_bf16_fused_dq_gemm 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
 14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
@@ -222,6 +222,12 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     # memory at about half of PyTorch's. Against 18, time and memory.
     wrap 18j_gpt2_gpu_bf16_fused_no_recompute bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fuse attention,classifier,residual-layernorm"
+    # dQ as one cuBLAS product from the dS the dK/dV kernel stores
+    # (BRAID_ATTENTION_DQ=gemm; written in the eighteenth session), with a
+    # trace of a step: against 18, time, memory and losses.
+    script 18k_gpt2_gpu_bf16_fused_dq_gemm "env BRAID_ATTENTION_DQ=gemm \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
+--profile-step \$OUT/gpt2-bf16-fused-dq-gemm-step.json"
     # The attention's backward kernels walking their tiles 16 rows at a time
     # (written after run 7 without a GPU): 131 and 166 registers at head
     # size 64 against 174 and 248, and with bounds for 4 and 3 blocks an SM

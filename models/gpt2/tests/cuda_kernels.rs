@@ -2151,8 +2151,15 @@ impl FaCase {
     }
 
     /// The fused attention tasks on `g`'s backend in `dtype`, forward then
-    /// backward: (out, lse, dinp) read back widened.
-    fn tasks(&self, g: &Dev, dtype: Dtype, write: GradWrite) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// backward (with a dS buffer for dQ as one product when `ds`): (out,
+    /// lse, dinp) read back widened.
+    fn tasks(
+        &self,
+        g: &Dev,
+        dtype: Dtype,
+        write: GradWrite,
+        ds: bool,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         use braid_gpt2::kernels::flash_attention as fa;
         let (b, t, c, nh) = self.shape;
         let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
@@ -2183,6 +2190,7 @@ impl FaCase {
         let scratch =
             g.rt.alloc("scratch", fa::backward_scratch_bytes(b, t, nh))
                 .unwrap();
+        let ds = ds.then(|| g.rt.alloc("dS", fa::ds_bytes(b, t, nh)).unwrap());
         done(fa::backward(
             task("flash_attention_backward"),
             &bdi.whole(),
@@ -2192,6 +2200,7 @@ impl FaCase {
             &bo.whole(),
             &bl.whole(),
             &scratch.whole(),
+            ds.map(|d| d.whole()).as_ref(),
             b,
             t,
             c,
@@ -2206,7 +2215,9 @@ impl FaCase {
 /// float tolerance (the same operations in the same order, but CUDA's
 /// expf/logf) and one bf16 ulp. The head size here (24) is not the
 /// tensor-core kernels', so CUDA runs the scalar kernels. The gradient
-/// added to one that is not zero, and written over it.
+/// added to one that is not zero, and written over it. Given a dS buffer
+/// (for dQ as one product on the tensor cores), the CPU body ignores it and
+/// the scalar kernels too: the same results.
 fn flash_attention_tasks(dev: Device) {
     let g = Dev::new(dev);
     let exact = matches!(dev, Device::Cpu);
@@ -2222,8 +2233,14 @@ fn flash_attention_tasks(dev: Device) {
             &case
         };
         let (want_out, want_lse, want_dinp) = want.cpu(dtype);
-        let (out, lse, dinp) = case.tasks(&g, dtype, write);
+        let (out, lse, dinp) = case.tasks(&g, dtype, write, false);
         let what = format!("flash attention {dtype:?} {write:?}");
+        let with_ds = case.tasks(&g, dtype, write, true);
+        assert_eq!(
+            with_ds,
+            (out.clone(), lse.clone(), dinp.clone()),
+            "{what} with dS"
+        );
         if exact {
             assert_eq!(out, want_out, "{what} out");
             assert_eq!(lse, want_lse, "{what} lse");
@@ -2255,7 +2272,8 @@ test_device!(
 /// within bf16 tolerance, since the MMAs round P and dS to bf16 and sum in
 /// the hardware's order. T = 150: three tiles of 64, the last partial;
 /// three heads. The same kernels run on the CPU under tools/kernel-emu's
-/// tests.
+/// tests. With a dS buffer, dQ is one cuBLAS product from the dS the dK/dV
+/// kernel stores (`flash_attention::dq_by_gemm`): the same bounds.
 #[test]
 fn flash_attention_tensor_cores_cuda() {
     use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HEAD_SIZES};
@@ -2275,21 +2293,24 @@ fn flash_attention_tensor_cores_cuda() {
         }
         let case = FaCase::new((b, t, c, nh), 180 + hs as u64);
         let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
-        let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16, GradWrite::Add);
-        // The gradient alone, where the rounding of P and dS shows.
-        let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
-        let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
-        // Bounds relative to each tensor's largest element: twice what the
-        // emulated kernels show against the CPU (tools/kernel-emu), lse
-        // only its f32 sums.
-        let what = |x: &str| format!("tensor-core attention hs {hs} {x}");
-        compare_scaled(&what("lse"), &lse, &want_lse, 1e-5);
-        compare_scaled(&what("out"), &out, &want_out, 0.0125);
-        compare_scaled(&what("gradient"), &grad(&dinp), &grad(&want_dinp), 0.0125);
-        // Written over the starting gradient: the gradient alone.
         let (_, _, want_set) = case.zeroed().cpu(Dtype::Bf16);
-        let (_, _, set) = case.tasks(&g, Dtype::Bf16, GradWrite::Set);
-        compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
+        for ds in [false, true] {
+            let (out, lse, dinp) = case.tasks(&g, Dtype::Bf16, GradWrite::Add, ds);
+            // The gradient alone, where the rounding of P and dS shows.
+            let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
+            let grad =
+                |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
+            // Bounds relative to each tensor's largest element: twice what
+            // the emulated kernels show against the CPU (tools/kernel-emu),
+            // lse only its f32 sums.
+            let what = |x: &str| format!("tensor-core attention hs {hs}, dS {ds}: {x}");
+            compare_scaled(&what("lse"), &lse, &want_lse, 1e-5);
+            compare_scaled(&what("out"), &out, &want_out, 0.0125);
+            compare_scaled(&what("gradient"), &grad(&dinp), &grad(&want_dinp), 0.0125);
+            // Written over the starting gradient: the gradient alone.
+            let (_, _, set) = case.tasks(&g, Dtype::Bf16, GradWrite::Set, ds);
+            compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
+        }
     }
 }
 

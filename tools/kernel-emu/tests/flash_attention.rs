@@ -612,6 +612,84 @@ fn chunked_backward_kernels_are_bit_identical_to_the_default_build() {
     }
 }
 
+/// The dK/dV kernel that also stores dSᵀ (`_dkv_ds`, for dQ as one
+/// product, `flash_attention::dq_by_gemm`): its dK and dV are the default
+/// kernel's bit for bit and it leaves dQ's channels alone; the dSᵀ it
+/// stores is the model's dS rounded to bf16 (what its own dK product and the
+/// dQ kernel take) at every query at or after the key, and the rest of the
+/// buffer holds zeros (of either sign); and dQ summed in key order from the stored values
+/// is the dQ kernel's, bit for bit. Every shape of `TC_SHAPES` with an even
+/// T (the stores are pairs).
+#[test]
+fn the_ds_kernel_stores_what_one_dq_product_needs() {
+    for (n, &s) in TC_SHAPES.iter().enumerate().filter(|(_, s)| s.t % 2 == 0) {
+        let [b, t, c, nh] = s.args();
+        let (inp, dout, dinp0) = inputs(s, 700 + 10 * n as u64).bf16_bits();
+        let (_, lse, delta, want) = tc_run(s, &inp, &dout, &dinp0);
+        let (grid, block) = tc_launch(s);
+        let mut got = dinp0.clone();
+        let mut ds = vec![0u16; s.b * s.nh * s.t * s.t];
+        let ins = (&delta[..], &dout[..], &inp[..], &lse[..]);
+        emu::flash_attention_tc_backward_dkv_ds_bf16(
+            grid,
+            block,
+            &mut got,
+            ins,
+            [b, t, c, nh],
+            1,
+            &mut ds,
+        )
+        .unwrap();
+        let hs = s.c / s.nh;
+        let scale = 1.0 / (hs as f32).sqrt();
+        let ld = |x: u16| Bf16(x).to_f32();
+        for bi in 0..s.b {
+            for h in 0..s.nh {
+                let head = tc_head(s, &inp, &dout, bi, h);
+                let r0 = (bi * s.nh + h) * s.t;
+                let (lse_h, delta_h) = (&lse[r0..r0 + s.t], &delta[r0..r0 + s.t]);
+                let ds_h = &ds[r0 * s.t..(r0 + s.t) * s.t];
+                for key in 0..s.t {
+                    for query in 0..s.t {
+                        let (got_ds, at) = (ds_h[key * s.t + query], (n, bi, h, query, key));
+                        if query >= key {
+                            let want_ds = head.p_ds(query, key, lse_h, delta_h).1;
+                            assert_eq!(got_ds, Bf16::from_f32(want_ds).0, "dS at {at:?}");
+                        } else {
+                            // Masked: 0, or -0 where the kernel stored
+                            // 0 · (dP - delta) with a negative difference.
+                            assert_eq!(got_ds & 0x7fff, 0, "masked dS at {at:?}");
+                        }
+                    }
+                }
+                for i in 0..s.t {
+                    let row = (bi * s.t + i) * 3 * s.c + h * hs;
+                    // dQ's channels: untouched by the kernel; the product
+                    // from the stored dS gives the dQ kernel's.
+                    assert_eq!(got[row..row + hs], dinp0[row..row + hs], "dQ row {i}");
+                    let kj =
+                        |j: usize| inp[(bi * s.t + j) * 3 * s.c + s.c + h * hs..][..hs].to_vec();
+                    let mut dq = vec![0.0f32; hs];
+                    for j in 0..s.t {
+                        let (d, k) = (ld(ds_h[j * s.t + i]), kj(j));
+                        for (a, &kk) in dq.iter_mut().zip(&k) {
+                            *a += d * ld(kk);
+                        }
+                    }
+                    let from_ds: Vec<u16> = (0..hs)
+                        .map(|d| Bf16::from_f32(ld(dinp0[row + d]) + dq[d] * scale).0)
+                        .collect();
+                    assert_eq!(from_ds[..], want[row..row + hs], "dQ from dS, row {i}");
+                    for part in [1, 2] {
+                        let at = row + part * s.c;
+                        assert_eq!(got[at..at + hs], want[at..at + hs], "part {part}, row {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Runs the tensor-core forward, then backward from its own out and lse
 /// (delta from the scalar kernel), adding into `dinp0`: (out, lse, delta,
 /// dinp) as the kernels leave them.
@@ -822,7 +900,7 @@ mod tc_model {
 
         /// P and dS of (query i, key j), as the backward kernels compute them.
         /// Rows past T read lse and delta as 0 and are masked.
-        fn p_ds(&self, i: usize, j: usize, lse: &[f32], delta: &[f32]) -> (f32, f32) {
+        pub fn p_ds(&self, i: usize, j: usize, lse: &[f32], delta: &[f32]) -> (f32, f32) {
             let dp = dot(&(self.dout)(i), &(self.v)(j));
             let delta_i = if i < self.t { delta[i] } else { 0.0 };
             let p = if j > i || i >= self.t {

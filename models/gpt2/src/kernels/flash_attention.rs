@@ -84,7 +84,7 @@
 //!   at B8 × T1024 (docs/gpu-validation.md, run 5), against 11 ms for the
 //!   unfused cuBLAS attention.
 
-use braid::cuda::{KernelArgs, LaunchConfig};
+use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::cuda_common::{by_dtype, task_result, Check, Kernel, Launcher, Program};
@@ -132,6 +132,9 @@ pub(crate) static CUDA_TC: Program = Program::for_arch(
         "flash_attention_tc_forward_hs64_bf16",
         "flash_attention_tc_backward_dq_hs64_bf16",
         "flash_attention_tc_backward_dkv_hs64_bf16",
+        "flash_attention_tc_backward_dkv_ds_hs16_bf16",
+        "flash_attention_tc_backward_dkv_ds_hs32_bf16",
+        "flash_attention_tc_backward_dkv_ds_hs64_bf16",
     ],
     (8, 0),
 );
@@ -154,6 +157,36 @@ static TC_KERNELS: [[Kernel; 3]; 3] = [
         Kernel::new(&CUDA_TC, 8),
     ],
 ];
+
+/// The dK/dV kernels that also store dSᵀ ([`dq_by_gemm`]), per entry of
+/// [`TC_HEAD_SIZES`].
+static TC_DKV_DS: [Kernel; 3] = [
+    Kernel::new(&CUDA_TC, 9),
+    Kernel::new(&CUDA_TC, 10),
+    Kernel::new(&CUDA_TC, 11),
+];
+
+/// The environment variable of [`dq_by_gemm`].
+pub const DQ_GEMM_ENV: &str = "BRAID_ATTENTION_DQ";
+
+/// Whether the tensor-core backward takes dQ as one cuBLAS product,
+/// `scale · dS · K`, from a dS the dK/dV kernel stores (bf16, `(B, NH, T,
+/// T)`: [`ds_bytes`], kept by the model), instead of the dQ kernel, which
+/// computes S and dP a second time (FlashAttention-2's backward is 5
+/// products; the two kernels are 7): `BRAID_ATTENTION_DQ=gemm`, read once.
+/// Off by default until it has run on a GPU (docs/gpu-validation.md): it
+/// trades the dQ kernel (part of run 7's 5.16 ms of attention backward at
+/// B 8) for writing and reading dS, 12 MiB per (batch row, head) at T 1024
+/// (100 MiB at B 8), and a product.
+pub fn dq_by_gemm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(DQ_GEMM_ENV).is_some_and(|v| v == "gemm"))
+}
+
+/// Bytes of the dS buffer [`dq_by_gemm`] needs: `(B, NH, T, T)` bf16.
+pub fn ds_bytes(b: usize, t: usize, nh: usize) -> usize {
+    b * nh * t * t * 2
+}
 
 /// The largest head size the CUDA kernels take (their per-thread arrays).
 pub const CUDA_MAX_HS: usize = 128;
@@ -253,7 +286,11 @@ pub fn forward<'rt>(
 
 /// Submits [`flash_attention_backward`] as a task (CPU and CUDA bodies):
 /// accumulates into `dinp`; `scratch` is [`backward_scratch_bytes`] bytes
-/// (declared `write`, dead after the task).
+/// (declared `write`, dead after the task). With `ds` ([`ds_bytes`], zeroed
+/// when allocated and used for nothing else: its masked elements must stay
+/// zero), a CUDA task on the tensor cores takes dQ as one product
+/// ([`dq_by_gemm`]); the CPU body does not touch it.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<'rt>(
     task: impl Into<Task<'rt>>,
     dinp: &View, // (B, T, 3C) accumulated or overwritten
@@ -263,11 +300,45 @@ pub fn backward<'rt>(
     out: &View,     // (B, T, C)
     lse: &View,     // (B, NH, T)
     scratch: &View, // backward_scratch_bytes
+    ds: Option<&View>,
     b: usize,
     t: usize,
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
+    if let Some(ds) = ds {
+        return submit!(
+            task,
+            |S| (
+                dinp.read_write::<S>(),
+                dout.read::<S>(),
+                inp.read::<S>(),
+                out.read::<S>(),
+                lse.read::<f32>(),
+                scratch.write::<f32>(),
+                ds.read_write::<S>(),
+            ),
+            move |(dinp, dout, inp, out, lse, delta, _ds)| {
+                write.prepare(dinp);
+                flash_attention_backward(
+                    dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
+                )
+            },
+            move |(dinp, dout, inp, out, lse, delta, ds), cu| {
+                let bw = Backward {
+                    dinp,
+                    write,
+                    delta,
+                    dout,
+                    inp,
+                    out,
+                    lse,
+                    ds: Some(ds),
+                };
+                task_result(flash_attention_backward_cuda(cu, bw, b, t, c, nh))
+            },
+        );
+    }
     submit!(
         task,
         |S| (
@@ -293,6 +364,7 @@ pub fn backward<'rt>(
                 inp,
                 out,
                 lse,
+                ds: None,
             };
             task_result(flash_attention_backward_cuda(cu, bw, b, t, c, nh))
         },
@@ -708,11 +780,16 @@ pub struct Backward<'a, S> {
     pub out: DevSlice<'a, S>,
     /// (B, NH, T): the forward pass's logsumexp.
     pub lse: DevSlice<'a, f32>,
+    /// (B, NH, T, T): dSᵀ for dQ as one product ([`dq_by_gemm`]); its
+    /// masked elements zero. `None`: the dQ kernel.
+    pub ds: Option<DevSliceMut<'a, S>>,
 }
 
 /// [`flash_attention_backward`] on the task's stream (module docs, CUDA):
 /// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`; the last
-/// two on the tensor cores where they apply.
+/// two on the tensor cores where they apply. With `bw.ds` on the tensor
+/// cores and `T` even, `dK` and `dV` first, storing dSᵀ, then dQ as one
+/// cuBLAS product per batch row ([`dq_by_gemm`]).
 pub fn flash_attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     bw: Backward<'_, S>,
@@ -732,6 +809,14 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
+    // dQ as one product: on the tensor cores, with T even.
+    let ds = match (tensor_cores, bw.ds, t % 2 == 0) {
+        (Some(_), Some(ds), true) => {
+            k.exact("ds", &ds, "(B, NH, T, T)", k.mul(bht, t)?)?;
+            Some(ds)
+        }
+        _ => None,
+    };
     let l = Launcher::new(k, cu);
     let cfg = rows(&l, dims)?;
     let mut a = KernelArgs::new();
@@ -756,6 +841,50 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         .i32(ci)
         .i32(nhi)
         .i32(bw.write.accumulate());
+    if let Some(ds) = ds {
+        let hs = c / nh;
+        let i = TC_HEAD_SIZES.iter().position(|&h| h == hs);
+        let dkv_ds = &TC_DKV_DS[i.expect("tensor cores take this head size")];
+        a.ptr(ds.ptr());
+        // SAFETY: flash_attention_tc_backward_dkv_ds_hs<hs>_bf16(bf16_t*
+        // dinp, const float* delta, const bf16_t* dout, const bf16_t* inp,
+        // const float* lse, int B, int T, int C, int NH, int accumulate,
+        // bf16_t* ds); sizes checked as for the dQ/dK/dV kernels below, ds
+        // (B, NH, T, T) and T even (its stores are pairs). It writes dinp's
+        // key and value channels and ds.
+        unsafe { l.launch(dkv_ds, tc_tiles(&l, dims)?, &a)? };
+        let g = Gemm {
+            alpha: 1.0 / (hs as f32).sqrt(),
+            beta: bw.write.accumulate() as f32,
+            lda: t,
+            ldb: 3 * c,
+            ldc: 3 * c,
+            ..Gemm::new(Transpose::T, Transpose::N, t, hs, t)
+        };
+        let es = std::mem::size_of::<S>() as u64;
+        for bi in 0..b as u64 {
+            let row0 = bi * (t * 3 * c) as u64;
+            // SAFETY: per head h of batch row bi: op(A) = dS, the transpose
+            // of ds's (T × T, row stride T) block (bi, h); B = its keys, T ×
+            // hs at row stride 3C in inp; C = its queries' channels of dinp,
+            // T × hs at row stride 3C; heads hs elements apart in inp and
+            // dinp, T·T in ds. All inside the checked sizes; bf16 (S is bf16
+            // on the tensor cores).
+            unsafe {
+                l.gemm_batched_as::<S>(
+                    &g,
+                    ds.ptr() + bi * (nh * t * t) as u64 * es,
+                    (t * t) as i64,
+                    bw.inp.ptr() + (row0 + c as u64) * es,
+                    hs as i64,
+                    bw.dinp.ptr() + row0 * es,
+                    hs as i64,
+                    nh,
+                )?
+            };
+        }
+        return Ok(());
+    }
     let (dq, dkv, cfg) = if let Some([_, dq, dkv]) = tensor_cores {
         (dq, dkv, tc_tiles(&l, dims)?)
     } else {

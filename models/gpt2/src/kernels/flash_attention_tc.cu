@@ -478,12 +478,21 @@ static __device__ void tc_backward_dq(bf16_t* __restrict__ dinp, const float* __
 // Pᵀ = exp(K Qᵀ * scale - lse) (0 where query < key or the query is past T),
 // dV += Pᵀ dout, dPᵀ = V doutᵀ, dSᵀ = Pᵀ ∘ (dPᵀ - delta), dK += dSᵀ Q. At the
 // end the key and value channels of dinp get dK * scale and dV added.
-template <int HS>
+//
+// With DS, the kernel also stores dSᵀ, rounded to bf16 as its dK product
+// takes it, into ds: per (b, h) a T × T row-major matrix, row key, column
+// query (T even). It stores the unmasked elements of the tiles it walks
+// (masked ones as the zeros they are) and nothing else: the chunks it
+// skips and the tiles above the diagonal are left as they were, zeros in
+// a buffer kept for this. dQ is then one product, scale · dS · K
+// (flash_attention.rs: `dq_by_gemm`), instead of the dQ kernel, which
+// computes S and dP a second time.
+template <int HS, bool DS>
 static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* __restrict__ delta,
                                        const bf16_t* __restrict__ dout,
                                        const bf16_t* __restrict__ inp,
                                        const float* __restrict__ lse, int T, int C, int NH,
-                                       int accumulate) {
+                                       int accumulate, bf16_t* __restrict__ ds) {
     alignas(16) __shared__ bf16_t qs_tile[2][TC_TILE * TC_LD];
     alignas(16) __shared__ bf16_t dos_tile[2][TC_TILE * TC_LD];
     __shared__ float lse_tile[2][TC_TILE];
@@ -501,6 +510,7 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
     const float* delta_h = delta + ((long long)b * NH + h) * T;
     const int j0 = kt * TC_ROWS + warp * 16 + g;  // this thread's keys: j0, j0 + 8
     const float scale = 1.0f / sqrtf((float)HS);
+    bf16_t* ds_h = DS ? ds + ((long long)b * NH + h) * T * T : nullptr;
 
     unsigned ka[TC_KSTEPS][4], va[TC_KSTEPS][4];
     tc_load_a<HS>(ka, k, C3, j0 - g, T, lane);
@@ -569,6 +579,20 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
                     s[nt][e] = p;                                // Pᵀ
                     dp[nt][e] = p * (dp[nt][e] - delta_t[col]);  // dSᵀ
                 }
+            if (DS) {
+                // Rows j0 and j0 + 8, columns (query) 2t and 2t + 1 of each
+                // 8-column tile: one 4-byte store a pair (T even).
+#pragma unroll
+                for (int nt = 0; nt < TC_CNT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const int key = j0 + 8 * i;
+                        const int query = qt * TC_TILE + c0 + nt * 8 + 2 * t;
+                        if (key < T && query < T)
+                            *(unsigned*)(ds_h + (long long)key * T + query) =
+                                tc_pack_f32(dp[nt][2 * i], dp[nt][2 * i + 1]);
+                    }
+            }
             tc_mma_px<HS, TC_CNT>(dv, s, dos + c0 * TC_LD, lane);
             tc_mma_px<HS, TC_CNT>(dk, dp, qs + c0 * TC_LD, lane);
         }
@@ -580,7 +604,8 @@ static __device__ void tc_backward_dkv(bf16_t* __restrict__ dinp, const float* _
 }
 
 // The entry points, one per kernel and head size (B is implied by the grid).
-// Launch: grid (ceil(T / 64), B * NH), block 128.
+// Launch: grid (ceil(T / 64), B * NH), block 128. The `_dkv_ds` kernels are
+// the dK/dV kernels that also store dSᵀ (ds, last; T even).
 //
 // TC_MIN_BLOCKS_FWD / _DQ / _DKV, when defined: the blocks per SM a kernel
 // is compiled for (`__launch_bounds__(128, n)`). Undefined, the compiler
@@ -621,7 +646,13 @@ extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs16_bf16
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs16_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH, int accumulate) {
-    tc_backward_dkv<16>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
+    tc_backward_dkv<16, false>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, nullptr);
+}
+
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_ds_hs16_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH, int accumulate, bf16_t* ds) {
+    tc_backward_dkv<16, true>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, ds);
 }
 
 extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs32_bf16(
@@ -638,7 +669,13 @@ extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs32_bf16
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs32_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH, int accumulate) {
-    tc_backward_dkv<32>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
+    tc_backward_dkv<32, false>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, nullptr);
+}
+
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_ds_hs32_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH, int accumulate, bf16_t* ds) {
+    tc_backward_dkv<32, true>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, ds);
 }
 
 extern "C" __global__ void TC_BOUNDS_FWD flash_attention_tc_forward_hs64_bf16(
@@ -655,5 +692,11 @@ extern "C" __global__ void TC_BOUNDS_DQ flash_attention_tc_backward_dq_hs64_bf16
 extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_hs64_bf16(
     bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
     int B, int T, int C, int NH, int accumulate) {
-    tc_backward_dkv<64>(dinp, delta, dout, inp, lse, T, C, NH, accumulate);
+    tc_backward_dkv<64, false>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, nullptr);
+}
+
+extern "C" __global__ void TC_BOUNDS_DKV flash_attention_tc_backward_dkv_ds_hs64_bf16(
+    bf16_t* dinp, const float* delta, const bf16_t* dout, const bf16_t* inp, const float* lse,
+    int B, int T, int C, int NH, int accumulate, bf16_t* ds) {
+    tc_backward_dkv<64, true>(dinp, delta, dout, inp, lse, T, C, NH, accumulate, ds);
 }

@@ -376,6 +376,7 @@ impl Gpt2Model {
                     &la.atty,
                     &la.att,
                     scratch_bwd,
+                    self.att_ds.as_ref(),
                     b,
                     t,
                     c,

@@ -344,6 +344,10 @@ pub struct Gpt2Model {
     att_scratch_fwd: View,
     /// The prefix of the same buffer the attention backward task declares.
     att_scratch_bwd: View,
+    /// With [`flash_attention::dq_by_gemm`] on CUDA (bf16, fused
+    /// attention): the attention backward's dSᵀ, `(B, NH, T, T)` bf16, zeroed
+    /// at allocation and written only there (its masked elements stay 0).
+    att_ds: Option<View>,
     /// `B·T` `u32` of scratch for the encoder backward task (the bf16 CUDA
     /// kernel chains each token's positions there).
     links: Buffer,
@@ -464,6 +468,18 @@ impl Gpt2Model {
                 scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh, dtype))?,
             )
         };
+        let att_ds = if fusion.attention
+            && flash_attention::dq_by_gemm()
+            && dtype == Dtype::Bf16
+            && rt.backend_name() == "cuda"
+            && t % 2 == 0
+            && flash_attention::TC_HEAD_SIZES.contains(&(c / nh))
+        {
+            let bytes = flash_attention::ds_bytes(b, t, nh);
+            Some(rt.alloc("attention dS", bytes)?.whole())
+        } else {
+            None
+        };
         let vp = al.vp;
         let padded = opts
             .padded_classifier
@@ -499,6 +515,7 @@ impl Gpt2Model {
             loss,
             att_scratch_fwd,
             att_scratch_bwd,
+            att_ds,
             links,
             ln_scratch,
             groups,

@@ -278,6 +278,49 @@ pub fn flash_attention_tc_backward_dq_bf16(
     fa_backward(k, grid, block, dinp, ins, [b, t, c, nh], accumulate)
 }
 
+/// `flash_attention_tc_backward_dkv_ds_bf16`: as
+/// [`flash_attention_tc_backward_dkv_bf16`] (default build), also storing
+/// dSᵀ into `ds`, `(B, NH, T, T)` bf16 bits, row key, column query (`T`
+/// even); what it does not store keeps its value.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_tc_backward_dkv_ds_bf16(
+    grid: Dim3,
+    block: Dim3,
+    dinp: &mut [u16],
+    (delta, dout, inp, lse): (&[f32], &[u16], &[u16], &[f32]),
+    [b, t, c, nh]: [i32; 4],
+    accumulate: i32,
+    ds: &mut [u16],
+) -> Result<(), String> {
+    let k = &tc_kernel(
+        "flash_attention_tc_backward_dkv_ds_bf16",
+        TcBuild::Default,
+        "backward_dkv_ds",
+        c,
+        nh,
+    )?;
+    if t % 2 != 0 {
+        return Err(format!("{k}: T ({t}) must be even"));
+    }
+    let dims = [b, t, c, nh];
+    let (btc, bht) = fa_shape(k, dims)?;
+    let btc3 = product(k, &[btc, 3])?;
+    let bhtt = product(k, &[bht, nonneg(k, t)?])?;
+    let args = Args::new(k)
+        .output("dinp", dinp, btc3)?
+        .input("delta", delta, bht)?
+        .input("dout", dout, btc)?
+        .input("inp", inp, btc3)?
+        .input("lse", lse, bht)?
+        .i32s(dims)
+        .i32(accumulate)
+        .output("ds", ds, bhtt)?;
+    // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
+    // (B, T, 3C), (B, NH, T) and (B, NH, T, T) elements the kernel indexes,
+    // with a head size it has (checked above).
+    unsafe { args.launch(grid, block) }
+}
+
 /// `flash_attention_tc_backward_dkv_bf16`: as
 /// [`flash_attention_backward_dkv_bf16`] on tensor cores, from `build`.
 /// Launch as [`flash_attention_tc_forward_bf16`].
