@@ -544,3 +544,73 @@ fn save_then_load_round_trips_and_writes_hf_layout() {
     // Only the export is in the directory: no temporary left behind.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
+
+/// A Hugging Face file whose header (tensor names, dtypes, shapes,
+/// offsets, metadata) has random bytes replaced, inserted or cut, or that
+/// is cut short, loads or fails with an error, never a panic: through
+/// `load_hf_model` (which infers the config from the shapes, with
+/// `config.json` beside it giving the heads) and `load_hf_safetensors`
+/// with a config. 400 edits from a fixed seed.
+#[test]
+fn randomly_damaged_hf_files_load_or_fail_cleanly() {
+    let cfg = Gpt2Config::tiny();
+    let layout = ParamLayout::new(&cfg);
+    let flat = known_params(layout.total);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let tensors = hf_state_dict(&cfg, &flat, false, true, true);
+    write_safetensors(&path, &tensors, |_| Dtype::F32, None);
+    std::fs::write(
+        dir.path().join("config.json"),
+        format!("{{\"n_head\": {}}}", cfg.num_heads),
+    )
+    .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: usize| {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    };
+    const BYTES: &[u8] = b"{}[]\":,.0123456789-_abfhlnrstwF ";
+    let mut failed = 0;
+    for case in 0..400 {
+        let mut b = bytes.clone();
+        let mut end = header_end;
+        for _ in 0..1 + next(3) {
+            let at = 8 + next(end - 8);
+            match next(3) {
+                0 => b[at] = BYTES[next(BYTES.len())],
+                1 => {
+                    b.insert(at, BYTES[next(BYTES.len())]);
+                    end += 1;
+                }
+                _ => {
+                    b.remove(at);
+                    end -= 1;
+                }
+            }
+        }
+        if case % 2 == 1 {
+            b.truncate(next(b.len()));
+        }
+        std::fs::write(&path, &b).unwrap();
+        let r = std::panic::catch_unwind(|| {
+            (
+                load_hf_model(&path).is_ok(),
+                load_hf_safetensors(&path, &cfg, &layout).is_ok(),
+            )
+        });
+        match r {
+            Ok((a, b)) => failed += usize::from(!a) + usize::from(!b),
+            Err(_) => panic!("case {case}: loading a damaged file panicked"),
+        }
+    }
+    assert!(
+        failed > 400,
+        "only {failed} of 800 loads of damaged files failed"
+    );
+}
