@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+mod damage;
+
 use braid_gpt2::checkpoint::{
     checkpoint_file, latest_checkpoint, load_checkpoint, read_checkpoint_info, save_checkpoint,
     AdamWHyper, Checkpoint, CHECKPOINT_FILE, METADATA_KEY,
@@ -319,49 +321,22 @@ fn latest_checkpoint_picks_the_highest_step() {
 
 /// A checkpoint whose header (the safetensors JSON: tensor names, dtypes,
 /// shapes, offsets, and the metadata with the config, step, optimizer and
-/// loader state) has random bytes replaced, inserted or cut loads, or fails
-/// with an error, never a panic; and a file cut anywhere fails. 400 edits,
-/// from a fixed seed.
+/// loader state) has random bytes replaced, inserted or removed (half of
+/// them also cut short) loads, or fails with an error, never a panic. 400
+/// cases from a fixed seed (`tests/damage`).
 #[test]
 fn randomly_damaged_headers_load_or_fail_cleanly() {
     let root = tempfile::tempdir().unwrap();
     let good_dir = root.path().join("good");
     save_checkpoint(&good_dir, &checkpoint(3, 2)).unwrap();
     let bytes = std::fs::read(checkpoint_file(&good_dir)).unwrap();
-    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let dir = root.path().join("edited");
     std::fs::create_dir(&dir).unwrap();
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |n: usize| {
-        // xorshift64*
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
-    };
-    const BYTES: &[u8] = b"{}[]\":,.0123456789-eE_aflnrstuF ";
+    let mut damage = damage::Damage::new(0x2545_f491_4f6c_dd1d);
     let (mut loaded, mut failed) = (0, 0);
     for case in 0..400 {
-        let mut b = bytes.clone();
-        let mut end = header_end;
-        for _ in 0..1 + next(3) {
-            let at = 8 + next(end - 8);
-            match next(3) {
-                0 => b[at] = BYTES[next(BYTES.len())],
-                1 => {
-                    b.insert(at, BYTES[next(BYTES.len())]);
-                    end += 1;
-                }
-                _ => {
-                    b.remove(at);
-                    end -= 1;
-                }
-            }
-        }
         // Half of the cases also cut the file somewhere.
-        if case % 2 == 1 {
-            b.truncate(next(b.len()));
-        }
+        let b = damage.apply(&bytes, case % 2 == 1);
         std::fs::write(checkpoint_file(&dir), &b).unwrap();
         let r = std::panic::catch_unwind(|| load_checkpoint(&dir));
         match r {

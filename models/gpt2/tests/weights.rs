@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+mod damage;
+
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::error::Gpt2Error;
 use braid_gpt2::layout::ParamLayout;
@@ -566,37 +568,10 @@ fn randomly_damaged_hf_files_load_or_fail_cleanly() {
     )
     .unwrap();
     let bytes = std::fs::read(&path).unwrap();
-    let header_end = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: usize| {
-        // xorshift64*
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
-    };
-    const BYTES: &[u8] = b"{}[]\":,.0123456789-_abfhlnrstwF ";
+    let mut damage = damage::Damage::new(0x9e37_79b9_7f4a_7c15);
     let mut failed = 0;
     for case in 0..400 {
-        let mut b = bytes.clone();
-        let mut end = header_end;
-        for _ in 0..1 + next(3) {
-            let at = 8 + next(end - 8);
-            match next(3) {
-                0 => b[at] = BYTES[next(BYTES.len())],
-                1 => {
-                    b.insert(at, BYTES[next(BYTES.len())]);
-                    end += 1;
-                }
-                _ => {
-                    b.remove(at);
-                    end -= 1;
-                }
-            }
-        }
-        if case % 2 == 1 {
-            b.truncate(next(b.len()));
-        }
+        let b = damage.apply(&bytes, case % 2 == 1);
         std::fs::write(&path, &b).unwrap();
         let r = std::panic::catch_unwind(|| {
             (
