@@ -489,15 +489,19 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     let with = |extra: &[&str]| -> Vec<String> {
         base.iter().chain(extra).map(|s| s.to_string()).collect()
     };
+    // With SMs to spare too, which the CPU ignores.
     let args = with(&[
         "--placement",
         example,
+        "--spare-sms",
+        "8",
         "--trace",
         "p.json",
         "--save-weights",
         "p.safetensors",
     ]);
-    ok(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = ok(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.contains("left to other programs"), "{out}");
     let args = with(&["--trace", "n.json", "--save-weights", "n.safetensors"]);
     ok(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
     // The tensors, bit for bit (the files' JSON headers may order their
