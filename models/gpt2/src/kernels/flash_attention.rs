@@ -788,8 +788,9 @@ pub struct Backward<'a, S> {
 /// [`flash_attention_backward`] on the task's stream (module docs, CUDA):
 /// three kernels in turn, `delta`, then `dQ`, then `dK` and `dV`; the last
 /// two on the tensor cores where they apply. With `bw.ds` on the tensor
-/// cores and `T` even, `dK` and `dV` first, storing dSᵀ, then dQ as one
-/// cuBLAS product per batch row ([`dq_by_gemm`]).
+/// cores and `T` even, `dK` and `dV` first, storing dSᵀ, then dQ as
+/// batched cuBLAS products, one per batch row or per head, whichever are
+/// fewer ([`dq_by_gemm`]).
 pub fn flash_attention_backward_cuda<S: Storage>(
     cu: &CudaTaskCtx<'_>,
     bw: Backward<'_, S>,
@@ -861,25 +862,36 @@ pub fn flash_attention_backward_cuda<S: Storage>(
             ldc: 3 * c,
             ..Gemm::new(Transpose::T, Transpose::N, t, hs, t)
         };
+        // Block (bi, h) of ds starts at (bi·NH + h)·T·T, its keys in inp
+        // and its queries' channels in dinp at bi·T·3C + h·hs (keys past C):
+        // strided along either index, so one batched product per value of
+        // the smaller one, over the other.
         let es = std::mem::size_of::<S>() as u64;
-        for bi in 0..b as u64 {
-            let row0 = bi * (t * 3 * c) as u64;
-            // SAFETY: per head h of batch row bi: op(A) = dS, the transpose
-            // of ds's (T × T, row stride T) block (bi, h); B = its keys, T ×
-            // hs at row stride 3C in inp; C = its queries' channels of dinp,
-            // T × hs at row stride 3C; heads hs elements apart in inp and
-            // dinp, T·T in ds. All inside the checked sizes; bf16 (S is bf16
-            // on the tensor cores).
+        let (ds_b, ds_h) = ((nh * t * t) as u64, (t * t) as u64);
+        let (row_b, row_h) = ((t * 3 * c) as u64, hs as u64);
+        let (outer, inner) = if b <= nh {
+            ((b, ds_b, row_b), (nh, ds_h, row_h))
+        } else {
+            ((nh, ds_h, row_h), (b, ds_b, row_b))
+        };
+        for i in 0..outer.0 as u64 {
+            let (ds_at, row_at) = (i * outer.1, i * outer.2);
+            // SAFETY: entry j of the batch is block (bi, h) of `outer` index
+            // i and `inner` index j: op(A) = dS, the transpose of ds's block
+            // (T × T, row stride T); B = its keys, T × hs at row stride 3C in
+            // inp; C = its queries' channels of dinp, T × hs at row stride
+            // 3C. All inside the checked sizes; bf16 (S is bf16 on the
+            // tensor cores).
             unsafe {
                 l.gemm_batched_as::<S>(
                     &g,
-                    ds.ptr() + bi * (nh * t * t) as u64 * es,
-                    (t * t) as i64,
-                    bw.inp.ptr() + (row0 + c as u64) * es,
-                    hs as i64,
-                    bw.dinp.ptr() + row0 * es,
-                    hs as i64,
-                    nh,
+                    ds.ptr() + ds_at * es,
+                    inner.1 as i64,
+                    bw.inp.ptr() + (row_at + c as u64) * es,
+                    inner.2 as i64,
+                    bw.dinp.ptr() + row_at * es,
+                    inner.2 as i64,
+                    inner.0,
                 )?
             };
         }
