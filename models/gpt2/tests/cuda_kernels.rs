@@ -2271,7 +2271,7 @@ test_device!(
 /// the tensor cores (`flash_attention_tc.cu`): against the CPU kernels
 /// within bf16 tolerance, since the MMAs round P and dS to bf16 and sum in
 /// the hardware's order. T = 150: three tiles of 64, the last partial;
-/// three heads. The same kernels run on the CPU under tools/kernel-emu's
+/// three heads; and T = 66 with five batch rows and two heads. The same kernels run on the CPU under tools/kernel-emu's
 /// tests. With a dS buffer, dQ is one cuBLAS product from the dS the dK/dV
 /// kernel stores (`flash_attention::dq_by_gemm`): the same bounds.
 #[test]
@@ -2281,8 +2281,12 @@ fn flash_attention_tensor_cores_cuda() {
         return;
     };
     let device = g.rt.cuda_device().expect("a CUDA runtime has a device");
-    for hs in TC_HEAD_SIZES {
-        let (b, t, nh) = (2, 150, 3);
+    // (2, 150, 3): fewer batch rows than heads; (5, 66, 2): more (the dQ
+    // product batches over the other index).
+    for (hs, (b, t, nh)) in TC_HEAD_SIZES
+        .into_iter()
+        .flat_map(|hs| [(hs, (2, 150, 3)), (hs, (5, 66, 2))])
+    {
         let c = nh * hs;
         if !tensor_cores_apply::<Bf16>(device, c, nh) {
             eprintln!(
