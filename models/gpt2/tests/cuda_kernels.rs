@@ -2271,9 +2271,10 @@ test_device!(
 /// the tensor cores (`flash_attention_tc.cu`): against the CPU kernels
 /// within bf16 tolerance, since the MMAs round P and dS to bf16 and sum in
 /// the hardware's order. T = 150: three tiles of 64, the last partial;
-/// three heads; and T = 66 with five batch rows and two heads. The same kernels run on the CPU under tools/kernel-emu's
-/// tests. With a dS buffer, dQ is one cuBLAS product from the dS the dK/dV
-/// kernel stores (`flash_attention::dq_by_gemm`): the same bounds.
+/// three heads; and T = 66 with five batch rows and two heads. The same
+/// kernels run on the CPU under tools/kernel-emu's tests. With a dS buffer,
+/// dQ is cuBLAS's product from the dS the dK/dV kernel stores
+/// (`flash_attention::dq_by_gemm`): the same bounds.
 #[test]
 fn flash_attention_tensor_cores_cuda() {
     use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HEAD_SIZES};
