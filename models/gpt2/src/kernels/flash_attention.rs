@@ -176,8 +176,8 @@ pub const DQ_GEMM_ENV: &str = "BRAID_ATTENTION_DQ";
 /// products; the two kernels are 7): `BRAID_ATTENTION_DQ=gemm`, read once.
 /// Off by default until it has run on a GPU (docs/gpu-validation.md): it
 /// trades the dQ kernel (part of run 7's 5.16 ms of attention backward at
-/// B 8) for writing and reading dS, 12 MiB per (batch row, head) at T 1024
-/// (100 MiB at B 8), and a product.
+/// B 8) for writing and reading dS, 2 MiB per (batch row, head) at T 1024
+/// (192 MiB at B 8, each of the 12 layers), and a product.
 pub fn dq_by_gemm() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os(DQ_GEMM_ENV).is_some_and(|v| v == "gemm"))
