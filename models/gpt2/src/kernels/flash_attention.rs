@@ -138,32 +138,27 @@ pub(crate) static CUDA_TC: Program = Program::for_arch(
     ],
     (8, 0),
 );
-/// `[forward, dQ, dK/dV]` of the tensor-core kernels, per entry of
-/// [`TC_HEAD_SIZES`].
-static TC_KERNELS: [[Kernel; 3]; 3] = [
+/// `[forward, dQ, dK/dV, dK/dV storing dSᵀ]` of the tensor-core kernels,
+/// per entry of [`TC_HEAD_SIZES`] (the last for [`dq_by_gemm`]).
+static TC_KERNELS: [[Kernel; 4]; 3] = [
     [
         Kernel::new(&CUDA_TC, 0),
         Kernel::new(&CUDA_TC, 1),
         Kernel::new(&CUDA_TC, 2),
+        Kernel::new(&CUDA_TC, 9),
     ],
     [
         Kernel::new(&CUDA_TC, 3),
         Kernel::new(&CUDA_TC, 4),
         Kernel::new(&CUDA_TC, 5),
+        Kernel::new(&CUDA_TC, 10),
     ],
     [
         Kernel::new(&CUDA_TC, 6),
         Kernel::new(&CUDA_TC, 7),
         Kernel::new(&CUDA_TC, 8),
+        Kernel::new(&CUDA_TC, 11),
     ],
-];
-
-/// The dK/dV kernels that also store dSᵀ ([`dq_by_gemm`]), per entry of
-/// [`TC_HEAD_SIZES`].
-static TC_DKV_DS: [Kernel; 3] = [
-    Kernel::new(&CUDA_TC, 9),
-    Kernel::new(&CUDA_TC, 10),
-    Kernel::new(&CUDA_TC, 11),
 ];
 
 /// The environment variable of [`dq_by_gemm`].
@@ -217,9 +212,9 @@ pub fn tensor_cores_apply<S: Storage>(
         && CUDA_TC.supports(device)
 }
 
-/// `[forward, dQ, dK/dV]` for head size `hs`, if the tensor-core kernels
-/// are built for it.
-fn tc_kernels(hs: usize) -> Option<&'static [Kernel; 3]> {
+/// `[forward, dQ, dK/dV, dK/dV storing dSᵀ]` for head size `hs`, if the
+/// tensor-core kernels are built for it.
+fn tc_kernels(hs: usize) -> Option<&'static [Kernel; 4]> {
     let i = TC_HEAD_SIZES.iter().position(|&h| h == hs)?;
     Some(&TC_KERNELS[i])
 }
@@ -306,39 +301,6 @@ pub fn backward<'rt>(
     c: usize,
     nh: usize,
 ) -> Result<TaskHandle> {
-    if let Some(ds) = ds {
-        return submit!(
-            task,
-            |S| (
-                dinp.read_write::<S>(),
-                dout.read::<S>(),
-                inp.read::<S>(),
-                out.read::<S>(),
-                lse.read::<f32>(),
-                scratch.write::<f32>(),
-                ds.read_write::<S>(),
-            ),
-            move |(dinp, dout, inp, out, lse, delta, _ds)| {
-                write.prepare(dinp);
-                flash_attention_backward(
-                    dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
-                )
-            },
-            move |(dinp, dout, inp, out, lse, delta, ds), cu| {
-                let bw = Backward {
-                    dinp,
-                    write,
-                    delta,
-                    dout,
-                    inp,
-                    out,
-                    lse,
-                    ds: Some(ds),
-                };
-                task_result(flash_attention_backward_cuda(cu, bw, b, t, c, nh))
-            },
-        );
-    }
     submit!(
         task,
         |S| (
@@ -348,14 +310,15 @@ pub fn backward<'rt>(
             out.read::<S>(),
             lse.read::<f32>(),
             scratch.write::<f32>(),
+            ds.map(|d| d.read_write::<S>()),
         ),
-        move |(dinp, dout, inp, out, lse, delta)| {
+        move |(dinp, dout, inp, out, lse, delta, _ds)| {
             write.prepare(dinp);
             flash_attention_backward(
                 dinp, delta, dout, inp, out, lse, b, t, c, nh, BLOCK_Q, BLOCK_K,
             )
         },
-        move |(dinp, dout, inp, out, lse, delta), cu| {
+        move |(dinp, dout, inp, out, lse, delta, ds), cu| {
             let bw = Backward {
                 dinp,
                 write,
@@ -364,7 +327,7 @@ pub fn backward<'rt>(
                 inp,
                 out,
                 lse,
-                ds: None,
+                ds,
             };
             task_result(flash_attention_backward_cuda(cu, bw, b, t, c, nh))
         },
@@ -713,7 +676,7 @@ fn takes_tensor_cores<S: Storage>(
     c: usize,
     nh: usize,
     staged: &[u64],
-) -> Option<&'static [Kernel; 3]> {
+) -> Option<&'static [Kernel; 4]> {
     let takes = tensor_cores_apply::<S>(cu.device(), c, nh) && staged.iter().all(|p| p % 16 == 0);
     takes.then(|| tc_kernels(c / nh)).flatten()
 }
@@ -812,9 +775,9 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
     // dQ as one product: on the tensor cores, with T even.
     let ds = match (tensor_cores, bw.ds, t % 2 == 0) {
-        (Some(_), Some(ds), true) => {
+        (Some([.., dkv_ds]), Some(ds), true) => {
             k.exact("ds", &ds, "(B, NH, T, T)", k.mul(bht, t)?)?;
-            Some(ds)
+            Some((dkv_ds, ds))
         }
         _ => None,
     };
@@ -842,10 +805,8 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         .i32(ci)
         .i32(nhi)
         .i32(bw.write.accumulate());
-    if let Some(ds) = ds {
+    if let Some((dkv_ds, ds)) = ds {
         let hs = c / nh;
-        let i = TC_HEAD_SIZES.iter().position(|&h| h == hs);
-        let dkv_ds = &TC_DKV_DS[i.expect("tensor cores take this head size")];
         a.ptr(ds.ptr());
         // SAFETY: flash_attention_tc_backward_dkv_ds_hs<hs>_bf16(bf16_t*
         // dinp, const float* delta, const bf16_t* dout, const bf16_t* inp,
@@ -897,7 +858,7 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         }
         return Ok(());
     }
-    let (dq, dkv, cfg) = if let Some([_, dq, dkv]) = tensor_cores {
+    let (dq, dkv, cfg) = if let Some([_, dq, dkv, _]) = tensor_cores {
         (dq, dkv, tc_tiles(&l, dims)?)
     } else {
         (

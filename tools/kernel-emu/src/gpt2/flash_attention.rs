@@ -58,24 +58,36 @@ fn fa_backward<S: Elem>(
     grid: Dim3,
     block: Dim3,
     dinp: &mut [S],
-    (delta, dout, inp, lse): (&[f32], &[S], &[S], &[f32]),
+    ins: (&[f32], &[S], &[S], &[f32]),
     dims: [i32; 4],
     accumulate: i32,
 ) -> Result<(), String> {
+    let args = fa_backward_args(k, dinp, ins, dims, accumulate)?;
+    // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
+    // (B, T, 3C) and (B, NH, T) elements the kernel indexes, with
+    // hs <= FA_MAX_HS (checked by `fa_backward_args`).
+    unsafe { args.launch(grid, block) }
+}
+
+/// The arguments every backward kernel starts with, sizes checked:
+/// `(dinp, delta, dout, inp, lse, B, T, C, NH, accumulate)`.
+fn fa_backward_args<'a, S: Elem>(
+    k: &'a str,
+    dinp: &'a mut [S],
+    (delta, dout, inp, lse): (&'a [f32], &'a [S], &'a [S], &'a [f32]),
+    dims: [i32; 4],
+    accumulate: i32,
+) -> Result<Args<'a>, String> {
     let (btc, bht) = fa_shape(k, dims)?;
     let btc3 = product(k, &[btc, 3])?;
-    let args = Args::new(k)
+    Ok(Args::new(k)
         .output("dinp", dinp, btc3)?
         .input("delta", delta, bht)?
         .input("dout", dout, btc)?
         .input("inp", inp, btc3)?
         .input("lse", lse, bht)?
         .i32s(dims)
-        .i32(accumulate);
-    // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
-    // (B, T, 3C) and (B, NH, T) elements the kernel indexes, with
-    // hs <= FA_MAX_HS (checked above).
-    unsafe { args.launch(grid, block) }
+        .i32(accumulate))
 }
 
 twins! {
@@ -303,17 +315,9 @@ pub fn flash_attention_tc_backward_dkv_ds_bf16(
         return Err(format!("{k}: T ({t}) must be even"));
     }
     let dims = [b, t, c, nh];
-    let (btc, bht) = fa_shape(k, dims)?;
-    let btc3 = product(k, &[btc, 3])?;
+    let (_, bht) = fa_shape(k, dims)?;
     let bhtt = product(k, &[bht, nonneg(k, t)?])?;
-    let args = Args::new(k)
-        .output("dinp", dinp, btc3)?
-        .input("delta", delta, bht)?
-        .input("dout", dout, btc)?
-        .input("inp", inp, btc3)?
-        .input("lse", lse, bht)?
-        .i32s(dims)
-        .i32(accumulate)
+    let args = fa_backward_args(k, dinp, (delta, dout, inp, lse), dims, accumulate)?
         .output("ds", ds, bhtt)?;
     // SAFETY: the buffers have the (B, T, 3C), (B, NH, T), (B, T, C),
     // (B, T, 3C), (B, NH, T) and (B, NH, T, T) elements the kernel indexes,
