@@ -19,7 +19,8 @@
 # With --new --quick, only the wrappers a session of about ten minutes of
 # device time can run (QUICK below: the kernel and model
 # tests, the fused bf16 step that is the trainer's GPU default against
-# torch.compile at B 8, 16, 32 and 64, its leading kernels under
+# torch.compile at B 8, 32 and 64, with cuDNN's attention at B 8 and 64
+# (and its graphs and a training run in the tests), its leading kernels under
 # a profiler, two tenants with the trainer's timeline, the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
 # and with its graphs cut around the reducer's collectives against no
@@ -36,10 +37,10 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 02_cuda_kernels 05_cuda_model 18_gpt2_gpu_bf16_fused 18c_gpt2_gpu_bf16_fused_bcast_bias 10_pytorch_bf16_compile_b8
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 18k_gpt2_gpu_bf16_fused_dq_gemm 21_multi_tenant_cuda 21c_multi_tenant_cuda_connections 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
-14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
-11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 15_train_gpu
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model 18_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 10c_gpt2_gpu_bf16_fused_cudnn
+18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 18k_gpt2_gpu_bf16_fused_dq_gemm 21_multi_tenant_cuda 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
+14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 13d_gpt2_gpu_bf16_fused_b64_cudnn 14c_pytorch_bf16_compile_b64
+15_train_gpu
 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
 16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
@@ -119,7 +120,13 @@ else
     # The live view's RUNNING column on CUDA (written in the eighteenth
     # session): a stream's oldest unfinished task once the device started it.
     wrap 01g_cuda_live_running test cuda "the_live_view --nocapture $t"
+    # Every cuDNN attention graph finalizes with the machine's cuDNN (it
+    # prints the version; CI checks the same with cuDNN 9.28 and no GPU).
+    wrap 01h_cudnn_graphs test lib_braid_cuda "cudnn --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
+    # GPT-2 training with cuDNN's attention against Braid's (its own binary:
+    # the switch is process-wide).
+    wrap 02c_cuda_cudnn_training test cuda_cudnn "--nocapture $t"
     wrap 03_reference_cuda test reference_pytorch "cuda --nocapture $t"
     wrap 04_reference_bf16_cuda test reference_pytorch_bf16 "cuda --nocapture $t"
     wrap 05_cuda_model test cuda_model "--nocapture --skip cli_trains_on_one_gpu $t"
@@ -156,6 +163,14 @@ else
     wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
     # llm.c's published figure is at B 64.
     wrap 13c_gpt2_gpu_bf16_fused_b64 bench gpt2_gpu "--batch-size 64 $g --dtype bf16 --fused"
+    # cuDNN's flash attention in place of Braid's (BRAID_ATTENTION=cudnn,
+    # docs/gpt2.md): at B 8 against 18 and torch.compile (10), at B 64
+    # against 13c and 14c. Each prints the graph and engine cuDNN chose.
+    script 10c_gpt2_gpu_bf16_fused_cudnn "env BRAID_ATTENTION=cudnn \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
+--profile-step \$OUT/gpt2-bf16-fused-cudnn-step.json"
+    script 13d_gpt2_gpu_bf16_fused_b64_cudnn "env BRAID_ATTENTION=cudnn \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 64 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
     script 14c_pytorch_bf16_compile_b64 "$py --batch-size 64 --compile"

@@ -71,6 +71,19 @@ pub enum CudaError {
         status: String,
     },
 
+    /// A cuDNN call failed (its backend API names what it was building).
+    #[error("cuDNN call {call} failed on {what}: {status}{}", if message.is_empty() { String::new() } else { format!(": {message}") })]
+    Cudnn {
+        /// The cuDNN function.
+        call: &'static str,
+        /// What was being set, finalized or run.
+        what: String,
+        /// `cudnnGetErrorString` of the status.
+        status: String,
+        /// `cudnnGetLastErrorString`: cuDNN's own explanation, if any.
+        message: String,
+    },
+
     /// A module has no kernel of this name (check `extern "C"`).
     #[error("kernel `{kernel}` not found in module `{module}` (is it declared extern \"C\" __global__?)")]
     KernelNotFound {

@@ -63,6 +63,7 @@
 
 pub mod cublas;
 mod cublaslt;
+pub mod cudnn;
 pub mod device;
 pub mod error;
 pub mod event;

@@ -490,5 +490,9 @@ fn main() -> Result<()> {
             String::new()
         }
     );
+    // What ran the attention when BRAID_ATTENTION=cudnn asked for cuDNN.
+    for line in braid_gpt2::kernels::flash_attention::cudnn_report() {
+        println!("{line}");
+    }
     Ok(())
 }

@@ -10,13 +10,13 @@
 //! against the launch window.
 
 use super::cuda::{
-    stream::StreamPriority, CublasHandle, CudaDevice, CudaError, CudaEvent, CudaStream,
-    DeviceBuffer, EventKind, EventPool, GreenContext, Timeline,
+    cudnn::CudnnAttention, stream::StreamPriority, CublasHandle, CudaDevice, CudaError, CudaEvent,
+    CudaStream, DeviceBuffer, EventKind, EventPool, GreenContext, Timeline,
 };
 use super::Check;
 use crate::error::{Error, Result};
 use std::cell::{OnceCell, RefCell};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Per-runtime CUDA state.
 #[derive(Debug)]
@@ -32,6 +32,18 @@ pub(crate) struct CudaBackend {
     alloc_stream: CudaStream,
     pub(crate) events: EventPool,
     pub(crate) timeline: Arc<TimelineAt>,
+    /// cuDNN's attention for every stream, made at its first use.
+    cudnn: Arc<CudnnSlot>,
+}
+
+/// cuDNN's fused attention for a runtime's streams, made at the first task
+/// that asks for it ([`CudaTaskCtx::cudnn_attention`]) and shared by every
+/// stream thread and graph capture: its plans and per-stream workspaces are
+/// made once, outside any capture.
+#[derive(Debug)]
+struct CudnnSlot {
+    streams: Vec<CudaStream>,
+    made: OnceLock<std::result::Result<CudnnAttention, CudaError>>,
 }
 
 /// A device timeline anchored on the process-wide host timeline.
@@ -87,6 +99,10 @@ impl CudaBackend {
         let timeline = Timeline::start(&alloc_stream)?;
         alloc_stream.synchronize()?;
         let events = EventPool::new(&device, EventKind::Timing);
+        let cudnn = Arc::new(CudnnSlot {
+            streams: streams.clone(),
+            made: OnceLock::new(),
+        });
         Ok(CudaBackend {
             device,
             streams,
@@ -94,6 +110,7 @@ impl CudaBackend {
             alloc_stream,
             events,
             timeline: Arc::new(TimelineAt { timeline, epoch_ns }),
+            cudnn,
         })
     }
 
@@ -110,6 +127,7 @@ impl CudaBackend {
             events: self.events.clone(),
             timeline: self.timeline.clone(),
             cublas: OnceCell::new(),
+            cudnn: self.cudnn.clone(),
         }
     }
 }
@@ -121,6 +139,7 @@ pub(crate) struct StreamDriver {
     pub(crate) timeline: Arc<TimelineAt>,
     /// Created on first use, bound to this stream for the thread's life.
     pub(crate) cublas: OnceCell<CublasHandle>,
+    cudnn: Arc<CudnnSlot>,
 }
 
 impl StreamDriver {
@@ -128,6 +147,7 @@ impl StreamDriver {
         CudaTaskCtx {
             stream: &self.stream,
             cublas: &self.cublas,
+            cudnn: &self.cudnn,
             checks: RefCell::new(Vec::new()),
         }
     }
@@ -150,6 +170,7 @@ impl StreamDriver {
 pub struct CudaTaskCtx<'a> {
     stream: &'a CudaStream,
     cublas: &'a OnceCell<CublasHandle>,
+    cudnn: &'a CudnnSlot,
     checks: RefCell<Vec<Check>>,
 }
 
@@ -180,6 +201,18 @@ impl<'a> CudaTaskCtx<'a> {
         let h = CublasHandle::new(self.stream)?;
         let _ = self.cublas.set(h);
         Ok(self.cublas.get().expect("just set"))
+    }
+
+    /// cuDNN's fused attention for the runtime's streams, made at the first
+    /// call (a cuDNN handle; plans and workspaces at each shape's first
+    /// use, which must not be inside a CUDA graph capture). An error says
+    /// why cuDNN is not there (no `libcudnn`, a version before 9).
+    pub fn cudnn_attention(&self) -> Result<&'a CudnnAttention> {
+        let slot = self.cudnn;
+        match slot.made.get_or_init(|| CudnnAttention::new(&slot.streams)) {
+            Ok(a) => Ok(a),
+            Err(e) => Err(e.clone().into()),
+        }
     }
 
     /// Registers `check` to run once the task's end event has completed on

@@ -2219,6 +2219,7 @@ impl FaCase {
 /// (for dQ as one product on the tensor cores), the CPU body ignores it and
 /// the scalar kernels too: the same results.
 fn flash_attention_tasks(dev: Device) {
+    let _attention = attention_lock();
     let g = Dev::new(dev);
     let exact = matches!(dev, Device::Cpu);
     let case = FaCase::new((B, T, C, NH), 170);
@@ -2278,6 +2279,7 @@ test_device!(
 #[test]
 fn flash_attention_tensor_cores_cuda() {
     use braid_gpt2::kernels::flash_attention::{tensor_cores_apply, TC_HEAD_SIZES};
+    let _attention = attention_lock();
     let Some(g) = Dev::gpu("flash_attention_tensor_cores_cuda") else {
         return;
     };
@@ -2316,6 +2318,81 @@ fn flash_attention_tensor_cores_cuda() {
             let (_, _, set) = case.tasks(&g, Dtype::Bf16, GradWrite::Set, ds);
             compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
         }
+    }
+}
+
+/// Held by the fused-attention tests: `flash_attention_cudnn_cuda` turns
+/// cuDNN's attention on for the process while it runs, which the others
+/// must not see.
+fn attention_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// With `BRAID_ATTENTION=cudnn` (here `set_cudnn_attention`), bf16 fused
+/// attention runs cuDNN's flash-attention engines: against the CPU kernels
+/// within the tensor-core kernels' bounds (cuDNN also rounds P and dS to
+/// bf16), at head sizes 64 and 32, with T a multiple of 128 and not (cuDNN
+/// 9.15.0 and older take a backward of such a T only through Braid's
+/// kernels). The backward (cuDNN's deterministic algorithm) gives the same
+/// bits twice; a gradient added to one that is not zero (`GradWrite::Add`)
+/// takes Braid's kernels after cuDNN's forward. It prints which graph and
+/// engine cuDNN chose. Needs libcudnn (9); skipped without it, except
+/// under `BRAID_REQUIRE_GPU=1`.
+#[test]
+fn flash_attention_cudnn_cuda() {
+    use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
+    let _attention = attention_lock();
+    let Some(g) = Dev::gpu("flash_attention_cudnn_cuda") else {
+        return;
+    };
+    if !braid::cuda::cudnn::cudnn_library_present() {
+        assert!(
+            std::env::var_os("BRAID_REQUIRE_GPU").is_none(),
+            "BRAID_REQUIRE_GPU is set but libcudnn could not be loaded"
+        );
+        eprintln!("SKIPPED flash_attention_cudnn_cuda: no libcudnn");
+        return;
+    }
+    struct Off;
+    impl Drop for Off {
+        fn drop(&mut self) {
+            set_cudnn_attention(false);
+        }
+    }
+    let _off = Off;
+    set_cudnn_attention(true);
+    for (hs, (b, t, nh)) in [(64, (2, 256, 3)), (64, (5, 150, 2)), (32, (3, 128, 4))] {
+        let c = nh * hs;
+        let case = FaCase::new((b, t, c, nh), 190 + hs as u64 + t as u64);
+        let (want_out, want_lse, want_dinp) = case.cpu(Dtype::Bf16);
+        let (_, _, want_set) = case.zeroed().cpu(Dtype::Bf16);
+        let what = |x: &str| format!("cuDNN attention hs {hs} (B {b}, T {t}, NH {nh}): {x}");
+        let (out, lse, set) = case.tasks(&g, Dtype::Bf16, GradWrite::Set, false);
+        compare_scaled(&what("lse"), &lse, &want_lse, 1e-4);
+        compare_scaled(&what("out"), &out, &want_out, 0.0125);
+        compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
+        let again = case.tasks(&g, Dtype::Bf16, GradWrite::Set, false);
+        assert_eq!(again, (out, lse, set), "{}", what("a second run"));
+        let (_, _, added) = case.tasks(&g, Dtype::Bf16, GradWrite::Add, false);
+        let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
+        let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
+        compare_scaled(
+            &what("gradient added"),
+            &grad(&added),
+            &grad(&want_dinp),
+            0.0125,
+        );
+    }
+    let report = cudnn_report();
+    for line in &report {
+        eprintln!("{line}");
+    }
+    for direction in ["Forward", "Backward"] {
+        assert!(
+            report.iter().any(|l| l.contains(direction)),
+            "the {direction} ran through cuDNN (T 256 is a multiple of 128): {report:?}"
+        );
     }
 }
 

@@ -83,7 +83,15 @@
 //!   H200, and slow: its backward pass took 2.0 s of a 2.3 s GPT-2 124M step
 //!   at B8 × T1024 (docs/gpu-validation.md, run 5), against 11 ms for the
 //!   unfused cuBLAS attention.
+//! - **cuDNN** (opt-in, `BRAID_ATTENTION=cudnn`: [`cudnn_attention`]):
+//!   cuDNN's flash-attention engines through its graph API
+//!   (`braid::cuda::cudnn`), bf16 with a head size that is a multiple of 8
+//!   up to 128; the forward writes the same log-sum-exp, so either backward
+//!   follows either forward. Its backward writes the gradient over (a
+//!   [`GradWrite::Add`] call takes the kernels above) and is cuDNN's
+//!   deterministic algorithm. Not yet run on a GPU (docs/gpu-validation.md).
 
+use braid::cuda::cudnn::{CudnnAttention, Direction, SdpaShape};
 use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
@@ -160,6 +168,83 @@ static TC_KERNELS: [[Kernel; 4]; 3] = [
         Kernel::new(&CUDA_TC, 11),
     ],
 ];
+
+/// The environment variable of [`cudnn_attention`].
+pub const CUDNN_ENV: &str = "BRAID_ATTENTION";
+
+/// 0: not yet read from [`CUDNN_ENV`]; 1: off; 2: on.
+static CUDNN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether bf16 attention on CUDA runs cuDNN's fused kernels instead of
+/// Braid's (module docs): `BRAID_ATTENTION=cudnn`, read at the first call,
+/// or [`set_cudnn_attention`]. Off by default until it has run on a GPU
+/// (docs/gpu-validation.md). A task that takes cuDNN and finds no cuDNN 9,
+/// or no engine for its shape, fails with cuDNN's reasons.
+pub fn cudnn_attention() -> bool {
+    use std::sync::atomic::Ordering;
+    match CUDNN.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var_os(CUDNN_ENV).is_some_and(|v| v == "cudnn");
+            CUDNN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+/// Turns [`cudnn_attention`] on or off for the process (tests and
+/// benchmarks that compare both in one run; tasks already submitted keep
+/// what they read).
+pub fn set_cudnn_attention(on: bool) {
+    CUDNN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What ran each shape and direction through cuDNN so far, one line each
+/// (cuDNN's version, the graph, the engine, the workspace), for reports.
+pub fn cudnn_report() -> Vec<String> {
+    CUDNN_SEEN.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+static CUDNN_SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The shape a call hands to cuDNN, if it takes cuDNN: on, bf16, a head
+/// size cuDNN takes, every tensor 16-byte aligned.
+fn takes_cudnn<S: Storage>(
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+    aligned: &[u64],
+) -> Option<SdpaShape> {
+    let hs = c / nh.max(1);
+    let takes = cudnn_attention()
+        && matches!(S::DTYPE, Dtype::Bf16)
+        && nh > 0
+        && c % nh == 0
+        && hs % 8 == 0
+        && hs <= 128
+        && aligned.iter().all(|p| p % 16 == 0);
+    takes.then_some(SdpaShape { b, t, nh, hs })
+}
+
+/// Records what ran `shape`'s `direction` the first time it did.
+fn note_cudnn(a: &CudnnAttention, shape: SdpaShape, direction: Direction) {
+    let Some(how) = a.describe(shape, direction) else {
+        return;
+    };
+    let line = format!(
+        "cuDNN {} attention {direction:?} B {} T {} NH {} HS {}: {how}",
+        a.version(),
+        shape.b,
+        shape.t,
+        shape.nh,
+        shape.hs
+    );
+    let mut seen = CUDNN_SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&line) {
+        seen.push(line);
+    }
+}
 
 /// The environment variable of [`dq_by_gemm`].
 pub const DQ_GEMM_ENV: &str = "BRAID_ATTENTION_DQ";
@@ -700,6 +785,18 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     k.exact("out", &out, "(B, T, C)", btc)?;
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
+    let cudnn = match takes_cudnn::<S>(b, t, c, nh, &[inp.ptr(), out.ptr(), lse.ptr()]) {
+        Some(shape) => Some((cu.cudnn_attention()?, shape)),
+        None => None,
+    };
+    if let Some((a, shape)) = cudnn.filter(|(a, s)| a.takes(*s, Direction::Forward)) {
+        // SAFETY: sizes checked above: inp (B, T, 3C), out (B, T, C) and
+        // lse (B, NH, T) f32, bf16 (S is bf16), 16-byte aligned; the task
+        // holds them on this stream (out and lse written).
+        unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr())? };
+        note_cudnn(a, shape, Direction::Forward);
+        return Ok(());
+    }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[inp.ptr()]);
     let l = Launcher::new(k, cu);
     let mut a = KernelArgs::new();
@@ -772,6 +869,41 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     k.exact("inp", &bw.inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
+    let cudnn = takes_cudnn::<S>(
+        b,
+        t,
+        c,
+        nh,
+        &[
+            bw.inp.ptr(),
+            bw.out.ptr(),
+            bw.dout.ptr(),
+            bw.lse.ptr(),
+            bw.dinp.ptr(),
+        ],
+    );
+    let cudnn = match (cudnn, bw.write) {
+        (Some(shape), GradWrite::Set) => Some((cu.cudnn_attention()?, shape)),
+        _ => None,
+    };
+    if let Some((a, shape)) = cudnn.filter(|(a, s)| a.takes(*s, Direction::Backward)) {
+        // SAFETY: sizes checked above, bf16, 16-byte aligned; dinp (B, T,
+        // 3C) is written over and is disjoint from the inputs the task
+        // reads; `delta` (scratch) is not used.
+        unsafe {
+            a.backward(
+                cu.stream(),
+                shape,
+                bw.inp.ptr(),
+                bw.out.ptr(),
+                bw.dout.ptr(),
+                bw.lse.ptr(),
+                bw.dinp.ptr(),
+            )?
+        };
+        note_cudnn(a, shape, Direction::Backward);
+        return Ok(());
+    }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
     // dQ as one product: on the tensor cores, with T even.
     let ds = match (tensor_cores, bw.ds, t % 2 == 0) {

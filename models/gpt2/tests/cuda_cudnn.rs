@@ -1,0 +1,99 @@
+//! GPT-2 training on one GPU with cuDNN's attention (`BRAID_ATTENTION=cudnn`,
+//! `flash_attention::set_cudnn_attention`). A test binary of its own: the
+//! switch is process-wide, and the other GPU tests must not see it. Skips
+//! without a GPU or without libcudnn (fails instead under
+//! `BRAID_REQUIRE_GPU=1`).
+
+use braid::{BackendKind, Policy};
+use braid_gpt2::checkpoint::AdamWHyper;
+use braid_gpt2::config::Gpt2Config;
+use braid_gpt2::data::TokenSource;
+use braid_gpt2::kernels::cpu::Dtype;
+use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
+use braid_gpt2::model::{Fusion, Rng};
+use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
+
+/// Learnable tokens below the tiny vocabulary: runs of consecutive ids.
+fn runs_of_ids(n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    let mut ids = Vec::with_capacity(n + 12);
+    while ids.len() < n {
+        let start = (rng.next_u64() % 512) as u32;
+        ids.extend((0..12).map(|i| (start + i) % 512));
+    }
+    ids.truncate(n);
+    ids
+}
+
+fn losses(r: &TrainReport) -> Vec<f32> {
+    r.steps.iter().map(|s| s.loss).collect()
+}
+
+/// The tiny model (head size 16) in bf16 with every fusion, B 4 × T 128 (T
+/// a multiple of 128, which every cuDNN 9 takes), trained for 6 steps with
+/// cuDNN's attention and with Braid's: the same losses to bf16 tolerance
+/// (the two round P and dS alike, and sum in different orders). Two runs
+/// with cuDNN give the same bits (its deterministic backward; replayed
+/// steps, graph captures included, run the plans the first step made),
+/// and both directions ran through cuDNN.
+#[test]
+fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
+    if !braid::cuda::gpu_or_skip("a_run_with_cudnn_attention_trains_like_one_with_braids") {
+        return;
+    }
+    if !braid::cuda::cudnn::cudnn_library_present() {
+        assert!(
+            std::env::var_os("BRAID_REQUIRE_GPU").is_none(),
+            "BRAID_REQUIRE_GPU is set but libcudnn could not be loaded"
+        );
+        eprintln!("SKIPPED a_run_with_cudnn_attention_trains_like_one_with_braids: no libcudnn");
+        return;
+    }
+    let cfg = Gpt2Config::tiny();
+    let data = TokenSource::from_ids(&runs_of_ids(16384, 9), "counting runs").unwrap();
+    let start = StartState::fresh(&cfg, 4);
+    let run = |cudnn: bool| {
+        set_cudnn_attention(cudnn);
+        let opts = TrainOptions {
+            model: cfg,
+            batch_size: 4,
+            seq_len: 128,
+            steps: 6,
+            dtype: Dtype::Bf16,
+            fusion: Fusion::ALL,
+            optimizer: AdamWHyper {
+                learning_rate: 3e-3,
+                ..TrainOptions::default().optimizer
+            },
+            backend: BackendKind::Cuda { device: 0 },
+            ranks: 1,
+            streams: 2,
+            policy: Policy::Affinity,
+            ..TrainOptions::default()
+        };
+        let r = train(&opts, start.clone(), &data, &|_| {});
+        set_cudnn_attention(false);
+        r.unwrap_or_else(|e| panic!("cuDNN attention {cudnn}: {e}"))
+    };
+    let braids = losses(&run(false));
+    let cudnn = losses(&run(true));
+    let again = losses(&run(true));
+    let report = cudnn_report();
+    eprintln!(
+        "Braid's attention {braids:?}\ncuDNN's {cudnn:?}\n{}",
+        report.join("\n")
+    );
+    assert_eq!(cudnn, again, "two runs with cuDNN's attention");
+    for (i, (x, y)) in braids.iter().zip(&cudnn).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-2,
+            "step {i}: loss {x} with Braid's attention, {y} with cuDNN's"
+        );
+    }
+    for direction in ["Forward", "Backward"] {
+        assert!(
+            report.iter().any(|l| l.contains(direction)),
+            "the attention {direction} ran through cuDNN: {report:?}"
+        );
+    }
+}
