@@ -120,8 +120,10 @@ else
     # The live view's RUNNING column on CUDA (written in the eighteenth
     # session): a stream's oldest unfinished task once the device started it.
     wrap 01g_cuda_live_running test cuda "the_live_view --nocapture $t"
-    # Every cuDNN attention graph finalizes with the machine's cuDNN (it
-    # prints the version; CI checks the same with cuDNN 9.28 and no GPU).
+    # cuDNN's attention in the CUDA layer: every graph kind finalizes with
+    # the machine's cuDNN (CI checks the same with 9.28 and no GPU), and
+    # each kind with an engine computes attention against a plain f32 one
+    # (it prints the version, the engines, and each kind's errors).
     wrap 01h_cudnn_graphs test lib_braid_cuda "cudnn --nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     # GPT-2 training with cuDNN's attention against Braid's (its own binary:

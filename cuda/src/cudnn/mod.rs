@@ -34,6 +34,8 @@
 
 mod backend;
 mod graph;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -101,6 +103,8 @@ struct Plan {
 
 struct State {
     handle: RawHandle,
+    /// The graph kinds to try, in order.
+    kinds: Vec<GraphKind>,
     plans: HashMap<(SdpaShape, Direction), Arc<Plan>>,
     /// One per stream, by the stream's raw handle.
     workspaces: HashMap<usize, DeviceBuffer>,
@@ -156,8 +160,14 @@ fn kinds() -> CudaResult<Vec<GraphKind>> {
 }
 
 impl CudnnAttention {
-    /// A cuDNN handle for `streams` (all of one device), with no plans yet.
+    /// A cuDNN handle for `streams` (all of one device), with no plans yet,
+    /// trying the graph kinds `BRAID_CUDNN_SDPA` names (module docs).
     pub fn new(streams: &[CudaStream]) -> CudaResult<Self> {
+        Self::with_kinds(streams, &kinds()?)
+    }
+
+    /// [`new`](Self::new) trying only `kinds`, in that order.
+    pub fn with_kinds(streams: &[CudaStream], kinds: &[GraphKind]) -> CudaResult<Self> {
         let first = streams
             .first()
             .ok_or_else(|| CudaError::InvalidArgument("cuDNN attention with no stream".into()))?;
@@ -183,6 +193,7 @@ impl CudnnAttention {
         Ok(CudnnAttention {
             state: Mutex::new(State {
                 handle,
+                kinds: kinds.to_vec(),
                 plans: HashMap::new(),
                 workspaces: HashMap::new(),
             }),
@@ -311,7 +322,7 @@ impl CudnnAttention {
                          step once eagerly)"
                     )));
                 }
-                let plan = Arc::new(build(st.handle, shape, direction, self.version)?);
+                let plan = Arc::new(build(st, shape, direction, self.version)?);
                 for s in &self.streams {
                     let k = s.raw() as usize;
                     if st
@@ -411,16 +422,11 @@ fn check_shape(s: SdpaShape) -> CudaResult<()> {
 /// Builds `direction`'s plan for `shape`: each graph kind in turn, each with
 /// cuDNN's heuristics' engine configurations in order, until one finalizes.
 /// The error names every kind's reason.
-fn build(
-    handle: RawHandle,
-    shape: SdpaShape,
-    direction: Direction,
-    version: usize,
-) -> CudaResult<Plan> {
+fn build(st: &State, shape: SdpaShape, direction: Direction, version: usize) -> CudaResult<Plan> {
     let mut why = Vec::new();
-    for kind in kinds()? {
-        let built = graph::build(handle, shape, direction, kind, version);
-        match built.and_then(|g| plan_of(handle, g, kind)) {
+    for &kind in &st.kinds {
+        let built = graph::build(st.handle, shape, direction, kind, version);
+        match built.and_then(|g| plan_of(st.handle, g, kind)) {
             Ok(p) => return Ok(p),
             Err(e) => why.push(format!("{} graph: {e}", kind.name())),
         }
