@@ -171,18 +171,21 @@ fn every_graph_kind_computes_causal_attention_on_this_gpu() {
             continue;
         }
         let dqkv = DeviceBuffer::zeroed(&stream, n_qkv * 2).unwrap();
-        // SAFETY: as above; `dqkv` has `qkv`'s shape and is disjoint.
-        let bwd = unsafe {
-            a.backward(
-                &stream,
-                shape,
-                d_qkv.device_ptr(),
-                out.device_ptr(),
-                d_dout.device_ptr(),
-                lse.device_ptr(),
-                dqkv.device_ptr(),
-            )
+        let backward = || {
+            // SAFETY: as above; `dqkv` has `qkv`'s shape and is disjoint.
+            unsafe {
+                a.backward(
+                    &stream,
+                    shape,
+                    d_qkv.device_ptr(),
+                    out.device_ptr(),
+                    d_dout.device_ptr(),
+                    lse.device_ptr(),
+                    dqkv.device_ptr(),
+                )
+            }
         };
+        let bwd = backward();
         if let Err(e) = bwd {
             report.push(format!("{} backward: {e}", kind.name()));
             continue;
@@ -196,19 +199,7 @@ fn every_graph_kind_computes_causal_attention_on_this_gpu() {
         ));
         assert!(e_grad <= bound, "{}: {report:#?}", kind.name());
         // The deterministic algorithm: the same bits again.
-        // SAFETY: as above.
-        unsafe {
-            a.backward(
-                &stream,
-                shape,
-                d_qkv.device_ptr(),
-                out.device_ptr(),
-                d_dout.device_ptr(),
-                lse.device_ptr(),
-                dqkv.device_ptr(),
-            )
-            .unwrap()
-        };
+        backward().unwrap();
         assert_eq!(
             dqkv.to_host_vec::<u16>(&stream).unwrap(),
             first,

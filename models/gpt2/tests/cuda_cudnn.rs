@@ -10,20 +10,11 @@ use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
 use braid_gpt2::kernels::cpu::Dtype;
 use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
-use braid_gpt2::model::{Fusion, Rng};
-use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
+use braid_gpt2::model::Fusion;
+use common::runs_of_ids;
 
-/// Learnable tokens below the tiny vocabulary: runs of consecutive ids.
-fn runs_of_ids(n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = Rng::new(seed);
-    let mut ids = Vec::with_capacity(n + 12);
-    while ids.len() < n {
-        let start = (rng.next_u64() % 512) as u32;
-        ids.extend((0..12).map(|i| (start + i) % 512));
-    }
-    ids.truncate(n);
-    ids
-}
+mod common;
+use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
 
 fn losses(r: &TrainReport) -> Vec<f32> {
     r.steps.iter().map(|s| s.loss).collect()

@@ -20,7 +20,10 @@ use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{write_token_file, TokenSource};
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::model::{Fusion, Rng};
+use braid_gpt2::model::Fusion;
+use common::runs_of_ids;
+
+mod common;
 use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
 
 /// The first step's loss on CUDA against the CPU's (see
@@ -33,19 +36,6 @@ fn gpu_count() -> usize {
 }
 
 // ----- training through the trainer ------------------------------------------
-
-/// Learnable tokens below the tiny vocabulary: runs of consecutive ids from
-/// random starting points (as in `tests/ddp.rs`).
-fn runs_of_ids(n: usize, seed: u64) -> Vec<u32> {
-    let mut rng = Rng::new(seed);
-    let mut ids = Vec::with_capacity(n + 12);
-    while ids.len() < n {
-        let start = (rng.next_u64() % 512) as u32;
-        ids.extend((0..12).map(|i| (start + i) % 512));
-    }
-    ids.truncate(n);
-    ids
-}
 
 fn options(backend: BackendKind, ranks: usize, steps: u64) -> TrainOptions {
     TrainOptions {

@@ -389,3 +389,16 @@ pub fn reference_steps(
     }
     (losses, norms)
 }
+
+/// Learnable tokens below the tiny vocabulary: `n` ids in runs of 12
+/// consecutive ids from random starting points.
+pub fn runs_of_ids(n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = braid_gpt2::model::Rng::new(seed);
+    let mut ids = Vec::with_capacity(n + 12);
+    while ids.len() < n {
+        let start = (rng.next_u64() % 512) as u32;
+        ids.extend((0..12).map(|i| (start + i) % 512));
+    }
+    ids.truncate(n);
+    ids
+}
