@@ -20,8 +20,10 @@
 //! cached by shape and direction (built at a shape's first call: the graph,
 //! cuDNN's heuristics, the first engine configuration that finalizes); and
 //! one workspace per stream, grown to the largest plan's need on every
-//! stream when a plan is built. A plan's first call must not happen inside a
-//! CUDA graph capture (it allocates); the call refuses, naming the shape.
+//! stream when a plan is built (an outgrown one is kept until the handle
+//! goes: a graph captured before may still use it). A plan's first call
+//! must not happen inside a CUDA graph capture (it allocates); the call
+//! refuses, naming the shape.
 //!
 //! # Graphs
 //!
@@ -108,6 +110,9 @@ struct State {
     plans: HashMap<(SdpaShape, Direction), Arc<Plan>>,
     /// One per stream, by the stream's raw handle.
     workspaces: HashMap<usize, DeviceBuffer>,
+    /// Workspaces a larger one replaced: kept until the handle goes, since
+    /// a CUDA graph captured before may still use them.
+    outgrown: Vec<DeviceBuffer>,
 }
 
 // SAFETY: the handle is used only under the mutex, one call at a time, with
@@ -134,10 +139,16 @@ impl Drop for CudnnAttention {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         st.plans.clear();
-        if let Ok(api) = api() {
+        let device = self.streams[0].device();
+        let r = device.bind_to_thread().and_then(|()| {
+            let api = api()?;
             // SAFETY: made by `cudnnCreate` in `new`, destroyed once; the
             // plans that used it are gone.
-            unsafe { (api.destroy)(st.handle) };
+            let status = unsafe { (api.destroy)(st.handle) };
+            check(status, "cudnnDestroy", "the attention's handle")
+        });
+        if let Err(e) = r {
+            device.record_deferred(e);
         }
     }
 }
@@ -196,6 +207,7 @@ impl CudnnAttention {
                 kinds: kinds.to_vec(),
                 plans: HashMap::new(),
                 workspaces: HashMap::new(),
+                outgrown: Vec::new(),
             }),
             streams: streams.to_vec(),
             version,
@@ -332,7 +344,7 @@ impl CudnnAttention {
                     {
                         let w = DeviceBuffer::alloc(s, plan.workspace)?;
                         s.synchronize()?;
-                        st.workspaces.insert(k, w);
+                        st.outgrown.extend(st.workspaces.insert(k, w));
                     }
                 }
                 st.plans.insert((shape, direction), plan.clone());
@@ -376,7 +388,7 @@ impl CudnnAttention {
         )?;
         let pack = pack.finalize("the attention's variant pack")?;
         // SAFETY: the plan was built for this shape; the pack's pointers are
-        // the caller's tensors (its contract), the host scale (alive until
+        // the caller's tensors (its contract), the host scalars (alive until
         // this returns: cuDNN reads by-value tensors when it enqueues), and
         // this stream's workspace of at least the plan's size.
         let st_exec = unsafe { (api.execute)(st.handle, plan.plan.raw(), pack.raw()) };
