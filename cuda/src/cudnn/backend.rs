@@ -170,17 +170,45 @@ pub(super) enum Value<'a> {
     I64(&'a [i64]),
     F32(f32),
     Bool(bool),
-    /// A `cudnnDataType_t`.
-    DataType(sys::cudnnDataType_t),
-    /// A `cudnnPointwiseMode_t`.
-    Pointwise(sys::cudnnPointwiseMode_t),
-    /// A `cudnnReduceTensorOp_t`.
-    Reduction(sys::cudnnReduceTensorOp_t),
-    /// A `cudnnBackendHeurMode_t`.
-    Heur(sys::cudnnBackendHeurMode_t),
+    /// An enum value of the given attribute type (C enums are `int`
+    /// sized): made by [`Value::data_type`], [`Value::pointwise`],
+    /// [`Value::reduction`] and [`Value::heur`].
+    Enum(sys::cudnnBackendAttributeType_t, u32),
     Descs(&'a [&'a Desc]),
     Handle(RawHandle),
     Ptrs(&'a [*mut c_void]),
+}
+
+impl Value<'_> {
+    /// A `cudnnDataType_t`.
+    pub(super) fn data_type(v: sys::cudnnDataType_t) -> Self {
+        Value::Enum(
+            sys::cudnnBackendAttributeType_t::CUDNN_TYPE_DATA_TYPE,
+            v as u32,
+        )
+    }
+
+    /// A `cudnnPointwiseMode_t`.
+    pub(super) fn pointwise(v: sys::cudnnPointwiseMode_t) -> Self {
+        Value::Enum(
+            sys::cudnnBackendAttributeType_t::CUDNN_TYPE_POINTWISE_MODE,
+            v as u32,
+        )
+    }
+
+    /// A `cudnnReduceTensorOp_t`.
+    pub(super) fn reduction(v: sys::cudnnReduceTensorOp_t) -> Self {
+        let ty = sys::cudnnBackendAttributeType_t::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE;
+        Value::Enum(ty, v as u32)
+    }
+
+    /// A `cudnnBackendHeurMode_t`.
+    pub(super) fn heur(v: sys::cudnnBackendHeurMode_t) -> Self {
+        Value::Enum(
+            sys::cudnnBackendAttributeType_t::CUDNN_TYPE_HEUR_MODE,
+            v as u32,
+        )
+    }
 }
 
 impl Desc {
@@ -206,26 +234,7 @@ impl Desc {
             Value::I64(v) => (T::CUDNN_TYPE_INT64 as u32, v.len(), v.as_ptr().cast()),
             Value::F32(v) => (T::CUDNN_TYPE_FLOAT as u32, 1, (v as *const f32).cast()),
             Value::Bool(v) => (T::CUDNN_TYPE_BOOLEAN as u32, 1, (v as *const bool).cast()),
-            Value::DataType(v) => (
-                T::CUDNN_TYPE_DATA_TYPE as u32,
-                1,
-                (v as *const _ as *const c_void),
-            ),
-            Value::Pointwise(v) => (
-                T::CUDNN_TYPE_POINTWISE_MODE as u32,
-                1,
-                (v as *const _ as *const c_void),
-            ),
-            Value::Reduction(v) => (
-                T::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE as u32,
-                1,
-                (v as *const _ as *const c_void),
-            ),
-            Value::Heur(v) => (
-                T::CUDNN_TYPE_HEUR_MODE as u32,
-                1,
-                (v as *const _ as *const c_void),
-            ),
+            Value::Enum(ty, v) => (*ty as u32, 1, (v as *const u32).cast()),
             Value::Descs(d) => {
                 descs = d.iter().map(|d| d.raw).collect();
                 (

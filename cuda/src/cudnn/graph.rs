@@ -248,7 +248,7 @@ impl Builder {
         by_value: bool,
     ) -> CudaResult<T> {
         let d = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
-        d.set(A::CUDNN_ATTR_TENSOR_DATA_TYPE as u32, Value::DataType(dt))?
+        d.set(A::CUDNN_ATTR_TENSOR_DATA_TYPE as u32, Value::data_type(dt))?
             .set(A::CUDNN_ATTR_TENSOR_DIMENSIONS as u32, Value::I64(&dims))?
             .set(A::CUDNN_ATTR_TENSOR_STRIDES as u32, Value::I64(&strides))?
             .set(A::CUDNN_ATTR_TENSOR_UNIQUE_ID as u32, Value::I64(&[uid]))?
@@ -324,10 +324,10 @@ impl Builder {
     ) -> CudaResult<()> {
         let (x, b, t) = (ins[0], ins.get(1).copied(), ins.get(2).copied());
         let pw = Desc::new(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
-        pw.set(A::CUDNN_ATTR_POINTWISE_MODE as u32, Value::Pointwise(mode))?
+        pw.set(A::CUDNN_ATTR_POINTWISE_MODE as u32, Value::pointwise(mode))?
             .set(
                 A::CUDNN_ATTR_POINTWISE_MATH_PREC as u32,
-                Value::DataType(prec),
+                Value::data_type(prec),
             )?;
         if let Some(axis) = axis {
             pw.set(A::CUDNN_ATTR_POINTWISE_AXIS as u32, Value::I64(&[axis]))?;
@@ -385,7 +385,7 @@ impl Builder {
         let m = Desc::new(D::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?;
         m.set(
             A::CUDNN_ATTR_MATMUL_COMP_TYPE as u32,
-            Value::DataType(Dt::CUDNN_DATA_FLOAT),
+            Value::data_type(Dt::CUDNN_DATA_FLOAT),
         )?;
         let m = m.finalize("matmul")?;
         let op = Desc::new(D::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR)?;
@@ -414,11 +414,11 @@ impl Builder {
         let r = Desc::new(D::CUDNN_BACKEND_REDUCTION_DESCRIPTOR)?;
         r.set(
             A::CUDNN_ATTR_REDUCTION_OPERATOR as u32,
-            Value::Reduction(how),
+            Value::reduction(how),
         )?
         .set(
             A::CUDNN_ATTR_REDUCTION_COMP_TYPE as u32,
-            Value::DataType(Dt::CUDNN_DATA_FLOAT),
+            Value::data_type(Dt::CUDNN_DATA_FLOAT),
         )?;
         if self.version >= 91100 {
             r.set(
@@ -481,7 +481,7 @@ impl Builder {
             )?
             .set(
                 A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_COMPARISON_MODE as u32,
-                Value::Pointwise(Pw::CUDNN_POINTWISE_CMP_GE),
+                Value::pointwise(Pw::CUDNN_POINTWISE_CMP_GE),
             )?;
             self.op(op, "diagonal band mask")?;
             return Ok(y);

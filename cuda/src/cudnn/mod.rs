@@ -466,7 +466,7 @@ fn plan_of(handle: RawHandle, g: graph::Built, kind: GraphKind) -> CudaResult<Pl
             A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH as u32,
             Value::Descs(&[&g.graph]),
         )?
-        .set(A::CUDNN_ATTR_ENGINEHEUR_MODE as u32, Value::Heur(mode))?;
+        .set(A::CUDNN_ATTR_ENGINEHEUR_MODE as u32, Value::heur(mode))?;
         let heur = match heur.finalize("the engine heuristics") {
             Ok(h) => h,
             Err(e) => {
