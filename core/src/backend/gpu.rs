@@ -36,10 +36,10 @@ pub(crate) struct CudaBackend {
     cudnn: Arc<CudnnSlot>,
 }
 
-/// cuDNN's fused attention for a runtime's streams, made at the first task
-/// that asks for it ([`CudaTaskCtx::cudnn_attention`]) and shared by every
-/// stream thread and graph capture: its plans and per-stream workspaces are
-/// made once, outside any capture.
+/// cuDNN's fused attention for a runtime's compute streams, made at the
+/// first task that asks for it ([`CudaTaskCtx::cudnn_attention`]) and
+/// shared by every stream thread and graph capture: its plans and
+/// per-stream workspaces are made once, outside any capture.
 #[derive(Debug)]
 struct CudnnSlot {
     streams: Vec<CudaStream>,
@@ -99,8 +99,10 @@ impl CudaBackend {
         let timeline = Timeline::start(&alloc_stream)?;
         alloc_stream.synchronize()?;
         let events = EventPool::new(&device, EventKind::Timing);
+        // Compute streams only: they run the attention, and each gets a
+        // workspace as large as the largest plan's.
         let cudnn = Arc::new(CudnnSlot {
-            streams: streams.clone(),
+            streams: streams[..set.compute].to_vec(),
             made: OnceLock::new(),
         });
         Ok(CudaBackend {
@@ -203,7 +205,8 @@ impl<'a> CudaTaskCtx<'a> {
         Ok(self.cublas.get().expect("just set"))
     }
 
-    /// cuDNN's fused attention for the runtime's streams, made at the first
+    /// cuDNN's fused attention for the runtime's compute streams (a call
+    /// from a task on a communication stream is refused), made at the first
     /// call (a cuDNN handle; plans and workspaces at each shape's first
     /// use, which must not be inside a CUDA graph capture). An error says
     /// why cuDNN is not there (no `libcudnn`, a version before 9).
