@@ -220,12 +220,12 @@ impl CudnnAttention {
     }
 
     /// Whether cuDNN takes `shape`'s `direction` here: a head size that is
-    /// a multiple of 8 up to 128, and for a backward on cuDNN 9.15.0 or
-    /// older, `T` a multiple of 128 (cudnn-frontend adds a padding mask to
-    /// work around those releases otherwise, which is not built here).
+    /// a multiple of 8 up to 128; for a backward, `T` above 1 (cuDNN's
+    /// backward engines refuse one position) and, on cuDNN 9.15.0 or
+    /// older, a multiple of 128 (cudnn-frontend adds a padding mask to work
+    /// around those releases otherwise, which is not built here).
     pub fn takes(&self, shape: SdpaShape, direction: Direction) -> bool {
-        let old_backward = direction == Direction::Backward && self.version <= 91500;
-        check_shape(shape).is_ok() && !(old_backward && shape.t % 128 != 0)
+        takes(self.version, shape, direction)
     }
 
     /// What runs a shape's `direction` once it has run: the graph, cuDNN's
@@ -316,8 +316,8 @@ impl CudnnAttention {
         check_shape(shape)?;
         if !self.takes(shape, direction) {
             return Err(CudaError::InvalidArgument(format!(
-                "cuDNN {} does not take attention {direction:?} of {shape:?} here (T must be \
-                 a multiple of 128 before 9.15.1)",
+                "cuDNN {} does not take attention {direction:?} of {shape:?} here (a \
+                 backward needs T above 1, and a multiple of 128 before 9.15.1)",
                 self.version()
             )));
         }
@@ -398,6 +398,13 @@ impl CudnnAttention {
             &format!("attention {direction:?} for {shape:?}"),
         )
     }
+}
+
+/// [`CudnnAttention::takes`] for cuDNN `version`.
+fn takes(version: usize, shape: SdpaShape, direction: Direction) -> bool {
+    let backward = direction == Direction::Backward;
+    let old = version <= 91500 && shape.t % 128 != 0;
+    check_shape(shape).is_ok() && !(backward && (shape.t == 1 || old))
 }
 
 /// `91300` as `"9.13.0"`.

@@ -1,7 +1,8 @@
-//! On a GPU: every graph kind the machine's cuDNN offers, forward and
-//! backward, against a plain causal attention in f32 on the same bf16
-//! inputs. A kind cuDNN finds no engine for is reported, not failed; a kind
-//! that runs must be right, and at least one must run both directions.
+//! Which shapes go to cuDNN (any machine); and on a GPU, every graph kind
+//! the machine's cuDNN offers, forward and backward, against a plain causal
+//! attention in f32 on the same bf16 inputs. A kind cuDNN finds no engine
+//! for is reported, not failed; a kind that runs must be right, and at
+//! least one must run both directions.
 
 use super::*;
 use crate::device::CudaDevice;
@@ -89,6 +90,39 @@ fn relative_error(got: &[f32], want: &[f32]) -> f32 {
     } else {
         err / scale
     }
+}
+
+/// What cuDNN is given and what stays with Braid's kernels, by version.
+#[test]
+fn shapes_cudnn_takes() {
+    use Direction::{Backward, Forward};
+    let s = |t, hs| SdpaShape { b: 2, t, nh: 3, hs };
+    assert!(takes(91300, s(1024, 64), Forward) && takes(91300, s(1024, 64), Backward));
+    assert!(takes(91300, s(150, 64), Forward), "any T forward");
+    assert!(
+        !takes(91500, s(150, 64), Backward),
+        "9.15.0: T % 128 backward"
+    );
+    assert!(takes(91501, s(150, 64), Backward), "9.15.1 on: any T");
+    assert!(!takes(92800, s(1, 64), Backward), "one position backward");
+    assert!(takes(92800, s(1, 64), Forward));
+    assert!(
+        !takes(92800, s(128, 60), Forward),
+        "head size not a multiple of 8"
+    );
+    assert!(!takes(92800, s(128, 136), Forward), "head size above 128");
+    assert!(!takes(
+        92800,
+        SdpaShape {
+            b: 0,
+            t: 8,
+            nh: 1,
+            hs: 64
+        },
+        Forward
+    ));
+    assert_eq!(version_string(91300), "9.13.0");
+    assert_eq!(version_string(92801), "9.28.1");
 }
 
 #[test]
