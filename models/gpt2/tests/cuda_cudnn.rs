@@ -26,7 +26,8 @@ fn losses(r: &TrainReport) -> Vec<f32> {
 /// (the two round P and dS alike, and sum in different orders). Two runs
 /// with cuDNN give the same bits (its deterministic backward; replayed
 /// steps, graph captures included, run the plans the first step made),
-/// and both directions ran through cuDNN.
+/// both directions ran through cuDNN, and the trainer's report says so
+/// (and says nothing of cuDNN for the run without it).
 #[test]
 fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     if !braid::cuda::gpu_or_skip("a_run_with_cudnn_attention_trains_like_one_with_braids") {
@@ -66,8 +67,16 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
         set_cudnn_attention(false);
         r.unwrap_or_else(|e| panic!("cuDNN attention {cudnn}: {e}"))
     };
-    let braids = losses(&run(false));
-    let cudnn = losses(&run(true));
+    let braids = run(false);
+    assert!(braids.cudnn.is_empty(), "{:?}", braids.cudnn);
+    let braids = losses(&braids);
+    let with = run(true);
+    // The report says what ran the attention.
+    assert!(
+        format!("{with}").contains("attention        cuDNN"),
+        "the report names cuDNN:\n{with}"
+    );
+    let cudnn = losses(&with);
     let again = losses(&run(true));
     let report = cudnn_report();
     eprintln!(

@@ -170,6 +170,7 @@ pub fn train(
         graph_shape: None,
         placement_trial: None,
         spared_sms: None,
+        cudnn: crate::kernels::flash_attention::cudnn_report(),
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {

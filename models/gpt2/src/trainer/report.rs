@@ -88,6 +88,11 @@ pub struct TrainReport {
     /// programs, of its device's, with
     /// [`TrainOptions::spare_sms`](super::TrainOptions::spare_sms) on CUDA.
     pub spared_sms: Option<(u32, u32)>,
+    /// What ran the attention through cuDNN (`BRAID_ATTENTION=cudnn`), one
+    /// line per shape and direction
+    /// ([`cudnn_report`](crate::kernels::flash_attention::cudnn_report));
+    /// empty when nothing did.
+    pub cudnn: Vec<String>,
 }
 
 /// The bucket cap an auto run chose (rank 0's view; every rank uses it).
@@ -328,6 +333,9 @@ impl fmt::Display for TrainReport {
                 "SMs              compute on {} of {of}, {spared} left to other programs",
                 of - spared
             )?;
+        }
+        for line in &self.cudnn {
+            writeln!(f, "attention        {line}")?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
