@@ -153,6 +153,25 @@ impl Drop for CudnnAttention {
     }
 }
 
+/// For tests that need cuDNN on a GPU: as [`gpu_or_skip`](crate::gpu_or_skip),
+/// and then libcudnn. Returns `true` when both are there; otherwise prints
+/// why the test is skipped and returns `false`, or panics under
+/// `BRAID_REQUIRE_GPU=1` (the GPU validation run, where PyTorch's cuDNN
+/// wheel is expected).
+pub fn cudnn_or_skip(test: &str) -> bool {
+    if !crate::gpu_or_skip(test) {
+        return false;
+    }
+    if cudnn_library_present() {
+        return true;
+    }
+    if std::env::var("BRAID_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("{test}: BRAID_REQUIRE_GPU=1 but libcudnn could not be loaded");
+    }
+    eprintln!("SKIPPED {test}: no libcudnn");
+    false
+}
+
 /// The graphs to try, in order (`BRAID_CUDNN_SDPA`, module docs).
 fn kinds() -> CudaResult<Vec<GraphKind>> {
     match std::env::var("BRAID_CUDNN_SDPA").as_deref() {
@@ -245,7 +264,8 @@ impl CudnnAttention {
 
     /// Causal attention forward on `stream`: writes `out` `(B, T, NH, HS)`
     /// and `stats` `(B, NH, T)` f32 from `qkv` `(B, T, 3, NH, HS)`, all bf16
-    /// but `stats` (module docs).
+    /// but `stats` (module docs). `true` when this call built the shape's
+    /// plan (then [`describe`](Self::describe) has something new to say).
     ///
     /// # Safety
     /// The pointers address device memory of `stream`'s device holding those
@@ -258,7 +278,7 @@ impl CudnnAttention {
         qkv: DevicePtr,
         out: DevicePtr,
         stats: DevicePtr,
-    ) -> CudaResult<()> {
+    ) -> CudaResult<bool> {
         let c = shape.c() as u64 * 2;
         let ptrs = graph::forward_pointers(qkv, qkv + c, qkv + 2 * c, out, stats);
         // SAFETY: the caller's contract.
@@ -267,7 +287,7 @@ impl CudnnAttention {
 
     /// Causal attention backward on `stream`: writes `dqkv` (`qkv`'s layout,
     /// written over) from `qkv`, the forward's `out` and `stats`, and `dout`
-    /// (`out`'s layout).
+    /// (`out`'s layout). `true` when this call built the shape's plan.
     ///
     /// # Safety
     /// As [`forward`](Self::forward); `dqkv` disjoint from the inputs.
@@ -281,7 +301,7 @@ impl CudnnAttention {
         dout: DevicePtr,
         stats: DevicePtr,
         dqkv: DevicePtr,
-    ) -> CudaResult<()> {
+    ) -> CudaResult<bool> {
         let c = shape.c() as u64 * 2;
         let ptrs = graph::backward_pointers(graph::BackwardPointers {
             q: qkv,
@@ -299,14 +319,15 @@ impl CudnnAttention {
     }
 
     /// Runs `direction` for `shape` on `stream` with the tensors `ptrs`
-    /// (unique id, device address), building its plan first if it has none.
+    /// (unique id, device address), building its plan first if it has none
+    /// (then `true`).
     unsafe fn run(
         &self,
         stream: &CudaStream,
         shape: SdpaShape,
         direction: Direction,
         ptrs: &[(i64, DevicePtr)],
-    ) -> CudaResult<()> {
+    ) -> CudaResult<bool> {
         let key = stream.raw() as usize;
         if !self.streams.iter().any(|s| s.raw() as usize == key) {
             return Err(CudaError::InvalidArgument(
@@ -324,6 +345,7 @@ impl CudnnAttention {
         stream.device().bind_to_thread()?;
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
+        let built = !st.plans.contains_key(&(shape, direction));
         let plan = match st.plans.get(&(shape, direction)) {
             Some(p) => p.clone(),
             None => {
@@ -396,7 +418,8 @@ impl CudnnAttention {
             st_exec,
             "cudnnBackendExecute",
             &format!("attention {direction:?} for {shape:?}"),
-        )
+        )?;
+        Ok(built)
     }
 }
 

@@ -127,15 +127,7 @@ fn shapes_cudnn_takes() {
 
 #[test]
 fn every_graph_kind_computes_causal_attention_on_this_gpu() {
-    if !super::super::gpu_or_skip("cudnn::every_graph_kind_computes_causal_attention_on_this_gpu") {
-        return;
-    }
-    if !cudnn_library_present() {
-        assert!(
-            std::env::var_os("BRAID_REQUIRE_GPU").is_none(),
-            "BRAID_REQUIRE_GPU is set but libcudnn could not be loaded"
-        );
-        eprintln!("SKIPPED every_graph_kind_computes_causal_attention_on_this_gpu: no libcudnn");
+    if !cudnn_or_skip("cudnn::every_graph_kind_computes_causal_attention_on_this_gpu") {
         return;
     }
     let dev = CudaDevice::open(0).unwrap();
@@ -183,9 +175,12 @@ fn every_graph_kind_computes_causal_attention_on_this_gpu() {
                 lse.device_ptr(),
             )
         };
-        if let Err(e) = fwd {
-            report.push(format!("{} forward: {e}", kind.name()));
-            continue;
+        match fwd {
+            Err(e) => {
+                report.push(format!("{} forward: {e}", kind.name()));
+                continue;
+            }
+            Ok(built) => assert!(built, "{}: the first forward builds its plan", kind.name()),
         }
         let (e_out, e_lse) = (
             relative_error(&down(&out), &want_out),
@@ -219,10 +214,12 @@ fn every_graph_kind_computes_causal_attention_on_this_gpu() {
                 )
             }
         };
-        let bwd = backward();
-        if let Err(e) = bwd {
-            report.push(format!("{} backward: {e}", kind.name()));
-            continue;
+        match backward() {
+            Err(e) => {
+                report.push(format!("{} backward: {e}", kind.name()));
+                continue;
+            }
+            Ok(built) => assert!(built, "{}: the first backward builds its plan", kind.name()),
         }
         let first = dqkv.to_host_vec::<u16>(&stream).unwrap();
         let e_grad = relative_error(&wide(&first), &want_dqkv);
@@ -232,8 +229,9 @@ fn every_graph_kind_computes_causal_attention_on_this_gpu() {
             a.describe(shape, Direction::Backward).unwrap_or_default()
         ));
         assert!(e_grad <= bound, "{}: {report:#?}", kind.name());
-        // The deterministic algorithm: the same bits again.
-        backward().unwrap();
+        // The deterministic algorithm: the same bits again, from the plan
+        // the first call built.
+        assert!(!backward().unwrap(), "{}: the plan is reused", kind.name());
         assert_eq!(
             dqkv.to_host_vec::<u16>(&stream).unwrap(),
             first,

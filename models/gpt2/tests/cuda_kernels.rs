@@ -2343,17 +2343,10 @@ fn attention_lock() -> std::sync::MutexGuard<'static, ()> {
 fn flash_attention_cudnn_cuda() {
     use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
     let _attention = attention_lock();
-    let Some(g) = Dev::gpu("flash_attention_cudnn_cuda") else {
-        return;
-    };
-    if !braid::cuda::cudnn::cudnn_library_present() {
-        assert!(
-            std::env::var_os("BRAID_REQUIRE_GPU").is_none(),
-            "BRAID_REQUIRE_GPU is set but libcudnn could not be loaded"
-        );
-        eprintln!("SKIPPED flash_attention_cudnn_cuda: no libcudnn");
+    if !braid::cuda::cudnn::cudnn_or_skip("flash_attention_cudnn_cuda") {
         return;
     }
+    let g = Dev::new(Device::Cuda);
     struct Off;
     impl Drop for Off {
         fn drop(&mut self) {

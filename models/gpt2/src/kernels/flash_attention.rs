@@ -207,27 +207,43 @@ pub fn cudnn_report() -> Vec<String> {
 
 static CUDNN_SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// The shape a call hands to cuDNN, if it takes cuDNN: on, bf16, a head
-/// size cuDNN takes, every tensor 16-byte aligned.
-fn takes_cudnn<S: Storage>(
+/// cuDNN's attention and the shape to hand it, if this call's `direction`
+/// takes cuDNN: it is on, the storage bf16, a head size cuDNN takes (a
+/// multiple of 8 up to 128; otherwise cuDNN is not even loaded), every
+/// tensor 16-byte aligned, and cuDNN takes the shape here
+/// ([`CudnnAttention::takes`]). An error when cuDNN is asked for and cannot
+/// be had.
+#[allow(clippy::too_many_arguments)]
+fn cudnn_for<'a, S: Storage>(
+    cu: &CudaTaskCtx<'a>,
+    direction: Direction,
     b: usize,
     t: usize,
     c: usize,
     nh: usize,
     aligned: &[u64],
-) -> Option<SdpaShape> {
-    let hs = c / nh.max(1);
-    let takes = cudnn_attention()
+) -> Result<Option<(&'a CudnnAttention, SdpaShape)>> {
+    let wanted = cudnn_attention()
         && matches!(S::DTYPE, Dtype::Bf16)
         && nh > 0
         && c % nh == 0
-        && hs % 8 == 0
-        && hs <= 128
+        && (c / nh) % 8 == 0
+        && c / nh <= 128
         && aligned.iter().all(|p| p % 16 == 0);
-    takes.then_some(SdpaShape { b, t, nh, hs })
+    if !wanted {
+        return Ok(None);
+    }
+    let shape = SdpaShape {
+        b,
+        t,
+        nh,
+        hs: c / nh,
+    };
+    let a = cu.cudnn_attention()?;
+    Ok(a.takes(shape, direction).then_some((a, shape)))
 }
 
-/// Records what ran `shape`'s `direction` the first time it did.
+/// Records what ran `shape`'s `direction`, once its plan was built.
 fn note_cudnn(a: &CudnnAttention, shape: SdpaShape, direction: Direction) {
     let Some(how) = a.describe(shape, direction) else {
         return;
@@ -785,16 +801,14 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     k.exact("out", &out, "(B, T, C)", btc)?;
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
-    let cudnn = match takes_cudnn::<S>(b, t, c, nh, &[inp.ptr(), out.ptr(), lse.ptr()]) {
-        Some(shape) => Some((cu.cudnn_attention()?, shape)),
-        None => None,
-    };
-    if let Some((a, shape)) = cudnn.filter(|(a, s)| a.takes(*s, Direction::Forward)) {
+    let aligned = [inp.ptr(), out.ptr(), lse.ptr()];
+    if let Some((a, shape)) = cudnn_for::<S>(cu, Direction::Forward, b, t, c, nh, &aligned)? {
         // SAFETY: sizes checked above: inp (B, T, 3C), out (B, T, C) and
         // lse (B, NH, T) f32, bf16 (S is bf16), 16-byte aligned; the task
         // holds them on this stream (out and lse written).
-        unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr())? };
-        note_cudnn(a, shape, Direction::Forward);
+        if unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr())? } {
+            note_cudnn(a, shape, Direction::Forward);
+        }
         return Ok(());
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[inp.ptr()]);
@@ -869,28 +883,22 @@ pub fn flash_attention_backward_cuda<S: Storage>(
     k.exact("inp", &bw.inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     k.exact("out", &bw.out, "(B, T, C)", btc)?;
     k.exact("lse", &bw.lse, "(B, NH, T)", bht)?;
-    let cudnn = takes_cudnn::<S>(
-        b,
-        t,
-        c,
-        nh,
-        &[
-            bw.inp.ptr(),
-            bw.out.ptr(),
-            bw.dout.ptr(),
-            bw.lse.ptr(),
-            bw.dinp.ptr(),
-        ],
-    );
-    let cudnn = match (cudnn, bw.write) {
-        (Some(shape), GradWrite::Set) => Some((cu.cudnn_attention()?, shape)),
-        _ => None,
+    let aligned = [
+        bw.inp.ptr(),
+        bw.out.ptr(),
+        bw.dout.ptr(),
+        bw.lse.ptr(),
+        bw.dinp.ptr(),
+    ];
+    let cudnn = match bw.write {
+        GradWrite::Set => cudnn_for::<S>(cu, Direction::Backward, b, t, c, nh, &aligned)?,
+        GradWrite::Add => None,
     };
-    if let Some((a, shape)) = cudnn.filter(|(a, s)| a.takes(*s, Direction::Backward)) {
+    if let Some((a, shape)) = cudnn {
         // SAFETY: sizes checked above, bf16, 16-byte aligned; dinp (B, T,
         // 3C) is written over and is disjoint from the inputs the task
         // reads; `delta` (scratch) is not used.
-        unsafe {
+        let built = unsafe {
             a.backward(
                 cu.stream(),
                 shape,
@@ -901,7 +909,9 @@ pub fn flash_attention_backward_cuda<S: Storage>(
                 bw.dinp.ptr(),
             )?
         };
-        note_cudnn(a, shape, Direction::Backward);
+        if built {
+            note_cudnn(a, shape, Direction::Backward);
+        }
         return Ok(());
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
