@@ -170,12 +170,18 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-#[test]
-fn loads_hf_layout_with_and_without_prefix_and_lm_head() {
+/// The tiny configuration, its layout, a flat parameter vector made by
+/// `params`, and a temporary directory for the test's files.
+fn tiny(params: fn(usize) -> Vec<f32>) -> (Gpt2Config, ParamLayout, Vec<f32>, tempfile::TempDir) {
     let cfg = Gpt2Config::tiny();
     let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let flat = params(layout.total);
+    (cfg, layout, flat, tempfile::tempdir().unwrap())
+}
+
+#[test]
+fn loads_hf_layout_with_and_without_prefix_and_lm_head() {
+    let (cfg, layout, flat, dir) = tiny(known_params);
     for prefix in [false, true] {
         for lm_head in [false, true] {
             for buffers in [false, true] {
@@ -198,10 +204,7 @@ fn loads_hf_layout_with_and_without_prefix_and_lm_head() {
 fn conv1d_weights_are_transposed_into_out_in() {
     // A direct spot check independent of the fixture: element (in=i, out=o) of
     // HF's c_fc weight must land at (o, i) of Braid's (4C, C) matrix.
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("m.safetensors");
     let tensors = hf_state_dict(&cfg, &flat, true, false, false);
     write_safetensors(&path, &tensors, |_| Dtype::F32, None);
@@ -219,10 +222,7 @@ fn conv1d_weights_are_transposed_into_out_in() {
 
 #[test]
 fn loads_f16_and_bf16() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = half_exact_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(half_exact_params);
     for dtype in [Dtype::F16, Dtype::BF16] {
         let path = dir.path().join(format!("{dtype}.safetensors"));
         let tensors = hf_state_dict(&cfg, &flat, false, true, true);
@@ -273,10 +273,7 @@ fn half_conversions_are_exact() {
 
 #[test]
 fn missing_tensor_is_named() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("m.safetensors");
     let mut tensors = hf_state_dict(&cfg, &flat, false, false, false);
     tensors.retain(|t| t.name != "h.1.mlp.c_fc.bias");
@@ -295,10 +292,7 @@ fn missing_tensor_is_named() {
 
 #[test]
 fn wrong_shape_names_tensor_and_both_shapes() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("m.safetensors");
     let mut tensors = hf_state_dict(&cfg, &flat, true, false, false);
     // Stored the Braid way (out, in) instead of Conv1D's (in, out).
@@ -352,10 +346,7 @@ fn wrong_shape_names_tensor_and_both_shapes() {
 
 #[test]
 fn unexpected_dtype_extra_layers_and_corrupt_files_are_errors() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("m.safetensors");
 
     let tensors = hf_state_dict(&cfg, &flat, false, false, false);
@@ -422,10 +413,7 @@ fn unexpected_dtype_extra_layers_and_corrupt_files_are_errors() {
 
 #[test]
 fn infers_config_from_shapes_and_heads_from_metadata_or_config_json() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, _, flat, dir) = tiny(known_params);
     let path = dir.path().join("model.safetensors");
     let tensors = hf_state_dict(&cfg, &flat, false, true, true);
 
@@ -483,10 +471,7 @@ fn infers_heads_of_published_sizes() {
 /// map; the header is rewritten sorted).
 #[test]
 fn saving_the_same_weights_twice_gives_the_same_bytes() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let files: Vec<Vec<u8>> = (0..3)
         .map(|i| {
             let path = dir.path().join(format!("export{i}.safetensors"));
@@ -504,10 +489,7 @@ fn saving_the_same_weights_twice_gives_the_same_bytes() {
 
 #[test]
 fn save_then_load_round_trips_and_writes_hf_layout() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("export.safetensors");
     save_hf_safetensors(&path, &flat, &cfg, &layout).unwrap();
 
@@ -555,10 +537,7 @@ fn save_then_load_round_trips_and_writes_hf_layout() {
 /// with a config. 400 edits from a fixed seed.
 #[test]
 fn randomly_damaged_hf_files_load_or_fail_cleanly() {
-    let cfg = Gpt2Config::tiny();
-    let layout = ParamLayout::new(&cfg);
-    let flat = known_params(layout.total);
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, layout, flat, dir) = tiny(known_params);
     let path = dir.path().join("model.safetensors");
     let tensors = hf_state_dict(&cfg, &flat, false, true, true);
     write_safetensors(&path, &tensors, |_| Dtype::F32, None);
