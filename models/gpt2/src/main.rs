@@ -23,6 +23,9 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
+use braid_gpt2::kernels::flash_attention::{
+    attention_from_env, set_cudnn_attention, AttentionKernels,
+};
 use braid_gpt2::model::{Dtype, Fusion, Sampler};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
@@ -236,6 +239,12 @@ struct TrainArgs {
     /// Default: bf16 on GPUs, fp32 on CPU ranks.
     #[arg(long)]
     dtype: Option<Dtype>,
+    /// Which kernels run the fused bf16 attention on a GPU: braid (Braid's
+    /// flash attention on tensor cores) or cudnn (cuDNN's fused attention,
+    /// from the libcudnn of the nvidia-cudnn-cu13 wheel; not yet run on a
+    /// GPU, docs/gpt2.md). Default: BRAID_ATTENTION if set, else braid.
+    #[arg(long)]
+    attention: Option<AttentionKernels>,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
     /// that never returns) in the middle of STEP (for tests of how the other
     /// ranks stop; not for training).
@@ -335,6 +344,33 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
         }
         (None, _) => 2,
     }
+}
+
+/// The attention kernels of a training run: `--attention`, else
+/// `BRAID_ATTENTION` (an error when it names none), else Braid's. cuDNN runs
+/// only the fused bf16 attention on CUDA, so `--attention cudnn` on any
+/// other run is refused rather than ignored; the variable, which may be set
+/// for a whole shell, is not.
+fn attention_kernels(
+    flag: Option<AttentionKernels>,
+    on_gpu: bool,
+    dtype: Dtype,
+    fusion: Fusion,
+) -> Result<AttentionKernels> {
+    let Some(k) = flag else {
+        return Ok(attention_from_env()
+            .map_err(anyhow::Error::msg)?
+            .unwrap_or(AttentionKernels::Braid));
+    };
+    if k == AttentionKernels::Cudnn && !(on_gpu && dtype == Dtype::Bf16 && fusion.attention) {
+        bail!(
+            "--attention cudnn runs the fused bf16 attention on a GPU: it needs --device cuda, \
+             --dtype bf16 and the fused attention (--fused, the GPU default), and this run is \
+             on {}, {dtype}, fused kernels: {fusion}",
+            if on_gpu { "a GPU" } else { "the CPU" }
+        );
+    }
+    Ok(k)
 }
 
 /// The storage type when `--dtype` is not given: bf16 on a GPU (mixed
@@ -634,6 +670,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (false, Some(f)) => f,
         (false, None) => default_fusion(on_gpu),
     };
+    let attention = attention_kernels(a.attention, on_gpu, opts.dtype, opts.fusion)?;
+    set_cudnn_attention(attention == AttentionKernels::Cudnn);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
@@ -659,7 +697,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // 2. Train.
     eprintln!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
-         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}, \
+         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}, \
          steps {}..={}",
         a.model
             .as_deref()
@@ -683,6 +721,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             ""
         },
         opts.fusion,
+        if attention == AttentionKernels::Cudnn {
+            " (attention through cuDNN)"
+        } else {
+            ""
+        },
         start.step + 1,
         a.steps
     );

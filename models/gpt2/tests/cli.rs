@@ -365,6 +365,36 @@ fn train_eval_sample_and_bad_inputs() {
         train_tiny(&["--data", "train.bin", "--device", "cuda"]),
         &["cuda"],
     );
+    // cuDNN's attention asked for where no fused bf16 attention runs, and
+    // attention kernels that do not exist, by flag or by variable.
+    check(
+        train_tiny(&["--data", "train.bin", "--attention", "cudnn"]),
+        &[
+            "--attention cudnn",
+            "--device cuda",
+            "--dtype bf16",
+            "the CPU",
+        ],
+    );
+    check(
+        train_tiny(&["--data", "train.bin", "--attention", "fast"]),
+        &["--attention", "fast", "braid or cudnn"],
+    );
+    let out = Command::new(BIN)
+        .args(train_tiny(&["--data", "train.bin"]))
+        .env("BRAID_ATTENTION", "cuDNN")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "BRAID_ATTENTION=cuDNN succeeded:\n{err}"
+    );
+    assert!(
+        err.contains("BRAID_ATTENTION") && err.contains("cuDNN") && err.contains("braid or cudnn"),
+        "{err}"
+    );
     assert!(snapshot(d) == before_bad, "a failed command changed files");
     let after: Vec<_> = snapshot(d)
         .into_iter()

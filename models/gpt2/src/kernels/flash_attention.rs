@@ -169,22 +169,70 @@ static TC_KERNELS: [[Kernel; 4]; 3] = [
     ],
 ];
 
-/// The environment variable of [`cudnn_attention`].
+/// The environment variable of [`cudnn_attention`]: `braid` or `cudnn`
+/// ([`AttentionKernels`]).
 pub const CUDNN_ENV: &str = "BRAID_ATTENTION";
+
+/// Which kernels run the fused bf16 attention on CUDA: Braid's own
+/// (tensor-core flash attention) or cuDNN's (`braid-gpt2 train
+/// --attention`, [`CUDNN_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// Braid's kernels (the default).
+    Braid,
+    /// cuDNN's fused attention where it takes the shape (module docs).
+    Cudnn,
+}
+
+impl std::str::FromStr for AttentionKernels {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "braid" => Ok(Self::Braid),
+            "cudnn" => Ok(Self::Cudnn),
+            _ => Err(format!("`{s}` names no attention kernels: braid or cudnn")),
+        }
+    }
+}
+
+impl std::fmt::Display for AttentionKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Braid => "braid",
+            Self::Cudnn => "cudnn",
+        })
+    }
+}
+
+/// What [`CUDNN_ENV`] asks for: `None` when it is unset or empty, an error
+/// naming the variable when it names no [`AttentionKernels`].
+pub fn attention_from_env() -> std::result::Result<Option<AttentionKernels>, String> {
+    match std::env::var(CUDNN_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => v.parse().map(Some).map_err(|e| format!("{CUDNN_ENV}: {e}")),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "{CUDNN_ENV}: {v:?} names no attention kernels: braid or cudnn"
+        )),
+    }
+}
 
 /// 0: not yet read from [`CUDNN_ENV`]; 1: off; 2: on.
 static CUDNN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Whether bf16 attention on CUDA runs cuDNN's fused kernels instead of
-/// Braid's (module docs): `BRAID_ATTENTION=cudnn`, read at the first call,
-/// or [`set_cudnn_attention`]. Off by default until it has run on a GPU
-/// (docs/gpu-validation.md). A task that takes cuDNN and finds no cuDNN 9,
-/// or no engine for its shape, fails with cuDNN's reasons.
+/// Braid's (module docs): `BRAID_ATTENTION=cudnn`, read at the first call
+/// (a value that names no [`AttentionKernels`] leaves it off, which
+/// `braid-gpt2` refuses before it starts), or [`set_cudnn_attention`]. Off
+/// by default until it has run on a GPU (docs/gpu-validation.md). A task
+/// that takes cuDNN and finds no cuDNN 9, or no engine for its shape,
+/// fails with cuDNN's reasons.
 pub fn cudnn_attention() -> bool {
     use std::sync::atomic::Ordering;
     match CUDNN.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var_os(CUDNN_ENV).is_some_and(|v| v == "cudnn");
+            let on = attention_from_env() == Ok(Some(AttentionKernels::Cudnn));
             CUDNN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }
