@@ -92,7 +92,7 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
     echo "--- nvcc --version"
     (command -v nvcc >/dev/null && nvcc --version) || (/usr/local/cuda/bin/nvcc --version 2>&1) || echo "no nvcc"
     echo "--- CUDA libraries found"
-    for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libnccl.so.2 libnccl.so; do
+    for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libnccl.so libcudnn.so.9; do
         hit=""
         IFS=':' read -r -a p <<< "$LD_LIBRARY_PATH"
         for d in "${p[@]}"; do
