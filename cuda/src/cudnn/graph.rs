@@ -490,6 +490,10 @@ impl Builder {
             self.virt(Dt::CUDNN_DATA_INT32, sc)?,
             self.virt(Dt::CUDNN_DATA_INT32, sc)?,
         );
+        // The index generators compute in the graph's f32, as today's
+        // frontend leaves them (its `CompositeDiagonalBandMaskNode`, for
+        // every cuDNN before 9.21); frontends before it asked for int32
+        // there. Their outputs are int32 either way.
         let f32_ = Dt::CUDNN_DATA_FLOAT;
         use Pw::{CUDNN_POINTWISE_CMP_GE as GE, CUDNN_POINTWISE_GEN_INDEX as INDEX};
         self.pointwise(INDEX, f32_, &[x], row, Some(2))?;
