@@ -5,7 +5,7 @@
 //! order, one rounding to bf16 for bf16 storage, as `gemm_bf16` with
 //! beta = 0), the launchers' sequence and configurations otherwise exactly.
 //! The whole forward and backward pass is then held to the GPU tests' bars
-//! against the CPU kernels (cuda_kernels.rs:
+//! against the CPU kernels (cuda_kernels:
 //! `attention_matches_cpu_and_is_deterministic`, `attention_bf16`); the
 //! permutes are copies and sums, checked bit for bit on their own.
 
@@ -269,7 +269,7 @@ fn bf16_pipeline_matches_the_cpu() {
     );
     attention_forward(&mut out, &mut preatt, &mut att, &inp, B, T, C, NH);
     let (e_out, e_pre, e_att) = forward(&BF16, &bits(&inp));
-    // The GPU test's bounds (cuda_kernels.rs, attention_bf16): scores as
+    // The GPU test's bounds (cuda_kernels, attention_bf16): scores as
     // stored in bf16 feed the softmax, where the CPU keeps them in f32.
     let (gp, cp) = (causal(&widen(&e_pre)), causal(&widen(&bits(&preatt))));
     compare("attention_forward bf16 preatt", &gp, &cp, 1e-5, 1.0 / 128.0);

@@ -1,6 +1,6 @@
 //! models/gpt2/src/kernels/gelu.cu and residual.cu, emulated, against the
 //! CPU kernels of braid-gpt2 (gelu.rs, residual.rs), with the agreement the
-//! GPU tests demand (cuda_kernels.rs: `gelu_and_residual_match_cpu`,
+//! GPU tests demand (cuda_kernels: `gelu_and_residual_match_cpu`,
 //! `gelu_and_residual_bf16`): GELU to float tolerance and one bf16 ulp (the
 //! C library's tanhf here, the CPU's fastmath::tanh there), the residual
 //! kernels bit for bit.

@@ -1,7 +1,7 @@
 //! models/gpt2/src/kernels/encoder.cu, emulated, against the CPU kernels
 //! of braid-gpt2 (encoder.rs). Every output element is summed in the CPU's
 //! order and rounded once, so the emulated kernels are bit-identical to the
-//! CPU in f32 and bf16, the bar of the GPU tests (cuda_kernels.rs:
+//! CPU in f32 and bf16, the bar of the GPU tests (cuda_kernels:
 //! `encoder_matches_cpu`, `encoder_bf16`).
 
 mod common;
@@ -31,7 +31,7 @@ fn wte_bf16_launch(bt: usize) -> (Dim3, Dim3) {
     ((common::grid(bt), 1, 1), (128, 1, 1))
 }
 
-/// Token ids below `v` with repeats (cuda_kernels.rs's `tokens`).
+/// Token ids below `v` with repeats (cuda_kernels's `tokens`).
 fn tokens(n: usize, v: usize, seed: u64) -> Vec<u32> {
     (0..n)
         .map(|i| ((i as u64 * 2_654_435_761 + seed) % 29) as u32 * 11 % v as u32)

@@ -1,6 +1,6 @@
 //! models/gpt2/src/kernels/layernorm.cu, emulated, against the CPU kernels
 //! of braid-gpt2 (layernorm.rs), with the agreement the GPU tests demand
-//! (cuda_kernels.rs: `layernorm_matches_cpu_and_is_deterministic`,
+//! (cuda_kernels: `layernorm_matches_cpu_and_is_deterministic`,
 //! `layernorm_bf16`, `residual_layernorm_tasks`). The statistics are warp
 //! trees (f32, or double for bf16) where the CPU sums rows in f64, and the
 //! parameter gradients are summed in row chunks, each by 8 warps, where the

@@ -1,6 +1,6 @@
 //! models/gpt2/src/kernels/loss.cu, emulated, against the CPU kernels of
 //! braid-gpt2 (loss.rs, fused_classifier.rs), with the agreement the GPU
-//! tests demand (cuda_kernels.rs: `softmax_and_crossentropy_match_cpu`,
+//! tests demand (cuda_kernels: `softmax_and_crossentropy_match_cpu`,
 //! `softmax_and_crossentropy_bf16`, `padded_rows`,
 //! `fused_classifier_tasks`), on padded rows as the model stores them:
 //! every input's padding columns hold NaN (a read of one would show), every

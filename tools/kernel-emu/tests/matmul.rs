@@ -2,7 +2,7 @@
 //! CPU kernels of braid-gpt2 (matmul.rs). The bias gradient sums in the
 //! fixed lane order the CPU's `bias_gradient` reproduces
 //! (`BIAS_GRAD_LANES`), so the two are bit-identical in f32 and bf16 (the
-//! GPU test, cuda_kernels.rs, demands that in bf16 and a 1e-4 tolerance in
+//! GPU test, cuda_kernels, demands that in bf16 and a 1e-4 tolerance in
 //! f32: here both are bit for bit). The broadcast is a copy: bit-identical.
 
 mod common;

@@ -1,6 +1,6 @@
 //! models/gpt2/src/kernels/adamw.cu and norm.cu, emulated, against the CPU
 //! kernels of braid-gpt2 (adamw.rs, norm.rs), with the agreement the GPU
-//! tests demand (cuda_kernels.rs: `adamw_matches_cpu`, `adamw_mixed_bf16`,
+//! tests demand (cuda_kernels: `adamw_matches_cpu`, `adamw_mixed_bf16`,
 //! `adamw_step_scalars_match_the_step_number`,
 //! `grad_norm_clip_and_scale_match_cpu`, `grad_norm_and_scale_bf16`).
 //! AdamW does the CPU's operations in its order: bit for bit in every
@@ -22,7 +22,7 @@ use common::{assert_bits, bits, compare, compare_bf16, linear, to_bf16, values};
 /// Elements: 16 blocks of 256 and a partial one.
 const N: usize = 4099;
 
-/// cuda_kernels.rs's TEST_ADAMW (models/gpt2/tests/common): weight decay
+/// cuda_kernels's TEST_ADAMW (models/gpt2/tests/common): weight decay
 /// and a second moment that moves.
 const H: AdamWHyper = AdamWHyper {
     learning_rate: 1e-3,

@@ -11,7 +11,7 @@
 //! kernels). There cuBLAS rounds each product to bf16 before adding what the
 //! output held (the bias, or the gradient accumulated so far), so a bf16
 //! CUDA result is rounded twice where the CPU's is rounded once: within a
-//! bf16 step of the product's magnitude (`tests/cuda_kernels.rs`).
+//! bf16 step of the product's magnitude (`tests/cuda_kernels/`).
 //!
 //! The `_ld` variants take the `(N, OC)` side (the output, or its gradient)
 //! with rows `ld >= OC` elements apart, BLAS's leading dimension: GPT-2's

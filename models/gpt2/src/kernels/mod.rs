@@ -100,7 +100,7 @@
 //!   `f32`. The exception is [`flash_attention`], `f32` throughout, as the
 //!   GPU kernel it is the reference for would be. The CUDA kernels reduce in `f32` trees and cuBLAS sums products in
 //!   its own order, so the backends agree to about 1e-4 relative (the
-//!   tolerances of `tests/cuda_kernels.rs`), not bit for bit; encoder,
+//!   tolerances of `tests/cuda_kernels/`), not bit for bit; encoder,
 //!   residual and scaling are bit-exact. Every CUDA kernel is deterministic:
 //!   no atomics, a fixed reduction order for a given shape.
 

@@ -10,7 +10,7 @@
 //! fail to submit on CUDA with [`braid::Error::NoBody`] naming it).
 //!
 //! The bf16 CUDA kernels (`*_bf16` in the families' `.cu` files, and
-//! cuBLAS's bf16 product): `tests/cuda_kernels.rs` compares each with its
+//! cuBLAS's bf16 product): `tests/cuda_kernels/` compares each with its
 //! CPU kernel when a GPU is present (first run on an H200, 2026-11-26).
 
 use braid::TaskBuilder;
