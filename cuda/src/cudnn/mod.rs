@@ -18,8 +18,9 @@
 //! One [`CudnnAttention`] serves the streams it was made for: one cuDNN
 //! handle, bound to a stream for each call under a mutex; execution plans
 //! cached by shape and direction (built at a shape's first call: the graph,
-//! cuDNN's heuristics, the first engine configuration that finalizes); and
-//! one workspace per stream, grown to the largest plan's need on every
+//! cuDNN's heuristics, the first engine configuration that finalizes), and
+//! the reasons of those that found no engine (a later call fails at once
+//! with them: [`CudnnAttention::no_engine`]); and one workspace per stream, grown to the largest plan's need on every
 //! stream when a plan is built (an outgrown one is kept until the handle
 //! goes: a graph captured before may still use it). A plan's first call
 //! must not happen inside a CUDA graph capture (it allocates); the call
@@ -108,6 +109,10 @@ struct State {
     /// The graph kinds to try, in order.
     kinds: Vec<GraphKind>,
     plans: HashMap<(SdpaShape, Direction), Arc<Plan>>,
+    /// Why a shape's direction has no plan: every graph kind was tried and
+    /// none found an engine. Kept so that a later call fails at once instead
+    /// of asking cuDNN's heuristics again.
+    no_engine: HashMap<(SdpaShape, Direction), String>,
     /// One per stream, by the stream's raw handle.
     workspaces: HashMap<usize, DeviceBuffer>,
     /// Workspaces a larger one replaced: kept until the handle goes, since
@@ -225,6 +230,7 @@ impl CudnnAttention {
                 handle,
                 kinds: kinds.to_vec(),
                 plans: HashMap::new(),
+                no_engine: HashMap::new(),
                 workspaces: HashMap::new(),
                 outgrown: Vec::new(),
             }),
@@ -245,6 +251,13 @@ impl CudnnAttention {
     /// around those releases otherwise, which is not built here).
     pub fn takes(&self, shape: SdpaShape, direction: Direction) -> bool {
         takes(self.version, shape, direction)
+    }
+
+    /// Why `shape`'s `direction` has no plan, if building it was tried and
+    /// no graph kind found an engine (the error that call returned).
+    pub fn no_engine(&self, shape: SdpaShape, direction: Direction) -> Option<String> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.no_engine.get(&(shape, direction)).cloned()
     }
 
     /// What runs a shape's `direction` once it has run: the graph, cuDNN's
@@ -349,6 +362,9 @@ impl CudnnAttention {
         let plan = match st.plans.get(&(shape, direction)) {
             Some(p) => p.clone(),
             None => {
+                if let Some(why) = st.no_engine.get(&(shape, direction)) {
+                    return Err(CudaError::InvalidArgument(why.clone()));
+                }
                 if capturing(stream)? {
                     return Err(CudaError::InvalidArgument(format!(
                         "cuDNN attention {direction:?} for {shape:?} first ran inside a CUDA \
@@ -356,7 +372,14 @@ impl CudnnAttention {
                          step once eagerly)"
                     )));
                 }
-                let plan = Arc::new(build(st, shape, direction, self.version)?);
+                let plan = match build(st, shape, direction, self.version) {
+                    Ok(p) => Arc::new(p),
+                    Err(CudaError::InvalidArgument(why)) => {
+                        st.no_engine.insert((shape, direction), why.clone());
+                        return Err(CudaError::InvalidArgument(why));
+                    }
+                    Err(e) => return Err(e),
+                };
                 for s in &self.streams {
                     let k = s.raw() as usize;
                     if st

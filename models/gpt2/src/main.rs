@@ -24,7 +24,7 @@ use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::kernels::flash_attention::{
-    attention_from_env, set_cudnn_attention, AttentionKernels,
+    attention_from_env, set_attention_kernels, AttentionKernels,
 };
 use braid_gpt2::model::{Dtype, Fusion, Sampler};
 use braid_gpt2::optim::LrSchedule;
@@ -240,9 +240,11 @@ struct TrainArgs {
     #[arg(long)]
     dtype: Option<Dtype>,
     /// Which kernels run the fused bf16 attention on a GPU: braid (Braid's
-    /// flash attention on tensor cores) or cudnn (cuDNN's fused attention,
+    /// flash attention on tensor cores), cudnn (cuDNN's fused attention,
     /// from the libcudnn of the nvidia-cudnn-cu13 wheel; not yet run on a
-    /// GPU, docs/gpt2.md). Default: BRAID_ATTENTION if set, else braid.
+    /// GPU, docs/gpt2.md) or auto (cuDNN's where it loads and has an engine
+    /// for the shape, Braid's otherwise). Default: BRAID_ATTENTION if set,
+    /// else braid.
     #[arg(long)]
     attention: Option<AttentionKernels>,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
@@ -349,8 +351,9 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
 /// The attention kernels of a training run: `--attention`, else
 /// `BRAID_ATTENTION` (an error when it names none), else Braid's. cuDNN runs
 /// only the fused bf16 attention on CUDA, so `--attention cudnn` on any
-/// other run is refused rather than ignored; the variable, which may be set
-/// for a whole shell, is not.
+/// other run is refused rather than ignored; `auto`, which falls back to
+/// Braid's kernels by design, and the variable, which may be set for a
+/// whole shell, are not.
 fn attention_kernels(
     flag: Option<AttentionKernels>,
     on_gpu: bool,
@@ -671,7 +674,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (false, None) => default_fusion(on_gpu),
     };
     let attention = attention_kernels(a.attention, on_gpu, opts.dtype, opts.fusion)?;
-    set_cudnn_attention(attention == AttentionKernels::Cudnn);
+    set_attention_kernels(attention);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
@@ -721,10 +724,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             ""
         },
         opts.fusion,
-        if attention == AttentionKernels::Cudnn {
-            " (attention through cuDNN)"
-        } else {
-            ""
+        match attention {
+            AttentionKernels::Braid => "",
+            AttentionKernels::Cudnn => " (attention through cuDNN)",
+            AttentionKernels::Auto => " (attention through cuDNN where it has an engine)",
         },
         start.step + 1,
         a.steps

@@ -152,6 +152,9 @@ fn train_eval_sample_and_bad_inputs() {
             "w.safetensors",
             "--checkpoint-dir",
             "ckpt",
+            // Braid's kernels on the CPU: cuDNN's where it has an engine.
+            "--attention",
+            "auto",
         ],
     );
     for needle in ["first loss", "last loss", "tokens/s", "hidden", "t.json"] {
@@ -378,7 +381,7 @@ fn train_eval_sample_and_bad_inputs() {
     );
     check(
         train_tiny(&["--data", "train.bin", "--attention", "fast"]),
-        &["--attention", "fast", "braid or cudnn"],
+        &["--attention", "fast", "braid, cudnn or auto"],
     );
     let out = Command::new(BIN)
         .args(train_tiny(&["--data", "train.bin"]))
@@ -392,7 +395,9 @@ fn train_eval_sample_and_bad_inputs() {
         "BRAID_ATTENTION=cuDNN succeeded:\n{err}"
     );
     assert!(
-        err.contains("BRAID_ATTENTION") && err.contains("cuDNN") && err.contains("braid or cudnn"),
+        err.contains("BRAID_ATTENTION")
+            && err.contains("cuDNN")
+            && err.contains("braid, cudnn or auto"),
         "{err}"
     );
     assert!(snapshot(d) == before_bad, "a failed command changed files");

@@ -1,5 +1,5 @@
-//! GPT-2 training on one GPU with cuDNN's attention (`BRAID_ATTENTION=cudnn`,
-//! `flash_attention::set_cudnn_attention`). A test binary of its own: the
+//! GPT-2 training on one GPU with cuDNN's attention (`BRAID_ATTENTION=cudnn`
+//! or `auto`, `flash_attention::set_attention_kernels`). A test binary of its own: the
 //! switch is process-wide, and the other GPU tests must not see it. Skips
 //! without a GPU or without libcudnn (fails instead under
 //! `BRAID_REQUIRE_GPU=1`).
@@ -9,7 +9,7 @@ use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
 use braid_gpt2::kernels::cpu::Dtype;
-use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
+use braid_gpt2::kernels::flash_attention::{cudnn_report, set_attention_kernels, AttentionKernels};
 use braid_gpt2::model::Fusion;
 use common::runs_of_ids;
 
@@ -27,7 +27,8 @@ fn losses(r: &TrainReport) -> Vec<f32> {
 /// with cuDNN give the same bits (its deterministic backward; replayed
 /// steps, graph captures included, run the plans the first step made),
 /// both directions ran through cuDNN, and the trainer's report says so
-/// (and says nothing of cuDNN for the run without it).
+/// (and says nothing of cuDNN for the run without it). `auto` runs what
+/// `cudnn` does, bit for bit, where cuDNN has engines.
 #[test]
 fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     if !braid::cuda::cudnn::cudnn_or_skip("a_run_with_cudnn_attention_trains_like_one_with_braids")
@@ -37,8 +38,8 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     let cfg = Gpt2Config::tiny();
     let data = TokenSource::from_ids(&runs_of_ids(16384, 9), "counting runs").unwrap();
     let start = StartState::fresh(&cfg, 4);
-    let run = |cudnn: bool| {
-        set_cudnn_attention(cudnn);
+    let run = |kernels: AttentionKernels| {
+        set_attention_kernels(kernels);
         let opts = TrainOptions {
             model: cfg,
             batch_size: 4,
@@ -57,26 +58,28 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
             ..TrainOptions::default()
         };
         let r = train(&opts, start.clone(), &data, &|_| {});
-        set_cudnn_attention(false);
-        r.unwrap_or_else(|e| panic!("cuDNN attention {cudnn}: {e}"))
+        set_attention_kernels(AttentionKernels::Braid);
+        r.unwrap_or_else(|e| panic!("attention kernels {kernels}: {e}"))
     };
-    let braids = run(false);
+    let braids = run(AttentionKernels::Braid);
     assert!(braids.cudnn.is_empty(), "{:?}", braids.cudnn);
     let braids = losses(&braids);
-    let with = run(true);
+    let with = run(AttentionKernels::Cudnn);
     // The report says what ran the attention.
     assert!(
         format!("{with}").contains("attention        cuDNN"),
         "the report names cuDNN:\n{with}"
     );
     let cudnn = losses(&with);
-    let again = losses(&run(true));
+    let again = losses(&run(AttentionKernels::Cudnn));
+    let auto = losses(&run(AttentionKernels::Auto));
     let report = cudnn_report();
     eprintln!(
         "Braid's attention {braids:?}\ncuDNN's {cudnn:?}\n{}",
         report.join("\n")
     );
     assert_eq!(cudnn, again, "two runs with cuDNN's attention");
+    assert_eq!(auto, cudnn, "auto against cudnn");
     for (i, (x, y)) in braids.iter().zip(&cudnn).enumerate() {
         assert!(
             (x - y).abs() <= 1e-2,
@@ -85,7 +88,9 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     }
     for direction in ["Forward", "Backward"] {
         assert!(
-            report.iter().any(|l| l.contains(direction)),
+            report
+                .iter()
+                .any(|l| l.contains(direction) && !l.contains("Braid's kernels")),
             "the attention {direction} ran through cuDNN: {report:?}"
         );
     }

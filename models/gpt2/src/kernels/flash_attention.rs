@@ -83,13 +83,16 @@
 //!   H200, and slow: its backward pass took 2.0 s of a 2.3 s GPT-2 124M step
 //!   at B8 × T1024 (docs/gpu-validation.md, run 5), against 11 ms for the
 //!   unfused cuBLAS attention.
-//! - **cuDNN** (opt-in, `BRAID_ATTENTION=cudnn`: [`cudnn_attention`]):
-//!   cuDNN's flash-attention engines through its graph API
-//!   (`braid::cuda::cudnn`), bf16 with a head size that is a multiple of 8
-//!   up to 128; the forward writes the same log-sum-exp, so either backward
-//!   follows either forward. Its backward writes the gradient over (a
-//!   [`GradWrite::Add`] call takes the kernels above) and is cuDNN's
-//!   deterministic algorithm. Not yet run on a GPU (docs/gpu-validation.md).
+//! - **cuDNN** (opt-in, `BRAID_ATTENTION=cudnn` or `auto`:
+//!   [`attention_kernels`]): cuDNN's flash-attention engines through its
+//!   graph API (`braid::cuda::cudnn`), bf16 with a head size that is a
+//!   multiple of 8 up to 128; the forward writes the same log-sum-exp, so
+//!   either backward follows either forward. Its backward writes the
+//!   gradient over (a [`GradWrite::Add`] call takes the kernels above) and
+//!   is cuDNN's deterministic algorithm. With `auto`, a call whose cuDNN
+//!   cannot be loaded, or has no engine for its shape and direction, runs
+//!   the kernels above instead (and the report says so); with `cudnn` it
+//!   fails. Not yet run on a GPU (docs/gpu-validation.md).
 
 use braid::cuda::cudnn::{CudnnAttention, Direction, SdpaShape};
 use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
@@ -169,19 +172,22 @@ static TC_KERNELS: [[Kernel; 4]; 3] = [
     ],
 ];
 
-/// The environment variable of [`cudnn_attention`]: `braid` or `cudnn`
-/// ([`AttentionKernels`]).
+/// The environment variable of [`attention_kernels`]: `braid`, `cudnn` or
+/// `auto` ([`AttentionKernels`]).
 pub const CUDNN_ENV: &str = "BRAID_ATTENTION";
 
-/// Which kernels run the fused bf16 attention on CUDA: Braid's own
-/// (tensor-core flash attention) or cuDNN's (`braid-gpt2 train
+/// Which kernels run the fused bf16 attention on CUDA (`braid-gpt2 train
 /// --attention`, [`CUDNN_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
     /// Braid's kernels (the default).
     Braid,
-    /// cuDNN's fused attention where it takes the shape (module docs).
+    /// cuDNN's fused attention where it takes the shape (module docs); a
+    /// call fails when cuDNN cannot be loaded or has no engine for it.
     Cudnn,
+    /// cuDNN's where it loads and has an engine for the shape and
+    /// direction, Braid's otherwise.
+    Auto,
 }
 
 impl std::str::FromStr for AttentionKernels {
@@ -191,7 +197,10 @@ impl std::str::FromStr for AttentionKernels {
         match s {
             "braid" => Ok(Self::Braid),
             "cudnn" => Ok(Self::Cudnn),
-            _ => Err(format!("`{s}` names no attention kernels: braid or cudnn")),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!(
+                "`{s}` names no attention kernels: braid, cudnn or auto"
+            )),
         }
     }
 }
@@ -201,6 +210,7 @@ impl std::fmt::Display for AttentionKernels {
         f.write_str(match self {
             Self::Braid => "braid",
             Self::Cudnn => "cudnn",
+            Self::Auto => "auto",
         })
     }
 }
@@ -213,54 +223,65 @@ pub fn attention_from_env() -> std::result::Result<Option<AttentionKernels>, Str
         Ok(v) if v.is_empty() => Ok(None),
         Ok(v) => v.parse().map(Some).map_err(|e| format!("{CUDNN_ENV}: {e}")),
         Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{CUDNN_ENV}: {v:?} names no attention kernels: braid or cudnn"
+            "{CUDNN_ENV}: {v:?} names no attention kernels: braid, cudnn or auto"
         )),
     }
 }
 
-/// 0: not yet read from [`CUDNN_ENV`]; 1: off; 2: on.
-static CUDNN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// 0: not yet read from [`CUDNN_ENV`]; else 1 + the [`AttentionKernels`]
+/// index.
+static KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Whether bf16 attention on CUDA runs cuDNN's fused kernels instead of
-/// Braid's (module docs): `BRAID_ATTENTION=cudnn`, read at the first call
-/// (a value that names no [`AttentionKernels`] leaves it off, which
-/// `braid-gpt2` refuses before it starts), or [`set_cudnn_attention`]. Off
-/// by default until it has run on a GPU (docs/gpu-validation.md). A task
-/// that takes cuDNN and finds no cuDNN 9, or no engine for its shape,
-/// fails with cuDNN's reasons.
-pub fn cudnn_attention() -> bool {
+const KERNEL_CHOICES: [AttentionKernels; 3] = [
+    AttentionKernels::Braid,
+    AttentionKernels::Cudnn,
+    AttentionKernels::Auto,
+];
+
+/// Which kernels run the bf16 fused attention on CUDA (module docs):
+/// [`CUDNN_ENV`], read at the first call (a value that names no
+/// [`AttentionKernels`] means Braid's, which `braid-gpt2` refuses before it
+/// starts), or [`set_attention_kernels`]. Braid's by default until cuDNN's
+/// has run on a GPU (docs/gpu-validation.md).
+pub fn attention_kernels() -> AttentionKernels {
     use std::sync::atomic::Ordering;
-    match CUDNN.load(Ordering::Relaxed) {
+    match KERNELS.load(Ordering::Relaxed) {
         0 => {
-            let on = attention_from_env() == Ok(Some(AttentionKernels::Cudnn));
-            CUDNN.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
+            let k = attention_from_env()
+                .ok()
+                .flatten()
+                .unwrap_or(AttentionKernels::Braid);
+            set_attention_kernels(k);
+            k
         }
-        v => v == 2,
+        v => KERNEL_CHOICES[usize::from(v) - 1],
     }
 }
 
-/// Turns [`cudnn_attention`] on or off for the process (tests and
-/// benchmarks that compare both in one run; tasks already submitted keep
-/// what they read).
-pub fn set_cudnn_attention(on: bool) {
-    CUDNN.store(if on { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+/// Sets [`attention_kernels`] for the process (tests and benchmarks that
+/// compare them in one run; tasks already submitted keep what they read).
+pub fn set_attention_kernels(k: AttentionKernels) {
+    let i = KERNEL_CHOICES.iter().position(|&c| c == k).unwrap_or(0);
+    KERNELS.store(i as u8 + 1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// What ran each shape and direction through cuDNN so far, one line each
-/// (cuDNN's version, the graph, the engine, the workspace), for reports.
+/// (cuDNN's version, the graph, the engine, the workspace), for reports;
+/// under `auto` also what fell back to Braid's kernels, and why.
 pub fn cudnn_report() -> Vec<String> {
     CUDNN_SEEN.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 static CUDNN_SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// cuDNN's attention and the shape to hand it, if this call's `direction`
-/// takes cuDNN: it is on, the storage bf16, a head size cuDNN takes (a
-/// multiple of 8 up to 128; otherwise cuDNN is not even loaded), every
-/// tensor 16-byte aligned, and cuDNN takes the shape here
-/// ([`CudnnAttention::takes`]). An error when cuDNN is asked for and cannot
-/// be had.
+/// cuDNN's attention, the shape to hand it and whether a failure to find
+/// an engine falls back to Braid's kernels (`auto`), if this call's
+/// `direction` takes cuDNN: it is asked for, the storage bf16, a head size
+/// cuDNN takes (a multiple of 8 up to 128; otherwise cuDNN is not even
+/// loaded), every tensor 16-byte aligned, and cuDNN takes the shape here
+/// ([`CudnnAttention::takes`]); under `auto`, also cuDNN loaded and not
+/// known to lack an engine for it. An error when `cudnn` asks for cuDNN and
+/// it cannot be loaded.
 #[allow(clippy::too_many_arguments)]
 fn cudnn_for<'a, S: Storage>(
     cu: &CudaTaskCtx<'a>,
@@ -270,9 +291,13 @@ fn cudnn_for<'a, S: Storage>(
     c: usize,
     nh: usize,
     aligned: &[u64],
-) -> Result<Option<(&'a CudnnAttention, SdpaShape)>> {
-    let wanted = cudnn_attention()
-        && matches!(S::DTYPE, Dtype::Bf16)
+) -> Result<Option<(&'a CudnnAttention, SdpaShape, bool)>> {
+    let auto = match attention_kernels() {
+        AttentionKernels::Braid => return Ok(None),
+        AttentionKernels::Cudnn => false,
+        AttentionKernels::Auto => true,
+    };
+    let wanted = matches!(S::DTYPE, Dtype::Bf16)
         && nh > 0
         && c % nh == 0
         && (c / nh) % 8 == 0
@@ -287,8 +312,50 @@ fn cudnn_for<'a, S: Storage>(
         nh,
         hs: c / nh,
     };
-    let a = cu.cudnn_attention()?;
-    Ok(a.takes(shape, direction).then_some((a, shape)))
+    let a = match cu.cudnn_attention() {
+        Ok(a) => a,
+        Err(e) if auto => {
+            note(format!(
+                "cuDNN not loaded ({e}): Braid's kernels run the attention"
+            ));
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let takes = a.takes(shape, direction) && !(auto && a.no_engine(shape, direction).is_some());
+    Ok(takes.then_some((a, shape, auto)))
+}
+
+/// Adds `line` to [`cudnn_report`] unless it is there.
+fn note(line: String) {
+    let mut seen = CUDNN_SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&line) {
+        seen.push(line);
+    }
+}
+
+/// Whether a cuDNN call that failed with `e` falls back to Braid's kernels:
+/// under `auto`, when cuDNN found no engine for the shape and direction
+/// (noted in the report); any other failure is the task's.
+fn falls_back(
+    a: &CudnnAttention,
+    shape: SdpaShape,
+    direction: Direction,
+    auto: bool,
+    e: &braid::cuda::CudaError,
+) -> bool {
+    if !(auto && a.no_engine(shape, direction).is_some()) {
+        return false;
+    }
+    note(format!(
+        "cuDNN {} attention {direction:?} B {} T {} NH {} HS {}: Braid's kernels ({e})",
+        a.version(),
+        shape.b,
+        shape.t,
+        shape.nh,
+        shape.hs
+    ));
+    true
 }
 
 /// Records what ran `shape`'s `direction`, once its plan was built.
@@ -304,10 +371,7 @@ fn note_cudnn(a: &CudnnAttention, shape: SdpaShape, direction: Direction) {
         shape.nh,
         shape.hs
     );
-    let mut seen = CUDNN_SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&line) {
-        seen.push(line);
-    }
+    note(line);
 }
 
 /// The environment variable of [`dq_by_gemm`].
@@ -850,14 +914,20 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     let aligned = [inp.ptr(), out.ptr(), lse.ptr()];
-    if let Some((a, shape)) = cudnn_for::<S>(cu, Direction::Forward, b, t, c, nh, &aligned)? {
+    if let Some((a, shape, auto)) = cudnn_for::<S>(cu, Direction::Forward, b, t, c, nh, &aligned)? {
         // SAFETY: sizes checked above: inp (B, T, 3C), out (B, T, C) and
         // lse (B, NH, T) f32, bf16 (S is bf16), 16-byte aligned; the task
         // holds them on this stream (out and lse written).
-        if unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr())? } {
-            note_cudnn(a, shape, Direction::Forward);
+        match unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr()) } {
+            Ok(built) => {
+                if built {
+                    note_cudnn(a, shape, Direction::Forward);
+                }
+                return Ok(());
+            }
+            Err(e) if falls_back(a, shape, Direction::Forward, auto, &e) => {}
+            Err(e) => return Err(e.into()),
         }
-        return Ok(());
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[inp.ptr()]);
     let l = Launcher::new(k, cu);
@@ -942,11 +1012,11 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         GradWrite::Set => cudnn_for::<S>(cu, Direction::Backward, b, t, c, nh, &aligned)?,
         GradWrite::Add => None,
     };
-    if let Some((a, shape)) = cudnn {
+    if let Some((a, shape, auto)) = cudnn {
         // SAFETY: sizes checked above, bf16, 16-byte aligned; dinp (B, T,
         // 3C) is written over and is disjoint from the inputs the task
         // reads; `delta` (scratch) is not used.
-        let built = unsafe {
+        let ran = unsafe {
             a.backward(
                 cu.stream(),
                 shape,
@@ -955,12 +1025,18 @@ pub fn flash_attention_backward_cuda<S: Storage>(
                 bw.dout.ptr(),
                 bw.lse.ptr(),
                 bw.dinp.ptr(),
-            )?
+            )
         };
-        if built {
-            note_cudnn(a, shape, Direction::Backward);
+        match ran {
+            Ok(built) => {
+                if built {
+                    note_cudnn(a, shape, Direction::Backward);
+                }
+                return Ok(());
+            }
+            Err(e) if falls_back(a, shape, Direction::Backward, auto, &e) => {}
+            Err(e) => return Err(e.into()),
         }
-        return Ok(());
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
     // dQ as one product: on the tensor cores, with T even.
@@ -1075,6 +1151,21 @@ mod tests {
     use super::super::attention::{attention_backward, attention_forward};
     use super::super::testutil::{assert_close, fd_check, max_errors, randn};
     use super::*;
+
+    /// Each attention-kernel choice reads back from its name (what
+    /// `--attention` and `BRAID_ATTENTION` take), and a name that is none
+    /// lists the choices.
+    #[test]
+    fn attention_kernels_read_back_from_their_names() {
+        for k in KERNEL_CHOICES {
+            assert_eq!(k.to_string().parse::<AttentionKernels>(), Ok(k));
+        }
+        let e = "cuDNN".parse::<AttentionKernels>().unwrap_err();
+        assert!(
+            e.contains("`cuDNN`") && e.contains("braid, cudnn or auto"),
+            "{e}"
+        );
+    }
 
     /// Odd shapes: T not a multiple of any tile, NH > 1, B > 1, hs = 5.
     const SHAPES: [(usize, usize, usize, usize); 3] = [(2, 13, 15, 3), (1, 7, 8, 2), (3, 5, 6, 1)];

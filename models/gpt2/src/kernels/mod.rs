@@ -38,7 +38,7 @@
 //! | [`fused_classifier`] | `losses`, `forward_backward` | `loss.cu` |
 //!
 //! [`storage`] holds the storage types ([`Dtype`](storage::Dtype), the
-//! [`Storage`](storage::Storage) element trait) and [`task`] the
+//! [`Storage`] element trait) and [`task`] the
 //! [`Task`](task::Task) every task function takes: a `TaskBuilder` (an `f32`
 //! task) or a builder with a dtype. bf16 tasks have a CUDA body in the
 //! families with `*_bf16` kernels ([`encoder`] `forward`/`backward`,

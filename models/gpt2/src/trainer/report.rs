@@ -88,8 +88,9 @@ pub struct TrainReport {
     /// programs, of its device's, with
     /// [`TrainOptions::spare_sms`](super::TrainOptions::spare_sms) on CUDA.
     pub spared_sms: Option<(u32, u32)>,
-    /// What ran the attention through cuDNN (`BRAID_ATTENTION=cudnn`), one
-    /// line per shape and direction
+    /// What ran the attention through cuDNN (`--attention cudnn` or
+    /// `auto`), one line per shape and direction (and, under `auto`, what
+    /// fell back to Braid's kernels and why)
     /// ([`cudnn_report`](crate::kernels::flash_attention::cudnn_report));
     /// empty when nothing did.
     pub cudnn: Vec<String>,

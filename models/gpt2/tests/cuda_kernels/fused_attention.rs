@@ -265,19 +265,22 @@ fn attention_lock() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// With `BRAID_ATTENTION=cudnn` (here `set_cudnn_attention`), bf16 fused
+/// With `BRAID_ATTENTION=cudnn` (here `set_attention_kernels`), bf16 fused
 /// attention runs cuDNN's flash-attention engines: against the CPU kernels
 /// within the tensor-core kernels' bounds (cuDNN also rounds P and dS to
 /// bf16), at head sizes 64 and 32, with T a multiple of 128 and not (cuDNN
 /// 9.15.0 and older take a backward of such a T only through Braid's
 /// kernels). The backward (cuDNN's deterministic algorithm) gives the same
 /// bits twice; a gradient added to one that is not zero (`GradWrite::Add`)
-/// takes Braid's kernels after cuDNN's forward. It prints which graph and
+/// takes Braid's kernels after cuDNN's forward. `auto` gives the same bits
+/// as `cudnn` wherever cuDNN has an engine. It prints which graph and
 /// engine cuDNN chose. Needs libcudnn (9); skipped without it, except
 /// under `BRAID_REQUIRE_GPU=1`.
 #[test]
 fn flash_attention_cudnn_cuda() {
-    use braid_gpt2::kernels::flash_attention::{cudnn_report, set_cudnn_attention};
+    use braid_gpt2::kernels::flash_attention::{
+        cudnn_report, set_attention_kernels, AttentionKernels,
+    };
     let _attention = attention_lock();
     if !braid::cuda::cudnn::cudnn_or_skip("flash_attention_cudnn_cuda") {
         return;
@@ -286,11 +289,11 @@ fn flash_attention_cudnn_cuda() {
     struct Off;
     impl Drop for Off {
         fn drop(&mut self) {
-            set_cudnn_attention(false);
+            set_attention_kernels(AttentionKernels::Braid);
         }
     }
     let _off = Off;
-    set_cudnn_attention(true);
+    set_attention_kernels(AttentionKernels::Cudnn);
     for (hs, (b, t, nh)) in [(64, (2, 256, 3)), (64, (5, 150, 2)), (32, (3, 128, 4))] {
         let c = nh * hs;
         let case = FaCase::new((b, t, c, nh), 190 + hs as u64 + t as u64);
@@ -303,6 +306,10 @@ fn flash_attention_cudnn_cuda() {
         compare_scaled(&what("gradient set"), &set, &want_set, 0.0125);
         let again = case.tasks(&g, Dtype::Bf16, GradWrite::Set, false);
         assert_eq!(again, (out, lse, set), "{}", what("a second run"));
+        set_attention_kernels(AttentionKernels::Auto);
+        let auto = case.tasks(&g, Dtype::Bf16, GradWrite::Set, false);
+        set_attention_kernels(AttentionKernels::Cudnn);
+        assert_eq!(auto, again, "{}", what("auto against cudnn"));
         let (_, _, added) = case.tasks(&g, Dtype::Bf16, GradWrite::Add, false);
         let dinp0 = FaCase::stored(Dtype::Bf16, &case.dinp0);
         let grad = |d: &[f32]| -> Vec<f32> { d.iter().zip(&dinp0).map(|(&a, &b)| a - b).collect() };
@@ -319,7 +326,9 @@ fn flash_attention_cudnn_cuda() {
     }
     for direction in ["Forward", "Backward"] {
         assert!(
-            report.iter().any(|l| l.contains(direction)),
+            report
+                .iter()
+                .any(|l| l.contains(direction) && !l.contains("Braid's kernels")),
             "the {direction} ran through cuDNN (T 256 is a multiple of 128): {report:?}"
         );
     }
