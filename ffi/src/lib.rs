@@ -9,7 +9,7 @@
 //! # Boundary rules
 //!
 //! * **No Rust panic crosses into C++.** Every bridge function that can fail
-//!   runs under [`guard`], which turns a panic into an `Err`; cxx turns an
+//!   runs under `guard`, which turns a panic into an `Err`; cxx turns an
 //!   `Err` into a `rust::Error` exception on the C++ side, and braid.hpp
 //!   rethrows it as `braid::Error`.
 //! * **No C++ exception crosses into Rust.** A C++ task body is called only
@@ -18,7 +18,7 @@
 //!   a Rust task body returning `Err`.
 //! * **Declared means enforced, and declared once.** A C++ task names each
 //!   access once, as a typed token (`braid::read<float>(x)`); the header
-//!   declares the tokens here ([`TaskSpec::access`]: view, mode, element size
+//!   declares the tokens here (`TaskSpec::access`: view, mode, element size
 //!   and alignment) and the task is submitted with them as a
 //!   `Vec<`[`braid::DynAccess`]`>` through [`braid::TaskBuilder::run_any`]
 //!   (or `run` / `run_cuda` when C++ gave one body). The body gets exactly the
@@ -1050,7 +1050,7 @@ fn clone_view(v: &View) -> Box<View> {
 }
 
 /// A task being built on the C++ side (`braid::TaskBuilder`); submitted by
-/// [`Runtime::submit`].
+/// `Runtime::submit`.
 #[derive(Debug)]
 pub struct TaskSpec {
     name: String,

@@ -28,7 +28,7 @@
 //!
 //! # Graphs
 //!
-//! [`graph`] describes each direction up to three ways ([`GraphKind`]),
+//! `graph` describes each direction up to three ways ([`GraphKind`]),
 //! tried in the order of `BRAID_CUDNN_SDPA` (`auto`: unified, band, then
 //! composite, each where the cuDNN found has what it needs; `unified`,
 //! `band` or `composite`: only that one). The first that cuDNN's

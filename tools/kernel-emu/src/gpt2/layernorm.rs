@@ -171,9 +171,9 @@ twins! {
 }
 
 twins! {
-    /// `layernorm_backward_params_finish` (f32): `dweight[c] += part[0][0][c]
-    /// + part[1][0][c] + …` in chunk order, `dbias` from `part[r][1]`
-    /// likewise. The launcher (layernorm.rs, `backward_cuda`): one thread
+    /// `layernorm_backward_params_finish` (f32): `dweight[c]` plus
+    /// `part[0][0][c] + part[1][0][c] + …` in chunk order, `dbias` from
+    /// `part[r][1]` likewise. The launcher (layernorm.rs, `backward_cuda`): one thread
     /// per channel, grid `ceil(C / 256)`, block 256.
     pub fn layernorm_backward_params_finish(S = f32);
     /// [`layernorm_backward_params_finish`] with bf16 `dweight` and `dbias`
