@@ -274,9 +274,44 @@ pub fn cudnn_report() -> Vec<String> {
 
 static CUDNN_SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// cuDNN's attention, the shape to hand it and whether a failure to find
-/// an engine falls back to Braid's kernels (`auto`), if this call's
-/// `direction` takes cuDNN: it is asked for, the storage bf16, a head size
+/// A call of cuDNN's attention: the handle, the shape to hand it and
+/// whether a failure to find an engine falls back to Braid's kernels
+/// (`auto`).
+struct CudnnCall<'a> {
+    a: &'a CudnnAttention,
+    shape: SdpaShape,
+    auto: bool,
+}
+
+impl CudnnCall<'_> {
+    /// Whether cuDNN ran `direction` (`result` is its call's): `true` when
+    /// it did (and the report notes a plan it built), `false` when the
+    /// task falls back to Braid's kernels (under `auto`, cuDNN found no
+    /// engine for the shape and direction; noted in the report), and any
+    /// other failure as the task's error.
+    fn ran(&self, direction: Direction, result: braid::cuda::CudaResult<bool>) -> Result<bool> {
+        let (a, shape) = (self.a, self.shape);
+        match result {
+            Ok(built) => {
+                if built {
+                    note_cudnn(a, shape, direction);
+                }
+                Ok(true)
+            }
+            Err(e) if self.auto && a.no_engine(shape, direction).is_some() => {
+                note(format!(
+                    "{}: Braid's kernels ({e})",
+                    about(a, shape, direction)
+                ));
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// cuDNN's attention for this call (a [`CudnnCall`]), if its `direction`
+/// takes cuDNN: it is asked for, the storage bf16, a head size
 /// cuDNN takes (a multiple of 8 up to 128; otherwise cuDNN is not even
 /// loaded), every tensor 16-byte aligned, and cuDNN takes the shape here
 /// ([`CudnnAttention::takes`]); under `auto`, also cuDNN loaded and not
@@ -291,7 +326,7 @@ fn cudnn_for<'a, S: Storage>(
     c: usize,
     nh: usize,
     aligned: &[u64],
-) -> Result<Option<(&'a CudnnAttention, SdpaShape, bool)>> {
+) -> Result<Option<CudnnCall<'a>>> {
     let auto = match attention_kernels() {
         AttentionKernels::Braid => return Ok(None),
         AttentionKernels::Cudnn => false,
@@ -323,7 +358,7 @@ fn cudnn_for<'a, S: Storage>(
         Err(e) => return Err(e),
     };
     let takes = a.takes(shape, direction) && !(auto && a.no_engine(shape, direction).is_some());
-    Ok(takes.then_some((a, shape, auto)))
+    Ok(takes.then_some(CudnnCall { a, shape, auto }))
 }
 
 /// Adds `line` to [`cudnn_report`] unless it is there.
@@ -334,44 +369,24 @@ fn note(line: String) {
     }
 }
 
-/// Whether a cuDNN call that failed with `e` falls back to Braid's kernels:
-/// under `auto`, when cuDNN found no engine for the shape and direction
-/// (noted in the report); any other failure is the task's.
-fn falls_back(
-    a: &CudnnAttention,
-    shape: SdpaShape,
-    direction: Direction,
-    auto: bool,
-    e: &braid::cuda::CudaError,
-) -> bool {
-    if !(auto && a.no_engine(shape, direction).is_some()) {
-        return false;
-    }
-    note(format!(
-        "cuDNN {} attention {direction:?} B {} T {} NH {} HS {}: Braid's kernels ({e})",
-        a.version(),
-        shape.b,
-        shape.t,
-        shape.nh,
-        shape.hs
-    ));
-    true
-}
-
 /// Records what ran `shape`'s `direction`, once its plan was built.
 fn note_cudnn(a: &CudnnAttention, shape: SdpaShape, direction: Direction) {
-    let Some(how) = a.describe(shape, direction) else {
-        return;
-    };
-    let line = format!(
-        "cuDNN {} attention {direction:?} B {} T {} NH {} HS {}: {how}",
+    if let Some(how) = a.describe(shape, direction) {
+        note(format!("{}: {how}", about(a, shape, direction)));
+    }
+}
+
+/// `cuDNN 9.19.0 attention Forward B 8 T 1024 NH 12 HS 64`: the head of a
+/// report line.
+fn about(a: &CudnnAttention, shape: SdpaShape, direction: Direction) -> String {
+    format!(
+        "cuDNN {} attention {direction:?} B {} T {} NH {} HS {}",
         a.version(),
         shape.b,
         shape.t,
         shape.nh,
         shape.hs
-    );
-    note(line);
+    )
 }
 
 /// The environment variable of [`dq_by_gemm`].
@@ -914,19 +929,16 @@ pub fn flash_attention_forward_cuda<S: Storage>(
     k.exact("lse", &lse, "(B, NH, T)", k.mul(k.mul(b, nh)?, t)?)?;
     k.exact("inp", &inp, "(B, T, 3C)", k.mul(btc, 3)?)?;
     let aligned = [inp.ptr(), out.ptr(), lse.ptr()];
-    if let Some((a, shape, auto)) = cudnn_for::<S>(cu, Direction::Forward, b, t, c, nh, &aligned)? {
+    if let Some(call) = cudnn_for::<S>(cu, Direction::Forward, b, t, c, nh, &aligned)? {
         // SAFETY: sizes checked above: inp (B, T, 3C), out (B, T, C) and
         // lse (B, NH, T) f32, bf16 (S is bf16), 16-byte aligned; the task
         // holds them on this stream (out and lse written).
-        match unsafe { a.forward(cu.stream(), shape, inp.ptr(), out.ptr(), lse.ptr()) } {
-            Ok(built) => {
-                if built {
-                    note_cudnn(a, shape, Direction::Forward);
-                }
-                return Ok(());
-            }
-            Err(e) if falls_back(a, shape, Direction::Forward, auto, &e) => {}
-            Err(e) => return Err(e.into()),
+        let r = unsafe {
+            call.a
+                .forward(cu.stream(), call.shape, inp.ptr(), out.ptr(), lse.ptr())
+        };
+        if call.ran(Direction::Forward, r)? {
+            return Ok(());
         }
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[inp.ptr()]);
@@ -1012,14 +1024,14 @@ pub fn flash_attention_backward_cuda<S: Storage>(
         GradWrite::Set => cudnn_for::<S>(cu, Direction::Backward, b, t, c, nh, &aligned)?,
         GradWrite::Add => None,
     };
-    if let Some((a, shape, auto)) = cudnn {
+    if let Some(call) = cudnn {
         // SAFETY: sizes checked above, bf16, 16-byte aligned; dinp (B, T,
         // 3C) is written over and is disjoint from the inputs the task
         // reads; `delta` (scratch) is not used.
-        let ran = unsafe {
-            a.backward(
+        let r = unsafe {
+            call.a.backward(
                 cu.stream(),
-                shape,
+                call.shape,
                 bw.inp.ptr(),
                 bw.out.ptr(),
                 bw.dout.ptr(),
@@ -1027,15 +1039,8 @@ pub fn flash_attention_backward_cuda<S: Storage>(
                 bw.dinp.ptr(),
             )
         };
-        match ran {
-            Ok(built) => {
-                if built {
-                    note_cudnn(a, shape, Direction::Backward);
-                }
-                return Ok(());
-            }
-            Err(e) if falls_back(a, shape, Direction::Backward, auto, &e) => {}
-            Err(e) => return Err(e.into()),
+        if call.ran(Direction::Backward, r)? {
+            return Ok(());
         }
     }
     let tensor_cores = takes_tensor_cores::<S>(cu, c, nh, &[bw.inp.ptr(), bw.dout.ptr()]);
