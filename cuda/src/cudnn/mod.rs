@@ -20,11 +20,11 @@
 //! cached by shape and direction (built at a shape's first call: the graph,
 //! cuDNN's heuristics, the first engine configuration that finalizes), and
 //! the reasons of those that found no engine (a later call fails at once
-//! with them: [`CudnnAttention::no_engine`]); and one workspace per stream, grown to the largest plan's need on every
-//! stream when a plan is built (an outgrown one is kept until the handle
-//! goes: a graph captured before may still use it). A plan's first call
-//! must not happen inside a CUDA graph capture (it allocates); the call
-//! refuses, naming the shape.
+//! with them: [`CudnnAttention::no_engine`]); and one workspace per stream,
+//! grown to the largest plan's need on every stream when a plan is built
+//! (an outgrown one is kept until the handle goes: a graph captured before
+//! may still use it). A plan's first call must not happen inside a CUDA
+//! graph capture (it allocates); the call refuses, naming the shape.
 //!
 //! # Graphs
 //!

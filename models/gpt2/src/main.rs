@@ -725,6 +725,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         opts.fusion,
         match attention {
+            _ if !(on_gpu && opts.dtype == Dtype::Bf16 && opts.fusion.attention) => "",
             AttentionKernels::Braid => "",
             AttentionKernels::Cudnn => " (attention through cuDNN)",
             AttentionKernels::Auto => " (attention through cuDNN where it has an engine)",
