@@ -174,10 +174,10 @@ static TC_KERNELS: [[Kernel; 4]; 3] = [
 
 /// The environment variable of [`attention_kernels`]: `braid`, `cudnn` or
 /// `auto` ([`AttentionKernels`]).
-pub const CUDNN_ENV: &str = "BRAID_ATTENTION";
+pub const ATTENTION_ENV: &str = "BRAID_ATTENTION";
 
 /// Which kernels run the fused bf16 attention on CUDA (`braid-gpt2 train
-/// --attention`, [`CUDNN_ENV`]).
+/// --attention`, [`ATTENTION_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
     /// Braid's kernels (the default).
@@ -215,20 +215,23 @@ impl std::fmt::Display for AttentionKernels {
     }
 }
 
-/// What [`CUDNN_ENV`] asks for: `None` when it is unset or empty, an error
+/// What [`ATTENTION_ENV`] asks for: `None` when it is unset or empty, an error
 /// naming the variable when it names no [`AttentionKernels`].
 pub fn attention_from_env() -> std::result::Result<Option<AttentionKernels>, String> {
-    match std::env::var(CUDNN_ENV) {
+    match std::env::var(ATTENTION_ENV) {
         Err(std::env::VarError::NotPresent) => Ok(None),
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => v.parse().map(Some).map_err(|e| format!("{CUDNN_ENV}: {e}")),
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("{ATTENTION_ENV}: {e}")),
         Err(std::env::VarError::NotUnicode(v)) => Err(format!(
-            "{CUDNN_ENV}: {v:?} names no attention kernels: braid, cudnn or auto"
+            "{ATTENTION_ENV}: {v:?} names no attention kernels: braid, cudnn or auto"
         )),
     }
 }
 
-/// 0: not yet read from [`CUDNN_ENV`]; else 1 + the [`AttentionKernels`]
+/// 0: not yet read from [`ATTENTION_ENV`]; else 1 + the [`AttentionKernels`]
 /// index.
 static KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -239,7 +242,7 @@ const KERNEL_CHOICES: [AttentionKernels; 3] = [
 ];
 
 /// Which kernels run the bf16 fused attention on CUDA (module docs):
-/// [`CUDNN_ENV`], read at the first call (a value that names no
+/// [`ATTENTION_ENV`], read at the first call (a value that names no
 /// [`AttentionKernels`] means Braid's, which `braid-gpt2` refuses before it
 /// starts), or [`set_attention_kernels`]. Braid's by default until cuDNN's
 /// has run on a GPU (docs/gpu-validation.md).
