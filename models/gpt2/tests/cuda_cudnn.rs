@@ -28,7 +28,8 @@ fn losses(r: &TrainReport) -> Vec<f32> {
 /// steps, graph captures included, run the plans the first step made),
 /// both directions ran through cuDNN, and the trainer's report says so
 /// (and says nothing of cuDNN for the run without it). `auto` runs what
-/// `cudnn` does, bit for bit, where cuDNN has engines.
+/// `cudnn` does, bit for bit, where cuDNN has engines, and Braid's kernels
+/// where it has none (forced with `BRAID_CUDNN_SDPA=unified`), saying so.
 #[test]
 fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     if !braid::cuda::cudnn::cudnn_or_skip("a_run_with_cudnn_attention_trains_like_one_with_braids")
@@ -92,6 +93,36 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
                 .iter()
                 .any(|l| l.contains(direction) && !l.contains("Braid's kernels")),
             "the attention {direction} ran through cuDNN: {report:?}"
+        );
+    }
+
+    // `auto` where cuDNN has no engine: with only the unified graph to try
+    // there is none for a backward (and none for a forward before 9.21),
+    // so those calls run Braid's kernels and the report says why. The
+    // variable is read when a runtime makes its cuDNN handle; no thread of
+    // the runs above is left to read it concurrently.
+    std::env::set_var("BRAID_CUDNN_SDPA", "unified");
+    let fell_back = losses(&run(AttentionKernels::Auto));
+    std::env::remove_var("BRAID_CUDNN_SDPA");
+    let report = cudnn_report();
+    eprintln!(
+        "auto with the unified graph only {fell_back:?}\n{}",
+        report.join("\n")
+    );
+    let fallback = |direction: &str| {
+        report
+            .iter()
+            .any(|l| l.contains(direction) && l.contains("Braid's kernels"))
+    };
+    assert!(fallback("Backward"), "the backward fell back: {report:?}");
+    if fallback("Forward") {
+        // Both directions ran Braid's kernels: Braid's bits.
+        assert_eq!(fell_back, braids, "auto with no engine against Braid's");
+    }
+    for (i, (x, y)) in braids.iter().zip(&fell_back).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-2,
+            "step {i}: loss {x} with Braid's attention, {y} with auto falling back"
         );
     }
 }
