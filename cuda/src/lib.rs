@@ -260,18 +260,22 @@ pub fn cuda_available() -> CudaResult<usize> {
 /// `BRAID_REQUIRE_GPU=1` is set (the GPU validation run), so a missing GPU there
 /// is a failure, never a silent skip.
 pub fn gpu_or_skip(test: &str) -> bool {
-    let require = std::env::var("BRAID_REQUIRE_GPU")
-        .map(|v| v == "1")
-        .unwrap_or(false);
     let reason = match cuda_available() {
         Ok(n) if n > 0 => return true,
         Ok(_) => "the CUDA driver reports 0 devices".to_string(),
         Err(e) => e.to_string(),
     };
-    if require {
-        panic!("{test}: BRAID_REQUIRE_GPU=1 but no usable GPU: {reason}");
+    skip(test, &format!("no GPU ({reason})"))
+}
+
+/// Skips `test`, which lacks `missing`: prints `SKIPPED test: missing` and
+/// returns `false`, or panics under `BRAID_REQUIRE_GPU=1` (the GPU
+/// validation run, where nothing may be missing).
+pub(crate) fn skip(test: &str, missing: &str) -> bool {
+    if std::env::var("BRAID_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("{test}: BRAID_REQUIRE_GPU=1 but {missing}");
     }
-    eprintln!("SKIPPED {test}: no GPU ({reason})");
+    eprintln!("SKIPPED {test}: {missing}");
     false
 }
 

@@ -164,17 +164,7 @@ impl Drop for CudnnAttention {
 /// `BRAID_REQUIRE_GPU=1` (the GPU validation run, where PyTorch's cuDNN
 /// wheel is expected).
 pub fn cudnn_or_skip(test: &str) -> bool {
-    if !crate::gpu_or_skip(test) {
-        return false;
-    }
-    if cudnn_library_present() {
-        return true;
-    }
-    if std::env::var("BRAID_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("{test}: BRAID_REQUIRE_GPU=1 but libcudnn could not be loaded");
-    }
-    eprintln!("SKIPPED {test}: no libcudnn");
-    false
+    crate::gpu_or_skip(test) && (cudnn_library_present() || crate::skip(test, "no libcudnn"))
 }
 
 /// The graphs to try, in order (`BRAID_CUDNN_SDPA`, module docs).
@@ -358,9 +348,8 @@ impl CudnnAttention {
         stream.device().bind_to_thread()?;
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
-        let built = !st.plans.contains_key(&(shape, direction));
-        let plan = match st.plans.get(&(shape, direction)) {
-            Some(p) => p.clone(),
+        let (plan, built) = match st.plans.get(&(shape, direction)) {
+            Some(p) => (p.clone(), false),
             None => {
                 if let Some(why) = st.no_engine.get(&(shape, direction)) {
                     return Err(CudaError::InvalidArgument(why.clone()));
@@ -393,7 +382,7 @@ impl CudnnAttention {
                     }
                 }
                 st.plans.insert((shape, direction), plan.clone());
-                plan
+                (plan, true)
             }
         };
         let api = api()?;
@@ -468,6 +457,12 @@ fn capturing(stream: &CudaStream) -> CudaResult<bool> {
     Ok(status != drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Whether cuDNN's attention engines take head size `hs`: a multiple of 8
+/// up to 128 (a caller may ask before loading cuDNN at all).
+pub fn takes_head_size(hs: usize) -> bool {
+    hs % 8 == 0 && hs <= 128
+}
+
 /// Refuses shapes cuDNN's engines do not take, before any descriptor.
 fn check_shape(s: SdpaShape) -> CudaResult<()> {
     if s.b == 0 || s.t == 0 || s.nh == 0 {
@@ -475,7 +470,7 @@ fn check_shape(s: SdpaShape) -> CudaResult<()> {
             "cuDNN attention of an empty shape {s:?}"
         )));
     }
-    if s.hs % 8 != 0 || s.hs > 128 {
+    if !takes_head_size(s.hs) {
         return Err(CudaError::InvalidArgument(format!(
             "cuDNN attention needs a head size that is a multiple of 8 up to 128, not {}",
             s.hs
