@@ -142,7 +142,7 @@ pub(super) fn execute(
     // free once a synchronisation point returns.
     drop(accesses);
     drop(preds);
-    complete(shared, s);
+    publish(shared, s, 1);
     if measure && ok {
         // What the task occupies its stream for, the engine's own
         // per-task work included: what placement must predict.
@@ -196,12 +196,15 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
     publish(shared, s, unpublished);
 }
 
-/// Announces `n` completions on stream `s`.
+/// Announces `n` completions on stream `s`. The runtime-wide count and the
+/// busy period it may end come first, the stream's count last: a
+/// synchronisation waits on the streams' counts, so when it returns the
+/// period is recorded and the next submission sees the runtime idle.
 fn publish(shared: &Shared, s: usize, n: u64) {
     if n > 0 {
-        shared.streams[s].done.add(n);
         let done = shared.completed.add(n);
         live::completed(shared, done);
+        shared.streams[s].done.add(n);
     }
 }
 
@@ -383,12 +386,6 @@ fn note_failure(shared: &Shared, id: u64, outcome: &Result<(), Error>) -> u8 {
         lock(&shared.errors).push((id, e.clone()));
     }
     status
-}
-
-fn complete(shared: &Shared, s: usize) {
-    shared.streams[s].done.add(1);
-    let done = shared.completed.add(1);
-    live::completed(shared, done);
 }
 
 /// The largest declared access in bytes (a span's `bytes`).
@@ -636,7 +633,7 @@ fn poll(
             push_span(shared, s, &f.task, ids, span, !f.task.failed());
         }
         drop(f);
-        complete(shared, s);
+        publish(shared, s, 1);
     }
     if shared.live {
         publish_running(shared, s, d, inflight.front());
