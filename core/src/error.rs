@@ -113,7 +113,7 @@ pub enum Error {
 
 impl From<crate::fs::FileError> for Error {
     fn from(e: crate::fs::FileError) -> Self {
-        Error::io(e.op, &e.path, e.source)
+        Error::io(e.op, &e.path, e.error)
     }
 }
 

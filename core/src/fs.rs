@@ -19,25 +19,27 @@ pub const TMP_MARKER: &str = ".braid-tmp-";
 
 /// An operating-system error while writing a file: what was being done, and
 /// the path. Callers convert it into their own error type (`From`).
+///
+/// Its message ends with the OS error's, so the OS error is not also its
+/// `source()` (a report that walks the chain would say it twice).
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {}: {source}", path.display())]
+#[error("{op} {}: {error}", path.display())]
 pub struct FileError {
     /// What was being done ("writing", "syncing", "replacing", ...).
     pub op: &'static str,
     /// The file or directory concerned.
     pub path: PathBuf,
-    /// The underlying error.
-    #[source]
-    pub source: std::io::Error,
+    /// The OS error.
+    pub error: std::io::Error,
 }
 
 impl FileError {
-    /// Wraps `source` with the operation and the path.
-    pub fn new(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// Wraps `error` with the operation and the path.
+    pub fn new(op: &'static str, path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         FileError {
             op,
             path: path.into(),
-            source,
+            error,
         }
     }
 }

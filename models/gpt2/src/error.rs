@@ -46,16 +46,17 @@ pub enum Gpt2Error {
     Engine(#[from] braid::Error),
 
     // ----- files ---------------------------------------------------------
-    /// An operating-system error while touching a file.
-    #[error("{op} {}: {source}", path.display())]
+    /// An operating-system error while touching a file. The message ends
+    /// with the OS error's, so that error is not also the `source()` (a
+    /// report that walks the chain would say it twice).
+    #[error("{op} {}: {error}", path.display())]
     Io {
         /// What was being done ("reading", "writing", "renaming to", ...).
         op: &'static str,
         /// The file or directory concerned.
         path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error.
+        error: std::io::Error,
     },
 
     // ----- tokenizer and token data --------------------------------------
@@ -291,18 +292,18 @@ pub enum Gpt2Error {
 
 impl Gpt2Error {
     /// Wraps an I/O error with the operation and the path it concerns.
-    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         Gpt2Error::Io {
             op,
             path: path.into(),
-            source,
+            error,
         }
     }
 }
 
 impl From<braid::fs::FileError> for Gpt2Error {
     fn from(e: braid::fs::FileError) -> Self {
-        Gpt2Error::io(e.op, e.path, e.source)
+        Gpt2Error::io(e.op, e.path, e.error)
     }
 }
 

@@ -696,6 +696,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         _ => "cpu".into(),
     };
     let ranks = world;
+    opts.check()?;
 
     // 2. Train.
     eprintln!(

@@ -542,12 +542,12 @@ pub enum ReferenceError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// An input token or target is outside the vocabulary.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Token {
         /// `tokens` or `targets`.
         what: &'static str,
-        /// The first bad id.
-        source: TokenError,
+        /// The first bad id (in the message, so not also the `source()`).
+        error: TokenError,
     },
     /// `T` is zero or longer than the model's `max_seq_len`.
     #[error("sequence length {t} is not in 1..={max_seq_len}")]
@@ -702,15 +702,15 @@ impl Reference {
         let (v, c, nh) = (cfg.vocab_size, cfg.channels, cfg.num_heads);
         Self::check_len("params", params.len(), self.params.total)?;
         Self::check_len("tokens", tokens.len(), b * t)?;
-        k::check_tokens(tokens, v).map_err(|source| ReferenceError::Token {
+        k::check_tokens(tokens, v).map_err(|error| ReferenceError::Token {
             what: "tokens",
-            source,
+            error,
         })?;
         if let Some(targets) = targets {
             Self::check_len("targets", targets.len(), b * t)?;
-            k::check_tokens(targets, v).map_err(|source| ReferenceError::Token {
+            k::check_tokens(targets, v).map_err(|error| ReferenceError::Token {
                 what: "targets",
-                source,
+                error,
             })?;
         }
         self.loss = None;

@@ -278,6 +278,16 @@ fn train_eval_sample_and_bad_inputs() {
         ],
         &["truncated"],
     );
+    // A file that is not there: named, and the OS's reason said once (the
+    // error's message holds it, so it is not also its source).
+    let args = train_tiny(&["--data", "absent.bin"]);
+    let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("reading absent.bin"),
+        "{err}"
+    );
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
     // Missing and mismatched tensors.
     let st = std::fs::read(d.join("w.safetensors")).unwrap();
     let (missing, misshaped) = broken_weights(&st);

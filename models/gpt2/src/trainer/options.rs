@@ -222,8 +222,10 @@ impl TrainOptions {
         reducer && self.tied_split && rows < 2 * self.model.vocab_size
     }
 
-    /// Checks the options before any rank starts.
-    pub(super) fn check(&self) -> Result<()> {
+    /// Checks the options before any rank starts ([`train`](super::train)
+    /// does; a caller may too, to refuse bad options before it prints
+    /// anything).
+    pub fn check(&self) -> Result<()> {
         self.model.validate()?;
         let bad =
             |what: &'static str, reason: String| Err(Gpt2Error::InvalidSetting { what, reason });
