@@ -234,8 +234,8 @@ impl RuntimeBuilder {
     /// the process's runtimes, so two ranks' busy compute threads land on
     /// different cores. The submitting thread is left alone. The
     /// environment variable `BRAID_PIN_THREADS` overrides it for every
-    /// runtime (`1` pins, any other value does not). Elsewhere, or where
-    /// binding fails, threads stay unpinned.
+    /// runtime (`1` pins, `0` does not; another value fails `build`).
+    /// Elsewhere, or where binding fails, threads stay unpinned.
     pub fn pin_threads(mut self, on: bool) -> Self {
         self.pin_threads = on;
         self
@@ -404,6 +404,7 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
+        crate::topo::pin_env()?;
         // The placement file is read and checked before anything starts;
         // its `[runtime]` class, real-time setting and spared SMs override
         // the builder's.

@@ -48,25 +48,40 @@ fn parse_budget(v: &str) -> Result<usize> {
 }
 
 /// The environment variable that decides for every runtime whether its
-/// stream threads are pinned: `1` pins, any other value does not; unset,
-/// each runtime's builder decides (`RuntimeBuilder::pin_threads`).
+/// stream threads are pinned: `1` (or `true`, `yes`, `on`) pins, `0` (or
+/// `false`, `no`, `off`, empty) does not; unset, each runtime's builder
+/// decides (`RuntimeBuilder::pin_threads`). Any other value is an
+/// [`Error::Config`] when a runtime is built.
 pub const PIN_THREADS_ENV: &str = "BRAID_PIN_THREADS";
 
-/// What `BRAID_PIN_THREADS` says, read once: `None` when unset.
-fn pin_env() -> Option<bool> {
-    static ENV: OnceLock<Option<bool>> = OnceLock::new();
-    *ENV.get_or_init(|| parse_pin(std::env::var(PIN_THREADS_ENV).ok().as_deref()))
+/// What `BRAID_PIN_THREADS` says, read once: `Ok(None)` when unset.
+pub(crate) fn pin_env() -> Result<Option<bool>> {
+    static ENV: OnceLock<std::result::Result<Option<bool>, String>> = OnceLock::new();
+    ENV.get_or_init(|| match std::env::var(PIN_THREADS_ENV) {
+        Ok(v) => parse_pin(&v).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!("{v:?}")),
+    })
+    .clone()
+    .map_err(|v| {
+        Error::Config(format!(
+            "{PIN_THREADS_ENV}=`{v}`: expected 1 or 0 (true/false, yes/no, on/off)"
+        ))
+    })
 }
 
-/// `BRAID_PIN_THREADS`'s value (`None`: unset) as a decision: `1` pins,
-/// any other value does not, unset leaves it to the builder.
-fn parse_pin(v: Option<&str>) -> Option<bool> {
-    v.map(|v| v.trim() == "1")
+/// A value of `BRAID_PIN_THREADS` as a decision; `Err` carries the value.
+fn parse_pin(v: &str) -> std::result::Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(v.to_string()),
+    }
 }
 
 /// How stream threads are pinned, in words (for `describe`).
 fn pin_text() -> &'static str {
-    match (pin::places().is_some(), pin_env()) {
+    match (pin::places().is_some(), pin_env().ok().flatten()) {
         (false, _) => "not pinned (binding unavailable)",
         (true, Some(true)) => "pinned",
         (true, Some(false)) => "not pinned",
@@ -119,6 +134,8 @@ pub(crate) struct StreamPin(Option<pin::Ticket>);
 pub(crate) fn stream_pin(stream: usize, comm: bool, home: Option<usize>, asked: bool) -> StreamPin {
     StreamPin(
         pin_env()
+            .ok()
+            .flatten()
             .unwrap_or(asked)
             .then(|| pin::choose(stream, comm, home))
             .flatten(),
@@ -465,15 +482,19 @@ mod tests {
     }
 
     #[test]
-    fn the_pinning_variable_overrides_the_builder() {
-        let decide = |env: Option<&str>, asked| parse_pin(env).unwrap_or(asked);
+    fn the_pinning_variable_overrides_the_builder_and_refuses_other_values() {
+        let decide = |env: Option<&str>, asked| env.map(|v| parse_pin(v).unwrap()).unwrap_or(asked);
         for asked in [false, true] {
-            assert!(decide(Some("1"), asked));
-            assert!(decide(Some(" 1\n"), asked));
-            for off in ["0", "", "yes", "true"] {
+            for on in ["1", " 1\n", "true", "Yes", "ON"] {
+                assert!(decide(Some(on), asked), "{on:?}");
+            }
+            for off in ["0", "", "false", "no", "Off"] {
                 assert!(!decide(Some(off), asked), "{off:?}");
             }
             assert_eq!(decide(None, asked), asked);
+        }
+        for bad in ["2", "maybe", "pinned"] {
+            assert_eq!(parse_pin(bad), Err(bad.to_string()));
         }
     }
 }

@@ -288,6 +288,18 @@ fn train_eval_sample_and_bad_inputs() {
         "{err}"
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    // A pinning switch that says neither yes nor no.
+    let out = Command::new(BIN)
+        .args(train_tiny(&["--data", "train.bin"]))
+        .env("BRAID_PIN_THREADS", "maybe")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("BRAID_PIN_THREADS=`maybe`"),
+        "{err}"
+    );
     // Missing and mismatched tensors.
     let st = std::fs::read(d.join("w.safetensors")).unwrap();
     let (missing, misshaped) = broken_weights(&st);
