@@ -113,7 +113,8 @@ struct TrainArgs {
     /// Data-parallel ranks. CPU: threads of this process. GPU: devices N,
     /// N+1, … of `cuda:N`, one thread each, NCCL between them. Under torchrun
     /// (RANK and WORLD_SIZE set) WORLD_SIZE decides, and this process is rank
-    /// RANK on device LOCAL_RANK. Default: 2, or with `--device cuda:N`
+    /// RANK on device LOCAL_RANK (GPUs only: on the CPU a torchrun launch of
+    /// several processes is refused). Default: 2, or with `--device cuda:N`
     /// every GPU from N on.
     #[arg(long)]
     ranks: Option<usize>,
@@ -663,7 +664,23 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let device = resolve_train_backend(&opts)?;
     let dist = match device {
         BackendKind::Cuda { .. } => DistEnv::launched()?,
-        _ => None,
+        _ => {
+            // CPU ranks are threads of one process: several torchrun
+            // processes would each train a model of their own.
+            if let Ok(Some(d)) = DistEnv::launched() {
+                if d.world_size > 1 {
+                    bail!(
+                        "RANK={} WORLD_SIZE={} (a torchrun launch?) on the CPU: CPU ranks are \
+                         threads of one process; run braid-gpt2 once with --ranks {}, or train \
+                         on GPUs (--device cuda)",
+                        d.rank,
+                        d.world_size,
+                        d.world_size
+                    );
+                }
+            }
+            None
+        }
     };
     // The GPU defaults: bf16, and one rank's step replayed as a CUDA graph.
     let on_gpu = matches!(device, BackendKind::Cuda { .. });

@@ -288,6 +288,15 @@ fn train_eval_sample_and_bad_inputs() {
         "{err}"
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    // One of several torchrun processes on the CPU, where ranks are threads.
+    let out = Command::new(BIN)
+        .args(train_tiny(&["--data", "train.bin", "--device", "cpu"]))
+        .envs([("RANK", "1"), ("WORLD_SIZE", "2")])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("--ranks 2"), "{err}");
     // A pinning switch that says neither yes nor no.
     let out = Command::new(BIN)
         .args(train_tiny(&["--data", "train.bin"]))
