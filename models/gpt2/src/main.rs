@@ -534,6 +534,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     } else {
         if let Some(dir) = &a.checkpoint_dir {
             let file = checkpoint_file(dir);
+            if dir.exists() && !dir.is_dir() {
+                bail!(
+                    "--checkpoint-dir {}: is not a directory (a checkpoint is a directory)",
+                    dir.display()
+                );
+            }
             if file.exists() {
                 bail!(
                     "{} already holds a checkpoint; pass --resume to continue it or choose \
@@ -569,6 +575,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                     path.display(),
                     parent.display()
                 );
+            }
+            if path.is_dir() {
+                bail!("{flag} {}: is a directory; name a file", path.display());
             }
         }
     }

@@ -288,6 +288,19 @@ fn train_eval_sample_and_bad_inputs() {
         "{err}"
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    // Output files that are directories: refused before training, not
+    // after it.
+    std::fs::create_dir_all(d.join("a_dir")).unwrap();
+    for flag in ["--save-weights", "--trace"] {
+        check(
+            train_tiny(&["--data", "train.bin", flag, "a_dir"]),
+            &[flag, "a_dir", "is a directory"],
+        );
+    }
+    check(
+        train_tiny(&["--data", "train.bin", "--checkpoint-dir", "train.bin"]),
+        &["--checkpoint-dir train.bin", "not a directory"],
+    );
     // One of several torchrun processes on the CPU, where ranks are threads.
     let out = Command::new(BIN)
         .args(train_tiny(&["--data", "train.bin", "--device", "cpu"]))
