@@ -631,7 +631,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                 ..LrSchedule::constant()
             },
         },
-        max_grad_norm: (a.grad_clip > 0.0).then_some(a.grad_clip),
+        // 0 turns clipping off; anything else not positive is refused.
+        max_grad_norm: (a.grad_clip != 0.0).then_some(a.grad_clip),
         backend: a.device,
         ranks: default_ranks(a.ranks, a.device),
         streams: a.streams,

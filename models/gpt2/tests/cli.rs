@@ -301,6 +301,21 @@ fn train_eval_sample_and_bad_inputs() {
         train_tiny(&["--data", "train.bin", "--checkpoint-dir", "train.bin"]),
         &["--checkpoint-dir train.bin", "not a directory"],
     );
+    // Optimizer settings PyTorch's AdamW refuses too.
+    for (flag, value, what) in [
+        ("--weight-decay", "nan", "weight decay"),
+        ("--weight-decay=-0.5", "", "weight decay"),
+        ("--grad-clip=-1", "", "gradient clipping norm"),
+    ] {
+        let extra: Vec<&str> = [flag, value]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        check(
+            train_tiny(&[&["--data", "train.bin"][..], &extra].concat()),
+            &[what],
+        );
+    }
     // One of several torchrun processes on the CPU, where ranks are threads.
     let out = Command::new(BIN)
         .args(train_tiny(&["--data", "train.bin", "--device", "cpu"]))

@@ -243,6 +243,31 @@ impl TrainOptions {
         if !(lr.is_finite() && lr > 0.0) {
             return bad("learning rate", format!("{lr} is not a positive number"));
         }
+        // PyTorch's AdamW refuses the same values.
+        let o = &self.optimizer;
+        for (what, x) in [("AdamW beta1", o.beta1), ("AdamW beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&x) {
+                return bad(what, format!("{x} is not in [0, 1)"));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
+            return bad(
+                "AdamW epsilon",
+                format!("{} is not a positive number", o.eps),
+            );
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            return bad(
+                "weight decay",
+                format!("{} is not a number at or above 0", o.weight_decay),
+            );
+        }
+        if let Some(c) = self.max_grad_norm.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return bad(
+                "gradient clipping norm",
+                format!("{c} is not a positive number (`--grad-clip 0` turns clipping off)"),
+            );
+        }
         self.lr_schedule.check()?;
         if self.auto_bucket_cap && !matches!(self.compression, Compression::None) {
             return bad(
