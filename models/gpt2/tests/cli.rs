@@ -301,6 +301,22 @@ fn train_eval_sample_and_bad_inputs() {
         train_tiny(&["--data", "train.bin", "--checkpoint-dir", "train.bin"]),
         &["--checkpoint-dir train.bin", "not a directory"],
     );
+    // A sampling temperature that is neither 0 nor positive.
+    for t in ["nan", "-1"] {
+        let flag = format!("--temperature={t}");
+        fails(
+            d,
+            &[
+                "sample",
+                "--weights",
+                "w.safetensors",
+                "--prompt",
+                "a",
+                &flag,
+            ],
+            &["temperature", "0 (greedy)"],
+        );
+    }
     // Optimizer settings PyTorch's AdamW refuses too.
     for (flag, value, what) in [
         ("--weight-decay", "nan", "weight decay"),

@@ -48,7 +48,8 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for `params` of `cfg` with a window of `window` tokens
-    /// (clamped to the model's context), the model storing `dtype`.
+    /// (clamped to the model's context), the model storing `dtype`. The
+    /// temperature is 0 (greedy) or positive; anything else is an error.
     pub fn new(
         rt: &Runtime,
         cfg: &Gpt2Config,
@@ -58,6 +59,12 @@ impl Sampler {
         seed: u64,
         dtype: Dtype,
     ) -> Result<Self> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "temperature",
+                reason: format!("{temperature} is not 0 (greedy) or a positive number"),
+            });
+        }
         let t = window.clamp(1, cfg.max_seq_len);
         let opts = ModelOptions {
             dtype,
