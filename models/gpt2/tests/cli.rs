@@ -10,8 +10,14 @@ use braid_gpt2::data::{write_token_file, Tokenizer};
 const BIN: &str = env!("CARGO_BIN_EXE_braid-gpt2");
 
 fn run(dir: &Path, args: &[&str]) -> Output {
+    run_env(dir, args, &[])
+}
+
+/// [`run`] with environment variables set.
+fn run_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(dir)
         .output()
         .expect("the program runs")
@@ -34,7 +40,12 @@ fn ok(dir: &Path, args: &[&str]) -> String {
 
 /// Runs `args`, expects failure with a message containing every `needles`.
 fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
-    let out = run(dir, args);
+    fails_env(dir, args, &[], needles)
+}
+
+/// [`fails`] with environment variables set.
+fn fails_env(dir: &Path, args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let out = run_env(dir, args, env);
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded:\n{err}");
     for n in needles {
@@ -231,10 +242,11 @@ fn train_eval_sample_and_bad_inputs() {
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
-    let check = |args: Vec<String>, needles: &[&str]| {
+    let check_env = |args: Vec<String>, env: &[(&str, &str)], needles: &[&str]| {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        fails(d, &a, needles);
+        fails_env(d, &a, env, needles);
     };
+    let check = |args: Vec<String>, needles: &[&str]| check_env(args, &[], needles);
 
     // Out-of-vocabulary ids: the built-in corpus is GPT-2 BPE (ids up to 50256).
     check(
@@ -333,25 +345,16 @@ fn train_eval_sample_and_bad_inputs() {
         );
     }
     // One of several torchrun processes on the CPU, where ranks are threads.
-    let out = Command::new(BIN)
-        .args(train_tiny(&["--data", "train.bin", "--device", "cpu"]))
-        .envs([("RANK", "1"), ("WORLD_SIZE", "2")])
-        .current_dir(d)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    assert!(!out.status.success() && err.contains("--ranks 2"), "{err}");
+    check_env(
+        train_tiny(&["--data", "train.bin", "--device", "cpu"]),
+        &[("RANK", "1"), ("WORLD_SIZE", "2")],
+        &["WORLD_SIZE=2", "--ranks 2"],
+    );
     // A pinning switch that says neither yes nor no.
-    let out = Command::new(BIN)
-        .args(train_tiny(&["--data", "train.bin"]))
-        .env("BRAID_PIN_THREADS", "maybe")
-        .current_dir(d)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("BRAID_PIN_THREADS=`maybe`"),
-        "{err}"
+    check_env(
+        train_tiny(&["--data", "train.bin"]),
+        &[("BRAID_PIN_THREADS", "maybe")],
+        &["BRAID_PIN_THREADS=`maybe`"],
     );
     // Missing and mismatched tensors.
     let st = std::fs::read(d.join("w.safetensors")).unwrap();
@@ -458,22 +461,10 @@ fn train_eval_sample_and_bad_inputs() {
         train_tiny(&["--data", "train.bin", "--attention", "fast"]),
         &["--attention", "fast", "braid, cudnn or auto"],
     );
-    let out = Command::new(BIN)
-        .args(train_tiny(&["--data", "train.bin"]))
-        .env("BRAID_ATTENTION", "cuDNN")
-        .current_dir(d)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "BRAID_ATTENTION=cuDNN succeeded:\n{err}"
-    );
-    assert!(
-        err.contains("BRAID_ATTENTION")
-            && err.contains("cuDNN")
-            && err.contains("braid, cudnn or auto"),
-        "{err}"
+    check_env(
+        train_tiny(&["--data", "train.bin"]),
+        &[("BRAID_ATTENTION", "cuDNN")],
+        &["BRAID_ATTENTION", "cuDNN", "braid, cudnn or auto"],
     );
     assert!(snapshot(d) == before_bad, "a failed command changed files");
     let after: Vec<_> = snapshot(d)
