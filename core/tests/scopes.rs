@@ -289,6 +289,12 @@ fn bad_files_fail_the_build_naming_the_line() {
         "stream",
     );
     expect("[[scope]]\npattern = \"a\"\nbundel = true\n", 3, "bundel");
+    // One pair of brackets where a rule needs two.
+    expect(
+        "# rules\n[scope]\npattern = \"a\"\n",
+        2,
+        "each rule is a `[[scope]]` table",
+    );
     expect(
         "[[scope]]\npattern = \"a\"\npolicy = \"greedy\"\n",
         3,

@@ -92,10 +92,16 @@ impl PlacementFile {
         let at = |span: Range<usize>, message: String| cx.at(span, message);
         let raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
+            let mut message = e.message().trim_end().replace('\n', "; ");
+            // `[scope]` for `[[scope]]`: serde's words for it are a type error.
+            let written = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
+            if written.trim_start().starts_with("[scope") {
+                message.push_str("; each rule is a `[[scope]]` table (two brackets)");
+            }
             Error::Placement {
                 file: origin.clone(),
                 line,
-                message: e.message().trim_end().replace('\n', "; "),
+                message,
             }
         })?;
         let runtime = raw.runtime.as_ref();
