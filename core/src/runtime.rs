@@ -130,7 +130,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Record spans and write a Chrome trace to `path` when the runtime drops.
+    /// Record spans and write a Chrome trace to `path` when the runtime
+    /// drops (`build` refuses a path in a directory that does not exist, or
+    /// a directory).
     pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
         self.trace = Some(path.into());
         self.profile = true;
@@ -405,6 +407,25 @@ impl RuntimeBuilder {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
         crate::topo::pin_env()?;
+        // The trace is written when the runtime drops, where an error can
+        // only be printed: a path it cannot be written to is refused now.
+        if let Some(path) = &self.trace {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            if !dir.is_dir() || path.is_dir() {
+                return Err(Error::Config(format!(
+                    "trace `{}`: {}",
+                    path.display(),
+                    if path.is_dir() {
+                        "is a directory; name a file".to_string()
+                    } else {
+                        format!("the directory `{}` does not exist", dir.display())
+                    }
+                )));
+            }
+        }
         // The placement file is read and checked before anything starts;
         // its `[runtime]` class, real-time setting and spared SMs override
         // the builder's.

@@ -479,6 +479,26 @@ fn chrome_trace_records_placement_decisions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A trace is written when the runtime drops, where a failure could only be
+/// printed: `build` refuses a path it could not write.
+#[test]
+fn a_trace_path_that_cannot_be_written_fails_the_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent").join("t.json");
+    for (path, says) in [
+        (missing, "does not exist"),
+        (dir.path().to_path_buf(), "is a directory"),
+    ] {
+        match cpu(1).trace(&path).build() {
+            Err(braid::Error::Config(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("{}: {other:?}", path.display()),
+        }
+    }
+    let ok = dir.path().join("t.json");
+    drop(cpu(1).trace(&ok).build().unwrap());
+    assert!(ok.is_file());
+}
+
 /// A trace read back ([`braid::trace::read_chrome_trace`]) is the profile
 /// that was written: the same spans (µs precision), streams, summary, class
 /// and busy periods (one at least per synchronisation: the runtime may also
