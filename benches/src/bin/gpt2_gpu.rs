@@ -301,9 +301,9 @@ fn main() -> Result<()> {
     if a.steps == 0 || a.rounds == 0 {
         bail!("--steps and --rounds must be at least 1");
     }
-    // BRAID_ATTENTION picks the attention kernels; a value naming none
-    // would otherwise run Braid's under a cuDNN label.
-    braid_gpt2::kernels::flash_attention::attention_from_env().map_err(anyhow::Error::msg)?;
+    // The kernels' switches (BRAID_ATTENTION, BRAID_CUBLASLT_*, ...): a value
+    // naming no choice would otherwise time the default under its label.
+    braid_gpt2::kernels::switches::check_environment()?;
     let count = braid::cuda::cuda_available()
         .context("gpt2_gpu needs a CUDA GPU; no usable CUDA driver")?;
     if a.device >= count {

@@ -179,6 +179,7 @@ fn round(
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    braid_gpt2::kernels::switches::check_environment()?;
     let cfg = Gpt2Config::from_name(&a.model)?;
     if a.warmup < 3 || a.steps == 0 || a.rounds == 0 {
         bail!("--warmup must be at least 3, --steps and --rounds at least 1");

@@ -448,6 +448,7 @@ fn realtime_granted(a: &Args) -> Result<bool> {
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    braid_gpt2::kernels::switches::check_environment()?;
     if a.realtime {
         let granted = realtime_granted(&a)?;
         println!(

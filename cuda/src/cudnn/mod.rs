@@ -167,9 +167,15 @@ pub fn cudnn_or_skip(test: &str) -> bool {
     crate::gpu_or_skip(test) && (cudnn_library_present() || crate::skip(test, "no libcudnn"))
 }
 
-/// The graphs to try, in order (`BRAID_CUDNN_SDPA`, module docs).
+/// The environment variable that picks the graph kinds to try (module docs).
+pub const SDPA_ENV: &str = "BRAID_CUDNN_SDPA";
+
+/// The values [`SDPA_ENV`] takes (empty or unset: `auto`).
+pub const SDPA_CHOICES: [&str; 4] = ["auto", "unified", "band", "composite"];
+
+/// The graphs to try, in order ([`SDPA_ENV`], module docs).
 fn kinds() -> CudaResult<Vec<GraphKind>> {
-    match std::env::var("BRAID_CUDNN_SDPA").as_deref() {
+    match std::env::var(SDPA_ENV).as_deref() {
         Err(_) | Ok("auto") | Ok("") => Ok(vec![
             GraphKind::Unified,
             GraphKind::Band,

@@ -456,6 +456,7 @@ fn parse_compression(s: &str) -> std::result::Result<CompressionArg, String> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    braid_gpt2::kernels::switches::check_environment()?;
     match cli.command {
         None => cmd_train(TrainArgs::default()),
         Some(Command::Train(a)) => cmd_train(*a),

@@ -350,6 +350,12 @@ fn train_eval_sample_and_bad_inputs() {
         &[("RANK", "1"), ("WORLD_SIZE", "2")],
         &["WORLD_SIZE=2", "--ranks 2"],
     );
+    // A kernel switch with a value it does not take.
+    check_env(
+        train_tiny(&["--data", "train.bin"]),
+        &[("BRAID_CUBLASLT_GELU", "on")],
+        &["BRAID_CUBLASLT_GELU", "0, 1, 2"],
+    );
     // A pinning switch that says neither yes nor no.
     check_env(
         train_tiny(&["--data", "train.bin"]),

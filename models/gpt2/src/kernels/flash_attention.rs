@@ -391,7 +391,9 @@ pub const DQ_GEMM_ENV: &str = "BRAID_ATTENTION_DQ";
 /// `scale · dS · K`, from a dS the dK/dV kernel stores (bf16, `(B, NH, T,
 /// T)`: [`ds_bytes`], kept by the model), instead of the dQ kernel, which
 /// computes S and dP a second time (FlashAttention-2's backward is 5
-/// products; the two kernels are 7): `BRAID_ATTENTION_DQ=gemm`, read once.
+/// products; the two kernels are 7): `BRAID_ATTENTION_DQ=gemm`, read once
+/// (`kernel`, the default, keeps the dQ kernel; other values are refused by
+/// [`check_environment`](super::switches::check_environment)).
 /// Off by default until it has run on a GPU (docs/gpu-validation.md): it
 /// trades the dQ kernel (part of run 7's 5.16 ms of attention backward at
 /// B 8) for writing and reading dS, 2 MiB per (batch row, head) at T 1024

@@ -814,7 +814,8 @@ pub fn dgelu_epilogue() -> bool {
     gelu_fusion() >= 2
 }
 
-/// `BRAID_CUBLASLT_GELU` as a level: 0 (unset or anything else), 1 or 2.
+/// `BRAID_CUBLASLT_GELU` as a level: 0 (unset or `0`), 1 or 2 (other
+/// values are refused by [`check_environment`](super::switches::check_environment)).
 fn gelu_fusion() -> u8 {
     static LEVEL: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     *LEVEL.get_or_init(|| match std::env::var_os(GELU_EPILOGUE_ENV) {

@@ -122,6 +122,7 @@ pub mod matmul;
 pub mod norm;
 pub mod residual;
 pub mod storage;
+pub mod switches;
 pub mod task;
 
 #[cfg(test)]
