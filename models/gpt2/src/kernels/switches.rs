@@ -7,12 +7,13 @@
 //! (`braid-gpt2`, every command) and the GPT-2 benchmarks call it before
 //! anything runs.
 
-use super::flash_attention::{attention_from_env, ATTENTION_ENV, DQ_GEMM_ENV};
+use super::flash_attention::{attention_from_env, DQ_GEMM_ENV};
 use super::matmul::{BIAS_EPILOGUE_ENV, GELU_EPILOGUE_ENV};
 use crate::error::{Gpt2Error, Result};
 
 /// Each switch with the values it takes. Empty is the same as unset.
-/// [`ATTENTION_ENV`] is checked too, by its own parser.
+/// [`ATTENTION_ENV`](super::flash_attention::ATTENTION_ENV) is checked
+/// too, by its own parser.
 pub const ENV_SWITCHES: [(&str, &[&str]); 4] = [
     (BIAS_EPILOGUE_ENV, &["0", "1"]),
     (GELU_EPILOGUE_ENV, &["0", "1", "2"]),
@@ -23,7 +24,8 @@ pub const ENV_SWITCHES: [(&str, &[&str]); 4] = [
     ),
 ];
 
-/// Checks every switch of [`ENV_SWITCHES`] and [`ATTENTION_ENV`] as the
+/// Checks every switch of [`ENV_SWITCHES`] and
+/// [`ATTENTION_ENV`](super::flash_attention::ATTENTION_ENV) as the
 /// process's environment sets it.
 pub fn check_environment() -> Result<()> {
     check_switches(|k| std::env::var_os(k))?;
