@@ -101,6 +101,20 @@ fn temp_sibling(path: &Path) -> Result<PathBuf, FileError> {
 }
 
 /// The directory holding `path` (`.` for a bare file name).
+/// Why a file could not be written at `path` later, if that is already
+/// known: its directory does not exist, or `path` is a directory. For
+/// output paths checked before a long run that writes them at its end.
+pub fn unwritable(path: &Path) -> Option<String> {
+    let dir = parent_dir(path);
+    if !dir.is_dir() {
+        Some(format!("the directory {} does not exist", dir.display()))
+    } else if path.is_dir() {
+        Some("is a directory; name a file".into())
+    } else {
+        None
+    }
+}
+
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

@@ -410,20 +410,8 @@ impl RuntimeBuilder {
         // The trace is written when the runtime drops, where an error can
         // only be printed: a path it cannot be written to is refused now.
         if let Some(path) = &self.trace {
-            let dir = path
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            if !dir.is_dir() || path.is_dir() {
-                return Err(Error::Config(format!(
-                    "trace `{}`: {}",
-                    path.display(),
-                    if path.is_dir() {
-                        "is a directory; name a file".to_string()
-                    } else {
-                        format!("the directory `{}` does not exist", dir.display())
-                    }
-                )));
+            if let Some(why) = crate::fs::unwritable(path) {
+                return Err(Error::Config(format!("trace `{}`: {why}", path.display())));
             }
         }
         // The placement file is read and checked before anything starts;

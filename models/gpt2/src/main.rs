@@ -566,19 +566,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         ("--trace", (!a.no_trace).then_some(&a.trace)),
     ] {
         if let Some(path) = path {
-            let parent = path
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            if !parent.is_dir() {
-                bail!(
-                    "{flag} {}: the directory {} does not exist",
-                    path.display(),
-                    parent.display()
-                );
-            }
-            if path.is_dir() {
-                bail!("{flag} {}: is a directory; name a file", path.display());
+            if let Some(why) = braid::fs::unwritable(path) {
+                bail!("{flag} {}: {why}", path.display());
             }
         }
     }
