@@ -250,10 +250,10 @@ impl TrainOptions {
                 return bad(what, format!("{x} is not in [0, 1)"));
             }
         }
-        if !(o.eps.is_finite() && o.eps > 0.0) {
+        if !(o.eps.is_finite() && o.eps >= 0.0) {
             return bad(
                 "AdamW epsilon",
-                format!("{} is not a positive number", o.eps),
+                format!("{} is not a number at or above 0", o.eps),
             );
         }
         if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
