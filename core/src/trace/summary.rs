@@ -43,7 +43,12 @@ pub struct Summary {
     pub transfer_ns: u64,
     /// See [`transfer_ns`](Self::transfer_ns).
     pub transfer_hidden_ns: u64,
-    /// Longest chain of dependent tasks, weighted by their durations.
+    /// Longest chain of dependent tasks, weighted by their durations, over
+    /// the edges the spans record ([`Span::preds`](super::Span::preds)):
+    /// an eager task records only the predecessors still unfinished when
+    /// it was submitted, so a chain restarts at a synchronisation and
+    /// wherever a task's predecessors had already finished (a lower bound
+    /// then); a replayed task records every edge of its schedule.
     pub critical_path_ns: u64,
 }
 
