@@ -78,6 +78,13 @@ void buffers_and_views() {
   const std::string msg = ERROR_OF(rt.write_trace("trace-\xff.json"));
   CHECK_CONTAINS(msg, "utf-8");
   CHECK_CONTAINS(ERROR_OF(braid::Runtime::builder().trace("t\xff.json")), "utf-8");
+  // The trace is written when the runtime is destroyed: build() refuses a
+  // path it could not write then.
+  CHECK_CONTAINS(ERROR_OF(braid::Runtime::builder()
+                              .backend(braid::BackendKind::Cpu)
+                              .trace("no-such-dir/t.json")
+                              .build()),
+                 "does not exist");
 }
 
 void spans_in_a_task() {
