@@ -707,12 +707,23 @@ impl Runtime {
 
     /// Allocates `bytes` zeroed bytes on the runtime's device.
     pub fn alloc(&self, name: impl Into<Cow<'static, str>>, bytes: usize) -> Result<Buffer> {
-        let storage = self.backend.alloc(bytes)?;
+        let name = name.into();
+        // The device's error, with the buffer it was for.
+        let storage = self.backend.alloc(bytes).map_err(|e| match e {
+            Error::Device {
+                backend, message, ..
+            } => Error::Device {
+                backend,
+                op: format!("allocating buffer `{name}` ({bytes} bytes)"),
+                message,
+            },
+            e => e,
+        })?;
         Ok(Buffer {
             inner: Arc::new(BufferInner {
                 id: next_id(IdKind::Buffer),
                 runtime: self.shared.runtime_id,
-                name: name.into(),
+                name,
                 len: bytes,
                 storage,
                 on_drop: self.shared.dropped.clone(),

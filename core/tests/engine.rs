@@ -479,6 +479,21 @@ fn chrome_trace_records_placement_decisions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An allocation the device refuses names the buffer it was for.
+#[test]
+fn a_failed_allocation_names_the_buffer() {
+    let rt = cpu(1).build().unwrap();
+    match rt.alloc("huge", usize::MAX - 8) {
+        Err(e @ braid::Error::Device { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("`huge`") && m.contains("bytes"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The runtime is still usable.
+    assert_eq!(rt.alloc("small", 8).unwrap().len(), 8);
+}
+
 /// A trace is written when the runtime drops, where a failure could only be
 /// printed: `build` refuses a path it could not write.
 #[test]

@@ -30,8 +30,11 @@ impl HostMem {
                 len,
             });
         }
-        let layout = Layout::from_size_align(len, ALIGN)
-            .map_err(|e| Error::Config(format!("cannot allocate {len} bytes: {e}")))?;
+        let layout = Layout::from_size_align(len, ALIGN).map_err(|e| Error::Device {
+            backend: "cpu",
+            op: "alloc".into(),
+            message: format!("no allocation can hold {len} bytes: {e}"),
+        })?;
         // SAFETY: `layout` has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).ok_or_else(|| Error::Device {
