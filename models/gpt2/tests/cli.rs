@@ -304,10 +304,14 @@ fn train_eval_sample_and_bad_inputs() {
     // after it.
     std::fs::create_dir_all(d.join("a_dir")).unwrap();
     for flag in ["--save-weights", "--trace"] {
-        check(
-            train_tiny(&["--data", "train.bin", flag, "a_dir"]),
-            &[flag, "a_dir", "is a directory"],
-        );
+        let args = train_tiny(&["--data", "train.bin", flag, "a_dir"]);
+        let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        for n in [flag, "a_dir", "is a directory"] {
+            assert!(err.contains(n), "{err}");
+        }
+        assert!(!err.contains("loss"), "refused only after training:\n{err}");
     }
     check(
         train_tiny(&["--data", "train.bin", "--checkpoint-dir", "train.bin"]),
