@@ -317,6 +317,12 @@ fn train_eval_sample_and_bad_inputs() {
         train_tiny(&["--data", "train.bin", "--checkpoint-dir", "train.bin"]),
         &["--checkpoint-dir train.bin", "not a directory"],
     );
+    // Options are checked before the start line announces the run.
+    let args = train_tiny(&["--data", "train.bin", "--batch-size", "0"]);
+    let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("batch size"), "{err}");
+    assert!(!err.contains("training tiny"), "announced first:\n{err}");
     // A sampling temperature that is neither 0 nor positive.
     for t in ["nan", "-1"] {
         let flag = format!("--temperature={t}");

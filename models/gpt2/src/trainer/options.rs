@@ -446,4 +446,63 @@ mod tests {
             assert!(err.contains(what), "{err}");
         }
     }
+
+    /// What PyTorch's AdamW refuses (betas outside [0, 1), a negative or
+    /// NaN epsilon or weight decay), and a clipping norm that is not
+    /// positive; the edges it takes pass.
+    #[test]
+    fn optimizer_settings_are_checked_as_pytorch_does() {
+        let ok = TrainOptions::default();
+        let with = |optimizer: AdamWHyper| {
+            TrainOptions {
+                optimizer,
+                ..ok.clone()
+            }
+            .check()
+        };
+        let h = ok.optimizer;
+        for (bad, what) in [
+            (AdamWHyper { beta1: 1.0, ..h }, "beta1"),
+            (AdamWHyper { beta2: -0.1, ..h }, "beta2"),
+            (
+                AdamWHyper {
+                    beta2: f32::NAN,
+                    ..h
+                },
+                "beta2",
+            ),
+            (AdamWHyper { eps: -1e-8, ..h }, "epsilon"),
+            (
+                AdamWHyper {
+                    weight_decay: f32::NAN,
+                    ..h
+                },
+                "weight decay",
+            ),
+        ] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+        with(AdamWHyper {
+            beta1: 0.0,
+            eps: 0.0,
+            weight_decay: 0.0,
+            ..h
+        })
+        .unwrap();
+        for clip in [0.0, -1.0, f32::NAN] {
+            let o = TrainOptions {
+                max_grad_norm: Some(clip),
+                ..ok.clone()
+            };
+            let err = o.check().unwrap_err().to_string();
+            assert!(err.contains("clipping"), "{err}");
+        }
+        TrainOptions {
+            max_grad_norm: None,
+            ..ok.clone()
+        }
+        .check()
+        .unwrap();
+    }
 }
