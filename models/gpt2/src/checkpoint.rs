@@ -167,6 +167,19 @@ fn ckpt_err(path: &Path, reason: impl Into<String>) -> Gpt2Error {
     }
 }
 
+/// Refuses a checkpoint directory that [`save_checkpoint`] could not use: a
+/// path that exists and is not a directory (a caller may check before a
+/// run that saves at its end).
+pub fn check_checkpoint_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(ckpt_err(
+            dir,
+            "the path exists and is not a directory; a checkpoint is a directory",
+        ));
+    }
+    Ok(())
+}
+
 /// The checkpoint file inside a checkpoint directory.
 pub fn checkpoint_file(dir: impl AsRef<Path>) -> PathBuf {
     dir.as_ref().join(CHECKPOINT_FILE)
@@ -221,12 +234,7 @@ fn save_checkpoint_with(
     before_rename: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<()> {
     validate(dir, ckpt)?;
-    if dir.exists() && !dir.is_dir() {
-        return Err(ckpt_err(
-            dir,
-            "the path exists and is not a directory; a checkpoint is a directory",
-        ));
-    }
+    check_checkpoint_dir(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating directory", dir, e))?;
     let meta = MetaRecord {
         version: CHECKPOINT_VERSION,

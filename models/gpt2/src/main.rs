@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use braid::comm::Compression;
 use braid::{BackendKind, Policy};
-use braid_gpt2::checkpoint::{checkpoint_file, load_checkpoint, AdamWHyper};
+use braid_gpt2::checkpoint::{check_checkpoint_dir, checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::kernels::flash_attention::{
@@ -535,12 +535,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     } else {
         if let Some(dir) = &a.checkpoint_dir {
             let file = checkpoint_file(dir);
-            if dir.exists() && !dir.is_dir() {
-                bail!(
-                    "--checkpoint-dir {}: is not a directory (a checkpoint is a directory)",
-                    dir.display()
-                );
-            }
+            check_checkpoint_dir(dir)
+                .with_context(|| format!("--checkpoint-dir {}", dir.display()))?;
             if file.exists() {
                 bail!(
                     "{} already holds a checkpoint; pass --resume to continue it or choose \
