@@ -38,13 +38,14 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
-/// Runs `args`, expects failure with a message containing every `needles`.
-fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
+/// Runs `args`, expects failure with a message containing every `needles`;
+/// returns the message (standard error).
+fn fails(dir: &Path, args: &[&str], needles: &[&str]) -> String {
     fails_env(dir, args, &[], needles)
 }
 
 /// [`fails`] with environment variables set.
-fn fails_env(dir: &Path, args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+fn fails_env(dir: &Path, args: &[&str], env: &[(&str, &str)], needles: &[&str]) -> String {
     let out = run_env(dir, args, env);
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded:\n{err}");
@@ -54,6 +55,7 @@ fn fails_env(dir: &Path, args: &[&str], env: &[(&str, &str)], needles: &[&str]) 
             "{args:?}: the message does not mention {n:?}:\n{err}"
         );
     }
+    err
 }
 
 /// The loss `eval` prints (`loss=<mean cross-entropy>`).
@@ -244,7 +246,7 @@ fn train_eval_sample_and_bad_inputs() {
     };
     let check_env = |args: Vec<String>, env: &[(&str, &str)], needles: &[&str]| {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        fails_env(d, &a, env, needles);
+        fails_env(d, &a, env, needles)
     };
     let check = |args: Vec<String>, needles: &[&str]| check_env(args, &[], needles);
 
@@ -292,25 +294,19 @@ fn train_eval_sample_and_bad_inputs() {
     );
     // A file that is not there: named, and the OS's reason said once (the
     // error's message holds it, so it is not also its source).
-    let args = train_tiny(&["--data", "absent.bin"]);
-    let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    let err = text(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("reading absent.bin"),
-        "{err}"
+    let err = check(
+        train_tiny(&["--data", "absent.bin"]),
+        &["reading absent.bin"],
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
     // Output files that are directories: refused before training, not
     // after it.
     std::fs::create_dir_all(d.join("a_dir")).unwrap();
     for flag in ["--save-weights", "--trace"] {
-        let args = train_tiny(&["--data", "train.bin", flag, "a_dir"]);
-        let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
-        let err = text(&out.stderr);
-        assert!(!out.status.success(), "{err}");
-        for n in [flag, "a_dir", "is a directory"] {
-            assert!(err.contains(n), "{err}");
-        }
+        let err = check(
+            train_tiny(&["--data", "train.bin", flag, "a_dir"]),
+            &[flag, "a_dir", "is a directory"],
+        );
         assert!(!err.contains("loss"), "refused only after training:\n{err}");
     }
     check(
@@ -318,10 +314,10 @@ fn train_eval_sample_and_bad_inputs() {
         &["--checkpoint-dir train.bin", "not a directory"],
     );
     // Options are checked before the start line announces the run.
-    let args = train_tiny(&["--data", "train.bin", "--batch-size", "0"]);
-    let out = run(d, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    let err = text(&out.stderr);
-    assert!(!out.status.success() && err.contains("batch size"), "{err}");
+    let err = check(
+        train_tiny(&["--data", "train.bin", "--batch-size", "0"]),
+        &["batch size"],
+    );
     assert!(!err.contains("training tiny"), "announced first:\n{err}");
     // A sampling temperature that is neither 0 nor positive.
     for t in ["nan", "-1"] {
