@@ -101,9 +101,9 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     // so those calls run Braid's kernels and the report says why. The
     // variable is read when a runtime makes its cuDNN handle; no thread of
     // the runs above is left to read it concurrently.
-    std::env::set_var("BRAID_CUDNN_SDPA", "unified");
+    std::env::set_var(braid::cuda::cudnn::SDPA_ENV, "unified");
     let fell_back = losses(&run(AttentionKernels::Auto));
-    std::env::remove_var("BRAID_CUDNN_SDPA");
+    std::env::remove_var(braid::cuda::cudnn::SDPA_ENV);
     let report = cudnn_report();
     eprintln!(
         "auto with the unified graph only {fell_back:?}\n{}",
