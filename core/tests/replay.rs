@@ -245,6 +245,168 @@ fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
     }
 }
 
+/// Records a step with two parts: "slow" on compute stream 1 writes `b`,
+/// "quick" on stream 0 writes `a` (`quick_last`: recorded after "slow",
+/// so stream 0 also holds the replay's join). In every run after the
+/// recording "slow" waits, for up to 10 s, for `go`, and the step's
+/// `slow_saw_go` says whether it came: set by an eager task submitted
+/// after the replay.
+fn two_part_step<'rt>(
+    rt: &'rt Runtime,
+    [a, b]: [&braid::Buffer; 2],
+    quick_last: bool,
+    go: &Arc<std::sync::atomic::AtomicBool>,
+) -> (braid::Schedule<'rt>, Arc<std::sync::atomic::AtomicBool>) {
+    let saw = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runs = AtomicU32::new(0);
+    let (go, saw2) = (go.clone(), saw.clone());
+    let quick = |rt: &Runtime| {
+        rt.task("quick")
+            .on_stream(0)
+            .run(a.write::<u32>(), |a| a[0] += 1)
+            .map(drop)
+    };
+    let step = rt
+        .record("step", |rt| {
+            if quick_last {
+                // Nothing else on stream 0 before the join.
+            } else {
+                quick(rt)?;
+            }
+            rt.task("slow")
+                .on_stream(1)
+                .run(b.write::<u32>(), move |b| {
+                    if runs.fetch_add(1, Ordering::Relaxed) > 0 {
+                        let t0 = std::time::Instant::now();
+                        while !go.load(Ordering::Acquire) && t0.elapsed().as_secs() < 10 {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        saw2.store(go.load(Ordering::Acquire), Ordering::Release);
+                    }
+                    b[0] += 1;
+                })?;
+            if quick_last {
+                quick(rt)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    (step, saw)
+}
+
+/// Finer units: to the tracker a replay on several CPU streams is one unit
+/// per stream, so an eager task that reads only what stream 0's part wrote
+/// runs while stream 1's part is still running (it lets "slow" finish; if it
+/// waited for the whole replay, "slow" would give up after 10 s and the
+/// test fail). With the join on stream 0 too: that part is published as
+/// soon as its last task ends, not with the join. A task that touches what
+/// "slow" wrote still waits for it; results as in program order.
+#[test]
+fn an_eager_task_after_a_replay_waits_only_for_the_part_it_touches() {
+    for quick_last in [false, true] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(3)
+            .build()
+            .unwrap();
+        let a = rt.alloc_from("a", &[0u32]).unwrap();
+        let b = rt.alloc_from("b", &[0u32]).unwrap();
+        let c = rt.alloc("c", 4).unwrap();
+        let d = rt.alloc("d", 4).unwrap();
+        let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (step, saw) = two_part_step(&rt, [&a, &b], quick_last, &go);
+        rt.synchronize().unwrap();
+        step.replay().unwrap();
+        let go2 = go.clone();
+        rt.task("reads a")
+            .on_stream(2)
+            .run((a.read::<u32>(), c.write::<u32>()), move |(a, c)| {
+                c[0] = a[0] * 10;
+                go2.store(true, Ordering::Release);
+            })
+            .unwrap();
+        rt.task("reads b")
+            .on_stream(2)
+            .run((b.read::<u32>(), d.write::<u32>()), |(b, d)| {
+                d[0] = b[0] * 10
+            })
+            .unwrap();
+        rt.synchronize().unwrap();
+        assert!(
+            saw.load(Ordering::Acquire),
+            "quick_last {quick_last}: the reader of `a` waited for the whole replay"
+        );
+        assert_eq!(rt.read_vec::<u32>(&c).unwrap(), vec![20]);
+        assert_eq!(rt.read_vec::<u32>(&d).unwrap(), vec![20]);
+    }
+}
+
+/// With finer units, a failure in one stream's part of a replay skips the
+/// eager tasks that depend on that part and no others: here "slow" fails in
+/// its second run (the replay), so the reader of `b` is skipped and the
+/// reader of `a` runs; the replay's handle names the failed task; then the
+/// schedule replays normally.
+#[test]
+fn a_failure_in_one_part_of_a_replay_skips_only_its_dependents() {
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(3)
+        .build()
+        .unwrap();
+    let a = rt.alloc_from("a", &[0u32]).unwrap();
+    let b = rt.alloc_from("b", &[0u32]).unwrap();
+    let c = rt.alloc_from("c", &[0u32]).unwrap();
+    let d = rt.alloc_from("d", &[0u32]).unwrap();
+    let runs = AtomicU32::new(0);
+    let step = rt
+        .record("step", |rt| {
+            rt.task("fine")
+                .on_stream(0)
+                .run(a.read_write::<u32>(), |a| a[0] += 1)?;
+            rt.task("fails")
+                .on_stream(1)
+                .run(b.read_write::<u32>(), move |b| {
+                    if runs.fetch_add(1, Ordering::Relaxed) == 1 {
+                        return Err("the second run fails".into());
+                    }
+                    b[0] += 1;
+                    Ok(())
+                })?;
+            Ok(())
+        })
+        .unwrap();
+    rt.synchronize().unwrap();
+    let h = step.replay().unwrap();
+    let ca = rt
+        .task("reads a")
+        .on_stream(2)
+        .run((a.read::<u32>(), c.write::<u32>()), |(a, c)| c[0] = a[0])
+        .unwrap();
+    let db = rt
+        .task("reads b")
+        .on_stream(2)
+        .run((b.read::<u32>(), d.write::<u32>()), |(b, d)| d[0] = b[0])
+        .unwrap();
+    match h.wait() {
+        Err(Error::DependencyFailed { task, cause }) => {
+            assert_eq!((task.as_str(), cause.as_str()), ("step", "fails"));
+        }
+        other => panic!("expected the replay to name `fails`, got {other:?}"),
+    }
+    ca.wait().unwrap();
+    match db.wait() {
+        Err(Error::DependencyFailed { task, .. }) => assert_eq!(task, "reads b"),
+        other => panic!("expected `reads b` to be skipped, got {other:?}"),
+    }
+    let e = rt.synchronize().unwrap_err().to_string();
+    assert!(e.contains("fails") && e.contains("second run fails"), "{e}");
+    assert_eq!(rt.read_vec::<u32>(&c).unwrap(), vec![2]);
+    assert_eq!(rt.read_vec::<u32>(&d).unwrap(), vec![0]);
+    step.replay().unwrap().wait().unwrap();
+    assert_eq!(rt.read_vec::<u32>(&a).unwrap(), vec![3]);
+    assert_eq!(rt.read_vec::<u32>(&b).unwrap(), vec![2]);
+}
+
 /// A graph replay cut around a host task (as around a collective): a
 /// failure names the task that failed, and skips the later parts that
 /// depend on the part it happened in, whole (a graph runs whole or not at

@@ -152,10 +152,12 @@ impl<T> Default for BufState<T> {
 pub(crate) struct Tracker<T> {
     bufs: IdMap<BufState<T>>,
     /// Tasks that stand for a whole set of accesses (a replay of a recorded
-    /// schedule), each with the union of its accesses: recorded in O(1)
-    /// instead of one entry per buffer, and found by `preds` like any writer
-    /// or reader. An eager write over a unit's range does not trim the unit
-    /// (later readers still wait for it): conservative, never wrong.
+    /// schedule, or one stream's part of one), each with the union of its
+    /// accesses: recorded in O(1) instead of one entry per buffer, and found
+    /// by `preds` like any writer or reader. An eager write over a unit's
+    /// range does not trim the unit (later readers still wait for it), and
+    /// units do not trim each other (a later task waits for every unit that
+    /// wrote what it reads, not only the last): conservative, never wrong.
     units: Vec<(T, std::sync::Arc<Union>)>,
     /// When `bufs` reaches this many entries, the records of retired tasks
     /// are dropped (then the bound is set to twice what is left): a program
@@ -183,7 +185,16 @@ impl<T> Default for Tracker<T> {
 pub(crate) struct Union {
     by_buf: IdMap<Vec<(usize, usize, bool)>>,
     writes: bool,
+    /// The plan whose accesses this is, whole or a stream's part of them
+    /// (0: none), and whether it conflicts with that plan's whole union: a
+    /// replay checks the units of the replays of its own plan still in the
+    /// tracker with this bit, not a walk over every buffer.
+    family: u64,
+    hits_family: bool,
 }
+
+/// The source of [`Union::family`] ids (0 is none).
+static FAMILIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Union {
     /// The union of `(buffer, range, writes)` accesses.
@@ -204,6 +215,28 @@ impl Union {
             }
         }
         u
+    }
+
+    /// A plan's unions: the whole of its accesses and, for each part (a
+    /// stream's share), the part's, all of one new family.
+    pub(crate) fn family(
+        mut whole: Union,
+        parts: impl IntoIterator<Item = Option<Union>>,
+    ) -> (Union, Vec<Option<Union>>) {
+        let family = FAMILIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let parts = parts
+            .into_iter()
+            .map(|p| {
+                p.map(|mut p| {
+                    p.family = family;
+                    p.hits_family = p.conflicts_with(&whole);
+                    p
+                })
+            })
+            .collect();
+        whole.family = family;
+        whole.hits_family = whole.writes;
+        (whole, parts)
     }
 
     /// Whether an access of `mode` to `range` of `buf` conflicts with it.
@@ -323,9 +356,12 @@ impl<T: TaskRef> Tracker<T> {
     /// The unfinished tasks a set of accesses conflicts with.
     pub(crate) fn preds_of_union(&self, union: &std::sync::Arc<Union>, out: &mut Vec<T>) {
         for (t, u) in &self.units {
-            // Another replay of the same schedule: they conflict if it writes.
+            // Another replay of the same schedule, or a stream's part of one:
+            // known when the plan was made.
             let hit = if std::sync::Arc::ptr_eq(u, union) {
                 u.writes
+            } else if u.family != 0 && u.family == union.family {
+                u.hits_family
             } else {
                 u.conflicts_with(union)
             };

@@ -159,6 +159,38 @@ fn a_unit_stands_for_the_union_of_its_accesses() {
 }
 
 #[test]
+fn a_plans_parts_know_whether_they_meet_its_whole() {
+    use super::Union;
+    use std::sync::Arc;
+    // Part 0 reads buffer 1, which part 1 writes; part 2 reads buffer 3,
+    // which nothing writes.
+    let whole = Union::new([(1, 0..8, false), (1, 0..8, true), (3, 0..4, false)]);
+    let parts = [
+        Some(Union::new([(1, 0..8, false)])),
+        Some(Union::new([(1, 0..8, true)])),
+        Some(Union::new([(3, 0..4, false)])),
+        None,
+    ];
+    let (whole, parts) = Union::family(whole, parts);
+    let whole = Arc::new(whole);
+    let mut t: Tracker<T> = Tracker::default();
+    for (i, p) in parts.into_iter().enumerate() {
+        if let Some(p) = p {
+            t.record_unit(&T(i as u64, Rc::new(Cell::new(false))), &Arc::new(p));
+        }
+    }
+    // The next replay of the plan waits for the parts that meet it.
+    let mut out = Vec::new();
+    t.preds_of_union(&whole, &mut out);
+    assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 1]);
+    // Another plan's union is checked buffer by buffer.
+    let other = Arc::new(Union::new([(3, 0..4, true)]));
+    out.clear();
+    t.preds_of_union(&other, &mut out);
+    assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2]);
+}
+
+#[test]
 fn upward_rank_order_puts_long_paths_first_and_stays_topological() {
     use super::upward_rank_order;
     // 0 and 1 independent (10 each); 2 (1) before 3 (10).

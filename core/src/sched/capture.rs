@@ -327,6 +327,7 @@ pub(crate) fn submit(
                     .collect(),
                 any_failed: crate::sync::AtomicBool::new(false),
                 unit: task.clone(),
+                ends: Vec::new(),
                 measure: false,
                 sequential: true,
             }))

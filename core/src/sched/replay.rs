@@ -235,8 +235,15 @@ pub(crate) struct Plan {
     /// For each task: its stream's vector clock right after it, local
     /// positions (what its completion implies).
     pub(crate) clocks: Vec<SmallVec<[u32; 8]>>,
-    /// The union of the tasks' accesses: what the replay is to the tracker.
+    /// The union of the tasks' accesses: what the replay is to the tracker
+    /// (materialised, as a graph, or on one stream).
     pub(crate) union: std::sync::Arc<Union>,
+    /// Its finer units, when it uses more than one stream (else empty):
+    /// for each stream, the index of its last task and the union of its
+    /// tasks' accesses. A CPU replay is one unit per stream to the tracker,
+    /// so a later task that touches only what one stream's part touched
+    /// waits for that part, not for the whole replay.
+    pub(crate) parts: Vec<Option<(u32, std::sync::Arc<Union>)>>,
     /// Streams with work.
     pub(crate) used: u16,
     /// Compute streams the placement could use when the plan was made (the
@@ -315,14 +322,11 @@ impl Plan {
         for (j, pos) in waited {
             programs[j as usize][pos as usize - 1].signal = true;
         }
-        let union = std::sync::Arc::new(Union::new(tasks.iter().flat_map(|t| {
-            t.accesses
-                .iter()
-                .map(|a| (a.view.buf.id(), a.view.range(), a.mode.writes()))
-        })));
         let used = programs.iter().filter(|p| !p.is_empty()).count() as u16;
+        let (union, parts) = unions(&tasks, &programs, used > 1);
         Plan {
             used,
+            parts,
             usable: used,
             name,
             tasks,
@@ -539,6 +543,50 @@ fn permuted(tasks: Vec<RecTask>, order: &[usize]) -> Vec<RecTask> {
         .collect()
 }
 
+/// The union of the tasks' accesses and, if `split`, each stream's part:
+/// its last task and the union of its tasks' accesses.
+#[allow(clippy::type_complexity)]
+fn unions(
+    tasks: &[RecTask],
+    programs: &[Vec<Step>],
+    split: bool,
+) -> (
+    std::sync::Arc<Union>,
+    Vec<Option<(u32, std::sync::Arc<Union>)>>,
+) {
+    let of = |steps: &mut dyn Iterator<Item = &RecTask>| {
+        Union::new(steps.flat_map(|t| {
+            t.accesses
+                .iter()
+                .map(|a| (a.view.buf.id(), a.view.range(), a.mode.writes()))
+        }))
+    };
+    let whole = of(&mut tasks.iter());
+    if !split {
+        return (std::sync::Arc::new(whole), Vec::new());
+    }
+    let in_program = |p: &[Step]| {
+        p.iter()
+            .filter(|st| st.task != JOIN)
+            .map(|st| &tasks[st.task as usize])
+            .collect::<Vec<_>>()
+    };
+    let parts = programs.iter().map(|p| {
+        let mine = in_program(p);
+        (!mine.is_empty()).then(|| of(&mut mine.into_iter()))
+    });
+    let (whole, parts) = Union::family(whole, parts);
+    let last = programs
+        .iter()
+        .map(|p| p.iter().rev().find(|st| st.task != JOIN));
+    let parts = parts
+        .into_iter()
+        .zip(last)
+        .map(|(u, l)| Some((l?.task, std::sync::Arc::new(u?))))
+        .collect();
+    (std::sync::Arc::new(whole), parts)
+}
+
 fn merge(into: &mut [u32], from: &[u32]) {
     for (c, &f) in into.iter_mut().zip(from) {
         *c = (*c).max(f);
@@ -562,8 +610,13 @@ pub(crate) struct Run {
     pub(crate) status: Box<[AtomicU8]>,
     /// Some task of this run failed or was skipped (then read `status`).
     pub(crate) any_failed: crate::sync::AtomicBool,
-    /// The join: the replay's task record (its handle, its tracker entry).
+    /// The join: the replay's task record (its handle; its tracker entry
+    /// unless the plan has parts).
     pub(crate) unit: Arc<TaskShared>,
+    /// With the plan's parts: per stream, the record that stands for its
+    /// part to the tracker (the id and position of the stream's last task),
+    /// finished by the stream thread right after that task. Else empty.
+    pub(crate) ends: Vec<Option<Arc<TaskShared>>>,
     /// Measure each body's duration (for re-placement).
     pub(crate) measure: bool,
     /// Every task on the one stream this run was pushed to, in the
@@ -588,6 +641,13 @@ impl Run {
     pub(crate) fn fail(&self, i: usize, status: u8) {
         self.status[i].store(status, Ordering::Release);
         self.any_failed.store(true, Ordering::Release);
+    }
+
+    /// The first task of stream `s`'s part of this run that failed or was
+    /// skipped, if any.
+    pub(crate) fn part_failure(&self, s: usize) -> Option<u32> {
+        let steps = self.plan.programs[s].iter().map(|st| st.task);
+        self.failed_task(steps.filter(|&t| t != JOIN))
     }
 }
 
@@ -626,6 +686,14 @@ pub(crate) fn submit(
         }
         st.stats.waits += entry[s].len() as u64;
     }
+    // With parts, each used stream's clock before its program: its part's
+    // record adds what the part's last task implies.
+    let split = !how.materialise && !plan.parts.is_empty();
+    let before: Vec<Clock> = if split {
+        used.iter().map(|&s| st.clocks[s].clone()).collect()
+    } else {
+        Vec::new()
+    };
     // Each used stream's clock after its program.
     for &s in &used {
         let clock = &mut st.clocks[s];
@@ -640,7 +708,13 @@ pub(crate) fn submit(
     }
     let id_base = st.next_id;
     st.next_id += plan.steps();
-    let unit = unit_record(st, plan, id_base, TaskKind::Host);
+    let unit = join_record(st, plan, id_base, TaskKind::Host);
+    let ends = if split {
+        part_records(st, plan, id_base, &base, &used, before)
+    } else {
+        st.tracker.record_unit(&unit, &plan.union);
+        Vec::new()
+    };
     st.stats.replays += 1;
     st.stats.replayed_tasks += plan.len() as u64;
     shared
@@ -660,6 +734,7 @@ pub(crate) fn submit(
             status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
             any_failed: crate::sync::AtomicBool::new(false),
             unit: unit.clone(),
+            ends,
             measure: how.measure,
             sequential: false,
         });
@@ -714,6 +789,59 @@ pub(crate) fn unit_record(
     id_base: u64,
     kind: TaskKind,
 ) -> Arc<TaskShared> {
+    let unit = join_record(st, plan, id_base, kind);
+    st.tracker.record_unit(&unit, &plan.union);
+    unit
+}
+
+/// The records of a CPU replay's parts (`Plan::parts`), one per used
+/// stream, each recorded in the tracker with its part's union: it has the
+/// id and position of the stream's last task and the clock that task
+/// implies (`before`: each used stream's clock before its program), and it
+/// is the stream's tail where the join is not.
+fn part_records(
+    st: &mut SubmitState,
+    plan: &Plan,
+    id_base: u64,
+    base: &[u64],
+    used: &[usize],
+    before: Vec<Clock>,
+) -> Vec<Option<Arc<TaskShared>>> {
+    let mut ends = vec![None; plan.parts.len()];
+    for (&s, mut clock) in used.iter().zip(before) {
+        let Some((last, union)) = &plan.parts[s] else {
+            continue;
+        };
+        let i = *last as usize;
+        for (j, &c) in plan.clocks[i].iter().enumerate() {
+            if c > 0 {
+                clock[j] = clock[j].max(base[j] + c as u64);
+            }
+        }
+        let end = TaskShared::new(Record {
+            id: id_base + i as u64,
+            name: plan.name.clone(),
+            scope: None,
+            kind: plan.tasks[i].kind,
+            stream: s,
+            seq: base[s] + plan.position[i] as u64,
+            clock,
+            placement: replayed(plan),
+            eft: 0,
+            cost: super::cost::NO_SLOT,
+        });
+        st.tracker.record_unit(&end, union);
+        if s != plan.join_stream {
+            st.tail[s] = end.id;
+        }
+        ends[s] = Some(end);
+    }
+    ends
+}
+
+/// A replay's one task record on the plan's join stream (the join, or a
+/// graph launch), not yet in the tracker; the stream's tail.
+fn join_record(st: &mut SubmitState, plan: &Plan, id_base: u64, kind: TaskKind) -> Arc<TaskShared> {
     let f = plan.join_stream;
     let unit = TaskShared::new(Record {
         id: id_base + plan.len() as u64,
@@ -727,7 +855,6 @@ pub(crate) fn unit_record(
         eft: 0,
         cost: super::cost::NO_SLOT,
     });
-    st.tracker.record_unit(&unit, &plan.union);
     st.tail[f] = unit.id;
     unit
 }

@@ -154,9 +154,9 @@ pub(super) fn execute(
 /// precomputed waits (positions shifted by the run's base). Each step
 /// completes like an eager task (status, span), but `done[s]` and
 /// `completed` advance in batches: at once only after a step another stream
-/// waits for, else at the end of the program — nothing else waits for a step
-/// inside a replay (later tasks wait for its join), and each advance may wake
-/// a sleeping thread.
+/// waits for or the stream's last task (its part's end, which later tasks
+/// may wait for), else at the end of the program — nothing else waits for a
+/// step inside a replay, and each advance may wake a sleeping thread.
 fn run_program(shared: &Shared, s: usize, run: &Run) {
     let plan = &run.plan;
     for &(j, n) in &run.entry[s] {
@@ -174,11 +174,14 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         return;
     }
     let mut unpublished = 0;
+    // This stream's part of the replay, to the tracker (`Plan::parts`).
+    let end = run.ends.get(s).and_then(Option::as_ref);
     for step in &plan.programs[s] {
         for &(j, m) in &step.waits {
             let j = j as usize;
             shared.streams[j].done.wait_at_least(run.base[j] + m as u64);
         }
+        let mut signal = step.signal;
         if step.task == JOIN {
             // Every stream's last step is complete (waited for, directly or
             // through the clocks): the replay's outcome is known.
@@ -187,9 +190,15 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             let body = step.body.as_ref().expect("a task step has a body");
             let task = (body, &step.preds[..]);
             run_step(shared, s, run, step.task as usize, task, external);
+            if let Some(end) = end.filter(|e| e.id == run.id_base + step.task as u64) {
+                // The part's last task: its outcome is known, and is
+                // published at once (later tasks may wait for it).
+                finish_part(run, s, end, external);
+                signal = true;
+            }
         }
         unpublished += 1;
-        if step.signal {
+        if signal {
             publish(shared, s, std::mem::take(&mut unpublished));
         }
     }
@@ -210,12 +219,29 @@ fn publish(shared: &Shared, s: usize, n: u64) {
 
 /// Finishes a replay's unit with the first failure among its tasks, if any.
 fn finish_unit(run: &Run, external: Option<&Arc<TaskShared>>) {
+    let failed = || run.failed_task(0..run.plan.len() as u32);
+    finish_with(run, &run.unit, external, failed);
+}
+
+/// Finishes stream `s`'s part of a replay (`end`) with the failure of its
+/// tasks, if any (`Run::part_failure`).
+fn finish_part(run: &Run, s: usize, end: &TaskShared, external: Option<&Arc<TaskShared>>) {
+    finish_with(run, end, external, || run.part_failure(s));
+}
+
+/// Finishes a replay's record: failed for the failed external predecessor,
+/// else for the task `failed` names, else done.
+fn finish_with(
+    run: &Run,
+    record: &TaskShared,
+    external: Option<&Arc<TaskShared>>,
+    failed: impl FnOnce() -> Option<u32>,
+) {
     let plan = &run.plan;
-    let cause = external.map(|p| p.name.as_ref()).or_else(|| {
-        run.failed_task(0..plan.len() as u32)
-            .map(|i| plan.tasks[i as usize].name.as_ref())
-    });
-    run.unit.finish(match cause {
+    let cause = external
+        .map(|p| p.name.as_ref())
+        .or_else(|| failed().map(|i| plan.tasks[i as usize].name.as_ref()));
+    record.finish(match cause {
         None => Ok(()),
         Some(c) => Err(join_error(plan, c)),
     });
