@@ -183,7 +183,7 @@ impl<T> Default for Tracker<T> {
 /// whether the set writes them.
 #[derive(Debug, Default)]
 pub(crate) struct Union {
-    by_buf: IdMap<Vec<(usize, usize, bool)>>,
+    by_buf: IdMap<SmallVec<[(usize, usize, bool); 1]>>,
     writes: bool,
     /// The plan whose accesses this is, whole or a stream's part of them
     /// (0: none), and whether it conflicts with that plan's whole union: a

@@ -174,8 +174,10 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
         return;
     }
     let mut unpublished = 0;
-    // This stream's part of the replay, to the tracker (`Plan::parts`).
+    // This stream's part of the replay, to the tracker (`Plan::parts`),
+    // and the task it ends with (a `JOIN` matches no task).
     let end = run.ends.get(s).and_then(Option::as_ref);
+    let last = end.map_or(JOIN, |e| (e.id - run.id_base) as u32);
     for step in &plan.programs[s] {
         for &(j, m) in &step.waits {
             let j = j as usize;
@@ -190,10 +192,12 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
             let body = step.body.as_ref().expect("a task step has a body");
             let task = (body, &step.preds[..]);
             run_step(shared, s, run, step.task as usize, task, external);
-            if let Some(end) = end.filter(|e| e.id == run.id_base + step.task as u64) {
+            if step.task == last {
                 // The part's last task: its outcome is known, and is
                 // published at once (later tasks may wait for it).
-                finish_part(run, s, end, external);
+                if let Some(end) = end {
+                    finish_part(run, s, end, external);
+                }
                 signal = true;
             }
         }
