@@ -15,11 +15,14 @@
 //!   schedule, elided with vector clocks exactly as eager submission does;
 //!   the stream of the last task ends with a *join* that waits for every
 //!   other stream's last step. The join is the replay's one task record.
-//! * To the tracker a replay is one unit: [`submit`] asks for the unfinished
-//!   tasks the union of the schedule's accesses conflicts with (the external
-//!   predecessors), makes every used stream wait for them before its first
-//!   step, records the union with the join as its task, and shifts the local
-//!   positions by each stream's current sequence number.
+//! * To the tracker a replay is one unit before it and one unit per stream
+//!   after it: [`submit`] asks for the unfinished tasks the union of the
+//!   schedule's accesses conflicts with (the external predecessors), makes
+//!   every used stream wait for them before its first step, records each
+//!   used stream's part (`Plan::parts`: the union of its tasks' accesses,
+//!   ended by its last task; on one stream, or materialised, the whole
+//!   union with the join), and shifts the local positions by each stream's
+//!   current sequence number.
 //! * On the CPU a stream's share of a replay is one queue item: the stream
 //!   thread runs its program in a loop (`worker::run_program`). On CUDA (and
 //!   when asked, for tests) the replay is *materialised*: one task record per
