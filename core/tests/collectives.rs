@@ -678,6 +678,9 @@ fn untyped_submission_and_signatures() {
 #[test]
 fn the_early_rank_records_its_wait_for_the_late_one() {
     let late = Duration::from_millis(80);
+    // The delay counts from when both ranks are ready, so a slow start of
+    // rank 0 (a loaded CI machine) does not eat into it.
+    let ready = std::sync::Barrier::new(2);
     let out = launch(2, |rank, comm| {
         let rt = Runtime::builder()
             .backend(BackendKind::Cpu)
@@ -687,6 +690,7 @@ fn the_early_rank_records_its_wait_for_the_late_one() {
             .profile(true)
             .build()?;
         let x = rt.alloc_from("x", &[1.0f32; 1024])?;
+        ready.wait();
         if rank == 1 {
             std::thread::sleep(late);
         }
