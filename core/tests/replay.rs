@@ -294,6 +294,18 @@ fn two_part_step<'rt>(
     (step, saw)
 }
 
+/// A CPU runtime with three compute streams and four zeroed `u32`s, `a` to
+/// `d`.
+fn three_streams_four_words() -> (Runtime, [braid::Buffer; 4]) {
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(3)
+        .build()
+        .unwrap();
+    let words = ["a", "b", "c", "d"].map(|n| rt.alloc_from(n, &[0u32]).unwrap());
+    (rt, words)
+}
+
 /// Finer units: to the tracker a replay on several CPU streams is one unit
 /// per stream, so an eager task that reads only what stream 0's part wrote
 /// runs while stream 1's part is still running (it lets "slow" finish; if it
@@ -304,15 +316,7 @@ fn two_part_step<'rt>(
 #[test]
 fn an_eager_task_after_a_replay_waits_only_for_the_part_it_touches() {
     for quick_last in [false, true] {
-        let rt = Runtime::builder()
-            .backend(BackendKind::Cpu)
-            .compute_streams(3)
-            .build()
-            .unwrap();
-        let a = rt.alloc_from("a", &[0u32]).unwrap();
-        let b = rt.alloc_from("b", &[0u32]).unwrap();
-        let c = rt.alloc("c", 4).unwrap();
-        let d = rt.alloc("d", 4).unwrap();
+        let (rt, [a, b, c, d]) = three_streams_four_words();
         let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (step, saw) = two_part_step(&rt, [&a, &b], quick_last, &go);
         rt.synchronize().unwrap();
@@ -342,21 +346,13 @@ fn an_eager_task_after_a_replay_waits_only_for_the_part_it_touches() {
 }
 
 /// With finer units, a failure in one stream's part of a replay skips the
-/// eager tasks that depend on that part and no others: here "slow" fails in
+/// eager tasks that depend on that part and no others: here "fails" fails in
 /// its second run (the replay), so the reader of `b` is skipped and the
 /// reader of `a` runs; the replay's handle names the failed task; then the
 /// schedule replays normally.
 #[test]
 fn a_failure_in_one_part_of_a_replay_skips_only_its_dependents() {
-    let rt = Runtime::builder()
-        .backend(BackendKind::Cpu)
-        .compute_streams(3)
-        .build()
-        .unwrap();
-    let a = rt.alloc_from("a", &[0u32]).unwrap();
-    let b = rt.alloc_from("b", &[0u32]).unwrap();
-    let c = rt.alloc_from("c", &[0u32]).unwrap();
-    let d = rt.alloc_from("d", &[0u32]).unwrap();
+    let (rt, [a, b, c, d]) = three_streams_four_words();
     let runs = AtomicU32::new(0);
     let step = rt
         .record("step", |rt| {
