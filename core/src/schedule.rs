@@ -20,7 +20,10 @@ use std::sync::{Arc, Mutex};
 /// and composes with ordinary submissions before and after it: the engine
 /// sees a replay as one unit with the union of its tasks' accesses, so it
 /// waits for earlier tasks that touch what the schedule touches, and later
-/// tasks wait for it.
+/// tasks that touch it wait for it. On the CPU, a replay that uses several
+/// streams is one unit per stream to later tasks: a task that touches only
+/// what the replay's tasks on one stream touched waits for those tasks, not
+/// for the whole replay (docs/replay.md, "Finer units").
 ///
 /// Values that change from step to step live in buffers the tasks read;
 /// [`Schedule::replay_with`] writes such a block and replays.
