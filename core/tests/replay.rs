@@ -403,6 +403,65 @@ fn a_failure_in_one_part_of_a_replay_skips_only_its_dependents() {
     assert_eq!(rt.read_vec::<u32>(&b).unwrap(), vec![2]);
 }
 
+/// A task submitted before a replay fails: the replay's tasks that depend
+/// on it (directly, or through other tasks of the replay) are skipped, and
+/// the others run, as they would if the step were submitted again; the
+/// replay names the failed task. A graph replay runs whole or not at all:
+/// it is skipped whole. Then the schedule replays normally.
+#[test]
+fn a_failure_before_a_replay_skips_only_the_tasks_that_depend_on_it() {
+    for mode in MODES {
+        let graph = matches!(mode, Mode::Graph);
+        let rt = in_mode(Runtime::builder(), mode)
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .build()
+            .unwrap();
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| rt.alloc_from(n, &[0u32]).unwrap());
+        let step = rt
+            .record("step", |rt| {
+                rt.task("reads a")
+                    .run((a.read::<u32>(), c.write::<u32>()), |(a, c)| {
+                        c[0] = a[0] + 1
+                    })?;
+                rt.task("independent")
+                    .run(d.read_write::<u32>(), |d| d[0] += 1)?;
+                rt.task("after reads a")
+                    .run((c.read::<u32>(), b.write::<u32>()), |(c, b)| {
+                        b[0] = c[0] * 10
+                    })?;
+                Ok(())
+            })
+            .unwrap();
+        rt.synchronize().unwrap();
+        rt.task("breaks a")
+            .run(a.write::<u32>(), |_| Err("broken".into()))
+            .unwrap();
+        match step.replay().unwrap().wait() {
+            Err(Error::DependencyFailed { task, cause }) => {
+                assert_eq!(
+                    (task.as_str(), cause.as_str()),
+                    ("step", "breaks a"),
+                    "{mode:?}"
+                );
+            }
+            other => panic!("{mode:?}: expected the replay to name `breaks a`, got {other:?}"),
+        }
+        let e = rt.synchronize().unwrap_err().to_string();
+        assert!(
+            e.contains("breaks a") && e.contains("broken"),
+            "{mode:?}: {e}"
+        );
+        // The dependents kept the recording run's values; the independent
+        // task ran again, except in a graph.
+        let words = |rt: &Runtime| [&b, &c, &d].map(|w| rt.read_vec::<u32>(w).unwrap()[0]);
+        let ran = if graph { 1 } else { 2 };
+        assert_eq!(words(&rt), [10, 1, ran], "{mode:?}");
+        step.replay().unwrap().wait().unwrap();
+        assert_eq!(words(&rt), [10, 1, ran + 1], "{mode:?}");
+    }
+}
+
 /// A graph replay cut around a host task (as around a collective): a
 /// failure names the task that failed, and skips the later parts that
 /// depend on the part it happened in, whole (a graph runs whole or not at

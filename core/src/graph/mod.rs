@@ -263,6 +263,36 @@ impl Union {
     }
 }
 
+/// What of an earlier task's accesses a set of accesses conflicts with
+/// ([`Tracker::preds_of_union`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Region {
+    /// A byte range of a buffer the task writes, or reads.
+    Range {
+        buf: u64,
+        start: usize,
+        end: usize,
+        write: bool,
+    },
+    /// Everything a unit (a replay's part) accesses.
+    Unit(std::sync::Arc<Union>),
+}
+
+impl Region {
+    /// Whether an access of `mode` to `range` of `buf` conflicts with it.
+    pub(crate) fn conflicts(&self, buf: u64, range: &Range<usize>, mode: Mode) -> bool {
+        match self {
+            Region::Range {
+                buf: b,
+                start,
+                end,
+                write,
+            } => *b == buf && (*write || mode.writes()) && overlaps(range, *start, *end),
+            Region::Unit(u) => u.conflicts(buf, range, mode),
+        }
+    }
+}
+
 fn overlaps(a: &Range<usize>, start: usize, end: usize) -> bool {
     a.start < end && start < a.end
 }
@@ -293,6 +323,18 @@ impl<T: TaskRef> Tracker<T> {
     }
 
     fn buffer_preds(&self, buf: u64, range: Range<usize>, mode: Mode, out: &mut Vec<T>) {
+        self.buffer_hits(buf, range, mode, |r, _| push_unique(out, &r.task));
+    }
+
+    /// Calls `hit` with every record of `buf` an access of `mode` to
+    /// `range` conflicts with, and whether the record is a write.
+    fn buffer_hits(
+        &self,
+        buf: u64,
+        range: Range<usize>,
+        mode: Mode,
+        mut hit: impl FnMut(&Rec<T>, bool),
+    ) {
         let Some(st) = self.bufs.get(&buf) else {
             return;
         };
@@ -302,12 +344,12 @@ impl<T: TaskRef> Tracker<T> {
             if r.start >= range.end {
                 break;
             }
-            push_unique(out, &r.task);
+            hit(r, true);
         }
         if mode.writes() {
             for r in &st.reads {
                 if overlaps(&range, r.start, r.end) {
-                    push_unique(out, &r.task);
+                    hit(r, false);
                 }
             }
         }
@@ -353,8 +395,16 @@ impl<T: TaskRef> Tracker<T> {
     }
 
     /// Forgets a buffer (it was dropped: no task can name it again).
-    /// The unfinished tasks a set of accesses conflicts with.
-    pub(crate) fn preds_of_union(&self, union: &std::sync::Arc<Union>, out: &mut Vec<T>) {
+    /// The unfinished tasks a set of accesses conflicts with, and in
+    /// `regions` what of each one's accesses it conflicts with, by task id
+    /// (a task may have several): what tells, if one of them fails, which
+    /// of the set's accesses depended on it.
+    pub(crate) fn preds_of_union(
+        &self,
+        union: &std::sync::Arc<Union>,
+        out: &mut Vec<T>,
+        regions: &mut Vec<(u64, Region)>,
+    ) {
         for (t, u) in &self.units {
             // Another replay of the same schedule, or a stream's part of one:
             // known when the plan was made.
@@ -365,8 +415,9 @@ impl<T: TaskRef> Tracker<T> {
             } else {
                 u.conflicts_with(union)
             };
-            if hit {
+            if hit && !t.retired() {
                 push_unique(out, t);
+                regions.push((t.id(), Region::Unit(u.clone())));
             }
         }
         if self.bufs.is_empty() {
@@ -379,7 +430,21 @@ impl<T: TaskRef> Tracker<T> {
             for &(s, e, w) in v {
                 let mode = if w { Mode::Write } else { Mode::Read };
                 // Units were handled above: the buffer's records only.
-                self.buffer_preds(b, s..e, mode, out);
+                self.buffer_hits(b, s..e, mode, |r, write| {
+                    if !r.task.retired() {
+                        push_unique(out, &r.task);
+                        let (start, end) = (r.start, r.end);
+                        regions.push((
+                            r.task.id(),
+                            Region::Range {
+                                buf: b,
+                                start,
+                                end,
+                                write,
+                            },
+                        ));
+                    }
+                });
             }
         }
     }

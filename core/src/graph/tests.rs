@@ -147,15 +147,43 @@ fn a_unit_stands_for_the_union_of_its_accesses() {
     assert_eq!(preds(&t, 3, 0..4, Mode::Write), Vec::<u64>::new());
     // A second replay of the same union depends on the first (it writes).
     let mut out = Vec::new();
-    t.preds_of_union(&u, &mut out);
+    let mut regions = Vec::new();
+    t.preds_of_union(&u, &mut out, &mut regions);
     assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![7]);
+    // What of the unit it met: all of it.
+    assert_eq!(regions.len(), 1);
+    assert_eq!(regions[0].0, 7);
+    assert!(regions[0].1.conflicts(2, &(0..1), Mode::Read));
     // A read-only union meets only the unit's writes.
     let r = Arc::new(Union::new([(1, 0..8, false)]));
     out.clear();
-    t.preds_of_union(&r, &mut out);
+    t.preds_of_union(&r, &mut out, &mut Vec::new());
     assert!(out.is_empty());
     t.prune(|p| p.0 == 7);
     assert_eq!(preds(&t, 2, 0..4, Mode::Read), Vec::<u64>::new());
+}
+
+#[test]
+fn a_union_learns_what_of_each_predecessor_it_met() {
+    use super::Union;
+    use std::sync::Arc;
+    let mut tr = Tracker::default();
+    access(&mut tr, &task(1), 0, 0..8, Mode::Write);
+    access(&mut tr, &task(2), 0, 8..16, Mode::Read);
+    access(&mut tr, &task(3), 1, 0..8, Mode::Write);
+    // Writes bytes 4..12 of buffer 0: after the writer and the reader.
+    let u = Arc::new(Union::new([(0, 4..12, true)]));
+    let (mut out, mut regions) = (Vec::new(), Vec::new());
+    tr.preds_of_union(&u, &mut out, &mut regions);
+    assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 2]);
+    let of = |id: u64| &regions.iter().find(|(i, _)| *i == id).unwrap().1;
+    // A read of bytes 0..4 met what task 1 wrote, not what task 2 read;
+    // a write of bytes 8..10, only what task 2 read.
+    assert!(of(1).conflicts(0, &(0..4), Mode::Read));
+    assert!(!of(2).conflicts(0, &(0..4), Mode::Read));
+    assert!(!of(1).conflicts(0, &(8..10), Mode::Write));
+    assert!(of(2).conflicts(0, &(8..10), Mode::Write));
+    assert!(!of(1).conflicts(1, &(0..4), Mode::Read));
 }
 
 #[test]
@@ -181,12 +209,12 @@ fn a_plans_parts_know_whether_they_meet_its_whole() {
     }
     // The next replay of the plan waits for the parts that meet it.
     let mut out = Vec::new();
-    t.preds_of_union(&whole, &mut out);
+    t.preds_of_union(&whole, &mut out, &mut Vec::new());
     assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 1]);
     // Another plan's union is checked buffer by buffer.
     let other = Arc::new(Union::new([(3, 0..4, true)]));
     out.clear();
-    t.preds_of_union(&other, &mut out);
+    t.preds_of_union(&other, &mut out, &mut Vec::new());
     assert_eq!(out.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2]);
 }
 

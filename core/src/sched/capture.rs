@@ -282,7 +282,9 @@ pub(crate) fn submit(
     after: &[Arc<TaskShared>],
 ) -> Arc<TaskShared> {
     let f = plan.join_stream;
-    let mut ext = super::replay::external_preds(st, shared, plan);
+    // A graph runs whole or not at all: any external predecessor that
+    // fails skips it, whatever of its accesses met the graph's.
+    let mut ext = super::replay::external_preds(st, shared, plan, &mut Vec::new());
     super::add_after(&mut ext, after);
     let mut waits = cross_waits(&mut st.clocks[f], f, &ext, &mut st.stats);
     if fence {
@@ -322,6 +324,7 @@ pub(crate) fn submit(
                 id_base,
                 entry,
                 external,
+                regions: Vec::new(),
                 status: (0..plan.len())
                     .map(|_| AtomicU8::new(super::PENDING))
                     .collect(),

@@ -35,7 +35,7 @@ use super::{
 };
 use crate::ctx::{Access, Body, SharedBody, SkipHook};
 use crate::error::Error;
-use crate::graph::{TaskRef, Tracker, Union};
+use crate::graph::{Region, TaskRef, Tracker, Union};
 use crate::kind::TaskKind;
 use crate::sync::{Arc, AtomicU8, Ordering};
 use smallvec::SmallVec;
@@ -607,6 +607,10 @@ pub(crate) struct Run {
     pub(crate) entry: Vec<SmallVec<[(u16, u64); 4]>>,
     /// Unfinished tasks submitted before the replay that it depends on.
     pub(crate) external: SmallVec<[Arc<TaskShared>; 4]>,
+    /// What of each external predecessor's accesses the schedule met, by
+    /// task id: if one fails, the tasks whose accesses meet its regions are
+    /// skipped, and the others run (as they would if submitted again).
+    pub(crate) regions: Vec<(u64, Region)>,
     /// Each task's status in this run, written only when it is not OK (a
     /// status byte written per step would bounce cache lines between the
     /// stream threads running neighbouring tasks).
@@ -676,7 +680,8 @@ pub(crate) fn submit(
     how: How,
 ) -> Arc<TaskShared> {
     let nstreams = shared.streams.len();
-    let mut ext = external_preds(st, shared, plan);
+    let mut regions = Vec::new();
+    let mut ext = external_preds(st, shared, plan, &mut regions);
     let used: SmallVec<[usize; 8]> = (0..nstreams)
         .filter(|&s| !plan.programs[s].is_empty())
         .collect();
@@ -726,7 +731,16 @@ pub(crate) fn submit(
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
     if how.materialise {
-        push_tasks(shared, plan, &base, id_base, &entry, &external, &unit);
+        let index = ExternalIndex::new(&external, &regions);
+        push_tasks(
+            shared,
+            plan,
+            &base,
+            id_base,
+            &entry,
+            (&external, &index),
+            &unit,
+        );
     } else {
         let run = Arc::new(Run {
             plan: plan.clone(),
@@ -734,6 +748,7 @@ pub(crate) fn submit(
             id_base,
             entry,
             external,
+            regions,
             status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
             any_failed: crate::sync::AtomicBool::new(false),
             unit: unit.clone(),
@@ -768,19 +783,72 @@ pub(crate) fn fence(
 
 /// The unfinished tasks submitted before a replay of `plan` that it depends
 /// on (the union of its accesses against the tracker), in a vector taken
-/// from `st.preds` (give it back).
+/// from `st.preds` (give it back); in `regions`, what of their accesses the
+/// union met ([`Tracker::preds_of_union`]).
 pub(crate) fn external_preds(
     st: &mut SubmitState,
     shared: &Shared,
     plan: &Plan,
+    regions: &mut Vec<(u64, Region)>,
 ) -> Vec<Arc<TaskShared>> {
     for id in shared.dropped.drain() {
         st.tracker.forget(id);
     }
     let mut ext = std::mem::take(&mut st.preds);
     ext.clear();
-    st.tracker.preds_of_union(&plan.union, &mut ext);
+    st.tracker.preds_of_union(&plan.union, &mut ext, regions);
     ext
+}
+
+/// A replay's external predecessors' regions, by buffer: which of them a
+/// task's accesses depend on.
+pub(crate) struct ExternalIndex {
+    /// Per buffer, `(external predecessor, region)`.
+    by_buf: std::collections::HashMap<u64, SmallVec<[(usize, Region); 2]>>,
+    /// Regions that are units (whole replays' parts), any buffer.
+    units: Vec<(usize, Region)>,
+}
+
+impl ExternalIndex {
+    /// Indexes `regions` (by task id) by the position of their task in
+    /// `external`.
+    pub(crate) fn new(external: &[Arc<TaskShared>], regions: &[(u64, Region)]) -> Self {
+        let mut ix = ExternalIndex {
+            by_buf: Default::default(),
+            units: Vec::new(),
+        };
+        for (id, r) in regions {
+            let Some(k) = external.iter().position(|e| e.id == *id) else {
+                continue;
+            };
+            match r {
+                Region::Range { buf, .. } => {
+                    ix.by_buf.entry(*buf).or_default().push((k, r.clone()))
+                }
+                Region::Unit(_) => ix.units.push((k, r.clone())),
+            }
+        }
+        ix
+    }
+
+    /// The external predecessors (by position) among those `of` accepts
+    /// that task `t`'s accesses depend on, each once, in `out`.
+    pub(crate) fn depended_on(
+        &self,
+        t: &RecTask,
+        of: impl Fn(usize) -> bool,
+        out: &mut SmallVec<[usize; 4]>,
+    ) {
+        for a in &t.accesses {
+            let (buf, range) = (a.view.buf.id(), a.view.range());
+            let on_buf = self.by_buf.get(&buf).map(|v| &v[..]).unwrap_or(&[]);
+            for (k, r) in on_buf.iter().chain(&self.units) {
+                if !out.contains(k) && of(*k) && r.conflicts(buf, &range, a.mode) {
+                    out.push(*k);
+                }
+            }
+        }
+    }
 }
 
 /// A replay's one task record on the plan's join stream (the join, or a
@@ -870,7 +938,7 @@ fn push_tasks(
     base: &[u64],
     id_base: u64,
     entry: &[SmallVec<[(u16, u64); 4]>],
-    external: &[Arc<TaskShared>],
+    (external, index): (&[Arc<TaskShared>], &ExternalIndex),
     unit: &Arc<TaskShared>,
 ) {
     let abs = |waits: &[(u16, u32)], first: Option<usize>| {
@@ -888,8 +956,12 @@ fn push_tasks(
         let step = &plan.programs[s][pos as usize - 1];
         let mut preds: SmallVec<[Arc<TaskShared>; 4]> =
             t.preds.iter().map(|&p| made[p as usize].clone()).collect();
-        if t.preds.is_empty() || first.is_some() {
-            preds.extend(external.iter().cloned());
+        // The external predecessors its own accesses depend on (the first
+        // step of each stream waits for all of them, through `entry`).
+        if !external.is_empty() {
+            let mut on = SmallVec::new();
+            index.depended_on(t, |_| true, &mut on);
+            preds.extend(on.into_iter().map(|k| external[k].clone()));
         }
         let task = TaskShared::new(Record {
             id: id_base + i as u64,
@@ -920,8 +992,7 @@ fn push_tasks(
         .last()
         .expect("a program ends with its join");
     let first = (plan.programs[f].len() == 1).then_some(f);
-    let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
-    preds.extend(external.iter().cloned());
+    let preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
     let launch = Launch {
         waits: abs(&join.waits, first),
         preds,

@@ -11,7 +11,7 @@
 //!   order; only then does the task count as done, release its buffers and
 //!   record its device-timed span.
 
-use super::replay::{join_error, Run, JOIN};
+use super::replay::{join_error, ExternalIndex, Run, JOIN};
 use super::{live, tenants};
 use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK};
 use crate::backend::gpu::{device_error, StreamDriver};
@@ -162,7 +162,8 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
     for &(j, n) in &run.entry[s] {
         shared.streams[j as usize].done.wait_at_least(n);
     }
-    let external = run.external.iter().find(|p| p.failed());
+    let external = Failures::of(run);
+    let external = &external;
     if run.sequential {
         // A graph on the CPU: every task, in the schedule's order, here;
         // the replay is one completion (its unit).
@@ -221,30 +222,79 @@ fn publish(shared: &Shared, s: usize, n: u64) {
     }
 }
 
+/// The external predecessors of a replay run that failed, and which of its
+/// tasks each one's failure skips: those whose accesses meet what the
+/// schedule met of its accesses (`Run::regions`), as if the tasks were
+/// submitted again; the others run. A sequential run (a graph, which runs
+/// whole or not at all) is skipped whole.
+struct Failures<'r> {
+    run: &'r Run,
+    /// The first failed one, for a sequential run.
+    whole: Option<&'r Arc<TaskShared>>,
+    /// The regions by buffer, built only when one failed.
+    index: Option<ExternalIndex>,
+}
+
+impl<'r> Failures<'r> {
+    fn of(run: &'r Run) -> Self {
+        let first = run.external.iter().find(|p| p.failed());
+        let index = (first.is_some() && !run.sequential)
+            .then(|| ExternalIndex::new(&run.external, &run.regions));
+        Failures {
+            run,
+            whole: first.filter(|_| run.sequential),
+            index,
+        }
+    }
+
+    /// The failed external predecessor task `i` depends on, if any.
+    fn skips(&self, i: usize) -> Option<&'r Arc<TaskShared>> {
+        if self.whole.is_some() {
+            return self.whole;
+        }
+        let index = self.index.as_ref()?;
+        let external = &self.run.external;
+        let mut on = SmallVec::new();
+        index.depended_on(&self.run.plan.tasks[i], |k| external[k].failed(), &mut on);
+        on.first().map(|&k| &external[k])
+    }
+
+    /// The name task `i`'s failure is reported under: the external
+    /// predecessor it was skipped for, else its own.
+    fn cause(&self, i: u32) -> &'r str {
+        match self.skips(i as usize) {
+            Some(e) => &e.name,
+            None => &self.run.plan.tasks[i as usize].name,
+        }
+    }
+}
+
 /// Finishes a replay's unit with the first failure among its tasks, if any.
-fn finish_unit(run: &Run, external: Option<&Arc<TaskShared>>) {
+fn finish_unit(run: &Run, external: &Failures) {
     let failed = || run.failed_task(0..run.plan.len() as u32);
     finish_with(run, &run.unit, external, failed);
 }
 
 /// Finishes stream `s`'s part of a replay (`end`) with the failure of its
 /// tasks, if any (`Run::part_failure`).
-fn finish_part(run: &Run, s: usize, end: &TaskShared, external: Option<&Arc<TaskShared>>) {
+fn finish_part(run: &Run, s: usize, end: &TaskShared, external: &Failures) {
     finish_with(run, end, external, || run.part_failure(s));
 }
 
-/// Finishes a replay's record: failed for the failed external predecessor,
-/// else for the task `failed` names, else done.
+/// Finishes a replay's record: failed for the failed external predecessor
+/// of a sequential run, else for the task `failed` names (under
+/// [`Failures::cause`]), else done.
 fn finish_with(
     run: &Run,
     record: &TaskShared,
-    external: Option<&Arc<TaskShared>>,
+    external: &Failures,
     failed: impl FnOnce() -> Option<u32>,
 ) {
     let plan = &run.plan;
     let cause = external
+        .whole
         .map(|p| p.name.as_ref())
-        .or_else(|| failed().map(|i| plan.tasks[i as usize].name.as_ref()));
+        .or_else(|| failed().map(|i| external.cause(i)));
     record.finish(match cause {
         None => Ok(()),
         Some(c) => Err(join_error(plan, c)),
@@ -260,7 +310,7 @@ fn run_step(
     run: &Run,
     i: usize,
     (cell, preds): (&SharedBody, &[u32]),
-    external: Option<&Arc<TaskShared>>,
+    external: &Failures,
 ) {
     let plan = &run.plan;
     let t = &plan.tasks[i];
@@ -268,7 +318,7 @@ fn run_step(
     tenants::admit(shared);
     let start = if shared.profiling { now_ns() } else { 0 };
     live::running(shared, s, Some((id, &t.name, &t.scope)));
-    let cause = external.map(|p| p.name.as_ref()).or_else(|| {
+    let cause = external.skips(i).map(|p| p.name.as_ref()).or_else(|| {
         run.failed_task(preds.iter().copied())
             .map(|p| plan.tasks[p as usize].name.as_ref())
     });
