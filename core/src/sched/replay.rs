@@ -731,16 +731,7 @@ pub(crate) fn submit(
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
     if how.materialise {
-        let index = ExternalIndex::new(&external, &regions);
-        push_tasks(
-            shared,
-            plan,
-            &base,
-            id_base,
-            &entry,
-            (&external, &index),
-            &unit,
-        );
+        push_tasks(shared, plan, &base, id_base, &entry, &external, &unit);
     } else {
         let run = Arc::new(Run {
             plan: plan.clone(),
@@ -938,7 +929,7 @@ fn push_tasks(
     base: &[u64],
     id_base: u64,
     entry: &[SmallVec<[(u16, u64); 4]>],
-    (external, index): (&[Arc<TaskShared>], &ExternalIndex),
+    external: &[Arc<TaskShared>],
     unit: &Arc<TaskShared>,
 ) {
     let abs = |waits: &[(u16, u32)], first: Option<usize>| {
@@ -956,12 +947,11 @@ fn push_tasks(
         let step = &plan.programs[s][pos as usize - 1];
         let mut preds: SmallVec<[Arc<TaskShared>; 4]> =
             t.preds.iter().map(|&p| made[p as usize].clone()).collect();
-        // The external predecessors its own accesses depend on (the first
-        // step of each stream waits for all of them, through `entry`).
-        if !external.is_empty() {
-            let mut on = SmallVec::new();
-            index.depended_on(t, |_| true, &mut on);
-            preds.extend(on.into_iter().map(|k| external[k].clone()));
+        // The first step of each stream waits for every external
+        // predecessor, so it names them all (on CUDA a wait's event is
+        // its predecessor's): one that fails skips the whole replay.
+        if t.preds.is_empty() || first.is_some() {
+            preds.extend(external.iter().cloned());
         }
         let task = TaskShared::new(Record {
             id: id_base + i as u64,
@@ -992,7 +982,8 @@ fn push_tasks(
         .last()
         .expect("a program ends with its join");
     let first = (plan.programs[f].len() == 1).then_some(f);
-    let preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
+    let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
+    preds.extend(external.iter().cloned());
     let launch = Launch {
         waits: abs(&join.waits, first),
         preds,
