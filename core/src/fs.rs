@@ -100,7 +100,6 @@ fn temp_sibling(path: &Path) -> Result<PathBuf, FileError> {
     Ok(parent_dir(path).join(tmp_name))
 }
 
-/// The directory holding `path` (`.` for a bare file name).
 /// Why a file could not be written at `path` later, if that is already
 /// known: its directory does not exist, or `path` is a directory. For
 /// output paths checked before a long run that writes them at its end.
@@ -115,6 +114,7 @@ pub fn unwritable(path: &Path) -> Option<String> {
     }
 }
 
+/// The directory holding `path` (`.` for a bare file name).
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
