@@ -394,7 +394,6 @@ impl<T: TaskRef> Tracker<T> {
         }
     }
 
-    /// Forgets a buffer (it was dropped: no task can name it again).
     /// The unfinished tasks a set of accesses conflicts with, and in
     /// `regions` what of each one's accesses it conflicts with, by task id
     /// (a task may have several): what tells, if one of them fails, which
@@ -455,6 +454,7 @@ impl<T: TaskRef> Tracker<T> {
         self.units.push((task.clone(), union.clone()));
     }
 
+    /// Forgets a buffer (it was dropped: no task can name it again).
     pub(crate) fn forget(&mut self, buf: u64) {
         self.bufs.remove(&buf);
     }
