@@ -694,35 +694,30 @@ pub(crate) fn submit(
         }
         st.stats.waits += entry[s].len() as u64;
     }
-    // With parts, each used stream's clock before its program: its part's
-    // record adds what the part's last task implies.
-    let split = !how.materialise && !plan.parts.is_empty();
-    let before: Vec<Clock> = if split {
-        used.iter().map(|&s| st.clocks[s].clone()).collect()
-    } else {
-        Vec::new()
-    };
-    // Each used stream's clock after its program.
-    for &s in &used {
-        let clock = &mut st.clocks[s];
-        for (j, &f) in plan.finals[s].iter().enumerate() {
-            if f > 0 {
-                clock[j] = clock[j].max(base[j] + f as u64);
-            }
-        }
-        st.placed[s] += plan.programs[s].len() as u64;
-        super::live::placed(shared, s, st.placed[s]);
-        st.tail[s] = u64::MAX;
-    }
     let id_base = st.next_id;
     st.next_id += plan.steps();
+    // With parts, each used stream's part gets its record (from the
+    // stream's clock before its program); then the stream's clock advances
+    // past its program, whose last step is the stream's tail: the part's
+    // record, or (set by `join_record`) the join.
+    let split = !how.materialise && !plan.parts.is_empty();
+    let mut ends = vec![None; if split { nstreams } else { 0 }];
+    for &s in &used {
+        if split {
+            ends[s] = part_record(st, plan, s, id_base, &base);
+        }
+        advance(&mut st.clocks[s], &plan.finals[s], &base);
+        st.placed[s] += plan.programs[s].len() as u64;
+        super::live::placed(shared, s, st.placed[s]);
+        st.tail[s] = ends
+            .get(s)
+            .and_then(Option::as_ref)
+            .map_or(u64::MAX, |e| e.id);
+    }
     let unit = join_record(st, plan, id_base, TaskKind::Host);
-    let ends = if split {
-        part_records(st, plan, id_base, &base, &used, before)
-    } else {
+    if !split {
         st.tracker.record_unit(&unit, &plan.union);
-        Vec::new()
-    };
+    }
     st.stats.replays += 1;
     st.stats.replayed_tasks += plan.len() as u64;
     shared
@@ -791,25 +786,26 @@ pub(crate) fn external_preds(
     ext
 }
 
-/// A replay's external predecessors' regions, by buffer: which of them a
-/// task's accesses depend on.
+/// The regions of a replay's failed external predecessors, by buffer:
+/// which of them a task's accesses depend on.
 pub(crate) struct ExternalIndex {
     /// Per buffer, `(external predecessor, region)`.
     by_buf: std::collections::HashMap<u64, SmallVec<[(usize, Region); 2]>>,
-    /// Regions that are units (whole replays' parts), any buffer.
+    /// Regions that are units (earlier replays' parts), any buffer.
     units: Vec<(usize, Region)>,
 }
 
 impl ExternalIndex {
-    /// Indexes `regions` (by task id) by the position of their task in
-    /// `external`.
-    pub(crate) fn new(external: &[Arc<TaskShared>], regions: &[(u64, Region)]) -> Self {
+    /// Indexes the `regions` (by task id) of the tasks of `external` that
+    /// failed, by their position in `external`. Read once every external
+    /// predecessor has finished.
+    pub(crate) fn of_failed(external: &[Arc<TaskShared>], regions: &[(u64, Region)]) -> Self {
         let mut ix = ExternalIndex {
             by_buf: Default::default(),
             units: Vec::new(),
         };
         for (id, r) in regions {
-            let Some(k) = external.iter().position(|e| e.id == *id) else {
+            let Some(k) = external.iter().position(|e| e.id == *id && e.failed()) else {
                 continue;
             };
             match r {
@@ -822,23 +818,18 @@ impl ExternalIndex {
         ix
     }
 
-    /// The external predecessors (by position) among those `of` accepts
-    /// that task `t`'s accesses depend on, each once, in `out`.
-    pub(crate) fn depended_on(
-        &self,
-        t: &RecTask,
-        of: impl Fn(usize) -> bool,
-        out: &mut SmallVec<[usize; 4]>,
-    ) {
-        for a in &t.accesses {
+    /// The first failed external predecessor (by position) that task `t`'s
+    /// accesses depend on, if any.
+    pub(crate) fn first_met(&self, t: &RecTask) -> Option<usize> {
+        t.accesses.iter().find_map(|a| {
             let (buf, range) = (a.view.buf.id(), a.view.range());
             let on_buf = self.by_buf.get(&buf).map(|v| &v[..]).unwrap_or(&[]);
-            for (k, r) in on_buf.iter().chain(&self.units) {
-                if !out.contains(k) && of(*k) && r.conflicts(buf, &range, a.mode) {
-                    out.push(*k);
-                }
-            }
-        }
+            on_buf
+                .iter()
+                .chain(&self.units)
+                .find(|(_, r)| r.conflicts(buf, &range, a.mode))
+                .map(|(k, _)| *k)
+        })
     }
 }
 
@@ -856,49 +847,45 @@ pub(crate) fn unit_record(
     unit
 }
 
-/// The records of a CPU replay's parts (`Plan::parts`), one per used
-/// stream, each recorded in the tracker with its part's union: it has the
-/// id and position of the stream's last task and the clock that task
-/// implies (`before`: each used stream's clock before its program), and it
-/// is the stream's tail where the join is not.
-fn part_records(
+/// The record of stream `s`'s part of a CPU replay (`Plan::parts`; `None`
+/// if the stream has none), recorded in the tracker with the part's union:
+/// it has the id and position of the stream's last task, and the clock
+/// that task implies on top of the stream's clock before its program.
+fn part_record(
     st: &mut SubmitState,
     plan: &Plan,
+    s: usize,
     id_base: u64,
     base: &[u64],
-    used: &[usize],
-    before: Vec<Clock>,
-) -> Vec<Option<Arc<TaskShared>>> {
-    let mut ends = vec![None; plan.parts.len()];
-    for (&s, mut clock) in used.iter().zip(before) {
-        let Some((last, union)) = &plan.parts[s] else {
-            continue;
-        };
-        let i = *last as usize;
-        for (j, &c) in plan.clocks[i].iter().enumerate() {
-            if c > 0 {
-                clock[j] = clock[j].max(base[j] + c as u64);
-            }
+) -> Option<Arc<TaskShared>> {
+    let (last, union) = plan.parts[s].as_ref()?;
+    let i = *last as usize;
+    let mut clock = st.clocks[s].clone();
+    advance(&mut clock, &plan.clocks[i], base);
+    let end = TaskShared::new(Record {
+        id: id_base + i as u64,
+        name: plan.name.clone(),
+        scope: None,
+        kind: plan.tasks[i].kind,
+        stream: s,
+        seq: base[s] + plan.position[i] as u64,
+        clock,
+        placement: replayed(plan),
+        eft: 0,
+        cost: super::cost::NO_SLOT,
+    });
+    st.tracker.record_unit(&end, union);
+    Some(end)
+}
+
+/// Advances `clock` by a plan's vector clock `local` (positions local to
+/// the schedule, 0 for none), shifted by each stream's `base`.
+fn advance(clock: &mut Clock, local: &[u32], base: &[u64]) {
+    for (j, &c) in local.iter().enumerate() {
+        if c > 0 {
+            clock[j] = clock[j].max(base[j] + c as u64);
         }
-        let end = TaskShared::new(Record {
-            id: id_base + i as u64,
-            name: plan.name.clone(),
-            scope: None,
-            kind: plan.tasks[i].kind,
-            stream: s,
-            seq: base[s] + plan.position[i] as u64,
-            clock,
-            placement: replayed(plan),
-            eft: 0,
-            cost: super::cost::NO_SLOT,
-        });
-        st.tracker.record_unit(&end, union);
-        if s != plan.join_stream {
-            st.tail[s] = end.id;
-        }
-        ends[s] = Some(end);
     }
-    ends
 }
 
 /// A replay's one task record on the plan's join stream (the join, or a

@@ -162,8 +162,7 @@ fn run_program(shared: &Shared, s: usize, run: &Run) {
     for &(j, n) in &run.entry[s] {
         shared.streams[j as usize].done.wait_at_least(n);
     }
-    let external = Failures::of(run);
-    let external = &external;
+    let external = &Failures::of(run);
     if run.sequential {
         // A graph on the CPU: every task, in the schedule's order, here;
         // the replay is one completion (its unit).
@@ -231,7 +230,7 @@ struct Failures<'r> {
     run: &'r Run,
     /// The first failed one, for a sequential run.
     whole: Option<&'r Arc<TaskShared>>,
-    /// The regions by buffer, built only when one failed.
+    /// The failed ones' regions by buffer, built only when one failed.
     index: Option<ExternalIndex>,
 }
 
@@ -239,7 +238,7 @@ impl<'r> Failures<'r> {
     fn of(run: &'r Run) -> Self {
         let first = run.external.iter().find(|p| p.failed());
         let index = (first.is_some() && !run.sequential)
-            .then(|| ExternalIndex::new(&run.external, &run.regions));
+            .then(|| ExternalIndex::of_failed(&run.external, &run.regions));
         Failures {
             run,
             whole: first.filter(|_| run.sequential),
@@ -252,11 +251,8 @@ impl<'r> Failures<'r> {
         if self.whole.is_some() {
             return self.whole;
         }
-        let index = self.index.as_ref()?;
-        let external = &self.run.external;
-        let mut on = SmallVec::new();
-        index.depended_on(&self.run.plan.tasks[i], |k| external[k].failed(), &mut on);
-        on.first().map(|&k| &external[k])
+        let k = self.index.as_ref()?.first_met(&self.run.plan.tasks[i])?;
+        Some(&self.run.external[k])
     }
 
     /// The name task `i`'s failure is reported under: the external
