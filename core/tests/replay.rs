@@ -212,6 +212,17 @@ fn flaky_step<'rt>(
     .unwrap()
 }
 
+/// Asserts that a replay of the schedule "step" ended in `outcome` failed
+/// for `cause` (`DependencyFailed`); `case` is printed with a failure.
+fn replay_failed_for(outcome: braid::Result<()>, cause: &str, case: impl std::fmt::Debug) {
+    match outcome {
+        Err(Error::DependencyFailed { task, cause: c }) => {
+            assert_eq!((task.as_str(), c.as_str()), ("step", cause), "{case:?}");
+        }
+        other => panic!("{case:?}: expected the replay to name `{cause}`, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
     for rt in runtimes() {
@@ -220,13 +231,7 @@ fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
         let z = rt.alloc("z", 4).unwrap();
         let step = flaky_step(&rt, [&x, &y, &z], None);
         rt.synchronize().unwrap();
-        let h = step.replay().unwrap();
-        match h.wait() {
-            Err(Error::DependencyFailed { task, cause }) => {
-                assert_eq!((task.as_str(), cause.as_str()), ("step", "flaky"));
-            }
-            other => panic!("expected the replay to name `flaky`, got {other:?}"),
-        }
+        replay_failed_for(step.replay().unwrap().wait(), "flaky", "");
         let e = rt.synchronize().unwrap_err().to_string();
         assert!(e.contains("flaky") && e.contains("second run fails"), "{e}");
         // The dependent was skipped, the independent task ran.
@@ -383,12 +388,7 @@ fn a_failure_in_one_part_of_a_replay_skips_only_its_dependents() {
         .on_stream(2)
         .run((b.read::<u32>(), d.write::<u32>()), |(b, d)| d[0] = b[0])
         .unwrap();
-    match h.wait() {
-        Err(Error::DependencyFailed { task, cause }) => {
-            assert_eq!((task.as_str(), cause.as_str()), ("step", "fails"));
-        }
-        other => panic!("expected the replay to name `fails`, got {other:?}"),
-    }
+    replay_failed_for(h.wait(), "fails", "");
     ca.wait().unwrap();
     match db.wait() {
         Err(Error::DependencyFailed { task, .. }) => assert_eq!(task, "reads b"),
@@ -439,16 +439,7 @@ fn a_failure_before_a_replay_skips_only_the_tasks_that_depend_on_it() {
         rt.task("breaks a")
             .run(a.write::<u32>(), |_| Err("broken".into()))
             .unwrap();
-        match step.replay().unwrap().wait() {
-            Err(Error::DependencyFailed { task, cause }) => {
-                assert_eq!(
-                    (task.as_str(), cause.as_str()),
-                    ("step", "breaks a"),
-                    "{mode:?}"
-                );
-            }
-            other => panic!("{mode:?}: expected the replay to name `breaks a`, got {other:?}"),
-        }
+        replay_failed_for(step.replay().unwrap().wait(), "breaks a", mode);
         let e = rt.synchronize().unwrap_err().to_string();
         assert!(
             e.contains("breaks a") && e.contains("broken"),
@@ -483,16 +474,7 @@ fn a_failure_in_a_cut_graph_replay_names_the_task_and_skips_later_parts() {
         let [y, w, z] = ["y", "w", "z"].map(|n| rt.alloc(n, 4).unwrap());
         let step = flaky_step(&rt, [&x, &y, &z], Some(&w));
         rt.synchronize().unwrap();
-        match step.replay().unwrap().wait() {
-            Err(Error::DependencyFailed { task, cause }) => {
-                assert_eq!(
-                    (task.as_str(), cause.as_str()),
-                    ("step", "flaky"),
-                    "{mode:?}"
-                );
-            }
-            other => panic!("{mode:?}: expected the replay to name `flaky`, got {other:?}"),
-        }
+        replay_failed_for(step.replay().unwrap().wait(), "flaky", mode);
         let e = rt.synchronize().unwrap_err().to_string();
         assert!(e.contains("flaky") && e.contains("second run fails"), "{e}");
         assert_eq!(step.graph_shape(), graph.then_some((2, 1)), "{mode:?}");
