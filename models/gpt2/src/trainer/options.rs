@@ -250,17 +250,10 @@ impl TrainOptions {
                 return bad(what, format!("{x} is not in [0, 1)"));
             }
         }
-        if !(o.eps.is_finite() && o.eps >= 0.0) {
-            return bad(
-                "AdamW epsilon",
-                format!("{} is not a number at or above 0", o.eps),
-            );
-        }
-        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
-            return bad(
-                "weight decay",
-                format!("{} is not a number at or above 0", o.weight_decay),
-            );
+        for (what, x) in [("AdamW epsilon", o.eps), ("weight decay", o.weight_decay)] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(what, format!("{x} is not a number at or above 0"));
+            }
         }
         if let Some(c) = self.max_grad_norm.filter(|c| !(c.is_finite() && *c > 0.0)) {
             return bad(
