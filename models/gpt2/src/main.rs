@@ -242,10 +242,9 @@ struct TrainArgs {
     dtype: Option<Dtype>,
     /// Which kernels run the fused bf16 attention on a GPU: braid (Braid's
     /// flash attention on tensor cores), cudnn (cuDNN's fused attention,
-    /// from the libcudnn of the nvidia-cudnn-cu13 wheel; not yet run on a
-    /// GPU, docs/gpt2.md) or auto (cuDNN's where it loads and has an engine
-    /// for the shape, Braid's otherwise). Default: BRAID_ATTENTION if set,
-    /// else braid.
+    /// from the libcudnn of the nvidia-cudnn-cu13 wheel, docs/gpt2.md) or
+    /// auto (cuDNN's where it loads and has an engine for the shape, Braid's
+    /// otherwise). Default: BRAID_ATTENTION if set, else auto.
     #[arg(long)]
     attention: Option<AttentionKernels>,
     /// RANK:STEP[:hang] — make RANK panic (or, with `:hang`, run a task
@@ -350,7 +349,7 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
 }
 
 /// The attention kernels of a training run: `--attention`, else
-/// `BRAID_ATTENTION` (an error when it names none), else Braid's. cuDNN runs
+/// `BRAID_ATTENTION` (an error when it names none), else `auto`. cuDNN runs
 /// only the fused bf16 attention on CUDA, so `--attention cudnn` on any
 /// other run is refused rather than ignored; `auto`, which falls back to
 /// Braid's kernels by design, and the variable, which may be set for a
@@ -364,7 +363,7 @@ fn attention_kernels(
     let Some(k) = flag else {
         return Ok(attention_from_env()
             .map_err(anyhow::Error::msg)?
-            .unwrap_or(AttentionKernels::Braid));
+            .unwrap_or(AttentionKernels::Auto));
     };
     if k == AttentionKernels::Cudnn && !(on_gpu && dtype == Dtype::Bf16 && fusion.attention) {
         bail!(

@@ -36,7 +36,11 @@ fn a_run_with_cudnn_attention_trains_like_one_with_braids() {
     {
         return;
     }
-    let cfg = Gpt2Config::tiny();
+    // The tiny model with a context of 128 (its own is 64).
+    let cfg = Gpt2Config {
+        max_seq_len: 128,
+        ..Gpt2Config::tiny()
+    };
     let data = TokenSource::from_ids(&runs_of_ids(16384, 9), "counting runs").unwrap();
     let start = StartState::fresh(&cfg, 4);
     let run = |kernels: AttentionKernels| {

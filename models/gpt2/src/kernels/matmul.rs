@@ -123,7 +123,8 @@ pub fn forward_gelu<'rt>(
             super::gelu::gelu_forward(out, pre);
         },
         move |(out, pre, inp, w, bias), cu| {
-            let lt = gelu_epilogue() && gelu_epilogue_fits::<S>(&out, &pre, &inp, &w, &bias, c, oc);
+            let lt =
+                gelu_epilogue(true) && gelu_epilogue_fits::<S>(&out, &pre, &inp, &w, &bias, c, oc);
             task_result(matmul_forward_gelu_cuda(
                 cu,
                 out,
@@ -797,32 +798,38 @@ pub fn bias_epilogue() -> bool {
 }
 
 /// Whether [`forward_gelu`] takes its GELU in cuBLASLt's epilogue
-/// (`GELU_AUX_BIAS`) on CUDA: `BRAID_CUBLASLT_GELU=1` (or `2`, below), read
-/// once. Off by default until it has run on a GPU
-/// (docs/gpu-validation.md): it saves the GELU kernel's pass over the MLP's
-/// activations (0.53 ms of run 7's 25.6 ms B 8 step on an H200).
-pub fn gelu_epilogue() -> bool {
-    gelu_fusion() >= 1
+/// (`GELU_AUX_BIAS`) on CUDA: level 1 or 2 of [`gelu_fusion`]. It saves the
+/// GELU kernel's pass over the MLP's activations (0.53 ms of run 7's B 8
+/// step on an H200).
+pub fn gelu_epilogue(cuda: bool) -> bool {
+    gelu_fusion(cuda) >= 1
 }
 
 /// Whether the fused model's MLP backward also takes the GELU's gradient in
-/// cuBLASLt's epilogue ([`backward_input_dgelu`]): `BRAID_CUBLASLT_GELU=2`
-/// (llm.c's `gelu_fusion` levels: 1 forward, 2 forward and backward), read
-/// once. Off by default until it has run on a GPU: it saves the GELU
-/// backward kernel (0.67 ms of run 7's step) and a pass over its input.
-pub fn dgelu_epilogue() -> bool {
-    gelu_fusion() >= 2
+/// cuBLASLt's epilogue ([`backward_input_dgelu`]): level 2 of
+/// [`gelu_fusion`]. It saves the GELU backward kernel (0.67 ms of run 7's
+/// step) and a pass over its input.
+pub fn dgelu_epilogue(cuda: bool) -> bool {
+    gelu_fusion(cuda) >= 2
 }
 
-/// `BRAID_CUBLASLT_GELU` as a level: 0 (unset or `0`), 1 or 2 (other
-/// values are refused by [`check_environment`](super::switches::check_environment)).
-fn gelu_fusion() -> u8 {
-    static LEVEL: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *LEVEL.get_or_init(|| match std::env::var_os(GELU_EPILOGUE_ENV) {
-        Some(v) if v == "1" => 1,
-        Some(v) if v == "2" => 2,
-        _ => 0,
-    })
+/// How much of the GELU goes into cuBLASLt's epilogues (llm.c's
+/// `gelu_fusion` levels: 1 forward, 2 forward and backward):
+/// `BRAID_CUBLASLT_GELU` (`0`, `1` or `2`; other values are refused by
+/// [`check_environment`](super::switches::check_environment)), read once;
+/// unset, 2 for a run on CUDA and 0 on the CPU. Level 2 is the CUDA default
+/// since run 8 (docs/gpu-validation.md): GPT-2 124M's fused bf16 step ran
+/// 0.97× the time at B 8 and 0.95× at B 64, with the same losses. On the CPU
+/// there is no epilogue to fuse into: its tasks stay the reference ones.
+pub fn gelu_fusion(cuda: bool) -> u8 {
+    static LEVEL: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
+    let set = *LEVEL.get_or_init(|| match std::env::var_os(GELU_EPILOGUE_ENV) {
+        Some(v) if v == "0" => Some(0),
+        Some(v) if v == "1" => Some(1),
+        Some(v) if v == "2" => Some(2),
+        _ => None,
+    });
+    set.unwrap_or(if cuda { 2 } else { 0 })
 }
 
 /// The environment variable of [`gelu_epilogue`].

@@ -68,8 +68,10 @@ impl Gpt2Model {
             GradWrite::Add
         };
         // The MLP's GELU gradient in cuBLASLt's epilogue (bf16, one writer;
-        // `BRAID_CUBLASLT_GELU=2`, `matmul::dgelu_epilogue`).
-        let dgelu = one_writer && self.dtype == Dtype::Bf16 && matmul::dgelu_epilogue();
+        // the CUDA default, `matmul::dgelu_epilogue`).
+        let dgelu = one_writer
+            && self.dtype == Dtype::Bf16
+            && matmul::dgelu_epilogue(rt.cuda_device().is_some());
         let (layers, ring) = (self.cfg.num_layers, da.ring);
         let zero_slot = |l: usize| fill::zero(side(format!("L{l} zero dacts")), &da.blocks[l].0);
         if !one_writer || !self.fusion.classifier {

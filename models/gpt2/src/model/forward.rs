@@ -146,7 +146,7 @@ impl Gpt2Model {
                     c,
                 )?;
             }
-            if matmul::gelu_epilogue() {
+            if matmul::gelu_epilogue(rt.cuda_device().is_some()) {
                 // One task; on CUDA in bf16 one cuBLASLt product.
                 matmul::forward_gelu(
                     task("fc forward"),

@@ -5,10 +5,10 @@ use super::*;
 
 /// `matmul::forward_gelu` (the MLP's first layer and its GELU as one task)
 /// is `matmul::forward` then `gelu::forward`, bit for bit, in f32 and bf16
-/// (on CUDA with `BRAID_CUBLASLT_GELU` unset: the same kernels).
+/// (on CUDA with `BRAID_CUBLASLT_GELU=0`: the same kernels).
 fn matmul_gelu_task(dev: Device) {
-    if matmul::gelu_epilogue() {
-        eprintln!("matmul_gelu_task: BRAID_CUBLASLT_GELU=1 runs the epilogue; see the _cuda test");
+    if matmul::gelu_epilogue(matches!(dev, Device::Cuda)) {
+        eprintln!("matmul_gelu_task: the GELU runs in cuBLASLt's epilogue; see the _cuda test");
         return;
     }
     let g = Dev::new(dev);
@@ -116,7 +116,7 @@ test_device!(
 );
 
 /// The GELU in cuBLASLt's epilogue (`matmul_forward_gelu_cuda(.., true)`,
-/// what `BRAID_CUBLASLT_GELU=1` turns on): the pre-activation against the
+/// the CUDA default, level 1 and up of `matmul::gelu_fusion`): the pre-activation against the
 /// CPU's product plus bias within `accumulated`'s bound; the GELU against
 /// the CPU's GELU of the CPU's pre-activation, within the same bound carried
 /// through GELU's slope (at most 1.13) plus one bf16 rounding. GPU only.

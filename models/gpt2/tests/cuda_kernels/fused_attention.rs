@@ -262,7 +262,13 @@ fn flash_attention_tensor_cores_cuda() {
 /// must not see.
 fn attention_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    let held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Braid's kernels unless a test asks for cuDNN's (`auto`, cuDNN where it
+    // has an engine, is the default on CUDA).
+    braid_gpt2::kernels::flash_attention::set_attention_kernels(
+        braid_gpt2::kernels::flash_attention::AttentionKernels::Braid,
+    );
+    held
 }
 
 /// With `BRAID_ATTENTION=cudnn` (here `set_attention_kernels`), bf16 fused

@@ -81,7 +81,8 @@ fn residual_layernorm_tasks(dev: Device) {
 
         // Backward: zeroed dinp += dres (residual backward) += the layer
         // norm's; fused: dinp (garbage) overwritten with dres + the same.
-        let ln_scratch = zeros(layernorm::backward_scratch_bytes(n, C) / 4);
+        // f32 scratch whatever the dtype (the sums of row chunks).
+        let ln_scratch = g.zeros(layernorm::backward_scratch_bytes(n, C) / 4);
         let (dinp, dproj) = (zeros(n * C), zeros(n * C));
         // The same starting dweight and dbias as dw0 and db0.
         let (dw, db) = (up(&data[6]), up(&data[7]));
