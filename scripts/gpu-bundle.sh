@@ -18,10 +18,12 @@
 #   scripts/gpu-bundle.sh --new .gpu/new && scripts/gpu-validate.sh .gpu/new
 # With --new --quick, only the wrappers a session of about ten minutes of
 # device time can run (QUICK below: the kernel and model
-# tests, the fused bf16 step that is the trainer's GPU default against
-# torch.compile at B 8, 32 and 64, with cuDNN's attention at B 8 and 64
-# (and its graphs and a training run in the tests), its leading kernels under
-# a profiler, two tenants with the trainer's timeline, the trainer, the
+# tests, cuDNN's graphs and a training run with its attention, the fused
+# bf16 step that is the trainer's GPU default against torch.compile at B 8,
+# 16, 32 and 64 and against run 7's kernels at B 8 and 64, PyTorch eager at
+# B 8 for its memory, the step with Braid's attention, its leading kernels
+# under a profiler, two tenants with the trainer's timeline (also with
+# realtime threads and with 8 SMs spared), the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
 # and with its graphs cut around the reducer's collectives against no
 # graphs, the CUDA graph tests, a small model's steps eager, memoised by
@@ -37,11 +39,13 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model 18_gpt2_gpu_bf16_fused 10_pytorch_bf16_compile_b8 10c_gpt2_gpu_bf16_fused_cudnn
-18b_profile_gpt2_gpu_bf16_fused 18d_gpt2_gpu_bf16_fused_tc3 18e_gpt2_gpu_bf16_fused_tc34 18f_gpt2_gpu_bf16_fused_gelu_lt 18g_gpt2_gpu_bf16_fused_chunk16 18h_gpt2_gpu_bf16_fused_chunk16_bounds 18i_gpt2_gpu_bf16_fused_dgelu_lt 18j_gpt2_gpu_bf16_fused_no_recompute 18k_gpt2_gpu_bf16_fused_dq_gemm 21_multi_tenant_cuda 21d_multi_tenant_cuda_spare_8 21e_multi_tenant_cuda_spare_16 13b_gpt2_gpu_bf16_fused_b32
-14b_pytorch_bf16_compile_b32 13c_gpt2_gpu_bf16_fused_b64 13d_gpt2_gpu_bf16_fused_b64_cudnn 14c_pytorch_bf16_compile_b64
-15_train_gpu
-15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 01_cuda_graphs
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model
+18_gpt2_gpu_bf16_fused 18y_gpt2_gpu_bf16_fused_run7_kernels 09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8
+18a_gpt2_gpu_bf16_fused_braid_attention 18b_profile_gpt2_gpu_bf16_fused 18j_gpt2_gpu_bf16_fused_no_recompute
+21_multi_tenant_cuda 21b_multi_tenant_cuda_realtime 21d_multi_tenant_cuda_spare_8
+11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32
+13c_gpt2_gpu_bf16_fused_b64 13y_gpt2_gpu_bf16_fused_b64_run7_kernels 14c_pytorch_bf16_compile_b64
+15_train_gpu 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 15e_cli_eval_sample 01_cuda_graphs
 16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
@@ -165,13 +169,10 @@ else
     wrap 13b_gpt2_gpu_bf16_fused_b32 bench gpt2_gpu "--batch-size 32 $g --dtype bf16 --fused"
     # llm.c's published figure is at B 64.
     wrap 13c_gpt2_gpu_bf16_fused_b64 bench gpt2_gpu "--batch-size 64 $g --dtype bf16 --fused"
-    # cuDNN's flash attention in place of Braid's (BRAID_ATTENTION=cudnn,
-    # docs/gpt2.md): at B 8 against 18 and torch.compile (10), at B 64
-    # against 13c and 14c. Each prints the graph and engine cuDNN chose.
-    script 10c_gpt2_gpu_bf16_fused_cudnn "env BRAID_ATTENTION=cudnn \
-\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
---profile-step \$OUT/gpt2-bf16-fused-cudnn-step.json"
-    script 13d_gpt2_gpu_bf16_fused_b64_cudnn "env BRAID_ATTENTION=cudnn \
+    # The fused step with run 7's kernels (Braid's attention, the GELU
+    # kernels: what the default was before run 8 made cuDNN's attention and
+    # the GELU epilogues the CUDA default), at B 64 against 13c.
+    script 13y_gpt2_gpu_bf16_fused_b64_run7_kernels "env BRAID_ATTENTION=braid BRAID_CUBLASLT_GELU=0 \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 64 $g --dtype bf16 --fused"
     script 14_pytorch_bf16_b32 "$py --batch-size 32"
     script 14b_pytorch_bf16_compile_b32 "$py --batch-size 32 --compile"
@@ -191,6 +192,9 @@ else
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-tied-split --trace \$OUT/gpt2-bf16-whole.json"
     wrap 15d_train_gpu_split_no_graphs bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-graphs --no-trace"
+    # The CLI after training on a GPU: eval and sample from the saved
+    # weights and checkpoint, on CUDA (bf16) and on the CPU (fp32).
+    script 15e_cli_eval_sample "scripts/gpu-cli-check.sh \"\$(dirname \"\$0\")/../bench/braid-gpt2\""
     wrap 16_gpt2_graphs_small bench gpt2_graphs \
         "--device cuda --model small --batch-size 4 --seq-len 64 --rounds 3 --steps 20"
     wrap 17_gpt2_graphs_124m bench gpt2_graphs \
@@ -198,7 +202,8 @@ else
     wrap 17b_gpt2_graphs_124m_fused bench gpt2_graphs \
         "--device cuda --model gpt2 --batch-size 8 --seq-len 1024 --rounds 1 --steps 5 --dtype bf16 --fused"
     # Every fused kernel, the trainer's default on a GPU (with the padded
-    # classifier weight), with a trace of a step.
+    # classifier weight, cuDNN's attention where it has an engine, the GELU
+    # and its gradient in cuBLASLt's epilogues), with a trace of a step.
     wrap 18_gpt2_gpu_bf16_fused bench gpt2_gpu \
         "--batch-size 8 $g --dtype bf16 --fused --profile-step \$OUT/gpt2-bf16-fused-step.json"
     # Where its time goes, kernel by kernel: Nsight Systems' table when the
@@ -216,24 +221,28 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     script 18c_gpt2_gpu_bf16_fused_bcast_bias "env BRAID_CUBLASLT_BIAS=0 \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
 --profile-step \$OUT/gpt2-bf16-fused-bcast-bias-step.json"
+    # Run 7's kernels (Braid's attention, the GELU in its own kernels): the
+    # default before run 8, against 18.
+    script 18y_gpt2_gpu_bf16_fused_run7_kernels "env BRAID_ATTENTION=braid BRAID_CUBLASLT_GELU=0 \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"
+    # Braid's own attention kernels (BRAID_ATTENTION=braid; the fallback
+    # where cuDNN has no engine, and the reference), with a trace of a step:
+    # the baseline of their variants below (18d, 18e, 18g, 18h, 18k).
+    script 18a_gpt2_gpu_bf16_fused_braid_attention "env BRAID_ATTENTION=braid \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
+--profile-step \$OUT/gpt2-bf16-fused-braid-attention-step.json"
     # The tensor-core attention compiled for 3 blocks an SM (its backward
     # kernels held 2 at 174 and 251 registers in run 7), and the forward for
-    # 4: against 18, which lets the compiler choose.
-    script 18d_gpt2_gpu_bf16_fused_tc3 "env BRAID_NVRTC_OPTIONS='-DTC_MIN_BLOCKS_DQ=3 \
+    # 4: against 18a, which lets the compiler choose (run 8: no difference).
+    script 18d_gpt2_gpu_bf16_fused_tc3 "env BRAID_ATTENTION=braid BRAID_NVRTC_OPTIONS='-DTC_MIN_BLOCKS_DQ=3 \
 -DTC_MIN_BLOCKS_DKV=3' \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"
-    script 18e_gpt2_gpu_bf16_fused_tc34 "env BRAID_NVRTC_OPTIONS='-DTC_MIN_BLOCKS_DQ=3 \
+    script 18e_gpt2_gpu_bf16_fused_tc34 "env BRAID_ATTENTION=braid BRAID_NVRTC_OPTIONS='-DTC_MIN_BLOCKS_DQ=3 \
 -DTC_MIN_BLOCKS_DKV=3 -DTC_MIN_BLOCKS_FWD=4' \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g \
 --dtype bf16 --fused"
-    # The MLP's GELU in cuBLASLt's epilogue (BRAID_CUBLASLT_GELU=1; written
-    # after run 7 without a GPU), with a trace of a step, against 18.
-    script 18f_gpt2_gpu_bf16_fused_gelu_lt "env BRAID_CUBLASLT_GELU=1 \
-\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
---profile-step \$OUT/gpt2-bf16-fused-gelu-lt-step.json"
-    # The GELU's gradient in cuBLASLt's epilogue as well (BRAID_CUBLASLT_GELU=2;
-    # written in the seventeenth session), with a trace of a step: against 18f.
-    script 18i_gpt2_gpu_bf16_fused_dgelu_lt "env BRAID_CUBLASLT_GELU=2 \
-\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
---profile-step \$OUT/gpt2-bf16-fused-dgelu-lt-step.json"
+    # The GELU and its gradient in their own kernels (BRAID_CUBLASLT_GELU=0),
+    # against 18.
+    script 18f_gpt2_gpu_bf16_fused_gelu_kernels "env BRAID_CUBLASLT_GELU=0 \
+\"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"
     # Every fused kernel but the GELU recomputation (each block keeps its
     # fch_gelu): run 7 had the recomputation at 0.45 ms of the B 8 step, and
     # memory at about half of PyTorch's. Against 18, time and memory.
@@ -241,18 +250,18 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
         "--batch-size 8 $g --dtype bf16 --fuse attention,classifier,residual-layernorm"
     # dQ as one cuBLAS product from the dS the dK/dV kernel stores
     # (BRAID_ATTENTION_DQ=gemm; written in the eighteenth session), with a
-    # trace of a step: against 18, time, memory and losses.
-    script 18k_gpt2_gpu_bf16_fused_dq_gemm "env BRAID_ATTENTION_DQ=gemm \
+    # trace of a step: against 18a, time, memory and losses.
+    script 18k_gpt2_gpu_bf16_fused_dq_gemm "env BRAID_ATTENTION=braid BRAID_ATTENTION_DQ=gemm \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused \
 --profile-step \$OUT/gpt2-bf16-fused-dq-gemm-step.json"
     # The attention's backward kernels walking their tiles 16 rows at a time
     # (written after run 7 without a GPU): 131 and 166 registers at head
     # size 64 against 174 and 248, and with bounds for 4 and 3 blocks an SM
     # 128 (24 bytes of stack) and 167. The gradients are bit-identical to
-    # 18's (kernel-emu checks it), so the losses printed must be too.
-    script 18g_gpt2_gpu_bf16_fused_chunk16 "env BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16' \
+    # 18a's (kernel-emu checks it), so the losses printed must be too.
+    script 18g_gpt2_gpu_bf16_fused_chunk16 "env BRAID_ATTENTION=braid BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16' \
 \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g --dtype bf16 --fused"
-    script 18h_gpt2_gpu_bf16_fused_chunk16_bounds "env BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16 \
+    script 18h_gpt2_gpu_bf16_fused_chunk16_bounds "env BRAID_ATTENTION=braid BRAID_NVRTC_OPTIONS='-DTC_BWD_CHUNK=16 \
 -DTC_MIN_BLOCKS_DQ=4 -DTC_MIN_BLOCKS_DKV=3' \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" --batch-size 8 $g \
 --dtype bf16 --fused"
     wrap 19_gpt2_gpu_fp32 bench gpt2_gpu "--batch-size 8 $g"
@@ -262,9 +271,10 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     wrap 21_multi_tenant_cuda bench multi_tenant \
         "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200"
     # The same with the latency-critical threads at SCHED_FIFO (what meets
-    # the p99 target on the CPU): whether the GPU's stall is host-side.
+    # the p99 target on the CPU) and the training sparing 8 SMs (run 8's
+    # best, 1.13-1.15x): whether what is left waits on the host.
     wrap 21b_multi_tenant_cuda_realtime bench multi_tenant \
-        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --realtime"
+        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --realtime --be-spare-sms 8"
     # The same with 32 hardware work queues instead of CUDA's default 8: two
     # runtimes' streams (and NCCL's, cuBLAS's) may otherwise share a queue,
     # and a request's kernel then waits behind best-effort kernels queued

@@ -106,6 +106,19 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 cat "$ENV_LOG"
 
 # --- run --------------------------------------------------------------------
+# With BRAID_VALIDATE_PACK=1, pack what is under $OUT at the end, and also when
+# an outer `timeout` stops the run (SIGTERM): the steps that finished keep
+# their logs.
+pack() {
+    [ "${BRAID_VALIDATE_PACK:-0}" = 1 ] || return 0
+    local tgz
+    tgz="$(mktemp "${TMPDIR:-/tmp}/gpu-validate.XXXXXX.tgz")"
+    if tar czf "$tgz" -C "$OUT" .; then
+        find "$OUT" -mindepth 1 -delete
+        mv "$tgz" "$OUT/gpu-validate.tgz"
+    fi
+}
+trap 'echo "stopped by SIGTERM: $passed passed, $failed failed so far" | tee -a "$summary"; pack; exit 124' TERM
 passed=0
 failed=0
 summary="$OUT/summary.txt"
@@ -161,11 +174,5 @@ if [ "$found" -eq 0 ]; then
 fi
 
 echo "$passed passed, $failed failed" | tee -a "$summary"
-if [ "${BRAID_VALIDATE_PACK:-0}" = 1 ]; then
-    pack="$(mktemp "${TMPDIR:-/tmp}/gpu-validate.XXXXXX.tgz")"
-    if tar czf "$pack" -C "$OUT" .; then
-        find "$OUT" -mindepth 1 -delete
-        mv "$pack" "$OUT/gpu-validate.tgz"
-    fi
-fi
+pack
 [ "$failed" -eq 0 ]

@@ -21,7 +21,8 @@
 //! recorded). Modes alternate round by round; each round builds a fresh
 //! runtime and model from the same parameters and tokens, runs `--warmup`
 //! steps (the recording and the capture among them), then `--steps`
-//! measured steps.
+//! measured steps. The placement trial is off (it waits for a schedule's
+//! first replays as they are submitted; the trainer runs it).
 //!
 //! ```text
 //! cargo run --release -p braid-benches --bin gpt2_graphs -- --device cuda --model small \
@@ -108,6 +109,11 @@ fn round(
         .compute_streams(a.streams)
         .graphs(mode == Mode::Graph)
         .auto_replay(mode == Mode::Auto)
+        // The placement trial (on by default on CUDA) waits for each of a
+        // schedule's first sixteen replays: the measured steps would time
+        // the trial's waits, not dispatch (run 8). Every mode keeps the
+        // placement its policy gives.
+        .placement_trial(false)
         .build()?;
     if let Some(dev) = rt.cuda_device() {
         braid_gpt2::kernels::preload(dev)?;
