@@ -417,3 +417,184 @@ fn bf16_fused_residual_kernels_are_the_unfused_ones() {
     .unwrap();
     compare_bf16("backward residual bf16 dinp", &e_dinp, &dinp, 1);
 }
+
+/// bf16 elements at a chosen 16-byte alignment: `off` elements past a
+/// 16-byte boundary (0: aligned, as the kernels' vector path needs; 1: not,
+/// so they take the element-wise loops).
+struct At16 {
+    buf: Vec<u128>,
+    off: usize,
+    len: usize,
+}
+
+impl At16 {
+    fn new(v: &[u16], off: usize) -> Self {
+        let mut a = At16 {
+            buf: vec![0u128; (v.len() + off).div_ceil(8)],
+            off,
+            len: v.len(),
+        };
+        a.get_mut().copy_from_slice(v);
+        a
+    }
+
+    fn get(&self) -> &[u16] {
+        // SAFETY: `buf` holds at least `off + len` u16 (8 per u128), any bit
+        // pattern is a u16, and u16's alignment divides u128's.
+        unsafe {
+            std::slice::from_raw_parts((self.buf.as_ptr() as *const u16).add(self.off), self.len)
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut [u16] {
+        // SAFETY: as `get`, borrowed mutably.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (self.buf.as_mut_ptr() as *mut u16).add(self.off),
+                self.len,
+            )
+        }
+    }
+}
+
+/// The bf16 kernels' vector path (16-byte loads, each row in registers;
+/// C a multiple of 8 up to 1024, every row 16-byte aligned) gives the
+/// element-wise loops' bits: each kernel runs once with every buffer
+/// aligned and once with `weight` one element off (which sends the whole
+/// launch down the loops), at channel counts of 1 to 4 vectors a lane and
+/// at 1,032 (past the vector path's 1,024: the loops both times). Against
+/// the CPU at the usual bars too.
+#[test]
+fn bf16_vector_rows_are_the_element_wise_rows() {
+    for (s, &(n, c)) in [(5, 40), (37, 64), (9, 768), (3, 1024), (4, 1032)]
+        .iter()
+        .enumerate()
+    {
+        let what = format!("N {n}, C {c}");
+        let x = case(n, c, 500 + 10 * s as u64);
+        let [inp, inp2, weight, bias, dout, dinp0] =
+            [&x.inp, &x.inp2, &x.weight, &x.bias, &x.dout, &x.dinp0].map(|v| bits(&to_bf16(v)));
+        let dres = bits(&to_bf16(&values(n * c, 600 + s as u64, 1.0)));
+        let [ni, ci] = [n, c].map(|v| v as i32);
+        let (grid, block) = warp_rows(n);
+        // (residual, out, mean, rstd, dinp from dinp0, dinp from dres).
+        let run = |w_off: usize| {
+            let a = |v: &[u16]| At16::new(v, 0);
+            let (i1, i2, w, b, g) = (
+                a(&inp),
+                a(&inp2),
+                At16::new(&weight, w_off),
+                a(&bias),
+                a(&dout),
+            );
+            let mut res = a(&vec![0xffff; n * c]);
+            let mut out = a(&vec![0xffff; n * c]);
+            let (mut mean, mut rstd) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            emu::layernorm_residual_forward_bf16(
+                grid,
+                block,
+                res.get_mut(),
+                out.get_mut(),
+                &mut mean,
+                &mut rstd,
+                i1.get(),
+                i2.get(),
+                w.get(),
+                b.get(),
+                ni,
+                ci,
+            )
+            .unwrap();
+            let mut plain = a(&vec![0xffff; n * c]);
+            let (mut pm, mut pr) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            emu::layernorm_forward_bf16(
+                grid,
+                block,
+                plain.get_mut(),
+                &mut pm,
+                &mut pr,
+                res.get(),
+                w.get(),
+                b.get(),
+                ni,
+                ci,
+            )
+            .unwrap();
+            assert_eq!(plain.get(), out.get(), "{what}: fused out = unfused");
+            let mut d = a(&dinp0);
+            let mut dr = a(&vec![0xffff; n * c]);
+            let dres = a(&dres);
+            for (dinp, dres) in [(&mut d, None), (&mut dr, Some(dres.get()))] {
+                emu::layernorm_backward_input_bf16(
+                    grid,
+                    block,
+                    dinp.get_mut(),
+                    dres,
+                    g.get(),
+                    res.get(),
+                    w.get(),
+                    &mean,
+                    &rstd,
+                    ni,
+                    ci,
+                )
+                .unwrap();
+            }
+            let v = |x: &At16| x.get().to_vec();
+            (v(&res), v(&out), mean, rstd, v(&d), v(&dr))
+        };
+        let (vector, loops) = (run(0), run(1));
+        assert_eq!(vector.0, loops.0, "{what}: residual");
+        assert_eq!(vector.1, loops.1, "{what}: out");
+        assert_bits(&format!("{what}: mean"), &vector.2, &loops.2);
+        assert_bits(&format!("{what}: rstd"), &vector.3, &loops.3);
+        assert_eq!(vector.4, loops.4, "{what}: dinp");
+        assert_eq!(vector.5, loops.5, "{what}: dinp from dres");
+
+        // And the CPU's kernels, at the bars of `bf16_kernels_match_the_cpu`.
+        let f = |v: &[u16]| common::from_bits(v);
+        let (mut res, mut out, mut mean, mut rstd) = (
+            vec![Bf16(0); n * c],
+            vec![Bf16(0); n * c],
+            vec![0.0; n],
+            vec![0.0; n],
+        );
+        layernorm_residual_forward(
+            &mut res,
+            &mut out,
+            &mut mean,
+            &mut rstd,
+            &f(&inp),
+            &f(&inp2),
+            &f(&weight),
+            &f(&bias),
+            n,
+            c,
+        );
+        compare_bf16(&format!("{what}: residual vs cpu"), &vector.0, &res, 0);
+        compare_bf16(&format!("{what}: out vs cpu"), &vector.1, &out, 1);
+        compare(
+            &format!("{what}: mean vs cpu"),
+            &vector.2,
+            &mean,
+            1e-7,
+            1e-6,
+        );
+        compare(&format!("{what}: rstd vs cpu"), &vector.3, &rstd, 0.0, 1e-6);
+        let (mut dinp, mut dw, mut db) = (f(&dinp0), vec![Bf16(0); c], vec![Bf16(0); c]);
+        layernorm_backward(
+            &mut dinp,
+            &mut dw,
+            &mut db,
+            &f(&dout),
+            &res,
+            &f(&weight),
+            &vector.2,
+            &vector.3,
+            1,
+            n,
+            c,
+        );
+        compare_bf16(&format!("{what}: dinp vs cpu"), &vector.4, &dinp, 1);
+    }
+}

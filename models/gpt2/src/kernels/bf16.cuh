@@ -28,3 +28,41 @@ __device__ __forceinline__ float ld_f32(float x) { return x; }
 __device__ __forceinline__ float ld_f32(bf16_t x) { return bf16_load(x); }
 __device__ __forceinline__ void st_f32(float* p, float x) { *p = x; }
 __device__ __forceinline__ void st_f32(bf16_t* p, float x) { *p = bf16_store(x); }
+
+// Eight bf16 elements, one 16-byte load or store (`p` 16-byte aligned: the
+// callers check; under emulation a misaligned one traps). Element e is the
+// low half of word e / 2 for even e, the high half for odd e (little-endian,
+// as memory holds them).
+struct alignas(16) bf16x8 {
+    unsigned int w[4];
+};
+
+__device__ __forceinline__ bf16x8 bf16x8_load(const bf16_t* p) {
+    bf16x8 v;
+#ifdef BRAID_KERNEL_EMU
+    if (((unsigned long long)p) & 15ull) __trap();
+    memcpy(&v, p, sizeof v);
+#else
+    v = *reinterpret_cast<const bf16x8*>(p);
+#endif
+    return v;
+}
+
+__device__ __forceinline__ void bf16x8_store(bf16_t* p, const bf16x8& v) {
+#ifdef BRAID_KERNEL_EMU
+    if (((unsigned long long)p) & 15ull) __trap();
+    memcpy(p, &v, sizeof v);
+#else
+    *reinterpret_cast<bf16x8*>(p) = v;
+#endif
+}
+
+__device__ __forceinline__ float bf16x8_get(const bf16x8& v, int e) {
+    const unsigned int w = v.w[e >> 1];
+    return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+
+__device__ __forceinline__ void bf16x8_set(bf16x8& v, int e, bf16_t h) {
+    unsigned int& w = v.w[e >> 1];
+    w = (e & 1) ? ((w & 0x0000ffffu) | ((unsigned int)h << 16)) : ((w & 0xffff0000u) | h);
+}
