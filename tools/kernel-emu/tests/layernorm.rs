@@ -325,6 +325,21 @@ fn f32_fused_residual_kernels_are_the_unfused_ones() {
     }
 }
 
+/// The CPU's fused residual + layer norm forward of `[inp, inp2, weight,
+/// bias]` (bf16): `(residual, out, mean, rstd)`.
+fn cpu_residual_forward(
+    [inp, inp2, weight, bias]: [&[Bf16]; 4],
+    n: usize,
+    c: usize,
+) -> (Vec<Bf16>, Vec<Bf16>, Vec<f32>, Vec<f32>) {
+    let (mut res, mut out) = (vec![Bf16(0); n * c], vec![Bf16(0); n * c]);
+    let (mut mean, mut rstd) = (vec![0.0; n], vec![0.0; n]);
+    layernorm_residual_forward(
+        &mut res, &mut out, &mut mean, &mut rstd, inp, inp2, weight, bias, n, c,
+    );
+    (res, out, mean, rstd)
+}
+
 /// The bf16 fused residual kernels: as the f32 ones (the residual the CPU's
 /// rounded sum, bit for bit; the outputs the unfused kernel's on it).
 #[test]
@@ -378,15 +393,7 @@ fn bf16_fused_residual_kernels_are_the_unfused_ones() {
     assert_bits("fused rstd = unfused", &e.3, &u.2);
 
     // The CPU's fused kernel, within the forward's bars.
-    let (mut res, mut out, mut mean, mut rstd) = (
-        vec![Bf16(0); n * c],
-        vec![Bf16(0); n * c],
-        vec![0.0; n],
-        vec![0.0; n],
-    );
-    layernorm_residual_forward(
-        &mut res, &mut out, &mut mean, &mut rstd, &inp, &inp2, &weight, &bias, n, c,
-    );
+    let (_, out, mean, rstd) = cpu_residual_forward([&inp, &inp2, &weight, &bias], n, c);
     compare_bf16("fused out bf16 vs cpu", &e.1, &out, 1);
     compare("fused mean bf16 vs cpu", &e.2, &mean, 1e-7, 1e-6);
 
@@ -553,24 +560,8 @@ fn bf16_vector_rows_are_the_element_wise_rows() {
 
         // And the CPU's kernels, at the bars of `bf16_kernels_match_the_cpu`.
         let f = |v: &[u16]| common::from_bits(v);
-        let (mut res, mut out, mut mean, mut rstd) = (
-            vec![Bf16(0); n * c],
-            vec![Bf16(0); n * c],
-            vec![0.0; n],
-            vec![0.0; n],
-        );
-        layernorm_residual_forward(
-            &mut res,
-            &mut out,
-            &mut mean,
-            &mut rstd,
-            &f(&inp),
-            &f(&inp2),
-            &f(&weight),
-            &f(&bias),
-            n,
-            c,
-        );
+        let (res, out, mean, rstd) =
+            cpu_residual_forward([&f(&inp), &f(&inp2), &f(&weight), &f(&bias)], n, c);
         compare_bf16(&format!("{what}: residual vs cpu"), &vector.0, &res, 0);
         compare_bf16(&format!("{what}: out vs cpu"), &vector.1, &out, 1);
         compare(
