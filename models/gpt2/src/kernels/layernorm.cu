@@ -238,8 +238,10 @@ static __device__ __forceinline__ void layernorm_row_bf16(bf16_t* __restrict__ o
 // is a multiple of 8 up to 32 * 8 * LN_VEC_MAX (GPT-2 124M's 768, medium's
 // 1024) and every row pointer is 16-byte aligned, else the loops above. The
 // same arithmetic per element; the row sums are the same double sums in
-// another order, exact (so the same bits) unless a row's values span more
-// than about 30 binades.
+// another order, so the same bits wherever they are exact: rows of bf16
+// values spanning under about 35 binades, backward terms (f32) under about
+// 19. Past that a sum may differ in its last double bit, which its f32
+// rounding almost never shows.
 #define LN_VEC_MAX 4
 
 // Whether the vector path applies: `addrs` is the OR of the base pointers.
