@@ -34,7 +34,7 @@ extern "C" __global__ void gelu_backward(float* __restrict__ dinp, const float* 
     dinp[i] = (accumulate ? dinp[i] : 0.0f) + local_grad * dout[i];
 }
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, bf16x8, aligned16
 
 // bf16 storage, f32 arithmetic, one rounding on store; the same operations in
 // the same order as gelu_forward::<Bf16> in gelu.rs. __fmul_rn/__fadd_rn keep
@@ -63,16 +63,6 @@ static __device__ __forceinline__ float gelu_bf16_grad(float x) {
     return __fadd_rn(left, right);
 }
 
-// Eight bf16 elements, one 16-byte load or store.
-struct alignas(16) gelu_bf16x8 {
-    bf16_t v[8];
-};
-
-// Whether the eight elements from p are one aligned 16-byte vector.
-static __device__ __forceinline__ bool gelu_aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
-
 // The bf16 kernels give each thread GELU_PER consecutive elements: one
 // 16-byte load per operand where every pointer is 16-byte aligned and the
 // eight are in range, element by element otherwise (the same arithmetic, so
@@ -85,12 +75,14 @@ extern "C" __global__ void gelu_forward_bf16(bf16_t* __restrict__ out,
                                              const bf16_t* __restrict__ inp, long long N) {
     const long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * GELU_PER;
     if (i0 >= N) return;
-    if (i0 + GELU_PER <= N && gelu_aligned16(out) && gelu_aligned16(inp)) {
-        const gelu_bf16x8 x = *reinterpret_cast<const gelu_bf16x8*>(inp + i0);
-        gelu_bf16x8 y;
+    if (i0 + GELU_PER <= N && aligned16(out) && aligned16(inp)) {
+        const bf16x8 x = bf16x8_load(inp + i0);
+        bf16x8 y = {};
 #pragma unroll
-        for (int e = 0; e < GELU_PER; e++) y.v[e] = bf16_store(gelu_bf16_value(bf16_load(x.v[e])));
-        *reinterpret_cast<gelu_bf16x8*>(out + i0) = y;
+        for (int e = 0; e < GELU_PER; e++) {
+            bf16x8_set(y, e, bf16_store(gelu_bf16_value(bf16x8_get(x, e))));
+        }
+        bf16x8_store(out + i0, y);
     } else {
         for (long long i = i0; i < N && i < i0 + GELU_PER; i++)
             out[i] = bf16_store(gelu_bf16_value(bf16_load(inp[i])));
@@ -108,18 +100,17 @@ extern "C" __global__ void gelu_backward_bf16(bf16_t* __restrict__ dinp,
                                               int accumulate) {
     const long long i0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * GELU_PER;
     if (i0 >= N) return;
-    if (i0 + GELU_PER <= N && gelu_aligned16(dinp) && gelu_aligned16(inp) &&
-        gelu_aligned16(dout)) {
-        const gelu_bf16x8 x = *reinterpret_cast<const gelu_bf16x8*>(inp + i0);
-        const gelu_bf16x8 g = *reinterpret_cast<const gelu_bf16x8*>(dout + i0);
-        gelu_bf16x8 d = {};  // bf16 zeros
-        if (accumulate) d = *reinterpret_cast<const gelu_bf16x8*>(dinp + i0);
+    if (i0 + GELU_PER <= N && aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
+        const bf16x8 x = bf16x8_load(inp + i0);
+        const bf16x8 g = bf16x8_load(dout + i0);
+        bf16x8 d = {};  // bf16 zeros
+        if (accumulate) d = bf16x8_load(dinp + i0);
 #pragma unroll
         for (int e = 0; e < GELU_PER; e++) {
-            const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(x.v[e])), bf16_load(g.v[e]));
-            d.v[e] = bf16_store(__fadd_rn(bf16_load(d.v[e]), grad));
+            const float grad = __fmul_rn(gelu_bf16_grad(bf16x8_get(x, e)), bf16x8_get(g, e));
+            bf16x8_set(d, e, bf16_store(__fadd_rn(bf16x8_get(d, e), grad)));
         }
-        *reinterpret_cast<gelu_bf16x8*>(dinp + i0) = d;
+        bf16x8_store(dinp + i0, d);
     } else {
         for (long long i = i0; i < N && i < i0 + GELU_PER; i++) {
             const float grad = __fmul_rn(gelu_bf16_grad(bf16_load(inp[i])), bf16_load(dout[i]));

@@ -109,7 +109,7 @@ extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
     }
 }
 
-#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32
+#include "bf16.cuh"  // bf16_t, bf16_load, bf16_store, ld_f32, st_f32, bf16x8
 
 // dweight[c] += sum_n norm[n, c] * dout[n, c];  dbias[c] += sum_n dout[n, c],
 // in two kernels, deterministic (a fixed assignment and a fixed combining
@@ -287,8 +287,7 @@ static __device__ __forceinline__ void layernorm_row_bf16_vec(
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const float xn = __fmul_rn(__fadd_rn(bf16x8_get(xv[k], e), -m), r);
-            bf16x8_set(y, e,
-                       bf16_store(__fadd_rn(__fmul_rn(xn, bf16x8_get(w, e)), bf16x8_get(b, e))));
+            bf16x8_set(y, e, bf16_store(__fadd_rn(__fmul_rn(xn, bf16x8_get(w, e)), bf16x8_get(b, e))));
         }
         bf16x8_store(o + at, y);
     }
