@@ -310,6 +310,7 @@ pub(crate) fn submit(
             Launch {
                 waits,
                 preds: external,
+                after: SmallVec::new(),
                 accesses: SmallVec::new(),
                 body: TaskBody::Graph(step.clone()),
                 on_skip: None,

@@ -186,6 +186,11 @@ pub(crate) struct Launch {
     pub(crate) waits: SmallVec<[(u16, u64); 4]>,
     /// Unfinished predecessors (a failed one means this task is skipped).
     pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
+    /// Tasks `waits` names that are not predecessors: waited for (on CUDA,
+    /// through their events), their failures not this task's (a
+    /// materialised replay's external predecessors that its step does not
+    /// meet: `replay::push_tasks`).
+    pub(crate) after: SmallVec<[Arc<TaskShared>; 4]>,
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: TaskBody,
     /// Called when the task is skipped because a predecessor failed.
@@ -607,6 +612,7 @@ pub(crate) fn submit(
     let launch = Launch {
         waits,
         preds: preds.drain(..).collect(),
+        after: SmallVec::new(),
         accesses: t.accesses,
         body,
         on_skip: t.on_skip,

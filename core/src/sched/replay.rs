@@ -726,7 +726,15 @@ pub(crate) fn submit(
     let external: SmallVec<[Arc<TaskShared>; 4]> = ext.drain(..).collect();
     st.preds = ext;
     if how.materialise {
-        push_tasks(shared, plan, &base, id_base, &entry, &external, &unit);
+        push_tasks(
+            shared,
+            plan,
+            &base,
+            id_base,
+            &entry,
+            (&external, &regions),
+            &unit,
+        );
     } else {
         let run = Arc::new(Run {
             plan: plan.clone(),
@@ -786,8 +794,8 @@ pub(crate) fn external_preds(
     ext
 }
 
-/// The regions of a replay's failed external predecessors, by buffer:
-/// which of them a task's accesses depend on.
+/// The regions of a replay's external predecessors (all, or the failed
+/// ones), by buffer: which of them a task's accesses depend on.
 pub(crate) struct ExternalIndex {
     /// Per buffer, `(external predecessor, region)`.
     by_buf: std::collections::HashMap<u64, SmallVec<[(usize, Region); 2]>>,
@@ -800,12 +808,22 @@ impl ExternalIndex {
     /// failed, by their position in `external`. Read once every external
     /// predecessor has finished.
     pub(crate) fn of_failed(external: &[Arc<TaskShared>], regions: &[(u64, Region)]) -> Self {
+        Self::of(external, regions, |e| e.failed())
+    }
+
+    /// Indexes the `regions` of the tasks of `external` that `keep` takes,
+    /// by their position in `external`.
+    pub(crate) fn of(
+        external: &[Arc<TaskShared>],
+        regions: &[(u64, Region)],
+        keep: impl Fn(&TaskShared) -> bool,
+    ) -> Self {
         let mut ix = ExternalIndex {
             by_buf: Default::default(),
             units: Vec::new(),
         };
         for (id, r) in regions {
-            let Some(k) = external.iter().position(|e| e.id == *id && e.failed()) else {
+            let Some(k) = external.iter().position(|e| e.id == *id && keep(e)) else {
                 continue;
             };
             match r {
@@ -818,16 +836,23 @@ impl ExternalIndex {
         ix
     }
 
-    /// The first failed external predecessor (by position) that task `t`'s
+    /// The first indexed external predecessor (by position) that task `t`'s
     /// accesses depend on, if any.
     pub(crate) fn first_met(&self, t: &RecTask) -> Option<usize> {
-        t.accesses.iter().find_map(|a| {
+        self.met(t).next()
+    }
+
+    /// The indexed external predecessors (by position) that task `t`'s
+    /// accesses depend on, in access order (a predecessor met by two
+    /// accesses comes twice).
+    pub(crate) fn met<'a>(&'a self, t: &'a RecTask) -> impl Iterator<Item = usize> + 'a {
+        t.accesses.iter().flat_map(move |a| {
             let (buf, range) = (a.view.buf.id(), a.view.range());
             let on_buf = self.by_buf.get(&buf).map(|v| &v[..]).unwrap_or(&[]);
             on_buf
                 .iter()
                 .chain(&self.units)
-                .find(|(_, r)| r.conflicts(buf, &range, a.mode))
+                .filter(move |(_, r)| r.conflicts(buf, &range, a.mode))
                 .map(|(k, _)| *k)
         })
     }
@@ -910,13 +935,20 @@ fn join_record(st: &mut SubmitState, plan: &Plan, id_base: u64, kind: TaskKind) 
 
 /// The materialised replay: one task record per step, pushed in the
 /// schedule's order; the join (`unit`) last, depending on every task.
+///
+/// A task's predecessors (whose failure skips it) are its predecessors in
+/// the schedule and the external predecessors its own accesses meet
+/// (`regions`, [`ExternalIndex`]): as if it were submitted again, and as a
+/// program run skips (semantics 9). The first step of each stream waits
+/// for every external predecessor (`entry`), so it also holds the others,
+/// for their events (`Launch::after`), not their failures.
 fn push_tasks(
     shared: &Shared,
     plan: &Plan,
     base: &[u64],
     id_base: u64,
     entry: &[SmallVec<[(u16, u64); 4]>],
-    external: &[Arc<TaskShared>],
+    (external, regions): (&[Arc<TaskShared>], &[(u64, Region)]),
     unit: &Arc<TaskShared>,
 ) {
     let abs = |waits: &[(u16, u32)], first: Option<usize>| {
@@ -926,6 +958,15 @@ fn push_tasks(
         w.extend(waits.iter().map(|&(j, m)| (j, base[j as usize] + m as u64)));
         w
     };
+    let index = (!external.is_empty()).then(|| ExternalIndex::of(external, regions, |_| true));
+    // The external predecessors not in `preds`.
+    let others = |preds: &[Arc<TaskShared>]| -> SmallVec<[Arc<TaskShared>; 4]> {
+        external
+            .iter()
+            .filter(|e| !preds.iter().any(|p| Arc::ptr_eq(p, e)))
+            .cloned()
+            .collect()
+    };
     let mut made: Vec<Arc<TaskShared>> = Vec::with_capacity(plan.len());
     for (i, t) in plan.tasks.iter().enumerate() {
         let s = t.stream as usize;
@@ -934,12 +975,17 @@ fn push_tasks(
         let step = &plan.programs[s][pos as usize - 1];
         let mut preds: SmallVec<[Arc<TaskShared>; 4]> =
             t.preds.iter().map(|&p| made[p as usize].clone()).collect();
-        // The first step of each stream waits for every external
-        // predecessor, so it names them all (on CUDA a wait's event is
-        // its predecessor's): one that fails skips the whole replay.
-        if t.preds.is_empty() || first.is_some() {
-            preds.extend(external.iter().cloned());
+        let own = preds.len();
+        for k in index.iter().flat_map(|ix| ix.met(t)) {
+            if !preds[own..].iter().any(|p| Arc::ptr_eq(p, &external[k])) {
+                preds.push(external[k].clone());
+            }
         }
+        let after = if first.is_some() {
+            others(&preds)
+        } else {
+            SmallVec::new()
+        };
         let task = TaskShared::new(Record {
             id: id_base + i as u64,
             name: t.name.clone(),
@@ -955,6 +1001,7 @@ fn push_tasks(
         let launch = Launch {
             waits: abs(&step.waits, first),
             preds,
+            after,
             accesses: t.accesses.clone(),
             body: TaskBody::Shared(t.body.clone()),
             on_skip: t.on_skip.clone(),
@@ -969,11 +1016,13 @@ fn push_tasks(
         .last()
         .expect("a program ends with its join");
     let first = (plan.programs[f].len() == 1).then_some(f);
-    let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
-    preds.extend(external.iter().cloned());
+    // The join fails with the replay's tasks, as a program run's does: an
+    // external predecessor no task met does not fail it.
+    let preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
     let launch = Launch {
         waits: abs(&join.waits, first),
         preds,
+        after: first.map(|_| others(&[])).unwrap_or_default(),
         accesses: SmallVec::new(),
         body: TaskBody::Join,
         on_skip: None,

@@ -255,6 +255,7 @@ fn submit_recorded(
     let launch = Launch {
         waits,
         preds: preds.drain(..).collect(),
+        after: SmallVec::new(),
         accesses: t.accesses.clone(),
         body: TaskBody::Shared(t.body.clone()),
         on_skip: t.on_skip.clone(),
@@ -286,6 +287,7 @@ fn submit_join(
     let launch = Launch {
         waits,
         preds: parts.into_iter().collect(),
+        after: SmallVec::new(),
         accesses: SmallVec::new(),
         body: TaskBody::Join,
         on_skip: None,

@@ -112,6 +112,7 @@ pub(super) fn execute(
     let Launch {
         waits,
         preds,
+        after: _,
         accesses,
         body,
         on_skip,
@@ -604,6 +605,7 @@ fn launch_cuda(
     let Launch {
         waits,
         preds,
+        after,
         accesses,
         body,
         on_skip,
@@ -611,7 +613,10 @@ fn launch_cuda(
     let mut err = None;
     for &(j, n) in &waits {
         shared.streams[j as usize].launched.wait_at_least(n);
-        let pred = preds.iter().find(|p| p.stream == j && p.seq == n);
+        let pred = preds
+            .iter()
+            .chain(&after)
+            .find(|p| p.stream == j && p.seq == n);
         if let Some(ev) = pred.and_then(|p| p.event.get()) {
             if let Err(e) = d.stream.wait_event(ev) {
                 err.get_or_insert(device_error("cuStreamWaitEvent", e));
