@@ -449,7 +449,7 @@ pub(crate) fn submit_memoised(
     let launch = Launch {
         waits,
         preds,
-        after: SmallVec::new(),
+        wait_only: 0,
         accesses: t.accesses,
         body: TaskBody::Once(t.body),
         on_skip: t.on_skip,

@@ -310,7 +310,7 @@ pub(crate) fn submit(
             Launch {
                 waits,
                 preds: external,
-                after: SmallVec::new(),
+                wait_only: 0,
                 accesses: SmallVec::new(),
                 body: TaskBody::Graph(step.clone()),
                 on_skip: None,

@@ -184,13 +184,15 @@ impl TaskRef for Arc<TaskShared> {
 pub(crate) struct Launch {
     /// Cross-stream waits `(stream, seq)` not already implied by earlier waits.
     pub(crate) waits: SmallVec<[(u16, u64); 4]>,
-    /// Unfinished predecessors (a failed one means this task is skipped).
+    /// Unfinished predecessors (a failed one means this task is skipped),
+    /// then the last `wait_only` of them, which are not: tasks `waits` names
+    /// (on CUDA their events are found here) whose failures are not this
+    /// task's (a materialised replay's external predecessors that its step
+    /// does not meet: `replay::push_tasks`).
     pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
-    /// Tasks `waits` names that are not predecessors: waited for (on CUDA,
-    /// through their events), their failures not this task's (a
-    /// materialised replay's external predecessors that its step does not
-    /// meet: `replay::push_tasks`).
-    pub(crate) after: SmallVec<[Arc<TaskShared>; 4]>,
+    /// How many of `preds`, at its end, are only waited for (0 but in a
+    /// materialised replay; a count, not a list, to keep `Launch` small).
+    pub(crate) wait_only: u32,
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: TaskBody,
     /// Called when the task is skipped because a predecessor failed.
@@ -612,7 +614,7 @@ pub(crate) fn submit(
     let launch = Launch {
         waits,
         preds: preds.drain(..).collect(),
-        after: SmallVec::new(),
+        wait_only: 0,
         accesses: t.accesses,
         body,
         on_skip: t.on_skip,

@@ -941,7 +941,7 @@ fn join_record(st: &mut SubmitState, plan: &Plan, id_base: u64, kind: TaskKind) 
 /// (`regions`, [`ExternalIndex`]): as if it were submitted again, and as a
 /// program run skips (semantics 9). The first step of each stream waits
 /// for every external predecessor (`entry`), so it also holds the others,
-/// for their events (`Launch::after`), not their failures.
+/// for their events, not their failures (`Launch::wait_only`).
 fn push_tasks(
     shared: &Shared,
     plan: &Plan,
@@ -959,13 +959,16 @@ fn push_tasks(
         w
     };
     let index = (!external.is_empty()).then(|| ExternalIndex::of(external, regions, |_| true));
-    // The external predecessors not in `preds`.
-    let others = |preds: &[Arc<TaskShared>]| -> SmallVec<[Arc<TaskShared>; 4]> {
-        external
-            .iter()
-            .filter(|e| !preds.iter().any(|p| Arc::ptr_eq(p, e)))
-            .cloned()
-            .collect()
+    // Appends to `preds` the external predecessors not in it, only waited
+    // for; returns how many.
+    let wait_for_others = |preds: &mut SmallVec<[Arc<TaskShared>; 4]>| -> u32 {
+        let known = preds.len();
+        for e in external {
+            if !preds[..known].iter().any(|p| Arc::ptr_eq(p, e)) {
+                preds.push(e.clone());
+            }
+        }
+        (preds.len() - known) as u32
     };
     let mut made: Vec<Arc<TaskShared>> = Vec::with_capacity(plan.len());
     for (i, t) in plan.tasks.iter().enumerate() {
@@ -981,10 +984,10 @@ fn push_tasks(
                 preds.push(external[k].clone());
             }
         }
-        let after = if first.is_some() {
-            others(&preds)
+        let wait_only = if first.is_some() {
+            wait_for_others(&mut preds)
         } else {
-            SmallVec::new()
+            0
         };
         let task = TaskShared::new(Record {
             id: id_base + i as u64,
@@ -1001,7 +1004,7 @@ fn push_tasks(
         let launch = Launch {
             waits: abs(&step.waits, first),
             preds,
-            after,
+            wait_only,
             accesses: t.accesses.clone(),
             body: TaskBody::Shared(t.body.clone()),
             on_skip: t.on_skip.clone(),
@@ -1018,11 +1021,16 @@ fn push_tasks(
     let first = (plan.programs[f].len() == 1).then_some(f);
     // The join fails with the replay's tasks, as a program run's does: an
     // external predecessor no task met does not fail it.
-    let preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
+    let mut preds: SmallVec<[Arc<TaskShared>; 4]> = made.into_iter().collect();
+    let wait_only = if first.is_some() {
+        wait_for_others(&mut preds)
+    } else {
+        0
+    };
     let launch = Launch {
         waits: abs(&join.waits, first),
         preds,
-        after: first.map(|_| others(&[])).unwrap_or_default(),
+        wait_only,
         accesses: SmallVec::new(),
         body: TaskBody::Join,
         on_skip: None,

@@ -255,7 +255,7 @@ fn submit_recorded(
     let launch = Launch {
         waits,
         preds: preds.drain(..).collect(),
-        after: SmallVec::new(),
+        wait_only: 0,
         accesses: t.accesses.clone(),
         body: TaskBody::Shared(t.body.clone()),
         on_skip: t.on_skip.clone(),
@@ -287,7 +287,7 @@ fn submit_join(
     let launch = Launch {
         waits,
         preds: parts.into_iter().collect(),
-        after: SmallVec::new(),
+        wait_only: 0,
         accesses: SmallVec::new(),
         body: TaskBody::Join,
         on_skip: None,

@@ -112,7 +112,7 @@ pub(super) fn execute(
     let Launch {
         waits,
         preds,
-        after: _,
+        wait_only,
         accesses,
         body,
         on_skip,
@@ -125,7 +125,8 @@ pub(super) fn execute(
     tenants::admit(shared);
     let start = if timed { now_ns() } else { 0 };
     live::running(shared, s, Some((task.id, &task.name, &task.scope)));
-    let (outcome, checks) = run_task(task, &preds, body, on_skip, true, || {
+    let skip_on = &preds[..preds.len() - wait_only as usize];
+    let (outcome, checks) = run_task(task, skip_on, body, on_skip, true, || {
         DeviceCtx::Cpu(PhantomData)
     });
     live::running(shared, s, None);
@@ -605,7 +606,7 @@ fn launch_cuda(
     let Launch {
         waits,
         preds,
-        after,
+        wait_only,
         accesses,
         body,
         on_skip,
@@ -613,10 +614,7 @@ fn launch_cuda(
     let mut err = None;
     for &(j, n) in &waits {
         shared.streams[j as usize].launched.wait_at_least(n);
-        let pred = preds
-            .iter()
-            .chain(&after)
-            .find(|p| p.stream == j && p.seq == n);
+        let pred = preds.iter().find(|p| p.stream == j && p.seq == n);
         if let Some(ev) = pred.and_then(|p| p.event.get()) {
             if let Err(e) = d.stream.wait_event(ev) {
                 err.get_or_insert(device_error("cuStreamWaitEvent", e));
@@ -632,9 +630,14 @@ fn launch_cuda(
         Some(e) => (Err(e), Vec::new()),
         // No measurement on CUDA: a body's host time is its launch, and
         // schedules are not re-placed there.
-        None => run_task(&task, &preds, body, on_skip, false, || {
-            DeviceCtx::Cuda(d.ctx())
-        }),
+        None => run_task(
+            &task,
+            &preds[..preds.len() - wait_only as usize],
+            body,
+            on_skip,
+            false,
+            || DeviceCtx::Cuda(d.ctx()),
+        ),
     };
     match d.record() {
         Ok(ev) => {
