@@ -47,6 +47,7 @@ pub struct RuntimeBuilder {
     class: Class,
     realtime: bool,
     spare_sms: u32,
+    device_bundle: std::time::Duration,
     placement: Option<PlacementSource>,
 }
 
@@ -85,6 +86,7 @@ impl Default for RuntimeBuilder {
             class: Class::Normal,
             realtime: false,
             spare_sms: 0,
+            device_bundle: crate::sched::tenants::DEVICE_BUNDLE,
             placement: None,
         }
     }
@@ -312,6 +314,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// On CUDA, for a best-effort runtime: how much device time of its
+    /// launched, unfinished kernels each of its streams keeps at most (its
+    /// launch window, estimated from each task name's measured device time;
+    /// default 1 ms; docs/tenants.md, "Kernels in bundles"). A
+    /// latency-critical kernel can find up to this much best-effort work
+    /// launched ahead of it; a smaller window leaves it less, and costs the
+    /// best-effort runtime more gaps between launches. Ignored by other
+    /// classes and on the CPU. `build` refuses zero.
+    pub fn device_bundle(mut self, window: std::time::Duration) -> Self {
+        self.device_bundle = window;
+        self
+    }
+
     /// Reads the placement file at `path` when the runtime is built
     /// (docs/scopes.md): it maps scope patterns to streams, priorities,
     /// policies, bundling and replay. A file that cannot be read or parsed,
@@ -406,6 +421,11 @@ impl RuntimeBuilder {
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));
         }
+        if self.device_bundle.is_zero() {
+            return Err(Error::Config(
+                "the device bundle (`device_bundle`) must be longer than zero".into(),
+            ));
+        }
         crate::topo::pin_env()?;
         // The trace is written when the runtime drops, where an error can
         // only be printed: a path it cannot be written to is refused now.
@@ -490,6 +510,7 @@ impl RuntimeBuilder {
             busy_since: AtomicU64::new(0),
             busy_periods: Mutex::new(Default::default()),
             class: self.class,
+            device_bundle_ns: u64::try_from(self.device_bundle.as_nanos()).unwrap_or(u64::MAX),
             realtime: self.realtime,
             pin_threads: self.pin_threads,
             measure: matches!(backend, Backend::Cpu),

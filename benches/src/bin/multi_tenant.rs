@@ -42,6 +42,11 @@
 //! thread serving its requests) run at a real-time policy where the OS
 //! allows it (`RuntimeBuilder::realtime`).
 //!
+//! With `--be-bundle-us N` (CUDA) the best-effort training run keeps at
+//! most about N µs of device work launched and unfinished on each stream
+//! (`RuntimeBuilder::device_bundle`; 1,000 by default): what a request's
+//! kernels may find running beside them.
+//!
 //! With `--lc-replay` the latency-critical program records its forward pass
 //! once and replays it per request (on CUDA one graph launch), as serving
 //! programs do; alone and shared alike.
@@ -116,6 +121,12 @@ struct Args {
     /// a serving program would; else each request submits its tasks.
     #[arg(long)]
     lc_replay: bool,
+    /// On CUDA, the best-effort training run's launch window in µs
+    /// (`RuntimeBuilder::device_bundle`: the device time of its launched,
+    /// unfinished kernels each stream keeps at most), in the shared run with
+    /// classes. Default: the builder's, 1,000.
+    #[arg(long)]
+    be_bundle_us: Option<u64>,
 }
 
 impl Args {
@@ -323,6 +334,10 @@ fn train_be(a: &Args, class: Class, spare_sms: u32, timeline: Option<&Timeline>)
         ranks: a.be_ranks.unwrap_or(if gpu { 1 } else { 2 }),
         class,
         spare_sms,
+        device_bundle: (class == Class::BestEffort)
+            .then_some(a.be_bundle_us)
+            .flatten()
+            .map(Duration::from_micros),
         dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
         trace: None,
         ..TrainOptions::default()

@@ -262,6 +262,9 @@ pub(crate) struct Shared {
     pub(crate) profiling: bool,
     /// The program's priority class among the process's runtimes.
     pub(crate) class: crate::kind::Class,
+    /// A best-effort CUDA stream's launch window, ns
+    /// (`RuntimeBuilder::device_bundle`, `tenants::DeviceBundle`).
+    pub(crate) device_bundle_ns: u64,
     /// Latency-critical threads ask for a real-time policy
     /// (`RuntimeBuilder::realtime`).
     pub(crate) realtime: bool,

@@ -205,12 +205,13 @@ pub(crate) fn transfer<E>(
 }
 
 /// How much launched-but-unfinished device work a best-effort CUDA stream
-/// keeps at most (estimated): the bundle a latency-critical kernel may find
-/// queued ahead of it on that stream.
-pub(crate) const DEVICE_BUNDLE_NS: u64 = 1_000_000;
-/// What a task of a name not yet timed is charged: five of them fill a
-/// bundle.
-const UNTIMED_TASK_NS: u64 = DEVICE_BUNDLE_NS / 5;
+/// keeps at most (estimated) by default: the bundle a latency-critical
+/// kernel may find queued ahead of it on that stream
+/// (`RuntimeBuilder::device_bundle`).
+pub(crate) const DEVICE_BUNDLE: std::time::Duration = std::time::Duration::from_millis(1);
+/// A task of a name not yet timed is charged this share of a window: five
+/// of them fill it.
+const UNTIMED_TASKS_PER_BUNDLE: u64 = 5;
 
 /// The launch window of a best-effort CUDA stream thread, in device time.
 ///
@@ -220,33 +221,45 @@ const UNTIMED_TASK_NS: u64 = DEVICE_BUNDLE_NS / 5;
 /// stops new launches) cannot take it back. Stream priorities let the
 /// request's blocks go first as blocks free up, but not past a kernel whose
 /// blocks hold the SMs, nor past work that shares its hardware queue. So a
-/// best-effort stream keeps at most about [`DEVICE_BUNDLE_NS`] of work in
-/// flight: before each launch the thread waits for its oldest tasks until
-/// the new one fits (one task always fits in an empty window). Each task is
-/// charged its name's device time, measured from its start and end events
-/// (an exponentially weighted mean, weight 1/4 on the newest, kept by this
-/// thread: not the placement's cost model, which a CUDA runtime leaves
-/// empty), or [`UNTIMED_TASK_NS`] before the first measurement.
-#[derive(Debug, Default)]
+/// best-effort stream keeps at most about a window of work in flight
+/// ([`DEVICE_BUNDLE`] unless the builder says otherwise): before each
+/// launch the thread waits for its oldest tasks until the new one fits (one
+/// task always fits in an empty window). Each task is charged its name's
+/// device time, measured from its start and end events (an exponentially
+/// weighted mean, weight 1/4 on the newest, kept by this thread: not the
+/// placement's cost model, which a CUDA runtime leaves empty), or a fifth
+/// of the window ([`UNTIMED_TASKS_PER_BUNDLE`]) before the first
+/// measurement.
+#[derive(Debug)]
 pub(crate) struct DeviceBundle {
     estimates: std::collections::HashMap<u32, u64>,
     in_flight_ns: u64,
+    window_ns: u64,
 }
 
 impl DeviceBundle {
+    /// An empty window of `window_ns` of device time (at least 1).
+    pub(crate) fn new(window_ns: u64) -> Self {
+        DeviceBundle {
+            estimates: Default::default(),
+            in_flight_ns: 0,
+            window_ns: window_ns.max(1),
+        }
+    }
+
     /// What launching a task of estimate slot `slot` charges the window.
     pub(crate) fn charge(&self, slot: u32) -> u64 {
         self.estimates
             .get(&slot)
             .copied()
-            .unwrap_or(UNTIMED_TASK_NS)
+            .unwrap_or(self.window_ns / UNTIMED_TASKS_PER_BUNDLE)
             .max(1)
     }
 
     /// Whether a task charged `ns` must wait for the oldest task in flight
     /// before it launches.
     pub(crate) fn full(&self, ns: u64) -> bool {
-        self.in_flight_ns > 0 && self.in_flight_ns + ns > DEVICE_BUNDLE_NS
+        self.in_flight_ns > 0 && self.in_flight_ns + ns > self.window_ns
     }
 
     /// A task charged `ns` was launched.
@@ -306,7 +319,7 @@ fn lower_this_thread() {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{DeviceBundle, DEVICE_BUNDLE_NS, UNTIMED_TASK_NS};
+    use super::{DeviceBundle, DEVICE_BUNDLE};
     use crate::kind::Class;
     use crate::{BackendKind, Runtime};
 
@@ -444,13 +457,15 @@ mod tests {
     /// the way to each new sample); completions free what was charged.
     #[test]
     fn the_device_bundle_holds_about_a_millisecond() {
-        let mut b = DeviceBundle::default();
+        const DEVICE_BUNDLE_NS: u64 = DEVICE_BUNDLE.as_nanos() as u64;
+        assert_eq!(DEVICE_BUNDLE_NS, 1_000_000);
+        let mut b = DeviceBundle::new(DEVICE_BUNDLE_NS);
         assert!(
             !b.full(10 * DEVICE_BUNDLE_NS),
             "an empty window takes any task"
         );
         let untimed = b.charge(7);
-        assert_eq!(untimed, UNTIMED_TASK_NS);
+        assert_eq!(untimed, DEVICE_BUNDLE_NS / 5);
         let mut launched = 0;
         while !b.full(untimed) {
             b.launched(untimed);
@@ -477,5 +492,35 @@ mod tests {
         // A task measured at 0 ns still counts as in flight.
         b.completed(9, 1, Some(0));
         assert_eq!(b.charge(9), 1);
+    }
+
+    /// A window of another size (`RuntimeBuilder::device_bundle`): untimed
+    /// tasks are a fifth of it, a measured one fits only while the window
+    /// has room, and a window shorter than five nanoseconds still charges
+    /// each untimed task 1.
+    #[test]
+    fn a_device_bundle_of_another_size_holds_that_much() {
+        let mut b = DeviceBundle::new(250_000);
+        assert_eq!(b.charge(3), 50_000);
+        b.completed(3, 0, Some(100_000));
+        b.launched(100_000);
+        b.launched(100_000);
+        assert!(!b.full(50_000));
+        assert!(b.full(50_001), "250,001 ns would exceed the window");
+        assert_eq!(DeviceBundle::new(3).charge(1), 1);
+        assert_eq!(DeviceBundle::new(0).window_ns, 1);
+    }
+
+    /// A zero device bundle is refused when the runtime is built, naming
+    /// the setting.
+    #[test]
+    fn a_zero_device_bundle_is_refused() {
+        let e = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .device_bundle(std::time::Duration::ZERO)
+            .build()
+            .expect_err("a zero window is refused")
+            .to_string();
+        assert!(e.contains("device_bundle"), "{e}");
     }
 }

@@ -525,8 +525,8 @@ fn run_cuda(shared: &Shared, s: usize, d: StreamDriver) {
     let mut batch = VecDeque::new();
     let mut inflight: VecDeque<InFlight> = VecDeque::new();
     // A best-effort stream keeps about a bundle of device work in flight.
-    let mut bundle =
-        (shared.class == crate::kind::Class::BestEffort).then(tenants::DeviceBundle::default);
+    let mut bundle = (shared.class == crate::kind::Class::BestEffort)
+        .then(|| tenants::DeviceBundle::new(shared.device_bundle_ns));
     loop {
         let open = if inflight.is_empty() {
             shared.streams[s].queue.pop_batch(&mut batch)

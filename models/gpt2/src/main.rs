@@ -645,6 +645,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         tied_split: !a.no_tied_split,
         class: a.class,
         spare_sms: a.spare_sms,
+        device_bundle: None,
         fusion: Fusion::NONE,
         zero: a.zero,
         dtype: a.dtype.unwrap_or(Dtype::F32),

@@ -88,6 +88,9 @@ struct RuntimeExtras {
     class: Class,
     /// SMs left to other programs (`RuntimeBuilder::spare_sms`).
     spare_sms: u32,
+    /// A best-effort CUDA stream's launch window
+    /// (`RuntimeBuilder::device_bundle`; `None`: the builder's).
+    device_bundle: Option<std::time::Duration>,
     graphs: bool,
     /// Automatic replay on or off (`None`: the builder's default, on).
     auto_replay: Option<bool>,
@@ -117,6 +120,9 @@ fn model_runtime_with(
         .profile(true);
     if let Some(on) = extras.auto_replay {
         builder = builder.auto_replay(on);
+    }
+    if let Some(window) = extras.device_bundle {
+        builder = builder.device_bundle(window);
     }
     if let Some(f) = placement {
         builder = builder.placement(f.clone());
@@ -148,6 +154,7 @@ fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Resu
             .unwrap_or(backend == BackendKind::Cpu && opts.ranks > 1),
         class: opts.class,
         spare_sms: opts.spare_sms,
+        device_bundle: opts.device_bundle,
         graphs: opts.graphs,
         // `replay` off means every step eager: not memoised either.
         auto_replay: (!opts.replay).then_some(false),

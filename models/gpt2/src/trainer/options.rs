@@ -117,6 +117,10 @@ pub struct TrainOptions {
     /// other programs on it ([`braid::RuntimeBuilder::spare_sms`]; 0, the
     /// default: none). For a best-effort run beside a latency-critical one.
     pub spare_sms: u32,
+    /// On CUDA, for a best-effort run: its streams' launch window in device
+    /// time ([`braid::RuntimeBuilder::device_bundle`]; `None`, the default:
+    /// the builder's, 1 ms).
+    pub device_bundle: Option<std::time::Duration>,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1, with a reducer: each bucket is
     /// reduce-scattered, each rank keeps AdamW state for and updates its
     /// shard only, the parameters are all-gathered at the start of the next
@@ -197,6 +201,7 @@ impl Default for TrainOptions {
             fusion: crate::model::Fusion::NONE,
             class: braid::Class::Normal,
             spare_sms: 0,
+            device_bundle: None,
             zero: 0,
             dtype: Dtype::F32,
             placement: None,
