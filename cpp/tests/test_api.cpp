@@ -290,6 +290,32 @@ void classes_and_live() {
   CHECK(!socket_exists(sock));
 }
 
+// A best-effort runtime's device bundle (RuntimeBuilder::device_bundle):
+// a positive window builds (on the CPU it is ignored), zero throws naming
+// the setting.
+void device_bundle_setting() {
+  braid::Runtime be = braid::Runtime::builder()
+                          .backend(braid::BackendKind::Cpu)
+                          .priority_class(braid::Class::BestEffort)
+                          .device_bundle(std::chrono::microseconds(250))
+                          .build();
+  braid::Buffer a = be.alloc_from<int>("a", {1, 2});
+  be.task("double").run(braid::read_write<int>(a), [](braid::Span<int> x) {
+    for (int& v : x) v *= 2;
+  });
+  CHECK(be.read_vec<int>(a) == std::vector<int>({2, 4}));
+  bool threw = false;
+  try {
+    braid::Runtime::builder()
+        .backend(braid::BackendKind::Cpu)
+        .device_bundle(std::chrono::microseconds(0))
+        .build();
+  } catch (const braid::Error& e) {
+    threw = std::string(e.what()).find("device_bundle") != std::string::npos;
+  }
+  CHECK(threw);
+}
+
 // Real-time threads through the builder: a latency-critical runtime with
 // them computes its program's result (on a thread of its own: the threads
 // that submit to it switch too, where the OS allows); other classes throw.
@@ -331,5 +357,6 @@ int main() {
   t.run("launch_window_bounds_unfinished_tasks", launch_window_bounds_unfinished_tasks);
   t.run("classes_and_live", classes_and_live);
   t.run("realtime_threads", realtime_threads);
+  t.run("device_bundle_setting", device_bundle_setting);
   return t.finish();
 }

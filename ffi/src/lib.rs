@@ -196,6 +196,10 @@ mod bridge {
         /// On CUDA, SMs the compute streams leave to other programs
         /// (`RuntimeBuilder::spare_sms`; 0: none).
         spare_sms: u32,
+        /// A best-effort CUDA runtime's launch window in µs
+        /// (`RuntimeBuilder::device_bundle`; negative: the builder's, 1 ms;
+        /// 0 is refused at build).
+        device_bundle_us: i64,
     }
 
     /// The bytes of one declared access as a C++ body gets them: a host
@@ -495,6 +499,7 @@ fn default_config() -> RuntimeConfig {
         inline_short_tasks: true,
         realtime: false,
         spare_sms: 0,
+        device_bundle_us: -1,
     }
 }
 
@@ -530,6 +535,9 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .realtime(cfg.realtime)
             .spare_sms(cfg.spare_sms)
             .rank(cfg.rank);
+        if let Ok(us) = u64::try_from(cfg.device_bundle_us) {
+            b = b.device_bundle(std::time::Duration::from_micros(us));
+        }
         if !cfg.trace.is_empty() {
             b = b.trace(cfg.trace.as_str());
         }

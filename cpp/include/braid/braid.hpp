@@ -1092,6 +1092,16 @@ class RuntimeBuilder {
     cfg_.spare_sms = n;
     return *this;
   }
+  // On CUDA, for a BestEffort runtime: how much device time of launched,
+  // unfinished kernels each stream keeps at most (its launch window; a
+  // LatencyCritical kernel can find that much best-effort work ahead of it).
+  // Smaller leaves it less and the best-effort runtime more gaps between
+  // launches. Ignored by other classes and on the CPU; build() throws for
+  // zero. Default 1 ms; docs/tenants.md.
+  RuntimeBuilder& device_bundle(std::chrono::microseconds window) {
+    cfg_.device_bundle_us = static_cast<std::int64_t>(window.count());
+    return *this;
+  }
   // Serves the live view (`braid top --attach SOCKET`) on this local socket;
   // `{rank}` is replaced by the rank. Turns profiling on. Without it,
   // BRAID_LIVE, if set.
