@@ -363,7 +363,7 @@ fn attention_kernels(
     let Some(k) = flag else {
         return Ok(attention_from_env()
             .map_err(anyhow::Error::msg)?
-            .unwrap_or(AttentionKernels::Auto));
+            .unwrap_or_default());
     };
     if k == AttentionKernels::Cudnn && !(on_gpu && dtype == Dtype::Bf16 && fusion.attention) {
         bail!(

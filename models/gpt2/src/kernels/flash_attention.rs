@@ -180,15 +180,16 @@ pub const ATTENTION_ENV: &str = "BRAID_ATTENTION";
 
 /// Which kernels run the fused bf16 attention on CUDA (`braid-gpt2 train
 /// --attention`, [`ATTENTION_ENV`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionKernels {
-    /// Braid's kernels (the default).
+    /// Braid's kernels (the reference).
     Braid,
     /// cuDNN's fused attention where it takes the shape (module docs); a
     /// call fails when cuDNN cannot be loaded or has no engine for it.
     Cudnn,
     /// cuDNN's where it loads and has an engine for the shape and
-    /// direction, Braid's otherwise.
+    /// direction, Braid's otherwise (the default since run 8).
+    #[default]
     Auto,
 }
 
@@ -251,10 +252,7 @@ pub fn attention_kernels() -> AttentionKernels {
     use std::sync::atomic::Ordering;
     match KERNELS.load(Ordering::Relaxed) {
         0 => {
-            let k = attention_from_env()
-                .ok()
-                .flatten()
-                .unwrap_or(AttentionKernels::Auto);
+            let k = attention_from_env().ok().flatten().unwrap_or_default();
             set_attention_kernels(k);
             k
         }
