@@ -257,9 +257,10 @@ fn flash_attention_tensor_cores_cuda() {
     }
 }
 
-/// Held by the fused-attention tests: `flash_attention_cudnn_cuda` turns
-/// cuDNN's attention on for the process while it runs, which the others
-/// must not see.
+/// Held by the fused-attention tests (the only tests of this harness that
+/// run the fused attention): each starts with Braid's kernels, whatever the
+/// one before it (`flash_attention_cudnn_cuda` turns cuDNN's on for the
+/// process while it runs) left set.
 fn attention_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -292,13 +293,6 @@ fn flash_attention_cudnn_cuda() {
         return;
     }
     let g = Dev::new(Device::Cuda);
-    struct Off;
-    impl Drop for Off {
-        fn drop(&mut self) {
-            set_attention_kernels(AttentionKernels::Braid);
-        }
-    }
-    let _off = Off;
     set_attention_kernels(AttentionKernels::Cudnn);
     for (hs, (b, t, nh)) in [(64, (2, 256, 3)), (64, (5, 150, 2)), (32, (3, 128, 4))] {
         let c = nh * hs;
