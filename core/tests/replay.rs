@@ -167,17 +167,17 @@ fn long_steps_replayed_many_times() {
     }
 }
 
+/// A CPU runtime of two compute streams that replays in `mode`.
+fn runtime_in(mode: Mode) -> Runtime {
+    in_mode(Runtime::builder(), mode)
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .build()
+        .unwrap()
+}
+
 fn runtimes() -> Vec<Runtime> {
-    MODES
-        .into_iter()
-        .map(|mode| {
-            in_mode(Runtime::builder(), mode)
-                .backend(BackendKind::Cpu)
-                .compute_streams(2)
-                .build()
-                .unwrap()
-        })
-        .collect()
+    MODES.into_iter().map(runtime_in).collect()
 }
 
 /// Records a step over `[x, y, z]`: "flaky" adds 1 to `x` and fails in its
@@ -415,11 +415,7 @@ fn a_failure_in_one_part_of_a_replay_skips_only_its_dependents() {
 fn a_failure_before_a_replay_skips_only_the_tasks_that_depend_on_it() {
     for mode in MODES {
         let whole = matches!(mode, Mode::Graph);
-        let rt = in_mode(Runtime::builder(), mode)
-            .backend(BackendKind::Cpu)
-            .compute_streams(2)
-            .build()
-            .unwrap();
+        let rt = runtime_in(mode);
         let [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map(|n| rt.alloc_from(n, &[0u32]).unwrap());
         let step = rt
             .record("step", |rt| {
@@ -470,11 +466,7 @@ fn a_failure_before_a_replay_skips_only_the_tasks_that_depend_on_it() {
 fn a_failure_in_a_cut_graph_replay_names_the_task_and_skips_later_parts() {
     for mode in MODES {
         let graph = matches!(mode, Mode::Graph);
-        let rt = in_mode(Runtime::builder(), mode)
-            .backend(BackendKind::Cpu)
-            .compute_streams(2)
-            .build()
-            .unwrap();
+        let rt = runtime_in(mode);
         let x = rt.alloc_from("x", &[1u32]).unwrap();
         let [y, w, z] = ["y", "w", "z"].map(|n| rt.alloc(n, 4).unwrap());
         let step = flaky_step(&rt, [&x, &y, &z], Some(&w));
