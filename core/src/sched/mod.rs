@@ -191,12 +191,19 @@ pub(crate) struct Launch {
     /// does not meet: `replay::push_tasks`).
     pub(crate) preds: SmallVec<[Arc<TaskShared>; 4]>,
     /// How many of `preds`, at its end, are only waited for (0 but in a
-    /// materialised replay; a count, not a list, to keep `Launch` small).
+    /// materialised replay; a count, not a list, to keep `Launch` small):
+    /// [`skip_on`] gives the others.
     pub(crate) wait_only: u32,
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: TaskBody,
     /// Called when the task is skipped because a predecessor failed.
     pub(crate) on_skip: Option<SkipHook>,
+}
+
+/// The predecessors of a launch whose failure skips its task: `preds`
+/// without its last `wait_only` (`Launch::wait_only`).
+pub(crate) fn skip_on(preds: &[Arc<TaskShared>], wait_only: u32) -> &[Arc<TaskShared>] {
+    &preds[..preds.len() - wait_only as usize]
 }
 
 /// A task's body as its stream thread gets it.

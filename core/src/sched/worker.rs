@@ -13,7 +13,9 @@
 
 use super::replay::{join_error, ExternalIndex, Run, JOIN};
 use super::{live, tenants};
-use super::{status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK};
+use super::{
+    skip_on, status_of, Item, Launch, Shared, TaskBody, TaskShared, FAILED, IN_TASK_OF, OK,
+};
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
@@ -125,10 +127,14 @@ pub(super) fn execute(
     tenants::admit(shared);
     let start = if timed { now_ns() } else { 0 };
     live::running(shared, s, Some((task.id, &task.name, &task.scope)));
-    let skip_on = &preds[..preds.len() - wait_only as usize];
-    let (outcome, checks) = run_task(task, skip_on, body, on_skip, true, || {
-        DeviceCtx::Cpu(PhantomData)
-    });
+    let (outcome, checks) = run_task(
+        task,
+        skip_on(&preds, wait_only),
+        body,
+        on_skip,
+        true,
+        || DeviceCtx::Cpu(PhantomData),
+    );
     live::running(shared, s, None);
     let outcome = outcome.and_then(|()| run_checks(checks));
     let end = if timed { now_ns() } else { 0 };
@@ -632,7 +638,7 @@ fn launch_cuda(
         // schedules are not re-placed there.
         None => run_task(
             &task,
-            &preds[..preds.len() - wait_only as usize],
+            skip_on(&preds, wait_only),
             body,
             on_skip,
             false,
