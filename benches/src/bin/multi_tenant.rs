@@ -55,7 +55,7 @@
 //! `… -- --device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --period-ms 5`
 
 use anyhow::{Context, Result};
-use braid::{BackendKind, Class, Runtime};
+use braid::{BackendKind, Class, Runtime, Schedule};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{Split, TokenSource};
 use braid_gpt2::model::{init_params, Dtype, Gpt2Model};
@@ -258,8 +258,7 @@ fn serve(
         .collect();
     // Warm-up: the first passes allocate and measure.
     for _ in 0..5 {
-        model.forward(&rt, &tokens, None)?;
-        model.read_logits(&rt)?;
+        request(&rt, &mut model, &tokens, None)?;
     }
     // With --lc-replay, the forward pass (on the tokens uploaded before each
     // replay) recorded once; its first replays capture and warm it.
@@ -268,9 +267,7 @@ fn serve(
         let s = rt.record("request", |rt| model.forward_uploaded(rt).map_err(e))?;
         model.read_logits(&rt)?;
         for _ in 0..3 {
-            model.upload_batch(&rt, &tokens, None)?;
-            s.replay()?;
-            model.read_logits(&rt)?;
+            request(&rt, &mut model, &tokens, Some(&s))?;
         }
         Some(s)
     } else {
@@ -289,14 +286,7 @@ fn serve(
             std::thread::sleep(wait);
         }
         let in_steady_state = timeline.is_some_and(|t| t.steady.load(Ordering::Acquire));
-        match &recorded {
-            Some(s) => {
-                model.upload_batch(&rt, &tokens, None)?;
-                s.replay()?;
-            }
-            None => model.forward(&rt, &tokens, None)?,
-        }
-        model.read_logits(&rt)?;
+        request(&rt, &mut model, &tokens, recorded.as_ref())?;
         let ms = due.elapsed().as_secs_f64() * 1e3;
         lat.push(ms);
         if in_steady_state {
@@ -314,6 +304,25 @@ fn serve(
         steady: Latency(steady_lat),
         slowest,
     })
+}
+
+/// One request: the tokens uploaded, the forward pass (submitted, or the
+/// `recorded` one replayed), the logits read back.
+fn request(
+    rt: &Runtime,
+    model: &mut Gpt2Model,
+    tokens: &[u32],
+    recorded: Option<&Schedule<'_>>,
+) -> Result<()> {
+    match recorded {
+        Some(s) => {
+            model.upload_batch(rt, tokens, None)?;
+            s.replay()?;
+        }
+        None => model.forward(rt, tokens, None)?,
+    }
+    model.read_logits(rt)?;
+    Ok(())
 }
 
 /// How many of a shared run's slowest requests it prints.
