@@ -255,11 +255,11 @@ static __device__ __forceinline__ void layernorm_row_bf16_vec(
     bf16_t* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
     const bf16x8 (&xv)[LN_VEC_MAX], const bf16_t* __restrict__ weight,
     const bf16_t* __restrict__ bias, int row, int C) {
-    const int lane = threadIdx.x & 31, nv = C / 8;
+    const int lane = threadIdx.x & 31;
     double s = 0.0;
 #pragma unroll
     for (int k = 0; k < LN_VEC_MAX; k++) {
-        if (lane + 32 * k >= nv) continue;
+        if (8 * (lane + 32 * k) >= C) continue;
 #pragma unroll
         for (int e = 0; e < 8; e++) s += (double)bf16x8_get(xv[k], e);
     }
@@ -267,7 +267,7 @@ static __device__ __forceinline__ void layernorm_row_bf16_vec(
     double v = 0.0;
 #pragma unroll
     for (int k = 0; k < LN_VEC_MAX; k++) {
-        if (lane + 32 * k >= nv) continue;
+        if (8 * (lane + 32 * k) >= C) continue;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const double d = (double)bf16x8_get(xv[k], e) - md;
@@ -287,7 +287,8 @@ static __device__ __forceinline__ void layernorm_row_bf16_vec(
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const float xn = __fmul_rn(__fadd_rn(bf16x8_get(xv[k], e), -m), r);
-            bf16x8_set(y, e, bf16_store(__fadd_rn(__fmul_rn(xn, bf16x8_get(w, e)), bf16x8_get(b, e))));
+            const float yn = __fadd_rn(__fmul_rn(xn, bf16x8_get(w, e)), bf16x8_get(b, e));
+            bf16x8_set(y, e, bf16_store(yn));
         }
         bf16x8_store(o + at, y);
     }
