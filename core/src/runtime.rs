@@ -35,6 +35,7 @@ pub struct RuntimeBuilder {
     replay_as_tasks: bool,
     /// `None`: the backend's default ([`Runtime::config_graphs`]).
     graphs: Option<bool>,
+    graph_collectives: bool,
     /// `None`: the backend's default ([`Runtime::config_placement_trial`]).
     placement_trial: Option<bool>,
     replace: bool,
@@ -75,6 +76,7 @@ impl Default for RuntimeBuilder {
             rank: 0,
             replay_as_tasks: false,
             graphs: None,
+            graph_collectives: false,
             placement_trial: None,
             replace: true,
             auto_replay: true,
@@ -172,6 +174,26 @@ impl RuntimeBuilder {
     /// the kernel arguments of its capture.
     pub fn graphs(mut self, on: bool) -> Self {
         self.graphs = Some(on);
+        self
+    }
+
+    /// With graph replay ([`RuntimeBuilder::graphs`]), capture collectives
+    /// into the graphs too instead of cutting the graphs around them
+    /// (default: off). The collectives of one communication stream (the
+    /// schedule's first collective's) go in; a graph that holds some is
+    /// launched on that stream, so they keep one order with its other
+    /// collectives. At each launch the host does what each collective's
+    /// body would: takes its index (a poisoned communicator fails the
+    /// launch), and on CUDA hands the launch's end event to the NCCL
+    /// watchdog and checks for an abort once it completes; a graph that is
+    /// skipped poisons the communicator, so the other ranks fail instead of
+    /// waiting. A communicator that cannot be captured (any but NCCL on
+    /// CUDA) makes the capture fail and the schedule replay as before. On
+    /// the CPU the collectives run in the graph's sequential run. Every rank
+    /// must make the same choice. docs/replay.md, "Collectives inside
+    /// graphs".
+    pub fn graph_collectives(mut self, on: bool) -> Self {
+        self.graph_collectives = on;
         self
     }
 
@@ -990,7 +1012,8 @@ impl Runtime {
             GraphSlot::Ready(u) => (u.clone(), false),
             GraphSlot::Refused(_) => return Ok(None),
             GraphSlot::Untried => {
-                let made = match (sched::split::split(plan), &self.backend) {
+                let collectives = self.config.graph_collectives;
+                let made = match (sched::split::split(plan, collectives), &self.backend) {
                     (Err(why), _) => Err(why),
                     (Ok(split), Backend::Cpu) => split.made(|_, ()| Ok(Unit::Cpu)),
                     (Ok(_), Backend::Cuda(_)) if self.shared.class == Class::BestEffort => Err(

@@ -64,3 +64,81 @@ fn nccl_world_size_one_collectives_as_tasks() {
         "collectives were traced on the comm stream: {s}"
     );
 }
+
+/// With `graph_collectives(true)` a recorded step's NCCL collectives are
+/// captured into its CUDA graph: the step (an add on x, x all-gathered into
+/// y, an add on y, on two compute streams and the comm stream) is one graph,
+/// each launch runs the collective again (y follows x), the results equal
+/// those of the step cut around its collective, an eager collective after
+/// the replays still runs, and a poisoned communicator fails the next
+/// launch instead of hanging.
+#[test]
+fn nccl_collectives_replay_inside_graphs() {
+    if !gpu_or_skip("nccl_collectives_replay_inside_graphs") {
+        return;
+    }
+    use braid::cuda::{test_kernels, KernelArgs, KernelCache, LaunchConfig};
+    for collectives in [false, true] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cuda { device: 0 })
+            .compute_streams(2)
+            .comm_streams(1)
+            .graphs(true)
+            .graph_collectives(collectives)
+            .build()
+            .unwrap();
+        let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
+        let dev = rt.cuda_device().unwrap().clone();
+        let module = KernelCache::global()
+            .module(&dev, test_kernels::SPIN, "spin.cu")
+            .unwrap();
+        let add = std::sync::Arc::new(module.function("spin_then_add").unwrap());
+        let n = 4096usize;
+        let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
+        let y = rt.alloc_from("y", &vec![0.0f32; n]).unwrap();
+        let add_task = |name: &'static str, s: usize, v: &braid::Buffer, by: f32| {
+            let f = add.clone();
+            rt.task(name)
+                .on_stream(s)
+                .run_cuda(
+                    v.read_write::<f32>(),
+                    move |v, cu| -> Result<(), braid::TaskError> {
+                        let mut args = KernelArgs::new();
+                        args.i64(0).ptr(v.ptr()).i32(n as i32).f32(by);
+                        // SAFETY: spin_then_add(long long, float*, int,
+                        // float) over n declared floats.
+                        unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                        Ok(())
+                    },
+                )
+                .map(|_| ())
+        };
+        let step = rt
+            .record("step", |_| {
+                add_task("add x", 0, &x, 1.0)?;
+                comm.all_gather_into::<f32>(&x.whole(), &y.whole())?;
+                add_task("add y", 1, &y, 1.0)?;
+                Ok(())
+            })
+            .unwrap();
+        for _ in 0..4 {
+            step.replay().unwrap();
+        }
+        let case = format!("collectives in graphs: {collectives}");
+        // Five runs: x = 1 + 5, y = x + 1.
+        assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![6.0; n], "{case}");
+        assert_eq!(rt.read_vec::<f32>(&y).unwrap(), vec![7.0; n], "{case}");
+        assert_eq!(step.graph_refusal(), None, "{case}");
+        let shape = if collectives { (1, 0) } else { (2, 1) };
+        assert_eq!(step.graph_shape(), Some(shape), "{case}");
+        comm.all_reduce::<f32>(&y.whole(), ReduceOp::Sum).unwrap();
+        rt.synchronize().unwrap();
+        assert_eq!(rt.read_vec::<f32>(&y).unwrap(), vec![7.0; n], "{case}");
+        // A poisoned communicator: the next replay's collective fails (in
+        // a graph, its launch), nothing hangs.
+        comm.abort("the test gives up");
+        let e = step.replay().unwrap().wait().unwrap_err();
+        let e = rt.synchronize().map(|_| e).unwrap_or_else(|e| e);
+        assert!(e.to_string().contains("the test gives up"), "{case}: {e}");
+    }
+}

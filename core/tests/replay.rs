@@ -656,6 +656,132 @@ fn collectives_replay_in(mode: Mode) {
     }
 }
 
+/// With `graph_collectives(true)` the collectives go into the graph: a step
+/// of two ranks with two all-reduces between compute tasks on two streams
+/// is one graph (on the CPU a sequential run on the communication stream),
+/// its collectives take a new index at each replay, so an eager all-reduce
+/// after the replays still matches across ranks, and the results are those
+/// of the step cut around its collectives.
+#[test]
+fn collectives_go_into_graphs_when_asked() {
+    let run = |collectives: bool| {
+        braid::launch(2, |rank, comm| -> braid::Result<(Vec<f32>, Vec<f32>)> {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .compute_streams(2)
+                .oversubscribe(true)
+                .rank(rank)
+                .graphs(true)
+                .graph_collectives(collectives)
+                .build()?;
+            let comm = comm.bind(&rt)?;
+            let x = rt.alloc_from("x", &[1.0f32 + rank as f32; 3])?;
+            let y = rt.alloc_from("y", &[10.0f32 * (rank as f32 + 1.0); 2])?;
+            let sum = braid::comm::ReduceOp::Sum;
+            let step = rt.record("step", |rt| {
+                rt.task("double")
+                    .on_stream(0)
+                    .run(x.read_write::<f32>(), |x| {
+                        x.iter_mut().for_each(|v| *v *= 2.0)
+                    })?;
+                rt.task("y + 1")
+                    .on_stream(1)
+                    .run(y.read_write::<f32>(), |y| {
+                        y.iter_mut().for_each(|v| *v += 1.0)
+                    })?;
+                comm.all_reduce::<f32>(&x.whole(), sum)?;
+                comm.all_reduce::<f32>(&y.whole(), braid::comm::ReduceOp::Max)?;
+                rt.task("x + 1")
+                    .on_stream(0)
+                    .run(x.read_write::<f32>(), |x| {
+                        x.iter_mut().for_each(|v| *v += 1.0)
+                    })?;
+                Ok(())
+            })?;
+            for _ in 0..3 {
+                step.replay()?;
+            }
+            // Cut: [double, y + 1] | all-reduce x | all-reduce y | [x + 1].
+            let shape = if collectives { (1, 0) } else { (2, 2) };
+            assert_eq!(step.graph_refusal(), None);
+            assert_eq!(step.graph_shape(), Some(shape), "{collectives}");
+            assert_eq!(rt.stats().graph_replays, 3);
+            comm.all_reduce::<f32>(&x.whole(), sum)?;
+            rt.synchronize()?;
+            Ok((rt.read_vec::<f32>(&x)?, rt.read_vec::<f32>(&y)?))
+        })
+    };
+    // The recording and three replays, then one more all-reduce of x.
+    let (mut x, mut y) = ([1.0f32, 2.0], [10.0f32, 20.0]);
+    for _ in 0..4 {
+        let s: f32 = x.iter().map(|v| 2.0 * v).sum::<f32>() + 1.0;
+        x = [s, s];
+        let m = y.iter().map(|v| v + 1.0).fold(f32::MIN, f32::max);
+        y = [m, m];
+    }
+    let want = (vec![2.0 * x[0]; 3], vec![y[0]; 2]);
+    for collectives in [false, true] {
+        for r in run(collectives) {
+            assert_eq!(r.unwrap(), want, "collectives in graphs: {collectives}");
+        }
+    }
+}
+
+/// A task that fails inside a graph holding collectives skips the
+/// collective that depends on it, which poisons the communicator: the other
+/// rank's collective fails instead of waiting, every rank reports it, and
+/// the runtimes stay usable.
+#[test]
+fn a_failure_in_a_graph_with_collectives_fails_every_rank() {
+    let config = braid::LocalCommConfig::default().timeout(std::time::Duration::from_secs(30));
+    let out = braid::launch_with(2, config, |rank, comm| -> braid::Result<Vec<u32>> {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .rank(rank)
+            .graphs(true)
+            .graph_collectives(true)
+            .build()?;
+        let comm = comm.bind(&rt)?;
+        let x = rt.alloc_from("x", &[1.0f32; 4])?;
+        let runs = Arc::new(AtomicU32::new(0));
+        let step = rt.record("step", |rt| {
+            rt.task("flaky").run(x.read_write::<f32>(), move |x| {
+                // Rank 1 fails in its second run (the first replay).
+                if rank == 1 && runs.fetch_add(1, Ordering::Relaxed) == 1 {
+                    return Err("the second run fails".into());
+                }
+                x[0] += 1.0;
+                Ok(())
+            })?;
+            comm.all_reduce::<f32>(&x.whole(), braid::comm::ReduceOp::Sum)?;
+            Ok(())
+        })?;
+        let replayed = step.replay()?.wait();
+        assert_eq!(step.graph_shape(), Some((1, 0)));
+        let e = rt.synchronize().expect_err("the replay failed");
+        assert!(replayed.is_err(), "rank {rank}: {replayed:?}");
+        assert!(comm.poisoned().is_some(), "rank {rank}");
+        // Usable again.
+        let n = rt.alloc_from("n", &[1u32])?;
+        rt.task("after").run(n.read_write::<u32>(), |n| n[0] += 1)?;
+        let after = rt.read_vec::<u32>(&n)?;
+        Err(Error::Config(format!("{e} / {after:?}")))
+    });
+    let msg = |r: &braid::Result<Vec<u32>>| match r {
+        Err(Error::Config(m)) => m.clone(),
+        other => panic!("{other:?}"),
+    };
+    let (m0, m1) = (msg(&out[0]), msg(&out[1]));
+    assert!(
+        m0.contains("skipped on this rank") && m0.ends_with("[2]"),
+        "{m0}"
+    );
+    assert!(
+        m1.contains("second run fails") && m1.ends_with("[2]"),
+        "{m1}"
+    );
+}
+
 /// With graphs on, a replay is one unit on one stream: the two independent
 /// chains of a step recorded on two streams run in order on one thread, the
 /// first graph replay after the recording's tasks, and the result is the

@@ -151,6 +151,20 @@ impl StreamDriver {
             cublas: &self.cublas,
             cudnn: &self.cudnn,
             checks: RefCell::new(Vec::new()),
+            capture: None,
+        }
+    }
+
+    /// The context of a body run while its stream is captured into a CUDA
+    /// graph (`sched::capture`): what it registers for each launch of the
+    /// graph goes into `hooks`.
+    pub(crate) fn capture_ctx<'a>(
+        &'a self,
+        hooks: &'a RefCell<Vec<LaunchHook>>,
+    ) -> CudaTaskCtx<'a> {
+        CudaTaskCtx {
+            capture: Some(hooks),
+            ..self.ctx()
         }
     }
 
@@ -174,7 +188,29 @@ pub struct CudaTaskCtx<'a> {
     cublas: &'a OnceCell<CublasHandle>,
     cudnn: &'a CudnnSlot,
     checks: RefCell<Vec<Check>>,
+    /// While captured into a CUDA graph: the hooks of each launch.
+    capture: Option<&'a RefCell<Vec<LaunchHook>>>,
 }
+
+/// What a body captured into a CUDA graph needs done on the host at each
+/// launch of the graph (a collective's index, its watchdog and its
+/// completion check: `comm`), registered with
+/// [`CudaTaskCtx::on_graph_launch`].
+pub(crate) trait GraphLaunch: Send + Sync {
+    /// Before a launch, in the stream's order: an error stops the launch
+    /// (the graph's task fails with it) and the hooks after this one are
+    /// told [`GraphLaunch::skipped`].
+    fn before(&self) -> Result<u64>;
+    /// Once the launch is enqueued on `cu`'s stream; `token` is what
+    /// [`GraphLaunch::before`] returned. May register completion checks.
+    fn after(&self, token: u64, cu: &CudaTaskCtx<'_>) -> Result<()>;
+    /// The launch will not happen: a predecessor of the graph failed, or an
+    /// earlier hook's `before` did.
+    fn skipped(&self);
+}
+
+/// A registered [`GraphLaunch`].
+pub(crate) type LaunchHook = Arc<dyn GraphLaunch>;
 
 impl std::fmt::Debug for CudaTaskCtx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -228,6 +264,26 @@ impl<'a> CudaTaskCtx<'a> {
 
     pub(crate) fn take_checks(&self) -> Vec<Check> {
         std::mem::take(&mut *self.checks.borrow_mut())
+    }
+
+    /// Whether the body is being captured into a CUDA graph: what it
+    /// enqueues is recorded, not run, and runs at each launch of the graph.
+    pub(crate) fn capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// Registers `hook` to run at each launch of the graph being captured.
+    /// Refused outside a capture.
+    pub(crate) fn on_graph_launch(&self, hook: LaunchHook) -> Result<()> {
+        match self.capture {
+            Some(hooks) => {
+                hooks.borrow_mut().push(hook);
+                Ok(())
+            }
+            None => Err(Error::Config(
+                "a graph-launch hook registered outside a capture".into(),
+            )),
+        }
     }
 }
 

@@ -70,6 +70,7 @@ mod agree;
 mod bucket;
 pub mod cap;
 mod env;
+mod in_graph;
 mod launch;
 mod layout;
 mod local;
@@ -83,6 +84,7 @@ pub use agree::AGREEMENT_TASK;
 pub use braid_cuda::nccl;
 pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
 pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
+pub use in_graph::CapturedCollective;
 pub use launch::{launch, launch_with, spawn_ranks, Ranks};
 pub use local::{LocalComm, LocalCommConfig, DEFAULT_TIMEOUT};
 pub use nccl_comm::{NcclCommunicator, NCCL_TIMEOUT};
@@ -506,6 +508,32 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Captures `op` into the CUDA graph `cu`'s stream is being captured
+    /// into ([`crate::RuntimeBuilder::graph_collectives`]): enqueues it as
+    /// [`Communicator::run_cuda`] would, registers nothing that runs once
+    /// (no completion check: a capture refuses them), and returns what the
+    /// communicator does at each launch of the graph. `op.index` is the
+    /// index it would take now, for messages; each launch gives it a new
+    /// one. Default: an error saying this backend cannot be captured (the
+    /// schedule then replays without graphs).
+    fn capture_cuda(
+        &self,
+        op: &Collective,
+        data: DeviceData<'_>,
+        cu: &CudaTaskCtx<'_>,
+    ) -> Result<Box<dyn CapturedCollective>> {
+        let _ = (data, cu);
+        Err(Error::Collective {
+            rank: self.rank(),
+            index: op.index,
+            op: op.describe(),
+            message: format!(
+                "the `{}` communicator cannot be captured into a CUDA graph",
+                self.backend()
+            ),
+        })
+    }
+
     /// Gives up: pending and later collectives of every rank fail instead of
     /// waiting (`ncclCommAbort`). Called by [`Comm`] when a collective of this
     /// rank failed or will never run (its task was skipped). Default: nothing.
@@ -750,31 +778,37 @@ impl Job {
             index,
             ..self.op.clone()
         };
-        let rank = inner.imp.rank();
-        if let Some(e) = inner.poisoned.get() {
-            return Err(Box::new(Error::Collective {
-                rank,
+        self.check_poison(index)?;
+        f(&*inner.imp, &op).map_err(|e| Box::new(self.fail(index, e)) as TaskError)
+    }
+
+    /// The error a poisoned communicator gives collective `index`.
+    fn check_poison(&self, index: u64) -> Result<()> {
+        match self.inner.poisoned.get() {
+            Some(e) => Err(Error::Collective {
+                rank: self.inner.imp.rank(),
                 index,
                 op: self.what.clone(),
                 message: format!("communicator is poisoned by an earlier failure: {e}"),
-            }));
+            }),
+            None => Ok(()),
         }
-        match f(&*inner.imp, &op) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let e = match e {
-                    e @ Error::Collective { .. } => e,
-                    other => Error::Collective {
-                        rank,
-                        index,
-                        op: self.what.clone(),
-                        message: other.to_string(),
-                    },
-                };
-                inner.poison(&e);
-                Err(Box::new(e))
-            }
-        }
+    }
+
+    /// Collective `index` failed with `e`: as an [`Error::Collective`],
+    /// which poisons the communicator.
+    fn fail(&self, index: u64, e: Error) -> Error {
+        let e = match e {
+            e @ Error::Collective { .. } => e,
+            other => Error::Collective {
+                rank: self.inner.imp.rank(),
+                index,
+                op: self.what.clone(),
+                message: other.to_string(),
+            },
+        };
+        self.inner.poison(&e);
+        e
     }
 
     /// Its task was skipped because a task it depends on failed: the other
@@ -898,6 +932,9 @@ impl<'rt> BoundComm<'rt> {
                 tokens,
                 move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),
                 move |data, cu| {
+                    if cu.capturing() {
+                        return cuda.capture(data, cu);
+                    }
                     cuda.run(|imp, op| imp.run_cuda(op, DeviceData::from_parts(data)?, cu))
                 },
             );

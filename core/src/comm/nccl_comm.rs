@@ -20,7 +20,9 @@
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
 use super::rendezvous::exchange_id;
 use super::DistEnv;
-use super::{Collective, CollectiveKind, Comm, Communicator, DType, DeviceData, ReduceOp};
+use super::{
+    CapturedCollective, Collective, CollectiveKind, Comm, Communicator, DType, DeviceData, ReduceOp,
+};
 use crate::backend::gpu::CudaTaskCtx;
 use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
 use crate::error::{Error, Result};
@@ -207,25 +209,13 @@ fn op(o: ReduceOp) -> NcclOp {
     }
 }
 
-impl Communicator for NcclCommunicator {
-    fn rank(&self) -> usize {
-        self.shared.comm.rank()
-    }
-
-    fn world_size(&self) -> usize {
-        self.shared.comm.world_size()
-    }
-
-    fn backend(&self) -> &'static str {
-        "nccl"
-    }
-
-    fn run_cuda(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
-        let what = c.describe();
+impl NcclCommunicator {
+    /// Enqueues collective `c` on `cu`'s stream (or into the graph it is
+    /// captured into).
+    fn enqueue(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
         let rank = self.rank();
-        self.check_aborted(c.index, &what)?;
         let stream = cu.stream();
-        let err = |e| nccl_err(rank, c.index, &what, e);
+        let err = |e| nccl_err(rank, c.index, &c.describe(), e);
         // The root of an in-place broadcast only reads its data (the task
         // declared it so); NCCL is given the same address as its output and
         // reads it.
@@ -234,7 +224,8 @@ impl Communicator for NcclCommunicator {
         // SAFETY: `send` and `recv` are device addresses inside the views the
         // task declared (resolved from its access tokens), sized by `Comm`
         // for `count` elements of `dtype` with NCCL's conventions; the task
-        // holds the buffers until the stream has finished the collective.
+        // holds the buffers until the stream has finished the collective (a
+        // graph's, until its launches have: the schedule holds them).
         unsafe {
             match c.kind {
                 CollectiveKind::AllReduce(o) => {
@@ -255,6 +246,9 @@ impl Communicator for NcclCommunicator {
                     .comm
                     .broadcast(send, recv, c.count, dt, root, stream),
                 CollectiveKind::Barrier => {
+                    // The scratch is made at the first barrier (outside a
+                    // capture, which cannot allocate: a barrier captured
+                    // first is refused and replays without graphs).
                     let mut s = lock(&self.scratch);
                     if s.is_none() {
                         *s = Some(DeviceBuffer::zeroed(stream, 4)?);
@@ -266,29 +260,87 @@ impl Communicator for NcclCommunicator {
                 }
             }
         }
-        .map_err(err)?;
-        let event = CudaEvent::recorded(stream, EventKind::Sync)?;
-        lock(&self.shared.pending).push(Pending {
-            index: c.index,
-            what: what.clone(),
-            event,
-            since: Instant::now(),
-        });
-        // When the work has completed on the device: was it aborted?
-        let (shared, index) = (self.shared.clone(), c.index);
-        cu.on_complete(move || {
-            let killed = lock(&shared.killed);
-            match (killed.contains(&index), shared.aborted.get()) {
-                (true, Some(why)) => Err(Error::Collective {
-                    rank,
-                    index,
-                    op: what,
-                    message: format!("aborted: {why}"),
-                }),
-                _ => Ok(()),
-            }
-        });
-        Ok(())
+        .map_err(err)
+    }
+}
+
+/// Hands the work enqueued on `cu`'s stream so far, collective `index`, to
+/// the watchdog (an event recorded after it), and registers the check that
+/// fails the task if the communicator was aborted while it was pending.
+fn watch(shared: &Arc<Shared>, index: u64, what: String, cu: &CudaTaskCtx<'_>) -> Result<()> {
+    let rank = shared.comm.rank();
+    let event = CudaEvent::recorded(cu.stream(), EventKind::Sync)?;
+    lock(&shared.pending).push(Pending {
+        index,
+        what: what.clone(),
+        event,
+        since: Instant::now(),
+    });
+    // When the work has completed on the device: was it aborted?
+    let shared = shared.clone();
+    cu.on_complete(move || {
+        let killed = lock(&shared.killed);
+        match (killed.contains(&index), shared.aborted.get()) {
+            (true, Some(why)) => Err(Error::Collective {
+                rank,
+                index,
+                op: what,
+                message: format!("aborted: {why}"),
+            }),
+            _ => Ok(()),
+        }
+    });
+    Ok(())
+}
+
+/// An NCCL collective captured into a CUDA graph: at each launch, the
+/// watchdog watches the launch (an event recorded after the whole graph)
+/// as collective `index`, and the graph's task checks for an abort once it
+/// completes.
+struct InGraph {
+    shared: Arc<Shared>,
+    what: String,
+}
+
+impl CapturedCollective for InGraph {
+    fn launched(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
+        watch(&self.shared, index, self.what.clone(), cu)
+    }
+}
+
+impl Communicator for NcclCommunicator {
+    fn rank(&self) -> usize {
+        self.shared.comm.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.comm.world_size()
+    }
+
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn run_cuda(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
+        let what = c.describe();
+        self.check_aborted(c.index, &what)?;
+        self.enqueue(c, data, cu)?;
+        watch(&self.shared, c.index, what, cu)
+    }
+
+    fn capture_cuda(
+        &self,
+        c: &Collective,
+        data: DeviceData<'_>,
+        cu: &CudaTaskCtx<'_>,
+    ) -> Result<Box<dyn CapturedCollective>> {
+        let what = c.describe();
+        self.check_aborted(c.index, &what)?;
+        self.enqueue(c, data, cu)?;
+        Ok(Box::new(InGraph {
+            shared: self.shared.clone(),
+            what,
+        }))
     }
 
     fn abort(&self, reason: &str) {

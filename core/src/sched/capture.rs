@@ -17,11 +17,16 @@
 //! lose their overlap); it is how the submission side of graph replay — one
 //! unit, its waits, its clocks, its failures — is tested on every machine.
 //!
-//! What is not captured: collectives and host tasks (a schedule that holds
-//! some is cut around them, `sched::split`, and each run of other tasks is
-//! captured on its own), and on CUDA any body that fails while captured or
-//! registers a completion check (the replay falls back to one task record
-//! per step, and [`crate::Schedule::graph_refusal`] says why).
+//! What is not captured: host tasks, and collectives unless the runtime
+//! captures them ([`crate::RuntimeBuilder::graph_collectives`]) (a schedule
+//! that holds some is cut around them, `sched::split`, and each run of other
+//! tasks is captured on its own), and on CUDA any body that fails while
+//! captured or registers a completion check (the replay falls back to one
+//! task record per step, and [`crate::Schedule::graph_refusal`] says why).
+//! A captured collective registers a launch hook instead
+//! ([`GraphLaunch`]): the host work of each launch (its index, its
+//! watchdog, its completion check), which [`CudaStep::launch`] runs around
+//! the graph's launch.
 //!
 //! A graph bakes in every kernel argument at capture: values that change
 //! from step to step must live in device buffers the kernels read, which is
@@ -34,7 +39,7 @@
 
 use super::replay::{Plan, Run};
 use super::{cross_waits, Item, Launch, Shared, SubmitState, TaskBody, TaskShared};
-use crate::backend::gpu::{CudaBackend, StreamDriver};
+use crate::backend::gpu::{CudaBackend, GraphLaunch, LaunchHook, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::cuda::{Capture, CudaEvent, CudaGraph, EventKind};
 use crate::kind::TaskKind;
@@ -85,10 +90,17 @@ pub(crate) fn ops(plan: &Plan) -> Vec<Op> {
     ops
 }
 
+/// A captured graph and the launch hooks its bodies registered, in the
+/// order they were captured.
+pub(crate) type Captured = (CudaGraph, Vec<LaunchHook>);
+
 /// A schedule (or a part of one) captured as a CUDA graph, with what its
 /// kernels use.
 pub(crate) struct CudaStep {
     graph: CudaGraph,
+    /// What each launch needs done on the host (captured collectives), in
+    /// capture order.
+    hooks: std::sync::Arc<[LaunchHook]>,
     /// The cuBLAS handles the bodies were captured with: they own
     /// workspace the graph's kernels use (shared by the graphs of one
     /// schedule, which run one after another: `sched::split`).
@@ -98,23 +110,61 @@ pub(crate) struct CudaStep {
 impl CudaStep {
     /// A captured graph with the handles its kernels use.
     pub(crate) fn new(
-        graph: CudaGraph,
+        (graph, hooks): Captured,
         cublas: std::sync::Arc<Vec<crate::cuda::CublasHandle>>,
     ) -> Self {
         CudaStep {
             graph,
+            hooks: hooks.into(),
             _cublas: cublas,
         }
     }
 
-    /// Launches the whole step on `ctx`'s stream.
+    /// Launches the whole step on `ctx`'s stream, with each launch hook's
+    /// `before` ahead of it (the first error stops the launch; the hooks
+    /// after it are skipped) and each one's `after` once it is enqueued (the
+    /// first error wins; every hook runs). A launch that fails skips every
+    /// hook: the collectives in the graph will not run.
     pub(crate) fn launch(&self, ctx: &DeviceCtx<'_>) -> crate::Result<()> {
-        match ctx {
-            DeviceCtx::Cuda(c) => Ok(self.graph.launch(c.stream())?),
-            DeviceCtx::Cpu(_) => Err(crate::Error::Config(
+        let DeviceCtx::Cuda(c) = ctx else {
+            return Err(crate::Error::Config(
                 "a CUDA graph reached a CPU stream".into(),
-            )),
+            ));
+        };
+        let mut tokens: SmallVec<[u64; 8]> = SmallVec::with_capacity(self.hooks.len());
+        for (k, h) in self.hooks.iter().enumerate() {
+            match h.before() {
+                Ok(t) => tokens.push(t),
+                Err(e) => {
+                    self.hooks[k + 1..].iter().for_each(|h| h.skipped());
+                    return Err(e);
+                }
+            }
         }
+        if let Err(e) = self.graph.launch(c.stream()) {
+            self.hooks.iter().for_each(|h| h.skipped());
+            return Err(e.into());
+        }
+        let mut outcome = Ok(());
+        for (h, t) in self.hooks.iter().zip(tokens) {
+            let r = h.after(t, c);
+            if outcome.is_ok() {
+                outcome = r;
+            }
+        }
+        outcome
+    }
+
+    /// What a launch that will not happen (a predecessor failed) owes its
+    /// hooks: each is told it was skipped. `None` without hooks.
+    pub(crate) fn on_skip(&self) -> Option<crate::ctx::SkipHook> {
+        if self.hooks.is_empty() {
+            return None;
+        }
+        let hooks = self.hooks.clone();
+        Some(std::sync::Arc::new(move || {
+            hooks.iter().for_each(|h| GraphLaunch::skipped(&**h))
+        }))
     }
 }
 
@@ -169,9 +219,10 @@ impl<'a> Capturer<'a> {
     }
 
     /// Captures `plan` (every task on a stream with a driver) into a graph
-    /// on its join stream. An `Err` says why it is not a graph; nothing ran,
-    /// and the streams are out of capture mode.
-    pub(crate) fn capture(&self, plan: &Plan) -> Result<CudaGraph, String> {
+    /// on its join stream, with the launch hooks its bodies registered. An
+    /// `Err` says why it is not a graph; nothing ran, and the streams are
+    /// out of capture mode.
+    pub(crate) fn capture(&self, plan: &Plan) -> Result<Captured, String> {
         let cuda = self.cuda;
         let origin = &cuda.streams[plan.join_stream];
         let capture = Capture::begin(origin).map_err(|e| fail("beginning the capture", &e))?;
@@ -193,6 +244,7 @@ impl<'a> Capturer<'a> {
         let mut marks: Vec<CudaEvent> = Vec::new();
         let mut kept: Vec<CudaEvent> = Vec::new();
         let mut forked: Vec<usize> = Vec::new();
+        let hooks = std::cell::RefCell::new(Vec::new());
         let mut outcome: Result<(), String> = Ok(());
         for op in ops(plan) {
             let r = match op {
@@ -204,7 +256,7 @@ impl<'a> Capturer<'a> {
                 }),
                 Op::Mark(s) => event(s as usize).map(|ev| marks.push(ev)),
                 Op::Wait(s, k) => wait(s as usize, &marks[k as usize]),
-                Op::Run(i) => run_captured(plan, i as usize, &self.drivers),
+                Op::Run(i) => run_captured(plan, i as usize, &self.drivers, &hooks),
                 Op::Join(s) => event(s as usize).and_then(|ev| {
                     wait(plan.join_stream, &ev)?;
                     kept.push(ev);
@@ -233,12 +285,18 @@ impl<'a> Capturer<'a> {
         graph
             .upload(origin)
             .map_err(|e| fail("uploading the graph", &e))?;
-        Ok(graph)
+        Ok((graph, hooks.into_inner()))
     }
 }
 
-/// Runs task `i`'s body on its stream's driver, capturing what it launches.
-fn run_captured(plan: &Plan, i: usize, drivers: &[Option<StreamDriver>]) -> Result<(), String> {
+/// Runs task `i`'s body on its stream's driver, capturing what it launches;
+/// the launch hooks it registers go into `hooks`.
+fn run_captured(
+    plan: &Plan,
+    i: usize,
+    drivers: &[Option<StreamDriver>],
+    hooks: &std::cell::RefCell<Vec<LaunchHook>>,
+) -> Result<(), String> {
     let t = &plan.tasks[i];
     let d = drivers[t.stream as usize]
         .as_ref()
@@ -247,7 +305,8 @@ fn run_captured(plan: &Plan, i: usize, drivers: &[Option<StreamDriver>]) -> Resu
     // runs after everything submitted completed, under the runtime's lock),
     // and the capture calls it once (`BodyCell`'s invariant).
     let body = unsafe { t.body.get() };
-    let (outcome, checks) = super::worker::call_body(&t.name, body, DeviceCtx::Cuda(d.ctx()));
+    let ctx = DeviceCtx::Cuda(d.capture_ctx(hooks));
+    let (outcome, checks) = super::worker::call_body(&t.name, body, ctx);
     outcome.map_err(|e| format!("task `{}` failed while captured: {e}", t.name))?;
     if !checks.is_empty() {
         return Err(format!(
@@ -313,7 +372,7 @@ pub(crate) fn submit(
                 wait_only: 0,
                 accesses: SmallVec::new(),
                 body: TaskBody::Graph(step.clone()),
-                on_skip: None,
+                on_skip: step.on_skip(),
             },
         ),
         Unit::Cpu => {

@@ -255,8 +255,22 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Resolves recorded tasks into per-stream programs for `streams` streams.
+    /// Resolves recorded tasks into per-stream programs for `streams` streams,
+    /// joined on the last task's stream.
     pub(crate) fn new(name: Cow<'static, str>, tasks: Vec<RecTask>, streams: usize) -> Plan {
+        let f = tasks.last().map_or(0, |t| t.stream as usize);
+        Plan::joined_on(name, tasks, streams, f)
+    }
+
+    /// [`Plan::new`], joined on stream `f`: the stream a graph of the plan
+    /// is launched on (`sched::split` joins a graph with collectives on
+    /// their communication stream).
+    pub(crate) fn joined_on(
+        name: Cow<'static, str>,
+        tasks: Vec<RecTask>,
+        streams: usize,
+        f: usize,
+    ) -> Plan {
         let zero: SmallVec<[u32; 8]> = SmallVec::from_elem(0, streams);
         let mut clocks = vec![zero.clone(); streams];
         let mut task_clock: Vec<SmallVec<[u32; 8]>> = Vec::with_capacity(tasks.len());
@@ -299,8 +313,7 @@ impl Plan {
                 preds: t.preds.clone(),
             });
         }
-        // The join: on the last task's stream, after every other stream's end.
-        let f = tasks.last().map_or(0, |t| t.stream as usize);
+        // The join: on stream `f`, after every other stream's end.
         let mut waits = SmallVec::new();
         for j in 0..streams {
             let len = programs[j].len() as u32;

@@ -1,9 +1,15 @@
 //! Graph replay split around collectives and host tasks.
 //!
-//! A collective cannot go into a graph here (its body takes the
+//! Host work cannot go into a graph (uploads and read-backs synchronise),
+//! and by default a collective does not either: its body takes the
 //! communicator's next index when it runs and registers the completion check
-//! the watchdog aborts through), nor can host work (uploads and read-backs
-//! synchronise). A schedule that holds some is cut, in its own order, into
+//! the watchdog aborts through. With
+//! [`crate::RuntimeBuilder::graph_collectives`] the collectives of one
+//! communication stream (the first collective's) go into the graphs, each
+//! with a launch hook that does that host work at every launch
+//! (`sched::capture`), and a graph that holds some is launched on that
+//! stream, so its collectives keep one order with the stream's others.
+//! A schedule that holds tasks kept out is cut, in its own order, into
 //! *parts*: each maximal run of capturable tasks becomes a plan of its own
 //! (a CUDA graph, or on the CPU a sequential run: `sched::capture`), and each
 //! collective or host task stays an ordinary task with its recorded body, on
@@ -43,14 +49,50 @@ pub(crate) struct Split<U> {
     pub(crate) parts: Vec<(Part<U>, SmallVec<[u32; 4]>)>,
 }
 
-/// Whether a task stays out of graphs.
-fn eager(t: &RecTask) -> bool {
-    matches!(t.kind, TaskKind::Comm | TaskKind::Host)
+/// Which tasks stay out of graphs: host work always, and collectives
+/// except those on `comm`.
+#[derive(Clone, Copy)]
+struct Keep {
+    /// The stream whose collectives are captured, if any are.
+    comm: Option<u16>,
 }
 
-/// Cuts `plan` into parts, or says why it has no part to capture. A plan
-/// with nothing to cut is one part: the plan itself.
-pub(crate) fn split(plan: &std::sync::Arc<Plan>) -> Result<Split<()>, String> {
+impl Keep {
+    /// For `plan`: with `collectives`, the first collective's stream.
+    fn of(plan: &Plan, collectives: bool) -> Keep {
+        let first = plan.tasks.iter().find(|t| t.kind == TaskKind::Comm);
+        Keep {
+            comm: first.filter(|_| collectives).map(|t| t.stream),
+        }
+    }
+
+    /// Whether task `t` stays out of graphs.
+    fn eager(self, t: &RecTask) -> bool {
+        match t.kind {
+            TaskKind::Host => true,
+            TaskKind::Comm => self.comm != Some(t.stream),
+            _ => false,
+        }
+    }
+
+    /// The stream a graph of `tasks` is joined on: the captured
+    /// collectives' stream if it holds one.
+    fn join(self, tasks: &[RecTask]) -> Option<usize> {
+        let comm = self.comm?;
+        let holds = tasks
+            .iter()
+            .any(|t| t.kind == TaskKind::Comm && t.stream == comm);
+        holds.then_some(comm as usize)
+    }
+}
+
+/// Cuts `plan` into parts, or says why it has no part to capture; with
+/// `collectives`, the collectives of the first one's stream are captured.
+/// A plan with nothing to cut is one part: the plan itself (joined on the
+/// captured collectives' stream if it holds some).
+pub(crate) fn split(plan: &std::sync::Arc<Plan>, collectives: bool) -> Result<Split<()>, String> {
+    let keep = Keep::of(plan, collectives);
+    let eager = |t: &RecTask| keep.eager(t);
     if plan.tasks.iter().all(eager) {
         let t = plan.tasks.first().map_or("", |t| t.name.as_ref());
         return Err(format!(
@@ -59,8 +101,21 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>) -> Result<Split<()>, String> {
         ));
     }
     if !plan.tasks.iter().any(eager) {
+        let whole = match keep.join(&plan.tasks) {
+            Some(f) if f != plan.join_stream => {
+                let mut p = Plan::joined_on(
+                    plan.name.clone(),
+                    plan.tasks.clone(),
+                    plan.programs.len(),
+                    f,
+                );
+                p.usable = plan.usable;
+                std::sync::Arc::new(p)
+            }
+            _ => plan.clone(),
+        };
         let whole = Part::Graph {
-            plan: plan.clone(),
+            plan: whole,
             unit: (),
         };
         return Ok(Split {
@@ -74,7 +129,7 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>) -> Result<Split<()>, String> {
     let mut run: Gathered = Default::default();
     for (i, t) in plan.tasks.iter().enumerate() {
         if eager(t) && !run.0.is_empty() {
-            parts.push(graph_part(plan, &parts, std::mem::take(&mut run)));
+            parts.push(graph_part(plan, &parts, std::mem::take(&mut run), keep));
         }
         // The part this task is in: the next one.
         let k = parts.len() as u32;
@@ -103,7 +158,7 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>) -> Result<Split<()>, String> {
         }
     }
     if !run.0.is_empty() {
-        parts.push(graph_part(plan, &parts, run));
+        parts.push(graph_part(plan, &parts, run, keep));
     }
     Ok(Split { parts })
 }
@@ -114,11 +169,13 @@ type Gathered = (Vec<RecTask>, SmallVec<[u32; 4]>);
 
 /// The next part of `plan` after `parts`: the gathered tasks as a plan, after
 /// their earlier parts and the graph part before it (graph parts run one
-/// after another: on CUDA they share the capture's cuBLAS workspaces).
+/// after another: on CUDA they share the capture's cuBLAS workspaces),
+/// joined on the captured collectives' stream if it holds some.
 fn graph_part(
     plan: &Plan,
     parts: &[(Part<()>, SmallVec<[u32; 4]>)],
     (tasks, mut after): Gathered,
+    keep: Keep,
 ) -> (Part<()>, SmallVec<[u32; 4]>) {
     let k = parts.len();
     let previous = parts
@@ -128,7 +185,11 @@ fn graph_part(
         after.push(g);
     }
     let name = format!("{}[{k}]", plan.name);
-    let mut p = Plan::new(name.into(), tasks, plan.programs.len());
+    let streams = plan.programs.len();
+    let mut p = match keep.join(&tasks) {
+        Some(f) => Plan::joined_on(name.into(), tasks, streams, f),
+        None => Plan::new(name.into(), tasks, streams),
+    };
     p.usable = plan.usable;
     let part = Part::Graph {
         plan: std::sync::Arc::new(p),
@@ -181,11 +242,11 @@ pub(crate) fn capture_cuda(
     plan: &Plan,
     cuda: &crate::backend::gpu::CudaBackend,
 ) -> Result<Split<Unit>, String> {
-    let graph_streams = plan
-        .tasks
-        .iter()
-        .filter(|t| !eager(t))
-        .map(|t| t.stream as usize);
+    let graph_streams = split.parts.iter().flat_map(|(p, _)| match p {
+        Part::Graph { plan, .. } => plan.tasks.iter().map(|t| t.stream as usize).collect(),
+        Part::Eager { .. } => Vec::new(),
+    });
+    let graph_streams: Vec<usize> = graph_streams.collect();
     let cap = capture::Capturer::new(cuda, plan.programs.len(), graph_streams)?;
     let graphs = split.made(|part, ()| cap.capture(part))?;
     let handles = std::sync::Arc::new(cap.into_handles());
@@ -349,12 +410,19 @@ mod tests {
     /// Each task's part and index there, checking that the parts hold the
     /// schedule's tasks in its order and keep every edge: inside a part as
     /// a local edge, across parts as an `after` entry of the later part.
-    fn check(p: &Plan, s: &Split<()>) -> Vec<(usize, usize)> {
+    fn check(p: &Plan, s: &Split<()>, collectives: bool) -> Vec<(usize, usize)> {
+        let keep = Keep::of(p, collectives);
+        let eager = |t: &RecTask| keep.eager(t);
         let mut at = Vec::new();
         for (k, (part, _)) in s.parts.iter().enumerate() {
             match part {
                 Part::Graph { plan, .. } => {
                     assert!(plan.tasks.iter().all(|t| !eager(t)));
+                    // Launched on the captured collectives' stream if it
+                    // holds one.
+                    if let Some(f) = keep.join(&plan.tasks) {
+                        assert_eq!(plan.join_stream, f);
+                    }
                     at.extend((0..plan.len()).map(|i| (k, i)));
                 }
                 Part::Eager { task } => {
@@ -405,10 +473,10 @@ mod tests {
             ],
             3,
         );
-        let s = split(&p).unwrap();
+        let s = split(&p, false).unwrap();
         assert_eq!(s.shape(), (3, 3));
         assert_eq!(
-            check(&p, &s),
+            check(&p, &s, false),
             [
                 (0, 0),
                 (0, 1),
@@ -435,7 +503,7 @@ mod tests {
     #[test]
     fn nothing_to_cut_is_the_plan_itself_and_nothing_to_capture_is_refused() {
         let p = plan(vec![task(TaskKind::Compute, 0, &[]); 3], 1);
-        let s = split(&p).unwrap();
+        let s = split(&p, false).unwrap();
         let Part::Graph { plan: whole, .. } = &s.parts[0].0 else {
             panic!("one graph")
         };
@@ -444,8 +512,57 @@ mod tests {
             vec![task(TaskKind::Host, 0, &[]), task(TaskKind::Comm, 1, &[0])],
             2,
         );
-        let why = split(&p).err().expect("refused");
+        let why = split(&p, false).err().expect("refused");
         assert!(why.contains("no task can be captured"), "{why}");
+        // Host work alone is refused with collectives captured too.
+        let p = plan(vec![task(TaskKind::Host, 0, &[])], 1);
+        assert!(split(&p, true).is_err());
+    }
+
+    #[test]
+    fn captured_collectives_of_one_stream_go_into_graphs_launched_on_it() {
+        use TaskKind::{Comm, Compute as C, Host};
+        // Collectives on stream 2 (the first one's) and on stream 3.
+        let p = plan(
+            vec![
+                task(C, 0, &[]),
+                task(Comm, 2, &[0]),
+                task(C, 1, &[0]),
+                task(Comm, 3, &[2]),
+                task(C, 0, &[1]),
+                task(Host, 0, &[]),
+                task(C, 1, &[]),
+            ],
+            4,
+        );
+        let s = split(&p, true).unwrap();
+        // [0, 1, 2] | 3 | [4] | 5 | [6]
+        assert_eq!(s.shape(), (3, 2));
+        assert_eq!(
+            check(&p, &s, true),
+            [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0), (4, 0)]
+        );
+        let joins: Vec<Option<usize>> = s
+            .parts
+            .iter()
+            .map(|(p, _)| match p {
+                Part::Graph { plan, .. } => Some(plan.join_stream),
+                Part::Eager { .. } => None,
+            })
+            .collect();
+        assert_eq!(joins, [Some(2), None, Some(0), None, Some(1)]);
+        // Nothing kept out: the whole plan, joined on the collectives'
+        // stream rather than the last task's.
+        let p = plan(vec![task(Comm, 1, &[]), task(C, 0, &[0])], 2);
+        assert_eq!(p.join_stream, 0);
+        let s = split(&p, true).unwrap();
+        let Part::Graph { plan: whole, .. } = &s.parts[0].0 else {
+            panic!("one graph")
+        };
+        assert_eq!((s.parts.len(), whole.join_stream), (1, 1));
+        check(&p, &s, true);
+        // Without: cut around the collective.
+        assert_eq!(split(&p, false).unwrap().shape(), (1, 1));
     }
 
     #[test]
@@ -459,8 +576,10 @@ mod tests {
             crate::sched::replay::tests::random_schedules(0x2545_f491_4f6c_dd1d, 4, kind);
         for (streams, tasks) in schedules {
             let p = plan(tasks, streams);
-            if let Ok(s) = split(&p) {
-                check(&p, &s);
+            for collectives in [false, true] {
+                if let Ok(s) = split(&p, collectives) {
+                    check(&p, &s, collectives);
+                }
             }
         }
     }

@@ -422,7 +422,12 @@ fn run_task<'a>(
             r
         }
         TaskBody::Join => (Ok(()), Vec::new()),
-        TaskBody::Graph(g) => (g.launch(&device()), Vec::new()),
+        TaskBody::Graph(g) => {
+            // A captured collective's hooks register completion checks.
+            let d = device();
+            let r = g.launch(&d);
+            (r, d.cuda().map_or_else(Vec::new, |c| c.take_checks()))
+        }
     }
 }
 

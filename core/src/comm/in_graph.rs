@@ -1,0 +1,83 @@
+//! Collectives captured into CUDA graphs
+//! ([`crate::RuntimeBuilder::graph_collectives`]).
+//!
+//! A collective's body does host work each time it runs: it takes the
+//! communicator's next index, fails fast on a poisoned communicator, and
+//! (NCCL) hands its end event to the watchdog and registers a completion
+//! check. Inside a graph the body runs once, at the capture, and the graph
+//! then runs many times without it. So the captured body enqueues the
+//! collective and registers a launch hook instead ([`InGraph`]), and the
+//! graph's launch does that host work for every collective in it
+//! (`sched::capture::CudaStep::launch`), in capture order, on the stream the
+//! graph launches on: the collectives' own stream (`sched::split`), so
+//! indices are still taken in program order on every rank.
+
+use super::{Collective, Communicator, DeviceData, Job};
+use crate::access::DevBytes;
+use crate::backend::gpu::{CudaTaskCtx, GraphLaunch};
+use crate::error::{Result, TaskError};
+use crate::sync::{Arc, Ordering};
+
+/// A collective captured into a CUDA graph
+/// ([`Communicator::capture_cuda`]): what its communicator does on the host
+/// at each launch of the graph.
+pub trait CapturedCollective: Send + Sync {
+    /// The graph holding the collective has been launched on `cu`'s stream,
+    /// the collective numbered `index` this time: watch it as
+    /// [`Communicator::run_cuda`] would, reporting a failure found once the
+    /// work has completed through [`CudaTaskCtx::on_complete`].
+    fn launched(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()>;
+}
+
+/// A captured collective, as its graph's launch hook.
+struct InGraph {
+    job: Arc<Job>,
+    captured: Box<dyn CapturedCollective>,
+}
+
+impl GraphLaunch for InGraph {
+    /// Takes the collective's index for this launch, as its body would.
+    fn before(&self) -> Result<u64> {
+        let index = self.job.inner.ran.fetch_add(1, Ordering::AcqRel);
+        self.job.check_poison(index)?;
+        Ok(index)
+    }
+
+    fn after(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
+        self.captured
+            .launched(index, cu)
+            .map_err(|e| self.job.fail(index, e))
+    }
+
+    fn skipped(&self) {
+        self.job.skipped();
+    }
+}
+
+impl Job {
+    /// The CUDA body while its stream is captured into a graph: enqueues the
+    /// collective into the graph and registers its launch hook. No index is
+    /// taken (nothing runs now; each launch takes one), and a communicator
+    /// that refuses the capture is not poisoned: the schedule replays
+    /// without graphs and the collective runs as before.
+    pub(super) fn capture(
+        self: &Arc<Self>,
+        data: Vec<DevBytes<'_>>,
+        cu: &CudaTaskCtx<'_>,
+    ) -> std::result::Result<(), TaskError> {
+        let index = self.inner.ran.load(Ordering::Acquire);
+        self.check_poison(index)?;
+        let op = Collective {
+            index,
+            ..self.op.clone()
+        };
+        let imp: &dyn Communicator = &*self.inner.imp;
+        let captured = imp.capture_cuda(&op, DeviceData::from_parts(data)?, cu)?;
+        let hook = InGraph {
+            job: self.clone(),
+            captured,
+        };
+        cu.on_graph_launch(std::sync::Arc::new(hook))?;
+        Ok(())
+    }
+}
