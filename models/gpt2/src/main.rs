@@ -186,6 +186,11 @@ struct TrainArgs {
     /// Replay the recorded step kernel by kernel, not as a CUDA graph.
     #[arg(long)]
     no_graphs: bool,
+    /// Replay the step as graphs with its collectives (NCCL on CUDA)
+    /// captured into them, instead of cutting the graphs around them
+    /// (docs/replay.md, "Collectives inside graphs"); implies --graphs.
+    #[arg(long, conflicts_with_all = ["no_replay", "no_graphs"])]
+    graph_collectives: bool,
     /// A placement file (TOML, docs/scopes.md) mapping the model's scopes
     /// (forward/layer3, backward/layer*, optimizer, ...) to streams,
     /// priorities, policies and bundles; e.g. docs/placement.example.toml.
@@ -641,6 +646,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         replay: !a.no_replay,
         graphs: a.graphs,
+        graph_collectives: a.graph_collectives,
         reduce_single_rank: a.reduce_single_rank,
         tied_split: !a.no_tied_split,
         class: a.class,
@@ -692,6 +698,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
     opts.graphs = a.graphs
+        || a.graph_collectives
         || (on_gpu
             && world == 1
             && !a.no_graphs

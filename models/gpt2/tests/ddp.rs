@@ -283,21 +283,43 @@ fn memoised_eager_steps_equal_eager_steps_bit_for_bit() {
 /// the CPU, every task in order on one stream thread): bit-identical to
 /// eager steps. Two ranks' step has collectives: it is cut around them (each
 /// run of other tasks one unit, the collectives ordinary tasks between them),
-/// still identical.
+/// still identical; with `graph_collectives` they go into the graphs
+/// instead (fewer tasks between graphs), still identical.
 #[test]
 fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
     let start = StartState::fresh(&Gpt2Config::tiny(), 12);
-    for (ranks, dtype) in [(1, Dtype::F32), (1, Dtype::Bf16), (2, Dtype::F32)] {
+    let mut cut_shape = None;
+    for (ranks, dtype, collectives) in [
+        (1, Dtype::F32, false),
+        (1, Dtype::Bf16, false),
+        (2, Dtype::F32, false),
+        (2, Dtype::F32, true),
+    ] {
+        let case = format!("{ranks} ranks {dtype:?}, collectives in graphs: {collectives}");
         let mut eager = options(ranks, 4 / ranks, 5);
         (eager.replay, eager.dtype) = (false, dtype);
         let mut graphs = options(ranks, 4 / ranks, 5);
         (graphs.graphs, graphs.dtype) = (true, dtype);
+        graphs.graph_collectives = collectives;
         let (a, b) = (run(&eager, start.clone()), run(&graphs, start.clone()));
-        assert_eq!(losses(&a), losses(&b), "{ranks} ranks {dtype:?}");
-        assert_eq!(a.params, b.params, "{ranks} ranks {dtype:?}");
+        assert_eq!(losses(&a), losses(&b), "{case}");
+        assert_eq!(a.params, b.params, "{case}");
         // Steps 4 and 5 replay the step recorded at step 3, on every rank.
-        assert_eq!(b.graph_replays, vec![2; ranks], "{ranks} ranks {dtype:?}");
+        assert_eq!(b.graph_replays, vec![2; ranks], "{case}");
         assert_eq!(b.graph_refusal, None);
+        let (graphs, between) = b.graph_shape.expect("a graph shape");
+        match (ranks, collectives) {
+            (2, false) => cut_shape = Some((graphs, between)),
+            (2, true) => {
+                let (cut_graphs, cut_between) = cut_shape.expect("the cut run first");
+                assert!(
+                    graphs <= cut_graphs && between < cut_between,
+                    "{case}: {graphs} graphs with {between} tasks between them, against \
+                     {cut_graphs} with {cut_between} when cut around the collectives"
+                );
+            }
+            _ => {}
+        }
     }
 }
 

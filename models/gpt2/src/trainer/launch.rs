@@ -92,6 +92,7 @@ struct RuntimeExtras {
     /// (`RuntimeBuilder::device_bundle`; `None`: the builder's).
     device_bundle: Option<std::time::Duration>,
     graphs: bool,
+    graph_collectives: bool,
     /// Automatic replay on or off (`None`: the builder's default, on).
     auto_replay: Option<bool>,
 }
@@ -116,6 +117,7 @@ fn model_runtime_with(
         .class(extras.class)
         .spare_sms(extras.spare_sms)
         .graphs(extras.graphs)
+        .graph_collectives(extras.graph_collectives)
         .rank(rank)
         .profile(true);
     if let Some(on) = extras.auto_replay {
@@ -156,6 +158,7 @@ fn build_runtime(opts: &TrainOptions, backend: BackendKind, rank: usize) -> Resu
         spare_sms: opts.spare_sms,
         device_bundle: opts.device_bundle,
         graphs: opts.graphs,
+        graph_collectives: opts.graph_collectives,
         // `replay` off means every step eager: not memoised either.
         auto_replay: (!opts.replay).then_some(false),
     };

@@ -90,6 +90,10 @@ pub struct TrainOptions {
     /// ordinary tasks between them). Off by default here; `braid-gpt2
     /// train` turns it on for one GPU rank.
     pub graphs: bool,
+    /// With `graphs`, capture the step's collectives into its graphs too
+    /// instead of cutting the graphs around them
+    /// ([`braid::RuntimeBuilder::graph_collectives`]). Off by default.
+    pub graph_collectives: bool,
     /// Run the gradient reducer (and the loss all-reduce) with one rank too,
     /// as PyTorch DDP does at world size 1: the collectives are no-ops, but
     /// the trace holds every bucket with its size and ready point, which the
@@ -196,6 +200,7 @@ impl Default for TrainOptions {
             compression: Compression::None,
             replay: true,
             graphs: false,
+            graph_collectives: false,
             reduce_single_rank: false,
             tied_split: true,
             fusion: crate::model::Fusion::NONE,
