@@ -26,7 +26,9 @@
 # realtime threads and with 8 SMs spared), the trainer, the
 # trainer with its reducer at one rank with the tied split and without,
 # and with its graphs cut around the reducer's collectives against no
-# graphs, the CUDA graph tests, a small model's steps eager, memoised by
+# graphs and against the collectives inside the graphs (at 124M and on a
+# small model), NCCL's collectives captured into graphs, the CUDA graph
+# tests, a small model's steps eager, memoised by
 # automatic replay, replayed and as graphs, the PyTorch fixtures on CUDA).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,13 +41,13 @@ if [ "${1:-}" = "--new" ]; then
         shift
     fi
 fi
-QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model
+QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 01i_nccl 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model
 18_gpt2_gpu_bf16_fused 18y_gpt2_gpu_bf16_fused_run7_kernels 09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8
 18a_gpt2_gpu_bf16_fused_braid_attention 18b_profile_gpt2_gpu_bf16_fused 18j_gpt2_gpu_bf16_fused_no_recompute
 21_multi_tenant_cuda 21b_multi_tenant_cuda_realtime 21d_multi_tenant_cuda_spare_8 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32
 13c_gpt2_gpu_bf16_fused_b64 13y_gpt2_gpu_bf16_fused_b64_run7_kernels 14c_pytorch_bf16_compile_b64
-15_train_gpu 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 15e_cli_eval_sample 01_cuda_graphs
+15_train_gpu 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 15e_cli_eval_sample 15f_train_gpu_small_cut 15g_train_gpu_small_graph_collectives 15h_train_gpu_split_graph_collectives 01_cuda_graphs
 16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
 rm -rf "$out"
@@ -129,6 +131,9 @@ else
     # each kind with an engine computes attention against a plain f32 one
     # (it prints the version, the engines, and each kind's errors).
     wrap 01h_cudnn_graphs test lib_braid_cuda "cudnn --nocapture $t"
+    # NCCL at one rank, and its collectives captured into a CUDA graph
+    # (RuntimeBuilder::graph_collectives, written after run 8).
+    wrap 01i_nccl test nccl "--nocapture $t"
     wrap 02_cuda_kernels test cuda_kernels "--nocapture $t"
     # GPT-2 training with cuDNN's attention against Braid's (its own binary:
     # the switch is process-wide).
@@ -192,6 +197,16 @@ else
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-tied-split --trace \$OUT/gpt2-bf16-whole.json"
     wrap 15d_train_gpu_split_no_graphs bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-graphs --no-trace"
+    # The reducer's collectives inside the step's graph (--graph-collectives,
+    # one launch a step) against the graphs cut around them: 15h against
+    # 15b at 124M, and 15g against 15f on a small model at short sequences,
+    # where launches dominate. Same losses expected in each pair.
+    wrap 15f_train_gpu_small_cut bench braid-gpt2 \
+        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --no-trace"
+    wrap 15g_train_gpu_small_graph_collectives bench braid-gpt2 \
+        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --graph-collectives --no-trace"
+    wrap 15h_train_gpu_split_graph_collectives bench braid-gpt2 \
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --graph-collectives --no-trace"
     # The CLI after training on a GPU: eval and sample from the saved
     # weights and checkpoint, on CUDA (bf16) and on the CPU (fp32).
     script 15e_cli_eval_sample "scripts/gpu-cli-check.sh \"\$(dirname \"\$0\")/../bench/braid-gpt2\""

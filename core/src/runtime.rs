@@ -189,9 +189,9 @@ impl RuntimeBuilder {
     /// skipped poisons the communicator, so the other ranks fail instead of
     /// waiting. A communicator that cannot be captured (any but NCCL on
     /// CUDA) makes the capture fail and the schedule replay as before. On
-    /// the CPU the collectives run in the graph's sequential run. Every rank
-    /// must make the same choice. docs/replay.md, "Collectives inside
-    /// graphs".
+    /// the CPU the collectives run in the graph's sequential run. Ranks may
+    /// choose differently: each still issues its collectives in program
+    /// order. docs/replay.md, "Collectives inside graphs".
     pub fn graph_collectives(mut self, on: bool) -> Self {
         self.graph_collectives = on;
         self

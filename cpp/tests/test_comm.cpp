@@ -152,6 +152,43 @@ void ranks_agree_on_a_schedules_placement() {
   });
 }
 
+// With graphs, a step with a collective is cut around it (two graphs, the
+// all-reduce between them); with graph_collectives it is one graph. Both
+// compute what the recording did.
+void a_step_with_its_collective_replays_as_one_graph() {
+  for (bool collectives : {false, true}) {
+    braid::launch(2, [collectives](std::size_t rank, braid::Communicator& comm) {
+      braid::Runtime rt = braid::Runtime::builder()
+                              .backend(braid::BackendKind::Cpu)
+                              .compute_streams(2)
+                              .rank(rank)
+                              .graphs()
+                              .graph_collectives(collectives)
+                              .build();
+      braid::Buffer g = rt.alloc("g", 64 * sizeof(float));
+      braid::Buffer w = rt.alloc("w", 64 * sizeof(float));
+      braid::Schedule step = rt.record("step", [&](const braid::Runtime& r) {
+        r.task("grad").run(braid::write<float>(g), [rank](braid::Span<float> out) {
+          for (float& x : out) x = static_cast<float>(rank + 1);
+        });
+        comm.all_reduce<float>(r, g, braid::ReduceOp::Sum);
+        r.task("update").run(braid::read<float>(g), braid::read_write<float>(w),
+                             [](braid::Span<const float> in, braid::Span<float> o) {
+                               for (std::size_t i = 0; i < in.size(); ++i) o[i] += in[i];
+                             });
+      });
+      for (int i = 0; i < 3; ++i) step.replay();
+      for (float v : rt.read_vec<float>(w)) require(v == 12.0f, "four steps of +3");
+      require(step.graph_refusal().empty(), "a graph");
+      const std::size_t graphs = collectives ? 1 : 2, between = collectives ? 0 : 1;
+      require(step.graphs_per_replay() == graphs && step.tasks_between_graphs() == between,
+              "graphs " + std::to_string(step.graphs_per_replay()) + ", tasks between " +
+                  std::to_string(step.tasks_between_graphs()));
+      rt.synchronize();
+    });
+  }
+}
+
 void a_throwing_rank_fails_the_job_without_hanging() {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> errors = braid::try_launch(
@@ -276,6 +313,8 @@ int main() {
   t.run("all_collectives_match_by_hand", all_collectives_match_by_hand);
   t.run("collectives_are_ordered_by_their_accesses", collectives_are_ordered_by_their_accesses);
   t.run("ranks_agree_on_a_schedules_placement", ranks_agree_on_a_schedules_placement);
+  t.run("a_step_with_its_collective_replays_as_one_graph",
+        a_step_with_its_collective_replays_as_one_graph);
   t.run("a_throwing_rank_fails_the_job_without_hanging", a_throwing_rank_fails_the_job_without_hanging);
   t.run("misuse_of_collectives_throws", misuse_of_collectives_throws);
   t.run("a_group_with_own_threads", a_group_with_own_threads);

@@ -182,6 +182,9 @@ mod bridge {
         live: String,
         /// Replays run as one unit (`RuntimeBuilder::graphs`).
         graphs: Switch,
+        /// Collectives captured into those units
+        /// (`RuntimeBuilder::graph_collectives`).
+        graph_collectives: bool,
         /// Recorded placements timed against one stream
         /// (`RuntimeBuilder::placement_trial`).
         placement_trial: Switch,
@@ -494,6 +497,7 @@ fn default_config() -> RuntimeConfig {
         tenant_class: Class::Normal,
         live: String::new(),
         graphs: Switch::Default,
+        graph_collectives: false,
         placement_trial: Switch::Default,
         auto_replay: true,
         inline_short_tasks: true,
@@ -553,6 +557,7 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             Switch::Off => b.graphs(false),
             _ => return Err(to_error("graphs setting")),
         };
+        b = b.graph_collectives(cfg.graph_collectives);
         b = match cfg.placement_trial {
             Switch::Default => b,
             Switch::On => b.placement_trial(true),

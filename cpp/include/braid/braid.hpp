@@ -1026,6 +1026,14 @@ class RuntimeBuilder {
     cfg_.graphs = on ? ffi::Switch::On : ffi::Switch::Off;
     return *this;
   }
+  // With graphs, capture the collectives of a recorded schedule into its
+  // graphs too (those of its first collective's communication stream),
+  // instead of cutting the graphs around them: a data-parallel step is one
+  // launch (docs/replay.md, "Collectives inside graphs"). Default: off.
+  RuntimeBuilder& graph_collectives(bool on = true) {
+    cfg_.graph_collectives = on;
+    return *this;
+  }
   // The first replays of a recorded schedule whose tasks use several compute
   // streams time its placement against one stream and keep the faster
   // (default: on with a CUDA backend; on the CPU only for replays made
