@@ -480,15 +480,12 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// error saying this backend does not run there.
     fn run_host(&self, op: &Collective, data: HostData<'_>) -> Result<()> {
         let _ = data;
-        Err(Error::Collective {
-            rank: self.rank(),
-            index: op.index,
-            op: op.describe(),
-            message: format!(
-                "the `{}` communicator cannot run on the CPU backend",
-                self.backend()
-            ),
-        })
+        Err(cannot(
+            self.rank(),
+            self.backend(),
+            op,
+            "run on the CPU backend",
+        ))
     }
 
     /// Performs `op` on device memory: enqueues it on `cu`'s stream (a task on
@@ -497,15 +494,12 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// an error saying this backend does not run there.
     fn run_cuda(&self, op: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
         let _ = (data, cu);
-        Err(Error::Collective {
-            rank: self.rank(),
-            index: op.index,
-            op: op.describe(),
-            message: format!(
-                "the `{}` communicator cannot run on a CUDA stream",
-                self.backend()
-            ),
-        })
+        Err(cannot(
+            self.rank(),
+            self.backend(),
+            op,
+            "run on a CUDA stream",
+        ))
     }
 
     /// Captures `op` into the CUDA graph `cu`'s stream is being captured
@@ -523,15 +517,12 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         cu: &CudaTaskCtx<'_>,
     ) -> Result<Box<dyn CapturedCollective>> {
         let _ = (data, cu);
-        Err(Error::Collective {
-            rank: self.rank(),
-            index: op.index,
-            op: op.describe(),
-            message: format!(
-                "the `{}` communicator cannot be captured into a CUDA graph",
-                self.backend()
-            ),
-        })
+        Err(cannot(
+            self.rank(),
+            self.backend(),
+            op,
+            "be captured into a CUDA graph",
+        ))
     }
 
     /// Gives up: pending and later collectives of every rank fail instead of
@@ -539,6 +530,17 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// rank failed or will never run (its task was skipped). Default: nothing.
     fn abort(&self, reason: &str) {
         let _ = reason;
+    }
+}
+
+/// What a [`Communicator`]'s default methods return: the `backend`
+/// communicator of `rank` cannot do `what` with `op`.
+fn cannot(rank: usize, backend: &str, op: &Collective, what: &str) -> Error {
+    Error::Collective {
+        rank,
+        index: op.index,
+        op: op.describe(),
+        message: format!("the `{backend}` communicator cannot {what}"),
     }
 }
 
