@@ -1452,3 +1452,168 @@ fn long_memoised_steps_keep_failures_and_diverge_late() {
     assert_eq!(rt.read_vec::<u64>(&flag).unwrap(), vec![want.1]);
     assert!(rt.stats().auto_divergences >= 1, "{:?}", rt.stats());
 }
+
+/// One operation of a random data-parallel step.
+#[derive(Debug, Clone, Copy)]
+enum RankOp {
+    /// Compute on stream `s`: buffer `b` += `by` (by the rank, plus one, too).
+    Add { b: usize, by: f64, s: usize },
+    /// Compute on stream `s`: buffer `dst` = buffer `src`.
+    Copy { src: usize, dst: usize, s: usize },
+    /// Host work: buffer `b` doubled.
+    Host { b: usize },
+    /// All-reduce (sum) of buffer `b` over the ranks.
+    AllReduce { b: usize },
+}
+
+/// Applies `op` to both ranks' buffers, as the sequential program does.
+fn apply_rank_op(op: RankOp, data: &mut [Vec<f64>; 2]) {
+    for (rank, d) in data.iter_mut().enumerate() {
+        match op {
+            RankOp::Add { b, by, .. } => d[b] += by * (rank as f64 + 1.0),
+            RankOp::Copy { src, dst, .. } => d[dst] = d[src],
+            RankOp::Host { b } => d[b] *= 2.0,
+            RankOp::AllReduce { .. } => {}
+        }
+    }
+    if let RankOp::AllReduce { b } = op {
+        let s = data[0][b] + data[1][b];
+        data[0][b] = s;
+        data[1][b] = s;
+    }
+}
+
+/// Submits `op` on this rank (each buffer holds 3 equal values).
+fn submit_rank_op(
+    rt: &Runtime,
+    comm: &braid::BoundComm<'_>,
+    bufs: &[braid::Buffer],
+    op: RankOp,
+) -> braid::Result<()> {
+    let rank = comm.rank() as f64;
+    match op {
+        RankOp::Add { b, by, s } => rt
+            .task("add")
+            .on_stream(s)
+            .run(bufs[b].read_write::<f64>(), move |x| {
+                x.iter_mut().for_each(|v| *v += by * (rank + 1.0))
+            })
+            .map(drop),
+        RankOp::Copy { src, dst, s } => rt
+            .task("copy")
+            .on_stream(s)
+            .run(
+                (bufs[src].read::<f64>(), bufs[dst].write::<f64>()),
+                |(a, b)| b.copy_from_slice(a),
+            )
+            .map(drop),
+        RankOp::Host { b } => rt
+            .task("double")
+            .kind(TaskKind::Host)
+            .run(bufs[b].read_write::<f64>(), |x| {
+                x.iter_mut().for_each(|v| *v *= 2.0)
+            })
+            .map(drop),
+        RankOp::AllReduce { b } => comm
+            .all_reduce::<f64>(&bufs[b].whole(), braid::comm::ReduceOp::Sum)
+            .map(drop),
+    }
+}
+
+/// Random data-parallel steps on two CPU ranks — compute tasks on two
+/// streams, host tasks and all-reduces — recorded and replayed with eager
+/// collectives between some replays, give the sequential program's values
+/// in every replay mode: per-stream programs, graphs cut around the
+/// collectives, and graphs with the collectives inside
+/// (`RuntimeBuilder::graph_collectives`).
+#[test]
+fn random_steps_with_collectives_replay_like_the_sequential_program() {
+    let mut x = 0x5851_f42d_4c95_7f2du64;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    const BUFS: usize = 4;
+    for case in 0..30 {
+        let len = 2 + next(10) as usize;
+        let step: Vec<RankOp> = (0..len)
+            .map(|_| match next(10) {
+                0..=3 => RankOp::Add {
+                    b: next(BUFS as u64) as usize,
+                    by: 1.0 + next(3) as f64,
+                    s: next(2) as usize,
+                },
+                4 | 5 => RankOp::Copy {
+                    src: next(BUFS as u64) as usize,
+                    dst: next(BUFS as u64) as usize,
+                    s: next(2) as usize,
+                },
+                6 => RankOp::Host {
+                    b: next(BUFS as u64) as usize,
+                },
+                _ => RankOp::AllReduce {
+                    b: next(BUFS as u64) as usize,
+                },
+            })
+            .filter(|op| !matches!(op, RankOp::Copy { src, dst, .. } if src == dst))
+            .collect();
+        let replays = 1 + next(3) as usize;
+        // Bit k: an eager all-reduce of buffer 0 before replay k.
+        let between = next(8);
+        let mut want: [Vec<f64>; 2] =
+            [0, 1].map(|r| (0..BUFS).map(|i| (r * 10 + i) as f64).collect());
+        for k in 0..=replays {
+            if k > 0 && between >> (k - 1) & 1 == 1 {
+                apply_rank_op(RankOp::AllReduce { b: 0 }, &mut want);
+            }
+            for &op in &step {
+                apply_rank_op(op, &mut want);
+            }
+        }
+        for (graphs, collectives) in [(false, false), (true, false), (true, true)] {
+            let step = &step;
+            let got = braid::launch(2, |rank, comm| -> braid::Result<Vec<f64>> {
+                let rt = Runtime::builder()
+                    .backend(BackendKind::Cpu)
+                    .compute_streams(2)
+                    .oversubscribe(true)
+                    .rank(rank)
+                    .graphs(graphs)
+                    .graph_collectives(collectives)
+                    .build()?;
+                let comm = comm.bind(&rt)?;
+                let bufs: Vec<braid::Buffer> = (0..BUFS)
+                    .map(|i| rt.alloc_from("b", &[(rank * 10 + i) as f64; 3]))
+                    .collect::<braid::Result<_>>()?;
+                let s = rt.record("step", |rt| {
+                    step.iter()
+                        .try_for_each(|&op| submit_rank_op(rt, &comm, &bufs, op))
+                })?;
+                for k in 0..replays {
+                    if between >> k & 1 == 1 {
+                        submit_rank_op(&rt, &comm, &bufs, RankOp::AllReduce { b: 0 })?;
+                    }
+                    s.replay()?;
+                }
+                rt.synchronize()?;
+                let mut out = Vec::new();
+                for b in &bufs {
+                    let v = rt.read_vec::<f64>(b)?;
+                    assert!(v.iter().all(|&e| e == v[0]), "case {case}: {v:?}");
+                    out.push(v[0]);
+                }
+                Ok(out)
+            });
+            for (rank, r) in got.into_iter().enumerate() {
+                let r = r.unwrap_or_else(|e| panic!("case {case} rank {rank}: {e}"));
+                assert_eq!(
+                    r, want[rank],
+                    "case {case}, rank {rank}, graphs {graphs}, collectives in graphs \
+                     {collectives}, {replays} replays, between {between:b}: {step:?}"
+                );
+            }
+        }
+    }
+}
