@@ -187,8 +187,9 @@ impl RuntimeBuilder {
     /// launch), and on CUDA hands the launch's end event to the NCCL
     /// watchdog and checks for an abort once it completes; a graph that is
     /// skipped poisons the communicator, so the other ranks fail instead of
-    /// waiting. A communicator that cannot be captured (any but NCCL on
-    /// CUDA) makes the capture fail and the schedule replay as before. On
+    /// waiting. When the capture fails (a communicator that cannot be
+    /// captured: any but NCCL on CUDA), the graphs are cut around the
+    /// collectives, as without this switch, with a `tracing` warning. On
     /// the CPU the collectives run in the graph's sequential run. Ranks may
     /// choose differently: each still issues its collectives in program
     /// order. docs/replay.md, "Collectives inside graphs".
@@ -1033,7 +1034,20 @@ impl Runtime {
                         // No body of the schedule may be running, and no
                         // stream launching, while it captures.
                         st = self.lock_when_idle(st, plan)?;
-                        sched::split::capture_cuda(split, plan, c)
+                        match sched::split::capture_cuda(split, plan, c) {
+                            // Collectives that cannot be captured (or any
+                            // other refusal): the graphs cut around them,
+                            // as without `graph_collectives`.
+                            Err(why) if collectives && plan.has_collectives() => {
+                                tracing::warn!(
+                                    schedule = %plan.name,
+                                    "collectives not captured, graphs cut around them: {why}"
+                                );
+                                sched::split::split(plan, false)
+                                    .and_then(|split| sched::split::capture_cuda(split, plan, c))
+                            }
+                            made => made,
+                        }
                     }
                 };
                 match made {

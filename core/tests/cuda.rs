@@ -252,6 +252,86 @@ fn graph_replays_match_the_sequential_program() {
     rt.synchronize().unwrap();
 }
 
+/// A communicator of one rank that runs on CUDA streams (an all-reduce over
+/// one rank changes nothing, so it enqueues nothing) and, like any but
+/// NCCL, cannot be captured into a graph.
+#[derive(Debug)]
+struct OneRank;
+
+impl braid::comm::Communicator for OneRank {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn backend(&self) -> &'static str {
+        "one-rank"
+    }
+    fn run_cuda(
+        &self,
+        _: &braid::comm::Collective,
+        _: braid::comm::DeviceData<'_>,
+        _: &braid::CudaTaskCtx<'_>,
+    ) -> braid::Result<()> {
+        Ok(())
+    }
+}
+
+/// With `graph_collectives`, a collective that cannot be captured leaves
+/// its schedule's graphs cut around it, as without the switch: two graphs
+/// with the all-reduce between them, the sequential results.
+#[test]
+fn collectives_that_cannot_be_captured_leave_the_graphs_cut() {
+    if !gpu_or_skip("collectives_that_cannot_be_captured_leave_the_graphs_cut") {
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .graphs(true)
+        .graph_collectives(true)
+        .build()
+        .expect("CUDA runtime");
+    let comm = braid::Comm::new(OneRank).bind(&rt).unwrap();
+    let add = spin_kernel(&rt, "spin_then_add");
+    let n = 1024usize;
+    let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
+    let y = rt.alloc_from("y", &vec![0.0f32; n]).unwrap();
+    let add_task = |name: &'static str, s: usize, v: &braid::Buffer| {
+        let f = add.clone();
+        rt.task(name)
+            .on_stream(s)
+            .run_cuda(
+                v.read_write::<f32>(),
+                move |v, cu| -> Result<(), TaskError> {
+                    let mut args = KernelArgs::new();
+                    args.i64(0).ptr(v.ptr()).i32(n as i32).f32(1.0);
+                    // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
+                    unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                    Ok(())
+                },
+            )
+            .map(|_| ())
+    };
+    let step = rt
+        .record("step", |_| {
+            add_task("add x", 0, &x)?;
+            comm.all_reduce::<f32>(&x.whole(), braid::comm::ReduceOp::Sum)?;
+            add_task("add y", 1, &y)?;
+            Ok(())
+        })
+        .unwrap();
+    for _ in 0..3 {
+        step.replay().unwrap();
+    }
+    assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![5.0; n]);
+    assert_eq!(rt.read_vec::<f32>(&y).unwrap(), vec![4.0; n]);
+    assert_eq!(step.graph_refusal(), None);
+    assert_eq!(step.graph_shape(), Some((2, 1)));
+    rt.synchronize().unwrap();
+}
+
 /// Graphs are the default on CUDA: a runtime built without
 /// `RuntimeBuilder::graphs` replays a recorded step as one graph launch,
 /// except a best-effort one, whose kernels go in bounded bundles. Both give

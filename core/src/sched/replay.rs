@@ -366,6 +366,11 @@ impl Plan {
         (streams, waits)
     }
 
+    /// Whether any recorded task is a collective.
+    pub(crate) fn has_collectives(&self) -> bool {
+        self.tasks.iter().any(|t| t.kind == TaskKind::Comm)
+    }
+
     /// Number of recorded tasks.
     pub(crate) fn len(&self) -> usize {
         self.tasks.len()
