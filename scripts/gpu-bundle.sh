@@ -20,7 +20,7 @@
 # device time can run (QUICK below: the kernel and model
 # tests, cuDNN's graphs and a training run with its attention, the fused
 # bf16 step that is the trainer's GPU default against torch.compile at B 8,
-# 16, 32 and 64 and against run 7's kernels at B 8 and 64, PyTorch eager at
+# 16, 32 and 64, PyTorch eager at
 # B 8 for its memory, the step with Braid's attention, its leading kernels
 # under a profiler, two tenants with the trainer's timeline (also with
 # realtime threads and with 8 SMs spared), the trainer, the
@@ -42,11 +42,11 @@ if [ "${1:-}" = "--new" ]; then
     fi
 fi
 QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 01i_nccl 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model
-18_gpt2_gpu_bf16_fused 18y_gpt2_gpu_bf16_fused_run7_kernels 09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8
+18_gpt2_gpu_bf16_fused 09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8
 18a_gpt2_gpu_bf16_fused_braid_attention 18b_profile_gpt2_gpu_bf16_fused 18j_gpt2_gpu_bf16_fused_no_recompute
 21_multi_tenant_cuda 21b_multi_tenant_cuda_realtime 21d_multi_tenant_cuda_spare_8 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32
-13c_gpt2_gpu_bf16_fused_b64 13y_gpt2_gpu_bf16_fused_b64_run7_kernels 14c_pytorch_bf16_compile_b64
+13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 15_train_gpu 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 15e_cli_eval_sample 15f_train_gpu_small_cut 15g_train_gpu_small_graph_collectives 15h_train_gpu_split_graph_collectives 01_cuda_graphs
 16_gpt2_graphs_small 03_reference_cuda 04_reference_bf16_cuda"
 out="${1:-.gpu/bins}"
