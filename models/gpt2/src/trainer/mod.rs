@@ -168,6 +168,7 @@ pub fn train(
         graph_replays: Vec::new(),
         graph_refusal: None,
         graph_shape: None,
+        graph_collectives: opts.graph_collectives && (world > 1 || opts.reduce_single_rank),
         placement_trial: None,
         spared_sms: None,
         cudnn: crate::kernels::flash_attention::cudnn_report(),

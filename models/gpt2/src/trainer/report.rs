@@ -81,6 +81,10 @@ pub struct TrainReport {
     /// How a graph-replayed step runs (`braid::Schedule::graph_shape`,
     /// rank 0's): `(graphs, collectives and host tasks between them)`.
     pub graph_shape: Option<(usize, usize)>,
+    /// Whether the step's collectives were captured into its graphs
+    /// ([`TrainOptions::graph_collectives`](super::TrainOptions::graph_collectives),
+    /// with a reducer).
+    pub graph_collectives: bool,
     /// What the recorded step's placement trial measured and kept
     /// (`braid::Schedule::placement_trial`, rank 0's; CUDA).
     pub placement_trial: Option<braid::TrialOutcome>,
@@ -292,6 +296,15 @@ impl fmt::Display for TrainReport {
                     100.0 * self.hidden_comm_share_whole_run()
                 )?;
             }
+        }
+        // On CUDA a graph's tasks have no spans of their own.
+        let replayed = self.graph_replays.first().is_some_and(|&n| n > 0);
+        if self.graph_collectives && self.backend == "cuda" && replayed {
+            writeln!(
+                f,
+                "                 (not counting the collectives inside the step's CUDA \
+                 graphs, which have no spans)"
+            )?;
         }
         if self.comm_wait_seconds() > 0.0 {
             writeln!(
