@@ -81,3 +81,81 @@ impl Job {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::comm::{Buffers, CollectiveKind, Comm, DType};
+    use crate::sync::AtomicBool;
+
+    /// A communicator of one rank that notes whether it was aborted.
+    #[derive(Debug, Default)]
+    struct Noting {
+        aborted: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    }
+
+    impl Communicator for Noting {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            1
+        }
+        fn backend(&self) -> &'static str {
+            "noting"
+        }
+        fn abort(&self, reason: &str) {
+            *self.aborted.lock().unwrap() = Some(reason.to_string());
+        }
+    }
+
+    struct Nothing;
+    impl CapturedCollective for Nothing {
+        fn launched(&self, _: u64, _: &CudaTaskCtx<'_>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A barrier of `comm` as a captured collective's launch hook.
+    fn hook(comm: &Comm) -> InGraph {
+        let op = Collective {
+            index: 0,
+            kind: CollectiveKind::Barrier,
+            dtype: DType::F32,
+            count: 0,
+            buffers: Buffers::None,
+        };
+        let job = Job {
+            inner: comm.inner.clone(),
+            what: op.describe(),
+            op,
+            settled: AtomicBool::new(true),
+        };
+        InGraph {
+            job: Arc::new(job),
+            captured: Box::new(Nothing),
+        }
+    }
+
+    /// Each launch takes the next index, as an eager collective would; a
+    /// poisoned communicator fails the launch naming the poison; a skipped
+    /// launch takes its index and poisons the communicator (aborting it, so
+    /// the other ranks fail instead of waiting).
+    #[test]
+    fn launches_take_indices_and_skips_poison() {
+        let imp = Noting::default();
+        let aborted = imp.aborted.clone();
+        let comm = Comm::new(imp);
+        let (a, b) = (hook(&comm), hook(&comm));
+        assert_eq!([a.before().unwrap(), b.before().unwrap()], [0, 1]);
+        assert_eq!(a.before().unwrap(), 2);
+        assert!(comm.poisoned().is_none() && aborted.lock().unwrap().is_none());
+        b.skipped();
+        let why = aborted.lock().unwrap().clone().expect("aborted");
+        assert!(why.contains("skipped on this rank"), "{why}");
+        let e = a.before().unwrap_err().to_string();
+        assert!(e.contains("poisoned") && e.contains("skipped"), "{e}");
+        // The skip took index 3, the refused launch index 4.
+        assert_eq!(comm.inner.ran.load(Ordering::Acquire), 5);
+    }
+}

@@ -131,28 +131,11 @@ impl CudaStep {
                 "a CUDA graph reached a CPU stream".into(),
             ));
         };
-        let mut tokens: SmallVec<[u64; 8]> = SmallVec::with_capacity(self.hooks.len());
-        for (k, h) in self.hooks.iter().enumerate() {
-            match h.before() {
-                Ok(t) => tokens.push(t),
-                Err(e) => {
-                    self.hooks[k + 1..].iter().for_each(|h| h.skipped());
-                    return Err(e);
-                }
-            }
-        }
-        if let Err(e) = self.graph.launch(c.stream()) {
-            self.hooks.iter().for_each(|h| h.skipped());
-            return Err(e.into());
-        }
-        let mut outcome = Ok(());
-        for (h, t) in self.hooks.iter().zip(tokens) {
-            let r = h.after(t, c);
-            if outcome.is_ok() {
-                outcome = r;
-            }
-        }
-        outcome
+        around_launch(
+            &self.hooks,
+            || Ok(self.graph.launch(c.stream())?),
+            |h, t| h.after(t, c),
+        )
     }
 
     /// What a launch that will not happen (a predecessor failed) owes its
@@ -166,6 +149,38 @@ impl CudaStep {
             hooks.iter().for_each(|h| GraphLaunch::skipped(&**h))
         }))
     }
+}
+
+/// Runs `launch` between `hooks`' `before` and `after` (`after` calls each
+/// hook's): [`CudaStep::launch`]'s protocol, apart from CUDA so that it is
+/// tested without a GPU.
+fn around_launch(
+    hooks: &[LaunchHook],
+    launch: impl FnOnce() -> crate::Result<()>,
+    mut after: impl FnMut(&dyn GraphLaunch, u64) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let mut tokens: SmallVec<[u64; 8]> = SmallVec::with_capacity(hooks.len());
+    for (k, h) in hooks.iter().enumerate() {
+        match h.before() {
+            Ok(t) => tokens.push(t),
+            Err(e) => {
+                hooks[k + 1..].iter().for_each(|h| h.skipped());
+                return Err(e);
+            }
+        }
+    }
+    if let Err(e) = launch() {
+        hooks.iter().for_each(|h| h.skipped());
+        return Err(e);
+    }
+    let mut outcome = Ok(());
+    for (h, t) in hooks.iter().zip(tokens) {
+        let r = after(&**h, t);
+        if outcome.is_ok() {
+            outcome = r;
+        }
+    }
+    outcome
 }
 
 fn fail(what: &str, e: &dyn std::fmt::Display) -> String {
@@ -517,6 +532,90 @@ mod tests {
         // One stream: no forks, joins, marks or waits.
         let p = Plan::new("c".into(), vec![task(0, &[]), task(0, &[0])], 2);
         assert_eq!(ops(&p), vec![Op::Run(0), Op::Run(1)]);
+    }
+
+    /// A launch hook that notes what happens to it in `log`, and whose
+    /// `before` fails when asked.
+    struct Noting {
+        k: u64,
+        fails: bool,
+        log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl GraphLaunch for Noting {
+        fn before(&self) -> crate::Result<u64> {
+            self.log.lock().unwrap().push(format!("before {}", self.k));
+            match self.fails {
+                true => Err(crate::Error::Config(format!("hook {} fails", self.k))),
+                false => Ok(10 + self.k),
+            }
+        }
+        fn after(&self, _: u64, _: &crate::CudaTaskCtx<'_>) -> crate::Result<()> {
+            unreachable!("the tests pass `after` as a closure")
+        }
+        fn skipped(&self) {
+            self.log.lock().unwrap().push(format!("skipped {}", self.k));
+        }
+    }
+
+    #[test]
+    fn launch_hooks_run_before_and_after_the_launch_or_are_skipped() {
+        type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+        let hooks = |fails: &[bool], log: &Log| -> Vec<LaunchHook> {
+            fails
+                .iter()
+                .enumerate()
+                .map(|(k, &fails)| {
+                    let h = Noting {
+                        k: k as u64,
+                        fails,
+                        log: log.clone(),
+                    };
+                    std::sync::Arc::new(h) as LaunchHook
+                })
+                .collect()
+        };
+        // `after` fails for token 11 (hook 1) and 12 (hook 2).
+        let run = |fails: &[bool], launch_fails: bool| {
+            let log: Log = Default::default();
+            let hs = hooks(fails, &log);
+            let r = around_launch(
+                &hs,
+                || {
+                    log.lock().unwrap().push("launch".into());
+                    match launch_fails {
+                        true => Err(crate::Error::Config("launch fails".into())),
+                        false => Ok(()),
+                    }
+                },
+                |_, t| {
+                    log.lock().unwrap().push(format!("after {t}"));
+                    match t {
+                        11 | 12 => Err(crate::Error::Config(format!("after {t} fails"))),
+                        _ => Ok(()),
+                    }
+                },
+            );
+            let log = log.lock().unwrap().clone();
+            (r.err().map(|e| e.to_string()), log.join(", "))
+        };
+        // Every `before`, the launch, every `after`; the first error wins.
+        let (e, log) = run(&[false; 3], false);
+        assert_eq!(
+            log,
+            "before 0, before 1, before 2, launch, after 10, after 11, after 12"
+        );
+        assert!(e.unwrap().contains("after 11 fails"));
+        // A failing `before`: no launch, the hooks after it skipped.
+        let (e, log) = run(&[false, true, false], false);
+        assert_eq!(log, "before 0, before 1, skipped 2");
+        assert!(e.unwrap().contains("hook 1 fails"));
+        // A failing launch: every hook skipped, no `after`.
+        let (e, log) = run(&[false, false], true);
+        assert_eq!(log, "before 0, before 1, launch, skipped 0, skipped 1");
+        assert!(e.unwrap().contains("launch fails"));
+        // No hooks: the launch alone.
+        assert_eq!(run(&[], false), (None, "launch".to_string()));
     }
 
     #[test]
