@@ -152,6 +152,7 @@ impl StreamDriver {
             cudnn: &self.cudnn,
             checks: RefCell::new(Vec::new()),
             capture: None,
+            marked: OnceCell::new(),
         }
     }
 
@@ -190,6 +191,8 @@ pub struct CudaTaskCtx<'a> {
     checks: RefCell<Vec<Check>>,
     /// While captured into a CUDA graph: the hooks of each launch.
     capture: Option<&'a RefCell<Vec<LaunchHook>>>,
+    /// [`CudaTaskCtx::mark`]'s event, once recorded.
+    marked: OnceCell<Arc<CudaEvent>>,
 }
 
 /// What a body captured into a CUDA graph needs done on the host at each
@@ -264,6 +267,19 @@ impl<'a> CudaTaskCtx<'a> {
 
     pub(crate) fn take_checks(&self) -> Vec<Check> {
         std::mem::take(&mut *self.checks.borrow_mut())
+    }
+
+    /// An event recorded on the task's stream at the first call, the same
+    /// one at later calls: the collectives of one graph launch hand it to
+    /// their watchdog after the launch, one event a launch rather than one
+    /// per collective.
+    pub(crate) fn mark(&self) -> Result<Arc<CudaEvent>> {
+        if let Some(ev) = self.marked.get() {
+            return Ok(ev.clone());
+        }
+        let ev = Arc::new(CudaEvent::recorded(self.stream, EventKind::Sync)?);
+        let _ = self.marked.set(ev.clone());
+        Ok(ev)
     }
 
     /// Whether the body is being captured into a CUDA graph: what it

@@ -36,7 +36,9 @@ pub const NCCL_TIMEOUT: Duration = Duration::from_secs(300);
 struct Pending {
     index: u64,
     what: String,
-    event: CudaEvent,
+    /// Completes once the collective has (shared by the collectives of
+    /// one graph launch).
+    event: std::sync::Arc<CudaEvent>,
     since: Instant,
 }
 
@@ -264,12 +266,17 @@ impl NcclCommunicator {
     }
 }
 
-/// Hands the work enqueued on `cu`'s stream so far, collective `index`, to
-/// the watchdog (an event recorded after it), and registers the check that
-/// fails the task if the communicator was aborted while it was pending.
-fn watch(shared: &Arc<Shared>, index: u64, what: String, cu: &CudaTaskCtx<'_>) -> Result<()> {
+/// Hands collective `index`, which `event` completes after, to the
+/// watchdog, and registers the check that fails `cu`'s task if the
+/// communicator was aborted while it was pending.
+fn watch(
+    shared: &Arc<Shared>,
+    index: u64,
+    what: String,
+    event: std::sync::Arc<CudaEvent>,
+    cu: &CudaTaskCtx<'_>,
+) {
     let rank = shared.comm.rank();
-    let event = CudaEvent::recorded(cu.stream(), EventKind::Sync)?;
     lock(&shared.pending).push(Pending {
         index,
         what: what.clone(),
@@ -290,13 +297,12 @@ fn watch(shared: &Arc<Shared>, index: u64, what: String, cu: &CudaTaskCtx<'_>) -
             _ => Ok(()),
         }
     });
-    Ok(())
 }
 
 /// An NCCL collective captured into a CUDA graph: at each launch, the
-/// watchdog watches the launch (an event recorded after the whole graph)
-/// as collective `index`, and the graph's task checks for an abort once it
-/// completes.
+/// watchdog watches the launch (an event recorded after the whole graph,
+/// one for all its collectives: `CudaTaskCtx::mark`) as collective
+/// `index`, and the graph's task checks for an abort once it completes.
 struct InGraph {
     shared: Arc<Shared>,
     what: String,
@@ -304,7 +310,8 @@ struct InGraph {
 
 impl CapturedCollective for InGraph {
     fn launched(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
-        watch(&self.shared, index, self.what.clone(), cu)
+        watch(&self.shared, index, self.what.clone(), cu.mark()?, cu);
+        Ok(())
     }
 }
 
@@ -325,7 +332,9 @@ impl Communicator for NcclCommunicator {
         let what = c.describe();
         self.check_aborted(c.index, &what)?;
         self.enqueue(c, data, cu)?;
-        watch(&self.shared, c.index, what, cu)
+        let end = CudaEvent::recorded(cu.stream(), EventKind::Sync)?;
+        watch(&self.shared, c.index, what, end.into(), cu);
+        Ok(())
     }
 
     fn capture_cuda(
