@@ -58,8 +58,8 @@ impl Job {
     /// The CUDA body while its stream is captured into a graph: enqueues the
     /// collective into the graph and registers its launch hook. No index is
     /// taken (nothing runs now; each launch takes one), and a communicator
-    /// that refuses the capture is not poisoned: the schedule replays
-    /// without graphs and the collective runs as before.
+    /// that refuses the capture is not poisoned: the schedule's graphs are
+    /// then cut around its collectives, which run as ordinary tasks.
     pub(super) fn capture(
         self: &Arc<Self>,
         data: Vec<DevBytes<'_>>,
