@@ -289,17 +289,20 @@ fn memoised_eager_steps_equal_eager_steps_bit_for_bit() {
 fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
     let start = StartState::fresh(&Gpt2Config::tiny(), 12);
     let mut cut_shape = None;
-    for (ranks, dtype, collectives) in [
-        (1, Dtype::F32, false),
-        (1, Dtype::Bf16, false),
-        (2, Dtype::F32, false),
-        (2, Dtype::F32, true),
+    for (ranks, dtype, collectives, zero) in [
+        (1, Dtype::F32, false, 0),
+        (1, Dtype::Bf16, false, 0),
+        (2, Dtype::F32, false, 0),
+        (2, Dtype::F32, true, 0),
+        // ZeRO-1's reduce-scatters and all-gathers inside the graphs.
+        (2, Dtype::F32, true, 1),
     ] {
-        let case = format!("{ranks} ranks {dtype:?}, collectives in graphs: {collectives}");
+        let case =
+            format!("{ranks} ranks {dtype:?}, collectives in graphs: {collectives}, zero {zero}");
         let mut eager = options(ranks, 4 / ranks, 5);
-        (eager.replay, eager.dtype) = (false, dtype);
+        (eager.replay, eager.dtype, eager.zero) = (false, dtype, zero);
         let mut graphs = options(ranks, 4 / ranks, 5);
-        (graphs.graphs, graphs.dtype) = (true, dtype);
+        (graphs.graphs, graphs.dtype, graphs.zero) = (true, dtype, zero);
         graphs.graph_collectives = collectives;
         let (a, b) = (run(&eager, start.clone()), run(&graphs, start.clone()));
         assert_eq!(losses(&a), losses(&b), "{case}");
@@ -307,10 +310,11 @@ fn graph_replayed_steps_equal_eager_steps_bit_for_bit() {
         // Steps 4 and 5 replay the step recorded at step 3, on every rank.
         assert_eq!(b.graph_replays, vec![2; ranks], "{case}");
         assert_eq!(b.graph_refusal, None);
+        assert_eq!(b.zero, zero == 1, "{case}");
         let (graphs, between) = b.graph_shape.expect("a graph shape");
         match (ranks, collectives) {
             (2, false) => cut_shape = Some((graphs, between)),
-            (2, true) => {
+            (2, true) if zero == 0 => {
                 let (cut_graphs, cut_between) = cut_shape.expect("the cut run first");
                 assert!(
                     graphs <= cut_graphs && between < cut_between,
