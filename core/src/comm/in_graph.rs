@@ -60,21 +60,23 @@ impl Job {
     /// taken (nothing runs now; each launch takes one), and a communicator
     /// that refuses the capture is not poisoned: the schedule's graphs are
     /// then cut around its collectives, which run as ordinary tasks.
+    /// (An associated function: under loom `Arc` is loom's, which cannot
+    /// be a method's receiver.)
     pub(super) fn capture(
-        self: &Arc<Self>,
+        job: &Arc<Self>,
         data: Vec<DevBytes<'_>>,
         cu: &CudaTaskCtx<'_>,
     ) -> std::result::Result<(), TaskError> {
-        let index = self.inner.ran.load(Ordering::Acquire);
-        self.check_poison(index)?;
+        let index = job.inner.ran.load(Ordering::Acquire);
+        job.check_poison(index)?;
         let op = Collective {
             index,
-            ..self.op.clone()
+            ..job.op.clone()
         };
-        let imp: &dyn Communicator = &*self.inner.imp;
+        let imp: &dyn Communicator = &*job.inner.imp;
         let captured = imp.capture_cuda(&op, DeviceData::from_parts(data)?, cu)?;
         let hook = InGraph {
-            job: self.clone(),
+            job: job.clone(),
             captured,
         };
         cu.on_graph_launch(std::sync::Arc::new(hook))?;

@@ -935,7 +935,7 @@ impl<'rt> BoundComm<'rt> {
                 move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),
                 move |data, cu| {
                     if cu.capturing() {
-                        return cuda.capture(data, cu);
+                        return Job::capture(&cuda, data, cu);
                     }
                     cuda.run(|imp, op| imp.run_cuda(op, DeviceData::from_parts(data)?, cu))
                 },
