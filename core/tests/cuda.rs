@@ -7,6 +7,9 @@ use braid::cuda::{gpu_or_skip, test_kernels, CudaFunction, KernelArgs, KernelCac
 use braid::{BackendKind, Error, Runtime, TaskError, TaskKind};
 use std::sync::Arc;
 
+mod common;
+use common::submit_spin_add;
+
 /// A profiled CUDA runtime for `test`, or `None` (after saying so) without a GPU.
 fn gpu_runtime(test: &str, streams: usize) -> Option<Runtime> {
     if !gpu_or_skip(test) {
@@ -180,20 +183,7 @@ fn graph_replays_match_the_sequential_program() {
     let y = rt.alloc("y", n * 4).unwrap();
     let z = rt.alloc_from("z", &vec![0.0f32; n]).unwrap();
     let add_task = |name: &'static str, s: usize, v: &braid::Buffer, spins: i64, by: f32| {
-        let f = add.clone();
-        rt.task(name)
-            .on_stream(s)
-            .run_cuda(
-                v.read_write::<f32>(),
-                move |v, cu| -> Result<(), TaskError> {
-                    let mut args = KernelArgs::new();
-                    args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
-                    // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
-                    unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
-                    Ok(())
-                },
-            )
-            .map(|_| ())
+        submit_spin_add(&rt, &add, (name, s), v, spins, by)
     };
     let step = rt
         .record("step", |rt| {
@@ -299,20 +289,7 @@ fn collectives_that_cannot_be_captured_leave_the_graphs_cut() {
     let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
     let y = rt.alloc_from("y", &vec![0.0f32; n]).unwrap();
     let add_task = |name: &'static str, s: usize, v: &braid::Buffer| {
-        let f = add.clone();
-        rt.task(name)
-            .on_stream(s)
-            .run_cuda(
-                v.read_write::<f32>(),
-                move |v, cu| -> Result<(), TaskError> {
-                    let mut args = KernelArgs::new();
-                    args.i64(0).ptr(v.ptr()).i32(n as i32).f32(1.0);
-                    // SAFETY: spin_then_add(long long, float*, int, float) over n declared floats.
-                    unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
-                    Ok(())
-                },
-            )
-            .map(|_| ())
+        submit_spin_add(&rt, &add, (name, s), v, 0, 1.0)
     };
     let step = rt
         .record("step", |_| {

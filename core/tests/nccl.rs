@@ -7,6 +7,8 @@ use braid::cuda::gpu_or_skip;
 use braid::cuda::memory::{memcpy_dtoh_async, memcpy_htod_async};
 use braid::{BackendKind, Runtime};
 
+mod common;
+
 #[test]
 fn nccl_world_size_one_collectives_as_tasks() {
     if !gpu_or_skip("nccl_world_size_one_collectives_as_tasks") {
@@ -77,7 +79,6 @@ fn nccl_collectives_replay_inside_graphs() {
     if !gpu_or_skip("nccl_collectives_replay_inside_graphs") {
         return;
     }
-    use braid::cuda::{test_kernels, KernelArgs, KernelCache, LaunchConfig};
     for collectives in [false, true] {
         let rt = Runtime::builder()
             .backend(BackendKind::Cuda { device: 0 })
@@ -88,30 +89,12 @@ fn nccl_collectives_replay_inside_graphs() {
             .build()
             .unwrap();
         let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
-        let dev = rt.cuda_device().unwrap().clone();
-        let module = KernelCache::global()
-            .module(&dev, test_kernels::SPIN, "spin.cu")
-            .unwrap();
-        let add = std::sync::Arc::new(module.function("spin_then_add").unwrap());
+        let add = common::spin_then_add(&rt);
         let n = 4096usize;
         let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
         let y = rt.alloc_from("y", &vec![0.0f32; n]).unwrap();
         let add_task = |name: &'static str, s: usize, v: &braid::Buffer, by: f32| {
-            let f = add.clone();
-            rt.task(name)
-                .on_stream(s)
-                .run_cuda(
-                    v.read_write::<f32>(),
-                    move |v, cu| -> Result<(), braid::TaskError> {
-                        let mut args = KernelArgs::new();
-                        args.i64(0).ptr(v.ptr()).i32(n as i32).f32(by);
-                        // SAFETY: spin_then_add(long long, float*, int,
-                        // float) over n declared floats.
-                        unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
-                        Ok(())
-                    },
-                )
-                .map(|_| ())
+            common::submit_spin_add(&rt, &add, (name, s), v, 0, by)
         };
         let step = rt
             .record("step", |_| {

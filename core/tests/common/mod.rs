@@ -436,3 +436,41 @@ pub fn submit_scoped(rt: &Runtime, bufs: &[Buffer], tasks: &[GenTask], paths: &[
     }
     while open.pop().is_some() {}
 }
+
+/// `spin_then_add` of the engine's test kernels on the runtime's device.
+pub fn spin_then_add(rt: &Runtime) -> std::sync::Arc<braid::cuda::CudaFunction> {
+    use braid::cuda::{test_kernels, KernelCache};
+    let dev = rt.cuda_device().expect("a CUDA runtime").clone();
+    let module = KernelCache::global()
+        .module(&dev, test_kernels::SPIN, "spin.cu")
+        .expect("the test kernels compile");
+    std::sync::Arc::new(module.function("spin_then_add").expect("spin_then_add"))
+}
+
+/// Submits task `name` on stream `s`: `add` (`spin_then_add`) spins for
+/// `spins` clock cycles, then adds `by` to every f32 of `v`.
+pub fn submit_spin_add(
+    rt: &Runtime,
+    add: &std::sync::Arc<braid::cuda::CudaFunction>,
+    (name, s): (&'static str, usize),
+    v: &Buffer,
+    spins: i64,
+    by: f32,
+) -> braid::Result<()> {
+    use braid::cuda::{KernelArgs, LaunchConfig};
+    let (f, n) = (add.clone(), v.len_of::<f32>());
+    rt.task(name)
+        .on_stream(s)
+        .run_cuda(
+            v.read_write::<f32>(),
+            move |v, cu| -> Result<(), TaskError> {
+                let mut args = KernelArgs::new();
+                args.i64(spins).ptr(v.ptr()).i32(n as i32).f32(by);
+                // SAFETY: spin_then_add(long long, float*, int, float) over
+                // the n declared floats of `v`.
+                unsafe { f.launch(cu.stream(), LaunchConfig::linear(n, 256), &args)? };
+                Ok(())
+            },
+        )
+        .map(drop)
+}
