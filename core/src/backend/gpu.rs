@@ -270,9 +270,9 @@ impl<'a> CudaTaskCtx<'a> {
     }
 
     /// An event recorded on the task's stream at the first call, the same
-    /// one at later calls: the collectives of one graph launch hand it to
-    /// their watchdog after the launch, one event a launch rather than one
-    /// per collective.
+    /// one at later calls: what an NCCL collective's task hands its
+    /// watchdog, and the collectives of one graph launch share (one event a
+    /// launch rather than one per collective).
     pub(crate) fn mark(&self) -> Result<Arc<CudaEvent>> {
         if let Some(ev) = self.marked.get() {
             return Ok(ev.clone());

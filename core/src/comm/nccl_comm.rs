@@ -24,7 +24,7 @@ use super::{
     CapturedCollective, Collective, CollectiveKind, Comm, Communicator, DType, DeviceData, ReduceOp,
 };
 use crate::backend::gpu::CudaTaskCtx;
-use crate::cuda::{CudaEvent, DeviceBuffer, EventKind};
+use crate::cuda::{CudaEvent, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::sync::{lock, Arc, AtomicBool, Mutex, OnceLock, Ordering};
 use crate::Runtime;
@@ -213,11 +213,19 @@ fn op(o: ReduceOp) -> NcclOp {
 
 impl NcclCommunicator {
     /// Enqueues collective `c` on `cu`'s stream (or into the graph it is
-    /// captured into).
-    fn enqueue(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
+    /// captured into), unless the communicator was aborted; returns its
+    /// description.
+    fn enqueue(
+        &self,
+        c: &Collective,
+        data: DeviceData<'_>,
+        cu: &CudaTaskCtx<'_>,
+    ) -> Result<String> {
+        let what = c.describe();
+        self.check_aborted(c.index, &what)?;
         let rank = self.rank();
         let stream = cu.stream();
-        let err = |e| nccl_err(rank, c.index, &c.describe(), e);
+        let err = |e| nccl_err(rank, c.index, &what, e);
         // The root of an in-place broadcast only reads its data (the task
         // declared it so); NCCL is given the same address as its output and
         // reads it.
@@ -250,7 +258,7 @@ impl NcclCommunicator {
                 CollectiveKind::Barrier => {
                     // The scratch is made at the first barrier (outside a
                     // capture, which cannot allocate: a barrier captured
-                    // first is refused and replays without graphs).
+                    // first is refused, and the graphs are cut around it).
                     let mut s = lock(&self.scratch);
                     if s.is_none() {
                         *s = Some(DeviceBuffer::zeroed(stream, 4)?);
@@ -262,21 +270,18 @@ impl NcclCommunicator {
                 }
             }
         }
-        .map_err(err)
+        .map_err(err)?;
+        Ok(what)
     }
 }
 
-/// Hands collective `index`, which `event` completes after, to the
-/// watchdog, and registers the check that fails `cu`'s task if the
-/// communicator was aborted while it was pending.
-fn watch(
-    shared: &Arc<Shared>,
-    index: u64,
-    what: String,
-    event: std::sync::Arc<CudaEvent>,
-    cu: &CudaTaskCtx<'_>,
-) {
+/// Hands collective `index`, enqueued on `cu`'s stream, to the watchdog
+/// (an event recorded after it: `CudaTaskCtx::mark`, one for every
+/// collective of a graph launch), and registers the check that fails `cu`'s
+/// task if the communicator was aborted while it was pending.
+fn watch(shared: &Arc<Shared>, index: u64, what: String, cu: &CudaTaskCtx<'_>) -> Result<()> {
     let rank = shared.comm.rank();
+    let event = cu.mark()?;
     lock(&shared.pending).push(Pending {
         index,
         what: what.clone(),
@@ -297,6 +302,7 @@ fn watch(
             _ => Ok(()),
         }
     });
+    Ok(())
 }
 
 /// An NCCL collective captured into a CUDA graph: at each launch, the
@@ -310,8 +316,7 @@ struct InGraph {
 
 impl CapturedCollective for InGraph {
     fn launched(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
-        watch(&self.shared, index, self.what.clone(), cu.mark()?, cu);
-        Ok(())
+        watch(&self.shared, index, self.what.clone(), cu)
     }
 }
 
@@ -329,12 +334,8 @@ impl Communicator for NcclCommunicator {
     }
 
     fn run_cuda(&self, c: &Collective, data: DeviceData<'_>, cu: &CudaTaskCtx<'_>) -> Result<()> {
-        let what = c.describe();
-        self.check_aborted(c.index, &what)?;
-        self.enqueue(c, data, cu)?;
-        let end = CudaEvent::recorded(cu.stream(), EventKind::Sync)?;
-        watch(&self.shared, c.index, what, end.into(), cu);
-        Ok(())
+        let what = self.enqueue(c, data, cu)?;
+        watch(&self.shared, c.index, what, cu)
     }
 
     fn capture_cuda(
@@ -343,9 +344,7 @@ impl Communicator for NcclCommunicator {
         data: DeviceData<'_>,
         cu: &CudaTaskCtx<'_>,
     ) -> Result<Box<dyn CapturedCollective>> {
-        let what = c.describe();
-        self.check_aborted(c.index, &what)?;
-        self.enqueue(c, data, cu)?;
+        let what = self.enqueue(c, data, cu)?;
         Ok(Box::new(InGraph {
             shared: self.shared.clone(),
             what,
