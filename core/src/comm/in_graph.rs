@@ -38,9 +38,7 @@ struct InGraph {
 impl GraphLaunch for InGraph {
     /// Takes the collective's index for this launch, as its body would.
     fn before(&self) -> Result<u64> {
-        let index = self.job.inner.ran.fetch_add(1, Ordering::AcqRel);
-        self.job.check_poison(index)?;
-        Ok(index)
+        self.job.take_index()
     }
 
     fn after(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {

@@ -774,14 +774,21 @@ impl Job {
         f: impl FnOnce(&dyn Communicator, &Collective) -> Result<()>,
     ) -> std::result::Result<(), TaskError> {
         self.settled.store(true, Ordering::Relaxed);
-        let inner = &self.inner;
-        let index = inner.ran.fetch_add(1, Ordering::AcqRel);
+        let index = self.take_index()?;
         let op = Collective {
             index,
             ..self.op.clone()
         };
+        f(&*self.inner.imp, &op).map_err(|e| Box::new(self.fail(index, e)) as TaskError)
+    }
+
+    /// Takes the communicator's next index for this collective (a run, or
+    /// a launch of the graph it is captured in); a poisoned communicator
+    /// gives an error naming it instead.
+    fn take_index(&self) -> Result<u64> {
+        let index = self.inner.ran.fetch_add(1, Ordering::AcqRel);
         self.check_poison(index)?;
-        f(&*inner.imp, &op).map_err(|e| Box::new(self.fail(index, e)) as TaskError)
+        Ok(index)
     }
 
     /// The error a poisoned communicator gives collective `index`.
