@@ -103,13 +103,7 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>, collectives: bool) -> Result<Sp
     if !plan.tasks.iter().any(eager) {
         let whole = match keep.join(&plan.tasks) {
             Some(f) if f != plan.join_stream => {
-                let mut p = Plan::joined_on(
-                    plan.name.clone(),
-                    plan.tasks.clone(),
-                    plan.programs.len(),
-                    f,
-                );
-                p.usable = plan.usable;
+                let p = sub_plan(plan, plan.name.clone(), plan.tasks.clone(), keep);
                 std::sync::Arc::new(p)
             }
             _ => plan.clone(),
@@ -185,17 +179,29 @@ fn graph_part(
         after.push(g);
     }
     let name = format!("{}[{k}]", plan.name);
-    let streams = plan.programs.len();
-    let mut p = match keep.join(&tasks) {
-        Some(f) => Plan::joined_on(name.into(), tasks, streams, f),
-        None => Plan::new(name.into(), tasks, streams),
-    };
-    p.usable = plan.usable;
     let part = Part::Graph {
-        plan: std::sync::Arc::new(p),
+        plan: std::sync::Arc::new(sub_plan(plan, name.into(), tasks, keep)),
         unit: (),
     };
     (part, after)
+}
+
+/// `tasks` (some or all of `plan`'s) as a plan of their own on `plan`'s
+/// streams, joined on the captured collectives' stream if they hold some
+/// (else on the last task's).
+fn sub_plan(
+    plan: &Plan,
+    name: std::borrow::Cow<'static, str>,
+    tasks: Vec<RecTask>,
+    keep: Keep,
+) -> Plan {
+    let streams = plan.programs.len();
+    let mut p = match keep.join(&tasks) {
+        Some(f) => Plan::joined_on(name, tasks, streams, f),
+        None => Plan::new(name, tasks, streams),
+    };
+    p.usable = plan.usable;
+    p
 }
 
 impl<U> Split<U> {
@@ -242,11 +248,15 @@ pub(crate) fn capture_cuda(
     plan: &Plan,
     cuda: &crate::backend::gpu::CudaBackend,
 ) -> Result<Split<Unit>, String> {
-    let graph_streams = split.parts.iter().flat_map(|(p, _)| match p {
-        Part::Graph { plan, .. } => plan.tasks.iter().map(|t| t.stream as usize).collect(),
-        Part::Eager { .. } => Vec::new(),
-    });
-    let graph_streams: Vec<usize> = graph_streams.collect();
+    let graph_streams: Vec<usize> = split
+        .parts
+        .iter()
+        .filter_map(|(p, _)| match p {
+            Part::Graph { plan, .. } => Some(plan),
+            Part::Eager { .. } => None,
+        })
+        .flat_map(|plan| plan.tasks.iter().map(|t| t.stream as usize))
+        .collect();
     let cap = capture::Capturer::new(cuda, plan.programs.len(), graph_streams)?;
     let graphs = split.made(|part, ()| cap.capture(part))?;
     let handles = std::sync::Arc::new(cap.into_handles());
