@@ -656,6 +656,19 @@ fn collectives_replay_in(mode: Mode) {
     }
 }
 
+/// A CPU runtime of rank `rank` with two compute streams, replaying as
+/// graphs or not, with the collectives inside them or not.
+fn rank_runtime(rank: usize, graphs: bool, collectives: bool) -> braid::Result<Runtime> {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(2)
+        .oversubscribe(true)
+        .rank(rank)
+        .graphs(graphs)
+        .graph_collectives(collectives)
+        .build()
+}
+
 /// With `graph_collectives(true)` the collectives go into the graph: a step
 /// of two ranks with two all-reduces between compute tasks on two streams
 /// is one graph (on the CPU a sequential run on the communication stream),
@@ -666,14 +679,7 @@ fn collectives_replay_in(mode: Mode) {
 fn collectives_go_into_graphs_when_asked() {
     let run = |collectives: bool| {
         braid::launch(2, |rank, comm| -> braid::Result<(Vec<f32>, Vec<f32>)> {
-            let rt = Runtime::builder()
-                .backend(BackendKind::Cpu)
-                .compute_streams(2)
-                .oversubscribe(true)
-                .rank(rank)
-                .graphs(true)
-                .graph_collectives(collectives)
-                .build()?;
+            let rt = rank_runtime(rank, true, collectives)?;
             let comm = comm.bind(&rt)?;
             let x = rt.alloc_from("x", &[1.0f32 + rank as f32; 3])?;
             let y = rt.alloc_from("y", &[10.0f32 * (rank as f32 + 1.0); 2])?;
@@ -1575,14 +1581,7 @@ fn random_steps_with_collectives_replay_like_the_sequential_program() {
         for (graphs, collectives) in [(false, false), (true, false), (true, true)] {
             let step = &step;
             let got = braid::launch(2, |rank, comm| -> braid::Result<Vec<f64>> {
-                let rt = Runtime::builder()
-                    .backend(BackendKind::Cpu)
-                    .compute_streams(2)
-                    .oversubscribe(true)
-                    .rank(rank)
-                    .graphs(graphs)
-                    .graph_collectives(collectives)
-                    .build()?;
+                let rt = rank_runtime(rank, graphs, collectives)?;
                 let comm = comm.bind(&rt)?;
                 let bufs: Vec<braid::Buffer> = (0..BUFS)
                     .map(|i| rt.alloc_from("b", &[(rank * 10 + i) as f64; 3]))
