@@ -21,8 +21,13 @@
 #                       $OUT/gpu-validate.tgz and remove the loose files (for
 #                       a way back that takes few files)
 #
-# Exit status: 0 when every binary exited 0, 1 otherwise. The last line is
-# "N passed, N failed".
+#   BRAID_VALIDATE_ALL  1: run the programs BIN_DIR/needs keeps to other GPUs
+#
+# BIN_DIR/order and BIN_DIR/needs (optional; written by gpu-bundle.sh --quick)
+# set the programs' order and the GPUs some of them are for (below).
+#
+# Exit status: 0 when every binary that ran exited 0, 1 otherwise. The last
+# line is "N passed, N failed, N skipped".
 set -uo pipefail
 
 BIN_DIR="${1:?usage: gpu-validate.sh BIN_DIR}"
@@ -118,9 +123,10 @@ pack() {
         mv "$tgz" "$OUT/gpu-validate.tgz"
     fi
 }
-trap 'echo "stopped by SIGTERM: $passed passed, $failed failed so far" | tee -a "$summary"; pack; exit 124' TERM
+trap 'echo "stopped by SIGTERM: $passed passed, $failed failed, $skipped skipped so far" | tee -a "$summary"; pack; exit 124' TERM
 passed=0
 failed=0
+skipped=0
 summary="$OUT/summary.txt"
 : > "$summary"
 
@@ -140,7 +146,7 @@ run_one() { # kind path
     fi
     echo "=== $name ${args[*]}"
     start=$(date +%s)
-    timeout "$TIMEOUT" "$bin" "${args[@]}" > "$log" 2>&1
+    timeout "$TIMEOUT" "$bin" "${args[@]}" < /dev/null > "$log" 2>&1
     rc=$?
     end=$(date +%s)
     tail -n 5 "$log" | sed 's/^/    /'
@@ -157,22 +163,60 @@ run_one() { # kind path
 
 is_exe() { [ -f "$1" ] && [ -x "$1" ] && case "$1" in *.args|*.d|*.rlib|*.so) false;; *) true;; esac; }
 
+# The GPU's name, for BIN_DIR/needs.
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+
+# BIN_DIR/needs: lines "NAME PATTERN"; program NAME runs only on a GPU whose
+# name matches the extended regular expression PATTERN (case-insensitive),
+# unless BRAID_VALIDATE_ALL=1. What a figure is worth only on one GPU kind
+# (an issue's benchmark set on the H100 it names) then costs no device time
+# on another.
+needs_skip() { # name -> 0 (skip, says why) or 1 (run)
+    local want
+    [ "${BRAID_VALIDATE_ALL:-0}" = 1 ] && return 1
+    [ -f "$BIN_DIR/needs" ] || return 1
+    want="$(awk -v n="$1" '$1==n {$1=""; sub(/^ /, ""); print; exit}' "$BIN_DIR/needs")"
+    [ -n "$want" ] || return 1
+    grep -Eiq -- "$want" <<< "$GPU_NAME" && return 1
+    skipped=$((skipped + 1))
+    echo "SKIP $1 (needs a GPU matching '$want'; this one is '${GPU_NAME:-unknown}')" | tee -a "$summary"
+    return 0
+}
+
+# BIN_DIR/order: program names, one a line, run first and in that order
+# (most urgent first, so a session that runs out of time loses the least);
+# the programs it does not name run after them, in name order.
+programs() {
+    local name
+    if [ -f "$BIN_DIR/order" ]; then
+        while read -r name; do
+            [ -n "$name" ] && is_exe "$BIN_DIR/bin/$name" && echo "$BIN_DIR/bin/$name"
+        done < "$BIN_DIR/order"
+    fi
+    for f in "$BIN_DIR"/bin/*; do
+        is_exe "$f" || continue
+        [ -f "$BIN_DIR/order" ] && grep -qxF -- "$(basename "$f")" "$BIN_DIR/order" && continue
+        echo "$f"
+    done
+}
+
 found=0
 for f in "$BIN_DIR"/* "$BIN_DIR"/tests/*; do
     is_exe "$f" || continue
     found=1
     run_one test "$f"
 done
-for f in "$BIN_DIR"/bin/*; do
-    is_exe "$f" || continue
+while read -r f; do
+    [ -n "$f" ] || continue
     found=1
+    needs_skip "$(basename "$f")" && continue
     run_one bin "$f"
-done
+done < <(programs)
 if [ "$found" -eq 0 ]; then
     echo "no executables found in $BIN_DIR" | tee -a "$summary"
     failed=$((failed + 1))
 fi
 
-echo "$passed passed, $failed failed" | tee -a "$summary"
+echo "$passed passed, $failed failed, $skipped skipped" | tee -a "$summary"
 pack
 [ "$failed" -eq 0 ]
