@@ -46,7 +46,7 @@ fi
 QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cuda_spare_sms 01f_cuda_model_spare_sms 01g_cuda_live_running 01h_cudnn_graphs 01i_nccl 02_cuda_kernels 02c_cuda_cudnn_training 05_cuda_model
 18_gpt2_gpu_bf16_fused 09_pytorch_bf16_b8 10_pytorch_bf16_compile_b8
 18a_gpt2_gpu_bf16_fused_braid_attention 18b_profile_gpt2_gpu_bf16_fused 18j_gpt2_gpu_bf16_fused_no_recompute
-21_multi_tenant_cuda 21b_multi_tenant_cuda_realtime 21d_multi_tenant_cuda_spare_8 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250
+21_multi_tenant_cuda 21b_multi_tenant_cuda_realtime 21d_multi_tenant_cuda_spare_8 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250 21i_multi_tenant_cuda_all_levers
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32
 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 15_train_gpu 15b_train_gpu_split 15c_train_gpu_whole 15d_train_gpu_split_no_graphs 15e_cli_eval_sample 15f_train_gpu_small_cut 15g_train_gpu_small_graph_collectives 15h_train_gpu_split_graph_collectives 01_cuda_graphs
@@ -59,7 +59,7 @@ QUICK="01b_cuda_be_window 01c_cuda_placement_trial 01d_cuda_green_context 01e_cu
 # tenants, the step with its kernels' profile, then issue 12's side by side.
 QUICK_ORDER="01i_nccl 01_cuda_graphs 02_cuda_kernels 05_cuda_model
 15b_train_gpu_split 15h_train_gpu_split_graph_collectives 15f_train_gpu_small_cut 15g_train_gpu_small_graph_collectives
-21d_multi_tenant_cuda_spare_8 21b_multi_tenant_cuda_realtime 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250
+21d_multi_tenant_cuda_spare_8 21b_multi_tenant_cuda_realtime 21g_multi_tenant_cuda_spare_8_lc_replay 21h_multi_tenant_cuda_spare_8_bundle_250 21i_multi_tenant_cuda_all_levers
 18_gpt2_gpu_bf16_fused 18b_profile_gpt2_gpu_bf16_fused
 10_pytorch_bf16_compile_b8 13c_gpt2_gpu_bf16_fused_b64 14c_pytorch_bf16_compile_b64
 11b_gpt2_gpu_bf16_fused_b16 12b_pytorch_bf16_compile_b16 13b_gpt2_gpu_bf16_fused_b32 14b_pytorch_bf16_compile_b32 09_pytorch_bf16_b8"
@@ -336,6 +336,12 @@ scripts/gpu-profile.sh \"\$(dirname \"\$0\")/../bench/gpt2_gpu\" \
     # best-effort kernels a request runs beside.
     wrap 21h_multi_tenant_cuda_spare_8_bundle_250 bench multi_tenant \
         "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --be-spare-sms 8 --be-bundle-us 250"
+    # The four levers together (real-time threads, 8 SMs spared, the
+    # requests replayed as graphs, a quarter of the launch window): if each
+    # of 21b, 21g and 21h moves the p99 only part of the way, whether
+    # together they reach the 1.10x target, and what they cost the training.
+    wrap 21i_multi_tenant_cuda_all_levers bench multi_tenant \
+        "--device cuda --be-model gpt2 --be-batch-size 8 --be-seq-len 1024 --be-steps 12 --period-ms 5 --requests 200 --realtime --be-spare-sms 8 --lc-replay --be-bundle-us 250"
     wrap 22_properties test properties "$t"
     wrap 23_replay test replay "$t"
     rm -f "$out/bin/nvrtc-check.args"
