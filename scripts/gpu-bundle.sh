@@ -212,7 +212,7 @@ else
     # has (no-op) collectives, so its graph replay is cut around them
     # (docs/replay.md): 15d, without graphs, must print the same losses.
     wrap 15b_train_gpu_split bench braid-gpt2 \
-        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --trace \$OUT/gpt2-bf16-split.json"
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --comm-timeout 60 --trace \$OUT/gpt2-bf16-split.json"
     wrap 15c_train_gpu_whole bench braid-gpt2 \
         "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --no-tied-split --trace \$OUT/gpt2-bf16-whole.json"
     wrap 15d_train_gpu_split_no_graphs bench braid-gpt2 \
@@ -220,13 +220,15 @@ else
     # The reducer's collectives inside the step's graph (--graph-collectives,
     # one launch a step) against the graphs cut around them: 15h against
     # 15b at 124M, and 15g against 15f on a small model at short sequences,
-    # where launches dominate. Same losses expected in each pair.
+    # where launches dominate. Same losses expected in each pair. A
+    # collective that hangs fails after 60 s (--comm-timeout), not at the
+    # wrapper's limit.
     wrap 15f_train_gpu_small_cut bench braid-gpt2 \
-        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --no-trace"
+        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --comm-timeout 60 --no-trace"
     wrap 15g_train_gpu_small_graph_collectives bench braid-gpt2 \
-        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --graph-collectives --no-trace"
+        "train --device cuda --model small --batch-size 4 --seq-len 64 --steps 60 --reduce-single-rank --comm-timeout 60 --graph-collectives --no-trace"
     wrap 15h_train_gpu_split_graph_collectives bench braid-gpt2 \
-        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --graph-collectives --no-trace"
+        "train --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 8 --reduce-single-rank --comm-timeout 60 --graph-collectives --no-trace"
     # The CLI after training on a GPU: eval and sample from the saved
     # weights and checkpoint, on CUDA (bf16) and on the CPU (fp32).
     script 15e_cli_eval_sample "scripts/gpu-cli-check.sh \"\$(dirname \"\$0\")/../bench/braid-gpt2\""

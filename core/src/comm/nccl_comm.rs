@@ -122,8 +122,16 @@ impl NcclCommunicator {
         Self::join(rt, &env)
     }
 
-    /// Joins the job described by `env` on the runtime's GPU.
+    /// Joins the job described by `env` on the runtime's GPU, with the
+    /// default collective timeout ([`NCCL_TIMEOUT`]).
     pub fn join(rt: &Runtime, env: &DistEnv) -> Result<Comm> {
+        Self::join_with_timeout(rt, env, NCCL_TIMEOUT)
+    }
+
+    /// [`join`](Self::join), with collectives that fail (the communicator
+    /// aborted, naming the collective) once one has waited `timeout` for
+    /// the other ranks.
+    pub fn join_with_timeout(rt: &Runtime, env: &DistEnv, timeout: Duration) -> Result<Comm> {
         let dev = rt.cuda_device().ok_or_else(|| Error::BackendUnavailable {
             backend: "nccl",
             reason: "NCCL needs a runtime on the CUDA backend".into(),
@@ -144,7 +152,7 @@ impl NcclCommunicator {
         let id = NcclUniqueId::from_bytes(&bytes).map_err(|e| collective(e.to_string()))?;
         let comm = NcclComm::init_rank(dev, &id, env.rank, env.world_size)
             .map_err(|e| collective(e.to_string()))?;
-        Ok(Comm::new(NcclCommunicator::new(comm, NCCL_TIMEOUT)))
+        Ok(Comm::new(NcclCommunicator::new(comm, timeout)))
     }
 
     /// A communicator of one rank on the runtime's GPU (world size 1).

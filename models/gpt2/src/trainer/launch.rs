@@ -8,8 +8,9 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use braid::comm::{NcclCommunicator, NCCL_TIMEOUT};
+use braid::comm::NcclCommunicator;
 use braid::{BackendKind, Class, Comm, LocalCommConfig, Policy, Runtime};
 
 use super::rank::{run_rank, RankOutcome};
@@ -320,7 +321,7 @@ fn nccl_setup_error(rank: usize, e: impl fmt::Display) -> Gpt2Error {
 /// NCCL communicators made together (`ncclCommInitAll`) over the devices
 /// of `rts`, one rank each in order: several GPU ranks of this process, or
 /// one for the reducer at world size 1 (`TrainOptions::reduce_single_rank`).
-fn local_comms(rts: &[&Runtime]) -> Result<Vec<Comm>> {
+fn local_comms(rts: &[&Runtime], timeout: Duration) -> Result<Vec<Comm>> {
     let devices: Vec<braid::cuda::CudaDevice> = rts
         .iter()
         .map(|rt| {
@@ -332,13 +333,13 @@ fn local_comms(rts: &[&Runtime]) -> Result<Vec<Comm>> {
     Ok(braid::comm::nccl::NcclComm::init_all(&devices)
         .map_err(|e| nccl_setup_error(0, e))?
         .into_iter()
-        .map(|c| Comm::new(NcclCommunicator::new(c, NCCL_TIMEOUT)))
+        .map(|c| Comm::new(NcclCommunicator::new(c, timeout)))
         .collect())
 }
 
 /// The one-rank communicator of [`local_comms`] on `rt`'s device.
-fn one_rank_comm(rt: &Runtime) -> Result<Comm> {
-    let mut comms = local_comms(&[rt])?;
+fn one_rank_comm(rt: &Runtime, timeout: Duration) -> Result<Comm> {
+    let mut comms = local_comms(&[rt], timeout)?;
     Ok(comms.pop().expect("one communicator per device"))
 }
 
@@ -359,7 +360,7 @@ pub(super) fn train_gpus(
     // (`reduce_single_rank`): then NCCL with one rank.
     if world == 1 {
         let comm = match opts.reduce_single_rank {
-            true => Some(one_rank_comm(&rt0)?),
+            true => Some(one_rank_comm(&rt0, opts.comm_timeout)?),
             false => None,
         };
         return Ok(vec![run_rank(opts, rt0, 0, 1, comm, start, data, on_step)?]);
@@ -387,7 +388,7 @@ pub(super) fn train_gpus(
             rank,
         )?);
     }
-    let comms = local_comms(&rts.iter().collect::<Vec<_>>())?;
+    let comms = local_comms(&rts.iter().collect::<Vec<_>>(), opts.comm_timeout)?;
     let failures = Failures::default();
     let outcomes: Vec<Option<RankOutcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = rts
@@ -513,7 +514,8 @@ pub(super) fn train_torchrun(
             ..env.clone()
         };
         let endpoint = rdv_env.master_endpoint();
-        Some(NcclCommunicator::join(&rt, &rdv_env).map_err(|e| {
+        let joined = NcclCommunicator::join_with_timeout(&rt, &rdv_env, opts.comm_timeout);
+        Some(joined.map_err(|e| {
             let hint = format!(
                 " (braid's rendezvous used {endpoint}; set {RENDEZVOUS_PORT_VAR} to a port \
                  free on rank 0's host to choose another)"
@@ -534,7 +536,7 @@ pub(super) fn train_torchrun(
             }
         })?)
     } else if opts.reduce_single_rank {
-        Some(one_rank_comm(&rt)?)
+        Some(one_rank_comm(&rt, opts.comm_timeout)?)
     } else {
         None
     };

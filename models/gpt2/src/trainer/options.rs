@@ -71,7 +71,9 @@ pub struct TrainOptions {
     pub checkpoint_every: Option<u64>,
     /// Write a Chrome trace of every rank here at the end.
     pub trace: Option<PathBuf>,
-    /// How long a CPU rank waits for the others in a collective.
+    /// How long a rank waits for the others in a collective before it
+    /// fails, naming the collective: CPU ranks, and GPU ranks' NCCL
+    /// communicators (whose watchdog then aborts the communicator).
     pub comm_timeout: Duration,
     /// How gradient buckets travel (default: plain `f32`).
     /// [`Compression::Bf16`] runs on host buffers: CPU ranks only.
