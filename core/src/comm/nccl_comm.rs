@@ -264,11 +264,24 @@ impl NcclCommunicator {
                     .comm
                     .broadcast(send, recv, c.count, dt, root, stream),
                 CollectiveKind::Barrier => {
-                    // The scratch is made at the first barrier (outside a
-                    // capture, which cannot allocate: a barrier captured
-                    // first is refused, and the graphs are cut around it).
+                    // The scratch is made at the first barrier, outside a
+                    // capture: one would record the allocation as a node of
+                    // the graph (stream-ordered allocations are captured),
+                    // memory that exists only once the graph has run. A
+                    // barrier captured first is refused, and the graphs are
+                    // cut around it.
                     let mut s = lock(&self.scratch);
                     if s.is_none() {
+                        if cu.capturing() {
+                            return Err(Error::Collective {
+                                rank,
+                                index: c.index,
+                                op: what,
+                                message: "a barrier is captured into a CUDA graph only after \
+                                          an eager one (its scratch element is made then)"
+                                    .into(),
+                            });
+                        }
                         *s = Some(DeviceBuffer::zeroed(stream, 4)?);
                     }
                     let p = s.as_ref().map_or(0, |b| b.device_ptr());
