@@ -16,6 +16,19 @@
 //! The watchdog shares the state; dropping the communicator stops it (a flag,
 //! then an unpark) and joins it, so the watchdog never outlives the
 //! communicator nor ends up destroying the NCCL communicator itself.
+//!
+//! Every `ncclCommAbort` runs on the watchdog thread, also one that
+//! [`Communicator::abort`] asks for (a poisoned communicator: a failed or
+//! skipped collective, [`Comm::abort`]): that call only records the reason,
+//! which fails later collectives at once, and wakes the watchdog. NCCL's abort
+//! sets the flag that makes pending kernels return, then waits until every
+//! CUDA graph holding one of the communicator's captured collectives
+//! ([`crate::RuntimeBuilder::graph_collectives`]) has been destroyed (it
+//! reclaims their plans). The thread that poisons is often a stream thread,
+//! or one holding the schedule that owns such a graph; had it aborted, it would
+//! wait for itself. The watchdog waits for nobody's progress: the graphs'
+//! launch hooks keep the communicator, and so the watchdog, alive until they
+//! are destroyed.
 
 use super::nccl::{DataType, NcclComm, NcclError, NcclUniqueId, ReduceOp as NcclOp};
 use super::rendezvous::exchange_id;
@@ -49,6 +62,9 @@ struct Shared {
     /// Collectives that were still pending when the communicator was aborted.
     killed: Mutex<Vec<u64>>,
     timeout: Duration,
+    /// Set by [`Communicator::abort`]: the watchdog calls `ncclCommAbort`
+    /// (module docs).
+    abort_requested: AtomicBool,
     /// Set when the communicator is dropped: the watchdog exits.
     stop: AtomicBool,
 }
@@ -99,6 +115,7 @@ impl NcclCommunicator {
             aborted: OnceLock::new(),
             killed: Mutex::new(Vec::new()),
             timeout,
+            abort_requested: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
         let sh = shared.clone();
@@ -176,6 +193,12 @@ impl NcclCommunicator {
 fn watchdog(sh: &Shared) {
     loop {
         std::thread::park_timeout(Duration::from_millis(20));
+        // An abort asked for before a stop is still made: the NCCL
+        // communicator is not destroyed after it (`NcclComm`'s drop), which
+        // would wait for kernels that may never finish.
+        if sh.abort_requested.swap(false, Ordering::AcqRel) {
+            let _ = sh.comm.abort();
+        }
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
@@ -372,8 +395,21 @@ impl Communicator for NcclCommunicator {
         }))
     }
 
+    /// Records `reason` (later collectives fail with it at once) and has
+    /// the watchdog thread abort the NCCL communicator (module docs): this
+    /// thread does not wait.
     fn abort(&self, reason: &str) {
         let _ = self.shared.aborted.set(reason.to_string());
-        let _ = self.shared.comm.abort();
+        match &self.watchdog {
+            Some(w) => {
+                self.shared.abort_requested.store(true, Ordering::Release);
+                w.thread().unpark();
+            }
+            // No watchdog thread (the OS refused one at `new`): abort
+            // here, which waits if a graph holds a captured collective.
+            None => {
+                let _ = self.shared.comm.abort();
+            }
+        }
     }
 }
