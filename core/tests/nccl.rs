@@ -125,3 +125,73 @@ fn nccl_collectives_replay_inside_graphs() {
         assert!(e.to_string().contains("the test gives up"), "{case}: {e}");
     }
 }
+
+/// A graph holding a captured NCCL collective whose launch is skipped (a
+/// host task before it failed) poisons the communicator, and NCCL's abort
+/// then waits until every graph holding the communicator's captured
+/// collectives is destroyed. So the abort runs on the communicator's
+/// watchdog thread (`nccl_comm.rs`): the replay fails naming the host task,
+/// the runtime goes on, and dropping the schedule, the communicator and the
+/// runtime returns. An abort on the stream thread that skipped the graph
+/// would wait for the schedule the test still holds.
+#[test]
+fn a_skipped_graph_with_nccl_collectives_fails_without_hanging() {
+    use braid::{TaskError, TaskKind};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !gpu_or_skip("a_skipped_graph_with_nccl_collectives_fails_without_hanging") {
+        return;
+    }
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .comm_streams(1)
+        .graphs(true)
+        .graph_collectives(true)
+        .build()
+        .unwrap();
+    let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
+    let add = common::spin_then_add(&rt);
+    let n = 1024usize;
+    let x = rt.alloc_from("x", &vec![1.0f32; n]).unwrap();
+    let y = rt.alloc_from("y", &vec![0.0f32; n]).unwrap();
+    let fail = std::sync::Arc::new(AtomicBool::new(false));
+    let gate_fails = fail.clone();
+    let step = rt
+        .record("step", |rt| {
+            rt.task("gate").kind(TaskKind::Host).run_cuda(
+                x.read_write::<f32>(),
+                move |_, _| -> Result<(), TaskError> {
+                    match gate_fails.load(Ordering::Relaxed) {
+                        true => Err("the gate fails".into()),
+                        false => Ok(()),
+                    }
+                },
+            )?;
+            common::submit_spin_add(rt, &add, ("add x", 0), &x, 0, 1.0)?;
+            comm.all_gather_into::<f32>(&x.whole(), &y.whole())?;
+            common::submit_spin_add(rt, &add, ("add y", 1), &y, 0, 1.0)?;
+            Ok(())
+        })
+        .unwrap();
+    step.replay().unwrap().wait().unwrap();
+    assert_eq!(step.graph_refusal(), None);
+    assert_eq!(
+        step.graph_shape().map(|(graphs, _)| graphs),
+        Some(1),
+        "the collective is inside the one graph"
+    );
+    fail.store(true, Ordering::Relaxed);
+    let e = step.replay().unwrap().wait().unwrap_err();
+    let e = rt.synchronize().map(|_| e).unwrap_or_else(|e| e);
+    assert!(e.to_string().contains("gate"), "{e}");
+    assert!(comm.poisoned().is_some(), "the skipped collective poisons");
+    // The runtime goes on: an eager task after the failure.
+    common::submit_spin_add(&rt, &add, ("after", 0), &x, 0, 1.0).unwrap();
+    rt.synchronize().unwrap();
+    // The recording and the first replay added 1 each; the failed replay
+    // skipped its graph; then `after`.
+    assert_eq!(rt.read_vec::<f32>(&x).unwrap(), vec![4.0; n]);
+    drop(step);
+    drop(comm);
+    drop(rt);
+}
