@@ -7,15 +7,22 @@
 //! Timeouts: NCCL collectives are asynchronous, so a rank that never arrives
 //! shows up as a collective that never completes on the device. A watchdog
 //! thread per communicator checks the end event of every collective it has
-//! enqueued; past the timeout it calls `ncclCommAbort`, which makes the
-//! pending NCCL kernels return, so the stream drains instead of hanging. Every
-//! collective still pending then fails its own task (through a completion
-//! check, [`CudaTaskCtx::on_complete`]), with an error naming the collective
-//! that timed out, and later collectives on the communicator fail at once.
+//! enqueued; past the timeout, or as soon as NCCL reports an asynchronous
+//! error while one is pending (a peer died, a network error), it calls
+//! `ncclCommAbort`, which makes the pending NCCL kernels return, so the
+//! stream drains instead of hanging. Every collective still pending then
+//! fails its own task (through a completion check,
+//! [`CudaTaskCtx::on_complete`]), with an error naming the collective that
+//! timed out (or NCCL's error), and later collectives on the communicator
+//! fail at once.
 //!
 //! The watchdog shares the state; dropping the communicator stops it (a flag,
 //! then an unpark) and joins it, so the watchdog never outlives the
-//! communicator nor ends up destroying the NCCL communicator itself.
+//! communicator nor ends up destroying the NCCL communicator itself. It
+//! stops once no collective it watches is pending: one that is still
+//! pending at the drop (enqueued, its task's handle dropped) is aborted at
+//! its timeout as before, so a drop waits at most that long, where
+//! `ncclCommDestroy` would wait for a kernel that may never finish.
 //!
 //! Every `ncclCommAbort` runs on the watchdog thread, also one that
 //! [`Communicator::abort`] asks for (a poisoned communicator: a failed or
@@ -25,8 +32,8 @@
 //! CUDA graph holding one of the communicator's captured collectives
 //! ([`crate::RuntimeBuilder::graph_collectives`]) has been destroyed (it
 //! reclaims their plans). The thread that poisons is often a stream thread,
-//! or one holding the schedule that owns such a graph; had it aborted, it would
-//! wait for itself. The watchdog waits for nobody's progress: the graphs'
+//! or one holding the schedule that owns such a graph; had it aborted, it
+//! would wait for itself. The watchdog waits for nobody's progress: the graphs'
 //! launch hooks keep the communicator, and so the watchdog, alive until they
 //! are destroyed.
 
@@ -199,28 +206,48 @@ fn watchdog(sh: &Shared) {
         if sh.abort_requested.swap(false, Ordering::AcqRel) {
             let _ = sh.comm.abort();
         }
-        if sh.stop.load(Ordering::Acquire) {
-            return;
+        let mut p = lock(&sh.pending);
+        p.retain(|x| !matches!(x.event.query(), Ok(true) | Err(_)));
+        let why = failure(sh, &p);
+        if why.is_some() {
+            lock(&sh.killed).extend(p.iter().map(|x| x.index));
+            p.clear();
         }
-        let mut late = None;
-        {
-            let mut p = lock(&sh.pending);
-            p.retain(|x| !matches!(x.event.query(), Ok(true) | Err(_)));
-            if let Some(x) = p.iter().find(|x| x.since.elapsed() > sh.timeout) {
-                late = Some(format!(
-                    "collective #{} `{}` did not complete within {:?}",
-                    x.index, x.what, sh.timeout
-                ));
-            }
-            if late.is_some() {
-                lock(&sh.killed).extend(p.iter().map(|x| x.index));
-                p.clear();
-            }
-        }
-        if let Some(why) = late {
+        let idle = p.is_empty();
+        drop(p);
+        if let Some(why) = why {
             let _ = sh.aborted.set(why);
             let _ = sh.comm.abort();
         }
+        // Dropped: done once nothing is left to watch. A collective still
+        // pending is watched to its end or its timeout, so the NCCL
+        // communicator's destruction after the join never waits for a
+        // kernel that cannot finish.
+        if idle && sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// Why the pending collectives `p` must be aborted, if they must: one has
+/// waited past the timeout, or NCCL reports an asynchronous error (a peer
+/// that died, a network error: `ncclCommGetAsyncError`, asked only while
+/// a collective is pending), which would otherwise surface only at the
+/// timeout.
+fn failure(sh: &Shared, p: &[Pending]) -> Option<String> {
+    if let Some(x) = p.iter().find(|x| x.since.elapsed() > sh.timeout) {
+        return Some(format!(
+            "collective #{} `{}` did not complete within {:?}",
+            x.index, x.what, sh.timeout
+        ));
+    }
+    let x = p.first()?;
+    match sh.comm.async_error() {
+        Ok(()) | Err(NcclError::Aborted { .. }) => None,
+        Err(e) => Some(format!(
+            "NCCL reported an error while collective #{} `{}` was pending: {e}",
+            x.index, x.what
+        )),
     }
 }
 
