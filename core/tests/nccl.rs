@@ -127,13 +127,13 @@ fn nccl_collectives_replay_inside_graphs() {
 }
 
 /// A graph holding a captured NCCL collective whose launch is skipped (a
-/// host task before it failed) poisons the communicator, and NCCL's abort
-/// then waits until every graph holding the communicator's captured
-/// collectives is destroyed. So the abort runs on the communicator's
-/// watchdog thread (`nccl_comm.rs`): the replay fails naming the host task,
-/// the runtime goes on, and dropping the schedule, the communicator and the
-/// runtime returns. An abort on the stream thread that skipped the graph
-/// would wait for the schedule the test still holds.
+/// host task before it failed) poisons the communicator, which aborts it:
+/// the replay fails naming the host task, the runtime goes on, and dropping
+/// the schedule, the communicator and the runtime returns. (With several
+/// ranks NCCL's abort waits until every graph holding the communicator's
+/// captured collectives is destroyed, which is why it runs on the watchdog
+/// thread, `nccl_comm.rs`; at one rank NCCL's collectives are local copies
+/// and hold no such reference, so this test cannot see that wait.)
 #[test]
 fn a_skipped_graph_with_nccl_collectives_fails_without_hanging() {
     use braid::{TaskError, TaskKind};

@@ -210,6 +210,9 @@ pub(crate) trait GraphLaunch: Send + Sync {
     /// The launch will not happen: a predecessor of the graph failed, or an
     /// earlier hook's `before` did.
     fn skipped(&self);
+    /// The launch failed after this hook's `before` gave `token`: what
+    /// it stood for will not run this time.
+    fn not_launched(&self, token: u64, e: &Error);
 }
 
 /// A registered [`GraphLaunch`].

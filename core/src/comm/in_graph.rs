@@ -22,6 +22,15 @@ use crate::sync::{Arc, Ordering};
 /// ([`Communicator::capture_cuda`]): what its communicator does on the host
 /// at each launch of the graph.
 pub trait CapturedCollective: Send + Sync {
+    /// Before each launch of the graph, the collective numbered `index`
+    /// this time: an error refuses the launch (and poisons the
+    /// communicator), as [`Communicator::run_cuda`] would refuse to
+    /// enqueue (a communicator the backend has aborted). Default: `Ok`.
+    fn check(&self, index: u64) -> Result<()> {
+        let _ = index;
+        Ok(())
+    }
+
     /// The graph holding the collective has been launched on `cu`'s stream,
     /// the collective numbered `index` this time: watch it as
     /// [`Communicator::run_cuda`] would, reporting a failure found once the
@@ -36,9 +45,14 @@ struct InGraph {
 }
 
 impl GraphLaunch for InGraph {
-    /// Takes the collective's index for this launch, as its body would.
+    /// Takes the collective's index for this launch, as its body would,
+    /// and asks the backend whether it may run.
     fn before(&self) -> Result<u64> {
-        self.job.take_index()
+        let index = self.job.take_index()?;
+        self.captured
+            .check(index)
+            .map_err(|e| self.job.fail(index, e))?;
+        Ok(index)
     }
 
     fn after(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
@@ -49,6 +63,11 @@ impl GraphLaunch for InGraph {
 
     fn skipped(&self) {
         self.job.skipped();
+    }
+
+    /// The launch failed: the collective fails with the index it took.
+    fn not_launched(&self, index: u64, e: &crate::Error) {
+        self.job.fail(index, e.clone());
     }
 }
 
@@ -109,8 +128,18 @@ mod tests {
         }
     }
 
-    struct Nothing;
+    /// A captured collective whose backend refuses launches once `refuses`.
+    #[derive(Default)]
+    struct Nothing {
+        refuses: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
     impl CapturedCollective for Nothing {
+        fn check(&self, index: u64) -> Result<()> {
+            match self.refuses.load(std::sync::atomic::Ordering::Relaxed) {
+                true => Err(crate::Error::Config(format!("#{index} refused"))),
+                false => Ok(()),
+            }
+        }
         fn launched(&self, _: u64, _: &CudaTaskCtx<'_>) -> Result<()> {
             Ok(())
         }
@@ -118,6 +147,10 @@ mod tests {
 
     /// A barrier of `comm` as a captured collective's launch hook.
     fn hook(comm: &Comm) -> InGraph {
+        hook_of(comm, Nothing::default())
+    }
+
+    fn hook_of(comm: &Comm, captured: Nothing) -> InGraph {
         let op = Collective {
             index: 0,
             kind: CollectiveKind::Barrier,
@@ -133,7 +166,7 @@ mod tests {
         };
         InGraph {
             job: Arc::new(job),
-            captured: Box::new(Nothing),
+            captured: Box::new(captured),
         }
     }
 
@@ -157,5 +190,31 @@ mod tests {
         assert!(e.contains("poisoned") && e.contains("skipped"), "{e}");
         // The skip took index 3, the refused launch index 4.
         assert_eq!(comm.inner.ran.load(Ordering::Acquire), 5);
+    }
+
+    /// A launch the backend refuses (`CapturedCollective::check`: an NCCL
+    /// communicator its watchdog aborted) fails with its index and poisons
+    /// the communicator; a launch that fails after `before` fails the
+    /// collective with the index it took, and takes no other.
+    #[test]
+    fn refused_and_failed_launches_poison_with_their_own_index() {
+        let comm = Comm::new(Noting::default());
+        let refusing = Nothing::default();
+        let refuses = refusing.refuses.clone();
+        let h = hook_of(&comm, refusing);
+        assert_eq!(h.before().unwrap(), 0);
+        refuses.store(true, std::sync::atomic::Ordering::Relaxed);
+        let e = h.before().unwrap_err().to_string();
+        assert!(e.contains("#1 refused"), "{e}");
+        assert!(comm.poisoned().is_some());
+        assert_eq!(comm.inner.ran.load(Ordering::Acquire), 2);
+
+        let comm = Comm::new(Noting::default());
+        let h = hook(&comm);
+        let index = h.before().unwrap();
+        h.not_launched(index, &crate::Error::Config("the launch fails".into()));
+        let poison = comm.poisoned().expect("poisoned").to_string();
+        assert!(poison.contains("the launch fails"), "{poison}");
+        assert_eq!(comm.inner.ran.load(Ordering::Acquire), 1, "no second index");
     }
 }

@@ -114,8 +114,11 @@ fn nccl_err(rank: usize, index: u64, op: &str, e: NcclError) -> Error {
 
 impl NcclCommunicator {
     /// Wraps an initialised NCCL communicator, with a watchdog that aborts it
-    /// when a collective has not completed after `timeout`.
-    pub fn new(comm: NcclComm, timeout: Duration) -> Self {
+    /// when a collective has not completed after `timeout`. Fails if the
+    /// watchdog's thread cannot be started: without it nothing would time
+    /// out, and aborts would run on threads that may wait for themselves
+    /// (module docs).
+    pub fn new(comm: NcclComm, timeout: Duration) -> Result<Self> {
         let shared = Arc::new(Shared {
             comm,
             pending: Mutex::new(Vec::new()),
@@ -129,12 +132,12 @@ impl NcclCommunicator {
         let watchdog = std::thread::Builder::new()
             .name("braid-nccl-watchdog".into())
             .spawn(move || watchdog(&sh))
-            .ok();
-        NcclCommunicator {
+            .map_err(|e| Error::Config(format!("starting the NCCL watchdog thread: {e}")))?;
+        Ok(NcclCommunicator {
             shared,
             scratch: Mutex::new(None),
-            watchdog,
-        }
+            watchdog: Some(watchdog),
+        })
     }
 
     /// The NCCL communicator of this process's rank in a `torchrun`-style job
@@ -176,7 +179,7 @@ impl NcclCommunicator {
         let id = NcclUniqueId::from_bytes(&bytes).map_err(|e| collective(e.to_string()))?;
         let comm = NcclComm::init_rank(dev, &id, env.rank, env.world_size)
             .map_err(|e| collective(e.to_string()))?;
-        Ok(Comm::new(NcclCommunicator::new(comm, timeout)))
+        Ok(Comm::new(NcclCommunicator::new(comm, timeout)?))
     }
 
     /// A communicator of one rank on the runtime's GPU (world size 1).
@@ -185,9 +188,16 @@ impl NcclCommunicator {
     }
 
     fn check_aborted(&self, index: u64, what: &str) -> Result<()> {
-        match self.shared.aborted.get() {
+        self.shared.check_aborted(index, what)
+    }
+}
+
+impl Shared {
+    /// The error of collective `index` (`what`) on an aborted communicator.
+    fn check_aborted(&self, index: u64, what: &str) -> Result<()> {
+        match self.aborted.get() {
             Some(why) => Err(Error::Collective {
-                rank: self.shared.comm.rank(),
+                rank: self.comm.rank(),
                 index,
                 op: what.to_string(),
                 message: format!("the communicator was aborted: {why}"),
@@ -198,25 +208,43 @@ impl NcclCommunicator {
 }
 
 fn watchdog(sh: &Shared) {
+    // When the collective now first in `pending` started to wait: when the
+    // one before it completed, or its own enqueue if later. Collectives of
+    // one communicator run in order on its one stream, so only the first
+    // can be late, and a collective queued behind others (a program far
+    // ahead of its device) is not timed while they run.
+    let mut done_at = Instant::now();
     loop {
         std::thread::park_timeout(Duration::from_millis(20));
-        // An abort asked for before a stop is still made: the NCCL
-        // communicator is not destroyed after it (`NcclComm`'s drop), which
-        // would wait for kernels that may never finish.
-        if sh.abort_requested.swap(false, Ordering::AcqRel) {
-            let _ = sh.comm.abort();
-        }
         let mut p = lock(&sh.pending);
+        let before = p.len();
         p.retain(|x| !matches!(x.event.query(), Ok(true) | Err(_)));
-        let why = failure(sh, &p);
-        if why.is_some() {
+        if p.len() < before {
+            done_at = Instant::now();
+        }
+        let late = failure(sh, &p, done_at);
+        // A requested abort (a poisoned communicator) or a late one: every
+        // collective still pending fails with it (`killed`, read by their
+        // completion checks), and so does any watched later (`watch`).
+        // The reason is set under the lock, so none falls between.
+        let abort = match late {
+            Some(why) => {
+                let _ = sh.aborted.set(why);
+                sh.abort_requested.store(false, Ordering::Release);
+                true
+            }
+            None => sh.abort_requested.swap(false, Ordering::AcqRel),
+        };
+        if abort {
             lock(&sh.killed).extend(p.iter().map(|x| x.index));
             p.clear();
         }
         let idle = p.is_empty();
         drop(p);
-        if let Some(why) = why {
-            let _ = sh.aborted.set(why);
+        // Also when a stop was asked for with it: the NCCL communicator is
+        // not destroyed after an abort (`NcclComm`'s drop), which would
+        // wait for kernels that may never finish.
+        if abort {
             let _ = sh.comm.abort();
         }
         // Dropped: done once nothing is left to watch. A collective still
@@ -229,19 +257,19 @@ fn watchdog(sh: &Shared) {
     }
 }
 
-/// Why the pending collectives `p` must be aborted, if they must: one has
-/// waited past the timeout, or NCCL reports an asynchronous error (a peer
-/// that died, a network error: `ncclCommGetAsyncError`, asked only while
-/// a collective is pending), which would otherwise surface only at the
-/// timeout.
-fn failure(sh: &Shared, p: &[Pending]) -> Option<String> {
-    if let Some(x) = p.iter().find(|x| x.since.elapsed() > sh.timeout) {
+/// Why the pending collectives `p` must be aborted, if they must: the first
+/// has waited past the timeout since `done_at` (or its enqueue), or NCCL
+/// reports an asynchronous error (a peer that died, a network error:
+/// `ncclCommGetAsyncError`, asked only while a collective is pending),
+/// which would otherwise surface only at the timeout.
+fn failure(sh: &Shared, p: &[Pending], done_at: Instant) -> Option<String> {
+    let x = p.first()?;
+    if x.since.max(done_at).elapsed() > sh.timeout {
         return Some(format!(
             "collective #{} `{}` did not complete within {:?}",
             x.index, x.what, sh.timeout
         ));
     }
-    let x = p.first()?;
     match sh.comm.async_error() {
         Ok(()) | Err(NcclError::Aborted { .. }) => None,
         Err(e) => Some(format!(
@@ -353,12 +381,20 @@ impl NcclCommunicator {
 fn watch(shared: &Arc<Shared>, index: u64, what: String, cu: &CudaTaskCtx<'_>) -> Result<()> {
     let rank = shared.comm.rank();
     let event = cu.mark()?;
-    lock(&shared.pending).push(Pending {
-        index,
-        what: what.clone(),
-        event,
-        since: Instant::now(),
-    });
+    {
+        let mut p = lock(&shared.pending);
+        p.push(Pending {
+            index,
+            what: what.clone(),
+            event,
+            since: Instant::now(),
+        });
+        // Aborted already (the reason is set under this lock): NCCL's
+        // abort may have cut this collective short too.
+        if shared.aborted.get().is_some() {
+            lock(&shared.killed).push(index);
+        }
+    }
     // When the work has completed on the device: was it aborted?
     let shared = shared.clone();
     cu.on_complete(move || {
@@ -386,6 +422,12 @@ struct InGraph {
 }
 
 impl CapturedCollective for InGraph {
+    /// A communicator aborted (by the watchdog: a timeout or NCCL's error)
+    /// refuses the launch, as it refuses to enqueue an eager collective.
+    fn check(&self, index: u64) -> Result<()> {
+        self.shared.check_aborted(index, &self.what)
+    }
+
     fn launched(&self, index: u64, cu: &CudaTaskCtx<'_>) -> Result<()> {
         watch(&self.shared, index, self.what.clone(), cu)
     }

@@ -105,6 +105,11 @@ pub(crate) struct CudaStep {
     /// workspace the graph's kernels use (shared by the graphs of one
     /// schedule, which run one after another: `sched::split`).
     _cublas: std::sync::Arc<Vec<crate::cuda::CublasHandle>>,
+    /// The plan captured: its tasks' accesses hold the buffers the graph's
+    /// kernels use, so a launch in flight (whose task holds this step)
+    /// keeps them, as an ordinary task's accesses do, even once the
+    /// program has dropped the schedule and the buffers.
+    _plan: std::sync::Arc<Plan>,
 }
 
 impl CudaStep {
@@ -112,19 +117,21 @@ impl CudaStep {
     pub(crate) fn new(
         (graph, hooks): Captured,
         cublas: std::sync::Arc<Vec<crate::cuda::CublasHandle>>,
+        plan: std::sync::Arc<Plan>,
     ) -> Self {
         CudaStep {
             graph,
             hooks: hooks.into(),
             _cublas: cublas,
+            _plan: plan,
         }
     }
 
     /// Launches the whole step on `ctx`'s stream, with each launch hook's
     /// `before` ahead of it (the first error stops the launch; the hooks
     /// after it are skipped) and each one's `after` once it is enqueued (the
-    /// first error wins; every hook runs). A launch that fails skips every
-    /// hook: the collectives in the graph will not run.
+    /// first error wins; every hook runs). A launch that fails tells every
+    /// hook (`not_launched`): the collectives in the graph will not run.
     pub(crate) fn launch(&self, ctx: &DeviceCtx<'_>) -> crate::Result<()> {
         let DeviceCtx::Cuda(c) = ctx else {
             return Err(crate::Error::Config(
@@ -170,7 +177,10 @@ fn around_launch(
         }
     }
     if let Err(e) = launch() {
-        hooks.iter().for_each(|h| h.skipped());
+        hooks
+            .iter()
+            .zip(&tokens)
+            .for_each(|(h, &t)| h.not_launched(t, &e));
         return Err(e);
     }
     let mut outcome = Ok(());
@@ -556,6 +566,9 @@ mod tests {
         fn skipped(&self) {
             self.log.lock().unwrap().push(format!("skipped {}", self.k));
         }
+        fn not_launched(&self, t: u64, _: &crate::Error) {
+            self.log.lock().unwrap().push(format!("not launched {t}"));
+        }
     }
 
     #[test]
@@ -610,9 +623,12 @@ mod tests {
         let (e, log) = run(&[false, true, false], false);
         assert_eq!(log, "before 0, before 1, skipped 2");
         assert!(e.unwrap().contains("hook 1 fails"));
-        // A failing launch: every hook skipped, no `after`.
+        // A failing launch: every hook told so with its token, no `after`.
         let (e, log) = run(&[false, false], true);
-        assert_eq!(log, "before 0, before 1, launch, skipped 0, skipped 1");
+        assert_eq!(
+            log,
+            "before 0, before 1, launch, not launched 10, not launched 11"
+        );
         assert!(e.unwrap().contains("launch fails"));
         // No hooks: the launch alone.
         assert_eq!(run(&[], false), (None, "launch".to_string()));

@@ -209,7 +209,7 @@ impl<U> Split<U> {
     /// `make`, in order; the first error wins.
     pub(crate) fn made<V>(
         self,
-        mut make: impl FnMut(&Plan, U) -> Result<V, String>,
+        mut make: impl FnMut(&std::sync::Arc<Plan>, U) -> Result<V, String>,
     ) -> Result<Split<V>, String> {
         let parts = self
             .parts
@@ -260,8 +260,8 @@ pub(crate) fn capture_cuda(
     let cap = capture::Capturer::new(cuda, plan.programs.len(), graph_streams)?;
     let graphs = split.made(|part, ()| cap.capture(part))?;
     let handles = std::sync::Arc::new(cap.into_handles());
-    graphs.made(|_, graph| {
-        let step = capture::CudaStep::new(graph, handles.clone());
+    graphs.made(|plan, graph| {
+        let step = capture::CudaStep::new(graph, handles.clone(), plan.clone());
         Ok(Unit::Cuda(std::sync::Arc::new(step)))
     })
 }

@@ -519,6 +519,9 @@ struct InFlight {
     /// Keeps the task's buffers alive until its work is complete on the
     /// device (semantics 7); read only for the span's `bytes`.
     accesses: SmallVec<[Access; 4]>,
+    /// A graph launch's step, kept until the graph has run: its plan's
+    /// accesses are the graph's buffers (the launch has none of its own).
+    _graph: Option<std::sync::Arc<super::capture::CudaStep>>,
     start: Option<CudaEvent>,
     /// `Some` when the task failed or was skipped at launch.
     outcome: Option<Error>,
@@ -637,6 +640,10 @@ fn launch_cuda(
     } else {
         None
     };
+    let graph = match &body {
+        TaskBody::Graph(g) => Some(g.clone()),
+        _ => None,
+    };
     let (outcome, checks) = match err {
         Some(e) => (Err(e), Vec::new()),
         // No measurement on CUDA: a body's host time is its launch, and
@@ -656,19 +663,22 @@ fn launch_cuda(
         }
         Err(e) => lock(&shared.errors).push((task.id, e)),
     }
-    shared.streams[s].launched.add(1);
     let outcome = match outcome {
         Ok(()) => None,
         Err(e) => {
-            // Failed at launch: dependents see it as soon as they are launched.
+            // Failed at launch: reported before the launch is published
+            // (below), so a dependent on another stream that waits for
+            // the launch then sees the failure and is skipped.
             report(shared, &task, Err(e.clone()));
             Some(e)
         }
     };
+    shared.streams[s].launched.add(1);
     InFlight {
         task,
         preds,
         accesses,
+        _graph: graph,
         start,
         outcome,
         checks,

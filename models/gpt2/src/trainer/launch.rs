@@ -330,11 +330,12 @@ fn local_comms(rts: &[&Runtime], timeout: Duration) -> Result<Vec<Comm>> {
                 .expect("a CUDA runtime has a device")
         })
         .collect();
-    Ok(braid::comm::nccl::NcclComm::init_all(&devices)
-        .map_err(|e| nccl_setup_error(0, e))?
+    let comms =
+        braid::comm::nccl::NcclComm::init_all(&devices).map_err(|e| nccl_setup_error(0, e))?;
+    let comms = comms
         .into_iter()
-        .map(|c| Comm::new(NcclCommunicator::new(c, timeout)))
-        .collect())
+        .map(|c| NcclCommunicator::new(c, timeout).map(Comm::new));
+    Ok(comms.collect::<braid::Result<Vec<Comm>>>()?)
 }
 
 /// The one-rank communicator of [`local_comms`] on `rt`'s device.
