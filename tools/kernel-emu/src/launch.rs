@@ -63,19 +63,26 @@ const CANARY: u8 = 0xff;
 pub(crate) struct Guarded<'a> {
     name: &'static str,
     c_type: &'static str, // of an element
-    words: Vec<u64>,      // u64 so the data (at GUARD_BYTES) is 8-byte aligned
-    len: usize,           // bytes of data
-    elem: usize,          // bytes of an element
+    words: Vec<u64>,      // u64, so the guard before the data is whole words
+    /// Where the data starts in `words`: past the guard, at the caller's
+    /// address modulo 16, so a kernel that checks its pointers' 16-byte
+    /// alignment (the bf16 vector paths) takes the path it would take on
+    /// the caller's slice, not one an aligned copy would give it.
+    g: usize,
+    len: usize,  // bytes of data
+    elem: usize, // bytes of an element
     back: Option<&'a mut [u8]>,
 }
 
 impl<'a> Guarded<'a> {
     fn new<T: Elem>(name: &'static str, data: &[T]) -> Self {
         let data: &[u8] = bytemuck::cast_slice(data);
-        let mut words = vec![u64::MAX; (2 * GUARD_BYTES + data.len()).div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[GUARD_BYTES..][..data.len()]
-            .copy_from_slice(data);
+        let mut words = vec![u64::MAX; (2 * GUARD_BYTES + 16 + data.len()).div_ceil(8)];
+        let base = words.as_ptr() as usize;
+        let g = GUARD_BYTES + (((data.as_ptr() as usize & 15) + 16 - (base & 15)) & 15);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[g..][..data.len()].copy_from_slice(data);
         Guarded {
+            g,
             name,
             c_type: T::C_TYPE,
             words,
@@ -92,18 +99,18 @@ impl<'a> Guarded<'a> {
         self.words
             .as_mut_ptr()
             .cast::<u8>()
-            .wrapping_add(GUARD_BYTES)
+            .wrapping_add(self.g)
             .cast()
     }
 
     /// The first out-of-bounds write the canaries show, if any.
     fn check(&self, kernel: &str) -> Result<(), String> {
         let bytes: &[u8] = bytemuck::cast_slice(&self.words);
-        let (before, rest) = bytes.split_at(GUARD_BYTES);
+        let (before, rest) = bytes.split_at(self.g);
         let after = &rest[self.len..][..GUARD_BYTES];
         let (n, name) = (self.len / self.elem, self.name);
         if let Some(i) = before.iter().rposition(|&b| b != CANARY) {
-            let e = (GUARD_BYTES - i).div_ceil(self.elem);
+            let e = (self.g - i).div_ceil(self.elem);
             return Err(format!(
                 "{kernel}: wrote {name}[-{e}], before the start of its {n} elements"
             ));
@@ -127,7 +134,7 @@ impl<'a> Guarded<'a> {
         match a.iter().zip(b).position(|(x, y)| x != y) {
             None => Ok(()),
             Some(i) => {
-                let e = (i as isize - GUARD_BYTES as isize).div_euclid(self.elem as isize);
+                let e = (i as isize - self.g as isize).div_euclid(self.elem as isize);
                 Err(format!(
                     "{kernel}: {}[{e}] differs between a run with the blocks and threads in \
                      order and one in the opposite order: a race (a missing __syncthreads, or \
@@ -141,7 +148,7 @@ impl<'a> Guarded<'a> {
     /// Copies an output back to the caller's slice.
     fn copy_back(self) {
         if let Some(dst) = self.back {
-            dst.copy_from_slice(&bytemuck::cast_slice(&self.words)[GUARD_BYTES..][..self.len]);
+            dst.copy_from_slice(&bytemuck::cast_slice(&self.words)[self.g..][..self.len]);
         }
     }
 }

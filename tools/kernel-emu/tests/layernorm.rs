@@ -469,14 +469,25 @@ impl At16 {
 /// element-wise loops' bits: each kernel runs once with every buffer
 /// aligned and once with `weight` one element off (which sends the whole
 /// launch down the loops), at channel counts of 1 to 4 vectors a lane and
-/// at 1,032 (past the vector path's 1,024: the loops both times). Against
-/// the CPU at the usual bars too.
+/// at 1,032 and 1,600 (past the vector path's 1,024: the loops both times).
+/// Against the CPU at the usual bars too. (The emulator keeps each slice's
+/// address modulo 16 in its copy: before it did, both runs took the vector
+/// path and this comparison compared nothing.)
 #[test]
 fn bf16_vector_rows_are_the_element_wise_rows() {
-    for (s, &(n, c)) in [(5, 40), (37, 64), (9, 768), (3, 1024), (4, 1032)]
-        .iter()
-        .enumerate()
-    {
+    let shapes = [
+        (5, 40),
+        (37, 64),
+        (9, 768),
+        (3, 1024),
+        (1, 8),
+        (11, 256),
+        (7, 264),
+        (3, 1016),
+        (4, 1032),
+        (2, 1600),
+    ];
+    for (s, &(n, c)) in shapes.iter().enumerate() {
         let what = format!("N {n}, C {c}");
         let x = case(n, c, 500 + 10 * s as u64);
         let [inp, inp2, weight, bias, dout, dinp0] =
