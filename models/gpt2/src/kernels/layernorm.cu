@@ -130,7 +130,7 @@ extern "C" __global__ void layernorm_backward_input(float* __restrict__ dinp,
 // ms per call at N = 8192, 2026-11-26; one block per 32 channels and all N
 // rows ran 67 us on an H200 with 24 blocks on 132 SMs at 8% of its memory
 // bandwidth, 2026-11-27. The launcher picks R so that a chunk is about
-// LN_PARAMS_ROWS rows: 768 blocks at N = 8192, C = 768.)
+// PARAMS_CHUNK_ROWS (layernorm.rs) rows: 768 blocks at N = 8192, C = 768.)
 #define LN_PARAMS_WARPS 8
 
 template <typename S>

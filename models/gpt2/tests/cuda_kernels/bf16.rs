@@ -237,60 +237,78 @@ fn adamw_mixed_bf16(dev: Device) {
     }
 }
 
+/// The bf16 layer norm against the CPU's: at the suite's C, at GPT-2's 768
+/// and at 1,024 (three and four 16-byte vectors a lane on CUDA), and with
+/// the input one element off a 16-byte boundary (the element-wise loops).
 fn layernorm_bf16(dev: Device) {
+    for (n, c, off) in [(LN_ROWS, C, 0), (5, 768, 0), (3, 1024, 0), (4, 768, 1)] {
+        layernorm_bf16_at(dev, n, c, off);
+    }
+}
+
+fn layernorm_bf16_at(dev: Device, n: usize, c: usize, off: usize) {
     let g = Dev::new(dev);
-    let n = LN_ROWS;
-    let inp = bf16(&randn(n * C, 2.0, 110));
+    let case = format!("N {n}, C {c}, input {off} elements off");
+    let inp = bf16(&randn(n * c, 2.0, 110));
     let w = bf16(
-        &randn(C, 0.3, 111)
+        &randn(c, 0.3, 111)
             .iter()
             .map(|x| 1.0 + x)
             .collect::<Vec<_>>(),
     );
-    let bias = bf16(&randn(C, 0.3, 112));
-    let (mut out, mut mean, mut rstd) = (vec![Bf16(0); n * C], vec![0.0; n], vec![0.0; n]);
-    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, 1, n, C);
-    let (dinp, dw, db) = (g.up_bf16(&inp), g.up_bf16(&w), g.up_bf16(&bias));
-    let (gout, gmean, grstd) = (g.up_bf16(&vec![Bf16(0); n * C]), g.zeros(n), g.zeros(n));
+    let bias = bf16(&randn(c, 0.3, 112));
+    let (mut out, mut mean, mut rstd) = (vec![Bf16(0); n * c], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm_forward(&mut out, &mut mean, &mut rstd, &inp, &w, &bias, 1, n, c);
+    let padded: Vec<Bf16> = std::iter::repeat_n(Bf16(0), off)
+        .chain(inp.iter().copied())
+        .collect();
+    let (dinp, dw, db) = (g.up_bf16(&padded), g.up_bf16(&w), g.up_bf16(&bias));
+    let inp_view = dinp.view_of::<Bf16>(off..off + n * c).unwrap();
+    let (gout, gmean, grstd) = (g.up_bf16(&vec![Bf16(0); n * c]), g.zeros(n), g.zeros(n));
     let v = [&gout, &gmean, &grstd, &dinp, &dw, &db].map(|b| b.whole());
     done(layernorm::forward(
         bf16_task(&g.rt, "layernorm_forward bf16"),
         &v[0],
         &v[1],
         &v[2],
-        &v[3],
+        &inp_view,
         &v[4],
         &v[5],
         n,
-        C,
+        c,
     ));
     // The statistics are f64 sums in another order (a warp tree), rounded to
     // f32: equal to the CPU's or one f32 ulp off, which may move an output's
     // rounding by one bf16 ulp.
     compare(
-        "layernorm_forward bf16 mean",
+        &format!("{case}: layernorm_forward bf16 mean"),
         &g.down(&gmean),
         &mean,
         1e-7,
         1e-6,
     );
     compare(
-        "layernorm_forward bf16 rstd",
+        &format!("{case}: layernorm_forward bf16 rstd"),
         &g.down(&grstd),
         &rstd,
         0.0,
         1e-6,
     );
-    compare_bf16("layernorm_forward bf16 out", &g.down_bf16(&gout), &out, 1);
+    compare_bf16(
+        &format!("{case}: layernorm_forward bf16 out"),
+        &g.down_bf16(&gout),
+        &out,
+        1,
+    );
 
     // The backward pass from the CPU's statistics, so that only the
     // reductions inside the backward kernels differ.
     let (bmean, brstd) = (g.up(&mean), g.up(&rstd));
-    let dout = bf16(&randn(n * C, 1.0, 113));
+    let dout = bf16(&randn(n * c, 1.0, 113));
     let (mut gi, mut gw, mut gb) = (
-        bf16(&randn(n * C, 0.1, 114)),
-        bf16(&randn(C, 0.1, 115)),
-        bf16(&randn(C, 0.1, 116)),
+        bf16(&randn(n * c, 0.1, 114)),
+        bf16(&randn(c, 0.1, 115)),
+        bf16(&randn(c, 0.1, 116)),
     );
     let (bi, bw, bb, bdout) = (
         g.up_bf16(&gi),
@@ -298,7 +316,7 @@ fn layernorm_bf16(dev: Device) {
         g.up_bf16(&gb),
         g.up_bf16(&dout),
     );
-    let scratch = g.zeros(layernorm::backward_scratch_bytes(n, C) / 4);
+    let scratch = g.zeros(layernorm::backward_scratch_bytes(n, c) / 4);
     let v = [&bi, &bw, &bb, &bdout, &dinp, &dw, &bmean, &brstd, &scratch].map(|b| b.whole());
     done(layernorm::backward(
         bf16_task(&g.rt, "layernorm_backward bf16"),
@@ -306,16 +324,16 @@ fn layernorm_bf16(dev: Device) {
         &v[1],
         &v[2],
         &v[3],
-        &v[4],
+        &inp_view,
         &v[5],
         &v[6],
         &v[7],
         &v[8],
         n,
-        C,
+        c,
     ));
     cpu::layernorm_backward(
-        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, 1, n, C,
+        &mut gi, &mut gw, &mut gb, &dout, &inp, &w, &mean, &rstd, 1, n, c,
     );
     // dinp: the two row means are f64 sums in another order (one bf16 ulp);
     // dweight, dbias: on CUDA the rows are summed in chunks, each by 8 warps,
@@ -323,15 +341,20 @@ fn layernorm_bf16(dev: Device) {
     // turn):
     // within one bf16 ulp. On the CPU the task runs the kernel: identical.
     let ulps = if dev == Device::Cpu { 0 } else { 1 };
-    compare_bf16("layernorm_backward bf16 dinp", &g.down_bf16(&bi), &gi, 1);
     compare_bf16(
-        "layernorm_backward bf16 dweight",
+        &format!("{case}: layernorm_backward bf16 dinp"),
+        &g.down_bf16(&bi),
+        &gi,
+        1,
+    );
+    compare_bf16(
+        &format!("{case}: layernorm_backward bf16 dweight"),
         &g.down_bf16(&bw),
         &gw,
         ulps,
     );
     compare_bf16(
-        "layernorm_backward bf16 dbias",
+        &format!("{case}: layernorm_backward bf16 dbias"),
         &g.down_bf16(&bb),
         &gb,
         ulps,

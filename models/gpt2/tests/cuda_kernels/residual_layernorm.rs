@@ -10,18 +10,25 @@ use super::*;
 /// unfused ones, reading the stored sum; the backward the same kernel with
 /// `dres` as its base).
 fn residual_layernorm_tasks(dev: Device) {
+    // The suite's C, and GPT-2's 768 (three 16-byte vectors a lane on CUDA).
+    for c in [C, 768] {
+        residual_layernorm_at(dev, c);
+    }
+}
+
+fn residual_layernorm_at(dev: Device, c: usize) {
     let g = Dev::new(dev);
     let n = B * T;
-    let w1: Vec<f32> = randn(C, 0.3, 171).iter().map(|x| 1.0 + x).collect();
+    let w1: Vec<f32> = randn(c, 0.3, 171).iter().map(|x| 1.0 + x).collect();
     let data = [
-        randn(n * C, 1.0, 170), // inp1
-        randn(n * C, 1.0, 172), // inp2
+        randn(n * c, 1.0, 170), // inp1
+        randn(n * c, 1.0, 172), // inp2
         w1,                     // weight
-        randn(C, 0.3, 173),     // bias
-        randn(n * C, 1.0, 174), // dres
-        randn(n * C, 1.0, 175), // dout
-        randn(C, 0.1, 176),     // dweight, accumulated into
-        randn(C, 0.1, 177),     // dbias, accumulated into
+        randn(c, 0.3, 173),     // bias
+        randn(n * c, 1.0, 174), // dres
+        randn(n * c, 1.0, 175), // dout
+        randn(c, 0.1, 176),     // dweight, accumulated into
+        randn(c, 0.1, 177),     // dbias, accumulated into
     ];
     for dtype in [Dtype::F32, Dtype::Bf16] {
         let task = |name: &str| Task::new(g.rt.task(name.to_string()), dtype);
@@ -39,7 +46,7 @@ fn residual_layernorm_tasks(dev: Device) {
         let [a, b, w, bias, dres, dout, dw0, db0] = data.each_ref().map(|x| up(x));
         let v = |x: &Buffer| x.whole();
         // Forward, unfused then fused.
-        let (res, out) = (zeros(n * C), zeros(n * C));
+        let (res, out) = (zeros(n * c), zeros(n * c));
         let (mean, rstd) = (g.zeros(n), g.zeros(n));
         done(residual::forward(
             task("residual"),
@@ -56,9 +63,9 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&w),
             &v(&bias),
             n,
-            C,
+            c,
         ));
-        let (fres, fout) = (zeros(n * C), zeros(n * C));
+        let (fres, fout) = (zeros(n * c), zeros(n * c));
         let (fmean, frstd) = (g.zeros(n), g.zeros(n));
         done(layernorm::forward_residual(
             task("residual+layernorm"),
@@ -71,7 +78,7 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&w),
             &v(&bias),
             n,
-            C,
+            c,
         ));
         let what = format!("{dev:?} {dtype:?}");
         assert_eq!(bits(&fres), bits(&res), "{what}: residual");
@@ -82,8 +89,8 @@ fn residual_layernorm_tasks(dev: Device) {
         // Backward: zeroed dinp += dres (residual backward) += the layer
         // norm's; fused: dinp (garbage) overwritten with dres + the same.
         // f32 scratch whatever the dtype (the sums of row chunks).
-        let ln_scratch = g.zeros(layernorm::backward_scratch_bytes(n, C) / 4);
-        let (dinp, dproj) = (zeros(n * C), zeros(n * C));
+        let ln_scratch = g.zeros(layernorm::backward_scratch_bytes(n, c) / 4);
+        let (dinp, dproj) = (zeros(n * c), zeros(n * c));
         // The same starting dweight and dbias as dw0 and db0.
         let (dw, db) = (up(&data[6]), up(&data[7]));
         done(residual::backward(
@@ -104,9 +111,9 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&rstd),
             &v(&ln_scratch),
             n,
-            C,
+            c,
         ));
-        let fdinp = up(&randn(n * C, 5.0, 178));
+        let fdinp = up(&randn(n * c, 5.0, 178));
         done(layernorm::backward_residual(
             task("layernorm backward residual"),
             &v(&fdinp),
@@ -120,7 +127,7 @@ fn residual_layernorm_tasks(dev: Device) {
             &v(&rstd),
             &v(&ln_scratch),
             n,
-            C,
+            c,
         ));
         assert_eq!(bits(&fdinp), bits(&dinp), "{what}: dinp");
         assert_eq!(bits(&dw0), bits(&dw), "{what}: dweight");
