@@ -58,7 +58,13 @@ impl Capture {
         &self.origin
     }
 
-    /// Ends the capture and instantiates the graph.
+    /// Ends the capture and instantiates the graph. Its kernels keep the
+    /// priorities of the streams they were captured from
+    /// (`CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`: capture copies a
+    /// stream's priority into each kernel node), not the priority of the
+    /// stream the graph is launched into: a graph runs its kernels as the
+    /// streams would have (a communication stream's collectives ahead of
+    /// the compute streams' kernels, when both are in one graph).
     pub fn finish(mut self) -> CudaResult<CudaGraph> {
         self.ended = true;
         let device = self.origin.device().clone();
@@ -68,9 +74,13 @@ impl Capture {
             .named("cuStreamEndCapture")?;
         let graph = GraphHandle { raw: graph, device };
         // SAFETY: `graph` is a valid graph just returned by the driver.
-        let exec =
-            unsafe { result::graph::instantiate(graph.raw, drv::CUgraphInstantiate_flags(0)) }
-                .named("cuGraphInstantiateWithFlags")?;
+        let exec = unsafe {
+            result::graph::instantiate(
+                graph.raw,
+                drv::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
+            )
+        }
+        .named("cuGraphInstantiateWithFlags")?;
         Ok(CudaGraph {
             exec,
             _graph: graph,
