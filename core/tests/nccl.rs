@@ -67,6 +67,19 @@ fn nccl_world_size_one_collectives_as_tasks() {
     );
 }
 
+/// A CUDA runtime of two compute streams and a communication stream that
+/// replays schedules as graphs, with their collectives inside them or not.
+fn graph_runtime(collectives: bool) -> Runtime {
+    Runtime::builder()
+        .backend(BackendKind::Cuda { device: 0 })
+        .compute_streams(2)
+        .comm_streams(1)
+        .graphs(true)
+        .graph_collectives(collectives)
+        .build()
+        .unwrap()
+}
+
 /// With `graph_collectives(true)` a recorded step's NCCL collectives are
 /// captured into its CUDA graph: the step (an add on x, x all-gathered into
 /// y, an add on y, on two compute streams and the comm stream) is one graph,
@@ -80,14 +93,7 @@ fn nccl_collectives_replay_inside_graphs() {
         return;
     }
     for collectives in [false, true] {
-        let rt = Runtime::builder()
-            .backend(BackendKind::Cuda { device: 0 })
-            .compute_streams(2)
-            .comm_streams(1)
-            .graphs(true)
-            .graph_collectives(collectives)
-            .build()
-            .unwrap();
+        let rt = graph_runtime(collectives);
         let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
         let add = common::spin_then_add(&rt);
         let n = 4096usize;
@@ -141,14 +147,7 @@ fn a_skipped_graph_with_nccl_collectives_fails_without_hanging() {
     if !gpu_or_skip("a_skipped_graph_with_nccl_collectives_fails_without_hanging") {
         return;
     }
-    let rt = Runtime::builder()
-        .backend(BackendKind::Cuda { device: 0 })
-        .compute_streams(2)
-        .comm_streams(1)
-        .graphs(true)
-        .graph_collectives(true)
-        .build()
-        .unwrap();
+    let rt = graph_runtime(true);
     let comm = NcclCommunicator::single(&rt).unwrap().bind(&rt).unwrap();
     let add = common::spin_then_add(&rt);
     let n = 1024usize;
