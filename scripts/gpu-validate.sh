@@ -32,6 +32,8 @@ set -uo pipefail
 
 BIN_DIR="${1:?usage: gpu-validate.sh BIN_DIR}"
 OUT="${OUT:-$PWD/gpu-validate-out}"
+# The wrappers write traces under $OUT.
+export OUT
 TORCH_VENV="${TORCH_VENV:-/opt/torch/.venv}"
 TIMEOUT="${BRAID_TEST_TIMEOUT:-900}"
 TEST_ARGS="${BRAID_TEST_ARGS:---test-threads=1}"

@@ -180,6 +180,43 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
     }
 }
 
+/// A thread that submitted to a real-time latency-critical runtime keeps
+/// `SCHED_FIFO`, and Linux threads inherit their creator's policy: the
+/// runtimes it builds afterwards still run their stream threads at their
+/// own class's policy, not at real time (the training run that
+/// `multi_tenant --realtime` starts beside its serving program did).
+#[cfg(target_os = "linux")]
+#[test]
+fn runtimes_built_by_a_real_time_thread_do_not_inherit_real_time() {
+    let (allowed, want) = real_time_here();
+    let (submitter, normal, best_effort) = std::thread::spawn(|| {
+        let lc = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .oversubscribe(true)
+            .inline_short_tasks(false)
+            .class(Class::LatencyCritical)
+            .realtime(true)
+            .build()
+            .unwrap();
+        stream_policy(&lc);
+        // SAFETY: pid 0 names the calling thread.
+        let submitter = unsafe { libc::sched_getscheduler(0) };
+        let normal = stream_policy(&cpu(Class::Normal));
+        let best_effort = stream_policy(&cpu(Class::BestEffort));
+        (submitter, normal, best_effort)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(submitter, want, "SCHED_FIFO allowed: {allowed}");
+    assert_eq!(normal, libc::SCHED_OTHER, "SCHED_FIFO allowed: {allowed}");
+    assert_eq!(
+        best_effort,
+        libc::SCHED_IDLE,
+        "SCHED_FIFO allowed: {allowed}"
+    );
+}
+
 /// A placement file's `[runtime] class` and `realtime` override the
 /// builder's: the program's code keeps `Class::Normal`, and the file makes
 /// it best-effort (idle-policy stream threads) or latency-critical with

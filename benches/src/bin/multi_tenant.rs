@@ -330,7 +330,12 @@ const SLOWEST: usize = 5;
 
 /// Trains, leaving `spare_sms` to other programs, and returns tokens/s over
 /// the steps after the first; records its steps in `timeline`, if given.
-fn train_be(a: &Args, class: Class, spare_sms: u32, timeline: Option<&Timeline>) -> Result<f64> {
+fn train_be(
+    a: &Args,
+    class: Class,
+    (spare_sms, bundle_us): (u32, Option<u64>),
+    timeline: Option<&Timeline>,
+) -> Result<f64> {
     let cfg = Gpt2Config::from_name(&a.be_model).context("--be-model")?;
     let backend = a.backend()?;
     let gpu = matches!(backend, BackendKind::Cuda { .. });
@@ -343,10 +348,7 @@ fn train_be(a: &Args, class: Class, spare_sms: u32, timeline: Option<&Timeline>)
         ranks: a.be_ranks.unwrap_or(if gpu { 1 } else { 2 }),
         class,
         spare_sms,
-        device_bundle: (class == Class::BestEffort)
-            .then_some(a.be_bundle_us)
-            .flatten()
-            .map(Duration::from_micros),
+        device_bundle: bundle_us.map(Duration::from_micros),
         dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
         trace: None,
         ..TrainOptions::default()
@@ -381,17 +383,16 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
         let trainer = s.spawn(|| {
             // Only the run with classes spares SMs; the baseline with both
             // normal shares the device as before classes existed.
-            let spare = if be == Class::BestEffort {
-                a.be_spare_sms
-            } else {
-                0
+            let levers = match be {
+                Class::BestEffort => (a.be_spare_sms, a.be_bundle_us),
+                _ => (0, None),
             };
-            let r = train_be(a, be, spare, Some(&timeline));
+            let r = train_be(a, be, levers, Some(&timeline));
             let returned = timeline.ms();
             stop.store(true, Ordering::Release);
             (r, returned)
         });
-        let served = serve(a, lc, 0, Some(&stop), Some(&timeline));
+        let served = on_own_thread(|| serve(a, lc, 0, Some(&stop), Some(&timeline)));
         let (tput, returned) = trainer.join().expect("the training thread panicked");
         let ends = std::mem::take(&mut *timeline.step_ends.lock().expect("timeline"));
         Ok((served?, tput?, ends, returned))
@@ -401,14 +402,14 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
 /// One round: each program alone, then both together without and with
 /// classes. Returns the run with classes' figures.
 fn round(a: &Args) -> Result<Figures> {
-    let solo_lc = serve(a, Class::LatencyCritical, a.requests, None, None)?.all;
+    let solo_lc = on_own_thread(|| serve(a, Class::LatencyCritical, a.requests, None, None))?.all;
     println!(
         "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
         solo_lc.0.len(),
         solo_lc.pct(0.5),
         solo_lc.pct(0.99)
     );
-    let solo_be = train_be(a, Class::BestEffort, 0, None)?;
+    let solo_be = train_be(a, Class::BestEffort, (0, None), None)?;
     println!("best-effort alone: {solo_be:.0} tokens/s");
     let mut last = None;
     for (label, lc, be) in [
@@ -478,6 +479,13 @@ fn median(mut x: Vec<f64>) -> f64 {
     }
 }
 
+/// Runs `f` on a thread of its own: a thread that submits to a real-time
+/// latency-critical runtime takes `SCHED_FIFO` for good, and threads it
+/// starts later inherit it (the training run's among them).
+fn on_own_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("the serving thread panicked"))
+}
+
 /// Whether a latency-critical runtime's stream thread got `SCHED_FIFO`
 /// (`--realtime`): the OS may refuse it (no `CAP_SYS_NICE`, `ulimit -r` 0).
 /// Read from `/proc/thread-self/stat` (field 41, the policy: 1 is FIFO).
@@ -488,24 +496,33 @@ fn realtime_granted(a: &Args) -> Result<bool> {
         .class(Class::LatencyCritical)
         .realtime(true)
         .build()?;
-    let out = rt.alloc("policy", 4)?;
-    rt.task("policy").run(out.write::<u32>(), |o| {
+    // A body for either backend (a CPU-only `run` has no body on CUDA):
+    // each reads the policy of the stream thread it runs on.
+    fn policy() -> u32 {
         let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
         let after_name = stat.rsplit(')').next().unwrap_or("");
-        o[0] = after_name
+        after_name
             .split_whitespace()
             .nth(41 - 3)
             .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-    })?;
-    Ok(rt.read_vec::<u32>(&out)?[0] == 1)
+            .unwrap_or(0)
+    }
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (on_cpu, on_gpu) = (seen.clone(), seen.clone());
+    rt.task("policy").run_any(
+        (),
+        move |()| on_cpu.store(policy(), Ordering::Relaxed),
+        move |(), _| on_gpu.store(policy(), Ordering::Relaxed),
+    )?;
+    rt.synchronize()?;
+    Ok(seen.load(Ordering::Relaxed) == 1)
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
     braid_gpt2::kernels::switches::check_environment()?;
     if a.realtime {
-        let granted = realtime_granted(&a)?;
+        let granted = on_own_thread(|| realtime_granted(&a))?;
         println!(
             "real-time latency-critical threads: {}",
             if granted {

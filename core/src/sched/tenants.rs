@@ -117,6 +117,27 @@ pub(crate) fn enter_realtime() {
     }
 }
 
+/// Puts the calling thread back to the default policy if it inherited a
+/// real-time one: Linux threads start with their creator's policy, and a
+/// thread that submitted to a real-time latency-critical runtime keeps
+/// `SCHED_FIFO` for good ([`enter_realtime`]), so a runtime it builds
+/// later would otherwise run its stream threads at real time too (a
+/// best-effort training run beside the very program that asked for it).
+/// A runtime's stream threads call it unless the runtime asked for real
+/// time itself. Leaving a real-time policy needs no privilege.
+pub(crate) fn leave_inherited_realtime() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: pid 0 names the calling thread; no pointers.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy == libc::SCHED_FIFO || policy == libc::SCHED_RR {
+            if let Err(e) = set_policy(libc::SCHED_OTHER, 0) {
+                tracing::debug!("leaving an inherited real-time policy: {e}");
+            }
+        }
+    }
+}
+
 /// Gives the calling thread scheduling `policy` at `priority` (Linux).
 #[cfg(target_os = "linux")]
 fn set_policy(policy: libc::c_int, priority: libc::c_int) -> std::io::Result<()> {

@@ -45,6 +45,9 @@ pub(crate) fn spawn(
     );
     std::thread::Builder::new().name(name).spawn(move || {
         pin.bind();
+        if !shared.realtime {
+            tenants::leave_inherited_realtime();
+        }
         if driver.is_none() {
             shared.class.enter();
             tenants::mark_stream_thread(shared.class);
