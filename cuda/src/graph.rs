@@ -73,14 +73,17 @@ impl Capture {
         let graph = unsafe { result::stream::end_capture(self.origin.raw()) }
             .named("cuStreamEndCapture")?;
         let graph = GraphHandle { raw: graph, device };
-        // SAFETY: `graph` is a valid graph just returned by the driver.
-        let exec = unsafe {
-            result::graph::instantiate(
-                graph.raw,
-                drv::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
-            )
-        }
-        .named("cuGraphInstantiateWithFlags")?;
+        // A driver that refuses the flag (it dates from CUDA 11.7) gets the
+        // graph without it: the launch stream's priority for every kernel,
+        // as before the flag was used.
+        let with = drv::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+        let instantiate = |flags| {
+            // SAFETY: `graph` is a valid graph just returned by the driver.
+            unsafe { result::graph::instantiate(graph.raw, flags) }
+        };
+        let exec = instantiate(with)
+            .or_else(|_| instantiate(drv::CUgraphInstantiate_flags(0)))
+            .named("cuGraphInstantiateWithFlags")?;
         Ok(CudaGraph {
             exec,
             _graph: graph,
