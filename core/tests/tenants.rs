@@ -124,6 +124,21 @@ fn real_time_here() -> (bool, i32) {
     (allowed, want)
 }
 
+/// A latency-critical CPU runtime of one stream asking for real-time
+/// threads (its tasks on the stream thread, not inline).
+#[cfg(target_os = "linux")]
+fn realtime_latency_critical() -> Runtime {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .inline_short_tasks(false)
+        .class(Class::LatencyCritical)
+        .realtime(true)
+        .build()
+        .unwrap()
+}
+
 /// Best-effort CPU stream threads run at the idle scheduling policy; the
 /// others keep the default.
 #[cfg(target_os = "linux")]
@@ -145,15 +160,7 @@ fn best_effort_threads_run_at_idle_priority() {
 fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
     let (allowed, want) = real_time_here();
     let (stream, submitter) = std::thread::spawn(|| {
-        let rt = Runtime::builder()
-            .backend(BackendKind::Cpu)
-            .compute_streams(1)
-            .oversubscribe(true)
-            .inline_short_tasks(false)
-            .class(Class::LatencyCritical)
-            .realtime(true)
-            .build()
-            .unwrap();
+        let rt = realtime_latency_critical();
         let stream = stream_policy(&rt);
         // SAFETY: pid 0 names the calling thread.
         (stream, unsafe { libc::sched_getscheduler(0) })
@@ -190,15 +197,7 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
 fn runtimes_built_by_a_real_time_thread_do_not_inherit_real_time() {
     let (allowed, want) = real_time_here();
     let (submitter, normal, best_effort) = std::thread::spawn(|| {
-        let lc = Runtime::builder()
-            .backend(BackendKind::Cpu)
-            .compute_streams(1)
-            .oversubscribe(true)
-            .inline_short_tasks(false)
-            .class(Class::LatencyCritical)
-            .realtime(true)
-            .build()
-            .unwrap();
+        let lc = realtime_latency_critical();
         stream_policy(&lc);
         // SAFETY: pid 0 names the calling thread.
         let submitter = unsafe { libc::sched_getscheduler(0) };

@@ -522,9 +522,10 @@ struct InFlight {
     /// Keeps the task's buffers alive until its work is complete on the
     /// device (semantics 7); read only for the span's `bytes`.
     accesses: SmallVec<[Access; 4]>,
-    /// A graph launch's step, kept until the graph has run: its plan's
-    /// accesses are the graph's buffers (the launch has none of its own).
-    _graph: Option<std::sync::Arc<super::capture::CudaStep>>,
+    /// A graph launch's body (the captured step), kept until the graph has
+    /// run: the step's plan holds the graph's buffers (the launch has no
+    /// accesses of its own).
+    _graph: Option<TaskBody>,
     start: Option<CudaEvent>,
     /// `Some` when the task failed or was skipped at launch.
     outcome: Option<Error>,
@@ -644,7 +645,7 @@ fn launch_cuda(
         None
     };
     let graph = match &body {
-        TaskBody::Graph(g) => Some(g.clone()),
+        TaskBody::Graph(g) => Some(TaskBody::Graph(g.clone())),
         _ => None,
     };
     let (outcome, checks) = match err {
