@@ -1043,8 +1043,12 @@ impl Runtime {
                                     schedule = %plan.name,
                                     "collectives not captured, graphs cut around them: {why}"
                                 );
-                                sched::split::split(plan, false)
-                                    .and_then(|split| sched::split::capture_cuda(split, plan, c))
+                                let cut = sched::split::split(plan, false)
+                                    .and_then(|split| sched::split::capture_cuda(split, plan, c));
+                                cut.map(|split| sched::split::Split {
+                                    collectives_left_out: Some(why),
+                                    ..split
+                                })
                             }
                             made => made,
                         }

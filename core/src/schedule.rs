@@ -330,6 +330,19 @@ impl<'rt> Schedule<'rt> {
         }
     }
 
+    /// Why this schedule's collectives are not inside its graphs although
+    /// [`crate::RuntimeBuilder::graph_collectives`] asked for it, once a
+    /// replay has made it a graph: the capture with them failed (a
+    /// communicator that cannot be captured, say), and the graphs were cut
+    /// around them instead ([`Schedule::graph_shape`] shows the cut).
+    /// `None` when they are inside, or were never asked in.
+    pub fn graph_collectives_left_out(&self) -> Option<String> {
+        match &*self.graph.lock().unwrap_or_else(|e| e.into_inner()) {
+            GraphSlot::Ready(split) => split.collectives_left_out.clone(),
+            GraphSlot::Untried | GraphSlot::Refused(_) => None,
+        }
+    }
+
     /// The schedule's name.
     pub fn name(&self) -> String {
         self.plan().name.to_string()

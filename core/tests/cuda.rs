@@ -270,7 +270,8 @@ impl braid::comm::Communicator for OneRank {
 
 /// With `graph_collectives`, a collective that cannot be captured leaves
 /// its schedule's graphs cut around it, as without the switch: two graphs
-/// with the all-reduce between them, the sequential results.
+/// with the all-reduce between them, the sequential results, and the
+/// schedule says why (`Schedule::graph_collectives_left_out`).
 #[test]
 fn collectives_that_cannot_be_captured_leave_the_graphs_cut() {
     if !gpu_or_skip("collectives_that_cannot_be_captured_leave_the_graphs_cut") {
@@ -306,6 +307,10 @@ fn collectives_that_cannot_be_captured_leave_the_graphs_cut() {
     assert_eq!(rt.read_vec::<f32>(&y).unwrap(), vec![4.0; n]);
     assert_eq!(step.graph_refusal(), None);
     assert_eq!(step.graph_shape(), Some((2, 1)));
+    let why = step
+        .graph_collectives_left_out()
+        .expect("says why they are out");
+    assert!(why.contains("captured"), "{why}");
     rt.synchronize().unwrap();
 }
 

@@ -509,7 +509,8 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// communicator does at each launch of the graph. `op.index` is the
     /// index it would take now, for messages; each launch gives it a new
     /// one. Default: an error saying this backend cannot be captured (the
-    /// schedule then replays without graphs).
+    /// schedule's graphs are then cut around its collectives, which run as
+    /// ordinary tasks: `Schedule::graph_collectives_left_out` says why).
     fn capture_cuda(
         &self,
         op: &Collective,

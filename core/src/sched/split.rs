@@ -47,6 +47,10 @@ pub(crate) enum Part<U> {
 /// from.
 pub(crate) struct Split<U> {
     pub(crate) parts: Vec<(Part<U>, SmallVec<[u32; 4]>)>,
+    /// Why the collectives that `graph_collectives` asked to capture are
+    /// ordinary tasks between the graphs instead: the capture with them
+    /// failed (`Runtime::submit_graph_replay`). `None` otherwise.
+    pub(crate) collectives_left_out: Option<String>,
 }
 
 /// Which tasks stay out of graphs: host work always, and collectives
@@ -114,6 +118,7 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>, collectives: bool) -> Result<Sp
         };
         return Ok(Split {
             parts: vec![(whole, SmallVec::new())],
+            collectives_left_out: None,
         });
     }
     // `at[i]`: task i's part and its index there.
@@ -154,7 +159,10 @@ pub(crate) fn split(plan: &std::sync::Arc<Plan>, collectives: bool) -> Result<Sp
     if !run.0.is_empty() {
         parts.push(graph_part(plan, &parts, run, keep));
     }
-    Ok(Split { parts })
+    Ok(Split {
+        parts,
+        collectives_left_out: None,
+    })
 }
 
 /// Capturable tasks gathered for a part (predecessors local to it), with
@@ -225,7 +233,10 @@ impl<U> Split<U> {
                 Ok((p, after))
             })
             .collect::<Result<_, String>>()?;
-        Ok(Split { parts })
+        Ok(Split {
+            parts,
+            collectives_left_out: self.collectives_left_out,
+        })
     }
 
     /// `(graph parts, tasks kept out of graphs)`.

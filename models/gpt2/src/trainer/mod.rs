@@ -169,6 +169,7 @@ pub fn train(
         graph_refusal: None,
         graph_shape: None,
         graph_collectives: opts.graph_collectives && (world > 1 || opts.reduce_single_rank),
+        graph_collectives_left_out: None,
         placement_trial: None,
         spared_sms: None,
         cudnn: crate::kernels::flash_attention::cudnn_report(),
@@ -182,9 +183,13 @@ pub fn train(
         report.bucket_cap = report.bucket_cap.take().or(o.bucket_cap);
         report.param_hashes.push(o.hash);
         report.optimizer_bytes.push(o.optimizer_bytes);
-        report.graph_replays.push(o.graphs.0);
-        report.graph_refusal = report.graph_refusal.take().or(o.graphs.1);
-        report.graph_shape = report.graph_shape.or(o.graphs.2);
+        report.graph_replays.push(o.graphs.launches);
+        report.graph_refusal = report.graph_refusal.take().or(o.graphs.refusal);
+        report.graph_shape = report.graph_shape.or(o.graphs.shape);
+        report.graph_collectives_left_out = report
+            .graph_collectives_left_out
+            .take()
+            .or(o.graphs.collectives_left_out);
         report.placement_trial = report.placement_trial.or(o.placement_trial);
         report.spared_sms = report.spared_sms.or(o.spared_sms);
         report.whole_run.push(o.profile.summary());

@@ -16,6 +16,18 @@ use crate::error::{Gpt2Error, Result};
 use crate::model::{Dtype, Gpt2Model};
 use crate::optim::AdamW;
 
+/// How a rank's recorded step replayed as graphs.
+pub(super) struct GraphOutcome {
+    /// Replays launched as one unit (a CUDA graph).
+    pub(super) launches: u64,
+    /// Why the step is not a graph, if it was refused.
+    pub(super) refusal: Option<String>,
+    /// `(graphs, tasks between them)`, once it is one.
+    pub(super) shape: Option<(usize, usize)>,
+    /// Why its collectives are not inside the graphs although asked in.
+    pub(super) collectives_left_out: Option<String>,
+}
+
 /// What a rank hands back.
 pub(super) struct RankOutcome {
     pub(super) steps: Vec<StepReport>,
@@ -31,10 +43,8 @@ pub(super) struct RankOutcome {
     pub(super) optimizer_bytes: usize,
     /// Rank 0, auto bucket cap: what the reducer chose.
     pub(super) bucket_cap: Option<CapReport>,
-    /// Replays launched as one unit (a CUDA graph), and why the recorded
-    /// step is not one, if it was refused.
-    /// Graph replays, why the step was refused, or how it was cut.
-    pub(super) graphs: (u64, Option<String>, Option<(usize, usize)>),
+    /// How the recorded step replayed as graphs.
+    pub(super) graphs: GraphOutcome,
     /// What the recorded step's placement trial kept, once decided.
     pub(super) placement_trial: Option<braid::TrialOutcome>,
     /// `(spared, of)`: the SMs this rank's compute kernels left to other
@@ -399,11 +409,14 @@ pub(super) fn run_rank(
         steady_from,
         checkpoint,
         optimizer_bytes: opt.state_bytes(),
-        graphs: (
-            rt.stats().graph_replays,
-            schedule.as_ref().and_then(|s| s.graph_refusal()),
-            schedule.as_ref().and_then(|s| s.graph_shape()),
-        ),
+        graphs: GraphOutcome {
+            launches: rt.stats().graph_replays,
+            refusal: schedule.as_ref().and_then(|s| s.graph_refusal()),
+            shape: schedule.as_ref().and_then(|s| s.graph_shape()),
+            collectives_left_out: schedule
+                .as_ref()
+                .and_then(|s| s.graph_collectives_left_out()),
+        },
         placement_trial: schedule.as_ref().and_then(|s| s.placement_trial()),
         spared_sms: rt.spared_sms().zip(rt.cuda_device().map(|d| d.sm_count())),
     })

@@ -81,10 +81,14 @@ pub struct TrainReport {
     /// How a graph-replayed step runs (`braid::Schedule::graph_shape`,
     /// rank 0's): `(graphs, collectives and host tasks between them)`.
     pub graph_shape: Option<(usize, usize)>,
-    /// Whether the step's collectives were captured into its graphs
+    /// Whether the step's collectives were asked into its graphs
     /// ([`TrainOptions::graph_collectives`](super::TrainOptions::graph_collectives),
     /// with a reducer).
     pub graph_collectives: bool,
+    /// Why they are not inside them nonetheless (the capture with them
+    /// failed and the graphs were cut around them:
+    /// `braid::Schedule::graph_collectives_left_out`, rank 0's first).
+    pub graph_collectives_left_out: Option<String>,
     /// What the recorded step's placement trial measured and kept
     /// (`braid::Schedule::placement_trial`, rank 0's; CUDA).
     pub placement_trial: Option<braid::TrialOutcome>,
@@ -299,7 +303,11 @@ impl fmt::Display for TrainReport {
         }
         // On CUDA a graph's tasks have no spans of their own.
         let replayed = self.graph_replays.first().is_some_and(|&n| n > 0);
-        if self.graph_collectives && self.backend == "cuda" && replayed {
+        if self.graph_collectives
+            && self.graph_collectives_left_out.is_none()
+            && self.backend == "cuda"
+            && replayed
+        {
             writeln!(
                 f,
                 "                 (not counting the collectives inside the step's CUDA \
@@ -327,6 +335,12 @@ impl fmt::Display for TrainReport {
                      or host tasks between them"
                 )?,
                 _ => writeln!(f, "graph replay     {n} steps launched as one graph each")?,
+            }
+            if let Some(why) = &self.graph_collectives_left_out {
+                writeln!(
+                    f,
+                    "                 collectives not captured, graphs cut around them: {why}"
+                )?;
             }
         }
         if let Some(t) = &self.placement_trial {
