@@ -180,6 +180,7 @@ void a_step_with_its_collective_replays_as_one_graph() {
       for (int i = 0; i < 3; ++i) step.replay();
       for (float v : rt.read_vec<float>(w)) require(v == 12.0f, "four steps of +3");
       require(step.graph_refusal().empty(), "a graph");
+      require(step.graph_collectives_left_out().empty(), "nothing left out on the CPU");
       const std::size_t graphs = collectives ? 1 : 2, between = collectives ? 0 : 1;
       require(step.graphs_per_replay() == graphs && step.tasks_between_graphs() == between,
               "graphs " + std::to_string(step.graphs_per_replay()) + ", tasks between " +

@@ -314,6 +314,7 @@ mod bridge {
         fn placement_streams(self: &Schedule) -> usize;
         fn placement_waits(self: &Schedule) -> usize;
         fn graph_refusal(self: &Schedule) -> String;
+        fn graph_collectives_left_out(self: &Schedule) -> String;
         fn graph_parts(self: &Schedule) -> usize;
         fn graph_tasks_between(self: &Schedule) -> usize;
         fn placement_trial(self: &Schedule) -> TrialRecord;
@@ -628,6 +629,13 @@ impl Schedule {
     /// graphs are off, or no replay has tried yet).
     fn graph_refusal(&self) -> String {
         self.step.graph_refusal().unwrap_or_default()
+    }
+
+    /// Why the collectives are not inside the graphs although
+    /// `graph_collectives` asked them in
+    /// ([`braid::Schedule::graph_collectives_left_out`]); empty otherwise.
+    fn graph_collectives_left_out(&self) -> String {
+        self.step.graph_collectives_left_out().unwrap_or_default()
     }
 
     /// Graphs per replay ([`braid::Schedule::graph_shape`]); 0 when the

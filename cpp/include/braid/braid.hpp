@@ -800,6 +800,12 @@ class Schedule {
   // graphs (nothing in it can be captured, or a capture failed); empty when
   // it is, and before its first replay.
   std::string graph_refusal() const { return std::string(inner_->graph_refusal()); }
+  // With RuntimeBuilder::graph_collectives: why the collectives are not
+  // inside the graphs after all (their capture failed, so the graphs are cut
+  // around them); empty when they are, or were not asked in.
+  std::string graph_collectives_left_out() const {
+    return std::string(inner_->graph_collectives_left_out());
+  }
   // With RuntimeBuilder::graphs, once replayed as graphs: the graphs each
   // replay launches, and the collectives and host tasks it runs between
   // them (a schedule is cut around those: docs/replay.md). Both 0 otherwise.
