@@ -81,6 +81,7 @@ pub struct NcclCommunicator {
     shared: Arc<Shared>,
     /// One element of scratch for barriers (an all-reduce of nothing).
     scratch: Mutex<Option<DeviceBuffer>>,
+    /// The watchdog thread (`new` fails without one); taken by `Drop`.
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -185,10 +186,6 @@ impl NcclCommunicator {
     /// A communicator of one rank on the runtime's GPU (world size 1).
     pub fn single(rt: &Runtime) -> Result<Comm> {
         Self::join(rt, &DistEnv::single())
-    }
-
-    fn check_aborted(&self, index: u64, what: &str) -> Result<()> {
-        self.shared.check_aborted(index, what)
     }
 }
 
@@ -308,7 +305,7 @@ impl NcclCommunicator {
         cu: &CudaTaskCtx<'_>,
     ) -> Result<String> {
         let what = c.describe();
-        self.check_aborted(c.index, &what)?;
+        self.shared.check_aborted(c.index, &what)?;
         let rank = self.rank();
         let stream = cu.stream();
         let err = |e| nccl_err(rank, c.index, &what, e);
@@ -469,16 +466,9 @@ impl Communicator for NcclCommunicator {
     /// thread does not wait.
     fn abort(&self, reason: &str) {
         let _ = self.shared.aborted.set(reason.to_string());
-        match &self.watchdog {
-            Some(w) => {
-                self.shared.abort_requested.store(true, Ordering::Release);
-                w.thread().unpark();
-            }
-            // No watchdog thread (the OS refused one at `new`): abort
-            // here, which waits if a graph holds a captured collective.
-            None => {
-                let _ = self.shared.comm.abort();
-            }
+        self.shared.abort_requested.store(true, Ordering::Release);
+        if let Some(w) = &self.watchdog {
+            w.thread().unpark();
         }
     }
 }
