@@ -1,6 +1,32 @@
 //! What a task is: its kind and its scheduling hint. A leaf module: placement,
 //! the scheduler and the trace all read these, and they depend on nothing.
 
+/// `ALL`, `name` and `from_name` of a field-less enum, from one list of its
+/// variants and their names in traces. `name` matches every listed variant,
+/// so a variant left out of the list fails to compile instead of going
+/// missing from `ALL` (as `scope` and `bundle` once did from
+/// `PlaceReason::ALL`, and `braid top` counted such tasks as pinned).
+macro_rules! named {
+    ($t:ident, $what:literal, $($v:ident => $n:literal),+ $(,)?) => {
+        impl $t {
+            #[doc = concat!("Every ", $what, ".")]
+            pub const ALL: [$t; [$(stringify!($v)),+].len()] = [$($t::$v),+];
+
+            #[doc = concat!("The ", $what, " a trace names (the inverse of [`", stringify!($t), "::name`]).")]
+            pub fn from_name(name: &str) -> Option<$t> {
+                Self::ALL.into_iter().find(|x| x.name() == name)
+            }
+
+            #[doc = concat!("The ", $what, "'s name in traces.")]
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($t::$v => $n),+
+                }
+            }
+        }
+    };
+}
+
 /// What a task does; decides which streams it may run on and how the trace
 /// summary accounts for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -16,30 +42,7 @@ pub enum TaskKind {
     Host,
 }
 
-impl TaskKind {
-    /// Every kind.
-    pub const ALL: [TaskKind; 4] = [
-        TaskKind::Compute,
-        TaskKind::Comm,
-        TaskKind::Copy,
-        TaskKind::Host,
-    ];
-
-    /// The kind a trace names (the inverse of [`TaskKind::name`]).
-    pub fn from_name(name: &str) -> Option<TaskKind> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// The kind's name in traces.
-    pub fn name(self) -> &'static str {
-        match self {
-            TaskKind::Compute => "compute",
-            TaskKind::Comm => "comm",
-            TaskKind::Copy => "copy",
-            TaskKind::Host => "host",
-        }
-    }
-}
+named!(TaskKind, "kind", Compute => "compute", Comm => "comm", Copy => "copy", Host => "host");
 
 /// A scheduling hint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -54,24 +57,7 @@ pub enum Priority {
     Comm,
 }
 
-impl Priority {
-    /// Every hint.
-    pub const ALL: [Priority; 3] = [Priority::Main, Priority::Side, Priority::Comm];
-
-    /// The hint a trace names (the inverse of [`Priority::name`]).
-    pub fn from_name(name: &str) -> Option<Priority> {
-        Self::ALL.into_iter().find(|p| p.name() == name)
-    }
-
-    /// The hint's name in traces.
-    pub fn name(self) -> &'static str {
-        match self {
-            Priority::Main => "main",
-            Priority::Side => "side",
-            Priority::Comm => "comm",
-        }
-    }
-}
+named!(Priority, "hint", Main => "main", Side => "side", Comm => "comm");
 
 /// A program's priority class, for programs sharing one node (several
 /// runtimes of a process; see `RuntimeBuilder::class` and docs/tenants.md).
@@ -89,24 +75,13 @@ pub enum Class {
     BestEffort,
 }
 
-impl Class {
-    /// Every class.
-    pub const ALL: [Class; 3] = [Class::LatencyCritical, Class::Normal, Class::BestEffort];
-
-    /// The class's name (`latency-critical`, `normal`, `best-effort`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::LatencyCritical => "latency-critical",
-            Class::Normal => "normal",
-            Class::BestEffort => "best-effort",
-        }
-    }
-
-    /// The class a name gives (the inverse of [`Class::name`]).
-    pub fn from_name(name: &str) -> Option<Class> {
-        Self::ALL.into_iter().find(|c| c.name() == name)
-    }
-}
+named!(
+    Class,
+    "class",
+    LatencyCritical => "latency-critical",
+    Normal => "normal",
+    BestEffort => "best-effort",
+);
 
 /// Why a task went to its stream: the rule the placement policy applied.
 /// Recorded with each task ([`crate::trace::Span::placement`]) and written as
@@ -145,44 +120,22 @@ pub enum PlaceReason {
     Bundled,
 }
 
-impl PlaceReason {
-    /// Every rule.
-    pub const ALL: [PlaceReason; 10] = [
-        PlaceReason::Pinned,
-        PlaceReason::Chain,
-        PlaceReason::LeastLoaded,
-        PlaceReason::EarliestFinish,
-        PlaceReason::Side,
-        PlaceReason::Comm,
-        PlaceReason::Single,
-        PlaceReason::RoundRobin,
-        PlaceReason::Replayed,
-        PlaceReason::Memoised,
-    ];
-
-    /// The rule a trace names (the inverse of [`PlaceReason::name`]).
-    pub fn from_name(name: &str) -> Option<PlaceReason> {
-        Self::ALL.into_iter().find(|r| r.name() == name)
-    }
-
-    /// The reason's name in traces.
-    pub fn name(self) -> &'static str {
-        match self {
-            PlaceReason::Pinned => "pinned",
-            PlaceReason::Chain => "chain",
-            PlaceReason::LeastLoaded => "least-loaded",
-            PlaceReason::EarliestFinish => "earliest-finish",
-            PlaceReason::Side => "side",
-            PlaceReason::Comm => "comm",
-            PlaceReason::Single => "single",
-            PlaceReason::RoundRobin => "round-robin",
-            PlaceReason::Replayed => "replayed",
-            PlaceReason::Memoised => "memoised",
-            PlaceReason::Scoped => "scope",
-            PlaceReason::Bundled => "bundle",
-        }
-    }
-}
+named!(
+    PlaceReason,
+    "rule",
+    Pinned => "pinned",
+    Chain => "chain",
+    LeastLoaded => "least-loaded",
+    EarliestFinish => "earliest-finish",
+    Side => "side",
+    Comm => "comm",
+    Single => "single",
+    RoundRobin => "round-robin",
+    Replayed => "replayed",
+    Memoised => "memoised",
+    Scoped => "scope",
+    Bundled => "bundle",
+);
 
 /// A placement decision: why the task went where it went, how many compute
 /// streams the policy could use at that moment, and the task's priority hint.

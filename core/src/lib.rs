@@ -20,7 +20,7 @@
 //! # Ok::<(), braid::Error>(())
 //! ```
 //!
-//! The contract (see DESIGN.md): the result is bit for bit that of running the
+//! The contract (docs/engine.md, "Semantics"): the result is bit for bit that of running the
 //! tasks one at a time in submission order; a failing task never hangs the
 //! engine and its error surfaces at the next synchronisation point.
 

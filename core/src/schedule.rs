@@ -1,5 +1,5 @@
 //! Record once, replay: [`Runtime::record`] and [`Schedule`]. The design is
-//! in DESIGN.md ("Record and replay"); the scheduling side in
+//! in docs/replay.md; the scheduling side in
 //! `sched/replay.rs`.
 
 use crate::buffer::AsView;

@@ -11,7 +11,7 @@
 //                         });
 //   std::vector<float> v = rt.read_vec<float>(y);  // {2, 4, 6, 8}
 //
-// Semantics are those of the Rust engine (DESIGN.md): the result is that of
+// Semantics are those of the Rust engine (docs/engine.md, "Semantics"): the result is that of
 // running the tasks one at a time in submission order; a failing task's
 // error, naming it, surfaces at the next synchronisation point and its
 // dependents are skipped.
