@@ -62,14 +62,19 @@ pub enum Error {
     Many(Vec<Error>),
     /// A synchronisation point was called from inside a task of the same runtime,
     /// where it could only deadlock.
-    #[error("`{what}` called from inside task `{task}` would wait for itself")]
-    WaitInsideTask { what: &'static str, task: String },
+    #[error("`{what}` called from inside one of this runtime's own tasks would wait for itself")]
+    WaitInsideTask { what: &'static str },
     /// A task was submitted to a runtime whose backend it has no body for.
     #[error("task `{task}` has no body for the {backend} backend (submit it with `run_any`, or with `run_cuda` on CUDA)")]
     NoBody { task: String, backend: &'static str },
     /// The runtime configuration is unusable.
     #[error("invalid runtime configuration: {0}")]
     Config(String),
+    /// A call the runtime cannot honour as made (an upload of the wrong
+    /// size, a stream it does not have, a replay during a recording, a
+    /// collective's buffers of the wrong shape); the message names it.
+    #[error("{0}")]
+    Usage(String),
     /// A placement file is malformed, or names a stream the runtime does not
     /// have (found when the runtime is built, before any task runs).
     #[error("placement file `{file}`, line {line}: {message}")]

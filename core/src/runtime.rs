@@ -515,6 +515,7 @@ impl RuntimeBuilder {
                 launched: Gate::default(),
                 queue: Queue::new(),
                 spans: Mutex::new(Vec::new()),
+                spans_cleared: AtomicU64::new(0),
                 placed: AtomicU64::new(0),
                 running: Mutex::new(None),
                 inline: AtomicU64::new(0),
@@ -802,7 +803,7 @@ impl Runtime {
         let v = v.as_view();
         let bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
         if bytes.len() != v.len() {
-            return Err(Error::Config(format!(
+            return Err(Error::Usage(format!(
                 "upload of {} bytes into a view of {} bytes of `{}`",
                 bytes.len(),
                 v.len(),
@@ -885,7 +886,7 @@ impl Runtime {
         let _span = tracing::trace_span!("submit", task = %b.name).entered();
         if let Some(s) = b.stream {
             if s >= self.streams() {
-                return Err(Error::Config(format!(
+                return Err(Error::Usage(format!(
                     "task `{}` pinned to stream {s}, but the runtime has {} streams",
                     b.name,
                     self.streams()
@@ -947,7 +948,7 @@ impl Runtime {
             st.recorder = None;
         }
         if st.recorder.is_some() {
-            return Err(Error::Config(
+            return Err(Error::Usage(
                 "a schedule is already being recorded on this runtime".into(),
             ));
         }
@@ -1113,7 +1114,7 @@ impl Runtime {
     /// Refuses a replay while a schedule is being recorded.
     fn check_replay_allowed(st: &sched::SubmitState, plan: &sched::replay::Plan) -> Result<()> {
         if st.recorder.as_ref().is_some_and(|r| !r.is_auto()) {
-            return Err(Error::Config(format!(
+            return Err(Error::Usage(format!(
                 "schedule `{}` replayed while a schedule is being recorded",
                 plan.name
             )));
@@ -1205,7 +1206,10 @@ impl Runtime {
     /// warm-up steps).
     pub fn clear_profile(&self) {
         for s in &self.shared.streams {
-            lock(&s.spans).clear();
+            let mut spans = lock(&s.spans);
+            s.spans_cleared
+                .fetch_add(spans.len() as u64, Ordering::Relaxed);
+            spans.clear();
         }
         lock(&self.shared.busy_periods).clear();
     }

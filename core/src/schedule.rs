@@ -93,7 +93,7 @@ impl Runtime {
     /// submitted) and explicit `after` edges among them; dependencies on
     /// tasks submitted before the recording are found again at each replay.
     ///
-    /// Errors: a recording already in progress (`Error::Config`), or the
+    /// Errors: a recording already in progress (`Error::Usage`), or the
     /// error `program` returns (the tasks it submitted still run).
     pub fn record(
         &self,
@@ -116,7 +116,7 @@ impl Runtime {
         let recorder = self.stop_recording();
         outcome?;
         let recorder = recorder
-            .ok_or_else(|| Error::Config("the recording was stopped by someone else".into()))?;
+            .ok_or_else(|| Error::Usage("the recording was stopped by someone else".into()))?;
         let mut plan = Plan::new(name.into(), recorder.into_tasks(), self.streams());
         plan.usable = self.usable_compute_streams() as u16;
         // Re-placement from durations measured on the host: CPU programs only

@@ -585,6 +585,12 @@ fn chrome_trace_reads_back_as_the_profile_written() {
     assert!(bad.to_string().contains("no task events"), "{bad}");
     let bad = braid::trace::read_chrome_trace("[1, 2").unwrap_err();
     assert!(bad.to_string().starts_with("not a Braid trace"), "{bad}");
+    // A track id no runtime has is refused, not allocated (tracks are a
+    // dense list: a billion of them once took gigabytes).
+    let huge =
+        r#"[{"ph":"X","pid":0,"tid":1000000000,"ts":1,"dur":2,"name":"a","args":{"task":1}}]"#;
+    let bad = braid::trace::read_chrome_trace(huge).unwrap_err();
+    assert!(bad.to_string().contains("track 1000000000"), "{bad}");
 }
 
 /// Under the default policy a CPU runtime places compute tasks on its share

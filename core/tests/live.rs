@@ -160,3 +160,73 @@ fn live_socket_paths() {
     assert_eq!(read_rounds(&stale, 1).len(), 1);
     drop(rt);
 }
+
+/// A path that names a file of another kind is refused, and the file kept
+/// (only a stale socket is replaced); a runtime whose socket file was
+/// removed and bound again by another program drops without hanging (its
+/// accept loop is woken through its own socket, not the path) and leaves
+/// the other program's socket in place.
+#[test]
+fn live_socket_files_of_others_are_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "precious").unwrap();
+    let err = cpu(0).live(&notes).build().unwrap_err();
+    assert!(err.to_string().contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "precious");
+
+    let sock = dir.path().join("m.sock");
+    let rt = cpu(0).live(&sock).build().unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    let other = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(rt);
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the runtime drops within 10 s");
+    assert!(sock.exists(), "the other program's socket is still there");
+    other.set_nonblocking(true).unwrap();
+    assert!(
+        other.accept().is_err(),
+        "dropping the runtime connected to the other program's socket"
+    );
+}
+
+/// A client attached across `clear_profile` gets every span recorded after
+/// it, even when more were recorded since than it had read before (its
+/// position counts spans ever recorded, not the cleared log's).
+#[test]
+fn a_client_attached_across_clear_profile_misses_no_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("c.sock");
+    let rt = cpu(0).compute_streams(1).live(&sock).build().unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    let run = |name: &'static str, n: usize| {
+        for _ in 0..n {
+            rt.task(name).run(x.read_write::<u8>(), |_| ()).unwrap();
+        }
+        rt.synchronize().unwrap();
+    };
+    run("before", 3);
+    let conn = UnixStream::connect(&sock).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut lines = BufReader::new(conn).lines();
+    let mut names = Vec::new();
+    let mut until = |names: &mut Vec<String>, done: &dyn Fn(&[String]) -> bool| loop {
+        match Line::parse(&lines.next().unwrap().expect("a line within 10 s")).unwrap() {
+            Line::Frame(f) => names.extend(f.spans.iter().map(|s| s.name.to_string())),
+            Line::Tick(_) if done(names) => return,
+            Line::Tick(_) => {}
+        }
+    };
+    until(&mut names, &|n| n.len() >= 3);
+    assert_eq!(names, ["before"; 3]);
+    rt.clear_profile();
+    run("after", 5);
+    names.clear();
+    until(&mut names, &|n| n.len() >= 5);
+    assert_eq!(names, ["after"; 5]);
+}

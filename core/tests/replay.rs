@@ -569,7 +569,7 @@ fn recording_refuses_nesting_and_replaying_inside_a_recording() {
         .record("outer", |rt| {
             rt.task("inc").run(x.read_write::<u32>(), |x| x[0] += 1)?;
             let nested = rt.record("inner", |_| Ok(()));
-            assert!(matches!(nested, Err(Error::Config(_))), "{nested:?}");
+            assert!(matches!(nested, Err(Error::Usage(_))), "{nested:?}");
             Ok(())
         })
         .unwrap();

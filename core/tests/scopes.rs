@@ -300,6 +300,21 @@ fn bad_files_fail_the_build_naming_the_line() {
         3,
         "policy",
     );
+    // The parser's own words, made to name the key or the value.
+    expect(
+        "[[scope]]\npattern = \"a\"\nstream = 1\nstream = 0\n",
+        4,
+        "duplicate key `stream`",
+    );
+    expect(
+        "[[scope]]\npattern = \"a\"\nstream = 99999999999999999999\n",
+        3,
+        "`99999999999999999999` is out of range",
+    );
+    // A dotted table is not the one-bracket mistake: no such hint.
+    std::fs::write(&path, "[[scope]]\npattern = \"a\"\n[scope.foo]\nx = 1\n").unwrap();
+    let err = builder(2).placement_file(&path).build().unwrap_err();
+    assert!(!err.to_string().contains("two brackets"), "{err}");
     let missing = builder(2)
         .placement_file(dir.path().join("missing.toml"))
         .build();

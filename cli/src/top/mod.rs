@@ -19,6 +19,10 @@ pub struct TopArgs {
     /// Attach to the program serving this socket (default: `BRAID_LIVE`).
     #[arg(long, value_name = "SOCKET")]
     pub attach: Option<PathBuf>,
+    /// Attaching: the rank whose socket to read where the path has `{rank}`
+    /// in it (as `BRAID_LIVE=/tmp/braid-{rank}.sock` gives each rank).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub rank: usize,
     /// Print one frame as text and exit.
     #[arg(long)]
     pub once: bool,
@@ -89,6 +93,13 @@ pub fn run(args: TopArgs) -> Result<()> {
         .or_else(|| std::env::var_os("BRAID_LIVE").map(PathBuf::from))
     else {
         bail!("name a trace to replay (--replay FILE) or a program to attach to (--attach SOCKET, or BRAID_LIVE)");
+    };
+    // The runtime serving it replaced `{rank}` by its rank.
+    let sock = match sock.to_str() {
+        Some(s) if s.contains("{rank}") => {
+            PathBuf::from(s.replace("{rank}", &args.rank.to_string()))
+        }
+        _ => sock,
     };
     let history_ns = ns(args.history);
     let mut lines = feed::connect(&sock)?;

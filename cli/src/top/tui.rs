@@ -4,7 +4,7 @@
 use super::view::{self, RankState, Window};
 use anyhow::Result;
 use braid::trace::live::Line;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line as TextLine, Text};
@@ -81,6 +81,10 @@ fn key(wait: Duration) -> Result<Option<KeyCode>> {
     if event::poll(wait)? {
         if let Event::Key(k) = event::read()? {
             if k.kind == KeyEventKind::Press {
+                // Raw mode makes Ctrl-C a key: it quits, as Esc does.
+                if k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL) {
+                    return Ok(Some(KeyCode::Esc));
+                }
                 return Ok(Some(k.code));
             }
         }
@@ -90,7 +94,13 @@ fn key(wait: Duration) -> Result<Option<KeyCode>> {
 
 /// Runs `body` with the terminal in the UI's mode, restoring it after.
 fn with_terminal(body: impl FnOnce(&mut DefaultTerminal) -> Result<()>) -> Result<()> {
-    let mut term = ratatui::init();
+    use std::io::IsTerminal;
+    const NO_TERMINAL: &str =
+        "the interactive view needs a terminal; --once prints one frame as text";
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!(NO_TERMINAL);
+    }
+    let mut term = ratatui::try_init().map_err(|e| anyhow::Error::new(e).context(NO_TERMINAL))?;
     let r = body(&mut term);
     ratatui::restore();
     r

@@ -47,7 +47,7 @@ impl BoundComm<'_> {
     /// collective's own failure.
     pub fn agree_placement(&self, schedule: &Schedule<'_>) -> Result<()> {
         if !std::ptr::eq(self.rt, schedule.runtime()) {
-            return Err(Error::Config(format!(
+            return Err(Error::Usage(format!(
                 "agree_placement: the schedule `{}` records tasks of another runtime than the communicator's",
                 schedule.name()
             )));

@@ -613,7 +613,7 @@ impl Comm {
         let id = rt.id();
         let _ = self.inner.runtime.set(id);
         match self.inner.runtime.get() {
-            Some(&bound) if bound != id => Err(Error::Config(format!(
+            Some(&bound) if bound != id => Err(Error::Usage(format!(
                 "the communicator of rank {} is bound to another runtime; one communicator \
                  submits to one runtime, so that its collectives keep one order",
                 self.rank()
@@ -672,10 +672,10 @@ impl Comm {
     fn check(&self, name: &str, kind: CollectiveKind, dtype: DType, b: &Buffers) -> Result<usize> {
         let world = self.world_size();
         let sz = dtype.size();
-        let bad = |msg: String| Err(Error::Config(format!("collective `{name}`: {msg}")));
+        let bad = |msg: String| Err(Error::Usage(format!("collective `{name}`: {msg}")));
         let elems = |v: &View, what: &str| -> Result<usize> {
             if v.len() % sz != 0 {
-                return Err(Error::Config(format!(
+                return Err(Error::Usage(format!(
                     "collective `{name}`: {what} view of `{}` has {} bytes, not a whole number of {}",
                     v.buffer().name(),
                     v.len(),
@@ -695,7 +695,7 @@ impl Comm {
         };
         let per_rank = |n: usize| -> Result<usize> {
             if n % world != 0 {
-                return Err(Error::Config(format!(
+                return Err(Error::Usage(format!(
                     "collective `{name}`: {n} elements do not split evenly over {world} ranks"
                 )));
             }

@@ -19,16 +19,17 @@ impl crate::trace::live::Source for Shared {
             .zip(cursors.iter_mut())
             .map(|(st, cursor)| {
                 let spans = lock(&st.spans);
-                // `clear_profile` empties the log: start again from its head.
-                if *cursor > spans.len() {
-                    *cursor = 0;
-                }
+                // The cursor counts spans ever recorded; `clear_profile`
+                // removed the first `cleared` (those this client had not
+                // read yet are gone).
+                let cleared = st.spans_cleared.load(Ordering::Relaxed) as usize;
+                let from = cursor.saturating_sub(cleared).min(spans.len());
                 events.extend(
-                    spans[*cursor..]
+                    spans[from..]
                         .iter()
                         .map(|s| crate::trace::span_event(self.rank, s)),
                 );
-                *cursor = spans.len();
+                *cursor = cleared + spans.len();
                 drop(spans);
                 let placed = st.placed.load(Ordering::Relaxed);
                 let running = lock(&st.running).as_ref().map(|r: &Running| {

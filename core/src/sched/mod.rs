@@ -240,6 +240,11 @@ pub(crate) struct StreamShared {
     pub(crate) queue: Queue<Item>,
     /// Spans recorded by this stream's thread (only it pushes; uncontended).
     pub(crate) spans: Mutex<Vec<Span>>,
+    /// How many spans `clear_profile` has removed from `spans` so far
+    /// (changed and read under its lock): a live-view client's position
+    /// counts from the first span ever recorded, so a clear between two of
+    /// its frames does not skip the spans recorded after it.
+    pub(crate) spans_cleared: AtomicU64,
     /// Sequence number of the last task placed on the stream: a mirror of
     /// the submitter's count, kept only while a live view is attached (it
     /// reads the queue depth from it).
@@ -312,10 +317,7 @@ impl Shared {
 
     pub(crate) fn check_not_in_task(&self, what: &'static str) -> Result<()> {
         if IN_TASK_OF.with(Cell::get) == self.runtime_id {
-            return Err(Error::WaitInsideTask {
-                what,
-                task: "a task of this runtime".into(),
-            });
+            return Err(Error::WaitInsideTask { what });
         }
         Ok(())
     }

@@ -93,9 +93,17 @@ impl PlacementFile {
         let raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
             let mut message = e.message().trim_end().replace('\n', "; ");
+            // The parser's words for three mistakes, made to name them.
+            let spanned = e.span().and_then(|s| text.get(s)).unwrap_or("").trim();
+            if message == "duplicate key" && !spanned.is_empty() {
+                message = format!("duplicate key `{spanned}`");
+            }
+            if message.contains("i128") {
+                message = format!("`{spanned}` is out of range for a TOML integer");
+            }
             // `[scope]` for `[[scope]]`: serde's words for it are a type error.
             let written = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
-            if written.trim_start().starts_with("[scope") {
+            if written.trim_start().starts_with("[scope]") {
                 message.push_str("; each rule is a `[[scope]]` table (two brackets)");
             }
             Error::Placement {

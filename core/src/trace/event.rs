@@ -142,7 +142,7 @@ pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
             priority: Priority::from_name(str_arg("priority")).unwrap_or_default(),
         },
         start_ns,
-        end_ns: start_ns + us_to_ns(e.get("dur")),
+        end_ns: start_ns.saturating_add(us_to_ns(e.get("dur"))),
         preds: args
             .get("after")
             .and_then(Value::as_array)
@@ -183,6 +183,16 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
     };
     for e in events {
         let rank = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
+        // A runtime has at most `u16::MAX` streams; tracks are kept as a
+        // dense list, so a larger id is refused rather than allocated.
+        if let Some(tid) = e.get("tid").and_then(Value::as_u64) {
+            if tid > u64::from(u16::MAX) && str_of(e, "ph").is_some_and(|p| p == "X" || p == "M") {
+                return Err(bad(format!(
+                    "track {tid} of an event is beyond any runtime's streams ({} at most)",
+                    u16::MAX
+                )));
+            }
+        }
         if let Some((rank, span)) = span_of_event(e) {
             profile(&mut ranks, rank);
             let p = ranks.get_mut(&rank).expect("inserted above");

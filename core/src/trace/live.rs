@@ -223,9 +223,24 @@ mod serve {
     /// One socket and the runtimes it serves.
     struct Hub {
         path: PathBuf,
+        /// The socket file's device and inode once bound: what the path
+        /// must still name for the file to be this hub's to remove (another
+        /// program may have replaced it).
+        file: (u64, u64),
+        /// A handle on the accept loop's socket, to wake the loop by shutting
+        /// the socket down.
+        listener: UnixListener,
         sources: Mutex<Vec<(u64, Weak<dyn Source>)>>,
         closed: AtomicBool,
         accept: Mutex<Option<std::thread::JoinHandle<()>>>,
+    }
+
+    /// The device and inode `path` names, if it names anything.
+    fn file_id(path: &Path) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
     }
 
     /// The sockets this process serves.
@@ -266,15 +281,25 @@ mod serve {
                 path.display()
             ))
         };
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(refuse(
+                    "it exists and is not a socket (only a stale socket is replaced)".into(),
+                ));
+            }
             if UnixStream::connect(path).is_ok() {
                 return Err(refuse("another program serves it".into()));
             }
-            std::fs::remove_file(path).map_err(|e| refuse(format!("stale file: {e}")))?;
+            std::fs::remove_file(path).map_err(|e| refuse(format!("stale socket: {e}")))?;
         }
         let listener = UnixListener::bind(path).map_err(|e| refuse(e.to_string()))?;
+        let file = file_id(path).ok_or_else(|| refuse("the socket vanished once bound".into()))?;
+        let handle = listener.try_clone().map_err(|e| refuse(e.to_string()))?;
         let hub = Arc::new(Hub {
             path: path.to_path_buf(),
+            file,
+            listener: handle,
             sources: Mutex::new(vec![(id, source)]),
             closed: AtomicBool::new(false),
             accept: Mutex::new(None),
@@ -301,15 +326,31 @@ mod serve {
             hubs.retain(|h| !Arc::ptr_eq(h, &self.hub));
             drop(hubs);
             self.hub.closed.store(true, Ordering::Release);
-            // Wake the accept loop so it sees `closed`; if the socket is gone
-            // (its file removed by someone else) the loop cannot be woken and
-            // is left blocked rather than joined.
-            if UnixStream::connect(&self.hub.path).is_ok() {
+            // The path may name another program's socket by now (ours
+            // removed, the path bound again): connecting there would wake
+            // that program's loop, not ours, and removing the file would
+            // take its socket away. Only a file still ours is touched.
+            let ours = file_id(&self.hub.path) == Some(self.hub.file);
+            // Wake the accept loop so it sees `closed`: on Linux shutting
+            // the listening socket down fails a blocked `accept`; elsewhere
+            // a connection through the file, which only works while it is
+            // ours (if not, the loop is left blocked rather than joined).
+            #[cfg(target_os = "linux")]
+            let woken = {
+                use std::os::fd::AsRawFd;
+                // SAFETY: `listener` is an open socket this hub owns.
+                unsafe { libc::shutdown(self.hub.listener.as_raw_fd(), libc::SHUT_RDWR) == 0 }
+            };
+            #[cfg(not(target_os = "linux"))]
+            let woken = ours && UnixStream::connect(&self.hub.path).is_ok();
+            if woken {
                 if let Some(t) = lock(&self.hub.accept).take() {
                     let _ = t.join();
                 }
             }
-            let _ = std::fs::remove_file(&self.hub.path);
+            if ours {
+                let _ = std::fs::remove_file(&self.hub.path);
+            }
         }
     }
 

@@ -44,6 +44,15 @@ pub enum Gpt2Error {
     /// backend, a failed collective).
     #[error(transparent)]
     Engine(#[from] braid::Error),
+    /// Training failed; the trace of the run up to the failure was written
+    /// (where the finished run's would have gone).
+    #[error("{error} (the trace of the run up to the failure: {})", trace.display())]
+    Failed {
+        /// Why the run failed.
+        error: Box<Gpt2Error>,
+        /// The trace written.
+        trace: PathBuf,
+    },
 
     // ----- files ---------------------------------------------------------
     /// An operating-system error while touching a file. The message ends

@@ -123,6 +123,24 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
     fails(d, &hang, &["timed out", "all_reduce"]);
     let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
     assert_eq!(ckpt.step, 2);
+    // A failed run writes the trace of what ran, and says where.
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    let traced: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| *a != "--no-trace")
+        .chain(["--trace", "failed.json"])
+        .collect();
+    fails(d, &traced, &["injected fault", "failed.json"]);
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("failed.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "X" && e["name"] == "injected fault"),
+        "the failing task is in the trace"
+    );
     fails(d, &["train", "--comm-timeout", "0"], &["--comm-timeout"]);
     // Other ZeRO stages are refused by name.
     fails(d, &["train", "--zero", "2"], &["ZeRO stage", "2"]);
@@ -685,6 +703,23 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("bad.toml") && err.contains("line 4"), "{err}");
+    // `--placement` wins over the variable; and a file naming the trainer's
+    // second compute stream and its comm stream, given by the variable, is
+    // checked against the trainer's runtimes only (a probe runtime of one
+    // stream once refused it).
+    std::fs::write(
+        d.join("two.toml"),
+        "[[scope]]\npattern = \"optimizer\"\nstream = 1\n\n[[scope]]\npattern = \"reduce\"\nstream = \"comm\"\n",
+    )
+    .unwrap();
+    let args = with(&["--placement", "two.toml", "--no-trace"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_env(d, &args, &[(braid::PLACEMENT_ENV, "bad.toml")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let args = with(&["--no-trace"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_env(d, &args, &[(braid::PLACEMENT_ENV, "two.toml")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     // A key the format does not know.
     std::fs::write(
         d.join("typo.toml"),

@@ -13,28 +13,25 @@ use std::time::Duration;
 use braid::comm::NcclCommunicator;
 use braid::{BackendKind, Class, Comm, LocalCommConfig, Policy, Runtime};
 
-use super::rank::{run_rank, RankOutcome};
+use super::rank::{run_rank, FailedProfiles, RankOutcome};
 use super::{DistEnv, StartState, StepReport, TrainOptions};
 use crate::data::TokenSource;
 use crate::error::{Gpt2Error, Result};
 use crate::model::runs_on;
 
-/// What `auto` means for the model: the device the engine picks when the
+/// What `auto` means for the model: the device the engine picks (the first
+/// GPU when the driver reports one, as `BackendKind::Auto` does) when the
 /// model's kernels run there ([`runs_on`]), the CPU otherwise. Other kinds
-/// are returned as they are.
+/// are returned as they are. Decided without building a runtime: a probe
+/// runtime read `BRAID_PLACEMENT` and `BRAID_LIVE` like any other, so it
+/// refused placement files naming the trainer's second stream and served
+/// the live view's socket before the trainer did.
 pub fn resolve_backend(kind: BackendKind) -> Result<BackendKind> {
     Ok(match kind {
-        BackendKind::Auto => {
-            let probe = Runtime::builder()
-                .backend(BackendKind::Auto)
-                .compute_streams(1)
-                .comm_streams(0)
-                .build()?;
-            match probe.backend_name() {
-                name if name != "cpu" && runs_on(name) => BackendKind::Cuda { device: 0 },
-                _ => BackendKind::Cpu,
-            }
-        }
+        BackendKind::Auto => match braid::cuda::cuda_available() {
+            Ok(n) if n > 0 && runs_on("cuda") => BackendKind::Cuda { device: 0 },
+            _ => BackendKind::Cpu,
+        },
         other => other,
     })
 }
@@ -260,13 +257,14 @@ pub(super) fn train_cpu(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
+    failed: &Arc<FailedProfiles>,
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
     let failures = Arc::new(Failures::default());
     let (steps, reports) = std::sync::mpsc::channel::<StepReport>();
     let mut ranks = {
         let (opts, start, data) = (opts.clone(), start.clone(), data.clone());
-        let failures = failures.clone();
+        let (failures, failed) = (failures.clone(), failed.clone());
         braid::comm::spawn_ranks(
             world,
             LocalCommConfig::default().timeout(opts.comm_timeout),
@@ -281,7 +279,17 @@ pub(super) fn train_cpu(
                         // like the stream threads of its runtime's class (the
                         // options', or the placement file's).
                         rt.class().enter();
-                        run_rank(&opts, rt, rank, world, Some(comm), &start, &data, &report)
+                        run_rank(
+                            &opts,
+                            rt,
+                            rank,
+                            world,
+                            Some(comm),
+                            &start,
+                            &data,
+                            &report,
+                            &failed,
+                        )
                     })
                     .map_err(|e| {
                         let message = e.to_string();
@@ -352,6 +360,7 @@ pub(super) fn train_gpus(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
+    failed: &FailedProfiles,
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
     // Rank 0's runtime first: a missing driver or device is reported as the
@@ -364,7 +373,9 @@ pub(super) fn train_gpus(
             true => Some(one_rank_comm(&rt0, opts.comm_timeout)?),
             false => None,
         };
-        return Ok(vec![run_rank(opts, rt0, 0, 1, comm, start, data, on_step)?]);
+        return Ok(vec![run_rank(
+            opts, rt0, 0, 1, comm, start, data, on_step, failed,
+        )?]);
     }
     let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;
     if first + world > count {
@@ -402,7 +413,17 @@ pub(super) fn train_gpus(
                     .name(format!("braid-gpt2 rank {rank}"))
                     .spawn_scoped(s, move || {
                         let run = std::panic::AssertUnwindSafe(|| {
-                            run_rank(opts, rt, rank, world, Some(comm), start, data, on_step)
+                            run_rank(
+                                opts,
+                                rt,
+                                rank,
+                                world,
+                                Some(comm),
+                                start,
+                                data,
+                                on_step,
+                                failed,
+                            )
                         });
                         let result = std::panic::catch_unwind(run).unwrap_or_else(|p| {
                             let what = p
@@ -501,6 +522,7 @@ pub(super) fn train_torchrun(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
+    failed: &FailedProfiles,
 ) -> Result<RankOutcome> {
     let rt = build_runtime(
         opts,
@@ -550,6 +572,7 @@ pub(super) fn train_torchrun(
         start,
         data,
         on_step,
+        failed,
     )
 }
 

@@ -137,12 +137,34 @@ pub fn train(
     }
     // Check the data once, before any rank starts.
     DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
+    let failed = std::sync::Arc::new(rank::FailedProfiles::default());
     let outcomes = match backend {
-        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step)?,
+        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step, &failed),
         BackendKind::Cuda { device } => match &dist {
-            Some(env) => vec![train_torchrun(opts, env, &start, data, on_step)?],
-            None => train_gpus(opts, device, &start, data, on_step)?,
+            Some(env) => train_torchrun(opts, env, &start, data, on_step, &failed).map(|o| vec![o]),
+            None => train_gpus(opts, device, &start, data, on_step, &failed),
         },
+    };
+    let outcomes = match outcomes {
+        Ok(o) => o,
+        Err(error) => {
+            // The trace of the run up to the failure, where the finished
+            // run's would go: the runs that fail are the ones a trace is
+            // most wanted for.
+            let (profiles, path) = (failed.take(), opts.trace.as_ref());
+            let Some(path) = path.filter(|_| !profiles.is_empty()) else {
+                return Err(error);
+            };
+            let path = rank_trace_path(path, dist.as_ref().map_or(0, |d| d.rank));
+            let refs: Vec<&Profile> = profiles.iter().collect();
+            return Err(match braid::trace::write_chrome_trace(&path, &refs) {
+                Ok(()) => Gpt2Error::Failed {
+                    error: Box::new(error),
+                    trace: path,
+                },
+                Err(_) => error,
+            });
+        }
     };
     let mut report = TrainReport {
         steps: Vec::new(),

@@ -79,12 +79,53 @@ fn hash_f32s(x: &[f32]) -> u64 {
     lanes.into_iter().fold(tail, step)
 }
 
+/// The profiles of the ranks that failed, kept for the trace of a run that
+/// did not finish (`train` writes it where the finished run's would go).
+#[derive(Default)]
+pub(super) struct FailedProfiles(std::sync::Mutex<Vec<(usize, Profile)>>);
+
+impl FailedProfiles {
+    fn push(&self, rank: usize, p: Profile) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((rank, p));
+    }
+
+    /// The profiles kept, in rank order.
+    pub(super) fn take(&self) -> Vec<Profile> {
+        let mut v = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        v.sort_by_key(|(rank, _)| *rank);
+        v.into_iter().map(|(_, p)| p).collect()
+    }
+}
+
 /// The body of one rank (CPU thread, GPU thread or GPU process) on its
-/// runtime `rt`.
+/// runtime `rt`. If it fails and the run writes a trace, the rank's profile
+/// so far goes to `failed`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_rank(
     opts: &TrainOptions,
     rt: Runtime,
+    rank: usize,
+    world: usize,
+    comm: Option<Comm>,
+    start: &StartState,
+    data: &TokenSource,
+    on_step: &(dyn Fn(&StepReport) + Sync),
+    failed: &FailedProfiles,
+) -> Result<RankOutcome> {
+    let out = run_rank_on(opts, &rt, rank, world, comm, start, data, on_step);
+    if out.is_err() && opts.trace.is_some() {
+        failed.push(rank, rt.profile());
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_rank_on(
+    opts: &TrainOptions,
+    rt: &Runtime,
     rank: usize,
     world: usize,
     comm: Option<Comm>,
@@ -99,10 +140,10 @@ pub(super) fn run_rank(
         dtype: opts.dtype,
         ..Default::default()
     };
-    let mut model = Gpt2Model::with_options(&rt, &cfg, b, t, model_opts)?;
+    let mut model = Gpt2Model::with_options(rt, &cfg, b, t, model_opts)?;
     {
         let _s = rt.scope("init");
-        model.upload_params(&rt, &start.params)?;
+        model.upload_params(rt, &start.params)?;
     }
     if start.moments.is_none() && start.step != 0 {
         return Err(Gpt2Error::InvalidSetting {
@@ -114,7 +155,7 @@ pub(super) fn run_rank(
     loader.set_state(start.loader)?;
     let comm = comm
         .filter(|_| world > 1 || opts.reduce_single_rank)
-        .map(|c| c.bind(&rt))
+        .map(|c| c.bind(rt))
         .transpose()?;
     // The tied gradient's two writers, reduced on their own. Set before the
     // reducer is made: the classifier's part is handed over in pieces
@@ -156,7 +197,7 @@ pub(super) fn run_rank(
     let zero = opts.zero == 1 && reducer.is_some();
     let mut opt = match zero {
         true => None,
-        false => Some(new_optimizer(&rt, &model, opts, start, None, rank, world)?),
+        false => Some(new_optimizer(rt, &model, opts, start, None, rank, world)?),
     };
     rt.synchronize()?;
     rt.clear_profile();
@@ -178,7 +219,7 @@ pub(super) fn run_rank(
         }
         let (params, adam_m, adam_v) = {
             let _s = rt.scope("checkpoint");
-            full_state(&rt, model, opt, reducer, comm.as_ref())?
+            full_state(rt, model, opt, reducer, comm.as_ref())?
         };
         if rank != 0 {
             return Ok(None);
@@ -220,10 +261,10 @@ pub(super) fn run_rank(
         loader.next_batch_into(&mut x, &mut y)?;
         {
             let _s = rt.scope("data");
-            model.upload_batch(&rt, &x, Some(&y))?;
+            model.upload_batch(rt, &x, Some(&y))?;
         }
         if let Some(f) = opts.fault.filter(|f| (f.rank, f.step) == (rank, step)) {
-            inject_fault(&rt, model.grads(), f.hang)?;
+            inject_fault(rt, model.grads(), f.hang)?;
         }
         // ZeRO-1: the parameters updated by the last step are gathered at the
         // start of this one (from the second step of a run on), so the
@@ -238,7 +279,7 @@ pub(super) fn run_rank(
         let advanced = match opt.as_mut() {
             Some(o) => {
                 let _s = rt.scope("optimizer");
-                o.advance(&rt)?;
+                o.advance(rt)?;
                 true
             }
             None => false,
@@ -324,7 +365,7 @@ pub(super) fn run_rank(
                 }
                 schedule = Some(recorded?);
             }
-            None => submit_step(&rt)?,
+            None => submit_step(rt)?,
         }
         let opt_ref = the_optimizer(opt.as_mut())?;
         rt.synchronize()?;
@@ -340,7 +381,7 @@ pub(super) fn run_rank(
         }
         let (loss, grad_norm) = {
             let _s = rt.scope("report");
-            (model.read_loss(&rt)?, opt_ref.read_grad_norm(&rt)?)
+            (model.read_loss(rt)?, opt_ref.read_grad_norm(rt)?)
         };
         let report = StepReport {
             step,
@@ -369,7 +410,7 @@ pub(super) fn run_rank(
         // No step ran (a run resumed at its last step): the optimizer as it
         // would be, for the checkpoint.
         None => new_optimizer(
-            &rt,
+            rt,
             &model,
             opts,
             start,
@@ -388,7 +429,7 @@ pub(super) fn run_rank(
     }
     let params = {
         let _s = rt.scope("report");
-        read_params(&rt, &model, &opt, comm.as_ref())?
+        read_params(rt, &model, &opt, comm.as_ref())?
     };
     rt.synchronize()?;
     let bucket_cap = reducer.as_ref().and_then(|r| {
