@@ -1,6 +1,8 @@
 // What must not compile: a body cannot write through a read token, nor take
 // a read as a writable device pointer, nor take other parameters than its
-// tokens give. CMakeLists.txt builds this file once as is (it must compile:
+// tokens give (the CUDA stream included); an element type cannot be aligned
+// beyond the buffers; a temporary builder cannot be bound to a reference; a
+// scope cannot be assigned. CMakeLists.txt builds this file once as is (it must compile:
 // the cases below are then the only reason for a failure) and once per
 // BRAID_COMPILE_FAIL case, each a ctest that passes when the compiler refuses
 // it with the expected message.
@@ -29,6 +31,23 @@ int main() {
 #elif BRAID_COMPILE_FAIL == 4
   // A view is not a token: name the access.
   rt.task("bad").run(x, [](auto) {});
+#elif BRAID_COMPILE_FAIL == 5
+  // A CUDA body that forgot a token: the stream is no data pointer.
+  rt.task("bad").run_cuda(braid::read<float>(x), [](const float*, float*) {});
+#elif BRAID_COMPILE_FAIL == 6
+  // An element type aligned beyond the buffers' 64 bytes.
+  struct alignas(128) Tile {
+    float v[32];
+  };
+  rt.task("bad").run(braid::write<Tile>(x), [](auto) {});
+#elif BRAID_COMPILE_FAIL == 7
+  // A reference to a temporary builder would dangle.
+  auto& tb = rt.task("bad").priority(braid::Priority::Side);
+  tb.run(braid::write<float>(y), [](auto) {});
+#elif BRAID_COMPILE_FAIL == 8
+  // Assigning a scope would close both scopes.
+  braid::Scope s = rt.scope("a");
+  s = rt.scope("b");
 #endif
   rt.synchronize();
   return 0;

@@ -193,6 +193,13 @@ mod bridge {
         /// Short tasks may run on the submitting thread
         /// (`RuntimeBuilder::inline_short_tasks`).
         inline_short_tasks: bool,
+        /// The CPU cores the process may use, as this runtime counts them
+        /// (`RuntimeBuilder::cpu_cores`); 0: the default (`BRAID_CPU_CORES`
+        /// when set, else the cores detected).
+        cpu_cores: usize,
+        /// Affinity placement uses every compute stream whatever the core
+        /// budget (`RuntimeBuilder::oversubscribe`).
+        oversubscribe: bool,
         /// A latency-critical runtime's threads at a real-time policy
         /// (`RuntimeBuilder::realtime`).
         realtime: bool,
@@ -294,11 +301,8 @@ mod bridge {
         fn alloc(self: &Runtime, name: &str, bytes: usize) -> Result<Box<Buffer>>;
         fn upload(self: &Runtime, v: &View, data: &[u8]) -> Result<Box<TaskHandle>>;
         fn read_bytes(self: &Runtime, v: &View, elem_size: usize) -> Result<Vec<u8>>;
-        fn submit(
-            self: &Runtime,
-            spec: Box<TaskSpec>,
-            body: UniquePtr<TaskFn>,
-        ) -> Result<Box<TaskHandle>>;
+        fn new_task(self: &Runtime, name: &str) -> Box<TaskSpec>;
+        fn submit_task(spec: Box<TaskSpec>, body: UniquePtr<TaskFn>) -> Result<Box<TaskHandle>>;
         fn synchronize(self: &Runtime) -> Result<()>;
         fn enter_scope(self: &Runtime, name: &str) -> Result<Box<Scope>>;
         fn current_scope(self: &Runtime) -> String;
@@ -385,7 +389,6 @@ mod bridge {
         fn len(self: &View) -> usize;
         fn buffer(self: &View) -> Box<Buffer>;
 
-        fn new_task(name: &str) -> Box<TaskSpec>;
         fn access(self: &mut TaskSpec, v: &View, mode: Mode, elem_size: usize, elem_align: usize);
         fn set_kind(self: &mut TaskSpec, kind: TaskKind);
         fn set_priority(self: &mut TaskSpec, p: Priority);
@@ -502,6 +505,8 @@ fn default_config() -> RuntimeConfig {
         placement_trial: Switch::Default,
         auto_replay: true,
         inline_short_tasks: true,
+        cpu_cores: 0,
+        oversubscribe: false,
         realtime: false,
         spare_sms: 0,
         device_bundle_us: -1,
@@ -537,9 +542,13 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             .profile(cfg.profile)
             .auto_replay(cfg.auto_replay)
             .inline_short_tasks(cfg.inline_short_tasks)
+            .oversubscribe(cfg.oversubscribe)
             .realtime(cfg.realtime)
             .spare_sms(cfg.spare_sms)
             .rank(cfg.rank);
+        if cfg.cpu_cores > 0 {
+            b = b.cpu_cores(cfg.cpu_cores);
+        }
         if let Ok(us) = u64::try_from(cfg.device_bundle_us) {
             b = b.device_bundle(std::time::Duration::from_micros(us));
         }
@@ -571,14 +580,64 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             Class::BestEffort => braid::Class::BestEffort,
             _ => return Err(to_error("class")),
         });
-        Ok(Box::new(Runtime(Arc::new(b.build()?))))
+        Ok(Box::new(Runtime(Arc::new(Engine(b.build()?)))))
     })
 }
 
-/// A Braid runtime owned by C++ (`braid::Runtime`). Shared, so that a
-/// [`Schedule`] recorded on it can keep it alive.
+/// The engine the C++ handles share: the `braid::Runtime` of a C++
+/// `braid::Runtime`, kept alive by it, by the schedules recorded on it and by
+/// unsubmitted task builders. Whichever of them goes last drops it: the
+/// engine then waits for its tasks, stops its threads and writes its trace.
 #[derive(Debug)]
-pub struct Runtime(pub Arc<braid::Runtime>);
+pub struct Engine(braid::Runtime);
+
+impl std::ops::Deref for Engine {
+    type Target = braid::Runtime;
+
+    fn deref(&self) -> &braid::Runtime {
+        &self.0
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Tasks submitted after the C++ `Runtime` went (through a schedule or
+        // a builder) have no one left to report their errors to.
+        settle(&self.0, "the last handle of the runtime");
+    }
+}
+
+/// Waits for every task of `rt` and prints an error nobody has reported yet
+/// to stderr: the engine only logs it through `tracing`, which a C++
+/// program rarely subscribes to, so a failure would otherwise go unseen.
+/// Never panics (it runs in `Drop`).
+fn settle(rt: &braid::Runtime, what: &str) {
+    match catch_unwind(AssertUnwindSafe(|| rt.synchronize())) {
+        Ok(Ok(())) => {}
+        // Dropped inside one of its own tasks: nothing can be waited for here
+        // (the engine's own drop lets the streams finish on their own).
+        Ok(Err(braid::Error::WaitInsideTask { .. })) => {}
+        Ok(Err(e)) => {
+            let msg = e.to_string().replace('\n', "; ");
+            eprintln!("braid: {what} was destroyed with an unreported task error: {msg}");
+        }
+        Err(_) => eprintln!("braid: {what} was destroyed and waiting for its tasks panicked"),
+    }
+}
+
+/// A Braid runtime owned by C++ (`braid::Runtime`). Shared, so that a
+/// [`Schedule`] recorded on it, or a task builder, can keep the engine alive.
+#[derive(Debug)]
+pub struct Runtime(pub Arc<Engine>);
+
+impl Drop for Runtime {
+    /// Destroying the C++ `Runtime` waits for every task and reports an
+    /// unreported failure, as documented, even while a schedule still holds
+    /// the engine (its threads and the trace then go with the last holder).
+    fn drop(&mut self) {
+        settle(&self.0, "the Runtime");
+    }
+}
 
 /// An open scope owned by C++ (`braid::Scope`): closed when destroyed, on
 /// the thread that opened it (the C++ class is neither copyable nor
@@ -599,7 +658,7 @@ pub struct Schedule {
     // Declared before `_rt`, so dropped first: it borrows the runtime `_rt`
     // keeps alive.
     step: braid::Schedule<'static>,
-    _rt: Arc<braid::Runtime>,
+    _rt: Arc<Engine>,
 }
 
 impl Schedule {
@@ -748,55 +807,18 @@ impl Runtime {
         })
     }
 
-    fn submit(
-        &self,
-        spec: Box<TaskSpec>,
-        body: UniquePtr<bridge::TaskFn>,
-    ) -> FfiResult<Box<TaskHandle>> {
-        guard_ffi("TaskBuilder::run", || {
-            let TaskSpec {
-                name,
-                accesses,
-                kind,
-                priority,
-                after,
-                stream,
-                comm_index,
-            } = *spec;
-            let (host, cuda) = match body.as_ref() {
-                Some(f) => (bridge::has_host_body(f), bridge::has_cuda_body(f)),
-                None => (false, false),
-            };
-            if !host && !cuda {
-                return Err(braid::Error::Config(format!(
-                    "task `{name}` was submitted without a body"
-                ))
-                .into());
-            }
-            let accesses = dyn_accesses(&name, accesses)?;
-            let mut b = self
-                .0
-                .task(name)
-                .kind(kind)
-                .priority(priority)
-                .comm_stream(comm_index);
-            for h in &after {
-                b = b.after(h);
-            }
-            if let Some(s) = stream {
-                b = b.on_stream(s);
-            }
-            // One body object behind both closures: the engine runs one of them.
-            let cpu = Arc::new(CppBody(body));
-            let gpu = Arc::clone(&cpu);
-            let cpu = move |data: Vec<HostBytes<'_>>| cpu.host(data);
-            let gpu = move |data: Vec<DevBytes>, cu: &CudaTaskCtx<'_>| gpu.cuda(&data, cu);
-            let h = match (host, cuda) {
-                (true, true) => b.run_any(accesses, cpu, gpu),
-                (true, false) => b.run(accesses, cpu),
-                (false, _) => b.run_cuda(accesses, gpu),
-            }?;
-            Ok(Box::new(TaskHandle(h)))
+    /// A task to build: it holds the engine, so a C++ `TaskBuilder` stays
+    /// usable (and safe) after its `Runtime` is destroyed.
+    fn new_task(&self, name: &str) -> Box<TaskSpec> {
+        Box::new(TaskSpec {
+            rt: Arc::clone(&self.0),
+            name: name.to_string(),
+            accesses: Vec::new(),
+            kind: braid::TaskKind::Compute,
+            priority: braid::Priority::Main,
+            after: Vec::new(),
+            stream: None,
+            comm_index: 0,
         })
     }
 
@@ -1074,6 +1096,7 @@ fn clone_view(v: &View) -> Box<View> {
 /// `Runtime::submit`.
 #[derive(Debug)]
 pub struct TaskSpec {
+    rt: Arc<Engine>,
     name: String,
     accesses: Vec<TypedAccess>,
     kind: braid::TaskKind,
@@ -1083,15 +1106,52 @@ pub struct TaskSpec {
     comm_index: usize,
 }
 
-fn new_task(name: &str) -> Box<TaskSpec> {
-    Box::new(TaskSpec {
-        name: name.to_string(),
-        accesses: Vec::new(),
-        kind: braid::TaskKind::Compute,
-        priority: braid::Priority::Main,
-        after: Vec::new(),
-        stream: None,
-        comm_index: 0,
+/// Submits a task built by C++ to the engine its spec holds.
+fn submit_task(spec: Box<TaskSpec>, body: UniquePtr<bridge::TaskFn>) -> FfiResult<Box<TaskHandle>> {
+    guard_ffi("TaskBuilder::run", || {
+        let TaskSpec {
+            rt,
+            name,
+            accesses,
+            kind,
+            priority,
+            after,
+            stream,
+            comm_index,
+        } = *spec;
+        let (host, cuda) = match body.as_ref() {
+            Some(f) => (bridge::has_host_body(f), bridge::has_cuda_body(f)),
+            None => (false, false),
+        };
+        if !host && !cuda {
+            return Err(braid::Error::Config(format!(
+                "task `{name}` was submitted without a body"
+            ))
+            .into());
+        }
+        let accesses = dyn_accesses(&name, accesses)?;
+        let mut b = rt
+            .task(name)
+            .kind(kind)
+            .priority(priority)
+            .comm_stream(comm_index);
+        for h in &after {
+            b = b.after(h);
+        }
+        if let Some(s) = stream {
+            b = b.on_stream(s);
+        }
+        // One body object behind both closures: the engine runs one of them.
+        let cpu = Arc::new(CppBody(body));
+        let gpu = Arc::clone(&cpu);
+        let cpu = move |data: Vec<HostBytes<'_>>| cpu.host(data);
+        let gpu = move |data: Vec<DevBytes>, cu: &CudaTaskCtx<'_>| gpu.cuda(&data, cu);
+        let h = match (host, cuda) {
+            (true, true) => b.run_any(accesses, cpu, gpu),
+            (true, false) => b.run(accesses, cpu),
+            (false, _) => b.run_cuda(accesses, gpu),
+        }?;
+        Ok(Box::new(TaskHandle(h)))
     })
 }
 
@@ -1539,7 +1599,7 @@ mod tests {
     fn tokens_are_checked_against_their_element_type() {
         let rt = cpu(false);
         let b = rt.alloc("x", 16).unwrap();
-        let mut spec = new_task("t");
+        let mut spec = rt.new_task("t");
         spec.access(&b.whole(), Mode::Read, 4, 4);
         spec.access(&b.view(4, 8).unwrap(), Mode::Write, 2, 2);
         let acc = dyn_accesses(&spec.name, spec.accesses).unwrap();
@@ -1548,7 +1608,7 @@ mod tests {
             modes,
             vec![(0..16, braid::Mode::Read), (4..8, braid::Mode::Write)]
         );
-        let mut spec = new_task("odd");
+        let mut spec = rt.new_task("odd");
         spec.access(&b.view(2, 10).unwrap(), Mode::ReadWrite, 4, 4);
         let e = dyn_accesses(&spec.name, spec.accesses).unwrap_err();
         assert!(
@@ -1560,7 +1620,7 @@ mod tests {
     #[test]
     fn a_task_without_a_body_is_refused() {
         let rt = cpu(false);
-        let e = rt.submit(new_task("empty"), UniquePtr::null()).unwrap_err();
+        let e = submit_task(rt.new_task("empty"), UniquePtr::null()).unwrap_err();
         assert!(
             e.0.contains("empty") && e.0.contains("without a body"),
             "{e}"

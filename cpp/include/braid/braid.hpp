@@ -30,10 +30,19 @@
 // submission. A task body that throws fails its task (the message is the
 // exception's what()); the exception never leaves the stream thread.
 //
-// Threads: a task body runs later, on one of Braid's stream threads. What the
-// lambda captures must still be alive then, and be safe to use from that
-// thread; capture by value, and capture by reference only what outlives the
-// task (wait on it, or synchronize, before it goes).
+// Threads: a task body runs once, usually later on one of Braid's stream
+// threads — but on the CPU a short task (RuntimeBuilder::inline_short_tasks,
+// on by default) may run on the submitting thread, inside run(), before run()
+// returns. So a body must not take a lock that its submitter holds while
+// submitting (it would deadlock), and what the lambda captures must still be
+// alive when it runs and be safe to use from either thread; capture by value,
+// and capture by reference only what outlives the task (wait on it, or
+// synchronize, before it goes).
+//
+// Handles (Buffer, View, TaskHandle, Profile, Communicator) are reference
+// counts: copying is cheap, and moving copies, so a moved-from handle still
+// names the same thing. A moved-from Runtime or Schedule throws braid::Error
+// from every method.
 #pragma once
 
 #include <chrono>
@@ -53,6 +62,10 @@
 
 #include "braid-ffi/src/lib.rs.h"
 #include "rust/cxx.h"
+
+// CUDA's stream object: cudaStream_t and CUstream are both CUstream_st*, so
+// braid::CudaStream converts to them without braid.hpp including a CUDA header.
+struct CUstream_st;
 
 namespace braid {
 
@@ -96,6 +109,15 @@ inline rust::String name(const std::string& s) { return rust::String::lossy(s); 
 inline std::size_t mul(std::size_t a, std::size_t b) noexcept {
   if (b != 0 && a > static_cast<std::size_t>(-1) / b) return static_cast<std::size_t>(-1);
   return a * b;
+}
+
+// What a move-only handle owns; a rust::Box is null once moved from, and a
+// call through it would crash instead of saying what went wrong.
+template <class T>
+const T& live(const rust::Box<T>& b, const char* what) {
+  const T* p = b.operator->();
+  if (p == nullptr) throw Error(std::string("braid: use of a moved-from ") + what);
+  return *p;
 }
 }  // namespace detail
 
@@ -147,13 +169,12 @@ class View {
  public:
   // The whole buffer (implicit, so a Buffer goes wherever a View does).
   View(const Buffer& b);  // NOLINT(google-explicit-constructor)
+  // No move operations: moving copies, so a moved-from view stays usable.
   View(const View& other) : inner_(ffi::clone_view(*other.inner_)) {}
-  View(View&&) noexcept = default;
   View& operator=(const View& other) {
     if (this != &other) inner_ = ffi::clone_view(*other.inner_);
     return *this;
   }
-  View& operator=(View&&) noexcept = default;
   ~View() = default;
 
   // Byte offset of the view in its buffer.
@@ -196,13 +217,13 @@ class View {
 // Runtime::read_vec.
 class Buffer {
  public:
+  // No move operations: moving copies, so a moved-from buffer stays usable
+  // (and keeps the memory until it goes too).
   Buffer(const Buffer& other) : inner_(ffi::clone_buffer(*other.inner_)) {}
-  Buffer(Buffer&&) noexcept = default;
   Buffer& operator=(const Buffer& other) {
     if (this != &other) inner_ = ffi::clone_buffer(*other.inner_);
     return *this;
   }
-  Buffer& operator=(Buffer&&) noexcept = default;
   ~Buffer() = default;
 
   // Size in bytes.
@@ -242,13 +263,12 @@ inline Buffer View::buffer() const { return Buffer(inner_->buffer()); }
 // A submitted task. Waiting on it is a synchronisation point for it alone.
 class TaskHandle {
  public:
+  // No move operations: moving copies, so a moved-from handle stays usable.
   TaskHandle(const TaskHandle& other) : inner_(ffi::clone_handle(*other.inner_)) {}
-  TaskHandle(TaskHandle&&) noexcept = default;
   TaskHandle& operator=(const TaskHandle& other) {
     if (this != &other) inner_ = ffi::clone_handle(*other.inner_);
     return *this;
   }
-  TaskHandle& operator=(TaskHandle&&) noexcept = default;
   ~TaskHandle() = default;
 
   // Blocks until the task has completed; throws braid::Error if it failed or
@@ -285,6 +305,11 @@ class Access {
   static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
   static_assert(!std::is_const<T>::value && !std::is_volatile<T>::value,
                 "braid: name the element type without const (a read token already gives const data)");
+  // Braid checks a view's offset against alignof(T) and relies on the
+  // buffer's base for the rest: CPU buffers are 64-byte aligned.
+  static_assert(alignof(T) <= 64,
+                "braid: the element type is over-aligned: buffers are 64-byte aligned, so alignof(T) may be at most "
+                "64");
 
  public:
   using element_type = T;
@@ -350,15 +375,16 @@ class DeviceSpan {
 };
 
 // The CUDA stream a task runs on. It converts to cudaStream_t and CUstream
-// (both `CUstream_st*`) without braid.hpp including a CUDA header; launch the
-// task's kernels on it and Braid orders them with every other task.
+// (both `CUstream_st*`, hence to void* too) without braid.hpp including a
+// CUDA header; launch the task's kernels on it and Braid orders them with
+// every other task. It converts to no other pointer, so a CUDA body whose
+// parameters do not match its tokens does not compile.
 class CudaStream {
  public:
   explicit CudaStream(void* raw) noexcept : raw_(raw) {}
   void* raw() const noexcept { return raw_; }
-  template <class S>
-  operator S*() const noexcept {  // NOLINT(google-explicit-constructor)
-    return static_cast<S*>(raw_);
+  operator ::CUstream_st*() const noexcept {  // NOLINT(google-explicit-constructor)
+    return static_cast<::CUstream_st*>(raw_);
   }
 
  private:
@@ -484,7 +510,14 @@ bool empty_body(R (*f)(A...)) noexcept {
 }  // namespace detail
 
 // Builds one task: name, kind, priority, then run() with its access tokens
-// and body.
+// and body. It holds its runtime's engine, so it stays safe to use after the
+// Runtime is destroyed (run() then submits to the engine and, being its last
+// holder, waits for the task).
+//
+// The setters return the builder as it was called: a reference on a named
+// builder, a new builder (moved from this one) on a temporary, so
+// `auto tb = rt.task("t").priority(p);` moves the builder into `tb` and
+// `auto& tb = rt.task("t").priority(p);` does not compile (it would dangle).
 class TaskBuilder {
  public:
   TaskBuilder(TaskBuilder&&) noexcept = default;
@@ -494,30 +527,35 @@ class TaskBuilder {
   ~TaskBuilder() = default;
 
   // The task's kind (default compute; comm tasks go to communication streams).
-  TaskBuilder& kind(TaskKind k) {
+  TaskBuilder& kind(TaskKind k) & {
     spec().set_kind(k);
     return *this;
   }
+  TaskBuilder kind(TaskKind k) && { return std::move(kind(k)); }
   // A scheduling hint (default main).
-  TaskBuilder& priority(Priority p) {
+  TaskBuilder& priority(Priority p) & {
     spec().set_priority(p);
     return *this;
   }
+  TaskBuilder priority(Priority p) && { return std::move(priority(p)); }
   // An explicit edge: run after h (rarely needed; data dependencies are inferred).
-  TaskBuilder& after(const TaskHandle& h) {
+  TaskBuilder& after(const TaskHandle& h) & {
     spec().after(h.raw());
     return *this;
   }
+  TaskBuilder after(const TaskHandle& h) && { return std::move(after(h)); }
   // Pins the task to stream `index`, overriding the placement policy.
-  TaskBuilder& on_stream(std::size_t index) {
+  TaskBuilder& on_stream(std::size_t index) & {
     spec().on_stream(index);
     return *this;
   }
+  TaskBuilder on_stream(std::size_t index) && { return std::move(on_stream(index)); }
   // Which communication stream a comm task uses (modulo their number).
-  TaskBuilder& comm_stream(std::size_t index) {
+  TaskBuilder& comm_stream(std::size_t index) & {
     spec().comm_stream(index);
     return *this;
   }
+  TaskBuilder comm_stream(std::size_t index) && { return std::move(comm_stream(index)); }
 
   // run(tokens..., body): submits the task with a CPU body, which gets one
   // span per token (Span<const T> for read<T>, Span<T> for write<T> and
@@ -526,8 +564,12 @@ class TaskBuilder {
   //   rt.task("scale").run(braid::read<float>(x), braid::write<float>(y),
   //                        [](braid::Span<const float> x, braid::Span<float> y) { ... });
   //
-  // Returns at once; the body runs later on the stream the task is placed
-  // on. Throws braid::Error for misuse found at submission: a view that is
+  // Usually returns at once and the body runs later on the stream the task is
+  // placed on; but a task the runtime has measured shorter than a hand-off
+  // to a stream thread (RuntimeBuilder::inline_short_tasks, on by default on
+  // the CPU) runs on this thread, inside run(), when nothing is ahead of it.
+  // So the body must not take a lock held here while submitting. Throws
+  // braid::Error for misuse found at submission: a view that is
   // not a whole, aligned run of its T, two tokens that overlap where one
   // writes, a buffer of another runtime, a stream out of range, an empty
   // body, a second run of the same builder, or a runtime whose backend is not
@@ -564,10 +606,11 @@ class TaskBuilder {
  private:
   friend class Runtime;
   TaskBuilder(const ffi::Runtime& rt, std::string name)
-      : rt_(&rt), name_(std::move(name)), spec_(std::make_unique<rust::Box<ffi::TaskSpec>>(ffi::new_task(detail::name(name_)))) {}
+      : name_(std::move(name)),
+        spec_(std::make_unique<rust::Box<ffi::TaskSpec>>(rt.new_task(detail::name(name_)))) {}
 
   ffi::TaskSpec& spec() {
-    if (!spec_) throw Error("braid: task `" + name_ + "` was already submitted");
+    if (!spec_) throw Error("braid: task `" + name_ + "` was already submitted (or its builder moved from)");
     return **spec_;
   }
 
@@ -606,7 +649,7 @@ class TaskBuilder {
     toks->declare(s);
     rust::Box<ffi::TaskSpec> owned = std::move(*spec_);
     spec_.reset();
-    return TaskHandle(detail::call([&] { return rt_->submit(std::move(owned), std::move(fn)); }));
+    return TaskHandle(detail::call([&] { return ffi::submit_task(std::move(owned), std::move(fn)); }));
   }
 
   // The body, shared by the copies std::function makes (so it may be move-only).
@@ -616,9 +659,9 @@ class TaskBuilder {
     return std::make_shared<std::decay_t<Body>>(std::forward<Body>(b));
   }
 
-  const ffi::Runtime* rt_;
   std::string name_;
-  // Empty once submitted (rust::Box has no empty state of its own).
+  // Empty once submitted (rust::Box has no empty state of its own). The spec
+  // holds the engine.
   std::unique_ptr<rust::Box<ffi::TaskSpec>> spec_;
 };
 
@@ -731,13 +774,12 @@ inline std::vector<TaskSpan> to_spans(const rust::Vec<ffi::SpanRecord>& records)
 // summaries, and for one trace holding several ranks (braid::write_trace).
 class Profile {
  public:
+  // No move operations: moving copies, so a moved-from profile stays usable.
   Profile(const Profile& other) : inner_(ffi::clone_profile(*other.inner_)) {}
-  Profile(Profile&&) noexcept = default;
   Profile& operator=(const Profile& other) {
     if (this != &other) inner_ = ffi::clone_profile(*other.inner_);
     return *this;
   }
-  Profile& operator=(Profile&&) noexcept = default;
   ~Profile() = default;
 
   // The rank of the runtime it came from (the trace's process).
@@ -770,6 +812,19 @@ inline void write_trace(const std::string& path, const std::vector<Profile>& pro
 
 class RuntimeBuilder;
 
+// What a schedule's placement trial measured and kept (Schedule::placement_trial).
+struct PlacementTrial {
+  // False before the trial has decided, and for a schedule without a trial;
+  // the rest is 0 then.
+  bool decided = false;
+  // The median interval between replays on the recorded streams, and on one
+  // stream (ns).
+  std::uint64_t recorded_ns = 0;
+  std::uint64_t one_stream_ns = 0;
+  // Whether one stream was kept.
+  bool kept_one_stream = false;
+};
+
 // A recorded program step (Runtime::record): the tasks it submitted, their
 // streams and the cross-stream waits between them, resolved once. replay()
 // runs the same tasks again — the same bodies on the same data — with no
@@ -777,7 +832,10 @@ class RuntimeBuilder;
 // them again, and composing with tasks submitted before and after it. Values
 // that change from step to step live in buffers the tasks read (upload them
 // before replaying). A Schedule keeps its runtime's engine alive: it may
-// outlive the Runtime object.
+// outlive the Runtime object. Destroying the Runtime still waits for every
+// task and reports an unreported failure, but while a Schedule lives the
+// engine keeps its stream threads (replay() still works), and the trace asked
+// for by RuntimeBuilder::trace is written when the last Schedule goes.
 class Schedule {
  public:
   Schedule(Schedule&&) noexcept = default;
@@ -789,35 +847,39 @@ class Schedule {
   // Runs the schedule again; returns at once with the handle of the replay's
   // end: waiting on it waits for every task of the replay, and throws
   // braid::Error naming the first task that failed.
-  TaskHandle replay() const { return TaskHandle(detail::call([&] { return inner_->replay(); })); }
-  std::string name() const { return std::string(inner_->name()); }
+  TaskHandle replay() const { return TaskHandle(detail::call([&] { return raw().replay(); })); }
+  std::string name() const { return std::string(raw().name()); }
   // Number of recorded tasks.
-  std::size_t size() const noexcept { return inner_->len(); }
+  std::size_t size() const { return raw().len(); }
   // Streams the current placement uses, and its cross-stream waits per replay.
-  std::size_t streams_used() const noexcept { return inner_->placement_streams(); }
-  std::size_t waits_per_replay() const noexcept { return inner_->placement_waits(); }
+  std::size_t streams_used() const { return raw().placement_streams(); }
+  std::size_t waits_per_replay() const { return raw().placement_waits(); }
   // With RuntimeBuilder::graphs: why this schedule is not replayed as
   // graphs (nothing in it can be captured, or a capture failed); empty when
   // it is, and before its first replay.
-  std::string graph_refusal() const { return std::string(inner_->graph_refusal()); }
+  std::string graph_refusal() const { return std::string(raw().graph_refusal()); }
   // With RuntimeBuilder::graph_collectives: why the collectives are not
   // inside the graphs after all (their capture failed, so the graphs are cut
   // around them); empty when they are, or were not asked in.
   std::string graph_collectives_left_out() const {
-    return std::string(inner_->graph_collectives_left_out());
+    return std::string(raw().graph_collectives_left_out());
   }
   // With RuntimeBuilder::graphs, once replayed as graphs: the graphs each
   // replay launches, and the collectives and host tasks it runs between
   // them (a schedule is cut around those: docs/replay.md). Both 0 otherwise.
-  std::size_t graphs_per_replay() const noexcept { return inner_->graph_parts(); }
-  std::size_t tasks_between_graphs() const noexcept { return inner_->graph_tasks_between(); }
+  std::size_t graphs_per_replay() const { return raw().graph_parts(); }
+  std::size_t tasks_between_graphs() const { return raw().graph_tasks_between(); }
   // What the placement trial measured and kept, once decided: the median
   // interval between replays on the recorded streams and on one stream (ns),
   // and whether one stream was kept. `decided` is false before, and for a
   // schedule without a trial (RuntimeBuilder::placement_trial).
-  ffi::TrialRecord placement_trial() const { return inner_->placement_trial(); }
+  PlacementTrial placement_trial() const {
+    const ffi::TrialRecord r = raw().placement_trial();
+    return PlacementTrial{r.decided, r.recorded_ns, r.one_stream_ns, r.kept_one_stream};
+  }
 
-  const ffi::Schedule& raw() const noexcept { return *inner_; }
+  // Throws braid::Error for a moved-from Schedule.
+  const ffi::Schedule& raw() const { return detail::live(inner_, "Schedule"); }
 
  private:
   friend class Runtime;
@@ -832,16 +894,19 @@ class Schedule {
 // Destroying it closes it (and any scope of the same runtime still open
 // inside it). It belongs to the thread that opened it: destroy it there (a
 // local in a block does); destroyed on another thread it closes nothing.
+// It can be moved into a new object (a std::optional, say; the moved-from one
+// closes nothing and its path() throws) but not assigned: `s = rt.scope("b")`
+// would open "b" inside the scope `s` still holds and then close both.
 class Scope {
  public:
   Scope(Scope&&) noexcept = default;
-  Scope& operator=(Scope&&) noexcept = default;
+  Scope& operator=(Scope&&) = delete;
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
   ~Scope() = default;
 
   // The full path ("forward/layer3"); empty for a scope opened with an empty name.
-  std::string path() const { return std::string(inner_->path()); }
+  std::string path() const { return std::string(detail::live(inner_, "Scope").path()); }
 
  private:
   friend class Runtime;
@@ -851,7 +916,12 @@ class Scope {
 
 // The engine: owns the streams; buffers are allocated from it and tasks
 // submitted to it. Several threads may submit at once. Destroying it waits for
-// every task, stops its stream threads and writes the trace, if one was asked for.
+// every task and prints a task failure nobody was told of (no synchronize()
+// or wait() reported it) to stderr, one line naming the task; then, unless a
+// Schedule (or an unsubmitted TaskBuilder) still holds the engine, it stops
+// the stream threads and writes the trace, if one was asked for — otherwise
+// that happens when the last of those goes. A moved-from Runtime throws
+// braid::Error from every method.
 class Runtime {
  public:
   // Defaults: auto backend, 2 compute streams, 1 comm stream, affinity placement.
@@ -866,22 +936,22 @@ class Runtime {
   ~Runtime() = default;
 
   // "cpu" or "cuda".
-  std::string backend_name() const { return detail::str(inner_->backend_name()); }
+  std::string backend_name() const { return detail::str(raw().backend_name()); }
   // Total number of streams (compute, then comm).
-  std::size_t streams() const noexcept { return inner_->streams(); }
-  std::size_t compute_streams() const noexcept { return inner_->compute_streams(); }
-  std::size_t rank() const noexcept { return inner_->rank(); }
+  std::size_t streams() const { return raw().streams(); }
+  std::size_t compute_streams() const { return raw().compute_streams(); }
+  std::size_t rank() const { return raw().rank(); }
   // The priority class: the builder's, or the placement file's
   // `[runtime] class` (docs/tenants.md).
-  Class priority_class() const noexcept { return inner_->priority_class(); }
+  Class priority_class() const { return raw().priority_class(); }
   // On CUDA with RuntimeBuilder::spare_sms: the SMs its compute kernels
   // never run on, as the driver rounded the request; 0 on the CPU or when
   // none are spared.
-  std::uint32_t spared_sms() const noexcept { return inner_->spared_sms(); }
+  std::uint32_t spared_sms() const { return raw().spared_sms(); }
 
   // Allocates `bytes` zeroed bytes on the runtime's device.
   Buffer alloc(const std::string& name, std::size_t bytes) const {
-    return Buffer(detail::call([&] { return inner_->alloc(detail::name(name), bytes); }));
+    return Buffer(detail::call([&] { return raw().alloc(detail::name(name), bytes); }));
   }
   // Allocates a buffer holding a copy of `data` (the upload is a task).
   template <class T>
@@ -906,7 +976,7 @@ class Runtime {
     static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
     const auto* bytes = reinterpret_cast<const std::uint8_t*>(data);
     rust::Slice<const std::uint8_t> slice(count == 0 ? nullptr : bytes, detail::mul(count, sizeof(T)));
-    return TaskHandle(detail::call([&] { return inner_->upload(v.raw(), slice); }));
+    return TaskHandle(detail::call([&] { return raw().upload(v.raw(), slice); }));
   }
   template <class T>
   TaskHandle upload(const View& v, const std::vector<T>& data) const {
@@ -918,30 +988,30 @@ class Runtime {
   template <class T>
   std::vector<T> read_vec(const View& v) const {
     static_assert(std::is_trivially_copyable<T>::value, "braid: element types must be trivially copyable");
-    rust::Vec<std::uint8_t> bytes = detail::call([&] { return inner_->read_bytes(v.raw(), sizeof(T)); });
+    rust::Vec<std::uint8_t> bytes = detail::call([&] { return raw().read_bytes(v.raw(), sizeof(T)); });
     std::vector<T> out(bytes.size() / sizeof(T));
     if (!out.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;
   }
 
   // Starts a task named `name`.
-  TaskBuilder task(std::string name) const { return TaskBuilder(*inner_, std::move(name)); }
+  TaskBuilder task(std::string name) const { return TaskBuilder(raw(), std::move(name)); }
 
   // Opens scope `name` ("forward/layer3") inside the scope this thread has
   // open on this runtime, until the returned object is destroyed:
   //   { auto s = rt.scope("forward"); /* tasks tagged forward */ }
   [[nodiscard]] Scope scope(const std::string& name) const {
-    return Scope(detail::call([&] { return inner_->enter_scope(detail::name(name)); }));
+    return Scope(detail::call([&] { return raw().enter_scope(detail::name(name)); }));
   }
   // The path of the innermost scope this thread has open; empty for none.
-  std::string current_scope() const { return std::string(inner_->current_scope()); }
+  std::string current_scope() const { return std::string(raw().current_scope()); }
 
   // Waits for every task submitted so far; throws braid::Error naming the
   // failed task(s) if any failed since the last synchronisation point
   // (dependents of a failed task are skipped and not reported separately).
   // The runtime stays usable either way.
   void synchronize() const {
-    detail::call([&] { inner_->synchronize(); });
+    detail::call([&] { raw().synchronize(); });
   }
 
   // Runs `program` — which submits tasks to this runtime as usual, and may
@@ -955,29 +1025,32 @@ class Runtime {
   Schedule record(const std::string& name, F&& program) const {
     auto fn = std::make_unique<ffi::RecordFn>();
     fn->body = [this, &program] { program(*this); };
-    return Schedule(detail::call([&] { return inner_->record(detail::name(name), std::move(fn)); }));
+    return Schedule(detail::call([&] { return raw().record(detail::name(name), std::move(fn)); }));
   }
 
-  // The summary of the spans recorded so far (profiling must be on).
-  Summary summary() const { return detail::to_summary(inner_->summary()); }
+  // The summary of the spans recorded so far. Without profiling
+  // (RuntimeBuilder::profile or trace) there are none: an empty summary.
+  Summary summary() const { return detail::to_summary(raw().summary()); }
   // What the scheduler did so far (counters; profiling need not be on).
-  Stats stats() const noexcept {
-    const ffi::StatsRecord r = inner_->stats();
+  Stats stats() const {
+    const ffi::StatsRecord r = raw().stats();
     return Stats{r.tasks,   r.edges,          r.waits,         r.elided_waits,     r.replays,
                  r.replayed_tasks, r.auto_replayed, r.auto_divergences, r.graph_replays, r.inline_tasks};
   }
   // The spans recorded so far, sorted by start time.
-  std::vector<TaskSpan> spans() const { return detail::to_spans(inner_->spans()); }
+  std::vector<TaskSpan> spans() const { return detail::to_spans(raw().spans()); }
   // A snapshot of the spans recorded so far.
-  Profile profile() const { return Profile(inner_->profile()); }
+  Profile profile() const { return Profile(raw().profile()); }
   // Forgets the spans recorded so far (e.g. after warm-up).
-  void clear_profile() const noexcept { inner_->clear_profile(); }
+  void clear_profile() const { raw().clear_profile(); }
   // Writes the profile as a Chrome trace (chrome://tracing, Perfetto).
+  // Without profiling it holds the streams and no task.
   void write_trace(const std::string& path) const {
-    detail::call([&] { inner_->write_trace(path); });
+    detail::call([&] { raw().write_trace(path); });
   }
 
-  const ffi::Runtime& raw() const noexcept { return *inner_; }
+  // Throws braid::Error for a moved-from Runtime.
+  const ffi::Runtime& raw() const { return detail::live(inner_, "Runtime"); }
 
  private:
   friend class RuntimeBuilder;
@@ -1064,6 +1137,22 @@ class RuntimeBuilder {
   // runs on its stream's thread, for bodies that care which thread runs them.
   RuntimeBuilder& inline_short_tasks(bool on = true) {
     cfg_.inline_short_tasks = on;
+    return *this;
+  }
+  // The CPU cores the process may use, as this runtime counts them (default:
+  // BRAID_CPU_CORES when set, else the cores detected; 0 restores that). The
+  // CPU runtimes alive in the process share them: under Policy::Affinity a
+  // runtime places compute tasks on its share of its compute streams only,
+  // so compute_streams(4) on a 2-core machine runs at most 2 at once.
+  // Communication streams are not counted; CUDA runtimes ignore it.
+  RuntimeBuilder& cpu_cores(std::size_t n) {
+    cfg_.cpu_cores = n;
+    return *this;
+  }
+  // Let Policy::Affinity use every compute stream whatever the core budget
+  // (default off). The runtime still counts against the budget.
+  RuntimeBuilder& oversubscribe(bool on = true) {
+    cfg_.oversubscribe = on;
     return *this;
   }
   // The rank this runtime plays in a data-parallel job (the trace's process).
@@ -1175,13 +1264,12 @@ struct dtype_of<Bf16> {
 // fail fast, on every rank. Copies share the collective numbering.
 class Communicator {
  public:
+  // No move operations: moving copies, so a moved-from communicator stays usable.
   Communicator(const Communicator& other) : inner_(ffi::clone_comm(*other.inner_)) {}
-  Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(const Communicator& other) {
     if (this != &other) inner_ = ffi::clone_comm(*other.inner_);
     return *this;
   }
-  Communicator& operator=(Communicator&&) noexcept = default;
   ~Communicator() = default;
 
   std::size_t rank() const noexcept { return inner_->rank(); }
@@ -1194,8 +1282,11 @@ class Communicator {
   std::uint64_t issued() const noexcept { return inner_->issued(); }
   // Why the communicator is poisoned; empty when it is not.
   std::string poisoned() const { return std::string(inner_->poisoned()); }
-  // Gives up: pending and later collectives fail on every rank.
-  void abort(const std::string& reason) const { inner_->abort(reason); }
+  // Gives up: pending and later collectives fail on every rank. Invalid
+  // UTF-8 in `reason` is replaced (an abort must not fail on its message).
+  void abort(const std::string& reason) const {
+    detail::call([&] { inner_->abort(detail::name(reason)); });
+  }
 
   // In-place all-reduce of the Ts of v.
   template <class T>
