@@ -4,8 +4,9 @@
 #   1. configure, build and ctest            (build/cpp)
 #   2. the same with ASan + UBSan             (build/cpp-sanitize, BRAID_SANITIZE=address,undefined,
 #                                              leak detection on)
-#   3. install, then build a consumer with find_package(Braid), and another with
-#      add_subdirectory(braid), and run both  (build/cpp-install, build/cpp-consumer-*)
+#   3. install, then build a consumer with find_package(Braid), one with
+#      find_package(braid) and one with add_subdirectory(braid), and run them
+#                                             (build/cpp-install, build/cpp-consumer-*)
 #
 # The Rust static library is built once by cargo (release profile, in
 # $CARGO_TARGET_DIR when set, else the workspace's target/) and shared by every
@@ -59,6 +60,12 @@ cmake -S cpp/consumer -B build/cpp-consumer-package -DBRAID_VIA=package \
   -DCMAKE_PREFIX_PATH="$root/build/cpp-install"
 cmake --build build/cpp-consumer-package -j "$jobs"
 build/cpp-consumer-package/braid_consumer
+
+step "consumer via find_package(braid) (lowercase)"
+cmake -S cpp/consumer -B build/cpp-consumer-lowercase -DBRAID_VIA=package -DBRAID_PACKAGE=braid \
+  -DCMAKE_PREFIX_PATH="$root/build/cpp-install"
+cmake --build build/cpp-consumer-lowercase -j "$jobs"
+build/cpp-consumer-lowercase/braid_consumer
 
 step "consumer via add_subdirectory(braid)"
 cmake -S cpp/consumer -B build/cpp-consumer-subdir -DBRAID_VIA=subdirectory -DBRAID_SOURCE_DIR="$root"
