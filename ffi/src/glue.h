@@ -2,7 +2,8 @@
 // header (braid-ffi/src/lib.rs.h). Users include braid/braid.hpp instead.
 //
 // Protocol: a C++ task is a `TaskFn` owned by Rust (`UniquePtr<TaskFn>`) from
-// submission until its task runs — on a Braid stream thread — or is skipped
+// submission until its task runs — on a Braid stream thread, or for a short
+// CPU task on the submitting thread inside the submission — or is skipped
 // because a dependency failed (then it is destroyed without being called). It
 // holds a CPU body, a CUDA body or both; the runtime's backend picks one and
 // Rust calls it through `call_host` or `call_cuda` — once, or once per replay
