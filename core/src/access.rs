@@ -597,6 +597,17 @@ pub(crate) fn collect<A: Accesses>(
         if err.is_some() {
             return;
         }
+        // The check below is of the offset in the buffer: it is the
+        // address's alignment only up to the buffers' own.
+        if e.align > crate::backend::cpu::ALIGN {
+            err = Some(Error::Usage(format!(
+                "task `{task}`: `{}` needs {}-byte alignment, and buffers are aligned to {} bytes",
+                e.name,
+                e.align,
+                crate::backend::cpu::ALIGN
+            )));
+            return;
+        }
         if e.size == 0 || view.len() % e.size != 0 || view.start % e.align != 0 {
             err = Some(Error::Misaligned {
                 buffer: view.buf.name().to_string(),

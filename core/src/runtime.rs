@@ -277,7 +277,9 @@ impl RuntimeBuilder {
     /// than running it. It still counts as its stream's next task (its span,
     /// its place in the stream's order; `Stats::inline` counts them). Off:
     /// every body runs on its stream's thread, for bodies that depend on
-    /// which thread runs them (thread-locals, CPU affinity).
+    /// which thread runs them (thread-locals, CPU affinity) or take a lock
+    /// their submitter may hold while it submits (an inline body would wait
+    /// for it inside the submitting call: a deadlock).
     pub fn inline_short_tasks(mut self, on: bool) -> Self {
         self.inline_short_tasks = on;
         self
@@ -437,9 +439,14 @@ impl RuntimeBuilder {
                 "at least one compute stream is needed".into(),
             ));
         }
-        let n = self.compute_streams + self.comm_streams;
+        let n = self.compute_streams.saturating_add(self.comm_streams);
         if n > u16::MAX as usize {
-            return Err(Error::Config(format!("{n} streams is too many")));
+            return Err(Error::Config(format!(
+                "{} compute and {} communication streams are too many (at most {} in all)",
+                self.compute_streams,
+                self.comm_streams,
+                u16::MAX
+            )));
         }
         if self.window == 0 {
             return Err(Error::Config("the launch window must be at least 1".into()));

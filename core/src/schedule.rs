@@ -232,35 +232,37 @@ impl<'rt> Schedule<'rt> {
             fence: switched,
             measure: false,
         };
-        let plan = {
-            let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.settled.load(Acquire) {
-                how.measure = true;
-                let agreed = self.agreed.lock().unwrap_or_else(|e| e.into_inner()).take();
-                let handoff = crate::sched::cost::HANDOFF_NS;
-                let new = match agreed {
-                    // Agreed inputs start from one recorded placement on
-                    // every rank too (ties keep a task's recorded stream).
-                    Some(Agreement::Place { dur, compute }) => Some(
-                        plan.movable_on_first_stream()
-                            .replaced(&dur, compute, handoff),
-                    ),
-                    Some(Agreement::Keep) => {
-                        self.settled.store(true, Release);
-                        None
-                    }
-                    None => plan
-                        .measured()
-                        .map(|dur| plan.replaced(&dur, self.rt.usable_compute_streams(), handoff)),
-                };
-                if let Some(p) = new {
-                    *plan = Arc::new(p);
+        // The plan stays locked until the replay is submitted: two threads
+        // replaying one schedule submit in turn, each with the plan current
+        // then, so a replay after a re-placement never runs the old plan
+        // beside the new one (a recorded body is called by one thread at a
+        // time: `BodyCell`'s invariant).
+        let mut plan = self.plan.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.settled.load(Acquire) {
+            how.measure = true;
+            let agreed = self.agreed.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let handoff = crate::sched::cost::HANDOFF_NS;
+            let new = match agreed {
+                // Agreed inputs start from one recorded placement on
+                // every rank too (ties keep a task's recorded stream).
+                Some(Agreement::Place { dur, compute }) => Some(
+                    plan.movable_on_first_stream()
+                        .replaced(&dur, compute, handoff),
+                ),
+                Some(Agreement::Keep) => {
                     self.settled.store(true, Release);
-                    how.fence = true;
+                    None
                 }
+                None => plan
+                    .measured()
+                    .map(|dur| plan.replaced(&dur, self.rt.usable_compute_streams(), handoff)),
+            };
+            if let Some(p) = new {
+                *plan = Arc::new(p);
+                self.settled.store(true, Release);
+                how.fence = true;
             }
-            plan.clone()
-        };
+        }
         self.rt.submit_replay(&plan, how)
     }
 

@@ -25,6 +25,9 @@ pub struct TaskBuilder<'rt> {
     pub(crate) comm_index: usize,
     pub(crate) stream: Option<usize>,
     pub(crate) on_skip: Option<crate::ctx::SkipHook>,
+    /// The name of a task of another runtime given to `after`: refused at
+    /// submission (its stream and clock mean nothing to this runtime).
+    pub(crate) foreign_after: Option<Cow<'static, str>>,
 }
 
 impl fmt::Debug for TaskBuilder<'_> {
@@ -67,8 +70,16 @@ impl<'rt> TaskBuilder<'rt> {
 
     /// Adds an explicit edge: the task runs after `h` (rarely needed; data
     /// dependencies are inferred).
+    /// `h` must be a task of the same runtime; one of another runtime is
+    /// refused when the task is submitted (wait for it first instead:
+    /// [`TaskHandle::wait`]).
     pub fn after(mut self, h: &TaskHandle) -> Self {
-        self.after.push(h.task.clone());
+        if h.shared.runtime_id != self.rt.id() {
+            self.foreign_after
+                .get_or_insert_with(|| h.task.name.clone());
+        } else {
+            self.after.push(h.task.clone());
+        }
         self
     }
 
@@ -76,8 +87,13 @@ impl<'rt> TaskBuilder<'rt> {
     /// `accesses` (`&[T]` for each read token, `&mut [T]` for each write), in
     /// the shape of the set, and returns `()` or a `Result`.
     ///
-    /// Returns at once; the body runs later on the stream the task is placed
-    /// on. Errors here are misuse found at submission: a buffer of another
+    /// Returns once the task is submitted; the body runs later on the stream
+    /// the task is placed on — or, for a task the cost model has measured as
+    /// shorter than a hand-off to a stream thread, with nothing to wait for
+    /// and an idle stream, on this thread inside this call
+    /// ([`crate::RuntimeBuilder::inline_short_tasks`], on by default). So a
+    /// body must not take a lock the submitting thread holds while it
+    /// submits. Errors here are misuse found at submission: a buffer of another
     /// runtime, a stream index out of range, a view that is not a whole
     /// aligned `[T]`, two tokens that overlap where one writes, or a runtime
     /// whose backend is not the CPU (use [`TaskBuilder::run_any`] there).
@@ -156,10 +172,11 @@ impl<'rt> TaskBuilder<'rt> {
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 let mut g = g;
                 crate::ctx::body(move |ctx| {
-                    let cu = ctx.device().cuda().ok_or_else(|| Error::WrongDevice {
-                        buffer: ctx.name().to_string(),
-                        actual: "the host",
-                        wanted: "a CUDA stream",
+                    let cu = ctx.device().cuda().ok_or_else(|| {
+                        Error::Usage(format!(
+                            "task `{}` has a CUDA body but ran on a host stream",
+                            ctx.name()
+                        ))
                     })?;
                     g(A::device(&raw), cu).into_task_result()
                 })
@@ -177,6 +194,13 @@ impl<'rt> TaskBuilder<'rt> {
 
 impl TaskBuilder<'_> {
     fn into_new_task(self, body: Body) -> Result<TaskHandle> {
+        if let Some(other) = &self.foreign_after {
+            return Err(Error::Usage(format!(
+                "task `{}` is to run after task `{other}` of another runtime; an edge joins \
+                 tasks of one runtime (wait for the other task first: `TaskHandle::wait`)",
+                self.name
+            )));
+        }
         self.rt.submit(NewTask {
             name: self.name,
             kind: self.kind,
@@ -234,6 +258,7 @@ impl crate::Runtime {
             comm_index: 0,
             stream: None,
             on_skip: None,
+            foreign_after: None,
         }
     }
 }

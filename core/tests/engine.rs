@@ -649,3 +649,83 @@ fn launched_ranks_share_the_core_budget() {
         assert_eq!(n.unwrap(), 1, "rank {rank}");
     }
 }
+
+/// Misuse the engine could not honour safely is refused at submission,
+/// naming the task: an edge to a task of another runtime (its stream and
+/// clock mean nothing here: merged, they once elided a real wait), an
+/// element type aligned above the buffers' 64 bytes; too many streams fail
+/// the build instead of overflowing.
+#[test]
+fn foreign_edges_overaligned_types_and_absurd_stream_counts_are_refused() {
+    let (a, b) = (rt(2), rt(2));
+    let y = b.alloc("y", 4).unwrap();
+    let hb = b.task("on b").run(y.write::<u32>(), |_| ()).unwrap();
+    let x = a.alloc("x", 4).unwrap();
+    let err = a
+        .task("on a")
+        .after(&hb)
+        .run(x.write::<u32>(), |_| ())
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Usage(_)) && msg.contains("on a") && msg.contains("on b"),
+        "{msg}"
+    );
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+
+    #[derive(Clone, Copy)]
+    #[repr(C, align(128))]
+    struct Big([u8; 128]);
+    // SAFETY: plain bytes, no padding (size 128, align 128).
+    unsafe impl bytemuck::Zeroable for Big {}
+    // SAFETY: as above.
+    unsafe impl bytemuck::Pod for Big {}
+    let big = a.alloc("big", 256).unwrap();
+    let err = a
+        .task("aligned")
+        .run(big.read::<Big>(), |_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("128-byte alignment"), "{err}");
+    // An empty buffer is an aligned empty slice of any admitted type.
+    let empty = a.alloc("empty", 0).unwrap();
+    a.task("empty")
+        .run(empty.read::<u128>(), |v| assert!(v.is_empty()))
+        .unwrap();
+    a.synchronize().unwrap();
+
+    let err = cpu(usize::MAX).comm_streams(1).build().unwrap_err();
+    assert!(err.to_string().contains("too many"), "{err}");
+}
+
+/// A panic where the program's code runs outside the body itself — the
+/// `Drop` of a value the body captured — fails the task like a panic in the
+/// body, and the stream thread lives on (it once died, and every later
+/// wait on its stream hung).
+#[test]
+fn a_panic_dropping_a_body_fails_the_task_and_the_stream_lives_on() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("bomb dropped");
+        }
+    }
+    let rt = rt(1);
+    let x = rt.alloc("x", 4).unwrap();
+    let bomb = Bomb;
+    rt.task("bomb")
+        .run(x.write::<u32>(), move |x| {
+            let _keep = &bomb;
+            x[0] = 1;
+        })
+        .unwrap();
+    let err = rt.synchronize().unwrap_err();
+    assert!(
+        matches!(&err, Error::TaskPanicked { task, message } if task == "bomb" && message.contains("bomb dropped")),
+        "{err}"
+    );
+    rt.task("after")
+        .run(x.write::<u32>(), |x| x[0] = 2)
+        .unwrap();
+    assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![2]);
+}

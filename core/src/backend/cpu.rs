@@ -6,7 +6,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 /// Host allocations are aligned for any element type and for SIMD loads.
-const ALIGN: usize = 64;
+pub(crate) const ALIGN: usize = 64;
 
 /// Zero-initialised, 64-byte aligned host memory.
 #[derive(Debug)]
@@ -25,8 +25,13 @@ unsafe impl Sync for HostMem {}
 impl HostMem {
     pub(crate) fn zeroed(len: usize) -> Result<Self> {
         if len == 0 {
+            // Aligned as every allocation is, so an empty view is an aligned
+            // empty slice of any element type the submission check admits.
+            #[repr(C, align(64))]
+            struct Aligned([u8; ALIGN]);
+            const _: () = assert!(std::mem::align_of::<Aligned>() == ALIGN);
             return Ok(HostMem {
-                ptr: NonNull::<[u64; 8]>::dangling().cast(),
+                ptr: NonNull::<Aligned>::dangling().cast(),
                 len,
             });
         }

@@ -139,7 +139,7 @@ pub(super) fn execute(
         || DeviceCtx::Cpu(PhantomData),
     );
     live::running(shared, s, None);
-    let outcome = outcome.and_then(|()| run_checks(checks));
+    let outcome = outcome.and_then(|()| run_checks(&task.name, checks));
     let end = if timed { now_ns() } else { 0 };
     let wait = crate::trace::take_peer_wait();
     if shared.profiling {
@@ -349,7 +349,7 @@ fn run_step(
             if run.measure {
                 cell.measured(now_ns() - t0);
             }
-            r.and_then(|()| run_checks(checks))
+            r.and_then(|()| run_checks(&t.name, checks))
         }
     };
     live::running(shared, s, None);
@@ -377,9 +377,28 @@ fn run_step(
     }
 }
 
-/// Runs completion checks in order; the first error wins.
-fn run_checks(checks: Vec<Check>) -> Result<(), Error> {
-    checks.into_iter().try_for_each(|c| c())
+/// Runs completion checks of task `name` in order; the first error wins. A
+/// check is program code (`TaskCtx::on_complete`): its panic fails the task,
+/// never the stream thread.
+fn run_checks(name: &str, checks: Vec<Check>) -> Result<(), Error> {
+    checks.into_iter().try_for_each(|c| {
+        catch_unwind(AssertUnwindSafe(c)).unwrap_or_else(|panic| {
+            Err(Error::TaskPanicked {
+                task: name.to_string(),
+                message: format!("in a completion check: {}", panic_message(&*panic)),
+            })
+        })
+    })
+}
+
+/// Drops a task's body: the values it captured are program code too, and a
+/// panic in one of their `Drop`s must not end the stream thread (its tasks
+/// would never finish). Returns that panic as the task's error.
+fn drop_body(name: &str, body: impl Sized) -> Result<(), Error> {
+    catch_unwind(AssertUnwindSafe(move || drop(body))).map_err(|panic| Error::TaskPanicked {
+        task: name.to_string(),
+        message: format!("dropping its body: {}", panic_message(&*panic)),
+    })
 }
 
 /// Runs a task's body unless a predecessor failed (then calls its skip
@@ -404,6 +423,7 @@ fn run_task<'a>(
             TaskBody::Join => p.root_cause(),
             _ => p.name.to_string(),
         };
+        let _ = drop_body(&task.name, body);
         let e = Error::DependencyFailed {
             task: task.name.to_string(),
             cause,
@@ -411,7 +431,11 @@ fn run_task<'a>(
         return (Err(e), Vec::new());
     }
     match body {
-        TaskBody::Once(mut b) => call_body(&task.name, &mut b, device()),
+        TaskBody::Once(mut b) => {
+            let (r, checks) = call_body(&task.name, &mut b, device());
+            let dropped = drop_body(&task.name, b);
+            (r.and(dropped), checks)
+        }
         TaskBody::Shared(b) => {
             let t0 = if measure { now_ns() } else { 0 };
             // SAFETY: stream threads run the tasks of their own stream only,
@@ -716,7 +740,7 @@ fn poll(
         let mut f = inflight.pop_front().expect("front exists");
         if f.outcome.is_none() {
             let result = match device_err {
-                None => run_checks(std::mem::take(&mut f.checks)),
+                None => run_checks(&f.task.name, std::mem::take(&mut f.checks)),
                 Some(e) => Err(Error::TaskFailed {
                     task: f.task.name.to_string(),
                     message: e.to_string(),
