@@ -8,14 +8,35 @@
 //! therefore sees either the old complete file or the new complete file, never
 //! a prefix. On any error the temporary file is removed and the destination is
 //! left untouched.
+//!
+//! A destination that is a symbolic link is written where the link points
+//! (the link stays a link). A destination that exists and is neither a
+//! regular file nor a directory (`/dev/null`, a FIFO, a socket) cannot be
+//! replaced by a rename: the bytes are prepared in a temporary file in the
+//! system's temporary directory and then written straight into it.
+//!
+//! Temporary files of an earlier write to the same destination, left by a
+//! process that was killed mid-write (`*.braid-tmp-<pid>-<n>`), are removed
+//! by the next write when that process no longer runs (Linux) and the file
+//! has not changed for [`STALE_AFTER`].
 
+use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Marks temporary files, so stale ones left by a crash are recognisable.
 pub const TMP_MARKER: &str = ".braid-tmp-";
+
+/// A temporary file of a process that no longer runs is removed once it has
+/// not been modified for this long (a guard against a writer whose process
+/// this one cannot see, e.g. in another PID namespace sharing the directory).
+pub const STALE_AFTER: Duration = Duration::from_secs(300);
+
+/// Symbolic links followed before a path is declared a loop (Linux's limit).
+const MAX_LINKS: usize = 40;
 
 /// An operating-system error while writing a file: what was being done, and
 /// the path. Callers convert it into their own error type (`From`).
@@ -67,21 +88,134 @@ pub fn write_atomic<E: From<FileError>>(
 /// the path it is given (by any means); that file is then `fsync`ed and
 /// renamed over `path`. If `fill` or anything after it fails, the temporary
 /// file is removed and `path` is untouched.
+///
+/// A symbolic link is followed (the file it names is replaced, the link
+/// kept); a destination that is neither a regular file nor a directory
+/// (a device such as `/dev/null`, a FIFO) is written into once `fill` has
+/// completed, without a rename (module docs).
 pub fn write_atomic_with<E: From<FileError>>(
     path: &Path,
     fill: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
-    let tmp = temp_sibling(path)?;
+    let target = resolve_links(path)?;
+    if is_special(&target) {
+        return write_through(&target, fill);
+    }
+    if let Some(name) = target.file_name() {
+        remove_stale_temporaries(&parent_dir(&target), name);
+    }
+    let tmp = temp_sibling(&target)?;
     let result = fill(&tmp).and_then(|()| {
         let sync = File::open(&tmp).and_then(|f| f.sync_all());
         sync.map_err(|e| FileError::new("syncing", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| FileError::new("replacing", path, e).into())
+        std::fs::rename(&tmp, &target).map_err(|e| FileError::new("replacing", &target, e).into())
     });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
         return result;
     }
-    sync_dir(&parent_dir(path)).map_err(E::from)
+    sync_dir(&parent_dir(&target)).map_err(E::from)
+}
+
+/// Writes into `target`, an existing file that is not a regular one (a
+/// device, a FIFO): `fill` fills a temporary file in the system's temporary
+/// directory (it may need to seek, and to create its file), which is then
+/// copied into `target` and removed.
+fn write_through<E: From<FileError>>(
+    target: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<(), E> {
+    let tmp_dir = std::env::temp_dir();
+    let name = target.file_name().unwrap_or(OsStr::new("output"));
+    remove_stale_temporaries(&tmp_dir, name);
+    let tmp = temp_sibling(&tmp_dir.join(name))?;
+    let result = fill(&tmp).and_then(|()| {
+        let mut from = File::open(&tmp).map_err(|e| FileError::new("reading", &tmp, e))?;
+        let mut to = OpenOptions::new()
+            .write(true)
+            .open(target)
+            .map_err(|e| FileError::new("opening", target, e))?;
+        std::io::copy(&mut from, &mut to)
+            .and_then(|_| to.flush())
+            .map_err(|e| FileError::new("writing", target, e).into())
+            .map(drop)
+    });
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// `path` with its symbolic links followed to the path they finally name
+/// (which need not exist: a dangling link is written through, as a shell's
+/// `>` does). Relative link targets are taken from the link's directory.
+fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)
+                    .map_err(|e| FileError::new("reading the symbolic link", &p, e))?;
+                p = if to.is_absolute() {
+                    to
+                } else {
+                    parent_dir(&p).join(to)
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    let e = std::io::Error::other(format!(
+        "more than {MAX_LINKS} symbolic links to follow (a loop?)"
+    ));
+    Err(FileError::new("resolving", path, e))
+}
+
+/// Whether `path` (links followed) exists and is neither a regular file nor
+/// a directory: a character or block device, a FIFO, a socket.
+fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// Removes the temporary files `<name>.braid-tmp-<pid>-<n>` in `dir` that a
+/// process killed mid-write left behind: those whose process no longer runs
+/// and that have not been modified for [`STALE_AFTER`]. Linux only (where
+/// `/proc` says which processes run); best effort, errors are ignored.
+fn remove_stale_temporaries(dir: &Path, name: &OsStr) {
+    #[cfg(target_os = "linux")]
+    {
+        // Without a mounted /proc every process would look gone.
+        if !Path::new("/proc/self").exists() {
+            return;
+        }
+        let Some(name) = name.to_str() else { return };
+        let prefix = format!("{name}{TMP_MARKER}");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(rest) = file_name.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let Some((pid, n)) = rest.split_once('-') else {
+                continue;
+            };
+            let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), n.parse::<u64>()) else {
+                continue;
+            };
+            if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
+                continue;
+            }
+            // `DirEntry::metadata` does not follow a link: only regular
+            // files are removed.
+            let Ok(meta) = entry.metadata() else { continue };
+            let age = meta.modified().ok().and_then(|m| m.elapsed().ok());
+            if meta.is_file() && age.is_some_and(|a| a >= STALE_AFTER) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (dir, name);
 }
 
 /// A unique sibling path of `path` for a temporary file.
@@ -101,16 +235,33 @@ fn temp_sibling(path: &Path) -> Result<PathBuf, FileError> {
 }
 
 /// Why a file could not be written at `path` later, if that is already
-/// known: its directory does not exist, or `path` is a directory. For
-/// output paths checked before a long run that writes them at its end.
+/// known: its directory does not exist, `path` is a directory, or a file
+/// cannot be created in its directory (tried: a temporary file is created
+/// there and removed, as [`write_atomic_with`] would). A symbolic link is
+/// followed; a device or FIFO is taken as writable. For output paths checked
+/// before a long run that writes them at its end.
 pub fn unwritable(path: &Path) -> Option<String> {
-    let dir = parent_dir(path);
-    if !dir.is_dir() {
-        Some(format!("the directory {} does not exist", dir.display()))
-    } else if path.is_dir() {
+    let target = match resolve_links(path) {
+        Ok(t) => t,
+        Err(e) => return Some(e.error.to_string()),
+    };
+    let dir = parent_dir(&target);
+    if target.is_dir() {
         Some("is a directory; name a file".into())
-    } else {
+    } else if !dir.is_dir() {
+        Some(format!("the directory {} does not exist", dir.display()))
+    } else if is_special(&target) {
         None
+    } else {
+        let probe = temp_sibling(&target).ok()?;
+        match OpenOptions::new().write(true).create_new(true).open(&probe) {
+            Ok(f) => {
+                drop(f);
+                let _ = std::fs::remove_file(&probe);
+                None
+            }
+            Err(e) => Some(format!("cannot create a file in {}: {e}", dir.display())),
+        }
     }
 }
 
@@ -160,5 +311,127 @@ mod tests {
         assert_eq!(names, vec![std::ffi::OsString::from("f.bin")]);
         write_atomic::<FileError>(&path, |w| w.write_all(b"new")).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    }
+
+    /// A symbolic link is written through: the file it names gets the new
+    /// bytes, and the link stays a link (relative, absolute and dangling).
+    #[cfg(unix)]
+    #[test]
+    fn a_symbolic_link_is_written_through_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("real")).unwrap();
+        std::fs::write(d.join("real/f.json"), b"old").unwrap();
+        std::os::unix::fs::symlink("real/f.json", d.join("rel")).unwrap();
+        std::os::unix::fs::symlink(d.join("rel"), d.join("abs")).unwrap();
+        std::os::unix::fs::symlink("real/new.json", d.join("dangling")).unwrap();
+        for (link, bytes) in [
+            ("rel", &b"one"[..]),
+            ("abs", b"two"),
+            ("dangling", b"three"),
+        ] {
+            let path = d.join(link);
+            assert_eq!(unwritable(&path), None);
+            write_atomic::<FileError>(&path, |w| w.write_all(bytes)).unwrap();
+            assert!(
+                std::fs::symlink_metadata(&path)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink(),
+                "{link} was replaced by a file"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        }
+        assert_eq!(std::fs::read(d.join("real/f.json")).unwrap(), b"two");
+        assert_eq!(std::fs::read(d.join("real/new.json")).unwrap(), b"three");
+        // A loop is an error, not a hang.
+        std::os::unix::fs::symlink("loop_b", d.join("loop_a")).unwrap();
+        std::os::unix::fs::symlink("loop_a", d.join("loop_b")).unwrap();
+        let err = write_atomic::<FileError>(&d.join("loop_a"), |w| w.write_all(b"x")).unwrap_err();
+        assert!(err.to_string().contains("symbolic links"), "{err}");
+        assert!(unwritable(&d.join("loop_a")).is_some());
+    }
+
+    /// A FIFO (like `/dev/null`, not a regular file) is written into, not
+    /// replaced by a regular file.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_fifo_is_written_into_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        assert_eq!(unwritable(&fifo), None);
+        write_atomic_with::<FileError>(&fifo, |tmp| {
+            // Fill by creating the file, as the safetensors writer does.
+            std::fs::write(tmp, b"through the pipe").map_err(|e| FileError::new("w", tmp, e))
+        })
+        .unwrap();
+        assert_eq!(reader.join().unwrap(), b"through the pipe");
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("pipe")]);
+    }
+
+    /// Temporary files of a write whose process is gone are removed by the
+    /// next write to the same file once they are old; a live process's, a
+    /// fresh one and another file's are kept.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn stale_temporaries_of_dead_processes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // A process that has exited: its pid is free (until reused, which
+        // only keeps its file).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::process::id();
+        let old = std::time::SystemTime::now() - STALE_AFTER - Duration::from_secs(60);
+        let make = |name: &str, aged: bool| {
+            let f = File::create(d.join(name)).unwrap();
+            if aged {
+                f.set_modified(old).unwrap();
+            }
+        };
+        let stale = format!("ck.st{TMP_MARKER}{dead}-0");
+        let fresh = format!("ck.st{TMP_MARKER}{dead}-1");
+        let running = format!("ck.st{TMP_MARKER}{live}-7");
+        let other = format!("other.st{TMP_MARKER}{dead}-0");
+        make(&stale, true);
+        make(&fresh, false);
+        make(&running, true);
+        make(&other, true);
+        write_atomic::<FileError>(&d.join("ck.st"), |w| w.write_all(b"x")).unwrap();
+        // Kept only if the pid was taken again meanwhile.
+        let alive = Path::new("/proc").join(dead.to_string()).exists();
+        assert_eq!(d.join(&stale).exists(), alive, "pid {dead} reused?");
+        for keep in [&fresh, &running, &other] {
+            assert!(d.join(keep).exists(), "{keep} was removed");
+        }
+    }
+
+    /// A directory in which no file can be created (even by root: /proc) is
+    /// found before anything is written.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn unwritable_tries_to_create_a_file() {
+        let why = unwritable(Path::new("/proc/braid-probe.json")).unwrap();
+        assert!(why.contains("cannot create a file in /proc"), "{why}");
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(unwritable(&dir.path().join("t.json")), None);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        let why = unwritable(&dir.path().join("file/sub/t.json")).unwrap();
+        assert!(why.contains("does not exist"), "{why}");
     }
 }
