@@ -51,6 +51,18 @@ pub enum ConfigError {
         /// `NH`.
         num_heads: usize,
     },
+    /// The parameters (with their gradients and AdamW moments, 16 bytes
+    /// each) could not even be counted in memory: no machine holds them.
+    #[error(
+        "GPT-2 config: {config} has too many parameters (more than {max} bytes of parameters, \
+         gradients and AdamW moments at 16 bytes each, the most any allocation can be)"
+    )]
+    TooLarge {
+        /// The configuration, as written by `Debug`.
+        config: String,
+        /// The largest size of one allocation, bytes (`isize::MAX`).
+        max: usize,
+    },
     /// [`Gpt2Config::from_name`] got a name it does not know.
     #[error(
         "unknown GPT-2 config name `{0}` (expected one of: gpt2, gpt2-medium, gpt2-large, \
@@ -134,7 +146,11 @@ impl Gpt2Config {
         }
     }
 
-    /// Checks that every size is nonzero and that `C` is divisible by `NH`.
+    /// Checks that every size is nonzero, that `C` is divisible by `NH`, and
+    /// that the parameters can be counted: their count times 16 bytes
+    /// (parameters, gradients, two AdamW moments) fits one allocation
+    /// (`isize::MAX` bytes). Whether they fit this machine's memory is up
+    /// to the allocations (see [`crate::model::try_init_params`]).
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (field, value) in [
             ("max_seq_len", self.max_seq_len),
@@ -153,7 +169,65 @@ impl Gpt2Config {
                 num_heads: self.num_heads,
             });
         }
+        let max = isize::MAX as usize;
+        if self
+            .checked_num_parameters()
+            .and_then(|n| n.checked_mul(16))
+            .is_none_or(|b| b > max)
+        {
+            return Err(ConfigError::TooLarge {
+                config: format!("{self:?}"),
+                max,
+            });
+        }
         Ok(())
+    }
+
+    /// [`num_parameters`](Self::num_parameters), or `None` when the count
+    /// overflows `usize` (or `V` rounded up to [`VOCAB_ROW_MULTIPLE`]
+    /// does).
+    pub const fn checked_num_parameters(&self) -> Option<usize> {
+        let (v, c, t, l) = (
+            self.vocab_size,
+            self.channels,
+            self.max_seq_len,
+            self.num_layers,
+        );
+        if v.checked_next_multiple_of(VOCAB_ROW_MULTIPLE).is_none() {
+            return None;
+        }
+        // 12·C² + 13·C per layer.
+        let Some(cc) = c.checked_mul(c) else {
+            return None;
+        };
+        let Some(c12) = cc.checked_mul(12) else {
+            return None;
+        };
+        let Some(c13) = c.checked_mul(13) else {
+            return None;
+        };
+        let Some(layer) = c12.checked_add(c13) else {
+            return None;
+        };
+        let Some(layers) = l.checked_mul(layer) else {
+            return None;
+        };
+        let Some(wte) = v.checked_mul(c) else {
+            return None;
+        };
+        let Some(wpe) = t.checked_mul(c) else {
+            return None;
+        };
+        let Some(lnf) = c.checked_mul(2) else {
+            return None;
+        };
+        let Some(a) = wte.checked_add(wpe) else {
+            return None;
+        };
+        let Some(b) = a.checked_add(layers) else {
+            return None;
+        };
+        b.checked_add(lnf)
     }
 
     /// `Vp`: the row length of the model's logits, `V` rounded up to
@@ -227,6 +301,37 @@ mod tests {
         let mut c = Gpt2Config::tiny();
         c.vocab_size = 0;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+        // Too many parameters to count, or to hold in any allocation.
+        for (field, value) in [
+            ("channels", 1usize << 62),
+            ("num_layers", usize::MAX / 2),
+            ("vocab_size", usize::MAX),
+            ("max_seq_len", 1 << 60),
+        ] {
+            let mut c = Gpt2Config::tiny();
+            match field {
+                "channels" => c.channels = value,
+                "num_layers" => c.num_layers = value,
+                "vocab_size" => c.vocab_size = value,
+                _ => c.max_seq_len = value,
+            }
+            if field == "channels" {
+                c.num_heads = 1;
+            }
+            assert!(c
+                .checked_num_parameters()
+                .is_none_or(|n| n > isize::MAX as usize / 16));
+            let err = c.validate().unwrap_err();
+            assert!(
+                matches!(err, ConfigError::TooLarge { .. }),
+                "{field}: {err}"
+            );
+            assert!(err.to_string().contains("too many parameters"), "{err}");
+        }
+        for name in ["gpt2", "gpt2-xl", "tiny"] {
+            let c = Gpt2Config::from_name(name).unwrap();
+            assert_eq!(c.checked_num_parameters(), Some(c.num_parameters()));
+        }
         assert!(matches!(
             Gpt2Config::from_name("gpt3"),
             Err(ConfigError::UnknownName(n)) if n == "gpt3"

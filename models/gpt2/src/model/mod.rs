@@ -934,9 +934,31 @@ pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize, dtype: D
 /// GPT-2's initialisation (as in nanoGPT and llm.c): weights `N(0, 0.02)`, the
 /// two residual projections of each block `N(0, 0.02 / sqrt(2L))`, biases 0,
 /// layer-norm gains 1. Deterministic in `seed`.
+///
+/// # Panics
+///
+/// When the host cannot hold the parameters ([`try_init_params`] says so
+/// with an error instead).
 pub fn init_params(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
+    try_init_params(cfg, seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`init_params`], with an error when the host's memory cannot hold the
+/// parameters (instead of the allocator's abort).
+pub fn try_init_params(cfg: &Gpt2Config, seed: u64) -> crate::error::Result<Vec<f32>> {
     let layout = ParamLayout::new(cfg);
-    let mut params = vec![0.0f32; layout.total];
+    let mut params = Vec::new();
+    params.try_reserve_exact(layout.total).map_err(|_| {
+        crate::error::Gpt2Error::InvalidSetting {
+            what: "model size",
+            reason: format!(
+                "out of host memory: {} bytes for the {} parameters of {cfg:?}",
+                layout.total.saturating_mul(4),
+                layout.total
+            ),
+        }
+    })?;
+    params.resize(layout.total, 0.0f32);
     let mut rng = Rng::new(seed);
     let residual_std = 0.02 / (2.0 * cfg.num_layers as f32).sqrt();
     for t in &layout.tensors {
@@ -958,7 +980,7 @@ pub fn init_params(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
             *x = rng.normal() * std;
         }
     }
-    params
+    Ok(params)
 }
 
 /// The seeded generator of initialisation and sampling ([`crate::rng`]).

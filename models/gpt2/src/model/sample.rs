@@ -99,7 +99,9 @@ impl Sampler {
         crate::data::check_ids(context, cfg.vocab_size, "prompt")?;
         let t = self.model.seq_len();
         let mut window: Vec<u32> = context.iter().rev().take(t).rev().copied().collect();
-        let mut out = Vec::with_capacity(n);
+        // `n` may be huge (generate until the reader stops): no room for
+        // it is reserved up front.
+        let mut out = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
             let len = window.len();
             let mut tokens = window.clone();
