@@ -198,13 +198,24 @@ pub(crate) fn read_header(path: &Path, f: &mut std::fs::File) -> Result<Header> 
         path: path.to_path_buf(),
         message,
     };
-    let file_len = f
+    let meta = f
         .metadata()
-        .map_err(|e| Gpt2Error::io("reading", path, e))?
-        .len();
+        .map_err(|e| Gpt2Error::io("reading", path, e))?;
+    if meta.is_dir() {
+        let e = std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory; name the .safetensors file in it",
+        );
+        return Err(Gpt2Error::io("reading", path, e));
+    }
+    let file_len = meta.len();
     let mut n = [0u8; 8];
-    f.read_exact(&mut n)
-        .map_err(|_| corrupt(format!("file is {file_len} bytes, too short for a header")))?;
+    f.read_exact(&mut n).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            corrupt(format!("file is {file_len} bytes, too short for a header"))
+        }
+        _ => Gpt2Error::io("reading", path, e),
+    })?;
     let n = u64::from_le_bytes(n);
     if n > 100_000_000 || n + 8 > file_len {
         return Err(corrupt(format!(
@@ -316,6 +327,18 @@ pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Confi
             .or_else(|| header.tensors.get(&format!("{HF_PREFIX}{short}")))
             .map(|e| &e.shape)
     };
+    if header
+        .metadata
+        .contains_key(crate::checkpoint::METADATA_KEY)
+    {
+        return Err(fail(
+            "it is a Braid training checkpoint, not Hugging Face weights: continue it with \
+             `train --resume --checkpoint-dir <its directory>`, sample from it with \
+             `sample --checkpoint <its directory>`, or get weights from a run with \
+             --save-weights"
+                .into(),
+        ));
+    }
     let wte = shape_of("wte.weight").ok_or_else(|| fail("no wte.weight tensor".into()))?;
     let wpe = shape_of("wpe.weight").ok_or_else(|| fail("no wpe.weight tensor".into()))?;
     let (&[vocab_size, channels], &[max_seq_len, wpe_c]) = (wte.as_slice(), wpe.as_slice()) else {

@@ -40,13 +40,15 @@ pub fn evaluate(
     source.check_vocab(cfg.vocab_size)?;
     let windows: Vec<_> = eval_windows(source, seq_len)?.collect();
     if windows.is_empty() {
-        return Err(Gpt2Error::DatasetTooSmall {
-            origin: source.origin().to_string(),
-            tokens: source.len(),
-            needed: seq_len + 1,
-            batch_size: 1,
-            seq_len,
-            world_size: 1,
+        return Err(Gpt2Error::InvalidSetting {
+            what: "evaluation data",
+            reason: format!(
+                "{}: {} tokens are too few for one window of {seq_len} (a window needs {}: \
+                 its tokens and the one after them)",
+                source.origin(),
+                source.len(),
+                seq_len + 1
+            ),
         });
     }
     let mut model: Option<Gpt2Model> = None;
