@@ -26,7 +26,7 @@ use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::kernels::flash_attention::{
     attention_from_env, set_attention_kernels, AttentionKernels,
 };
-use braid_gpt2::model::{Dtype, Fusion, Sampler};
+use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
@@ -73,7 +73,8 @@ struct TrainArgs {
     /// a UTF-8 text file.
     #[arg(long, default_value = "builtin")]
     data: String,
-    /// Train until this many steps are done (a resumed run continues to it).
+    /// Train until this many steps are done (a resumed run continues to
+    /// it); at least 1.
     #[arg(long, default_value_t = 40)]
     steps: u64,
     /// Sequences per rank per step.
@@ -91,7 +92,8 @@ struct TrainArgs {
     /// `constant` keeps --lr throughout (after any warm-up).
     #[arg(long, value_enum, default_value_t = LrScheduleArg::Cosine)]
     lr_schedule: LrScheduleArg,
-    /// Steps of linear learning-rate warm-up from 0 to --lr [default: a
+    /// Steps of linear learning-rate warm-up to --lr: step s of N trains
+    /// at s/N of --lr, so step 1 at --lr/N and step N at --lr [default: a
     /// tenth of --steps with the cosine schedule, none with the constant
     /// one]. Without one, AdamW's first steps move every weight by about
     /// --lr at once, and the gradient norm spikes.
@@ -152,7 +154,7 @@ struct TrainArgs {
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Also save the checkpoint every N steps.
-    #[arg(long)]
+    #[arg(long, requires = "checkpoint_dir")]
     checkpoint_every: Option<u64>,
     /// Continue the checkpoint in --checkpoint-dir.
     #[arg(long, requires = "checkpoint_dir")]
@@ -289,9 +291,11 @@ struct EvalArgs {
     /// Hugging Face GPT-2 weights (model.safetensors).
     #[arg(long)]
     weights: PathBuf,
-    /// Tokens to score: a llm.c .bin token file or a UTF-8 text file.
+    /// Tokens to score: a llm.c .bin token file, a UTF-8 text file, or
+    /// `builtin:val` (`builtin:train`, `builtin`) for a split of the
+    /// built-in corpus, as `train --data` takes.
     #[arg(long)]
-    tokens: PathBuf,
+    tokens: String,
     /// Window length T: window i predicts tokens i·T+1 … i·T+T.
     #[arg(long)]
     seq_len: usize,
@@ -520,6 +524,9 @@ fn agree(named: Option<&str>, found: Gpt2Config, source: &str) -> Result<Gpt2Con
 
 fn cmd_train(a: TrainArgs) -> Result<()> {
     // 1. Everything is read and checked before anything is written.
+    if a.steps == 0 {
+        bail!("--steps 0 trains nothing: give the number of steps to train to (at least 1)");
+    }
     let (cfg, start) = if a.resume {
         let dir = a
             .checkpoint_dir
@@ -557,7 +564,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             }
             None => {
                 let cfg = parse_model(a.model.as_deref().unwrap_or("small"))?;
-                (cfg, StartState::fresh(&cfg, a.seed))
+                let params = try_init_params(&cfg, a.seed)?;
+                (cfg, StartState::from_params(params))
             }
         }
     };
@@ -578,9 +586,15 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             a.data, cfg.vocab_size
         )
     })?;
+    // A cap travels between the ranks as two 31-bit halves; no bucket
+    // needs more than a tebibyte anyway.
+    const MAX_CAP_MIB: f64 = (1u64 << 20) as f64;
     let mib = |x: f64, what: &str| -> Result<usize> {
         if !(x.is_finite() && x > 0.0) {
-            bail!("{what} must be a positive number of MiB, not {x}");
+            bail!("{what} must be a positive number of MiB, not {x:?}");
+        }
+        if x > MAX_CAP_MIB {
+            bail!("{what} {x:?} is more than {MAX_CAP_MIB} MiB (1 TiB)");
         }
         Ok(((x * (1 << 20) as f64) as usize).max(4))
     };
@@ -590,9 +604,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         CompressionArg::None => CapArg::Auto,
         _ => CapArg::Mib(25.0),
     });
+    // Deadlines are `Instant`s: an absurd wait would overflow one.
+    const YEAR: f64 = 365.0 * 24.0 * 3600.0;
     let secs = |x: f64, what: &str| -> Result<Duration> {
         if !(x.is_finite() && x > 0.0) {
-            bail!("{what} must be a positive number of seconds, not {x}");
+            bail!("{what} must be a positive number of seconds, not {x:?}");
+        }
+        if x > YEAR {
+            bail!("{what} {x:?} is more than a year ({YEAR} seconds)");
         }
         Ok(Duration::from_secs_f64(x))
     };
@@ -668,8 +687,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         BackendKind::Cuda { .. } => DistEnv::launched()?,
         _ => {
             // CPU ranks are threads of one process: several torchrun
-            // processes would each train a model of their own.
-            if let Ok(Some(d)) = DistEnv::launched() {
+            // processes would each train a model of their own. A launch of
+            // one process (WORLD_SIZE=1) trains as without torchrun;
+            // variables that make no sense are refused, as on GPUs.
+            let launched = DistEnv::launched().context(
+                "the torchrun variables (RANK, WORLD_SIZE, ...) are invalid; unset them to \
+                 train on CPU ranks, which are threads of this process (--ranks)",
+            )?;
+            if let Some(d) = launched {
                 if d.world_size > 1 {
                     bail!(
                         "RANK={} WORLD_SIZE={} (a torchrun launch?) on the CPU: CPU ranks are \
@@ -717,6 +742,20 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let ranks = world;
     opts.check()?;
+    // The checkpoint directory is made now, as the run would make it, and a
+    // file is tried in it: a directory the run cannot write to is found
+    // before the first step, not after the last (rank 0 writes it; under
+    // torchrun the other processes leave it alone).
+    if let Some(dir) =
+        (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
+    {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!("--checkpoint-dir {}: creating the directory", dir.display())
+        })?;
+        if let Some(why) = braid::fs::unwritable(&checkpoint_file(dir)) {
+            bail!("--checkpoint-dir {}: {why}", dir.display());
+        }
+    }
 
     // 2. Train.
     eprintln!(
@@ -788,17 +827,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         .with_context(|| format!("--save-weights {}", path.display()))?;
         println!("weights          {}", path.display());
     }
-    if let (Some(first), Some(last)) = (report.steps.first(), report.steps.last()) {
-        println!("first loss       {:.4} (step {})", first.loss, first.step);
-        println!("last loss        {:.4} (step {})", last.loss, last.step);
-    }
+    // The report's first line is the first and the last loss.
     println!("{report}");
     Ok(())
 }
 
 fn cmd_eval(a: EvalArgs) -> Result<()> {
     let (cfg, params) = load_hf_model(&a.weights).context("--weights")?;
-    let tokens = TokenSource::open(&a.tokens).context("--tokens")?;
+    let tokens = TokenSource::resolve(&a.tokens).context("--tokens")?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
     eprintln!(
         "evaluating {} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
@@ -823,7 +859,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
             }
         },
     )
-    .with_context(|| format!("evaluating on {}", a.tokens.display()))?;
+    .with_context(|| format!("evaluating on {}", a.tokens))?;
     eprintln!(
         "{} windows, {} predicted tokens, perplexity {:.3}",
         r.windows,
@@ -864,20 +900,71 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
         )
     })?;
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
-    let window = (context.len() + a.tokens).min(cfg.max_seq_len);
+    let Some(total) = context.len().checked_add(a.tokens) else {
+        bail!(
+            "--tokens {} is more tokens than can be counted (with the prompt's {})",
+            a.tokens,
+            context.len()
+        );
+    };
+    let window = total.min(cfg.max_seq_len);
     let dtype = a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some()));
     let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, dtype)?;
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    write!(out, "{}", a.prompt)?;
-    sampler.generate(&rt, &context, a.tokens, |t| {
-        // A token outside GPT-2's vocabulary (a model with a bigger one)
-        // cannot be shown as text.
-        let s = tok.decode_one(t).unwrap_or_else(|_| format!("<{t}>"));
-        let _ = write!(out, "{s}");
-        let _ = out.flush();
-        Ok(())
-    })?;
-    writeln!(out)?;
-    Ok(())
+    let mut out = Output {
+        w: std::io::stdout().lock(),
+        error: None,
+    };
+    if out.put(&a.prompt) {
+        let generated = sampler.generate(&rt, &context, a.tokens, |t| {
+            // A token outside GPT-2's vocabulary (a model with a bigger one)
+            // cannot be shown as text.
+            let s = tok.decode_one(t).unwrap_or_else(|_| format!("<{t}>"));
+            if out.put(&s) {
+                Ok(())
+            } else {
+                // Generation stops at once; the error is `out.error`.
+                Err(braid_gpt2::error::Gpt2Error::io(
+                    "writing",
+                    "standard output",
+                    std::io::Error::other("stopped"),
+                ))
+            }
+        });
+        match generated {
+            Err(_) if out.error.is_some() => {}
+            Err(e) => return Err(e.into()),
+            Ok(_) => {
+                out.put("\n");
+            }
+        }
+    }
+    match out.error {
+        // The reader is gone (`| head`): stop quietly, as `yes` would.
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Some(e) => Err(e).context("writing the sample to standard output"),
+        None => Ok(()),
+    }
+}
+
+/// Standard output of `sample`: text written and flushed as it comes, and
+/// the first write error kept (after which nothing more is written).
+struct Output<W> {
+    w: W,
+    error: Option<std::io::Error>,
+}
+
+impl<W: std::io::Write> Output<W> {
+    /// Writes and flushes `s`; false once a write has failed.
+    fn put(&mut self, s: &str) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        match self.w.write_all(s.as_bytes()).and_then(|()| self.w.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
 }

@@ -536,8 +536,8 @@ fn two_torchrun_processes_train_together() {
         last_losses.push(
             stdout
                 .lines()
-                .find(|l| l.starts_with("last loss"))
-                .unwrap_or_else(|| panic!("rank {rank}: no last loss in\n{stdout}"))
+                .find(|l| l.starts_with("loss "))
+                .unwrap_or_else(|| panic!("rank {rank}: no loss line in\n{stdout}"))
                 .to_string(),
         );
     }
