@@ -35,8 +35,10 @@ use crate::weights::{read_header, F32View, Header};
 
 /// Name of the file inside a checkpoint directory.
 pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
-/// Safetensors metadata key holding the checkpoint's JSON metadata.
-pub const METADATA_KEY: &str = "braid.checkpoint";
+/// Safetensors metadata key holding the checkpoint's JSON metadata (defined
+/// beside the safetensors reader, which refuses a checkpoint given as
+/// weights by it).
+pub use crate::weights::CHECKPOINT_METADATA_KEY as METADATA_KEY;
 /// Version of the metadata format written by this crate.
 pub const CHECKPOINT_VERSION: u32 = 1;
 

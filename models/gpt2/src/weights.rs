@@ -30,6 +30,10 @@ use crate::layout::ParamLayout;
 /// Prefix of the transformer's tensors in `GPT2LMHeadModel`.
 pub const HF_PREFIX: &str = "transformer.";
 
+/// The safetensors metadata key of a Braid training checkpoint
+/// (`checkpoint::METADATA_KEY`): a file with it is a checkpoint, not weights.
+pub const CHECKPOINT_METADATA_KEY: &str = "braid.checkpoint";
+
 /// Strips the optional `transformer.` prefix.
 fn short_name(name: &str) -> &str {
     name.strip_prefix(HF_PREFIX).unwrap_or(name)
@@ -327,10 +331,7 @@ pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Confi
             .or_else(|| header.tensors.get(&format!("{HF_PREFIX}{short}")))
             .map(|e| &e.shape)
     };
-    if header
-        .metadata
-        .contains_key(crate::checkpoint::METADATA_KEY)
-    {
+    if header.metadata.contains_key(CHECKPOINT_METADATA_KEY) {
         return Err(fail(
             "it is a Braid training checkpoint, not Hugging Face weights: continue it with \
              `train --resume --checkpoint-dir <its directory>`, sample from it with \
