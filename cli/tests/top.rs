@@ -198,3 +198,42 @@ fn errors_name_the_problem() {
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("--replay FILE"));
 }
+
+/// `{rank}` in the socket path is the rank's socket (`--rank`, default 0),
+/// as the runtimes serving it expand it; the interactive view without a
+/// terminal says to use `--once` rather than failing inside the terminal
+/// library.
+#[test]
+fn rank_patterns_and_no_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("r{rank}.sock");
+    let trace = dir.path().join("t.json");
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .rank(1)
+        .live(&pattern)
+        .trace(&trace)
+        .build()
+        .unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    rt.task("one").run(x.write::<u8>(), |_| ()).unwrap();
+    rt.synchronize().unwrap();
+    let p = pattern.to_str().unwrap();
+    let text = stdout(&top(&["--attach", p, "--rank", "1", "--once"]));
+    assert!(text.contains("rank 1"), "{text}");
+    let o = top(&["--attach", p, "--once"]);
+    assert!(!o.status.success(), "rank 0 serves nothing here");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("r0.sock"));
+    drop(rt);
+    let o = Command::new(BIN)
+        .args(["top", "--replay", trace.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("needs a terminal") && err.contains("--once"),
+        "{err}"
+    );
+}
