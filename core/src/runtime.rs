@@ -808,7 +808,18 @@ impl Runtime {
         data: &[T],
     ) -> Result<TaskHandle> {
         let v = v.as_view();
-        let bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+        let src: &[u8] = bytemuck::cast_slice(data);
+        // The task uploads a copy (the caller's slice may go before it
+        // runs); a copy the host cannot hold is an error, not an abort.
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(src.len())
+            .map_err(|_| Error::Device {
+                backend: "cpu",
+                op: format!("copying an upload into `{}`", v.buffer().name()),
+                message: format!("out of host memory allocating {} bytes", src.len()),
+            })?;
+        bytes.extend_from_slice(src);
         if bytes.len() != v.len() {
             return Err(Error::Usage(format!(
                 "upload of {} bytes into a view of {} bytes of `{}`",
