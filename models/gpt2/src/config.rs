@@ -186,48 +186,29 @@ impl Gpt2Config {
     /// [`num_parameters`](Self::num_parameters), or `None` when the count
     /// overflows `usize` (or `V` rounded up to [`VOCAB_ROW_MULTIPLE`]
     /// does).
-    pub const fn checked_num_parameters(&self) -> Option<usize> {
+    pub fn checked_num_parameters(&self) -> Option<usize> {
         let (v, c, t, l) = (
             self.vocab_size,
             self.channels,
             self.max_seq_len,
             self.num_layers,
         );
-        if v.checked_next_multiple_of(VOCAB_ROW_MULTIPLE).is_none() {
-            return None;
-        }
-        // 12·C² + 13·C per layer.
-        let Some(cc) = c.checked_mul(c) else {
-            return None;
-        };
-        let Some(c12) = cc.checked_mul(12) else {
-            return None;
-        };
-        let Some(c13) = c.checked_mul(13) else {
-            return None;
-        };
-        let Some(layer) = c12.checked_add(c13) else {
-            return None;
-        };
-        let Some(layers) = l.checked_mul(layer) else {
-            return None;
-        };
-        let Some(wte) = v.checked_mul(c) else {
-            return None;
-        };
-        let Some(wpe) = t.checked_mul(c) else {
-            return None;
-        };
-        let Some(lnf) = c.checked_mul(2) else {
-            return None;
-        };
-        let Some(a) = wte.checked_add(wpe) else {
-            return None;
-        };
-        let Some(b) = a.checked_add(layers) else {
-            return None;
-        };
-        b.checked_add(lnf)
+        v.checked_next_multiple_of(VOCAB_ROW_MULTIPLE)?;
+        let layers = l.checked_mul(Self::checked_layer_parameters(c)?)?;
+        v.checked_mul(c)?
+            .checked_add(t.checked_mul(c)?)?
+            .checked_add(layers)?
+            .checked_add(c.checked_mul(2)?)
+    }
+
+    /// [`layer_parameters`](Self::layer_parameters), or `None` when it
+    /// overflows `usize`.
+    fn checked_layer_parameters(c: usize) -> Option<usize> {
+        // ln1 (2C) + qkv (3C·C + 3C) + attproj (C·C + C) + ln2 (2C)
+        // + fc (4C·C + 4C) + fcproj (C·4C + C)
+        c.checked_mul(c)?
+            .checked_mul(12)?
+            .checked_add(c.checked_mul(13)?)
     }
 
     /// `Vp`: the row length of the model's logits, `V` rounded up to
@@ -242,21 +223,24 @@ impl Gpt2Config {
     }
 
     /// Total number of parameters (the length of the flat parameter buffer).
-    pub const fn num_parameters(&self) -> usize {
-        let (v, c, t, l) = (
-            self.vocab_size,
-            self.channels,
-            self.max_seq_len,
-            self.num_layers,
-        );
-        v * c + t * c + l * Self::layer_parameters(c) + 2 * c
+    ///
+    /// # Panics
+    ///
+    /// When the count overflows `usize`; [`validate`](Self::validate)
+    /// refuses such a configuration.
+    pub fn num_parameters(&self) -> usize {
+        self.checked_num_parameters().expect(
+            "the parameter count overflows usize (Gpt2Config::validate refuses this config)",
+        )
     }
 
     /// Parameters in one transformer block: `12·C² + 13·C`.
-    pub const fn layer_parameters(c: usize) -> usize {
-        // ln1 (2C) + qkv (3C·C + 3C) + attproj (C·C + C) + ln2 (2C)
-        // + fc (4C·C + 4C) + fcproj (C·4C + C)
-        12 * c * c + 13 * c
+    ///
+    /// # Panics
+    ///
+    /// When that overflows `usize`.
+    pub fn layer_parameters(c: usize) -> usize {
+        Self::checked_layer_parameters(c).expect("the block's parameter count overflows usize")
     }
 }
 
