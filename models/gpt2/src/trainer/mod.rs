@@ -145,19 +145,27 @@ pub fn train(
             None => train_gpus(opts, device, &start, data, on_step, &failed),
         },
     };
+    // This process's trace file, if the run writes one (`trace.json` for
+    // rank 0 of a torchrun launch, `trace.rank1.json` for rank 1, …).
+    let trace_path = opts
+        .trace
+        .as_ref()
+        .map(|p| rank_trace_path(p, dist.as_ref().map_or(0, |d| d.rank)));
+    let write_trace = |path: &std::path::Path, profiles: &[Profile]| {
+        let refs: Vec<&Profile> = profiles.iter().collect();
+        braid::trace::write_chrome_trace(path, &refs)
+    };
     let outcomes = match outcomes {
         Ok(o) => o,
         Err(error) => {
             // The trace of the run up to the failure, where the finished
             // run's would go: the runs that fail are the ones a trace is
             // most wanted for.
-            let (profiles, path) = (failed.take(), opts.trace.as_ref());
-            let Some(path) = path.filter(|_| !profiles.is_empty()) else {
+            let profiles = failed.take();
+            let Some(path) = trace_path.filter(|_| !profiles.is_empty()) else {
                 return Err(error);
             };
-            let path = rank_trace_path(path, dist.as_ref().map_or(0, |d| d.rank));
-            let refs: Vec<&Profile> = profiles.iter().collect();
-            return Err(match braid::trace::write_chrome_trace(&path, &refs) {
+            return Err(match write_trace(&path, &profiles) {
                 Ok(()) => Gpt2Error::Failed {
                     error: Box::new(error),
                     trace: path,
@@ -221,10 +229,8 @@ pub fn train(
         });
         report.profiles.push(o.profile);
     }
-    if let Some(path) = &opts.trace {
-        let path = rank_trace_path(path, dist.as_ref().map_or(0, |d| d.rank));
-        let refs: Vec<&Profile> = report.profiles.iter().collect();
-        braid::trace::write_chrome_trace(&path, &refs)?;
+    if let Some(path) = trace_path {
+        write_trace(&path, &report.profiles)?;
         report.trace = Some(path);
     }
     Ok(report)
