@@ -809,6 +809,14 @@ impl Runtime {
     ) -> Result<TaskHandle> {
         let v = v.as_view();
         let src: &[u8] = bytemuck::cast_slice(data);
+        if src.len() != v.len() {
+            return Err(Error::Usage(format!(
+                "upload of {} bytes into a view of {} bytes of `{}`",
+                src.len(),
+                v.len(),
+                v.buffer().name()
+            )));
+        }
         // The task uploads a copy (the caller's slice may go before it
         // runs); a copy the host cannot hold is an error, not an abort.
         let mut bytes = Vec::new();
@@ -820,14 +828,6 @@ impl Runtime {
                 message: format!("out of host memory allocating {} bytes", src.len()),
             })?;
         bytes.extend_from_slice(src);
-        if bytes.len() != v.len() {
-            return Err(Error::Usage(format!(
-                "upload of {} bytes into a view of {} bytes of `{}`",
-                bytes.len(),
-                v.len(),
-                v.buffer().name()
-            )));
-        }
         // One copy of the data, shared by whichever body the backend runs.
         let host = Arc::new(bytes);
         let dev_bytes = host.clone();

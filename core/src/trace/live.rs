@@ -228,7 +228,8 @@ mod serve {
         /// program may have replaced it).
         file: (u64, u64),
         /// A handle on the accept loop's socket, to wake the loop by shutting
-        /// the socket down.
+        /// the socket down (Linux).
+        #[cfg(target_os = "linux")]
         listener: UnixListener,
         sources: Mutex<Vec<(u64, Weak<dyn Source>)>>,
         closed: AtomicBool,
@@ -295,10 +296,12 @@ mod serve {
         }
         let listener = UnixListener::bind(path).map_err(|e| refuse(e.to_string()))?;
         let file = file_id(path).ok_or_else(|| refuse("the socket vanished once bound".into()))?;
+        #[cfg(target_os = "linux")]
         let handle = listener.try_clone().map_err(|e| refuse(e.to_string()))?;
         let hub = Arc::new(Hub {
             path: path.to_path_buf(),
             file,
+            #[cfg(target_os = "linux")]
             listener: handle,
             sources: Mutex::new(vec![(id, source)]),
             closed: AtomicBool::new(false),
