@@ -54,6 +54,23 @@ pub enum Gpt2Error {
         trace: PathBuf,
     },
 
+    /// A step's loss or gradient norm was not finite: training diverged.
+    /// Every rank stops at that step (both figures are the same on every
+    /// rank), before that step's state is saved.
+    #[error(
+        "training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped \
+         before saving this step's state (a checkpoint saved earlier is kept). A lower \
+         learning rate or a longer warm-up usually helps"
+    )]
+    Diverged {
+        /// The step whose figures were not finite.
+        step: u64,
+        /// Its mean loss across ranks.
+        loss: f32,
+        /// Its global gradient norm before clipping.
+        grad_norm: f32,
+    },
+
     // ----- files ---------------------------------------------------------
     /// An operating-system error while touching a file. The message ends
     /// with the OS error's, so that error is not also the `source()` (a

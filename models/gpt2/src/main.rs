@@ -6,6 +6,7 @@
 //! braid-gpt2 train --device cuda --ranks 1 --model gpt2 --batch-size 8 --seq-len 1024
 //! torchrun --standalone --nproc-per-node 4 --no-python braid-gpt2 train --device cuda --model gpt2
 //! braid-gpt2 eval --weights model.safetensors --tokens val.bin --seq-len 64
+//! braid-gpt2 eval --checkpoint ckpt/ --tokens builtin:val --seq-len 64
 //! braid-gpt2 sample --checkpoint ckpt/ --prompt "Once upon a time" --tokens 40
 //! ```
 //!
@@ -287,10 +288,14 @@ impl Default for TrainArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["weights", "checkpoint"])))]
 struct EvalArgs {
     /// Hugging Face GPT-2 weights (model.safetensors).
     #[arg(long)]
-    weights: PathBuf,
+    weights: Option<PathBuf>,
+    /// A training checkpoint directory (its parameters are scored).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     /// Tokens to score: a llm.c .bin token file, a UTF-8 text file, or
     /// `builtin:val` (`builtin:train`, `builtin`) for a split of the
     /// built-in corpus, as `train --data` takes.
@@ -527,7 +532,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     if a.steps == 0 {
         bail!("--steps 0 trains nothing: give the number of steps to train to (at least 1)");
     }
-    let (cfg, start) = if a.resume {
+    let (cfg, start, resumed) = if a.resume {
         let dir = a
             .checkpoint_dir
             .as_ref()
@@ -542,7 +547,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                 a.steps
             );
         }
-        (cfg, StartState::from_checkpoint(ckpt))
+        let extra = ckpt.extra.clone();
+        (cfg, StartState::from_checkpoint(ckpt), Some(extra))
     } else {
         if let Some(dir) = &a.checkpoint_dir {
             let file = checkpoint_file(dir);
@@ -556,18 +562,18 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                 );
             }
         }
-        match &a.init_from {
+        let (cfg, params) = match &a.init_from {
             Some(path) => {
                 let (found, params) = load_hf_model(path).context("--init-from")?;
                 let cfg = agree(a.model.as_deref(), found, &path.display().to_string())?;
-                (cfg, StartState::from_params(params))
+                (cfg, params)
             }
             None => {
                 let cfg = parse_model(a.model.as_deref().unwrap_or("small"))?;
-                let params = try_init_params(&cfg, a.seed)?;
-                (cfg, StartState::from_params(params))
+                (cfg, try_init_params(&cfg, a.seed)?)
             }
-        }
+        };
+        (cfg, StartState::from_params(params), None)
     };
     for (flag, path) in [
         ("--save-weights", a.save_weights.as_ref()),
@@ -742,6 +748,17 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let ranks = world;
     opts.check()?;
+    // A resumed run may change its settings (a new learning rate, more
+    // ranks); it then no longer continues as the saved run would have, and
+    // says so once.
+    let differences = resumed.map_or(Vec::new(), |e| opts.resume_differences(&e, world));
+    if !differences.is_empty() && dist.as_ref().is_none_or(|d| d.rank == 0) {
+        eprintln!(
+            "note: these settings differ from those of the run that saved the checkpoint, so \
+             this run does not continue it exactly: {}",
+            differences.join(", ")
+        );
+    }
     // The checkpoint directory is made now, as the run would make it, and a
     // file is tried in it: a directory the run cannot write to is found
     // before the first step, not after the last (rank 0 writes it; under
@@ -832,13 +849,32 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// The model `eval` or `sample` runs: Hugging Face weights, or the
+/// parameters of a training checkpoint. Returns it with what to call it.
+fn load_model(
+    weights: Option<&Path>,
+    checkpoint: Option<&Path>,
+) -> Result<(Gpt2Config, Vec<f32>, String)> {
+    match (weights, checkpoint) {
+        (Some(w), _) => {
+            let (cfg, params) = load_hf_model(w).context("--weights")?;
+            Ok((cfg, params, w.display().to_string()))
+        }
+        (None, Some(dir)) => {
+            let c = load_checkpoint(dir).context("--checkpoint")?;
+            let name = format!("the checkpoint in {} (step {})", dir.display(), c.step);
+            Ok((c.config, c.params, name))
+        }
+        (None, None) => unreachable!("clap requires one of them"),
+    }
+}
+
 fn cmd_eval(a: EvalArgs) -> Result<()> {
-    let (cfg, params) = load_hf_model(&a.weights).context("--weights")?;
+    let (cfg, params, name) = load_model(a.weights.as_deref(), a.checkpoint.as_deref())?;
     let tokens = TokenSource::resolve(&a.tokens).context("--tokens")?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
     eprintln!(
-        "evaluating {} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
-        a.weights.display(),
+        "evaluating {name} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
         tokens.origin(),
         tokens.len(),
         a.seq_len,
@@ -871,14 +907,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
 }
 
 fn cmd_sample(a: SampleArgs) -> Result<()> {
-    let (cfg, params) = match (&a.weights, &a.checkpoint) {
-        (Some(w), _) => load_hf_model(w).context("--weights")?,
-        (None, Some(dir)) => {
-            let c = load_checkpoint(dir).context("--checkpoint")?;
-            (c.config, c.params)
-        }
-        (None, None) => unreachable!("clap requires one of them"),
-    };
+    let (cfg, params, _) = load_model(a.weights.as_deref(), a.checkpoint.as_deref())?;
     let tok = Tokenizer::gpt2()?;
     let context = if a.prompt.is_empty() {
         if tok.eot() as usize >= cfg.vocab_size {

@@ -334,9 +334,9 @@ pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Confi
     if header.metadata.contains_key(CHECKPOINT_METADATA_KEY) {
         return Err(fail(
             "it is a Braid training checkpoint, not Hugging Face weights: continue it with \
-             `train --resume --checkpoint-dir <its directory>`, sample from it with \
-             `sample --checkpoint <its directory>`, or get weights from a run with \
-             --save-weights"
+             `train --resume --checkpoint-dir <its directory>`, score or sample it with \
+             `eval --checkpoint` or `sample --checkpoint <its directory>`, or get weights \
+             from a run with --save-weights"
                 .into(),
         ));
     }

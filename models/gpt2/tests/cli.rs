@@ -148,6 +148,57 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
     fails(d, &["train", "--inject-fault", "1"], &["RANK:STEP"]);
 }
 
+/// A run whose loss goes NaN stops at that step on every rank, keeps the
+/// checkpoint saved before it and writes its trace; a resumed run says
+/// which of its settings differ from the saved run's, and only then.
+#[test]
+fn a_diverging_run_stops_and_a_changed_resume_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let base = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+        "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
+        "--checkpoint-dir", "ckpt", "--checkpoint-every", "1",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    ok(d, &with(&["--steps", "2", "--no-trace"]));
+    // Resumed with the same settings: nothing to say.
+    let again = run(d, &with(&["--steps", "3", "--resume", "--no-trace"]));
+    let quiet = text(&again.stderr);
+    assert!(again.status.success(), "{quiet}");
+    assert!(!quiet.contains("settings differ"), "{quiet}");
+    // Resumed with a rate of 1e30, which sends every weight to about 1e30
+    // in one step: the change is said once, then the run diverges and
+    // stops at the first step whose loss is not finite.
+    let err = fails(
+        d,
+        &with(&[
+            "--steps", "9", "--resume", "--lr", "1e30", "--trace", "t.json",
+        ]),
+        &["training diverged at step", "t.json"],
+    );
+    assert_eq!(err.matches("settings differ").count(), 1, "{err}");
+    assert!(
+        err.contains("peak learning rate 1e30 (the checkpoint's: 0.002)"),
+        "{err}"
+    );
+    let step: u64 = err
+        .split("training diverged at step ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step in: {err}"));
+    assert!((4..=9).contains(&step), "{err}");
+    assert!(d.join("t.json").exists());
+    // The checkpoints before it were saved, the diverged state was not.
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, step - 1, "{err}");
+}
+
 #[test]
 fn train_eval_sample_and_bad_inputs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1171,6 +1222,18 @@ fn eval_and_sample_edges() {
     );
     assert!(!err.contains("No such file"), "{err}");
     eval("ckpt", "train.bin", &["ckpt", "is a directory"]);
+    // A checkpoint is scored as its weights are: the same parameters.
+    #[rustfmt::skip]
+    let by_weights = ok(d, &[
+        "eval", "--weights", "w.safetensors", "--tokens", "train.bin", "--seq-len", "16",
+    ]);
+    #[rustfmt::skip]
+    let by_checkpoint = ok(d, &[
+        "eval", "--checkpoint", "ckpt", "--tokens", "train.bin", "--seq-len", "16",
+    ]);
+    assert_eq!(eval_loss(&by_weights), eval_loss(&by_checkpoint));
+    #[rustfmt::skip]
+    fails(d, &["eval", "--tokens", "train.bin", "--seq-len", "16"], &["--weights", "--checkpoint"]);
     eval(
         "ckpt/checkpoint.safetensors",
         "train.bin",

@@ -2,6 +2,7 @@
 //! where it starts ([`StartState`]: fresh, from given parameters or from a
 //! checkpoint).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use crate::data::LoaderState;
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::storage::Dtype;
 use crate::model::init_params;
+use serde_json::Value;
 
 /// Everything that shapes a training run.
 #[derive(Debug, Clone)]
@@ -234,6 +236,103 @@ impl TrainOptions {
         reducer && self.tied_split && rows < 2 * self.model.vocab_size
     }
 
+    /// The settings of a run of `world` ranks that decide its numbers, as
+    /// `(key, what, value)`: a checkpoint keeps them in its extras
+    /// ([`Checkpoint::extra`]), and a run that resumes it compares them
+    /// ([`resume_differences`](Self::resume_differences)). How the steps
+    /// are run (streams, policy, replay, graphs) is not among them: it does
+    /// not change a bit.
+    fn result_settings(&self, world: usize) -> Vec<(&'static str, &'static str, Value)> {
+        let o = &self.optimizer;
+        let s = &self.lr_schedule;
+        let f = |x: f32| Value::from(f64::from(x));
+        // ZeRO-1 shards only what a reducer reduces.
+        let zero = if world > 1 || self.reduce_single_rank {
+            self.zero
+        } else {
+            0
+        };
+        vec![
+            ("batch_size", "batch size", self.batch_size.into()),
+            ("seq_len", "sequence length", self.seq_len.into()),
+            ("world_size", "ranks", world.into()),
+            ("zero", "ZeRO stage", u64::from(zero).into()),
+            ("dtype", "storage type", self.dtype.name().into()),
+            (
+                "compression",
+                "gradient compression",
+                match self.compression {
+                    Compression::None => "none",
+                    Compression::Bf16 => "bf16",
+                    Compression::Hook(_) => "hook",
+                }
+                .into(),
+            ),
+            ("peak_lr", "peak learning rate", f(o.learning_rate)),
+            ("beta1", "AdamW beta1", f(o.beta1)),
+            ("beta2", "AdamW beta2", f(o.beta2)),
+            ("eps", "AdamW epsilon", f(o.eps)),
+            ("weight_decay", "weight decay", f(o.weight_decay)),
+            (
+                "max_grad_norm",
+                "gradient clipping norm",
+                self.max_grad_norm.map(f64::from).into(),
+            ),
+            ("warmup_steps", "warm-up steps", s.warmup_steps.into()),
+            (
+                "lr_decay_end",
+                "learning-rate decay to step",
+                s.decay_end.into(),
+            ),
+            (
+                "final_lr_fraction",
+                "final learning-rate fraction",
+                f(s.final_fraction),
+            ),
+        ]
+    }
+
+    /// What a checkpoint of this run of `world` ranks keeps beside its
+    /// tensors: the settings that decide its numbers, and the seed.
+    pub fn checkpoint_extras(&self, world: usize) -> BTreeMap<String, Value> {
+        let mut extra: BTreeMap<String, Value> = self
+            .result_settings(world)
+            .into_iter()
+            .map(|(k, _, v)| (k.to_owned(), v))
+            .collect();
+        extra.insert("seed".into(), self.seed.into());
+        extra
+    }
+
+    /// How this run of `world` ranks differs from the one that saved a
+    /// checkpoint with these extras, one line per setting (`what`: this
+    /// run's value, the checkpoint's). Empty when the resumed run continues
+    /// as the saved one would have, bit for bit. Settings the checkpoint
+    /// does not record (an older one) are not compared.
+    pub fn resume_differences(&self, extra: &BTreeMap<String, Value>, world: usize) -> Vec<String> {
+        // Floats are kept as `f64` from `f32`: shown as the `f32` they were.
+        let show = |v: &Value| match v {
+            Value::Number(n) if n.is_f64() => {
+                let x = n.as_f64().unwrap_or(0.0) as f32;
+                match x.abs() {
+                    a if a != 0.0 && !(1e-4..1e6).contains(&a) => format!("{x:e}"),
+                    _ => format!("{x}"),
+                }
+            }
+            Value::String(s) => s.clone(),
+            Value::Null => "none".into(),
+            v => v.to_string(),
+        };
+        self.result_settings(world)
+            .into_iter()
+            .filter_map(|(key, what, now)| {
+                let then = extra.get(key)?;
+                (*then != now)
+                    .then(|| format!("{what} {} (the checkpoint's: {})", show(&now), show(then)))
+            })
+            .collect()
+    }
+
     /// Checks the options before any rank starts ([`train`](super::train)
     /// does; a caller may too, to refuse bad options before it prints
     /// anything).
@@ -376,6 +475,80 @@ impl StartState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A resumed run is compared with the saved one on the settings that
+    /// decide its numbers only, and on those the checkpoint records.
+    #[test]
+    fn resume_differences_name_what_changed_and_only_that() {
+        let saved = TrainOptions {
+            lr_schedule: crate::optim::LrSchedule::cosine(4, 40, 0.1),
+            ..TrainOptions::default()
+        };
+        let extra = saved.checkpoint_extras(2);
+        assert!(saved.resume_differences(&extra, 2).is_empty());
+        // How the steps run changes no bit: not compared.
+        let same_numbers = TrainOptions {
+            streams: 7,
+            policy: Policy::Single,
+            replay: false,
+            graphs: true,
+            seed: 99,
+            ..saved.clone()
+        };
+        assert!(same_numbers.resume_differences(&extra, 2).is_empty());
+        let other = TrainOptions {
+            batch_size: saved.batch_size + 1,
+            optimizer: AdamWHyper {
+                learning_rate: 2e-3,
+                ..saved.optimizer
+            },
+            max_grad_norm: None,
+            lr_schedule: crate::optim::LrSchedule::cosine(4, 80, 0.1),
+            dtype: Dtype::Bf16,
+            ..saved.clone()
+        };
+        let d = other.resume_differences(&extra, 4);
+        let want = [
+            format!(
+                "batch size {} (the checkpoint's: {})",
+                saved.batch_size + 1,
+                saved.batch_size
+            ),
+            "ranks 4 (the checkpoint's: 2)".into(),
+            "storage type bf16 (the checkpoint's: fp32)".into(),
+            format!(
+                "peak learning rate 0.002 (the checkpoint's: {})",
+                saved.optimizer.learning_rate
+            ),
+            format!(
+                "gradient clipping norm none (the checkpoint's: {})",
+                saved.max_grad_norm.unwrap()
+            ),
+            "learning-rate decay to step 80 (the checkpoint's: 40)".into(),
+        ];
+        assert_eq!(d, want);
+        // An older checkpoint records fewer settings: only those compare.
+        let old: BTreeMap<String, Value> = extra
+            .into_iter()
+            .filter(|(k, _)| k == "batch_size")
+            .collect();
+        assert_eq!(other.resume_differences(&old, 4), want[..1]);
+        // Far-off rates are shown in exponent form, not 31 digits.
+        let wild = TrainOptions {
+            optimizer: AdamWHyper {
+                learning_rate: 1e30,
+                ..saved.optimizer
+            },
+            ..saved.clone()
+        };
+        assert_eq!(
+            saved.resume_differences(&wild.checkpoint_extras(2), 2),
+            [format!(
+                "peak learning rate {} (the checkpoint's: 1e30)",
+                saved.optimizer.learning_rate
+            )]
+        );
+    }
 
     /// The split where its exchange is the smaller (B·T·W < 2·V), with a
     /// reducer and `tied_split` on only.

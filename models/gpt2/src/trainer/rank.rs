@@ -1,7 +1,6 @@
 //! The body of one rank, whichever way it was launched: setup, the training
 //! steps, the checkpoints, and what the rank hands back.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -225,16 +224,6 @@ fn run_rank_on(
             return Ok(None);
         }
         let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
-        let mut extra = BTreeMap::new();
-        extra.insert("batch_size".into(), b.into());
-        extra.insert("seq_len".into(), t.into());
-        extra.insert("world_size".into(), world.into());
-        extra.insert("zero".into(), u64::from(zero).into());
-        extra.insert("seed".into(), opts.seed.into());
-        extra.insert(
-            "max_grad_norm".into(),
-            opts.max_grad_norm.map(f64::from).into(),
-        );
         save_checkpoint(
             dir,
             &Checkpoint {
@@ -246,7 +235,7 @@ fn run_rank_on(
                 optimizer: *opt.hyper(),
                 loader: loader.state(),
                 rng_state: None,
-                extra,
+                extra: opts.checkpoint_extras(world),
             },
         )?;
         Ok(Some(dir.clone()))
@@ -394,6 +383,16 @@ fn run_rank_on(
         };
         if rank == 0 {
             on_step(&report);
+        }
+        // Both figures are the same on every rank (the loss is averaged
+        // across them, the norm is of the reduced gradients), so every rank
+        // stops here, and none saves the state this step made.
+        if !(loss.is_finite() && grad_norm.is_finite()) {
+            return Err(Gpt2Error::Diverged {
+                step,
+                loss,
+                grad_norm,
+            });
         }
         if let Some(every) = opts.checkpoint_every {
             if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
