@@ -16,6 +16,8 @@
 //! they were.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -36,6 +38,7 @@ use braid_gpt2::trainer::{
 use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use signal_hook::consts::{SIGINT, SIGTERM};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -686,6 +689,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             .map(braid::PlacementFile::load)
             .transpose()
             .context("--placement")?,
+        stop: None,
         fault: a.inject_fault,
     };
     let device = resolve_train_backend(&opts)?;
@@ -774,6 +778,21 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
     }
 
+    // Ctrl-C (or SIGTERM) stops the run at the end of a step, which then
+    // saves its checkpoint and writes its trace as a finished run does; a
+    // second one ends the process at once. Only where every rank is in this
+    // process: torchrun's processes would have to agree on the step.
+    let stop = Arc::new(AtomicBool::new(false));
+    if dist.as_ref().is_none_or(|d| d.world_size == 1) {
+        for sig in [SIGINT, SIGTERM] {
+            // The exit first: it sees the flag only a first signal has set.
+            signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+                .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
+                .context("installing the handler of Ctrl-C")?;
+        }
+        opts.stop = Some(Arc::clone(&stop));
+    }
+
     // 2. Train.
     eprintln!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
@@ -846,6 +865,21 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     }
     // The report's first line is the first and the last loss.
     println!("{report}");
+    if stop.load(Ordering::SeqCst) && report.final_step < a.steps {
+        eprintln!(
+            "stopped by a signal after step {} of {}: {}",
+            report.final_step,
+            a.steps,
+            match &report.checkpoint {
+                Some(dir) => format!(
+                    "its checkpoint is in {}; --resume continues it",
+                    dir.display()
+                ),
+                None => "no checkpoint was saved (--checkpoint-dir)".into(),
+            }
+        );
+        std::process::exit(130);
+    }
     Ok(())
 }
 

@@ -199,6 +199,131 @@ fn a_diverging_run_stops_and_a_changed_resume_says_so() {
     assert_eq!(ckpt.step, step - 1, "{err}");
 }
 
+/// Starts `args`, returning the child and its standard error's lines as
+/// they come.
+fn spawn_lines(
+    dir: &Path,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(err)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for a line containing `needle`, returning every line so far.
+fn wait_for_line(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !seen.last().is_some_and(|l: &String| l.contains(needle)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no line with {needle:?} ({e}) in:\n{}", seen.join("\n")),
+        }
+    }
+    seen
+}
+
+/// Sends SIGINT, as Ctrl-C does.
+fn interrupt(child: &std::process::Child) {
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Waits for the child to exit (at most `secs`), returning its status.
+fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(secs) {
+            child.kill().unwrap();
+            panic!("still running {secs} s after the signal");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Ctrl-C stops a run at the end of a step, every rank at the same one,
+/// which saves its checkpoint and writes its trace as a finished run does,
+/// and exits 130; a second Ctrl-C ends a run that cannot finish its step.
+#[test]
+fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let base = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+        "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
+        "--steps", "1000000",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let (mut child, rx) = spawn_lines(d, &with(&["--checkpoint-dir", "ckpt", "--trace", "t.json"]));
+    wait_for_line(&rx, "step     3 ");
+    interrupt(&child);
+    let status = exit_within(&mut child, 60);
+    let err: Vec<String> = rx.iter().collect();
+    let err = err.join("\n");
+    assert_eq!(status.code(), Some(130), "{err}");
+    let step: u64 = err
+        .split("stopped by a signal after step ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step in: {err}"));
+    assert!((3..1_000_000).contains(&step), "{err}");
+    assert!(err.contains("--resume continues it"), "{err}");
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, step, "the checkpoint is of the last step");
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("t.json")).unwrap()).unwrap();
+    assert!(!trace["traceEvents"].as_array().unwrap().is_empty());
+    // It resumes from there, with nothing to say about its settings.
+    let next = (step + 2).to_string();
+    #[rustfmt::skip]
+    let resumed: Vec<&str> = base[..base.len() - 1].iter().copied().chain([
+        next.as_str(), "--checkpoint-dir", "ckpt", "--resume", "--no-trace",
+    ]).collect();
+    let out = run(d, &resumed);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("settings differ"));
+
+    // A rank that never finishes step 2: the first Ctrl-C cannot stop the
+    // run at a step's end, the second ends it at once.
+    #[rustfmt::skip]
+    let (mut child, rx) = spawn_lines(d, &with(&[
+        "--no-trace", "--inject-fault", "1:2:hang", "--comm-timeout", "600",
+    ]));
+    wait_for_line(&rx, "step     1 ");
+    interrupt(&child);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "the step cannot end");
+    interrupt(&child);
+    assert_eq!(exit_within(&mut child, 30).code(), Some(130));
+}
+
 #[test]
 fn train_eval_sample_and_bad_inputs() {
     let tmp = tempfile::tempdir().unwrap();

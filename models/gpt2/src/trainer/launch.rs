@@ -13,7 +13,7 @@ use std::time::Duration;
 use braid::comm::NcclCommunicator;
 use braid::{BackendKind, Class, Comm, LocalCommConfig, Policy, Runtime};
 
-use super::rank::{run_rank, FailedProfiles, RankOutcome};
+use super::rank::{run_rank, RankOutcome, RunShared};
 use super::{DistEnv, StartState, StepReport, TrainOptions};
 use crate::data::TokenSource;
 use crate::error::{Gpt2Error, Result};
@@ -257,14 +257,14 @@ pub(super) fn train_cpu(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
-    failed: &Arc<FailedProfiles>,
+    shared: &Arc<RunShared>,
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
     let failures = Arc::new(Failures::default());
     let (steps, reports) = std::sync::mpsc::channel::<StepReport>();
     let mut ranks = {
         let (opts, start, data) = (opts.clone(), start.clone(), data.clone());
-        let (failures, failed) = (failures.clone(), failed.clone());
+        let (failures, shared) = (failures.clone(), shared.clone());
         braid::comm::spawn_ranks(
             world,
             LocalCommConfig::default().timeout(opts.comm_timeout),
@@ -288,7 +288,7 @@ pub(super) fn train_cpu(
                             &start,
                             &data,
                             &report,
-                            &failed,
+                            &shared,
                         )
                     })
                     .map_err(|e| {
@@ -360,7 +360,7 @@ pub(super) fn train_gpus(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
-    failed: &FailedProfiles,
+    shared: &RunShared,
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
     // Rank 0's runtime first: a missing driver or device is reported as the
@@ -374,7 +374,7 @@ pub(super) fn train_gpus(
             false => None,
         };
         return Ok(vec![run_rank(
-            opts, rt0, 0, 1, comm, start, data, on_step, failed,
+            opts, rt0, 0, 1, comm, start, data, on_step, shared,
         )?]);
     }
     let count = braid::cuda::cuda_available().map_err(braid::Error::from)?;
@@ -422,7 +422,7 @@ pub(super) fn train_gpus(
                                 start,
                                 data,
                                 on_step,
-                                failed,
+                                shared,
                             )
                         });
                         let result = std::panic::catch_unwind(run).unwrap_or_else(|p| {
@@ -522,7 +522,7 @@ pub(super) fn train_torchrun(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
-    failed: &FailedProfiles,
+    shared: &RunShared,
 ) -> Result<RankOutcome> {
     let rt = build_runtime(
         opts,
@@ -572,7 +572,7 @@ pub(super) fn train_torchrun(
         start,
         data,
         on_step,
-        failed,
+        shared,
     )
 }
 

@@ -137,12 +137,14 @@ pub fn train(
     }
     // Check the data once, before any rank starts.
     DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
-    let failed = std::sync::Arc::new(rank::FailedProfiles::default());
+    // A torchrun launch of several processes has ranks elsewhere.
+    let all_here = dist.as_ref().is_none_or(|d| d.world_size == 1);
+    let shared = std::sync::Arc::new(rank::RunShared::new(opts, all_here));
     let outcomes = match backend {
-        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step, &failed),
+        BackendKind::Cpu | BackendKind::Auto => train_cpu(opts, &start, data, on_step, &shared),
         BackendKind::Cuda { device } => match &dist {
-            Some(env) => train_torchrun(opts, env, &start, data, on_step, &failed).map(|o| vec![o]),
-            None => train_gpus(opts, device, &start, data, on_step, &failed),
+            Some(env) => train_torchrun(opts, env, &start, data, on_step, &shared).map(|o| vec![o]),
+            None => train_gpus(opts, device, &start, data, on_step, &shared),
         },
     };
     // This process's trace file, if the run writes one (`trace.json` for
@@ -161,7 +163,7 @@ pub fn train(
             // The trace of the run up to the failure, where the finished
             // run's would go: the runs that fail are the ones a trace is
             // most wanted for.
-            let profiles = failed.take();
+            let profiles = shared.take();
             let Some(path) = trace_path.filter(|_| !profiles.is_empty()) else {
                 return Err(error);
             };
@@ -206,6 +208,7 @@ pub fn train(
     };
     for (i, o) in outcomes.into_iter().enumerate() {
         if i == 0 {
+            report.final_step = o.final_step;
             report.steps = o.steps;
             report.params = o.params.unwrap_or_default();
             report.checkpoint = o.checkpoint;

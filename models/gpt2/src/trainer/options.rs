@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,6 +149,15 @@ pub struct TrainOptions {
     /// `optimizer`, …) without changing the program. `None`: the file named
     /// by `BRAID_PLACEMENT`, if set.
     pub placement: Option<braid::PlacementFile>,
+    /// A flag that, once set (from a signal handler, another thread), stops
+    /// the run early: every rank stops at the same step, the one in
+    /// progress or the next, then saves the checkpoint and writes the trace
+    /// as a finished run does ([`TrainReport::final_step`](super::TrainReport)
+    /// is that step). Honoured when every rank is in this process (CPU
+    /// ranks, one process driving its GPUs); a torchrun launch of several
+    /// processes ignores it, since its processes would have to agree on the
+    /// step. `None`, the default: the run goes to `steps`.
+    pub stop: Option<Arc<AtomicBool>>,
     /// A fault to inject, for tests of what the other ranks do when one
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
@@ -214,6 +224,7 @@ impl Default for TrainOptions {
             zero: 0,
             dtype: Dtype::F32,
             placement: None,
+            stop: None,
             fault: None,
         }
     }

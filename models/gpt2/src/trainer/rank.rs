@@ -2,6 +2,8 @@
 //! steps, the checkpoints, and what the rank hands back.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use braid::comm::{Bf16, BoundComm, BucketConfig, BucketShard, DType, ReduceOp};
@@ -29,6 +31,8 @@ pub(super) struct GraphOutcome {
 
 /// What a rank hands back.
 pub(super) struct RankOutcome {
+    /// The last step: the run's `steps`, or where it was asked to stop.
+    pub(super) final_step: u64,
     pub(super) steps: Vec<StepReport>,
     pub(super) params: Option<Vec<f32>>,
     pub(super) hash: u64,
@@ -78,14 +82,31 @@ fn hash_f32s(x: &[f32]) -> u64 {
     lanes.into_iter().fold(tail, step)
 }
 
-/// The profiles of the ranks that failed, kept for the trace of a run that
-/// did not finish (`train` writes it where the finished run's would go).
-#[derive(Default)]
-pub(super) struct FailedProfiles(std::sync::Mutex<Vec<(usize, Profile)>>);
+/// What the ranks of this process share during a run: the profiles of the
+/// ranks that failed, kept for the trace of a run that did not finish
+/// (`train` writes it where the finished run's would go), and the step at
+/// which they stop when asked to ([`TrainOptions::stop`]).
+pub(super) struct RunShared {
+    failed: Mutex<Vec<(usize, Profile)>>,
+    /// The flag of [`TrainOptions::stop`], when this process holds every
+    /// rank (else the flag is not honoured).
+    stop: Option<Arc<AtomicBool>>,
+    /// The last step of every rank once the flag is seen (`u64::MAX`: none).
+    stop_at: AtomicU64,
+}
 
-impl FailedProfiles {
+impl RunShared {
+    /// For a run whose ranks are all in this process (`all_here`) or not.
+    pub(super) fn new(opts: &TrainOptions, all_here: bool) -> Self {
+        RunShared {
+            failed: Mutex::new(Vec::new()),
+            stop: opts.stop.clone().filter(|_| all_here),
+            stop_at: AtomicU64::new(u64::MAX),
+        }
+    }
+
     fn push(&self, rank: usize, p: Profile) {
-        self.0
+        self.failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((rank, p));
@@ -93,9 +114,28 @@ impl FailedProfiles {
 
     /// The profiles kept, in rank order.
     pub(super) fn take(&self) -> Vec<Profile> {
-        let mut v = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut v = std::mem::take(&mut *self.failed.lock().unwrap_or_else(|p| p.into_inner()));
         v.sort_by_key(|(rank, _)| *rank);
         v.into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// Whether a rank of `world` that has just finished `step` stops there.
+    ///
+    /// Every rank stops at the same step. With one rank, that is the step
+    /// in which the flag is seen. With several, the first rank to see it
+    /// names the next step: no other rank can have finished that step yet,
+    /// since it ends with a collective (the loss's all-reduce) that waits
+    /// for this rank, which has not submitted it. A rank that checked
+    /// before the flag was set finishes the next step and stops there too.
+    fn stops_after(&self, step: u64, world: usize) -> bool {
+        let Some(flag) = &self.stop else {
+            return false;
+        };
+        if flag.load(Ordering::SeqCst) {
+            let at = if world > 1 { step + 1 } else { step };
+            self.stop_at.fetch_min(at, Ordering::SeqCst);
+        }
+        step >= self.stop_at.load(Ordering::SeqCst)
     }
 }
 
@@ -112,11 +152,11 @@ pub(super) fn run_rank(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
-    failed: &FailedProfiles,
+    shared: &RunShared,
 ) -> Result<RankOutcome> {
-    let out = run_rank_on(opts, &rt, rank, world, comm, start, data, on_step);
+    let out = run_rank_on(opts, &rt, rank, world, comm, start, data, on_step, shared);
     if out.is_err() && opts.trace.is_some() {
-        failed.push(rank, rt.profile());
+        shared.push(rank, rt.profile());
     }
     out
 }
@@ -131,6 +171,7 @@ fn run_rank_on(
     start: &StartState,
     data: &TokenSource,
     on_step: &(dyn Fn(&StepReport) + Sync),
+    shared: &RunShared,
 ) -> Result<RankOutcome> {
     let cfg = opts.model;
     let (b, t) = (opts.batch_size, opts.seq_len);
@@ -245,7 +286,10 @@ fn run_rank_on(
     let first = start.step + 1;
     let mut schedule = None;
     let mut steady_from = None;
-    for step in first..=opts.steps.max(start.step) {
+    // The last step of this run: `steps`, or an earlier one if it is asked
+    // to stop.
+    let mut final_step = opts.steps.max(start.step);
+    for step in first..=final_step {
         let t0 = Instant::now();
         loader.next_batch_into(&mut x, &mut y)?;
         {
@@ -394,16 +438,22 @@ fn run_rank_on(
                 grad_norm,
             });
         }
+        let stopping = shared.stops_after(step, world);
         if let Some(every) = opts.checkpoint_every {
-            if step % every == 0 && step != opts.steps && opts.checkpoint_dir.is_some() {
+            // A stopping run saves once, at the end.
+            let last = step == opts.steps || stopping;
+            if step % every == 0 && !last && opts.checkpoint_dir.is_some() {
                 if let Some(dir) = save(&model, opt_ref, reducer.as_ref(), &loader, step)? {
                     checkpoint = Some(dir);
                 }
             }
         }
         steps.push(report);
+        if stopping {
+            final_step = step;
+            break;
+        }
     }
-    let final_step = opts.steps.max(start.step);
     let opt = match opt {
         Some(o) => o,
         // No step ran (a run resumed at its last step): the optimizer as it
@@ -441,6 +491,7 @@ fn run_rank_on(
         })
     });
     Ok(RankOutcome {
+        final_step,
         bucket_cap,
         steps,
         hash: hash_f32s(&params),

@@ -33,7 +33,9 @@ pub struct TrainReport {
     /// The steps taken in this run, in order (rank 0's view; under torchrun,
     /// this process's rank: the losses are the global means on every rank).
     pub steps: Vec<StepReport>,
-    /// The last step number (the checkpoint's step).
+    /// The last step number (the checkpoint's step): the run's `steps`, or
+    /// an earlier one where [`TrainOptions::stop`](super::TrainOptions)
+    /// stopped it.
     pub final_step: u64,
     /// Rank 0's parameters at the end (empty in a torchrun process of
     /// another rank).
