@@ -98,9 +98,11 @@ impl BodyCell {
     }
 }
 
-/// Called when a task is skipped because a predecessor failed (a collective
-/// poisons its communicator, so the other ranks fail instead of waiting).
-pub(crate) type SkipHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+/// Called when a task is skipped because a predecessor failed, with the
+/// task's error (`Error::DependencyFailed`, with its root where known): a
+/// collective poisons its communicator with it, so the other ranks fail,
+/// saying why, instead of waiting.
+pub(crate) type SkipHook = std::sync::Arc<dyn Fn(&crate::Error) + Send + Sync>;
 
 /// The context a body runs in.
 pub(crate) struct TaskCtx<'a> {

@@ -54,9 +54,19 @@ pub enum Error {
     /// A task body panicked.
     #[error("task `{task}` panicked: {message}")]
     TaskPanicked { task: String, message: String },
-    /// A task was not run because a task it depends on failed.
-    #[error("task `{task}` was skipped because `{cause}`, which it depends on, failed")]
-    DependencyFailed { task: String, cause: String },
+    /// A task was not run because a task it depends on failed. `cause` is
+    /// the task it waited for; `root`, where known, the error the chain of
+    /// failures started with (the task that failed first, not one skipped
+    /// in turn), so a wait on a skipped task still says why.
+    #[error(
+        "task `{task}` was skipped because `{cause}`, which it depends on, failed{}",
+        root.as_ref().map_or(String::new(), |r| format!(": {r}"))
+    )]
+    DependencyFailed {
+        task: String,
+        cause: String,
+        root: Option<Box<Error>>,
+    },
     /// Several tasks failed before the same synchronisation point.
     #[error("{} tasks failed; the first: {}", .0.len(), .0[0])]
     Many(Vec<Error>),

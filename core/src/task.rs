@@ -215,9 +215,9 @@ impl TaskBuilder<'_> {
         })
     }
 
-    /// Calls `hook` if the task is skipped because a task it depends on
-    /// failed (in every run, replays included).
-    pub(crate) fn on_skip(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+    /// Calls `hook` with the task's error if the task is skipped because a
+    /// task it depends on failed (in every run, replays included).
+    pub(crate) fn on_skip(mut self, hook: impl Fn(&crate::Error) + Send + Sync + 'static) -> Self {
         self.on_skip = Some(std::sync::Arc::new(hook));
         self
     }

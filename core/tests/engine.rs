@@ -126,7 +126,7 @@ fn failing_task_skips_dependents_and_runtime_stays_usable() {
             "dependent of a failed task ran"
         );
         assert!(
-            matches!(dep.wait(), Err(Error::DependencyFailed { task, cause }) if task == "dependent" && cause == "bad")
+            matches!(dep.wait(), Err(Error::DependencyFailed { task, cause, .. }) if task == "dependent" && cause == "bad")
         );
         ok.wait().unwrap();
         // Reported once; afterwards the runtime works, the buffer included.
@@ -134,6 +134,69 @@ fn failing_task_skips_dependents_and_runtime_stays_usable() {
         rt.upload(&x, &[1u32, 2, 3, 4]).unwrap();
         assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![1, 2, 3, 4]);
     }
+}
+
+/// A wait on a task skipped at the end of a chain of skips (here a
+/// `read_vec`, the usual synchronisation point of one buffer) names the
+/// error the chain started with, not only the task it waited for; eager,
+/// and through a replay's skipped task and its join.
+#[test]
+fn a_skipped_task_names_the_root_failure_of_its_chain() {
+    let rt = rt(2);
+    let (x, y) = (rt.alloc("x", 16).unwrap(), rt.alloc("y", 16).unwrap());
+    failing(&rt, "bad".into(), &x, "disk on fire");
+    empty(rt.task("copy"), (x.read::<u32>(), y.write::<u32>()));
+    let e = rt.read_vec::<u32>(&y).unwrap_err();
+    match &e {
+        Error::DependencyFailed {
+            task,
+            cause,
+            root: Some(root),
+        } => {
+            assert_eq!((task.as_str(), cause.as_str()), ("read back", "copy"));
+            assert!(
+                matches!(&**root, Error::TaskFailed { task, message } if task == "bad" && message == "disk on fire"),
+                "{root}"
+            );
+        }
+        other => panic!("expected a skip naming its root, got {other:?}"),
+    }
+    assert!(
+        e.to_string()
+            .ends_with("failed: task `bad` failed: disk on fire"),
+        "{e}"
+    );
+    assert!(rt.synchronize().is_err());
+
+    // In a replay: a task that fails and one skipped after it, read back.
+    let fail = Arc::new(AtomicUsize::new(0));
+    let f = fail.clone();
+    let step = rt
+        .record("step", |rt| {
+            let f = f.clone();
+            rt.task("maybe bad")
+                .run(x.write::<u8>(), move |_| -> Result<(), TaskError> {
+                    match f.load(Ordering::SeqCst) {
+                        0 => Ok(()),
+                        _ => Err("out of paper".into()),
+                    }
+                })?;
+            empty(rt.task("copy"), (x.read::<u32>(), y.write::<u32>()));
+            Ok(())
+        })
+        .unwrap();
+    rt.synchronize().unwrap();
+    fail.store(1, Ordering::SeqCst);
+    step.replay().unwrap();
+    let e = rt.read_vec::<u32>(&y).unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("failed: task `maybe bad` failed: out of paper"),
+        "{e}"
+    );
+    assert!(rt.synchronize().is_err());
+    rt.upload(&y, &[7u32; 4]).unwrap();
+    assert_eq!(rt.read_vec::<u32>(&y).unwrap(), vec![7; 4]);
 }
 
 /// An explicit edge (`TaskBuilder::after`) to a task that has already
@@ -147,7 +210,7 @@ fn an_explicit_edge_to_a_finished_failed_task_skips_the_dependent() {
     assert!(bad.wait().is_err());
     let after = rt.task("after bad").after(&bad).run((), |()| ()).unwrap();
     assert!(
-        matches!(after.wait(), Err(Error::DependencyFailed { task, cause }) if task == "after bad" && cause == "bad")
+        matches!(after.wait(), Err(Error::DependencyFailed { task, cause, .. }) if task == "after bad" && cause == "bad")
     );
     rt.synchronize().unwrap();
 }

@@ -216,7 +216,7 @@ fn flaky_step<'rt>(
 /// for `cause` (`DependencyFailed`); `case` is printed with a failure.
 fn replay_failed_for(outcome: braid::Result<()>, cause: &str, case: impl std::fmt::Debug) {
     match outcome {
-        Err(Error::DependencyFailed { task, cause: c }) => {
+        Err(Error::DependencyFailed { task, cause: c, .. }) => {
             assert_eq!((task.as_str(), c.as_str()), ("step", cause), "{case:?}");
         }
         other => panic!("{case:?}: expected the replay to name `{cause}`, got {other:?}"),

@@ -207,9 +207,10 @@ pub(crate) trait GraphLaunch: Send + Sync {
     /// Once the launch is enqueued on `cu`'s stream; `token` is what
     /// [`GraphLaunch::before`] returned. May register completion checks.
     fn after(&self, token: u64, cu: &CudaTaskCtx<'_>) -> Result<()>;
-    /// The launch will not happen: a predecessor of the graph failed, or an
-    /// earlier hook's `before` did.
-    fn skipped(&self);
+    /// The launch will not happen, for `why`: a predecessor of the graph
+    /// failed (the launch's `DependencyFailed`), or an earlier hook's
+    /// `before` did (its error).
+    fn skipped(&self, why: &crate::Error);
     /// The launch failed after this hook's `before` gave `token`: what
     /// it stood for will not run this time.
     fn not_launched(&self, token: u64, e: &Error);

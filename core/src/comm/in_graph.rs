@@ -61,8 +61,8 @@ impl GraphLaunch for InGraph {
             .map_err(|e| self.job.fail(index, e))
     }
 
-    fn skipped(&self) {
-        self.job.skipped();
+    fn skipped(&self, why: &crate::Error) {
+        self.job.skipped(why);
     }
 
     /// The launch failed: the collective fails with the index it took.
@@ -183,9 +183,19 @@ mod tests {
         assert_eq!([a.before().unwrap(), b.before().unwrap()], [0, 1]);
         assert_eq!(a.before().unwrap(), 2);
         assert!(comm.poisoned().is_none() && aborted.lock().unwrap().is_none());
-        b.skipped();
+        b.skipped(&crate::Error::DependencyFailed {
+            task: "graph".into(),
+            cause: "bad".into(),
+            root: Some(Box::new(crate::Error::TaskFailed {
+                task: "bad".into(),
+                message: "disk on fire".into(),
+            })),
+        });
         let why = aborted.lock().unwrap().clone().expect("aborted");
-        assert!(why.contains("skipped on this rank"), "{why}");
+        assert!(
+            why.contains("skipped on this rank because `bad`") && why.contains("disk on fire"),
+            "{why}"
+        );
         let e = a.before().unwrap_err().to_string();
         assert!(e.contains("poisoned") && e.contains("skipped"), "{e}");
         // The skip took index 3, the refused launch index 4.

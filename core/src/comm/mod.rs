@@ -821,20 +821,29 @@ impl Job {
         e
     }
 
-    /// Its task was skipped because a task it depends on failed: the other
-    /// ranks must not wait for it.
-    fn skipped(&self) {
+    /// Its task was skipped (`why`, the task's error) because a task it
+    /// depends on failed: the other ranks must not wait for it, and learn
+    /// what failed.
+    fn skipped(&self, why: &Error) {
         self.settled.store(true, Ordering::Relaxed);
         let index = self.inner.ran.fetch_add(1, Ordering::AcqRel);
-        self.inner.poison(&self.skip_error(index));
+        self.inner.poison(&self.skip_error(index, Some(why)));
     }
 
-    fn skip_error(&self, index: u64) -> Error {
+    fn skip_error(&self, index: u64, why: Option<&Error>) -> Error {
+        let message = match why {
+            Some(Error::DependencyFailed { cause, root, .. }) => format!(
+                "skipped on this rank because `{cause}`, which it depends on, failed{}",
+                root.as_ref().map_or(String::new(), |r| format!(": {r}"))
+            ),
+            Some(other) => format!("skipped on this rank: {other}"),
+            None => "skipped on this rank because a task it depends on failed".into(),
+        };
         Error::Collective {
             rank: self.inner.imp.rank(),
             index,
             op: self.what.clone(),
-            message: "skipped on this rank because a task it depends on failed".into(),
+            message,
         }
     }
 }
@@ -842,7 +851,7 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.settled.load(Ordering::Relaxed) {
-            let e = self.skip_error(self.op.index);
+            let e = self.skip_error(self.op.index, None);
             self.inner.poison(&e);
         }
     }
@@ -937,7 +946,7 @@ impl<'rt> BoundComm<'rt> {
             .task(name)
             .kind(TaskKind::Comm)
             .comm_stream(self.comm_stream())
-            .on_skip(move || skip.skipped())
+            .on_skip(move |why| skip.skipped(why))
             .run_any(
                 tokens,
                 move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),

@@ -152,8 +152,8 @@ impl CudaStep {
             return None;
         }
         let hooks = self.hooks.clone();
-        Some(std::sync::Arc::new(move || {
-            hooks.iter().for_each(|h| GraphLaunch::skipped(&**h))
+        Some(std::sync::Arc::new(move |why: &crate::Error| {
+            hooks.iter().for_each(|h| GraphLaunch::skipped(&**h, why))
         }))
     }
 }
@@ -171,7 +171,7 @@ fn around_launch(
         match h.before() {
             Ok(t) => tokens.push(t),
             Err(e) => {
-                hooks[k + 1..].iter().for_each(|h| h.skipped());
+                hooks[k + 1..].iter().for_each(|h| h.skipped(&e));
                 return Err(e);
             }
         }
@@ -414,6 +414,7 @@ pub(crate) fn submit(
                     .map(|_| AtomicU8::new(super::PENDING))
                     .collect(),
                 any_failed: crate::sync::AtomicBool::new(false),
+                root: std::sync::OnceLock::new(),
                 unit: task.clone(),
                 ends: Vec::new(),
                 measure: false,
@@ -563,7 +564,7 @@ mod tests {
         fn after(&self, _: u64, _: &crate::CudaTaskCtx<'_>) -> crate::Result<()> {
             unreachable!("the tests pass `after` as a closure")
         }
-        fn skipped(&self) {
+        fn skipped(&self, _: &crate::Error) {
             self.log.lock().unwrap().push(format!("skipped {}", self.k));
         }
         fn not_launched(&self, t: u64, _: &crate::Error) {

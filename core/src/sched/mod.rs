@@ -141,6 +141,15 @@ impl TaskShared {
         self.status.store(st, Ordering::Release);
     }
 
+    /// The error a failed task's failure comes from: the root of the one
+    /// it was skipped for, else its own.
+    pub(crate) fn root_error(&self) -> Option<Box<Error>> {
+        match self.error.get()? {
+            Error::DependencyFailed { root, .. } => root.clone(),
+            e => Some(Box::new(e.clone())),
+        }
+    }
+
     /// The task a failed task's failure comes from: the cause it was
     /// skipped for, else its own name.
     pub(crate) fn root_cause(&self) -> String {

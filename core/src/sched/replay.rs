@@ -635,6 +635,10 @@ pub(crate) struct Run {
     pub(crate) status: Box<[AtomicU8]>,
     /// Some task of this run failed or was skipped (then read `status`).
     pub(crate) any_failed: crate::sync::AtomicBool,
+    /// The first error a task of this run failed with (not a skip's), for
+    /// the tasks skipped after it and the join to name as their root. With
+    /// several independent failures in one run, they all name the first.
+    pub(crate) root: std::sync::OnceLock<Box<Error>>,
     /// The join: the replay's task record (its handle; its tracker entry
     /// unless the plan has parts).
     pub(crate) unit: Arc<TaskShared>,
@@ -660,6 +664,22 @@ impl Run {
         among
             .into_iter()
             .find(|&i| self.status[i as usize].load(Ordering::Acquire) >= FAILED)
+    }
+
+    /// Keeps `e` as the run's root error if it is the first failure of its
+    /// own (a skip carries the root it was skipped for).
+    pub(crate) fn note_root(&self, e: &Error) {
+        let root = match e {
+            Error::DependencyFailed { root: Some(r), .. } => r.clone(),
+            Error::DependencyFailed { root: None, .. } => return,
+            e => Box::new(e.clone()),
+        };
+        let _ = self.root.set(root);
+    }
+
+    /// The run's root error, if a task of it failed.
+    pub(crate) fn root_error(&self) -> Option<Box<Error>> {
+        self.root.get().cloned()
     }
 
     /// Records a task's failure (or skip) in this run.
@@ -763,6 +783,7 @@ pub(crate) fn submit(
             regions,
             status: (0..plan.len()).map(|_| AtomicU8::new(PENDING)).collect(),
             any_failed: crate::sync::AtomicBool::new(false),
+            root: std::sync::OnceLock::new(),
             unit: unit.clone(),
             ends,
             measure: how.measure,
@@ -1069,10 +1090,11 @@ pub(crate) fn replayed(plan: &Plan) -> crate::kind::Placement {
 
 /// The error of a replay's join when one of its tasks (or an external
 /// predecessor) failed: the replay names the task that failed.
-pub(crate) fn join_error(plan: &Plan, cause: &str) -> Error {
+pub(crate) fn join_error(plan: &Plan, cause: &str, root: Option<Box<Error>>) -> Error {
     Error::DependencyFailed {
         task: plan.name.to_string(),
         cause: cause.to_string(),
+        root,
     }
 }
 

@@ -298,13 +298,19 @@ fn finish_with(
     failed: impl FnOnce() -> Option<u32>,
 ) {
     let plan = &run.plan;
-    let cause = external
-        .whole
-        .map(|p| p.name.as_ref())
-        .or_else(|| failed().map(|i| external.cause(i)));
+    let cause = match external.whole {
+        Some(p) => Some((p.name.as_ref(), p.root_error())),
+        None => failed().map(|i| {
+            let root = match external.skips(i as usize) {
+                Some(p) => p.root_error(),
+                None => run.root_error(),
+            };
+            (external.cause(i), root)
+        }),
+    };
     record.finish(match cause {
         None => Ok(()),
-        Some(c) => Err(join_error(plan, c)),
+        Some((c, root)) => Err(join_error(plan, c, root)),
     });
 }
 
@@ -325,19 +331,23 @@ fn run_step(
     tenants::admit(shared);
     let start = if shared.profiling { now_ns() } else { 0 };
     live::running(shared, s, Some((id, &t.name, &t.scope)));
-    let cause = external.skips(i).map(|p| p.name.as_ref()).or_else(|| {
-        run.failed_task(preds.iter().copied())
-            .map(|p| plan.tasks[p as usize].name.as_ref())
-    });
+    let cause = match external.skips(i) {
+        Some(p) => Some((p.name.as_ref(), p.root_error())),
+        None => run
+            .failed_task(preds.iter().copied())
+            .map(|p| (plan.tasks[p as usize].name.as_ref(), run.root_error())),
+    };
     let outcome = match cause {
-        Some(c) => {
-            if let Some(hook) = &t.on_skip {
-                hook();
-            }
-            Err(Error::DependencyFailed {
+        Some((c, root)) => {
+            let e = Error::DependencyFailed {
                 task: t.name.to_string(),
                 cause: c.to_string(),
-            })
+                root,
+            };
+            if let Some(hook) = &t.on_skip {
+                hook(&e);
+            }
+            Err(e)
         }
         None => {
             // SAFETY: one thread runs a replay's task at a time: the thread
@@ -373,6 +383,9 @@ fn run_step(
         });
     }
     if status != OK {
+        if let Err(e) = &outcome {
+            run.note_root(e);
+        }
         run.fail(i, status);
     }
 }
@@ -414,9 +427,6 @@ fn run_task<'a>(
     device: impl FnOnce() -> DeviceCtx<'a>,
 ) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
-        if let Some(hook) = on_skip {
-            hook();
-        }
         // (The join of a replay names the task of the replay that failed,
         // through a part of a split graph replay: `sched::split`.)
         let cause = match body {
@@ -427,7 +437,11 @@ fn run_task<'a>(
         let e = Error::DependencyFailed {
             task: task.name.to_string(),
             cause,
+            root: p.root_error(),
         };
+        if let Some(hook) = on_skip {
+            hook(&e);
+        }
         return (Err(e), Vec::new());
     }
     match body {

@@ -141,6 +141,17 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
             .any(|e| e["ph"] == "X" && e["name"] == "injected fault"),
         "the failing task is in the trace"
     );
+    // In the first step too, where the reducer reads back what the ranks
+    // agreed on (its bucket order and timings): the error ends with what
+    // failed first, not only the read-back a failure skipped.
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    let first: Vec<&str> = args[..args.len() - 1]
+        .iter()
+        .copied()
+        .chain(["0:1"])
+        .collect();
+    let err = fails(d, &first, &["injected fault"]);
+    assert!(err.contains("panicked"), "{err}");
     fails(d, &["train", "--comm-timeout", "0"], &["--comm-timeout"]);
     // Other ZeRO stages are refused by name.
     fails(d, &["train", "--zero", "2"], &["ZeRO stage", "2"]);

@@ -194,7 +194,9 @@ pub fn rank_trace_path(path: &std::path::Path, rank: usize) -> PathBuf {
 fn is_secondary(e: &Gpt2Error) -> bool {
     fn secondary(e: &braid::Error) -> bool {
         match e {
-            braid::Error::Collective { .. } | braid::Error::DependencyFailed { .. } => true,
+            braid::Error::Collective { .. } => true,
+            // Skipped: as secondary as the failure it was skipped for.
+            braid::Error::DependencyFailed { root, .. } => root.as_deref().is_none_or(secondary),
             braid::Error::Many(all) => all.iter().all(secondary),
             _ => false,
         }
