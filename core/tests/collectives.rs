@@ -605,6 +605,18 @@ fn check_mismatch(what: &str, issue: &[Issue]) {
         let (er, index, msg) = collective(&e).unwrap_or_else(|| panic!("{what}, rank {rank}: {e}"));
         assert_eq!((er, index), (rank, 0));
         assert!(msg.contains("mismatch"), "{what}, rank {rank}: {e}");
+        // Every rank's message lists every rank's collective, and names
+        // no rank as the odd one out (each would name another).
+        for r in 0..issue.len() {
+            assert!(
+                msg.contains(&format!("rank {r}: ")),
+                "{what}, rank {rank}: {e}"
+            );
+        }
+        assert!(
+            !msg.contains("issued a different"),
+            "{what}, rank {rank}: {e}"
+        );
     }
     for r in second.into_inner().unwrap() {
         let e = r.expect_err("a poisoned communicator fails later collectives");

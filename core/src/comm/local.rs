@@ -314,14 +314,16 @@ impl Group {
                 }
             }
         }
-        if let Some(j) = (0..self.world).find(|&j| slots[j].sig != slot.sig) {
+        // Said the same way whichever rank finds it: every rank's message
+        // (its own error, or the poison the others read) lists them all.
+        if slots.iter().any(|s| s.sig != slot.sig) {
             let list: Vec<String> = slots
                 .iter()
                 .enumerate()
                 .map(|(i, s)| format!("rank {i}: {}", super::describe(s.sig.0, s.sig.1, s.sig.2)))
                 .collect();
             let m = format!(
-                "mismatch: rank {j} issued a different collective at this position ({})",
+                "mismatch: the ranks issued different collectives at this position ({})",
                 list.join("; ")
             );
             self.poison_locked(&mut st, format!("collective #{k} {m}"));
