@@ -57,7 +57,12 @@ impl TokenSource {
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("bin"));
         if has_token_magic(&bytes) || is_bin {
-            return Ok(Self::from_tokens(parse_token_file(path, &bytes)?, origin));
+            // Into the shared storage at once: a `Vec` first would be one
+            // more copy of the tokens at the peak (`Arc<[u16]>` from an
+            // iterator of known length allocates once).
+            let tokens: Arc<[u16]> = parse_token_file(path, &bytes)?;
+            drop(bytes);
+            return Ok(Self::from_tokens(tokens, origin));
         }
         let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
             path: path.to_path_buf(),

@@ -30,7 +30,7 @@ pub fn has_token_magic(bytes: &[u8]) -> bool {
 }
 
 /// Parses the bytes of a token file; `path` only names the file in errors.
-pub fn parse_token_file(path: &Path, bytes: &[u8]) -> Result<Vec<u16>> {
+pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Result<C> {
     if bytes.len() >= 4 && !has_token_magic(bytes) {
         return Err(Gpt2Error::BadMagic {
             path: path.to_path_buf(),

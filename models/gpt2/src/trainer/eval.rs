@@ -38,8 +38,11 @@ pub fn evaluate(
 ) -> Result<EvalReport> {
     check_batch_shape(batch_size, seq_len, cfg)?;
     source.check_vocab(cfg.vocab_size)?;
-    let windows: Vec<_> = eval_windows(source, seq_len)?.collect();
-    if windows.is_empty() {
+    // Windows are made a batch at a time: all of them at once would take 8
+    // bytes per token of the source (their `u32` inputs and targets).
+    let mut windows = eval_windows(source, seq_len)?;
+    let total = windows.num_windows();
+    if total == 0 {
         return Err(Gpt2Error::InvalidSetting {
             what: "evaluation data",
             reason: format!(
@@ -53,7 +56,9 @@ pub fn evaluate(
     }
     let mut model: Option<Gpt2Model> = None;
     let (mut sum, mut count) = (0.0f64, 0usize);
-    for (i, batch) in windows.chunks(batch_size).enumerate() {
+    let batches = total.div_ceil(batch_size);
+    for i in 0..batches {
+        let batch: Vec<_> = windows.by_ref().take(batch_size).collect();
         let b = batch.len();
         if model.as_ref().is_none_or(|m| m.batch_size() != b) {
             let opts = ModelOptions {
@@ -77,12 +82,12 @@ pub fn evaluate(
         let losses = m.read_losses(rt)?;
         sum += losses.iter().map(|&l| l as f64).sum::<f64>();
         count += losses.len();
-        on_batch(i + 1, windows.len().div_ceil(batch_size));
+        on_batch(i + 1, batches);
     }
     rt.synchronize()?;
     Ok(EvalReport {
         loss: sum / count as f64,
-        windows: windows.len(),
+        windows: total,
         tokens: count,
     })
 }
