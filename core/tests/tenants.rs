@@ -63,6 +63,52 @@ fn best_effort_waits_for_latency_critical_work() {
     assert_eq!(be.read_vec::<f32>(&b).unwrap(), vec![3.0, 6.0]);
 }
 
+/// A task of another class that a best-effort body submits, and that runs
+/// inline on the best-effort stream thread, pauses at a preemption point by
+/// its own class: a latency-critical one returns at once (it would wait for
+/// latency-critical work to end, its own included, forever).
+#[test]
+fn an_inline_task_pauses_by_its_own_class_not_its_threads() {
+    let lc = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .class(Class::LatencyCritical)
+        .inline_short_tasks(true)
+        .build()
+        .unwrap();
+    let be = cpu(Class::BestEffort);
+    let x = lc.alloc_from("x", &[0u32]).unwrap();
+    let (done_tx, done) = mpsc::channel::<(u32, u64)>();
+    let b = be.alloc("b", 4).unwrap();
+    be.task("submits to the other runtime")
+        .run(b.write::<u8>(), move |_| {
+            let before = lc.stats().inline;
+            // Short ticks, the stream idle before each: measured as short,
+            // they run inline on this (best-effort) thread.
+            for _ in 0..200 {
+                lc.task("tick")
+                    .run(x.read_write::<u32>(), |v| {
+                        braid::preemption_point();
+                        v[0] += 1;
+                    })
+                    .unwrap();
+                lc.synchronize().unwrap();
+            }
+            let ticks = lc.read_vec::<u32>(&x).unwrap()[0];
+            done_tx.send((ticks, lc.stats().inline - before)).unwrap();
+        })
+        .unwrap();
+    let Ok((ticks, inline)) = done.recv_timeout(Duration::from_secs(30)) else {
+        // Its stream thread is stuck: dropping the runtime would wait.
+        std::mem::forget(be);
+        panic!("a latency-critical tick paused on the best-effort thread");
+    };
+    assert_eq!(ticks, 200);
+    assert!(inline > 0, "no tick ran inline: the test tests nothing");
+    be.synchronize().unwrap();
+}
+
 /// A best-effort program that fails harms no other: its error surfaces on
 /// its own runtime, the latency-critical one's tasks complete.
 #[test]

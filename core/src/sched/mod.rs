@@ -756,9 +756,11 @@ thread_local! {
 /// traced and completed the same way. Call without the runtime's lock.
 pub(crate) fn run_inline(shared: &Shared, task: &TaskShared, launch: Launch) {
     let outer = IN_TASK_OF.with(|c| c.replace(shared.runtime_id));
+    let mark = tenants::enter_class(shared.class);
     let mut n = INLINE_RUN.with(Cell::get);
     worker::execute(shared, task.stream as usize, task, launch, &mut n);
     INLINE_RUN.with(|c| c.set(n));
+    tenants::leave_class(mark);
     IN_TASK_OF.with(|c| c.set(outer));
 }
 

@@ -80,6 +80,21 @@ pub(crate) fn mark_stream_thread(class: crate::kind::Class) {
     BEST_EFFORT.with(|b| b.set(class == crate::kind::Class::BestEffort));
 }
 
+/// Marks the calling thread as running a task of `class` (one run inline,
+/// on whatever thread submitted it), returning the mark to restore after:
+/// [`preemption_point`] pauses the task by its own class, not the
+/// thread's. (A latency-critical task that a best-effort body submitted and
+/// ran inline would otherwise pause there until latency-critical work
+/// ended, its own included: forever.)
+pub(crate) fn enter_class(class: crate::kind::Class) -> bool {
+    BEST_EFFORT.with(|b| b.replace(class == crate::kind::Class::BestEffort))
+}
+
+/// Restores the mark [`enter_class`] returned.
+pub(crate) fn leave_class(mark: bool) {
+    BEST_EFFORT.with(|b| b.set(mark));
+}
+
 /// Called by a thread that submits to, or waits on, the runtime of
 /// `shared`: a thread of a latency-critical program stops yielding in its
 /// spin-waits (`sync::set_no_yield`).
