@@ -977,12 +977,13 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
         w: std::io::stdout().lock(),
         error: None,
     };
+    // A character spread over several tokens is written once its last
+    // token is in; a token outside GPT-2's vocabulary (a model with a
+    // bigger one) cannot be shown as text: it is written as `<id>`.
+    let mut text = tok.stream();
     if out.put(&a.prompt) {
         let generated = sampler.generate(&rt, &context, a.tokens, |t| {
-            // A token outside GPT-2's vocabulary (a model with a bigger one)
-            // cannot be shown as text.
-            let s = tok.decode_one(t).unwrap_or_else(|_| format!("<{t}>"));
-            if out.put(&s) {
+            if out.put(&text.push(t)) {
                 Ok(())
             } else {
                 // Generation stops at once; the error is `out.error`.
@@ -997,7 +998,8 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
             Err(_) if out.error.is_some() => {}
             Err(e) => return Err(e.into()),
             Ok(_) => {
-                out.put("\n");
+                // A character the last tokens left unfinished, as U+FFFD.
+                out.put(&(text.finish() + "\n"));
             }
         }
     }

@@ -22,4 +22,4 @@ pub use tokenfile::{
     read_token_file, tokens_to_u16, write_token_file, TOKEN_FILE_HEADER_BYTES,
     TOKEN_FILE_HEADER_INTS, TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION,
 };
-pub use tokenizer::{check_ids, Tokenizer, EOT, EOT_TEXT, GPT2_VOCAB_SIZE};
+pub use tokenizer::{check_ids, TextStream, Tokenizer, EOT, EOT_TEXT, GPT2_VOCAB_SIZE};

@@ -100,9 +100,92 @@ impl Tokenizer {
         })
     }
 
-    /// Decodes one token (for streaming sampled text).
+    /// Decodes one token alone. A character spread over several tokens
+    /// (most emoji, many CJK characters) comes out as U+FFFD this way: text
+    /// streamed token by token goes through a [`TextStream`] instead.
     pub fn decode_one(&self, id: u32) -> Result<String> {
         self.decode(&[id])
+    }
+
+    /// A decoder of tokens that arrive one at a time (sampled text).
+    pub fn stream(&self) -> TextStream {
+        TextStream {
+            tok: *self,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// Decodes tokens as they arrive, into text that can be written at once.
+///
+/// GPT-2's tokens are byte sequences, and one character may be spread over
+/// several of them: a token's bytes that end in the middle of a character
+/// are kept until the tokens after them complete it. Bytes that can never
+/// form a character (an invalid sequence) come out as U+FFFD as soon as
+/// that is known, and whatever is still pending at the end comes out, as
+/// U+FFFD, from [`finish`](Self::finish): nothing is held back for good.
+#[derive(Debug)]
+pub struct TextStream {
+    tok: Tokenizer,
+    /// Bytes of an incomplete character (at most 3).
+    pending: Vec<u8>,
+}
+
+impl TextStream {
+    /// The text `id` completes: the characters whose last byte it holds,
+    /// after any pending ones. An id outside GPT-2's vocabulary (a model
+    /// with a bigger one) has no text: it comes out as `<id>`, after the
+    /// pending bytes (which it cannot complete).
+    pub fn push(&mut self, id: u32) -> String {
+        match self.tok.decode_bytes(&[id]) {
+            Ok(bytes) => self.push_bytes(&bytes),
+            Err(_) => {
+                let mut s = self.finish();
+                s.push_str(&format!("<{id}>"));
+                s
+            }
+        }
+    }
+
+    /// The text `bytes` complete (see [`push`](Self::push)).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    // The prefix is valid UTF-8 (`valid_up_to`).
+                    out.push_str(&String::from_utf8_lossy(&self.pending[..good]));
+                    match e.error_len() {
+                        // An incomplete character at the end: wait for
+                        // the bytes that complete it.
+                        None => {
+                            self.pending.drain(..good);
+                            return out;
+                        }
+                        // Bytes no later ones can complete.
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.pending.drain(..good + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What is still pending, as U+FFFD (the text ended in the middle of a
+    /// character); empty when nothing is.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
     }
 }
 
@@ -117,5 +200,57 @@ pub fn check_ids(ids: &[u32], vocab_size: usize, origin: &str) -> Result<()> {
             id: ids[position],
             vocab_size,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A character spread over several tokens comes out whole, once its
+    /// last token is in, and not before.
+    #[test]
+    fn a_character_split_over_tokens_streams_whole() {
+        let tok = Tokenizer::gpt2().unwrap();
+        let text = "a🦀b 日本語";
+        let ids = tok.encode(text);
+        let crab = tok.encode("🦀");
+        assert!(crab.len() > 1, "🦀 is {crab:?}: one token");
+        // Token by token alone, the crab is broken (what `sample` printed).
+        assert!(crab
+            .iter()
+            .any(|&t| tok.decode_one(t).unwrap().contains('\u{fffd}')));
+        let mut s = tok.stream();
+        let pieces: Vec<String> = ids.iter().map(|&t| s.push(t)).collect();
+        assert_eq!(s.finish(), "");
+        assert_eq!(pieces.concat(), text);
+        // The crab's first tokens give nothing; its last gives it whole.
+        let mut s = tok.stream();
+        let (last, first) = crab.split_last().unwrap();
+        for &t in first {
+            assert_eq!(s.push(t), "");
+        }
+        assert_eq!(s.push(*last), "🦀");
+    }
+
+    /// Bytes that never form a character come out as U+FFFD: at once when
+    /// a later byte shows they cannot, at the end otherwise; an id outside
+    /// the vocabulary comes out as `<id>`, after what was pending.
+    #[test]
+    fn invalid_sequences_still_come_out() {
+        let tok = Tokenizer::gpt2().unwrap();
+        let mut s = tok.stream();
+        // The first two bytes of a four-byte character, then `a`.
+        assert_eq!(s.push_bytes(&[0xF0, 0x9F]), "");
+        assert_eq!(s.push_bytes(b"a"), "\u{fffd}a");
+        // A byte that starts nothing.
+        assert_eq!(s.push_bytes(&[b'x', 0xFF, b'y']), "x\u{fffd}y");
+        // Cut at the end.
+        assert_eq!(s.push_bytes(&[b'z', 0xE6, 0x97]), "z");
+        assert_eq!(s.finish(), "\u{fffd}");
+        assert_eq!(s.finish(), "");
+        assert_eq!(s.push_bytes(&[0xE6]), "");
+        assert_eq!(s.push(GPT2_VOCAB_SIZE as u32), "\u{fffd}<50257>");
+        assert_eq!(s.push(tok.encode(" the")[0]), " the");
     }
 }
