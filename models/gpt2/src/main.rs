@@ -69,7 +69,8 @@ enum Command {
 struct TrainArgs {
     /// Model: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a JSON
     /// config file ({"max_seq_len", "vocab_size", "num_layers", "num_heads",
-    /// "channels"}). Default: small, or the configuration of --init-from /
+    /// "channels"}); a name wins over a file of that name (`./tiny` names
+    /// the file). Default: small, or the configuration of --init-from /
     /// --resume.
     #[arg(long)]
     model: Option<String>,
@@ -481,8 +482,13 @@ fn main() -> Result<()> {
     }
 }
 
-/// A model name or a JSON configuration file.
+/// A model name or a JSON configuration file. A known name is the model it
+/// names even when a file of that name is in the current directory (`./tiny`
+/// names the file).
 fn parse_model(spec: &str) -> Result<Gpt2Config> {
+    if let Ok(cfg) = Gpt2Config::from_name(spec) {
+        return Ok(cfg);
+    }
     let path = Path::new(spec);
     if path.extension().is_some_and(|e| e == "json") || path.is_file() {
         let text = std::fs::read_to_string(path)

@@ -1338,6 +1338,8 @@ fn eval_and_sample_edges() {
     let d = tmp.path();
     write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     write_token_file(d.join("short.bin"), &tokens(10)).unwrap();
+    // A file named as a model: `--model tiny` is still the tiny model.
+    std::fs::write(d.join("tiny"), b"not a model configuration").unwrap();
     #[rustfmt::skip]
     ok(d, &[
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "1",
