@@ -968,6 +968,20 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
             cfg.vocab_size
         )
     })?;
+    // The model sees its context's worth of tokens: the prompt's last ones.
+    if let Some(dropped) = context
+        .len()
+        .checked_sub(cfg.max_seq_len)
+        .filter(|&n| n > 0)
+    {
+        eprintln!(
+            "note: the prompt is {} tokens and the model's context {}: its first {dropped} \
+             tokens are dropped, and the model continues the last {}",
+            context.len(),
+            cfg.max_seq_len,
+            cfg.max_seq_len
+        );
+    }
     let rt = model_runtime(a.device, 2, Policy::Affinity, 0)?;
     let Some(total) = context.len().checked_add(a.tokens) else {
         bail!(

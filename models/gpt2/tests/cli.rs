@@ -1408,6 +1408,25 @@ fn eval_and_sample_edges() {
         .collect();
     let err = fails(d, &huge, &["--tokens 18446744073709551615"]);
     assert!(!err.contains("panicked"), "{err}");
+    // A prompt longer than the context (64): its first tokens are dropped,
+    // and a note says how many.
+    let prompt = format!("a{}", " a".repeat(99));
+    assert_eq!(Tokenizer::gpt2().unwrap().encode(&prompt).len(), 100);
+    let long: Vec<&str> = sample[..4]
+        .iter()
+        .copied()
+        .chain([prompt.as_str(), "--tokens", "2"])
+        .collect();
+    let out = run(d, &long);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("first 36 tokens are dropped").count(),
+        1,
+        "{err}"
+    );
+    let short: Vec<&str> = sample.iter().copied().chain(["2"]).collect();
+    assert!(!text(&run(d, &short).stderr).contains("dropped"));
     // A reader that stops (`| head -c 8`): the program stops at once, with
     // success, though it was asked for a trillion tokens.
     let many: Vec<&str> = sample.iter().copied().chain(["1000000000000"]).collect();
