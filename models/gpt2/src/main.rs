@@ -8,6 +8,7 @@
 //! braid-gpt2 eval --weights model.safetensors --tokens val.bin --seq-len 64
 //! braid-gpt2 eval --checkpoint ckpt/ --tokens builtin:val --seq-len 64
 //! braid-gpt2 sample --checkpoint ckpt/ --prompt "Once upon a time" --tokens 40
+//! braid-gpt2 export --checkpoint ckpt/ --save-weights hf/   # hf/model.safetensors + config.json
 //! ```
 //!
 //! Every input is checked before anything is written: a bad weights file,
@@ -35,7 +36,7 @@ use braid_gpt2::trainer::{
     evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
     TrainOptions,
 };
-use braid_gpt2::weights::{load_hf_model, save_hf_safetensors};
+use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -62,6 +63,8 @@ enum Command {
     Eval(EvalArgs),
     /// Generate text.
     Sample(SampleArgs),
+    /// Write a training checkpoint's parameters as Hugging Face weights.
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -167,7 +170,10 @@ struct TrainArgs {
     /// Start from Hugging Face GPT-2 weights (model.safetensors).
     #[arg(long, conflicts_with = "resume")]
     init_from: Option<PathBuf>,
-    /// Save the final weights as Hugging Face safetensors.
+    /// Save the final weights as Hugging Face safetensors: a file, or a
+    /// directory (one that exists, or a path ending in `/`, made if need
+    /// be) that gets model.safetensors and the config.json `transformers`'
+    /// `from_pretrained` needs.
     #[arg(long)]
     save_weights: Option<PathBuf>,
     /// Write a Chrome trace (chrome://tracing, Perfetto) of every rank.
@@ -353,6 +359,19 @@ struct SampleArgs {
     dtype: Option<Dtype>,
 }
 
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The training checkpoint directory whose parameters are written.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Where: a .safetensors file, or a directory (one that exists, or a
+    /// path ending in `/`, made if need be) that gets model.safetensors and
+    /// the config.json `transformers`' `from_pretrained` needs (as train
+    /// --save-weights).
+    #[arg(long)]
+    save_weights: PathBuf,
+}
+
 /// The ranks when `--ranks` is not given: every GPU from `cuda:N` on when the
 /// device is named (one at least, so that a missing GPU is reported by the
 /// trainer), else 2 (CPU ranks, or GPUs under `auto` when there are two).
@@ -479,6 +498,7 @@ fn main() -> Result<()> {
         Some(Command::Train(a)) => cmd_train(*a),
         Some(Command::Eval(a)) => cmd_eval(a),
         Some(Command::Sample(a)) => cmd_sample(a),
+        Some(Command::Export(a)) => cmd_export(a),
     }
 }
 
@@ -584,14 +604,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         };
         (cfg, StartState::from_params(params), None)
     };
-    for (flag, path) in [
-        ("--save-weights", a.save_weights.as_ref()),
-        ("--trace", (!a.no_trace).then_some(&a.trace)),
-    ] {
-        if let Some(path) = path {
-            if let Some(why) = braid::fs::unwritable(path) {
-                bail!("{flag} {}: {why}", path.display());
-            }
+    if let Some(path) = &a.save_weights {
+        check_weights_output(path)?;
+    }
+    if let Some(path) = (!a.no_trace).then_some(&a.trace) {
+        if let Some(why) = braid::fs::unwritable(path) {
+            bail!("--trace {}: {why}", path.display());
         }
     }
     let data = TokenSource::resolve(&a.data).with_context(|| format!("--data {}", a.data))?;
@@ -860,14 +878,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // 3. Outputs (rank 0's, in a torchrun job).
     let rank0 = report.process_rank.unwrap_or(0) == 0;
     if let Some(path) = a.save_weights.as_ref().filter(|_| rank0) {
-        save_hf_safetensors(
-            path,
-            &report.params,
-            &cfg,
-            &braid_gpt2::layout::ParamLayout::new(&cfg),
-        )
-        .with_context(|| format!("--save-weights {}", path.display()))?;
-        println!("weights          {}", path.display());
+        save_weights(path, &report.params, &cfg)?;
     }
     // The report's first line is the first and the last loss.
     println!("{report}");
@@ -907,6 +918,35 @@ fn load_model(
         }
         (None, None) => unreachable!("clap requires one of them"),
     }
+}
+
+/// Refuses a `--save-weights` path that cannot be written, before any work.
+fn check_weights_output(path: &Path) -> Result<()> {
+    match HfOutput::for_path(path).unwritable() {
+        Some(why) => bail!("--save-weights {}: {why}", path.display()),
+        None => Ok(()),
+    }
+}
+
+/// Writes `--save-weights` and says what was written.
+fn save_weights(path: &Path, params: &[f32], cfg: &Gpt2Config) -> Result<()> {
+    let out = save_hf_model(path, params, cfg)
+        .with_context(|| format!("--save-weights {}", path.display()))?;
+    println!("weights          {}", out.weights.display());
+    if let Some((_, config)) = &out.dir {
+        println!("config           {}", config.display());
+    }
+    Ok(())
+}
+
+fn cmd_export(a: ExportArgs) -> Result<()> {
+    check_weights_output(&a.save_weights)?;
+    let (cfg, params, name) = load_model(None, Some(&a.checkpoint))?;
+    eprintln!(
+        "writing the parameters of {name} to {}",
+        a.save_weights.display()
+    );
+    save_weights(&a.save_weights, &params, &cfg)
 }
 
 fn cmd_eval(a: EvalArgs) -> Result<()> {

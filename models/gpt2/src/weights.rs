@@ -17,7 +17,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use braid::fs::write_atomic_with;
 use safetensors::tensor::{Dtype, TensorView};
@@ -335,8 +335,9 @@ pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Confi
         return Err(fail(
             "it is a Braid training checkpoint, not Hugging Face weights: continue it with \
              `train --resume --checkpoint-dir <its directory>`, score or sample it with \
-             `eval --checkpoint` or `sample --checkpoint <its directory>`, or get weights \
-             from a run with --save-weights"
+             `eval --checkpoint` or `sample --checkpoint <its directory>`, or write its \
+             weights with `export --checkpoint <its directory> --save-weights <file or \
+             directory/>`"
                 .into(),
         ));
     }
@@ -453,6 +454,122 @@ pub fn save_hf_safetensors(
         .iter()
         .map(|(name, shape, data)| (name.as_str(), F32View { shape, data }));
     write_safetensors(path, views, hf_metadata(cfg))
+}
+
+/// The file name of the weights in a Hugging Face model directory.
+pub const HF_WEIGHTS_FILE: &str = "model.safetensors";
+
+/// The file name of the configuration in a Hugging Face model directory.
+pub const HF_CONFIG_FILE: &str = "config.json";
+
+/// The files [`save_hf_model`] writes for an output path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfOutput {
+    /// The weights (safetensors).
+    pub weights: PathBuf,
+    /// The directory and its `config.json`, when the path names a directory.
+    pub dir: Option<(PathBuf, PathBuf)>,
+}
+
+impl HfOutput {
+    /// Where the weights for `path` go: a path that names a directory (one
+    /// that exists, or one ending in `/`) gets [`HF_WEIGHTS_FILE`] and
+    /// [`HF_CONFIG_FILE`] in it, the directory `transformers`'
+    /// `from_pretrained` loads; any other path is the weights file alone.
+    pub fn for_path(path: &Path) -> Self {
+        let slash = path
+            .as_os_str()
+            .to_string_lossy()
+            .ends_with(['/', std::path::MAIN_SEPARATOR]);
+        if slash || path.is_dir() {
+            // Without the trailing `/`: `a_file/` is then the file `a_file`
+            // (which exists, and is no directory) to every check.
+            let dir: PathBuf = path.components().collect();
+            HfOutput {
+                weights: dir.join(HF_WEIGHTS_FILE),
+                dir: Some((dir.clone(), dir.join(HF_CONFIG_FILE))),
+            }
+        } else {
+            HfOutput {
+                weights: path.to_path_buf(),
+                dir: None,
+            }
+        }
+    }
+
+    /// Why the files could not be written later, if that is already known
+    /// (as [`braid::fs::unwritable`]; a directory that does not exist yet
+    /// must be one that can be made). For outputs checked before a long run.
+    pub fn unwritable(&self) -> Option<String> {
+        if let Some((dir, config)) = &self.dir {
+            if !dir.exists() {
+                return braid::fs::unwritable(dir)
+                    .map(|why| format!("cannot make the directory {}: {why}", dir.display()));
+            }
+            if !dir.is_dir() {
+                return Some(format!("{} is not a directory", dir.display()));
+            }
+            if let Some(why) = braid::fs::unwritable(config) {
+                return Some(format!("{}: {why}", config.display()));
+            }
+            return braid::fs::unwritable(&self.weights)
+                .map(|why| format!("{}: {why}", self.weights.display()));
+        }
+        braid::fs::unwritable(&self.weights)
+    }
+}
+
+/// The `config.json` of a Hugging Face `GPT2LMHeadModel` for `cfg`: the
+/// sizes, and the rest of GPT-2's settings as Braid's model has them (the
+/// tanh GELU, layer-norm epsilon 1e-5, the classifier tied to `wte`). The
+/// end-of-text token (50256) is the first and last token where the
+/// vocabulary holds it.
+pub fn hf_config_json(cfg: &Gpt2Config) -> serde_json::Value {
+    let eot = crate::data::EOT;
+    let eot = (cfg.vocab_size > eot as usize).then_some(eot);
+    serde_json::json!({
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.max_seq_len,
+        "n_ctx": cfg.max_seq_len,
+        "n_embd": cfg.channels,
+        "n_layer": cfg.num_layers,
+        "n_head": cfg.num_heads,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "scale_attn_weights": true,
+        "tie_word_embeddings": true,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "torch_dtype": "float32",
+        "use_cache": true,
+    })
+}
+
+/// Writes `params` as Hugging Face weights at `path` ([`HfOutput::for_path`]):
+/// a file path gets the safetensors file ([`save_hf_safetensors`]); a
+/// directory (made if it does not exist) gets `model.safetensors` and
+/// `config.json` ([`hf_config_json`]). Each file is written atomically.
+/// Returns what was written.
+pub fn save_hf_model(path: impl AsRef<Path>, params: &[f32], cfg: &Gpt2Config) -> Result<HfOutput> {
+    let out = HfOutput::for_path(path.as_ref());
+    if let Some((dir, _)) = &out.dir {
+        std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating directory", dir, e))?;
+    }
+    save_hf_safetensors(&out.weights, params, cfg, &ParamLayout::new(cfg))?;
+    if let Some((_, config)) = &out.dir {
+        let mut json = serde_json::to_vec_pretty(&hf_config_json(cfg))
+            .map_err(|e| Gpt2Error::io("encoding", config, std::io::Error::other(e.to_string())))?;
+        json.push(b'\n');
+        braid::fs::write_atomic::<Gpt2Error>(config, |w| std::io::Write::write_all(w, &json))?;
+    }
+    Ok(out)
 }
 
 /// A borrowed f32 tensor for the safetensors serialiser (no copy on

@@ -510,13 +510,17 @@ fn train_eval_sample_and_bad_inputs() {
         &["reading absent.bin"],
     );
     assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
-    // Output files that are directories: refused before training, not
-    // after it.
+    // Outputs that cannot be written: refused before training, not after
+    // it (a trace that is a directory, weights in a "directory" that is a
+    // file).
     std::fs::create_dir_all(d.join("a_dir")).unwrap();
-    for flag in ["--save-weights", "--trace"] {
+    for (flag, path, why) in [
+        ("--trace", "a_dir", "is a directory"),
+        ("--save-weights", "train.bin/", "not a directory"),
+    ] {
         let err = check(
-            train_tiny(&["--data", "train.bin", flag, "a_dir"]),
-            &[flag, "a_dir", "is a directory"],
+            train_tiny(&["--data", "train.bin", flag, path]),
+            &[flag, path, why],
         );
         assert!(!err.contains("loss"), "refused only after training:\n{err}");
     }
@@ -1463,4 +1467,85 @@ fn the_warmup_help_matches_the_schedule() {
     let help = ok(tmp.path(), &["train", "--help"]);
     assert!(help.contains("step 1 at --lr/N"), "{help}");
     assert!(!help.contains("from 0 to --lr"), "{help}");
+}
+
+/// `export` writes a checkpoint's parameters as Hugging Face weights: a
+/// file, or a directory with `config.json` (as `--save-weights` does);
+/// both load back as the checkpoint scores.
+#[test]
+fn export_and_model_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let out = ok(d, &[
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "1",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace", "--save-weights", "hf/",
+        "--checkpoint-dir", "ckpt",
+    ]);
+    assert!(
+        out.contains("hf/model.safetensors") && out.contains("hf/config.json"),
+        "{out}"
+    );
+    // The configuration transformers' GPT2Config reads.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("hf/config.json")).unwrap()).unwrap();
+    let tiny = braid_gpt2::config::Gpt2Config::tiny();
+    for (key, want) in [
+        ("model_type", serde_json::json!("gpt2")),
+        ("architectures", serde_json::json!(["GPT2LMHeadModel"])),
+        ("vocab_size", tiny.vocab_size.into()),
+        ("n_positions", tiny.max_seq_len.into()),
+        ("n_ctx", tiny.max_seq_len.into()),
+        ("n_embd", tiny.channels.into()),
+        ("n_layer", tiny.num_layers.into()),
+        ("n_head", tiny.num_heads.into()),
+        ("activation_function", "gelu_new".into()),
+        ("layer_norm_epsilon", 1e-5.into()),
+        ("tie_word_embeddings", true.into()),
+        // The tiny vocabulary has no <|endoftext|>.
+        ("eos_token_id", serde_json::Value::Null),
+    ] {
+        assert_eq!(config[key], want, "{key} in {config}");
+    }
+    // A file, an existing directory and a new one from the checkpoint: the
+    // same bytes as the run's own weights.
+    std::fs::create_dir(d.join("existing")).unwrap();
+    for (path, weights) in [
+        ("w.safetensors", "w.safetensors"),
+        ("existing", "existing/model.safetensors"),
+        ("new/", "new/model.safetensors"),
+    ] {
+        #[rustfmt::skip]
+        let out = ok(d, &["export", "--checkpoint", "ckpt", "--save-weights", path]);
+        assert!(out.contains(weights), "{out}");
+        assert_eq!(
+            std::fs::read(d.join(weights)).unwrap(),
+            std::fs::read(d.join("hf/model.safetensors")).unwrap(),
+            "{weights}"
+        );
+    }
+    assert!(!d.join("config.json").exists());
+    assert_eq!(
+        std::fs::read(d.join("new/config.json")).unwrap(),
+        std::fs::read(d.join("hf/config.json")).unwrap()
+    );
+    // They score as the checkpoint does.
+    let score = |source: &[&str]| {
+        let args = [source, &["--tokens", "train.bin", "--seq-len", "16"]].concat();
+        eval_loss(&ok(d, &[&["eval"][..], &args].concat()))
+    };
+    let by_checkpoint = score(&["--checkpoint", "ckpt"]);
+    assert_eq!(score(&["--weights", "hf/model.safetensors"]), by_checkpoint);
+    assert_eq!(score(&["--weights", "w.safetensors"]), by_checkpoint);
+    // What cannot be exported, before anything is written.
+    let before = snapshot(d);
+    #[rustfmt::skip]
+    fails(d, &["export", "--checkpoint", "ckpt", "--save-weights", "absent/dir/w.safetensors"],
+          &["--save-weights", "absent/dir", "does not exist"]);
+    #[rustfmt::skip]
+    fails(d, &["export", "--checkpoint", "nowhere", "--save-weights", "x.safetensors"],
+          &["--checkpoint", "nowhere"]);
+    assert!(!d.join("x.safetensors").exists());
+    assert!(snapshot(d) == before, "a failed export changed files");
 }
