@@ -285,6 +285,32 @@ pub(crate) fn read_header(path: &Path, f: &mut std::fs::File) -> Result<Header> 
     })
 }
 
+/// The error for a directory given where a weights file is expected: what
+/// to name instead, by what the directory holds (a training checkpoint is
+/// passed as one; a Hugging Face model directory's weights file is named).
+fn directory_given(dir: &Path) -> Gpt2Error {
+    let d = dir.display();
+    let why = if crate::checkpoint::checkpoint_file(dir).is_file() {
+        format!(
+            "is a directory holding a Braid training checkpoint: pass it as `--checkpoint {d}` \
+             (eval, sample), continue it with `train --resume --checkpoint-dir {d}`, or write \
+             its weights with `export --checkpoint {d} --save-weights <file or directory/>`"
+        )
+    } else if dir.join(HF_WEIGHTS_FILE).is_file() {
+        format!(
+            "is a directory; name the weights file in it, {}",
+            dir.join(HF_WEIGHTS_FILE).display()
+        )
+    } else {
+        "is a directory; name the .safetensors file in it".into()
+    };
+    Gpt2Error::io(
+        "reading",
+        dir,
+        std::io::Error::new(std::io::ErrorKind::IsADirectory, why),
+    )
+}
+
 /// Heads of the published GPT-2 sizes, by channels.
 pub fn standard_num_heads(channels: usize) -> Option<usize> {
     match channels {
@@ -318,6 +344,9 @@ fn heads_from_config_json(path: &Path) -> Option<usize> {
 /// sizes (768→12, 1024→16, 1280→20, 1600→25).
 pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Config> {
     let path = path.as_ref();
+    if path.is_dir() {
+        return Err(directory_given(path));
+    }
     let mut f = std::fs::File::open(path).map_err(|e| Gpt2Error::io("opening", path, e))?;
     let header = read_header(path, &mut f)?;
     let fail = |reason: String| Gpt2Error::ConfigInference {

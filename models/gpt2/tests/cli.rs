@@ -1363,7 +1363,20 @@ fn eval_and_sample_edges() {
         &["builtin:val", "vocabulary"],
     );
     assert!(!err.contains("No such file"), "{err}");
-    eval("ckpt", "train.bin", &["ckpt", "is a directory"]);
+    // A checkpoint's directory given as weights: the flag that takes it.
+    eval(
+        "ckpt",
+        "train.bin",
+        &["ckpt", "is a directory", "--checkpoint ckpt"],
+    );
+    // A model directory given as weights: the file in it is named.
+    std::fs::create_dir(d.join("hf")).unwrap();
+    std::fs::copy(d.join("w.safetensors"), d.join("hf/model.safetensors")).unwrap();
+    eval(
+        "hf",
+        "train.bin",
+        &["is a directory", "hf/model.safetensors"],
+    );
     // A checkpoint is scored as its weights are: the same parameters.
     #[rustfmt::skip]
     let by_weights = ok(d, &[
