@@ -274,6 +274,12 @@ fn save_checkpoint_with(
         })?;
         before_rename(tmp)
     })
+    .map_err(|error| Gpt2Error::CheckpointNotSaved {
+        step: ckpt.step,
+        dir: dir.to_path_buf(),
+        kept: read_checkpoint_info(dir).ok().map(|i| i.step),
+        error: Box::new(error),
+    })
 }
 
 fn open_checkpoint(dir: &Path) -> Result<(PathBuf, std::fs::File, Header, MetaRecord)> {
@@ -449,7 +455,10 @@ mod tests {
         let dir = root.path().join("ckpt");
         let old = tiny_checkpoint(1.0);
         save_checkpoint(&dir, &old).unwrap();
-        let new = tiny_checkpoint(2.0);
+        let new = Checkpoint {
+            step: 8,
+            ..tiny_checkpoint(2.0)
+        };
         let err = save_checkpoint_with(&dir, &new, |tmp| {
             // The new checkpoint is complete in the temporary file...
             let len = std::fs::metadata(tmp).unwrap().len();
@@ -458,7 +467,16 @@ mod tests {
             Err(ckpt_err(tmp, "simulated failure"))
         })
         .unwrap_err();
-        assert!(err.to_string().contains("simulated failure"));
+        // The message names the step, the directory and what is kept.
+        let msg = err.to_string();
+        for needle in [
+            "simulated failure",
+            "saving the checkpoint of step 8 in",
+            "ckpt",
+            "the checkpoint already there (step 7) was kept",
+        ] {
+            assert!(msg.contains(needle), "no {needle:?} in: {msg}");
+        }
         assert_eq!(load_checkpoint(&dir).unwrap(), old);
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()

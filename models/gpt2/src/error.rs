@@ -306,6 +306,21 @@ pub enum Gpt2Error {
     },
 
     // ----- checkpoints ---------------------------------------------------
+    /// A checkpoint could not be written (a full disk, a file size limit, a
+    /// directory made read-only). Says what the directory holds now.
+    #[error("saving the checkpoint of step {step} in {}: {error}; {}", dir.display(), kept_note(*kept, *step))]
+    CheckpointNotSaved {
+        /// The step whose state was being saved.
+        step: u64,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The step of the checkpoint the directory holds after the failure
+        /// (`None`: none, or none that can be read).
+        kept: Option<u64>,
+        /// Why it could not be written.
+        error: Box<Gpt2Error>,
+    },
+
     /// A checkpoint is missing, malformed or inconsistent.
     #[error("checkpoint {}: {reason}", path.display())]
     Checkpoint {
@@ -314,6 +329,17 @@ pub enum Gpt2Error {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// What a checkpoint directory holds after the save of `step` failed.
+fn kept_note(kept: Option<u64>, step: u64) -> String {
+    match kept {
+        None => "no checkpoint is there".into(),
+        // The file was replaced; what failed came after (syncing the
+        // directory).
+        Some(s) if s == step => "the new checkpoint is in place, but may not be on disk".into(),
+        Some(s) => format!("the checkpoint already there (step {s}) was kept as it was"),
+    }
 }
 
 impl Gpt2Error {

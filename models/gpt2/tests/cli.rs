@@ -1562,3 +1562,55 @@ fn export_and_model_directories() {
     assert!(!d.join("x.safetensors").exists());
     assert!(snapshot(d) == before, "a failed export changed files");
 }
+
+/// A checkpoint save that fails in the middle of a run (here the file size
+/// limit, `ulimit -f`, with SIGXFSZ ignored so the write fails instead of
+/// the process) names the step and the directory, and keeps the
+/// checkpoint already there whole.
+#[cfg(unix)]
+#[test]
+fn a_failed_checkpoint_save_names_its_step_and_keeps_the_last_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace", "--checkpoint-dir", "ckpt",
+        "--checkpoint-every", "1",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        args.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    ok(d, &with(&["--steps", "2"]));
+    let saved = std::fs::read(d.join("ckpt/checkpoint.safetensors")).unwrap();
+    // 64 blocks (at most 64 KiB): far less than a checkpoint of the tiny
+    // model (its parameters and two moments, over a MiB).
+    assert!(saved.len() > 1 << 20);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ && ulimit -f 64 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .args(with(&["--steps", "4", "--resume"]))
+        .current_dir(d)
+        .output()
+        .expect("sh runs");
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    for needle in [
+        "saving the checkpoint of step 3 in ckpt",
+        "the checkpoint already there (step 2) was kept",
+    ] {
+        assert!(err.contains(needle), "no {needle:?} in:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read(d.join("ckpt/checkpoint.safetensors")).unwrap(),
+        saved
+    );
+    let names: Vec<_> = std::fs::read_dir(d.join("ckpt"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["checkpoint.safetensors"], "temporaries left");
+}
