@@ -122,10 +122,11 @@ struct TrainArgs {
     device: BackendKind,
     /// Data-parallel ranks. CPU: threads of this process. GPU: devices N,
     /// N+1, … of `cuda:N`, one thread each, NCCL between them. Under torchrun
-    /// (RANK and WORLD_SIZE set) WORLD_SIZE decides, and this process is rank
-    /// RANK on device LOCAL_RANK (GPUs only: on the CPU a torchrun launch of
-    /// several processes is refused). Default: 2, or with `--device cuda:N`
-    /// every GPU from N on.
+    /// (RANK and WORLD_SIZE set) on GPUs, WORLD_SIZE decides and this is
+    /// ignored: this process is rank RANK on device LOCAL_RANK. On the CPU a
+    /// torchrun launch of one process (WORLD_SIZE=1) trains these ranks as
+    /// a plain run does, and one of several processes is refused. Default:
+    /// 2, or with `--device cuda:N` every GPU from N on.
     #[arg(long)]
     ranks: Option<usize>,
     /// Compute streams per rank.
@@ -246,7 +247,10 @@ struct TrainArgs {
     fuse: Option<Fusion>,
     /// ZeRO stage: 0 (off) or 1 (ZeRO-1: gradient buckets reduce-scattered,
     /// AdamW state and update sharded over the ranks, parameters
-    /// all-gathered under the next forward pass). Plain f32 buckets only.
+    /// all-gathered under the next forward pass). Not with --compression
+    /// (fp32 and bf16 storage both work). One rank has nothing to shard:
+    /// there it changes nothing (a note says so) unless
+    /// --reduce-single-rank runs the reducer.
     #[arg(long, default_value_t = 0)]
     zero: u8,
     /// Seconds a rank waits in a collective for the others before the job
@@ -776,6 +780,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let ranks = world;
     opts.check()?;
+    // ZeRO-1 shards what the reducer reduces, and one rank runs none
+    // unless asked: the flag would do nothing unsaid.
+    if opts.zero == 1 && world == 1 && !opts.reduce_single_rank {
+        eprintln!(
+            "note: --zero 1 shards the optimizer over the ranks, and this run has one: it \
+             trains as with --zero 0 (--reduce-single-rank runs ZeRO-1 with one rank)"
+        );
+    }
     // A resumed run may change its settings (a new learning rate, more
     // ranks); it then no longer continues as the saved run would have, and
     // says so once.

@@ -1614,3 +1614,35 @@ fn a_failed_checkpoint_save_names_its_step_and_keeps_the_last_one() {
         .collect();
     assert_eq!(names, ["checkpoint.safetensors"], "temporaries left");
 }
+
+/// `--zero 1` with one rank and no reducer changes nothing, and says so;
+/// the help says what `--zero` takes, and what `--ranks` does under a
+/// one-process torchrun launch on the CPU (trains them).
+#[test]
+fn zero_with_one_rank_says_it_does_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "1",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace", "--zero", "1",
+    ];
+    let stderr = |extra: &[&str], env: &[(&str, &str)]| {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let out = run_env(d, &all, env);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let note = "--zero 1 shards the optimizer over the ranks, and this run has one";
+    assert_eq!(stderr(&["--ranks", "1"], &[]).matches(note).count(), 1);
+    assert!(!stderr(&["--ranks", "1", "--reduce-single-rank"], &[]).contains(note));
+    assert!(!stderr(&["--ranks", "2"], &[]).contains(note));
+    // A one-process torchrun launch on the CPU trains --ranks ranks.
+    let err = stderr(&["--ranks", "3"], &[("RANK", "0"), ("WORLD_SIZE", "1")]);
+    assert!(err.contains("3 rank(s) on cpu"), "{err}");
+    let help = ok(d, &["train", "--help"]);
+    assert!(!help.contains("Plain f32 buckets only"), "{help}");
+    assert!(help.contains("WORLD_SIZE=1"), "{help}");
+}

@@ -33,7 +33,8 @@
 //!
 //! # Ranks
 //!
-//! CPU ranks are threads of this process started by [`braid::launch_with`],
+//! CPU ranks are threads of this process started by
+//! [`braid::comm::spawn_ranks`],
 //! each with its own [`Runtime`](braid::Runtime) and a [`LocalComm`](braid::LocalComm). GPU
 //! ranks run the same per-rank code on a CUDA runtime, in one of three ways:
 //!
