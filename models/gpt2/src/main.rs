@@ -791,7 +791,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // A resumed run may change its settings (a new learning rate, more
     // ranks); it then no longer continues as the saved run would have, and
     // says so once.
-    let differences = resumed.map_or(Vec::new(), |e| opts.resume_differences(&e, world));
+    let differences = resumed.map_or(Vec::new(), |e| opts.resume_differences(&e, world, &data));
     if !differences.is_empty() && dist.as_ref().is_none_or(|d| d.rank == 0) {
         eprintln!(
             "note: these settings differ from those of the run that saved the checkpoint, so \

@@ -182,6 +182,21 @@ fn a_diverging_run_stops_and_a_changed_resume_says_so() {
     let quiet = text(&again.stderr);
     assert!(again.status.success(), "{quiet}");
     assert!(!quiet.contains("settings differ"), "{quiet}");
+    // Resumed on other data (the same tokens in another file): named.
+    std::fs::copy(d.join("train.bin"), d.join("other.bin")).unwrap();
+    #[rustfmt::skip]
+    let other: Vec<&str> = with(&["--steps", "4", "--resume", "--no-trace"])
+        .into_iter()
+        .map(|a| if a == "train.bin" { "other.bin" } else { a })
+        .collect();
+    let out = run(d, &other);
+    let note = text(&out.stderr);
+    assert!(out.status.success(), "{note}");
+    assert!(
+        note.contains("settings differ")
+            && note.contains("training data other.bin (the checkpoint's: train.bin)"),
+        "{note}"
+    );
     // Resumed with a rate of 1e30, which sends every weight to about 1e30
     // in one step: the change is said once, then the run diverges and
     // stops at the first step whose loss is not finite.

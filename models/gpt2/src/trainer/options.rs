@@ -13,7 +13,7 @@ use braid::{BackendKind, Policy};
 
 use crate::checkpoint::{AdamWHyper, Checkpoint};
 use crate::config::Gpt2Config;
-use crate::data::LoaderState;
+use crate::data::{LoaderState, TokenSource};
 use crate::error::{Gpt2Error, Result};
 use crate::kernels::storage::Dtype;
 use crate::model::init_params;
@@ -247,13 +247,19 @@ impl TrainOptions {
         reducer && self.tied_split && rows < 2 * self.model.vocab_size
     }
 
-    /// The settings of a run of `world` ranks that decide its numbers, as
-    /// `(key, what, value)`: a checkpoint keeps them in its extras
-    /// ([`Checkpoint::extra`]), and a run that resumes it compares them
-    /// ([`resume_differences`](Self::resume_differences)). How the steps
-    /// are run (streams, policy, replay, graphs) is not among them: it does
-    /// not change a bit.
-    fn result_settings(&self, world: usize) -> Vec<(&'static str, &'static str, Value)> {
+    /// The settings of a run of `world` ranks on `data` that decide its
+    /// numbers, as `(key, what, value)`: a checkpoint keeps them in its
+    /// extras ([`Checkpoint::extra`]), and a run that resumes it compares
+    /// them ([`resume_differences`](Self::resume_differences)). The data
+    /// is known by where it came from (a path as given, `builtin:train`)
+    /// and its length: another file, or the same one grown, is a change.
+    /// How the steps are run (streams, policy, replay, graphs) is not among
+    /// them: it does not change a bit.
+    fn result_settings(
+        &self,
+        world: usize,
+        data: &TokenSource,
+    ) -> Vec<(&'static str, &'static str, Value)> {
         let o = &self.optimizer;
         let s = &self.lr_schedule;
         let f = |x: f32| Value::from(f64::from(x));
@@ -264,6 +270,8 @@ impl TrainOptions {
             0
         };
         vec![
+            ("data", "training data", data.origin().into()),
+            ("data_tokens", "training tokens", data.len().into()),
             ("batch_size", "batch size", self.batch_size.into()),
             ("seq_len", "sequence length", self.seq_len.into()),
             ("world_size", "ranks", world.into()),
@@ -303,11 +311,12 @@ impl TrainOptions {
         ]
     }
 
-    /// What a checkpoint of this run of `world` ranks keeps beside its
-    /// tensors: the settings that decide its numbers, and the seed.
-    pub fn checkpoint_extras(&self, world: usize) -> BTreeMap<String, Value> {
+    /// What a checkpoint of this run of `world` ranks on `data` keeps
+    /// beside its tensors: the settings that decide its numbers (the data's
+    /// origin and length among them), and the seed.
+    pub fn checkpoint_extras(&self, world: usize, data: &TokenSource) -> BTreeMap<String, Value> {
         let mut extra: BTreeMap<String, Value> = self
-            .result_settings(world)
+            .result_settings(world, data)
             .into_iter()
             .map(|(k, _, v)| (k.to_owned(), v))
             .collect();
@@ -315,12 +324,17 @@ impl TrainOptions {
         extra
     }
 
-    /// How this run of `world` ranks differs from the one that saved a
-    /// checkpoint with these extras, one line per setting (`what`: this
-    /// run's value, the checkpoint's). Empty when the resumed run continues
-    /// as the saved one would have, bit for bit. Settings the checkpoint
-    /// does not record (an older one) are not compared.
-    pub fn resume_differences(&self, extra: &BTreeMap<String, Value>, world: usize) -> Vec<String> {
+    /// How this run of `world` ranks on `data` differs from the one that
+    /// saved a checkpoint with these extras, one line per setting (`what`:
+    /// this run's value, the checkpoint's). Empty when the resumed run
+    /// continues as the saved one would have, bit for bit. Settings the
+    /// checkpoint does not record (an older one) are not compared.
+    pub fn resume_differences(
+        &self,
+        extra: &BTreeMap<String, Value>,
+        world: usize,
+        data: &TokenSource,
+    ) -> Vec<String> {
         // Floats are kept as `f64` from `f32`: shown as the `f32` they were.
         let show = |v: &Value| match v {
             Value::Number(n) if n.is_f64() => {
@@ -334,7 +348,7 @@ impl TrainOptions {
             Value::Null => "none".into(),
             v => v.to_string(),
         };
-        self.result_settings(world)
+        self.result_settings(world, data)
             .into_iter()
             .filter_map(|(key, what, now)| {
                 let then = extra.get(key)?;
@@ -495,8 +509,9 @@ mod tests {
             lr_schedule: crate::optim::LrSchedule::cosine(4, 40, 0.1),
             ..TrainOptions::default()
         };
-        let extra = saved.checkpoint_extras(2);
-        assert!(saved.resume_differences(&extra, 2).is_empty());
+        let data = TokenSource::from_tokens(vec![1u16; 100], "train.bin");
+        let extra = saved.checkpoint_extras(2, &data);
+        assert!(saved.resume_differences(&extra, 2, &data).is_empty());
         // How the steps run changes no bit: not compared.
         let same_numbers = TrainOptions {
             streams: 7,
@@ -506,7 +521,7 @@ mod tests {
             seed: 99,
             ..saved.clone()
         };
-        assert!(same_numbers.resume_differences(&extra, 2).is_empty());
+        assert!(same_numbers.resume_differences(&extra, 2, &data).is_empty());
         let other = TrainOptions {
             batch_size: saved.batch_size + 1,
             optimizer: AdamWHyper {
@@ -518,8 +533,11 @@ mod tests {
             dtype: Dtype::Bf16,
             ..saved.clone()
         };
-        let d = other.resume_differences(&extra, 4);
+        let other_data = TokenSource::from_tokens(vec![1u16; 120], "more.bin");
+        let d = other.resume_differences(&extra, 4, &other_data);
         let want = [
+            "training data more.bin (the checkpoint's: train.bin)".into(),
+            "training tokens 120 (the checkpoint's: 100)".into(),
             format!(
                 "batch size {} (the checkpoint's: {})",
                 saved.batch_size + 1,
@@ -538,12 +556,23 @@ mod tests {
             "learning-rate decay to step 80 (the checkpoint's: 40)".into(),
         ];
         assert_eq!(d, want);
+        // The same data by another name, or grown: each is said alone.
+        let renamed = TokenSource::from_tokens(vec![1u16; 100], "copy.bin");
+        assert_eq!(
+            saved.resume_differences(&extra, 2, &renamed),
+            ["training data copy.bin (the checkpoint's: train.bin)"]
+        );
+        let grown = TokenSource::from_tokens(vec![1u16; 101], "train.bin");
+        assert_eq!(
+            saved.resume_differences(&extra, 2, &grown),
+            ["training tokens 101 (the checkpoint's: 100)"]
+        );
         // An older checkpoint records fewer settings: only those compare.
         let old: BTreeMap<String, Value> = extra
             .into_iter()
             .filter(|(k, _)| k == "batch_size")
             .collect();
-        assert_eq!(other.resume_differences(&old, 4), want[..1]);
+        assert_eq!(other.resume_differences(&old, 4, &other_data), want[2..3]);
         // Far-off rates are shown in exponent form, not 31 digits.
         let wild = TrainOptions {
             optimizer: AdamWHyper {
@@ -553,7 +582,7 @@ mod tests {
             ..saved.clone()
         };
         assert_eq!(
-            saved.resume_differences(&wild.checkpoint_extras(2), 2),
+            saved.resume_differences(&wild.checkpoint_extras(2, &data), 2, &data),
             [format!(
                 "peak learning rate {} (the checkpoint's: 1e30)",
                 saved.optimizer.learning_rate

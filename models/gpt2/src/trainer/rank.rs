@@ -276,7 +276,7 @@ fn run_rank_on(
                 optimizer: *opt.hyper(),
                 loader: loader.state(),
                 rng_state: None,
-                extra: opts.checkpoint_extras(world),
+                extra: opts.checkpoint_extras(world, data),
             },
         )?;
         Ok(Some(dir.clone()))
