@@ -254,7 +254,9 @@ struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     zero: u8,
     /// Seconds a rank waits in a collective for the others before the job
-    /// fails, naming the collective.
+    /// fails, naming the collective. The other ranks wait this long for rank
+    /// 0 while it writes a --checkpoint-every checkpoint: keep it above
+    /// that write's time (a large model on a slow disk).
     #[arg(long, default_value_t = 120.0)]
     comm_timeout: f64,
     /// Storage type of parameters, gradients and activations: fp32, or bf16
