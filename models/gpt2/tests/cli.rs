@@ -74,6 +74,14 @@ fn tokens(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// A scratch directory holding `train.bin`, 3,000 tokens for the tiny
+/// model.
+fn dir_with_train_bin() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    write_token_file(tmp.path().join("train.bin"), &tokens(3000)).unwrap();
+    tmp
+}
+
 /// Every file under `dir` with its contents.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
@@ -93,9 +101,8 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 /// naming the failure, and the last checkpoint before it is whole.
 #[test]
 fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let args = [
         "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2", "--steps", "6",
@@ -164,9 +171,8 @@ fn a_rank_failing_mid_step_exits_non_zero_and_keeps_the_last_checkpoint() {
 /// which of its settings differ from the saved run's, and only then.
 #[test]
 fn a_diverging_run_stops_and_a_changed_resume_says_so() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let base = [
         "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
@@ -294,9 +300,8 @@ fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::Exit
 /// and exits 130; a second Ctrl-C ends a run that cannot finish its step.
 #[test]
 fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let base = [
         "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
@@ -352,9 +357,8 @@ fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
 
 #[test]
 fn train_eval_sample_and_bad_inputs() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     write_token_file(d.join("val.bin"), &tokens(700)).unwrap();
 
     // A short training run: exits 0, prints the losses and the summary,
@@ -755,9 +759,8 @@ fn broken_weights(bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// with it is a clear error.
 #[test]
 fn bf16_train_eval_sample() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     write_token_file(d.join("val.bin"), &tokens(700)).unwrap();
     #[rustfmt::skip]
     let out = ok(d, &[
@@ -819,9 +822,8 @@ fn bf16_train_eval_sample() {
 /// by flag or by `BRAID_PLACEMENT`, stops the run naming its line.
 #[test]
 fn the_example_placement_file_drives_training_without_changing_the_weights() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/placement.example.toml");
     let example = example.to_str().unwrap();
     #[rustfmt::skip]
@@ -952,9 +954,8 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
 /// buckets), and the default is then the fixed 25 MiB.
 #[test]
 fn bucket_cap_auto_reports_its_choice() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let args = [
         "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2", "--steps", "2",
@@ -1089,9 +1090,8 @@ fn step_rates(stderr: &str) -> Vec<f64> {
 /// outside 0..=1 is refused by name.
 #[test]
 fn the_learning_rate_warms_up_then_decays() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     let train = |extra: &[&str]| -> Vec<f64> {
         let base = [
             "train",
@@ -1182,9 +1182,8 @@ fn dead_pid() -> u32 {
 #[cfg(target_os = "linux")]
 #[test]
 fn outputs_follow_links_and_stale_temporaries_are_removed() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     std::fs::create_dir(d.join("real")).unwrap();
     std::fs::write(d.join("real/t.json"), b"old trace").unwrap();
     std::os::unix::fs::symlink("real/t.json", d.join("t.json")).unwrap();
@@ -1227,9 +1226,8 @@ fn outputs_follow_links_and_stale_temporaries_are_removed() {
 #[cfg(target_os = "linux")]
 #[test]
 fn unwritable_outputs_are_refused_before_the_first_step() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     std::fs::write(d.join("file.txt"), b"a file").unwrap();
     #[rustfmt::skip]
     let base = [
@@ -1276,9 +1274,8 @@ fn unwritable_outputs_are_refused_before_the_first_step() {
 /// the CPU.
 #[test]
 fn out_of_range_settings_are_refused_clearly() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let base = [
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "1",
@@ -1353,9 +1350,8 @@ fn out_of_range_settings_are_refused_clearly() {
 /// a reader that goes away.
 #[test]
 fn eval_and_sample_edges() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     write_token_file(d.join("short.bin"), &tokens(10)).unwrap();
     // A file named as a model: `--model tiny` is still the tiny model.
     std::fs::write(d.join("tiny"), b"not a model configuration").unwrap();
@@ -1502,9 +1498,8 @@ fn the_warmup_help_matches_the_schedule() {
 /// both load back as the checkpoint scores.
 #[test]
 fn export_and_model_directories() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let out = ok(d, &[
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--ranks", "1",
@@ -1585,9 +1580,8 @@ fn export_and_model_directories() {
 #[cfg(unix)]
 #[test]
 fn a_failed_checkpoint_save_names_its_step_and_keeps_the_last_one() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let args = [
         "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1",
@@ -1635,9 +1629,8 @@ fn a_failed_checkpoint_save_names_its_step_and_keeps_the_last_one() {
 /// one-process torchrun launch on the CPU (trains them).
 #[test]
 fn zero_with_one_rank_says_it_does_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = dir_with_train_bin();
     let d = tmp.path();
-    write_token_file(d.join("train.bin"), &tokens(3000)).unwrap();
     #[rustfmt::skip]
     let args = [
         "train", "--model", "tiny", "--data", "train.bin", "--steps", "1",
