@@ -15,6 +15,20 @@
 //! replaced by a rename: the bytes are prepared in a temporary file in the
 //! system's temporary directory and then written straight into it.
 //!
+//! A path that reaches a process's descriptor table (`/dev/stdout`,
+//! `/dev/fd/<n>`, `/proc/<pid>/fd/<n>`, `/proc/self/fd/<n>`, as a shell's
+//! process substitution `>(gzip > t.gz)` hands out) names an *open file*, not
+//! a place in a directory: its link's text is `pipe:[123]` or the path of a
+//! file the shell redirected. Such a path is never followed as a symbolic
+//! link nor replaced by a rename; it is written into, like a FIFO. A
+//! descriptor of this process is written through a duplicate of it, at its
+//! current offset, so `--trace /dev/stdout > out.txt` puts the trace into
+//! `out.txt` between what the program printed before and after it.
+//!
+//! A regular file that is replaced keeps its permission bits (a `0600`
+//! checkpoint stays `0600`); a new file gets the default mode under the
+//! umask.
+//!
 //! Temporary files of an earlier write to the same destination, left by a
 //! process that was killed mid-write (`*.braid-tmp-<pid>-<n>`), are removed
 //! by the next write when that process no longer runs (Linux) and the file
@@ -91,21 +105,39 @@ pub fn write_atomic<E: From<FileError>>(
 ///
 /// A symbolic link is followed (the file it names is replaced, the link
 /// kept); a destination that is neither a regular file nor a directory
-/// (a device such as `/dev/null`, a FIFO) is written into once `fill` has
-/// completed, without a rename (module docs).
+/// (a device such as `/dev/null`, a FIFO), or that is reached through a
+/// descriptor link (`/dev/stdout`, `/dev/fd/<n>`), is written into once
+/// `fill` has completed, without a rename; a replaced regular file keeps its
+/// permission bits (module docs).
 pub fn write_atomic_with<E: From<FileError>>(
     path: &Path,
     fill: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
-    let target = resolve_links(path)?;
+    let target = match resolve_links(path)? {
+        Target::Descriptor(link) => {
+            return write_through(&link, fill, || open_descriptor(&link));
+        }
+        Target::Path(target) => target,
+    };
     if is_special(&target) {
-        return write_through(&target, fill);
+        let open = || OpenOptions::new().write(true).open(&target);
+        return write_through(&target, fill, open);
     }
     if let Some(name) = target.file_name() {
         remove_stale_temporaries(&parent_dir(&target), name);
     }
+    // A file that is replaced keeps its permission bits (the temporary one
+    // was created under the umask).
+    let keep = std::fs::metadata(&target)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.permissions());
     let tmp = temp_sibling(&target)?;
     let result = fill(&tmp).and_then(|()| {
+        if let Some(perm) = keep {
+            std::fs::set_permissions(&tmp, perm)
+                .map_err(|e| FileError::new("setting the permissions of", &tmp, e))?;
+        }
         let sync = File::open(&tmp).and_then(|f| f.sync_all());
         sync.map_err(|e| FileError::new("syncing", &tmp, e))?;
         std::fs::rename(&tmp, &target).map_err(|e| FileError::new("replacing", &target, e).into())
@@ -118,12 +150,14 @@ pub fn write_atomic_with<E: From<FileError>>(
 }
 
 /// Writes into `target`, an existing file that is not a regular one (a
-/// device, a FIFO): `fill` fills a temporary file in the system's temporary
-/// directory (it may need to seek, and to create its file), which is then
-/// copied into `target` and removed.
+/// device, a FIFO) or a descriptor link: `fill` fills a temporary file in the
+/// system's temporary directory (it may need to seek, and to create its
+/// file), which is then copied into the file `open` opens (once `fill` has
+/// succeeded, so a FIFO's reader sees nothing of a failed write) and removed.
 fn write_through<E: From<FileError>>(
     target: &Path,
     fill: impl FnOnce(&Path) -> Result<(), E>,
+    open: impl FnOnce() -> std::io::Result<File>,
 ) -> Result<(), E> {
     let tmp_dir = std::env::temp_dir();
     let name = target.file_name().unwrap_or(OsStr::new("output"));
@@ -131,10 +165,7 @@ fn write_through<E: From<FileError>>(
     let tmp = temp_sibling(&tmp_dir.join(name))?;
     let result = fill(&tmp).and_then(|()| {
         let mut from = File::open(&tmp).map_err(|e| FileError::new("reading", &tmp, e))?;
-        let mut to = OpenOptions::new()
-            .write(true)
-            .open(target)
-            .map_err(|e| FileError::new("opening", target, e))?;
+        let mut to = open().map_err(|e| FileError::new("opening", target, e))?;
         std::io::copy(&mut from, &mut to)
             .and_then(|_| to.flush())
             .map_err(|e| FileError::new("writing", target, e).into())
@@ -144,12 +175,28 @@ fn write_through<E: From<FileError>>(
     result
 }
 
+/// Where a write goes once symbolic links are followed.
+#[derive(Debug)]
+enum Target {
+    /// A path in a directory (which need not exist yet): replaced by a
+    /// rename, or written into when it is a device, FIFO or socket.
+    Path(PathBuf),
+    /// An entry of a process's descriptor table (`/proc/<pid>/fd/<n>`,
+    /// `/dev/fd/<n>`): the open file it stands for is written into.
+    Descriptor(PathBuf),
+}
+
 /// `path` with its symbolic links followed to the path they finally name
 /// (which need not exist: a dangling link is written through, as a shell's
 /// `>` does). Relative link targets are taken from the link's directory.
-fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
+/// Following stops at an entry of a descriptor directory: its link's text
+/// (`pipe:[123]`, a redirected file's path) is not a path to write to.
+fn resolve_links(path: &Path) -> Result<Target, FileError> {
     let mut p = path.to_path_buf();
     for _ in 0..MAX_LINKS {
+        if is_descriptor_dir(&parent_dir(&p)) {
+            return Ok(Target::Descriptor(p));
+        }
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
                 let to = std::fs::read_link(&p)
@@ -160,13 +207,94 @@ fn resolve_links(path: &Path) -> Result<PathBuf, FileError> {
                     parent_dir(&p).join(to)
                 };
             }
-            _ => return Ok(p),
+            _ => return Ok(Target::Path(p)),
         }
     }
     let e = std::io::Error::other(format!(
         "more than {MAX_LINKS} symbolic links to follow (a loop?)"
     ));
     Err(FileError::new("resolving", path, e))
+}
+
+/// Whether `dir` is a process's descriptor directory: `/proc/<pid>/fd` or
+/// `/proc/<pid>/task/<tid>/fd` (what `/dev/fd`, `/proc/self/fd` and
+/// `/proc/thread-self/fd` resolve to on Linux), or `/dev/fd` itself where it
+/// is a directory of its own (the BSDs, macOS).
+fn is_descriptor_dir(dir: &Path) -> bool {
+    use std::path::Component::{Normal, RootDir};
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return false;
+    };
+    let parts: Vec<_> = dir.components().collect();
+    let is = |c: &std::path::Component<'_>, name: &str| *c == Normal(OsStr::new(name));
+    match parts.as_slice() {
+        [RootDir, dev, fd] => is(dev, "dev") && is(fd, "fd"),
+        [RootDir, proc, _, fd] => is(proc, "proc") && is(fd, "fd"),
+        [RootDir, proc, _, task, _, fd] => is(proc, "proc") && is(task, "task") && is(fd, "fd"),
+        _ => false,
+    }
+}
+
+/// The descriptor number of `link` when it is an entry of this process's
+/// own descriptor table (`/proc/<this pid>/fd/<n>`, and so `/dev/fd/<n>`,
+/// `/proc/self/fd/<n>`, `/dev/stdout`); `None` for another process's.
+#[cfg(target_os = "linux")]
+fn own_descriptor(link: &Path) -> Option<std::os::fd::RawFd> {
+    let dir = std::fs::canonicalize(parent_dir(link)).ok()?;
+    let mut parts = dir.components().skip(2);
+    let pid = parts.next()?.as_os_str().to_str()?.parse::<u32>().ok()?;
+    if pid != std::process::id() {
+        return None;
+    }
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// Opens the file a descriptor link stands for, for writing. This process's
+/// own descriptor is duplicated (same file, same offset, and it works for
+/// sockets, which cannot be opened by path); another's is opened by its
+/// path, as a shell's `>` would (a regular file is truncated).
+fn open_descriptor(link: &Path) -> std::io::Result<File> {
+    #[cfg(target_os = "linux")]
+    if let Some(fd) = own_descriptor(link) {
+        use std::os::fd::FromRawFd;
+        writable_descriptor(fd)?;
+        if fd == 1 {
+            // What the program printed before comes before the bytes.
+            let _ = std::io::stdout().flush();
+        }
+        // SAFETY: `fcntl` with `F_DUPFD_CLOEXEC` reads no memory of ours; a
+        // descriptor that is not open gives `EBADF`.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `dup` is a new descriptor that nothing else owns.
+        return Ok(unsafe { File::from_raw_fd(dup) });
+    }
+    let regular = std::fs::metadata(link).is_ok_and(|m| m.is_file());
+    OpenOptions::new().write(true).truncate(regular).open(link)
+}
+
+/// `Ok` when this process's descriptor `fd` is open for writing; otherwise
+/// the error says it is not open, or open for reading only.
+#[cfg(target_os = "linux")]
+fn writable_descriptor(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: `fcntl` with `F_GETFL` reads no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("descriptor {fd} is not open ({e})"),
+        ));
+    }
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("descriptor {fd} is open for reading only"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `path` (links followed) exists and is neither a regular file nor
@@ -239,10 +367,13 @@ fn temp_sibling(path: &Path) -> Result<PathBuf, FileError> {
 /// cannot be created in its directory (tried: a temporary file is created
 /// there and removed, as [`write_atomic_with`] would). A symbolic link is
 /// followed; a device or FIFO is taken as writable. For output paths checked
-/// before a long run that writes them at its end.
+/// before a long run that writes them at its end. A descriptor link
+/// (`/dev/stdout`, `/dev/fd/<n>`) is writable when it is open (this
+/// process's own: open for writing).
 pub fn unwritable(path: &Path) -> Option<String> {
     let target = match resolve_links(path) {
-        Ok(t) => t,
+        Ok(Target::Path(t)) => t,
+        Ok(Target::Descriptor(link)) => return unwritable_descriptor(&link),
         Err(e) => return Some(e.error.to_string()),
     };
     let dir = parent_dir(&target);
@@ -262,6 +393,19 @@ pub fn unwritable(path: &Path) -> Option<String> {
             }
             Err(e) => Some(format!("cannot create a file in {}: {e}", dir.display())),
         }
+    }
+}
+
+/// Why the descriptor link `link` cannot be written, if that is known now.
+/// It is not opened (a FIFO's open would wait for a reader).
+fn unwritable_descriptor(link: &Path) -> Option<String> {
+    #[cfg(target_os = "linux")]
+    if let Some(fd) = own_descriptor(link) {
+        return writable_descriptor(fd).err().map(|e| e.to_string());
+    }
+    match std::fs::metadata(link) {
+        Ok(_) => None,
+        Err(e) => Some(format!("the descriptor is not open ({e})")),
     }
 }
 
@@ -380,6 +524,151 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("pipe")]);
+    }
+
+    /// A file that is replaced keeps its permission bits, whatever the umask
+    /// gives a new one.
+    #[cfg(unix)]
+    #[test]
+    fn a_replaced_file_keeps_its_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ck.st");
+        for mode in [0o600, 0o640, 0o755] {
+            std::fs::write(&path, b"old").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            write_atomic::<FileError>(&path, |w| w.write_all(b"new")).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"new");
+            let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(got, mode, "{got:o} instead of {mode:o}");
+        }
+    }
+
+    /// A pipe of this process named by its descriptor (`/proc/self/fd/<n>`,
+    /// `/dev/fd/<n>`, as process substitution hands out) is written into:
+    /// the link's text `pipe:[...]` is not taken for a path.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pipe_named_by_its_descriptor_is_written_into() {
+        use std::io::Read;
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors are new and owned here only.
+        let (mut read, write) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            read.read_to_end(&mut got).unwrap();
+            got
+        });
+        let w = fds[1];
+        for (path, bytes) in [
+            (format!("/proc/self/fd/{w}"), &b"one,"[..]),
+            (format!("/dev/fd/{w}"), b"two,"),
+            (format!("/proc/{}/fd/{w}", std::process::id()), b"three"),
+        ] {
+            let path = Path::new(&path);
+            assert_eq!(unwritable(path), None, "{}", path.display());
+            write_atomic_with::<FileError>(path, |tmp| {
+                std::fs::write(tmp, bytes).map_err(|e| FileError::new("w", tmp, e))
+            })
+            .unwrap();
+        }
+        drop(write);
+        assert_eq!(reader.join().unwrap(), b"one,two,three");
+    }
+
+    /// A regular file named by a descriptor of this process (the shell's
+    /// `--trace /dev/stdout > out.txt`) is written at the descriptor's offset,
+    /// between what was written through it before and after; it is not
+    /// replaced by another file.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_file_named_by_its_descriptor_is_written_at_its_offset() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.txt");
+        let mut f = File::create(&out).unwrap();
+        f.write_all(b"before|").unwrap();
+        let path = PathBuf::from(format!("/dev/fd/{}", f.as_raw_fd()));
+        assert_eq!(unwritable(&path), None);
+        write_atomic::<FileError>(&path, |w| w.write_all(b"trace")).unwrap();
+        f.write_all(b"|after").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&out).unwrap(), b"before|trace|after");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+        // One open for reading only, or not open at all, is refused by the
+        // check before the run and by the writer alike.
+        let r = File::open(&out).unwrap();
+        let path = PathBuf::from(format!("/proc/self/fd/{}", r.as_raw_fd()));
+        let why = unwritable(&path).unwrap();
+        assert!(why.contains("reading only"), "{why}");
+        let err = write_atomic::<FileError>(&path, |w| w.write_all(b"x")).unwrap_err();
+        assert!(err.to_string().contains("reading only"), "{err}");
+        let closed = Path::new("/dev/fd/1000000");
+        let why = unwritable(closed).unwrap();
+        assert!(why.contains("not open"), "{why}");
+        assert!(write_atomic::<FileError>(closed, |w| w.write_all(b"x")).is_err());
+        assert_eq!(std::fs::read(&out).unwrap(), b"before|trace|after");
+    }
+
+    /// Set in the child [`dev_stdout_is_written_into`] starts.
+    #[cfg(target_os = "linux")]
+    const STDOUT_CHILD: &str = "BRAID_FS_TEST_STDOUT_CHILD";
+
+    /// In a child of [`dev_stdout_is_written_into`] only: writes to
+    /// `/dev/stdout`, whatever the parent made of it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn dev_stdout_child() {
+        if std::env::var_os(STDOUT_CHILD).is_none() {
+            return;
+        }
+        let path = Path::new("/dev/stdout");
+        assert_eq!(unwritable(path), None);
+        write_atomic::<FileError>(path, |w| w.write_all(b"<braid payload>\n")).unwrap();
+        println!("<printed after>");
+    }
+
+    /// `/dev/stdout` is written into when the standard output is a pipe (it
+    /// was "cannot create a file in /proc/self/fd") and when it is a
+    /// redirected file (which was replaced by a rename, so what the program
+    /// printed afterwards went to a deleted file).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn dev_stdout_is_written_into() {
+        let child = || {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args(["fs::tests::dev_stdout_child", "--exact", "--nocapture"])
+                .args(["--test-threads", "1"])
+                .env(STDOUT_CHILD, "1");
+            c
+        };
+        let piped = child().output().unwrap();
+        assert!(piped.status.success(), "{piped:?}");
+        let text = String::from_utf8(piped.stdout).unwrap();
+        let (payload, after) = (
+            text.find("<braid payload>").unwrap(),
+            text.find("<printed after>").unwrap(),
+        );
+        assert!(payload < after, "{text}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.txt");
+        let status = child()
+            .stdout(File::create(&out).unwrap())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let text = std::fs::read_to_string(&out).unwrap();
+        let (payload, after) = (
+            text.find("<braid payload>").unwrap(),
+            text.find("<printed after>").unwrap(),
+        );
+        assert!(payload < after, "{text}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     /// Temporary files of a write whose process is gone are removed by the
