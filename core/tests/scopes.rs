@@ -255,6 +255,60 @@ fn a_bundled_scope_runs_on_one_stream() {
     assert!(spread.len() > 1, "{spread:?}");
 }
 
+/// A memoised step that diverges in the middle of a bundled scope's entry:
+/// the tasks placed afresh after the divergence stay on the stream the
+/// entry's memoised tasks ran on (the memoised first task sets the bundle,
+/// as an eager one does). They went to another stream, the diverging task
+/// placed by the policy and the rest of the entry bundled after it.
+#[test]
+fn a_bundle_survives_a_divergence_of_automatic_replay() {
+    let f = file("[[scope]]\npattern = \"b\"\nbundle = true\npolicy = \"round-robin\"\n");
+    let rt = builder(4)
+        .inline_short_tasks(false)
+        .placement(f)
+        .build()
+        .unwrap();
+    let bufs: Vec<_> = (0..4)
+        .map(|i| rt.alloc(format!("b{i}"), 64).unwrap())
+        .collect();
+    rt.synchronize().unwrap();
+    let steps = 10;
+    for step in 0..steps {
+        {
+            let _s = rt.scope("b");
+            for (j, b) in bufs.iter().enumerate() {
+                let end = if step == 8 && j == 1 { 8 } else { 16 };
+                let busy = std::time::Duration::from_micros(if j == 0 { 5000 } else { 300 });
+                rt.task("t")
+                    .run(
+                        b.view_of::<u32>(0..end).unwrap().write::<u32>(),
+                        move |_| std::thread::sleep(busy),
+                    )
+                    .unwrap();
+            }
+        }
+        rt.synchronize().unwrap();
+    }
+    assert!(rt.stats().auto_replayed > 0, "{:?}", rt.stats());
+    assert!(rt.stats().auto_divergences > 0, "{:?}", rt.stats());
+    let mut spans: Vec<_> = rt
+        .profile()
+        .spans
+        .into_iter()
+        .filter(|s| s.name == "t")
+        .collect();
+    spans.sort_by_key(|s| s.id);
+    assert_eq!(spans.len(), 4 * steps);
+    for (step, entry) in spans.chunks(4).enumerate() {
+        let streams: Vec<_> = entry.iter().map(|s| s.stream).collect();
+        let reasons: Vec<_> = entry.iter().map(|s| s.placement.reason.name()).collect();
+        assert!(
+            streams.iter().all(|&s| s == streams[0]),
+            "step {step}: streams {streams:?}, placed by {reasons:?}"
+        );
+    }
+}
+
 #[test]
 fn bad_files_fail_the_build_naming_the_line() {
     let dir = tempfile::tempdir().unwrap();

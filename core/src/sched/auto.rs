@@ -395,6 +395,13 @@ pub(crate) fn submit_memoised(
     }
     let plan = &m.plan;
     let s = plan.tasks[i].stream as usize;
+    // The first task of a bundled scope's entry sets the entry's stream here
+    // as eager placement would (`sched::submit`): should the step diverge
+    // inside the entry, its tasks placed afresh follow this one's stream
+    // rather than start a bundle of their own (docs/scopes.md).
+    if let Some(b) = super::ScopePlace::of(&t, st.compute).bundle {
+        b.set(s);
+    }
     let pos = plan.position[i];
     let step = &plan.programs[s][pos as usize - 1];
     // The plan names every wait and predecessor, finished or not; those
