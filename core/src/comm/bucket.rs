@@ -146,13 +146,25 @@ pub enum Compression {
     Hook(Arc<dyn BucketHook>),
 }
 
+/// The largest bucket cap a [`Reducer`] keeps: `2^62 - 1` bytes (on 64-bit
+/// targets). At the rebuild rank 0 broadcasts the cap as two non-negative
+/// `i32`s of 31 bits each, so a larger cap cannot travel; a larger one
+/// (`usize::MAX`, the natural "no cap") is lowered to this one, which no
+/// gradient buffer reaches: after the first bucket (which `first_cap_bytes`
+/// bounds), every run of memory-adjacent parameters is one bucket, as an
+/// unbounded cap would make it.
+pub const MAX_CAP_BYTES: usize = (u64::MAX >> 2) as usize;
+
 /// Configures a [`Reducer`].
 #[derive(Debug, Clone)]
 pub struct BucketConfig {
-    /// Bucket size cap in bytes (default 25 MiB).
+    /// Bucket size cap in bytes (default 25 MiB). At least 1 ([`Reducer::new`]
+    /// refuses 0); one above [`MAX_CAP_BYTES`] is taken as that one (one
+    /// bucket per run of memory-adjacent parameters).
     pub cap_bytes: usize,
     /// Cap of the first bucket (default 1 MiB), so the first all-reduce starts
-    /// early.
+    /// early. It never travels (each rank forms its first bucket from it), so
+    /// any value works; 0 makes the first bucket one parameter.
     pub first_cap_bytes: usize,
     /// Rebuild the buckets from the observed ready order after the first step
     /// (default on).
@@ -192,7 +204,8 @@ impl Default for BucketConfig {
 }
 
 impl BucketConfig {
-    /// Sets the bucket cap.
+    /// Sets the bucket cap: at least 1; `usize::MAX` (anything above
+    /// [`MAX_CAP_BYTES`]) for no cap.
     pub fn cap_bytes(mut self, b: usize) -> Self {
         self.cap_bytes = b;
         self
@@ -290,9 +303,18 @@ impl<'rt> Reducer<'rt> {
         comm: BoundComm<'rt>,
         grads: &Buffer,
         params: Vec<ParamSpec>,
-        config: BucketConfig,
+        mut config: BucketConfig,
     ) -> Result<Reducer<'rt>> {
         let bad = |m: String| Err(Error::Config(format!("gradient reducer: {m}")));
+        if config.cap_bytes == 0 {
+            return bad(
+                "the bucket cap (`cap_bytes`) is 0 bytes: give at least 1, or `usize::MAX` for no cap"
+                    .into(),
+            );
+        }
+        // A cap too large to travel at the rebuild means one bucket, as the
+        // largest one that travels does.
+        config.cap_bytes = config.cap_bytes.min(MAX_CAP_BYTES);
         let dtype = config.dtype;
         match (dtype, &config.compression) {
             (DType::F32, _) | (DType::Bf16, Compression::None | Compression::Hook(_)) => {}
@@ -747,11 +769,11 @@ impl<'rt> Reducer<'rt> {
             seen[p] = true;
         }
         order.extend((0..n).rev().filter(|&p| !seen[p]));
-        let mut cap = self.config.cap_bytes;
+        let mut cap = self.config.cap_bytes.min(MAX_CAP_BYTES);
         if self.config.auto_cap && self.comm.world_size() > 1 {
             let choice = self.choose(&order, finish_mark)?;
             if let Some(Ok(c)) = &choice {
-                cap = c.chosen.cap_bytes;
+                cap = c.chosen.cap_bytes.clamp(1, MAX_CAP_BYTES);
             }
             self.choice = choice;
         }
@@ -1161,6 +1183,54 @@ mod tests {
                 (p, c) => panic!("profile {p}: {c:?}"),
             }
         }
+    }
+
+    /// A cap of `usize::MAX` (no cap), or any above what the rebuild's
+    /// broadcast carries, is kept as [`MAX_CAP_BYTES`]: the rebuild agrees
+    /// on it on every rank and puts everything after the first bucket into
+    /// one. It failed on every rank at
+    /// the end of the first step. A cap of 0 is refused at once.
+    #[test]
+    fn a_cap_too_large_to_travel_means_one_bucket_and_0_is_refused() {
+        use crate::{BackendKind, Runtime};
+        for cap in [usize::MAX, 1 << 62, MAX_CAP_BYTES] {
+            let out = crate::launch(2, |rank, comm| {
+                let rt = Runtime::builder()
+                    .backend(BackendKind::Cpu)
+                    .rank(rank)
+                    .build()?;
+                let grads = rt.alloc_from("grads", &[rank as f32 + 1.0; 12])?;
+                let config = BucketConfig::default().first_cap_bytes(4).cap_bytes(cap);
+                let mut red = Reducer::new(comm.bind(&rt)?, &grads, specs(&[5, 4, 3]), config)?;
+                assert_eq!(red.cap_bytes(), MAX_CAP_BYTES);
+                for _ in 0..2 {
+                    for p in (0..3).rev() {
+                        red.grad_ready(p)?;
+                    }
+                    red.finish()?;
+                }
+                let buckets = ranges(red.buckets());
+                Ok((buckets, red.cap_bytes(), rt.read_vec::<f32>(&grads)?))
+            });
+            for r in out {
+                let (buckets, kept, grads) = r.unwrap();
+                // The first bucket within its 4 bytes, the rest in one.
+                assert_eq!(buckets, vec![9..12, 0..9], "cap {cap}");
+                assert_eq!(kept, MAX_CAP_BYTES);
+                assert_eq!(grads, vec![1.5; 12]);
+            }
+        }
+        let out = crate::launch(1, |rank, comm| {
+            let rt = Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .rank(rank)
+                .build()?;
+            let grads = rt.alloc("grads", 8 * 4)?;
+            let config = BucketConfig::default().cap_bytes(0);
+            Ok(Reducer::new(comm.bind(&rt)?, &grads, specs(&[8]), config).map(|_| ()))
+        });
+        let err = out.into_iter().next().unwrap().unwrap().unwrap_err();
+        assert!(err.to_string().contains("`cap_bytes`) is 0 bytes"), "{err}");
     }
 
     #[test]

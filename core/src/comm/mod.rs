@@ -82,7 +82,9 @@ mod sparse;
 pub use agree::AGREEMENT_TASK;
 /// The safe NCCL wrapper (`braid_cuda::nccl`), re-exported.
 pub use braid_cuda::nccl;
-pub use bucket::{BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer};
+pub use bucket::{
+    BucketConfig, BucketHook, BucketInfo, Compression, NoSync, ParamSpec, Reducer, MAX_CAP_BYTES,
+};
 pub use env::{DistEnv, EnvError, DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT};
 pub use in_graph::CapturedCollective;
 pub use launch::{launch, launch_with, spawn_ranks, Ranks};
