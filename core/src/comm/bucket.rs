@@ -38,8 +38,15 @@
 //! # Bucket order
 //!
 //! Buckets are submitted strictly in bucket order (bucket `i + 1` waits for
-//! bucket `i` to be complete), so every rank issues the same collectives in
-//! the same order even if ranks mark parameters in different orders.
+//! bucket `i` to be complete), so every rank issues the same bucket
+//! collectives in the same order even if ranks mark parameters in different
+//! orders. Row contributions ([`Reducer::sparse_ready`]) are the exception:
+//! their all-gathers go out when they are handed over, between whichever
+//! buckets were submitted by then, so each must be handed over at the same
+//! point on every rank — once the same parameters have been marked (in any
+//! order), e.g. after every `grad_ready` of the step. Otherwise the ranks'
+//! collectives do not match: the local communicator fails the step saying
+//! so; over NCCL nothing checks it.
 //!
 //! # Forming buckets
 //!
@@ -589,6 +596,14 @@ impl<'rt> Reducer<'rt> {
     /// the reduced gradient at [`finish`](Self::finish) (see `sparse.rs`).
     /// With sync off, added locally at once. The rows are of the gradients'
     /// storage type (`f32` or bf16).
+    ///
+    /// The all-gathers are submitted by this call, after the buckets
+    /// submitted so far, so every rank must call it at the same point of
+    /// its marking: once the same set of parameters has been marked with
+    /// `grad_ready` (their order may differ), e.g. after every `grad_ready`
+    /// of the step, and with the same contributions in the same order. A
+    /// rank that calls it a bucket earlier or later issues its collectives
+    /// in another order than the others (module docs, "Bucket order").
     pub fn sparse_ready(&mut self, param: usize, rows: super::SparseRows) -> Result<()> {
         self.sparse_ready_range(param..param + 1, rows)
     }
@@ -597,7 +612,8 @@ impl<'rt> Reducer<'rt> {
     /// reducer as consecutive parameters `params` (pieces whose element
     /// ranges follow each other, each marked ready on its own: the tied
     /// embedding's classifier part in row blocks): the rows index the
-    /// pieces together, as one matrix.
+    /// pieces together, as one matrix. Called at the same point of the
+    /// marking on every rank, as `sparse_ready` is.
     pub fn sparse_ready_range(
         &mut self,
         params: std::ops::Range<usize>,

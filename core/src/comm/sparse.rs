@@ -15,7 +15,12 @@
 //! — row ids and rows of the gradient's storage type (`f32` or bf16),
 //! written *instead of* added into the gradient. The reducer then links each
 //! id to its next repeat ([`sparse_links`], one task) and exchanges ids,
-//! links and rows with three all-gathers, submitted right then. At
+//! links and rows with three all-gathers, submitted right then — so each
+//! rank must hand a contribution over at the same point of its
+//! `grad_ready` calls (once the same parameters are marked, e.g. after all
+//! of them): bucket all-reduces go out as their parameters are marked, and
+//! a rank whose all-gathers fall between other buckets than another rank's
+//! issues its collectives in another order. At
 //! [`Reducer::finish`](super::Reducer::finish), after every bucket, one task
 //! per contribution adds every rank's rows, divided by the number of ranks,
 //! into the averaged gradient ([`sparse_add_chunk`], rank by rank).
