@@ -14,7 +14,10 @@
 //! logits back; its latency runs from the moment it is due (a fixed
 //! schedule, `--period-ms` apart) to the logits in hand, so a request that
 //! could not start on time counts its wait. Training throughput leaves the
-//! first step (recording, warm-up) out.
+//! first step (recording, warm-up) out, so `--be-steps` is at least 2 (and
+//! `--requests` at least 1). A shared run that served no request (the
+//! training run ended before the first was due) says "no requests were
+//! served", and its latency figures in the last line are NaN.
 //!
 //! The shared runs also split the requests by when they were due: before
 //! the training run's first step ended (its start: allocation, kernel
@@ -69,8 +72,8 @@ use std::time::{Duration, Instant};
 #[command(about = "A latency-critical program beside a best-effort one: alone and together")]
 struct Args {
     /// Requests of the solo latency-critical run (the shared runs issue
-    /// requests for as long as training lasts).
-    #[arg(long, default_value_t = 150)]
+    /// requests for as long as training lasts). At least 1.
+    #[arg(long, default_value_t = 150, value_parser = parse_requests)]
     requests: usize,
     /// Time between requests, ms.
     #[arg(long, default_value_t = 20.0)]
@@ -81,8 +84,9 @@ struct Args {
     /// The training run's model.
     #[arg(long, default_value = "small")]
     be_model: String,
-    /// Training steps (the first is left out of the throughput).
-    #[arg(long, default_value_t = 12)]
+    /// Training steps (the first is left out of the throughput, so at
+    /// least 2).
+    #[arg(long, default_value_t = 12, value_parser = parse_be_steps)]
     be_steps: u64,
     /// Training ranks: CPU threads (default 2), or GPUs from device 0 with
     /// `--device cuda` (default 1).
@@ -129,6 +133,28 @@ struct Args {
     be_bundle_us: Option<u64>,
 }
 
+/// `--requests`: the solo run's percentiles need at least one request.
+fn parse_requests(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 requests: the solo run needs at least 1 to measure a latency".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
+/// `--be-steps`: the first step is left out of the throughput, so one step
+/// leaves nothing to measure.
+fn parse_be_steps(s: &str) -> std::result::Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n @ (0 | 1)) => Err(format!(
+            "{n} training step(s): at least 2 are needed, the first being left out of the \
+             throughput"
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}")),
+    }
+}
+
 impl Args {
     fn backend(&self) -> Result<BackendKind> {
         match self.device.as_str() {
@@ -143,7 +169,8 @@ impl Args {
 struct Latency(Vec<f64>);
 
 impl Latency {
-    fn pct(&self, p: f64) -> f64 {
+    /// Percentile `p`; `None` when no request was served.
+    fn pct(&self, p: f64) -> Option<f64> {
         let mut v = self.0.clone();
         v.sort_by(f64::total_cmp);
         pct_sorted(&v, p)
@@ -155,10 +182,10 @@ impl Latency {
     }
 }
 
-/// Percentile `p` of the sorted `v` (nearest rank).
-fn pct_sorted(v: &[f64], p: f64) -> f64 {
-    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
+/// Percentile `p` of the sorted `v` (nearest rank); `None` for an empty `v`.
+fn pct_sorted(v: &[f64], p: f64) -> Option<f64> {
+    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied()
 }
 
 /// A 90% interval of `shared`'s p99 over `solo`'s, from 1,000 bootstrap
@@ -166,8 +193,12 @@ fn pct_sorted(v: &[f64], p: f64) -> f64 {
 /// requests is their second slowest, so one stalled request moves it: the
 /// interval says how far the ratio could have fallen by chance. The
 /// generator is seeded, so the same latencies give the same interval.
-fn p99_ratio_interval(solo: &Latency, shared: &Latency) -> (f64, f64) {
+/// `None` when either run served no request.
+fn p99_ratio_interval(solo: &Latency, shared: &Latency) -> Option<(f64, f64)> {
     const RESAMPLES: usize = 1000;
+    if solo.0.is_empty() || shared.0.is_empty() {
+        return None;
+    }
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move |n: usize| {
         // xorshift64*
@@ -180,7 +211,7 @@ fn p99_ratio_interval(solo: &Latency, shared: &Latency) -> (f64, f64) {
         buf.clear();
         buf.extend((0..x.len()).map(|_| x[next(x.len())]));
         buf.sort_by(f64::total_cmp);
-        pct_sorted(buf, 0.99)
+        pct_sorted(buf, 0.99).unwrap_or(f64::NAN)
     };
     let mut buf = Vec::new();
     let mut ratios: Vec<f64> = (0..RESAMPLES)
@@ -190,10 +221,11 @@ fn p99_ratio_interval(solo: &Latency, shared: &Latency) -> (f64, f64) {
         })
         .collect();
     ratios.sort_by(f64::total_cmp);
-    (pct_sorted(&ratios, 0.05), pct_sorted(&ratios, 0.95))
+    Some((pct_sorted(&ratios, 0.05)?, pct_sorted(&ratios, 0.95)?))
 }
 
-/// What one round measured, for the run with classes.
+/// What one round measured, for the run with classes (the latency
+/// figures NaN when the shared run served no request).
 #[derive(Clone, Copy)]
 struct Figures {
     /// Shared p99 over solo p99.
@@ -364,6 +396,12 @@ fn train_be(
         println!("  the training run left {n} of the device's {of} SMs to the requests");
     }
     let steps = report.steps.get(1..).unwrap_or_default();
+    if steps.is_empty() {
+        anyhow::bail!(
+            "the training run ended after {} step(s): no step after the first to measure",
+            report.steps.len()
+        );
+    }
     let tokens: usize = steps.iter().map(|s| s.tokens).sum();
     let secs: f64 = steps.iter().map(|s| s.seconds).sum();
     Ok(tokens as f64 / secs.max(1e-9))
@@ -403,11 +441,12 @@ fn shared(a: &Args, lc: Class, be: Class) -> Result<(Served, f64, Vec<f64>, f64)
 /// classes. Returns the run with classes' figures.
 fn round(a: &Args) -> Result<Figures> {
     let solo_lc = on_own_thread(|| serve(a, Class::LatencyCritical, a.requests, None, None))?.all;
+    let (Some(solo_p50), Some(solo_p99)) = (solo_lc.pct(0.5), solo_lc.pct(0.99)) else {
+        anyhow::bail!("latency-critical alone: no requests were served");
+    };
     println!(
-        "latency-critical alone: {} requests, p50 {:.3} ms, p99 {:.3} ms",
+        "latency-critical alone: {} requests, p50 {solo_p50:.3} ms, p99 {solo_p99:.3} ms",
         solo_lc.0.len(),
-        solo_lc.pct(0.5),
-        solo_lc.pct(0.99)
     );
     let solo_be = train_be(a, Class::BestEffort, (0, None), None)?;
     println!("best-effort alone: {solo_be:.0} tokens/s");
@@ -422,24 +461,36 @@ fn round(a: &Args) -> Result<Figures> {
     ] {
         let (served, tput, ends, returned) = shared(a, lc, be)?;
         let (lat, steady) = (&served.all, &served.steady);
-        let (p99, ratio) = (lat.pct(0.99) / solo_lc.pct(0.99), tput / solo_be);
-        let (lo, hi) = p99_ratio_interval(&solo_lc, lat);
-        let over = lat.share_over(solo_lc.pct(0.99));
-        println!(
-            "together, {label}: {} requests, p50 {:.3} ms, p99 {:.3} ms ({p99:.2}x alone, \
-             90% interval {lo:.2}-{hi:.2}x by resampling; {:.1}% of requests slower than \
-             the solo p99); training {tput:.0} tokens/s ({ratio:.2}x alone)",
-            lat.0.len(),
+        let ratio = tput / solo_be;
+        let (Some(p50_ms), Some(p99_ms), Some((lo, hi))) = (
             lat.pct(0.5),
             lat.pct(0.99),
+            p99_ratio_interval(&solo_lc, lat),
+        ) else {
+            // The training run ended before the first request was due.
+            println!(
+                "together, {label}: no requests were served; training {tput:.0} tokens/s \
+                 ({ratio:.2}x alone)"
+            );
+            last = Some(Figures {
+                p99_ratio: f64::NAN,
+                throughput_ratio: ratio,
+                steady_ratio: f64::NAN,
+                over_solo_p99: f64::NAN,
+            });
+            continue;
+        };
+        let p99 = p99_ms / solo_p99;
+        let over = lat.share_over(solo_p99);
+        println!(
+            "together, {label}: {} requests, p50 {p50_ms:.3} ms, p99 {p99_ms:.3} ms ({p99:.2}x \
+             alone, 90% interval {lo:.2}-{hi:.2}x by resampling; {:.1}% of requests slower \
+             than the solo p99); training {tput:.0} tokens/s ({ratio:.2}x alone)",
+            lat.0.len(),
             over * 100.0,
         );
-        let steady_p99 = if steady.0.is_empty() {
-            f64::NAN
-        } else {
-            steady.pct(0.99)
-        };
-        let steady_ratio = steady_p99 / solo_lc.pct(0.99);
+        let steady_p99 = steady.pct(0.99).unwrap_or(f64::NAN);
+        let steady_ratio = steady_p99 / solo_p99;
         println!(
             "  of which due after the training run's first step: {} requests, p99 {:.3} ms \
              ({steady_ratio:.2}x alone)",
@@ -552,4 +603,46 @@ fn main() -> Result<()> {
         pick(|r| r.over_solo_p99),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--requests 0` and `--be-steps` below 2 are refused when the
+    /// arguments are parsed, saying why (they panicked in the percentiles,
+    /// or printed 0 tokens/s and a NaN ratio).
+    #[test]
+    fn counts_that_measure_nothing_are_refused() {
+        let parse = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("multi_tenant").chain(args.iter().copied()))
+        };
+        let err = parse(&["--requests", "0"]).unwrap_err().to_string();
+        assert!(err.contains("at least 1"), "{err}");
+        for steps in ["0", "1"] {
+            let err = parse(&["--be-steps", steps]).unwrap_err().to_string();
+            assert!(err.contains("at least 2"), "{err}");
+        }
+        let a = parse(&["--requests", "1", "--be-steps", "2"]).unwrap();
+        assert_eq!((a.requests, a.be_steps), (1, 2));
+        assert!(parse(&["--requests", "x"]).is_err());
+    }
+
+    /// An empty latency list has no percentiles and no interval (a shared
+    /// run that served no request), rather than a panic.
+    #[test]
+    fn no_requests_have_no_percentiles() {
+        let none = Latency(Vec::new());
+        let some = Latency(vec![3.0, 1.0, 2.0]);
+        assert_eq!(none.pct(0.99), None);
+        assert_eq!(some.pct(0.5), Some(2.0));
+        assert_eq!(some.pct(0.99), Some(3.0));
+        assert_eq!(p99_ratio_interval(&some, &none), None);
+        assert_eq!(p99_ratio_interval(&none, &some), None);
+        assert_eq!(
+            p99_ratio_interval(&some, &some).map(|(lo, _)| lo > 0.0),
+            Some(true)
+        );
+        assert_eq!(none.share_over(1.0), 0.0);
+    }
 }
