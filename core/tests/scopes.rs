@@ -255,6 +255,28 @@ fn a_bundled_scope_runs_on_one_stream() {
     assert!(spread.len() > 1, "{spread:?}");
 }
 
+/// `**` matches every path whole, so it applies at the innermost depth and
+/// beats every rule for an enclosing scope (docs/scopes.md); `*` matches
+/// the outermost scope only, so it is a default that any named scope's rule
+/// overrides.
+#[test]
+fn a_catch_all_is_innermost_and_a_star_is_a_default() {
+    use braid::StreamChoice::Compute;
+    let rules = "[[scope]]\npattern = \"forward\"\nstream = 1\n";
+    let all = file(&format!("[[scope]]\npattern = \"**\"\nstream = 0\n{rules}"));
+    assert_eq!(all.decide("forward/layer3").stream, Some(Compute(0)));
+    assert_eq!(all.decide("forward").stream, Some(Compute(1)));
+    let default = file(&format!("[[scope]]\npattern = \"*\"\nstream = 0\n{rules}"));
+    assert_eq!(default.decide("forward/layer3").stream, Some(Compute(1)));
+    assert_eq!(default.decide("forward").stream, Some(Compute(1)));
+    assert_eq!(default.decide("backward/layer3").stream, Some(Compute(0)));
+    // A trailing `/**` is innermost too: it beats a rule for a scope
+    // between.
+    let tail = file("[[scope]]\npattern = \"forward/**\"\nstream = 0\n[[scope]]\npattern = \"forward/layer3\"\nstream = 1\n");
+    assert_eq!(tail.decide("forward/layer3").stream, Some(Compute(1)));
+    assert_eq!(tail.decide("forward/layer3/attn").stream, Some(Compute(0)));
+}
+
 /// A memoised step that diverges in the middle of a bundled scope's entry:
 /// the tasks placed afresh after the divergence stay on the stream the
 /// entry's memoised tasks ran on (the memoised first task sets the bundle,
