@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! braid-gpt2                      # = train: small model, built-in data, 2 CPU ranks, trace.json
-//! braid-gpt2 train --model tiny --data tokens.bin --steps 20 --ranks 4 --trace t.json
+//! braid-gpt2 train --model small --data tokens.bin --steps 20 --ranks 4 --trace t.json
 //! braid-gpt2 train --device cuda --ranks 1 --model gpt2 --batch-size 8 --seq-len 1024
 //! torchrun --standalone --nproc-per-node 4 --no-python braid-gpt2 train --device cuda --model gpt2
 //! braid-gpt2 eval --weights model.safetensors --tokens val.bin --seq-len 64
@@ -77,8 +77,9 @@ struct TrainArgs {
     /// --resume.
     #[arg(long)]
     model: Option<String>,
-    /// Training data: `builtin` (built-in corpus), a llm.c .bin token file or
-    /// a UTF-8 text file.
+    /// Training data: `builtin` (the built-in corpus's training split;
+    /// `builtin:val` its validation split), a llm.c .bin token file or a
+    /// UTF-8 text file.
     #[arg(long, default_value = "builtin")]
     data: String,
     /// Train until this many steps are done (a resumed run continues to
@@ -852,10 +853,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         a.streams,
         a.policy,
         opts.dtype,
-        if opts.graphs {
-            ", CUDA graph replay"
-        } else {
-            ""
+        match (opts.graphs, on_gpu) {
+            (true, true) => ", CUDA graph replay",
+            // On the CPU a graph is a stream thread's program run in order.
+            (true, false) => ", graph replay",
+            (false, _) => "",
         },
         opts.fusion,
         match attention {
