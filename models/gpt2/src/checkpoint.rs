@@ -34,7 +34,7 @@ use crate::error::{Gpt2Error, Result};
 use crate::weights::{read_header, F32View, Header};
 
 /// Name of the file inside a checkpoint directory.
-pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
+pub use crate::weights::CHECKPOINT_FILE_NAME as CHECKPOINT_FILE;
 /// Safetensors metadata key holding the checkpoint's JSON metadata (defined
 /// beside the safetensors reader, which refuses a checkpoint given as
 /// weights by it).

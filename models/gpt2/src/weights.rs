@@ -33,6 +33,11 @@ pub const HF_PREFIX: &str = "transformer.";
 /// The safetensors metadata key of a Braid training checkpoint
 /// (`checkpoint::METADATA_KEY`): a file with it is a checkpoint, not weights.
 pub const CHECKPOINT_METADATA_KEY: &str = "braid.checkpoint";
+/// The file of a checkpoint's directory (`checkpoint::CHECKPOINT_FILE`):
+/// a directory given as weights that holds it is a checkpoint's. Defined
+/// here, beside the reader that tells the two apart, as the metadata key is
+/// (the checkpoint module reads through this one).
+pub const CHECKPOINT_FILE_NAME: &str = "checkpoint.safetensors";
 
 /// Strips the optional `transformer.` prefix.
 fn short_name(name: &str) -> &str {
@@ -290,7 +295,7 @@ pub(crate) fn read_header(path: &Path, f: &mut std::fs::File) -> Result<Header> 
 /// passed as one; a Hugging Face model directory's weights file is named).
 fn directory_given(dir: &Path) -> Gpt2Error {
     let d = dir.display();
-    let why = if crate::checkpoint::checkpoint_file(dir).is_file() {
+    let why = if dir.join(CHECKPOINT_FILE_NAME).is_file() {
         format!(
             "is a directory holding a Braid training checkpoint: pass it as `--checkpoint {d}` \
              (eval, sample), continue it with `train --resume --checkpoint-dir {d}`, or write \
