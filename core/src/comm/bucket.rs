@@ -1236,21 +1236,13 @@ mod tests {
                 assert_eq!(grads, vec![1.5; 12]);
             }
         }
-        let out = crate::launch(1, |rank, comm| {
-            let rt = Runtime::builder()
-                .backend(BackendKind::Cpu)
-                .rank(rank)
-                .build()?;
-            let grads = rt.alloc("grads", 8 * 4)?;
-            let config = BucketConfig::default().cap_bytes(0);
-            Ok(Reducer::new(comm.bind(&rt)?, &grads, specs(&[8]), config).map(|_| ()))
-        });
-        let err = out.into_iter().next().unwrap().unwrap().unwrap_err();
+        let err = refused(BucketConfig::default().cap_bytes(0));
         assert!(err.to_string().contains("`cap_bytes`) is 0 bytes"), "{err}");
     }
 
-    #[test]
-    fn auto_cap_refuses_compression() {
+    /// The error `Reducer::new` gives one CPU rank with `config` over one
+    /// parameter of 8 `f32` gradients.
+    fn refused(config: BucketConfig) -> crate::Error {
         use crate::{BackendKind, Runtime};
         let out = crate::launch(1, |rank, comm| {
             let rt = Runtime::builder()
@@ -1258,12 +1250,18 @@ mod tests {
                 .rank(rank)
                 .build()?;
             let grads = rt.alloc("grads", 8 * 4)?;
-            let config = BucketConfig::default()
-                .auto_cap(true)
-                .compression(Compression::Bf16);
+            let config = config.clone();
             Ok(Reducer::new(comm.bind(&rt)?, &grads, specs(&[8]), config).map(|_| ()))
         });
-        let err = out.into_iter().next().unwrap().unwrap().unwrap_err();
+        out.into_iter().next().unwrap().unwrap().unwrap_err()
+    }
+
+    #[test]
+    fn auto_cap_refuses_compression() {
+        let config = BucketConfig::default()
+            .auto_cap(true)
+            .compression(Compression::Bf16);
+        let err = refused(config);
         assert!(err.to_string().contains("compression off"), "{err}");
     }
 
