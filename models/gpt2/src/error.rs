@@ -59,8 +59,9 @@ pub enum Gpt2Error {
     /// rank), before that step's state is saved.
     #[error(
         "training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped \
-         before saving this step's state (a checkpoint saved earlier is kept). A lower \
-         learning rate or a longer warm-up usually helps"
+         before saving this step's state (a checkpoint saved earlier is kept, though the \
+         last may already hold the start of the divergence). A lower learning rate or a \
+         longer warm-up usually helps"
     )]
     Diverged {
         /// The step whose figures were not finite.
@@ -69,6 +70,17 @@ pub enum Gpt2Error {
         loss: f32,
         /// Its global gradient norm before clipping.
         grad_norm: f32,
+    },
+
+    /// The parameters after a step's update are not finite: its
+    /// checkpoint is not saved (over the last one).
+    #[error(
+        "training diverged in the update of step {step}: its parameters are not finite; \
+         its checkpoint was not saved (one saved earlier is kept)"
+    )]
+    StateNotFinite {
+        /// The step whose update it was.
+        step: u64,
     },
 
     // ----- files ---------------------------------------------------------

@@ -16,6 +16,7 @@
 //! naming the problem and a non-zero exit status, leaving existing files as
 //! they were.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -612,7 +613,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         (cfg, StartState::from_params(params), None)
     };
     if let Some(path) = &a.save_weights {
-        check_weights_output(path)?;
+        check_weights_output(path, a.checkpoint_dir.as_deref())?;
     }
     if let Some(path) = (!a.no_trace).then_some(&a.trace) {
         if let Some(why) = braid::fs::unwritable(path) {
@@ -891,13 +892,17 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let report = train(&opts, start, &data, &on_step)?;
     pb.finish_and_clear();
 
-    // 3. Outputs (rank 0's, in a torchrun job).
+    // 3. Outputs (rank 0's, in a torchrun job). An output that is standard
+    // output (`--trace /dev/stdout > t.json`) holds nothing else: the
+    // summary goes to standard error then.
     let rank0 = report.process_rank.unwrap_or(0) == 0;
+    let trace_path = (!a.no_trace).then_some(a.trace.as_path());
+    let mut summary = summary_stream(&[a.save_weights.as_deref(), trace_path]);
     if let Some(path) = a.save_weights.as_ref().filter(|_| rank0) {
-        save_weights(path, &report.params, &cfg)?;
+        save_weights(path, &report.params, &cfg, &mut summary)?;
     }
     // The report's first line is the first and the last loss.
-    println!("{report}");
+    let _ = writeln!(summary, "{report}");
     if stop.load(Ordering::SeqCst) && report.final_step < a.steps {
         eprintln!(
             "stopped by a signal after step {} of {}: {}",
@@ -936,33 +941,82 @@ fn load_model(
     }
 }
 
-/// Refuses a `--save-weights` path that cannot be written, before any work.
-fn check_weights_output(path: &Path) -> Result<()> {
+/// Refuses a `--save-weights` path that cannot be written, or that is the
+/// file of the checkpoint in `checkpoint` (the weights would replace the
+/// checkpoint), before any work.
+fn check_weights_output(path: &Path, checkpoint: Option<&Path>) -> Result<()> {
+    if let Some(dir) = checkpoint.filter(|d| same_file(path, &checkpoint_file(d))) {
+        bail!(
+            "--save-weights {} is the checkpoint's own file in {}: the weights would replace \
+             the checkpoint; name another file",
+            path.display(),
+            dir.display()
+        );
+    }
     match HfOutput::for_path(path).unwritable() {
         Some(why) => bail!("--save-weights {}: {why}", path.display()),
         None => Ok(()),
     }
 }
 
-/// Writes `--save-weights` and says what was written.
-fn save_weights(path: &Path, params: &[f32], cfg: &Gpt2Config) -> Result<()> {
+/// Whether `a` and `b` name the same file: the same file where both exist
+/// (links followed), else the same name in the same directory.
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        use std::os::unix::fs::MetadataExt;
+        return (x.dev(), x.ino()) == (y.dev(), y.ino());
+    }
+    let place = |p: &Path| {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir = std::fs::canonicalize(dir)
+            .or_else(|_| std::path::absolute(dir))
+            .unwrap_or_else(|_| dir.to_path_buf());
+        (dir, p.file_name().map(ToOwned::to_owned))
+    };
+    place(a) == place(b)
+}
+
+/// Where the summary lines go: standard output, unless one of `outputs` is
+/// the file standard output goes to (`/dev/stdout`, or the file it is
+/// redirected to), which must hold that output alone: then standard error.
+fn summary_stream(outputs: &[Option<&Path>]) -> Box<dyn Write> {
+    let stdout = Path::new("/dev/stdout");
+    if outputs.iter().flatten().any(|p| same_file(p, stdout)) {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    }
+}
+
+/// Writes `--save-weights` and says what was written to `summary`.
+fn save_weights(
+    path: &Path,
+    params: &[f32],
+    cfg: &Gpt2Config,
+    summary: &mut dyn Write,
+) -> Result<()> {
     let out = save_hf_model(path, params, cfg)
         .with_context(|| format!("--save-weights {}", path.display()))?;
-    println!("weights          {}", out.weights.display());
+    let _ = writeln!(summary, "weights          {}", out.weights.display());
     if let Some((_, config)) = &out.dir {
-        println!("config           {}", config.display());
+        let _ = writeln!(summary, "config           {}", config.display());
     }
     Ok(())
 }
 
 fn cmd_export(a: ExportArgs) -> Result<()> {
-    check_weights_output(&a.save_weights)?;
+    check_weights_output(&a.save_weights, Some(&a.checkpoint))?;
     let (cfg, params, name) = load_model(None, Some(&a.checkpoint))?;
     eprintln!(
         "writing the parameters of {name} to {}",
         a.save_weights.display()
     );
-    save_weights(&a.save_weights, &params, &cfg)
+    let mut summary = summary_stream(&[Some(&a.save_weights)]);
+    save_weights(&a.save_weights, &params, &cfg, &mut summary)
 }
 
 fn cmd_eval(a: EvalArgs) -> Result<()> {

@@ -229,6 +229,73 @@ fn a_diverging_run_stops_and_a_changed_resume_says_so() {
     // The checkpoints before it were saved, the diverged state was not.
     let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
     assert_eq!(ckpt.step, step - 1, "{err}");
+
+    // A rate of 1e38 sends weights past `f32::MAX` in the update itself,
+    // before any loss shows it: that state is not saved either.
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    ok(d, &with(&["--steps", "2", "--no-trace"]));
+    let err = fails(
+        d,
+        &with(&["--steps", "9", "--resume", "--lr", "1e38", "--no-trace"]),
+        &["training diverged"],
+    );
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert!(
+        ckpt.params.iter().all(|x| x.is_finite()),
+        "step {} saved non-finite weights: {err}",
+        ckpt.step
+    );
+
+    // Weights named as the checkpoint's own file would replace it: refused,
+    // by train and by export, before anything is written.
+    let file = "ckpt/checkpoint.safetensors";
+    let before = std::fs::read(d.join(file)).unwrap();
+    #[rustfmt::skip]
+    fails(d, &["export", "--checkpoint", "ckpt", "--save-weights", file],
+          &["checkpoint's own file"]);
+    fails(
+        d,
+        &with(&[
+            "--steps",
+            "12",
+            "--resume",
+            "--no-trace",
+            "--save-weights",
+            file,
+        ]),
+        &["checkpoint's own file"],
+    );
+    assert_eq!(std::fs::read(d.join(file)).unwrap(), before);
+}
+
+/// Weights written to standard output (`--save-weights /dev/stdout >
+/// w.safetensors`) are the file alone: the summary goes to standard error.
+#[cfg(target_os = "linux")]
+#[test]
+fn weights_to_standard_output_are_the_file_alone() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    #[rustfmt::skip]
+    let args = [
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "2", "--ranks", "1",
+        "--batch-size", "2", "--seq-len", "16", "--no-trace", "--save-weights",
+    ];
+    let with = |out: &'static str| -> Vec<&str> { args.iter().copied().chain([out]).collect() };
+    ok(d, &with("ref.safetensors"));
+    let file = std::fs::File::create(d.join("w.safetensors")).unwrap();
+    let out = Command::new(BIN)
+        .args(with("/dev/stdout"))
+        .current_dir(d)
+        .stdout(file)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("loss "), "the summary is on stderr: {err}");
+    assert_eq!(
+        std::fs::read(d.join("w.safetensors")).unwrap(),
+        std::fs::read(d.join("ref.safetensors")).unwrap()
+    );
 }
 
 /// Starts `args`, returning the child and its standard error's lines as

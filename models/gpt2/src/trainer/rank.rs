@@ -264,6 +264,12 @@ fn run_rank_on(
         if rank != 0 {
             return Ok(None);
         }
+        // A step's loss and norm are of its gradients, before its update:
+        // an update that sent a weight to infinity shows in the next step.
+        // Such a state is not saved over the last good one.
+        if params.iter().any(|x| !x.is_finite()) {
+            return Err(Gpt2Error::StateNotFinite { step });
+        }
         let dir = opts.checkpoint_dir.as_ref().expect("checked by the caller");
         save_checkpoint(
             dir,
