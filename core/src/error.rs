@@ -2,6 +2,12 @@
 
 use std::ops::Range;
 
+/// `": <root>"` where a skip's root failure is known, else nothing: how a
+/// skip's message ends (`Error::DependencyFailed`, a skipped collective's).
+pub(crate) fn root_suffix(root: &Option<Box<Error>>) -> String {
+    root.as_ref().map_or(String::new(), |r| format!(": {r}"))
+}
+
 /// Everything that can go wrong in Braid.
 ///
 /// Errors are cheap to clone (they carry strings, not sources) because one
@@ -60,7 +66,7 @@ pub enum Error {
     /// in turn), so a wait on a skipped task still says why.
     #[error(
         "task `{task}` was skipped because `{cause}`, which it depends on, failed{}",
-        root.as_ref().map_or(String::new(), |r| format!(": {r}"))
+        root_suffix(root)
     )]
     DependencyFailed {
         task: String,

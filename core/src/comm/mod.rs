@@ -836,7 +836,7 @@ impl Job {
         let message = match why {
             Some(Error::DependencyFailed { cause, root, .. }) => format!(
                 "skipped on this rank because `{cause}`, which it depends on, failed{}",
-                root.as_ref().map_or(String::new(), |r| format!(": {r}"))
+                crate::error::root_suffix(root)
             ),
             Some(other) => format!("skipped on this rank: {other}"),
             None => "skipped on this rank because a task it depends on failed".into(),

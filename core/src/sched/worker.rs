@@ -265,15 +265,6 @@ impl<'r> Failures<'r> {
         let k = self.index.as_ref()?.first_met(&self.run.plan.tasks[i])?;
         Some(&self.run.external[k])
     }
-
-    /// The name task `i`'s failure is reported under: the external
-    /// predecessor it was skipped for, else its own.
-    fn cause(&self, i: u32) -> &'r str {
-        match self.skips(i as usize) {
-            Some(e) => &e.name,
-            None => &self.run.plan.tasks[i as usize].name,
-        }
-    }
 }
 
 /// Finishes a replay's unit with the first failure among its tasks, if any.
@@ -289,8 +280,9 @@ fn finish_part(run: &Run, s: usize, end: &TaskShared, external: &Failures) {
 }
 
 /// Finishes a replay's record: failed for the failed external predecessor
-/// of a sequential run, else for the task `failed` names (under
-/// [`Failures::cause`]), else done.
+/// of a sequential run, else for the task `failed` names (under the
+/// external predecessor it was skipped for, else its own name, with the
+/// run's first failure as the root), else done.
 fn finish_with(
     run: &Run,
     record: &TaskShared,
@@ -300,12 +292,9 @@ fn finish_with(
     let plan = &run.plan;
     let cause = match external.whole {
         Some(p) => Some((p.name.as_ref(), p.root_error())),
-        None => failed().map(|i| {
-            let root = match external.skips(i as usize) {
-                Some(p) => p.root_error(),
-                None => run.root_error(),
-            };
-            (external.cause(i), root)
+        None => failed().map(|i| match external.skips(i as usize) {
+            Some(p) => (p.name.as_ref(), p.root_error()),
+            None => (plan.tasks[i as usize].name.as_ref(), run.root_error()),
         }),
     };
     record.finish(match cause {
