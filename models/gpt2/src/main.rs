@@ -18,7 +18,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{check_checkpoint_dir, checkpoint_file, load_checkpoint, AdamWHyper};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
+use braid_gpt2::error::Gpt2Error;
 use braid_gpt2::kernels::flash_attention::{
     attention_from_env, set_attention_kernels, AttentionKernels,
 };
@@ -612,7 +613,13 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         };
         (cfg, StartState::from_params(params), None)
     };
-    if let Some(path) = &a.save_weights {
+    // Weights in the checkpoint directory the run will make are checked
+    // once it is made (below).
+    let weights_in_new_dir = a.save_weights.as_deref().is_some_and(|path| {
+        let dir = a.checkpoint_dir.as_deref().filter(|d| !d.exists());
+        dir.is_some_and(|d| path.parent().is_some_and(|p| same_file(p, d)))
+    });
+    if let Some(path) = a.save_weights.as_deref().filter(|_| !weights_in_new_dir) {
         check_weights_output(path, a.checkpoint_dir.as_deref())?;
     }
     if let Some(path) = (!a.no_trace).then_some(&a.trace) {
@@ -816,6 +823,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         if let Some(why) = braid::fs::unwritable(&checkpoint_file(dir)) {
             bail!("--checkpoint-dir {}: {why}", dir.display());
         }
+        if let Some(path) = a.save_weights.as_deref().filter(|_| weights_in_new_dir) {
+            check_weights_output(path, Some(dir))?;
+        }
     }
 
     // Ctrl-C (or SIGTERM) stops the run at the end of a step, which then
@@ -823,10 +833,18 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // second one ends the process at once. Only where every rank is in this
     // process: torchrun's processes would have to agree on the step.
     let stop = Arc::new(AtomicBool::new(false));
+    let caught = Arc::new(AtomicUsize::new(0));
     if dist.as_ref().is_none_or(|d| d.world_size == 1) {
-        for sig in [SIGINT, SIGTERM] {
-            // The exit first: it sees the flag only a first signal has set.
-            signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+        // A signal the process was started with ignored (SIGINT of `cmd &`
+        // in a script) stays ignored, as shells and Python leave it.
+        for sig in [SIGINT, SIGTERM]
+            .into_iter()
+            .filter(|&s| !ignored_at_start(s))
+        {
+            // The default action first: it sees the flag only a first
+            // signal has set, and ends the process by the signal.
+            signal_hook::flag::register_conditional_default(sig, Arc::clone(&stop))
+                .and_then(|_| signal_hook::flag::register_usize(sig, Arc::clone(&caught), sig as _))
                 .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
                 .context("installing the handler of Ctrl-C")?;
         }
@@ -889,7 +907,13 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         pb.set_message(line);
         pb.inc(1);
     };
-    let report = train(&opts, start, &data, &on_step)?;
+    // A run that finished but could not write its trace (`--trace
+    // /dev/stdout | head`) still writes its weights, then fails.
+    let (report, trace_error) = match train(&opts, start, &data, &on_step) {
+        Ok(report) => (report, None),
+        Err(Gpt2Error::TraceNotWritten { error, report }) => (*report, Some(error)),
+        Err(e) => return Err(e.into()),
+    };
     pb.finish_and_clear();
 
     // 3. Outputs (rank 0's, in a torchrun job). An output that is standard
@@ -903,22 +927,58 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     }
     // The report's first line is the first and the last loss.
     let _ = writeln!(summary, "{report}");
-    if stop.load(Ordering::SeqCst) && report.final_step < a.steps {
-        eprintln!(
-            "stopped by a signal after step {} of {}: {}",
-            report.final_step,
-            a.steps,
-            match &report.checkpoint {
-                Some(dir) => format!(
-                    "its checkpoint is in {}; --resume continues it",
-                    dir.display()
-                ),
-                None => "no checkpoint was saved (--checkpoint-dir)".into(),
-            }
-        );
-        std::process::exit(130);
+    let signal = caught.load(Ordering::SeqCst);
+    if signal != 0 {
+        let checkpoint = match &report.checkpoint {
+            Some(dir) => format!("its checkpoint is in {}", dir.display()),
+            None => "no checkpoint was saved (--checkpoint-dir)".into(),
+        };
+        if report.final_step < a.steps {
+            eprintln!(
+                "stopped by a signal after step {} of {}: {checkpoint}{}",
+                report.final_step,
+                a.steps,
+                if report.checkpoint.is_some() {
+                    "; --resume continues it"
+                } else {
+                    ""
+                }
+            );
+        } else {
+            eprintln!(
+                "interrupted by a signal in the last step, which finished: the run is \
+                 complete ({checkpoint})"
+            );
+        }
+    }
+    if let Some(e) = trace_error {
+        return Err(e).with_context(|| {
+            format!(
+                "--trace {}: the run finished, but its trace was not written",
+                a.trace.display()
+            )
+        });
+    }
+    if signal != 0 {
+        // The process ends by the signal it was stopped with (after the
+        // outputs above), so a shell or a script sees the interruption (a
+        // loop of runs stops; the status is 130 for Ctrl-C, 143 for SIGTERM).
+        let _ = std::io::stdout().flush();
+        signal_hook::low_level::emulate_default_handler(signal as _)
+            .context("ending the process by its signal")?;
     }
     Ok(())
+}
+
+/// Whether the process was started with `signal` ignored (a background job
+/// of a non-interactive shell ignores SIGINT).
+fn ignored_at_start(signal: std::ffi::c_int) -> bool {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: with a null new action, sigaction only writes the current one
+    // into `old`, which is large enough for it.
+    let found = unsafe { libc::sigaction(signal, std::ptr::null(), old.as_mut_ptr()) } == 0;
+    // SAFETY: zeroed is a valid sigaction, and sigaction filled it when it succeeded.
+    found && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
 }
 
 /// The model `eval` or `sample` runs: Hugging Face weights, or the
@@ -1117,7 +1177,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
                 Ok(())
             } else {
                 // Generation stops at once; the error is `out.error`.
-                Err(braid_gpt2::error::Gpt2Error::io(
+                Err(Gpt2Error::io(
                     "writing",
                     "standard output",
                     std::io::Error::other("stopped"),

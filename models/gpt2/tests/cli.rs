@@ -2,6 +2,7 @@
 //! what it saved, and bad inputs that must stop it with a clear message, a
 //! non-zero exit status and no file touched.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -304,8 +305,17 @@ fn spawn_lines(
     dir: &Path,
     args: &[&str],
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    spawn_command_lines(dir, cmd)
+}
+
+/// [`spawn_lines`] of a command made by the caller.
+fn spawn_command_lines(
+    dir: &Path,
+    mut cmd: Command,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd
         .current_dir(dir)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -340,12 +350,20 @@ fn wait_for_line(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> Vec<St
 
 /// Sends SIGINT, as Ctrl-C does.
 fn interrupt(child: &std::process::Child) {
+    send(child, "-INT");
+}
+
+/// Sends a signal (`-INT`, `-TERM`).
+fn send(child: &std::process::Child, signal: &str) {
     let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());
 }
+
+const SIGINT: i32 = 2;
+const SIGTERM: i32 = 15;
 
 /// Waits for the child to exit (at most `secs`), returning its status.
 fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
@@ -364,7 +382,8 @@ fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::Exit
 
 /// Ctrl-C stops a run at the end of a step, every rank at the same one,
 /// which saves its checkpoint and writes its trace as a finished run does,
-/// and exits 130; a second Ctrl-C ends a run that cannot finish its step.
+/// and ends by the signal (a shell's status 130); a second Ctrl-C ends a
+/// run that cannot finish its step.
 #[test]
 fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
     let tmp = dir_with_train_bin();
@@ -384,7 +403,7 @@ fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
     let status = exit_within(&mut child, 60);
     let err: Vec<String> = rx.iter().collect();
     let err = err.join("\n");
-    assert_eq!(status.code(), Some(130), "{err}");
+    assert_eq!(status.signal(), Some(SIGINT), "{err}");
     let step: u64 = err
         .split("stopped by a signal after step ")
         .nth(1)
@@ -419,7 +438,106 @@ fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(child.try_wait().unwrap().is_none(), "the step cannot end");
     interrupt(&child);
-    assert_eq!(exit_within(&mut child, 30).code(), Some(130));
+    assert_eq!(exit_within(&mut child, 30).signal(), Some(SIGINT));
+}
+
+/// A run started with SIGINT ignored (`cmd &` in a script) keeps it
+/// ignored; SIGTERM still stops it at a step, and it ends by SIGTERM.
+#[test]
+fn an_ignored_sigint_stays_ignored_and_sigterm_stops_the_run() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    let mut cmd = Command::new("sh");
+    #[rustfmt::skip]
+    cmd.args(["-c", "trap '' INT; exec \"$0\" \"$@\"", BIN,
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1",
+        "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
+        "--steps", "1000000", "--checkpoint-dir", "ckpt", "--no-trace",
+    ]);
+    let (mut child, rx) = spawn_command_lines(d, cmd);
+    wait_for_line(&rx, "step     2 ");
+    interrupt(&child);
+    // Later steps still come.
+    wait_for_line(&rx, "step    40 ");
+    assert!(child.try_wait().unwrap().is_none());
+    send(&child, "-TERM");
+    let status = exit_within(&mut child, 60);
+    let err: Vec<String> = rx.iter().collect();
+    let err = err.join("\n");
+    assert_eq!(status.signal(), Some(SIGTERM), "{err}");
+    assert!(err.contains("stopped by a signal after step "), "{err}");
+    let step = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt"))
+        .unwrap()
+        .step;
+    assert!(step >= 40, "{err}");
+}
+
+/// A signal in the last step: the step finishes, the run is complete and
+/// says so, and the process still ends by the signal (a loop of runs in a
+/// script stops).
+#[test]
+fn a_signal_in_the_last_step_says_the_run_is_complete() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    // The small model's steps last long enough for the signal to land in
+    // the second one, or while its outputs are written.
+    #[rustfmt::skip]
+    let (mut child, rx) = spawn_lines(d, &[
+        "train", "--model", "small", "--data", "train.bin", "--ranks", "1",
+        "--batch-size", "4", "--seq-len", "64", "--steps", "2",
+        "--checkpoint-dir", "ckpt", "--trace", "t.json",
+    ]);
+    wait_for_line(&rx, "step     1 ");
+    interrupt(&child);
+    let status = exit_within(&mut child, 60);
+    let err: Vec<String> = rx.iter().collect();
+    let err = err.join("\n");
+    assert_eq!(status.signal(), Some(SIGINT), "{err}");
+    assert!(
+        err.contains(
+            "interrupted by a signal in the last step, which finished: the run is \
+             complete (its checkpoint is in ckpt)"
+        ),
+        "{err}"
+    );
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 2);
+    assert!(d.join("t.json").is_file());
+}
+
+/// A trace on standard output whose reader has gone (`--trace /dev/stdout
+/// | head -c 100`): the run still writes its weights, then fails naming
+/// the trace.
+#[test]
+fn a_trace_that_cannot_be_written_loses_no_weights() {
+    use std::io::Read;
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    // Three steps of two ranks: a trace larger than the pipe holds.
+    #[rustfmt::skip]
+    let mut child = Command::new(BIN)
+        .args([
+            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+            "--batch-size", "2", "--seq-len", "16", "--steps", "3",
+            "--trace", "/dev/stdout", "--save-weights", "w.safetensors",
+        ])
+        .current_dir(d)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--trace /dev/stdout: the run finished, but its trace was not written"),
+        "{err}"
+    );
+    assert!(err.contains("loss "), "the summary is on stderr: {err}");
+    let (cfg, params) = braid_gpt2::weights::load_hf_model(d.join("w.safetensors")).unwrap();
+    assert_eq!(params.len(), cfg.num_parameters());
 }
 
 #[test]
@@ -1334,6 +1452,25 @@ fn unwritable_outputs_are_refused_before_the_first_step() {
         .collect();
     ok(d, &args);
     assert!(d.join("new/ck/checkpoint.safetensors").is_file());
+    // Weights in the checkpoint directory the run makes are accepted; in a
+    // directory below it, which nothing makes, refused before anything is
+    // made.
+    #[rustfmt::skip]
+    let args: Vec<&str> = base.iter().copied().chain([
+        "--checkpoint-dir", "new2", "--save-weights", "new2/w.safetensors",
+    ]).collect();
+    ok(d, &args);
+    assert!(d.join("new2/w.safetensors").is_file());
+    #[rustfmt::skip]
+    let args: Vec<&str> = base.iter().copied().chain([
+        "--checkpoint-dir", "new3", "--save-weights", "new3/sub/w.safetensors",
+    ]).collect();
+    fails(
+        d,
+        &args,
+        &["--save-weights new3/sub/w.safetensors", "does not exist"],
+    );
+    assert!(!d.join("new3").exists());
 }
 
 /// Numbers and settings out of range, refused up front with a message,

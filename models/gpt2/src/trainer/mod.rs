@@ -106,7 +106,9 @@ pub use braid::comm::DistEnv;
 /// after each step. Returns the report after every rank has finished (and the
 /// trace and the checkpoint, if asked for, are written). On failure the
 /// error of the rank that failed first is returned, not the errors of the
-/// ranks that stopped because of it.
+/// ranks that stopped because of it. A run that finished but could not
+/// write its trace returns [`Gpt2Error::TraceNotWritten`], which holds the
+/// report.
 pub fn train(
     opts: &TrainOptions,
     start: StartState,
@@ -234,7 +236,12 @@ pub fn train(
         report.profiles.push(o.profile);
     }
     if let Some(path) = trace_path {
-        write_trace(&path, &report.profiles)?;
+        if let Err(error) = write_trace(&path, &report.profiles) {
+            return Err(Gpt2Error::TraceNotWritten {
+                error,
+                report: Box::new(report),
+            });
+        }
         report.trace = Some(path);
     }
     Ok(report)
