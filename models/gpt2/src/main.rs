@@ -565,6 +565,16 @@ fn agree(named: Option<&str>, found: Gpt2Config, source: &str) -> Result<Gpt2Con
     Ok(found)
 }
 
+/// Writes a line to standard error as `eprintln!` does, except that a log
+/// that cannot be written (its reader gone, `2>&1 | head`; its terminal
+/// closed) does not end the program: a training run goes on and saves what
+/// it makes.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 fn cmd_train(a: TrainArgs) -> Result<()> {
     // 1. Everything is read and checked before anything is written.
     if a.steps == 0 {
@@ -794,7 +804,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // ZeRO-1 shards what the reducer reduces, and one rank runs none
     // unless asked: the flag would do nothing unsaid.
     if opts.zero == 1 && world == 1 && !opts.reduce_single_rank {
-        eprintln!(
+        say!(
             "note: --zero 1 shards the optimizer over the ranks, and this run has one: it \
              trains as with --zero 0 (--reduce-single-rank runs ZeRO-1 with one rank)"
         );
@@ -804,7 +814,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // says so once.
     let differences = resumed.map_or(Vec::new(), |e| opts.resume_differences(&e, world, &data));
     if !differences.is_empty() && dist.as_ref().is_none_or(|d| d.rank == 0) {
-        eprintln!(
+        say!(
             "note: these settings differ from those of the run that saved the checkpoint, so \
              this run does not continue it exactly: {}",
             differences.join(", ")
@@ -852,7 +862,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     }
 
     // 2. Train.
-    eprintln!(
+    say!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
          x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}, \
          steps {}..={}",
@@ -902,7 +912,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             s.tokens as f64 / s.seconds
         );
         if pb.is_hidden() {
-            eprintln!("step {:>5}  {line}  ({:.0} ms)", s.step, s.seconds * 1e3);
+            say!("step {:>5}  {line}  ({:.0} ms)", s.step, s.seconds * 1e3);
         }
         pb.set_message(line);
         pb.inc(1);
@@ -934,7 +944,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             None => "no checkpoint was saved (--checkpoint-dir)".into(),
         };
         if report.final_step < a.steps {
-            eprintln!(
+            say!(
                 "stopped by a signal after step {} of {}: {checkpoint}{}",
                 report.final_step,
                 a.steps,
@@ -945,7 +955,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
                 }
             );
         } else {
-            eprintln!(
+            say!(
                 "interrupted by a signal in the last step, which finished: the run is \
                  complete ({checkpoint})"
             );
@@ -1071,7 +1081,7 @@ fn save_weights(
 fn cmd_export(a: ExportArgs) -> Result<()> {
     check_weights_output(&a.save_weights, Some(&a.checkpoint))?;
     let (cfg, params, name) = load_model(None, Some(&a.checkpoint))?;
-    eprintln!(
+    say!(
         "writing the parameters of {name} to {}",
         a.save_weights.display()
     );
@@ -1083,7 +1093,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
     let (cfg, params, name) = load_model(a.weights.as_deref(), a.checkpoint.as_deref())?;
     let tokens = TokenSource::resolve(&a.tokens).context("--tokens")?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
-    eprintln!(
+    say!(
         "evaluating {name} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
         tokens.origin(),
         tokens.len(),
@@ -1101,19 +1111,24 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
         |i, n| {
             if i == n || i % 50 == 0 {
-                eprintln!("batch {i}/{n}");
+                say!("batch {i}/{n}");
             }
         },
     )
     .with_context(|| format!("evaluating on {}", a.tokens))?;
-    eprintln!(
+    say!(
         "{} windows, {} predicted tokens, perplexity {:.3}",
         r.windows,
         r.tokens,
         r.loss.exp()
     );
-    println!("loss={:.6}", r.loss);
-    Ok(())
+    match writeln!(std::io::stdout(), "loss={:.6}", r.loss) {
+        // The reader is gone (`| head -c 3`): stop quietly, as `sample` does.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing the loss to standard output")
+        }
+        _ => Ok(()),
+    }
 }
 
 fn cmd_sample(a: SampleArgs) -> Result<()> {
@@ -1144,7 +1159,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
         .checked_sub(cfg.max_seq_len)
         .filter(|&n| n > 0)
     {
-        eprintln!(
+        say!(
             "note: the prompt is {} tokens and the model's context {}: its first {dropped} \
              tokens are dropped, and the model continues the last {}",
             context.len(),

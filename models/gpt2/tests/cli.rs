@@ -505,6 +505,37 @@ fn a_signal_in_the_last_step_says_the_run_is_complete() {
     assert!(d.join("t.json").is_file());
 }
 
+/// A log whose reader has gone (`train … 2>&1 | head -3`, a closed
+/// terminal): the run goes on and saves its checkpoint and weights.
+#[test]
+fn a_log_without_a_reader_stops_nothing() {
+    use std::io::BufRead;
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    #[rustfmt::skip]
+    let mut child = Command::new(BIN)
+        .args([
+            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+            "--batch-size", "2", "--seq-len", "16", "--steps", "30",
+            "--checkpoint-dir", "ckpt", "--save-weights", "w.safetensors", "--no-trace",
+        ])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("training tiny"), "{first}");
+    let status = exit_within(&mut child, 120);
+    assert!(status.success(), "{status:?}");
+    let ckpt = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt")).unwrap();
+    assert_eq!(ckpt.step, 30);
+    assert!(d.join("w.safetensors").is_file());
+}
+
 /// A trace on standard output whose reader has gone (`--trace /dev/stdout
 /// | head -c 100`): the run still writes its weights, then fails naming
 /// the trace.
