@@ -58,6 +58,21 @@ fn replay_once_names_every_stream_of_the_trainer() {
         }
     }
     assert!(text.contains("hidden under compute") && text.contains("time by scope"));
+    // Its reader gone before the frame (`--once | head -0`): a quiet end.
+    let mut child = Command::new(BIN)
+        .args(["top", "--replay", trace.to_str().unwrap(), "--once"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.is_empty(),
+        "{:?}: {err}",
+        out.status
+    );
     // Why the tasks went where they did, over all of each rank's tasks.
     for p in &profiles {
         let of = format!("(of {} tasks)", p.spans.len());

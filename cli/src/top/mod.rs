@@ -82,8 +82,7 @@ pub fn run(args: TopArgs) -> Result<()> {
         };
         let title = format!("replay {}", path.display());
         if args.once {
-            print!("{}", view::render(&title, &ranks, w));
-            return Ok(());
+            return print_frame(&view::render(&title, &ranks, w));
         }
         return tui::replay(&title, &ranks, w, (start, end));
     }
@@ -119,8 +118,20 @@ pub fn run(args: TopArgs) -> Result<()> {
             busy_ns,
             history_ns,
         };
-        print!("{}", view::render(&title, &feed.ranks(), w));
-        return Ok(());
+        return print_frame(&view::render(&title, &feed.ranks(), w));
     }
     tui::live(&title, lines, busy_ns, history_ns)
+}
+
+/// Prints one frame (`--once`); a reader that has gone (`--once | head
+/// -3`) ends it quietly.
+fn print_frame(frame: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(frame.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing the frame to standard output")
+        }
+        _ => Ok(()),
+    }
 }
