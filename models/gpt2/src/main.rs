@@ -41,7 +41,7 @@ use braid_gpt2::trainer::{
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -838,16 +838,17 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
     }
 
-    // Ctrl-C (or SIGTERM) stops the run at the end of a step, which then
-    // saves its checkpoint and writes its trace as a finished run does; a
-    // second one ends the process at once. Only where every rank is in this
+    // Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops the run at
+    // the end of a step, which then saves its checkpoint and writes its
+    // trace as a finished run does; a second one ends the process at once. Only where every rank is in this
     // process: torchrun's processes would have to agree on the step.
     let stop = Arc::new(AtomicBool::new(false));
     let caught = Arc::new(AtomicUsize::new(0));
     if dist.as_ref().is_none_or(|d| d.world_size == 1) {
         // A signal the process was started with ignored (SIGINT of `cmd &`
-        // in a script) stays ignored, as shells and Python leave it.
-        for sig in [SIGINT, SIGTERM]
+        // in a script, SIGHUP under nohup) stays ignored, as shells and
+        // Python leave it.
+        for sig in [SIGINT, SIGTERM, SIGHUP]
             .into_iter()
             .filter(|&s| !ignored_at_start(s))
         {
@@ -972,7 +973,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     if signal != 0 {
         // The process ends by the signal it was stopped with (after the
         // outputs above), so a shell or a script sees the interruption (a
-        // loop of runs stops; the status is 130 for Ctrl-C, 143 for SIGTERM).
+        // loop of runs stops; a shell's status 128 + the signal's number).
         let _ = std::io::stdout().flush();
         signal_hook::low_level::emulate_default_handler(signal as _)
             .context("ending the process by its signal")?;

@@ -362,6 +362,7 @@ fn send(child: &std::process::Child, signal: &str) {
     assert!(ok.success());
 }
 
+const SIGHUP: i32 = 1;
 const SIGINT: i32 = 2;
 const SIGTERM: i32 = 15;
 
@@ -442,34 +443,37 @@ fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
 }
 
 /// A run started with SIGINT ignored (`cmd &` in a script) keeps it
-/// ignored; SIGTERM still stops it at a step, and it ends by SIGTERM.
+/// ignored; SIGTERM, or SIGHUP (its terminal closed), still stops it at a
+/// step, and it ends by that signal.
 #[test]
-fn an_ignored_sigint_stays_ignored_and_sigterm_stops_the_run() {
-    let tmp = dir_with_train_bin();
-    let d = tmp.path();
-    let mut cmd = Command::new("sh");
-    #[rustfmt::skip]
-    cmd.args(["-c", "trap '' INT; exec \"$0\" \"$@\"", BIN,
-        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1",
-        "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
-        "--steps", "1000000", "--checkpoint-dir", "ckpt", "--no-trace",
-    ]);
-    let (mut child, rx) = spawn_command_lines(d, cmd);
-    wait_for_line(&rx, "step     2 ");
-    interrupt(&child);
-    // Later steps still come.
-    wait_for_line(&rx, "step    40 ");
-    assert!(child.try_wait().unwrap().is_none());
-    send(&child, "-TERM");
-    let status = exit_within(&mut child, 60);
-    let err: Vec<String> = rx.iter().collect();
-    let err = err.join("\n");
-    assert_eq!(status.signal(), Some(SIGTERM), "{err}");
-    assert!(err.contains("stopped by a signal after step "), "{err}");
-    let step = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt"))
-        .unwrap()
-        .step;
-    assert!(step >= 40, "{err}");
+fn an_ignored_sigint_stays_ignored_and_sigterm_or_sighup_stop_the_run() {
+    for (signal, number) in [("-TERM", SIGTERM), ("-HUP", SIGHUP)] {
+        let tmp = dir_with_train_bin();
+        let d = tmp.path();
+        let mut cmd = Command::new("sh");
+        #[rustfmt::skip]
+        cmd.args(["-c", "trap '' INT; exec \"$0\" \"$@\"", BIN,
+            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1",
+            "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
+            "--steps", "1000000", "--checkpoint-dir", "ckpt", "--no-trace",
+        ]);
+        let (mut child, rx) = spawn_command_lines(d, cmd);
+        wait_for_line(&rx, "step     2 ");
+        interrupt(&child);
+        // Later steps still come.
+        wait_for_line(&rx, "step    40 ");
+        assert!(child.try_wait().unwrap().is_none());
+        send(&child, signal);
+        let status = exit_within(&mut child, 60);
+        let err: Vec<String> = rx.iter().collect();
+        let err = err.join("\n");
+        assert_eq!(status.signal(), Some(number), "{signal}: {err}");
+        assert!(err.contains("stopped by a signal after step "), "{err}");
+        let step = braid_gpt2::checkpoint::load_checkpoint(d.join("ckpt"))
+            .unwrap()
+            .step;
+        assert!(step >= 40, "{err}");
+    }
 }
 
 /// A signal in the last step: the step finishes, the run is complete and
