@@ -199,9 +199,14 @@ fn a_diverging_run_stops_and_a_changed_resume_says_so() {
     let out = run(d, &other);
     let note = text(&out.stderr);
     assert!(out.status.success(), "{note}");
+    let canonical = |name: &str| d.join(name).canonicalize().unwrap().display().to_string();
+    let named = format!(
+        "training data {} (the checkpoint's: {})",
+        canonical("other.bin"),
+        canonical("train.bin")
+    );
     assert!(
-        note.contains("settings differ")
-            && note.contains("training data other.bin (the checkpoint's: train.bin)"),
+        note.contains("settings differ") && note.contains(&named),
         "{note}"
     );
     // Resumed with a rate of 1e30, which sends every weight to about 1e30
@@ -267,6 +272,58 @@ fn a_diverging_run_stops_and_a_changed_resume_says_so() {
         &["checkpoint's own file"],
     );
     assert_eq!(std::fs::read(d.join(file)).unwrap(), before);
+}
+
+/// A resumed run knows its data file by any of its names, and names the
+/// fused kernels, the tied split and the kind of schedule as the command
+/// line does.
+#[test]
+fn a_resume_names_files_kernels_and_schedules_as_the_command_line_does() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    #[rustfmt::skip]
+    let base = [
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+        "--batch-size", "2", "--seq-len", "16", "--lr-schedule", "constant",
+        "--fuse", "classifier", "--checkpoint-dir", "ckpt", "--no-trace",
+    ];
+    // `base` with some values swapped, then `extra`; what it printed.
+    let train = |swap: &[(&str, &str)], extra: &[&str]| -> String {
+        let args: Vec<&str> = (base.iter())
+            .map(|a| {
+                swap.iter()
+                    .find(|(from, _)| from == a)
+                    .map_or(*a, |(_, to)| *to)
+            })
+            .chain(extra.iter().copied())
+            .collect();
+        let out = run(d, &args);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        err
+    };
+    train(&[], &["--steps", "2"]);
+    // The same file by other names: nothing to say.
+    let absolute = d.join("train.bin").display().to_string();
+    for (name, steps) in [("./train.bin", "3"), (absolute.as_str(), "4")] {
+        let err = train(&[("train.bin", name)], &["--steps", steps, "--resume"]);
+        assert!(!err.contains("settings differ"), "{name}: {err}");
+    }
+    let err = train(
+        &[("classifier", "all"), ("constant", "cosine")],
+        &["--steps", "5", "--resume", "--no-tied-split"],
+    );
+    for said in [
+        "fused kernels: all (the checkpoint's: classifier)",
+        "tied gradient split off (the checkpoint's: on)",
+        "learning-rate schedule cosine (the checkpoint's: constant)",
+    ] {
+        assert!(err.contains(said), "{said:?} not in: {err}");
+    }
+    assert!(
+        !err.contains("decay to step") && !err.contains("training data"),
+        "{err}"
+    );
 }
 
 /// Weights written to standard output (`--save-weights /dev/stdout >

@@ -1,7 +1,7 @@
 //! [`TokenSource`]: a token stream loaded from an llm.c `.bin` file, a text
 //! file, or the built-in corpus.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Gpt2Config;
@@ -18,6 +18,9 @@ use crate::error::{Gpt2Error, Result};
 pub struct TokenSource {
     tokens: Arc<[u16]>,
     origin: String,
+    /// The file [`open`](Self::open) read them from; `None` for tokens
+    /// made in memory and the built-in corpus.
+    path: Option<PathBuf>,
 }
 
 impl TokenSource {
@@ -26,6 +29,7 @@ impl TokenSource {
         TokenSource {
             tokens: tokens.into(),
             origin: origin.into(),
+            path: None,
         }
     }
 
@@ -56,19 +60,22 @@ impl TokenSource {
         let is_bin = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("bin"));
-        if has_token_magic(&bytes) || is_bin {
+        let mut src = if has_token_magic(&bytes) || is_bin {
             // Into the shared storage at once: a `Vec` first would be one
             // more copy of the tokens at the peak (`Arc<[u16]>` from an
             // iterator of known length allocates once).
             let tokens: Arc<[u16]> = parse_token_file(path, &bytes)?;
             drop(bytes);
-            return Ok(Self::from_tokens(tokens, origin));
-        }
-        let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
-            path: path.to_path_buf(),
-            offset: e.valid_up_to(),
-        })?;
-        Self::from_text(text, origin)
+            Self::from_tokens(tokens, origin)
+        } else {
+            let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
+                path: path.to_path_buf(),
+                offset: e.valid_up_to(),
+            })?;
+            Self::from_text(text, origin)?
+        };
+        src.path = Some(path.to_path_buf());
+        Ok(src)
     }
 
     /// [`open`](Self::open), then [`check_vocab`](Self::check_vocab) against `cfg`.
@@ -130,6 +137,18 @@ impl TokenSource {
     /// Where the tokens came from (a path, `builtin:train`, ...).
     pub fn origin(&self) -> &str {
         &self.origin
+    }
+
+    /// [`origin`](Self::origin) as one name however the file was named: a
+    /// file [`open`](Self::open) read is known by its canonical path while
+    /// it exists (`t.bin`, `./t.bin` and `/abs/t.bin` alike, links
+    /// followed); other tokens (the built-in corpus, tokens made in
+    /// memory), or a file gone since, by the origin as given.
+    pub fn canonical_origin(&self) -> String {
+        self.path
+            .as_deref()
+            .and_then(|p| std::fs::canonicalize(p).ok())
+            .map_or_else(|| self.origin.clone(), |p| p.display().to_string())
     }
 
     /// Splits off the last `fraction` of the tokens (at least one token on each

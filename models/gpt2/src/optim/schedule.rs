@@ -62,6 +62,18 @@ impl LrSchedule {
         Ok(())
     }
 
+    /// `"constant"` when the rate stays at the peak after the warm-up (a
+    /// final fraction of 1: where a decay would end changes nothing),
+    /// `"cosine"` otherwise: the kind of schedule [`rate`](Self::rate)
+    /// follows, as `braid-gpt2 train --lr-schedule` names it.
+    pub fn kind(&self) -> &'static str {
+        if self.final_fraction == 1.0 {
+            "constant"
+        } else {
+            "cosine"
+        }
+    }
+
     /// The rate of step `step` (from 1) for the peak rate `peak`.
     pub fn rate(&self, peak: f32, step: u64) -> f32 {
         let (warmup, end) = (self.warmup_steps, self.decay_end);
@@ -110,6 +122,7 @@ mod tests {
         }
         // No decay: the peak after the warm-up.
         let flat = LrSchedule::cosine(3, 40, 1.0);
+        assert_eq!((flat.kind(), s.kind()), ("constant", "cosine"));
         assert_eq!(flat.rate(1e-3, 2), (1e-3f32 as f64 * 2.0 / 3.0) as f32);
         assert_eq!(flat.rate(1e-3, 30), 1e-3);
         // A decay that ends with the warm-up (or before it) goes straight

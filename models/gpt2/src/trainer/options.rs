@@ -251,10 +251,19 @@ impl TrainOptions {
     /// numbers, as `(key, what, value)`: a checkpoint keeps them in its
     /// extras ([`Checkpoint::extra`]), and a run that resumes it compares
     /// them ([`resume_differences`](Self::resume_differences)). The data
-    /// is known by where it came from (a path as given, `builtin:train`)
-    /// and its length: another file, or the same one grown, is a change.
-    /// How the steps are run (streams, policy, replay, graphs) is not among
-    /// them: it does not change a bit.
+    /// is known by where it came from (a file by its canonical path,
+    /// [`TokenSource::canonical_origin`]; `builtin:train`) and its length:
+    /// another file, or the same one grown, is a change. The fused kernels
+    /// are compared as a set: flash attention rounds otherwise everywhere,
+    /// the fused classifier its losses (and in bf16 its gradients); the
+    /// residual + layer norm and the GELU recomputation leave every bit of
+    /// a CPU run as it was, but on CUDA in bf16 they change which cuBLASLt
+    /// epilogue computes the GELU and its gradient, and a checkpoint does
+    /// not record its device. The tied split as this run of `world` ranks
+    /// takes it ([`splits_tied`](Self::splits_tied)): with several ranks it
+    /// adds the ranks' rows after the average instead of before it, which
+    /// rounds otherwise. How the steps are run (streams, policy, replay,
+    /// graphs) is not among them: it does not change a bit.
     fn result_settings(
         &self,
         world: usize,
@@ -270,13 +279,19 @@ impl TrainOptions {
             0
         };
         vec![
-            ("data", "training data", data.origin().into()),
+            ("data", "training data", data.canonical_origin().into()),
             ("data_tokens", "training tokens", data.len().into()),
             ("batch_size", "batch size", self.batch_size.into()),
             ("seq_len", "sequence length", self.seq_len.into()),
             ("world_size", "ranks", world.into()),
             ("zero", "ZeRO stage", u64::from(zero).into()),
             ("dtype", "storage type", self.dtype.name().into()),
+            ("fusion", "fused kernels:", self.fusion.to_string().into()),
+            (
+                "tied_split",
+                "tied gradient split",
+                self.splits_tied(world).into(),
+            ),
             (
                 "compression",
                 "gradient compression",
@@ -297,6 +312,7 @@ impl TrainOptions {
                 "gradient clipping norm",
                 self.max_grad_norm.map(f64::from).into(),
             ),
+            ("lr_schedule", "learning-rate schedule", s.kind().into()),
             ("warmup_steps", "warm-up steps", s.warmup_steps.into()),
             (
                 "lr_decay_end",
@@ -328,7 +344,12 @@ impl TrainOptions {
     /// saved a checkpoint with these extras, one line per setting (`what`:
     /// this run's value, the checkpoint's). Empty when the resumed run
     /// continues as the saved one would have, bit for bit. Settings the
-    /// checkpoint does not record (an older one) are not compared.
+    /// checkpoint does not record (an older one) are not compared; an
+    /// older checkpoint's schedule kind is told by its final fraction, and
+    /// its data path, recorded as given, is compared as the file it names
+    /// from this run's directory. A schedule of another kind is named by
+    /// its kind (`constant`, `cosine`), not by the parts the kinds differ
+    /// in; where a constant rate's decay would end is not compared.
     pub fn resume_differences(
         &self,
         extra: &BTreeMap<String, Value>,
@@ -345,15 +366,45 @@ impl TrainOptions {
                 }
             }
             Value::String(s) => s.clone(),
+            Value::Bool(on) => if *on { "on" } else { "off" }.into(),
             Value::Null => "none".into(),
             v => v.to_string(),
         };
+        let kind_now = self.lr_schedule.kind();
+        let kind_then: Option<Value> = extra.get("lr_schedule").cloned().or_else(|| {
+            let fraction = extra.get("final_lr_fraction")?.as_f64()? as f32;
+            let s = crate::optim::LrSchedule {
+                final_fraction: fraction,
+                ..self.lr_schedule
+            };
+            Some(s.kind().into())
+        });
+        let kind_changed = kind_then.as_ref().is_some_and(|k| *k != kind_now);
         self.result_settings(world, data)
             .into_iter()
             .filter_map(|(key, what, now)| {
-                let then = extra.get(key)?;
-                (*then != now)
-                    .then(|| format!("{what} {} (the checkpoint's: {})", show(&now), show(then)))
+                let then = match key {
+                    "lr_schedule" => kind_then.clone()?,
+                    _ => extra.get(key)?.clone(),
+                };
+                let same = match key {
+                    // The same file by another name: an older checkpoint's
+                    // path as given, resolved from this run's directory.
+                    "data" => {
+                        now == then
+                            || then
+                                .as_str()
+                                .and_then(|p| std::fs::canonicalize(p).ok())
+                                .is_some_and(|p| now == p.display().to_string())
+                    }
+                    // Named by the kind instead.
+                    "lr_decay_end" | "final_lr_fraction" if kind_changed => true,
+                    // A constant rate ends no decay.
+                    "lr_decay_end" if kind_now == "constant" => true,
+                    _ => now == then,
+                };
+                (!same)
+                    .then(|| format!("{what} {} (the checkpoint's: {})", show(&now), show(&then)))
             })
             .collect()
     }
@@ -588,6 +639,188 @@ mod tests {
                 saved.optimizer.learning_rate
             )]
         );
+    }
+
+    /// The fused kernels and the tied split round otherwise: each is named
+    /// as the command line takes it. The split is compared as the run takes
+    /// it: with one rank and no reducer `--no-tied-split` changes nothing.
+    #[test]
+    fn resume_differences_name_the_fused_kernels_and_the_tied_split() {
+        let saved = TrainOptions::default();
+        let data = TokenSource::from_tokens(vec![1u16; 100], "train.bin");
+        let extra = saved.checkpoint_extras(2, &data);
+        assert_eq!(extra["fusion"], "none");
+        assert_eq!(extra["tied_split"], true);
+        let other = TrainOptions {
+            fusion: crate::model::Fusion::parse("attention,classifier").unwrap(),
+            tied_split: false,
+            ..saved.clone()
+        };
+        assert_eq!(
+            other.resume_differences(&extra, 2, &data),
+            [
+                "fused kernels: attention,classifier (the checkpoint's: none)",
+                "tied gradient split off (the checkpoint's: on)",
+            ]
+        );
+        let all = TrainOptions {
+            fusion: crate::model::Fusion::ALL,
+            ..saved.clone()
+        };
+        assert_eq!(
+            saved.resume_differences(&all.checkpoint_extras(2, &data), 2, &data),
+            ["fused kernels: none (the checkpoint's: all)"]
+        );
+        let one = saved.checkpoint_extras(1, &data);
+        assert_eq!(one["tied_split"], false);
+        let unsplit = TrainOptions {
+            tied_split: false,
+            ..saved.clone()
+        };
+        assert!(unsplit.resume_differences(&one, 1, &data).is_empty());
+    }
+
+    /// A file is compared by its canonical path, so the same file by
+    /// another name is no change, whether the checkpoint recorded the
+    /// canonical path or (an older one) the path as given; the built-in
+    /// corpus by its name.
+    #[test]
+    fn resume_differences_know_a_file_by_any_of_its_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        crate::data::write_token_file(d.join("t.bin"), &[1, 2, 3, 4]).unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        let at = |p: std::path::PathBuf| TokenSource::open(p).unwrap();
+        let plain = at(d.join("t.bin"));
+        let o = TrainOptions::default();
+        let extra = o.checkpoint_extras(2, &plain);
+        let canonical = std::fs::canonicalize(d.join("t.bin")).unwrap();
+        assert_eq!(extra["data"], canonical.display().to_string());
+        for name in [d.join(".").join("t.bin"), d.join("sub/../t.bin")] {
+            let same = at(name.clone());
+            assert_ne!(same.origin(), plain.origin());
+            assert!(
+                o.resume_differences(&extra, 2, &same).is_empty(),
+                "{name:?}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(d.join("t.bin"), d.join("link.bin")).unwrap();
+            assert!(o
+                .resume_differences(&extra, 2, &at(d.join("link.bin")))
+                .is_empty());
+        }
+        // An older checkpoint's path as given.
+        let mut old = extra.clone();
+        old.insert(
+            "data".into(),
+            d.join("./sub/../t.bin").display().to_string().into(),
+        );
+        assert!(o.resume_differences(&old, 2, &plain).is_empty());
+        // Another file with the same tokens is a change, named canonically.
+        std::fs::copy(d.join("t.bin"), d.join("u.bin")).unwrap();
+        let other = std::fs::canonicalize(d.join("u.bin")).unwrap();
+        assert_eq!(
+            o.resume_differences(&extra, 2, &at(d.join("sub/../u.bin"))),
+            [format!(
+                "training data {} (the checkpoint's: {})",
+                other.display(),
+                canonical.display()
+            )]
+        );
+        // A file gone since is known by its path as given.
+        std::fs::remove_file(d.join("u.bin")).unwrap();
+        let gone = at(d.join("t.bin"));
+        std::fs::remove_file(d.join("t.bin")).unwrap();
+        assert_eq!(gone.canonical_origin(), gone.origin());
+        // The built-in corpus: its name, whatever the directory holds.
+        let train = TokenSource::builtin(crate::data::Split::Train).unwrap();
+        let b = o.checkpoint_extras(2, &train);
+        assert_eq!(b["data"], "builtin:train");
+        assert!(o.resume_differences(&b, 2, &train).is_empty());
+        let val = TokenSource::builtin(crate::data::Split::Val).unwrap();
+        let d = o.resume_differences(&b, 2, &val);
+        assert_eq!(
+            d[0],
+            "training data builtin:val (the checkpoint's: builtin:train)"
+        );
+    }
+
+    /// Another kind of schedule is named by its kind, not by the parts the
+    /// kinds differ in; within a kind, by the part; where a constant rate's
+    /// decay would end is no change. An older checkpoint without the kind
+    /// has it told by its final fraction.
+    #[test]
+    fn resume_differences_name_the_schedule_as_a_user_would() {
+        let data = TokenSource::from_tokens(vec![1u16; 100], "train.bin");
+        let with = |lr_schedule| TrainOptions {
+            lr_schedule,
+            ..TrainOptions::default()
+        };
+        let cosine = with(crate::optim::LrSchedule::cosine(4, 40, 0.1));
+        let constant = with(crate::optim::LrSchedule::constant());
+        let extra = cosine.checkpoint_extras(2, &data);
+        assert_eq!(extra["lr_schedule"], "cosine");
+        let want = [
+            "learning-rate schedule constant (the checkpoint's: cosine)",
+            "warm-up steps 0 (the checkpoint's: 4)",
+        ];
+        assert_eq!(constant.resume_differences(&extra, 2, &data), want);
+        let mut old = extra.clone();
+        old.remove("lr_schedule");
+        assert_eq!(constant.resume_differences(&old, 2, &data), want);
+        assert_eq!(
+            cosine.resume_differences(&constant.checkpoint_extras(2, &data), 2, &data),
+            [
+                "learning-rate schedule cosine (the checkpoint's: constant)",
+                "warm-up steps 4 (the checkpoint's: 0)",
+            ]
+        );
+        // The parts within a kind.
+        let shorter = with(crate::optim::LrSchedule::cosine(4, 30, 0.2));
+        assert_eq!(
+            shorter.resume_differences(&extra, 2, &data),
+            [
+                "learning-rate decay to step 30 (the checkpoint's: 40)",
+                "final learning-rate fraction 0.2 (the checkpoint's: 0.1)",
+            ]
+        );
+        // A cosine to 1 of the peak is a constant rate after its warm-up:
+        // the decay's end changes nothing.
+        let flat = |end| with(crate::optim::LrSchedule::cosine(0, end, 1.0));
+        assert!(flat(40)
+            .resume_differences(&flat(80).checkpoint_extras(2, &data), 2, &data)
+            .is_empty());
+        assert!(constant
+            .resume_differences(&flat(80).checkpoint_extras(2, &data), 2, &data)
+            .is_empty());
+    }
+
+    /// A checkpoint saved before a setting was recorded resumes without a
+    /// note about it, whatever this run's value.
+    #[test]
+    fn settings_an_older_checkpoint_lacks_are_not_compared() {
+        let data = TokenSource::from_tokens(vec![1u16; 100], "train.bin");
+        let saved = TrainOptions::default();
+        let mut old = saved.checkpoint_extras(2, &data);
+        for key in ["fusion", "tied_split", "lr_schedule"] {
+            old.remove(key);
+        }
+        let now = TrainOptions {
+            fusion: crate::model::Fusion::ALL,
+            tied_split: false,
+            ..saved.clone()
+        };
+        assert!(now.resume_differences(&old, 2, &data).is_empty());
+        // Only what it records: here the batch size.
+        let batch: BTreeMap<String, Value> =
+            old.into_iter().filter(|(k, _)| k == "batch_size").collect();
+        let cosine_now = TrainOptions {
+            lr_schedule: crate::optim::LrSchedule::cosine(4, 40, 0.1),
+            ..now
+        };
+        assert!(cosine_now.resume_differences(&batch, 2, &data).is_empty());
     }
 
     /// The split where its exchange is the smaller (B·T·W < 2·V), with a
