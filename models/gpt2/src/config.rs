@@ -71,7 +71,38 @@ pub enum ConfigError {
     UnknownName(String),
 }
 
+/// The sizes, then the name of a named configuration: `4 layers, 4 heads,
+/// 128 channels, vocabulary 50257, context 256 (small)`.
+impl std::fmt::Display for Gpt2Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} layers, {} heads, {} channels, vocabulary {}, context {}",
+            self.num_layers, self.num_heads, self.channels, self.vocab_size, self.max_seq_len
+        )?;
+        match self.name() {
+            Some(name) => write!(f, " ({name})"),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Gpt2Config {
+    /// The name [`from_name`](Self::from_name) knows this configuration by,
+    /// if it is a named one.
+    pub fn name(&self) -> Option<&'static str> {
+        [
+            "gpt2",
+            "gpt2-medium",
+            "gpt2-large",
+            "gpt2-xl",
+            "small",
+            "tiny",
+        ]
+        .into_iter()
+        .find(|n| Self::from_name(n).as_ref() == Ok(self))
+    }
+
     /// GPT-2 small, 124M parameters: `maxT 1024, V 50257, L 12, NH 12, C 768`.
     pub const fn gpt2_124m() -> Self {
         Self::gpt2_sized(12, 12, 768)
@@ -247,6 +278,24 @@ impl Gpt2Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_reads_as_its_sizes_and_name() {
+        assert_eq!(
+            Gpt2Config::small().to_string(),
+            "4 layers, 4 heads, 128 channels, vocabulary 50257, context 256 (small)"
+        );
+        assert_eq!(Gpt2Config::from_name("124m").unwrap().name(), Some("gpt2"));
+        let odd = Gpt2Config {
+            num_layers: 3,
+            ..Gpt2Config::tiny()
+        };
+        assert_eq!(odd.name(), None);
+        assert_eq!(
+            odd.to_string(),
+            "3 layers, 4 heads, 64 channels, vocabulary 512, context 64"
+        );
+    }
 
     #[test]
     fn named_configs_are_valid_and_have_known_sizes() {

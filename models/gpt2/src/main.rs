@@ -35,8 +35,8 @@ use braid_gpt2::kernels::flash_attention::{
 use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
-    evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState, StepReport,
-    TrainOptions,
+    check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState,
+    StepReport, TrainOptions,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::{Args, Parser, Subcommand};
@@ -320,9 +320,10 @@ struct EvalArgs {
     /// built-in corpus, as `train --data` takes.
     #[arg(long)]
     tokens: String,
-    /// Window length T: window i predicts tokens i·T+1 … i·T+T.
+    /// Window length T: window i predicts tokens i·T+1 … i·T+T. Default:
+    /// the model's context (all the tokens but the last, when they are fewer).
     #[arg(long)]
-    seq_len: usize,
+    seq_len: Option<usize>,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: BackendKind,
@@ -557,7 +558,7 @@ fn agree(named: Option<&str>, found: Gpt2Config, source: &str) -> Result<Gpt2Con
         let want = parse_model(spec)?;
         if want != found {
             bail!(
-                "--model {spec} is {want:?}, but {source} holds a model with {found:?}; \
+                "--model {spec} is {want}, but {source} holds a model with {found}; \
                  drop --model or pick the matching one"
             );
         }
@@ -801,6 +802,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let ranks = world;
     opts.check()?;
+    // Enough tokens for a step of every rank, said before anything is made.
+    braid_gpt2::data::DataLoader::new(&data, opts.batch_size, opts.seq_len, 0, world)?;
     // ZeRO-1 shards what the reducer reduces, and one rank runs none
     // unless asked: the flag would do nothing unsaid.
     if opts.zero == 1 && world == 1 && !opts.reduce_single_rank {
@@ -1093,12 +1096,18 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 fn cmd_eval(a: EvalArgs) -> Result<()> {
     let (cfg, params, name) = load_model(a.weights.as_deref(), a.checkpoint.as_deref())?;
     let tokens = TokenSource::resolve(&a.tokens).context("--tokens")?;
+    let seq_len = a.seq_len.unwrap_or_else(|| {
+        let all_but_last = tokens.len().saturating_sub(1).max(1);
+        cfg.max_seq_len.min(all_but_last)
+    });
+    check_eval(&cfg, &tokens, seq_len, a.batch_size)
+        .with_context(|| format!("evaluating on {}", a.tokens))?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
     say!(
-        "evaluating {name} ({cfg:?}) on {} ({} tokens), windows of {} tokens, {} per batch, on {}",
+        "evaluating {name} ({cfg}) on {} ({} tokens), windows of {seq_len} tokens, {} per \
+         batch, on {}",
         tokens.origin(),
         tokens.len(),
-        a.seq_len,
         a.batch_size,
         rt.backend_name()
     );
@@ -1107,7 +1116,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &cfg,
         &params,
         &tokens,
-        a.seq_len,
+        seq_len,
         a.batch_size,
         a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
         |i, n| {

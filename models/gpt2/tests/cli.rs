@@ -1694,6 +1694,27 @@ fn eval_and_sample_edges() {
         "eval", "--checkpoint", "ckpt", "--tokens", "train.bin", "--seq-len", "16",
     ]);
     assert_eq!(eval_loss(&by_weights), eval_loss(&by_checkpoint));
+    // Without --seq-len, windows of the model's context (the tiny model's
+    // 64), or of all the tokens but the last where they are fewer; a shape
+    // the model refuses is refused before the header.
+    write_token_file(d.join("twenty.bin"), &tokens(20)).unwrap();
+    for (file, windows) in [
+        ("train.bin", "windows of 64 tokens"),
+        ("twenty.bin", "windows of 19 tokens"),
+    ] {
+        let out = run(d, &["eval", "--checkpoint", "ckpt", "--tokens", file]);
+        let err = text(&out.stderr);
+        assert!(out.status.success() && err.contains(windows), "{err}");
+        assert!(
+            err.contains("2 layers, 4 heads, 64 channels, vocabulary 512, context 64 (tiny)"),
+            "{err}"
+        );
+    }
+    #[rustfmt::skip]
+    let err = fails(d, &[
+        "eval", "--checkpoint", "ckpt", "--tokens", "train.bin", "--seq-len", "65",
+    ], &["65 is not in 1..=64"]);
+    assert!(!err.contains("evaluating the checkpoint"), "{err}");
     #[rustfmt::skip]
     fails(d, &["eval", "--tokens", "train.bin", "--seq-len", "16"], &["--weights", "--checkpoint"]);
     eval(

@@ -21,6 +21,33 @@ pub struct EvalReport {
     pub tokens: usize,
 }
 
+/// What [`evaluate`] checks before it runs anything: the batch shape
+/// against `cfg`, the token ids against its vocabulary, and that the
+/// tokens make at least one window. Returns how many windows it scores.
+pub fn check_eval(
+    cfg: &Gpt2Config,
+    source: &TokenSource,
+    seq_len: usize,
+    batch_size: usize,
+) -> Result<usize> {
+    check_batch_shape(batch_size, seq_len, cfg)?;
+    source.check_vocab(cfg.vocab_size)?;
+    let total = eval_windows(source, seq_len)?.num_windows();
+    if total == 0 {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "evaluation data",
+            reason: format!(
+                "{}: {} tokens are too few for one window of {seq_len} (a window needs {}: \
+                 its tokens and the one after them)",
+                source.origin(),
+                source.len(),
+                seq_len + 1
+            ),
+        });
+    }
+    Ok(total)
+}
+
 /// Mean next-token cross-entropy of `params` over the consecutive windows of
 /// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
 /// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model
@@ -36,24 +63,10 @@ pub fn evaluate(
     dtype: Dtype,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
-    check_batch_shape(batch_size, seq_len, cfg)?;
-    source.check_vocab(cfg.vocab_size)?;
+    let total = check_eval(cfg, source, seq_len, batch_size)?;
     // Windows are made a batch at a time: all of them at once would take 8
     // bytes per token of the source (their `u32` inputs and targets).
     let mut windows = eval_windows(source, seq_len)?;
-    let total = windows.num_windows();
-    if total == 0 {
-        return Err(Gpt2Error::InvalidSetting {
-            what: "evaluation data",
-            reason: format!(
-                "{}: {} tokens are too few for one window of {seq_len} (a window needs {}: \
-                 its tokens and the one after them)",
-                source.origin(),
-                source.len(),
-                seq_len + 1
-            ),
-        });
-    }
     let mut model: Option<Gpt2Model> = None;
     let (mut sum, mut count) = (0.0f64, 0usize);
     let batches = total.div_ceil(batch_size);

@@ -88,7 +88,7 @@ use crate::data::{DataLoader, TokenSource};
 use crate::error::{Gpt2Error, Result};
 use launch::{train_cpu, train_gpus, train_torchrun};
 
-pub use eval::{evaluate, EvalReport};
+pub use eval::{check_eval, evaluate, EvalReport};
 pub use launch::{
     model_runtime, rank_trace_path, rendezvous_port, resolve_backend, resolve_train_backend,
     RENDEZVOUS_PORT_VAR,
