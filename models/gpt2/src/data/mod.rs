@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! tokenizer  r50k_base BPE (vocabulary compiled in, no download), EOT = 50256
+//! bpe        its encoding: tiktoken-rs's ids, O(n log n) in a long piece
 //! tokenfile  llm.c .bin: 256 x int32 header (magic, version, count) + uint16 tokens
 //! builtin    a generated English corpus, train and val splits, no file needed
 //! source     TokenSource: .bin | text | builtin, vocabulary check
 //! loader     DataLoader (B x T batches, rank/world sharding, resumable), eval windows
 //! ```
 
+mod bpe;
 pub mod builtin;
 pub mod loader;
 pub mod source;

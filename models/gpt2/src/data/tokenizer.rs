@@ -3,11 +3,17 @@
 //! The vocabulary and merges are compiled into `tiktoken-rs` (`include_str!` of
 //! its `assets/r50k_base.tiktoken`), so building the tokenizer never touches the
 //! network or the filesystem. It is built once per process and shared.
+//!
+//! Decoding goes through `tiktoken-rs`; encoding through `data/bpe.rs`, which
+//! gives the same ids in O(n log n) where `tiktoken-rs` is quadratic (a long
+//! run of letters without spaces), and also encodes the runs of about a
+//! million letters, digits or spaces `tiktoken-rs` panics on.
 
 use std::sync::OnceLock;
 
 use tiktoken_rs::CoreBPE;
 
+use crate::data::bpe::Bpe;
 use crate::error::{Gpt2Error, Result};
 
 /// GPT-2's `<|endoftext|>` token id.
@@ -22,7 +28,10 @@ pub const GPT2_VOCAB_SIZE: usize = 50257;
 /// A handle on the shared GPT-2 tokenizer. Cheap to copy.
 #[derive(Clone, Copy)]
 pub struct Tokenizer {
+    /// Decoding (and the vocabulary `enc` was read from).
     bpe: &'static CoreBPE,
+    /// Encoding.
+    enc: &'static Bpe,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -34,15 +43,21 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-static BPE: OnceLock<std::result::Result<CoreBPE, String>> = OnceLock::new();
+type Built = std::result::Result<(CoreBPE, Bpe), String>;
+
+static BPE: OnceLock<Built> = OnceLock::new();
 
 impl Tokenizer {
     /// The GPT-2 tokenizer. The first call builds it (a fraction of a second);
     /// later calls return the same instance.
     pub fn gpt2() -> Result<Self> {
-        let built = BPE.get_or_init(|| tiktoken_rs::r50k_base().map_err(|e| e.to_string()));
+        let built = BPE.get_or_init(|| {
+            let core = tiktoken_rs::r50k_base().map_err(|e| e.to_string())?;
+            let enc = Bpe::new(&core, EOT)?;
+            Ok((core, enc))
+        });
         match built {
-            Ok(bpe) => Ok(Tokenizer { bpe }),
+            Ok((bpe, enc)) => Ok(Tokenizer { bpe, enc }),
             Err(message) => Err(Gpt2Error::Tokenizer {
                 message: format!("building r50k_base: {message}"),
             }),
@@ -62,7 +77,9 @@ impl Tokenizer {
     /// Encodes text as ordinary text: `<|endoftext|>` in the input is spelled out
     /// as the characters it consists of, never turned into [`EOT`].
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+        let mut out = Vec::new();
+        self.enc.encode_ordinary(text, &mut out);
+        out
     }
 
     /// Encodes text, turning each literal `<|endoftext|>` into the [`EOT`] token
@@ -73,7 +90,7 @@ impl Tokenizer {
             if i > 0 {
                 out.push(EOT);
             }
-            out.extend(self.bpe.encode_ordinary(piece));
+            self.enc.encode_ordinary(piece, &mut out);
         }
         out
     }
@@ -206,6 +223,19 @@ pub fn check_ids(ids: &[u32], vocab_size: usize, origin: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Encoding gives `tiktoken-rs`'s ids (data::bpe checks this at
+    /// length), with a literal `<|endoftext|>` as EOT when asked.
+    #[test]
+    fn encoding_matches_tiktoken() {
+        let tok = Tokenizer::gpt2().unwrap();
+        let text = "First.<|endoftext|>Second, it's <|endoftext|><|endoftext|> 日本 \n\n";
+        assert_eq!(tok.encode(text), tok.bpe.encode_ordinary(text));
+        let with_eot = tok.encode_with_eot(text);
+        assert_eq!(with_eot, tok.bpe.encode_with_special_tokens(text));
+        assert_eq!(with_eot.iter().filter(|&&t| t == EOT).count(), 3);
+        assert_eq!(tok.decode(&with_eot).unwrap(), text);
+    }
 
     /// A character spread over several tokens comes out whole, once its
     /// last token is in, and not before.
