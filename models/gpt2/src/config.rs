@@ -91,17 +91,20 @@ impl Gpt2Config {
     /// The name [`from_name`](Self::from_name) knows this configuration by,
     /// if it is a named one.
     pub fn name(&self) -> Option<&'static str> {
-        [
-            "gpt2",
-            "gpt2-medium",
-            "gpt2-large",
-            "gpt2-xl",
-            "small",
-            "tiny",
-        ]
-        .into_iter()
-        .find(|n| Self::from_name(n).as_ref() == Ok(self))
+        Self::NAMES
+            .into_iter()
+            .find(|n| Self::from_name(n).as_ref() == Ok(self))
     }
+
+    /// The names of the named configurations, one for each.
+    pub const NAMES: [&'static str; 6] = [
+        "gpt2",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "small",
+        "tiny",
+    ];
 
     /// GPT-2 small, 124M parameters: `maxT 1024, V 50257, L 12, NH 12, C 768`.
     pub const fn gpt2_124m() -> Self {
@@ -299,14 +302,7 @@ mod tests {
 
     #[test]
     fn named_configs_are_valid_and_have_known_sizes() {
-        for name in [
-            "gpt2",
-            "gpt2-medium",
-            "gpt2-large",
-            "gpt2-xl",
-            "small",
-            "tiny",
-        ] {
+        for name in Gpt2Config::NAMES {
             Gpt2Config::from_name(name).unwrap().validate().unwrap();
         }
         // The published count for GPT-2 small without padding, counting wte once.

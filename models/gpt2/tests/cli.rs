@@ -566,6 +566,21 @@ fn a_signal_in_the_last_step_says_the_run_is_complete() {
     assert!(d.join("t.json").is_file());
 }
 
+/// `train` of the tiny model on `train.bin` in `dir`, two ranks of batch 2
+/// × 16 tokens, with `extra` arguments and standard error piped.
+fn train_two_tiny_ranks(dir: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    #[rustfmt::skip]
+    cmd.args([
+        "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
+        "--batch-size", "2", "--seq-len", "16",
+    ])
+    .args(extra)
+    .current_dir(dir)
+    .stderr(std::process::Stdio::piped());
+    cmd
+}
+
 /// A log whose reader has gone (`train … 2>&1 | head -3`, a closed
 /// terminal): the run goes on and saves its checkpoint and weights.
 #[test]
@@ -574,17 +589,13 @@ fn a_log_without_a_reader_stops_nothing() {
     let tmp = dir_with_train_bin();
     let d = tmp.path();
     #[rustfmt::skip]
-    let mut child = Command::new(BIN)
-        .args([
-            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
-            "--batch-size", "2", "--seq-len", "16", "--steps", "30",
-            "--checkpoint-dir", "ckpt", "--save-weights", "w.safetensors", "--no-trace",
-        ])
-        .current_dir(d)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = train_two_tiny_ranks(d, &[
+        "--steps", "30", "--checkpoint-dir", "ckpt", "--save-weights", "w.safetensors",
+        "--no-trace",
+    ])
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
     let mut first = String::new();
     std::io::BufReader::new(child.stderr.take().unwrap())
         .read_line(&mut first)
@@ -607,17 +618,12 @@ fn a_trace_that_cannot_be_written_loses_no_weights() {
     let d = tmp.path();
     // Three steps of two ranks: a trace larger than the pipe holds.
     #[rustfmt::skip]
-    let mut child = Command::new(BIN)
-        .args([
-            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "2",
-            "--batch-size", "2", "--seq-len", "16", "--steps", "3",
-            "--trace", "/dev/stdout", "--save-weights", "w.safetensors",
-        ])
-        .current_dir(d)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = train_two_tiny_ranks(d, &[
+        "--steps", "3", "--trace", "/dev/stdout", "--save-weights", "w.safetensors",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut head = [0u8; 100];
     child.stdout.take().unwrap().read_exact(&mut head).unwrap();
     let out = child.wait_with_output().unwrap();
