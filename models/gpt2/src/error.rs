@@ -54,18 +54,6 @@ pub enum Gpt2Error {
         trace: PathBuf,
     },
 
-    /// Training finished, but its trace could not be written (a full disk,
-    /// `--trace /dev/stdout` piped into a reader that has gone). The run's
-    /// report is kept, so what else it writes (weights) is not lost; its
-    /// checkpoint was saved before.
-    #[error("the run finished, but its trace was not written: {error}")]
-    TraceNotWritten {
-        /// Why the trace was not written.
-        error: braid::Error,
-        /// The finished run's report.
-        report: Box<crate::trainer::TrainReport>,
-    },
-
     /// A step's loss or gradient norm was not finite: training diverged.
     /// Every rank stops at that step (both figures are the same on every
     /// rank), before that step's state is saved.

@@ -921,13 +921,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         pb.set_message(line);
         pb.inc(1);
     };
-    // A run that finished but could not write its trace (`--trace
-    // /dev/stdout | head`) still writes its weights, then fails.
-    let (report, trace_error) = match train(&opts, start, &data, &on_step) {
-        Ok(report) => (report, None),
-        Err(Gpt2Error::TraceNotWritten { error, report }) => (*report, Some(error)),
-        Err(e) => return Err(e.into()),
-    };
+    let report = train(&opts, start, &data, &on_step)?;
     pb.finish_and_clear();
 
     // 3. Outputs (rank 0's, in a torchrun job). An output that is standard
@@ -965,7 +959,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             );
         }
     }
-    if let Some(e) = trace_error {
+    // A run that finished but could not write its trace (`--trace
+    // /dev/stdout | head`) has written its weights above; then it fails.
+    if let Some(e) = report.trace_not_written.clone() {
         return Err(e).with_context(|| {
             format!(
                 "--trace {}: the run finished, but its trace was not written",

@@ -107,8 +107,9 @@ pub use braid::comm::DistEnv;
 /// trace and the checkpoint, if asked for, are written). On failure the
 /// error of the rank that failed first is returned, not the errors of the
 /// ranks that stopped because of it. A run that finished but could not
-/// write its trace returns [`Gpt2Error::TraceNotWritten`], which holds the
-/// report.
+/// write its trace returns its report all the same, with
+/// [`TrainReport::trace_not_written`] saying why (the run's outputs are
+/// then still the caller's to write).
 pub fn train(
     opts: &TrainOptions,
     start: StartState,
@@ -195,6 +196,7 @@ pub fn train(
             _ => "cpu",
         },
         trace: None,
+        trace_not_written: None,
         checkpoint: None,
         optimizer_bytes: Vec::new(),
         zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
@@ -236,13 +238,10 @@ pub fn train(
         report.profiles.push(o.profile);
     }
     if let Some(path) = trace_path {
-        if let Err(error) = write_trace(&path, &report.profiles) {
-            return Err(Gpt2Error::TraceNotWritten {
-                error,
-                report: Box::new(report),
-            });
+        match write_trace(&path, &report.profiles) {
+            Ok(()) => report.trace = Some(path),
+            Err(e) => report.trace_not_written = Some(e),
         }
-        report.trace = Some(path);
     }
     Ok(report)
 }

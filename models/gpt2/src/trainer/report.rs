@@ -62,6 +62,10 @@ pub struct TrainReport {
     pub backend: &'static str,
     /// The trace written, if any.
     pub trace: Option<PathBuf>,
+    /// Why the trace asked for was not written (a full disk, `--trace
+    /// /dev/stdout` piped into a reader that has gone), if it was not: the
+    /// run itself finished.
+    pub trace_not_written: Option<braid::Error>,
     /// The checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,
     /// Bytes of AdamW state (the two `f32` moments) on each rank's device:
@@ -388,9 +392,10 @@ impl fmt::Display for TrainReport {
         if let Some(c) = &self.checkpoint {
             writeln!(f, "checkpoint       {}", c.display())?;
         }
-        match &self.trace {
-            Some(t) => write!(f, "trace            {}", t.display()),
-            None => write!(f, "trace            (none; pass --trace FILE)"),
+        match (&self.trace, &self.trace_not_written) {
+            (Some(t), _) => write!(f, "trace            {}", t.display()),
+            (None, Some(e)) => write!(f, "trace            not written: {e}"),
+            (None, None) => write!(f, "trace            (none; pass --trace FILE)"),
         }
     }
 }
