@@ -32,7 +32,7 @@ use braid_gpt2::error::Gpt2Error;
 use braid_gpt2::kernels::flash_attention::{
     attention_from_env, set_attention_kernels, AttentionKernels,
 };
-use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler};
+use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler, Sampling};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
     check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState,
@@ -357,6 +357,15 @@ struct SampleArgs {
     /// Sampling temperature (0: always the most likely token).
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
+    /// Draw only from the K most likely tokens (and any tied with the
+    /// K-th). Default: no such limit.
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// Draw only from the most likely tokens whose probabilities first add
+    /// up to at least P (nucleus sampling; 0 < P <= 1). Default: no such
+    /// limit.
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
@@ -1184,6 +1193,11 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     let window = total.min(cfg.max_seq_len);
     let dtype = a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some()));
     let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, dtype)?;
+    sampler.set_sampling(Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+    })?;
     let mut out = Output {
         w: std::io::stdout().lock(),
         error: None,

@@ -732,6 +732,22 @@ fn train_eval_sample_and_bad_inputs() {
     );
     assert!(from_ckpt.starts_with('a') && from_ckpt.len() > 1);
     assert_eq!(from_ckpt, from_weights);
+    // Top-k 1 is the greedy choice at any temperature, and so is a tiny
+    // nucleus; top-k over the whole vocabulary and p 1 change nothing.
+    let sample = |extra: &[&str]| {
+        ok(
+            d,
+            &[&["sample", "--checkpoint", "ckpt"][..], &args, extra].concat(),
+        )
+    };
+    let greedy = sample(&["--temperature", "0"]);
+    assert_ne!(
+        greedy, from_ckpt,
+        "the draws must differ from the greedy choice"
+    );
+    assert_eq!(sample(&["--top-k", "1"]), greedy);
+    assert_eq!(sample(&["--top-p", "0.000001"]), greedy);
+    assert_eq!(sample(&["--top-k", "512", "--top-p", "1"]), from_ckpt);
 
     // Bad inputs: each fails, names the problem, and touches nothing.
     let before = snapshot(d);
@@ -851,6 +867,14 @@ fn train_eval_sample_and_bad_inputs() {
             ],
             &["temperature", "0 (greedy)"],
         );
+    }
+    for (flag, why) in [
+        ("--top-k=0", "invalid top-k: 0 keeps no token"),
+        ("--top-p=0", "invalid top-p: 0 is not in (0, 1]"),
+        ("--top-p=1.5", "invalid top-p: 1.5 is not in (0, 1]"),
+    ] {
+        #[rustfmt::skip]
+        fails(d, &["sample", "--weights", "w.safetensors", "--prompt", "a", flag], &[why]);
     }
     // Optimizer settings PyTorch's AdamW refuses too.
     for (flag, value, what) in [

@@ -113,7 +113,7 @@ mod sample;
 pub use crate::kernels::storage::Dtype;
 pub use crate::kernels::KERNEL_BACKENDS;
 pub use crate::reference::Fusion;
-pub use sample::{sample_next, Sampler};
+pub use sample::{sample_next, sample_with, Sampler, Sampling};
 
 /// Whether the model's tasks can run on the backend named `backend`
 /// ([`Runtime::backend_name`]): `cpu` and `cuda`.
