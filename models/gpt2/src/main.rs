@@ -67,6 +67,9 @@ enum Command {
     Sample(SampleArgs),
     /// Write a training checkpoint's parameters as Hugging Face weights.
     Export(ExportArgs),
+    /// Tokenize a text file into an llm.c token file (.bin): the tokens
+    /// `train --data TEXT` trains on, without tokenizing them at each run.
+    Tokenize(TokenizeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -379,6 +382,15 @@ struct SampleArgs {
 }
 
 #[derive(Debug, Args)]
+struct TokenizeArgs {
+    /// The UTF-8 text (`-`: standard input).
+    text: PathBuf,
+    /// The token file to write (llm.c's format: a 256-int header, then the
+    /// ids as uint16); replaced whole, never left half-written.
+    output: PathBuf,
+}
+
+#[derive(Debug, Args)]
 struct ExportArgs {
     /// The training checkpoint directory whose parameters are written.
     #[arg(long)]
@@ -518,6 +530,7 @@ fn main() -> Result<()> {
         Some(Command::Eval(a)) => cmd_eval(a),
         Some(Command::Sample(a)) => cmd_sample(a),
         Some(Command::Export(a)) => cmd_export(a),
+        Some(Command::Tokenize(a)) => cmd_tokenize(a),
     }
 }
 
@@ -1096,6 +1109,44 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
     );
     let mut summary = summary_stream(&[Some(&a.save_weights)]);
     save_weights(&a.save_weights, &params, &cfg, &mut summary)
+}
+
+fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
+    let stdin = a.text == Path::new("-");
+    if !stdin && same_file(&a.text, &a.output) {
+        bail!(
+            "{} is both the text and the output: the text would be replaced",
+            a.output.display()
+        );
+    }
+    if let Some(why) = braid::fs::unwritable(&a.output) {
+        bail!("{}: {why}", a.output.display());
+    }
+    let (bytes, origin) = if stdin {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+            .context("reading the text from standard input")?;
+        (b, "standard input".to_string())
+    } else {
+        let b = std::fs::read(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
+        (b, a.text.display().to_string())
+    };
+    if braid_gpt2::data::tokenfile::has_token_magic(&bytes) {
+        bail!("{origin} is already a token file (it starts with llm.c's header)");
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
+        path: PathBuf::from(&origin),
+        offset: e.valid_up_to(),
+    })?;
+    let tokens = TokenSource::from_text(text, origin.as_str())?;
+    braid_gpt2::data::write_token_file(&a.output, tokens.tokens())?;
+    say!(
+        "{} bytes of {origin} are {} tokens: {}",
+        bytes.len(),
+        tokens.len(),
+        a.output.display()
+    );
+    Ok(())
 }
 
 fn cmd_eval(a: EvalArgs) -> Result<()> {

@@ -566,6 +566,56 @@ fn a_signal_in_the_last_step_says_the_run_is_complete() {
     assert!(d.join("t.json").is_file());
 }
 
+/// `tokenize` writes the tokens `train --data TEXT` trains on: training on
+/// the token file gives the text's losses. Bad inputs are refused by name.
+#[test]
+fn tokenize_writes_what_training_on_the_text_reads() {
+    use braid_gpt2::data::{builtin_text, read_token_file, Split};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let corpus: String = builtin_text(Split::Train).chars().take(20_000).collect();
+    let corpus = format!("{corpus}<|endoftext|>Ünïcödé ✓ 東京\n");
+    std::fs::write(d.join("t.txt"), &corpus).unwrap();
+    let out = run(d, &["tokenize", "t.txt", "t.bin"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids = Tokenizer::gpt2().unwrap().encode_with_eot(&corpus);
+    let written = read_token_file(d.join("t.bin")).unwrap();
+    assert_eq!(written.iter().map(|&t| t as u32).collect::<Vec<_>>(), ids);
+    assert!(written.contains(&50256), "the separator is the EOT token");
+    assert!(text(&out.stderr).contains(&format!("are {} tokens: t.bin", ids.len())));
+    #[rustfmt::skip]
+    let train = |data: &str| ok(d, &[
+        "train", "--data", data, "--steps", "2", "--ranks", "1", "--batch-size", "1",
+        "--seq-len", "16", "--no-trace",
+    ]);
+    let loss_line = |out: String| out.lines().next().unwrap().to_owned();
+    assert_eq!(loss_line(train("t.txt")), loss_line(train("t.bin")));
+
+    std::fs::write(d.join("bad.txt"), b"ok \xff\xfe").unwrap();
+    for (args, why) in [
+        (
+            ["tokenize", "t.bin", "u.bin"],
+            "t.bin is already a token file",
+        ),
+        (
+            ["tokenize", "t.txt", "./t.txt"],
+            "is both the text and the output",
+        ),
+        (
+            ["tokenize", "bad.txt", "u.bin"],
+            "bad.txt: not valid UTF-8 text (first bad byte at offset 3)",
+        ),
+        (
+            ["tokenize", "t.txt", "no/u.bin"],
+            "the directory no does not exist",
+        ),
+        (["tokenize", "none.txt", "u.bin"], "reading none.txt"),
+    ] {
+        fails(d, &args, &[why]);
+    }
+    assert!(!d.join("u.bin").exists());
+}
+
 /// `train` of the tiny model on `train.bin` in `dir`, two ranks of batch 2
 /// × 16 tokens, with `extra` arguments and standard error piped.
 fn train_two_tiny_ranks(dir: &Path, extra: &[&str]) -> Command {
