@@ -865,8 +865,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
 
     // Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops the run at
     // the end of a step, which then saves its checkpoint and writes its
-    // trace as a finished run does; a second one ends the process at once. Only where every rank is in this
-    // process: torchrun's processes would have to agree on the step.
+    // trace as a finished run does; a second one ends the process at once.
+    // Only where every rank is in this process: torchrun's processes would
+    // have to agree on the step.
     let stop = Arc::new(AtomicBool::new(false));
     let caught = Arc::new(AtomicUsize::new(0));
     if dist.as_ref().is_none_or(|d| d.world_size == 1) {
