@@ -368,10 +368,26 @@ fn spawn_lines(
 }
 
 /// [`spawn_lines`] of a command made by the caller.
+///
+/// The child starts with the signals the tests send at their default
+/// action: a test run in the background of a script (as CI may run it)
+/// inherits SIGINT ignored, and the program keeps a signal ignored at its
+/// start ignored.
 fn spawn_command_lines(
     dir: &Path,
     mut cmd: Command,
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal() is async-signal-safe, as the code between fork and
+    // exec must be.
+    unsafe {
+        cmd.pre_exec(|| {
+            for s in [SIGHUP, SIGINT, SIGTERM] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .current_dir(dir)
         .stdout(std::process::Stdio::piped())
