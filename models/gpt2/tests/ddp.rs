@@ -548,6 +548,151 @@ fn gradient_all_reduces_start_before_the_backward_pass_ends() {
     assert!(tracks.contains(&"comm 0") && tracks.contains(&"compute 1"));
 }
 
+/// `on_step` comes after each step, in order, before rank 0 goes on: a
+/// stop flag set in it stops the run at that step with one rank, at that
+/// step or the next with two.
+#[test]
+fn a_stop_set_in_the_step_callback_stops_at_that_step() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    for ranks in [1, 2] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let opts = TrainOptions {
+            stop: Some(stop.clone()),
+            ..options(ranks, 1, 200)
+        };
+        let seen = Mutex::new(Vec::new());
+        let r = train(&opts, StartState::fresh(&opts.model, 1), &data(), &|s| {
+            seen.lock().unwrap().push(s.step);
+            if s.step == 3 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+        let last = if ranks == 1 { 3 } else { 4 };
+        assert!(
+            (3..=last).contains(&r.final_step),
+            "{ranks} ranks: {}",
+            r.final_step
+        );
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(
+            seen,
+            (1..=r.final_step).collect::<Vec<_>>(),
+            "{ranks} ranks"
+        );
+    }
+}
+
+/// A panic in `on_step` stops the ranks at a step's end before it reaches
+/// the caller: nothing trains on (or saves) after `train` has returned.
+#[test]
+fn a_panicking_step_callback_stops_the_ranks_before_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let opts = TrainOptions {
+        checkpoint_dir: Some(ckpt.clone()),
+        ..options(2, 1, 200)
+    };
+    let start = StartState::fresh(&opts.model, 1);
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        train(&opts, start, &data(), &|s| {
+            assert!(
+                s.step != 2,
+                "the caller's callback fails at step {}",
+                s.step
+            );
+        })
+    }));
+    let msg = out.unwrap_err();
+    assert_eq!(
+        msg.downcast_ref::<String>().map(String::as_str),
+        Some("the caller's callback fails at step 2")
+    );
+    // The stopped run saved, at step 2 or 3, before the panic came out.
+    let saved = std::fs::read(braid_gpt2::checkpoint::checkpoint_file(&ckpt)).unwrap();
+    let step = load_checkpoint(&ckpt).unwrap().step;
+    assert!((2..=3).contains(&step), "{step}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        std::fs::read(braid_gpt2::checkpoint::checkpoint_file(&ckpt)).unwrap(),
+        saved,
+        "nothing saved after train returned"
+    );
+}
+
+/// A start state of another model is refused even with as many parameters
+/// (a checkpoint of the tiny model's 4 heads, options of 2); an unusable
+/// checkpoint directory, an interval without a directory and a zero
+/// timeout are refused before the first step.
+#[test]
+fn starts_and_outputs_that_cannot_be_used_are_refused_first() {
+    let two_heads = Gpt2Config {
+        num_heads: 2,
+        ..Gpt2Config::tiny()
+    };
+    assert_eq!(
+        two_heads.num_parameters(),
+        Gpt2Config::tiny().num_parameters()
+    );
+    let opts = TrainOptions {
+        model: two_heads,
+        ..options(1, 1, 2)
+    };
+    let e = train(
+        &opts,
+        StartState::fresh(&Gpt2Config::tiny(), 1),
+        &data(),
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("invalid start state"), "{e}");
+    assert!(e.to_string().contains("4 heads"), "{e}");
+    assert!(StartState::try_fresh(
+        &Gpt2Config {
+            num_heads: 3,
+            ..two_heads
+        },
+        1
+    )
+    .is_err());
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a_file");
+    std::fs::write(&file, b"x").unwrap();
+    let called = std::sync::atomic::AtomicBool::new(false);
+    for (opts, why) in [
+        (
+            TrainOptions {
+                checkpoint_dir: Some(file.clone()),
+                ..options(1, 1, 2)
+            },
+            "not a directory",
+        ),
+        (
+            TrainOptions {
+                checkpoint_every: Some(1),
+                ..options(1, 1, 2)
+            },
+            "no checkpoint directory",
+        ),
+        (
+            TrainOptions {
+                comm_timeout: std::time::Duration::ZERO,
+                ..options(2, 1, 2)
+            },
+            "collective timeout",
+        ),
+    ] {
+        let e = train(&opts, StartState::fresh(&opts.model, 1), &data(), &|_| {
+            called.store(true, std::sync::atomic::Ordering::SeqCst)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert!(!called.into_inner(), "refused only after a step");
+}
+
 #[test]
 fn a_failing_rank_reports_its_own_error() {
     // Four ranks need 4 × 2 × 16 + 1 tokens per step; these are too few.

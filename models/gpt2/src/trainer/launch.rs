@@ -263,7 +263,12 @@ pub(super) fn train_cpu(
 ) -> Result<Vec<RankOutcome>> {
     let world = opts.ranks;
     let failures = Arc::new(Failures::default());
-    let (steps, reports) = std::sync::mpsc::channel::<StepReport>();
+    // Rank 0 hands each step's report to this thread, which calls
+    // `on_step`, and waits until the call has returned: the calls come in
+    // order, each before rank 0 goes on (a stop flag set in one stops that
+    // step).
+    type Handed = (StepReport, std::sync::mpsc::SyncSender<()>);
+    let (steps, reports) = std::sync::mpsc::channel::<Handed>();
     let mut ranks = {
         let (opts, start, data) = (opts.clone(), start.clone(), data.clone());
         let (failures, shared) = (failures.clone(), shared.clone());
@@ -273,7 +278,11 @@ pub(super) fn train_cpu(
             opts.comm_timeout,
             move |rank, comm| {
                 let report = |r: &StepReport| {
-                    let _ = steps.send(*r);
+                    let (done, called) = std::sync::mpsc::sync_channel(1);
+                    if steps.send((*r, done)).is_ok() {
+                        // An error: the caller no longer listens.
+                        let _ = called.recv();
+                    }
                 };
                 build_runtime(&opts, BackendKind::Cpu, rank)
                     .and_then(|rt| {
@@ -301,13 +310,39 @@ pub(super) fn train_cpu(
             },
         )
     };
+    let mut panicked = None;
     let results = loop {
-        let done = ranks.poll(std::time::Duration::from_millis(20));
-        reports.try_iter().for_each(|r| on_step(&r));
-        if let Some(results) = done {
+        use std::sync::mpsc::RecvTimeoutError;
+        match reports.recv_timeout(Duration::from_millis(20)) {
+            Ok((r, done)) => {
+                if panicked.is_none() {
+                    let call = std::panic::AssertUnwindSafe(|| on_step(&r));
+                    if let Err(p) = std::panic::catch_unwind(call) {
+                        // The ranks stop at a step's end (and save what a
+                        // stopped run saves) before the panic goes on: none
+                        // trains on behind the caller's back.
+                        shared.halt();
+                        panicked = Some(p);
+                    }
+                }
+                let _ = done.send(());
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            // Every rank has finished: nothing more will come.
+            Err(RecvTimeoutError::Disconnected) => {
+                if let Some(results) = ranks.poll(Duration::from_millis(20)) {
+                    break results;
+                }
+                continue;
+            }
+        }
+        if let Some(results) = ranks.poll(Duration::ZERO) {
             break results;
         }
     };
+    if let Some(p) = panicked {
+        std::panic::resume_unwind(p);
+    }
     if let Some(e) = failures.take_root_cause() {
         return Err(e);
     }

@@ -102,8 +102,14 @@ pub use report::{CapReport, StepReport, TrainReport};
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
 pub use braid::comm::DistEnv;
 
-/// Trains data-parallel from `start` on `data`; `on_step` is called by rank 0
-/// after each step. Returns the report after every rank has finished (and the
+/// Trains data-parallel from `start` on `data`; `on_step` is called with
+/// rank 0's report after each step, in order, before rank 0 goes on (on the
+/// calling thread for CPU ranks, on rank 0's thread for GPU ranks), so a
+/// [`TrainOptions::stop`] flag it sets stops the run at that step (with
+/// several ranks possibly the next). If it panics, the ranks stop at a
+/// step's end (saving what a stopped run saves) and the panic goes on from
+/// here. A checkpoint directory that cannot be used is refused before the
+/// first step. Returns the report after every rank has finished (and the
 /// trace and the checkpoint, if asked for, are written). On failure the
 /// error of the rank that failed first is returned, not the errors of the
 /// ranks that stopped because of it. A run that finished but could not
@@ -117,6 +123,16 @@ pub fn train(
     on_step: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<TrainReport> {
     opts.check()?;
+    crate::kernels::switches::check_environment()?;
+    if let Some(cfg) = start.config.filter(|c| *c != opts.model) {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "start state",
+            reason: format!(
+                "its parameters are of a model of {cfg}, the options' model is {}",
+                opts.model
+            ),
+        });
+    }
     if start.params.len() != opts.model.num_parameters() {
         return Err(Gpt2Error::LengthMismatch {
             what: "initial params".into(),
@@ -141,6 +157,22 @@ pub fn train(
     }
     // Check the data once, before any rank starts.
     DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
+    // And the checkpoint directory (made now, a file tried in it), which
+    // only rank 0 writes: not found unusable at the end of the run.
+    if let Some(dir) = opts
+        .checkpoint_dir
+        .as_ref()
+        .filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
+    {
+        crate::checkpoint::check_checkpoint_dir(dir)?;
+        std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating", dir, e))?;
+        if let Some(why) = braid::fs::unwritable(&crate::checkpoint::checkpoint_file(dir)) {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "checkpoint directory",
+                reason: format!("{}: {why}", dir.display()),
+            });
+        }
+    }
     // A torchrun launch of several processes has ranks elsewhere.
     let all_here = dist.as_ref().is_none_or(|d| d.world_size == 1);
     let shared = std::sync::Arc::new(rank::RunShared::new(opts, all_here));

@@ -66,9 +66,12 @@ pub struct TrainOptions {
     pub auto_bucket_cap: bool,
     /// Cap of the first gradient bucket in bytes.
     pub first_bucket_bytes: usize,
-    /// Seed of the parameter initialisation (fresh runs).
+    /// The seed of the run, recorded in its checkpoints. `train` does not
+    /// initialise parameters: pass the same seed to [`StartState::fresh`].
     pub seed: u64,
-    /// Where rank 0 saves checkpoints (`None`: no checkpoints).
+    /// Where rank 0 saves checkpoints (`None`: no checkpoints); made if need
+    /// be before the first step. A checkpoint already there is replaced (the
+    /// command line refuses that without `--resume`).
     pub checkpoint_dir: Option<PathBuf>,
     /// Also save every this many steps (`None`: only at the end).
     pub checkpoint_every: Option<u64>,
@@ -470,6 +473,18 @@ impl TrainOptions {
         if self.checkpoint_every == Some(0) {
             return bad("checkpoint interval", "must be at least 1 step".into());
         }
+        if self.checkpoint_every.is_some() && self.checkpoint_dir.is_none() {
+            return bad(
+                "checkpoint interval",
+                "there is no checkpoint directory to save into (checkpoint_dir)".into(),
+            );
+        }
+        if self.comm_timeout.is_zero() {
+            return bad(
+                "collective timeout",
+                "0 fails every collective at once: give a positive duration".into(),
+            );
+        }
         if self.dtype != Dtype::F32 && matches!(self.compression, Compression::Bf16) {
             return bad(
                 "compression",
@@ -511,6 +526,10 @@ pub type Moments = (Arc<Vec<f32>>, Arc<Vec<f32>>);
 /// Where a run starts: parameters, optimizer state, step and data position.
 #[derive(Debug, Clone)]
 pub struct StartState {
+    /// The model the parameters are of, when known ([`fresh`](Self::fresh),
+    /// [`from_checkpoint`](Self::from_checkpoint)): `train` refuses options
+    /// for another model, even one with as many parameters.
+    pub config: Option<Gpt2Config>,
     /// Parameters in layout order.
     pub params: Arc<Vec<f32>>,
     /// AdamW moments `(m, v)`, when resuming.
@@ -522,14 +541,30 @@ pub struct StartState {
 }
 
 impl StartState {
-    /// A fresh run from GPT-2's initialisation with `seed`.
+    /// A fresh run from GPT-2's initialisation with `seed`. Panics where
+    /// [`try_fresh`](Self::try_fresh) returns an error.
     pub fn fresh(cfg: &Gpt2Config, seed: u64) -> Self {
-        Self::from_params(init_params(cfg, seed))
+        Self {
+            config: Some(*cfg),
+            ..Self::from_params(init_params(cfg, seed))
+        }
     }
 
-    /// A fresh run from given parameters (e.g. pretrained weights).
+    /// [`fresh`](Self::fresh), with an error for an invalid configuration
+    /// or parameters the host's memory cannot hold.
+    pub fn try_fresh(cfg: &Gpt2Config, seed: u64) -> Result<Self> {
+        cfg.validate()?;
+        Ok(Self {
+            config: Some(*cfg),
+            ..Self::from_params(crate::model::try_init_params(cfg, seed)?)
+        })
+    }
+
+    /// A fresh run from given parameters (e.g. pretrained weights); `train`
+    /// checks only their number.
     pub fn from_params(params: Vec<f32>) -> Self {
         StartState {
+            config: None,
             params: Arc::new(params),
             moments: None,
             step: 0,
@@ -540,6 +575,7 @@ impl StartState {
     /// A run resumed from a checkpoint.
     pub fn from_checkpoint(c: Checkpoint) -> Self {
         StartState {
+            config: Some(c.config),
             params: Arc::new(c.params),
             moments: Some((Arc::new(c.adam_m), Arc::new(c.adam_v))),
             step: c.step,

@@ -91,6 +91,9 @@ pub(super) struct RunShared {
     /// The flag of [`TrainOptions::stop`], when this process holds every
     /// rank (else the flag is not honoured).
     stop: Option<Arc<AtomicBool>>,
+    /// Set by the run itself (the caller's step callback panicked): the
+    /// ranks stop as they do for the flag.
+    halt: AtomicBool,
     /// The last step of every rank once the flag is seen (`u64::MAX`: none).
     stop_at: AtomicU64,
 }
@@ -101,6 +104,7 @@ impl RunShared {
         RunShared {
             failed: Mutex::new(Vec::new()),
             stop: opts.stop.clone().filter(|_| all_here),
+            halt: AtomicBool::new(false),
             stop_at: AtomicU64::new(u64::MAX),
         }
     }
@@ -110,6 +114,11 @@ impl RunShared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((rank, p));
+    }
+
+    /// Stops the ranks at a step's end, as [`TrainOptions::stop`] does.
+    pub(super) fn halt(&self) {
+        self.halt.store(true, Ordering::SeqCst);
     }
 
     /// The profiles kept, in rank order.
@@ -128,10 +137,8 @@ impl RunShared {
     /// for this rank, which has not submitted it. A rank that checked
     /// before the flag was set finishes the next step and stops there too.
     fn stops_after(&self, step: u64, world: usize) -> bool {
-        let Some(flag) = &self.stop else {
-            return false;
-        };
-        if flag.load(Ordering::SeqCst) {
+        let asked = self.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+        if asked || self.halt.load(Ordering::SeqCst) {
             let at = if world > 1 { step + 1 } else { step };
             self.stop_at.fetch_min(at, Ordering::SeqCst);
         }
