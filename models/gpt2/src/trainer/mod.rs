@@ -106,9 +106,10 @@ pub use braid::comm::DistEnv;
 /// rank 0's report after each step, in order, before rank 0 goes on (on the
 /// calling thread for CPU ranks, on rank 0's thread for GPU ranks), so a
 /// [`TrainOptions::stop`] flag it sets stops the run at that step (with
-/// several ranks possibly the next). If it panics, the ranks stop at a
+/// several ranks possibly the next). If it panics, CPU ranks stop at a
 /// step's end (saving what a stopped run saves) and the panic goes on from
-/// here. A checkpoint directory that cannot be used is refused before the
+/// here; on GPU ranks it fails rank 0, naming the panic, and the others
+/// are stopped with it. A checkpoint directory that cannot be used is refused before the
 /// first step. Returns the report after every rank has finished (and the
 /// trace and the checkpoint, if asked for, are written). On failure the
 /// error of the rank that failed first is returned, not the errors of the
