@@ -44,7 +44,9 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 
 const TENSOR_NAMES: [&str; 3] = ["params", "adam_m", "adam_v"];
 
-/// AdamW hyper-parameters (the values in force when the checkpoint was taken).
+/// AdamW hyper-parameters. In a [`Checkpoint`] they are the values in force
+/// at its last step: `learning_rate` is that step's scheduled rate, not the
+/// peak rate of [`TrainOptions::optimizer`](crate::trainer::TrainOptions::optimizer).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AdamWHyper {
     /// Learning rate at the checkpointed step.
@@ -61,6 +63,8 @@ pub struct AdamWHyper {
 
 impl Default for AdamWHyper {
     /// llm.c's `train_gpt2.c` values: `lr 3e-4, betas (0.9, 0.999), eps 1e-8, wd 0`.
+    /// Not the trainer's: `TrainOptions::default().optimizer` is `lr 1e-3,
+    /// betas (0.9, 0.95), eps 1e-8, wd 0.1`.
     fn default() -> Self {
         AdamWHyper {
             learning_rate: 3e-4,
@@ -85,13 +89,23 @@ pub struct Checkpoint {
     pub adam_m: Vec<f32>,
     /// AdamW second moments, same layout and length.
     pub adam_v: Vec<f32>,
-    /// Optimizer hyper-parameters.
+    /// Optimizer hyper-parameters as of the last step. Its `learning_rate`
+    /// is that step's *scheduled* rate (after warm-up and decay), not the
+    /// peak rate that [`TrainOptions::optimizer`](crate::trainer::TrainOptions::optimizer)
+    /// holds: passing this value as `TrainOptions::optimizer` to resume
+    /// silently lowers the peak, and the whole schedule with it. The
+    /// trainer keeps the peak in [`extra`](Self::extra) under `peak_lr`
+    /// (with the betas, epsilon and weight decay under `beta1`, `beta2`,
+    /// `eps`, `weight_decay`; [`TrainOptions::checkpoint_extras`](crate::trainer::TrainOptions::checkpoint_extras)).
     pub optimizer: AdamWHyper,
     /// Data loader position (the same on every rank).
     pub loader: LoaderState,
     /// RNG state, if the run uses one (e.g. for sampling or dropout).
     pub rng_state: Option<Vec<u64>>,
-    /// Anything else worth keeping (batch size, world size, schedule, ...).
+    /// Anything else worth keeping: the trainer writes
+    /// [`TrainOptions::checkpoint_extras`](crate::trainer::TrainOptions::checkpoint_extras)
+    /// (batch size, world size, the peak learning rate and its schedule, the
+    /// seed, ...).
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
@@ -104,7 +118,8 @@ pub struct CheckpointInfo {
     pub config: Gpt2Config,
     /// Optimizer steps completed.
     pub step: u64,
-    /// Optimizer hyper-parameters.
+    /// Optimizer hyper-parameters as of the last step: the scheduled
+    /// learning rate, not the peak (see [`Checkpoint::optimizer`]).
     pub optimizer: AdamWHyper,
     /// Data loader position.
     pub loader: LoaderState,

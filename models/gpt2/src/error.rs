@@ -45,7 +45,9 @@ pub enum Gpt2Error {
     #[error(transparent)]
     Engine(#[from] braid::Error),
     /// Training failed; the trace of the run up to the failure was written
-    /// (where the finished run's would have gone).
+    /// (where the finished run's would have gone). [`root`](Self::root)
+    /// gives the error inside, as it gives an error that came without a
+    /// trace.
     #[error("{error} (the trace of the run up to the failure: {})", trace.display())]
     Failed {
         /// Why the run failed.
@@ -355,6 +357,20 @@ fn kept_note(kept: Option<u64>, step: u64) -> String {
 }
 
 impl Gpt2Error {
+    /// The error that made a run fail: the one inside [`Failed`](Self::Failed)
+    /// (which only adds where the trace of the failed run was written), else
+    /// `self`. Whether training fails with `Failed` or with the error itself
+    /// depends on whether a trace was asked for, so match on
+    /// `e.root()` to tell what went wrong (`matches!(e.root(),
+    /// Gpt2Error::Diverged { .. })`), and on `e` for the trace.
+    pub fn root(&self) -> &Gpt2Error {
+        let mut e = self;
+        while let Gpt2Error::Failed { error, .. } = e {
+            e = error;
+        }
+        e
+    }
+
     /// Wraps an I/O error with the operation and the path it concerns.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         Gpt2Error::Io {
@@ -386,6 +402,25 @@ pub type Result<T, E = Gpt2Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_is_the_error_inside_failed() {
+        let diverged = || Gpt2Error::Diverged {
+            step: 3,
+            loss: f32::NAN,
+            grad_norm: f32::INFINITY,
+        };
+        let plain = diverged();
+        assert!(matches!(plain.root(), Gpt2Error::Diverged { step: 3, .. }));
+        let traced = Gpt2Error::Failed {
+            error: Box::new(diverged()),
+            trace: PathBuf::from("trace.json"),
+        };
+        assert!(!matches!(traced, Gpt2Error::Diverged { .. }));
+        assert!(matches!(traced.root(), Gpt2Error::Diverged { step: 3, .. }));
+        let other = Gpt2Error::StateNotFinite { step: 4 };
+        assert!(std::ptr::eq(other.root(), &other));
+    }
 
     #[test]
     fn errors_cross_threads() {

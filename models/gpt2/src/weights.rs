@@ -590,13 +590,24 @@ pub fn hf_config_json(cfg: &Gpt2Config) -> serde_json::Value {
 /// a file path gets the safetensors file ([`save_hf_safetensors`]); a
 /// directory (made if it does not exist) gets `model.safetensors` and
 /// `config.json` ([`hf_config_json`]). Each file is written atomically.
-/// Returns what was written.
+/// Returns what was written. An invalid `cfg` ([`Gpt2Config::validate`])
+/// or `params` of another length than its parameters are refused before
+/// anything is made.
 pub fn save_hf_model(path: impl AsRef<Path>, params: &[f32], cfg: &Gpt2Config) -> Result<HfOutput> {
+    cfg.validate()?;
+    let layout = ParamLayout::new(cfg);
+    if params.len() != layout.total {
+        return Err(Gpt2Error::LengthMismatch {
+            what: "params".into(),
+            expected: layout.total,
+            found: params.len(),
+        });
+    }
     let out = HfOutput::for_path(path.as_ref());
     if let Some((dir, _)) = &out.dir {
         std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating directory", dir, e))?;
     }
-    save_hf_safetensors(&out.weights, params, cfg, &ParamLayout::new(cfg))?;
+    save_hf_safetensors(&out.weights, params, cfg, &layout)?;
     if let Some((_, config)) = &out.dir {
         let mut json = serde_json::to_vec_pretty(&hf_config_json(cfg))
             .map_err(|e| Gpt2Error::io("encoding", config, std::io::Error::other(e.to_string())))?;
@@ -702,4 +713,48 @@ fn sort_safetensors_header(path: &Path) -> std::io::Result<()> {
     sorted.resize(len, b' ');
     f.seek(SeekFrom::Start(8))?;
     f.write_all(&sorted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigError;
+
+    /// A bad configuration or a buffer of the wrong length is refused
+    /// before the output directory is made.
+    #[test]
+    fn save_hf_model_refuses_before_making_anything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = Gpt2Config::tiny();
+        let params = vec![0.0f32; cfg.num_parameters()];
+
+        let dir = tmp.path().join("short/");
+        let err = save_hf_model(&dir, &params[..10], &cfg).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Gpt2Error::LengthMismatch { expected, found: 10, .. }
+                    if expected == cfg.num_parameters()
+            ),
+            "{err:?}"
+        );
+        assert!(!tmp.path().join("short").exists());
+
+        let bad = Gpt2Config {
+            num_heads: 3,
+            ..cfg
+        };
+        let dir = tmp.path().join("bad/");
+        let err = save_hf_model(&dir, &params, &bad).unwrap_err();
+        assert!(
+            matches!(err, Gpt2Error::Config(ConfigError::HeadsDoNotDivide { .. })),
+            "{err:?}"
+        );
+        assert!(!tmp.path().join("bad").exists());
+
+        let dir = tmp.path().join("good/");
+        let out = save_hf_model(&dir, &params, &cfg).unwrap();
+        assert!(out.weights.is_file());
+        assert_eq!(load_hf_model(&out.weights).unwrap().0, cfg);
+    }
 }

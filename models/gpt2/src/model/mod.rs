@@ -937,15 +937,18 @@ pub fn attention_scratch_bytes(b: usize, t: usize, c: usize, nh: usize, dtype: D
 ///
 /// # Panics
 ///
-/// When the host cannot hold the parameters ([`try_init_params`] says so
-/// with an error instead).
+/// When `cfg` is invalid ([`Gpt2Config::validate`]) or the host cannot hold
+/// the parameters ([`try_init_params`] says so with an error instead).
 pub fn init_params(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
     try_init_params(cfg, seed).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// [`init_params`], with an error when the host's memory cannot hold the
+/// [`init_params`], with an error when `cfg` is invalid (the
+/// [`ConfigError`](crate::config::ConfigError) of
+/// [`Gpt2Config::validate`]) or the host's memory cannot hold the
 /// parameters (instead of the allocator's abort).
 pub fn try_init_params(cfg: &Gpt2Config, seed: u64) -> crate::error::Result<Vec<f32>> {
+    cfg.validate()?;
     let layout = ParamLayout::new(cfg);
     let mut params = Vec::new();
     params.try_reserve_exact(layout.total).map_err(|_| {
@@ -985,3 +988,43 @@ pub fn try_init_params(cfg: &Gpt2Config, seed: u64) -> crate::error::Result<Vec<
 
 /// The seeded generator of initialisation and sampling ([`crate::rng`]).
 pub use crate::rng::Rng;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigError;
+
+    #[test]
+    fn an_invalid_config_is_an_error_not_a_panic() {
+        let cfg = Gpt2Config {
+            num_heads: 3,
+            ..Gpt2Config::tiny()
+        };
+        let err = try_init_params(&cfg, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Gpt2Error::Config(ConfigError::HeadsDoNotDivide {
+                    channels: 64,
+                    num_heads: 3
+                })
+            ),
+            "{err:?}"
+        );
+        let zero = Gpt2Config {
+            num_layers: 0,
+            ..Gpt2Config::tiny()
+        };
+        assert!(matches!(
+            try_init_params(&zero, 1),
+            Err(Gpt2Error::Config(ConfigError::Zero {
+                field: "num_layers"
+            }))
+        ));
+        let tiny = Gpt2Config::tiny();
+        assert_eq!(
+            try_init_params(&tiny, 1).unwrap().len(),
+            tiny.num_parameters()
+        );
+    }
+}

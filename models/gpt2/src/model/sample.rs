@@ -179,6 +179,12 @@ impl Sampler {
     /// Continues `context` (at least one token) by `n` tokens; calls
     /// `on_token` with each new token as soon as it is drawn. Returns the new
     /// tokens.
+    ///
+    /// To stop early (a reader gone, a stop token, enough text), return an
+    /// error from `on_token`: generation stops at once and `generate`
+    /// returns that error, not the tokens. Every token drawn so far,
+    /// including the one whose call returned the error, was already handed
+    /// to `on_token`, so a caller that needs them keeps them there.
     pub fn generate(
         &mut self,
         rt: &Runtime,

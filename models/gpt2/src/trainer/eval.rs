@@ -21,15 +21,17 @@ pub struct EvalReport {
     pub tokens: usize,
 }
 
-/// What [`evaluate`] checks before it runs anything: the batch shape
-/// against `cfg`, the token ids against its vocabulary, and that the
-/// tokens make at least one window. Returns how many windows it scores.
+/// What [`evaluate`] checks before it runs anything: `cfg` itself
+/// ([`Gpt2Config::validate`]), the batch shape against it, the token ids
+/// against its vocabulary, and that the tokens make at least one window.
+/// Returns how many windows it scores.
 pub fn check_eval(
     cfg: &Gpt2Config,
     source: &TokenSource,
     seq_len: usize,
     batch_size: usize,
 ) -> Result<usize> {
+    cfg.validate()?;
     check_batch_shape(batch_size, seq_len, cfg)?;
     source.check_vocab(cfg.vocab_size)?;
     let total = eval_windows(source, seq_len)?.num_windows();
@@ -103,4 +105,26 @@ pub fn evaluate(
         windows: total,
         tokens: count,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigError;
+
+    #[test]
+    fn check_eval_refuses_an_invalid_config() {
+        let source = TokenSource::from_tokens(vec![1u16; 100], "test tokens");
+        let cfg = Gpt2Config::tiny();
+        assert_eq!(check_eval(&cfg, &source, 8, 2).unwrap(), 12);
+        let bad = Gpt2Config {
+            num_heads: 3,
+            ..cfg
+        };
+        let err = check_eval(&bad, &source, 8, 2).unwrap_err();
+        assert!(
+            matches!(err, Gpt2Error::Config(ConfigError::HeadsDoNotDivide { .. })),
+            "{err:?}"
+        );
+    }
 }
