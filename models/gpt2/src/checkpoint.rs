@@ -49,7 +49,8 @@ const TENSOR_NAMES: [&str; 3] = ["params", "adam_m", "adam_v"];
 /// peak rate of [`TrainOptions::optimizer`](crate::trainer::TrainOptions::optimizer).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AdamWHyper {
-    /// Learning rate at the checkpointed step.
+    /// Learning rate: the peak in [`TrainOptions::optimizer`](crate::trainer::TrainOptions::optimizer),
+    /// the last step's scheduled rate in a checkpoint.
     pub learning_rate: f32,
     /// First-moment decay.
     pub beta1: f32,
