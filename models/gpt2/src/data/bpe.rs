@@ -33,6 +33,11 @@
 //!   `regex-syntax`) finds the pieces of the pattern without the
 //!   look-ahead, and the look-ahead is applied by hand: see
 //!   [`Bpe::pieces`].
+//!
+//! A long text is encoded on several threads ([`encode_in_parts`]): it is
+//! cut only where the pieces on either side are those of the whole text,
+//! before whitespace that follows a character that is not (why that is
+//! exact: [`is_cut`]), so the ids are the same.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -148,6 +153,140 @@ impl Bpe {
     }
 }
 
+/// Texts of more bytes than this are encoded on several threads by
+/// [`encode_in_parts`] (see [`parts_for`]).
+pub const PARALLEL_ABOVE: usize = 1 << 20;
+
+/// How many chunks [`encode_in_parts`] should aim at for a text of `len`
+/// bytes: one per available thread above [`PARALLEL_ABOVE`], else one.
+pub fn parts_for(len: usize) -> usize {
+    if len > PARALLEL_ABOVE {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    }
+}
+
+/// Whether a text may be cut between the characters `before` and `at`
+/// without changing its ids: when `at` is whitespace and `before` is not.
+///
+/// Cutting `text` at byte p into `text[..p]` and `text[p..]` and encoding
+/// both gives the ids of `text` when (a) a piece of `text` ends at p and
+/// (b) the pieces of each half are those of `text` on its side of p; the
+/// ids then agree too, since the merge works on one piece at a time.
+///
+/// (a) The piece holding `before` ends at p. A piece holding both
+/// `before` and `at` would hold a whitespace character that is not its
+/// first one. The contractions hold no whitespace; ` ?\p{L}+`,
+/// ` ?\p{N}+` and ` ?[^\s\p{L}\p{N}]+` hold whitespace only as their
+/// optional leading space; `\s+(?!\S)` and `\s+` cannot hold `before`.
+/// So no piece crosses p, and the pieces tile the text (every character
+/// starts a match of some alternative), so one starts at p.
+///
+/// (b) After p: [`PATTERN`] has no look-behind and no anchors, so the
+/// match at a position depends only on the text from there on, which
+/// `text[p..]` shares with `text`; with a piece starting at p, the pieces
+/// of `text[p..]` are those of `text` after p, one by one.
+///
+/// Before p: take a piece of `text` at q < p; it ends at or before p, by
+/// (a). Leftmost-first matching picks, among the alternatives' matches
+/// at q, the first in a fixed order. Without look-ahead an alternative's
+/// matches that end by p are the same in `text` and in `text[..p]` (and
+/// `text[..p]` has no others). The look-ahead of `\s+(?!\S)` sees the
+/// same character in both for a match ending before p, and one ending at
+/// p, where `text[..p]` ends and the look-ahead always holds, would end
+/// in `before`, which is not whitespace. So the matches at q in
+/// `text[..p]` are those of `text` that end by p, in the same order;
+/// `text`'s pick is among them, and still the first. (The same holds for
+/// [`Bpe::pieces`], which applies the look-ahead only to a match that
+/// ends in whitespace.)
+///
+/// A cut before a `'\n'` that follows a letter, digit or symbol is one of
+/// these; a cut after whitespace, or inside a run of it, is not: the
+/// pieces of `"a\n\n\nb"` are `"a"`, `"\n\n"`, `"\n"`, `"b"`, and cut
+/// after its first `'\n'` they would be `"a"`, `"\n"` | `"\n"`, `"\n"`,
+/// `"b"`. `<|endoftext|>` holds no
+/// whitespace, so no cut falls inside it (see
+/// [`Tokenizer::encode_with_eot`](crate::data::Tokenizer::encode_with_eot)).
+fn is_cut(before: char, at: char) -> bool {
+    at.is_whitespace() && !before.is_whitespace()
+}
+
+/// The first position at or after byte `from` where `text` may be cut
+/// ([`is_cut`]), strictly inside it; `None` if there is none.
+fn next_cut(text: &str, from: usize) -> Option<usize> {
+    let mut from = from.max(1);
+    while from < text.len() && !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let mut before = text.get(..from)?.chars().next_back()?;
+    for (i, at) in text[from..].char_indices() {
+        if is_cut(before, at) {
+            return Some(from + i);
+        }
+        before = at;
+    }
+    None
+}
+
+/// The positions `text` is cut at for about `parts` chunks of about equal
+/// length: the first cut at or after each of the equally spaced offsets
+/// (after the previous cut). Chunks without a cut merge with the next.
+fn cuts(text: &str, parts: usize) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut last = 0;
+    for i in 1..parts {
+        let target = (text.len() as u64 * i as u64 / parts as u64) as usize;
+        match next_cut(text, target.max(last + 1)) {
+            Some(p) => {
+                cuts.push(p);
+                last = p;
+            }
+            None => break,
+        }
+    }
+    cuts
+}
+
+/// The ids `encode` gives for `text` (appended to an empty vector), found
+/// by cutting `text` into about `parts` chunks where [`is_cut`] allows,
+/// encoding them on as many threads and joining the ids in order: the
+/// same ids, for an `encode` that is [`Bpe::encode_ordinary`] or one that
+/// encodes the text between literal `<|endoftext|>`s with it.
+pub fn encode_in_parts<F>(text: &str, parts: usize, encode: F) -> Vec<Rank>
+where
+    F: Fn(&str, &mut Vec<Rank>) + Sync,
+{
+    let mut bounds = vec![0];
+    bounds.extend(cuts(text, parts));
+    bounds.push(text.len());
+    let chunks: Vec<&str> = bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+    let encode = &encode;
+    let run = move |chunk: &str| {
+        let mut out = Vec::new();
+        encode(chunk, &mut out);
+        out
+    };
+    let (first, rest) = chunks.split_first().expect("at least one chunk");
+    if rest.is_empty() {
+        return run(first);
+    }
+    let (mut out, rest): (Vec<Rank>, Vec<Vec<Rank>>) = std::thread::scope(|s| {
+        let threads: Vec<_> = rest.iter().map(|&c| s.spawn(move || run(c))).collect();
+        let first = run(first);
+        let rest = threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect();
+        (first, rest)
+    });
+    out.reserve(rest.iter().map(Vec::len).sum());
+    for ids in rest {
+        out.extend_from_slice(&ids);
+    }
+    out
+}
+
 /// Merges `piece` by the rule in the module docs and appends its parts'
 /// ranks to `out`, in O(n log n) for n bytes.
 ///
@@ -221,9 +360,10 @@ fn merge_heap(ranks: &Ranks, piece: &[u8], out: &mut Vec<Rank>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
     fn core() -> &'static CoreBPE {
         tiktoken_rs::r50k_base_singleton()
@@ -391,6 +531,185 @@ mod tests {
         ]
     }
 
+    /// Texts made of few characters, dense in what a cut could go wrong
+    /// at: runs of `'\n'`, spaces and other whitespace, apostrophes and
+    /// contractions, letters, digits, symbols, non-ASCII letters, marks
+    /// and spaces, `<|endoftext|>` and pieces of it. A wrong cut rule
+    /// fails on some of them quickly (`the_texts_catch_wrong_cuts`).
+    pub(crate) fn dense_text() -> impl Strategy<Value = String> {
+        let alphabet = vec![
+            "a",
+            "b",
+            "s",
+            "t",
+            "ll",
+            "re",
+            "1",
+            "2",
+            ".",
+            "!",
+            "'",
+            "'",
+            "'s",
+            "'S",
+            "'ll",
+            "'re",
+            " ",
+            " ",
+            " ",
+            "  ",
+            "\n",
+            "\n",
+            "\n",
+            "\n\n",
+            "\t",
+            "\r\n",
+            "\r",
+            " \n",
+            "\n ",
+            "\u{a0}",
+            "\u{3000}",
+            "\u{85}",
+            "\u{200b}",
+            "é",
+            "e\u{301}",
+            "\u{301}",
+            "日本",
+            "語",
+            "🦀",
+            "<|endoftext|>",
+            "<|",
+            "|>",
+        ];
+        prop::collection::vec(prop::sample::select(alphabet), 0..48).prop_map(|v| v.concat())
+    }
+
+    /// The ids of `text` cut wherever `rule(before, at)` holds between two
+    /// characters, each chunk encoded alone.
+    fn encode_cut_by(text: &str, rule: impl Fn(char, char) -> bool) -> Vec<Rank> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut chars = text.char_indices().peekable();
+        while let Some((_, before)) = chars.next() {
+            if let Some(&(i, at)) = chars.peek() {
+                if rule(before, at) {
+                    bpe().encode_ordinary(&text[start..i], &mut out);
+                    start = i;
+                }
+            }
+        }
+        bpe().encode_ordinary(&text[start..], &mut out);
+        out
+    }
+
+    /// `text` cut at every position [`is_cut`] allows at once, at those
+    /// of them before a `'\n'` only, and into
+    /// 2, 3, 7 and as many chunks as bytes on threads: the ids of the
+    /// whole text, which are `tiktoken-rs`'s.
+    fn check_cuts(text: &str) -> Result<(), TestCaseError> {
+        let want = encode(text, HEAP_ABOVE);
+        prop_assert_eq!(&want, &core().encode_ordinary(text));
+        prop_assert_eq!(&encode_cut_by(text, is_cut), &want, "cut everywhere");
+        let newline = |b: char, at: char| at == '\n' && !b.is_whitespace();
+        prop_assert_eq!(&encode_cut_by(text, newline), &want, "cut before newlines");
+        for parts in [2, 3, 7, text.len()] {
+            let got = encode_in_parts(text, parts, |c, out| bpe().encode_ordinary(c, out));
+            prop_assert_eq!(&got, &want, "{} parts", parts);
+        }
+        Ok(())
+    }
+
+    /// Texts around cut candidates, cut exactly.
+    #[test]
+    fn fixed_texts_cut_exactly() {
+        for text in [
+            "",
+            "\n",
+            "\n\n",
+            "a\n\n\nb",
+            "x.\n's",
+            "'\ns",
+            " \n",
+            "word\n",
+            "\nword",
+            "\n\nword\n\n",
+            "it's\n's\n'll 're\n\n'S",
+            "a \n b\t\n\tc\r\n\r\nd  \n  e",
+            "<|endoftext|>\n<|endoftext|> <|endoftext|>x\n",
+            "日本\n語 🦀\n🦀 e\u{301}\ne\u{301} x\u{a0}\u{a0}y\u{3000}z\u{85}",
+            "1\n2 3\t4!\n?",
+        ] {
+            check_cuts(text).unwrap();
+        }
+    }
+
+    /// [`cuts`] for as many parts as bytes is every position [`is_cut`]
+    /// allows; for fewer, some of them, in order.
+    #[test]
+    fn cuts_are_the_allowed_positions() {
+        let text = "a\n\n b's  c\t日本\n\u{a0}é x \n";
+        let allowed: Vec<usize> = text
+            .char_indices()
+            .zip(text.chars().skip(1))
+            .filter(|&((_, b), at)| is_cut(b, at))
+            .map(|((i, b), _)| i + b.len_utf8())
+            .collect();
+        assert_eq!(allowed, [1, 7, 10, 17, 22, 24]);
+        assert_eq!(cuts(text, text.len()), allowed);
+        for parts in 0..text.len() {
+            let c = cuts(text, parts);
+            assert!(c.len() < parts.max(1));
+            assert!(c.windows(2).all(|w| w[0] < w[1]));
+            assert!(
+                c.iter().all(|p| allowed.contains(p)),
+                "{parts} parts: {c:?}"
+            );
+        }
+        assert!(cuts("abc", 3).is_empty());
+        assert!(cuts("   ", 3).is_empty());
+        assert!(cuts("", 3).is_empty());
+    }
+
+    /// Wrong rules are caught by [`dense_text`] in a few hundred texts:
+    /// cutting before any `'\n'` or any whitespace, after whitespace,
+    /// between two non-whitespace characters, before an apostrophe.
+    #[test]
+    fn the_texts_catch_wrong_cuts() {
+        type Rule = fn(char, char) -> bool;
+        let wrong: [(&str, Rule); 6] = [
+            ("before '\\n'", |_, at| at == '\n'),
+            ("after '\\n'", |b, _| b == '\n'),
+            ("before whitespace", |_, at| at.is_whitespace()),
+            ("after whitespace", |b, at| {
+                b.is_whitespace() && !at.is_whitespace()
+            }),
+            ("inside non-whitespace", |b, at| {
+                !b.is_whitespace() && !at.is_whitespace()
+            }),
+            ("before an apostrophe", |_, at| at == '\''),
+        ];
+        for (name, rule) in wrong {
+            let mut runner = TestRunner::new_with_rng(
+                Config {
+                    cases: 500,
+                    failure_persistence: None,
+                    ..Config::default()
+                },
+                proptest::test_runner::TestRng::deterministic_rng(
+                    proptest::test_runner::RngAlgorithm::ChaCha,
+                ),
+            );
+            let result = runner.run(&dense_text(), |text| {
+                prop_assert_eq!(encode_cut_by(&text, rule), encode(&text, HEAP_ABOVE));
+                Ok(())
+            });
+            match result {
+                Err(TestError::Fail(_, text)) => println!("cut {name}: fails on {text:?}"),
+                other => panic!("cut {name}: not caught ({other:?})"),
+            }
+        }
+    }
+
     /// Best of three, in seconds, and the last result.
     fn best_of_3<T>(mut f: impl FnMut() -> T) -> (f64, T) {
         let mut best = f64::INFINITY;
@@ -477,6 +796,20 @@ mod tests {
                 line += &format!(", tiktoken-rs {t_old:.3} s");
             }
             println!("{line}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn dense_texts_cut_exactly(text in dense_text()) {
+            check_cuts(&text)?;
+        }
+
+        #[test]
+        fn random_texts_cut_exactly(parts in prop::collection::vec(fragment(), 0..40)) {
+            check_cuts(&parts.concat())?;
         }
     }
 

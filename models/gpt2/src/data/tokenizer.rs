@@ -7,13 +7,15 @@
 //! Decoding goes through `tiktoken-rs`; encoding through `data/bpe.rs`, which
 //! gives the same ids in O(n log n) where `tiktoken-rs` is quadratic (a long
 //! run of letters without spaces), and also encodes the runs of about a
-//! million letters, digits or spaces `tiktoken-rs` panics on.
+//! million letters, digits or spaces `tiktoken-rs` panics on. A text of more
+//! than a MiB is cut into chunks encoded on all available threads, only where
+//! that leaves the ids as they are.
 
 use std::sync::OnceLock;
 
 use tiktoken_rs::CoreBPE;
 
-use crate::data::bpe::Bpe;
+use crate::data::bpe::{encode_in_parts, parts_for, Bpe};
 use crate::error::{Gpt2Error, Result};
 
 /// GPT-2's `<|endoftext|>` token id.
@@ -76,23 +78,40 @@ impl Tokenizer {
 
     /// Encodes text as ordinary text: `<|endoftext|>` in the input is spelled out
     /// as the characters it consists of, never turned into [`EOT`].
+    ///
+    /// A text of more than a MiB is encoded on all available threads, with
+    /// the same ids (see `data/bpe.rs`).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
-        self.enc.encode_ordinary(text, &mut out);
-        out
+        self.encode_in_parts(text, parts_for(text.len()), false)
     }
 
     /// Encodes text, turning each literal `<|endoftext|>` into the [`EOT`] token
     /// (the usual document separator in GPT-2 training text).
+    ///
+    /// A text of more than a MiB is encoded on all available threads, with
+    /// the same ids: it is cut only before whitespace, which
+    /// `<|endoftext|>` holds none of, so each literal lies whole in one
+    /// chunk, and the text between two of them is cut only where its
+    /// ordinary encoding may be.
     pub fn encode_with_eot(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
-        for (i, piece) in text.split(EOT_TEXT).enumerate() {
-            if i > 0 {
-                out.push(EOT);
-            }
-            self.enc.encode_ordinary(piece, &mut out);
+        self.encode_in_parts(text, parts_for(text.len()), true)
+    }
+
+    /// [`encode`](Self::encode) (or [`encode_with_eot`](Self::encode_with_eot)
+    /// when `eot`), in about `parts` chunks on as many threads.
+    fn encode_in_parts(&self, text: &str, parts: usize, eot: bool) -> Vec<u32> {
+        let enc = self.enc;
+        if !eot {
+            return encode_in_parts(text, parts, |chunk, out| enc.encode_ordinary(chunk, out));
         }
-        out
+        encode_in_parts(text, parts, |chunk, out| {
+            for (i, piece) in chunk.split(EOT_TEXT).enumerate() {
+                if i > 0 {
+                    out.push(EOT);
+                }
+                enc.encode_ordinary(piece, out);
+            }
+        })
     }
 
     /// Decodes tokens to bytes. Errors name the first id outside the vocabulary
@@ -223,6 +242,8 @@ pub fn check_ids(ids: &[u32], vocab_size: usize, origin: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::bpe::tests::dense_text;
+    use proptest::prelude::*;
 
     /// Encoding gives `tiktoken-rs`'s ids (data::bpe checks this at
     /// length), with a literal `<|endoftext|>` as EOT when asked.
@@ -282,5 +303,104 @@ mod tests {
         assert_eq!(s.push_bytes(&[0xE6]), "");
         assert_eq!(s.push(GPT2_VOCAB_SIZE as u32), "\u{fffd}<50257>");
         assert_eq!(s.push(tok.encode(" the")[0]), " the");
+    }
+
+    /// Both encodings of `text` in 2, 3, 7 and as many chunks as bytes are
+    /// those on one thread, which are `tiktoken-rs`'s.
+    fn check_parts(tok: &Tokenizer, text: &str) -> std::result::Result<(), TestCaseError> {
+        let plain = tok.encode_in_parts(text, 1, false);
+        let eot = tok.encode_in_parts(text, 1, true);
+        prop_assert_eq!(&plain, &tok.bpe.encode_ordinary(text));
+        prop_assert_eq!(&eot, &tok.bpe.encode_with_special_tokens(text));
+        for parts in [2, 3, 7, text.len()] {
+            prop_assert_eq!(
+                &tok.encode_in_parts(text, parts, false),
+                &plain,
+                "{} parts",
+                parts
+            );
+            prop_assert_eq!(
+                &tok.encode_in_parts(text, parts, true),
+                &eot,
+                "{} parts, EOT",
+                parts
+            );
+        }
+        Ok(())
+    }
+
+    /// `<|endoftext|>` next to whitespace, where chunks may start or end.
+    #[test]
+    fn end_of_text_around_cuts() {
+        let tok = Tokenizer::gpt2().unwrap();
+        for text in [
+            "<|endoftext|>",
+            "a<|endoftext|>\nb",
+            "a\n<|endoftext|>b",
+            "a <|endoftext|> b\n\n<|endoftext|><|endoftext|>\n",
+            "x\n<|endoftext|>\n's\n<|endoftext|",
+        ] {
+            check_parts(&tok, text).unwrap();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn texts_encode_alike_in_parts(text in dense_text()) {
+            check_parts(&Tokenizer::gpt2().unwrap(), &text)?;
+        }
+    }
+
+    /// Encoding speed on one thread and on all of them (the ids must
+    /// agree), of the file `BPE_BENCH_TEXT` names (else the built-in
+    /// corpus) repeated to at least 20 MB. Prints; a measurement, not a
+    /// test.
+    ///
+    /// `BPE_BENCH_TEXT=corpus.txt cargo test --release -p braid-gpt2 --lib parallel_timings -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn parallel_timings() {
+        // CPU time of the whole process, all threads, in seconds.
+        fn cpu_seconds() -> f64 {
+            let mut t = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `t` is a valid timespec to write to.
+            let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+            assert_eq!(rc, 0);
+            t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+        }
+        let tok = Tokenizer::gpt2().unwrap();
+        let one = match std::env::var_os("BPE_BENCH_TEXT") {
+            Some(path) => std::fs::read_to_string(path).unwrap(),
+            None => crate::data::builtin_text(crate::data::Split::Train),
+        };
+        let text = one.repeat((20 << 20) / one.len().max(1) + 1);
+        let mb = text.len() as f64 / 1e6;
+        let time = |parts: usize| {
+            let (mut wall, mut cpu) = (f64::INFINITY, f64::INFINITY);
+            let mut ids = Vec::new();
+            for _ in 0..3 {
+                let (t, c) = (std::time::Instant::now(), cpu_seconds());
+                ids = std::hint::black_box(tok.encode_in_parts(&text, parts, true));
+                wall = wall.min(t.elapsed().as_secs_f64());
+                cpu = cpu.min(cpu_seconds() - c);
+            }
+            println!(
+                "{parts:3} chunks: {:6.1} MB/s ({wall:.2} s), CPU time {cpu:.2} s",
+                mb / wall
+            );
+            ids
+        };
+        let threads = parts_for(text.len());
+        println!("{mb:.1} MB, {threads} threads available");
+        let want = time(1);
+        for parts in std::iter::once(2).chain((threads > 2).then_some(threads)) {
+            assert!(time(parts) == want, "{parts} chunks: the ids differ");
+        }
+        println!("{} ids", want.len());
     }
 }
