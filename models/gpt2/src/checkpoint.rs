@@ -9,7 +9,8 @@
 //! (flat, in [`ParamLayout`](crate::layout::ParamLayout) order) and, under the
 //! metadata key [`METADATA_KEY`], a JSON object with the format version, the
 //! model configuration, the step, the loader state, the RNG state, the optimizer
-//! hyper-parameters and free-form extras. Any safetensors reader can open it;
+//! hyper-parameters (with the last step's scheduled learning rate; the peak is
+//! the extra `peak_lr`) and free-form extras. Any safetensors reader can open it;
 //! `head -c 4096 checkpoint.safetensors` shows the metadata.
 //!
 //! # Atomicity
