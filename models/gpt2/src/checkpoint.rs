@@ -199,6 +199,18 @@ pub fn check_checkpoint_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Makes the checkpoint directory, as a run saving into it would, and
+/// tries a file in it: a directory [`save_checkpoint`] could not write is
+/// found before the run, not after its last step.
+pub fn prepare_checkpoint_dir(dir: &Path) -> Result<()> {
+    check_checkpoint_dir(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating", dir, e))?;
+    match braid::fs::unwritable(&checkpoint_file(dir)) {
+        Some(why) => Err(ckpt_err(dir, why)),
+        None => Ok(()),
+    }
+}
+
 /// The checkpoint file inside a checkpoint directory.
 pub fn checkpoint_file(dir: impl AsRef<Path>) -> PathBuf {
     dir.as_ref().join(CHECKPOINT_FILE)

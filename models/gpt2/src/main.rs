@@ -25,7 +25,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use braid::comm::Compression;
 use braid::{BackendKind, Policy};
-use braid_gpt2::checkpoint::{check_checkpoint_dir, checkpoint_file, load_checkpoint, AdamWHyper};
+use braid_gpt2::checkpoint::{
+    check_checkpoint_dir, checkpoint_file, load_checkpoint, prepare_checkpoint_dir, AdamWHyper,
+};
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
 use braid_gpt2::error::Gpt2Error;
@@ -852,12 +854,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     if let Some(dir) =
         (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
     {
-        std::fs::create_dir_all(dir).with_context(|| {
-            format!("--checkpoint-dir {}: creating the directory", dir.display())
-        })?;
-        if let Some(why) = braid::fs::unwritable(&checkpoint_file(dir)) {
-            bail!("--checkpoint-dir {}: {why}", dir.display());
-        }
+        prepare_checkpoint_dir(dir)
+            .with_context(|| format!("--checkpoint-dir {}", dir.display()))?;
         if let Some(path) = a.save_weights.as_deref().filter(|_| weights_in_new_dir) {
             check_weights_output(path, Some(dir))?;
         }
@@ -1135,11 +1133,7 @@ fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
     if braid_gpt2::data::tokenfile::has_token_magic(&bytes) {
         bail!("{origin} is already a token file (it starts with llm.c's header)");
     }
-    let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
-        path: PathBuf::from(&origin),
-        offset: e.valid_up_to(),
-    })?;
-    let tokens = TokenSource::from_text(text, origin.as_str())?;
+    let tokens = TokenSource::from_text_bytes(&bytes, Path::new(&origin), origin.as_str())?;
     braid_gpt2::data::write_token_file(&a.output, tokens.tokens())?;
     say!(
         "{} bytes of {origin} are {} tokens: {}",
@@ -1189,10 +1183,19 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         r.tokens,
         r.loss.exp()
     );
-    match writeln!(std::io::stdout(), "loss={:.6}", r.loss) {
-        // The reader is gone (`| head -c 3`): stop quietly, as `sample` does.
+    quiet_if_gone(
+        writeln!(std::io::stdout(), "loss={:.6}", r.loss),
+        "the loss",
+    )
+}
+
+/// The outcome of writing `what` to standard output: a reader that has gone
+/// (`| head`) ends the program quietly, as `yes` would; any other error is
+/// one.
+fn quiet_if_gone(written: std::io::Result<()>, what: &str) -> Result<()> {
+    match written {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(e).context("writing the loss to standard output")
+            Err(e).with_context(|| format!("writing {what} to standard output"))
         }
         _ => Ok(()),
     }
@@ -1280,12 +1283,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
             }
         }
     }
-    match out.error {
-        // The reader is gone (`| head`): stop quietly, as `yes` would.
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Some(e) => Err(e).context("writing the sample to standard output"),
-        None => Ok(()),
-    }
+    quiet_if_gone(out.error.map_or(Ok(()), Err), "the sample")
 }
 
 /// Standard output of `sample`: text written and flushed as it comes, and

@@ -108,6 +108,18 @@ fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
     })
 }
 
+/// Refuses `params` of another length than `layout`'s parameters.
+fn check_params_len(params: &[f32], layout: &ParamLayout) -> Result<()> {
+    if params.len() != layout.total {
+        return Err(Gpt2Error::LengthMismatch {
+            what: "params".into(),
+            expected: layout.total,
+            found: params.len(),
+        });
+    }
+    Ok(())
+}
+
 fn check_layout(cfg: &Gpt2Config, layout: &ParamLayout) -> Result<()> {
     if layout.config() != cfg {
         return Err(Gpt2Error::LayoutMismatch {
@@ -470,13 +482,7 @@ pub fn save_hf_safetensors(
 ) -> Result<()> {
     let path = path.as_ref();
     check_layout(cfg, layout)?;
-    if params.len() != layout.total {
-        return Err(Gpt2Error::LengthMismatch {
-            what: "params".into(),
-            expected: layout.total,
-            found: params.len(),
-        });
-    }
+    check_params_len(params, layout)?;
     let mut hf_tensors: Vec<(String, Vec<usize>, Vec<f32>)> =
         Vec::with_capacity(layout.tensors.len());
     for t in &layout.tensors {
@@ -596,13 +602,7 @@ pub fn hf_config_json(cfg: &Gpt2Config) -> serde_json::Value {
 pub fn save_hf_model(path: impl AsRef<Path>, params: &[f32], cfg: &Gpt2Config) -> Result<HfOutput> {
     cfg.validate()?;
     let layout = ParamLayout::new(cfg);
-    if params.len() != layout.total {
-        return Err(Gpt2Error::LengthMismatch {
-            what: "params".into(),
-            expected: layout.total,
-            found: params.len(),
-        });
-    }
+    check_params_len(params, &layout)?;
     let out = HfOutput::for_path(path.as_ref());
     if let Some((dir, _)) = &out.dir {
         std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating directory", dir, e))?;

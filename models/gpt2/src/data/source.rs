@@ -45,6 +45,16 @@ impl TokenSource {
         Self::from_ids(&ids, origin)
     }
 
+    /// [`from_text`](Self::from_text) of bytes read from `path`, which must
+    /// be UTF-8 (the error names the offset of the first byte that is not).
+    pub fn from_text_bytes(bytes: &[u8], path: &Path, origin: impl Into<String>) -> Result<Self> {
+        let text = std::str::from_utf8(bytes).map_err(|e| Gpt2Error::NotUtf8 {
+            path: path.to_path_buf(),
+            offset: e.valid_up_to(),
+        })?;
+        Self::from_text(text, origin)
+    }
+
     /// One split of the built-in corpus (see [`crate::data::builtin`]).
     pub fn builtin(split: Split) -> Result<Self> {
         Ok(Self::from_tokens(builtin_tokens(split)?, split.origin()))
@@ -68,11 +78,7 @@ impl TokenSource {
             drop(bytes);
             Self::from_tokens(tokens, origin)
         } else {
-            let text = std::str::from_utf8(&bytes).map_err(|e| Gpt2Error::NotUtf8 {
-                path: path.to_path_buf(),
-                offset: e.valid_up_to(),
-            })?;
-            Self::from_text(text, origin)?
+            Self::from_text_bytes(&bytes, path, origin)?
         };
         src.path = Some(path.to_path_buf());
         Ok(src)

@@ -165,14 +165,7 @@ pub fn train(
         .as_ref()
         .filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
     {
-        crate::checkpoint::check_checkpoint_dir(dir)?;
-        std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating", dir, e))?;
-        if let Some(why) = braid::fs::unwritable(&crate::checkpoint::checkpoint_file(dir)) {
-            return Err(Gpt2Error::InvalidSetting {
-                what: "checkpoint directory",
-                reason: format!("{}: {why}", dir.display()),
-            });
-        }
+        crate::checkpoint::prepare_checkpoint_dir(dir)?;
     }
     // A torchrun launch of several processes has ranks elsewhere.
     let all_here = dist.as_ref().is_none_or(|d| d.world_size == 1);

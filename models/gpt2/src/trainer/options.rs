@@ -553,7 +553,6 @@ impl StartState {
     /// [`fresh`](Self::fresh), with an error for an invalid configuration
     /// or parameters the host's memory cannot hold.
     pub fn try_fresh(cfg: &Gpt2Config, seed: u64) -> Result<Self> {
-        cfg.validate()?;
         Ok(Self {
             config: Some(*cfg),
             ..Self::from_params(crate::model::try_init_params(cfg, seed)?)
