@@ -99,6 +99,19 @@ struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 64)]
     seq_len: usize,
+    /// Micro-batches per step (gradient accumulation): each rank runs this
+    /// many forward and backward passes of --batch-size sequences per
+    /// optimizer step, adding their gradients, which are all-reduced once,
+    /// under the last pass's backward. A step then trains on grad-accum ×
+    /// batch-size × seq-len × ranks tokens in the memory of one
+    /// micro-batch [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    grad_accum: Option<u64>,
+    /// Tokens per optimizer step over all ranks (llm.c's total batch size):
+    /// sets --grad-accum to this / (batch-size × seq-len × ranks), which
+    /// must divide it
+    #[arg(long, value_name = "TOKENS", conflicts_with = "grad_accum")]
+    total_batch_size: Option<usize>,
     /// AdamW peak learning rate (see --lr-schedule).
     #[arg(long, default_value_t = 2e-3)]
     lr: f32,
@@ -418,6 +431,24 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
     }
 }
 
+/// The micro-batches per step of a run of `world` ranks: `--grad-accum`, or
+/// `--total-batch-size` over the tokens of one micro-batch of every rank.
+fn grad_accum(a: &TrainArgs, world: usize) -> Result<usize> {
+    let Some(total) = a.total_batch_size else {
+        return Ok(a.grad_accum.map_or(1, |n| n as usize));
+    };
+    let micro = a.batch_size * a.seq_len * world;
+    if micro == 0 || total == 0 || total % micro != 0 {
+        bail!(
+            "--total-batch-size {total} is not a positive multiple of the {micro} tokens of one \
+             micro-batch of every rank (--batch-size {} x --seq-len {} x {world} rank(s))",
+            a.batch_size,
+            a.seq_len
+        );
+    }
+    Ok(total / micro)
+}
+
 /// The attention kernels of a training run: `--attention`, else
 /// `BRAID_ATTENTION` (an error when it names none), else `auto`. cuDNN runs
 /// only the fused bf16 attention on CUDA, so `--attention cudnn` on any
@@ -705,6 +736,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         model: cfg,
         batch_size: a.batch_size,
         seq_len: a.seq_len,
+        // Resolved with the ranks, below.
+        grad_accum: 1,
         steps: a.steps,
         optimizer: AdamWHyper {
             learning_rate: a.lr,
@@ -804,6 +837,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let attention = attention_kernels(a.attention, on_gpu, opts.dtype, opts.fusion)?;
     set_attention_kernels(attention);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
+    opts.grad_accum = grad_accum(&a, world)?;
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
     opts.graphs = a.graphs
@@ -889,7 +923,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // 2. Train.
     say!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
-         x {} tokens per rank, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}, \
+         x {} tokens per rank{}, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}, \
          steps {}..={}",
         a.model
             .as_deref()
@@ -904,6 +938,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         ranks,
         a.batch_size,
         a.seq_len,
+        match opts.grad_accum {
+            1 => String::new(),
+            n => format!(" x {n} micro-batches per step"),
+        },
         a.streams,
         a.policy,
         opts.dtype,

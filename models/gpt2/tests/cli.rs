@@ -1693,9 +1693,30 @@ fn out_of_range_settings_are_refused_clearly() {
             &["--first-bucket-mb", "1 TiB"],
         ),
         (&["--steps", "0"], &["--steps 0"]),
+        (&["--grad-accum", "0"], &["--grad-accum", "0"]),
+        (
+            &["--total-batch-size", "100"],
+            &[
+                "--total-batch-size 100",
+                "the 32 tokens of one micro-batch",
+                "--batch-size 2",
+            ],
+        ),
+        (
+            &["--total-batch-size", "64", "--grad-accum", "2"],
+            &["--total-batch-size", "--grad-accum"],
+        ),
     ] {
         no_panic(&fails(d, &with(extra), needles));
     }
+    // A total batch of 3 micro-batches of the rank.
+    let out = run(d, &with(&["--total-batch-size", "96"]));
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("batch 2 x 16 tokens per rank x 3 micro-batches per step"),
+        "{err}"
+    );
     // torchrun's variables on the CPU: nonsense is refused, a launch of
     // one process trains.
     for (env, needle) in [

@@ -1084,3 +1084,100 @@ fn zero1_replayed_steps_equal_eager_steps_bit_for_bit() {
     assert_eq!(a.params, b.params);
     assert_eq!(b.steps.iter().filter(|s| s.replayed).count(), 3);
 }
+
+/// Gradient accumulation (`grad_accum`): micro-batches whose gradients are
+/// added (each pass scaled by 1/n) and reduced once follow one rank on the
+/// combined batch: 1 rank × 2 and × 4 micro-batches, 2 ranks × 2 (plain and
+/// ZeRO-1), each over the same 4 sequences a step. The reported loss is
+/// the mean of the micro-batches' losses; the step trains on all their
+/// tokens; the buckets are all-reduced once a step, not once a micro-batch.
+#[test]
+fn accumulated_micro_batches_follow_one_rank_on_the_combined_batch() {
+    let steps = 4;
+    let start = StartState::fresh(&Gpt2Config::tiny(), 17);
+    let single = run(&options(1, 4, steps), start.clone());
+    let buckets = |r: &TrainReport| spans(&r.profiles[0], "all_reduce bucket").count();
+    let plain = run(&options(2, 2, steps), start.clone());
+    for (ranks, accum, zero) in [(1, 2, 0), (1, 4, 0), (2, 2, 0), (2, 2, 1)] {
+        let mut opts = options(ranks, 4 / ranks / accum, steps);
+        (opts.grad_accum, opts.zero) = (accum, zero);
+        let r = run(&opts, start.clone());
+        let label = format!("{ranks} rank(s) x {accum} micro-batches, ZeRO-{zero}");
+        assert!(!r.tied_split, "{label}: the tied gradient is reduced whole");
+        assert_matches_single(&r, &single, &label);
+        // AdamW's update does not see the gradient's scale; its norm does.
+        for (a, b) in r.steps.iter().zip(&single.steps) {
+            let (a, b) = (a.grad_norm, b.grad_norm);
+            assert!((a - b).abs() <= 1e-5 * b, "{label}: norm {a} vs {b}");
+        }
+        assert!(r.steps.iter().all(|s| s.tokens == 4 * 16), "{label}");
+        assert_eq!(
+            r.steps.iter().map(|s| s.replayed).collect::<Vec<_>>(),
+            [false, false, false, true],
+            "{label}"
+        );
+        if ranks > 1 && zero == 0 {
+            // As many bucket all-reduces as the run without accumulation
+            // (its tied split off too, so the same buckets).
+            let mut whole = options(2, 2, steps);
+            whole.tied_split = false;
+            let expected = buckets(&run(&whole, start.clone()));
+            assert_eq!(buckets(&r), expected, "{label}");
+            assert!(buckets(&plain) > 0);
+        }
+    }
+    // Mixed precision: the micro-batches' bf16 gradients are added in bf16
+    // (as llm.c does), within bf16 tolerance of the combined batch.
+    let bf16 = |o| TrainOptions {
+        dtype: Dtype::Bf16,
+        ..o
+    };
+    let single = run(&bf16(options(1, 4, steps)), start.clone());
+    let mut opts = bf16(options(2, 1, steps));
+    opts.grad_accum = 2;
+    let r = run(&opts, start);
+    for (a, b) in losses(&r).iter().zip(&losses(&single)) {
+        assert!((a - b).abs() <= 2e-3 * b.abs(), "bf16: loss {a} vs {b}");
+    }
+    for (a, b) in r.params.iter().zip(&single.params) {
+        // Adam's steps are at most lr (1e-3) each.
+        assert!(
+            (a - b).abs() <= 2.0 * steps as f32 * 1e-3,
+            "bf16: {a} vs {b}"
+        );
+    }
+}
+
+/// An accumulating run replays (and is resumed) bit for bit: eager against
+/// replayed steps, and 2 + 2 steps through a checkpoint against 4.
+#[test]
+fn accumulated_steps_replay_and_resume_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = StartState::fresh(&Gpt2Config::tiny(), 19);
+    let accum = |steps| TrainOptions {
+        grad_accum: 3,
+        ..options(2, 1, steps)
+    };
+    let replayed = run(&accum(4), start.clone());
+    let eager = run(
+        &TrainOptions {
+            replay: false,
+            ..accum(4)
+        },
+        start.clone(),
+    );
+    assert_eq!(losses(&eager), losses(&replayed));
+    assert_eq!(eager.params, replayed.params);
+    assert!(replayed.steps[3].replayed && !eager.steps[3].replayed);
+
+    let first = TrainOptions {
+        checkpoint_dir: Some(dir.path().join("ckpt")),
+        ..accum(2)
+    };
+    run(&first, start);
+    let ckpt = load_checkpoint(dir.path().join("ckpt")).unwrap();
+    assert_eq!(ckpt.extra["grad_accum"], 3);
+    let rest = run(&accum(4), StartState::from_checkpoint(ckpt));
+    assert_eq!(losses(&rest), losses(&replayed)[2..]);
+    assert_eq!(rest.params, replayed.params);
+}

@@ -882,6 +882,32 @@ impl Gpt2Model {
         Ok(())
     }
 
+    /// Copies a batch that is already in buffers of the runtime into the
+    /// model's token buffers ([`upload_batch`](Self::upload_batch) from
+    /// views): `tokens` and `targets`, `(B, T)` `u32` each, whose ids the
+    /// caller has checked ([`check_ids`](crate::data::check_ids)). The
+    /// copies are tasks, so a recorded step replays on whatever the views
+    /// hold then: a training step of several micro-batches (gradient
+    /// accumulation) uploads them all before its tasks and copies each in
+    /// before its forward pass.
+    pub fn copy_batch(&mut self, rt: &Runtime, tokens: &View, targets: &View) -> Result<()> {
+        let bt = self.b * self.t;
+        for (what, v) in [("tokens", tokens), ("targets", targets)] {
+            if v.len() != bt * 4 {
+                return Err(Gpt2Error::LengthMismatch {
+                    what: format!("{what} view (bytes / 4)"),
+                    expected: bt,
+                    found: v.len() / 4,
+                });
+            }
+        }
+        let task = |name: &'static str| rt.task(name).priority(Priority::Side);
+        fill::copy(task("copy tokens"), tokens, &self.tokens.whole())?;
+        fill::copy(task("copy targets"), targets, &self.targets.whole())?;
+        self.has_targets = true;
+        Ok(())
+    }
+
     /// Submits the forward pass on the batch last uploaded (`forward`'s
     /// second half): the tasks read the batch from the model's token
     /// buffers, so a recorded step replays on whatever batch was uploaded

@@ -216,7 +216,7 @@ pub fn train(
         whole_run: Vec::new(),
         ranks: world,
         process_rank: dist.as_ref().map(|d| d.rank),
-        tokens_per_step: opts.batch_size * opts.seq_len * world,
+        tokens_per_step: opts.batch_size * opts.seq_len * world * opts.grad_accum,
         backend: match backend {
             BackendKind::Cuda { .. } => "cuda",
             _ => "cpu",

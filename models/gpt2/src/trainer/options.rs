@@ -28,6 +28,16 @@ pub struct TrainOptions {
     pub batch_size: usize,
     /// Tokens per sequence (`T`).
     pub seq_len: usize,
+    /// Micro-batches per optimizer step (gradient accumulation; 1, the
+    /// default: none). Each rank runs this many forward and backward passes
+    /// of `batch_size` sequences per step, adding their gradients (each pass
+    /// scaled by `1 / grad_accum`, so the step's gradient is that of the
+    /// mean loss over all of them), and the reducer all-reduces the sum
+    /// during the last pass's backward, as PyTorch DDP does under
+    /// `no_sync()`. A step then trains on `grad_accum · batch_size ·
+    /// seq_len · ranks` tokens, in the memory of one micro-batch. The
+    /// tied gradient is reduced whole ([`splits_tied`](Self::splits_tied)).
+    pub grad_accum: usize,
     /// Train until this many optimizer steps are done in total (a resumed run
     /// continues from its checkpoint's step).
     pub steps: u64,
@@ -190,6 +200,7 @@ impl Default for TrainOptions {
             model: Gpt2Config::tiny(),
             batch_size: 4,
             seq_len: 32,
+            grad_accum: 1,
             steps: 10,
             optimizer: AdamWHyper {
                 learning_rate: 1e-3,
@@ -244,10 +255,14 @@ impl TrainOptions {
     /// `B·T·W < 2·V` (both over the same links; docs/collectives.md has the
     /// simulator's figures: at B 8 × T 1024 it wins on 8 H100s and loses on
     /// 2 × 8 over InfiniBand and on 64).
+    ///
+    /// Not with gradient accumulation (`grad_accum` above 1): the encoder's
+    /// rows of every micro-batch but the last would have to be kept until
+    /// the exchange.
     pub fn splits_tied(&self, world: usize) -> bool {
         let reducer = world > 1 || self.reduce_single_rank;
         let rows = self.batch_size * self.seq_len * world;
-        reducer && self.tied_split && rows < 2 * self.model.vocab_size
+        reducer && self.tied_split && self.grad_accum == 1 && rows < 2 * self.model.vocab_size
     }
 
     /// The settings of a run of `world` ranks on `data` that decide its
@@ -286,6 +301,11 @@ impl TrainOptions {
             ("data_tokens", "training tokens", data.len().into()),
             ("batch_size", "batch size", self.batch_size.into()),
             ("seq_len", "sequence length", self.seq_len.into()),
+            (
+                "grad_accum",
+                "micro-batches per step",
+                self.grad_accum.into(),
+            ),
             ("world_size", "ranks", world.into()),
             ("zero", "ZeRO stage", u64::from(zero).into()),
             ("dtype", "storage type", self.dtype.name().into()),
@@ -426,6 +446,12 @@ impl TrainOptions {
             return bad("number of streams", "must be at least 1".into());
         }
         check_batch_shape(self.batch_size, self.seq_len, &self.model)?;
+        if self.grad_accum == 0 {
+            return bad(
+                "gradient accumulation",
+                "must be at least 1 micro-batch".into(),
+            );
+        }
         if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
             return bad("bucket cap", "must be positive".into());
         }
@@ -617,6 +643,7 @@ mod tests {
             max_grad_norm: None,
             lr_schedule: crate::optim::LrSchedule::cosine(4, 80, 0.1),
             dtype: Dtype::Bf16,
+            grad_accum: 2,
             ..saved.clone()
         };
         let other_data = TokenSource::from_tokens(vec![1u16; 120], "more.bin");
@@ -629,8 +656,11 @@ mod tests {
                 saved.batch_size + 1,
                 saved.batch_size
             ),
+            "micro-batches per step 2 (the checkpoint's: 1)".into(),
             "ranks 4 (the checkpoint's: 2)".into(),
             "storage type bf16 (the checkpoint's: fp32)".into(),
+            // Gradient accumulation reduces the tied gradient whole.
+            "tied gradient split off (the checkpoint's: on)".into(),
             format!(
                 "peak learning rate 0.002 (the checkpoint's: {})",
                 saved.optimizer.learning_rate

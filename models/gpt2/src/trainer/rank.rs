@@ -82,6 +82,76 @@ fn hash_f32s(x: &[f32]) -> u64 {
     lanes.into_iter().fold(tail, step)
 }
 
+/// A step's micro-batches on the device (gradient accumulation,
+/// [`TrainOptions::grad_accum`] above 1): `(n, B, T)` token ids and
+/// targets, and `(n)` mean losses.
+struct MicroBatches {
+    tokens: braid::Buffer,
+    targets: braid::Buffer,
+    losses: braid::Buffer,
+}
+
+impl MicroBatches {
+    /// Checks and uploads the step's `n` micro-batches (`x`, `y`:
+    /// `(n, B, T)`).
+    fn upload(&self, rt: &Runtime, x: &[u32], y: &[u32], vocab: usize) -> Result<()> {
+        crate::data::check_ids(x, vocab, "tokens")?;
+        crate::data::check_ids(y, vocab, "targets")?;
+        rt.upload(&self.tokens, x)?;
+        rt.upload(&self.targets, y)?;
+        Ok(())
+    }
+
+    /// Micro-batch `i` of `(n, B, T)` ids in `buf`.
+    fn slot(buf: &braid::Buffer, model: &Gpt2Model, i: usize) -> Result<braid::View> {
+        let len = model.batch_size() * model.seq_len() * 4;
+        Ok(buf.view(i * len..(i + 1) * len)?)
+    }
+
+    /// Copies micro-batch `i` into the model (before its forward pass).
+    fn copy_in(&self, rt: &Runtime, model: &mut Gpt2Model, i: usize) -> Result<()> {
+        let tokens = Self::slot(&self.tokens, model, i)?;
+        let targets = Self::slot(&self.targets, model, i)?;
+        model.copy_batch(rt, &tokens, &targets)
+    }
+
+    /// Keeps micro-batch `i`'s mean loss (after its backward pass).
+    fn keep_loss(&self, rt: &Runtime, model: &Gpt2Model, i: usize) -> Result<()> {
+        let slot = self.losses.view(i * 4..(i + 1) * 4)?;
+        let task = rt
+            .task("keep micro-batch loss")
+            .priority(braid::Priority::Side);
+        crate::kernels::fill::copy(task, &model.loss_view(), &slot)?;
+        Ok(())
+    }
+
+    /// Micro-batch `i` but the last: copied in, forward, `backward`, loss
+    /// kept.
+    fn pass(
+        &self,
+        rt: &Runtime,
+        model: &mut Gpt2Model,
+        i: usize,
+        backward: impl FnOnce(&mut Gpt2Model) -> Result<()>,
+    ) -> Result<()> {
+        {
+            let _s = rt.scope("data");
+            self.copy_in(rt, model, i)?;
+        }
+        model.forward_for_backward(rt)?;
+        backward(model)?;
+        self.keep_loss(rt, model, i)
+    }
+
+    /// The step's loss: the mean of its micro-batches' mean losses (each
+    /// over as many positions), summed in order.
+    fn read_mean_loss(&self, rt: &Runtime) -> Result<f32> {
+        let losses = rt.read_vec::<f32>(&self.losses)?;
+        let sum: f64 = losses.iter().map(|&l| f64::from(l)).sum();
+        Ok((sum / losses.len() as f64) as f32)
+    }
+}
+
 /// What the ranks of this process share during a run: the profiles of the
 /// ranks that failed, kept for the trace of a run that did not finish
 /// (`train` writes it where the finished run's would go), and the step at
@@ -249,8 +319,21 @@ fn run_rank_on(
     rt.synchronize()?;
     rt.clear_profile();
 
-    let tokens = b * t * world;
-    let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
+    // Gradient accumulation: the step's micro-batches are uploaded at its
+    // start (outside a recording, as a single batch is), each copied into
+    // the model before its forward pass, and each micro-batch's mean loss
+    // kept in a slot of `micro_losses`.
+    let accum = opts.grad_accum;
+    let micro = match accum {
+        1 => None,
+        n => Some(MicroBatches {
+            tokens: rt.alloc("micro-batch tokens", n * b * t * 4)?,
+            targets: rt.alloc("micro-batch targets", n * b * t * 4)?,
+            losses: rt.alloc("micro-batch losses", n * 4)?,
+        }),
+    };
+    let tokens = b * t * world * accum;
+    let (mut x, mut y) = (vec![0u32; accum * b * t], vec![0u32; accum * b * t]);
     let mut steps = Vec::new();
     let mut checkpoint = None;
     // Every rank gathers the state to save (ZeRO-1: collectives); rank 0
@@ -304,10 +387,15 @@ fn run_rank_on(
     let mut final_step = opts.steps.max(start.step);
     for step in first..=final_step {
         let t0 = Instant::now();
-        loader.next_batch_into(&mut x, &mut y)?;
+        for (x, y) in x.chunks_exact_mut(b * t).zip(y.chunks_exact_mut(b * t)) {
+            loader.next_batch_into(x, y)?;
+        }
         {
             let _s = rt.scope("data");
-            model.upload_batch(rt, &x, Some(&y))?;
+            match &micro {
+                None => model.upload_batch(rt, &x, Some(&y))?,
+                Some(m) => m.upload(rt, &x, &y, cfg.vocab_size)?,
+            }
         }
         if let Some(f) = opts.fault.filter(|f| (f.rank, f.step) == (rank, step)) {
             inject_fault(rt, model.grads(), f.hang)?;
@@ -342,10 +430,22 @@ fn run_rank_on(
                 let _s = rt.scope("zero_grad");
                 model.zero_grad(rt)?;
             }
+            // Every micro-batch but the last adds its gradients unreduced
+            // (PyTorch DDP's `no_sync()`); each is scaled by 1/accum.
+            let dloss = 1.0 / accum as f32;
+            if let Some(m) = &micro {
+                for i in 0..accum - 1 {
+                    m.pass(rt, &mut model, i, |model| {
+                        model.backward(rt, dloss, |_| Ok(()))
+                    })?;
+                }
+                let _s = rt.scope("data");
+                m.copy_in(rt, &mut model, accum - 1)?;
+            }
             model.forward_for_backward(rt)?;
             match &mut reducer {
                 Some(r) => {
-                    model.backward(rt, 1.0, |p| r.grad_ready(p))?;
+                    model.backward(rt, dloss, |p| r.grad_ready(p))?;
                     let _s = rt.scope("reduce");
                     if model.split_tied() {
                         let (wte, rows) = model.tied_rows();
@@ -366,13 +466,19 @@ fn run_rank_on(
                         }
                     }
                 }
-                None => model.backward(rt, 1.0, |_| Ok(()))?,
+                None => model.backward(rt, dloss, |_| Ok(()))?,
             }
+            if let Some(m) = &micro {
+                m.keep_loss(rt, &model, accum - 1)?;
+            }
+            let loss_view = micro
+                .as_ref()
+                .map_or_else(|| model.loss_view(), |m| m.losses.whole());
             if let Some(c) = &comm {
                 // After the buckets, so it never holds them up on the comm
                 // stream (it waits for the slowest rank's forward pass).
                 let _s = rt.scope("reduce");
-                c.all_reduce::<f32>(&model.loss_view(), ReduceOp::Avg)?;
+                c.all_reduce::<f32>(&loss_view, ReduceOp::Avg)?;
             }
             // The gradient norm and clip factor: the same tasks every step,
             // so in a replay each chunk's sum waits only for its gradients
@@ -427,7 +533,11 @@ fn run_rank_on(
         }
         let (loss, grad_norm) = {
             let _s = rt.scope("report");
-            (model.read_loss(rt)?, opt_ref.read_grad_norm(rt)?)
+            let loss = match &micro {
+                None => model.read_loss(rt)?,
+                Some(m) => m.read_mean_loss(rt)?,
+            };
+            (loss, opt_ref.read_grad_norm(rt)?)
         };
         let report = StepReport {
             step,
