@@ -38,7 +38,7 @@ use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler, Sampling};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
     check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState,
-    StepReport, TrainOptions,
+    StepReport, TrainOptions, Validation,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::{Args, Parser, Subcommand};
@@ -107,6 +107,26 @@ struct TrainArgs {
     /// micro-batch [default: 1]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     grad_accum: Option<u64>,
+    /// Evaluate held-out tokens after every N steps and after the last: the
+    /// mean next-token loss over --val-windows windows of --seq-len tokens
+    /// of --val-data (as `eval --seq-len` scores them), printed with the
+    /// step
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    val_every: Option<u64>,
+    /// The held-out tokens of --val-every: builtin:val, a llm.c .bin token
+    /// file or a UTF-8 text file. Default: builtin:val when --data is the
+    /// built-in corpus
+    #[arg(long, value_name = "DATA", requires = "val_every")]
+    val_data: Option<String>,
+    /// Windows per validation, from the start of --val-data (all of them if
+    /// it has fewer) [default: 20 batches: 20 x batch-size x ranks]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "val_every",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    val_windows: Option<u64>,
     /// Tokens per optimizer step over all ranks (llm.c's total batch size):
     /// sets --grad-accum to this / (batch-size × seq-len × ranks), which
     /// must divide it
@@ -429,6 +449,32 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
         }
         (None, _) => 2,
     }
+}
+
+/// The validation of a run of `world` ranks (`--val-every`, `--val-data`,
+/// `--val-windows`).
+fn validation(a: &TrainArgs, data: &TokenSource, world: usize) -> Result<Option<Validation>> {
+    let Some(every) = a.val_every else {
+        return Ok(None);
+    };
+    let spec = match (&a.val_data, data.origin()) {
+        (Some(spec), _) => spec.as_str(),
+        (None, "builtin:train") => "builtin:val",
+        (None, _) => bail!(
+            "--val-every needs --val-data (held-out tokens: a .bin token file or a text file) \
+             when --data is not the built-in corpus"
+        ),
+    };
+    let val = TokenSource::resolve(spec).with_context(|| format!("--val-data {spec}"))?;
+    let windows = a
+        .val_windows
+        .map_or(20 * a.batch_size * world, |n| n as usize);
+    // Checked against the model with the other options (`check`).
+    Ok(Some(Validation {
+        data: val,
+        every,
+        windows,
+    }))
 }
 
 /// The micro-batches per step of a run of `world` ranks: `--grad-accum`, or
@@ -790,6 +836,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         fusion: Fusion::NONE,
         zero: a.zero,
         dtype: a.dtype.unwrap_or(Dtype::F32),
+        // Resolved with the ranks, below.
+        validation: None,
         placement: a
             .placement
             .as_ref()
@@ -838,6 +886,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     set_attention_kernels(attention);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.grad_accum = grad_accum(&a, world)?;
+    opts.validation = validation(&a, &data, world)?;
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
     opts.graphs = a.graphs
@@ -968,11 +1017,13 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     );
     let on_step = |s: &StepReport| {
         let line = format!(
-            "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s",
+            "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s{}",
             s.loss,
             s.grad_norm,
             s.lr,
-            s.tokens as f64 / s.seconds
+            s.tokens as f64 / s.seconds,
+            s.val_loss
+                .map_or(String::new(), |v| format!("  val loss {v:.4}"))
         );
         if pb.is_hidden() {
             say!("step {:>5}  {line}  ({:.0} ms)", s.step, s.seconds * 1e3);

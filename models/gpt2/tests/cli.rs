@@ -1706,6 +1706,12 @@ fn out_of_range_settings_are_refused_clearly() {
             &["--total-batch-size", "64", "--grad-accum", "2"],
             &["--total-batch-size", "--grad-accum"],
         ),
+        (&["--val-every", "1"], &["--val-every needs --val-data"]),
+        (&["--val-data", "train.bin"], &["--val-every"]),
+        (
+            &["--val-every", "1", "--val-data", "nothing.bin"],
+            &["--val-data nothing.bin"],
+        ),
     ] {
         no_panic(&fails(d, &with(extra), needles));
     }
@@ -1717,6 +1723,11 @@ fn out_of_range_settings_are_refused_clearly() {
         err.contains("batch 2 x 16 tokens per rank x 3 micro-batches per step"),
         "{err}"
     );
+    // Validation on held-out tokens, printed with the step.
+    let out = run(d, &with(&["--val-every", "1", "--val-data", "train.bin"]));
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("tokens/s  val loss "), "{err}");
     // torchrun's variables on the CPU: nonsense is refused, a launch of
     // one process trains.
     for (env, needle) in [

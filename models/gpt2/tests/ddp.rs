@@ -1181,3 +1181,64 @@ fn accumulated_steps_replay_and_resume_bit_for_bit() {
     assert_eq!(losses(&rest), losses(&replayed)[2..]);
     assert_eq!(rest.params, replayed.params);
 }
+
+/// Validation during training (`TrainOptions::validation`): at every
+/// `every`-th step and the last, the loss `evaluate` gives the parameters
+/// just updated on the same windows (here all 7 of a short source, in
+/// batches of 2 over 2 ranks: the last batch of one window filled and its
+/// filler left out), with ZeRO-1 (the shards gathered first) and
+/// accumulation too; the training itself is the same bits as without it.
+#[test]
+fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
+    let t = 16;
+    let held_out: Vec<u32> = (0..7 * t as u32 + 1).map(|i| (i * 7 + 3) % 512).collect();
+    let val = TokenSource::from_ids(&held_out, "held out").unwrap();
+    let start = StartState::fresh(&Gpt2Config::tiny(), 23);
+    for (zero, accum) in [(0, 1), (1, 1), (0, 2)] {
+        let label = format!("ZeRO-{zero}, {accum} micro-batch(es)");
+        let plain = TrainOptions {
+            zero,
+            grad_accum: accum,
+            ..options(2, 2 / accum, 5)
+        };
+        let validated = TrainOptions {
+            validation: Some(braid_gpt2::trainer::Validation {
+                data: val.clone(),
+                every: 2,
+                windows: 100,
+            }),
+            ..plain.clone()
+        };
+        let (a, b) = (run(&plain, start.clone()), run(&validated, start.clone()));
+        assert_eq!(losses(&a), losses(&b), "{label}");
+        assert_eq!(a.params, b.params, "{label}");
+        let at: Vec<u64> = b
+            .steps
+            .iter()
+            .filter(|s| s.val_loss.is_some())
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(at, [2, 4, 5], "{label}");
+        assert!(a.steps.iter().all(|s| s.val_loss.is_none()));
+        let rt =
+            braid_gpt2::trainer::model_runtime(BackendKind::Cpu, 1, Policy::Single, 0).unwrap();
+        let eval = braid_gpt2::trainer::evaluate(
+            &rt,
+            &Gpt2Config::tiny(),
+            &b.params,
+            &val,
+            t,
+            3,
+            Dtype::F32,
+            |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(eval.windows, 7);
+        let last = b.steps[4].val_loss.unwrap();
+        assert!(
+            (f64::from(last) - eval.loss).abs() <= 1e-5 * eval.loss,
+            "{label}: validation {last} vs evaluate {}",
+            eval.loss
+        );
+    }
+}

@@ -79,6 +79,7 @@ mod launch;
 mod options;
 mod rank;
 mod report;
+mod validate;
 
 use braid::comm::Compression;
 use braid::trace::Profile;
@@ -95,7 +96,7 @@ pub use launch::{
 };
 #[doc(hidden)]
 pub use options::Fault;
-pub use options::{Moments, StartState, TrainOptions};
+pub use options::{Moments, StartState, TrainOptions, Validation};
 pub use report::{CapReport, StepReport, TrainReport};
 
 /// Where this process sits in a `torchrun` launch (braid's one parser of

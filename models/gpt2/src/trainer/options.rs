@@ -162,6 +162,8 @@ pub struct TrainOptions {
     /// `optimizer`, …) without changing the program. `None`: the file named
     /// by `BRAID_PLACEMENT`, if set.
     pub placement: Option<braid::PlacementFile>,
+    /// Evaluate held-out data during training (`None`, the default: never).
+    pub validation: Option<Validation>,
     /// A flag that, once set (from a signal handler, another thread), stops
     /// the run early: every rank stops at the same step, the one in
     /// progress or the next, then saves the checkpoint and writes the trace
@@ -175,6 +177,25 @@ pub struct TrainOptions {
     /// stops in the middle of a step. Not for training.
     #[doc(hidden)]
     pub fault: Option<Fault>,
+}
+
+/// Validation during training ([`TrainOptions::validation`]): after every
+/// `every` steps, and after the run's last step, the mean next-token loss of
+/// the parameters just updated over the first `windows` windows of `data`
+/// (windows of `seq_len` tokens, as [`evaluate`](super::evaluate) and
+/// `braid-gpt2 eval --seq-len` score them), reported with the step
+/// ([`StepReport::val_loss`](super::StepReport)). The ranks score the
+/// windows a batch of `batch_size` at a time, batch `i` on rank `i mod W`;
+/// training is left exactly as it was (the same bits).
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// The held-out tokens.
+    pub data: TokenSource,
+    /// Evaluate after every this many steps; at least 1.
+    pub every: u64,
+    /// Windows per evaluation, from the start of `data` (all of them if it
+    /// has fewer); at least 1.
+    pub windows: usize,
 }
 
 /// A task that panics (or, with `hang`, never returns) on rank `rank` at the
@@ -238,6 +259,7 @@ impl Default for TrainOptions {
             zero: 0,
             dtype: Dtype::F32,
             placement: None,
+            validation: None,
             stop: None,
             fault: None,
         }
@@ -452,6 +474,15 @@ impl TrainOptions {
                 "must be at least 1 micro-batch".into(),
             );
         }
+        if let Some(v) = &self.validation {
+            if v.every == 0 || v.windows == 0 {
+                return bad(
+                    "validation",
+                    "its interval and its number of windows must be at least 1".into(),
+                );
+            }
+            super::check_eval(&self.model, &v.data, self.seq_len, self.batch_size)?;
+        }
         if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
             return bad("bucket cap", "must be positive".into());
         }
@@ -612,6 +643,32 @@ impl StartState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Accumulation and validation settings that cannot run are refused
+    /// before any rank starts, naming what is wrong.
+    #[test]
+    fn unusable_accumulation_and_validation_are_refused() {
+        let with = |grad_accum, every, windows, tokens: usize| TrainOptions {
+            grad_accum,
+            validation: Some(Validation {
+                data: TokenSource::from_tokens(vec![1u16; tokens], "val.bin"),
+                every,
+                windows,
+            }),
+            ..TrainOptions::default()
+        };
+        let t = TrainOptions::default().seq_len;
+        assert!(with(1, 1, 1, t + 1).check().is_ok());
+        for (o, needle) in [
+            (with(0, 1, 1, t + 1), "gradient accumulation"),
+            (with(1, 0, 1, t + 1), "validation"),
+            (with(1, 1, 0, t + 1), "validation"),
+            (with(1, 1, 1, t), "too few for one window"),
+        ] {
+            let e = o.check().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
 
     /// A resumed run is compared with the saved one on the settings that
     /// decide its numbers only, and on those the checkpoint records.

@@ -333,6 +333,11 @@ fn run_rank_on(
         }),
     };
     let tokens = b * t * world * accum;
+    // The ranks' validation sums, added across them.
+    let val_sums = match (&opts.validation, &comm) {
+        (Some(_), Some(_)) => Some(rt.alloc("validation sums", 8)?),
+        _ => None,
+    };
     let (mut x, mut y) = (vec![0u32; accum * b * t], vec![0u32; accum * b * t]);
     let mut steps = Vec::new();
     let mut checkpoint = None;
@@ -539,14 +544,29 @@ fn run_rank_on(
             };
             (loss, opt_ref.read_grad_norm(rt)?)
         };
+        let seconds = t0.elapsed().as_secs_f64();
+        let diverged = !(loss.is_finite() && grad_norm.is_finite());
+        // Validation after the update (not timed with the step), on every
+        // rank; ZeRO-1 gathers the updated shards first.
+        let val_loss = match &opts.validation {
+            Some(v) if !diverged && (step % v.every == 0 || step == opts.steps) => {
+                gather_params(&model, reducer.as_ref())?;
+                let comm = comm.as_ref().zip(val_sums.as_ref());
+                Some(super::validate::validate(
+                    rt, &mut model, v, comm, rank, world,
+                )?)
+            }
+            _ => None,
+        };
         let report = StepReport {
             step,
             loss,
             grad_norm,
             lr: opt_ref.hyper().learning_rate,
-            seconds: t0.elapsed().as_secs_f64(),
+            seconds,
             tokens,
             replayed,
+            val_loss,
         };
         if rank == 0 {
             on_step(&report);
@@ -554,7 +574,7 @@ fn run_rank_on(
         // Both figures are the same on every rank (the loss is averaged
         // across them, the norm is of the reduced gradients), so every rank
         // stops here, and none saves the state this step made.
-        if !(loss.is_finite() && grad_norm.is_finite()) {
+        if diverged {
             return Err(Gpt2Error::Diverged {
                 step,
                 loss,

@@ -25,6 +25,9 @@ pub struct StepReport {
     pub tokens: usize,
     /// Whether the step was a replay of the recorded step.
     pub replayed: bool,
+    /// The validation loss after the step's update, where the run
+    /// evaluated ([`TrainOptions::validation`](super::TrainOptions)).
+    pub val_loss: Option<f32>,
 }
 
 /// What a run did.
