@@ -1027,6 +1027,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         );
         if pb.is_hidden() {
             say!("step {:>5}  {line}  ({:.0} ms)", s.step, s.seconds * 1e3);
+        } else if let Some(v) = s.val_loss {
+            // Above the bar, where it stays.
+            pb.println(format!("step {:>5}  val loss {v:.4}", s.step));
         }
         pb.set_message(line);
         pb.inc(1);

@@ -263,6 +263,17 @@ impl fmt::Display for TrainReport {
                 first.loss, first.step, last.loss, last.step
             )?;
         }
+        let validated = self
+            .steps
+            .iter()
+            .filter_map(|s| Some((s.val_loss?, s.step)));
+        if let (Some(first), Some(last)) = (validated.clone().next(), validated.last()) {
+            writeln!(
+                f,
+                "validation loss  {:.4} (step {}) -> {:.4} (step {})",
+                first.0, first.1, last.0, last.1
+            )?;
+        }
         writeln!(
             f,
             "ranks            {} on {} ({} tokens per step){}",
