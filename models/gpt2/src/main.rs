@@ -19,7 +19,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -37,8 +37,8 @@ use braid_gpt2::kernels::flash_attention::{
 use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler, Sampling};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
-    check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, StartState,
-    StepReport, TrainOptions, Validation,
+    check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, MetricsLog,
+    StartState, StepReport, TrainOptions, Validation,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::{Args, Parser, Subcommand};
@@ -224,6 +224,12 @@ struct TrainArgs {
     /// Do not write a trace.
     #[arg(long)]
     no_trace: bool,
+    /// Write each step's figures to this file as JSON lines (step, loss,
+    /// grad_norm, lr, seconds, tokens, replayed, and val_loss where
+    /// validated), each as its step ends; with --resume the lines after the
+    /// checkpoint's step are dropped and the run appends
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
     /// Seed of the parameter initialisation.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
@@ -944,6 +950,16 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
     }
 
+    // The metrics log (rank 0's), opened now: a file it cannot write is
+    // found before the first step.
+    let metrics = match a.metrics.as_ref() {
+        Some(path) if dist.as_ref().is_none_or(|d| d.rank == 0) => Some(Mutex::new(
+            MetricsLog::create(path, start.step)
+                .with_context(|| format!("--metrics {}", path.display()))?,
+        )),
+        _ => None,
+    };
+
     // Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops the run at
     // the end of a step, which then saves its checkpoint and writes its
     // trace as a finished run does; a second one ends the process at once.
@@ -1033,6 +1049,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         pb.set_message(line);
         pb.inc(1);
+        if let Some(log) = &metrics {
+            log.lock().unwrap_or_else(|p| p.into_inner()).write(s);
+        }
     };
     let report = train(&opts, start, &data, &on_step)?;
     pb.finish_and_clear();
@@ -1069,6 +1088,18 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             say!(
                 "interrupted by a signal in the last step, which finished: the run is \
                  complete ({checkpoint})"
+            );
+        }
+    }
+    // Neither does a metrics log that failed (a full disk): the run went on
+    // without it, and fails now, its outputs written.
+    if let Some(log) = metrics.map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())) {
+        if let Some(e) = log.error() {
+            bail!(
+                "--metrics {}: the run went on without its log after this failed: {e}",
+                a.metrics
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string())
             );
         }
     }

@@ -704,6 +704,76 @@ fn a_trace_that_cannot_be_written_loses_no_weights() {
     assert_eq!(params.len(), cfg.num_parameters());
 }
 
+/// `--metrics`: a JSON line per step with the figures the step line
+/// shows; a resumed run drops the lines after its checkpoint and appends;
+/// a log that cannot be written stops nothing, and the run then fails
+/// naming it.
+#[test]
+fn metrics_lines_follow_the_steps_and_a_resume() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    let metrics = |d: &Path| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(d.join("m.jsonl")).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let args = [
+        "--no-trace",
+        "--metrics",
+        "m.jsonl",
+        "--checkpoint-dir",
+        "ck",
+    ];
+    #[rustfmt::skip]
+    let out = train_two_tiny_ranks(d, &[&args[..], &["--steps", "4", "--val-every", "2", "--val-data", "train.bin"]].concat()).output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines = metrics(d);
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    // The step lines' figures, to the digits they show.
+    for l in &lines {
+        let shown = format!(
+            "step {:>5}  loss {:.4}  norm {:.3}",
+            l["step"].as_u64().unwrap(),
+            l["loss"].as_f64().unwrap(),
+            l["grad_norm"].as_f64().unwrap()
+        );
+        assert!(err.contains(&shown), "{shown} in {err}");
+        assert_eq!(l["tokens"], 2 * 2 * 16);
+    }
+    let validated: Vec<bool> = lines.iter().map(|l| l.get("val_loss").is_some()).collect();
+    assert_eq!(validated, [false, true, false, true]);
+    // Resumed from step 4 with a step line of a run that went further (a
+    // crash after the checkpoint): that line goes, the run's own follow.
+    let mut log = std::fs::read_to_string(d.join("m.jsonl")).unwrap();
+    log.push_str("{\"step\":5,\"loss\":1.0}\n");
+    std::fs::write(d.join("m.jsonl"), log).unwrap();
+    let out = train_two_tiny_ranks(d, &[&args[..], &["--steps", "6", "--resume"]].concat())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = metrics(d);
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
+    assert_ne!(lines[4]["loss"], 1.0);
+    // A full disk: trained, then failed naming the log.
+    if Path::new("/dev/full").exists() {
+        let out =
+            train_two_tiny_ranks(d, &["--steps", "2", "--no-trace", "--metrics", "/dev/full"])
+                .output()
+                .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("step     2"), "{err}");
+        assert!(
+            err.contains("--metrics /dev/full: the run went on without its log"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn train_eval_sample_and_bad_inputs() {
     let tmp = dir_with_train_bin();

@@ -76,6 +76,7 @@
 
 mod eval;
 mod launch;
+mod metrics;
 mod options;
 mod rank;
 mod report;
@@ -94,6 +95,7 @@ pub use launch::{
     model_runtime, rank_trace_path, rendezvous_port, resolve_backend, resolve_train_backend,
     RENDEZVOUS_PORT_VAR,
 };
+pub use metrics::MetricsLog;
 #[doc(hidden)]
 pub use options::Fault;
 pub use options::{Moments, StartState, TrainOptions, Validation};

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use braid::comm::cap::CapChoice;
 use braid::trace::{Profile, Summary};
 
-/// One finished step, as rank 0 saw it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One finished step, as rank 0 saw it (a line of a [`MetricsLog`](super::MetricsLog)).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct StepReport {
     /// The step number (1-based, counting resumed steps).
     pub step: u64,
@@ -27,6 +27,7 @@ pub struct StepReport {
     pub replayed: bool,
     /// The validation loss after the step's update, where the run
     /// evaluated ([`TrainOptions::validation`](super::TrainOptions)).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f32>,
 }
 
@@ -263,11 +264,11 @@ impl fmt::Display for TrainReport {
                 first.loss, first.step, last.loss, last.step
             )?;
         }
-        let validated = self
+        let mut validated = self
             .steps
             .iter()
             .filter_map(|s| Some((s.val_loss?, s.step)));
-        if let (Some(first), Some(last)) = (validated.clone().next(), validated.last()) {
+        if let (Some(first), Some(last)) = (validated.clone().next(), validated.next_back()) {
             writeln!(
                 f,
                 "validation loss  {:.4} (step {}) -> {:.4} (step {})",
