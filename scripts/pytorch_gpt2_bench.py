@@ -82,8 +82,31 @@ def parse_args():
         action="store_true",
         help="torch.optim.AdamW(fused=True) instead of the default (foreach)",
     )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="gpt2",
+        help="braid's configuration of that name (braid-gpt2 --model): gpt2 "
+        "(124M, the default), small (4 layers, 4 heads, 128 channels, "
+        "vocabulary 50257, context 256) or tiny (2, 4, 64, 512, 64)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads (default: PyTorch's, one per core)",
+    )
     p.add_argument("--seed", type=int, default=1337)
     return p.parse_args()
+
+
+# braid's named configurations (models/gpt2/src/config.rs):
+# (layers, heads, channels, vocabulary, context).
+MODELS = {
+    "gpt2": (12, 12, 768, 50257, 1024),
+    "small": (4, 4, 128, 50257, 256),
+    "tiny": (2, 4, 64, 512, 64),
+}
 
 
 # ----- a minimal GPT-2 (nanoGPT style), used without transformers ------------
@@ -177,7 +200,13 @@ def build_model(args):
                 sys.exit(f"--impl hf: transformers is not installed ({e})")
             impl = "nanogpt"
         else:
+            n_layer, n_head, n_embd, vocab, n_ctx = MODELS[args.model]
             cfg = GPT2Config(
+                n_layer=n_layer,
+                n_head=n_head,
+                n_embd=n_embd,
+                vocab_size=vocab,
+                n_positions=n_ctx,
                 resid_pdrop=0.0,
                 embd_pdrop=0.0,
                 attn_pdrop=0.0,
@@ -194,10 +223,11 @@ def build_model(args):
             def forward(idx, model=model):
                 return model(input_ids=idx, use_cache=False).logits
 
-            desc = f"transformers {transformers.__version__} GPT2LMHeadModel(GPT2Config())"
+            desc = f"transformers {transformers.__version__} GPT2LMHeadModel ({args.model})"
             return model, forward, desc
-    model = NanoGPT2(attn=args.attn)
-    return model, model, "nanoGPT-style module (this script)"
+    n_layer, n_head, n_embd, vocab, n_ctx = MODELS[args.model]
+    model = NanoGPT2(vocab, n_ctx, n_layer, n_head, n_embd, attn=args.attn)
+    return model, model, f"nanoGPT-style module (this script, {args.model})"
 
 
 def main():
@@ -230,7 +260,9 @@ def main():
         device_type=device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16"
     )
     b, t = args.batch_size, args.seq_len
-    vocab = 50257
+    n_layer, _, n_embd, vocab, _ = MODELS[args.model]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
 
@@ -255,6 +287,8 @@ def main():
     print(f"parameters={n_params}")
     print(f"attention={args.attn}")
     print(f"device={torch.cuda.get_device_name(device) if cuda else 'cpu'}")
+    if not cuda:
+        print(f"threads={torch.get_num_threads()}")
     print(f"torch={torch.__version__}")
     print(f"batch_size={b}")
     print(f"seq_len={t}")
@@ -280,8 +314,8 @@ def main():
     print(f"step_ms_min={min(times) * 1e3:.2f}")
     print(f"tokens_per_s={b * t / med:.0f}")
     # llm.c's count: 6 FLOPs per parameter and token, plus the attention's
-    # 12 * layers * channels * T per token (GPT-2 small: 12 layers, 768).
-    flops = (6 * n_params + 12 * 12 * 768 * t) * b * t
+    # 12 * layers * channels * T per token.
+    flops = (6 * n_params + 12 * n_layer * n_embd * t) * b * t
     peak = args.peak_tflops or (989.0 if args.dtype == "bf16" else 67.0)
     print(f"mfu={100 * flops / med / (peak * 1e12):.1f}")
     if cuda:
