@@ -282,6 +282,51 @@ fn bf16_and_fused_training_on_cuda_follows_the_cpu() {
     }
 }
 
+/// Gradient accumulation and validation on CUDA follow the CPU: 2
+/// micro-batches a step (their batches copied in on the device inside the
+/// step, which is replayed as a CUDA graph from step 3) and a validation
+/// every 2 steps, fp32 and bf16; the losses and validation losses within
+/// the tolerances above.
+#[test]
+fn accumulation_and_validation_on_cuda_follow_the_cpu() {
+    if !braid::cuda::gpu_or_skip("accumulation_and_validation_on_cuda_follow_the_cpu") {
+        return;
+    }
+    let cfg = Gpt2Config::tiny();
+    let data = TokenSource::from_ids(&runs_of_ids(8192, 7), "counting runs").unwrap();
+    let held_out = TokenSource::from_ids(&runs_of_ids(2048, 8), "held out").unwrap();
+    let start = StartState::fresh(&cfg, 12);
+    for (dtype, atol) in [(Dtype::F32, 2e-3f32), (Dtype::Bf16, 0.05)] {
+        let run = |backend| {
+            let opts = TrainOptions {
+                dtype,
+                batch_size: 2,
+                grad_accum: 2,
+                graphs: matches!(backend, BackendKind::Cuda { .. }),
+                validation: Some(braid_gpt2::trainer::Validation {
+                    data: held_out.clone(),
+                    every: 2,
+                    windows: 9,
+                }),
+                ..options(backend, 1, 6)
+            };
+            train(&opts, start.clone(), &data, &|_| {})
+                .unwrap_or_else(|e| panic!("{dtype} on {backend:?}: {e}"))
+        };
+        let (g, c) = (run(BackendKind::Cuda { device: 0 }), run(BackendKind::Cpu));
+        assert!(g.graph_replays[0] > 0, "{dtype}: the step was not a graph");
+        for (a, b) in g.steps.iter().zip(&c.steps) {
+            assert!((a.loss - b.loss).abs() <= atol, "{dtype}: {a:?} vs {b:?}");
+            match (a.val_loss, b.val_loss) {
+                (Some(x), Some(y)) => assert!((x - y).abs() <= atol, "{dtype}: {a:?} vs {b:?}"),
+                (None, None) => {}
+                _ => panic!("{dtype}: validated at other steps: {a:?} vs {b:?}"),
+            }
+        }
+        assert_eq!(g.steps.iter().filter(|s| s.val_loss.is_some()).count(), 3);
+    }
+}
+
 /// A best-effort bf16 run that leaves SMs to other programs
 /// (`TrainOptions::spare_sms`: its compute streams in a green context)
 /// trains like one on every SM: every kernel (NVRTC's, cuBLAS's) runs on
