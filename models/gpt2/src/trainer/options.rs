@@ -298,12 +298,17 @@ impl TrainOptions {
     /// the fused classifier its losses (and in bf16 its gradients); the
     /// residual + layer norm and the GELU recomputation leave every bit of
     /// a CPU run as it was, but on CUDA in bf16 they change which cuBLASLt
-    /// epilogue computes the GELU and its gradient, and a checkpoint does
-    /// not record its device. The tied split as this run of `world` ranks
+    /// epilogue computes the GELU and its gradient; the set is compared
+    /// whole on every device. The tied split as this run of `world` ranks
     /// takes it ([`splits_tied`](Self::splits_tied)): with several ranks it
     /// adds the ranks' rows after the average instead of before it, which
-    /// rounds otherwise. How the steps are run (streams, policy, replay,
-    /// graphs) is not among them: it does not change a bit.
+    /// rounds otherwise. The device (`cpu` or `cuda`: their kernels round
+    /// differently), and on CUDA in bf16 with the fused attention which
+    /// attention kernels were asked for
+    /// ([`attention_kernels`](crate::kernels::flash_attention::attention_kernels)).
+    /// How the steps are run (streams, policy, replay, graphs) is not among
+    /// them: it does not change a bit; nor are the kernels' experimental
+    /// environment switches (`BRAID_CUBLASLT_GELU`, …).
     fn result_settings(
         &self,
         world: usize,
@@ -318,7 +323,21 @@ impl TrainOptions {
         } else {
             0
         };
-        vec![
+        let device = match self.backend {
+            BackendKind::Auto => super::resolve_train_backend(self).unwrap_or(BackendKind::Cpu),
+            kind => kind,
+        };
+        let on_gpu = matches!(device, BackendKind::Cuda { .. });
+        let attention = (on_gpu && self.dtype == Dtype::Bf16 && self.fusion.attention).then(|| {
+            (
+                "attention",
+                "attention kernels",
+                crate::kernels::flash_attention::attention_kernels()
+                    .to_string()
+                    .into(),
+            )
+        });
+        let mut settings = vec![
             ("data", "training data", data.canonical_origin().into()),
             ("data_tokens", "training tokens", data.len().into()),
             ("batch_size", "batch size", self.batch_size.into()),
@@ -330,6 +349,11 @@ impl TrainOptions {
             ),
             ("world_size", "ranks", world.into()),
             ("zero", "ZeRO stage", u64::from(zero).into()),
+            (
+                "device",
+                "device",
+                if on_gpu { "cuda" } else { "cpu" }.into(),
+            ),
             ("dtype", "storage type", self.dtype.name().into()),
             ("fusion", "fused kernels:", self.fusion.to_string().into()),
             (
@@ -369,7 +393,9 @@ impl TrainOptions {
                 "final learning-rate fraction",
                 f(s.final_fraction),
             ),
-        ]
+        ];
+        settings.extend(attention);
+        settings
     }
 
     /// What a checkpoint of this run of `world` ranks on `data` keeps
@@ -729,6 +755,25 @@ mod tests {
             "learning-rate decay to step 80 (the checkpoint's: 40)".into(),
         ];
         assert_eq!(d, want);
+        // Another device rounds otherwise; on CUDA in bf16 with the fused
+        // attention, so may other attention kernels (recorded there only).
+        let on_gpu = TrainOptions {
+            backend: BackendKind::Cuda { device: 0 },
+            ..saved.clone()
+        };
+        assert_eq!(
+            on_gpu.resume_differences(&extra, 2, &data),
+            ["device cuda (the checkpoint's: cpu)"]
+        );
+        assert!(!extra.contains_key("attention"));
+        let fused_bf16 = TrainOptions {
+            dtype: Dtype::Bf16,
+            fusion: crate::model::Fusion::ALL,
+            ..on_gpu
+        };
+        let gpu_extra = fused_bf16.checkpoint_extras(2, &data);
+        assert_eq!(gpu_extra["device"], "cuda");
+        assert!(gpu_extra.contains_key("attention"), "{gpu_extra:?}");
         // The same data by another name, or grown: each is said alone.
         let renamed = TokenSource::from_tokens(vec![1u16; 100], "copy.bin");
         assert_eq!(
