@@ -344,6 +344,21 @@ impl ParamLayout {
         self.layers[l]
     }
 
+    /// The element ranges of the tensors of two or more dimensions (the
+    /// embeddings and the linear layers' weights), in order, adjacent ones
+    /// merged: what nanoGPT and llm.c decay
+    /// ([`DecayOn::Matrices`](crate::optim::DecayOn)).
+    pub fn matrix_ranges(&self) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        for t in self.tensors.iter().filter(|t| t.shape.len() >= 2) {
+            match out.last_mut() {
+                Some(last) if last.end == t.offset => last.end = t.offset + t.len,
+                _ => out.push(t.offset..t.offset + t.len),
+            }
+        }
+        out
+    }
+
     /// `(V, C)` token embedding, also the classifier weight.
     pub fn wte(&self) -> Range<usize> {
         self.wte.range()
@@ -408,6 +423,21 @@ mod tests {
         );
         assert_eq!(lay.get("lm_head.weight").unwrap().range(), lay.wte());
         assert!(lay.get("transformer.h.2.ln_1.weight").is_none());
+    }
+
+    /// llm.c's and nanoGPT's decayed tensors: the embeddings (merged) and
+    /// each block's four linear weights, nothing of the biases or norms.
+    #[test]
+    fn the_matrices_are_the_embeddings_and_the_linear_weights() {
+        let lay = ParamLayout::new(&Gpt2Config::tiny());
+        let m = lay.matrix_ranges();
+        let embeddings = lay.wte().start..lay.wpe().end;
+        let mut want = vec![embeddings];
+        for l in 0..2 {
+            let p = lay.layer(l);
+            want.extend([p.qkvw, p.attprojw, p.fcw, p.fcprojw].map(Span::range));
+        }
+        assert_eq!(m, want);
     }
 
     #[test]

@@ -151,6 +151,12 @@ struct TrainArgs {
     /// The learning rate at the last step, as a fraction of --lr (cosine).
     #[arg(long, default_value_t = 0.1)]
     min_lr_frac: f32,
+    /// The parameters --weight-decay applies to: matrices (the embeddings
+    /// and the linear layers' weights; not the biases and layer norms, as
+    /// nanoGPT and llm.c train GPT-2) or all (PyTorch's
+    /// AdamW(model.parameters()))
+    #[arg(long, value_name = "WHICH", default_value = "matrices")]
+    weight_decay_on: braid_gpt2::optim::DecayOn,
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f32,
@@ -809,6 +815,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             },
         },
         // 0 turns clipping off; anything else not positive is refused.
+        weight_decay_on: a.weight_decay_on,
         max_grad_norm: (a.grad_clip != 0.0).then_some(a.grad_clip),
         backend: a.device,
         ranks: default_ranks(a.ranks, a.device),

@@ -1242,3 +1242,45 @@ fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
         );
     }
 }
+
+/// Weight decay on the matrices only (nanoGPT's and llm.c's,
+/// `DecayOn::Matrices`): after one step the matrices are those of a run
+/// that decays everything and the biases and norms those of a run without
+/// decay, bit for bit; replayed steps equal eager ones, and ZeRO-1 at 2
+/// ranks follows 1 rank, with it.
+#[test]
+fn weight_decay_on_the_matrices_only() {
+    use braid_gpt2::layout::ParamLayout;
+    use braid_gpt2::optim::DecayOn;
+    let start = StartState::fresh(&Gpt2Config::tiny(), 29);
+    let with = |on, wd: f32, ranks, steps| {
+        let mut o = options(ranks, 4 / ranks, steps);
+        (o.weight_decay_on, o.optimizer.weight_decay) = (on, wd);
+        o
+    };
+    let all = run(&with(DecayOn::All, 0.5, 1, 1), start.clone());
+    let none = run(&with(DecayOn::All, 0.0, 1, 1), start.clone());
+    let matrices = run(&with(DecayOn::Matrices, 0.5, 1, 1), start.clone());
+    let ranges = ParamLayout::new(&Gpt2Config::tiny()).matrix_ranges();
+    let (mut decayed, mut kept) = (0, 0);
+    for (i, p) in matrices.params.iter().enumerate() {
+        let want = match ranges.iter().any(|r| r.contains(&i)) {
+            true => (all.params[i], &mut decayed),
+            false => (none.params[i], &mut kept),
+        };
+        assert_eq!(p.to_bits(), want.0.to_bits(), "param {i}");
+        *want.1 += usize::from(all.params[i] != none.params[i]);
+    }
+    assert!(decayed > 0 && kept > 0, "{decayed} decayed, {kept} kept");
+    // Recorded and replayed with its second scalars buffer.
+    let replayed = run(&with(DecayOn::Matrices, 0.5, 2, 5), start.clone());
+    let mut eager = with(DecayOn::Matrices, 0.5, 2, 5);
+    eager.replay = false;
+    let eager = run(&eager, start.clone());
+    assert!(replayed.steps[4].replayed);
+    assert_eq!(replayed.params, eager.params);
+    let mut zero = with(DecayOn::Matrices, 0.5, 2, 5);
+    zero.zero = 1;
+    let single = run(&with(DecayOn::Matrices, 0.5, 1, 5), start.clone());
+    check_zero1_run(&run(&zero, start), &single, "ZeRO-1, matrices");
+}

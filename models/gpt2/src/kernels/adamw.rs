@@ -186,9 +186,10 @@ pub fn update_mixed<'rt, 'a>(
 /// ```
 ///
 /// Weight decay applies to every element passed in. The reference trainer and
-/// the PyTorch fixture (`scripts/make_reference.py`) decay all parameters, as
-/// llm.c does; a caller that wants to exempt biases and layer norms calls this
-/// per tensor with `weight_decay = 0` for those.
+/// the PyTorch fixture (`scripts/make_reference.py`) decay all parameters;
+/// nanoGPT and llm.c exempt biases and layer norms, which
+/// [`AdamW::decaying_only`](crate::optim::AdamW::decaying_only) does by
+/// updating those with `weight_decay = 0`.
 ///
 /// The arithmetic is `f32`; the gradients are loaded from their storage type
 /// (bf16 gradients update `f32` master weights, see [`adamw_update_mixed`]).

@@ -47,9 +47,11 @@
 //! groups; those depend only on the program and the number of ranks, so a
 //! run resumed at the same rank count is still bit-identical.
 
+mod decay;
 mod schedule;
 mod zero;
 
+pub use decay::DecayOn;
 pub use schedule::LrSchedule;
 
 use std::ops::Range;
@@ -86,6 +88,12 @@ pub struct AdamW {
     chunks: Vec<Range<usize>>,
     /// Where each update chunk's moments start in `m` and `v`.
     state_at: Vec<usize>,
+    /// Whether each update chunk decays its parameters (empty: all do;
+    /// [`decaying_only`](Self::decaying_only)).
+    decays: Vec<bool>,
+    /// `(3)` f32: the step scalars of the chunks that do not decay (the
+    /// third, `1 − lr·weight_decay`, is 1), once some do not.
+    no_decay_scalars: Option<Buffer>,
     /// Sum-of-squares chunks and the partial slot each writes.
     norm_chunks: Vec<(Range<usize>, usize)>,
     /// Sharded: the rank's ranges, partials per rank, the bucket shards.
@@ -191,6 +199,8 @@ impl AdamW {
             scalars_step: 0,
             chunks,
             state_at,
+            decays: Vec::new(),
+            no_decay_scalars: None,
             norm_chunks,
             shard,
             step: 0,
@@ -467,6 +477,10 @@ impl AdamW {
         self.next_step();
         let scalars = adamw::step_scalars(self.step, self.hyper);
         rt.upload_named("adamw step scalars", &self.step_scalars, &scalars)?;
+        if let Some(b) = &self.no_decay_scalars {
+            let scalars = adamw::step_scalars(self.step, self.no_decay_hyper());
+            rt.upload_named("adamw step scalars (no decay)", b, &scalars)?;
+        }
         self.scalars_step = self.step;
         Ok(())
     }
@@ -490,7 +504,9 @@ impl AdamW {
             });
         }
         let scalars = self.step_scalars.whole();
-        self.submit_update(rt, params, grads, StepArg::Scalars(&scalars))
+        let no_decay = self.no_decay_scalars.as_ref().map(Buffer::whole);
+        let no_decay = no_decay.as_ref().map(StepArg::Scalars);
+        self.submit_update_with(rt, params, grads, StepArg::Scalars(&scalars), no_decay)
     }
 
     /// The update tasks of one step, chunk by chunk.
@@ -501,11 +517,36 @@ impl AdamW {
         grads: &Buffer,
         step: StepArg<'_>,
     ) -> Result<()> {
+        self.submit_update_with(rt, params, grads, step, None)
+    }
+
+    /// The hyper-parameters of the chunks that do not decay.
+    fn no_decay_hyper(&self) -> AdamWHyper {
+        AdamWHyper {
+            weight_decay: 0.0,
+            ..self.hyper
+        }
+    }
+
+    /// [`submit_update`](Self::submit_update), the chunks that do not decay
+    /// reading their scalars from `no_decay` (else from `step`'s number).
+    fn submit_update_with(
+        &self,
+        rt: &Runtime,
+        params: &Buffer,
+        grads: &Buffer,
+        step: StepArg<'_>,
+        no_decay: Option<StepArg<'_>>,
+    ) -> Result<()> {
         self.check_len("params", params)?;
         self.check_len("grads", grads)?;
         let scale = self.scale.whole();
         for (i, c) in self.chunks.iter().enumerate().rev() {
             let s = self.state_at[i]..self.state_at[i] + c.len();
+            let (step, hyper) = match self.chunk_decays(i) {
+                true => (step, self.hyper),
+                false => (no_decay.unwrap_or(step), self.no_decay_hyper()),
+            };
             if let Some(master) = &self.master {
                 let at = if self.owns_master() {
                     s.clone()
@@ -521,7 +562,7 @@ impl AdamW {
                     &self.v.view_of::<f32>(s)?,
                     self.max_grad_norm.map(|_| &scale),
                     step,
-                    self.hyper,
+                    hyper,
                 )?;
                 continue;
             }
@@ -533,7 +574,7 @@ impl AdamW {
                 &self.v.view_of::<f32>(s)?,
                 self.max_grad_norm.map(|_| &scale),
                 step,
-                self.hyper,
+                hyper,
             )?;
         }
         Ok(())

@@ -48,6 +48,11 @@ pub struct TrainOptions {
     pub lr_schedule: crate::optim::LrSchedule,
     /// Clip the global gradient norm to this (`None`: no clipping).
     pub max_grad_norm: Option<f32>,
+    /// The parameters `optimizer.weight_decay` applies to: all (the
+    /// default here, PyTorch's `AdamW(model.parameters())` and the
+    /// reference fixture's) or the matrices only (nanoGPT's and llm.c's;
+    /// `braid-gpt2 train`'s default).
+    pub weight_decay_on: crate::optim::DecayOn,
     /// The device.
     pub backend: BackendKind,
     /// Data-parallel ranks (CPU: threads of this process).
@@ -232,6 +237,7 @@ impl Default for TrainOptions {
             },
             lr_schedule: crate::optim::LrSchedule::constant(),
             max_grad_norm: Some(1.0),
+            weight_decay_on: crate::optim::DecayOn::All,
             backend: BackendKind::Cpu,
             ranks: 2,
             streams: 2,
@@ -376,6 +382,11 @@ impl TrainOptions {
             ("beta2", "AdamW beta2", f(o.beta2)),
             ("eps", "AdamW epsilon", f(o.eps)),
             ("weight_decay", "weight decay", f(o.weight_decay)),
+            (
+                "weight_decay_on",
+                "weight decay on",
+                self.weight_decay_on.name().into(),
+            ),
             (
                 "max_grad_norm",
                 "gradient clipping norm",
@@ -727,6 +738,7 @@ mod tests {
             lr_schedule: crate::optim::LrSchedule::cosine(4, 80, 0.1),
             dtype: Dtype::Bf16,
             grad_accum: 2,
+            weight_decay_on: crate::optim::DecayOn::Matrices,
             ..saved.clone()
         };
         let other_data = TokenSource::from_tokens(vec![1u16; 120], "more.bin");
@@ -748,6 +760,7 @@ mod tests {
                 "peak learning rate 0.002 (the checkpoint's: {})",
                 saved.optimizer.learning_rate
             ),
+            "weight decay on matrices (the checkpoint's: all)".into(),
             format!(
                 "gradient clipping norm none (the checkpoint's: {})",
                 saved.max_grad_norm.unwrap()

@@ -681,6 +681,9 @@ fn new_optimizer(
         None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
     }
     .with_schedule(opts.lr_schedule)?;
+    if opts.weight_decay_on == crate::optim::DecayOn::Matrices {
+        opt = opt.decaying_only(rt, &model.layout().matrix_ranges())?;
+    }
     if let Some((m, v)) = &start.moments {
         opt.load_state(rt, m, v, start.step)?;
     }
