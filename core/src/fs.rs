@@ -362,6 +362,62 @@ fn temp_sibling(path: &Path) -> Result<PathBuf, FileError> {
     Ok(parent_dir(path).join(tmp_name))
 }
 
+/// A log that is written as it goes (a line at a time), opened as
+/// [`open_log`] found it.
+#[derive(Debug)]
+pub struct LogFile {
+    /// The open file, written at its end (or, for a descriptor of this
+    /// process, at the descriptor's offset).
+    pub file: File,
+    /// Whether it is a regular file at a path of its own (not a device, a
+    /// FIFO or a descriptor): only such a file can be read back and
+    /// rewritten.
+    pub regular: bool,
+}
+
+/// Opens `path` for a log written line by line while a program runs (not
+/// atomically: a reader sees the lines written so far). Outputs are taken
+/// as [`write_atomic_with`] takes them: symbolic links are followed; a
+/// descriptor link of this process (`/dev/stdout`, `/dev/fd/<n>`) is
+/// written through a duplicate of the descriptor, at its offset, so the
+/// lines fall among what the program prints there; a device, FIFO or socket
+/// is written into. A regular file (made if need be) is emptied first, or
+/// with `append` appended to.
+pub fn open_log(path: &Path, append: bool) -> Result<LogFile, FileError> {
+    let opening = |e| FileError::new("opening", path, e);
+    let target = match resolve_links(path)? {
+        Target::Descriptor(link) => {
+            let file = open_descriptor(&link).map_err(opening)?;
+            return Ok(LogFile {
+                file,
+                regular: false,
+            });
+        }
+        Target::Path(p) => p,
+    };
+    if is_special(&target) {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .map_err(opening)?;
+        return Ok(LogFile {
+            file,
+            regular: false,
+        });
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(&target)
+        .map_err(opening)?;
+    Ok(LogFile {
+        file,
+        regular: true,
+    })
+}
+
 /// Why a file could not be written at `path` later, if that is already
 /// known: its directory does not exist, `path` is a directory, or a file
 /// cannot be created in its directory (tried: a temporary file is created
@@ -434,6 +490,34 @@ fn sync_dir(dir: &Path) -> Result<(), FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log: a regular file emptied or appended to (through a link too), a
+    /// device written into and said not to be regular.
+    #[test]
+    fn a_log_is_emptied_or_appended_and_knows_what_it_writes_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, "old\n").unwrap();
+        let link = dir.path().join("link");
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        #[cfg(not(unix))]
+        let link = path.clone();
+        let mut log = open_log(&link, true).unwrap();
+        assert!(log.regular);
+        log.file.write_all(b"more\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old\nmore\n");
+        let mut log = open_log(&link, false).unwrap();
+        log.file.write_all(b"new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        assert!(link.is_symlink() || cfg!(not(unix)));
+        if Path::new("/dev/null").exists() {
+            assert!(!open_log(Path::new("/dev/null"), true).unwrap().regular);
+        }
+        let missing = dir.path().join("no/such/dir/log");
+        let e = open_log(&missing, false).unwrap_err().to_string();
+        assert!(e.contains("opening") && e.contains("no/such/dir"), "{e}");
+    }
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {

@@ -380,6 +380,10 @@ struct EvalArgs {
     /// Windows per forward pass.
     #[arg(long, default_value_t = 4)]
     batch_size: usize,
+    /// Score the first N windows only (as `train --val-windows` does);
+    /// default: all of them
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    windows: Option<u64>,
     /// Compute streams.
     #[arg(long, default_value_t = 2)]
     streams: usize,
@@ -465,7 +469,12 @@ fn default_ranks(ranks: Option<usize>, device: BackendKind) -> usize {
 
 /// The validation of a run of `world` ranks (`--val-every`, `--val-data`,
 /// `--val-windows`).
-fn validation(a: &TrainArgs, data: &TokenSource, world: usize) -> Result<Option<Validation>> {
+fn validation(
+    a: &TrainArgs,
+    cfg: &Gpt2Config,
+    data: &TokenSource,
+    world: usize,
+) -> Result<Option<Validation>> {
     let Some(every) = a.val_every else {
         return Ok(None);
     };
@@ -474,14 +483,15 @@ fn validation(a: &TrainArgs, data: &TokenSource, world: usize) -> Result<Option<
         (None, "builtin:train") => "builtin:val",
         (None, _) => bail!(
             "--val-every needs --val-data (held-out tokens: a .bin token file or a text file) \
-             when --data is not the built-in corpus"
+             unless --data is the built-in corpus's training split (builtin)"
         ),
     };
     let val = TokenSource::resolve(spec).with_context(|| format!("--val-data {spec}"))?;
+    check_eval(cfg, &val, a.seq_len, a.batch_size)
+        .with_context(|| format!("--val-data {spec} (windows of --seq-len {})", a.seq_len))?;
     let windows = a
         .val_windows
         .map_or(20 * a.batch_size * world, |n| n as usize);
-    // Checked against the model with the other options (`check`).
     Ok(Some(Validation {
         data: val,
         every,
@@ -899,7 +909,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     set_attention_kernels(attention);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.grad_accum = grad_accum(&a, world)?;
-    opts.validation = validation(&a, &data, world)?;
+    opts.validation = validation(&a, &cfg, &data, world)?;
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
     opts.graphs = a.graphs
@@ -1033,6 +1043,17 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         start.step + 1,
         a.steps
     );
+    if let Some(v) = &opts.validation {
+        let scored = v.windows.min((v.data.len() - 1) / opts.seq_len);
+        say!(
+            "validation after every {} step(s) and the last: {scored} windows of {} tokens of {} \
+             (`eval --windows {scored} --seq-len {}` scores the same)",
+            v.every,
+            opts.seq_len,
+            v.data.origin(),
+            opts.seq_len
+        );
+    }
     let pb = ProgressBar::new(a.steps.saturating_sub(start.step));
     pb.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise}]")
@@ -1281,6 +1302,16 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         let all_but_last = tokens.len().saturating_sub(1).max(1);
         cfg.max_seq_len.min(all_but_last)
     });
+    // The first windows only: their tokens and the one after them.
+    let tokens = match a
+        .windows
+        .map(|n| (n as usize).saturating_mul(seq_len).saturating_add(1))
+    {
+        Some(end) if end < tokens.len() => {
+            TokenSource::from_tokens(&tokens.tokens()[..end], tokens.origin())
+        }
+        _ => tokens,
+    };
     check_eval(&cfg, &tokens, seq_len, a.batch_size)
         .with_context(|| format!("evaluating on {}", a.tokens))?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;

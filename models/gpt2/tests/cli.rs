@@ -726,7 +726,7 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
         "ck",
     ];
     #[rustfmt::skip]
-    let out = train_two_tiny_ranks(d, &[&args[..], &["--steps", "4", "--val-every", "2", "--val-data", "train.bin"]].concat()).output().unwrap();
+    let out = train_two_tiny_ranks(d, &[&args[..], &["--steps", "4", "--val-every", "2", "--val-data", "train.bin", "--save-weights", "w.safetensors"]].concat()).output().unwrap();
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     let lines = metrics(d);
@@ -745,6 +745,19 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
     }
     let validated: Vec<bool> = lines.iter().map(|l| l.get("val_loss").is_some()).collect();
     assert_eq!(validated, [false, true, false, true]);
+    // `eval` scores the last validation's windows as it says.
+    let say = "(`eval --windows 80 --seq-len 16` scores the same)";
+    assert!(err.contains(say), "{err}");
+    #[rustfmt::skip]
+    let eval = ok(d, &[
+        "eval", "--weights", "w.safetensors", "--tokens", "train.bin", "--windows", "80",
+        "--seq-len", "16",
+    ]);
+    let (val, scored) = (lines[3]["val_loss"].as_f64().unwrap(), eval_loss(&eval));
+    assert!(
+        (val - scored).abs() <= 1e-5 * scored,
+        "validation {val}, eval {scored}"
+    );
     // Resumed from step 4 with a step line of a run that went further (a
     // crash after the checkpoint): that line goes, the run's own follow.
     let mut log = std::fs::read_to_string(d.join("m.jsonl")).unwrap();
@@ -758,6 +771,31 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
     let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
     assert_ne!(lines[4]["loss"], 1.0);
+    // Through standard output: the lines, then the summary, in order; a
+    // resumed run does not read a pipe back (it would wait for ever).
+    let out = train_two_tiny_ranks(
+        d,
+        &["--steps", "2", "--no-trace", "--metrics", "/dev/stdout"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .output()
+    .unwrap();
+    let printed = text(&out.stdout);
+    let mut lines = printed.lines();
+    for step in 1..=2 {
+        let l: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(l["step"], step, "{printed}");
+    }
+    assert!(lines.next().unwrap().starts_with("loss "), "{printed}");
+    #[rustfmt::skip]
+    let mut child = train_two_tiny_ranks(d, &[
+        "--steps", "7", "--resume", "--checkpoint-dir", "ck", "--no-trace",
+        "--metrics", "/dev/stdout",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(exit_within(&mut child, 60).success());
     // A full disk: trained, then failed naming the log.
     if Path::new("/dev/full").exists() {
         let out =
@@ -1782,6 +1820,10 @@ fn out_of_range_settings_are_refused_clearly() {
             &["--val-every", "1", "--val-data", "nothing.bin"],
             &["--val-data nothing.bin"],
         ),
+        (
+            &["--val-every", "1", "--val-data", "builtin:val"],
+            &["--val-data builtin:val", "out of range"],
+        ),
     ] {
         no_panic(&fails(d, &with(extra), needles));
     }
@@ -1798,6 +1840,10 @@ fn out_of_range_settings_are_refused_clearly() {
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("tokens/s  val loss "), "{err}");
+    assert!(
+        err.contains("validation after every 1 step(s) and the last: "),
+        "{err}"
+    );
     // torchrun's variables on the CPU: nonsense is refused, a launch of
     // one process trains.
     for (env, needle) in [

@@ -1212,6 +1212,18 @@ fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
         let (a, b) = (run(&plain, start.clone()), run(&validated, start.clone()));
         assert_eq!(losses(&a), losses(&b), "{label}");
         assert_eq!(a.params, b.params, "{label}");
+        // The summaries are of training: the validations' tasks (in the
+        // trace, under `validation`) are left out of them.
+        let tasks = |r: &TrainReport| r.whole_run.iter().map(|s| s.tasks).collect::<Vec<_>>();
+        assert_eq!(tasks(&a), tasks(&b), "{label}");
+        let in_validation = |r: &TrainReport| {
+            let p = &r.profiles[1];
+            p.spans
+                .iter()
+                .filter(|s| s.scope.as_deref() == Some("validation"))
+                .count()
+        };
+        assert!(in_validation(&b) > 0 && in_validation(&a) == 0, "{label}");
         let at: Vec<u64> = b
             .steps
             .iter()

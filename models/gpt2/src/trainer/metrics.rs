@@ -1,7 +1,7 @@
 //! Each step's figures as JSON lines ([`MetricsLog`]), for plots and
 //! scripts: one [`StepReport`] per line, as it completes.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
@@ -30,26 +30,26 @@ pub struct MetricsLog {
 impl MetricsLog {
     /// Opens `path` for a run whose first step is `start_step + 1` (fresh:
     /// 0): replaced, or cut after `start_step` and appended to.
+    ///
+    /// Outputs are taken as the other outputs are ([`braid::fs::open_log`]):
+    /// `/dev/stdout` writes through the process's standard output (among
+    /// what it prints), a pipe or a device is written into and never read
+    /// back, so a resume cuts regular files only.
     pub fn create(path: &Path, start_step: u64) -> Result<Self> {
-        let io = |op, error| Gpt2Error::Io {
-            op,
-            path: path.to_owned(),
-            error,
-        };
-        if start_step > 0 {
-            if let Some(kept) = Self::lines_up_to(path, start_step)? {
+        let append = start_step > 0;
+        let log = braid::fs::open_log(path, append)?;
+        let file = match append && log.regular {
+            false => log.file,
+            true => {
+                // Cut, then opened again: the cut replaces the file.
+                drop(log);
+                let kept = Self::lines_up_to(path, start_step)?;
                 braid::fs::write_atomic::<Gpt2Error>(path, |w| {
                     kept.iter().try_for_each(|l| writeln!(w, "{l}"))
                 })?;
+                braid::fs::open_log(path, true)?.file
             }
-        }
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(start_step > 0)
-            .truncate(start_step == 0)
-            .open(path)
-            .map_err(|e| io("opening", e))?;
+        };
         Ok(MetricsLog {
             path: path.to_owned(),
             file: Some(file),
@@ -57,20 +57,16 @@ impl MetricsLog {
         })
     }
 
-    /// The lines of `path` that are not of a step after `step` (lines that
-    /// are not a step's are kept); `None` if there is no such file.
-    fn lines_up_to(path: &Path, step: u64) -> Result<Option<Vec<String>>> {
-        let file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => {
-                return Err(Gpt2Error::Io {
-                    op: "reading",
-                    path: path.to_owned(),
-                    error,
-                })
-            }
-        };
+    /// The lines of the regular file `path` that are steps up to `step`:
+    /// those of later steps go, and so does any line that is not a step's
+    /// (a line torn by a kill or a full disk), which would leave the file
+    /// unreadable as JSON lines.
+    fn lines_up_to(path: &Path, step: u64) -> Result<Vec<String>> {
+        let file = File::open(path).map_err(|error| Gpt2Error::Io {
+            op: "reading",
+            path: path.to_owned(),
+            error,
+        })?;
         let mut kept = Vec::new();
         for line in BufReader::new(file).lines() {
             let line = line.map_err(|error| Gpt2Error::Io {
@@ -81,11 +77,11 @@ impl MetricsLog {
             let of = serde_json::from_str::<serde_json::Value>(&line)
                 .ok()
                 .and_then(|v| v.get("step")?.as_u64());
-            if of.is_none_or(|s| s <= step) {
+            if of.is_some_and(|s| s <= step) {
                 kept.push(line);
             }
         }
-        Ok(Some(kept))
+        Ok(kept)
     }
 
     /// Appends `report` as a line. After a failed write it does nothing
@@ -115,6 +111,7 @@ impl MetricsLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     fn report(step: u64, val_loss: Option<f32>) -> StepReport {
         StepReport {
@@ -163,7 +160,12 @@ mod tests {
             .unwrap()
             .ends_with(r#","val_loss":9.5}"#));
         assert_eq!(steps(&path), [1, 2, 3, 4, 5]);
-        // Resumed from a checkpoint of step 3: steps 4 and 5 are taken again.
+        // Resumed from a checkpoint of step 3: steps 4 and 5 are taken
+        // again; a torn line (a kill mid-write) goes too.
+        let mut torn = std::fs::read_to_string(&path).unwrap();
+        torn.insert_str(0, "{\"step\":1,\"lo\n");
+        torn.push_str("{\"step\":6,\"loss\":1");
+        std::fs::write(&path, torn).unwrap();
         let mut log = MetricsLog::create(&path, 3).unwrap();
         log.write(&report(4, None));
         assert_eq!(steps(&path), [1, 2, 3, 4]);

@@ -105,6 +105,18 @@ pub use report::{CapReport, StepReport, TrainReport};
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
 pub use braid::comm::DistEnv;
 
+/// `p` without the spans of the `validation` scope: the summaries are of
+/// training (a validation's collective waits for the slowest rank's share,
+/// which would count as exposed communication).
+fn training_only(mut p: Profile) -> Profile {
+    p.spans.retain(|s| {
+        !s.scope
+            .as_deref()
+            .is_some_and(|sc| sc == "validation" || sc.starts_with("validation/"))
+    });
+    p
+}
+
 /// Trains data-parallel from `start` on `data`; `on_step` is called with
 /// rank 0's report after each step, in order, before rank 0 goes on (on the
 /// calling thread for CPU ranks, on rank 0's thread for GPU ranks), so a
@@ -259,11 +271,16 @@ pub fn train(
             .or(o.graphs.collectives_left_out);
         report.placement_trial = report.placement_trial.or(o.placement_trial);
         report.spared_sms = report.spared_sms.or(o.spared_sms);
-        report.whole_run.push(o.profile.summary());
-        report.summaries.push(match o.steady_from {
-            Some(t) => o.profile.since(t).summary(),
-            None => o.profile.summary(),
-        });
+        report
+            .whole_run
+            .push(training_only(o.profile.clone()).summary());
+        report.summaries.push(
+            training_only(match o.steady_from {
+                Some(t) => o.profile.since(t),
+                None => o.profile.clone(),
+            })
+            .summary(),
+        );
         report.profiles.push(o.profile);
     }
     if let Some(path) = trace_path {

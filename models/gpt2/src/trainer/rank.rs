@@ -117,6 +117,7 @@ impl MicroBatches {
 
     /// Keeps micro-batch `i`'s mean loss (after its backward pass).
     fn keep_loss(&self, rt: &Runtime, model: &Gpt2Model, i: usize) -> Result<()> {
+        let _s = rt.scope("report");
         let slot = self.losses.view(i * 4..(i + 1) * 4)?;
         let task = rt
             .task("keep micro-batch loss")
@@ -428,6 +429,7 @@ fn run_rank_on(
         let mut submit_step = |rt: &Runtime| -> Result<()> {
             if gather {
                 if let Some(r) = &reducer {
+                    let _s = rt.scope("reduce");
                     r.all_gather_params(model.params())?;
                 }
             }
@@ -550,7 +552,10 @@ fn run_rank_on(
         // rank; ZeRO-1 gathers the updated shards first.
         let val_loss = match &opts.validation {
             Some(v) if !diverged && (step % v.every == 0 || step == opts.steps) => {
-                gather_params(&model, reducer.as_ref())?;
+                {
+                    let _s = rt.scope("validation");
+                    gather_params(&model, reducer.as_ref())?;
+                }
                 let comm = comm.as_ref().zip(val_sums.as_ref());
                 Some(super::validate::validate(
                     rt, &mut model, v, comm, rank, world,

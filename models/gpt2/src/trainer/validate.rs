@@ -25,10 +25,19 @@ pub(super) fn validate(
 ) -> Result<f32> {
     let _s = rt.scope("validation");
     let (b, t) = (model.batch_size(), model.seq_len());
-    let windows: Vec<_> = eval_windows(&v.data, t)?.take(v.windows).collect();
+    // A batch of windows at a time (all of them at once would take 8 bytes
+    // per token), each rank keeping its own.
+    let mut windows = eval_windows(&v.data, t)?.take(v.windows).peekable();
     let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
     let (mut sum, mut count) = (0f64, 0usize);
-    for batch in windows.chunks(b).skip(rank).step_by(world) {
+    for i in 0.. {
+        if windows.peek().is_none() {
+            break;
+        }
+        let batch: Vec<_> = windows.by_ref().take(b).collect();
+        if i % world != rank {
+            continue;
+        }
         x.clear();
         y.clear();
         for w in batch.iter().chain(std::iter::repeat(&batch[0])).take(b) {
