@@ -99,6 +99,10 @@ struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 64)]
     seq_len: usize,
+    /// Take the data's windows of --seq-len tokens in a random order, a new
+    /// one each epoch (drawn from --seed; resumable), instead of in order
+    #[arg(long)]
+    shuffle: bool,
     /// Micro-batches per step (gradient accumulation): each rank runs this
     /// many forward and backward passes of --batch-size sequences per
     /// optimizer step, adding their gradients, which are all-reduced once,
@@ -236,9 +240,10 @@ struct TrainArgs {
     /// checkpoint's step are dropped and the run appends
     #[arg(long, value_name = "FILE")]
     metrics: Option<PathBuf>,
-    /// Seed of the parameter initialisation.
-    #[arg(long, default_value_t = 1337)]
-    seed: u64,
+    /// Seed of the parameter initialisation and of --shuffle's order.
+    /// Default: 1337, or with --resume the checkpoint's
+    #[arg(long)]
+    seed: Option<u64>,
     /// Submit every step eagerly instead of recording the steady-state step
     /// once and replaying it.
     #[arg(long)]
@@ -699,6 +704,9 @@ macro_rules! say {
     }};
 }
 
+/// `--seed`'s default.
+const DEFAULT_SEED: u64 = 1337;
+
 fn cmd_train(a: TrainArgs) -> Result<()> {
     // 1. Everything is read and checked before anything is written.
     if a.steps == 0 {
@@ -742,7 +750,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             }
             None => {
                 let cfg = parse_model(a.model.as_deref().unwrap_or("small"))?;
-                (cfg, try_init_params(&cfg, a.seed)?)
+                (cfg, try_init_params(&cfg, a.seed.unwrap_or(DEFAULT_SEED))?)
             }
         };
         (cfg, StartState::from_params(params), None)
@@ -806,6 +814,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         seq_len: a.seq_len,
         // Resolved with the ranks, below.
         grad_accum: 1,
+        shuffle: a.shuffle,
         steps: a.steps,
         optimizer: AdamWHyper {
             learning_rate: a.lr,
@@ -839,7 +848,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         auto_bucket_cap: matches!(cap, CapArg::Auto),
         first_bucket_bytes: mib(a.first_bucket_mb, "--first-bucket-mb")?,
-        seed: a.seed,
+        // A resumed run keeps its checkpoint's seed (its data order, with
+        // --shuffle) unless one is given.
+        seed: a.seed.unwrap_or_else(|| {
+            resumed
+                .as_ref()
+                .and_then(|e| e.get("seed")?.as_u64())
+                .unwrap_or(DEFAULT_SEED)
+        }),
         checkpoint_dir: a.checkpoint_dir.clone(),
         checkpoint_every: a.checkpoint_every,
         trace: (!a.no_trace).then(|| a.trace.clone()),

@@ -324,6 +324,18 @@ fn a_resume_names_files_kernels_and_schedules_as_the_command_line_does() {
         !err.contains("decay to step") && !err.contains("training data"),
         "{err}"
     );
+    // Shuffled with a seed of its own: a resume keeps the checkpoint's
+    // seed unless another is given, and then says so.
+    std::fs::remove_dir_all(d.join("ckpt")).unwrap();
+    train(&[], &["--steps", "2", "--shuffle", "--seed", "9"]);
+    let err = train(&[], &["--steps", "3", "--resume", "--shuffle"]);
+    assert!(!err.contains("settings differ"), "{err}");
+    let err = train(
+        &[],
+        &["--steps", "4", "--resume", "--shuffle", "--seed", "10"],
+    );
+    let said = "data order shuffled with seed 10 (the checkpoint's: shuffled with seed 9)";
+    assert!(err.contains(said), "{said:?} not in: {err}");
 }
 
 /// Weights written to standard output (`--save-weights /dev/stdout >

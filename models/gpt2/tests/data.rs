@@ -275,15 +275,20 @@ fn counting_source(n: usize) -> TokenSource {
 
 /// The sharding invariant: for every step, the concatenation over ranks of the
 /// per-rank batches (batch B) equals the batch of a single rank with batch B*W,
-/// and ranks read disjoint tokens. Checked across several wrap-arounds.
+/// and ranks read disjoint tokens. Checked across several wrap-arounds, in
+/// order and shuffled.
 #[test]
 fn sharded_batches_concatenate_to_the_single_rank_batch() {
     let src = counting_source(1000);
-    for world in 1..=4 {
+    let order = |l: DataLoader, shuffle: Option<u64>| match shuffle {
+        Some(seed) => l.shuffled(seed),
+        None => l,
+    };
+    for (world, shuffle) in (1..=4).flat_map(|w| [(w, None), (w, Some(7))]) {
         for (b, t) in [(1, 7), (2, 5), (3, 16)] {
-            let mut single = DataLoader::new(&src, b * world, t, 0, 1).unwrap();
+            let mut single = order(DataLoader::new(&src, b * world, t, 0, 1).unwrap(), shuffle);
             let mut ranks: Vec<DataLoader> = (0..world)
-                .map(|r| DataLoader::new(&src, b, t, r, world).unwrap())
+                .map(|r| order(DataLoader::new(&src, b, t, r, world).unwrap(), shuffle))
                 .collect();
             let steps = 3 * single.steps_per_epoch() + 2;
             for step in 0..steps {
@@ -308,6 +313,65 @@ fn sharded_batches_concatenate_to_the_single_rank_batch() {
             }
         }
     }
+}
+
+/// Shuffled, an epoch takes every whole window of the data once (those
+/// left over at its end none), in an order that is not the in-order one
+/// and changes each epoch; a loader restored mid-epoch continues it.
+#[test]
+fn a_shuffled_epoch_takes_every_window_once_in_a_new_order() {
+    // 2 ranks x B 2 x T 4: 25 windows of 101 tokens, 6 steps an epoch.
+    let src = counting_source(101);
+    let mut loader = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
+    let mut rank0 = DataLoader::new(&src, 2, 4, 0, 2).unwrap().shuffled(3);
+    assert_eq!(loader.steps_per_epoch(), 6);
+    let mut epochs: Vec<Vec<u32>> = Vec::new();
+    for step in 0..18 {
+        if step % 6 == 0 {
+            epochs.push(Vec::new());
+        }
+        for l in [&mut rank0, &mut loader] {
+            let batch = l.next_batch();
+            for (x, y) in batch.inputs.iter().zip(&batch.targets) {
+                assert_eq!(*y, x + 1);
+            }
+            // Each row is one window: its first token, a multiple of T.
+            for row in batch.inputs.chunks(4) {
+                assert_eq!(row[0] % 4, 0);
+                assert_eq!(row, &(row[0]..row[0] + 4).collect::<Vec<_>>()[..]);
+                epochs.last_mut().unwrap().push(row[0] / 4);
+            }
+        }
+    }
+    for (e, windows) in epochs.iter().enumerate() {
+        let mut seen = windows.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            24,
+            "epoch {e}: a window taken twice: {windows:?}"
+        );
+        assert!(windows.iter().all(|&w| w < 25));
+        assert!(!windows.is_sorted(), "epoch {e} is in order");
+    }
+    assert_ne!(epochs[0], epochs[1]);
+    assert_ne!(epochs[1], epochs[2]);
+    // Restored mid-epoch (step 3 of epoch 1), it continues as the original.
+    let mut a = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
+    for _ in 0..9 {
+        a.next_batch();
+    }
+    let mut b = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
+    b.set_state(a.state()).unwrap();
+    for _ in 0..8 {
+        assert_eq!(a.next_batch(), b.next_batch());
+    }
+    // Another seed, another order.
+    let mut c = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(4);
+    let mut d = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
+    let (c, d): (Vec<_>, Vec<_>) = (0..6).map(|_| (c.next_batch(), d.next_batch())).unzip();
+    assert_ne!(c, d);
 }
 
 #[test]

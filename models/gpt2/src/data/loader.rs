@@ -17,6 +17,19 @@
 //! only on global quantities, so every rank wraps on the same step. Everything is
 //! deterministic: a loader restored from a saved state produces exactly the
 //! batches the original would have produced next.
+//!
+//! # Shuffled
+//!
+//! [`DataLoader::shuffled`] visits the same rows in another order, a new one
+//! each epoch (llm.c's shuffling, nanoGPT's random windows without
+//! repetition): the data is cut into the `n = (len − 1) / T` windows of
+//! `T + 1` tokens starting at multiples of `T` (row `j` of the in-order
+//! loader at position 0 is window `j`), an epoch's order is a permutation of
+//! them drawn from the seed and the epoch number, and a step takes the next
+//! `B·W` windows of it, rank `r` the `B` from `r·B` on. The position is
+//! still `T` tokens per window taken, so the state, the wrap (fewer than
+//! `B·W` windows left) and the sharding invariant are as above; with the
+//! identity for an order it is the in-order loader.
 
 use std::sync::Arc;
 
@@ -61,6 +74,15 @@ pub struct DataLoader {
     rank: usize,
     world_size: usize,
     state: LoaderState,
+    /// Shuffled: the seed, and the order of an epoch's windows.
+    shuffle: Option<Shuffle>,
+}
+
+/// A shuffled loader's seed, and the epoch whose window order it holds.
+#[derive(Debug, Clone)]
+struct Shuffle {
+    seed: u64,
+    order: Option<(u64, Vec<u32>)>,
 }
 
 impl DataLoader {
@@ -107,7 +129,28 @@ impl DataLoader {
             rank,
             world_size,
             state: LoaderState::default(),
+            shuffle: None,
         })
+    }
+
+    /// This loader taking the windows of each epoch in an order drawn from
+    /// `seed` and the epoch (module docs, "Shuffled").
+    pub fn shuffled(mut self, seed: u64) -> Self {
+        self.shuffle = Some(Shuffle { seed, order: None });
+        self
+    }
+
+    /// The order of epoch `epoch`'s windows for `seed`: a Fisher–Yates
+    /// shuffle of `0..n` by a generator seeded from both.
+    fn window_order(seed: u64, epoch: u64, n: usize) -> Vec<u32> {
+        let mut rng = crate::rng::Rng::new(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            // Multiply-shift: an index in 0..=i (bias below 2^-32 here).
+            let j = ((u128::from(rng.next_u64()) * (i as u128 + 1)) >> 64) as usize;
+            order.swap(i, j);
+        }
+        order
     }
 
     /// [`new`](Self::new) for training `cfg`: also checks that every token id is
@@ -208,11 +251,34 @@ impl DataLoader {
             self.state.position = 0;
             self.state.epoch += 1;
         }
-        let start = self.state.position + self.rank * bt;
-        let window = &self.tokens[start..start + bt + 1];
-        for (i, (x, y)) in inputs.iter_mut().zip(targets.iter_mut()).enumerate() {
-            *x = u32::from(window[i]);
-            *y = u32::from(window[i + 1]);
+        let (t, first) = (self.seq_len, self.rank * self.batch_size);
+        match &mut self.shuffle {
+            None => {
+                let start = self.state.position + self.rank * bt;
+                let window = &self.tokens[start..start + bt + 1];
+                for (i, (x, y)) in inputs.iter_mut().zip(targets.iter_mut()).enumerate() {
+                    *x = u32::from(window[i]);
+                    *y = u32::from(window[i + 1]);
+                }
+            }
+            Some(Shuffle { seed, order }) => {
+                let epoch = self.state.epoch;
+                if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
+                    let n = (self.tokens.len() - 1) / t;
+                    *order = Some((epoch, Self::window_order(*seed, epoch, n)));
+                }
+                let order = &order.as_ref().expect("just made").1;
+                let taken = self.state.position / t;
+                let rows = inputs.chunks_exact_mut(t).zip(targets.chunks_exact_mut(t));
+                for (b, (xs, ys)) in rows.enumerate() {
+                    let w = order[taken + first + b] as usize;
+                    let window = &self.tokens[w * t..w * t + t + 1];
+                    for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
+                        *x = u32::from(window[i]);
+                        *y = u32::from(window[i + 1]);
+                    }
+                }
+            }
         }
         self.state.position += step;
         Ok(())

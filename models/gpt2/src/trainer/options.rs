@@ -28,6 +28,10 @@ pub struct TrainOptions {
     pub batch_size: usize,
     /// Tokens per sequence (`T`).
     pub seq_len: usize,
+    /// Take the data's windows in an order drawn from `seed`, a new one each
+    /// epoch ([`DataLoader::shuffled`](crate::data::DataLoader::shuffled)),
+    /// instead of in order (`false`, the default).
+    pub shuffle: bool,
     /// Micro-batches per optimizer step (gradient accumulation; 1, the
     /// default: none). Each rank runs this many forward and backward passes
     /// of `batch_size` sequences per step, adding their gradients (each pass
@@ -81,8 +85,9 @@ pub struct TrainOptions {
     pub auto_bucket_cap: bool,
     /// Cap of the first gradient bucket in bytes.
     pub first_bucket_bytes: usize,
-    /// The seed of the run, recorded in its checkpoints. `train` does not
-    /// initialise parameters: pass the same seed to [`StartState::fresh`].
+    /// The seed of the run, recorded in its checkpoints, and the seed of the
+    /// data's order when `shuffle` is on. `train` does not initialise
+    /// parameters: pass the same seed to [`StartState::fresh`].
     pub seed: u64,
     /// Where rank 0 saves checkpoints (`None`: no checkpoints); made if need
     /// be before the first step. A checkpoint already there is replaced (the
@@ -227,6 +232,7 @@ impl Default for TrainOptions {
             batch_size: 4,
             seq_len: 32,
             grad_accum: 1,
+            shuffle: false,
             steps: 10,
             optimizer: AdamWHyper {
                 learning_rate: 1e-3,
@@ -346,6 +352,15 @@ impl TrainOptions {
         let mut settings = vec![
             ("data", "training data", data.canonical_origin().into()),
             ("data_tokens", "training tokens", data.len().into()),
+            (
+                "data_order",
+                "data order",
+                match self.shuffle {
+                    true => format!("shuffled with seed {}", self.seed),
+                    false => "in order".into(),
+                }
+                .into(),
+            ),
             ("batch_size", "batch size", self.batch_size.into()),
             ("seq_len", "sequence length", self.seq_len.into()),
             (

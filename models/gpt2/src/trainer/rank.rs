@@ -270,6 +270,9 @@ fn run_rank_on(
         });
     }
     let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
+    if opts.shuffle {
+        loader = loader.shuffled(opts.seed);
+    }
     loader.set_state(start.loader)?;
     let comm = comm
         .filter(|_| world > 1 || opts.reduce_single_rank)
