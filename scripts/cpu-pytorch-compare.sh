@@ -38,6 +38,7 @@ for shape in "${shapes[@]}"; do
     # cores (BRAID_CPU_CORES) with as many compute streams.
     BRAID_CPU_CORES=$threads "$bin" train --model "$model" --ranks 1 --streams "$threads" \
       --batch-size "$b" --seq-len "$t" --steps $((steps + 2)) --lr-schedule constant \
+      --weight-decay-on all \
       --no-trace --metrics "$tmp/m.jsonl" > /dev/null 2>&1
     bm=$("$python" -c 'import json,sys,statistics
 s=[json.loads(l)["seconds"] for l in open(sys.argv[1])][2:]

@@ -41,6 +41,7 @@ use braid_gpt2::trainer::{
     StartState, StepReport, TrainOptions, Validation,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -159,7 +160,12 @@ struct TrainArgs {
     /// and the linear layers' weights; not the biases and layer norms, as
     /// nanoGPT and llm.c train GPT-2) or all (PyTorch's
     /// AdamW(model.parameters()))
-    #[arg(long, value_name = "WHICH", default_value = "matrices")]
+    #[arg(
+        long,
+        default_value = "matrices",
+        value_parser = clap::builder::PossibleValuesParser::new(["matrices", "all"])
+            .map(|s| s.parse::<braid_gpt2::optim::DecayOn>().expect("one of the values"))
+    )]
     weight_decay_on: braid_gpt2::optim::DecayOn,
     /// AdamW decoupled weight decay.
     #[arg(long, default_value_t = 0.1)]
@@ -1021,7 +1027,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // 2. Train.
     say!(
         "training {} ({} parameters) on {} ({} tokens): {} rank(s) on {device_name}, batch {} \
-         x {} tokens per rank{}, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}, \
+         x {} tokens per rank{}, {} stream(s) per rank, {} placement, {}{}, fused kernels: {}{}{}, \
          steps {}..={}",
         a.model
             .as_deref()
@@ -1056,6 +1062,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             AttentionKernels::Cudnn => " (attention through cuDNN)",
             AttentionKernels::Auto => " (attention through cuDNN where it has an engine)",
         },
+        if opts.shuffle { ", data shuffled" } else { "" },
         start.step + 1,
         a.steps
     );

@@ -21,8 +21,9 @@
 //! # Shuffled
 //!
 //! [`DataLoader::shuffled`] visits the same rows in another order, a new one
-//! each epoch (llm.c's shuffling, nanoGPT's random windows without
-//! repetition): the data is cut into the `n = (len − 1) / T` windows of
+//! each epoch, every window once (llm.c shuffles whole global batches
+//! within a shard; nanoGPT draws random offsets with repetition): the data
+//! is cut into the `n = (len − 1) / T` windows of
 //! `T + 1` tokens starting at multiples of `T` (row `j` of the in-order
 //! loader at position 0 is window `j`), an epoch's order is a permutation of
 //! them drawn from the seed and the epoch number, and a step takes the next

@@ -82,7 +82,9 @@ impl AdamW {
     /// (sorted, disjoint element ranges: e.g.
     /// [`ParamLayout::matrix_ranges`](crate::layout::ParamLayout::matrix_ranges)),
     /// the others updated with a weight decay of 0. Call it before the
-    /// first step.
+    /// first step; after an [`advance`](Self::advance) the next
+    /// [`update_recorded`](Self::update_recorded) is refused until another
+    /// `advance` has written the second buffer's scalars.
     pub fn decaying_only(mut self, rt: &Runtime, decayed: &[Range<usize>]) -> Result<Self> {
         if decayed.windows(2).any(|w| w[0].end > w[1].start) {
             return Err(Gpt2Error::InvalidSetting {
@@ -100,6 +102,8 @@ impl AdamW {
         }
         (self.chunks, self.state_at, self.decays) = (chunks, state_at, decays);
         self.no_decay_scalars = Some(rt.alloc("adamw step scalars (no decay)", 12)?);
+        // The new buffer holds no step's scalars yet.
+        self.scalars_step = 0;
         Ok(self)
     }
 
@@ -112,6 +116,28 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Made after an `advance`, the second scalars buffer is empty: the
+    /// recorded update is refused until the next `advance` fills it.
+    #[test]
+    fn a_recorded_update_waits_for_an_advance_after_decaying_only() {
+        let rt =
+            crate::trainer::model_runtime(braid::BackendKind::Cpu, 1, braid::Policy::Single, 0)
+                .unwrap();
+        let hyper = crate::checkpoint::AdamWHyper::default();
+        let (params, grads) = (rt.alloc("p", 16).unwrap(), rt.alloc("g", 16).unwrap());
+        let (all, decayed) = (0..4, 0..2);
+        let mut opt = AdamW::new(&rt, 4, vec![all], hyper, None).unwrap();
+        opt.advance(&rt).unwrap();
+        let mut opt = opt
+            .decaying_only(&rt, std::slice::from_ref(&decayed))
+            .unwrap();
+        let e = opt.update_recorded(&rt, &params, &grads).unwrap_err();
+        assert!(e.to_string().contains("without an advance"), "{e}");
+        opt.advance(&rt).unwrap();
+        opt.update_recorded(&rt, &params, &grads).unwrap();
+        rt.synchronize().unwrap();
+    }
 
     #[test]
     fn chunks_are_cut_where_the_decayed_ranges_start_and_end() {
@@ -133,6 +159,7 @@ mod tests {
             [(4..5, true), (5..7, false), (7..8, true)]
         );
         assert_eq!("matrices".parse(), Ok(DecayOn::Matrices));
+        assert_eq!(DecayOn::default(), DecayOn::All);
         assert!("some"
             .parse::<DecayOn>()
             .unwrap_err()

@@ -189,6 +189,22 @@ pub struct TrainOptions {
     pub fault: Option<Fault>,
 }
 
+/// The value a checkpoint saved before `key` was recorded had, where that
+/// is known: settings added later, whose absence means the behaviour of the
+/// time (no accumulation, data in order, every parameter decayed). `None`
+/// for the others, and for extras that record nothing (not the trainer's).
+fn implied(key: &str, extra: &BTreeMap<String, Value>) -> Option<Value> {
+    if extra.is_empty() {
+        return None;
+    }
+    match key {
+        "grad_accum" => Some(1.into()),
+        "data_order" => Some("in order".into()),
+        "weight_decay_on" => Some(crate::optim::DecayOn::All.name().into()),
+        _ => None,
+    }
+}
+
 /// Validation during training ([`TrainOptions::validation`]): after every
 /// `every` steps, and after the run's last step, the mean next-token loss of
 /// the parameters just updated over the first `windows` windows of `data`
@@ -482,7 +498,7 @@ impl TrainOptions {
             .filter_map(|(key, what, now)| {
                 let then = match key {
                     "lr_schedule" => kind_then.clone()?,
-                    _ => extra.get(key)?.clone(),
+                    _ => extra.get(key).cloned().or_else(|| implied(key, extra))?,
                 };
                 let same = match key {
                     // The same file by another name: an older checkpoint's
@@ -813,12 +829,30 @@ mod tests {
             saved.resume_differences(&extra, 2, &grown),
             ["training tokens 101 (the checkpoint's: 100)"]
         );
-        // An older checkpoint records fewer settings: only those compare.
+        // An older checkpoint records fewer settings: only those compare,
+        // and those added since with the behaviour of its time (no
+        // accumulation, data in order, every parameter decayed).
         let old: BTreeMap<String, Value> = extra
             .into_iter()
             .filter(|(k, _)| k == "batch_size")
             .collect();
-        assert_eq!(other.resume_differences(&old, 4, &other_data), want[2..3]);
+        let d = other.resume_differences(&old, 4, &other_data);
+        assert_eq!(d[..2], want[2..4]);
+        assert_eq!(d[2..], ["weight decay on matrices (the checkpoint's: all)"]);
+        let shuffled = TrainOptions {
+            shuffle: true,
+            ..saved.clone()
+        };
+        assert_eq!(
+            shuffled.resume_differences(&old, 2, &data),
+            [format!(
+                "data order shuffled with seed {} (the checkpoint's: in order)",
+                saved.seed
+            )]
+        );
+        assert!(saved
+            .resume_differences(&BTreeMap::new(), 2, &data)
+            .is_empty());
         // Far-off rates are shown in exponent form, not 31 digits.
         let wild = TrainOptions {
             optimizer: AdamWHyper {

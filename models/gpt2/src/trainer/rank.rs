@@ -689,7 +689,9 @@ fn new_optimizer(
         None => AdamW::for_model(rt, model, opts.optimizer, opts.max_grad_norm)?,
     }
     .with_schedule(opts.lr_schedule)?;
-    if opts.weight_decay_on == crate::optim::DecayOn::Matrices {
+    // (Without decay there is nothing to exempt: the chunks stay whole.)
+    if opts.weight_decay_on == crate::optim::DecayOn::Matrices && opts.optimizer.weight_decay != 0.0
+    {
         opt = opt.decaying_only(rt, &model.layout().matrix_ranges())?;
     }
     if let Some((m, v)) = &start.moments {
