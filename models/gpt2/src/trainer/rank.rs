@@ -326,7 +326,7 @@ fn run_rank_on(
     // Gradient accumulation: the step's micro-batches are uploaded at its
     // start (outside a recording, as a single batch is), each copied into
     // the model before its forward pass, and each micro-batch's mean loss
-    // kept in a slot of `micro_losses`.
+    // kept in a slot of its `losses`.
     let accum = opts.grad_accum;
     let micro = match accum {
         1 => None,
