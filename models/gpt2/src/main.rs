@@ -1067,7 +1067,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         a.steps
     );
     if let Some(v) = &opts.validation {
-        let scored = v.windows.min((v.data.len() - 1) / opts.seq_len);
+        let all = braid_gpt2::data::eval_windows(&v.data, opts.seq_len)?.num_windows();
+        let scored = v.windows.min(all);
         say!(
             "validation after every {} step(s) and the last: {scored} windows of {} tokens of {} \
              (`eval --windows {scored} --seq-len {}` scores the same)",

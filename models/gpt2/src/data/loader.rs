@@ -252,33 +252,35 @@ impl DataLoader {
             self.state.position = 0;
             self.state.epoch += 1;
         }
-        let (t, first) = (self.seq_len, self.rank * self.batch_size);
-        match &mut self.shuffle {
-            None => {
-                let start = self.state.position + self.rank * bt;
-                let window = &self.tokens[start..start + bt + 1];
-                for (i, (x, y)) in inputs.iter_mut().zip(targets.iter_mut()).enumerate() {
-                    *x = u32::from(window[i]);
-                    *y = u32::from(window[i + 1]);
-                }
-            }
+        // Row `b` of this rank is row `first + b` of the step: in order the
+        // `T + 1` tokens from `position + (first + b)·T`, shuffled the
+        // window the epoch's order puts there.
+        let (t, at, first) = (
+            self.seq_len,
+            self.state.position,
+            self.rank * self.batch_size,
+        );
+        let order = match &mut self.shuffle {
+            None => None,
             Some(Shuffle { seed, order }) => {
                 let epoch = self.state.epoch;
                 if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
                     let n = (self.tokens.len() - 1) / t;
                     *order = Some((epoch, Self::window_order(*seed, epoch, n)));
                 }
-                let order = &order.as_ref().expect("just made").1;
-                let taken = self.state.position / t;
-                let rows = inputs.chunks_exact_mut(t).zip(targets.chunks_exact_mut(t));
-                for (b, (xs, ys)) in rows.enumerate() {
-                    let w = order[taken + first + b] as usize;
-                    let window = &self.tokens[w * t..w * t + t + 1];
-                    for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
-                        *x = u32::from(window[i]);
-                        *y = u32::from(window[i + 1]);
-                    }
-                }
+                order.as_ref().map(|(_, o)| o.as_slice())
+            }
+        };
+        let rows = inputs.chunks_exact_mut(t).zip(targets.chunks_exact_mut(t));
+        for (b, (xs, ys)) in rows.enumerate() {
+            let start = match order {
+                None => at + (first + b) * t,
+                Some(o) => o[at / t + first + b] as usize * t,
+            };
+            let window = &self.tokens[start..start + t + 1];
+            for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
+                *x = u32::from(window[i]);
+                *y = u32::from(window[i + 1]);
             }
         }
         self.state.position += step;

@@ -465,7 +465,7 @@ impl AdamW {
     /// [`advance`](Self::advance) and [`update_recorded`](Self::update_recorded).
     pub fn update(&mut self, rt: &Runtime, params: &Buffer, grads: &Buffer) -> Result<()> {
         self.next_step();
-        self.submit_update(rt, params, grads, StepArg::Number(self.step))
+        self.submit_update(rt, params, grads, StepArg::Number(self.step), None)
     }
 
     /// Counts a step and submits a task that writes its scalars (learning
@@ -506,18 +506,7 @@ impl AdamW {
         let scalars = self.step_scalars.whole();
         let no_decay = self.no_decay_scalars.as_ref().map(Buffer::whole);
         let no_decay = no_decay.as_ref().map(StepArg::Scalars);
-        self.submit_update_with(rt, params, grads, StepArg::Scalars(&scalars), no_decay)
-    }
-
-    /// The update tasks of one step, chunk by chunk.
-    fn submit_update(
-        &self,
-        rt: &Runtime,
-        params: &Buffer,
-        grads: &Buffer,
-        step: StepArg<'_>,
-    ) -> Result<()> {
-        self.submit_update_with(rt, params, grads, step, None)
+        self.submit_update(rt, params, grads, StepArg::Scalars(&scalars), no_decay)
     }
 
     /// The hyper-parameters of the chunks that do not decay.
@@ -528,9 +517,10 @@ impl AdamW {
         }
     }
 
-    /// [`submit_update`](Self::submit_update), the chunks that do not decay
-    /// reading their scalars from `no_decay` (else from `step`'s number).
-    fn submit_update_with(
+    /// The update tasks of one step, chunk by chunk; the chunks that do not
+    /// decay read their scalars from `no_decay` (else from `step`'s number,
+    /// with a weight decay of 0).
+    fn submit_update(
         &self,
         rt: &Runtime,
         params: &Buffer,
