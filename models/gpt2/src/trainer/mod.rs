@@ -107,14 +107,23 @@ pub use braid::comm::DistEnv;
 
 /// `p` without the spans of the `validation` scope: the summaries are of
 /// training (a validation's collective waits for the slowest rank's share,
-/// which would count as exposed communication).
-fn training_only(mut p: Profile) -> Profile {
-    p.spans.retain(|s| {
-        !s.scope
+/// which would count as exposed communication). `p` itself when it has
+/// none (no validation: no copy).
+fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
+    let validating = |s: &braid::trace::Span| {
+        s.scope
             .as_deref()
             .is_some_and(|sc| sc == "validation" || sc.starts_with("validation/"))
-    });
-    p
+    };
+    if !p.spans.iter().any(validating) {
+        return std::borrow::Cow::Borrowed(p);
+    }
+    std::borrow::Cow::Owned(Profile {
+        spans: p.spans.iter().filter(|s| !validating(s)).cloned().collect(),
+        streams: p.streams.clone(),
+        busy: p.busy.clone(),
+        ..*p
+    })
 }
 
 /// Trains data-parallel from `start` on `data`; `on_step` is called with
@@ -271,16 +280,12 @@ pub fn train(
             .or(o.graphs.collectives_left_out);
         report.placement_trial = report.placement_trial.or(o.placement_trial);
         report.spared_sms = report.spared_sms.or(o.spared_sms);
-        report
-            .whole_run
-            .push(training_only(o.profile.clone()).summary());
-        report.summaries.push(
-            training_only(match o.steady_from {
-                Some(t) => o.profile.since(t),
-                None => o.profile.clone(),
-            })
-            .summary(),
-        );
+        let training = training_only(&o.profile);
+        report.whole_run.push(training.summary());
+        report.summaries.push(match o.steady_from {
+            Some(t) => training.since(t).summary(),
+            None => training.summary(),
+        });
         report.profiles.push(o.profile);
     }
     if let Some(path) = trace_path {
