@@ -327,6 +327,57 @@ fn accumulation_and_validation_on_cuda_follow_the_cpu() {
     }
 }
 
+/// Decoding positions one at a time on CUDA (`Gpt2Model::forward_position`,
+/// the one-row attention kernel; the sampler's KV cache, off by default on
+/// CUDA until this passes on a GPU) against the full forward pass's rows on
+/// the same GPU, fp32 and bf16, and a sampler with the cache drawing its
+/// tokens.
+#[test]
+fn decoded_positions_on_cuda_follow_the_full_forward() {
+    if !braid::cuda::gpu_or_skip("decoded_positions_on_cuda_follow_the_full_forward") {
+        return;
+    }
+    use braid_gpt2::model::{init_params, Gpt2Model, ModelOptions, Sampler};
+    let cfg = Gpt2Config::tiny();
+    let rt =
+        braid_gpt2::trainer::model_runtime(BackendKind::Cuda { device: 0 }, 2, Policy::Affinity, 0)
+            .unwrap();
+    let params = init_params(&cfg, 5);
+    let t = 40;
+    let tokens: Vec<u32> = (0..t)
+        .map(|i| ((i * 7919 + 13) % cfg.vocab_size) as u32)
+        .collect();
+    for (dtype, rtol) in [(Dtype::F32, 1e-4f32), (Dtype::Bf16, 3e-2)] {
+        let opts = ModelOptions {
+            dtype,
+            ..ModelOptions::default()
+        };
+        let mut m = Gpt2Model::with_options(&rt, &cfg, 1, t, opts).unwrap();
+        m.upload_params(&rt, &params).unwrap();
+        m.forward(&rt, &tokens, None).unwrap();
+        let full: Vec<Vec<f32>> = (0..t).map(|p| m.read_logits_row(&rt, p).unwrap()).collect();
+        let mut padded = tokens[..3].to_vec();
+        padded.resize(t, 0);
+        m.forward(&rt, &padded, None).unwrap();
+        for (p, &token) in tokens.iter().enumerate().skip(3) {
+            m.forward_position(&rt, p, token).unwrap();
+            let row = m.read_logits_row(&rt, p).unwrap();
+            let scale = full[p].iter().fold(1f32, |s, x| s.max(x.abs()));
+            let d = row
+                .iter()
+                .zip(&full[p])
+                .fold(0f32, |s, (a, b)| s.max((a - b).abs()));
+            assert!(d <= rtol * scale, "{dtype}: position {p} differs by {d}");
+        }
+        let mut s = Sampler::new(&rt, &cfg, &params, 16, 1.0, 7, dtype)
+            .unwrap()
+            .with_kv_cache(true);
+        let drawn = s.generate(&rt, &tokens[..2], 30, |_| Ok(())).unwrap();
+        assert_eq!(drawn.len(), 30);
+        assert!(drawn.iter().all(|&x| (x as usize) < cfg.vocab_size));
+    }
+}
+
 /// A best-effort bf16 run that leaves SMs to other programs
 /// (`TrainOptions::spare_sms`: its compute streams in a green context)
 /// trains like one on every SM: every kernel (NVRTC's, cuBLAS's) runs on

@@ -11,9 +11,9 @@
 
 mod common;
 
-use braid_gpt2::kernels::cpu::{attention_backward, attention_forward, Bf16};
+use braid_gpt2::kernels::cpu::{attention_backward, attention_decode, attention_forward, Bf16};
 use braid_kernel_emu as emu;
-use common::{assert_bits, bits, compare, linear, to_bf16, values, warp_rows, widen};
+use common::{assert_bits, bits, compare, compare_bf16, linear, to_bf16, values, warp_rows, widen};
 
 /// The GPU tests' shape: (B, T, C, NH), hs = 24, T past a warp.
 const B: usize = 2;
@@ -299,4 +299,29 @@ fn bf16_pipeline_matches_the_cpu() {
         2e-2 * largest(&want),
         3e-2,
     );
+}
+
+/// Decoding one position (`attention_decode_cuda`: grid NH, block 128)
+/// against the CPU's one-row attention, which is the whole pass's last row:
+/// at 1, 37 (past a warp) and 300 positions (past the block, so threads
+/// take several scores each), f32 and bf16.
+#[test]
+fn decoding_one_position_matches_the_cpu() {
+    let (grid, block): (D, D) = ((NH as u32, 1, 1), (128, 1, 1));
+    for t in [1, T, 300] {
+        let inp = values(3 * C * t, 40 + t as u64, 2.0);
+        let mut want = vec![0.0f32; C];
+        attention_decode(&mut want, &inp, t, C, NH);
+        let mut got = vec![f32::NAN; C];
+        emu::attention_decode(grid, block, &mut got, &inp, t as i32, C as i32, NH as i32).unwrap();
+        compare(&format!("attention_decode, T {t}"), &got, &want, 1e-5, 1e-4);
+
+        let inp = to_bf16(&inp);
+        let mut want = vec![Bf16(0); C];
+        attention_decode(&mut want, &inp, t, C, NH);
+        let mut got = vec![0u16; C];
+        let (c, nh) = (C as i32, NH as i32);
+        emu::attention_decode_bf16(grid, block, &mut got, &bits(&inp), t as i32, c, nh).unwrap();
+        compare_bf16(&format!("attention_decode bf16, T {t}"), &got, &want, 1);
+    }
 }

@@ -265,3 +265,80 @@ extern "C" __global__ void attention_softmax_backward_bf16(bf16_t* __restrict__ 
         o[t2] = bf16_store(g);
     }
 }
+
+// Decoding one position with a KV cache (attention_decode in attention.rs):
+// out (C) = the last row's attention over the packed rows inp (T, 3C), from
+// the last row's query and every row's key and value. One block per head;
+// the scores sit in shared memory (T <= DECODE_MAX_T floats), the maximum
+// and the sum are block reductions, and each thread forms some of the
+// head's hs outputs as the CPU does: p = exp(s - max) / sum, out = Σ p · v.
+// f32 arithmetic; the CPU's sum of exponentials is f64, so the two agree to
+// float tolerance, not bit for bit.
+// Launch: grid NH, block DECODE_BLOCK (any multiple of 32 works).
+#define DECODE_BLOCK 128
+#define DECODE_MAX_T 4096
+
+// The block's maximum (max) or sum of v, on every thread; `red` holds 32.
+static __device__ __forceinline__ float decode_block_reduce(float v, float* red, bool max) {
+    v = max ? warp_max(v) : warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // `red` may still be read from the last reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int warps = (blockDim.x + 31) >> 5;
+        v = lane < warps ? red[lane] : (max ? NEG_INF : 0.0f);
+        v = max ? warp_max(v) : warp_sum(v);
+        if (lane == 0) red[0] = v;
+    }
+    __syncthreads();
+    return red[0];
+}
+
+template <typename S>
+static __device__ __forceinline__ void decode(S* __restrict__ out, const S* __restrict__ inp,
+                                              int T, int C, int NH) {
+    __shared__ float scores[DECODE_MAX_T];  // (T)
+    __shared__ float red[32];
+    if ((int)blockIdx.x >= NH) return;  // (the whole block)
+    const int h = blockIdx.x, hs = C / NH;
+    const long long C3 = 3LL * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const S* q = inp + (long long)(T - 1) * C3 + (long long)h * hs;
+    float mx = NEG_INF;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        const S* k = inp + (long long)j * C3 + C + (long long)h * hs;
+        float dot = 0.0f;
+        for (int i = 0; i < hs; i++) dot += ld_f32(q[i]) * ld_f32(k[i]);
+        const float s = dot * scale;
+        scores[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = decode_block_reduce(mx, red, true);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        const float e = expf(scores[j] - mx);
+        scores[j] = e;
+        sum += e;
+    }
+    // (The reduction's barriers also make every score visible to all.)
+    const float inv = 1.0f / decode_block_reduce(sum, red, false);
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < T; j++) {
+            acc += (scores[j] * inv) * ld_f32(inp[(long long)j * C3 + 2 * C + (long long)h * hs + d]);
+        }
+        st_f32(&out[(long long)h * hs + d], acc);
+    }
+}
+
+extern "C" __global__ void attention_decode(float* __restrict__ out, const float* __restrict__ inp,
+                                            int T, int C, int NH) {
+    decode(out, inp, T, C, NH);
+}
+
+extern "C" __global__ void attention_decode_bf16(bf16_t* __restrict__ out,
+                                                 const bf16_t* __restrict__ inp, int T, int C,
+                                                 int NH) {
+    decode(out, inp, T, C, NH);
+}

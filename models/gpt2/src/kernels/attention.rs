@@ -30,7 +30,7 @@
 //!   row and one block per head for the backward pass: on an H200 they made
 //!   a GPT-2 124M step 20× slower than `f32`, 2026-11-26.)
 
-use braid::cuda::{Gemm, KernelArgs, Transpose};
+use braid::cuda::{Gemm, KernelArgs, LaunchConfig, Transpose};
 use braid::{CudaTaskCtx, DevSlice, DevSliceMut, Result, TaskHandle, View};
 
 use super::check_len;
@@ -55,6 +55,8 @@ pub(crate) static CUDA: Program = Program::new(
         "attention_unpermute_backward_bf16",
         "attention_softmax_forward_bf16",
         "attention_softmax_backward_bf16",
+        "attention_decode",
+        "attention_decode_bf16",
     ],
 );
 static PERMUTE: Kernel = Kernel::new(&CUDA, 0);
@@ -69,6 +71,17 @@ static UNPERMUTE_BF16: Kernel = Kernel::new(&CUDA, 8);
 static UNPERMUTE_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 9);
 static SOFTMAX_FORWARD_BF16: Kernel = Kernel::new(&CUDA, 10);
 static SOFTMAX_BACKWARD_BF16: Kernel = Kernel::new(&CUDA, 11);
+static DECODE: Kernel = Kernel::new(&CUDA, 12);
+static DECODE_BF16: Kernel = Kernel::new(&CUDA, 13);
+
+/// Threads of a block of the decoding kernel (`DECODE_BLOCK` in
+/// `attention.cu`).
+const DECODE_BLOCK: u32 = 128;
+
+/// The most positions [`attention_decode_cuda`] attends to: its scores, one
+/// `f32` each, in a block's shared memory (`DECODE_MAX_T` in
+/// `attention.cu`; 16 KiB, GPT-2's context is 1,024).
+pub const DECODE_MAX_T: usize = 4096;
 
 // ---------------------------------------------------------------------------
 // Tasks
@@ -150,6 +163,28 @@ pub fn backward<'rt>(
     )
 }
 
+/// Submits the attention of one new position as `task` (decoding with a
+/// KV cache): `out` (`C`) gets what [`forward`] writes for the last row of
+/// the one sequence `inp` (`(T, 3C)`: the packed query, keys and values of
+/// positions `0..T`, the last the new one), from the keys and values of
+/// every row and the last row's query, without the `(NH, T, T)` scores.
+/// The CPU body gives [`forward`]'s bits ([`attention_decode`]).
+pub fn decode<'rt>(
+    task: impl Into<Task<'rt>>,
+    out: &View, // (C)
+    inp: &View, // (T, 3C)
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<TaskHandle> {
+    submit!(
+        task,
+        |S| (out.write::<S>(), inp.read::<S>()),
+        move |(out, inp)| attention_decode(out, inp, t, c, nh),
+        move |(out, inp), cu| task_result(attention_decode_cuda(cu, out, inp, t, c, nh)),
+    )
+}
+
 /// Bytes of scratch [`attention_forward_cuda`] needs: `4·B·T·C` elements of
 /// the storage type `dtype`, used as `q | k | v | vaccum`, each `(B, NH, T,
 /// hs)` with `hs = C / NH`: the heads of `inp` permuted for the batched
@@ -222,49 +257,100 @@ fn attention_forward_f32(
 ) {
     let hs = c / nh;
     let c3 = 3 * c;
-    let scale = 1.0 / (hs as f32).sqrt();
     for bi in 0..b {
         let inp_b = &inp[bi * t * c3..][..t * c3];
         for ti in 0..t {
             // A best-effort task may pause here (one row of every head done).
             braid::preemption_point();
             for h in 0..nh {
-                let query = &inp_b[ti * c3 + h * hs..][..hs];
                 let row = ((bi * nh + h) * t + ti) * t;
-                let preatt_row = &mut preatt[row..][..t];
-                let att_row = &mut att[row..][..t];
-
-                // pass 1: scores and their maximum
-                let mut maxval = f32::NEG_INFINITY;
-                for t2 in 0..=ti {
-                    let key = &inp_b[t2 * c3 + c + h * hs..][..hs];
-                    let dot: f32 = query.iter().zip(key).map(|(&q, &k)| q * k).sum();
-                    let val = dot * scale;
-                    preatt_row[t2] = val;
-                    maxval = maxval.max(val);
-                }
-                preatt_row[ti + 1..].fill(0.0);
-
-                // pass 2: softmax over the causal prefix
-                att_row[..=ti].copy_from_slice(&preatt_row[..=ti]);
-                let expsum = fastmath::exp_in_place_sum_f64(&mut att_row[..=ti], maxval);
-                let inv = (1.0 / expsum) as f32;
-                for a in &mut att_row[..=ti] {
-                    *a *= inv;
-                }
-                att_row[ti + 1..].fill(0.0);
-
-                // pass 3: weighted sum of the values
+                let (preatt_row, att_row) = (&mut preatt[row..][..t], &mut att[row..][..t]);
                 let out_h = &mut out[(bi * t + ti) * c + h * hs..][..hs];
-                out_h.fill(0.0);
-                for (t2, &a) in att_row[..=ti].iter().enumerate() {
-                    let value = &inp_b[t2 * c3 + 2 * c + h * hs..][..hs];
-                    for (o, &v) in out_h.iter_mut().zip(value) {
-                        *o += a * v;
-                    }
-                }
+                attend_row(out_h, preatt_row, att_row, inp_b, ti, h, c, nh);
+                preatt_row[ti + 1..].fill(0.0);
+                att_row[ti + 1..].fill(0.0);
             }
         }
+    }
+}
+
+/// Query row `ti` of head `h` against keys and values `0..=ti` of `inp_b`
+/// (one sequence, `(T, 3C)`): the scaled scores into `preatt_row[..=ti]`,
+/// their softmax into `att_row[..=ti]`, the weighted sum of the values into
+/// `out_h` (`hs`). The one place this arithmetic is written: the whole
+/// forward pass and the decoding of one position ([`attention_decode`])
+/// give the same bits.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_row(
+    out_h: &mut [f32],
+    preatt_row: &mut [f32],
+    att_row: &mut [f32],
+    inp_b: &[f32],
+    ti: usize,
+    h: usize,
+    c: usize,
+    nh: usize,
+) {
+    let (hs, c3) = (c / nh, 3 * c);
+    let scale = 1.0 / (hs as f32).sqrt();
+    let query = &inp_b[ti * c3 + h * hs..][..hs];
+    // pass 1: scores and their maximum
+    let mut maxval = f32::NEG_INFINITY;
+    for t2 in 0..=ti {
+        let key = &inp_b[t2 * c3 + c + h * hs..][..hs];
+        let dot: f32 = query.iter().zip(key).map(|(&q, &k)| q * k).sum();
+        let val = dot * scale;
+        preatt_row[t2] = val;
+        maxval = maxval.max(val);
+    }
+
+    // pass 2: softmax over the causal prefix
+    att_row[..=ti].copy_from_slice(&preatt_row[..=ti]);
+    let expsum = fastmath::exp_in_place_sum_f64(&mut att_row[..=ti], maxval);
+    let inv = (1.0 / expsum) as f32;
+    for a in &mut att_row[..=ti] {
+        *a *= inv;
+    }
+
+    // pass 3: weighted sum of the values
+    out_h.fill(0.0);
+    for (t2, &a) in att_row[..=ti].iter().enumerate() {
+        let value = &inp_b[t2 * c3 + 2 * c + h * hs..][..hs];
+        for (o, &v) in out_h.iter_mut().zip(value) {
+            *o += a * v;
+        }
+    }
+}
+
+/// Decoding, one position: `out` (`C`) is row `T − 1` of
+/// [`attention_forward`]'s `out` for the one sequence `inp` (`(T, 3C)`, the
+/// packed rows `0..T`), bit for bit, without the `(NH, T, T)` scores: the
+/// last query attends to every key and value of `inp` (a KV cache's).
+pub fn attention_decode<S: Storage>(
+    out: &mut [S], // (C)
+    inp: &[S],     // (T, 3C)
+    t: usize,
+    c: usize,
+    nh: usize,
+) {
+    assert!(
+        nh > 0 && c % nh == 0 && t > 0,
+        "attention_decode: C ({c}) not divisible by NH ({nh}), or T = 0"
+    );
+    check_len("attention_decode", "out", out.len(), c);
+    check_len("attention_decode", "inp", inp.len(), t * 3 * c);
+    let inp = S::load_slice(inp);
+    S::update_f32(out, |out| attention_decode_f32(out, &inp, t, c, nh))
+}
+
+/// [`attention_decode`] in `f32`, shapes checked.
+#[multiversion::multiversion(targets("x86_64+avx2"))]
+fn attention_decode_f32(out: &mut [f32], inp: &[f32], t: usize, c: usize, nh: usize) {
+    let hs = c / nh;
+    let (mut preatt_row, mut att_row) = (vec![0f32; t], vec![0f32; t]);
+    for (h, out_h) in out.chunks_exact_mut(hs).enumerate() {
+        attend_row(out_h, &mut preatt_row, &mut att_row, inp, t - 1, h, c, nh);
     }
 }
 
@@ -388,6 +474,41 @@ fn attention_dims(
     k.dim("T·T", k.mul(t, t)?)?;
     k.dim("B·NH·T", k.mul(bnh, t)?)?;
     Ok((hs, bnh, [bi, ti, nhi, k.dim("hs", hs)?]))
+}
+
+/// [`attention_decode`] on the task's stream: a block per head
+/// (`attention_decode[_bf16]`), at most [`DECODE_MAX_T`] positions.
+pub fn attention_decode_cuda<S: Storage>(
+    cu: &CudaTaskCtx<'_>,
+    out: DevSliceMut<S>, // (C)
+    inp: DevSlice<S>,    // (T, 3C)
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Result<()> {
+    let k = Check::new("attention_decode");
+    let (_, _, [_, ti, nhi, _]) = attention_dims(&k, 1, t, c, nh)?;
+    if t == 0 || t > DECODE_MAX_T {
+        return Err(k.err(format!("T ({t}) is not in 1..={DECODE_MAX_T}")));
+    }
+    k.exact("out", &out, "(C)", c)?;
+    k.exact("inp", &inp, "(T, 3C)", k.mul(k.mul(t, c)?, 3)?)?;
+    let l = Launcher::new(k, cu);
+    let cfg = LaunchConfig {
+        grid: (nhi as u32, 1, 1),
+        block: (DECODE_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut a = KernelArgs::new();
+    a.ptr(out.ptr())
+        .ptr(inp.ptr())
+        .i32(ti)
+        .i32(c as i32)
+        .i32(nhi);
+    // SAFETY: attention_decode[_bf16](S* out, const S* inp, int T, int C,
+    // int NH): out is (C), inp (T, 3C) (checked), T at most the kernel's
+    // DECODE_MAX_T scores (checked); NH blocks.
+    unsafe { l.launch(by_dtype::<S>(&DECODE, &DECODE_BF16), cfg, &a) }
 }
 
 /// [`attention_forward`] on the task's stream, llm.c's cuBLAS formulation
@@ -592,8 +713,38 @@ pub fn attention_backward_cuda<S: Storage>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::storage::Bf16;
     use super::super::testutil::{assert_close, fd_check, randn};
     use super::*;
+
+    /// Decoding the last position of each prefix gives the whole forward
+    /// pass's row, bit for bit, in f32 and bf16.
+    #[test]
+    fn decoding_a_position_is_the_forward_passs_row() {
+        let (t, c, nh) = (7, 12, 3);
+        let inp = randn(t * 3 * c, 1.0, 11);
+        let full = |inp: &[f32], t: usize| {
+            let mut out = vec![0f32; t * c];
+            let mut scores = vec![0f32; nh * t * t];
+            let mut att = scores.clone();
+            attention_forward(&mut out, &mut scores, &mut att, inp, 1, t, c, nh);
+            out
+        };
+        let whole = full(&inp, t);
+        for p in 1..=t {
+            let mut out = vec![0f32; c];
+            attention_decode(&mut out, &inp[..p * 3 * c], p, c, nh);
+            assert_eq!(out, whole[(p - 1) * c..p * c], "f32, {p} positions");
+        }
+        let inp16: Vec<Bf16> = inp.iter().map(|&x| Bf16::from_f32(x)).collect();
+        let mut whole16 = vec![Bf16::from_f32(0.0); t * c];
+        let mut scores = vec![Bf16::from_f32(0.0); nh * t * t];
+        let mut att = scores.clone();
+        attention_forward(&mut whole16, &mut scores, &mut att, &inp16, 1, t, c, nh);
+        let mut out16 = vec![Bf16::from_f32(0.0); c];
+        attention_decode(&mut out16, &inp16, t, c, nh);
+        assert_eq!(out16, whole16[(t - 1) * c..]);
+    }
 
     #[test]
     fn scratch_sizes() {

@@ -212,7 +212,7 @@ pub fn preload(device: &braid::cuda::CudaDevice) -> braid::Result<()> {
 /// [`Reference`](crate::reference::Reference) and the tests call them.
 pub mod cpu {
     pub use super::adamw::{adamw_update, adamw_update_mixed};
-    pub use super::attention::{attention_backward, attention_forward};
+    pub use super::attention::{attention_backward, attention_decode, attention_forward};
     pub use super::encoder::{encoder_backward, encoder_forward};
     pub use super::flash_attention::{flash_attention_backward, flash_attention_forward};
     pub use super::fused_classifier::{classifier_losses, fused_classifier};

@@ -107,6 +107,7 @@
 //! still deterministic for a given shape.
 
 mod backward;
+mod decode;
 mod forward;
 mod sample;
 

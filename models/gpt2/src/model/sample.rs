@@ -1,6 +1,15 @@
-//! Text generation with the engine model: one forward pass per new token over
-//! a fixed `(1, T)` window (llm.c's way: causal attention means the positions
-//! after the context do not affect the ones inside it).
+//! Text generation with the engine model on a fixed `(1, T)` window (causal
+//! attention: the positions after the context do not affect the ones inside
+//! it). The context takes one forward pass; each token drawn after it, while
+//! the window still has room, takes the forward pass of its own position
+//! only ([`Gpt2Model::forward_position`]: the model's activations are the KV
+//! cache), the same logits to float rounding. Once the window is full
+//! every position moves with each new token, and each token takes a forward
+//! pass over the last `T` (llm.c's and nanoGPT's way for every token).
+//!
+//! On CUDA the sampler makes a forward pass per token for now: the one-row
+//! attention kernel has not yet been run on a GPU (docs/gpu-validation.md);
+//! [`Sampler::with_kv_cache`] turns it on.
 
 use braid::Runtime;
 
@@ -134,6 +143,9 @@ pub struct Sampler {
     model: Gpt2Model,
     rng: Rng,
     how: Sampling,
+    /// Whether a token after the context takes one position's forward pass
+    /// (module docs).
+    kv_cache: bool,
 }
 
 impl Sampler {
@@ -162,10 +174,20 @@ impl Sampler {
         let model = Gpt2Model::with_options(rt, cfg, 1, t, opts)?;
         model.upload_params(rt, params)?;
         Ok(Sampler {
+            kv_cache: rt.cuda_device().is_none(),
             model,
             rng: Rng::new(seed),
             how,
         })
+    }
+
+    /// With `on`, each token drawn while the window has room takes the
+    /// forward pass of its own position only; without, a forward pass over
+    /// the whole window (module docs). On by default on the CPU, off on
+    /// CUDA.
+    pub fn with_kv_cache(mut self, on: bool) -> Self {
+        self.kv_cache = on;
+        self
     }
 
     /// Draws with `how` from now on (its temperature replaces the one given
@@ -205,11 +227,21 @@ impl Sampler {
         // `n` may be huge (generate until the reader stops): no room for
         // it is reserved up front.
         let mut out = Vec::with_capacity(n.min(4096));
+        // How many of the window's first tokens the model's activations
+        // hold.
+        let mut computed = 0;
         for _ in 0..n {
             let len = window.len();
-            let mut tokens = window.clone();
-            tokens.resize(t, 0);
-            self.model.forward(rt, &tokens, None)?;
+            // Only the last token is new: the window grew by the token drawn
+            // last (once full, it slides instead, and every position moves).
+            if self.kv_cache && computed + 1 == len {
+                self.model.forward_position(rt, len - 1, window[len - 1])?;
+            } else {
+                let mut tokens = window.clone();
+                tokens.resize(t, 0);
+                self.model.forward(rt, &tokens, None)?;
+            }
+            computed = len;
             let logits = self.model.read_logits_row(rt, len - 1)?;
             let next = sample_with(&logits, &self.how, &mut self.rng);
             on_token(next)?;

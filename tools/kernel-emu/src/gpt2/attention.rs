@@ -205,3 +205,31 @@ twins! {
         unsafe { args.launch(grid, block) }
     }
 }
+
+twins! {
+    /// `attention_decode` (f32): `out` `(C)` = the attention of the last of
+    /// the packed rows `inp` `(T, 3C)` over all of them (decoding one
+    /// position with a KV cache), `C = NH·hs`. The launcher (attention.rs,
+    /// `attention_decode_cuda`): one block per head, grid `NH`, block 128,
+    /// `T` at most the kernel's `DECODE_MAX_T` (4,096).
+    pub fn attention_decode(S = f32);
+    /// [`attention_decode`] with bf16 storage.
+    pub fn attention_decode_bf16(S = u16);
+    fn(k, grid: Dim3, block: Dim3, out: &mut [S], inp: &[S], t: i32, c: i32, nh: i32) {
+        let (t, cu, nhu) = (dim(k, "T", t)?, dim(k, "C", c)?, dim(k, "NH", nh)?);
+        if cu % nhu != 0 || t > 4096 {
+            return Err(format!(
+                "{k}: C ({cu}) is not NH ({nhu}) heads, or T ({t}) is past 4096"
+            ));
+        }
+        let args = Args::new(k)
+            .output("out", out, cu)?
+            .input("inp", inp, product(k, &[t, cu, 3])?)?
+            .i32s([t as i32, c, nh]);
+        // SAFETY: out holds (C) and inp (T, 3C) (checked), T fits the
+        // kernel's shared scores; attention_decode[_bf16] returns in blocks
+        // past NH, and block h reads rows < T of inp in head h's channels
+        // and writes that head's channels of out.
+        unsafe { args.launch(grid, block) }
+    }
+}
