@@ -37,8 +37,8 @@ use braid_gpt2::kernels::flash_attention::{
 use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler, Sampling};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
-    check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, MetricsLog,
-    StartState, StepReport, TrainOptions, Validation,
+    check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, Generation,
+    MetricsLog, StartState, StepReport, TrainOptions, Validation,
 };
 use braid_gpt2::weights::{load_hf_model, save_hf_model, HfOutput};
 use clap::builder::TypedValueParser as _;
@@ -132,6 +132,25 @@ struct TrainArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     val_windows: Option<u64>,
+    /// Generate text during training, as llm.c does: after every N steps
+    /// and after the last, --sample-tokens tokens continuing
+    /// --sample-prompt, drawn by rank 0 from the parameters just updated
+    /// (temperature 1, from --seed and the step number), printed after the
+    /// step
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    sample_every: Option<u64>,
+    /// Tokens generated each time (--sample-every) [default: 64]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "sample_every",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    sample_tokens: Option<u64>,
+    /// The text the generated tokens continue (--sample-every) [default:
+    /// the start of a document, GPT-2's <|endoftext|>]
+    #[arg(long, value_name = "TEXT", requires = "sample_every")]
+    sample_prompt: Option<String>,
     /// Tokens per optimizer step over all ranks (llm.c's total batch size):
     /// sets --grad-accum to this / (batch-size × seq-len × ranks), which
     /// must divide it
@@ -510,6 +529,33 @@ fn validation(
     }))
 }
 
+/// The text generation during training (`--sample-every`,
+/// `--sample-tokens`, `--sample-prompt`).
+fn generation(a: &TrainArgs, cfg: &Gpt2Config) -> Result<Option<Generation>> {
+    let Some(every) = a.sample_every else {
+        return Ok(None);
+    };
+    let prompt = match &a.sample_prompt {
+        Some(text) => Tokenizer::gpt2()?.encode_with_eot(text),
+        None => vec![braid_gpt2::data::EOT],
+    };
+    braid_gpt2::data::check_ids(&prompt, cfg.vocab_size, "--sample-prompt").with_context(|| {
+        format!(
+            "--sample-every: the prompt's tokens ({}) do not fit the model's vocabulary of {}",
+            a.sample_prompt
+                .as_deref()
+                .map_or("<|endoftext|>".into(), |p| format!("{p:?}")),
+            cfg.vocab_size
+        )
+    })?;
+    Ok(Some(Generation {
+        every,
+        tokens: a.sample_tokens.map_or(64, |n| n as usize),
+        prompt,
+        how: Sampling::default(),
+    }))
+}
+
 /// The micro-batches per step of a run of `world` ranks: `--grad-accum`, or
 /// `--total-batch-size` over the tokens of one micro-batch of every rank.
 fn grad_accum(a: &TrainArgs, world: usize) -> Result<usize> {
@@ -883,6 +929,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         dtype: a.dtype.unwrap_or(Dtype::F32),
         // Resolved with the ranks, below.
         validation: None,
+        generation: None,
         placement: a
             .placement
             .as_ref()
@@ -932,6 +979,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.grad_accum = grad_accum(&a, world)?;
     opts.validation = validation(&a, &cfg, &data, world)?;
+    opts.generation = generation(&a, &cfg)?;
     // Not for a best-effort run: its runtime launches in bounded bundles
     // and refuses graphs (docs/tenants.md, "Kernels in bundles").
     opts.graphs = a.graphs
@@ -1078,11 +1126,22 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             opts.seq_len
         );
     }
+    if let Some(g) = &opts.generation {
+        say!(
+            "generation after every {} step(s) and the last: {} tokens continuing {}",
+            g.every,
+            g.tokens,
+            a.sample_prompt
+                .as_deref()
+                .map_or("<|endoftext|>".into(), |p| format!("{p:?}"))
+        );
+    }
     let pb = ProgressBar::new(a.steps.saturating_sub(start.step));
     pb.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise}]")
             .expect("valid template"),
     );
+    let tok = Tokenizer::gpt2()?;
     let on_step = |s: &StepReport| {
         let line = format!(
             "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s{}",
@@ -1098,6 +1157,22 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         } else if let Some(v) = s.val_loss {
             // Above the bar, where it stays.
             pb.println(format!("step {:>5}  val loss {v:.4}", s.step));
+        }
+        if let Some(ids) = &s.sample {
+            // A token outside GPT-2's vocabulary (a model with a bigger
+            // one) as `<id>`, as `sample` writes it.
+            let mut text = tok.stream();
+            let body: String = ids.iter().map(|&t| text.push(t)).collect();
+            let block = format!(
+                "step {:>5}  generated:\n---\n{body}{}\n---",
+                s.step,
+                text.finish()
+            );
+            if pb.is_hidden() {
+                say!("{block}");
+            } else {
+                pb.println(block);
+            }
         }
         pb.set_message(line);
         pb.inc(1);

@@ -1836,6 +1836,12 @@ fn out_of_range_settings_are_refused_clearly() {
             &["--val-every", "1", "--val-data", "builtin:val"],
             &["--val-data builtin:val", "out of range"],
         ),
+        (&["--sample-tokens", "8"], &["--sample-every"]),
+        (
+            &["--sample-every", "1"],
+            &["--sample-every", "<|endoftext|>", "vocabulary of 512"],
+        ),
+        (&["--sample-every", "0"], &["--sample-every", "0"]),
     ] {
         no_panic(&fails(d, &with(extra), needles));
     }
@@ -1856,6 +1862,26 @@ fn out_of_range_settings_are_refused_clearly() {
         err.contains("validation after every 1 step(s) and the last: "),
         "{err}"
     );
+    // Text generated during training, printed after the step (a model with
+    // GPT-2's vocabulary).
+    #[rustfmt::skip]
+    let out = run(d, &[
+        "train", "--model", "small", "--steps", "3", "--ranks", "1", "--batch-size", "1",
+        "--seq-len", "16", "--no-trace", "--sample-every", "2", "--sample-tokens", "5",
+        "--sample-prompt", "The king",
+    ]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "generation after every 2 step(s) and the last: 5 tokens continuing \"The king\""
+        ),
+        "{err}"
+    );
+    let blocks: Vec<&str> = err.split("  generated:\n---\n").skip(1).collect();
+    assert_eq!(blocks.len(), 2, "{err}");
+    assert!(err.contains("step     2  generated:") && err.contains("step     3  generated:"));
+    assert!(blocks.iter().all(|b| b.contains("\n---")), "{err}");
     // torchrun's variables on the CPU: nonsense is refused, a launch of
     // one process trains.
     for (env, needle) in [

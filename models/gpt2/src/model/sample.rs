@@ -16,6 +16,7 @@ use braid::Runtime;
 use super::{Gpt2Model, ModelOptions, Rng};
 use crate::config::Gpt2Config;
 use crate::error::{Gpt2Error, Result};
+use crate::kernels::fill;
 use crate::kernels::storage::Dtype;
 
 /// How the next token is drawn from a row of logits: the logits divided by
@@ -165,20 +166,70 @@ impl Sampler {
             temperature,
             ..Sampling::default()
         };
+        let s = Self::unloaded(rt, cfg, window, dtype, how, seed)?;
+        s.model.upload_params(rt, params)?;
+        Ok(s)
+    }
+
+    /// A sampler whose model has no parameters yet (all zero).
+    fn unloaded(
+        rt: &Runtime,
+        cfg: &Gpt2Config,
+        window: usize,
+        dtype: Dtype,
+        how: Sampling,
+        seed: u64,
+    ) -> Result<Self> {
         how.check()?;
         let t = window.clamp(1, cfg.max_seq_len);
         let opts = ModelOptions {
             dtype,
             ..ModelOptions::default()
         };
-        let model = Gpt2Model::with_options(rt, cfg, 1, t, opts)?;
-        model.upload_params(rt, params)?;
         Ok(Sampler {
             kv_cache: rt.cuda_device().is_none(),
-            model,
+            model: Gpt2Model::with_options(rt, cfg, 1, t, opts)?,
             rng: Rng::new(seed),
             how,
         })
+    }
+
+    /// A sampler for the parameters `model` holds now (copied on the
+    /// device; the same configuration and storage type), with a window of
+    /// `window` tokens (clamped to the model's context), drawing with
+    /// `how` from `seed`. [`copy_params`](Self::copy_params) takes the
+    /// model's parameters again after they change (a training run's).
+    pub fn for_model(
+        rt: &Runtime,
+        model: &Gpt2Model,
+        window: usize,
+        how: Sampling,
+        seed: u64,
+    ) -> Result<Self> {
+        let s = Self::unloaded(rt, model.config(), window, model.dtype(), how, seed)?;
+        s.copy_params(rt, model)?;
+        Ok(s)
+    }
+
+    /// Submits the copy of `model`'s parameters (as it stores them) into
+    /// the sampler's model; the next [`generate`](Self::generate) draws
+    /// from them. `model` is of the sampler's configuration and storage
+    /// type.
+    pub fn copy_params(&self, rt: &Runtime, model: &Gpt2Model) -> Result<()> {
+        let (from, to) = (model.params(), self.model.params());
+        if model.config() != self.model.config() || from.len() != to.len() {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "sampler parameters",
+                reason: "the model is not of the sampler's configuration and storage type".into(),
+            });
+        }
+        fill::copy(rt.task("sampler params"), &from.whole(), &to.whole())?;
+        Ok(())
+    }
+
+    /// Draws from `seed` from now on.
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = Rng::new(seed);
     }
 
     /// With `on`, each token drawn while the window has room takes the

@@ -279,7 +279,7 @@ pub(super) fn train_cpu(
             move |rank, comm| {
                 let report = |r: &StepReport| {
                     let (done, called) = std::sync::mpsc::sync_channel(1);
-                    if steps.send((*r, done)).is_ok() {
+                    if steps.send((r.clone(), done)).is_ok() {
                         // An error: the caller no longer listens.
                         let _ = called.recv();
                     }

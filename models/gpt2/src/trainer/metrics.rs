@@ -123,6 +123,8 @@ mod tests {
             tokens: 512,
             replayed: step > 2,
             val_loss,
+            // Not in the log.
+            sample: Some(vec![1, 2]),
         }
     }
 

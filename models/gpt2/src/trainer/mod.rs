@@ -75,6 +75,7 @@
 //! * this file: [`train`], which checks the options and picks the launch mode.
 
 mod eval;
+mod generate;
 mod launch;
 mod metrics;
 mod options;
@@ -91,6 +92,7 @@ use crate::error::{Gpt2Error, Result};
 use launch::{train_cpu, train_gpus, train_torchrun};
 
 pub use eval::{check_eval, evaluate, EvalReport};
+pub use generate::generation_seed;
 pub use launch::{
     model_runtime, rank_trace_path, rendezvous_port, resolve_backend, resolve_train_backend,
     RENDEZVOUS_PORT_VAR,
@@ -98,28 +100,32 @@ pub use launch::{
 pub use metrics::MetricsLog;
 #[doc(hidden)]
 pub use options::Fault;
-pub use options::{Moments, StartState, TrainOptions, Validation};
+pub use options::{Generation, Moments, StartState, TrainOptions, Validation};
 pub use report::{CapReport, StepReport, TrainReport};
 
 /// Where this process sits in a `torchrun` launch (braid's one parser of
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
 pub use braid::comm::DistEnv;
 
-/// `p` without the spans of the `validation` scope: the summaries are of
-/// training (a validation's collective waits for the slowest rank's share,
-/// which would count as exposed communication). `p` itself when it has
-/// none (no validation: no copy).
+/// `p` without the spans of the `validation` and `generation` scopes (and
+/// the scopes inside them): the summaries are of training (a validation's
+/// collective waits for the slowest rank's share, which would count as
+/// exposed communication; rank 0 generates alone). `p` itself when it has
+/// none (no validation or generation: no copy).
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
-    let validating = |s: &braid::trace::Span| {
-        s.scope
-            .as_deref()
-            .is_some_and(|sc| sc == "validation" || sc.starts_with("validation/"))
+    let aside = |s: &braid::trace::Span| {
+        s.scope.as_deref().is_some_and(|sc| {
+            ["validation", "generation"].iter().any(|&x| {
+                sc.strip_prefix(x)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            })
+        })
     };
-    if !p.spans.iter().any(validating) {
+    if !p.spans.iter().any(aside) {
         return std::borrow::Cow::Borrowed(p);
     }
     std::borrow::Cow::Owned(Profile {
-        spans: p.spans.iter().filter(|s| !validating(s)).cloned().collect(),
+        spans: p.spans.iter().filter(|s| !aside(s)).cloned().collect(),
         streams: p.streams.clone(),
         busy: p.busy.clone(),
         ..*p

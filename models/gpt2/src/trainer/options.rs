@@ -174,6 +174,8 @@ pub struct TrainOptions {
     pub placement: Option<braid::PlacementFile>,
     /// Evaluate held-out data during training (`None`, the default: never).
     pub validation: Option<Validation>,
+    /// Generate text during training (`None`, the default: never).
+    pub generation: Option<Generation>,
     /// A flag that, once set (from a signal handler, another thread), stops
     /// the run early: every rank stops at the same step, the one in
     /// progress or the next, then saves the checkpoint and writes the trace
@@ -222,6 +224,29 @@ pub struct Validation {
     /// Windows per evaluation, from the start of `data` (all of them if it
     /// has fewer); at least 1.
     pub windows: usize,
+}
+
+/// Text generated during training ([`TrainOptions::generation`]), as llm.c
+/// prints a sample every few steps: after every `every` steps and after
+/// the run's last, rank 0 continues `prompt` by `tokens` tokens drawn with
+/// `how` from the parameters just updated, reported with the step
+/// ([`StepReport::sample`](super::StepReport)). Each step's draws come from
+/// the run's seed and the step number
+/// ([`generation_seed`](super::generation_seed)), so a resumed run draws
+/// what an uninterrupted one does; training is left exactly as it was (the
+/// same bits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Generate after every this many steps; at least 1.
+    pub every: u64,
+    /// Tokens to generate; at least 1.
+    pub tokens: usize,
+    /// The tokens to continue (GPT-2's `<|endoftext|>` alone: the start of
+    /// a document); at least one, each in the vocabulary.
+    pub prompt: Vec<u32>,
+    /// How each token is drawn (temperature 1 and no filter, llm.c's
+    /// sampler, by default).
+    pub how: crate::model::Sampling,
 }
 
 /// A task that panics (or, with `hang`, never returns) on rank `rank` at the
@@ -288,6 +313,7 @@ impl Default for TrainOptions {
             dtype: Dtype::F32,
             placement: None,
             validation: None,
+            generation: None,
             stop: None,
             fault: None,
         }
@@ -551,6 +577,16 @@ impl TrainOptions {
             }
             super::check_eval(&self.model, &v.data, self.seq_len, self.batch_size)?;
         }
+        if let Some(g) = &self.generation {
+            if g.every == 0 || g.tokens == 0 || g.prompt.is_empty() {
+                return bad(
+                    "generation",
+                    "its interval, its number of tokens and its prompt must be at least 1".into(),
+                );
+            }
+            crate::data::check_ids(&g.prompt, self.model.vocab_size, "generation prompt")?;
+            g.how.check()?;
+        }
         if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
             return bad("bucket cap", "must be positive".into());
         }
@@ -712,10 +748,10 @@ impl StartState {
 mod tests {
     use super::*;
 
-    /// Accumulation and validation settings that cannot run are refused
+    /// Accumulation, validation and generation settings that cannot run are refused
     /// before any rank starts, naming what is wrong.
     #[test]
-    fn unusable_accumulation_and_validation_are_refused() {
+    fn unusable_accumulation_validation_and_generation_are_refused() {
         let with = |grad_accum, every, windows, tokens: usize| TrainOptions {
             grad_accum,
             validation: Some(Validation {
@@ -732,6 +768,30 @@ mod tests {
             (with(1, 0, 1, t + 1), "validation"),
             (with(1, 1, 0, t + 1), "validation"),
             (with(1, 1, 1, t), "too few for one window"),
+        ] {
+            let e = o.check().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let gen = |every, tokens, prompt: Vec<u32>, temperature| TrainOptions {
+            generation: Some(Generation {
+                every,
+                tokens,
+                prompt,
+                how: crate::model::Sampling {
+                    temperature,
+                    ..Default::default()
+                },
+            }),
+            ..TrainOptions::default()
+        };
+        let v = TrainOptions::default().model.vocab_size as u32;
+        assert!(gen(1, 1, vec![v - 1], 1.0).check().is_ok());
+        for (o, needle) in [
+            (gen(0, 1, vec![1], 1.0), "generation"),
+            (gen(1, 0, vec![1], 1.0), "generation"),
+            (gen(1, 1, vec![], 1.0), "generation"),
+            (gen(1, 1, vec![1, v], 1.0), "generation prompt"),
+            (gen(1, 1, vec![1], -1.0), "temperature"),
         ] {
             let e = o.check().unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");

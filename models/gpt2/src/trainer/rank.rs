@@ -337,6 +337,9 @@ fn run_rank_on(
         }),
     };
     let tokens = b * t * world * accum;
+    // Rank 0's sampler for the generation during training, made when first
+    // used.
+    let mut sampler = None;
     // The ranks' validation sums, added across them.
     let val_sums = match (&opts.validation, &comm) {
         (Some(_), Some(_)) => Some(rt.alloc("validation sums", 8)?),
@@ -566,6 +569,27 @@ fn run_rank_on(
             }
             _ => None,
         };
+        // Then the text, on rank 0 (every rank gathers ZeRO-1's shards).
+        let sample = match &opts.generation {
+            Some(g) if !diverged && (step % g.every == 0 || step == opts.steps) => {
+                {
+                    let _s = rt.scope("generation");
+                    gather_params(&model, reducer.as_ref())?;
+                }
+                match rank {
+                    0 => Some(super::generate::generate(
+                        rt,
+                        &model,
+                        g,
+                        &mut sampler,
+                        opts.seed,
+                        step,
+                    )?),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let report = StepReport {
             step,
             loss,
@@ -575,6 +599,7 @@ fn run_rank_on(
             tokens,
             replayed,
             val_loss,
+            sample,
         };
         if rank == 0 {
             on_step(&report);

@@ -9,7 +9,7 @@ use braid::comm::cap::CapChoice;
 use braid::trace::{Profile, Summary};
 
 /// One finished step, as rank 0 saw it (a line of a [`MetricsLog`](super::MetricsLog)).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StepReport {
     /// The step number (1-based, counting resumed steps).
     pub step: u64,
@@ -29,6 +29,11 @@ pub struct StepReport {
     /// evaluated ([`TrainOptions::validation`](super::TrainOptions)).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f32>,
+    /// The tokens generated after the step's update, where the run
+    /// generated ([`TrainOptions::generation`](super::TrainOptions)); not
+    /// in the metrics log.
+    #[serde(skip)]
+    pub sample: Option<Vec<u32>>,
 }
 
 /// What a run did.
