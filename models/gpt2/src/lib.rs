@@ -10,7 +10,7 @@
 //! use braid_gpt2::braid::{BackendKind, Policy};
 //! use braid_gpt2::config::Gpt2Config;
 //! use braid_gpt2::data::TokenSource;
-//! use braid_gpt2::model::{Dtype, Sampler};
+//! use braid_gpt2::model::{Dtype, ModelOptions, Sampler};
 //! use braid_gpt2::trainer::{self, StartState, TrainOptions};
 //!
 //! # fn main() -> braid_gpt2::error::Result<()> {
@@ -33,7 +33,8 @@
 //! assert_eq!(report.steps.len(), 2);
 //!
 //! let rt = trainer::model_runtime(BackendKind::Cpu, 1, Policy::Affinity, 0)?;
-//! let eval = trainer::evaluate(&rt, &cfg, &report.params, &data, 16, 4, Dtype::F32, |_, _| {})?;
+//! let opts = ModelOptions::default();
+//! let eval = trainer::evaluate(&rt, &cfg, &report.params, &data, 16, 4, opts, |_, _| {})?;
 //! println!("eval loss {:.3} over {} tokens", eval.loss, eval.tokens);
 //!
 //! let mut sampler = Sampler::new(&rt, &cfg, &report.params, 16, 0.0, 1, Dtype::F32)?;

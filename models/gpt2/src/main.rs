@@ -34,7 +34,7 @@ use braid_gpt2::error::Gpt2Error;
 use braid_gpt2::kernels::flash_attention::{
     attention_from_env, set_attention_kernels, AttentionKernels,
 };
-use braid_gpt2::model::{try_init_params, Dtype, Fusion, Sampler, Sampling};
+use braid_gpt2::model::{try_init_params, Dtype, Fusion, ModelOptions, Sampler, Sampling};
 use braid_gpt2::optim::LrSchedule;
 use braid_gpt2::trainer::{
     check_eval, evaluate, model_runtime, resolve_train_backend, train, DistEnv, Generation,
@@ -421,6 +421,13 @@ struct EvalArgs {
     /// fp32 on the CPU.
     #[arg(long)]
     dtype: Option<Dtype>,
+    /// The fused kernels, as train --fuse: a comma-separated list of
+    /// attention, classifier, residual-layernorm, gelu-recompute, or all,
+    /// or none (the unfused reference path). They keep no (B, NH, T, T)
+    /// attention matrices and no (B, T, V) probabilities, and agree with
+    /// the unfused path to float rounding [default: all]
+    #[arg(long, value_parser = Fusion::parse)]
+    fuse: Option<Fusion>,
 }
 
 #[derive(Debug, Args)]
@@ -535,25 +542,39 @@ fn generation(a: &TrainArgs, cfg: &Gpt2Config) -> Result<Option<Generation>> {
     let Some(every) = a.sample_every else {
         return Ok(None);
     };
-    let prompt = match &a.sample_prompt {
-        Some(text) => Tokenizer::gpt2()?.encode_with_eot(text),
-        None => vec![braid_gpt2::data::EOT],
-    };
-    braid_gpt2::data::check_ids(&prompt, cfg.vocab_size, "--sample-prompt").with_context(|| {
-        format!(
-            "--sample-every: the prompt's tokens ({}) do not fit the model's vocabulary of {}",
-            a.sample_prompt
-                .as_deref()
-                .map_or("<|endoftext|>".into(), |p| format!("{p:?}")),
+    let eot = braid_gpt2::data::EOT;
+    let prompt = match a.sample_prompt.as_deref() {
+        // An empty prompt is the start of a document, as `sample`'s.
+        Some(text) if !text.is_empty() => {
+            let ids = Tokenizer::gpt2()?.encode_with_eot(text);
+            braid_gpt2::data::check_ids(&ids, cfg.vocab_size, "--sample-prompt").with_context(
+                || {
+                    format!(
+                        "the --sample-prompt's tokens do not fit the model's vocabulary of {}",
+                        cfg.vocab_size
+                    )
+                },
+            )?;
+            ids
+        }
+        _ if eot as usize >= cfg.vocab_size => bail!(
+            "--sample-every starts its text at GPT-2's <|endoftext|> ({eot}), which the \
+             model's vocabulary of {} lacks; give a --sample-prompt",
             cfg.vocab_size
-        )
-    })?;
+        ),
+        _ => vec![eot],
+    };
     Ok(Some(Generation {
         every,
         tokens: a.sample_tokens.map_or(64, |n| n as usize),
         prompt,
         how: Sampling::default(),
     }))
+}
+
+/// The text `--sample-prompt` gives ("" for the start of a document).
+fn sample_prompt(a: &TrainArgs) -> &str {
+    a.sample_prompt.as_deref().unwrap_or_default()
 }
 
 /// The micro-batches per step of a run of `world` ranks: `--grad-accum`, or
@@ -1127,13 +1148,24 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         );
     }
     if let Some(g) = &opts.generation {
+        let shown = match sample_prompt(&a) {
+            "" => "<|endoftext|>".to_string(),
+            p if p.chars().count() > 60 => format!("{:?}…", p.chars().take(60).collect::<String>()),
+            p => format!("{p:?}"),
+        };
+        let cut = match g.prompt.len().checked_sub(cfg.max_seq_len) {
+            Some(n) if n > 0 => format!(
+                " (its last {} tokens: the prompt is {} and the model's context {})",
+                cfg.max_seq_len,
+                g.prompt.len(),
+                cfg.max_seq_len
+            ),
+            _ => String::new(),
+        };
         say!(
-            "generation after every {} step(s) and the last: {} tokens continuing {}",
+            "generation after every {} step(s) and the last: {} tokens continuing {shown}{cut}",
             g.every,
             g.tokens,
-            a.sample_prompt
-                .as_deref()
-                .map_or("<|endoftext|>".into(), |p| format!("{p:?}"))
         );
     }
     let pb = ProgressBar::new(a.steps.saturating_sub(start.step));
@@ -1164,8 +1196,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             let mut text = tok.stream();
             let body: String = ids.iter().map(|&t| text.push(t)).collect();
             let block = format!(
-                "step {:>5}  generated:\n---\n{body}{}\n---",
+                "step {:>5}  generated:\n---\n{}{body}{}\n---",
                 s.step,
+                sample_prompt(&a),
                 text.finish()
             );
             if pb.is_hidden() {
@@ -1429,7 +1462,11 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         seq_len,
         a.batch_size,
-        a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
+        ModelOptions {
+            dtype: a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
+            fusion: a.fuse.unwrap_or(Fusion::ALL),
+            ..ModelOptions::default()
+        },
         |i, n| {
             if i == n || i % 50 == 0 {
                 say!("batch {i}/{n}");

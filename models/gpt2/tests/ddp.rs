@@ -1241,7 +1241,11 @@ fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
             &val,
             t,
             3,
-            Dtype::F32,
+            // `braid-gpt2 eval`'s default: every fused kernel.
+            braid_gpt2::model::ModelOptions {
+                fusion: braid_gpt2::model::Fusion::ALL,
+                ..Default::default()
+            },
             |_, _| {},
         )
         .unwrap();

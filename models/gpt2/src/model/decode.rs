@@ -14,8 +14,9 @@
 //! views, so the row's activations and logits are what a forward pass over
 //! the tokens `0..=p` computes for it, to float rounding: the attention's
 //! arithmetic is the forward pass's own on the CPU, but a one-row product
-//! takes another path of the matrix library (2e-7 apart in `f32` logits, the
-//! same bf16 ones), and CUDA's one-row attention is a kernel of its own.
+//! takes another path of the matrix library (2e-7 apart in `f32` logits;
+//! in bf16 a stored rounding can flip now and then), and CUDA's one-row
+//! attention is a kernel of its own.
 
 use std::ops::Range;
 
@@ -210,7 +211,8 @@ mod tests {
     }
 
     /// `row` within float rounding of `full` (measured: 2e-7 in f32, where
-    /// a row's products take the matrix library's one-row path; 0 in bf16).
+    /// a row's products take the matrix library's one-row path; 0 in bf16
+    /// here, though a bf16 rounding can flip elsewhere).
     fn close(row: &[f32], full: &[f32], dtype: Dtype, p: usize) {
         let scale = full.iter().fold(1f32, |m, x| m.max(x.abs()));
         let d = row

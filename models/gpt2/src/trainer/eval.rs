@@ -7,7 +7,6 @@ use super::options::check_batch_shape;
 use crate::config::Gpt2Config;
 use crate::data::{eval_windows, TokenSource};
 use crate::error::{Gpt2Error, Result};
-use crate::kernels::storage::Dtype;
 use crate::model::{Gpt2Model, ModelOptions};
 
 /// The result of [`evaluate`].
@@ -52,8 +51,9 @@ pub fn check_eval(
 
 /// Mean next-token cross-entropy of `params` over the consecutive windows of
 /// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
-/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model
-/// storing `dtype` (the losses are summed in `f64` either way).
+/// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model made
+/// with `opts` (its storage type and fused kernels; the losses are summed
+/// in `f64` either way).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     rt: &Runtime,
@@ -62,7 +62,7 @@ pub fn evaluate(
     source: &TokenSource,
     seq_len: usize,
     batch_size: usize,
-    dtype: Dtype,
+    opts: ModelOptions,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
     let total = check_eval(cfg, source, seq_len, batch_size)?;
@@ -76,10 +76,6 @@ pub fn evaluate(
         let batch: Vec<_> = windows.by_ref().take(batch_size).collect();
         let b = batch.len();
         if model.as_ref().is_none_or(|m| m.batch_size() != b) {
-            let opts = ModelOptions {
-                dtype,
-                ..ModelOptions::default()
-            };
             let m = Gpt2Model::with_options(rt, cfg, b, seq_len, opts)?;
             m.upload_params(rt, params)?;
             model = Some(m);
@@ -111,6 +107,40 @@ pub fn evaluate(
 mod tests {
     use super::*;
     use crate::config::ConfigError;
+    use crate::kernels::storage::Dtype;
+
+    /// The fused kernels (`braid-gpt2 eval`'s default) score what the
+    /// unfused reference path does, to float rounding, in f32 and bf16, on
+    /// an odd shape (windows of 13, a last batch of one).
+    #[test]
+    fn fused_evaluation_follows_the_unfused_path() {
+        use crate::model::{init_params, Fusion};
+        let cfg = Gpt2Config::tiny();
+        let params = init_params(&cfg, 4);
+        let ids: Vec<u16> = (0..13 * 7 + 1).map(|i| (i * 37 % 509) as u16).collect();
+        let source = TokenSource::from_tokens(ids, "odd");
+        let rt =
+            crate::trainer::model_runtime(braid::BackendKind::Cpu, 2, braid::Policy::Affinity, 0)
+                .unwrap();
+        for (dtype, rtol) in [(Dtype::F32, 1e-6), (Dtype::Bf16, 1e-3)] {
+            let score = |fusion| {
+                let opts = ModelOptions {
+                    dtype,
+                    fusion,
+                    ..ModelOptions::default()
+                };
+                evaluate(&rt, &cfg, &params, &source, 13, 3, opts, |_, _| {}).unwrap()
+            };
+            let (plain, fused) = (score(Fusion::NONE), score(Fusion::ALL));
+            assert_eq!((plain.windows, fused.tokens), (7, 7 * 13));
+            assert!(
+                (plain.loss - fused.loss).abs() <= rtol * plain.loss,
+                "{dtype}: {} vs {}",
+                plain.loss,
+                fused.loss
+            );
+        }
+    }
 
     #[test]
     fn check_eval_refuses_an_invalid_config() {

@@ -1,12 +1,13 @@
-//! Text generated during training ([`Generation`]): rank 0 continues the
-//! prompt from the parameters a step has just updated, on its own runtime,
-//! with a sampler of its own whose parameters are copied from the training
-//! model on the device.
+//! Text generated during training ([`Generation`]): each rank continues
+//! the prompt from the parameters a step has just updated, on its own
+//! runtime, with a sampler of its own whose parameters are copied from the
+//! training model on the device (every rank draws the same tokens; rank 0
+//! reports them).
 
 use braid::Runtime;
 
 use super::options::Generation;
-use crate::error::Result;
+use crate::error::{Gpt2Error, Result};
 use crate::model::{Gpt2Model, Sampler};
 
 /// The seed of the draws after step `step` of a run seeded `seed`
@@ -16,18 +17,18 @@ pub fn generation_seed(seed: u64, step: u64) -> u64 {
     seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// The tokens `g` asks for after step `step`, drawn from
-/// [`generation_seed`]. The sampler is made at the first call and kept in
-/// `sampler`.
+/// The tokens `g` asks for after step `step` of a run seeded `seed`
+/// (`at`), drawn from [`generation_seed`]; fewer if `stop` says so before
+/// they are all drawn (the run is stopping). The sampler is made at the
+/// first call and kept in `sampler`.
 pub(super) fn generate(
     rt: &Runtime,
     model: &Gpt2Model,
     g: &Generation,
     sampler: &mut Option<Sampler>,
-    seed: u64,
-    step: u64,
+    (seed, step): (u64, u64),
+    stop: &dyn Fn() -> bool,
 ) -> Result<Vec<u32>> {
-    let _s = rt.scope("generation");
     let s = match sampler {
         Some(s) => {
             s.copy_params(rt, model)?;
@@ -39,5 +40,21 @@ pub(super) fn generate(
         }
     };
     s.reseed(generation_seed(seed, step));
-    s.generate(rt, &g.prompt, g.tokens, |_| Ok(()))
+    let (mut drawn, mut stopped) = (Vec::new(), false);
+    let out = s.generate(rt, &g.prompt, g.tokens, |t| {
+        drawn.push(t);
+        stopped = stop();
+        match stopped {
+            // Ends the generation; the tokens so far are the sample.
+            true => Err(Gpt2Error::InvalidSetting {
+                what: "generation",
+                reason: "stopped".into(),
+            }),
+            false => Ok(()),
+        }
+    });
+    match out {
+        Err(_) if stopped => Ok(drawn),
+        other => other,
+    }
 }

@@ -108,10 +108,16 @@ pub use report::{CapReport, StepReport, TrainReport};
 pub use braid::comm::DistEnv;
 
 /// `p` without the spans of the `validation` and `generation` scopes (and
-/// the scopes inside them): the summaries are of training (a validation's
-/// collective waits for the slowest rank's share, which would count as
-/// exposed communication; rank 0 generates alone). `p` itself when it has
+/// the scopes inside them), and without the time they took: the summaries
+/// are of training (a validation's collective waits for the slowest rank's
+/// share, which would count as exposed communication, and a generation's
+/// host work between its tasks as idle streams). `p` itself when it has
 /// none (no validation or generation: no copy).
+///
+/// Each run of such spans (in start order, with no training span starting
+/// among them) is cut out of the timeline, from its first start to its
+/// last end: every later time moves back by its length. They run between
+/// steps, with nothing of training in flight.
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     let aside = |s: &braid::trace::Span| {
         s.scope.as_deref().is_some_and(|sc| {
@@ -124,10 +130,48 @@ fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     if !p.spans.iter().any(aside) {
         return std::borrow::Cow::Borrowed(p);
     }
+    let mut order: Vec<&braid::trace::Span> = p.spans.iter().collect();
+    order.sort_by_key(|s| s.start_ns);
+    let mut cuts: Vec<(u64, u64)> = Vec::new();
+    let mut open: Option<(u64, u64)> = None;
+    for s in order {
+        match (aside(s), &mut open) {
+            (true, Some((_, end))) => *end = (*end).max(s.end_ns),
+            (true, None) => open = Some((s.start_ns, s.end_ns)),
+            (false, _) => cuts.extend(open.take()),
+        }
+    }
+    cuts.extend(open);
+    // Overlapping cuts (a training span that started inside one) as one.
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(cuts.len());
+    for (a, b) in cuts {
+        match merged.last_mut() {
+            Some((_, end)) if a <= *end => *end = (*end).max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    // The time cut out before `t`, taken off it.
+    let moved = |t: u64| -> u64 { t - merged.iter().map(|&(a, b)| t.clamp(a, b) - a).sum::<u64>() };
+    let spans = p
+        .spans
+        .iter()
+        .filter(|s| !aside(s))
+        .map(|s| braid::trace::Span {
+            start_ns: moved(s.start_ns),
+            end_ns: moved(s.end_ns),
+            ..s.clone()
+        })
+        .collect();
+    let busy = p
+        .busy
+        .iter()
+        .map(|&(a, b)| (moved(a), moved(b)))
+        .filter(|(a, b)| b > a)
+        .collect();
     std::borrow::Cow::Owned(Profile {
-        spans: p.spans.iter().filter(|s| !aside(s)).cloned().collect(),
+        spans,
         streams: p.streams.clone(),
-        busy: p.busy.clone(),
+        busy,
         ..*p
     })
 }
@@ -301,4 +345,69 @@ pub fn train(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use braid::trace::{Profile, Span};
+    use braid::TaskKind;
+
+    fn span(id: u64, scope: Option<&str>, start_ns: u64, end_ns: u64) -> Span {
+        Span {
+            id,
+            name: "t".into(),
+            scope: scope.map(Into::into),
+            kind: TaskKind::Compute,
+            stream: 0,
+            placement: braid::Placement {
+                reason: braid::PlaceReason::Pinned,
+                usable: 1,
+                priority: braid::Priority::Main,
+            },
+            start_ns,
+            end_ns,
+            preds: Default::default(),
+            ok: true,
+            bytes: 0,
+            wait_ns: 0,
+        }
+    }
+
+    /// Validation and generation leave the summaries with their spans and
+    /// the time between them: a step, a validation and a generation with a
+    /// host pause between their tasks, then a step, reads as two steps back
+    /// to back.
+    #[test]
+    fn the_summaries_leave_out_what_is_not_training() {
+        let p = Profile {
+            spans: vec![
+                span(0, Some("forward"), 0, 10),
+                span(1, Some("validation/forward"), 12, 20),
+                span(2, Some("generation"), 25, 30),
+                span(3, Some("generation/decode"), 33, 40),
+                span(4, Some("forward"), 40, 50),
+                span(5, Some("validations"), 50, 55),
+            ],
+            busy: vec![(0, 10), (12, 40), (40, 55)],
+            ..Profile::default()
+        };
+        let t = super::training_only(&p);
+        let kept: Vec<(u64, u64, u64)> = t
+            .spans
+            .iter()
+            .map(|s| (s.id, s.start_ns, s.end_ns))
+            .collect();
+        // 12..40 is cut out (28 ns); a scope that only starts alike stays.
+        assert_eq!(kept, [(0, 0, 10), (4, 12, 22), (5, 22, 27)]);
+        assert_eq!(t.busy, [(0, 10), (12, 27)]);
+        assert_eq!(t.summary().wall_ns, 27);
+        let plain = Profile {
+            spans: vec![span(0, Some("forward"), 0, 10)],
+            ..Profile::default()
+        };
+        assert!(matches!(
+            super::training_only(&plain),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 }

@@ -228,8 +228,9 @@ pub struct Validation {
 
 /// Text generated during training ([`TrainOptions::generation`]), as llm.c
 /// prints a sample every few steps: after every `every` steps and after
-/// the run's last, rank 0 continues `prompt` by `tokens` tokens drawn with
-/// `how` from the parameters just updated, reported with the step
+/// the run's last, every rank continues `prompt` by `tokens` tokens drawn
+/// with `how` from the parameters just updated (the same tokens on every
+/// rank; a stop cuts them short), reported with the step
 /// ([`StepReport::sample`](super::StepReport)). Each step's draws come from
 /// the run's seed and the step number
 /// ([`generation_seed`](super::generation_seed)), so a resumed run draws

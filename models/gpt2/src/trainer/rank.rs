@@ -199,6 +199,13 @@ impl RunShared {
         v.into_iter().map(|(_, p)| p).collect()
     }
 
+    /// Whether the run has been asked to stop ([`TrainOptions::stop`], or a
+    /// rank's failure or panic).
+    fn asked_to_stop(&self) -> bool {
+        self.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
+            || self.halt.load(Ordering::SeqCst)
+    }
+
     /// Whether a rank of `world` that has just finished `step` stops there.
     ///
     /// Every rank stops at the same step. With one rank, that is the step
@@ -208,8 +215,7 @@ impl RunShared {
     /// for this rank, which has not submitted it. A rank that checked
     /// before the flag was set finishes the next step and stops there too.
     fn stops_after(&self, step: u64, world: usize) -> bool {
-        let asked = self.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
-        if asked || self.halt.load(Ordering::SeqCst) {
+        if self.asked_to_stop() {
             let at = if world > 1 { step + 1 } else { step };
             self.stop_at.fetch_min(at, Ordering::SeqCst);
         }
@@ -337,9 +343,13 @@ fn run_rank_on(
         }),
     };
     let tokens = b * t * world * accum;
-    // Rank 0's sampler for the generation during training, made when first
-    // used.
+    // The sampler of the generation during training, made when first used,
+    // and the ranks' barrier after each.
     let mut sampler = None;
+    let gen_barrier = match (&opts.generation, &comm) {
+        (Some(_), Some(_)) => Some(rt.alloc("generation barrier", 4)?),
+        _ => None,
+    };
     // The ranks' validation sums, added across them.
     let val_sums = match (&opts.validation, &comm) {
         (Some(_), Some(_)) => Some(rt.alloc("validation sums", 8)?),
@@ -556,11 +566,13 @@ fn run_rank_on(
         let diverged = !(loss.is_finite() && grad_norm.is_finite());
         // Validation after the update (not timed with the step), on every
         // rank; ZeRO-1 gathers the updated shards first.
+        let mut gathered = false;
         let val_loss = match &opts.validation {
             Some(v) if !diverged && (step % v.every == 0 || step == opts.steps) => {
                 {
                     let _s = rt.scope("validation");
                     gather_params(&model, reducer.as_ref())?;
+                    gathered = true;
                 }
                 let comm = comm.as_ref().zip(val_sums.as_ref());
                 Some(super::validate::validate(
@@ -569,24 +581,23 @@ fn run_rank_on(
             }
             _ => None,
         };
-        // Then the text, on rank 0 (every rank gathers ZeRO-1's shards).
+        // Then the text: every rank draws the same tokens (so none waits
+        // in a collective for another's generation), rank 0 reports them.
         let sample = match &opts.generation {
             Some(g) if !diverged && (step % g.every == 0 || step == opts.steps) => {
-                {
-                    let _s = rt.scope("generation");
+                let _s = rt.scope("generation");
+                if !gathered {
                     gather_params(&model, reducer.as_ref())?;
                 }
-                match rank {
-                    0 => Some(super::generate::generate(
-                        rt,
-                        &model,
-                        g,
-                        &mut sampler,
-                        opts.seed,
-                        step,
-                    )?),
-                    _ => None,
+                let stop = || shared.asked_to_stop();
+                let at = (opts.seed, step);
+                let tokens = super::generate::generate(rt, &model, g, &mut sampler, at, &stop)?;
+                if let (Some(c), Some(b)) = (&comm, &gen_barrier) {
+                    // The ranks leave together: what one waits for another
+                    // is the generation's, not the next step's.
+                    c.all_reduce::<f32>(&b.whole(), ReduceOp::Sum)?;
                 }
+                (rank == 0).then_some(tokens)
             }
             _ => None,
         };
