@@ -284,9 +284,9 @@ fn bf16_and_fused_training_on_cuda_follows_the_cpu() {
 
 /// Gradient accumulation and validation on CUDA follow the CPU: 2
 /// micro-batches a step (their batches copied in on the device inside the
-/// step, which is replayed as a CUDA graph from step 3) and a validation
-/// every 2 steps, fp32 and bf16; the losses and validation losses within
-/// the tolerances above.
+/// step, which is replayed as a CUDA graph from step 3), a validation
+/// every 2 steps and text generated every 3, fp32 and bf16; the losses and
+/// validation losses within the tolerances above.
 #[test]
 fn accumulation_and_validation_on_cuda_follow_the_cpu() {
     if !braid::cuda::gpu_or_skip("accumulation_and_validation_on_cuda_follow_the_cpu") {
@@ -308,6 +308,12 @@ fn accumulation_and_validation_on_cuda_follow_the_cpu() {
                     every: 2,
                     windows: 9,
                 }),
+                generation: Some(braid_gpt2::trainer::Generation {
+                    every: 3,
+                    tokens: 8,
+                    prompt: vec![1, 2],
+                    how: braid_gpt2::model::Sampling::default(),
+                }),
                 ..options(backend, 1, 6)
             };
             train(&opts, start.clone(), &data, &|_| {})
@@ -324,6 +330,13 @@ fn accumulation_and_validation_on_cuda_follow_the_cpu() {
             }
         }
         assert_eq!(g.steps.iter().filter(|s| s.val_loss.is_some()).count(), 3);
+        // Text generated between graph launches, at steps 3 and 6.
+        let samples: Vec<(u64, usize)> = g
+            .steps
+            .iter()
+            .filter_map(|s| Some((s.step, s.sample.as_ref()?.len())))
+            .collect();
+        assert_eq!(samples, [(3, 8), (6, 8)], "{dtype}");
     }
 }
 
