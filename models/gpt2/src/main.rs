@@ -134,9 +134,9 @@ struct TrainArgs {
     val_windows: Option<u64>,
     /// Generate text during training, as llm.c does: after every N steps
     /// and after the last, --sample-tokens tokens continuing
-    /// --sample-prompt, drawn by rank 0 from the parameters just updated
-    /// (temperature 1, from --seed and the step number), printed after the
-    /// step
+    /// --sample-prompt, drawn from the parameters just updated
+    /// (temperature 1, from --seed and the step number; the same on every
+    /// rank), printed after the step
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     sample_every: Option<u64>,
     /// Tokens generated each time (--sample-every) [default: 64]
@@ -1447,13 +1447,20 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
     check_eval(&cfg, &tokens, seq_len, a.batch_size)
         .with_context(|| format!("evaluating on {}", a.tokens))?;
     let rt = model_runtime(a.device, a.streams, Policy::Affinity, 0)?;
+    let opts = ModelOptions {
+        dtype: a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
+        fusion: a.fuse.unwrap_or(Fusion::ALL),
+        ..ModelOptions::default()
+    };
     say!(
         "evaluating {name} ({cfg}) on {} ({} tokens), windows of {seq_len} tokens, {} per \
-         batch, on {}",
+         batch, on {}, {}, fused kernels: {}",
         tokens.origin(),
         tokens.len(),
         a.batch_size,
-        rt.backend_name()
+        rt.backend_name(),
+        opts.dtype,
+        opts.fusion
     );
     let r = evaluate(
         &rt,
@@ -1462,11 +1469,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         &tokens,
         seq_len,
         a.batch_size,
-        ModelOptions {
-            dtype: a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some())),
-            fusion: a.fuse.unwrap_or(Fusion::ALL),
-            ..ModelOptions::default()
-        },
+        opts,
         |i, n| {
             if i == n || i % 50 == 0 {
                 say!("batch {i}/{n}");

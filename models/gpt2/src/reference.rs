@@ -227,6 +227,12 @@ impl Fusion {
     /// A comma-separated list of [`NAMES`](Self::NAMES), `all` or `none`
     /// (`--fuse classifier,residual-layernorm`).
     pub fn parse(list: &str) -> Result<Fusion, String> {
+        if list.trim().is_empty() {
+            return Err(format!(
+                "an empty list of fused kernels: give all, none or a list of {}",
+                Fusion::NAMES.join(", ")
+            ));
+        }
         let mut f = Fusion::NONE;
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {

@@ -1385,3 +1385,39 @@ fn generation_draws_from_the_updated_parameters_and_changes_no_training_bit() {
         assert_ne!(other, want, "{label}");
     }
 }
+
+/// A stop asked for before a generation starts leaves that step without a
+/// sample (none of its tokens drawn); the steps before have theirs whole.
+#[test]
+fn a_stop_skips_the_generation_it_precedes() {
+    use braid_gpt2::trainer::Generation;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for ranks in [1, 2] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let opts = TrainOptions {
+            stop: Some(stop.clone()),
+            generation: Some(Generation {
+                every: 1,
+                tokens: 8,
+                prompt: vec![3],
+                how: braid_gpt2::model::Sampling::default(),
+            }),
+            ..options(ranks, 1, 200)
+        };
+        let r = train(&opts, StartState::fresh(&opts.model, 1), &data(), &|s| {
+            if s.step == 3 {
+                stop.store(true, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+        let drawn: Vec<(u64, Option<usize>)> = r
+            .steps
+            .iter()
+            .map(|s| (s.step, s.sample.as_ref().map(Vec::len)))
+            .collect();
+        let mut want = vec![(1, Some(8)), (2, Some(8)), (3, Some(8))];
+        want.extend((4..=r.final_step).map(|s| (s, None)));
+        assert_eq!(drawn, want, "{ranks} rank(s)");
+    }
+}

@@ -383,6 +383,9 @@ fn each_fused_kernel_alone_matches_the_reference() {
     assert_eq!(Fusion::ALL.to_string(), "all");
     let e = Fusion::parse("classifier,flash").unwrap_err();
     assert!(e.contains("`flash`") && e.contains("gelu-recompute"), "{e}");
+    // An empty list is refused, not read as `none`.
+    let e = Fusion::parse(" ").unwrap_err();
+    assert!(e.contains("empty list"), "{e}");
 }
 
 /// Every fused kernel (`Fusion::ALL`) as tasks:

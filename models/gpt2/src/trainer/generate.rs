@@ -19,8 +19,8 @@ pub fn generation_seed(seed: u64, step: u64) -> u64 {
 
 /// The tokens `g` asks for after step `step` of a run seeded `seed`
 /// (`at`), drawn from [`generation_seed`]; fewer if `stop` says so before
-/// they are all drawn (the run is stopping). The sampler is made at the
-/// first call and kept in `sampler`.
+/// they are all drawn (the run is stopping), none if it says so first. The
+/// sampler is made at the first call and kept in `sampler`.
 pub(super) fn generate(
     rt: &Runtime,
     model: &Gpt2Model,
@@ -29,6 +29,9 @@ pub(super) fn generate(
     (seed, step): (u64, u64),
     stop: &dyn Fn() -> bool,
 ) -> Result<Vec<u32>> {
+    if stop() {
+        return Ok(Vec::new());
+    }
     let s = match sampler {
         Some(s) => {
             s.copy_params(rt, model)?;

@@ -115,9 +115,12 @@ pub use braid::comm::DistEnv;
 /// none (no validation or generation: no copy).
 ///
 /// Each run of such spans (in start order, with no training span starting
-/// among them) is cut out of the timeline, from its first start to its
-/// last end: every later time moves back by its length. They run between
-/// steps, with nothing of training in flight.
+/// among them) is cut out of the timeline, from the end of the training
+/// before it (the host work that prepares it, such as making a sampler, is
+/// its too) to its last end, or to the next training span's start if that
+/// is earlier: every later time moves back by the cut's length. They run
+/// between steps, with nothing of training in flight; a training span that
+/// starts early keeps its whole length.
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     let aside = |s: &braid::trace::Span| {
         s.scope.as_deref().is_some_and(|sc| {
@@ -134,11 +137,21 @@ fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     order.sort_by_key(|s| s.start_ns);
     let mut cuts: Vec<(u64, u64)> = Vec::new();
     let mut open: Option<(u64, u64)> = None;
+    // The latest end of the training spans so far.
+    let mut trained: Option<u64> = None;
     for s in order {
         match (aside(s), &mut open) {
             (true, Some((_, end))) => *end = (*end).max(s.end_ns),
-            (true, None) => open = Some((s.start_ns, s.end_ns)),
-            (false, _) => cuts.extend(open.take()),
+            (true, None) => {
+                let from = trained.map_or(s.start_ns, |t| t.min(s.start_ns));
+                open = Some((from, s.end_ns));
+            }
+            (false, _) => {
+                if let Some((a, b)) = open.take() {
+                    cuts.push((a, b.min(s.start_ns).max(a)));
+                }
+                trained = Some(trained.map_or(s.end_ns, |t| t.max(s.end_ns)));
+            }
         }
     }
     cuts.extend(open);
@@ -374,9 +387,10 @@ mod tests {
     }
 
     /// Validation and generation leave the summaries with their spans and
-    /// the time between them: a step, a validation and a generation with a
-    /// host pause between their tasks, then a step, reads as two steps back
-    /// to back.
+    /// their time: a step, a host pause, a validation and a generation with
+    /// a pause between their tasks, then a step, reads as two steps back to
+    /// back; a training span that starts inside such a run keeps its
+    /// length.
     #[test]
     fn the_summaries_leave_out_what_is_not_training() {
         let p = Profile {
@@ -387,8 +401,10 @@ mod tests {
                 span(3, Some("generation/decode"), 33, 40),
                 span(4, Some("forward"), 40, 50),
                 span(5, Some("validations"), 50, 55),
+                span(6, Some("generation"), 60, 70),
+                span(7, Some("forward"), 65, 80),
             ],
-            busy: vec![(0, 10), (12, 40), (40, 55)],
+            busy: vec![(0, 10), (12, 40), (40, 55), (60, 80)],
             ..Profile::default()
         };
         let t = super::training_only(&p);
@@ -397,10 +413,11 @@ mod tests {
             .iter()
             .map(|s| (s.id, s.start_ns, s.end_ns))
             .collect();
-        // 12..40 is cut out (28 ns); a scope that only starts alike stays.
-        assert_eq!(kept, [(0, 0, 10), (4, 12, 22), (5, 22, 27)]);
-        assert_eq!(t.busy, [(0, 10), (12, 27)]);
-        assert_eq!(t.summary().wall_ns, 27);
+        // 10..40 is cut out (30 ns), and 55..65 (10 ns); a scope that only
+        // starts alike is training.
+        assert_eq!(kept, [(0, 0, 10), (4, 10, 20), (5, 20, 25), (7, 25, 40)]);
+        assert_eq!(t.busy, [(0, 10), (10, 25), (25, 40)]);
+        assert_eq!(t.summary().wall_ns, 40);
         let plain = Profile {
             spans: vec![span(0, Some("forward"), 0, 10)],
             ..Profile::default()

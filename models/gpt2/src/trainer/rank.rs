@@ -593,11 +593,13 @@ fn run_rank_on(
                 let at = (opts.seed, step);
                 let tokens = super::generate::generate(rt, &model, g, &mut sampler, at, &stop)?;
                 if let (Some(c), Some(b)) = (&comm, &gen_barrier) {
-                    // The ranks leave together: what one waits for another
-                    // is the generation's, not the next step's.
-                    c.all_reduce::<f32>(&b.whole(), ReduceOp::Sum)?;
+                    // The ranks leave together (waiting here, before the
+                    // next step's tasks): what one waits for another is the
+                    // generation's, not the next step's.
+                    c.all_reduce::<f32>(&b.whole(), ReduceOp::Sum)?.wait()?;
                 }
-                (rank == 0).then_some(tokens)
+                // None when a stop came before the first token.
+                (rank == 0 && !tokens.is_empty()).then_some(tokens)
             }
             _ => None,
         };
