@@ -107,24 +107,25 @@ pub use report::{CapReport, StepReport, TrainReport};
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
 pub use braid::comm::DistEnv;
 
-/// `p` without the spans of the `validation` and `generation` scopes (and
-/// the scopes inside them), and without the time they took: the summaries
-/// are of training (a validation's collective waits for the slowest rank's
-/// share, which would count as exposed communication, and a generation's
-/// host work between its tasks as idle streams). `p` itself when it has
-/// none (no validation or generation: no copy).
+/// `p` without the spans of the `validation`, `generation` and
+/// `checkpoint` scopes (and the scopes inside them), and without the time
+/// they took: the summaries are of training (a validation's collective
+/// waits for the slowest rank's share, which would count as exposed
+/// communication; a generation's host work between its tasks, or a
+/// checkpoint's write to disk, as idle streams). `p` itself when it has
+/// none (no copy).
 ///
 /// Each run of such spans (in start order, with no training span starting
 /// among them) is cut out of the timeline, from the end of the training
-/// before it (the host work that prepares it, such as making a sampler, is
-/// its too) to its last end, or to the next training span's start if that
-/// is earlier: every later time moves back by the cut's length. They run
-/// between steps, with nothing of training in flight; a training span that
-/// starts early keeps its whole length.
+/// before it to the start of the training after it (the host work around
+/// its tasks, such as making a sampler or writing a file, is its too):
+/// every later time moves back by the cut's length. They run between
+/// steps, with nothing of training in flight; a training span keeps its
+/// whole length.
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     let aside = |s: &braid::trace::Span| {
         s.scope.as_deref().is_some_and(|sc| {
-            ["validation", "generation"].iter().any(|&x| {
+            ["validation", "generation", "checkpoint"].iter().any(|&x| {
                 sc.strip_prefix(x)
                     .is_some_and(|r| r.is_empty() || r.starts_with('/'))
             })
@@ -147,8 +148,8 @@ fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
                 open = Some((from, s.end_ns));
             }
             (false, _) => {
-                if let Some((a, b)) = open.take() {
-                    cuts.push((a, b.min(s.start_ns).max(a)));
+                if let Some((a, _)) = open.take() {
+                    cuts.push((a, s.start_ns.max(a)));
                 }
                 trained = Some(trained.map_or(s.end_ns, |t| t.max(s.end_ns)));
             }
@@ -386,11 +387,11 @@ mod tests {
         }
     }
 
-    /// Validation and generation leave the summaries with their spans and
-    /// their time: a step, a host pause, a validation and a generation with
-    /// a pause between their tasks, then a step, reads as two steps back to
-    /// back; a training span that starts inside such a run keeps its
-    /// length.
+    /// Validation, generation and checkpoints leave the summaries with
+    /// their spans and their time: a step, a host pause, a validation and a
+    /// generation with a pause between their tasks, then a step, reads as
+    /// two steps back to back; a training span that starts inside such a
+    /// run keeps its length; a checkpoint's pause after its tasks goes too.
     #[test]
     fn the_summaries_leave_out_what_is_not_training() {
         let p = Profile {
@@ -403,8 +404,10 @@ mod tests {
                 span(5, Some("validations"), 50, 55),
                 span(6, Some("generation"), 60, 70),
                 span(7, Some("forward"), 65, 80),
+                span(8, Some("checkpoint"), 85, 90),
+                span(9, Some("report"), 100, 105),
             ],
-            busy: vec![(0, 10), (12, 40), (40, 55), (60, 80)],
+            busy: vec![(0, 10), (12, 40), (40, 55), (60, 80), (85, 105)],
             ..Profile::default()
         };
         let t = super::training_only(&p);
@@ -413,11 +416,21 @@ mod tests {
             .iter()
             .map(|s| (s.id, s.start_ns, s.end_ns))
             .collect();
-        // 10..40 is cut out (30 ns), and 55..65 (10 ns); a scope that only
-        // starts alike is training.
-        assert_eq!(kept, [(0, 0, 10), (4, 10, 20), (5, 20, 25), (7, 25, 40)]);
-        assert_eq!(t.busy, [(0, 10), (10, 25), (25, 40)]);
-        assert_eq!(t.summary().wall_ns, 40);
+        // 10..40 is cut out (30 ns), 55..65 (10 ns) and 80..100 (20 ns,
+        // a checkpoint and its write); a scope that only starts alike is
+        // training.
+        assert_eq!(
+            kept,
+            [
+                (0, 0, 10),
+                (4, 10, 20),
+                (5, 20, 25),
+                (7, 25, 40),
+                (9, 40, 45)
+            ]
+        );
+        assert_eq!(t.busy, [(0, 10), (10, 25), (25, 40), (40, 45)]);
+        assert_eq!(t.summary().wall_ns, 45);
         let plain = Profile {
             spans: vec![span(0, Some("forward"), 0, 10)],
             ..Profile::default()
