@@ -1173,7 +1173,13 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise}]")
             .expect("valid template"),
     );
-    let tok = Tokenizer::gpt2()?;
+    // The generated text's decoder (made only then: a token file needs no
+    // tokenizer otherwise).
+    let tok = opts
+        .generation
+        .as_ref()
+        .map(|_| Tokenizer::gpt2())
+        .transpose()?;
     let on_step = |s: &StepReport| {
         let line = format!(
             "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s{}",
@@ -1190,7 +1196,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             // Above the bar, where it stays.
             pb.println(format!("step {:>5}  val loss {v:.4}", s.step));
         }
-        if let Some(ids) = &s.sample {
+        if let (Some(ids), Some(tok)) = (&s.sample, &tok) {
             // A token outside GPT-2's vocabulary (a model with a bigger
             // one) as `<id>`, as `sample` writes it.
             let mut text = tok.stream();

@@ -19,6 +19,13 @@ use rand::{Rng as _, RngExt, SeedableRng};
 pub struct Rng(Xoshiro256PlusPlus);
 
 impl Rng {
+    /// The seed of the `n`-th stream drawn for a run seeded `seed` (an
+    /// epoch's data order, a step's generated text): a function of the two
+    /// only, so a resumed run draws what an uninterrupted one does.
+    pub fn derived_seed(seed: u64, n: u64) -> u64 {
+        seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         Rng(Xoshiro256PlusPlus::seed_from_u64(seed))

@@ -144,7 +144,7 @@ impl DataLoader {
     /// The order of epoch `epoch`'s windows for `seed`: a Fisher–Yates
     /// shuffle of `0..n` by a generator seeded from both.
     fn window_order(seed: u64, epoch: u64, n: usize) -> Vec<u32> {
-        let mut rng = crate::rng::Rng::new(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = crate::rng::Rng::new(crate::rng::Rng::derived_seed(seed, epoch));
         let mut order: Vec<u32> = (0..n as u32).collect();
         for i in (1..n).rev() {
             // Multiply-shift: an index in 0..=i (bias below 2^-32 here).

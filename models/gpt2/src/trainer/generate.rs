@@ -14,7 +14,7 @@ use crate::model::{Gpt2Model, Sampler};
 /// ([`TrainOptions::seed`](super::TrainOptions)): a function of the two
 /// only, so a resumed run draws what an uninterrupted one does.
 pub fn generation_seed(seed: u64, step: u64) -> u64 {
-    seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    crate::rng::Rng::derived_seed(seed, step)
 }
 
 /// The tokens `g` asks for after step `step` of a run seeded `seed`
