@@ -285,7 +285,8 @@ impl Run {
         self.model.zero_grad(rt)?;
         self.model.forward(rt, &self.x, Some(&self.y))?;
         self.model.backward(rt, 1.0, |_| Ok(()))?;
-        self.opt.step(rt, self.model.params(), self.model.grads())?;
+        self.opt
+            .step(rt, self.model.params(), self.model.grads()?)?;
         rt.synchronize()?;
         Ok(self.model.read_loss(rt)?)
     }

@@ -141,8 +141,8 @@ fn round(
             model.zero_grad(rt).map_err(e)?;
             model.forward_for_backward(rt).map_err(e)?;
             model.backward(rt, 1.0, |_| Ok(())).map_err(e)?;
-            opt.clip(rt, model.grads()).map_err(e)?;
-            opt.update_recorded(rt, model.params(), model.grads())
+            opt.clip(rt, model.grads().map_err(e)?).map_err(e)?;
+            opt.update_recorded(rt, model.params(), model.grads().map_err(e)?)
                 .map_err(e)
         };
         match (mode, &schedule) {

@@ -376,11 +376,42 @@ pub fn read_checkpoint_info(dir: impl AsRef<Path>) -> Result<CheckpointInfo> {
 /// configuration valid, each tensor present, F32, 1-D and
 /// `config.num_parameters()` long. Errors name the file and what is wrong.
 pub fn load_checkpoint(dir: impl AsRef<Path>) -> Result<Checkpoint> {
-    let (file, mut f, header, meta) = open_checkpoint(dir.as_ref())?;
+    let (_, meta, mut tensors) = read_tensors(dir.as_ref(), &TENSOR_NAMES)?;
+    let adam_v = tensors.pop().expect("three tensors");
+    let adam_m = tensors.pop().expect("three tensors");
+    let params = tensors.pop().expect("three tensors");
+    Ok(Checkpoint {
+        config: meta.config.into(),
+        step: meta.step,
+        params,
+        adam_m,
+        adam_v,
+        optimizer: meta.optimizer,
+        loader: meta.loader,
+        rng_state: meta.rng_state,
+        extra: meta.extra,
+    })
+}
+
+/// The parameters of the checkpoint in `dir` with its metadata, checked as
+/// [`load_checkpoint`] checks them, without reading the optimizer's
+/// moments (two thirds of the file): what evaluation, sampling and export
+/// need.
+pub fn load_checkpoint_params(dir: impl AsRef<Path>) -> Result<(CheckpointInfo, Vec<f32>)> {
+    let (file, meta, mut tensors) = read_tensors(dir.as_ref(), &TENSOR_NAMES[..1])?;
+    let params = tensors.pop().expect("one tensor");
+    Ok((info_from(file, meta), params))
+}
+
+/// The file and metadata of the checkpoint in `dir` and its tensors
+/// `names`, each checked: present, F32, 1-D and `config.num_parameters()`
+/// long.
+fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<Vec<f32>>)> {
+    let (file, mut f, header, meta) = open_checkpoint(dir)?;
     let cfg: Gpt2Config = meta.config.into();
     let n = cfg.num_parameters();
-    let mut tensors = Vec::with_capacity(3);
-    for name in TENSOR_NAMES {
+    let mut tensors = Vec::with_capacity(names.len());
+    for &name in names {
         let entry = header
             .tensors
             .get(name)
@@ -413,20 +444,7 @@ pub fn load_checkpoint(dir: impl AsRef<Path>) -> Result<Checkpoint> {
         tensors.push(v);
     }
     debug_assert!(header.file_len >= header.data_start);
-    let adam_v = tensors.pop().expect("three tensors");
-    let adam_m = tensors.pop().expect("three tensors");
-    let params = tensors.pop().expect("three tensors");
-    Ok(Checkpoint {
-        config: cfg,
-        step: meta.step,
-        params,
-        adam_m,
-        adam_v,
-        optimizer: meta.optimizer,
-        loader: meta.loader,
-        rng_state: meta.rng_state,
-        extra: meta.extra,
-    })
+    Ok((file, meta, tensors))
 }
 
 /// The checkpoint with the highest step among the sub-directories of `root`

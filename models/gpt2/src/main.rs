@@ -26,7 +26,8 @@ use anyhow::{bail, Context, Result};
 use braid::comm::Compression;
 use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{
-    check_checkpoint_dir, checkpoint_file, load_checkpoint, prepare_checkpoint_dir, AdamWHyper,
+    check_checkpoint_dir, checkpoint_file, load_checkpoint, load_checkpoint_params,
+    prepare_checkpoint_dir, AdamWHyper,
 };
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
@@ -1313,9 +1314,9 @@ fn load_model(
             Ok((cfg, params, w.display().to_string()))
         }
         (None, Some(dir)) => {
-            let c = load_checkpoint(dir).context("--checkpoint")?;
+            let (c, params) = load_checkpoint_params(dir).context("--checkpoint")?;
             let name = format!("the checkpoint in {} (step {})", dir.display(), c.step);
-            Ok((c.config, c.params, name))
+            Ok((c.config, params, name))
         }
         (None, None) => unreachable!("clap requires one of them"),
     }

@@ -312,7 +312,7 @@ pub struct ActivationLayout {
 impl ActivationLayout {
     /// The forward activations of `cfg` for batches of `b` sequences of `t` tokens.
     pub fn new(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, Fusion::NONE, 0, None)
+        Self::build(cfg, b, t, false, Fusion::NONE, 0, None, None)
     }
 
     /// The layout of a model that stores its activations as `dtype`
@@ -341,7 +341,7 @@ impl ActivationLayout {
         gradients: bool,
         dtype: Dtype,
     ) -> Self {
-        Self::build(cfg, b, t, gradients, fusion, 0, Some(dtype))
+        Self::build(cfg, b, t, gradients, fusion, 0, Some(dtype), None)
     }
 
     /// The activation gradients of [`stored`](Self::stored) (`gradients`
@@ -366,7 +366,30 @@ impl ActivationLayout {
         ring: usize,
     ) -> Self {
         let ring = ring.clamp(1, cfg.num_layers.max(1));
-        Self::build(cfg, b, t, true, fusion, ring, Some(dtype))
+        Self::build(cfg, b, t, true, fusion, ring, Some(dtype), None)
+    }
+
+    /// The activations of a model for forward passes only
+    /// ([`ModelOptions::inference`](crate::model::ModelOptions::inference)),
+    /// as [`stored`](Self::stored) without gradients, except that every
+    /// block's activations lie in the same span, one block slot after
+    /// `encoded`, each block overwriting the one before: nothing reads a
+    /// block's activations after the next block ran but the backward pass.
+    /// The slot holds the residual stream too (block `l` reads the slot's
+    /// `residual3`, block `l - 1`'s, before it writes its own), and the
+    /// unfused `preatt` and the GELU outputs (no ring). With `keep_qkv`,
+    /// each block keeps its own `qkv` after the slot, as the KV cache of
+    /// [`Gpt2Model::forward_position`](crate::model::Gpt2Model::forward_position);
+    /// without it `qkv` is in the slot too.
+    pub fn inference(
+        cfg: &Gpt2Config,
+        b: usize,
+        t: usize,
+        fusion: Fusion,
+        dtype: Dtype,
+        keep_qkv: bool,
+    ) -> Self {
+        Self::build(cfg, b, t, false, fusion, 0, Some(dtype), Some(keep_qkv))
     }
 
     /// The forward activations of the fused kernels
@@ -380,7 +403,7 @@ impl ActivationLayout {
     /// in the backward pass (llm.c's `recompute`), except for the last
     /// `GELU_RING` blocks, whose slots still hold them.
     pub fn fused(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, false, Fusion::ALL, 0, None)
+        Self::build(cfg, b, t, false, Fusion::ALL, 0, None, None)
     }
 
     /// The activation gradients of the fused kernels: as
@@ -391,18 +414,20 @@ impl ActivationLayout {
     /// gradient is `residual2`'s or `residual3`'s
     /// ([`layernorm::backward_residual`](crate::kernels::layernorm::backward_residual)).
     pub fn fused_gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, Fusion::ALL, 0, None)
+        Self::build(cfg, b, t, true, Fusion::ALL, 0, None, None)
     }
 
     /// The activation gradients: same tensors, but those that get no gradient
     /// (`*_mean`, `*_rstd`, `preatt`, `att`, `probs`, `losses`) are empty.
     pub fn gradients(cfg: &Gpt2Config, b: usize, t: usize) -> Self {
-        Self::build(cfg, b, t, true, Fusion::NONE, 0, None)
+        Self::build(cfg, b, t, true, Fusion::NONE, 0, None, None)
     }
 
     /// `ring`: gradient ring slots (`grads` only), or 0 for none; `model`:
     /// the model's layout of that storage type ([`stored`](Self::stored)),
-    /// or `None` for the reference's.
+    /// or `None` for the reference's; `shared`: every block in one slot,
+    /// keeping its own `qkv` or not ([`inference`](Self::inference)).
+    #[allow(clippy::too_many_arguments)]
     fn build(
         cfg: &Gpt2Config,
         b: usize,
@@ -411,9 +436,10 @@ impl ActivationLayout {
         fusion: Fusion,
         ring: usize,
         model: Option<Dtype>,
+        shared: Option<bool>,
     ) -> Self {
         let flash = fusion.attention;
-        let gelu_ring = fusion.gelu_recompute && !grads;
+        let gelu_ring = fusion.gelu_recompute && !grads && shared.is_none();
         let (c, nh) = (cfg.channels, cfg.num_heads);
         let bt = b * t;
         // Elements per `f32` statistic (1, or 2 for bf16 storage), the row
@@ -470,7 +496,23 @@ impl ActivationLayout {
             };
         let encoded = span(bt * c, true, false);
         let preatt = span(if shared_preatt { b * nh * t * t } else { 0 }, false, false);
-        let layers: Vec<LayerActivations> = if grads && ring > 0 {
+        let layers: Vec<LayerActivations> = if let Some(keep_qkv) = shared {
+            let mut slot = block(&mut span, true);
+            if shared_preatt {
+                slot.preatt = preatt;
+            }
+            // Block 0 keeps the slot's own `qkv`.
+            (0..cfg.num_layers)
+                .map(|l| LayerActivations {
+                    qkv: if keep_qkv && l > 0 {
+                        span(bt * 3 * c, true, false)
+                    } else {
+                        slot.qkv
+                    },
+                    ..slot
+                })
+                .collect()
+        } else if grads && ring > 0 {
             let slots: Vec<LayerActivations> = (0..ring).map(|_| block(&mut span, false)).collect();
             let pairs: Vec<(Span, Span)> = (0..cfg.num_layers)
                 .map(|_| (span(bt * c, true, false), span(bt * c, true, false)))

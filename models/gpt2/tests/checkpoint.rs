@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 mod damage;
 
 use braid_gpt2::checkpoint::{
-    checkpoint_file, latest_checkpoint, load_checkpoint, read_checkpoint_info, save_checkpoint,
-    AdamWHyper, Checkpoint, CHECKPOINT_FILE, METADATA_KEY,
+    checkpoint_file, latest_checkpoint, load_checkpoint, load_checkpoint_params,
+    read_checkpoint_info, save_checkpoint, AdamWHyper, Checkpoint, CHECKPOINT_FILE, METADATA_KEY,
 };
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::LoaderState;
@@ -94,6 +94,17 @@ fn round_trip_is_bit_exact() {
     assert_eq!(info.config, ckpt.config);
     assert_eq!(info.loader, ckpt.loader);
     assert_eq!(info.path, checkpoint_file(&dir));
+    // The parameters alone, for evaluation and sampling: the same bits and
+    // the same metadata.
+    let (only, params) = load_checkpoint_params(&dir).unwrap();
+    assert_eq!(
+        params.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        ckpt.params.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        (only.step, only.config, only.loader, only.path),
+        (info.step, info.config, info.loader, info.path)
+    );
     // No RNG state and no extras round-trip too.
     let mut plain = checkpoint(5, 2);
     plain.rng_state = None;

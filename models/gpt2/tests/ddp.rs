@@ -1383,6 +1383,17 @@ fn generation_draws_from_the_updated_parameters_and_changes_no_training_bit() {
         s.reseed(generation_seed(plain.seed, 4));
         let other = s.generate(&rt, &prompt, 12, |_| Ok(())).unwrap();
         assert_ne!(other, want, "{label}");
+        // Each rank's model buffers are reported, the sampler's (a model
+        // for inference: no gradients, one block's activations) with them.
+        assert_eq!(a.model_bytes.len(), 2, "{label}");
+        let sampler = s.model().device_bytes();
+        assert!(s.model().options().inference, "{label}");
+        assert!(sampler < a.model_bytes[0] / 2, "{label}");
+        assert_eq!(
+            b.model_bytes,
+            vec![a.model_bytes[0] + sampler; 2],
+            "{label}"
+        );
     }
 }
 

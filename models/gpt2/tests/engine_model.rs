@@ -370,8 +370,8 @@ fn each_fused_kernel_alone_matches_the_reference() {
         };
         case.check(&what, &case.run(&rt, opts));
         let mut model = Gpt2Model::with_options(&rt, &case.cfg, b, t, opts).unwrap();
-        let kept = model.activations().len() + model.activation_grads().len();
-        let all = unfused.activations().len() + unfused.activation_grads().len();
+        let kept = model.activations().len() + model.activation_grads().unwrap().len();
+        let all = unfused.activations().len() + unfused.activation_grads().unwrap().len();
         assert!(
             kept < all,
             "{what}: {kept} bytes of activations, unfused {all}"
@@ -453,14 +453,14 @@ fn fused_model_matches_the_reference_and_is_the_same_on_any_streams() {
         saved_acts * 4
     );
     assert_eq!(
-        unfused.activation_grads().len() - fused.activation_grads().len(),
+        unfused.activation_grads().unwrap().len() - fused.activation_grads().unwrap().len(),
         (b * t * v + GRADIENT_RING * 2 * b * t * cfg.channels) * 4
     );
     // The ring: of the 5 blocks' gradients other than the residual stream's
     // (16·B·T·C each unfused), GRADIENT_RING blocks' worth is kept.
     let per_block = ActivationLayout::stored(&cfg, b, t, Fusion::NONE, true, Dtype::F32).total * 4;
     assert_eq!(
-        per_block - unfused.activation_grads().len(),
+        per_block - unfused.activation_grads().unwrap().len(),
         (l - GRADIENT_RING) * 16 * b * t * cfg.channels * 4
     );
     assert!(fused.read_probs(&rt).unwrap().is_empty());
@@ -533,7 +533,8 @@ fn engine_steps(
         model.zero_grad(rt).unwrap();
         model.forward(rt, tokens, Some(targets)).unwrap();
         model.backward(rt, 1.0, |_| Ok(())).unwrap();
-        opt.step(rt, model.params(), model.grads()).unwrap();
+        opt.step(rt, model.params(), model.grads().unwrap())
+            .unwrap();
         losses.push(model.read_loss(rt).unwrap());
         norms.push(opt.read_grad_norm(rt).unwrap());
     }
@@ -582,23 +583,23 @@ fn the_recorded_update_needs_advance_first() {
     let model = Gpt2Model::new(&rt, &cfg, 1, 4).unwrap();
     let mut opt = AdamW::for_model(&rt, &model, TEST_ADAMW, Some(1.0)).unwrap();
     let e = opt
-        .update_recorded(&rt, model.params(), model.grads())
+        .update_recorded(&rt, model.params(), model.grads().unwrap())
         .unwrap_err();
     assert!(e.to_string().contains("advance"), "{e}");
     opt.advance(&rt).unwrap();
     assert_eq!(opt.steps(), 1);
-    opt.update_recorded(&rt, model.params(), model.grads())
+    opt.update_recorded(&rt, model.params(), model.grads().unwrap())
         .unwrap();
     rt.synchronize().unwrap();
     // A resumed step count holds no scalars until the next advance.
     let zeros = vec![0.0f32; model.layout().total];
     opt.load_state(&rt, &zeros, &zeros, 7).unwrap();
     let e = opt
-        .update_recorded(&rt, model.params(), model.grads())
+        .update_recorded(&rt, model.params(), model.grads().unwrap())
         .unwrap_err();
     assert!(e.to_string().contains("step 7"), "{e}");
     opt.advance(&rt).unwrap();
-    opt.update_recorded(&rt, model.params(), model.grads())
+    opt.update_recorded(&rt, model.params(), model.grads().unwrap())
         .unwrap();
     rt.synchronize().unwrap();
 }

@@ -452,7 +452,8 @@ fn steps_match_pytorch(dev: Device, opts: ModelOptions) {
             model.zero_grad(&rt).unwrap();
             model.forward(&rt, &fx.tokens, Some(&fx.targets)).unwrap();
             model.backward(&rt, 1.0, |_| Ok(())).unwrap();
-            opt.step(&rt, model.params(), model.grads()).unwrap();
+            opt.step(&rt, model.params(), model.grads().unwrap())
+                .unwrap();
             losses.push(model.read_loss(&rt).unwrap());
             norms.push(opt.read_grad_norm(&rt).unwrap());
         }

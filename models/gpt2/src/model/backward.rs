@@ -41,10 +41,11 @@ impl Gpt2Model {
         let (b, t, n) = (self.b, self.t, self.b * self.t);
         let (c, v, nh) = (self.cfg.channels, self.cfg.vocab_size, self.cfg.num_heads);
         let vp = self.vp;
-        let (p, g, a, da, id) = (&self.p, &self.g, &self.a, &self.da, &self.ids);
+        let tr = self.training()?;
+        let (p, g, a, da, id) = (&self.p, &tr.g, &self.a, &tr.da, &self.ids);
         let (tokens, targets) = (self.tokens.whole(), self.targets.whole());
-        let scratch_bwd = &self.att_scratch_bwd;
-        let ln_scratch = &self.ln_scratch.whole();
+        let scratch_bwd = &tr.att_scratch_bwd;
+        let ln_scratch = &tr.ln_scratch.whole();
         let side = |name: String| tasks.task(name).priority(Priority::Side);
         // Scopes: `backward/head`, `backward/layer{l}`, `backward/encoder`
         // (the zeroing of the activation gradients is in `backward`).
@@ -159,7 +160,7 @@ impl Gpt2Model {
                 ready(id.wte + i)?;
             }
             input_grad()?;
-        } else if let Some(dw) = &self.classifier_grad {
+        } else if let Some(dw) = &tr.classifier_grad {
             input_grad()?;
             // The padded classifier weight's gradient, all `Vp` rows, in a
             // buffer of its own (its padding rows are zero: so are the
@@ -378,7 +379,7 @@ impl Gpt2Model {
                     &la.atty,
                     &la.att,
                     scratch_bwd,
-                    self.att_ds.as_ref(),
+                    tr.att_ds.as_ref(),
                     b,
                     t,
                     c,
@@ -467,7 +468,7 @@ impl Gpt2Model {
                 &g.wpe,
                 &da.encoded,
                 &tokens,
-                &self.links.whole(),
+                &tr.links.whole(),
                 b,
                 t,
                 c,

@@ -224,16 +224,21 @@ mod tests {
 
     /// Each position decoded after a forward pass over a shorter prefix
     /// (whose padding rows it overwrites) has the logits a forward pass over
-    /// the whole sequence gives that row, in f32 and bf16.
+    /// the whole sequence gives that row, in f32 and bf16, in a training
+    /// model and in one made for inference (whose blocks share one slot).
     #[test]
     fn a_decoded_position_has_the_full_forward_passs_logits() {
         let cfg = Gpt2Config::tiny();
         let rt = runtime();
         let t = 12;
         let tokens = ids(t, cfg.vocab_size);
-        for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (dtype, inference) in [Dtype::F32, Dtype::Bf16]
+            .into_iter()
+            .flat_map(|d| [(d, false), (d, true)])
+        {
             let opts = ModelOptions {
                 dtype,
+                inference,
                 ..ModelOptions::default()
             };
             let mut m = Gpt2Model::with_options(&rt, &cfg, 1, t, opts).unwrap();

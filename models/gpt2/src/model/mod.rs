@@ -319,6 +319,17 @@ pub struct ModelOptions {
     /// the CPU, where the per-step copy costs more than it saves.
     /// `Some(_)` forces the choice (the CPU tests of the padded path).
     pub padded_classifier: Option<bool>,
+    /// A model for forward passes only (sampling, evaluation; PyTorch's
+    /// `torch.no_grad()`): no parameter gradients, activation gradients,
+    /// backward scratch or master weights, and every block's activations
+    /// in one slot that the next block overwrites
+    /// ([`ActivationLayout::inference`]) — except each block's `qkv`, the
+    /// KV cache of [`Gpt2Model::forward_position`], where that can run
+    /// (batch size 1, no fused kernels). Parameters are uploaded rounded
+    /// to the storage type. [`backward`](Gpt2Model::backward),
+    /// [`zero_grad`](Gpt2Model::zero_grad), [`grads`](Gpt2Model::grads) and
+    /// the other gradient methods fail with an error saying so.
+    pub inference: bool,
 }
 
 /// GPT-2 on a Braid runtime, for a fixed batch shape `(B, T)`.
@@ -333,35 +344,23 @@ pub struct Gpt2Model {
     b: usize,
     t: usize,
     params: Buffer,
-    grads: Buffer,
     acts: Buffer,
-    dacts: Buffer,
     tokens: Buffer,
     targets: Buffer,
     loss: Buffer,
     /// The prefix of the attention scratch buffer (see
     /// [`attention_scratch_bytes`]) the attention forward task declares:
-    /// exactly what [`attention::attention_forward_cuda`] takes.
+    /// exactly what [`attention::attention_forward_cuda`] takes (empty
+    /// with the fused attention, whose forward pass takes none).
     att_scratch_fwd: View,
-    /// The prefix of the same buffer the attention backward task declares.
-    att_scratch_bwd: View,
-    /// With [`flash_attention::dq_by_gemm`] on CUDA (bf16, fused
-    /// attention): the attention backward's dSᵀ, `(B, NH, T, T)` bf16, zeroed
-    /// at allocation and written only there (its masked elements stay 0).
-    att_ds: Option<View>,
-    /// `B·T` `u32` of scratch for the encoder backward task (the bf16 CUDA
-    /// kernel chains each token's positions there).
-    links: Buffer,
-    /// The layer norms' backward scratch on CUDA (the row chunks' parameter
-    /// gradient sums, [`layernorm::backward_scratch_bytes`]); one buffer
-    /// for all of them, which run one after another anyway (each takes the
-    /// residual gradient the one after it made).
-    ln_scratch: Buffer,
+    /// The attention scratch buffer (see [`attention_scratch_bytes`]).
+    att_scratch: Buffer,
+    /// What only training uses; `None` in a model made for inference
+    /// ([`ModelOptions::inference`]).
+    training: Option<Training>,
     p: Params<View>,
-    g: Params<View>,
     ids: Params<usize>,
     a: Acts,
-    da: Acts,
     /// Element ranges of the gradient zeroing tasks (and of the optimizer's
     /// chunks): the embeddings, each block, the final layer norm.
     groups: Vec<std::ops::Range<usize>>,
@@ -384,9 +383,88 @@ pub struct Gpt2Model {
     /// weight, `wte` copied into its first `V` rows at the start of every
     /// forward pass, the rest zero (see "Padded classifier weight" above).
     classifier_weight: Option<Buffer>,
-    /// With `classifier_weight`: its `(Vp, C)` gradient, made in full each
-    /// backward pass and its first `V` rows added into `wte`'s.
+}
+
+/// The buffers of a model that only the backward pass and the optimizer
+/// use ([`Gpt2Model`] holds them unless made for inference).
+#[derive(Debug)]
+struct Training {
+    /// The parameter gradients, in the layout of the parameters.
+    grads: Buffer,
+    /// The activation gradients ([`ActivationLayout::stored_gradients`]).
+    dacts: Buffer,
+    g: Params<View>,
+    da: Acts,
+    /// The prefix of the attention scratch buffer the attention backward
+    /// task declares.
+    att_scratch_bwd: View,
+    /// With [`flash_attention::dq_by_gemm`] on CUDA (bf16, fused
+    /// attention): the attention backward's dSᵀ, `(B, NH, T, T)` bf16, zeroed
+    /// at allocation and written only there (its masked elements stay 0).
+    att_ds: Option<View>,
+    /// `B·T` `u32` of scratch for the encoder backward task (the bf16 CUDA
+    /// kernel chains each token's positions there).
+    links: Buffer,
+    /// The layer norms' backward scratch on CUDA (the row chunks' parameter
+    /// gradient sums, [`layernorm::backward_scratch_bytes`]); one buffer
+    /// for all of them, which run one after another anyway (each takes the
+    /// residual gradient the one after it made).
+    ln_scratch: Buffer,
+    /// With the padded classifier weight: its `(Vp, C)` gradient, made in
+    /// full each backward pass and its first `V` rows added into `wte`'s.
     classifier_grad: Option<Buffer>,
+}
+
+impl Training {
+    /// The training buffers of a model of `cfg` for `(b, t)` batches, made
+    /// with `opts`; `att_scratch_bwd` is the attention backward task's
+    /// prefix of the attention scratch, `padded` whether the model keeps
+    /// the padded classifier weight.
+    fn new(
+        rt: &Runtime,
+        cfg: &Gpt2Config,
+        (b, t): (usize, usize),
+        opts: ModelOptions,
+        layout: &ParamLayout,
+        att_scratch_bwd: View,
+        padded: bool,
+    ) -> Result<Self> {
+        let (fusion, dtype) = (opts.fusion, opts.dtype);
+        let gl = ActivationLayout::stored_gradients(cfg, b, t, fusion, dtype, GRADIENT_RING);
+        let (c, nh, es) = (cfg.channels, cfg.num_heads, dtype.size());
+        let grads = rt.alloc("grads", layout.total * es)?;
+        let dacts = rt.alloc("dacts", gl.total * es)?;
+        let att_ds = if fusion.attention
+            && flash_attention::dq_by_gemm()
+            && dtype == Dtype::Bf16
+            && rt.backend_name() == "cuda"
+            && t % 2 == 0
+            && flash_attention::TC_HEAD_SIZES.contains(&(c / nh))
+        {
+            let bytes = flash_attention::ds_bytes(b, t, nh);
+            Some(rt.alloc("attention dS", bytes)?.whole())
+        } else {
+            None
+        };
+        let vp = gl.vp;
+        Ok(Training {
+            g: Params::views(&grads, layout, t, dtype)?,
+            da: Acts::views(&dacts, &gl, dtype)?,
+            grads,
+            dacts,
+            att_scratch_bwd,
+            att_ds,
+            links: rt.alloc("token links", b * t * 4)?,
+            ln_scratch: rt.alloc(
+                "layer norm scratch",
+                layernorm::backward_scratch_bytes(b * t, c),
+            )?,
+            classifier_grad: match padded {
+                true => Some(rt.alloc("classifier weight grad", vp * c * es)?),
+                false => None,
+            },
+        })
+    }
 }
 
 /// Makes the model's tasks: `rt.task(name)` with the model's storage dtype.
@@ -433,92 +511,83 @@ impl Gpt2Model {
             });
         }
         let layout = ParamLayout::new(cfg);
-        let fusion = opts.fusion;
-        let dtype = opts.dtype;
-        let al = ActivationLayout::stored(cfg, b, t, fusion, false, dtype);
-        let gl = ActivationLayout::stored_gradients(cfg, b, t, fusion, dtype, GRADIENT_RING);
+        let (fusion, dtype, inference) = (opts.fusion, opts.dtype, opts.inference);
+        let al = if inference {
+            // The KV cache only where `forward_position` can use it.
+            let keep_qkv = b == 1 && fusion == Fusion::NONE;
+            ActivationLayout::inference(cfg, b, t, fusion, dtype, keep_qkv)
+        } else {
+            ActivationLayout::stored(cfg, b, t, fusion, false, dtype)
+        };
         let (n, es) = (layout.total, dtype.size());
         let params = rt.alloc("params", n * es)?;
-        let grads = rt.alloc("grads", n * es)?;
         let master = match dtype {
             Dtype::F32 => None,
+            _ if inference => None,
             _ => Some(rt.alloc("master params", n * 4)?),
         };
         let acts = rt.alloc("acts", al.total * es)?;
-        let dacts = rt.alloc("dacts", gl.total * es)?;
         let tokens = rt.alloc("tokens", b * t * 4)?;
-        let links = rt.alloc("token links", b * t * 4)?;
-        let ln_scratch = rt.alloc(
-            "layer norm scratch",
-            layernorm::backward_scratch_bytes(b * t, cfg.channels),
-        )?;
         let targets = rt.alloc("targets", b * t * 4)?;
         let loss = rt.alloc("loss", 4)?;
         let (c, nh) = (cfg.channels, cfg.num_heads);
-        let (att_scratch_fwd, att_scratch_bwd) = if fusion.attention {
-            // D = rowsum(dout ∘ out) of the backward pass; the forward pass
-            // declares none.
-            let bytes = flash_attention::backward_scratch_bytes(b, t, nh);
-            let scratch = rt.alloc("attention scratch", bytes)?;
-            (scratch.whole(), scratch.whole())
+        // One buffer, the forward task declaring a prefix and the backward
+        // task another. The fused attention's forward pass declares none;
+        // its backward pass keeps D = rowsum(dout ∘ out) there.
+        let (fwd_bytes, bwd_bytes) = if fusion.attention {
+            (0, flash_attention::backward_scratch_bytes(b, t, nh))
         } else {
-            let bytes = attention_scratch_bytes(b, t, c, nh, dtype);
-            let scratch = rt.alloc("attention scratch", bytes)?;
             (
-                scratch.view(0..attention::forward_scratch_bytes(b, t, c, nh, dtype))?,
-                scratch.view(0..attention::backward_scratch_bytes(b, t, c, nh, dtype))?,
+                attention::forward_scratch_bytes(b, t, c, nh, dtype),
+                attention::backward_scratch_bytes(b, t, c, nh, dtype),
             )
         };
-        let att_ds = if fusion.attention
-            && flash_attention::dq_by_gemm()
-            && dtype == Dtype::Bf16
-            && rt.backend_name() == "cuda"
-            && t % 2 == 0
-            && flash_attention::TC_HEAD_SIZES.contains(&(c / nh))
-        {
-            let bytes = flash_attention::ds_bytes(b, t, nh);
-            Some(rt.alloc("attention dS", bytes)?.whole())
+        let scratch_bytes = if inference {
+            fwd_bytes
         } else {
-            None
+            fwd_bytes.max(bwd_bytes)
         };
+        let att_scratch = rt.alloc("attention scratch", scratch_bytes)?;
         let vp = al.vp;
         let padded = opts
             .padded_classifier
             .unwrap_or(rt.backend_name() == "cuda");
-        let (classifier_weight, classifier_grad) =
-            if fusion.classifier && vp > cfg.vocab_size && padded {
-                (
-                    Some(rt.alloc("classifier weight", vp * c * es)?),
-                    Some(rt.alloc("classifier weight grad", vp * c * es)?),
-                )
-            } else {
-                (None, None)
-            };
+        let padded = fusion.classifier && vp > cfg.vocab_size && padded;
+        let classifier_weight = match padded {
+            true => Some(rt.alloc("classifier weight", vp * c * es)?),
+            false => None,
+        };
+        let training = match inference {
+            true => None,
+            false => Some(Training::new(
+                rt,
+                cfg,
+                (b, t),
+                opts,
+                &layout,
+                att_scratch.view(0..bwd_bytes)?,
+                padded,
+            )?),
+        };
         let mut groups = vec![layout.wte(), layout.wpe()];
         groups.extend((0..cfg.num_layers).map(|l| layout.layer_range(l)));
         groups.push(layout.lnfw().start..layout.lnfb().end);
         Ok(Gpt2Model {
             p: Params::views(&params, &layout, t, dtype)?,
-            g: Params::views(&grads, &layout, t, dtype)?,
             ids: Params::indices(&layout, 1),
             a: Acts::views(&acts, &al, dtype)?,
-            da: Acts::views(&dacts, &gl, dtype)?,
             cfg: *cfg,
             layout,
             b,
             t,
             params,
-            grads,
             acts,
-            dacts,
             tokens,
             targets,
             loss,
-            att_scratch_fwd,
-            att_scratch_bwd,
-            att_ds,
-            links,
-            ln_scratch,
+            att_scratch_fwd: att_scratch.view(0..fwd_bytes)?,
+            att_scratch,
+            training,
             groups,
             has_targets: false,
             split_tied: false,
@@ -529,7 +598,15 @@ impl Gpt2Model {
             vp,
             master,
             classifier_weight,
-            classifier_grad,
+        })
+    }
+
+    /// What only training uses, or the error of a model made for inference.
+    fn training(&self) -> Result<&Training> {
+        self.training.as_ref().ok_or(Gpt2Error::InvalidSetting {
+            what: "gradients",
+            reason: "the model was made for inference (ModelOptions::inference) and has none"
+                .into(),
         })
     }
 
@@ -553,13 +630,14 @@ impl Gpt2Model {
         let (v, c) = (self.cfg.vocab_size, self.cfg.channels);
         let pieces = if on { TIED_PIECES.clamp(1, v) } else { 1 };
         let base = self.layout.wte().start;
+        let grads = &self.training()?.grads;
         self.wte_pieces = match on {
             false => Vec::new(),
             true => (0..pieces)
                 .map(|i| {
                     let rows = i * v / pieces..(i + 1) * v / pieces;
                     let view = elems(
-                        &self.grads,
+                        grads,
                         base + rows.start * c..base + rows.end * c,
                         self.dtype,
                     )?;
@@ -582,14 +660,14 @@ impl Gpt2Model {
     /// gradient `(B·T, C)`; with the indices of `wte`'s pieces among
     /// [`param_specs`](Self::param_specs) (for
     /// [`Reducer::sparse_ready_range`](braid::Reducer::sparse_ready_range)).
-    pub fn tied_rows(&self) -> (std::ops::Range<usize>, braid::comm::SparseRows) {
+    pub fn tied_rows(&self) -> Result<(std::ops::Range<usize>, braid::comm::SparseRows)> {
         let rows = braid::comm::SparseRows::new(
             self.tokens.whole(),
-            self.da.encoded.clone(),
+            self.training()?.da.encoded.clone(),
             self.cfg.channels,
         );
         let pieces = self.wte_pieces.len().max(1);
-        (self.ids.wte..self.ids.wte + pieces, rows)
+        Ok((self.ids.wte..self.ids.wte + pieces, rows))
     }
 
     /// The configuration.
@@ -610,6 +688,7 @@ impl Gpt2Model {
             fusion: self.fusion,
             dtype: self.dtype,
             padded_classifier: self.padded_classifier,
+            inference: self.training.is_none(),
         }
     }
 
@@ -646,9 +725,37 @@ impl Gpt2Model {
         self.master.as_ref()
     }
 
-    /// The flat gradient buffer (same layout and type as the parameters).
-    pub fn grads(&self) -> &Buffer {
-        &self.grads
+    /// The flat gradient buffer (same layout and type as the parameters);
+    /// an error for a model made for inference.
+    pub fn grads(&self) -> Result<&Buffer> {
+        Ok(&self.training()?.grads)
+    }
+
+    /// Bytes of every buffer the model holds (parameters, gradients,
+    /// activations and their gradients, master weights, scratch).
+    pub fn device_bytes(&self) -> usize {
+        let own = [
+            &self.params,
+            &self.acts,
+            &self.tokens,
+            &self.targets,
+            &self.loss,
+        ]
+        .into_iter()
+        .chain(&self.master)
+        .chain(&self.classifier_weight)
+        .map(Buffer::len)
+        .sum::<usize>()
+            + self.att_scratch.len();
+        let training = self.training.as_ref().map_or(0, |tr| {
+            [&tr.grads, &tr.dacts, &tr.links, &tr.ln_scratch]
+                .into_iter()
+                .chain(&tr.classifier_grad)
+                .map(Buffer::len)
+                .sum::<usize>()
+                + tr.att_ds.as_ref().map_or(0, View::len)
+        });
+        own + training
     }
 
     /// The activation buffer ([`ActivationLayout::new`]).
@@ -656,9 +763,10 @@ impl Gpt2Model {
         &self.acts
     }
 
-    /// The activation-gradient buffer ([`ActivationLayout::gradients`]).
-    pub fn activation_grads(&self) -> &Buffer {
-        &self.dacts
+    /// The activation-gradient buffer ([`ActivationLayout::gradients`]); an
+    /// error for a model made for inference.
+    pub fn activation_grads(&self) -> Result<&Buffer> {
+        Ok(&self.training()?.dacts)
     }
 
     /// `(1)` the mean loss of the last forward pass with targets.
@@ -711,8 +819,8 @@ impl Gpt2Model {
     }
 
     /// Copies `params` (layout order) into the parameter buffer (a task);
-    /// with another storage type, into the `f32` master weights, and rounded
-    /// into the parameter buffer.
+    /// with another storage type, into the `f32` master weights (unless the
+    /// model was made for inference), and rounded into the parameter buffer.
     pub fn upload_params(&self, rt: &Runtime, params: &[f32]) -> Result<()> {
         if params.len() != self.layout.total {
             return Err(Gpt2Error::LengthMismatch {
@@ -725,7 +833,8 @@ impl Gpt2Model {
             Some(master) => {
                 rt.upload(master, params)?;
             }
-            None if self.dtype != Dtype::F32 => {
+            // An inference model keeps none: the stored ones only.
+            None if self.dtype != Dtype::F32 && self.training.is_some() => {
                 return Err(Gpt2Error::InvalidSetting {
                     what: "master weights",
                     reason: "released to a sharded optimizer: parameters cannot be uploaded".into(),
@@ -737,12 +846,15 @@ impl Gpt2Model {
     }
 
     /// The parameters, after every task submitted so far that writes them:
-    /// the `f32` master weights when the model has them. An error once they
-    /// were released to a sharded optimizer ([`release_master`](Self::release_master)).
+    /// the `f32` master weights when the model has them (a model made for
+    /// inference keeps none: its stored parameters as `f32`). An error once
+    /// they were released to a sharded optimizer
+    /// ([`release_master`](Self::release_master)).
     pub fn read_params(&self, rt: &Runtime) -> Result<Vec<f32>> {
         match &self.master {
             Some(master) => Ok(rt.read_vec(master)?),
             None if self.dtype == Dtype::F32 => Ok(rt.read_vec(&self.params)?),
+            None if self.training.is_none() => self.read_stored_params(rt),
             None => Err(Gpt2Error::InvalidSetting {
                 what: "master weights",
                 reason: "released to a sharded optimizer: gather them from it \
@@ -770,7 +882,7 @@ impl Gpt2Model {
 
     /// The parameter gradients (as `f32`).
     pub fn read_grads(&self, rt: &Runtime) -> Result<Vec<f32>> {
-        self.read_stored(rt, &self.grads.whole())
+        self.read_stored(rt, &self.training()?.grads.whole())
     }
 
     /// The `(B, T, V)` logits of the last forward pass (as `f32`).
@@ -934,9 +1046,10 @@ impl Gpt2Model {
     /// Submits tasks that zero the parameter gradients, one per
     /// [`param_group`](Self::param_groups).
     pub fn zero_grad(&self, rt: &Runtime) -> Result<()> {
+        let grads = &self.training()?.grads;
         for (i, r) in self.groups.iter().enumerate() {
             let task = rt.task(format!("zero grads {i}")).priority(Priority::Side);
-            fill::zero(task, &elems(&self.grads, r.clone(), self.dtype)?)?;
+            fill::zero(task, &elems(grads, r.clone(), self.dtype)?)?;
         }
         Ok(())
     }
@@ -1053,5 +1166,108 @@ mod tests {
             try_init_params(&tiny, 1).unwrap().len(),
             tiny.num_parameters()
         );
+    }
+
+    /// A model made for inference computes, bit for bit, the logits and
+    /// losses of a training model (the same kernels on the same inputs,
+    /// its blocks sharing one slot), unfused and fused, in f32 and bf16,
+    /// at batch sizes 1 (which keeps the KV cache) and 3; it holds less
+    /// than the training model less its gradients; and every gradient
+    /// method says what it lacks.
+    #[test]
+    fn an_inference_model_computes_what_a_training_model_does() {
+        let cfg = Gpt2Config::tiny();
+        let params = init_params(&cfg, 7);
+        let rt =
+            crate::trainer::model_runtime(braid::BackendKind::Cpu, 2, braid::Policy::Affinity, 0)
+                .unwrap();
+        let t = 9;
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            for fusion in [Fusion::NONE, Fusion::ALL] {
+                for b in [1, 3] {
+                    let ids = |k: usize| -> Vec<u32> {
+                        (0..b * t)
+                            .map(|i| ((i * 31 + k) % cfg.vocab_size) as u32)
+                            .collect()
+                    };
+                    let (x, y) = (ids(5), ids(11));
+                    let run = |inference| {
+                        let opts = ModelOptions {
+                            dtype,
+                            fusion,
+                            inference,
+                            ..ModelOptions::default()
+                        };
+                        let mut m = Gpt2Model::with_options(&rt, &cfg, b, t, opts).unwrap();
+                        assert_eq!(m.options(), opts);
+                        m.upload_params(&rt, &params).unwrap();
+                        m.forward(&rt, &x, Some(&y)).unwrap();
+                        let out = (
+                            m.read_logits(&rt).unwrap(),
+                            m.read_losses(&rt).unwrap(),
+                            m.read_loss(&rt).unwrap().to_bits(),
+                            m.read_stored_params(&rt).unwrap(),
+                        );
+                        (m, out)
+                    };
+                    let what = format!("{dtype}, {fusion}, B {b}");
+                    let (training, trained) = run(false);
+                    let (mut inference, inferred) = run(true);
+                    assert!(trained == inferred, "{what}: results differ");
+                    let grads = training.grads().unwrap().len();
+                    assert!(
+                        inference.device_bytes() < training.device_bytes() - grads,
+                        "{what}: {} vs {} bytes",
+                        inference.device_bytes(),
+                        training.device_bytes()
+                    );
+                    // An inference model's parameters are its stored ones.
+                    assert_eq!(inference.read_params(&rt).unwrap(), inferred.3, "{what}");
+                    let errors = [
+                        inference.grads().map(|_| ()),
+                        inference.activation_grads().map(|_| ()),
+                        inference.read_grads(&rt).map(|_| ()),
+                        inference.zero_grad(&rt),
+                        inference.tied_rows().map(|_| ()),
+                        inference.set_split_tied(true),
+                        inference.backward(&rt, 1.0, |_| Ok(())),
+                    ];
+                    for e in errors {
+                        let e = e.unwrap_err().to_string();
+                        assert!(e.contains("made for inference"), "{what}: {e}");
+                    }
+                }
+            }
+        }
+        rt.synchronize().unwrap();
+    }
+
+    /// The inference layout: every block's activations in one slot but
+    /// each block's `qkv` when kept, and far less than the stored layout.
+    #[test]
+    fn the_inference_layout_shares_one_block_slot() {
+        let cfg = Gpt2Config::tiny();
+        let (b, t) = (2, 16);
+        let stored = ActivationLayout::stored(&cfg, b, t, Fusion::NONE, false, Dtype::F32);
+        for keep_qkv in [false, true] {
+            let shared =
+                ActivationLayout::inference(&cfg, b, t, Fusion::NONE, Dtype::F32, keep_qkv);
+            let first = &shared.layers[0];
+            for (l, la) in shared.layers.iter().enumerate() {
+                let same_qkv = la.qkv == first.qkv;
+                assert_eq!(same_qkv, !keep_qkv || l == 0, "layer {l}");
+                let without_qkv = |x: &LayerActivations| LayerActivations {
+                    qkv: Span { offset: 0, len: 0 },
+                    ..*x
+                };
+                assert_eq!(without_qkv(la), without_qkv(first), "layer {l}");
+                assert_eq!(la.qkv.len, b * t * 3 * cfg.channels);
+            }
+            let block = stored.layers[1].ln1.offset - stored.layers[0].ln1.offset;
+            let qkv = (cfg.num_layers - 1) * b * t * 3 * cfg.channels;
+            let expected =
+                stored.total - (cfg.num_layers - 1) * block + if keep_qkv { qkv } else { 0 };
+            assert_eq!(shared.total, expected, "keep_qkv {keep_qkv}");
+        }
     }
 }

@@ -184,6 +184,7 @@ impl Sampler {
         let t = window.clamp(1, cfg.max_seq_len);
         let opts = ModelOptions {
             dtype,
+            inference: true,
             ..ModelOptions::default()
         };
         Ok(Sampler {
@@ -239,6 +240,11 @@ impl Sampler {
     pub fn with_kv_cache(mut self, on: bool) -> Self {
         self.kv_cache = on;
         self
+    }
+
+    /// The model the sampler runs (made for inference, batch size 1).
+    pub fn model(&self) -> &Gpt2Model {
+        &self.model
     }
 
     /// Draws with `how` from now on (its temperature replaces the one given

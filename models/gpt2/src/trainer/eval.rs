@@ -53,7 +53,7 @@ pub fn check_eval(
 /// `source` (window `i` has inputs `i·T .. i·T+T-1` and predicts tokens
 /// `i·T+1 .. i·T+T`), `batch_size` windows per forward pass, the model made
 /// with `opts` (its storage type and fused kernels; the losses are summed
-/// in `f64` either way).
+/// in `f64` either way) for inference ([`ModelOptions::inference`]).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     rt: &Runtime,
@@ -66,6 +66,11 @@ pub fn evaluate(
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<EvalReport> {
     let total = check_eval(cfg, source, seq_len, batch_size)?;
+    // Forward passes only: no gradients, one block's activations.
+    let opts = ModelOptions {
+        inference: true,
+        ..opts
+    };
     // Windows are made a batch at a time: all of them at once would take 8
     // bytes per token of the source (their `u32` inputs and targets).
     let mut windows = eval_windows(source, seq_len)?;

@@ -313,6 +313,7 @@ pub fn train(
         trace_not_written: None,
         checkpoint: None,
         optimizer_bytes: Vec::new(),
+        model_bytes: Vec::new(),
         zero: opts.zero == 1 && (world > 1 || opts.reduce_single_rank),
         tied_split: opts.splits_tied(world),
         bucket_cap: None,
@@ -335,6 +336,7 @@ pub fn train(
         report.bucket_cap = report.bucket_cap.take().or(o.bucket_cap);
         report.param_hashes.push(o.hash);
         report.optimizer_bytes.push(o.optimizer_bytes);
+        report.model_bytes.push(o.model_bytes);
         report.graph_replays.push(o.graphs.launches);
         report.graph_refusal = report.graph_refusal.take().or(o.graphs.refusal);
         report.graph_shape = report.graph_shape.or(o.graphs.shape);

@@ -44,6 +44,9 @@ pub(super) struct RankOutcome {
     pub(super) checkpoint: Option<PathBuf>,
     /// Bytes of AdamW state on this rank's device.
     pub(super) optimizer_bytes: usize,
+    /// Bytes of the model's buffers on this rank's device, its sampler's
+    /// included ([`Gpt2Model::device_bytes`]).
+    pub(super) model_bytes: usize,
     /// Rank 0, auto bucket cap: what the reducer chose.
     pub(super) bucket_cap: Option<CapReport>,
     /// How the recorded step replayed as graphs.
@@ -306,7 +309,7 @@ fn run_rank_on(
             };
             Some(Reducer::new(
                 c.clone(),
-                model.grads(),
+                model.grads()?,
                 model.param_specs(),
                 BucketConfig::default()
                     .cap_bytes(opts.bucket_cap_bytes)
@@ -420,7 +423,7 @@ fn run_rank_on(
             }
         }
         if let Some(f) = opts.fault.filter(|f| (f.rank, f.step) == (rank, step)) {
-            inject_fault(rt, model.grads(), f.hang)?;
+            inject_fault(rt, model.grads()?, f.hang)?;
         }
         // ZeRO-1: the parameters updated by the last step are gathered at the
         // start of this one (from the second step of a run on), so the
@@ -471,7 +474,7 @@ fn run_rank_on(
                     model.backward(rt, dloss, |p| r.grad_ready(p))?;
                     let _s = rt.scope("reduce");
                     if model.split_tied() {
-                        let (wte, rows) = model.tied_rows();
+                        let (wte, rows) = model.tied_rows()?;
                         r.sparse_ready_range(wte, rows)?;
                     }
                     r.finish()?;
@@ -512,13 +515,13 @@ fn run_rank_on(
                 reason: "the reducer's buckets are still not final after the first step".into(),
             })?;
             match &comm {
-                Some(c) if opt.is_sharded() => opt.clip_sharded(c, model.grads())?,
-                _ => opt.clip(rt, model.grads())?,
+                Some(c) if opt.is_sharded() => opt.clip_sharded(c, model.grads()?)?,
+                _ => opt.clip(rt, model.grads()?)?,
             }
             if !advanced {
                 opt.advance(rt)?;
             }
-            opt.update_recorded(rt, model.params(), model.grads())?;
+            opt.update_recorded(rt, model.params(), model.grads()?)?;
             Ok(())
         };
         let replayed = schedule.is_some();
@@ -689,6 +692,10 @@ fn run_rank_on(
         steady_from,
         checkpoint,
         optimizer_bytes: opt.state_bytes(),
+        model_bytes: model.device_bytes()
+            + sampler
+                .as_ref()
+                .map_or(0, |s: &crate::model::Sampler| s.model().device_bytes()),
         graphs: GraphOutcome {
             launches: rt.stats().graph_replays,
             refusal: schedule.as_ref().and_then(|s| s.graph_refusal()),

@@ -80,6 +80,11 @@ pub struct TrainReport {
     /// Bytes of AdamW state (the two `f32` moments) on each rank's device:
     /// every parameter's, or with ZeRO-1 the rank's shard's.
     pub optimizer_bytes: Vec<usize>,
+    /// Bytes of each rank's model buffers on its device (parameters,
+    /// gradients, activations and their gradients, master weights,
+    /// scratch; the sampler's model of `--sample-every` too):
+    /// [`Gpt2Model::device_bytes`](crate::model::Gpt2Model::device_bytes).
+    pub model_bytes: Vec<usize>,
     /// Whether the optimizer state was sharded (ZeRO-1).
     pub zero: bool,
     /// Whether the tied embedding's gradient was reduced as two writers
@@ -390,6 +395,13 @@ impl fmt::Display for TrainReport {
         }
         for line in &self.cudnn {
             writeln!(f, "attention        {line}")?;
+        }
+        if let Some(&bytes) = self.model_bytes.first() {
+            writeln!(
+                f,
+                "model buffers    {:.1} MiB on rank 0 (parameters, gradients, activations)",
+                bytes as f64 / (1 << 20) as f64,
+            )?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
             writeln!(
