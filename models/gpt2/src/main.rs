@@ -446,6 +446,12 @@ struct SampleArgs {
     /// Tokens to generate.
     #[arg(long, default_value_t = 64)]
     tokens: usize,
+    /// Samples to draw, each a continuation of the prompt, one after the
+    /// other from the same seeded sampler (so each differs), printed with
+    /// a line `---` between them.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    num_samples: u64,
     /// Sampling temperature (0: always the most likely token).
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
@@ -1555,6 +1561,8 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     let window = total.min(cfg.max_seq_len);
     let dtype = a.dtype.unwrap_or(default_dtype(rt.cuda_device().is_some()));
     let mut sampler = Sampler::new(&rt, &cfg, &params, window, a.temperature, a.seed, dtype)?;
+    // The sampler's model holds its own copy.
+    drop(params);
     sampler.set_sampling(Sampling {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -1567,8 +1575,11 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
     // A character spread over several tokens is written once its last
     // token is in; a token outside GPT-2's vocabulary (a model with a
     // bigger one) cannot be shown as text: it is written as `<id>`.
-    let mut text = tok.stream();
-    if out.put(&a.prompt) {
+    for i in 0..a.num_samples {
+        if (i > 0 && !out.put("---\n")) || !out.put(&a.prompt) {
+            break;
+        }
+        let mut text = tok.stream();
         let generated = sampler.generate(&rt, &context, a.tokens, |t| {
             if out.put(&text.push(t)) {
                 Ok(())
@@ -1582,7 +1593,7 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
             }
         });
         match generated {
-            Err(_) if out.error.is_some() => {}
+            Err(_) if out.error.is_some() => break,
             Err(e) => return Err(e.into()),
             Ok(_) => {
                 // A character the last tokens left unfinished, as U+FFFD.

@@ -2064,6 +2064,32 @@ fn eval_and_sample_edges() {
     );
     let short: Vec<&str> = sample.iter().copied().chain(["2"]).collect();
     assert!(!text(&run(d, &short).stderr).contains("dropped"));
+    // Several samples: each continues the prompt, drawn one after the
+    // other from the seeded sampler (the first is the one a single sample
+    // draws), with `---` between them.
+    let samples = |n: &str| -> Vec<String> {
+        let args: Vec<&str> = sample
+            .iter()
+            .copied()
+            .chain(["12", "--seed", "5", "--num-samples", n])
+            .collect();
+        let out = ok(d, &args);
+        out.split("\n---\n")
+            .map(|s| s.trim_end().to_string())
+            .collect()
+    };
+    let (one, three) = (samples("1"), samples("3"));
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert_eq!(three.len(), 3, "{three:?}");
+    assert!(three.iter().all(|s| s.starts_with('a')), "{three:?}");
+    assert_eq!(three[0], one[0]);
+    assert!(three[1] != three[0] && three[2] != three[1], "{three:?}");
+    let zero: Vec<&str> = sample
+        .iter()
+        .copied()
+        .chain(["2", "--num-samples", "0"])
+        .collect();
+    fails(d, &zero, &["--num-samples"]);
     // A reader that stops (`| head -c 8`): the program stops at once, with
     // success, though it was asked for a trillion tokens.
     let many: Vec<&str> = sample.iter().copied().chain(["1000000000000"]).collect();
