@@ -4,6 +4,8 @@
 #
 #   scripts/hf-export-check.sh [--python python3] [--model small] [--steps 40]
 #
+# --model: a model of GPT-2's vocabulary (small, gpt2, ...; not tiny).
+#
 # Trains --model for --steps steps on the built-in data (so the weights are
 # not an initialisation's), exports them with `--save-weights DIR/`
 # (model.safetensors + config.json), tokenizes README.md, and scores the
@@ -32,8 +34,12 @@ trap 'rm -rf "$tmp"' EXIT
   --no-trace --save-weights "$tmp/hf/" > "$tmp/train.log" 2>&1 \
   || { cat "$tmp/train.log"; exit 1; }
 "$bin" tokenize README.md "$tmp/text.bin" 2> /dev/null
-braid=$("$bin" eval --weights "$tmp/hf/model.safetensors" --tokens "$tmp/text.bin" \
-  --seq-len 64 --dtype fp32 2> /dev/null | sed -n 's/^loss=//p')
+# --model needs GPT-2's vocabulary: the text is GPT-2 BPE tokens.
+"$bin" eval --weights "$tmp/hf/model.safetensors" --tokens "$tmp/text.bin" \
+  --seq-len 64 --dtype fp32 > "$tmp/eval.out" 2> "$tmp/eval.err" \
+  || { cat "$tmp/eval.err"; exit 1; }
+braid=$(sed -n 's/^loss=//p' "$tmp/eval.out")
+[ -n "$braid" ] || { echo "no loss= in braid-gpt2 eval's output:"; cat "$tmp/eval.out"; exit 1; }
 echo "braid-gpt2 eval:  loss=$braid"
 "$python" - "$tmp/hf" "$tmp/text.bin" 64 "$braid" <<'EOF'
 import sys

@@ -393,10 +393,10 @@ pub fn load_checkpoint(dir: impl AsRef<Path>) -> Result<Checkpoint> {
     })
 }
 
-/// The parameters of the checkpoint in `dir` with its metadata, checked as
-/// [`load_checkpoint`] checks them, without reading the optimizer's
-/// moments (two thirds of the file): what evaluation, sampling and export
-/// need.
+/// The parameters of the checkpoint in `dir` with its metadata, the
+/// `params` tensor checked as [`load_checkpoint`] checks it, without
+/// reading or checking the optimizer's moments (two thirds of the file):
+/// what evaluation, sampling and export need.
 pub fn load_checkpoint_params(dir: impl AsRef<Path>) -> Result<(CheckpointInfo, Vec<f32>)> {
     let (file, meta, mut tensors) = read_tensors(dir.as_ref(), &TENSOR_NAMES[..1])?;
     let params = tensors.pop().expect("one tensor");

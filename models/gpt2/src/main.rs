@@ -87,8 +87,9 @@ struct TrainArgs {
     #[arg(long)]
     model: Option<String>,
     /// Training data: `builtin` (the built-in corpus's training split;
-    /// `builtin:val` its validation split), a llm.c .bin token file or a
-    /// UTF-8 text file.
+    /// `builtin:val` its validation split), a llm.c .bin token file,
+    /// llm.c's shards by a pattern ('fineweb_train_*.bin': the files it
+    /// matches in name order, one stream) or a UTF-8 text file.
     #[arg(long, default_value = "builtin")]
     data: String,
     /// Train until this many steps are done (a resumed run continues to
@@ -120,7 +121,7 @@ struct TrainArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     val_every: Option<u64>,
     /// The held-out tokens of --val-every: builtin:val, a llm.c .bin token
-    /// file or a UTF-8 text file. Default: builtin:val when --data is the
+    /// file, shards by a pattern ('fineweb_val_*.bin') or a UTF-8 text file. Default: builtin:val when --data is the
     /// built-in corpus
     #[arg(long, value_name = "DATA", requires = "val_every")]
     val_data: Option<String>,
@@ -396,7 +397,8 @@ struct EvalArgs {
     /// A training checkpoint directory (its parameters are scored).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// Tokens to score: a llm.c .bin token file, a UTF-8 text file, or
+    /// Tokens to score: a llm.c .bin token file (or shards by a pattern), a
+    /// UTF-8 text file, or
     /// `builtin:val` (`builtin:train`, `builtin`) for a split of the
     /// built-in corpus, as `train --data` takes.
     #[arg(long)]
@@ -447,8 +449,9 @@ struct SampleArgs {
     #[arg(long, default_value_t = 64)]
     tokens: usize,
     /// Samples to draw, each a continuation of the prompt, one after the
-    /// other from the same seeded sampler (so each differs), printed with
-    /// a line `---` between them.
+    /// other from the same seeded sampler (so they differ, unless every
+    /// draw is the most likely token: --temperature 0 or --top-k 1),
+    /// printed with a line `---` between them.
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..))]
     num_samples: u64,
@@ -1430,7 +1433,7 @@ fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
         bail!("{origin} is already a token file (it starts with llm.c's header)");
     }
     let tokens = TokenSource::from_text_bytes(&bytes, Path::new(&origin), origin.as_str())?;
-    braid_gpt2::data::write_token_file(&a.output, tokens.tokens())?;
+    braid_gpt2::data::write_token_file(&a.output, &tokens.tokens())?;
     say!(
         "{} bytes of {origin} are {} tokens: {}",
         bytes.len(),
@@ -1452,9 +1455,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         .windows
         .map(|n| (n as usize).saturating_mul(seq_len).saturating_add(1))
     {
-        Some(end) if end < tokens.len() => {
-            TokenSource::from_tokens(&tokens.tokens()[..end], tokens.origin())
-        }
+        Some(end) if end < tokens.len() => tokens.part(0..end, tokens.origin()),
         _ => tokens,
     };
     check_eval(&cfg, &tokens, seq_len, a.batch_size)

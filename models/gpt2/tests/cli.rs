@@ -1986,6 +1986,16 @@ fn eval_and_sample_edges() {
         "eval", "--checkpoint", "ckpt", "--tokens", "train.bin", "--seq-len", "16",
     ]);
     assert_eq!(eval_loss(&by_weights), eval_loss(&by_checkpoint));
+    // The same tokens as shards by a pattern (llm.c's `*_000001.bin`),
+    // cut inside a window: the same loss.
+    let all = tokens(3000);
+    write_token_file(d.join("part_000000.bin"), &all[..1234]).unwrap();
+    write_token_file(d.join("part_000001.bin"), &all[1234..]).unwrap();
+    #[rustfmt::skip]
+    let by_shards = ok(d, &[
+        "eval", "--checkpoint", "ckpt", "--tokens", "part_*.bin", "--seq-len", "16",
+    ]);
+    assert_eq!(eval_loss(&by_shards), eval_loss(&by_checkpoint));
     // Without --seq-len, windows of the model's context (the tiny model's
     // 64), or of all the tokens but the last where they are fewer; a shape
     // the model refuses is refused before the header.

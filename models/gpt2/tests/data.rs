@@ -195,12 +195,12 @@ fn token_source_detects_bin_by_magic_and_tokenizes_text() {
     let bin = dir.path().join("tokens.txt");
     write_token_file(&bin, &[15496, 995, 50256]).unwrap();
     let src = TokenSource::open(&bin).unwrap();
-    assert_eq!(src.tokens(), &[15496, 995, 50256]);
+    assert_eq!(&*src.tokens(), &[15496, 995, 50256]);
     // Text is tokenized, <|endoftext|> becoming EOT.
     let txt = dir.path().join("corpus.txt");
     std::fs::write(&txt, "Hello world<|endoftext|>Hello world").unwrap();
     let src = TokenSource::open(&txt).unwrap();
-    assert_eq!(src.tokens(), &[15496, 995, 50256, 15496, 995]);
+    assert_eq!(&*src.tokens(), &[15496, 995, 50256, 15496, 995]);
     assert!(src.origin().contains("corpus.txt"));
     // save_bin + open gives the same tokens.
     let out = dir.path().join("out.bin");
@@ -257,6 +257,74 @@ fn resolve_knows_builtin_names() {
     let val = TokenSource::resolve("builtin:val").unwrap();
     assert_eq!(val.origin(), "builtin:val");
     assert!(TokenSource::resolve("/no/such/file.txt").is_err());
+}
+
+/// llm.c's shards by a pattern (`fineweb_train_*.bin`): the files it
+/// matches, in name order, as one stream; batches, shuffled batches and
+/// evaluation windows over it are those over the same tokens in one file,
+/// windows spanning two shards included. A pattern matching nothing, or a
+/// text among the matches, is refused naming it.
+#[test]
+fn shards_named_by_a_pattern_are_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let all: Vec<u16> = (0..203u16).map(|i| i * 7 % 500).collect();
+    // Written out of name order, of uneven lengths, one of them empty.
+    let cuts = [(2, 130..203), (0, 0..45), (3, 203..203), (1, 45..130)];
+    for (i, r) in cuts {
+        write_token_file(d.join(format!("data_train_{i:06}.bin")), &all[r]).unwrap();
+    }
+    write_token_file(d.join("data_val_000000.bin"), &[1, 2, 3]).unwrap();
+    write_token_file(d.join("one.bin"), &all).unwrap();
+    let pattern = d.join("data_train_*.bin").display().to_string();
+    let shards = TokenSource::resolve(&pattern).unwrap();
+    let one = TokenSource::resolve(&d.join("one.bin").display().to_string()).unwrap();
+    assert_eq!(&*shards.tokens(), &all[..]);
+    assert_eq!(shards.stream().segment_count(), 3);
+    assert!(shards.origin().contains("(4 files)"), "{}", shards.origin());
+    for shuffle in [None, Some(5)] {
+        for (b, t, rank, world) in [(2, 8, 0, 1), (3, 5, 1, 2)] {
+            let loader = |src: &TokenSource| {
+                let l = DataLoader::new(src, b, t, rank, world).unwrap();
+                match shuffle {
+                    Some(seed) => l.shuffled(seed),
+                    None => l,
+                }
+            };
+            let (mut a, mut c) = (loader(&shards), loader(&one));
+            // Past an epoch, so the wrap is met too.
+            for _ in 0..30 {
+                let (x, y) = (a.next_batch(), c.next_batch());
+                assert_eq!((x.inputs, x.targets), (y.inputs, y.targets));
+            }
+        }
+    }
+    let windows = |src: &TokenSource| eval_windows(src, 13).unwrap().collect::<Vec<_>>();
+    assert_eq!(windows(&shards), windows(&one));
+    let (train, val) = shards.split_tail(0.3);
+    assert_eq!(
+        [&*train.tokens(), &*val.tokens()].concat(),
+        all,
+        "a split across shards"
+    );
+    // What is refused.
+    let none = d.join("nothing_*.bin").display().to_string();
+    let err = TokenSource::resolve(&none).unwrap_err().to_string();
+    assert!(
+        err.contains("matches no file") && err.contains("nothing_*"),
+        "{err}"
+    );
+    std::fs::write(d.join("data_train_notes.txt"), "some text").unwrap();
+    let loose = d.join("data_train_*").display().to_string();
+    let err = TokenSource::resolve(&loose).unwrap_err().to_string();
+    assert!(
+        err.contains("data_train_notes.txt") && err.contains("not an llm.c token file"),
+        "{err}"
+    );
+    // A file whose name has a pattern's characters is that file.
+    write_token_file(d.join("odd[1].bin"), &[4, 5]).unwrap();
+    let odd = TokenSource::resolve(&d.join("odd[1].bin").display().to_string()).unwrap();
+    assert_eq!(&*odd.tokens(), &[4, 5]);
 }
 
 #[test]

@@ -32,7 +32,7 @@
 //! `B·W` windows left) and the sharding invariant are as above; with the
 //! identity for an order it is the in-order loader.
 
-use std::sync::Arc;
+use crate::data::tokens::Tokens;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,7 +68,7 @@ pub struct Batch {
 /// module docs for the sharding invariant).
 #[derive(Debug, Clone)]
 pub struct DataLoader {
-    tokens: Arc<[u16]>,
+    tokens: Tokens,
     origin: String,
     batch_size: usize,
     seq_len: usize,
@@ -123,7 +123,7 @@ impl DataLoader {
             });
         }
         Ok(DataLoader {
-            tokens: source.shared(),
+            tokens: source.stream(),
             origin: source.origin().to_string(),
             batch_size,
             seq_len,
@@ -272,12 +272,13 @@ impl DataLoader {
             }
         };
         let rows = inputs.chunks_exact_mut(t).zip(targets.chunks_exact_mut(t));
+        let mut window = vec![0u16; t + 1];
         for (b, (xs, ys)) in rows.enumerate() {
             let start = match order {
                 None => at + (first + b) * t,
                 Some(o) => o[at / t + first + b] as usize * t,
             };
-            let window = &self.tokens[start..start + t + 1];
+            self.tokens.read(start, &mut window);
             for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
                 *x = u32::from(window[i]);
                 *y = u32::from(window[i + 1]);
@@ -319,7 +320,7 @@ pub struct EvalWindow {
 /// [`eval_windows`].
 #[derive(Debug, Clone)]
 pub struct EvalWindows {
-    tokens: Arc<[u16]>,
+    tokens: Tokens,
     seq_len: usize,
     next: usize,
     count: usize,
@@ -337,7 +338,7 @@ pub fn eval_windows(source: &TokenSource, seq_len: usize) -> Result<EvalWindows>
     }
     let count = source.len().saturating_sub(1) / seq_len;
     Ok(EvalWindows {
-        tokens: source.shared(),
+        tokens: source.stream(),
         seq_len,
         next: 0,
         count,
@@ -361,7 +362,8 @@ impl Iterator for EvalWindows {
         let i = self.next;
         self.next += 1;
         let t = self.seq_len;
-        let w = &self.tokens[i * t..i * t + t + 1];
+        let mut w = vec![0u16; t + 1];
+        self.tokens.read(i * t, &mut w);
         Some(EvalWindow {
             index: i,
             inputs: w[..t].iter().map(|&x| u32::from(x)).collect(),

@@ -6,7 +6,8 @@
 //! bpe        its encoding: tiktoken-rs's ids, O(n log n) in a long piece
 //! tokenfile  llm.c .bin: 256 x int32 header (magic, version, count) + uint16 tokens
 //! builtin    a generated English corpus, train and val splits, no file needed
-//! source     TokenSource: .bin | text | builtin, vocabulary check
+//! tokens     Tokens: a stream of segments, in memory or memory-mapped files
+//! source     TokenSource: .bin (one, or shards by pattern) | text | builtin, vocabulary check
 //! loader     DataLoader (B x T batches, rank/world sharding, resumable), eval windows
 //! ```
 
@@ -16,6 +17,7 @@ pub mod loader;
 pub mod source;
 pub mod tokenfile;
 pub mod tokenizer;
+pub mod tokens;
 
 pub use builtin::{builtin_text, builtin_tokens, Split};
 pub use loader::{eval_windows, Batch, DataLoader, EvalWindow, EvalWindows, LoaderState};
@@ -25,3 +27,4 @@ pub use tokenfile::{
     TOKEN_FILE_HEADER_INTS, TOKEN_FILE_MAGIC, TOKEN_FILE_VERSION,
 };
 pub use tokenizer::{check_ids, TextStream, Tokenizer, EOT, EOT_TEXT, GPT2_VOCAB_SIZE};
+pub use tokens::Tokens;

@@ -1,22 +1,27 @@
-//! [`TokenSource`]: a token stream loaded from an llm.c `.bin` file, a text
-//! file, or the built-in corpus.
+//! [`TokenSource`]: a token stream loaded from llm.c `.bin` files (one, or
+//! shards named by a pattern), a text file, or the built-in corpus.
 
+use std::borrow::Cow;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::config::Gpt2Config;
 use crate::data::builtin::{builtin_tokens, Split};
-use crate::data::tokenfile::{has_token_magic, parse_token_file, tokens_to_u16, write_token_file};
+use crate::data::tokenfile::{
+    has_token_magic, map_token_file, tokens_to_u16, write_token_file, TOKEN_FILE_HEADER_BYTES,
+};
 use crate::data::tokenizer::Tokenizer;
+use crate::data::tokens::Tokens;
 use crate::error::{Gpt2Error, Result};
 
 /// A sequence of token ids with a name for error messages.
 ///
 /// Tokens are stored as `u16` (the width of llm.c token files; every GPT-2 id
-/// fits) behind an `Arc`, so rank threads of a data-parallel run share one copy.
+/// fits) in a shared [`Tokens`] stream, so rank threads of a data-parallel
+/// run share one copy; token files are memory-mapped, not read in.
 #[derive(Debug, Clone)]
 pub struct TokenSource {
-    tokens: Arc<[u16]>,
+    tokens: Tokens,
     origin: String,
     /// The file [`open`](Self::open) read them from; `None` for tokens
     /// made in memory and the built-in corpus.
@@ -25,9 +30,9 @@ pub struct TokenSource {
 
 impl TokenSource {
     /// Wraps tokens; `origin` names them in errors.
-    pub fn from_tokens(tokens: impl Into<Arc<[u16]>>, origin: impl Into<String>) -> Self {
+    pub fn from_tokens(tokens: impl Into<Box<[u16]>>, origin: impl Into<String>) -> Self {
         TokenSource {
-            tokens: tokens.into(),
+            tokens: Tokens::owned(tokens),
             origin: origin.into(),
             path: None,
         }
@@ -62,26 +67,63 @@ impl TokenSource {
 
     /// Loads a file: an llm.c token file when it starts with the token file magic
     /// number or its extension is `.bin` (so a `.bin` with a bad header is an
-    /// error, not text), otherwise UTF-8 text tokenized with GPT-2's BPE.
+    /// error, not text), memory-mapped after its header is checked;
+    /// otherwise UTF-8 text tokenized with GPT-2's BPE.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Gpt2Error::io("reading", path, e))?;
         let origin = path.display().to_string();
-        let is_bin = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("bin"));
-        let mut src = if has_token_magic(&bytes) || is_bin {
-            // Into the shared storage at once: a `Vec` first would be one
-            // more copy of the tokens at the peak (`Arc<[u16]>` from an
-            // iterator of known length allocates once).
-            let tokens: Arc<[u16]> = parse_token_file(path, &bytes)?;
-            drop(bytes);
-            Self::from_tokens(tokens, origin)
-        } else {
-            Self::from_text_bytes(&bytes, path, origin)?
+        let mut src = match TokenFile::open(path)? {
+            TokenFile::Tokens(tokens) => TokenSource {
+                tokens,
+                origin,
+                path: None,
+            },
+            TokenFile::Text(bytes) => Self::from_text_bytes(&bytes, path, origin)?,
         };
         src.path = Some(path.to_path_buf());
         Ok(src)
+    }
+
+    /// The token files `pattern` names (a shell pattern: `*`, `?`, `[…]`),
+    /// in the order of their names, as one stream: llm.c's shards
+    /// (`fineweb_train_*.bin`), each mapped. An error names the pattern if
+    /// it matches no file, and a file that is not a token file.
+    pub fn open_shards(pattern: &str) -> Result<Self> {
+        let bad = |reason: String| Gpt2Error::InvalidSetting {
+            what: "token file pattern",
+            reason,
+        };
+        let paths = glob::glob(pattern).map_err(|e| bad(format!("{pattern}: {e}")))?;
+        let mut paths: Vec<PathBuf> =
+            paths.collect::<std::result::Result<_, _>>().map_err(|e| {
+                let path = e.path().to_path_buf();
+                Gpt2Error::io("listing", &path, e.into())
+            })?;
+        paths.sort();
+        if paths.is_empty() {
+            return Err(bad(format!("{pattern} matches no file")));
+        }
+        let mut parts = Vec::with_capacity(paths.len());
+        for p in &paths {
+            match TokenFile::open(p)? {
+                TokenFile::Tokens(t) => parts.push(t),
+                TokenFile::Text(_) => {
+                    return Err(bad(format!(
+                        "{pattern} matches {}, which is not an llm.c token file (shards are \
+                         .bin token files; tokenize a text with `braid-gpt2 tokenize`)",
+                        p.display()
+                    )))
+                }
+            }
+        }
+        Ok(TokenSource {
+            tokens: Tokens::concat(parts),
+            origin: match paths.len() {
+                1 => paths[0].display().to_string(),
+                n => format!("{pattern} ({n} files)"),
+            },
+            path: (paths.len() == 1).then(|| paths[0].clone()),
+        })
     }
 
     /// [`open`](Self::open), then [`check_vocab`](Self::check_vocab) against `cfg`.
@@ -94,10 +136,15 @@ impl TokenSource {
     /// Resolves a command-line data argument: `builtin` or `builtin:train` for the
     /// built-in training split, `builtin:val` for its validation split, otherwise
     /// a path for [`open`](Self::open).
+    /// A path with a pattern's characters (`*`, `?`, `[`) that names no
+    /// file is a pattern ([`open_shards`](Self::open_shards)).
     pub fn resolve(spec: &str) -> Result<Self> {
         match spec {
             "builtin" | "builtin:train" => Self::builtin(Split::Train),
             "builtin:val" => Self::builtin(Split::Val),
+            path if spec.contains(['*', '?', '[']) && !Path::new(path).exists() => {
+                Self::open_shards(path)
+            }
             path => Self::open(path),
         }
     }
@@ -105,29 +152,29 @@ impl TokenSource {
     /// Checks every id is `< vocab_size`; the error names the first id that is
     /// not, its position and where the tokens came from.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
-        match self
-            .tokens
-            .iter()
-            .position(|&t| usize::from(t) >= vocab_size)
-        {
-            None => Ok(()),
-            Some(position) => Err(Gpt2Error::TokenOutOfRange {
-                origin: self.origin.clone(),
-                position,
-                id: u32::from(self.tokens[position]),
-                vocab_size,
-            }),
+        let mut at = 0;
+        for seg in self.tokens.segments() {
+            if let Some(i) = seg.iter().position(|&t| usize::from(t) >= vocab_size) {
+                return Err(Gpt2Error::TokenOutOfRange {
+                    origin: self.origin.clone(),
+                    position: at + i,
+                    id: u32::from(seg[i]),
+                    vocab_size,
+                });
+            }
+            at += seg.len();
         }
+        Ok(())
     }
 
     /// The tokens.
-    pub fn tokens(&self) -> &[u16] {
-        &self.tokens
+    pub fn tokens(&self) -> Cow<'_, [u16]> {
+        self.tokens.contiguous()
     }
 
-    /// The shared token storage (no copy).
-    pub fn shared(&self) -> Arc<[u16]> {
-        Arc::clone(&self.tokens)
+    /// The shared token stream (no copy).
+    pub fn stream(&self) -> Tokens {
+        self.tokens.clone()
     }
 
     /// Number of tokens.
@@ -167,13 +214,55 @@ impl TokenSource {
         }
         let cut = n - k;
         (
-            Self::from_tokens(&self.tokens[..cut], format!("{}[train]", self.origin)),
-            Self::from_tokens(&self.tokens[cut..], format!("{}[val]", self.origin)),
+            self.part(0..cut, format!("{}[train]", self.origin)),
+            self.part(cut..n, format!("{}[val]", self.origin)),
         )
     }
 
     /// Writes the tokens as an llm.c token file (atomically).
     pub fn save_bin(&self, path: impl AsRef<Path>) -> Result<()> {
-        write_token_file(path, &self.tokens)
+        write_token_file(path, &self.tokens.contiguous())
+    }
+
+    /// Tokens `range`, named `origin` (sharing the storage).
+    pub fn part(&self, range: std::ops::Range<usize>, origin: impl Into<String>) -> TokenSource {
+        TokenSource {
+            tokens: self.tokens.slice(range),
+            origin: origin.into(),
+            path: None,
+        }
+    }
+}
+
+/// What a file holds: the (mapped) tokens of an llm.c token file, or the
+/// bytes of anything else, a text.
+enum TokenFile {
+    Tokens(Tokens),
+    Text(Vec<u8>),
+}
+
+impl TokenFile {
+    /// A token file when it starts with the magic number or is named
+    /// `.bin` (so a `.bin` with a bad header is an error, not text).
+    fn open(path: &Path) -> Result<Self> {
+        let io = |e| Gpt2Error::io("reading", path, e);
+        let file = std::fs::File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut head = Vec::with_capacity(TOKEN_FILE_HEADER_BYTES);
+        (&file)
+            .take(TOKEN_FILE_HEADER_BYTES as u64)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+        let is_bin = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("bin"));
+        if has_token_magic(&head) || is_bin {
+            let len = usize::try_from(file_len).unwrap_or(usize::MAX);
+            Ok(TokenFile::Tokens(map_token_file(path, &file, &head, len)?))
+        } else {
+            let mut bytes = head;
+            (&file).read_to_end(&mut bytes).map_err(io)?;
+            Ok(TokenFile::Text(bytes))
+        }
     }
 }

@@ -31,6 +31,18 @@ pub fn has_token_magic(bytes: &[u8]) -> bool {
 
 /// Parses the bytes of a token file; `path` only names the file in errors.
 pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Result<C> {
+    token_count(path, bytes, bytes.len())?;
+    Ok(bytes[TOKEN_FILE_HEADER_BYTES..]
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect())
+}
+
+/// The token count of a token file of `file_len` bytes whose first bytes
+/// (the header's, or all of a shorter file's) are `head`, checked: magic,
+/// version, and exactly that many tokens after the header.
+fn token_count(path: &Path, head: &[u8], file_len: usize) -> Result<usize> {
+    let bytes = head;
     if bytes.len() >= 4 && !has_token_magic(bytes) {
         return Err(Gpt2Error::BadMagic {
             path: path.to_path_buf(),
@@ -38,12 +50,11 @@ pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Resu
             expected: TOKEN_FILE_MAGIC,
         });
     }
-    if bytes.len() < TOKEN_FILE_HEADER_BYTES {
+    if file_len < TOKEN_FILE_HEADER_BYTES {
         return Err(Gpt2Error::BadTokenHeader {
             path: path.to_path_buf(),
             reason: format!(
-                "the file is {} bytes, shorter than the {TOKEN_FILE_HEADER_BYTES}-byte header",
-                bytes.len()
+                "the file is {file_len} bytes, shorter than the {TOKEN_FILE_HEADER_BYTES}-byte header"
             ),
         });
     }
@@ -63,8 +74,8 @@ pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Resu
         });
     }
     let declared = count as usize;
-    let body = &bytes[TOKEN_FILE_HEADER_BYTES..];
-    let found = body.len() / 2;
+    let body = file_len - TOKEN_FILE_HEADER_BYTES;
+    let found = body / 2;
     if found < declared {
         return Err(Gpt2Error::TruncatedTokenFile {
             path: path.to_path_buf(),
@@ -72,17 +83,51 @@ pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Resu
             found,
         });
     }
-    if body.len() > declared * 2 {
+    if body > declared * 2 {
         return Err(Gpt2Error::TrailingTokenData {
             path: path.to_path_buf(),
             declared,
-            extra_bytes: body.len() - declared * 2,
+            extra_bytes: body - declared * 2,
         });
     }
-    Ok(body
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect())
+    Ok(declared)
+}
+
+/// The tokens of the token file `file` (at `path`, named in errors), whose
+/// first bytes are `head` and length `file_len`, checked as
+/// [`parse_token_file`] checks them, and memory-mapped
+/// ([`Tokens`](super::tokens::Tokens)); read into memory on a big-endian
+/// host.
+///
+/// The file must not be truncated or rewritten in place while the tokens
+/// are in use (a truncated map faults when read): Braid's own writes
+/// replace files whole (a new file renamed over the old, which the map
+/// does not see), as llm.c's scripts write theirs.
+pub(super) fn map_token_file(
+    path: &Path,
+    file: &std::fs::File,
+    head: &[u8],
+    file_len: usize,
+) -> Result<super::tokens::Tokens> {
+    let count = token_count(path, head, file_len)?;
+    if count == 0 || cfg!(target_endian = "big") {
+        let bytes = std::fs::read(path).map_err(|e| Gpt2Error::io("reading", path, e))?;
+        let tokens: Vec<u16> = parse_token_file(path, &bytes)?;
+        return Ok(super::tokens::Tokens::owned(tokens));
+    }
+    // SAFETY: the map is read only as `u16`s, which any bytes are; what the
+    // mapping requires of the file (not truncated while mapped) is the
+    // contract documented above.
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Gpt2Error::io("mapping", path, e))?;
+    if map.len() != file_len {
+        return Err(Gpt2Error::io(
+            "mapping",
+            path,
+            std::io::Error::other("the file changed size while it was opened"),
+        ));
+    }
+    let first = TOKEN_FILE_HEADER_BYTES / 2;
+    Ok(super::tokens::Tokens::mapped(map, first..first + count))
 }
 
 /// Reads an llm.c token file, checking magic, version and that the file holds

@@ -758,7 +758,8 @@ impl Gpt2Model {
         own + training
     }
 
-    /// The activation buffer ([`ActivationLayout::new`]).
+    /// The activation buffer ([`ActivationLayout::stored`], or for a model
+    /// made for inference [`ActivationLayout::inference`]).
     pub fn activations(&self) -> &Buffer {
         &self.acts
     }

@@ -81,6 +81,11 @@ pub fn evaluate(
         let batch: Vec<_> = windows.by_ref().take(batch_size).collect();
         let b = batch.len();
         if model.as_ref().is_none_or(|m| m.batch_size() != b) {
+            // The last batch's smaller model: the other one goes first
+            // (its tasks done), so the two are never held together.
+            if model.take().is_some() {
+                rt.synchronize()?;
+            }
             let m = Gpt2Model::with_options(rt, cfg, b, seq_len, opts)?;
             m.upload_params(rt, params)?;
             model = Some(m);

@@ -399,8 +399,12 @@ impl fmt::Display for TrainReport {
         if let Some(&bytes) = self.model_bytes.first() {
             writeln!(
                 f,
-                "model buffers    {:.1} MiB on rank 0 (parameters, gradients, activations)",
+                "model buffers    {:.1} MiB on rank 0 (parameters, gradients, activations{})",
                 bytes as f64 / (1 << 20) as f64,
+                match self.steps.iter().any(|s| s.sample.is_some()) {
+                    true => "; the sampler's model too",
+                    false => "",
+                }
             )?;
         }
         if let Some(&bytes) = self.optimizer_bytes.first() {
