@@ -7,10 +7,18 @@ Writes ``models/gpt2/tests/fixtures/gpt2_tiny_reference.safetensors``, which
 the same model in bf16 mixed precision (see "The bf16 fixture" below), which
 ``models/gpt2/tests/reference_pytorch_bf16.rs`` compares the bf16 model with.
 
+and ``gpt2_tiny_decode.safetensors``, a greedy continuation by Hugging Face
+of a prompt with the fp32 fixture's initial parameters (see "The decode
+fixture" below), which ``models/gpt2/tests/reference_pytorch.rs`` holds
+the sampler's KV-cache decoding to.
+
 Re-run (from anywhere; the output paths are found relative to this file):
 
     pip install torch transformers safetensors numpy
-    python3 models/gpt2/scripts/make_reference.py [--only fp32|bf16]
+    python3 models/gpt2/scripts/make_reference.py [--only fp32|bf16|decode]
+
+(``decode`` reads the fp32 fixture's parameters rather than drawing them:
+it needs no particular torch version to match.)
 
 What it does
 ------------
@@ -78,6 +86,19 @@ fp32, which is not what llm.c (or braid) stores. Details:
 
 It holds the same tensors as the fp32 fixture (bf16 values stored as F32,
 exactly), ``final.<hf name>`` being the fp32 master weights after the steps.
+
+The decode fixture
+------------------
+The fp32 fixture's initial parameters loaded into ``GPT2LMHeadModel``; a
+prompt of the first ``DECODE_PROMPT`` of the fixture's tokens; then
+``DECODE_TOKENS`` greedy tokens, each the argmax of the last row of a
+forward pass over the sequence's last ``n_positions`` (64) tokens, the
+window sliding once full, as braid's sampler does (so both the KV-cache
+phase and the sliding phase are covered). Tensors: ``prompt`` and
+``tokens`` (int32), ``logits`` (DECODE_TOKENS, V): the logits each token
+was chosen from, ``margins`` (DECODE_TOKENS,): the gap between the largest
+and second-largest logit, all above ``MIN_MARGIN`` (checked), so the
+choices are not ties that float rounding could flip.
 """
 
 import argparse
@@ -104,6 +125,8 @@ FINAL_MATRICES = ["transformer.h.0.attn.c_attn.weight"]
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
 OUT = os.path.join(FIXTURES, "gpt2_tiny_reference.safetensors")
 OUT_BF16 = os.path.join(FIXTURES, "gpt2_tiny_reference_bf16.safetensors")
+OUT_DECODE = os.path.join(FIXTURES, "gpt2_tiny_decode.safetensors")
+DECODE_PROMPT, DECODE_TOKENS, MIN_MARGIN = 5, 80, 1e-3
 
 
 def build_model(activation: str = "gelu_new") -> GPT2LMHeadModel:
@@ -298,15 +321,59 @@ def make_bf16() -> None:
     save(tensors, OUT_BF16, metadata, step_losses, step_norms)
 
 
+def make_decode() -> None:
+    from safetensors.torch import load_file
+
+    fixture = load_file(OUT)
+    model = build_model()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(fixture[n])
+    model.eval()
+    prompt = fixture["tokens"][0, :DECODE_PROMPT].long().tolist()
+    seq, chosen, rows, margins = list(prompt), [], [], []
+    with torch.no_grad():
+        for _ in range(DECODE_TOKENS):
+            window = torch.tensor([seq[-CONFIG["n_positions"] :]])
+            row = model(window).logits[0, -1]
+            top2 = torch.topk(row, 2).values
+            margins.append((top2[0] - top2[1]).item())
+            nxt = int(torch.argmax(row))
+            chosen.append(nxt)
+            rows.append(row.clone())
+            seq.append(nxt)
+    assert min(margins) > MIN_MARGIN, f"a near tie: {min(margins)}"
+    assert len(seq) > CONFIG["n_positions"], "the window must slide"
+    tensors = {
+        "prompt": torch.tensor(prompt, dtype=torch.int32),
+        "tokens": torch.tensor(chosen, dtype=torch.int32),
+        "logits": torch.stack(rows).contiguous(),
+        "margins": torch.tensor(margins, dtype=torch.float32),
+    }
+    metadata = common_metadata()
+    metadata["decode"] = (
+        f"greedy, prompt of {DECODE_PROMPT} tokens, {DECODE_TOKENS} tokens, "
+        f"window of {CONFIG['n_positions']} sliding once full"
+    )
+    save_file(tensors, OUT_DECODE, metadata=metadata)
+    print(f"wrote {os.path.normpath(OUT_DECODE)}: {os.path.getsize(OUT_DECODE)} bytes")
+    print("tokens", chosen)
+    print(f"smallest margin {min(margins):.4g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["fp32", "bf16"], help="make one fixture")
+    parser.add_argument(
+        "--only", choices=["fp32", "bf16", "decode"], help="make one fixture"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # reproducible reductions
     if args.only in (None, "fp32"):
         make_fp32()
     if args.only in (None, "bf16"):
         make_bf16()
+    if args.only in (None, "decode"):
+        make_decode()
 
 
 if __name__ == "__main__":

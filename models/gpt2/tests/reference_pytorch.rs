@@ -41,7 +41,7 @@ mod common;
 
 use braid::Policy;
 use braid_gpt2::kernels::cpu as k;
-use braid_gpt2::model::{Fusion, Gpt2Model, ModelOptions};
+use braid_gpt2::model::{Dtype, Fusion, Gpt2Model, ModelOptions, Sampler};
 use braid_gpt2::optim::AdamW;
 use braid_gpt2::reference::Reference;
 use braid_gpt2::trainer::model_runtime;
@@ -522,4 +522,95 @@ test_device!(
     engine_adamw_steps_match_pytorch,
     engine_adamw_steps_match_pytorch_cpu,
     engine_adamw_steps_match_pytorch_cuda
+);
+
+/// The decode fixture (`make_reference.py`, "The decode fixture"): the
+/// prompt, Hugging Face's greedy tokens, and the logits each was chosen
+/// from, `(n, V)`.
+fn decode_fixture() -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+    let bytes = std::fs::read(common::FIXTURE_DECODE).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (make_reference.py --only decode)",
+            common::FIXTURE_DECODE
+        )
+    });
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let words = |name: &str| -> Vec<[u8; 4]> {
+        let t = st.tensor(name).unwrap();
+        t.data()
+            .chunks_exact(4)
+            .map(|w| [w[0], w[1], w[2], w[3]])
+            .collect()
+    };
+    let ids = |name: &str| -> Vec<u32> {
+        words(name)
+            .into_iter()
+            .map(|w| i32::from_le_bytes(w) as u32)
+            .collect()
+    };
+    let logits = words("logits")
+        .into_iter()
+        .map(f32::from_le_bytes)
+        .collect();
+    (ids("prompt"), ids("tokens"), logits)
+}
+
+/// The sampler's greedy continuation is Hugging Face's, token for token,
+/// with and without the KV cache, over the positions the cache serves and
+/// then with the window sliding (the fixture's 5-token prompt and 80
+/// tokens, context 64); and each position decoded one at a time by a model
+/// made for inference has the logits PyTorch chose from, to the forward
+/// pass's tolerances.
+fn greedy_decoding_matches_pytorch(dev: Device) {
+    let (fx, _, params) = setup();
+    let (prompt, want, logits) = decode_fixture();
+    let v = fx.cfg.vocab_size;
+    assert_eq!(logits.len(), want.len() * v);
+    let rt = runtime(dev, 2, Policy::Affinity);
+    let t = fx.cfg.max_seq_len;
+    assert!(prompt.len() + want.len() > t, "the fixture's window slides");
+    for kv_cache in [true, false] {
+        let s = Sampler::new(&rt, &fx.cfg, &params, t, 0.0, 1, Dtype::F32).unwrap();
+        let mut s = s.with_kv_cache(kv_cache);
+        let got = s.generate(&rt, &prompt, want.len(), |_| Ok(())).unwrap();
+        assert_eq!(got, want, "{dev:?}, KV cache {kv_cache}");
+    }
+    let tol = Tol::of(dev);
+    let opts = ModelOptions {
+        inference: true,
+        ..ModelOptions::default()
+    };
+    let mut m = Gpt2Model::with_options(&rt, &fx.cfg, 1, t, opts).unwrap();
+    m.upload_params(&rt, &params).unwrap();
+    let mut padded = prompt.clone();
+    padded.resize(t, 0);
+    m.forward(&rt, &padded, None).unwrap();
+    let mut worst = Vec::new();
+    let last = prompt.len() - 1;
+    for (i, row) in logits.chunks_exact(v).enumerate() {
+        let pos = last + i;
+        if pos >= t {
+            break;
+        }
+        if i > 0 {
+            m.forward_position(&rt, pos, want[i - 1]).unwrap();
+        }
+        let ours = m.read_logits_row(&rt, pos).unwrap();
+        let (atol, rtol) = tol.logits;
+        worst.push(compare(
+            &format!("logits at position {pos}"),
+            &ours,
+            row,
+            atol,
+            rtol,
+        ));
+    }
+    assert_eq!(worst.len(), t - last);
+    check_all(&format!("{dev:?} decoded logits"), &worst);
+}
+
+test_device!(
+    greedy_decoding_matches_pytorch,
+    greedy_decoding_matches_pytorch_cpu,
+    greedy_decoding_matches_pytorch_cuda
 );

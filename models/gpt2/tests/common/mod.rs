@@ -23,6 +23,13 @@ pub const FIXTURE: &str = concat!(
     "/tests/fixtures/gpt2_tiny_reference.safetensors"
 );
 
+/// A greedy continuation by Hugging Face with the fp32 fixture's initial
+/// parameters (`make_reference.py`, "The decode fixture").
+pub const FIXTURE_DECODE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/gpt2_tiny_decode.safetensors"
+);
+
 /// The same model in bf16 mixed precision (`make_reference.py`, "The bf16
 /// fixture").
 pub const FIXTURE_BF16: &str = concat!(
