@@ -819,9 +819,13 @@ impl Gpt2Model {
         &self.groups
     }
 
-    /// Copies `params` (layout order) into the parameter buffer (a task);
-    /// with another storage type, into the `f32` master weights (unless the
-    /// model was made for inference), and rounded into the parameter buffer.
+    /// Copies `params` (layout order) into the parameter buffer; with
+    /// another storage type, into the `f32` master weights (unless the
+    /// model was made for inference), and rounded into the parameter
+    /// buffer. In chunks of [`UPLOAD_CHUNK`] elements, each a task waited
+    /// for before the next is made, so that loading holds one chunk's copy
+    /// beside `params` and the model's buffers (an upload task keeps a copy
+    /// of its data until it runs): it returns once the copies are done.
     pub fn upload_params(&self, rt: &Runtime, params: &[f32]) -> Result<()> {
         if params.len() != self.layout.total {
             return Err(Gpt2Error::LengthMismatch {
@@ -831,9 +835,7 @@ impl Gpt2Model {
             });
         }
         match &self.master {
-            Some(master) => {
-                rt.upload(master, params)?;
-            }
+            Some(master) => upload_chunks(rt, &master.whole(), params, Dtype::F32)?,
             // An inference model keeps none: the stored ones only.
             None if self.dtype != Dtype::F32 && self.training.is_some() => {
                 return Err(Gpt2Error::InvalidSetting {
@@ -932,17 +934,10 @@ impl Gpt2Model {
         })
     }
 
-    /// Uploads `data` into `buf`, rounded to the storage type.
+    /// Uploads `data` into `buf`, rounded to the storage type, in chunks
+    /// ([`upload_params`](Self::upload_params)).
     fn upload_stored(&self, rt: &Runtime, buf: &Buffer, data: &[f32]) -> Result<()> {
-        match self.dtype {
-            Dtype::F32 => rt.upload(buf, data)?,
-            Dtype::Bf16 => {
-                let mut h = vec![Bf16::default(); data.len()];
-                convert(&mut h, data);
-                rt.upload(buf, &h)?
-            }
-        };
-        Ok(())
+        upload_chunks(rt, &buf.whole(), data, self.dtype)
     }
 
     /// The `(B, T)` per-position losses of the last forward pass with targets.
@@ -1054,6 +1049,31 @@ impl Gpt2Model {
         }
         Ok(())
     }
+}
+
+/// Elements per upload task of [`Gpt2Model::upload_params`] (16 MiB of
+/// `f32`).
+pub const UPLOAD_CHUNK: usize = 1 << 22;
+
+/// Uploads `data` into `view` (of `dtype` elements, `data.len()` of them),
+/// rounded to `dtype`, [`UPLOAD_CHUNK`] elements a task, each waited for.
+fn upload_chunks(rt: &Runtime, view: &View, data: &[f32], dtype: Dtype) -> Result<()> {
+    let es = dtype.size();
+    let mut rounded = Vec::new();
+    for (i, chunk) in data.chunks(UPLOAD_CHUNK).enumerate() {
+        let at = i * UPLOAD_CHUNK * es;
+        let part = view.view(at..at + chunk.len() * es)?;
+        let task = match dtype {
+            Dtype::F32 => rt.upload(&part, chunk)?,
+            Dtype::Bf16 => {
+                rounded.resize(chunk.len(), Bf16::default());
+                convert(&mut rounded, chunk);
+                rt.upload(&part, &rounded)?
+            }
+        };
+        task.wait()?;
+    }
+    Ok(())
 }
 
 /// Bytes of device scratch the attention tasks use: the larger of what the
@@ -1241,6 +1261,42 @@ mod tests {
             }
         }
         rt.synchronize().unwrap();
+    }
+
+    /// Parameters of more than one upload chunk (`small`: 7.3M) arrive
+    /// whole, in f32 (bit for bit, master weights too) and bf16 (rounded).
+    #[test]
+    fn parameters_are_uploaded_whole_in_chunks() {
+        let cfg = Gpt2Config::small();
+        let params = init_params(&cfg, 3);
+        assert!(params.len() > UPLOAD_CHUNK);
+        let rt = Runtime::cpu().unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (dtype, inference) in [
+            (Dtype::F32, true),
+            (Dtype::Bf16, true),
+            (Dtype::Bf16, false),
+        ] {
+            let opts = ModelOptions {
+                dtype,
+                inference,
+                ..ModelOptions::default()
+            };
+            let m = Gpt2Model::with_options(&rt, &cfg, 1, 4, opts).unwrap();
+            m.upload_params(&rt, &params).unwrap();
+            let mut rounded = vec![Bf16::default(); params.len()];
+            convert(&mut rounded, &params);
+            let want: Vec<f32> = match dtype {
+                Dtype::F32 => params.clone(),
+                Dtype::Bf16 => rounded.iter().map(|x| x.to_f32()).collect(),
+            };
+            let stored = m.read_stored_params(&rt).unwrap();
+            assert!(bits(&stored) == bits(&want), "{dtype}, inference {inference}");
+            if !inference || dtype == Dtype::F32 {
+                let master = m.read_params(&rt).unwrap();
+                assert!(bits(&master) == bits(&params), "{dtype} master weights");
+            }
+        }
     }
 
     /// The inference layout: every block's activations in one slot but
