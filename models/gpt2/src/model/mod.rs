@@ -1291,7 +1291,10 @@ mod tests {
                 Dtype::Bf16 => rounded.iter().map(|x| x.to_f32()).collect(),
             };
             let stored = m.read_stored_params(&rt).unwrap();
-            assert!(bits(&stored) == bits(&want), "{dtype}, inference {inference}");
+            assert!(
+                bits(&stored) == bits(&want),
+                "{dtype}, inference {inference}"
+            );
             if !inference || dtype == Dtype::F32 {
                 let master = m.read_params(&rt).unwrap();
                 assert!(bits(&master) == bits(&params), "{dtype} master weights");
