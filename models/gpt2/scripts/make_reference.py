@@ -89,8 +89,14 @@ exactly), ``final.<hf name>`` being the fp32 master weights after the steps.
 
 The decode fixture
 ------------------
-The fp32 fixture's initial parameters loaded into ``GPT2LMHeadModel``; a
-prompt of the first ``DECODE_PROMPT`` of the fixture's tokens; then
+The fp32 fixture's initial parameters loaded into ``GPT2LMHeadModel``,
+every 2-D weight (``wte``, ``wpe`` and the four matrices of each block)
+multiplied by ``DECODE_SCALE`` (8, exact in float32): at the
+initialisation's scale the logits are so flat that the greedy tokens
+repeat one id and ignore their context, and a sampler whose window is
+one short, or never slides, would draw the same; the script checks that
+both of those would not. A prompt of the first ``DECODE_PROMPT`` of the
+fixture's tokens; then
 ``DECODE_TOKENS`` greedy tokens, each the argmax of the last row of a
 forward pass over the sequence's last ``n_positions`` (64) tokens, the
 window sliding once full, as braid's sampler does (so both the KV-cache
@@ -126,7 +132,7 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests
 OUT = os.path.join(FIXTURES, "gpt2_tiny_reference.safetensors")
 OUT_BF16 = os.path.join(FIXTURES, "gpt2_tiny_reference_bf16.safetensors")
 OUT_DECODE = os.path.join(FIXTURES, "gpt2_tiny_decode.safetensors")
-DECODE_PROMPT, DECODE_TOKENS, MIN_MARGIN = 5, 80, 1e-3
+DECODE_PROMPT, DECODE_TOKENS, MIN_MARGIN, DECODE_SCALE = 5, 80, 1e-3, 8.0
 
 
 def build_model(activation: str = "gelu_new") -> GPT2LMHeadModel:
@@ -328,22 +334,30 @@ def make_decode() -> None:
     model = build_model()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            p.copy_(fixture[n])
+            p.copy_(fixture[n] * (DECODE_SCALE if p.dim() == 2 else 1.0))
     model.eval()
     prompt = fixture["tokens"][0, :DECODE_PROMPT].long().tolist()
-    seq, chosen, rows, margins = list(prompt), [], [], []
-    with torch.no_grad():
-        for _ in range(DECODE_TOKENS):
-            window = torch.tensor([seq[-CONFIG["n_positions"] :]])
-            row = model(window).logits[0, -1]
-            top2 = torch.topk(row, 2).values
-            margins.append((top2[0] - top2[1]).item())
-            nxt = int(torch.argmax(row))
-            chosen.append(nxt)
-            rows.append(row.clone())
-            seq.append(nxt)
+
+    def greedy(window_of):
+        seq, chosen, rows, margins = list(prompt), [], [], []
+        with torch.no_grad():
+            for _ in range(DECODE_TOKENS):
+                row = model(torch.tensor([window_of(seq)])).logits[0, -1]
+                top2 = torch.topk(row, 2).values
+                margins.append((top2[0] - top2[1]).item())
+                nxt = int(torch.argmax(row))
+                chosen.append(nxt)
+                rows.append(row.clone())
+                seq.append(nxt)
+        return seq, chosen, rows, margins
+
+    n = CONFIG["n_positions"]
+    seq, chosen, rows, margins = greedy(lambda s: s[-n:])
     assert min(margins) > MIN_MARGIN, f"a near tie: {min(margins)}"
-    assert len(seq) > CONFIG["n_positions"], "the window must slide"
+    assert len(seq) > n, "the window must slide"
+    # The tokens tell a right sampler from a window one short or stuck.
+    assert greedy(lambda s: s[-(n - 1) :])[1] != chosen, "a short window draws the same"
+    assert greedy(lambda s: s[:n])[1] != chosen, "a stuck window draws the same"
     tensors = {
         "prompt": torch.tensor(prompt, dtype=torch.int32),
         "tokens": torch.tensor(chosen, dtype=torch.int32),
@@ -353,7 +367,8 @@ def make_decode() -> None:
     metadata = common_metadata()
     metadata["decode"] = (
         f"greedy, prompt of {DECODE_PROMPT} tokens, {DECODE_TOKENS} tokens, "
-        f"window of {CONFIG['n_positions']} sliding once full"
+        f"window of {CONFIG['n_positions']} sliding once full, 2-D weights "
+        f"of the fp32 fixture times {DECODE_SCALE}"
     )
     save_file(tensors, OUT_DECODE, metadata=metadata)
     print(f"wrote {os.path.normpath(OUT_DECODE)}: {os.path.getsize(OUT_DECODE)} bytes")

@@ -713,6 +713,7 @@ fn parse_compression(s: &str) -> std::result::Result<CompressionArg, String> {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     braid_gpt2::kernels::switches::check_environment()?;
+    explain_bus_errors();
     match cli.command {
         None => cmd_train(TrainArgs::default()),
         Some(Command::Train(a)) => cmd_train(*a),
@@ -720,6 +721,31 @@ fn main() -> Result<()> {
         Some(Command::Sample(a)) => cmd_sample(a),
         Some(Command::Export(a)) => cmd_export(a),
         Some(Command::Tokenize(a)) => cmd_tokenize(a),
+    }
+}
+
+/// Token files are memory-mapped (`braid_gpt2::data::Tokens`): one that is
+/// truncated while a run reads it (llm.c's scripts rewrite their `.bin`
+/// files in place) ends the process with SIGBUS. This says so on stderr
+/// first; the default action, restored as the handler runs, then ends the
+/// process by the signal as before (the faulting read runs again).
+fn explain_bus_errors() {
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        const MSG: &[u8] = b"\nerror: bus error (SIGBUS): most likely a token file this run \
+            maps was truncated or rewritten in place while the run read it (llm.c's \
+            scripts rewrite their .bin files in place); leave the data unchanged \
+            during a run, or write new files and rename them over the old\n";
+        // SAFETY: write(2) is async-signal-safe; MSG outlives the call.
+        unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+    }
+    // SAFETY: a zeroed sigaction is valid; the handler only calls write(2).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        // Without it a truncated file still ends the run, unexplained.
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
 }
 

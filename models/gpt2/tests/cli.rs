@@ -2299,3 +2299,63 @@ fn zero_with_one_rank_says_it_does_nothing() {
     assert!(!help.contains("Plain f32 buckets only"), "{help}");
     assert!(help.contains("WORLD_SIZE=1"), "{help}");
 }
+
+/// A token file truncated while a run maps it (llm.c's scripts rewrite
+/// their files in place) ends the run by SIGBUS, explained on stderr
+/// first, not silently.
+#[test]
+fn a_token_file_truncated_under_a_run_is_explained() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_token_file(d.join("shard_000000.bin"), &tokens(3000)).unwrap();
+    write_token_file(d.join("shard_000001.bin"), &tokens(3000)).unwrap();
+    #[rustfmt::skip]
+    let mut child = Command::new(BIN)
+        .args([
+            "train", "--model", "tiny", "--data", "shard_*.bin", "--steps", "1000000",
+            "--ranks", "1", "--batch-size", "2", "--seq-len", "16", "--no-trace",
+            "--lr-schedule", "constant",
+        ])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    // Training has started: the header is out, a step reported.
+    while !seen.contains("step ") {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("the run ended before training: {seen}");
+        }
+        seen += &line;
+    }
+    // Truncated in place, not replaced: the mapped pages go.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("shard_000001.bin"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the run went on after its data was truncated");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}: {rest}");
+    assert!(
+        rest.contains("bus error (SIGBUS)") && rest.contains("truncated"),
+        "{rest}"
+    );
+}

@@ -307,6 +307,25 @@ fn shards_named_by_a_pattern_are_one_stream() {
         all,
         "a split across shards"
     );
+    // Known by the files it matches, however the pattern was written (a
+    // resumed run compares this).
+    let dotted = d.join(".").join("data_train_*.bin").display().to_string();
+    let again = TokenSource::resolve(&dotted).unwrap();
+    assert_ne!(again.origin(), shards.origin());
+    assert_eq!(again.canonical_origin(), shards.canonical_origin());
+    assert!(
+        shards
+            .canonical_origin()
+            .ends_with("data_train_000003.bin (4 files)"),
+        "{}",
+        shards.canonical_origin()
+    );
+    // `*` takes no leading dot, as in a shell.
+    std::fs::create_dir(d.join("h")).unwrap();
+    write_token_file(d.join("h/a.bin"), &[7]).unwrap();
+    write_token_file(d.join("h/.hidden.bin"), &[8]).unwrap();
+    let h = TokenSource::resolve(&d.join("h/*.bin").display().to_string()).unwrap();
+    assert_eq!(&*h.tokens(), &[7]);
     // What is refused.
     let none = d.join("nothing_*.bin").display().to_string();
     let err = TokenSource::resolve(&none).unwrap_err().to_string();

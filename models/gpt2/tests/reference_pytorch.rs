@@ -558,11 +558,17 @@ fn decode_fixture() -> (Vec<u32>, Vec<u32>, Vec<f32>) {
 /// The sampler's greedy continuation is Hugging Face's, token for token,
 /// with and without the KV cache, over the positions the cache serves and
 /// then with the window sliding (the fixture's 5-token prompt and 80
-/// tokens, context 64); and each position decoded one at a time by a model
-/// made for inference has the logits PyTorch chose from, to the forward
-/// pass's tolerances.
+/// tokens, context 64; its script checks that a window one short or one
+/// that never slides draws other tokens); and a model made for inference
+/// has the logits PyTorch chose from at every step, to the forward pass's
+/// tolerances: each position the cache serves decoded one at a time, then
+/// each sliding window's last row.
 fn greedy_decoding_matches_pytorch(dev: Device) {
-    let (fx, _, params) = setup();
+    let (fx, layout, mut params) = setup();
+    // The decode fixture's weights: every 2-D weight times 8 (exact).
+    for t in layout.tensors.iter().filter(|t| t.hf_shape().len() == 2) {
+        params[t.range()].iter_mut().for_each(|x| *x *= 8.0);
+    }
     let (prompt, want, logits) = decode_fixture();
     let v = fx.cfg.vocab_size;
     assert_eq!(logits.len(), want.len() * v);
@@ -587,25 +593,29 @@ fn greedy_decoding_matches_pytorch(dev: Device) {
     m.forward(&rt, &padded, None).unwrap();
     let mut worst = Vec::new();
     let last = prompt.len() - 1;
+    let seq: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+    let (atol, rtol) = tol.logits;
     for (i, row) in logits.chunks_exact(v).enumerate() {
         let pos = last + i;
-        if pos >= t {
-            break;
-        }
-        if i > 0 {
-            m.forward_position(&rt, pos, want[i - 1]).unwrap();
-        }
-        let ours = m.read_logits_row(&rt, pos).unwrap();
-        let (atol, rtol) = tol.logits;
+        let ours = if pos < t {
+            if i > 0 {
+                m.forward_position(&rt, pos, want[i - 1]).unwrap();
+            }
+            m.read_logits_row(&rt, pos).unwrap()
+        } else {
+            // The window of the last `t` tokens.
+            m.forward(&rt, &seq[pos + 1 - t..=pos], None).unwrap();
+            m.read_logits_row(&rt, t - 1).unwrap()
+        };
         worst.push(compare(
-            &format!("logits at position {pos}"),
+            &format!("logits of step {i}"),
             &ours,
             row,
             atol,
             rtol,
         ));
     }
-    assert_eq!(worst.len(), t - last);
+    assert_eq!(worst.len(), want.len());
     check_all(&format!("{dev:?} decoded logits"), &worst);
 }
 

@@ -26,6 +26,9 @@ pub struct TokenSource {
     /// The file [`open`](Self::open) read them from; `None` for tokens
     /// made in memory and the built-in corpus.
     path: Option<PathBuf>,
+    /// Shards by a pattern: their first and last files' canonical paths
+    /// and their count ([`canonical_origin`](Self::canonical_origin)).
+    shards: Option<String>,
 }
 
 impl TokenSource {
@@ -35,6 +38,7 @@ impl TokenSource {
             tokens: Tokens::owned(tokens),
             origin: origin.into(),
             path: None,
+            shards: None,
         }
     }
 
@@ -77,6 +81,7 @@ impl TokenSource {
                 tokens,
                 origin,
                 path: None,
+                shards: None,
             },
             TokenFile::Text(bytes) => Self::from_text_bytes(&bytes, path, origin)?,
         };
@@ -93,7 +98,14 @@ impl TokenSource {
             what: "token file pattern",
             reason,
         };
-        let paths = glob::glob(pattern).map_err(|e| bad(format!("{pattern}: {e}")))?;
+        // As a shell (and llm.c's Python `glob`) matches: `*` does not
+        // take a leading dot.
+        let options = glob::MatchOptions {
+            require_literal_leading_dot: true,
+            ..glob::MatchOptions::new()
+        };
+        let paths =
+            glob::glob_with(pattern, options).map_err(|e| bad(format!("{pattern}: {e}")))?;
         let mut paths: Vec<PathBuf> =
             paths.collect::<std::result::Result<_, _>>().map_err(|e| {
                 let path = e.path().to_path_buf();
@@ -116,13 +128,27 @@ impl TokenSource {
                 }
             }
         }
+        let canonical = |p: &Path| {
+            std::fs::canonicalize(p)
+                .unwrap_or_else(|_| p.to_path_buf())
+                .display()
+                .to_string()
+        };
+        let n = paths.len();
         Ok(TokenSource {
             tokens: Tokens::concat(parts),
-            origin: match paths.len() {
+            origin: match n {
                 1 => paths[0].display().to_string(),
                 n => format!("{pattern} ({n} files)"),
             },
-            path: (paths.len() == 1).then(|| paths[0].clone()),
+            path: (n == 1).then(|| paths[0].clone()),
+            shards: (n > 1).then(|| {
+                format!(
+                    "{} ... {} ({n} files)",
+                    canonical(&paths[0]),
+                    canonical(&paths[n - 1])
+                )
+            }),
         })
     }
 
@@ -195,9 +221,14 @@ impl TokenSource {
     /// [`origin`](Self::origin) as one name however the file was named: a
     /// file [`open`](Self::open) read is known by its canonical path while
     /// it exists (`t.bin`, `./t.bin` and `/abs/t.bin` alike, links
-    /// followed); other tokens (the built-in corpus, tokens made in
-    /// memory), or a file gone since, by the origin as given.
+    /// followed); shards by a pattern by their first and last files'
+    /// canonical paths and their count; other tokens (the built-in corpus,
+    /// tokens made in memory), or a file gone since, by the origin as
+    /// given.
     pub fn canonical_origin(&self) -> String {
+        if let Some(shards) = &self.shards {
+            return shards.clone();
+        }
         self.path
             .as_deref()
             .and_then(|p| std::fs::canonicalize(p).ok())
@@ -230,6 +261,7 @@ impl TokenSource {
             tokens: self.tokens.slice(range),
             origin: origin.into(),
             path: None,
+            shards: None,
         }
     }
 }

@@ -100,9 +100,10 @@ fn token_count(path: &Path, head: &[u8], file_len: usize) -> Result<usize> {
 /// host.
 ///
 /// The file must not be truncated or rewritten in place while the tokens
-/// are in use (a truncated map faults when read): Braid's own writes
-/// replace files whole (a new file renamed over the old, which the map
-/// does not see), as llm.c's scripts write theirs.
+/// are in use: a read of a truncated map raises SIGBUS, which ends the
+/// process (`braid-gpt2` says why first). Braid's own writes replace files
+/// whole (a new file renamed over the old, which the map does not see);
+/// llm.c's scripts rewrite theirs in place (`open(name, "wb")`).
 pub(super) fn map_token_file(
     path: &Path,
     file: &std::fs::File,
