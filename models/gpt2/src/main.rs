@@ -879,12 +879,16 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
     }
     let data = TokenSource::resolve(&a.data).with_context(|| format!("--data {}", a.data))?;
-    data.check_vocab(cfg.vocab_size).with_context(|| {
-        format!(
-            "--data {} does not fit the model's vocabulary of {} tokens",
-            a.data, cfg.vocab_size
-        )
-    })?;
+    // A large source (mapped shards) is checked as batches read it: a
+    // scan now would read it all before the first step.
+    if data.len() <= braid_gpt2::data::loader::UPFRONT_VOCAB_CHECK {
+        data.check_vocab(cfg.vocab_size).with_context(|| {
+            format!(
+                "--data {} does not fit the model's vocabulary of {} tokens",
+                a.data, cfg.vocab_size
+            )
+        })?;
+    }
     // A cap travels between the ranks as two 31-bit halves; no bucket
     // needs more than a tebibyte anyway.
     const MAX_CAP_MIB: f64 = (1u64 << 20) as f64;

@@ -562,6 +562,30 @@ fn loader_rejects_bad_settings() {
         "{err:?}"
     );
     DataLoader::for_config(&src, &cfg, 1, 64, 0, 1).unwrap();
+    // Checked window by window (a source too large to scan first): the
+    // batches before the bad id come, the one that reads it is refused
+    // naming it, and the loader stays where it was.
+    let mut l = DataLoader::new(&wide, 2, 8, 0, 1)
+        .unwrap()
+        .checking_ids(512);
+    l.next_batch();
+    l.next_batch();
+    let at = l.state();
+    let (mut x, mut y) = (vec![0; 16], vec![0; 16]);
+    let err = l.next_batch_into(&mut x, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Gpt2Error::TokenOutOfRange {
+                position: 42,
+                id: 512,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("wide"), "{err}");
+    assert_eq!(l.state(), at);
     let mut l = DataLoader::new(&src, 2, 4, 0, 1).unwrap();
     let (mut x, mut y) = (vec![0; 7], vec![0; 8]);
     assert!(l.next_batch_into(&mut x, &mut y).is_err());

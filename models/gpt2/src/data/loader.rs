@@ -77,7 +77,18 @@ pub struct DataLoader {
     state: LoaderState,
     /// Shuffled: the seed, and the order of an epoch's windows.
     shuffle: Option<Shuffle>,
+    /// The vocabulary every window read is checked against
+    /// ([`checking_ids`](Self::checking_ids)).
+    vocab: Option<usize>,
 }
+
+/// A source of at most this many tokens (512 MiB of them) is checked
+/// against the vocabulary whole when [`DataLoader::for_config`] makes a
+/// loader, so that a bad id is reported before training; a larger one
+/// (memory-mapped shards of billions of tokens, which that scan would read
+/// in full before the first step) only window by window, as its batches
+/// read them ([`DataLoader::checking_ids`]).
+pub const UPFRONT_VOCAB_CHECK: usize = 1 << 28;
 
 /// A shuffled loader's seed, and the epoch whose window order it holds.
 #[derive(Debug, Clone)]
@@ -131,7 +142,16 @@ impl DataLoader {
             world_size,
             state: LoaderState::default(),
             shuffle: None,
+            vocab: None,
         })
+    }
+
+    /// Checks every window a batch reads against a vocabulary of `vocab`
+    /// ids: a batch with an id outside it is an error naming the id, its
+    /// position and the data, and the loader stays where it was.
+    pub fn checking_ids(mut self, vocab: usize) -> Self {
+        self.vocab = Some(vocab);
+        self
     }
 
     /// This loader taking the windows of each epoch in an order drawn from
@@ -154,9 +174,11 @@ impl DataLoader {
         order
     }
 
-    /// [`new`](Self::new) for training `cfg`: also checks that every token id is
-    /// below `cfg.vocab_size` (the error names the id and its position) and that
-    /// `seq_len <= cfg.max_seq_len`.
+    /// [`new`](Self::new) for training `cfg`: also checks that
+    /// `seq_len <= cfg.max_seq_len`, and that every token id is below
+    /// `cfg.vocab_size` (the error names the id and its position): the
+    /// whole source now if it holds at most [`UPFRONT_VOCAB_CHECK`] tokens,
+    /// and every window as batches read it ([`checking_ids`](Self::checking_ids)).
     pub fn for_config(
         source: &TokenSource,
         cfg: &Gpt2Config,
@@ -173,8 +195,10 @@ impl DataLoader {
                 ),
             });
         }
-        source.check_vocab(cfg.vocab_size)?;
-        Self::new(source, batch_size, seq_len, rank, world_size)
+        if source.len() <= UPFRONT_VOCAB_CHECK {
+            source.check_vocab(cfg.vocab_size)?;
+        }
+        Ok(Self::new(source, batch_size, seq_len, rank, world_size)?.checking_ids(cfg.vocab_size))
     }
 
     /// Per-rank batch size `B`.
@@ -248,6 +272,7 @@ impl DataLoader {
             });
         }
         let step = self.tokens_per_step();
+        let before = self.state;
         if self.state.position + step + 1 > self.tokens.len() {
             self.state.position = 0;
             self.state.epoch += 1;
@@ -279,6 +304,18 @@ impl DataLoader {
                 Some(o) => o[at / t + first + b] as usize * t,
             };
             self.tokens.read(start, &mut window);
+            let bad = self
+                .vocab
+                .and_then(|v| window.iter().position(|&x| usize::from(x) >= v));
+            if let (Some(i), Some(vocab_size)) = (bad, self.vocab) {
+                self.state = before;
+                return Err(Gpt2Error::TokenOutOfRange {
+                    origin: self.origin.clone(),
+                    position: start + i,
+                    id: u32::from(window[i]),
+                    vocab_size,
+                });
+            }
             for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
                 *x = u32::from(window[i]);
                 *y = u32::from(window[i + 1]);
