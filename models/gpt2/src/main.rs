@@ -121,8 +121,8 @@ struct TrainArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     val_every: Option<u64>,
     /// The held-out tokens of --val-every: builtin:val, a llm.c .bin token
-    /// file, shards by a pattern ('fineweb_val_*.bin') or a UTF-8 text file. Default: builtin:val when --data is the
-    /// built-in corpus
+    /// file, shards by a pattern ('fineweb_val_*.bin') or a UTF-8 text
+    /// file. Default: builtin:val when --data is the built-in corpus
     #[arg(long, value_name = "DATA", requires = "val_every")]
     val_data: Option<String>,
     /// Windows per validation, from the start of --val-data (all of them if

@@ -451,7 +451,8 @@ const SIGHUP: i32 = 1;
 const SIGINT: i32 = 2;
 const SIGTERM: i32 = 15;
 
-/// Waits for the child to exit (at most `secs`), returning its status.
+/// Waits for the child to exit (at most `secs`, else it is killed and the
+/// test fails), returning its status.
 fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
     let start = std::time::Instant::now();
     loop {
@@ -460,7 +461,7 @@ fn exit_within(child: &mut std::process::Child, secs: u64) -> std::process::Exit
         }
         if start.elapsed() > std::time::Duration::from_secs(secs) {
             child.kill().unwrap();
-            panic!("still running {secs} s after the signal");
+            panic!("still running {secs} s after it should have stopped");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -2113,17 +2114,8 @@ fn eval_and_sample_edges() {
     let mut head = [0u8; 8];
     std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut head).unwrap();
     drop(child.stdout.take());
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(60) {
-            child.kill().unwrap();
-            panic!("sample kept generating after its reader went away");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    // Sample stops generating once its reader has gone.
+    let status = exit_within(&mut child, 60);
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(status.success(), "{status}: {err}");
@@ -2340,17 +2332,8 @@ fn a_token_file_truncated_under_a_run_is_explained() {
         .unwrap()
         .set_len(0)
         .unwrap();
-    let start = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > std::time::Duration::from_secs(60) {
-            child.kill().unwrap();
-            panic!("the run went on after its data was truncated");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    // The run does not go on after its data was truncated.
+    let status = exit_within(&mut child, 60);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}: {rest}");

@@ -37,7 +37,7 @@ use crate::data::tokens::Tokens;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Gpt2Config;
-use crate::data::source::TokenSource;
+use crate::data::source::{check_run, TokenSource};
 use crate::error::{Gpt2Error, Result};
 
 /// Where a [`DataLoader`] is: everything needed to resume it. Identical on every
@@ -304,17 +304,11 @@ impl DataLoader {
                 Some(o) => o[at / t + first + b] as usize * t,
             };
             self.tokens.read(start, &mut window);
-            let bad = self
-                .vocab
-                .and_then(|v| window.iter().position(|&x| usize::from(x) >= v));
-            if let (Some(i), Some(vocab_size)) = (bad, self.vocab) {
-                self.state = before;
-                return Err(Gpt2Error::TokenOutOfRange {
-                    origin: self.origin.clone(),
-                    position: start + i,
-                    id: u32::from(window[i]),
-                    vocab_size,
-                });
+            if let Some(vocab_size) = self.vocab {
+                if let Err(e) = check_run(&self.origin, &window, start, vocab_size) {
+                    self.state = before;
+                    return Err(e);
+                }
             }
             for (i, (x, y)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
                 *x = u32::from(window[i]);

@@ -180,14 +180,7 @@ impl TokenSource {
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
         let mut at = 0;
         for seg in self.tokens.segments() {
-            if let Some(i) = seg.iter().position(|&t| usize::from(t) >= vocab_size) {
-                return Err(Gpt2Error::TokenOutOfRange {
-                    origin: self.origin.clone(),
-                    position: at + i,
-                    id: u32::from(seg[i]),
-                    vocab_size,
-                });
-            }
+            check_run(&self.origin, seg, at, vocab_size)?;
             at += seg.len();
         }
         Ok(())
@@ -263,6 +256,21 @@ impl TokenSource {
             path: None,
             shards: None,
         }
+    }
+}
+
+/// Checks that every id of `run`, tokens `at..` of the data `origin`
+/// names, is `< vocab_size`; the error names the first that is not and
+/// its position in the data.
+pub(super) fn check_run(origin: &str, run: &[u16], at: usize, vocab_size: usize) -> Result<()> {
+    match run.iter().position(|&t| usize::from(t) >= vocab_size) {
+        None => Ok(()),
+        Some(i) => Err(Gpt2Error::TokenOutOfRange {
+            origin: origin.to_string(),
+            position: at + i,
+            id: u32::from(run[i]),
+            vocab_size,
+        }),
     }
 }
 

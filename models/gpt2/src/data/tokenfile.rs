@@ -41,8 +41,7 @@ pub fn parse_token_file<C: FromIterator<u16>>(path: &Path, bytes: &[u8]) -> Resu
 /// The token count of a token file of `file_len` bytes whose first bytes
 /// (the header's, or all of a shorter file's) are `head`, checked: magic,
 /// version, and exactly that many tokens after the header.
-fn token_count(path: &Path, head: &[u8], file_len: usize) -> Result<usize> {
-    let bytes = head;
+fn token_count(path: &Path, bytes: &[u8], file_len: usize) -> Result<usize> {
     if bytes.len() >= 4 && !has_token_magic(bytes) {
         return Err(Gpt2Error::BadMagic {
             path: path.to_path_buf(),
@@ -50,11 +49,14 @@ fn token_count(path: &Path, head: &[u8], file_len: usize) -> Result<usize> {
             expected: TOKEN_FILE_MAGIC,
         });
     }
-    if file_len < TOKEN_FILE_HEADER_BYTES {
+    // `bytes` falls short of a header the length promised only if the
+    // file shrank in between: then it is short.
+    let len = file_len.min(bytes.len());
+    if len < TOKEN_FILE_HEADER_BYTES {
         return Err(Gpt2Error::BadTokenHeader {
             path: path.to_path_buf(),
             reason: format!(
-                "the file is {file_len} bytes, shorter than the {TOKEN_FILE_HEADER_BYTES}-byte header"
+                "the file is {len} bytes, shorter than the {TOKEN_FILE_HEADER_BYTES}-byte header"
             ),
         });
     }

@@ -4,10 +4,11 @@
 //! A mapped file costs no memory of the process's own: its pages are the
 //! operating system's page cache, read when first touched (by the
 //! trainer's vocabulary check at the start where the data is small enough
-//! for one, else as the loader reaches them) and shared by every process that maps the file (torchrun's ranks
-//! on one node). A mapped file must not be truncated while in use
-//! (`tokenfile::map_token_file`). A stream of several files (llm.c's shards, `fineweb_train_*.bin`)
-//! is their concatenation, in order; a window may span two of them.
+//! for one, else as the loader reaches them) and shared by every process
+//! that maps the file (torchrun's ranks on one node). A mapped file must
+//! not be truncated while in use (`tokenfile::map_token_file`). A stream
+//! of several files (llm.c's shards, `fineweb_train_*.bin`) is their
+//! concatenation, in order; a window may span two of them.
 
 use std::borrow::Cow;
 use std::ops::Range;

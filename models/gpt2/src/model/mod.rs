@@ -603,11 +603,13 @@ impl Gpt2Model {
 
     /// What only training uses, or the error of a model made for inference.
     fn training(&self) -> Result<&Training> {
-        self.training.as_ref().ok_or(Gpt2Error::InvalidSetting {
-            what: "gradients",
-            reason: "the model was made for inference (ModelOptions::inference) and has none"
-                .into(),
-        })
+        self.training
+            .as_ref()
+            .ok_or_else(|| Gpt2Error::InvalidSetting {
+                what: "gradients",
+                reason: "the model was made for inference (ModelOptions::inference) and has none"
+                    .into(),
+            })
     }
 
     /// Splits the tied embedding's gradient into its two writers, for data

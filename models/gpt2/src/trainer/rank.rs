@@ -278,7 +278,10 @@ fn run_rank_on(
             reason: format!("step {} without optimizer moments", start.step),
         });
     }
-    let mut loader = DataLoader::for_config(data, &cfg, b, t, rank, world)?;
+    // `train` checked the data for the model (`DataLoader::for_config`)
+    // before any rank started: each rank's loader only checks the windows
+    // it reads.
+    let mut loader = DataLoader::new(data, b, t, rank, world)?.checking_ids(cfg.vocab_size);
     if opts.shuffle {
         loader = loader.shuffled(opts.seed);
     }
