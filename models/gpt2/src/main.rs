@@ -114,10 +114,10 @@ struct TrainArgs {
     /// micro-batch [default: 1]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     grad_accum: Option<u64>,
-    /// Evaluate held-out tokens after every N steps and after the last: the
-    /// mean next-token loss over --val-windows windows of --seq-len tokens
-    /// of --val-data (as `eval --seq-len` scores them), printed with the
-    /// step
+    /// Evaluate held-out tokens after every N steps and after the last (and
+    /// before the first step of a fresh run, as step 0): the mean next-token
+    /// loss over --val-windows windows of --seq-len tokens of --val-data (as
+    /// `eval --seq-len` scores them), printed with the step
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     val_every: Option<u64>,
     /// The held-out tokens of --val-every: builtin:val, a llm.c .bin token
@@ -1221,6 +1221,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         .map(|_| Tokenizer::gpt2())
         .transpose()?;
     let on_step = |s: &StepReport| {
+        if let Some(v) = s.start_val_loss {
+            // The parameters the run started from, above the bar.
+            let line = format!("step {:>5}  val loss {v:.4}", 0);
+            match pb.is_hidden() {
+                true => say!("{line}"),
+                false => pb.println(line),
+            }
+        }
         let line = format!(
             "loss {:.4}  norm {:.3}  lr {:.2e}  {:.0} tokens/s{}",
             s.loss,

@@ -744,9 +744,22 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
     assert!(out.status.success(), "{err}");
     let lines = metrics(d);
     let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, [1, 2, 3, 4]);
+    // Step 0: the validation of the parameters the run started from.
+    assert_eq!(steps, [0, 1, 2, 3, 4]);
+    let at_start = format!(
+        "step     0  val loss {:.4}",
+        lines[0]["val_loss"].as_f64().unwrap()
+    );
+    assert!(err.contains(&at_start), "{at_start} in {err}");
+    let summary = text(&out.stdout);
+    let first_val = summary.lines().find(|l| l.starts_with("validation loss  "));
+    assert!(
+        first_val.is_some_and(|l| l.contains(" (step 0) -> ")),
+        "{summary}"
+    );
+    let lines = &lines[1..];
     // The step lines' figures, to the digits they show.
-    for l in &lines {
+    for l in lines {
         let shown = format!(
             "step {:>5}  loss {:.4}  norm {:.3}",
             l["step"].as_u64().unwrap(),
@@ -782,8 +795,8 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = metrics(d);
     let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
-    assert_ne!(lines[4]["loss"], 1.0);
+    assert_eq!(steps, [0, 1, 2, 3, 4, 5, 6]);
+    assert_ne!(lines[5]["loss"], 1.0);
     // Through standard output: the lines, then the summary, in order; a
     // resumed run does not read a pipe back (it would wait for ever).
     let out = train_two_tiny_ranks(

@@ -1187,7 +1187,8 @@ fn accumulated_steps_replay_and_resume_bit_for_bit() {
 /// just updated on the same windows (here all 7 of a short source, in
 /// batches of 2 over 2 ranks: the last batch of one window filled and its
 /// filler left out), with ZeRO-1 (the shards gathered first) and
-/// accumulation too; the training itself is the same bits as without it.
+/// accumulation too, and before the first step the starting parameters'
+/// (step 0's); the training itself is the same bits as without it.
 #[test]
 fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
     let t = 16;
@@ -1232,30 +1233,45 @@ fn validation_scores_what_eval_scores_and_changes_no_training_bit() {
             .collect();
         assert_eq!(at, [2, 4, 5], "{label}");
         assert!(a.steps.iter().all(|s| s.val_loss.is_none()));
+        let at_start: Vec<u64> = b
+            .steps
+            .iter()
+            .filter(|s| s.start_val_loss.is_some())
+            .map(|s| s.step)
+            .collect();
+        assert_eq!(at_start, [1], "{label}");
+        assert!(a.steps.iter().all(|s| s.start_val_loss.is_none()));
         let rt =
             braid_gpt2::trainer::model_runtime(BackendKind::Cpu, 1, Policy::Single, 0).unwrap();
-        let eval = braid_gpt2::trainer::evaluate(
-            &rt,
-            &Gpt2Config::tiny(),
-            &b.params,
-            &val,
-            t,
-            3,
-            // `braid-gpt2 eval`'s default: every fused kernel.
-            braid_gpt2::model::ModelOptions {
-                fusion: braid_gpt2::model::Fusion::ALL,
-                ..Default::default()
-            },
-            |_, _| {},
-        )
-        .unwrap();
-        assert_eq!(eval.windows, 7);
-        let last = b.steps[4].val_loss.unwrap();
-        assert!(
-            (f64::from(last) - eval.loss).abs() <= 1e-5 * eval.loss,
-            "{label}: validation {last} vs evaluate {}",
-            eval.loss
-        );
+        let eval = |params: &[f32]| {
+            let e = braid_gpt2::trainer::evaluate(
+                &rt,
+                &Gpt2Config::tiny(),
+                params,
+                &val,
+                t,
+                3,
+                // `braid-gpt2 eval`'s default: every fused kernel.
+                braid_gpt2::model::ModelOptions {
+                    fusion: braid_gpt2::model::Fusion::ALL,
+                    ..Default::default()
+                },
+                |_, _| {},
+            )
+            .unwrap();
+            assert_eq!(e.windows, 7);
+            e.loss
+        };
+        for (got, params) in [
+            (b.steps[4].val_loss, &b.params[..]),
+            (b.steps[0].start_val_loss, &start.params[..]),
+        ] {
+            let (got, want) = (got.unwrap(), eval(params));
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5 * want,
+                "{label}: validation {got} vs evaluate {want}"
+            );
+        }
     }
 }
 

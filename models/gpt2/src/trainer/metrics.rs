@@ -84,13 +84,27 @@ impl MetricsLog {
         Ok(kept)
     }
 
-    /// Appends `report` as a line. After a failed write it does nothing
-    /// more.
+    /// Appends `report` as a line, after a line `{"step":0,"val_loss":…}`
+    /// of the validation before it where it has one
+    /// ([`StepReport::start_val_loss`]). After a failed write it does
+    /// nothing more.
     pub fn write(&mut self, report: &StepReport) {
         let Some(file) = self.file.as_mut() else {
             return;
         };
-        let mut line = serde_json::to_string(report).expect("a step report is plain data");
+        // Step 0's figure as the steps' are: an `f32`'s shortest digits.
+        #[derive(serde::Serialize)]
+        struct Start {
+            step: u64,
+            val_loss: f32,
+        }
+        let mut line = match report.start_val_loss {
+            Some(val_loss) => {
+                serde_json::to_string(&Start { step: 0, val_loss }).expect("plain data") + "\n"
+            }
+            None => String::new(),
+        };
+        line += &serde_json::to_string(report).expect("a step report is plain data");
         line.push('\n');
         if let Err(error) = file.write_all(line.as_bytes()) {
             self.file = None;
@@ -123,6 +137,7 @@ mod tests {
             tokens: 512,
             replayed: step > 2,
             val_loss,
+            start_val_loss: None,
             // Not in the log.
             sample: Some(vec![1, 2]),
         }
@@ -147,21 +162,26 @@ mod tests {
         std::fs::write(&path, "stale\n").unwrap();
         let mut log = MetricsLog::create(&path, 0).unwrap();
         for s in 1..=5 {
-            log.write(&report(s, (s == 4).then_some(9.5)));
+            log.write(&StepReport {
+                // The validation before the first step: a line of its own.
+                start_val_loss: (s == 1).then_some(10.875),
+                ..report(s, (s == 4).then_some(9.5))
+            });
         }
         assert!(log.error().is_none());
         let text = std::fs::read_to_string(&path).unwrap();
-        let first = text.lines().next().unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next().unwrap(), r#"{"step":0,"val_loss":10.875}"#);
         assert_eq!(
-            first,
+            lines.next().unwrap(),
             r#"{"step":1,"loss":10.5,"grad_norm":2.25,"lr":0.001,"seconds":0.125,"tokens":512,"replayed":false}"#
         );
         assert!(text
             .lines()
-            .nth(3)
+            .nth(4)
             .unwrap()
             .ends_with(r#","val_loss":9.5}"#));
-        assert_eq!(steps(&path), [1, 2, 3, 4, 5]);
+        assert_eq!(steps(&path), [0, 1, 2, 3, 4, 5]);
         // Resumed from a checkpoint of step 3: steps 4 and 5 are taken
         // again; a torn line (a kill mid-write) goes too.
         let mut torn = std::fs::read_to_string(&path).unwrap();
@@ -170,7 +190,7 @@ mod tests {
         std::fs::write(&path, torn).unwrap();
         let mut log = MetricsLog::create(&path, 3).unwrap();
         log.write(&report(4, None));
-        assert_eq!(steps(&path), [1, 2, 3, 4]);
+        assert_eq!(steps(&path), [0, 1, 2, 3, 4]);
         // A fresh run replaces it.
         MetricsLog::create(&path, 0)
             .unwrap()

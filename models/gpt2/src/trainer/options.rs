@@ -212,7 +212,10 @@ fn implied(key: &str, extra: &BTreeMap<String, Value>) -> Option<Value> {
 /// the parameters just updated over the first `windows` windows of `data`
 /// (windows of `seq_len` tokens, as [`evaluate`](super::evaluate) and
 /// `braid-gpt2 eval --seq-len` score them), reported with the step
-/// ([`StepReport::val_loss`](super::StepReport)). The ranks score the
+/// ([`StepReport::val_loss`](super::StepReport)). A fresh run also scores
+/// the parameters it starts from, before its first step, as nanoGPT and
+/// llm.c do at step 0 ([`StepReport::start_val_loss`](super::StepReport)).
+/// The ranks score the
 /// windows a batch of `batch_size` at a time, batch `i` on rank `i mod W`;
 /// training is left exactly as it was (the same bits).
 #[derive(Debug, Clone)]

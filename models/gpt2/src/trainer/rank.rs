@@ -413,6 +413,17 @@ fn run_rank_on(
     // The last step of this run: `steps`, or an earlier one if it is asked
     // to stop.
     let mut final_step = opts.steps.max(start.step);
+    // A fresh run scores the parameters it starts from (step 0's
+    // validation), reported with its first step.
+    let mut start_val_loss = match &opts.validation {
+        Some(v) if start.step == 0 && first <= final_step => {
+            let comm = comm.as_ref().zip(val_sums.as_ref());
+            Some(super::validate::validate(
+                rt, &mut model, v, comm, rank, world,
+            )?)
+        }
+        _ => None,
+    };
     for step in first..=final_step {
         let t0 = Instant::now();
         for (x, y) in x.chunks_exact_mut(b * t).zip(y.chunks_exact_mut(b * t)) {
@@ -618,6 +629,7 @@ fn run_rank_on(
             tokens,
             replayed,
             val_loss,
+            start_val_loss: start_val_loss.take(),
             sample,
         };
         if rank == 0 {

@@ -29,6 +29,11 @@ pub struct StepReport {
     /// evaluated ([`TrainOptions::validation`](super::TrainOptions)).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f32>,
+    /// On a fresh run's first step only: the validation loss of the
+    /// parameters the run started from (step 0's), scored before the step.
+    /// The metrics log writes it as a line of its own, step 0's.
+    #[serde(skip)]
+    pub start_val_loss: Option<f32>,
     /// The tokens generated after the step's update, where the run
     /// generated ([`TrainOptions::generation`](super::TrainOptions)); not
     /// in the metrics log.
@@ -274,10 +279,15 @@ impl fmt::Display for TrainReport {
                 first.loss, first.step, last.loss, last.step
             )?;
         }
-        let mut validated = self
+        let at_start = self
             .steps
-            .iter()
-            .filter_map(|s| Some((s.val_loss?, s.step)));
+            .first()
+            .and_then(|s| Some((s.start_val_loss?, 0)));
+        let mut validated = at_start.into_iter().chain(
+            self.steps
+                .iter()
+                .filter_map(|s| Some((s.val_loss?, s.step))),
+        );
         if let (Some(first), Some(last)) = (validated.clone().next(), validated.next_back()) {
             writeln!(
                 f,
