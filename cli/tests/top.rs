@@ -122,6 +122,52 @@ fn replay_once_names_every_stream_of_the_trainer() {
         "{} not running in\n{text}",
         first.name
     );
+    // At the end (the default), every busy period has ended, the last too
+    // (it ends a little after its last task).
+    let at_end = stdout(&top(&["--replay", trace.to_str().unwrap(), "--once"]));
+    for p in &profiles {
+        let n = format!("busy periods (submission to idle): {},", p.busy.len());
+        assert!(at_end.contains(&n), "{n} missing from\n{at_end}");
+    }
+    // The start as the bounds are printed (to the millisecond) is taken.
+    let start = profiles
+        .iter()
+        .flat_map(|p| &p.spans)
+        .map(|s| s.start_ns)
+        .min()
+        .unwrap();
+    let printed = format!("{:.3}", (start / 1_000_000) as f64 / 1e3);
+    let t = trace.to_str().unwrap();
+    let text = stdout(&top(&["--replay", t, "--once", "--at", &printed]));
+    assert!(
+        text.contains(&format!("t={:.3} s", start as f64 / 1e9)),
+        "{text}"
+    );
+    let o = top(&["--replay", t, "--once", "--at", "1e6"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains(&format!("({printed} s to ")),
+        "{err}"
+    );
+}
+
+/// A socket that accepts and then says nothing (a program stopped, or not
+/// a Braid live view): `--once` fails naming the silence, it does not wait
+/// for ever.
+#[cfg(unix)]
+#[test]
+fn attach_once_to_a_silent_socket_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let held = std::thread::spawn(move || listener.accept().map(|(conn, _)| conn));
+    let t0 = std::time::Instant::now();
+    let o = top(&["--attach", sock.to_str().unwrap(), "--once"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("sent nothing for 5 s"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    drop(held.join());
 }
 
 /// Attached to a running program, `--once` shows the task a stream runs now

@@ -120,8 +120,9 @@ pub enum Error {
         op: String,
         message: String,
     },
-    /// A trace (a file, or the live view's stream) is not what Braid writes.
-    #[error("not a Braid trace: {0}")]
+    /// A trace (a file, or the live view's stream) is not what Braid writes;
+    /// the message says which.
+    #[error("not a Braid {0}")]
     BadTrace(String),
     /// Reading or writing a file failed.
     #[error("{op} `{path}`: {message}")]

@@ -84,7 +84,10 @@ impl Default for RuntimeBuilder {
             oversubscribe: false,
             pin_threads: cfg!(feature = "hwloc"),
             inline_short_tasks: true,
-            live: std::env::var_os("BRAID_LIVE").map(PathBuf::from),
+            // Set and empty counts as unset, as `BRAID_PLACEMENT` does.
+            live: std::env::var_os("BRAID_LIVE")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             class: Class::Normal,
             realtime: false,
             spare_sms: 0,
@@ -286,7 +289,7 @@ impl RuntimeBuilder {
     }
 
     /// Serve a live view of this runtime (`braid top`) on the local socket
-    /// at `path` (default: `BRAID_LIVE` when set). `{rank}` in the path is
+    /// at `path` (default: `BRAID_LIVE` when set and not empty). `{rank}` in the path is
     /// replaced by the runtime's rank; runtimes of one process that name the
     /// same socket share it. Turns profiling on: the live view and the
     /// Chrome trace read the same spans. Unix only.
@@ -412,6 +415,11 @@ impl RuntimeBuilder {
         let Some(path) = &self.live else {
             return Ok(None);
         };
+        if path.as_os_str().is_empty() {
+            return Err(Error::Config(
+                "the live view's socket path (`RuntimeBuilder::live`) is empty".into(),
+            ));
+        }
         let path = PathBuf::from(
             path.to_string_lossy()
                 .replace("{rank}", &self.rank.to_string()),

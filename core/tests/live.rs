@@ -135,7 +135,8 @@ fn frames_name_streams(f: &Frame) -> bool {
 }
 
 /// `{rank}` in the path gives each rank its own socket; a socket another
-/// program serves is refused with the path named, a stale file replaced.
+/// program serves is refused with the path named, a stale file replaced, an
+/// empty path refused as empty.
 #[test]
 fn live_socket_paths() {
     let dir = tempfile::tempdir().unwrap();
@@ -159,6 +160,9 @@ fn live_socket_paths() {
     let rt = cpu(0).live(&stale).build().unwrap();
     assert_eq!(read_rounds(&stale, 1).len(), 1);
     drop(rt);
+    // An empty path says so (`BRAID_LIVE=` set empty counts as unset).
+    let err = cpu(0).live("").build().unwrap_err().to_string();
+    assert!(err.contains("socket path") && err.contains("empty"), "{err}");
 }
 
 /// A path that names a file of another kind is refused, and the file kept

@@ -138,6 +138,24 @@ fn a_failing_best_effort_program_harms_no_other() {
     assert!(err.to_string().contains("best-effort bug"), "{err}");
 }
 
+/// The scheduling policies of this process's live-view threads (named
+/// `braid-live…`).
+#[cfg(target_os = "linux")]
+fn live_thread_policies() -> Vec<i32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if comm.trim_end().starts_with("braid-live") {
+            // SAFETY: a thread id of this process; no pointers.
+            policies.push(unsafe { libc::sched_getscheduler(tid) });
+        }
+    }
+    policies
+}
+
 /// The policy of the stream thread of `rt` (one compute stream).
 #[cfg(target_os = "linux")]
 fn stream_policy(rt: &Runtime) -> i32 {
@@ -237,18 +255,40 @@ fn realtime_latency_critical_threads_get_a_real_time_policy_where_allowed() {
 /// `SCHED_FIFO`, and Linux threads inherit their creator's policy: the
 /// runtimes it builds afterwards still run their stream threads at their
 /// own class's policy, not at real time (the training run that
-/// `multi_tenant --realtime` starts beside its serving program did).
+/// `multi_tenant --realtime` starts beside its serving program did), and
+/// the live view's threads they start at the default policy.
 #[cfg(target_os = "linux")]
 #[test]
 fn runtimes_built_by_a_real_time_thread_do_not_inherit_real_time() {
     let (allowed, want) = real_time_here();
-    let (submitter, normal, best_effort) = std::thread::spawn(|| {
+    let (submitter, normal, best_effort) = std::thread::spawn(move || {
         let lc = realtime_latency_critical();
         stream_policy(&lc);
         // SAFETY: pid 0 names the calling thread.
         let submitter = unsafe { libc::sched_getscheduler(0) };
         let normal = stream_policy(&cpu(Class::Normal));
         let best_effort = stream_policy(&cpu(Class::BestEffort));
+        let dir = tempfile::tempdir().unwrap();
+        let served = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .class(Class::BestEffort)
+            .live(dir.path().join("live.sock"))
+            .build()
+            .unwrap();
+        // The serving thread leaves real time as it starts.
+        let t0 = std::time::Instant::now();
+        while live_thread_policies().contains(&libc::SCHED_FIFO)
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let live = live_thread_policies();
+        assert!(!live.is_empty(), "no live-view thread found");
+        assert!(
+            live.iter().all(|&p| p == libc::SCHED_OTHER),
+            "live-view threads' policies: {live:?} (SCHED_FIFO allowed: {allowed})"
+        );
+        drop(served);
         (submitter, normal, best_effort)
     })
     .join()

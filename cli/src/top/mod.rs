@@ -65,20 +65,34 @@ pub fn run(args: TopArgs) -> Result<()> {
             .collect();
         let spans = ranks.iter().flat_map(|r| r.profile.spans.iter());
         let start = spans.clone().map(|s| s.start_ns).min().unwrap_or(0);
-        let end = spans.map(|s| s.end_ns).max().unwrap_or(0);
+        // The end of the last task or busy period (a busy period ends a
+        // little after its last task).
+        let end = spans
+            .map(|s| s.end_ns)
+            .chain(
+                ranks
+                    .iter()
+                    .flat_map(|r| r.profile.busy.iter().map(|b| b.1)),
+            )
+            .max()
+            .unwrap_or(0);
+        // The bounds as printed (to the millisecond, outwards): an instant
+        // between them is taken, one printed bound is the bound itself.
+        let (first_ms, last_ms) = (start / 1_000_000, end.div_ceil(1_000_000));
         let at = match args.at {
-            Some(t) if ns(t) < start || ns(t) > end => bail!(
+            Some(t) if ns(t) < first_ms * 1_000_000 || ns(t) > last_ms * 1_000_000 => bail!(
                 "--at {t} is outside the trace ({:.3} s to {:.3} s)",
-                start as f64 / 1e9,
-                end as f64 / 1e9
+                first_ms as f64 / 1e3,
+                last_ms as f64 / 1e3
             ),
-            Some(t) => ns(t),
+            Some(t) => ns(t).clamp(start, end),
             None => end,
         };
         let w = Window {
             at_ns: at,
             busy_ns,
             history_ns: u64::MAX,
+            start_ns: start,
         };
         let title = format!("replay {}", path.display());
         if args.once {
@@ -86,11 +100,11 @@ pub fn run(args: TopArgs) -> Result<()> {
         }
         return tui::replay(&title, &ranks, w, (start, end));
     }
-    let Some(sock) = args
-        .attach
-        .clone()
-        .or_else(|| std::env::var_os("BRAID_LIVE").map(PathBuf::from))
-    else {
+    let Some(sock) = args.attach.clone().or_else(|| {
+        std::env::var_os("BRAID_LIVE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    }) else {
         bail!("name a trace to replay (--replay FILE) or a program to attach to (--attach SOCKET, or BRAID_LIVE)");
     };
     // The runtime serving it replaced `{rank}` by its rank.
@@ -117,6 +131,7 @@ pub fn run(args: TopArgs) -> Result<()> {
             at_ns: feed.now_ns,
             busy_ns,
             history_ns,
+            start_ns: feed.start_ns,
         };
         return print_frame(&view::render(&title, &feed.ranks(), w));
     }

@@ -115,9 +115,10 @@ pub fn replay(
     (start, end): (u64, u64),
 ) -> Result<()> {
     let mut scroll = 0;
+    let status = format!("←/→ {:.0} ms · Home/End · q quit", w.busy_ns as f64 / 1e6);
     with_terminal(|term| loop {
         let text = view::render(title, ranks, w);
-        draw(term, &text, "←/→ step · Home/End · q quit", &mut scroll)?;
+        draw(term, &text, &status, &mut scroll)?;
         match key(Duration::from_secs(3600))? {
             Some(KeyCode::Char('q') | KeyCode::Esc) => return Ok(()),
             Some(k) if scrolled(k, scroll, page(term)).is_some() => {
@@ -156,6 +157,8 @@ pub fn live(
             match rx.try_recv() {
                 Ok(Ok(l)) => {
                     feed.apply(l);
+                    // Lines again after an error (a silence that ended).
+                    status = "q quit".into();
                 }
                 Ok(Err(e)) => status = format!("{e:#} · q quit"),
                 Err(mpsc::TryRecvError::Empty) => break,
@@ -169,6 +172,7 @@ pub fn live(
             at_ns: feed.now_ns,
             busy_ns,
             history_ns,
+            start_ns: feed.start_ns,
         };
         draw(
             term,

@@ -26,6 +26,9 @@ pub struct LiveRank {
     pub class: Option<Class>,
     /// Its busy periods so far.
     pub busy: Option<BusyPeriods>,
+    /// Whether the runtime has gone (it stopped sending frames): its last
+    /// figures stay on screen, nothing running or queued.
+    pub ended: bool,
 }
 
 /// Which instant, and over what spans of time, a frame describes.
@@ -33,11 +36,29 @@ pub struct LiveRank {
 pub struct Window {
     /// The instant, ns on the program's timeline.
     pub at_ns: u64,
-    /// Busy shares are measured over `[at - busy, at]`.
+    /// Busy shares are measured over `[at - busy, at]`, or over the part of
+    /// it after `start_ns`.
     pub busy_ns: u64,
     /// Communication and per-scope figures cover `[at - history, at]`
     /// (`u64::MAX`: since the start).
     pub history_ns: u64,
+    /// The program's start, as far as the view knows it (its first span):
+    /// a program younger than `busy_ns` is measured over its life so far,
+    /// not diluted by a window it had not lived.
+    pub start_ns: u64,
+}
+
+impl Window {
+    /// Where busy shares are measured from: `busy_ns` before `at_ns`, but
+    /// not before the start.
+    fn busy_from(&self) -> u64 {
+        // A start after the instant: no span known yet.
+        let floor = match self.start_ns <= self.at_ns {
+            true => self.start_ns,
+            false => 0,
+        };
+        self.at_ns.saturating_sub(self.busy_ns).max(floor)
+    }
 }
 
 /// A stream's row.
@@ -106,7 +127,8 @@ impl RankState {
     pub fn row(&self, w: Window) -> RankRow {
         let p = &self.profile;
         let from = w.at_ns.saturating_sub(w.history_ns);
-        let busy_from = w.at_ns.saturating_sub(w.busy_ns);
+        let busy_from = w.busy_from();
+        let busy_len = w.at_ns.saturating_sub(busy_from).max(1);
         let seen = Profile {
             rank: p.rank,
             streams: p.streams.clone(),
@@ -164,7 +186,7 @@ impl RankState {
                 };
                 StreamRow {
                     name: info.name.clone(),
-                    busy: busy as f64 / w.busy_ns.max(1) as f64,
+                    busy: busy as f64 / busy_len as f64,
                     done: on()
                         .filter(|s| s.end_ns <= w.at_ns && s.end_ns > from)
                         .count(),
@@ -235,17 +257,23 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
     };
     let _ = writeln!(
         out,
-        "braid top — {title} — t={:.3} s, busy over {:.0} ms, totals {history}",
+        "braid top — {title} — t={:.3} s, busy over {}, totals {history}",
         w.at_ns as f64 / 1e9,
-        ms(w.busy_ns)
+        match w.at_ns.saturating_sub(w.busy_from()) {
+            n if n < w.busy_ns => format!("the {:.0} ms since the start", ms(n)),
+            _ => format!("{:.0} ms", ms(w.busy_ns)),
+        }
     );
     for r in ranks {
         let row = r.row(w);
         let live = r.live.as_ref();
-        let class = match row.class {
+        let mut class = match row.class {
             Some(c) => format!(" [{}]", c.name()),
             None => String::new(),
         };
+        if live.is_some_and(|l| l.ended) {
+            class += " (ended)";
+        }
         let waiting = match row.comm_wait_ns {
             0 => String::new(),
             ns => format!(" ({:.1} ms of it waiting for other ranks)", ms(ns)),
@@ -378,6 +406,7 @@ mod tests {
             at_ns: 200,
             busy_ns: 100,
             history_ns: u64::MAX,
+            start_ns: 0,
         };
         let row = state.row(w);
         assert_eq!(row.rank, 2);
@@ -389,6 +418,19 @@ mod tests {
         assert_eq!(row.streams[1].queued, 0);
         assert_eq!(row.streams[1].running, None);
         assert_eq!(row.streams[2].busy, 0.5);
+        // A program younger than the busy window: busy over its life so far
+        // (200 ns), not diluted by the 1,000 ns it had not lived.
+        let young = Window {
+            busy_ns: 1_000,
+            ..w
+        };
+        let r = state.row(young);
+        assert_eq!((r.streams[0].busy, r.streams[2].busy), (1.0, 0.25));
+        let text = render("test", std::slice::from_ref(&state), young);
+        assert!(
+            text.contains("busy over the 0 ms since the start"),
+            "{text}"
+        );
         // Comm ran 150..200 so far, all of it under task 1.
         assert_eq!(row.comm_ns, 50);
         assert_eq!(row.hidden, 1.0);

@@ -132,7 +132,10 @@ impl NcclCommunicator {
         let sh = shared.clone();
         let watchdog = std::thread::Builder::new()
             .name("braid-nccl-watchdog".into())
-            .spawn(move || watchdog(&sh))
+            .spawn(move || {
+                crate::sched::tenants::leave_inherited_realtime();
+                watchdog(&sh)
+            })
             .map_err(|e| Error::Config(format!("starting the NCCL watchdog thread: {e}")))?;
         Ok(NcclCommunicator {
             shared,

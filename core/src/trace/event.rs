@@ -164,7 +164,7 @@ pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
 /// (`{"traceEvents": [...]}`) or a bare array of events. Events that are
 /// not Braid tasks are skipped; a trace without any is an error.
 pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
-    let bad = Error::BadTrace;
+    let bad = |why: String| Error::BadTrace(format!("trace: {why}"));
     let doc: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
     let events = match &doc {
         Value::Object(o) => o

@@ -140,7 +140,7 @@ impl Line {
     /// Parses one line a live runtime wrote.
     pub fn parse(line: &str) -> crate::Result<Line> {
         use serde_json::Value;
-        let bad = |why: &str| crate::Error::BadTrace(format!("live view line: {why}"));
+        let bad = |why: &str| crate::Error::BadTrace(format!("live-view line: {why}"));
         let v: Value = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
         if let Some(n) = v.get("tick").and_then(Value::as_u64) {
             return Ok(Line::Tick(n));
@@ -310,7 +310,12 @@ mod serve {
         let h = hub.clone();
         let thread = std::thread::Builder::new()
             .name("braid-live".into())
-            .spawn(move || accept(&h, listener))
+            .spawn(move || {
+                // An observer: never at the real-time policy of the thread
+                // that built the runtime (Linux threads inherit it).
+                crate::sched::tenants::leave_inherited_realtime();
+                accept(&h, listener)
+            })
             .map_err(|e| refuse(e.to_string()))?;
         *lock(&hub.accept) = Some(thread);
         hubs.push(hub.clone());

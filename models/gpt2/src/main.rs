@@ -991,12 +991,15 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         // Resolved with the ranks, below.
         validation: None,
         generation: None,
-        placement: a
-            .placement
-            .as_ref()
-            .map(braid::PlacementFile::load)
-            .transpose()
-            .context("--placement")?,
+        // --placement, else BRAID_PLACEMENT (which the runtimes would read
+        // themselves): loaded here, so the run can say which file it uses.
+        placement: match (&a.placement, std::env::var_os(braid::PLACEMENT_ENV)) {
+            (Some(p), _) => Some(braid::PlacementFile::load(p).context("--placement")?),
+            (None, Some(p)) if !p.is_empty() => {
+                Some(braid::PlacementFile::load(&p).context(braid::PLACEMENT_ENV)?)
+            }
+            _ => None,
+        },
         stop: None,
         fault: a.inject_fault,
     };
@@ -1175,6 +1178,19 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         start.step + 1,
         a.steps
     );
+    if let Some(f) = &opts.placement {
+        // The file's class and replay switch override the flags'.
+        let class = match f.class() {
+            Some(c) if c != a.class => format!(
+                ", class {} (the file's, not --class {})",
+                c.name(),
+                a.class.name()
+            ),
+            Some(c) => format!(", class {}", c.name()),
+            None => String::new(),
+        };
+        say!("placement file {}: {} rule(s){class}", f.origin(), f.len());
+    }
     if let Some(v) = &opts.validation {
         let all = braid_gpt2::data::eval_windows(&v.data, opts.seq_len)?.num_windows();
         let scored = v.windows.min(all);

@@ -1437,10 +1437,24 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run_env(d, &args, &[(braid::PLACEMENT_ENV, "bad.toml")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // The run says which file it uses.
+    let said = "placement file two.toml: 2 rule(s)\n";
+    assert!(text(&out.stderr).contains(said), "{}", text(&out.stderr));
     let args = with(&["--no-trace"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run_env(d, &args, &[(braid::PLACEMENT_ENV, "two.toml")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(said), "{}", text(&out.stderr));
+    // And the class a file sets over --class.
+    std::fs::write(d.join("be.toml"), "[runtime]\nclass = \"best-effort\"\n").unwrap();
+    let args = with(&["--placement", "be.toml", "--no-trace"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_env(d, &args, &[]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said =
+        "placement file be.toml: 0 rule(s), class best-effort (the file's, not --class normal)";
+    assert!(err.contains(said), "{err}");
     // A key the format does not know.
     std::fs::write(
         d.join("typo.toml"),
