@@ -78,7 +78,11 @@ pub enum Error {
     Many(Vec<Error>),
     /// A synchronisation point was called from inside a task of the same runtime,
     /// where it could only deadlock.
-    #[error("`{what}` called from inside one of this runtime's own tasks would wait for itself")]
+    #[error(
+        "`{what}` called from inside a task of the same runtime: a task may not wait on its \
+         own runtime (it could wait for itself, or for tasks queued behind it on its stream); \
+         wait outside the task, or make the waiting code a task that reads what it waits for"
+    )]
     WaitInsideTask { what: &'static str },
     /// A task was submitted to a runtime whose backend it has no body for.
     #[error("task `{task}` has no body for the {backend} backend (submit it with `run_any`, or with `run_cuda` on CUDA)")]

@@ -65,7 +65,7 @@ pub use comm::{
 pub use error::{Error, Result, TaskError};
 pub use graph::{upward_rank_order, Mode};
 pub use kind::{Class, PlaceReason, Placement, Priority, TaskKind};
-pub use runtime::{Runtime, RuntimeBuilder, PLACEMENT_ENV};
+pub use runtime::{Runtime, RuntimeBuilder, MAX_STREAMS, PLACEMENT_ENV};
 pub use sched::placement::Policy;
 pub use sched::scoped::{ScopeDecision, StreamChoice};
 pub use sched::tenants::preemption_point;

@@ -63,6 +63,13 @@ enum PlacementSource {
 /// builder names none.
 pub const PLACEMENT_ENV: &str = "BRAID_PLACEMENT";
 
+/// The most streams (compute and communication together) a runtime may
+/// have. Each stream keeps a vector clock of every stream (the elision of
+/// waits already implied), so a runtime's clocks take 8·n² bytes: 8 MiB at
+/// this bound, where 20,000 streams took 3.2 GB and an allocation failure
+/// aborted the process. No device runs more streams at once than this.
+pub const MAX_STREAMS: usize = 1024;
+
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         RuntimeBuilder {
@@ -104,7 +111,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Number of compute streams (default 2).
+    /// Number of compute streams (default 2; with the communication
+    /// streams, at most [`MAX_STREAMS`]).
     pub fn compute_streams(mut self, n: usize) -> Self {
         self.compute_streams = n;
         self
@@ -448,12 +456,11 @@ impl RuntimeBuilder {
             ));
         }
         let n = self.compute_streams.saturating_add(self.comm_streams);
-        if n > u16::MAX as usize {
+        if n > MAX_STREAMS {
             return Err(Error::Config(format!(
-                "{} compute and {} communication streams are too many (at most {} in all)",
-                self.compute_streams,
-                self.comm_streams,
-                u16::MAX
+                "{} compute and {} communication streams are too many (at most {MAX_STREAMS} in \
+                 all)",
+                self.compute_streams, self.comm_streams,
             )));
         }
         if self.window == 0 {
@@ -871,6 +878,8 @@ impl Runtime {
         name: &'static str,
         v: impl AsView,
     ) -> Result<Vec<T>> {
+        // Refused before a read task is submitted that nobody would wait for.
+        self.shared.check_not_in_task("Runtime::read_vec")?;
         let v = v.as_view();
         let sz = size_of::<T>();
         if sz == 0 || v.len() % sz != 0 {

@@ -352,6 +352,27 @@ fn waiting_inside_a_task_is_an_error_not_a_deadlock() {
     let e = h.wait().unwrap_err();
     assert!(e.to_string().contains("synchronize"), "{e}");
     drop(h);
+    // A finished task is no wait: waiting on it inside a task is allowed.
+    // `read_vec` is refused, naming itself (it waits on its read task).
+    let x = rt.alloc("x", 4).unwrap();
+    let first = rt.task("first").run(x.write::<u8>(), |_| ()).unwrap();
+    first.wait().unwrap();
+    let (inner, xv) = (rt.clone(), x.clone());
+    let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = waited.clone();
+    let h = rt
+        .task("reads")
+        .run((), move |()| -> Result<(), TaskError> {
+            first.wait()?;
+            w.store(true, std::sync::atomic::Ordering::SeqCst);
+            inner.read_vec::<u8>(&xv)?;
+            Ok(())
+        })
+        .unwrap();
+    let e = h.wait().unwrap_err();
+    assert!(e.to_string().contains("`Runtime::read_vec`"), "{e}");
+    assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
+    drop(h);
     // Drop the runtime from this thread (the task's clone may drop last on
     // the stream thread, which joins its own thread otherwise).
     rt.synchronize().unwrap();
@@ -759,6 +780,10 @@ fn foreign_edges_overaligned_types_and_absurd_stream_counts_are_refused() {
 
     let err = cpu(usize::MAX).comm_streams(1).build().unwrap_err();
     assert!(err.to_string().contains("too many"), "{err}");
+    // The bound counts both kinds: a clear error, where 20,000 streams once
+    // aborted the process allocating their clocks.
+    let err = cpu(braid::MAX_STREAMS).comm_streams(1).build().unwrap_err();
+    assert!(err.to_string().contains("at most 1024 in all"), "{err}");
 }
 
 /// A panic where the program's code runs outside the body itself — the

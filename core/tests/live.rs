@@ -162,7 +162,10 @@ fn live_socket_paths() {
     drop(rt);
     // An empty path says so (`BRAID_LIVE=` set empty counts as unset).
     let err = cpu(0).live("").build().unwrap_err().to_string();
-    assert!(err.contains("socket path") && err.contains("empty"), "{err}");
+    assert!(
+        err.contains("socket path") && err.contains("empty"),
+        "{err}"
+    );
 }
 
 /// A path that names a file of another kind is refused, and the file kept
