@@ -31,7 +31,6 @@ use braid_gpt2::checkpoint::{
 };
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
-use braid_gpt2::error::Gpt2Error;
 use braid_gpt2::kernels::flash_attention::{
     attention_from_env, set_attention_kernels, AttentionKernels,
 };
@@ -1635,26 +1634,19 @@ fn cmd_sample(a: SampleArgs) -> Result<()> {
             break;
         }
         let mut text = tok.stream();
-        let generated = sampler.generate(&rt, &context, a.tokens, |t| {
-            if out.put(&text.push(t)) {
-                Ok(())
-            } else {
-                // Generation stops at once; the error is `out.error`.
-                Err(Gpt2Error::io(
-                    "writing",
-                    "standard output",
-                    std::io::Error::other("stopped"),
-                ))
-            }
-        });
-        match generated {
-            Err(_) if out.error.is_some() => break,
-            Err(e) => return Err(e.into()),
-            Ok(_) => {
-                // A character the last tokens left unfinished, as U+FFFD.
-                out.put(&(text.finish() + "\n"));
-            }
+        sampler.generate_until(&rt, &context, a.tokens, |t| {
+            // A write that failed stops generation at once; the error is
+            // `out.error`.
+            Ok(match out.put(&text.push(t)) {
+                true => std::ops::ControlFlow::Continue(()),
+                false => std::ops::ControlFlow::Break(()),
+            })
+        })?;
+        if out.error.is_some() {
+            break;
         }
+        // A character the last tokens left unfinished, as U+FFFD.
+        out.put(&(text.finish() + "\n"));
     }
     quiet_if_gone(out.error.map_or(Ok(()), Err), "the sample")
 }

@@ -162,16 +162,28 @@ impl DataLoader {
     }
 
     /// The order of epoch `epoch`'s windows for `seed`: a Fisher–Yates
-    /// shuffle of `0..n` by a generator seeded from both.
-    fn window_order(seed: u64, epoch: u64, n: usize) -> Vec<u32> {
+    /// shuffle of `0..n` by a generator seeded from both. Windows are
+    /// numbered in `u32` (4 bytes each, held for the epoch): more than
+    /// `u32::MAX` of them are refused, not wrapped.
+    fn window_order(seed: u64, epoch: u64, n: usize) -> Result<Vec<u32>> {
+        let Ok(last) = u32::try_from(n) else {
+            return Err(Gpt2Error::InvalidLoader {
+                reason: format!(
+                    "shuffling {n} windows: at most {} can be shuffled (their order takes 4 \
+                     bytes each); use a longer --seq-len, or shards shuffled beforehand without \
+                     --shuffle",
+                    u32::MAX
+                ),
+            });
+        };
         let mut rng = crate::rng::Rng::new(crate::rng::Rng::derived_seed(seed, epoch));
-        let mut order: Vec<u32> = (0..n as u32).collect();
+        let mut order: Vec<u32> = (0..last).collect();
         for i in (1..n).rev() {
             // Multiply-shift: an index in 0..=i (bias below 2^-32 here).
             let j = ((u128::from(rng.next_u64()) * (i as u128 + 1)) >> 64) as usize;
             order.swap(i, j);
         }
-        order
+        Ok(order)
     }
 
     /// [`new`](Self::new) for training `cfg`: also checks that
@@ -291,7 +303,8 @@ impl DataLoader {
                 let epoch = self.state.epoch;
                 if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
                     let n = (self.tokens.len() - 1) / t;
-                    *order = Some((epoch, Self::window_order(*seed, epoch, n)));
+                    let o = Self::window_order(*seed, epoch, n);
+                    *order = Some((epoch, o.inspect_err(|_| self.state = before)?));
                 }
                 order.as_ref().map(|(_, o)| o.as_slice())
             }
@@ -409,3 +422,20 @@ impl Iterator for EvalWindows {
 }
 
 impl ExactSizeIterator for EvalWindows {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More windows than `u32` numbers are refused (before any memory is
+    /// taken for them), not wrapped into a short order; the largest count
+    /// that fits is a permutation.
+    #[test]
+    fn window_orders_past_u32_are_refused() {
+        let e = DataLoader::window_order(1, 0, u32::MAX as usize + 1).unwrap_err();
+        assert!(e.to_string().contains("4294967296 windows"), "{e}");
+        let mut o = DataLoader::window_order(1, 0, 1000).unwrap();
+        o.sort_unstable();
+        assert!(o.iter().copied().eq(0..1000));
+    }
+}

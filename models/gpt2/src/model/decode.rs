@@ -288,6 +288,38 @@ mod tests {
         }
     }
 
+    /// `generate_until` stops after the token whose call breaks, returning
+    /// the tokens so far (that one included): the start of what an
+    /// uninterrupted run draws. An error from the callback is returned.
+    #[test]
+    fn generation_stops_when_the_callback_says_so() {
+        let cfg = Gpt2Config::tiny();
+        let params = init_params(&cfg, 9);
+        let rt = runtime();
+        let sampler = || Sampler::new(&rt, &cfg, &params, 16, 1.0, 5, Dtype::F32).unwrap();
+        let all = sampler().generate(&rt, &[1, 2], 10, |_| Ok(())).unwrap();
+        let mut seen = Vec::new();
+        let cut = sampler()
+            .generate_until(&rt, &[1, 2], 10, |t| {
+                seen.push(t);
+                Ok(match seen.len() {
+                    4 => std::ops::ControlFlow::Break(()),
+                    _ => std::ops::ControlFlow::Continue(()),
+                })
+            })
+            .unwrap();
+        assert_eq!((cut.as_slice(), seen.as_slice()), (&all[..4], &all[..4]));
+        let e = sampler()
+            .generate(&rt, &[1, 2], 10, |_| {
+                Err(Gpt2Error::InvalidSetting {
+                    what: "reader",
+                    reason: "gone".into(),
+                })
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+    }
+
     #[test]
     fn decoding_refuses_what_it_cannot_continue() {
         let cfg = Gpt2Config::tiny();

@@ -12,6 +12,7 @@
 //! [`Sampler::with_kv_cache`] turns it on.
 
 use braid::Runtime;
+use std::ops::ControlFlow;
 
 use super::{Gpt2Model, ModelOptions, Rng};
 use crate::config::Gpt2Config;
@@ -259,17 +260,30 @@ impl Sampler {
     /// `on_token` with each new token as soon as it is drawn. Returns the new
     /// tokens.
     ///
-    /// To stop early (a reader gone, a stop token, enough text), return an
-    /// error from `on_token`: generation stops at once and `generate`
-    /// returns that error, not the tokens. Every token drawn so far,
-    /// including the one whose call returned the error, was already handed
-    /// to `on_token`, so a caller that needs them keeps them there.
+    /// An error from `on_token` stops generation at once, and `generate`
+    /// returns it. To stop early without an error (a stop token, enough
+    /// text, a reader gone), use [`generate_until`](Self::generate_until).
     pub fn generate(
         &mut self,
         rt: &Runtime,
         context: &[u32],
         n: usize,
         mut on_token: impl FnMut(u32) -> Result<()>,
+    ) -> Result<Vec<u32>> {
+        self.generate_until(rt, context, n, |t| {
+            on_token(t).map(|()| ControlFlow::Continue(()))
+        })
+    }
+
+    /// [`generate`](Self::generate), where `on_token` may also stop it:
+    /// `Ok(ControlFlow::Break(()))` ends generation after that token, and
+    /// the tokens drawn so far, that one included, are returned.
+    pub fn generate_until(
+        &mut self,
+        rt: &Runtime,
+        context: &[u32],
+        n: usize,
+        mut on_token: impl FnMut(u32) -> Result<ControlFlow<()>>,
     ) -> Result<Vec<u32>> {
         if context.is_empty() {
             return Err(Gpt2Error::InvalidSetting {
@@ -301,8 +315,11 @@ impl Sampler {
             computed = len;
             let logits = self.model.read_logits_row(rt, len - 1)?;
             let next = sample_with(&logits, &self.how, &mut self.rng);
-            on_token(next)?;
+            let flow = on_token(next)?;
             out.push(next);
+            if flow.is_break() {
+                break;
+            }
             if window.len() == t {
                 window.remove(0);
             }

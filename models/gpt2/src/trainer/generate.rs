@@ -5,9 +5,10 @@
 //! reports them).
 
 use braid::Runtime;
+use std::ops::ControlFlow;
 
 use super::options::Generation;
-use crate::error::{Gpt2Error, Result};
+use crate::error::Result;
 use crate::model::{Gpt2Model, Sampler};
 
 /// The seed of the draws after step `step` of a run seeded `seed`
@@ -43,21 +44,11 @@ pub(super) fn generate(
         }
     };
     s.reseed(generation_seed(seed, step));
-    let (mut drawn, mut stopped) = (Vec::new(), false);
-    let out = s.generate(rt, &g.prompt, g.tokens, |t| {
-        drawn.push(t);
-        stopped = stop();
-        match stopped {
-            // Ends the generation; the tokens so far are the sample.
-            true => Err(Gpt2Error::InvalidSetting {
-                what: "generation",
-                reason: "stopped".into(),
-            }),
-            false => Ok(()),
-        }
-    });
-    match out {
-        Err(_) if stopped => Ok(drawn),
-        other => other,
-    }
+    // A stop ends the generation; the tokens so far are the sample.
+    s.generate_until(rt, &g.prompt, g.tokens, |_| {
+        Ok(match stop() {
+            true => ControlFlow::Break(()),
+            false => ControlFlow::Continue(()),
+        })
+    })
 }
