@@ -610,6 +610,7 @@ pub(crate) fn collect<A: Accesses>(
         }
         if e.size == 0 || view.len() % e.size != 0 || view.start % e.align != 0 {
             err = Some(Error::Misaligned {
+                task: Some(task.to_string()),
                 buffer: view.buf.name().to_string(),
                 range: view.range(),
                 ty: e.name,

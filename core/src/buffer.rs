@@ -106,12 +106,7 @@ impl Buffer {
 
     /// A view of the elements `range`, counted in `T`s.
     pub fn view_of<T>(&self, range: Range<usize>) -> Result<View> {
-        let sz = size_of::<T>();
-        let (start, end) = match (range.start.checked_mul(sz), range.end.checked_mul(sz)) {
-            (Some(s), Some(e)) => (s, e),
-            _ => (usize::MAX, usize::MAX),
-        };
-        self.view(start..end)
+        self.view(element_bytes::<T>(self.name(), range)?)
     }
 
     /// The view of the whole buffer.
@@ -183,8 +178,20 @@ impl View {
 
     /// A sub-view of the elements `range` (counted in `T`s from this view's start).
     pub fn view_of<T>(&self, range: Range<usize>) -> Result<View> {
-        let sz = size_of::<T>();
-        self.view(range.start.saturating_mul(sz)..range.end.saturating_mul(sz))
+        self.view(element_bytes::<T>(self.buf.name(), range)?)
+    }
+}
+
+/// The bytes of the `T`s `range`, or an error naming the elements asked
+/// for when their bytes are past any address (rather than a made-up range).
+fn element_bytes<T>(buffer: &str, range: Range<usize>) -> Result<Range<usize>> {
+    let sz = size_of::<T>();
+    match (range.start.checked_mul(sz), range.end.checked_mul(sz)) {
+        (Some(s), Some(e)) => Ok(s..e),
+        _ => Err(Error::Usage(format!(
+            "elements {range:?} of `{}` in buffer `{buffer}`: their bytes are past any address",
+            std::any::type_name::<T>()
+        ))),
     }
 }
 
@@ -217,6 +224,7 @@ pub(crate) fn check_runtime(view: &View, runtime: u64) -> Result<()> {
     let owner = view.buf.inner.runtime;
     if owner != runtime {
         return Err(Error::ForeignBuffer {
+            task: None,
             buffer: view.buf.name().to_string(),
             owner,
             runtime,

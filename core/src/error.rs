@@ -8,6 +8,12 @@ pub(crate) fn root_suffix(root: &Option<Box<Error>>) -> String {
     root.as_ref().map_or(String::new(), |r| format!(": {r}"))
 }
 
+/// `"task `name`: "` where the task is known, else nothing.
+fn task_prefix(task: &Option<String>) -> String {
+    task.as_ref()
+        .map_or(String::new(), |t| format!("task `{t}`: "))
+}
+
 /// Everything that can go wrong in Braid.
 ///
 /// Errors are cheap to clone (they carry strings, not sources) because one
@@ -23,9 +29,14 @@ pub enum Error {
         end: usize,
         len: usize,
     },
-    /// A buffer created by one runtime was used with another.
-    #[error("buffer `{buffer}` belongs to runtime #{owner}, not to runtime #{runtime}")]
+    /// A buffer created by one runtime was used with another (`task`: the
+    /// task that declared it, where one did).
+    #[error(
+        "{}buffer `{buffer}` belongs to another runtime (#{owner}; this one is #{runtime})",
+        task_prefix(.task)
+    )]
     ForeignBuffer {
+        task: Option<String>,
         buffer: String,
         owner: u64,
         runtime: u64,
@@ -40,9 +51,14 @@ pub enum Error {
         buffer: String,
         range: Range<usize>,
     },
-    /// A typed view does not fit the element type's size or alignment.
-    #[error("bytes {range:?} of buffer `{buffer}` are not a whole, aligned slice of `{ty}`")]
+    /// A typed view does not fit the element type's size or alignment
+    /// (`task`: the task that declared it, where one did).
+    #[error(
+        "{}bytes {range:?} of buffer `{buffer}` are not a whole, aligned slice of `{ty}`",
+        task_prefix(.task)
+    )]
     Misaligned {
+        task: Option<String>,
         buffer: String,
         range: Range<usize>,
         ty: &'static str,
@@ -150,6 +166,15 @@ impl Error {
             path: path.display().to_string(),
             message: e.to_string(),
         }
+    }
+
+    /// This error naming `task`, the task whose declared accesses it is
+    /// about, if it is such an error and names none yet.
+    pub fn for_task(mut self, name: &str) -> Self {
+        if let Error::Misaligned { task, .. } | Error::ForeignBuffer { task, .. } = &mut self {
+            task.get_or_insert_with(|| name.to_string());
+        }
+        self
     }
 
     /// Joins the errors found at one synchronisation point into one.

@@ -632,6 +632,12 @@ impl RuntimeBuilder {
 ///
 /// `Runtime` is `Sync`: several threads may submit; submission order is the
 /// order in which submissions take the runtime's lock.
+///
+/// Dropping it waits for every task. A task error that no synchronisation
+/// point reported is then only logged (a `tracing` warning: invisible
+/// without a subscriber), since `drop` cannot return it: call
+/// [`synchronize`](Self::synchronize) before the last drop to get it.
+/// (The C++ `~Runtime` prints it to stderr.)
 pub struct Runtime {
     shared: Arc<Shared>,
     /// The last value of `shared.completed` this runtime read (back-pressure).
@@ -884,6 +890,7 @@ impl Runtime {
         let sz = size_of::<T>();
         if sz == 0 || v.len() % sz != 0 {
             return Err(Error::Misaligned {
+                task: None,
                 buffer: v.buffer().name().to_string(),
                 range: v.range(),
                 ty: std::any::type_name::<T>(),

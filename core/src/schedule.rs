@@ -83,8 +83,11 @@ impl fmt::Debug for Schedule<'_> {
 
 impl Runtime {
     /// Runs `program` — which submits tasks as usual, and may synchronise —
-    /// and records every task submitted to this runtime while it runs (from
-    /// any thread: record from one thread at a time). The tasks run now, as
+    /// and records every task submitted to this runtime while it runs, by
+    /// any thread: a task another thread (a data loader) submits meanwhile
+    /// is recorded too, and every replay runs it again, so submit such work
+    /// to another runtime or outside the recording. Record from one thread
+    /// at a time. The tasks run now, as
     /// ordinary tasks: the recording is the schedule's first run. Their
     /// bodies are kept, so they must be callable again (`FnMut`).
     ///

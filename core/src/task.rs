@@ -154,7 +154,9 @@ impl<'rt> TaskBuilder<'rt> {
         };
         let body: Body = match (backend, cpu, cuda) {
             ("cpu", Some(f), _) => {
-                let raw = accesses.resolve(to(false))?;
+                let raw = accesses
+                    .resolve(to(false))
+                    .map_err(|e| e.for_task(&self.name))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 let mut f = f;
                 crate::ctx::body(move |_ctx| {
@@ -168,7 +170,9 @@ impl<'rt> TaskBuilder<'rt> {
                 })
             }
             ("cuda", _, Some(g)) => {
-                let raw = accesses.resolve(to(true))?;
+                let raw = accesses
+                    .resolve(to(true))
+                    .map_err(|e| e.for_task(&self.name))?;
                 crate::access::collect(&self.name, accesses, &mut self.accesses)?;
                 let mut g = g;
                 crate::ctx::body(move |ctx| {

@@ -309,6 +309,7 @@ fn conflicting_or_misaligned_tokens_refuse_the_whole_task() {
         matches!(&e, Error::Misaligned { buffer, .. } if buffer == "x"),
         "{e}"
     );
+    assert!(e.to_string().starts_with("task `odd`: bytes 0..6"), "{e}");
     assert_eq!(rt.stats().tasks, before);
     // Nothing ran, nothing is pending: both buffers are as they were.
     assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![5; 4]);
@@ -326,8 +327,22 @@ fn misuse_is_an_error_at_submission() {
         x.view_of::<f32>(1..3),
         Err(Error::ViewOutOfBounds { .. })
     ));
+    // Elements whose bytes overflow: named as asked, of a buffer and a view.
+    let huge = usize::MAX / 2..usize::MAX / 2 + 1;
+    for e in [
+        x.view_of::<u64>(huge.clone()).unwrap_err(),
+        x.whole().view_of::<u64>(huge.clone()).unwrap_err(),
+    ] {
+        let want = format!("elements {huge:?} of `u64` in buffer `x`");
+        assert!(e.to_string().starts_with(&want), "{e}");
+    }
     let e = b.task("t").run(x.read::<u8>(), |_| ()).unwrap_err();
     assert!(matches!(e, Error::ForeignBuffer { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("task `t`: buffer `x` belongs to another runtime"),
+        "{e}"
+    );
     let e = a.task("t").on_stream(9).run((), |()| ()).unwrap_err();
     assert!(e.to_string().contains("stream 9"));
     assert!(Runtime::builder().compute_streams(0).build().is_err());
@@ -352,27 +367,33 @@ fn waiting_inside_a_task_is_an_error_not_a_deadlock() {
     let e = h.wait().unwrap_err();
     assert!(e.to_string().contains("synchronize"), "{e}");
     drop(h);
-    // A finished task is no wait: waiting on it inside a task is allowed.
-    // `read_vec` is refused, naming itself (it waits on its read task).
+    // Waiting on a task that has finished is refused too (whether it has
+    // is timing: the error must not come and go), naming the call; so is
+    // `read_vec`, naming itself, before it submits its read task.
     let x = rt.alloc("x", 4).unwrap();
     let first = rt.task("first").run(x.write::<u8>(), |_| ()).unwrap();
     first.wait().unwrap();
     let (inner, xv) = (rt.clone(), x.clone());
-    let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let w = waited.clone();
-    let h = rt
-        .task("reads")
-        .run((), move |()| -> Result<(), TaskError> {
-            first.wait()?;
-            w.store(true, std::sync::atomic::Ordering::SeqCst);
-            inner.read_vec::<u8>(&xv)?;
-            Ok(())
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = errors.clone();
+    let before = rt.stats().tasks;
+    rt.task("waits on a finished task")
+        .run((), move |()| {
+            let mut seen = seen.lock().unwrap();
+            seen.push(first.wait().unwrap_err().to_string());
+            seen.push(inner.read_vec::<u8>(&xv).unwrap_err().to_string());
         })
+        .unwrap()
+        .wait()
         .unwrap();
-    let e = h.wait().unwrap_err();
-    assert!(e.to_string().contains("`Runtime::read_vec`"), "{e}");
-    assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
-    drop(h);
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors[0].contains("`TaskHandle::wait`"), "{errors:?}");
+    assert!(errors[1].contains("`Runtime::read_vec`"), "{errors:?}");
+    assert_eq!(
+        rt.stats().tasks,
+        before + 1,
+        "read_vec submitted a read task"
+    );
     // Drop the runtime from this thread (the task's clone may drop last on
     // the stream thread, which joins its own thread otherwise).
     rt.synchronize().unwrap();

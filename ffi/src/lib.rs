@@ -944,6 +944,7 @@ fn check_elements(v: &braid::View, size: usize, align: usize) -> braid::Result<(
         Ok(())
     } else {
         Err(braid::Error::Misaligned {
+            task: None,
             buffer: v.buffer().name().to_string(),
             range: v.range(),
             ty: element_name(size),

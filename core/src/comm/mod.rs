@@ -688,6 +688,7 @@ impl Comm {
             // boundary offset is an aligned address.
             if v.start % sz != 0 {
                 return Err(Error::Misaligned {
+                    task: Some(name.to_string()),
                     buffer: v.buffer().name().to_string(),
                     range: v.range(),
                     ty: dtype.name(),

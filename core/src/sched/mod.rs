@@ -318,10 +318,8 @@ impl Shared {
     /// Blocks until `t` has finished, whatever its outcome; an error (named
     /// `what`) from inside a task of this runtime, which could deadlock.
     fn wait_finished(&self, t: &TaskShared, what: &'static str) -> Result<()> {
-        // A task already finished is no wait at all, from anywhere.
-        if self.streams[t.stream as usize].done.get() >= t.seq {
-            return Ok(());
-        }
+        // Refused inside a task even when `t` has finished: whether it has
+        // is timing, and an error that depends on it would come and go.
         self.check_not_in_task(what)?;
         tenants::program_thread(self);
         self.streams[t.stream as usize].done.wait_at_least(t.seq);
