@@ -211,6 +211,69 @@ pub fn prepare_checkpoint_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// A run's hold on its checkpoint directory ([`lock_checkpoint_dir`]),
+/// released when dropped or when the process ends, however it ends.
+#[derive(Debug)]
+pub struct CheckpointLock {
+    _file: std::fs::File,
+}
+
+/// The lock file inside a checkpoint directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// Takes the checkpoint directory `dir` (made if missing) for one run: an
+/// exclusive `flock` on `dir/.lock`, holding this process's id. A second
+/// run naming the directory while the first holds it — started beside it,
+/// or resuming it — is refused, naming the holder, where it would
+/// otherwise overwrite the first run's checkpoints without a word. The OS
+/// drops the lock with the process (a crash or a kill leaves nothing
+/// stale). Advisory, and local: two machines sharing the directory over
+/// NFS may not see each other's lock.
+pub fn lock_checkpoint_dir(dir: &Path) -> Result<CheckpointLock> {
+    use std::io::Write;
+    check_checkpoint_dir(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating", dir, e))?;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Gpt2Error::io("opening", &path, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor owned by `file`; no pointers.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(Gpt2Error::io("locking", &path, e));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (process {pid})"),
+            };
+            return Err(ckpt_err(
+                dir,
+                format!(
+                    "another run{holder} is using this checkpoint directory (it holds {}); \
+                     choose another --checkpoint-dir, or wait for it to end",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    // Who holds it, for the message of a run refused meanwhile.
+    file.set_len(0)
+        .and_then(|()| file.seek(SeekFrom::Start(0)).map(|_| ()))
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .map_err(|e| Gpt2Error::io("writing", &path, e))?;
+    Ok(CheckpointLock { _file: file })
+}
+
 /// The checkpoint file inside a checkpoint directory.
 pub fn checkpoint_file(dir: impl AsRef<Path>) -> PathBuf {
     dir.as_ref().join(CHECKPOINT_FILE)

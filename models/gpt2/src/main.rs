@@ -27,7 +27,7 @@ use braid::comm::Compression;
 use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{
     check_checkpoint_dir, checkpoint_file, load_checkpoint, load_checkpoint_params,
-    prepare_checkpoint_dir, AdamWHyper,
+    lock_checkpoint_dir, prepare_checkpoint_dir, AdamWHyper,
 };
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
@@ -169,13 +169,14 @@ struct TrainArgs {
     /// Steps of linear learning-rate warm-up to --lr: step s of N trains
     /// at s/N of --lr, so step 1 at --lr/N and step N at --lr [default: a
     /// tenth of --steps with the cosine schedule, none with the constant
-    /// one]. Without one, AdamW's first steps move every weight by about
+    /// one; a resumed run: the checkpoint's]. Without one, AdamW's first steps move every weight by about
     /// --lr at once, and the gradient norm spikes.
     #[arg(long)]
     warmup_steps: Option<u64>,
-    /// The learning rate at the last step, as a fraction of --lr (cosine).
-    #[arg(long, default_value_t = 0.1)]
-    min_lr_frac: f32,
+    /// The learning rate at the last step, as a fraction of --lr (cosine)
+    /// [default: 0.1]
+    #[arg(long)]
+    min_lr_frac: Option<f32>,
     /// The parameters --weight-decay applies to: matrices (the embeddings
     /// and the linear layers' weights; not the biases and layer norms, as
     /// nanoGPT and llm.c train GPT-2) or all (PyTorch's
@@ -917,9 +918,24 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         }
         Ok(Duration::from_secs_f64(x))
     };
-    if !(a.min_lr_frac.is_finite() && (0.0..=1.0).contains(&a.min_lr_frac)) {
-        bail!("--min-lr-frac must be in 0..=1, not {}", a.min_lr_frac);
+    let min_lr_frac = a.min_lr_frac.unwrap_or(0.1);
+    if !(min_lr_frac.is_finite() && (0.0..=1.0).contains(&min_lr_frac)) {
+        bail!("--min-lr-frac must be in 0..=1, not {min_lr_frac}");
     }
+    if let (LrScheduleArg::Constant, Some(f)) = (a.lr_schedule, a.min_lr_frac) {
+        bail!(
+            "--min-lr-frac {f} is the cosine schedule's end; --lr-schedule constant keeps --lr \
+             (drop one of them)"
+        );
+    }
+    // A resumed run keeps the checkpoint's warm-up unless given one: the
+    // default, a tenth of --steps, would move with a raised --steps and
+    // send the rate back down into a warm-up the run had finished.
+    let warmup_steps = a.warmup_steps.or_else(|| {
+        resumed
+            .as_ref()
+            .and_then(|extra| extra.get("warmup_steps")?.as_u64())
+    });
     let mut opts = TrainOptions {
         model: cfg,
         batch_size: a.batch_size,
@@ -937,11 +953,11 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         },
         lr_schedule: match a.lr_schedule {
             LrScheduleArg::Cosine => {
-                let warmup = a.warmup_steps.unwrap_or(a.steps / 10);
-                LrSchedule::cosine(warmup, a.steps, a.min_lr_frac)
+                let warmup = warmup_steps.unwrap_or(a.steps / 10);
+                LrSchedule::cosine(warmup, a.steps, min_lr_frac)
             }
             LrScheduleArg::Constant => LrSchedule {
-                warmup_steps: a.warmup_steps.unwrap_or(0),
+                warmup_steps: warmup_steps.unwrap_or(0),
                 ..LrSchedule::constant()
             },
         },
@@ -1041,6 +1057,10 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     set_attention_kernels(attention);
     let world = dist.as_ref().map_or(opts.ranks, |d| d.world_size);
     opts.grad_accum = grad_accum(&a, world)?;
+    // The training settings first: a bad --seq-len or --batch-size is
+    // named as such, not as a problem of the validation data it would
+    // also be read with.
+    opts.check()?;
     opts.validation = validation(&a, &cfg, &data, world)?;
     opts.generation = generation(&a, &cfg)?;
     // Not for a best-effort run: its runtime launches in bounded bundles
@@ -1090,6 +1110,16 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // file is tried in it: a directory the run cannot write to is found
     // before the first step, not after the last (rank 0 writes it; under
     // torchrun the other processes leave it alone).
+    // Taken first, and held to the end: a second run naming the directory
+    // meanwhile is refused, not left to overwrite this one's checkpoints.
+    let _checkpoint_lock =
+        match (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0)) {
+            Some(dir) => Some(
+                lock_checkpoint_dir(dir)
+                    .with_context(|| format!("--checkpoint-dir {}", dir.display()))?,
+            ),
+            None => None,
+        };
     if let Some(dir) =
         (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
     {
@@ -1177,6 +1207,15 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         start.step + 1,
         a.steps
     );
+    if opts.lr_schedule.warmup_steps > a.steps {
+        say!(
+            "note: the warm-up of {} steps is longer than the run ({} steps): the learning rate \
+             never reaches --lr {}",
+            opts.lr_schedule.warmup_steps,
+            a.steps,
+            a.lr
+        );
+    }
     if let Some(f) = &opts.placement {
         // The file's class and replay switch override the flags'.
         let class = match f.class() {

@@ -1662,6 +1662,19 @@ fn the_learning_rate_warms_up_then_decays() {
     let r = train(&["--steps", "3", "--lr-schedule", "constant"]);
     assert!(r.len() == 3 && r.iter().all(|&x| close(x, 1e-3)), "{r:?}");
 
+    // A run extended on resume keeps its warm-up (1 step, a tenth of 10),
+    // not the default of its new --steps (4, which would drop the rate at
+    // step 11 and warm up again): its steps are those of a run of 40 with
+    // a warm-up of 1.
+    train(&["--steps", "10", "--checkpoint-dir", "ck"]);
+    let resumed = train(&["--steps", "40", "--checkpoint-dir", "ck", "--resume"]);
+    let whole = train(&["--steps", "40", "--warmup-steps", "1"]);
+    assert_eq!(resumed.len(), 30);
+    assert!(
+        resumed.iter().zip(&whole[10..]).all(|(&a, &b)| close(a, b)),
+        "{resumed:?} vs {whole:?}"
+    );
+
     fails(
         d,
         &[
@@ -1674,6 +1687,25 @@ fn the_learning_rate_warms_up_then_decays() {
             "1.5",
         ],
         &["--min-lr-frac", "1.5"],
+    );
+    // A fraction the schedule would ignore is refused; a warm-up longer
+    // than the run is said.
+    #[rustfmt::skip]
+    let tiny = ["train", "--model", "tiny", "--data", "train.bin", "--batch-size", "2",
+        "--seq-len", "16", "--ranks", "1", "--no-trace", "--steps", "2"];
+    let with =
+        |extra: &[&'static str]| -> Vec<&str> { tiny.iter().chain(extra).copied().collect() };
+    fails(
+        d,
+        &with(&["--lr-schedule", "constant", "--min-lr-frac", "0.5"]),
+        &["--min-lr-frac 0.5", "--lr-schedule constant"],
+    );
+    let out = run(d, &with(&["--warmup-steps", "5"]));
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("note: the warm-up of 5 steps is longer than the run (2 steps)"),
+        "{err}"
     );
 }
 
@@ -1809,6 +1841,46 @@ fn unwritable_outputs_are_refused_before_the_first_step() {
     assert!(!d.join("new3").exists());
 }
 
+/// A checkpoint directory another run is using (it holds the directory's
+/// lock) is refused before the first step, naming that run's process,
+/// whether this run starts fresh or resumes: two runs once saved into one
+/// directory, the second silently overwriting the first. Once the lock is
+/// released the run goes ahead.
+#[test]
+fn a_checkpoint_directory_in_use_is_refused() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    let run = |steps: &str, resume: bool| -> Vec<String> {
+        #[rustfmt::skip]
+        let mut a: Vec<String> = [
+            "train", "--model", "tiny", "--data", "train.bin", "--ranks", "1", "--batch-size",
+            "2", "--seq-len", "16", "--no-trace", "--checkpoint-dir", "ck", "--steps", steps,
+        ].map(String::from).to_vec();
+        if resume {
+            a.push("--resume".into());
+        }
+        a
+    };
+    fn strs(a: &[String]) -> Vec<&str> {
+        a.iter().map(String::as_str).collect()
+    }
+    let this_process = format!("another run (process {})", std::process::id());
+    let held = braid_gpt2::checkpoint::lock_checkpoint_dir(&d.join("ck")).unwrap();
+    let err = fails(d, &strs(&run("2", false)), &[&this_process, "ck/.lock"]);
+    assert!(
+        !err.contains("step "),
+        "refused only after training:
+{err}"
+    );
+    assert!(!d.join("ck/checkpoint.safetensors").exists());
+    drop(held);
+    ok(d, &strs(&run("2", false)));
+    let held = braid_gpt2::checkpoint::lock_checkpoint_dir(&d.join("ck")).unwrap();
+    fails(d, &strs(&run("3", true)), &[&this_process]);
+    drop(held);
+    ok(d, &strs(&run("3", true)));
+}
+
 /// Numbers and settings out of range, refused up front with a message,
 /// never a panic or an abort, and torchrun variables that make no sense on
 /// the CPU.
@@ -1895,6 +1967,14 @@ fn out_of_range_settings_are_refused_clearly() {
         err.contains("validation after every 1 step(s) and the last: "),
         "{err}"
     );
+    // A bad training setting is named as such with validation on too, not
+    // blamed on the validation data it would also read.
+    #[rustfmt::skip]
+    let err = fails(d, &[
+        "train", "--model", "tiny", "--data", "train.bin", "--steps", "1", "--seq-len", "300",
+        "--val-every", "1", "--val-data", "train.bin",
+    ], &["invalid sequence length: 300"]);
+    assert!(!err.contains("--val-data"), "{err}");
     // Text generated during training, printed after the step (a model with
     // GPT-2's vocabulary).
     #[rustfmt::skip]

@@ -582,6 +582,18 @@ fn a_stop_set_in_the_step_callback_stops_at_that_step() {
             "{ranks} ranks"
         );
     }
+    // Stopped in its first step (one rank): nothing after it to measure, so
+    // its summary is of the whole run, as a one-step run's (it was of an
+    // empty profile: 0 tasks).
+    let stop = Arc::new(AtomicBool::new(true));
+    let opts = TrainOptions {
+        stop: Some(stop),
+        ..options(1, 1, 200)
+    };
+    let r = train(&opts, StartState::fresh(&opts.model, 1), &data(), &|_| {}).unwrap();
+    assert_eq!(r.final_step, 1);
+    assert!(r.summaries[0].tasks > 0, "{:?}", r.summaries[0]);
+    assert_eq!(r.summaries[0].tasks, r.whole_run[0].tasks);
 }
 
 /// A panic in `on_step` stops the ranks at a step's end before it reaches

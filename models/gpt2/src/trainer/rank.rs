@@ -697,6 +697,9 @@ fn run_rank_on(
             },
         })
     });
+    // A run stopped after its first step has no steps after it to measure:
+    // its summary is of the whole profile, as a one-step run's.
+    let steady_from = steady_from.filter(|_| steps.len() > 1);
     Ok(RankOutcome {
         final_step,
         bucket_cap,
