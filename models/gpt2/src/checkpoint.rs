@@ -489,7 +489,7 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
             return Err(ckpt_err(
                 &file,
                 format!(
-                    "tensor {name:?} has shape {:?}, expected [{n}] for {cfg:?}",
+                    "tensor {name:?} has shape {:?}, expected [{n}] for {cfg}",
                     entry.shape
                 ),
             ));
@@ -503,6 +503,18 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
             for x in &mut v {
                 *x = f32::from_bits(u32::from_le(x.to_bits()));
             }
+        }
+        // A run saves only finite parameters: anything else is corruption,
+        // found here rather than as a "diverged" first step.
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(ckpt_err(
+                &file,
+                format!(
+                    "tensor {name:?} holds {} at index {i}: the file is corrupt (a run saves \
+                     finite values only)",
+                    v[i]
+                ),
+            ));
         }
         tensors.push(v);
     }
@@ -593,5 +605,27 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names, vec![CHECKPOINT_FILE.to_string()]);
+    }
+
+    /// A checkpoint holding a non-finite value (a corrupt file: runs save
+    /// finite states only) is refused on load, naming the tensor and the
+    /// index, rather than trained on until it "diverges".
+    #[test]
+    fn non_finite_values_are_refused_on_load() {
+        let root = tempfile::tempdir().unwrap();
+        for (i, name) in TENSOR_NAMES.iter().enumerate() {
+            let dir = root.path().join(name);
+            let mut c = tiny_checkpoint(1.0);
+            [&mut c.params, &mut c.adam_m, &mut c.adam_v][i][5] = f32::NAN;
+            save_checkpoint(&dir, &c).unwrap();
+            let e = load_checkpoint(&dir).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("tensor {name:?} holds NaN at index 5")),
+                "{e}"
+            );
+            // Evaluation reads the parameters only.
+            let params = load_checkpoint_params(&dir);
+            assert_eq!(params.is_err(), i == 0, "{name}");
+        }
     }
 }

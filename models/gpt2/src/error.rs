@@ -233,7 +233,10 @@ pub enum Gpt2Error {
     },
 
     /// A saved loader position does not fit the data it is restored onto.
-    #[error("cannot restore data loader position {position}: the data holds only {tokens} tokens")]
+    #[error(
+        "cannot resume the data loader at token {position}: the data holds only {tokens} \
+         tokens (the run being resumed read other, longer data, or its checkpoint is corrupt)"
+    )]
     BadLoaderPosition {
         /// The saved position.
         position: usize,

@@ -1543,6 +1543,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         cfg.max_seq_len.min(all_but_last)
     });
     // The first windows only: their tokens and the one after them.
+    let all = tokens.len();
     let tokens = match a
         .windows
         .map(|n| (n as usize).saturating_mul(seq_len).saturating_add(1))
@@ -1559,10 +1560,13 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         ..ModelOptions::default()
     };
     say!(
-        "evaluating {name} ({cfg}) on {} ({} tokens), windows of {seq_len} tokens, {} per \
-         batch, on {}, {}, fused kernels: {}",
+        "evaluating {name} ({cfg}) on {} ({}), windows of {seq_len} tokens, {} per batch, on \
+         {}, {}, fused kernels: {}",
         tokens.origin(),
-        tokens.len(),
+        match tokens.len() {
+            n if n == all => format!("{n} tokens"),
+            n => format!("the first {n} of its {all} tokens"),
+        },
         a.batch_size,
         rt.backend_name(),
         opts.dtype,
