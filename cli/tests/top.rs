@@ -258,6 +258,20 @@ fn errors_name_the_problem() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("--replay FILE"));
+    // Flags of the other mode are refused, not ignored.
+    let t = bad.to_str().unwrap();
+    for args in [
+        vec!["--replay", t, "--rank", "1"],
+        vec!["--replay", t, "--history", "5"],
+        vec!["--attach", "/nonexistent/s.sock", "--at", "1"],
+    ] {
+        let o = top(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains("cannot be used with"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 /// `{rank}` in the socket path is the rank's socket (`--rank`, default 0),

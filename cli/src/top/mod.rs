@@ -21,14 +21,19 @@ pub struct TopArgs {
     pub attach: Option<PathBuf>,
     /// Attaching: the rank whose socket to read where the path has `{rank}`
     /// in it (as `BRAID_LIVE=/tmp/braid-{rank}.sock` gives each rank).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(long, default_value_t = 0, value_name = "N", conflicts_with = "replay")]
     pub rank: usize,
     /// Print one frame as text and exit.
     #[arg(long)]
     pub once: bool,
     /// Replay: the instant to show, in seconds on the trace's timeline
     /// (default: its end).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "replay",
+        conflicts_with = "attach"
+    )]
     pub at: Option<f64>,
     /// Busy shares are measured over this many milliseconds before the
     /// instant.
@@ -36,7 +41,12 @@ pub struct TopArgs {
     pub busy_ms: f64,
     /// Live: communication and per-task totals cover this many seconds (a
     /// replay covers the whole trace).
-    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        conflicts_with = "replay"
+    )]
     pub history: f64,
 }
 

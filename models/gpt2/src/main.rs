@@ -1109,22 +1109,16 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // The checkpoint directory is made now, as the run would make it, and a
     // file is tried in it: a directory the run cannot write to is found
     // before the first step, not after the last (rank 0 writes it; under
-    // torchrun the other processes leave it alone).
-    // Taken first, and held to the end: a second run naming the directory
-    // meanwhile is refused, not left to overwrite this one's checkpoints.
-    let _checkpoint_lock =
-        match (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0)) {
-            Some(dir) => Some(
-                lock_checkpoint_dir(dir)
-                    .with_context(|| format!("--checkpoint-dir {}", dir.display()))?,
-            ),
-            None => None,
-        };
+    // torchrun the other processes leave it alone). Then it is locked, and
+    // held to the end: a second run naming the directory meanwhile is
+    // refused, not left to overwrite this one's checkpoints.
+    let mut _checkpoint_lock = None;
     if let Some(dir) =
         (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
     {
-        prepare_checkpoint_dir(dir)
-            .with_context(|| format!("--checkpoint-dir {}", dir.display()))?;
+        let context = || format!("--checkpoint-dir {}", dir.display());
+        prepare_checkpoint_dir(dir).with_context(context)?;
+        _checkpoint_lock = Some(lock_checkpoint_dir(dir).with_context(context)?);
         if let Some(path) = a.save_weights.as_deref().filter(|_| weights_in_new_dir) {
             check_weights_output(path, Some(dir))?;
         }
