@@ -445,3 +445,28 @@ fn automatic_replay_with_scopes_is_exact_and_the_file_can_turn_it_off() {
     assert_eq!(scoped_steps(&rt, &p, &paths, steps), expected);
     assert_eq!(rt.stats().auto_replayed, 0, "{:?}", rt.stats());
 }
+
+/// `PlacementFile::unmatched`: the rules that applied to no scope of the
+/// runtimes built with the file (its clones share what matched) — a typo,
+/// or a scope the program never opens — by line and pattern as written. A
+/// rule for an enclosing scope counts as applied.
+#[test]
+fn rules_that_matched_no_scope_are_reported() {
+    let f = file(
+        "[[scope]]\npattern = \"forward/*\"\nstream = 1\n\n\
+         [[scope]]\npattern = \"fowrard/*\"\nstream = 1\n\n\
+         [[scope]]\npattern = \"backward\"\npriority = \"side\"\n",
+    );
+    assert_eq!(
+        f.unmatched(),
+        [(2, "forward/*"), (6, "fowrard/*"), (10, "backward")]
+    );
+    let rt = builder(2).placement(f.clone()).build().unwrap();
+    let x = rt.alloc("x", 4).unwrap();
+    {
+        let _s = rt.scope("forward/layer0/attn");
+        rt.task("t").run(x.write::<u32>(), |_| ()).unwrap();
+    }
+    rt.synchronize().unwrap();
+    assert_eq!(f.unmatched(), [(6, "fowrard/*"), (10, "backward")]);
+}

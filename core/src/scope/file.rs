@@ -11,6 +11,8 @@ use crate::sched::scoped::{ScopeDecision, StreamChoice};
 use serde::Deserialize;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use toml::{Spanned, Value};
 
 /// A parsed placement file: rules that map scope patterns to placement
@@ -31,11 +33,17 @@ pub struct PlacementFile {
     /// not latency-critical).
     realtime: Option<(bool, usize)>,
     spare_sms: Option<u32>,
+    /// Per rule, whether it has applied to a scope: shared by the file's
+    /// clones (every rank's runtime), for [`unmatched`](Self::unmatched).
+    matched: Arc<Vec<AtomicBool>>,
 }
 
 #[derive(Debug, Clone)]
 struct Rule {
     pattern: Pattern,
+    /// The pattern as written, and the line of its `pattern` key.
+    text: String,
+    line: usize,
     /// The line of the rule's `stream` key (for errors found when the file
     /// meets a runtime).
     stream_line: usize,
@@ -145,10 +153,11 @@ impl PlacementFile {
                 ));
             };
             let line = line_of(text, p.span().start);
-            let pattern = match p.get_ref() {
-                Value::String(s) => {
-                    Pattern::parse(s).map_err(|m| at(p.span(), format!("`pattern`: {m}")))?
-                }
+            let (pattern, written) = match p.get_ref() {
+                Value::String(s) => (
+                    Pattern::parse(s).map_err(|m| at(p.span(), format!("`pattern`: {m}")))?,
+                    s.clone(),
+                ),
                 other => {
                     return Err(at(
                         p.span(),
@@ -158,6 +167,8 @@ impl PlacementFile {
             };
             rules.push(Rule {
                 pattern,
+                text: written,
+                line,
                 stream_line: r
                     .stream
                     .as_ref()
@@ -171,6 +182,7 @@ impl PlacementFile {
         }
         Ok(PlacementFile {
             origin,
+            matched: Arc::new(rules.iter().map(|_| AtomicBool::new(false)).collect()),
             rules,
             auto_replay,
             class,
@@ -259,6 +271,7 @@ impl PlacementFile {
             let Some(depth) = r.pattern.applies(segs) else {
                 continue;
             };
+            self.matched[index].store(true, Ordering::Relaxed);
             let key = (depth, r.pattern.literals(), index);
             let mut take = |slot: usize, set: bool| -> bool {
                 let wins = set && won[slot].is_none_or(|w| key > w);
@@ -308,6 +321,19 @@ impl PlacementFile {
             }
         }
         Ok(())
+    }
+
+    /// The rules (their line and pattern as written) that have applied to
+    /// no scope yet, by this file or any of its clones (the runtimes built
+    /// with it): after a run, a pattern with a typo, or one naming a scope
+    /// the program never opens, whose rule did nothing.
+    pub fn unmatched(&self) -> Vec<(usize, &str)> {
+        self.rules
+            .iter()
+            .zip(self.matched.iter())
+            .filter(|(_, m)| !m.load(Ordering::Relaxed))
+            .map(|(r, _)| (r.line, r.text.as_str()))
+            .collect()
     }
 
     /// The policies the rules name.

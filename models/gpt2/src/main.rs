@@ -1317,6 +1317,21 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     };
     let report = train(&opts, start, &data, &on_step)?;
     pb.finish_and_clear();
+    // A placement rule that applied to no scope did nothing: a typo, or a
+    // scope the trainer does not open.
+    if let Some(f) = opts
+        .placement
+        .as_ref()
+        .filter(|_| report.process_rank.unwrap_or(0) == 0)
+    {
+        for (line, pattern) in f.unmatched() {
+            say!(
+                "note: the placement rule `{pattern}` ({} line {line}) matched no scope of this \
+                 run, so it did nothing",
+                f.origin()
+            );
+        }
+    }
 
     // 3. Outputs (rank 0's, in a torchrun job). An output that is standard
     // output (`--trace /dev/stdout > t.json`) holds nothing else: the

@@ -1455,6 +1455,23 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     let said =
         "placement file be.toml: 0 rule(s), class best-effort (the file's, not --class normal)";
     assert!(err.contains(said), "{err}");
+    // A rule whose pattern matched no scope did nothing: said after the
+    // run; every rule of the example applies to some scope of the trainer.
+    std::fs::write(
+        d.join("miss.toml"),
+        "[[scope]]\npattern = \"forward/lyaer*\"\nstream = 1\n",
+    )
+    .unwrap();
+    let said = "note: the placement rule `forward/lyaer*` (miss.toml line 2) matched no scope";
+    for (file, note) in [("miss.toml", true), (example, false)] {
+        let args = with(&["--placement", file, "--no-trace"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run_env(d, &args, &[]);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(err.contains("matched no scope"), note, "{file}: {err}");
+        assert_eq!(err.contains(said), note, "{file}: {err}");
+    }
     // A key the format does not know.
     std::fs::write(
         d.join("typo.toml"),
