@@ -154,7 +154,7 @@ proptest! {
     fn edited_live_lines_parse_or_say_why(which in 0..2usize, edits in prop::collection::vec(edit(), 1..6)) {
         match Line::parse(&edited(LINES[which], &edits)) {
             Ok(_) => {}
-            Err(Error::BadTrace(why)) => prop_assert!(why.starts_with("live view line")),
+            Err(Error::BadTrace(why)) => prop_assert!(why.starts_with("live-view line")),
             Err(other) => prop_assert!(false, "not a bad-line error: {other:?}"),
         }
     }
