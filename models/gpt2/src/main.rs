@@ -1149,7 +1149,22 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             .into_iter()
             .filter(|&s| !ignored_at_start(s))
         {
-            // The default action first: it sees the flag only a first
+            // A word first, for a second signal: the process is about to end
+            // by it, saving nothing more.
+            let seen = Arc::clone(&stop);
+            // SAFETY: the action loads an atomic and calls write(2), both
+            // async-signal-safe; it allocates nothing and takes no lock.
+            unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    if seen.load(Ordering::SeqCst) {
+                        const SAID: &[u8] =
+                            b"\nbraid-gpt2: a second signal: stopping at once, saving nothing more\n";
+                        libc::write(2, SAID.as_ptr().cast(), SAID.len());
+                    }
+                })
+            }
+            .context("installing the handler of Ctrl-C")?;
+            // The default action next: it sees the flag only a first
             // signal has set, and ends the process by the signal.
             signal_hook::flag::register_conditional_default(sig, Arc::clone(&stop))
                 .and_then(|_| signal_hook::flag::register_usize(sig, Arc::clone(&caught), sig as _))

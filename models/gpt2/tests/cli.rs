@@ -526,6 +526,12 @@ fn ctrl_c_stops_at_a_step_that_saves_and_a_second_one_at_once() {
     assert!(child.try_wait().unwrap().is_none(), "the step cannot end");
     interrupt(&child);
     assert_eq!(exit_within(&mut child, 30).signal(), Some(SIGINT));
+    let err: Vec<String> = rx.iter().collect();
+    let err = err.join("\n");
+    assert!(
+        err.contains("braid-gpt2: a second signal: stopping at once"),
+        "{err}"
+    );
 }
 
 /// A run started with SIGINT ignored (`cmd &` in a script) keeps it
