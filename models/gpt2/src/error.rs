@@ -311,8 +311,9 @@ pub enum Gpt2Error {
         reason: String,
     },
 
-    /// A flat buffer has the wrong length for the parameter layout.
-    #[error("{what} has {found} floats, expected {expected} for this configuration")]
+    /// A flat buffer (parameters, moments, token ids) has the wrong length
+    /// for the model's layout or batch shape.
+    #[error("{what} has {found} elements, expected {expected} for this configuration")]
     LengthMismatch {
         /// Which buffer ("params", "adam_m", ...).
         what: String,

@@ -1572,7 +1572,7 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
         .windows
         .map(|n| (n as usize).saturating_mul(seq_len).saturating_add(1))
     {
-        Some(end) if end < tokens.len() => tokens.part(0..end, tokens.origin()),
+        Some(end) if end < tokens.len() => tokens.part(0..end, tokens.origin())?,
         _ => tokens,
     };
     check_eval(&cfg, &tokens, seq_len, a.batch_size)

@@ -294,7 +294,7 @@ fn shards_named_by_a_pattern_are_one_stream() {
             let (mut a, mut c) = (loader(&shards), loader(&one));
             // Past an epoch, so the wrap is met too.
             for _ in 0..30 {
-                let (x, y) = (a.next_batch(), c.next_batch());
+                let (x, y) = (a.next_batch().unwrap(), c.next_batch().unwrap());
                 assert_eq!((x.inputs, x.targets), (y.inputs, y.targets));
             }
         }
@@ -352,6 +352,13 @@ fn split_tail_keeps_every_token_once() {
     let (train, val) = src.split_tail(0.1);
     assert_eq!(train.len(), 90);
     assert_eq!(val.tokens(), &(90..100u16).collect::<Vec<_>>()[..]);
+    // A part: tokens of a range within them, or an error (it once panicked).
+    assert_eq!(src.part(5..8, "p").unwrap().tokens(), &[5u16, 6, 7][..]);
+    let e = src.part(0..101, "p").unwrap_err().to_string();
+    assert!(
+        e.contains("0..101 is not within the 100 tokens of t"),
+        "{e}"
+    );
 }
 
 // ----- loader --------------------------------------------------------------
@@ -379,12 +386,12 @@ fn sharded_batches_concatenate_to_the_single_rank_batch() {
                 .collect();
             let steps = 3 * single.steps_per_epoch() + 2;
             for step in 0..steps {
-                let global = single.next_batch();
+                let global = single.next_batch().unwrap();
                 let mut inputs = Vec::new();
                 let mut targets = Vec::new();
                 let mut seen = HashSet::new();
                 for loader in &mut ranks {
-                    let batch = loader.next_batch();
+                    let batch = loader.next_batch().unwrap();
                     assert_eq!(batch.inputs.len(), b * t);
                     for &x in &batch.inputs {
                         assert!(seen.insert(x), "token {x} read by two ranks at step {step}");
@@ -418,7 +425,7 @@ fn a_shuffled_epoch_takes_every_window_once_in_a_new_order() {
             epochs.push(Vec::new());
         }
         for l in [&mut rank0, &mut loader] {
-            let batch = l.next_batch();
+            let batch = l.next_batch().unwrap();
             for (x, y) in batch.inputs.iter().zip(&batch.targets) {
                 assert_eq!(*y, x + 1);
             }
@@ -447,17 +454,19 @@ fn a_shuffled_epoch_takes_every_window_once_in_a_new_order() {
     // Restored mid-epoch (step 3 of epoch 1), it continues as the original.
     let mut a = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
     for _ in 0..9 {
-        a.next_batch();
+        a.next_batch().unwrap();
     }
     let mut b = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
     b.set_state(a.state()).unwrap();
     for _ in 0..8 {
-        assert_eq!(a.next_batch(), b.next_batch());
+        assert_eq!(a.next_batch().unwrap(), b.next_batch().unwrap());
     }
     // Another seed, another order.
     let mut c = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(4);
     let mut d = DataLoader::new(&src, 2, 4, 1, 2).unwrap().shuffled(3);
-    let (c, d): (Vec<_>, Vec<_>) = (0..6).map(|_| (c.next_batch(), d.next_batch())).unzip();
+    let (c, d): (Vec<_>, Vec<_>) = (0..6)
+        .map(|_| (c.next_batch().unwrap(), d.next_batch().unwrap()))
+        .unzip();
     assert_ne!(c, d);
 }
 
@@ -466,7 +475,7 @@ fn targets_are_inputs_shifted_by_one() {
     let src = counting_source(500);
     let mut loader = DataLoader::new(&src, 4, 8, 1, 2).unwrap();
     for _ in 0..20 {
-        let batch = loader.next_batch();
+        let batch = loader.next_batch().unwrap();
         for (x, y) in batch.inputs.iter().zip(&batch.targets) {
             assert_eq!(*y, x + 1);
         }
@@ -479,7 +488,9 @@ fn loader_wraps_around_and_counts_epochs() {
     // 2 ranks x B 2 x T 8 = 32 tokens a step: 3 steps per epoch (96 + 1 <= 100).
     let mut loader = DataLoader::new(&src, 2, 8, 0, 2).unwrap();
     assert_eq!(loader.steps_per_epoch(), 3);
-    let firsts: Vec<u32> = (0..7).map(|_| loader.next_batch().inputs[0]).collect();
+    let firsts: Vec<u32> = (0..7)
+        .map(|_| loader.next_batch().unwrap().inputs[0])
+        .collect();
     assert_eq!(firsts, vec![0, 32, 64, 0, 32, 64, 0]);
     assert_eq!(
         loader.state(),
@@ -495,23 +506,23 @@ fn restored_loader_continues_identically() {
     let src = counting_source(777);
     let mut a = DataLoader::new(&src, 3, 10, 1, 3).unwrap();
     for _ in 0..11 {
-        a.next_batch();
+        a.next_batch().unwrap();
     }
     let saved = a.state();
     // The state survives a JSON round trip (it goes into checkpoints).
     let json = serde_json::to_string(&saved).unwrap();
     let restored: LoaderState = serde_json::from_str(&json).unwrap();
     assert_eq!(restored, saved);
-    let expected: Vec<_> = (0..25).map(|_| a.next_batch()).collect();
+    let expected: Vec<_> = (0..25).map(|_| a.next_batch().unwrap()).collect();
     let mut b = DataLoader::new(&src, 3, 10, 1, 3).unwrap();
-    b.next_batch(); // wherever it was, set_state moves it
+    b.next_batch().unwrap(); // wherever it was, set_state moves it
     b.set_state(restored).unwrap();
-    let got: Vec<_> = (0..25).map(|_| b.next_batch()).collect();
+    let got: Vec<_> = (0..25).map(|_| b.next_batch().unwrap()).collect();
     assert_eq!(got, expected);
     assert_eq!(a.state(), b.state());
     // A fresh loader does not reproduce the batches without the state.
     let mut c = DataLoader::new(&src, 3, 10, 1, 3).unwrap();
-    assert_ne!(c.next_batch(), expected[0]);
+    assert_ne!(c.next_batch().unwrap(), expected[0]);
     assert!(matches!(
         c.set_state(LoaderState {
             position: 778,
@@ -569,13 +580,17 @@ fn loader_rejects_bad_settings() {
     let mut l = DataLoader::new(&wide, 2, 8, 0, 1)
         .unwrap()
         .checking_ids(512);
-    l.next_batch();
-    l.next_batch();
+    l.next_batch().unwrap();
+    l.next_batch().unwrap();
     let at = l.state();
     let (mut x, mut y) = (vec![0; 16], vec![0; 16]);
     let err = l.next_batch_into(&mut x, &mut y).unwrap_err();
     assert!(names_42(&err), "{err:?}");
     assert!(err.to_string().contains("wide"), "{err}");
+    assert_eq!(l.state(), at);
+    // `next_batch` says so too (it once panicked).
+    let err = l.next_batch().unwrap_err();
+    assert!(names_42(&err), "{err:?}");
     assert_eq!(l.state(), at);
     let mut l = DataLoader::new(&src, 2, 4, 0, 1).unwrap();
     let (mut x, mut y) = (vec![0; 7], vec![0; 8]);

@@ -332,19 +332,21 @@ impl DataLoader {
         Ok(())
     }
 
-    /// This rank's next batch.
-    pub fn next_batch(&mut self) -> Batch {
+    /// This rank's next batch; the errors of
+    /// [`next_batch_into`](Self::next_batch_into) (a token id past the
+    /// vocabulary of [`checking_ids`](Self::checking_ids), too many windows
+    /// to shuffle), after which the loader is where it was.
+    pub fn next_batch(&mut self) -> Result<Batch> {
         let bt = self.batch_size * self.seq_len;
         let mut inputs = vec![0; bt];
         let mut targets = vec![0; bt];
-        self.next_batch_into(&mut inputs, &mut targets)
-            .expect("buffers are B*T long");
-        Batch {
+        self.next_batch_into(&mut inputs, &mut targets)?;
+        Ok(Batch {
             inputs,
             targets,
             batch_size: self.batch_size,
             seq_len: self.seq_len,
-        }
+        })
     }
 }
 

@@ -238,8 +238,8 @@ impl TokenSource {
         }
         let cut = n - k;
         (
-            self.part(0..cut, format!("{}[train]", self.origin)),
-            self.part(cut..n, format!("{}[val]", self.origin)),
+            self.sliced(0..cut, format!("{}[train]", self.origin)),
+            self.sliced(cut..n, format!("{}[val]", self.origin)),
         )
     }
 
@@ -248,8 +248,29 @@ impl TokenSource {
         write_token_file(path, &self.tokens.contiguous())
     }
 
-    /// Tokens `range`, named `origin` (sharing the storage).
-    pub fn part(&self, range: std::ops::Range<usize>, origin: impl Into<String>) -> TokenSource {
+    /// Tokens `range`, named `origin` (sharing the storage); an error if
+    /// the range is not within the tokens. (`part(0..n·T + 1)` is what
+    /// `eval --windows n` scores.)
+    pub fn part(
+        &self,
+        range: std::ops::Range<usize>,
+        origin: impl Into<String>,
+    ) -> Result<TokenSource> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "token range",
+                reason: format!(
+                    "{range:?} is not within the {} tokens of {}",
+                    self.len(),
+                    self.origin
+                ),
+            });
+        }
+        Ok(self.sliced(range, origin))
+    }
+
+    /// [`part`](Self::part) of a range known to be within the tokens.
+    fn sliced(&self, range: std::ops::Range<usize>, origin: impl Into<String>) -> TokenSource {
         TokenSource {
             tokens: self.tokens.slice(range),
             origin: origin.into(),

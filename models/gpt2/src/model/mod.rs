@@ -510,6 +510,25 @@ impl Gpt2Model {
                 ),
             });
         }
+        // A bound on the activations' bytes (logits, attention matrices and
+        // sixteen `C`-wide tensors a layer, at 8 bytes): the layout's sums
+        // cannot overflow below it, and a shape past it is no allocation's.
+        let bound = (|| {
+            let per_layer = (cfg.num_heads.checked_mul(t)?.checked_mul(2)?)
+                .checked_add(cfg.channels.checked_mul(16)?)?;
+            let per_row = cfg
+                .padded_vocab()
+                .checked_add(cfg.num_layers.checked_mul(per_layer)?)?;
+            b.checked_mul(t)?.checked_mul(per_row)?.checked_mul(8)
+        })();
+        if bound.is_none_or(|n| n > isize::MAX as usize) {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "batch shape",
+                reason: format!(
+                    "batch {b} × {t} tokens of {cfg} needs more bytes than any address holds"
+                ),
+            });
+        }
         let layout = ParamLayout::new(cfg);
         let (fusion, dtype, inference) = (opts.fusion, opts.dtype, opts.inference);
         let al = if inference {
@@ -897,6 +916,16 @@ impl Gpt2Model {
 
     /// Row `row` (position `b·T + t`) of the logits, `(V)`, as `f32`.
     pub fn read_logits_row(&self, rt: &Runtime, row: usize) -> Result<Vec<f32>> {
+        let rows = self.b * self.t;
+        if row >= rows {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "logits row",
+                reason: format!(
+                    "row {row} is not in 0..{rows} (B·T = {} × {})",
+                    self.b, self.t
+                ),
+            });
+        }
         let es = self.dtype.size();
         let start = row * self.vp * es;
         let view = self
@@ -1189,6 +1218,27 @@ mod tests {
             try_init_params(&tiny, 1).unwrap().len(),
             tiny.num_parameters()
         );
+    }
+
+    /// A batch shape whose buffers are past any address, and a logits row
+    /// outside the batch, are errors (they once overflowed, or read another
+    /// buffer's bytes as logits).
+    #[test]
+    fn shapes_and_rows_out_of_range_are_errors() {
+        let cfg = Gpt2Config::tiny();
+        let rt =
+            crate::trainer::model_runtime(braid::BackendKind::Cpu, 1, braid::Policy::Single, 0)
+                .unwrap();
+        let e = Gpt2Model::new(&rt, &cfg, usize::MAX / 8, 64).unwrap_err();
+        assert!(e.to_string().contains("more bytes than any address"), "{e}");
+        let mut m = Gpt2Model::new(&rt, &cfg, 2, 8).unwrap();
+        m.upload_params(&rt, &init_params(&cfg, 1)).unwrap();
+        m.forward(&rt, &[1; 16], None).unwrap();
+        assert_eq!(m.read_logits_row(&rt, 15).unwrap().len(), cfg.vocab_size);
+        for row in [16, usize::MAX / 2] {
+            let e = m.read_logits_row(&rt, row).unwrap_err().to_string();
+            assert!(e.contains(&format!("row {row} is not in 0..16")), "{e}");
+        }
     }
 
     /// A model made for inference computes, bit for bit, the logits and

@@ -70,8 +70,9 @@ impl Sampling {
 }
 
 /// Picks the next token from one row of logits: the most likely one when
-/// `temperature <= 0`, otherwise a draw from `softmax(logits / temperature)`.
-pub fn sample_next(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
+/// `temperature` is 0, otherwise a draw from `softmax(logits / temperature)`.
+/// Errors as [`sample_with`]'s.
+pub fn sample_next(logits: &[f32], temperature: f32, rng: &mut Rng) -> Result<u32> {
     let how = Sampling {
         temperature,
         ..Sampling::default()
@@ -81,8 +82,22 @@ pub fn sample_next(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
 
 /// Picks the next token from one row of logits as `how` says: one uniform
 /// number of `rng` a draw (none when greedy), the tokens in id order, so a
-/// filter that removes nothing leaves the draw as it was.
-pub fn sample_with(logits: &[f32], how: &Sampling, rng: &mut Rng) -> u32 {
+/// filter that removes nothing leaves the draw as it was. An error for
+/// settings [`Sampling::check`] refuses, or for no logits.
+pub fn sample_with(logits: &[f32], how: &Sampling, rng: &mut Rng) -> Result<u32> {
+    how.check()?;
+    if logits.is_empty() {
+        return Err(Gpt2Error::InvalidSetting {
+            what: "logits",
+            reason: "an empty row has no token to draw".into(),
+        });
+    }
+    Ok(draw(logits, how, rng))
+}
+
+/// [`sample_with`] for settings already checked and a row that is not
+/// empty.
+fn draw(logits: &[f32], how: &Sampling, rng: &mut Rng) -> u32 {
     if how.temperature <= 0.0 || !how.temperature.is_finite() {
         let mut best = 0;
         for (i, &x) in logits.iter().enumerate() {
@@ -152,8 +167,10 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler for `params` of `cfg` with a window of `window` tokens
-    /// (clamped to the model's context), the model storing `dtype`. The
-    /// temperature is 0 (greedy) or positive; anything else is an error.
+    /// (at least 1; clamped to the model's context), the model storing
+    /// `dtype`: it sees the last `window` tokens of its context (a longer
+    /// prompt's first tokens are dropped). The temperature is 0 (greedy) or
+    /// positive; anything else is an error.
     pub fn new(
         rt: &Runtime,
         cfg: &Gpt2Config,
@@ -182,7 +199,13 @@ impl Sampler {
         seed: u64,
     ) -> Result<Self> {
         how.check()?;
-        let t = window.clamp(1, cfg.max_seq_len);
+        if window == 0 {
+            return Err(Gpt2Error::InvalidSetting {
+                what: "sampling window",
+                reason: "0 tokens: the model sees at least the last token".into(),
+            });
+        }
+        let t = window.min(cfg.max_seq_len);
         let opts = ModelOptions {
             dtype,
             inference: true,
@@ -314,7 +337,8 @@ impl Sampler {
             }
             computed = len;
             let logits = self.model.read_logits_row(rt, len - 1)?;
-            let next = sample_with(&logits, &self.how, &mut self.rng);
+            // `how` was checked when it was set.
+            let next = draw(&logits, &self.how, &mut self.rng);
             let flow = on_token(next)?;
             out.push(next);
             if flow.is_break() {
@@ -335,9 +359,7 @@ mod tests {
 
     fn draws(logits: &[f32], how: Sampling, n: usize) -> Vec<u32> {
         let mut rng = Rng::new(7);
-        (0..n)
-            .map(|_| sample_with(logits, &how, &mut rng))
-            .collect()
+        (0..n).map(|_| draw(logits, &how, &mut rng)).collect()
     }
 
     fn with(temperature: f32, top_k: Option<usize>, top_p: Option<f32>) -> Sampling {
@@ -398,8 +420,15 @@ mod tests {
         let plain = draws(&l, with(0.8, None, None), 500);
         assert_eq!(plain, draws(&l, with(0.8, Some(300), Some(1.0)), 500));
         let mut rng = Rng::new(7);
-        let old: Vec<u32> = (0..500).map(|_| sample_next(&l, 0.8, &mut rng)).collect();
+        let old: Vec<u32> = (0..500)
+            .map(|_| sample_next(&l, 0.8, &mut rng).unwrap())
+            .collect();
         assert_eq!(plain, old);
+        // The public draws check what they are given.
+        let bad = with(1.0, Some(0), None);
+        assert!(sample_with(&l, &bad, &mut rng).is_err());
+        assert!(sample_with(&[], &with(1.0, None, None), &mut rng).is_err());
+        assert!(sample_next(&l, f32::NAN, &mut rng).is_err());
         // Greedy ignores the filters.
         assert!(draws(&l, with(0.0, Some(5), Some(0.1)), 3)
             .iter()

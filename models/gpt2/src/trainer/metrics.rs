@@ -20,6 +20,11 @@ use crate::error::{Gpt2Error, Result};
 /// checkpoint does not hold, which the resumed run takes again) and
 /// appends after them. A write that fails (a full disk) does not stop
 /// training: the log stops and [`error`](Self::error) keeps the failure.
+///
+/// [`train`](super::train)'s step callback is a shared `Fn`, and `write`
+/// takes `&mut self`: hold the log in a `Mutex`, as `braid-gpt2` does
+/// (`let log = Mutex::new(MetricsLog::create(path, 0)?);` and, in the
+/// callback, `log.lock().unwrap().write(report)`).
 #[derive(Debug)]
 pub struct MetricsLog {
     path: PathBuf,

@@ -43,7 +43,7 @@ pub struct TrainOptions {
     /// tied gradient is reduced whole ([`splits_tied`](Self::splits_tied)).
     pub grad_accum: usize,
     /// Train until this many optimizer steps are done in total (a resumed run
-    /// continues from its checkpoint's step).
+    /// continues from its checkpoint's step); at least 1.
     pub steps: u64,
     /// AdamW settings; `learning_rate` is the peak rate of `lr_schedule`.
     pub optimizer: AdamWHyper,
@@ -617,6 +617,12 @@ impl TrainOptions {
             );
         }
         self.lr_schedule.check()?;
+        if self.steps == 0 {
+            return bad(
+                "steps",
+                "0 trains nothing: give the step to train to (at least 1)".into(),
+            );
+        }
         if self.auto_bucket_cap && !matches!(self.compression, Compression::None) {
             return bad(
                 "bucket cap",
@@ -736,7 +742,13 @@ impl StartState {
         }
     }
 
-    /// A run resumed from a checkpoint.
+    /// A run resumed from a checkpoint: its parameters, moments, step and
+    /// data position. The run's settings are the `TrainOptions` given to
+    /// [`train`](super::train), which does not compare them with the
+    /// checkpoint's: [`TrainOptions::resume_differences`] on the
+    /// checkpoint's `extra` lists those that differ (what `braid-gpt2 train
+    /// --resume` prints), and the seed and shuffling are the options', not
+    /// restored.
     pub fn from_checkpoint(c: Checkpoint) -> Self {
         StartState {
             config: Some(c.config),
@@ -767,6 +779,15 @@ mod tests {
         };
         let t = TrainOptions::default().seq_len;
         assert!(with(1, 1, 1, t + 1).check().is_ok());
+        let none = TrainOptions {
+            steps: 0,
+            ..TrainOptions::default()
+        };
+        assert!(none
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("0 trains nothing"));
         for (o, needle) in [
             (with(0, 1, 1, t + 1), "gradient accumulation"),
             (with(1, 0, 1, t + 1), "validation"),
