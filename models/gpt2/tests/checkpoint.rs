@@ -14,13 +14,13 @@ use braid_gpt2::data::LoaderState;
 use braid_gpt2::error::Gpt2Error;
 use safetensors::tensor::{Dtype, TensorView};
 
-/// Values with awkward bit patterns: NaN payloads, infinities, -0.0, subnormals.
+/// Finite values with awkward bit patterns: -0.0, subnormals, the extremes.
+/// (A NaN or an infinity is refused on load, as a corrupt file:
+/// `non_finite_values_are_refused_on_load` in `checkpoint.rs`.)
 fn awkward(n: usize, salt: u32) -> Vec<f32> {
     let special = [
-        f32::from_bits(0x7fc0_1234),
-        f32::from_bits(0xffa0_0001),
-        f32::INFINITY,
-        f32::NEG_INFINITY,
+        f32::from_bits(0x8000_0001),
+        f32::MIN,
         -0.0,
         f32::from_bits(1),
         f32::MIN_POSITIVE,
@@ -31,7 +31,8 @@ fn awkward(n: usize, salt: u32) -> Vec<f32> {
             if i % 97 == 0 {
                 special[(i / 97) % special.len()]
             } else {
-                f32::from_bits((i as u32).wrapping_mul(2_654_435_761) ^ salt) % 1e3
+                // Bit 30 clear: an exponent below all-ones, so finite.
+                f32::from_bits(((i as u32).wrapping_mul(2_654_435_761) ^ salt) & 0xbfff_ffff) % 1e3
             }
         })
         .collect()

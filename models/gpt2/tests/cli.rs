@@ -83,6 +83,18 @@ fn dir_with_train_bin() -> tempfile::TempDir {
     tmp
 }
 
+/// The names in a checkpoint directory, sorted: the checkpoint, and the
+/// lock of the run that used it (`checkpoint::LOCK_FILE`).
+fn checkpoint_dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.iter().any(|n| n == braid_gpt2::checkpoint::LOCK_FILE));
+    names
+}
+
 /// Every file under `dir` with its contents.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
@@ -1789,11 +1801,10 @@ fn outputs_follow_links_and_stale_temporaries_are_removed() {
     assert!(trace["traceEvents"].is_array());
     braid_gpt2::weights::load_hf_model(d.join("real/w.safetensors")).unwrap();
     assert!(!stale.exists(), "the stale temporary is still there");
-    let names: Vec<_> = std::fs::read_dir(d.join("ckpt"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["checkpoint.safetensors"]);
+    assert_eq!(
+        checkpoint_dir_names(&d.join("ckpt")),
+        [".lock", "checkpoint.safetensors"]
+    );
 }
 
 /// Output locations no one can write to (even root: under a regular file,
@@ -2384,11 +2395,11 @@ fn a_failed_checkpoint_save_names_its_step_and_keeps_the_last_one() {
         std::fs::read(d.join("ckpt/checkpoint.safetensors")).unwrap(),
         saved
     );
-    let names: Vec<_> = std::fs::read_dir(d.join("ckpt"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(names, ["checkpoint.safetensors"], "temporaries left");
+    assert_eq!(
+        checkpoint_dir_names(&d.join("ckpt")),
+        [".lock", "checkpoint.safetensors"],
+        "temporaries left"
+    );
 }
 
 /// `--zero 1` with one rank and no reducer changes nothing, and says so;
