@@ -171,7 +171,7 @@ void misuse_is_an_error_at_submission() {
   braid::Runtime a = rt_with(1), b = rt_with(1);
   braid::Buffer x = a.alloc("x", 8);
   std::string msg = ERROR_OF(b.task("foreign").run(braid::read(x), [](auto) {}));
-  CHECK_CONTAINS(msg, "belongs to runtime");
+  CHECK_CONTAINS(msg, "task `foreign`: buffer `x` belongs to another runtime");
   msg = ERROR_OF(a.task("pinned").on_stream(9).run([] {}));
   CHECK_CONTAINS(msg, "stream 9");
   msg = ERROR_OF(a.task("empty").run(std::function<void()>()));
