@@ -59,6 +59,12 @@ impl Window {
         };
         self.at_ns.saturating_sub(self.busy_ns).max(floor)
     }
+
+    /// How long busy shares are measured over: `busy_ns`, or less for a
+    /// program younger than that.
+    fn busy_span(&self) -> u64 {
+        self.at_ns.saturating_sub(self.busy_from())
+    }
 }
 
 /// A stream's row.
@@ -128,7 +134,7 @@ impl RankState {
         let p = &self.profile;
         let from = w.at_ns.saturating_sub(w.history_ns);
         let busy_from = w.busy_from();
-        let busy_len = w.at_ns.saturating_sub(busy_from).max(1);
+        let busy_len = w.busy_span().max(1);
         let seen = Profile {
             rank: p.rank,
             streams: p.streams.clone(),
@@ -259,7 +265,7 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
         out,
         "braid top — {title} — t={:.3} s, busy over {}, totals {history}",
         w.at_ns as f64 / 1e9,
-        match w.at_ns.saturating_sub(w.busy_from()) {
+        match w.busy_span() {
             n if n < w.busy_ns => format!("the {:.0} ms since the start", ms(n)),
             _ => format!("{:.0} ms", ms(w.busy_ns)),
         }

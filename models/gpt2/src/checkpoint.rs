@@ -221,7 +221,8 @@ pub struct CheckpointLock {
 /// The lock file inside a checkpoint directory.
 pub const LOCK_FILE: &str = ".lock";
 
-/// Takes the checkpoint directory `dir` (made if missing) for one run: an
+/// Takes the checkpoint directory `dir` for one run, after
+/// [`prepare_checkpoint_dir`] (made if missing, and found writable): an
 /// exclusive `flock` on `dir/.lock`, holding this process's id. A second
 /// run naming the directory while the first holds it — started beside it,
 /// or resuming it — is refused, naming the holder, where it would
@@ -231,8 +232,7 @@ pub const LOCK_FILE: &str = ".lock";
 /// NFS may not see each other's lock.
 pub fn lock_checkpoint_dir(dir: &Path) -> Result<CheckpointLock> {
     use std::io::Write;
-    check_checkpoint_dir(dir)?;
-    std::fs::create_dir_all(dir).map_err(|e| Gpt2Error::io("creating", dir, e))?;
+    prepare_checkpoint_dir(dir)?;
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)

@@ -27,7 +27,7 @@ use braid::comm::Compression;
 use braid::{BackendKind, Policy};
 use braid_gpt2::checkpoint::{
     check_checkpoint_dir, checkpoint_file, load_checkpoint, load_checkpoint_params,
-    lock_checkpoint_dir, prepare_checkpoint_dir, AdamWHyper,
+    lock_checkpoint_dir, AdamWHyper,
 };
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{TokenSource, Tokenizer};
@@ -1112,17 +1112,18 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
     // torchrun the other processes leave it alone). Then it is locked, and
     // held to the end: a second run naming the directory meanwhile is
     // refused, not left to overwrite this one's checkpoints.
-    let mut _checkpoint_lock = None;
-    if let Some(dir) =
-        (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0))
-    {
-        let context = || format!("--checkpoint-dir {}", dir.display());
-        prepare_checkpoint_dir(dir).with_context(context)?;
-        _checkpoint_lock = Some(lock_checkpoint_dir(dir).with_context(context)?);
-        if let Some(path) = a.save_weights.as_deref().filter(|_| weights_in_new_dir) {
-            check_weights_output(path, Some(dir))?;
-        }
-    }
+    let _checkpoint_lock =
+        match (a.checkpoint_dir.as_ref()).filter(|_| dist.as_ref().is_none_or(|d| d.rank == 0)) {
+            Some(dir) => {
+                let lock = lock_checkpoint_dir(dir)
+                    .with_context(|| format!("--checkpoint-dir {}", dir.display()))?;
+                if let Some(path) = a.save_weights.as_deref().filter(|_| weights_in_new_dir) {
+                    check_weights_output(path, Some(dir))?;
+                }
+                Some(lock)
+            }
+            None => None,
+        };
 
     // The metrics log (rank 0's), opened now: a file it cannot write is
     // found before the first step.
