@@ -73,10 +73,12 @@ fn replay_once_names_every_stream_of_the_trainer() {
         "{:?}: {err}",
         out.status
     );
-    // Why the tasks went where they did, over all of each rank's tasks.
+    // Why the tasks went where they did, over all of each rank's tasks
+    // (a long line goes on under its first part: joined again here).
+    let joined = text.replace(&format!("\n{}", " ".repeat("  placed: ".len())), " ");
     for p in &profiles {
         let of = format!("(of {} tasks)", p.spans.len());
-        let line = text.lines().find(|l| l.contains(&of));
+        let line = joined.lines().find(|l| l.contains(&of));
         assert!(
             line.is_some_and(|l| l.starts_with("  placed: ")),
             "no `{of}` in\n{text}"

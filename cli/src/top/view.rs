@@ -252,6 +252,42 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// The widest a line of figures is let run before it breaks: a terminal of
+/// 120 columns cut `time by scope` mid-name.
+const FIGURES_WIDTH: usize = 100;
+
+/// `head`, `parts` joined by ` · `, then `tail` and a newline, broken
+/// between parts (never inside one) so that no line passes
+/// [`FIGURES_WIDTH`] columns unless one part alone does; the later lines
+/// indented under the first part.
+fn joined_lines(head: &str, parts: &[String], tail: &str) -> String {
+    let width = |s: &str| s.chars().count();
+    let indent = " ".repeat(width(head));
+    let mut out = head.to_string();
+    let mut line = width(head);
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let need = width(part) + if last { width(tail) } else { 2 };
+        if i > 0 {
+            if line + 1 + need > FIGURES_WIDTH {
+                out += "\n";
+                out += &indent;
+                line = width(&indent);
+            } else {
+                out += " ";
+                line += 1;
+            }
+        }
+        out += part;
+        line += width(part);
+        if !last {
+            out += " ·";
+            line += 2;
+        }
+    }
+    out + tail + "\n"
+}
+
 /// The text of one frame: a header line, then per rank its streams and
 /// figures. What `--once` prints and the terminal UI draws.
 pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
@@ -333,7 +369,7 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
                 .map(|(n, t)| format!("{n} {:.1} ms", ms(*t)))
                 .collect();
             let by = if row.scoped { "scope" } else { "task" };
-            let _ = writeln!(out, "  time by {by}: {}", parts.join(" · "));
+            out += &joined_lines(&format!("  time by {by}: "), &parts, "");
         }
         let tasks: usize = row.placed.iter().map(|p| p.1).sum();
         if tasks > 0 {
@@ -342,7 +378,7 @@ pub fn render(title: &str, ranks: &[RankState], w: Window) -> String {
                 .iter()
                 .map(|(why, n)| format!("{why} {:.0}%", 100.0 * *n as f64 / tasks as f64))
                 .collect();
-            let _ = writeln!(out, "  placed: {} (of {tasks} tasks)", parts.join(" · "));
+            out += &joined_lines("  placed: ", &parts, &format!(" (of {tasks} tasks)"));
         }
     }
     out
@@ -470,5 +506,30 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
+    }
+
+    /// Long figures lines break between parts, within the width, losing
+    /// nothing; short ones stay on one line.
+    #[test]
+    fn figures_lines_break_between_parts() {
+        let parts: Vec<String> = (0..9)
+            .map(|i| format!("forward/block{i}/attention {i}.5 ms"))
+            .collect();
+        let text = joined_lines("  time by scope: ", &parts, " (of 9)");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() > 2, "{text}");
+        for l in &lines {
+            assert!(l.chars().count() <= FIGURES_WIDTH, "{l:?}");
+        }
+        for l in &lines[1..] {
+            assert!(l.starts_with(&" ".repeat(17)) && !l.starts_with(&" ".repeat(18)));
+        }
+        let flat: Vec<&str> = text.split_whitespace().collect();
+        let want = format!("time by scope: {} (of 9)", parts.join(" · "));
+        assert_eq!(flat, want.split_whitespace().collect::<Vec<_>>());
+        assert_eq!(
+            joined_lines("  placed: ", &["a 1%".into(), "b 99%".into()], " (of 2)"),
+            "  placed: a 1% · b 99% (of 2)\n"
+        );
     }
 }
