@@ -711,6 +711,14 @@ fn parse_compression(s: &str) -> std::result::Result<CompressionArg, String> {
 }
 
 fn main() -> Result<()> {
+    // Many set RUST_BACKTRACE=1 for good; anyhow then prints a backtrace
+    // under every error, a missing file as much as a bug. Panics keep their
+    // backtraces; an error shows one only when RUST_LIB_BACKTRACE asks (the
+    // variable std and anyhow read before RUST_BACKTRACE). Set before any
+    // thread starts.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     let cli = Cli::parse();
     braid_gpt2::kernels::switches::check_environment()?;
     explain_bus_errors();

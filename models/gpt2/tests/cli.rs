@@ -856,6 +856,35 @@ fn metrics_lines_follow_the_steps_and_a_resume() {
     }
 }
 
+/// RUST_BACKTRACE=1, which many set for good, leaves an ordinary error
+/// its message and causes; RUST_LIB_BACKTRACE=1 still asks for the
+/// backtrace.
+#[test]
+fn errors_show_a_backtrace_only_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stderr = |lib: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["train", "--data", "missing.bin"])
+            .current_dir(tmp.path())
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LIB_BACKTRACE");
+        if let Some(v) = lib {
+            c.env("RUST_LIB_BACKTRACE", v);
+        }
+        let out = c.output().unwrap();
+        assert!(!out.status.success());
+        text(&out.stderr)
+    };
+    let plain = stderr(None);
+    assert!(
+        plain.contains("--data missing.bin") && plain.contains("No such file"),
+        "{plain}"
+    );
+    assert!(!plain.contains("backtrace"), "{plain}");
+    let asked = stderr(Some("1"));
+    assert!(asked.contains("Stack backtrace"), "{asked}");
+}
+
 #[test]
 fn train_eval_sample_and_bad_inputs() {
     let tmp = dir_with_train_bin();
