@@ -374,7 +374,10 @@ impl TrainOptions {
     ) -> Vec<(&'static str, &'static str, Value)> {
         let o = &self.optimizer;
         let s = &self.lr_schedule;
-        let f = |x: f32| Value::from(f64::from(x));
+        // An `f32` as the `f64` of its shortest decimal (0.9, where
+        // `f64::from` gives 0.8999999761581421): what a reader of the
+        // checkpoint's header sees, and the same `f32` again.
+        let f = |x: f32| Value::from(x.to_string().parse::<f64>().unwrap_or(f64::from(x)));
         // ZeRO-1 shards only what a reducer reduces.
         let zero = if world > 1 || self.reduce_single_rank {
             self.zero
@@ -544,7 +547,12 @@ impl TrainOptions {
                     "lr_decay_end" | "final_lr_fraction" if kind_changed => true,
                     // A constant rate ends no decay.
                     "lr_decay_end" if kind_now == "constant" => true,
-                    _ => now == then,
+                    // Floats as the `f32` they were: an older checkpoint
+                    // kept them widened (0.8999999761581421 for 0.9).
+                    _ => match (now.as_f64(), then.as_f64()) {
+                        (Some(a), Some(b)) if now.is_f64() || then.is_f64() => a as f32 == b as f32,
+                        _ => now == then,
+                    },
                 };
                 (!same)
                     .then(|| format!("{what} {} (the checkpoint's: {})", show(&now), show(&then)))
@@ -821,6 +829,42 @@ mod tests {
             let e = o.check().unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");
         }
+    }
+
+    /// Floats are kept as their shortest decimal (what a reader of the
+    /// checkpoint's header sees), and an older checkpoint's widened ones
+    /// still compare equal.
+    #[test]
+    fn float_extras_read_as_written() {
+        let o = TrainOptions {
+            optimizer: AdamWHyper {
+                beta1: 0.9,
+                learning_rate: 3e-4,
+                ..TrainOptions::default().optimizer
+            },
+            max_grad_norm: Some(1.1),
+            ..TrainOptions::default()
+        };
+        let data = TokenSource::from_tokens(vec![1u16; 100], "train.bin");
+        let mut extra = o.checkpoint_extras(1, &data);
+        let json = serde_json::to_string(&extra).unwrap();
+        for want in [
+            r#""beta1":0.9"#,
+            r#""peak_lr":0.0003"#,
+            r#""max_grad_norm":1.1"#,
+        ] {
+            assert!(json.contains(want), "{want} not in {json}");
+        }
+        for (key, x) in [("beta1", 0.9f32), ("peak_lr", 3e-4), ("max_grad_norm", 1.1)] {
+            extra.insert(key.into(), Value::from(f64::from(x)));
+        }
+        assert!(json != serde_json::to_string(&extra).unwrap());
+        assert_eq!(o.resume_differences(&extra, 1, &data), Vec::<String>::new());
+        extra.insert("beta1".into(), Value::from(0.91));
+        assert_eq!(
+            o.resume_differences(&extra, 1, &data),
+            ["AdamW beta1 0.9 (the checkpoint's: 0.91)"]
+        );
     }
 
     /// A resumed run is compared with the saved one on the settings that
