@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use crate::config::Gpt2Config;
 use crate::data::builtin::{builtin_tokens, Split};
@@ -29,6 +30,10 @@ pub struct TokenSource {
     /// Shards by a pattern: their first and last files' canonical paths
     /// and their count ([`canonical_origin`](Self::canonical_origin)).
     shards: Option<String>,
+    /// The largest id, found by the first [`check_vocab`](Self::check_vocab)
+    /// and shared by the clones (the ranks of a run), so that the
+    /// trainer's check and every rank's loader scan the data once.
+    largest: Arc<OnceLock<u16>>,
 }
 
 impl TokenSource {
@@ -39,6 +44,7 @@ impl TokenSource {
             origin: origin.into(),
             path: None,
             shards: None,
+            largest: Default::default(),
         }
     }
 
@@ -82,6 +88,7 @@ impl TokenSource {
                 origin,
                 path: None,
                 shards: None,
+                largest: Default::default(),
             },
             TokenFile::Text(bytes) => Self::from_text_bytes(&bytes, path, origin)?,
         };
@@ -149,6 +156,7 @@ impl TokenSource {
                     canonical(&paths[n - 1])
                 )
             }),
+            largest: Default::default(),
         })
     }
 
@@ -178,6 +186,14 @@ impl TokenSource {
     /// Checks every id is `< vocab_size`; the error names the first id that is
     /// not, its position and where the tokens came from.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
+        let largest = *self.largest.get_or_init(|| {
+            let most = |seg: &[u16]| seg.iter().copied().max();
+            self.tokens.segments().filter_map(most).max().unwrap_or(0)
+        });
+        if usize::from(largest) < vocab_size {
+            return Ok(());
+        }
+        // Only to name the first id that does not fit.
         let mut at = 0;
         for seg in self.tokens.segments() {
             check_run(&self.origin, seg, at, vocab_size)?;
@@ -276,6 +292,7 @@ impl TokenSource {
             origin: origin.into(),
             path: None,
             shards: None,
+            largest: Default::default(),
         }
     }
 }
@@ -325,5 +342,34 @@ impl TokenFile {
             (&file).read_to_end(&mut bytes).map_err(io)?;
             Ok(TokenFile::Text(bytes))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first check finds the largest id for every clone (the ranks);
+    /// a later check that fails still names the first id that does not
+    /// fit; a part of the tokens finds its own.
+    #[test]
+    fn the_vocabulary_is_checked_in_one_scan() {
+        let src = TokenSource::from_tokens(vec![3u16, 9, 4, 9, 1], "t.bin");
+        let rank = src.clone();
+        src.check_vocab(10).unwrap();
+        assert_eq!(rank.largest.get(), Some(&9));
+        rank.check_vocab(10).unwrap();
+        match rank.check_vocab(9) {
+            Err(Gpt2Error::TokenOutOfRange {
+                position: 1, id: 9, ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let part = src.part(2..3, "t.bin[2..3]").unwrap();
+        assert_eq!(part.largest.get(), None);
+        part.check_vocab(5).unwrap();
+        assert_eq!(part.largest.get(), Some(&4));
+        let empty = TokenSource::from_tokens(Vec::<u16>::new(), "none");
+        empty.check_vocab(1).unwrap();
     }
 }
