@@ -84,7 +84,7 @@ mod report;
 mod validate;
 
 use braid::comm::Compression;
-use braid::trace::Profile;
+use braid::trace::{Profile, Summary};
 use braid::BackendKind;
 
 use crate::data::{DataLoader, TokenSource};
@@ -122,6 +122,21 @@ pub use braid::comm::DistEnv;
 /// every later time moves back by the cut's length. They run between
 /// steps, with nothing of training in flight; a training span keeps its
 /// whole length.
+/// The summaries of one rank's profile `p`, the whole run's and the
+/// steady state's (the spans from `steady_from` on, a mark on `p`'s
+/// timeline), both of training alone ([`training_only`]). The steady
+/// state is cut before the rest is taken out: taking it out moves the
+/// later spans earlier, off the mark's timeline (cut after, a validation
+/// before the mark dropped training spans after it from the summary).
+fn summaries(p: &Profile, steady_from: Option<u64>) -> (Summary, Summary) {
+    let whole = training_only(p).summary();
+    let steady = match steady_from {
+        Some(t) => training_only(&p.since(t)).summary(),
+        None => whole.clone(),
+    };
+    (whole, steady)
+}
+
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     let aside = |s: &braid::trace::Span| {
         s.scope.as_deref().is_some_and(|sc| {
@@ -346,12 +361,9 @@ pub fn train(
             .or(o.graphs.collectives_left_out);
         report.placement_trial = report.placement_trial.or(o.placement_trial);
         report.spared_sms = report.spared_sms.or(o.spared_sms);
-        let training = training_only(&o.profile);
-        report.whole_run.push(training.summary());
-        report.summaries.push(match o.steady_from {
-            Some(t) => training.since(t).summary(),
-            None => training.summary(),
-        });
+        let (whole, steady) = summaries(&o.profile, o.steady_from);
+        report.whole_run.push(whole);
+        report.summaries.push(steady);
         report.profiles.push(o.profile);
     }
     if let Some(path) = trace_path {
@@ -441,5 +453,28 @@ mod tests {
             super::training_only(&plain),
             std::borrow::Cow::Borrowed(_)
         ));
+    }
+
+    /// The steady state from a mark after a validation keeps every
+    /// training span after the mark (the validation's cut moved them
+    /// before it when the mark was applied after the cut).
+    #[test]
+    fn the_steady_state_after_a_validation_keeps_its_steps() {
+        let p = Profile {
+            spans: vec![
+                span(0, Some("validation/forward"), 0, 100),
+                span(1, Some("forward"), 100, 110),
+                span(2, Some("forward"), 120, 130),
+                span(3, Some("backward"), 130, 150),
+            ],
+            busy: vec![(0, 110), (120, 150)],
+            ..Profile::default()
+        };
+        let (whole, steady) = super::summaries(&p, Some(115));
+        assert_eq!(whole.tasks, 3);
+        assert_eq!(steady.tasks, 2);
+        assert_eq!(steady.wall_ns, 30);
+        let (_, all) = super::summaries(&p, None);
+        assert_eq!(all.tasks, 3);
     }
 }
