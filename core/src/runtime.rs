@@ -118,7 +118,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Number of communication streams (default 1).
+    /// Number of communication streams (default 1). With none, collectives
+    /// run on compute stream 0, in program order, among its compute tasks.
     pub fn comm_streams(mut self, n: usize) -> Self {
         self.comm_streams = n;
         self

@@ -382,6 +382,39 @@ fn collectives_are_comm_tasks_ordered_by_their_accesses() {
     }
 }
 
+/// A runtime without a communication stream runs its collectives on
+/// compute stream 0, in program order: spread over the compute streams, a
+/// rank whose first all-reduce waited for a slow writer ran its second
+/// first, and the ranks summed each other's other buffer.
+#[test]
+fn without_a_comm_stream_collectives_keep_program_order() {
+    let results = launch(2, |rank, comm| {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(2)
+            .comm_streams(0)
+            .oversubscribe(true)
+            .rank(rank)
+            .build()?;
+        let comm = comm.bind(&rt)?;
+        let x = rt.alloc_from("x", &[10.0f32 + rank as f32; 4])?;
+        let y = rt.alloc_from("y", &[100.0f32 + 1000.0 * rank as f32; 4])?;
+        // Each rank's other buffer is written by a slow task first.
+        let slow = if rank == 0 { &y } else { &x };
+        rt.task("slow").run(slow.read_write::<f32>(), |_| {
+            std::thread::sleep(Duration::from_millis(100))
+        })?;
+        let hx = comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
+        let hy = comm.all_reduce::<f32>(&y.whole(), ReduceOp::Sum)?;
+        assert_eq!((hx.stream(), hy.stream()), (0, 0));
+        Ok((rt.read_vec::<f32>(&x)?, rt.read_vec::<f32>(&y)?))
+    });
+    for r in results {
+        let (x, y) = r.unwrap();
+        assert_eq!((x, y), (vec![21.0; 4], vec![1200.0; 4]));
+    }
+}
+
 #[test]
 fn misuse_is_caught_at_submission() {
     let out = launch(2, |rank, comm| {

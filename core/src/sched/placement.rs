@@ -168,9 +168,16 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Where a communication task goes: its communication stream, by its
+    /// index alone. Without communication streams, compute stream 0: the
+    /// collectives of one communicator must run in program order on one
+    /// stream (each takes its place in the ranks' sequence as it runs), so
+    /// they may not spread over the compute streams as compute does.
     fn comm_stream(&self, req: &Request<'_>) -> Option<usize> {
-        (req.kind == TaskKind::Comm && self.comm > 0)
-            .then(|| self.compute + req.comm_index % self.comm)
+        (req.kind == TaskKind::Comm).then(|| match self.comm {
+            0 => 0,
+            n => self.compute + req.comm_index % n,
+        })
     }
 
     /// The least-loaded of compute streams `0..usable`, avoiding `avoid`
@@ -638,6 +645,27 @@ mod tests {
             .collect();
         assert_eq!(got, vec![0, 1, 0, 1]);
         assert_eq!(rr.place(&req(TaskKind::Comm, None), &at(&[0, 0, 0])).0, 2);
+    }
+
+    /// With no communication stream, every collective goes to compute
+    /// stream 0 under every policy, however loaded it is.
+    #[test]
+    fn without_a_comm_stream_collectives_stay_on_stream_0() {
+        let l = Layout {
+            compute: 3,
+            comm: 0,
+        };
+        for policy in Policy::ALL {
+            let mut p = make(policy, l, all(3));
+            for i in 0..4 {
+                let r = Request {
+                    comm_index: i,
+                    ..req(TaskKind::Comm, Some((2, true)))
+                };
+                let (s, _) = p.place(&r, &at(&[9, 0, 0]));
+                assert_eq!(s, 0, "{policy:?}, collective {i}");
+            }
+        }
     }
 
     fn flex(budget: usize, demand: usize) -> Claim {
