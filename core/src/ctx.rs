@@ -98,11 +98,21 @@ impl BodyCell {
     }
 }
 
-/// Called when a task is skipped because a predecessor failed, with the
-/// task's error (`Error::DependencyFailed`, with its root where known): a
-/// collective poisons its communicator with it, so the other ranks fail,
-/// saying why, instead of waiting.
-pub(crate) type SkipHook = std::sync::Arc<dyn Fn(&crate::Error) + Send + Sync>;
+/// What a collective's task tells its communicator besides running it.
+pub(crate) trait CommEvents: Send + Sync {
+    /// The task is skipped because a predecessor failed, with the task's
+    /// error (`Error::DependencyFailed`, with its root where known): the
+    /// collective poisons its communicator with it, so the other ranks
+    /// fail, saying why, instead of waiting.
+    fn skipped(&self, why: &crate::Error);
+    /// A replay of the schedule it was recorded in queued it again: one
+    /// more collective issued, so that a rank that leaves with replays
+    /// still queued is not taken to stop short of them.
+    fn queued(&self);
+}
+
+/// A collective task's [`CommEvents`].
+pub(crate) type CommHook = std::sync::Arc<dyn CommEvents>;
 
 /// The context a body runs in.
 pub(crate) struct TaskCtx<'a> {

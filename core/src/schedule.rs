@@ -42,6 +42,9 @@ pub struct Schedule<'rt> {
     /// The placement trial ([`crate::RuntimeBuilder::placement_trial`]), or
     /// `None` for a schedule without one.
     trial: Mutex<Option<PlacementTrial>>,
+    /// The recorded collectives' hooks, each told when a replay queues it
+    /// (its communicator counts it as issued; see [`Schedule::replay`]).
+    collectives: Vec<crate::ctx::CommHook>,
 }
 
 /// A schedule's placement trial: its bookkeeping, the placement `plan` and
@@ -133,8 +136,14 @@ impl Runtime {
             current: TrialPlacement::Recorded,
             other: Some((Arc::new(plan.movable_on_first_stream()), GraphSlot::Untried)),
         });
+        let collectives = plan
+            .tasks
+            .iter()
+            .filter_map(|t| t.comm_hook.clone())
+            .collect();
         Ok(Schedule {
             rt: self,
+            collectives,
             plan: Mutex::new(Arc::new(plan)),
             settled: settled.into(),
             agreed: Mutex::new(None),
@@ -168,6 +177,11 @@ impl<'rt> Schedule<'rt> {
     pub fn replay(&self) -> Result<TaskHandle> {
         let (timed, switched) = self.trial_begin();
         let h = self.replay_placed(switched)?;
+        // Queued: issued, as a submitted collective is, before it runs (a
+        // rank that returns now leaves after them, not before).
+        for c in &self.collectives {
+            c.queued();
+        }
         if timed && h.wait_unreported() {
             self.trial_completed(crate::clock::now_ns());
         }

@@ -24,7 +24,7 @@ pub struct TaskBuilder<'rt> {
     pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
     pub(crate) comm_index: usize,
     pub(crate) stream: Option<usize>,
-    pub(crate) on_skip: Option<crate::ctx::SkipHook>,
+    pub(crate) comm_hook: Option<crate::ctx::CommHook>,
     /// The name of a task of another runtime given to `after`: refused at
     /// submission (its stream and clock mean nothing to this runtime).
     pub(crate) foreign_after: Option<Cow<'static, str>>,
@@ -214,15 +214,16 @@ impl TaskBuilder<'_> {
             accesses: self.accesses,
             after: self.after,
             body,
-            on_skip: self.on_skip,
+            comm_hook: self.comm_hook,
             scope: self.rt.scopes.current(),
         })
     }
 
-    /// Calls `hook` with the task's error if the task is skipped because a
-    /// task it depends on failed (in every run, replays included).
-    pub(crate) fn on_skip(mut self, hook: impl Fn(&crate::Error) + Send + Sync + 'static) -> Self {
-        self.on_skip = Some(std::sync::Arc::new(hook));
+    /// Tells `hook` when the task is skipped because a task it depends on
+    /// failed (in every run, replays included), and when a replay queues
+    /// it again (a collective's communicator counts it).
+    pub(crate) fn comm_hook(mut self, hook: crate::ctx::CommHook) -> Self {
+        self.comm_hook = Some(hook);
         self
     }
 }
@@ -261,7 +262,7 @@ impl crate::Runtime {
             after: SmallVec::new(),
             comm_index: 0,
             stream: None,
-            on_skip: None,
+            comm_hook: None,
             foreign_after: None,
         }
     }

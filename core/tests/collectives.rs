@@ -382,6 +382,47 @@ fn collectives_are_comm_tasks_ordered_by_their_accesses() {
     }
 }
 
+/// Collectives queued by replays count as issued when a rank's closure
+/// returns: a rank that returned with its replays still queued was taken
+/// to have left before them, and its peer failed at their first.
+#[test]
+fn collectives_queued_by_replays_count_as_issued() {
+    let rts: Vec<Runtime> = (0..2).map(|r| runtime(r).unwrap()).collect();
+    let xs: Vec<Buffer> = rts
+        .iter()
+        .enumerate()
+        .map(|(r, rt)| rt.alloc_from("x", &[r as f32 + 1.0; 4]).unwrap())
+        .collect();
+    let issued = launch(2, |rank, comm| {
+        let (rt, x) = (&rts[rank], &xs[rank]);
+        let comm = comm.bind(rt)?;
+        // Rank 0's replays are held back until after its closure returns.
+        rt.task("slow").run(x.read_write::<f32>(), move |_| {
+            if rank == 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })?;
+        let step = rt.record("step", |rt| {
+            rt.task("halve").run(x.read_write::<f32>(), |x| {
+                x.iter_mut().for_each(|v| *v *= 0.5)
+            })?;
+            comm.all_reduce::<f32>(&x.whole(), ReduceOp::Sum)?;
+            Ok(())
+        })?;
+        for _ in 0..3 {
+            step.replay()?;
+        }
+        Ok(comm.issued())
+    });
+    for i in issued {
+        assert_eq!(i.unwrap(), 4);
+    }
+    // (1 + 2) / 2 = 1.5, then (0.75 + 0.75) = 1.5 at each replay.
+    for (rt, x) in rts.iter().zip(&xs) {
+        assert_eq!(rt.read_vec::<f32>(x).unwrap(), vec![1.5; 4]);
+    }
+}
+
 /// A runtime without a communication stream runs its collectives on
 /// compute stream 0, in program order: spread over the compute streams, a
 /// rank whose first all-reduce waited for a slow writer ran its second

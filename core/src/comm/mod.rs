@@ -549,9 +549,10 @@ fn cannot(rank: usize, backend: &str, op: &Collective, what: &str) -> Error {
 
 struct CommInner {
     imp: Box<dyn Communicator>,
-    /// Collectives submitted so far; held while submitting, so submissions
-    /// and their tasks' order on the comm stream agree even when several
-    /// threads submit.
+    /// Collectives submitted so far, one by one or by replays (each replay
+    /// adds its collectives as it is queued); held while submitting, so
+    /// submissions and their tasks' order on the comm stream agree even
+    /// when several threads submit.
     issued: Mutex<u64>,
     /// Collectives run (or skipped) so far: a collective's index is taken
     /// when its body runs, on the comm stream, so a replayed collective gets
@@ -647,8 +648,9 @@ impl Comm {
         &*self.inner.imp
     }
 
-    /// Number of collectives issued so far: submitted, or run by replays of
-    /// recorded schedules, whichever is more.
+    /// Number of collectives issued so far: submitted, one by one or by
+    /// the replays of recorded schedules (a replay issues its collectives
+    /// as it is queued, before they run).
     pub fn issued(&self) -> u64 {
         (*lock(&self.inner.issued)).max(self.inner.ran.load(Ordering::Acquire))
     }
@@ -824,15 +826,6 @@ impl Job {
         e
     }
 
-    /// Its task was skipped (`why`, the task's error) because a task it
-    /// depends on failed: the other ranks must not wait for it, and learn
-    /// what failed.
-    fn skipped(&self, why: &Error) {
-        self.settled.store(true, Ordering::Relaxed);
-        let index = self.inner.ran.fetch_add(1, Ordering::AcqRel);
-        self.inner.poison(&self.skip_error(index, Some(why)));
-    }
-
     fn skip_error(&self, index: u64, why: Option<&Error>) -> Error {
         let message = match why {
             Some(Error::DependencyFailed { cause, root, .. }) => format!(
@@ -848,6 +841,36 @@ impl Job {
             op: self.what.clone(),
             message,
         }
+    }
+}
+
+impl Job {
+    /// Its task was skipped (`why`, the task's error) because a task it
+    /// depends on failed: the other ranks must not wait for it, and learn
+    /// what failed.
+    fn skipped(&self, why: &Error) {
+        self.settled.store(true, Ordering::Relaxed);
+        let index = self.inner.ran.fetch_add(1, Ordering::AcqRel);
+        self.inner.poison(&self.skip_error(index, Some(why)));
+    }
+
+    /// A replay queued it again: one more collective issued.
+    fn queued(&self) {
+        *lock(&self.inner.issued) += 1;
+    }
+}
+
+/// A collective task's events, for the engine, whose hooks are `std`
+/// `Arc`s (the job's own is loom's under loom).
+struct JobEvents(Arc<Job>);
+
+impl crate::ctx::CommEvents for JobEvents {
+    fn skipped(&self, why: &Error) {
+        self.0.skipped(why)
+    }
+
+    fn queued(&self) {
+        self.0.queued()
     }
 }
 
@@ -943,13 +966,13 @@ impl<'rt> BoundComm<'rt> {
             what,
             settled: AtomicBool::new(false),
         });
-        let (cpu, cuda, skip) = (job.clone(), job.clone(), job.clone());
+        let (cpu, cuda, hook) = (job.clone(), job.clone(), job.clone());
         let submitted = self
             .rt
             .task(name)
             .kind(TaskKind::Comm)
             .comm_stream(self.comm_stream())
-            .on_skip(move |why| skip.skipped(why))
+            .comm_hook(std::sync::Arc::new(JobEvents(hook)))
             .run_any(
                 tokens,
                 move |data| cpu.run(|imp, op| imp.run_host(op, HostData::from_parts(data)?)),

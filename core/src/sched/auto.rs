@@ -465,7 +465,7 @@ pub(crate) fn submit_memoised(
         wait_only: 0,
         accesses: t.accesses,
         body: TaskBody::Once(t.body),
-        on_skip: t.on_skip,
+        comm_hook: t.comm_hook,
     };
     m.made.push(Some(task.clone()));
     if m.made.len() % SWEEP_EVERY == 0 {

@@ -147,15 +147,25 @@ impl CudaStep {
 
     /// What a launch that will not happen (a predecessor failed) owes its
     /// hooks: each is told it was skipped. `None` without hooks.
-    pub(crate) fn on_skip(&self) -> Option<crate::ctx::SkipHook> {
+    pub(crate) fn comm_hook(&self) -> Option<crate::ctx::CommHook> {
         if self.hooks.is_empty() {
             return None;
         }
-        let hooks = self.hooks.clone();
-        Some(std::sync::Arc::new(move |why: &crate::Error| {
-            hooks.iter().for_each(|h| GraphLaunch::skipped(&**h, why))
-        }))
+        Some(std::sync::Arc::new(SkippedLaunch(self.hooks.clone())))
     }
+}
+
+/// A graph launch's hooks, told together when the launch is skipped. A
+/// replay queues the collectives in the graph through their recorded
+/// tasks' own hooks, not through this.
+struct SkippedLaunch(std::sync::Arc<[LaunchHook]>);
+
+impl crate::ctx::CommEvents for SkippedLaunch {
+    fn skipped(&self, why: &crate::Error) {
+        self.0.iter().for_each(|h| GraphLaunch::skipped(&**h, why))
+    }
+
+    fn queued(&self) {}
 }
 
 /// Runs `launch` between `hooks`' `before` and `after` (`after` calls each
@@ -397,7 +407,7 @@ pub(crate) fn submit(
                 wait_only: 0,
                 accesses: SmallVec::new(),
                 body: TaskBody::Graph(step.clone()),
-                on_skip: step.on_skip(),
+                comm_hook: step.comm_hook(),
             },
         ),
         Unit::Cpu => {

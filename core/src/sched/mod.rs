@@ -19,7 +19,7 @@ mod worker;
 mod loom_tests;
 
 use crate::buffer::Dropped;
-use crate::ctx::{Access, Body, SharedBody, SkipHook};
+use crate::ctx::{Access, Body, CommHook, SharedBody};
 use crate::error::{Error, Result};
 use crate::graph::{TaskRef, Tracker};
 use crate::kind::PlaceReason;
@@ -206,7 +206,7 @@ pub(crate) struct Launch {
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: TaskBody,
     /// Called when the task is skipped because a predecessor failed.
-    pub(crate) on_skip: Option<SkipHook>,
+    pub(crate) comm_hook: Option<CommHook>,
 }
 
 /// The predecessors of a launch whose failure skips its task: `preds`
@@ -447,7 +447,7 @@ pub(crate) struct NewTask {
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) after: SmallVec<[Arc<TaskShared>; 2]>,
     pub(crate) body: Body,
-    pub(crate) on_skip: Option<SkipHook>,
+    pub(crate) comm_hook: Option<CommHook>,
     /// The scope the task was submitted in, with its placement decision.
     pub(crate) scope: Option<std::sync::Arc<scoped::ScopeTag>>,
 }
@@ -616,7 +616,7 @@ pub(crate) fn submit(
             ),
             t.scope.as_ref().map(|s| s.path.clone()),
             &t.accesses,
-            &t.on_skip,
+            &t.comm_hook,
             t.body,
             &t.after,
         ),
@@ -640,7 +640,7 @@ pub(crate) fn submit(
         wait_only: 0,
         accesses: t.accesses,
         body,
-        on_skip: t.on_skip,
+        comm_hook: t.comm_hook,
     };
     for a in &launch.accesses {
         st.tracker

@@ -33,7 +33,7 @@ use super::{
     cross_waits, Clock, Item, Launch, Record, Shared, SubmitState, TaskBody, TaskShared, FAILED,
     PENDING,
 };
-use crate::ctx::{Access, Body, SharedBody, SkipHook};
+use crate::ctx::{Access, Body, CommHook, SharedBody};
 use crate::error::Error;
 use crate::graph::{Region, TaskRef, Tracker, Union};
 use crate::kind::TaskKind;
@@ -54,7 +54,7 @@ pub(crate) struct RecTask {
     pub(crate) stream: u16,
     pub(crate) accesses: SmallVec<[Access; 4]>,
     pub(crate) body: SharedBody,
-    pub(crate) on_skip: Option<SkipHook>,
+    pub(crate) comm_hook: Option<CommHook>,
     /// Predecessors within the schedule, by index.
     pub(crate) preds: SmallVec<[u32; 4]>,
     /// Placed by the policy on a compute stream (not pinned, not a
@@ -123,7 +123,7 @@ impl Recorder {
         (name, kind, movable, side): (&Cow<'static, str>, TaskKind, bool, bool),
         scope: Option<std::sync::Arc<str>>,
         accesses: &SmallVec<[Access; 4]>,
-        on_skip: &Option<SkipHook>,
+        comm_hook: &Option<CommHook>,
         body: Body,
         after: &[Arc<TaskShared>],
     ) -> TaskBody {
@@ -190,7 +190,7 @@ impl Recorder {
                 SmallVec::new()
             },
             body: kept,
-            on_skip: on_skip.clone(),
+            comm_hook: comm_hook.clone(),
             preds,
             movable,
         });
@@ -1046,7 +1046,7 @@ fn push_tasks(
             wait_only,
             accesses: t.accesses.clone(),
             body: TaskBody::Shared(t.body.clone()),
-            on_skip: t.on_skip.clone(),
+            comm_hook: t.comm_hook.clone(),
         };
         shared.streams[s]
             .queue
@@ -1072,7 +1072,7 @@ fn push_tasks(
         wait_only,
         accesses: SmallVec::new(),
         body: TaskBody::Join,
-        on_skip: None,
+        comm_hook: None,
     };
     shared.streams[f]
         .queue
@@ -1114,7 +1114,7 @@ pub(crate) mod tests {
             stream,
             accesses: SmallVec::new(),
             body,
-            on_skip: None,
+            comm_hook: None,
             preds: preds.iter().copied().collect(),
             movable: true,
         }

@@ -340,7 +340,7 @@ fn submit_recorded(
         wait_only: 0,
         accesses: t.accesses.clone(),
         body: TaskBody::Shared(t.body.clone()),
-        on_skip: t.on_skip.clone(),
+        comm_hook: t.comm_hook.clone(),
     };
     st.preds = preds;
     shared.streams[s]
@@ -372,7 +372,7 @@ fn submit_join(
         wait_only: 0,
         accesses: SmallVec::new(),
         body: TaskBody::Join,
-        on_skip: None,
+        comm_hook: None,
     };
     shared.streams[s]
         .queue

@@ -19,7 +19,7 @@ use super::{
 use crate::backend::gpu::{device_error, StreamDriver};
 use crate::backend::DeviceCtx;
 use crate::clock::now_ns;
-use crate::ctx::{Access, Body, Check, SharedBody, SkipHook, TaskCtx};
+use crate::ctx::{Access, Body, Check, CommHook, SharedBody, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
 use crate::sync::{lock, Arc, Ordering};
@@ -120,7 +120,7 @@ pub(super) fn execute(
         wait_only,
         accesses,
         body,
-        on_skip,
+        comm_hook,
     } = launch;
     for &(j, n) in &waits {
         shared.streams[j as usize].done.wait_at_least(n);
@@ -134,7 +134,7 @@ pub(super) fn execute(
         task,
         skip_on(&preds, wait_only),
         body,
-        on_skip,
+        comm_hook,
         true,
         || DeviceCtx::Cpu(PhantomData),
     );
@@ -333,8 +333,8 @@ fn run_step(
                 cause: c.to_string(),
                 root,
             };
-            if let Some(hook) = &t.on_skip {
-                hook(&e);
+            if let Some(hook) = &t.comm_hook {
+                hook.skipped(&e);
             }
             Err(e)
         }
@@ -411,7 +411,7 @@ fn run_task<'a>(
     task: &'a TaskShared,
     preds: &[Arc<TaskShared>],
     body: TaskBody,
-    on_skip: Option<SkipHook>,
+    comm_hook: Option<CommHook>,
     measure: bool,
     device: impl FnOnce() -> DeviceCtx<'a>,
 ) -> (Result<(), Error>, Vec<Check>) {
@@ -428,8 +428,8 @@ fn run_task<'a>(
             cause,
             root: p.root_error(),
         };
-        if let Some(hook) = on_skip {
-            hook(&e);
+        if let Some(hook) = comm_hook {
+            hook.skipped(&e);
         }
         return (Err(e), Vec::new());
     }
@@ -654,7 +654,7 @@ fn launch_cuda(
         wait_only,
         accesses,
         body,
-        on_skip,
+        comm_hook,
     } = launch;
     let mut err = None;
     for &(j, n) in &waits {
@@ -683,7 +683,7 @@ fn launch_cuda(
             &task,
             skip_on(&preds, wait_only),
             body,
-            on_skip,
+            comm_hook,
             false,
             || DeviceCtx::Cuda(d.ctx()),
         ),
