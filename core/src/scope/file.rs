@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use toml::de::{DeTable, DeValue};
 use toml::{Spanned, Value};
 
 /// A parsed placement file: rules that map scope patterns to placement
@@ -90,36 +91,16 @@ impl PlacementFile {
     /// Parses the TOML `text`; `origin` names it in errors (a path).
     /// Errors ([`Error::Placement`]) name the line and the key: TOML
     /// syntax, unknown keys, values of the wrong type or out of their set,
-    /// bad patterns, a rule without a pattern.
+    /// integers beyond TOML's 64 bits, bad patterns, a rule without a
+    /// pattern.
     pub fn parse(text: &str, origin: impl Into<String>) -> Result<PlacementFile> {
         let origin = origin.into();
         let cx = Cx {
-            text,
             origin: &origin,
+            lines: Lines::new(text),
         };
         let at = |span: Range<usize>, message: String| cx.at(span, message);
-        let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| line_of(text, s.start));
-            let mut message = e.message().trim_end().replace('\n', "; ");
-            // The parser's words for three mistakes, made to name them.
-            let spanned = e.span().and_then(|s| text.get(s)).unwrap_or("").trim();
-            if message == "duplicate key" && !spanned.is_empty() {
-                message = format!("duplicate key `{spanned}`");
-            }
-            if message.contains("i128") {
-                message = format!("`{spanned}` is out of range for a TOML integer");
-            }
-            // `[scope]` for `[[scope]]`: serde's words for it are a type error.
-            let written = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
-            if written.trim_start().starts_with("[scope]") {
-                message.push_str("; each rule is a `[[scope]]` table (two brackets)");
-            }
-            Error::Placement {
-                file: origin.clone(),
-                line,
-                message,
-            }
-        })?;
+        let raw: RawFile = toml::from_str(text).map_err(|e| cx.toml_error(text, &e))?;
         let runtime = raw.runtime.as_ref();
         let auto_replay = cx.field(
             &runtime.and_then(|r| r.auto_replay.clone()),
@@ -134,7 +115,7 @@ impl PlacementFile {
         let realtime = match runtime.and_then(|r| r.realtime.as_ref()) {
             Some(v) => Some((
                 boolean("runtime.realtime", v).map_err(|m| at(v.span(), m))?,
-                line_of(text, v.span().start),
+                cx.lines.line(v.span().start),
             )),
             None => None,
         };
@@ -152,7 +133,7 @@ impl PlacementFile {
                     "a `[[scope]]` rule needs a `pattern` key".into(),
                 ));
             };
-            let line = line_of(text, p.span().start);
+            let line = cx.lines.line(p.span().start);
             let (pattern, written) = match p.get_ref() {
                 Value::String(s) => (
                     Pattern::parse(s).map_err(|m| at(p.span(), format!("`pattern`: {m}")))?,
@@ -172,7 +153,7 @@ impl PlacementFile {
                 stream_line: r
                     .stream
                     .as_ref()
-                    .map_or(line, |v| line_of(text, v.span().start)),
+                    .map_or(line, |v| cx.lines.line(v.span().start)),
                 stream: cx.field(&r.stream, "stream", stream)?,
                 priority: cx.field(&r.priority, "priority", priority)?,
                 policy: cx.field(&r.policy, "policy", policy)?,
@@ -342,10 +323,10 @@ impl PlacementFile {
     }
 }
 
-/// The text being parsed and its name, for errors.
+/// The text being parsed (its lines) and its name, for errors.
 struct Cx<'a> {
-    text: &'a str,
     origin: &'a str,
+    lines: Lines,
 }
 
 /// Reads one key's value: `Ok(None)` when absent.
@@ -356,7 +337,7 @@ impl Cx<'_> {
     fn at(&self, span: Range<usize>, message: String) -> Error {
         Error::Placement {
             file: self.origin.to_string(),
-            line: line_of(self.text, span.start),
+            line: self.lines.line(span.start),
             message,
         }
     }
@@ -367,15 +348,117 @@ impl Cx<'_> {
             .map(|v| read(key, v).map_err(|m| self.at(v.span(), m)))
             .transpose()
     }
+
+    /// The error for what the TOML parser refused in `text` (its syntax,
+    /// or a value serde could not take), naming the line and, where the
+    /// mistake is in a key's value, the key.
+    fn toml_error(&self, text: &str, e: &toml::de::Error) -> Error {
+        let span = e.span();
+        let line = span.as_ref().map_or(0, |s| self.lines.line(s.start));
+        let mut message = e.message().trim_end().replace('\n', "; ");
+        let spanned = span
+            .as_ref()
+            .and_then(|s| text.get(s.clone()))
+            .unwrap_or("")
+            .trim();
+        let written = text
+            .lines()
+            .nth(line.saturating_sub(1))
+            .unwrap_or("")
+            .trim_start();
+        // The parser's words for some mistakes, made to name them. An
+        // integer outside `i64` is refused by `toml::Value` in several
+        // words, depending on how far out it is.
+        if message == "duplicate key" && !spanned.is_empty() {
+            message = format!("duplicate key `{spanned}`");
+        }
+        let out_of_range = message == "u64 value was too large"
+            || message == "integer number overflowed"
+            || message.contains("i128")
+            || message.contains("u128");
+        if out_of_range {
+            message = format!(
+                "`{spanned}` is out of range for a TOML integer \
+                 (-9223372036854775808 to 9223372036854775807)"
+            );
+        }
+        // `[scope]` for `[[scope]]`, and `[[runtime]]` for `[runtime]`:
+        // serde's words for them are type errors.
+        if written.starts_with("[scope]") {
+            message.push_str("; each rule is a `[[scope]]` table (two brackets)");
+        }
+        if written.starts_with("[[runtime]]") && message.contains("RawRuntime") {
+            message = "`runtime` is one table: `[runtime]` (one bracket), not `[[runtime]]`".into();
+        }
+        // Serde names the file's tables by this module's types.
+        for raw in ["RawRuntime", "RawRule"] {
+            message = message.replace(&format!("struct {raw}"), "a table");
+        }
+        if let Some(key) = span.and_then(|s| key_at(text, s.start)) {
+            if !message.contains(&format!("`{key}`")) {
+                message = format!("`{key}`: {message}");
+            }
+        }
+        Error::Placement {
+            file: self.origin.to_string(),
+            line,
+            message,
+        }
+    }
 }
 
-/// The 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+/// Where each line of a text starts, to find the line of an offset in
+/// logarithmic time (a file's rules are many: one scan, not one per rule).
+struct Lines {
+    /// The byte offset of each line's first byte, the first line's (0)
+    /// included.
+    starts: Vec<usize>,
+}
+
+impl Lines {
+    fn new(text: &str) -> Lines {
+        let newlines = text.bytes().enumerate().filter(|&(_, b)| b == b'\n');
+        Lines {
+            starts: std::iter::once(0)
+                .chain(newlines.map(|(i, _)| i + 1))
+                .collect(),
+        }
+    }
+
+    /// The 1-based line of byte `offset` (the last line past the end): one
+    /// more than the newlines before `offset`.
+    fn line(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&start| start <= offset)
+    }
+}
+
+/// The key whose value holds byte `offset` of `text`, named as the
+/// readers name it: a rule's `stream`, `runtime.spare_sms`, or a
+/// top-level key. `None` when `offset` is in no value (a key, a table
+/// header) or `text` is not TOML.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let holds = |v: &Spanned<DeValue<'_>>| {
+        let s = v.span();
+        s.start <= offset && offset < s.end.max(s.start + 1)
+    };
+    let inner = |t: &DeTable<'_>| {
+        t.iter()
+            .find(|(_, v)| holds(v))
+            .map(|(k, _)| k.get_ref().to_string())
+    };
+    let doc = DeTable::parse(text).ok()?;
+    doc.get_ref().iter().find_map(|(k, v)| {
+        let k = k.get_ref();
+        let within = match (&**k, v.get_ref()) {
+            ("scope", DeValue::Array(rules)) => rules.iter().find_map(|r| match r.get_ref() {
+                DeValue::Table(t) => inner(t),
+                _ => None,
+            }),
+            ("runtime", DeValue::Table(t)) => inner(t).map(|key| format!("runtime.{key}")),
+            _ => None,
+        };
+        within.or_else(|| holds(v).then(|| k.to_string()))
+    })
 }
 
 fn boolean(key: &str, v: &Spanned<Value>) -> std::result::Result<bool, String> {

@@ -1,4 +1,4 @@
-use super::PlacementFile;
+use super::{Lines, PlacementFile};
 use crate::error::Error;
 use crate::kind::{Class, Priority};
 use crate::sched::placement::Policy;
@@ -247,4 +247,133 @@ fn a_deeper_rule_can_undo_an_enclosing_one() {
     let inner = f.decide("backward/layer0/attn");
     assert_eq!(inner.stream, Some(StreamChoice::Policy));
     assert!(!inner.bundle && inner.replay);
+}
+
+#[test]
+fn lines_count_the_newlines_before_every_offset() {
+    // Many rules, with what a file has between them: blank lines, comments,
+    // CRLF endings, multi-line strings, characters of several bytes.
+    let mut text = String::new();
+    for i in 0..2_000 {
+        text.push_str(&format!("[[scope]]\npattern = \"p{i}/é*\"\n"));
+        match i % 4 {
+            0 => text.push_str("stream = 1\r\n\r\n"),
+            1 => text.push_str("# ünïcödé comment\n\n\n"),
+            2 => text.push_str("policy = \"\"\"\nsingle\"\"\"\n"),
+            _ => {}
+        }
+    }
+    let lines = Lines::new(&text);
+    let mut newlines = 0;
+    for (offset, b) in text.bytes().enumerate() {
+        assert_eq!(lines.line(offset), newlines + 1, "offset {offset}");
+        newlines += usize::from(b == b'\n');
+    }
+    // Past the end: the last line.
+    for offset in text.len()..text.len() + 3 {
+        assert_eq!(lines.line(offset), newlines + 1, "offset {offset}");
+    }
+    assert_eq!(Lines::new("").line(0), 1);
+    assert_eq!(Lines::new("\n").line(0), 1);
+    assert_eq!(Lines::new("\n").line(1), 2);
+}
+
+#[test]
+fn the_lines_of_many_rules_are_their_own() {
+    // Every third rule has a blank line and a `stream` key, so the lines
+    // drift from any fixed stride: each rule's line is counted for it.
+    let mut text = String::new();
+    let mut want = Vec::new();
+    let mut line = 1;
+    for i in 0..5_000 {
+        text.push_str(&format!("[[scope]]\npattern = \"r{i}\"\n"));
+        want.push((line + 1, format!("r{i}")));
+        line += 2;
+        if i % 3 == 0 {
+            text.push_str(&format!("\nstream = {}\n", i % 5));
+            line += 2;
+        }
+    }
+    let f = PlacementFile::parse(&text, "p.toml").unwrap();
+    let got: Vec<(usize, String)> = f
+        .unmatched()
+        .into_iter()
+        .map(|(l, p)| (l, p.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    // The line of a rule's `stream` key (a blank line after its pattern),
+    // found when the file meets a runtime with too few streams: rule 3 is
+    // the first to name compute stream 3.
+    match f.check(3, 1) {
+        Err(Error::Placement { line, message, .. }) => {
+            assert_eq!(line, want[3].0 + 2, "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // An error in the last rule names its line.
+    let bad = format!("{text}[[scope]]\npattern = \"last\"\npriority = \"high\"\n");
+    let (l, msg) = error(&bad);
+    assert_eq!(l, line + 2, "{msg}");
+    assert!(msg.contains("`priority`"), "{msg}");
+}
+
+#[test]
+fn integers_out_of_range_name_the_line_and_the_key() {
+    // Integers that a TOML value cannot hold (`i64`), however far out.
+    for n in [
+        "18446744073709551615",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "+18446744073709551616",
+        "99999999999999999999999999999999999999999",
+        "0xffffffffffffffff",
+        "0o7777777777777777777777",
+    ] {
+        let text = format!("[[scope]]\npattern = \"ok\"\n\n[[scope]]\npattern = \"b\"\nstream = {n}\npriority = \"main\"\n");
+        let (line, msg) = error(&text);
+        assert_eq!(line, 6, "{n}: {msg}");
+        assert!(msg.contains("`stream`"), "{n}: {msg}");
+        assert!(msg.contains(n), "{n}: {msg}");
+        assert!(msg.contains("out of range"), "{n}: {msg}");
+        let (line, msg) = error(&format!(
+            "[runtime]\nclass = \"normal\"\n\nspare_sms = {n}\n"
+        ));
+        assert_eq!(line, 4, "{n}: {msg}");
+        assert!(msg.contains("`runtime.spare_sms`"), "{n}: {msg}");
+        assert!(msg.contains(n), "{n}: {msg}");
+        // In an inline table too, and where no key takes an integer.
+        let (line, msg) = error(&format!("\nruntime = {{ spare_sms = {n} }}\n"));
+        assert_eq!(line, 2, "{n}: {msg}");
+        assert!(msg.contains("`runtime.spare_sms`"), "{n}: {msg}");
+        let (line, msg) = error(&format!("[[scope]]\npattern = \"a\"\nbundle = {n}\n"));
+        assert_eq!(line, 3, "{n}: {msg}");
+        assert!(msg.contains("`bundle`"), "{n}: {msg}");
+    }
+    // The ends of the range are values like any other.
+    let (line, msg) = error("[[scope]]\npattern = \"a\"\nstream = -9223372036854775808\n");
+    assert_eq!(line, 3, "{msg}");
+    assert!(msg.contains("`stream` must be"), "{msg}");
+    let f = PlacementFile::parse(
+        "[[scope]]\npattern = \"a\"\nstream = 9223372036854775807\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert!(f.check(1, 1).is_err());
+}
+
+#[test]
+fn tables_of_the_wrong_shape_name_the_key() {
+    for (text, key, line) in [
+        ("[[runtime]]\nclass = \"normal\"\n", "runtime", 1),
+        ("\nruntime = 3\n", "runtime", 2),
+        ("\nscope = 3\n", "scope", 2),
+        ("[[scope]]\npattern = \"a\"\n[scope]\n", "scope", 3),
+        ("\nscope = [1]\n", "scope", 2),
+    ] {
+        let (l, msg) = error(text);
+        assert_eq!(l, line, "{text:?}: {msg}");
+        assert!(msg.contains(&format!("`{key}`")), "{text:?}: {msg}");
+        // Serde's names for the file's tables are this module's types.
+        assert!(!msg.contains("Raw"), "{text:?}: {msg}");
+    }
 }
