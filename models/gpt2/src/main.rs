@@ -886,6 +886,7 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             bail!("--trace {}: {why}", path.display());
         }
     }
+    check_outputs_apart(&a)?;
     let data = TokenSource::resolve(&a.data).with_context(|| format!("--data {}", a.data))?;
     // A large source (mapped shards) is checked as batches read it: a
     // scan now would read it all before the first step.
@@ -1454,6 +1455,77 @@ fn load_model(
         }
         (None, None) => unreachable!("clap requires one of them"),
     }
+}
+
+/// Refuses a run whose outputs name one file twice, or name one of its
+/// inputs (a trace over the checkpoint, metrics over the training text,
+/// weights over `--init-from`), before anything is written: each would
+/// destroy the other. Streams (`/dev/stdout`, a pipe) are not files here.
+fn check_outputs_apart(a: &TrainArgs) -> Result<()> {
+    let file = |p: &Path| !std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let mut outputs: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(d) = &a.checkpoint_dir {
+        let what = format!("the checkpoint of --checkpoint-dir {}", d.display());
+        outputs.push((what, checkpoint_file(d)));
+    }
+    if !a.no_trace {
+        outputs.push(("--trace".into(), a.trace.clone()));
+    }
+    if let Some(m) = a.metrics.as_ref().filter(|m| file(m)) {
+        outputs.push(("--metrics".into(), m.clone()));
+    }
+    if let Some(w) = &a.save_weights {
+        let out = HfOutput::for_path(w);
+        outputs.push(("--save-weights".into(), out.weights));
+        if let Some((_, config)) = out.dir {
+            outputs.push(("--save-weights's config.json".into(), config));
+        }
+    }
+    let mut inputs: Vec<(String, PathBuf)> = Vec::new();
+    let given = |flag: &str, spec: &str, inputs: &mut Vec<(String, PathBuf)>| {
+        if Path::new(spec).is_file() {
+            inputs.push((flag.into(), spec.into()));
+        }
+    };
+    given("--data", &a.data, &mut inputs);
+    if let Some(v) = &a.val_data {
+        given("--val-data", v, &mut inputs);
+    }
+    if let Some(m) = a
+        .model
+        .as_deref()
+        .filter(|m| Gpt2Config::from_name(m).is_err())
+    {
+        given("--model", m, &mut inputs);
+    }
+    if let Some(p) = &a.placement {
+        given("--placement", &p.to_string_lossy(), &mut inputs);
+    }
+    if let Some(init) = &a.init_from {
+        let at = HfOutput::for_path(init);
+        inputs.push(("--init-from".into(), at.weights));
+        if let Some((_, config)) = at.dir {
+            inputs.push(("--init-from's config.json".into(), config));
+        }
+    }
+    for (i, (what, path)) in outputs.iter().enumerate() {
+        let clash = outputs[..i].iter().find(|(_, p)| same_file(path, p));
+        if let Some((other, _)) = clash {
+            bail!(
+                "{what} {} is also {other}: each output needs a file of its own \
+                 (nothing was written)",
+                path.display()
+            );
+        }
+        if let Some((input, _)) = inputs.iter().find(|(_, p)| same_file(path, p)) {
+            bail!(
+                "{what} {} is the file of {input}: writing it would destroy what the run \
+                 reads (nothing was written)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a `--save-weights` path that cannot be written, or that is the

@@ -1840,6 +1840,71 @@ fn outputs_follow_links_and_stale_temporaries_are_removed() {
 /// in /proc) stop the run before its first step, naming the flag and the
 /// path.
 #[cfg(target_os = "linux")]
+/// Outputs that name one file twice, or name an input, are refused before
+/// anything is written, and every file stays as it was: a trace over the
+/// checkpoint, metrics over the trace or over the training text, weights
+/// over the trace, a trace over the data.
+#[test]
+fn outputs_naming_one_file_or_an_input_are_refused() {
+    let tmp = dir_with_train_bin();
+    let d = tmp.path();
+    std::fs::write(
+        d.join("text.txt"),
+        "some text to train on, again and again. ".repeat(20),
+    )
+    .unwrap();
+    #[rustfmt::skip]
+    let base = [
+        "train", "--model", "tiny", "--ranks", "1", "--batch-size", "2", "--seq-len", "16",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(extra).copied().collect()
+    };
+    ok(
+        d,
+        &with(&[
+            "--data",
+            "train.bin",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            "ck",
+            "--trace",
+            "t.json",
+        ]),
+    );
+    let before = snapshot(d);
+    #[rustfmt::skip]
+    let cases: [(&[&'static str], &str); 5] = [
+        (
+            &["--data", "train.bin", "--steps", "3", "--resume", "--checkpoint-dir", "ck",
+              "--trace", "ck/checkpoint.safetensors"],
+            "--trace ck/checkpoint.safetensors is also the checkpoint of --checkpoint-dir ck",
+        ),
+        (
+            &["--data", "train.bin", "--steps", "2", "--trace", "x.json", "--metrics", "x.json"],
+            "--metrics x.json is also --trace",
+        ),
+        (
+            &["--data", "text.txt", "--steps", "2", "--trace", "y.json", "--metrics", "text.txt"],
+            "--metrics text.txt is the file of --data",
+        ),
+        (
+            &["--data", "train.bin", "--steps", "2", "--trace", "t.json",
+              "--save-weights", "t.json"],
+            "--save-weights t.json is also --trace",
+        ),
+        (
+            &["--data", "train.bin", "--steps", "2", "--trace", "train.bin"],
+            "--trace train.bin is the file of --data",
+        ),
+    ];
+    for (extra, needle) in cases {
+        fails(d, &with(extra), &[needle, "nothing was written"]);
+        assert!(snapshot(d) == before, "{extra:?} changed a file");
+    }
+}
+
 #[test]
 fn unwritable_outputs_are_refused_before_the_first_step() {
     let tmp = dir_with_train_bin();
