@@ -172,6 +172,44 @@ fn attach_once_to_a_silent_socket_fails() {
     drop(held.join());
 }
 
+/// A socket that streams without ever ending a line (not a Braid live
+/// view): `--once` fails saying the line is too long, having held at most
+/// the bound (256 MiB), rather than growing until memory runs out.
+#[cfg(unix)]
+#[test]
+fn attach_once_to_an_endless_line_fails() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("endless.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        // 1 MiB chunks, no newline: 320 MiB at most, past the client's
+        // bound, then silence until the client leaves (a client without
+        // the bound fails on the silence instead, saying so).
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..320 {
+            if conn.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+        let _ = conn.read(&mut [0]);
+    });
+    let t0 = std::time::Instant::now();
+    let o = top(&["--attach", sock.to_str().unwrap(), "--once"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "`{}` sent a line longer than 256 MiB: not a Braid live view",
+            sock.display()
+        )),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    server.join().unwrap();
+}
+
 /// Attached to a running program, `--once` shows the task a stream runs now
 /// and the tasks queued behind it.
 #[cfg(unix)]
@@ -272,6 +310,73 @@ fn errors_name_the_problem() {
         assert!(
             !o.status.success() && err.contains("cannot be used with"),
             "{args:?}: {err}"
+        );
+    }
+}
+
+/// Times Braid never writes — a task or busy period without a `dur`, with
+/// a negative one, or timed absurdly late — are refused, naming the event,
+/// rather than shown (`ts` 1e300 once showed `t=18446744073.710 s`, every
+/// stream 0% busy). What Braid does write without them (metadata, events
+/// that are not tasks) is read as before.
+#[test]
+fn replay_refuses_times_braid_never_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = r#"{"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute 0"}},
+        {"ph":"M","name":"process_name","pid":0,"tid":0,"args":{"name":"rank 0","class":"normal"}},
+        {"ph":"X","name":"host","pid":0,"tid":5,"ts":-3},
+        {"ph":"X","name":"busy","cat":"busy","pid":0,"tid":1,"ts":10,"dur":0},"#;
+    let task = |times: &str| {
+        format!(
+            r#"{{"ph":"X","name":"matmul","cat":"compute","pid":0,"tid":0,{times}"args":{{"task":1}}}}"#
+        )
+    };
+    let trace = |events: &str| {
+        let path = dir.path().join("t.json");
+        std::fs::write(&path, format!("[{meta}{events}]")).unwrap();
+        path
+    };
+    // A trace as Braid writes it: read, its instant the task's end.
+    let good = trace(&task(r#""ts":10,"dur":5,"#));
+    let text = stdout(&top(&["--replay", good.to_str().unwrap(), "--once"]));
+    assert!(
+        text.contains("t=0.000 s") && text.contains("compute 0"),
+        "{text}"
+    );
+    let busy = r#"{"ph":"X","name":"busy","cat":"busy","pid":0,"tid":1,"ts":1,"dur":-2}"#;
+    for (events, expect) in [
+        (task(r#""ts":10,"#), "event 4 (`matmul`): it has no `dur`"),
+        (
+            task(r#""ts":10,"dur":-5,"#),
+            "event 4 (`matmul`): its `dur` -5 is negative",
+        ),
+        (task(r#""dur":5,"#), "event 4 (`matmul`): it has no `ts`"),
+        (task(r#""ts":-1.5,"dur":5,"#), "its `ts` -1.5 is negative"),
+        (
+            task(r#""ts":"soon","dur":5,"#),
+            r#"its `ts` "soon" is not a number"#,
+        ),
+        (
+            task(r#""ts":1e300,"dur":5,"#),
+            "event 4 (`matmul`): it ends past 1e15 µs (its `ts` is 1e+300)",
+        ),
+        (task(r#""ts":1,"dur":1e300,"#), "it ends past 1e15 µs"),
+        (
+            format!("{},{busy}", task(r#""ts":10,"dur":5,"#)),
+            "event 5 (`busy`): its `dur` -2 is negative",
+        ),
+    ] {
+        let path = trace(&events);
+        let o = top(&["--replay", path.to_str().unwrap(), "--once"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success(),
+            "{events}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(
+            err.contains("t.json") && err.contains("not a Braid trace: ") && err.contains(expect),
+            "{events}: {err}"
         );
     }
 }

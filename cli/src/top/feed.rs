@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use braid::trace::live::{Frame, Line};
 use braid::trace::StreamInfo;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, ErrorKind};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -110,9 +110,121 @@ impl Feed {
 /// socket that is not a Braid live view.
 pub const SILENCE: Duration = Duration::from_secs(5);
 
+/// The longest line taken from a socket, newline excluded: 256 MiB.
+///
+/// A Braid program writes, per round and per runtime, one line
+/// (`braid::trace::live`): its streams, a few hundred bytes each, and the
+/// spans recorded since this client's previous frame as the Chrome trace's
+/// events, about 250 bytes each. A round's spans are 100 ms of tasks —
+/// hundreds to thousands, under a MB. A client's first frame, though,
+/// carries every span the runtime has recorded since it started (or since
+/// `clear_profile`): the trainer on two CPU ranks, about 700 tasks a second
+/// per rank, writes a first frame of about 10 MB after a minute, 256 MiB
+/// (a million spans) after about 25 minutes. The bound is no higher because
+/// a line is held whole and then parsed into a JSON tree several times its
+/// size: at 256 MiB the client already takes a GB or two for one line. A
+/// peer that goes past it without a newline (one streaming without ever
+/// ending a line, which grew the client by 4 GB in 10 s before this bound)
+/// is refused, the error saying both what it likely is and what else it
+/// may be.
+pub const MAX_LINE: usize = 256 << 20;
+
+/// A line longer than [`MAX_LINE`]: the connection is given up.
+#[derive(Debug)]
+pub struct TooLong(pub String);
+
+impl std::fmt::Display for TooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` sent a line longer than {} MiB: not a Braid live view (or the first frame \
+             of a program that has recorded over a million spans with the live view on)",
+            self.0,
+            MAX_LINE >> 20
+        )
+    }
+}
+
+impl std::error::Error for TooLong {}
+
+/// The lines of a live view, each at most [`MAX_LINE`] long.
+struct Lines<R> {
+    reader: BufReader<R>,
+    /// What has come of the line being read (kept across a read that
+    /// times out, so the line goes on where it stopped).
+    line: Vec<u8>,
+    /// The socket's path, for errors.
+    path: std::path::PathBuf,
+    /// A line was too long: nothing more is read.
+    done: bool,
+}
+
+impl<R: Read> Lines<R> {
+    fn new(reader: R, path: &Path) -> Lines<R> {
+        Lines {
+            reader: BufReader::new(reader),
+            line: Vec::new(),
+            path: path.to_owned(),
+            done: false,
+        }
+    }
+}
+
+impl<R: Read> Iterator for Lines<R> {
+    type Item = Result<Line>;
+
+    fn next(&mut self) -> Option<Result<Line>> {
+        if self.done {
+            return None;
+        }
+        // At most one byte past the bound is read: enough to tell a line
+        // that is too long, and what is kept stays bounded.
+        let room = (MAX_LINE + 1).saturating_sub(self.line.len()) as u64;
+        let read = (&mut self.reader)
+            .take(room)
+            .read_until(b'\n', &mut self.line);
+        match read {
+            Err(e) => {
+                return Some(Err(match e.kind() {
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow::anyhow!(
+                        "`{}` sent nothing for {} s (a program serves its live view every {} ms: \
+                         is it stopped, or is this not a Braid live view?)",
+                        self.path.display(),
+                        SILENCE.as_secs(),
+                        braid::trace::live::PERIOD.as_millis()
+                    ),
+                    _ => anyhow::Error::new(e).context("reading the live view"),
+                }))
+            }
+            // The end, with no line begun.
+            Ok(0) if self.line.is_empty() => return None,
+            Ok(_) => {}
+        }
+        if self.line.last() == Some(&b'\n') {
+            self.line.pop();
+            if self.line.last() == Some(&b'\r') {
+                self.line.pop();
+            }
+        } else if self.line.len() > MAX_LINE {
+            self.done = true;
+            self.line = Vec::new();
+            return Some(Err(TooLong(self.path.display().to_string()).into()));
+        }
+        // A line, or the last one, ended by the end of the stream.
+        let line = std::mem::take(&mut self.line);
+        Some(
+            String::from_utf8(line)
+                .map_err(anyhow::Error::new)
+                .and_then(|l| Line::parse(&l).map_err(anyhow::Error::new))
+                .context("the live view sent an unreadable line"),
+        )
+    }
+}
+
 /// The lines a program serves on the socket at `path`; a read that waits
 /// longer than [`SILENCE`] yields an error saying so (and reading may go
-/// on).
+/// on), a line longer than [`MAX_LINE`] an error ([`TooLong`]) that ends
+/// them.
 pub fn connect(path: &Path) -> Result<impl Iterator<Item = Result<Line>>> {
     let conn = UnixStream::connect(path).with_context(|| {
         format!(
@@ -122,20 +234,7 @@ pub fn connect(path: &Path) -> Result<impl Iterator<Item = Result<Line>>> {
     })?;
     conn.set_read_timeout(Some(SILENCE))
         .context("setting the live view's read timeout")?;
-    let path = path.to_owned();
-    Ok(BufReader::new(conn).lines().map(move |l| {
-        let l = l.map_err(|e| match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow::anyhow!(
-                "`{}` sent nothing for {} s (a program serves its live view every {} ms: \
-                 is it stopped, or is this not a Braid live view?)",
-                path.display(),
-                SILENCE.as_secs(),
-                braid::trace::live::PERIOD.as_millis()
-            ),
-            _ => anyhow::Error::new(e).context("reading the live view"),
-        })?;
-        Line::parse(&l).context("the live view sent an unreadable line")
-    }))
+    Ok(Lines::new(conn, path))
 }
 
 #[cfg(test)]
@@ -163,6 +262,64 @@ mod tests {
             }],
             spans: Vec::new(),
         })
+    }
+
+    /// A reader that gives `parts` in turn, a timeout where one is `None`.
+    struct Parts(std::collections::VecDeque<Option<&'static [u8]>>);
+
+    impl Read for Parts {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.pop_front() {
+                None => Ok(0),
+                Some(None) => Err(ErrorKind::WouldBlock.into()),
+                Some(Some(p)) => {
+                    buf[..p.len()].copy_from_slice(p);
+                    Ok(p.len())
+                }
+            }
+        }
+    }
+
+    /// Lines end at `\n` (or `\r\n`, or the end of the stream); a silence
+    /// in the middle of one is reported and the line goes on after it.
+    #[test]
+    fn lines_survive_a_silence_mid_line() {
+        let parts = Parts(
+            [
+                Some(&b"{\"ti"[..]),
+                None,
+                Some(b"ck\": 1}\r\n{\"tick\": 2}\n{\"tick\""),
+                Some(b": 3}"),
+            ]
+            .into(),
+        );
+        let got: Vec<String> = Lines::new(parts, Path::new("s.sock"))
+            .map(|l| match l {
+                Ok(Line::Tick(n)) => n.to_string(),
+                Ok(Line::Frame(_)) => "frame".into(),
+                Err(e) => format!("{e:#}"),
+            })
+            .collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[0].contains("sent nothing for 5 s"), "{got:?}");
+        assert_eq!(got[1..], ["1", "2", "3"]);
+    }
+
+    /// A line that never ends is refused once past [`MAX_LINE`], having
+    /// held no more than that, and nothing is read after it.
+    #[test]
+    fn an_endless_line_is_refused() {
+        let mut lines = Lines::new(std::io::repeat(b'x'), Path::new("/tmp/endless.sock"));
+        let e = lines.next().unwrap().unwrap_err();
+        assert!(e.is::<TooLong>(), "{e:#}");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("`/tmp/endless.sock` sent a line longer than 256 MiB")
+                && msg.contains("not a Braid live view"),
+            "{msg}"
+        );
+        assert!(lines.next().is_none());
+        assert!(lines.line.capacity() == 0);
     }
 
     /// A runtime that stops sending stays, ended, with nothing running,

@@ -151,6 +151,8 @@ pub fn live(
     });
     let mut feed = super::feed::Feed::new(history_ns);
     let mut status = String::from("q quit");
+    // An error that ended the lines (a line too long): it stays shown.
+    let mut fatal = false;
     let mut scroll = 0;
     with_terminal(|term| loop {
         loop {
@@ -160,10 +162,15 @@ pub fn live(
                     // Lines again after an error (a silence that ended).
                     status = "q quit".into();
                 }
-                Ok(Err(e)) => status = format!("{e:#} · q quit"),
+                Ok(Err(e)) => {
+                    fatal = e.is::<super::feed::TooLong>();
+                    status = format!("{e:#} · q quit");
+                }
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
-                    status = "the program ended · q quit".into();
+                    if !fatal {
+                        status = "the program ended · q quit".into();
+                    }
                     break;
                 }
             }

@@ -162,7 +162,9 @@ pub(crate) fn span_of_event(e: &Value) -> Option<(usize, Span)> {
 /// Reads a Chrome trace Braid wrote ([`super::write_chrome_trace`]) back
 /// into one profile per rank, by increasing rank: the JSON object form
 /// (`{"traceEvents": [...]}`) or a bare array of events. Events that are
-/// not Braid tasks are skipped; a trace without any is an error.
+/// not Braid tasks are skipped; a trace without any is an error, and so is
+/// a task or busy period whose times Braid never writes (no `ts` or `dur`,
+/// a negative one, or an end past 10^15 µs), named by its index and name.
 pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
     let bad = |why: String| Error::BadTrace(format!("trace: {why}"));
     let doc: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
@@ -181,7 +183,7 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
             ..Profile::default()
         });
     };
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
         let rank = e.get("pid").and_then(Value::as_u64).unwrap_or(0) as usize;
         // A runtime has at most `u16::MAX` streams; tracks are kept as a
         // dense list, so a larger id is refused rather than allocated.
@@ -194,10 +196,12 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
             }
         }
         if let Some((rank, span)) = span_of_event(e) {
+            check_times(i, e).map_err(bad)?;
             profile(&mut ranks, rank);
             let p = ranks.get_mut(&rank).expect("inserted above");
             p.spans.push(span);
         } else if str_of(e, "ph") == Some("X") && str_of(e, "cat") == Some(BUSY) {
+            check_times(i, e).map_err(bad)?;
             profile(&mut ranks, rank);
             let start = us_to_ns(e.get("ts"));
             let p = ranks.get_mut(&rank).expect("inserted above");
@@ -242,6 +246,46 @@ pub fn read_chrome_trace(json: &str) -> Result<Vec<Profile>> {
         }
     }
     Ok(out)
+}
+
+/// The latest instant a trace's event may end at, µs: 10^15 µs, 31 years
+/// after its process started (Braid's timeline is nanoseconds since then,
+/// a `u64`, so nothing past 584 years is even representable). Far above any
+/// run, and far enough below the `u64` limit that instants and their sums
+/// stay exact.
+const MAX_END_US: f64 = 1e15;
+
+/// Why the times of event `i` (`e`, a task or busy period the reader takes)
+/// are not what Braid writes, if they are not: Braid writes every complete
+/// event it reads back with a `ts` and a `dur`, neither negative, on its
+/// process's timeline. (Metadata events have neither, and are not checked;
+/// nor are events the reader skips.)
+fn check_times(i: usize, e: &Value) -> std::result::Result<(), String> {
+    let time = |k: &str| -> std::result::Result<(f64, &Value), String> {
+        let v = e.get(k).ok_or_else(|| format!("it has no `{k}`"))?;
+        let x = v
+            .as_f64()
+            .ok_or_else(|| format!("its `{k}` {v} is not a number"))?;
+        if x < 0.0 {
+            return Err(format!("its `{k}` {v} is negative"));
+        }
+        Ok((x, v))
+    };
+    let why = (|| {
+        let (ts, v) = time("ts")?;
+        let (dur, _) = time("dur")?;
+        if ts + dur > MAX_END_US {
+            return Err(format!(
+                "it ends past {MAX_END_US:e} µs (its `ts` is {v}): \
+                 further from its process's start than any run"
+            ));
+        }
+        Ok(())
+    })();
+    why.map_err(|why| {
+        let name = str_of(e, "name").unwrap_or("");
+        format!("event {i} (`{name}`): {why}")
+    })
 }
 
 /// The string field `k` of event `e`, if it has one.
