@@ -116,11 +116,10 @@ pub const SILENCE: Duration = Duration::from_secs(5);
 /// (`braid::trace::live`): its streams, a few hundred bytes each, and the
 /// spans recorded since this client's previous frame as the Chrome trace's
 /// events, about 250 bytes each. A round's spans are 100 ms of tasks —
-/// hundreds to thousands, under a MB. A client's first frame, though,
-/// carries every span the runtime has recorded since it started (or since
-/// `clear_profile`): the trainer on two CPU ranks, about 700 tasks a second
-/// per rank, writes a first frame of about 10 MB after a minute, 256 MiB
-/// (a million spans) after about 25 minutes. The bound is no higher because
+/// hundreds to thousands, under a MB. A client's first frame carries what
+/// ran before it attached: per stream at most 100,000 spans (the last 5
+/// minutes'), about 25 MB; a runtime of more than ten busy streams can pass
+/// the bound with it. The bound is no higher because
 /// a line is held whole and then parsed into a JSON tree several times its
 /// size: at 256 MiB the client already takes a GB or two for one line. A
 /// peer that goes past it without a newline (one streaming without ever
@@ -138,7 +137,7 @@ impl std::fmt::Display for TooLong {
         write!(
             f,
             "`{}` sent a line longer than {} MiB: not a Braid live view (or the first frame \
-             of a program that has recorded over a million spans with the live view on)",
+             of a runtime with over ten streams busy for minutes with the live view on)",
             self.0,
             MAX_LINE >> 20
         )

@@ -11,6 +11,8 @@ impl crate::trace::live::Source for Shared {
     fn frame(&self, cursors: &mut Vec<usize>) -> serde_json::Value {
         use crate::sync::Ordering;
         use serde_json::{json, Value};
+        let first = cursors.is_empty();
+        let now = now_ns();
         cursors.resize(self.streams.len(), 0);
         let mut events = Vec::new();
         let streams: Vec<Value> = self
@@ -23,7 +25,10 @@ impl crate::trace::live::Source for Shared {
                 // removed the first `cleared` (those this client had not
                 // read yet are gone).
                 let cleared = st.spans_cleared.load(Ordering::Relaxed) as usize;
-                let from = cursor.saturating_sub(cleared).min(spans.len());
+                let from = match first {
+                    true => backlog_from(&spans, now, BACKLOG_SPANS, BACKLOG_NS),
+                    false => cursor.saturating_sub(cleared).min(spans.len()),
+                };
                 events.extend(
                     spans[from..]
                         .iter()
@@ -47,13 +52,34 @@ impl crate::trace::live::Source for Shared {
         json!({
             "rank": self.rank,
             "runtime": self.runtime_id,
-            "now_us": now_ns() as f64 / 1e3,
+            "now_us": now as f64 / 1e3,
             "class": self.class.name(),
             "busy": busy_summary(self),
             "streams": streams,
             "events": events,
         })
     }
+}
+
+/// What a client's first frame holds of what ran before it attached, per
+/// stream: the spans that ended in the last 5 minutes, at most 100,000 of
+/// them. `braid top` keeps 30 s by default (`--history`); a backlog of
+/// every span since the start grew without bound (the trainer's passed
+/// 256 MiB, a line `braid top` refuses, after about 25 minutes) and was
+/// held and parsed whole by the client.
+#[cfg(all(unix, not(loom)))]
+const BACKLOG_NS: u64 = 300_000_000_000;
+#[cfg(all(unix, not(loom)))]
+const BACKLOG_SPANS: usize = 100_000;
+
+/// Where a first frame starts in a stream's `spans` at `now`: the last
+/// `max_spans` of them, and of those only the ones that ended within
+/// `max_ns` (a stream's spans end in the order it ran them).
+#[cfg(all(unix, not(loom)))]
+fn backlog_from(spans: &[crate::trace::Span], now: u64, max_spans: usize, max_ns: u64) -> usize {
+    let cutoff = now.saturating_sub(max_ns);
+    let recent = spans.partition_point(|s| s.end_ns < cutoff);
+    recent.max(spans.len().saturating_sub(max_spans))
 }
 
 /// Live view: the submitter placed stream `s`'s task number `seq`; mirrored
@@ -132,5 +158,53 @@ pub(crate) fn running_since(shared: &Shared, s: usize, task: Option<(Now<'_>, u6
             scope: scope.clone(),
             start_ns,
         });
+    }
+}
+
+#[cfg(all(test, unix, not(loom)))]
+mod tests {
+    use super::backlog_from;
+    use crate::trace::Span;
+
+    fn ending_at(ends: &[u64]) -> Vec<Span> {
+        ends.iter()
+            .enumerate()
+            .map(|(i, &end_ns)| Span {
+                id: i as u64,
+                name: "t".into(),
+                kind: crate::TaskKind::Compute,
+                stream: 0,
+                placement: crate::Placement {
+                    reason: crate::PlaceReason::Pinned,
+                    usable: 1,
+                    priority: crate::Priority::Main,
+                },
+                start_ns: end_ns.saturating_sub(1),
+                end_ns,
+                preds: Default::default(),
+                ok: true,
+                bytes: 0,
+                wait_ns: 0,
+                scope: None,
+            })
+            .collect()
+    }
+
+    /// A first frame takes the spans that ended within the window, and of
+    /// those at most the last `max_spans`.
+    #[test]
+    fn a_first_frame_takes_the_recent_spans_only() {
+        let spans = ending_at(&[10, 20, 30, 40, 50, 60]);
+        // Ended at 35 or later (now 45, a window of 10): from index 3.
+        assert_eq!(backlog_from(&spans, 45, 100, 10), 3);
+        // At most 2 of them.
+        assert_eq!(backlog_from(&spans, 45, 2, 10), 4);
+        // A window longer than the run: all, up to the count.
+        assert_eq!(backlog_from(&spans, 60, 100, 1_000), 0);
+        assert_eq!(backlog_from(&spans, 60, 6, 1_000), 0);
+        assert_eq!(backlog_from(&spans, 60, 5, 1_000), 1);
+        // Nothing recent: none.
+        assert_eq!(backlog_from(&spans, 1_000, 100, 10), 6);
+        assert_eq!(backlog_from(&[], 5, 100, 10), 0);
     }
 }
