@@ -2167,6 +2167,26 @@ fn out_of_range_settings_are_refused_clearly() {
         "{err}"
     );
     no_panic(&err);
+    // Absurdly many layers: refused as too large for the host, not an
+    // abort in the layout's allocations.
+    std::fs::write(
+        d.join("deep.json"),
+        r#"{"max_seq_len": 32, "vocab_size": 50257, "num_layers": 100000000,
+            "num_heads": 2, "channels": 32}"#,
+    )
+    .unwrap();
+    let out = run_limited(
+        d,
+        4_000_000,
+        &["train", "--model", "deep.json", "--no-trace"],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("out of host memory") && err.contains("100000000 layers"),
+        "{err}"
+    );
+    no_panic(&err);
 }
 
 /// `eval` and `sample` inputs and outputs: built-in tokens, a directory or

@@ -1141,18 +1141,22 @@ pub fn init_params(cfg: &Gpt2Config, seed: u64) -> Vec<f32> {
 /// parameters (instead of the allocator's abort).
 pub fn try_init_params(cfg: &Gpt2Config, seed: u64) -> crate::error::Result<Vec<f32>> {
     cfg.validate()?;
-    let layout = ParamLayout::new(cfg);
+    // Counted and reserved before the layout is made: a model of absurdly
+    // many layers (a typo in a config file) would otherwise abort in the
+    // layout's own allocations, before this could refuse it.
+    let total = cfg.checked_num_parameters().unwrap_or(usize::MAX);
     let mut params = Vec::new();
-    params.try_reserve_exact(layout.total).map_err(|_| {
-        crate::error::Gpt2Error::InvalidSetting {
+    params
+        .try_reserve_exact(total)
+        .map_err(|_| crate::error::Gpt2Error::InvalidSetting {
             what: "model size",
             reason: format!(
-                "out of host memory: {} bytes for the {} parameters of {cfg:?}",
-                layout.total.saturating_mul(4),
-                layout.total
+                "out of host memory: {} bytes for the {total} parameters of {cfg}",
+                total.saturating_mul(4),
             ),
-        }
-    })?;
+        })?;
+    let layout = ParamLayout::new(cfg);
+    debug_assert_eq!(layout.total, total);
     params.resize(layout.total, 0.0f32);
     let mut rng = Rng::new(seed);
     let residual_std = 0.02 / (2.0 * cfg.num_layers as f32).sqrt();
