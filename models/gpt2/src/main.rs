@@ -770,30 +770,79 @@ fn parse_model(spec: &str) -> Result<Gpt2Config> {
             .with_context(|| format!("reading model config {}", path.display()))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("model config {} is not JSON", path.display()))?;
-        let get = |keys: &[&str]| -> Result<usize> {
-            keys.iter()
-                .find_map(|k| json.get(*k).and_then(|v| v.as_u64()))
-                .map(|v| v as usize)
-                .with_context(|| {
-                    format!(
-                        "model config {} lacks `{}` (a positive integer)",
-                        path.display(),
-                        keys[0]
-                    )
-                })
-        };
-        let cfg = Gpt2Config {
-            max_seq_len: get(&["max_seq_len", "n_positions"])?,
-            vocab_size: get(&["vocab_size"])?,
-            num_layers: get(&["num_layers", "n_layer"])?,
-            num_heads: get(&["num_heads", "n_head"])?,
-            channels: get(&["channels", "n_embd"])?,
-        };
+        let cfg =
+            model_from_json(&json).with_context(|| format!("model config {}", path.display()))?;
         cfg.validate()
             .with_context(|| format!("model config {}", path.display()))?;
         return Ok(cfg);
     }
     Ok(Gpt2Config::from_name(spec)?)
+}
+
+/// Each size of a model config file: its key, then a Hugging Face GPT-2
+/// `config.json`'s names for it.
+const MODEL_KEYS: [(&str, &[&str]); 5] = [
+    ("max_seq_len", &["n_positions", "n_ctx"]),
+    ("vocab_size", &[]),
+    ("num_layers", &["n_layer"]),
+    ("num_heads", &["n_head"]),
+    ("channels", &["n_embd"]),
+];
+
+/// The model a config file's JSON describes: Braid's keys
+/// ([`MODEL_KEYS`], and no other: a misspelt key is an error, not a size
+/// left out) or a Hugging Face GPT-2 `config.json` (its names for them;
+/// its many other keys are allowed). A size given under two names must
+/// agree, and be a non-negative integer.
+fn model_from_json(json: &serde_json::Value) -> Result<Gpt2Config> {
+    let Some(obj) = json.as_object() else {
+        bail!("is not a JSON object of sizes");
+    };
+    let hf = obj.contains_key("model_type")
+        || MODEL_KEYS
+            .iter()
+            .any(|(_, names)| names.iter().any(|n| obj.contains_key(*n)));
+    if !hf {
+        let known = |k: &str| MODEL_KEYS.iter().any(|(key, _)| *key == k);
+        if let Some(k) = obj.keys().find(|k| !known(k)) {
+            bail!(
+                "unknown key `{k}` (the keys are {}; or give a Hugging Face GPT-2 config.json)",
+                MODEL_KEYS.map(|(k, _)| k).join(", ")
+            );
+        }
+    }
+    let mut sizes = [0usize; 5];
+    for ((key, names), size) in MODEL_KEYS.iter().zip(&mut sizes) {
+        let mut found: Option<(&str, u64)> = None;
+        for name in std::iter::once(key).chain(names.iter()) {
+            let Some(v) = obj.get(*name) else { continue };
+            let Some(n) = v.as_u64() else {
+                bail!("`{name}` is {v}, not a non-negative integer");
+            };
+            match found {
+                Some((first, m)) if m != n => {
+                    bail!("`{first}` {m} and `{name}` {n} disagree: give one size")
+                }
+                _ => found = Some((name, n)),
+            }
+        }
+        let Some((_, n)) = found else {
+            let also = names
+                .iter()
+                .map(|n| format!(" or `{n}`"))
+                .collect::<String>();
+            bail!("lacks `{key}`{also} (a positive integer)");
+        };
+        *size = usize::try_from(n).with_context(|| format!("`{key}` {n} is too large"))?;
+    }
+    let [max_seq_len, vocab_size, num_layers, num_heads, channels] = sizes;
+    Ok(Gpt2Config {
+        max_seq_len,
+        vocab_size,
+        num_layers,
+        num_heads,
+        channels,
+    })
 }
 
 /// Checks that the configuration the user named agrees with the one a file
@@ -1819,5 +1868,57 @@ impl<W: std::io::Write> Output<W> {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_from_json;
+    use serde_json::json;
+
+    fn err(j: serde_json::Value) -> String {
+        format!("{:#}", model_from_json(&j).unwrap_err())
+    }
+
+    /// Braid's keys, strictly; a Hugging Face config.json's, with its other
+    /// keys; a size under two names must agree and be an integer.
+    #[test]
+    fn model_files_are_read_strictly() {
+        let braid = json!({"max_seq_len": 32, "vocab_size": 512, "num_layers": 2,
+                           "num_heads": 2, "channels": 16});
+        let cfg = model_from_json(&braid).unwrap();
+        assert_eq!(
+            (
+                cfg.max_seq_len,
+                cfg.vocab_size,
+                cfg.num_layers,
+                cfg.num_heads,
+                cfg.channels
+            ),
+            (32, 512, 2, 2, 16)
+        );
+        let hf = json!({"model_type": "gpt2", "n_positions": 32, "n_ctx": 32,
+                        "vocab_size": 512, "n_layer": 2, "n_head": 2, "n_embd": 16,
+                        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"]});
+        assert_eq!(model_from_json(&hf).unwrap(), cfg);
+        let mut typo = braid.clone();
+        typo["num_layer"] = json!(7);
+        assert!(err(typo).contains("unknown key `num_layer`"));
+        let mut text = braid.clone();
+        text["channels"] = json!("16");
+        assert!(err(text).contains(r#"`channels` is "16", not a non-negative integer"#));
+        let mut float = braid.clone();
+        float["channels"] = json!(16.0);
+        assert!(err(float).contains("`channels` is 16.0"));
+        let mut both = braid.clone();
+        both["n_layer"] = json!(3);
+        assert!(err(both).contains("`num_layers` 2 and `n_layer` 3 disagree"));
+        let mut hf_off = hf.clone();
+        hf_off["n_ctx"] = json!(64);
+        assert!(err(hf_off).contains("`n_positions` 32 and `n_ctx` 64 disagree"));
+        let mut missing = braid.clone();
+        missing.as_object_mut().unwrap().remove("channels");
+        assert!(err(missing).contains("lacks `channels` or `n_embd`"));
+        assert!(err(json!([1, 2])).contains("not a JSON object"));
     }
 }

@@ -342,14 +342,34 @@ pub fn standard_num_heads(channels: usize) -> Option<usize> {
 /// Metadata keys (and `config.json` keys) that may hold the number of heads.
 const HEAD_KEYS: [&str; 3] = ["n_head", "num_heads", "num_attention_heads"];
 
-fn heads_from_config_json(path: &Path) -> Option<usize> {
-    let cfg_path = path.parent()?.join("config.json");
-    let text = std::fs::read_to_string(cfg_path).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    HEAD_KEYS
-        .iter()
-        .find_map(|k| json.get(*k)?.as_u64())
-        .map(|h| h as usize)
+/// The heads `config.json` beside the weights at `path` gives: `None`
+/// when there is no such file, or it names no head count. A file that is
+/// there but cannot be read, is not JSON, or gives a head count that is not
+/// a positive integer is an error (`Err` with the reason): the heads would
+/// otherwise be guessed from the published sizes, and a model of another
+/// head count scored wrongly without a word.
+fn heads_from_config_json(path: &Path) -> std::result::Result<Option<usize>, String> {
+    let Some(dir) = path.parent() else {
+        return Ok(None);
+    };
+    let cfg_path = dir.join(HF_CONFIG_FILE);
+    let shown = cfg_path.display();
+    let text = match std::fs::read_to_string(&cfg_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{shown} beside it cannot be read: {e}")),
+        Ok(text) => text,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{shown} beside it is not JSON: {e}"))?;
+    let Some((key, v)) = HEAD_KEYS.iter().find_map(|k| Some((k, json.get(*k)?))) else {
+        return Ok(None);
+    };
+    match v.as_u64() {
+        Some(h) if h > 0 => Ok(Some(h as usize)),
+        _ => Err(format!(
+            "{shown} beside it gives `{key}` {v}, not a positive integer"
+        )),
+    }
 }
 
 /// Infers the model configuration from a `GPT2LMHeadModel` safetensors file by
@@ -357,8 +377,9 @@ fn heads_from_config_json(path: &Path) -> Option<usize> {
 /// `max_seq_len` from `wpe`, `num_layers` from the `h.N.` blocks. The number of
 /// heads is not visible in any shape: it comes from the file's metadata
 /// (`n_head`, as [`save_hf_safetensors`] writes it), else from `config.json`
-/// beside the file (a Hugging Face model directory), else from the published
-/// sizes (768→12, 1024→16, 1280→20, 1600→25).
+/// beside the file (a Hugging Face model directory; one that is there but
+/// cannot be read, is not JSON or gives no usable count is an error), else
+/// from the published sizes (768→12, 1024→16, 1280→20, 1600→25).
 pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Config> {
     let path = path.as_ref();
     if path.is_dir() {
@@ -423,6 +444,7 @@ pub fn infer_config_from_safetensors(path: impl AsRef<Path>) -> Result<Gpt2Confi
             .parse()
             .map_err(|_| fail(format!("metadata n_head {v:?} is not a number")))?,
         None => heads_from_config_json(path)
+            .map_err(fail)?
             .or_else(|| standard_num_heads(channels))
             .ok_or_else(|| {
                 fail(format!(

@@ -464,6 +464,35 @@ fn infers_heads_of_published_sizes() {
     let tensors = hf_state_dict(&cfg, &flat, false, false, false);
     write_safetensors(&path, &tensors, |_| Dtype::BF16, None);
     assert_eq!(infer_config_from_safetensors(&path).unwrap(), cfg);
+    // A config.json beside it that says nothing of heads: the same.
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, r#"{"model_type": "gpt2"}"#).unwrap();
+    assert_eq!(infer_config_from_safetensors(&path).unwrap(), cfg);
+    // One that cannot be read, or whose head count is unusable, is an
+    // error naming it, not a guess of 12 heads.
+    for (text, needle) in [
+        ("garbage", "is not JSON"),
+        (
+            r#"{"n_head": "8"}"#,
+            r#"gives `n_head` "8", not a positive integer"#,
+        ),
+        (r#"{"n_head": 0}"#, "gives `n_head` 0"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let e = infer_config_from_safetensors(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.json beside it") && e.contains(needle),
+            "{e}"
+        );
+    }
+    std::fs::remove_file(&config).unwrap();
+    std::fs::create_dir(&config).unwrap();
+    let e = infer_config_from_safetensors(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config.json beside it cannot be read"), "{e}");
 }
 
 /// The same weights saved twice give the same bytes (the safetensors crate
