@@ -2,7 +2,8 @@
 //!
 //! Loading accepts tensor names with or without the `transformer.` prefix (the
 //! published `gpt2` checkpoints have none, `save_pretrained` of a
-//! `GPT2LMHeadModel` writes it), ignores `lm_head.weight` (tied to `wte`) and the
+//! `GPT2LMHeadModel` writes it), takes `lm_head.weight` only if it is `wte`
+//! bit for bit (tied, as GPT-2's is; an untied one is an error), ignores the
 //! attention buffers `h.N.attn.bias` / `h.N.attn.masked_bias`, converts F32, F16
 //! and BF16 to f32, and transposes the `Conv1D` weights, stored `(in, out)` by
 //! Hugging Face, into Braid's `(out, in)` layout. Anything else in the file is an
@@ -44,8 +45,9 @@ fn short_name(name: &str) -> &str {
     name.strip_prefix(HF_PREFIX).unwrap_or(name)
 }
 
-/// Whether a (short) name is a tensor the loader skips on purpose: the tied
-/// classifier and the attention mask buffers.
+/// Whether a (short) name is a tensor the loader does not load: the tied
+/// classifier (checked against the embedding, `check_tied`) and the
+/// attention mask buffers.
 fn is_ignored(short: &str) -> bool {
     if short == "lm_head.weight" {
         return true;
@@ -148,8 +150,13 @@ pub fn load_hf_safetensors(
     // short name -> (name in the file, view)
     let mut by_short: HashMap<&str, (&str, TensorView<'_>)> = HashMap::new();
     let known: BTreeSet<&str> = layout.tensors.iter().map(|t| short_name(&t.name)).collect();
+    let mut lm_head = None;
     for (name, view) in st.iter() {
         let short = short_name(name);
+        if short == "lm_head.weight" {
+            lm_head = Some((name, view));
+            continue;
+        }
         if is_ignored(short) {
             continue;
         }
@@ -188,7 +195,41 @@ pub fn load_hf_safetensors(
         let data = to_f32(path, name, view)?;
         t.copy_from_hf(&data, &mut flat)?;
     }
+    if let Some((name, view)) = lm_head {
+        check_tied(path, name, &view, &flat[layout.wte()])?;
+    }
     Ok(flat)
+}
+
+/// A classifier `lm_head.weight` in the file must be the token embedding
+/// it is tied to (as `transformers` writes a tied model that keeps it),
+/// bit for bit: Braid's GPT-2 has no classifier of its own, so an untied
+/// one (a fine-tune that untied it) would be dropped and the model scored
+/// as another.
+fn check_tied(path: &Path, name: &str, view: &TensorView<'_>, wte: &[f32]) -> Result<()> {
+    let fail = |message: String| Gpt2Error::Safetensors {
+        path: path.to_path_buf(),
+        message,
+    };
+    let head = to_f32(path, name, view)?;
+    if head.len() != wte.len() {
+        return Err(fail(format!(
+            "{name} has shape {:?}, not the token embedding's it is tied to",
+            view.shape()
+        )));
+    }
+    match head
+        .iter()
+        .zip(wte)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        None => Ok(()),
+        Some(i) => Err(fail(format!(
+            "{name} differs from the token embedding (first at element {i}: {} against {}): \
+             an untied classifier, which GPT-2 and Braid tie to the embedding",
+            head[i], wte[i]
+        ))),
+    }
 }
 
 /// One tensor's entry in a safetensors header.

@@ -198,6 +198,31 @@ fn loads_hf_layout_with_and_without_prefix_and_lm_head() {
             }
         }
     }
+    // A classifier that is not the embedding (an untied fine-tune) is
+    // refused, not dropped; so is one of another shape.
+    for (i, bad) in [(7usize, "differs"), (usize::MAX, "shape")] {
+        let mut tensors = hf_state_dict(&cfg, &flat, true, true, false);
+        let head = tensors
+            .iter_mut()
+            .find(|t| t.name == "lm_head.weight")
+            .unwrap();
+        match i {
+            usize::MAX => {
+                head.values.truncate(cfg.channels);
+                head.shape = vec![1, cfg.channels];
+            }
+            i => head.values[i] += 1.0,
+        }
+        let path = dir.path().join(format!("untied-{bad}.safetensors"));
+        write_safetensors(&path, &tensors, |_| Dtype::F32, None);
+        let e = load_hf_safetensors(&path, &cfg, &layout)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lm_head.weight") && e.contains(bad), "{e}");
+        if bad == "differs" {
+            assert!(e.contains("first at element 7"), "{e}");
+        }
+    }
 }
 
 #[test]
