@@ -516,7 +516,34 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
                 ),
             ));
         }
+        // AdamW's second moment is a mean of squares.
+        let negative = (name == "adam_v").then(|| v.iter().position(|&x| x < 0.0));
+        if let Some(Some(i)) = negative {
+            return Err(ckpt_err(
+                &file,
+                format!(
+                    "tensor \"adam_v\" holds {} at index {i}: the file is corrupt (AdamW's \
+                     second moment is never negative)",
+                    v[i]
+                ),
+            ));
+        }
         tensors.push(v);
+    }
+    // A checkpoint holds these three and nothing else: another tensor is
+    // from something else (a resume would drop it unsaid).
+    if let Some(other) = header
+        .tensors
+        .keys()
+        .find(|k| !TENSOR_NAMES.contains(&k.as_str()))
+    {
+        return Err(ckpt_err(
+            &file,
+            format!(
+                "holds a tensor {other:?}, which is not a Braid checkpoint's (those are {})",
+                TENSOR_NAMES.map(|t| format!("{t:?}")).join(", ")
+            ),
+        ));
     }
     debug_assert!(header.file_len >= header.data_start);
     Ok((file, meta, tensors))

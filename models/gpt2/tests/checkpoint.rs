@@ -49,7 +49,12 @@ fn checkpoint(step: u64, salt: u32) -> Checkpoint {
         step,
         params: awkward(n, salt),
         adam_m: awkward(n, salt ^ 0x5555),
-        adam_v: awkward(n, salt ^ 0xaaaa),
+        // Non-negative, as a second moment is (a negative one is refused
+        // as corruption).
+        adam_v: awkward(n, salt ^ 0xaaaa)
+            .into_iter()
+            .map(f32::abs)
+            .collect(),
         optimizer: AdamWHyper {
             learning_rate: 6e-4,
             beta1: 0.9,
@@ -256,6 +261,28 @@ fn damaged_checkpoints_give_clear_errors() {
     let err = load_checkpoint(&dir).unwrap_err();
     assert!(
         err.to_string().contains("missing tensor \"adam_v\""),
+        "{err}"
+    );
+
+    // A tensor no checkpoint holds.
+    let mut extra = all("adam_v");
+    extra.push(("lm_head", vec![n], Dtype::F32, v.clone()));
+    write_raw(&path, &extra, Some(meta.clone()));
+    let err = load_checkpoint(&dir).unwrap_err();
+    assert!(
+        err.to_string().contains("holds a tensor \"lm_head\""),
+        "{err}"
+    );
+
+    // A negative second moment.
+    let mut negative = all("adam_v");
+    let mut bad_v = v.clone();
+    bad_v[4..8].copy_from_slice(&(-2.0f32).to_le_bytes());
+    negative[2].3 = bad_v;
+    write_raw(&path, &negative, Some(meta.clone()));
+    let err = load_checkpoint(&dir).unwrap_err();
+    assert!(
+        err.to_string().contains("\"adam_v\" holds -2 at index 1"),
         "{err}"
     );
 
