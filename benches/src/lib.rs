@@ -20,6 +20,86 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The most CPU ranks a benchmark starts. CPU ranks are threads of this
+/// process (`braid::launch`), each with its runtime's stream threads beside
+/// it (a compute and a communication stream at least: three threads a
+/// rank). Tens of thousands of ranks ask for more threads than Linux gives
+/// one process by default (its memory mappings, `vm.max_map_count` 65,530,
+/// every thread taking several for its stack, guard page and signal stack;
+/// its thread limit), and the Rust runtime then aborts the whole process
+/// while starting a thread ("failed to set up alternative stack guard
+/// page") instead of returning an error. 1,024 stays far inside that (1,024
+/// ranks of `allreduce_bw` run on a 2-core VM), is far more ranks than cores
+/// on any machine these figures mean something on, and is the runtime's own
+/// cap on streams (`braid::MAX_STREAMS`).
+pub const MAX_CPU_RANKS: usize = 1024;
+
+/// Command-line value parsers shared by the benchmark programs: a value that
+/// would measure nothing (a count of 0, a non-positive factor) is refused
+/// when the arguments are parsed, clap naming the flag and saying why.
+pub mod cli {
+    use clap::builder::RangedU64ValueParser;
+
+    /// A count of at least `min` (`--reps`, `--steps`, a width, ...).
+    pub fn at_least(min: u64) -> RangedU64ValueParser<usize> {
+        RangedU64ValueParser::new().range(min..)
+    }
+
+    /// A number of CPU ranks: 1 to [`MAX_CPU_RANKS`](crate::MAX_CPU_RANKS).
+    pub fn cpu_ranks(s: &str) -> Result<usize, String> {
+        let max = crate::MAX_CPU_RANKS;
+        match s.trim().parse::<usize>() {
+            Ok(0) => Err("0 ranks: at least 1 is needed".into()),
+            Ok(n) if n > max => Err(format!(
+                "{n} ranks: at most {max} (each rank is a thread of this process, with its \
+                 runtime's stream threads beside it)"
+            )),
+            Ok(n) => Ok(n),
+            Err(e) => Err(format!("`{s}` is not a rank count: {e}")),
+        }
+    }
+
+    /// A finite number above 0 (a factor, a period, a cap).
+    pub fn positive_f64(s: &str) -> Result<f64, String> {
+        match s.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            Ok(x) => Err(format!("{x} is not a positive number")),
+            Err(e) => Err(format!("`{s}` is not a number: {e}")),
+        }
+    }
+
+    /// A finite number at or above 0.
+    pub fn non_negative_f64(s: &str) -> Result<f64, String> {
+        match s.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Ok(x) => Err(format!("{x} is not a number at or above 0")),
+            Err(e) => Err(format!("`{s}` is not a number: {e}")),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_parsers_refuse_what_measures_nothing() {
+            assert_eq!(cpu_ranks("1"), Ok(1));
+            assert_eq!(cpu_ranks("1024"), Ok(1024));
+            assert!(cpu_ranks("0").unwrap_err().contains("at least 1"));
+            assert!(cpu_ranks("1025").unwrap_err().contains("at most 1024"));
+            assert!(cpu_ranks("x").is_err());
+            assert_eq!(positive_f64("0.5"), Ok(0.5));
+            for bad in ["0", "-1", "nan", "inf", "x"] {
+                assert!(positive_f64(bad).is_err(), "{bad}");
+            }
+            assert_eq!(non_negative_f64("0"), Ok(0.0));
+            for bad in ["-0.1", "nan", "inf", "x"] {
+                assert!(non_negative_f64(bad).is_err(), "{bad}");
+            }
+        }
+    }
+}
+
 /// The GPT-2 benchmarks' storage flags (`--dtype`, `--fused`, `--fuse`),
 /// flattened into each program's arguments.
 #[derive(clap::Args, Debug, Clone, Copy)]

@@ -14,23 +14,24 @@
 
 use braid::comm::{Comm, ReduceOp};
 use braid::{launch, BackendKind, Runtime};
+use braid_benches::cli;
 use clap::Parser;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
 #[command(about = "All-reduce bandwidth of Braid's CPU collectives (nccl-tests units)")]
 struct Args {
-    /// Rank counts to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    /// Rank counts to measure, comma-separated (1 to 1,024).
+    #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = cli::cpu_ranks)]
     ranks: Vec<usize>,
-    /// Smallest message, bytes.
-    #[arg(long, default_value_t = 4 << 10)]
+    /// Smallest message, bytes: a positive multiple of 4 (f32 elements).
+    #[arg(long, default_value_t = 4 << 10, value_parser = parse_min_bytes)]
     min_bytes: usize,
-    /// Largest message, bytes.
+    /// Largest message, bytes (at least --min-bytes).
     #[arg(long, default_value_t = 64 << 20)]
     max_bytes: usize,
-    /// Size factor between consecutive messages.
-    #[arg(long, default_value_t = 4)]
+    /// Size factor between consecutive messages (at least 2).
+    #[arg(long, default_value_t = 4, value_parser = cli::at_least(2))]
     step_factor: usize,
     /// Bytes each rank moves per measurement (sets the iteration count:
     /// between 5 and 1000 all-reduces per size).
@@ -39,6 +40,21 @@ struct Args {
     /// Out of place (separate input and output) instead of in place.
     #[arg(long)]
     out_of_place: bool,
+}
+
+/// `--min-bytes`: the messages are f32 elements, and every size measured is
+/// this one times a power of `--step-factor`, so it must hold whole elements
+/// (a size that does not would be reported as bytes the all-reduce never
+/// moved).
+fn parse_min_bytes(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0 bytes: the smallest message needs at least one f32 (4 bytes)".into()),
+        Ok(n) if n % 4 != 0 => Err(format!(
+            "{n} bytes is not a multiple of 4: the messages are f32 elements"
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a byte count: {e}")),
+    }
 }
 
 fn measure(comm: &Comm, rt: &Runtime, bytes: usize, iters: usize, oop: bool) -> braid::Result<f64> {
@@ -71,6 +87,13 @@ fn measure(comm: &Comm, rt: &Runtime, bytes: usize, iters: usize, oop: bool) -> 
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    if a.max_bytes < a.min_bytes {
+        anyhow::bail!(
+            "--max-bytes {} is below --min-bytes {}: no message size to measure",
+            a.max_bytes,
+            a.min_bytes
+        );
+    }
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "# braid CPU all-reduce (LocalComm, f32 sum, {}), {cores} hardware threads",
@@ -86,10 +109,10 @@ fn main() -> anyhow::Result<()> {
         "ranks", "bytes", "iters", "time_us", "algbw_GB/s", "busbw_GB/s"
     );
     let mut sizes = Vec::new();
-    let mut s = a.min_bytes.max(4);
-    while s <= a.max_bytes {
-        sizes.push(s);
-        s *= a.step_factor.max(2);
+    let mut s = Some(a.min_bytes);
+    while let Some(bytes) = s.filter(|&b| b <= a.max_bytes) {
+        sizes.push(bytes);
+        s = bytes.checked_mul(a.step_factor);
     }
     for &w in &a.ranks {
         let sizes = &sizes;

@@ -24,7 +24,7 @@
 //! `cargo run --release -p braid-benches --bin dag_overhead -- --shape chain --tasks 100000 [--mode replay]`
 
 use braid::{BackendKind, Policy, Runtime};
-use braid_benches::{buffers, run, submit, Shape};
+use braid_benches::{buffers, cli, run, submit, Shape};
 use clap::Parser;
 use std::time::Instant;
 
@@ -35,17 +35,17 @@ struct Args {
     /// streams 0 and 1: what a cross-stream hand-off costs, against chain).
     #[arg(long, default_value = "chain")]
     shape: Shape,
-    /// Number of tasks.
-    #[arg(long, default_value_t = 100_000)]
+    /// Number of tasks (at least 1).
+    #[arg(long, default_value_t = 100_000, value_parser = cli::at_least(1))]
     tasks: usize,
-    /// Compute streams.
-    #[arg(long, default_value_t = 2)]
+    /// Compute streams (at least 1; 2 for pingpong).
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     streams: usize,
     /// Placement policy.
     #[arg(long, default_value = "affinity")]
     policy: Policy,
-    /// Repetitions (the best and the median are printed).
-    #[arg(long, default_value_t = 5)]
+    /// Repetitions (the best and the median are printed; at least 1).
+    #[arg(long, default_value_t = 5, value_parser = cli::at_least(1))]
     reps: usize,
     /// eager, auto, replay or graph.
     #[arg(long, default_value = "eager")]
@@ -58,7 +58,7 @@ struct Args {
     held: bool,
     /// The runtime's launch window (tasks submitted and not finished before
     /// the submitter waits; the builder's default when not given).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::at_least(1))]
     window: Option<usize>,
     /// Every body on its stream's thread: no short task run by the
     /// submitter (`RuntimeBuilder::inline_short_tasks(false)`).
@@ -78,6 +78,12 @@ fn main() -> anyhow::Result<()> {
     let mut a = Args::parse();
     if a.replay {
         a.mode = Mode::Replay;
+    }
+    if a.shape == Shape::PingPong && a.streams < 2 {
+        anyhow::bail!(
+            "--shape pingpong alternates streams 0 and 1: it needs --streams 2 or more, not {}",
+            a.streams
+        );
     }
     if a.held && a.mode != Mode::Eager {
         anyhow::bail!(

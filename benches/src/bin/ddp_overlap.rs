@@ -9,6 +9,7 @@
 
 use braid::comm::{BucketConfig, ReduceOp};
 use braid::{launch, BackendKind, Reducer, Runtime};
+use braid_benches::cli;
 use braid_benches::toy_mlp::Mlp;
 use clap::Parser;
 use std::time::Instant;
@@ -18,29 +19,34 @@ use std::time::Instant;
     about = "Bucketed, overlapped all-reduce vs one all-reduce after backward (toy MLP, CPU ranks)"
 )]
 struct Args {
-    /// Number of ranks.
-    #[arg(long, default_value_t = 2)]
+    /// Number of ranks (1 to 1,024).
+    #[arg(long, default_value_t = 2, value_parser = cli::cpu_ranks)]
     ranks: usize,
-    /// Layer widths, input first.
-    #[arg(long, value_delimiter = ',', default_value = "256,768,768,768,768,128")]
+    /// Layer widths, input first (at least two, each at least 1).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,768,768,768,768,128",
+        value_parser = cli::at_least(1)
+    )]
     dims: Vec<usize>,
     /// Rows per rank per step.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = cli::at_least(1))]
     batch: usize,
     /// Compute streams per rank.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     compute_streams: usize,
     /// Bucket cap, KiB.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = cli::at_least(1))]
     cap_kib: usize,
     /// First bucket's cap, KiB.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = cli::at_least(1))]
     first_cap_kib: usize,
     /// Measured steps per mode per round.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = cli::at_least(1))]
     steps: usize,
     /// Rounds (each runs both modes).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, value_parser = cli::at_least(1))]
     rounds: usize,
 }
 

@@ -18,29 +18,29 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use braid::cuda::{CublasHandle, CudaDevice, CudaStream, DeviceBuffer, Gemm, Transpose};
-use braid_benches::median;
+use braid_benches::{cli, median};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
 #[command(about = "The classifier's cuBLAS products at an odd and a padded vocabulary")]
 struct Args {
     /// Rows `n = B·T`.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = cli::at_least(1))]
     rows: usize,
     /// Channels `C`.
-    #[arg(long, default_value_t = 768)]
+    #[arg(long, default_value_t = 768, value_parser = cli::at_least(1))]
     channels: usize,
     /// The vocabulary.
-    #[arg(long, default_value_t = 50257)]
+    #[arg(long, default_value_t = 50257, value_parser = cli::at_least(1))]
     vocab: usize,
     /// Pad the vocabulary to a multiple of this.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = cli::at_least(1))]
     multiple: usize,
     /// bf16 or fp32.
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Timed repetitions of each product.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = cli::at_least(1))]
     reps: usize,
 }
 

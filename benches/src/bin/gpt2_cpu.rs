@@ -23,6 +23,7 @@
 use anyhow::Result;
 use braid::trace::Span;
 use braid::{BackendKind, Policy};
+use braid_benches::cli;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
 use braid_gpt2::trainer::{train, StartState, TrainOptions, TrainReport};
@@ -35,23 +36,24 @@ struct Args {
     /// Model name (tiny, small, ...).
     #[arg(long, default_value = "small")]
     model: String,
-    /// CPU ranks (threads).
-    #[arg(long, default_value_t = 2)]
+    /// CPU ranks (threads; 1 to 1,024).
+    #[arg(long, default_value_t = 2, value_parser = cli::cpu_ranks)]
     ranks: usize,
     /// Compute streams per rank.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     streams: usize,
     /// Sequences per rank per step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = cli::at_least(1))]
     batch_size: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least(1))]
     seq_len: usize,
-    /// Measured steps per policy per round (plus one warm-up step).
-    #[arg(long, default_value_t = 4)]
+    /// Measured steps per policy per round (plus one warm-up step; at least
+    /// 1).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..u64::MAX))]
     steps: u64,
-    /// Rounds; each runs every variant.
-    #[arg(long, default_value_t = 2)]
+    /// Rounds; each runs every variant (at least 1).
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     rounds: usize,
     /// Also run the default policy with `oversubscribe` (every compute stream
     /// of every rank, whatever the core budget): the placement before the
@@ -59,10 +61,10 @@ struct Args {
     #[arg(long)]
     oversubscribed: bool,
     /// Gradient bucket cap, MiB.
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = 25.0, value_parser = cli::positive_f64)]
     bucket_cap_mb: f64,
     /// First bucket's cap, MiB.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = cli::positive_f64)]
     first_bucket_mb: f64,
 }
 

@@ -36,7 +36,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use braid::trace::Summary;
 use braid::{BackendKind, Policy, Runtime};
-use braid_benches::{median, StorageArgs};
+use braid_benches::{cli, median, StorageArgs};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::kernels::cpu::Dtype;
@@ -55,13 +55,13 @@ struct Args {
     #[arg(long, default_value = "gpt2")]
     model: String,
     /// Sequences per step (B).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = cli::at_least(1))]
     batch_size: usize,
     /// Tokens per sequence (T).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = cli::at_least(1))]
     seq_len: usize,
     /// Compute streams of each runtime (`single` puts every task on stream 0).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     streams: usize,
     /// The policy compared with `single`: affinity or round-robin.
     #[arg(long, default_value = "affinity")]
@@ -96,7 +96,7 @@ struct Args {
     /// The GPU's peak rate in TFLOP/s that the model FLOPs utilisation
     /// (MFU) is a share of. Default: an H100/H200 SXM's dense rate for the
     /// dtype (989 in bf16 on tensor cores, 67 in fp32 without TF32).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::positive_f64)]
     peak_tflops: Option<f64>,
 }
 

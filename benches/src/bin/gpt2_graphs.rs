@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use braid::{BackendKind, Runtime, Schedule};
-use braid_benches::{median, StorageArgs};
+use braid_benches::{cli, median, StorageArgs};
 use braid_gpt2::checkpoint::AdamWHyper;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::model::{init_params, Gpt2Model, Rng};
@@ -47,16 +47,16 @@ struct Args {
     #[arg(long, default_value = "small")]
     model: String,
     /// Sequences per step (B).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = cli::at_least(1))]
     batch_size: usize,
     /// Tokens per sequence (T).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least(1))]
     seq_len: usize,
     /// `cuda` (device 0) or `cpu`.
     #[arg(long, default_value = "cuda")]
     device: String,
     /// Compute streams.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = cli::at_least(1))]
     streams: usize,
     /// Unmeasured steps at the start of every round (at least 3: the
     /// recording is the third step, as in the trainer).

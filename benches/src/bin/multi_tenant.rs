@@ -59,6 +59,7 @@
 
 use anyhow::{Context, Result};
 use braid::{BackendKind, Class, Runtime, Schedule};
+use braid_benches::cli;
 use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::{Split, TokenSource};
 use braid_gpt2::model::{init_params, Dtype, Gpt2Model};
@@ -75,11 +76,12 @@ struct Args {
     /// requests for as long as training lasts). At least 1.
     #[arg(long, default_value_t = 150, value_parser = parse_requests)]
     requests: usize,
-    /// Time between requests, ms.
-    #[arg(long, default_value_t = 20.0)]
+    /// Time between requests, ms (above 0: a request's latency counts from
+    /// when it is due).
+    #[arg(long, default_value_t = 20.0, value_parser = cli::positive_f64)]
     period_ms: f64,
     /// Tokens per request (batch 1).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least(1))]
     request_tokens: usize,
     /// The training run's model.
     #[arg(long, default_value = "small")]
@@ -90,18 +92,18 @@ struct Args {
     be_steps: u64,
     /// Training ranks: CPU threads (default 2), or GPUs from device 0 with
     /// `--device cuda` (default 1).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::cpu_ranks)]
     be_ranks: Option<usize>,
     /// Training sequences per step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = cli::at_least(1))]
     be_batch_size: usize,
     /// Training tokens per sequence.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = cli::at_least(1))]
     be_seq_len: usize,
     /// Rounds of the whole measurement (each program alone, then together),
     /// the last line giving the median of the rounds' ratios: on a shared,
     /// noisy machine one round's p99 ratio spreads widely.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = cli::at_least(1))]
     rounds: usize,
     /// cpu, or cuda (both programs on GPU 0; the training run in bf16, with
     /// one rank unless --be-ranks says otherwise).
@@ -129,7 +131,7 @@ struct Args {
     /// (`RuntimeBuilder::device_bundle`: the device time of its launched,
     /// unfinished kernels each stream keeps at most), in the shared run with
     /// classes. Default: the builder's, 1,000.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     be_bundle_us: Option<u64>,
 }
 
@@ -584,7 +586,7 @@ fn main() -> Result<()> {
         );
     }
     let mut rounds = Vec::new();
-    for r in 0..a.rounds.max(1) {
+    for r in 0..a.rounds {
         if a.rounds > 1 {
             println!("round {}:", r + 1);
         }

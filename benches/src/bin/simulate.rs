@@ -13,6 +13,7 @@
 //! count asked.
 
 use anyhow::{bail, Result};
+use braid_benches::cli;
 use braid_benches::simulate::{
     self, graph::StepChoice, machine::Machine, trace::Trace, SimConfig, SimPolicy, StepGraph,
 };
@@ -34,7 +35,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1")]
     ranks: Vec<usize>,
     /// Compute streams per rank (default: as traced).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::at_least(1))]
     streams: Option<usize>,
     /// Placement: single, recorded (the traced streams), eager (Braid's
     /// eager affinity rule) or affinity (the default: what replayed steps
@@ -53,21 +54,21 @@ struct Args {
     cores: usize,
     /// CPU machine: cores' worth of other work running beside the ranks
     /// (a shared machine).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::non_negative_f64)]
     background: Option<f64>,
     /// CPU machine: cores' worth of other work beside the traced run.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::non_negative_f64)]
     traced_background: Option<f64>,
     /// GPU machine: kernel sharing σ (a compute task runs 1 + σ·(k − 1) times
     /// slower while k of its rank's compute tasks run)
-    #[arg(long)]
+    #[arg(long, value_parser = cli::non_negative_f64)]
     gpu_sharing: Option<f64>,
     /// CPU machine: memory contention γ (a task runs 1 + γ·(busy cores − 1)
     /// times slower).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::non_negative_f64)]
     contention: Option<f64>,
     /// Multiply compute durations (on top of the machine's factor).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = cli::positive_f64)]
     compute_scale: f64,
     /// CPU: use every compute stream whatever the cores (no core budget).
     #[arg(long)]
@@ -80,7 +81,7 @@ struct Args {
     #[arg(long)]
     step_start: Option<String>,
     /// Host time between steps, ms (default: as traced).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::non_negative_f64)]
     host_gap_ms: Option<f64>,
     /// Write the predicted step (last rank count) as a Chrome trace here.
     #[arg(long)]

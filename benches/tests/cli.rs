@@ -1,0 +1,234 @@
+//! The benchmark programs refuse flags that would measure nothing: a count of
+//! 0, an empty or inverted size range, an absurd rank count. Each case spawns
+//! the program and checks that it exits with an error naming the flag, before
+//! it measures anything, and without a panic (an index out of bounds, a
+//! division by zero) or an abort (a thread that could not start).
+//!
+//! Every refusal happens when the arguments are checked, so the programs
+//! that need a GPU are tested here too: they refuse the flag before looking
+//! for one.
+
+use std::process::Command;
+
+/// Runs `bin` with `args`; asserts it fails without panicking or aborting
+/// and that its error output contains every one of `expect`.
+fn refused(bin: &str, args: &[&str], expect: &[&str]) {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let what = format!(
+        "{bin} {args:?}\nstatus {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    assert!(!out.status.success(), "accepted: {what}");
+    // A refusal is an error exit (clap's 2, anyhow's 1), not a signal.
+    assert!(
+        matches!(out.status.code(), Some(1 | 2)),
+        "not an error exit: {what}"
+    );
+    for bad in ["panicked", "fatal runtime error", "RUST_BACKTRACE"] {
+        assert!(!stderr.contains(bad), "`{bad}`: {what}");
+    }
+    for e in expect {
+        assert!(stderr.contains(e), "no `{e}` in the error: {what}");
+    }
+    // Refused before measuring: not even a header.
+    assert!(stdout.trim().is_empty(), "printed something: {what}");
+}
+
+const ALLREDUCE_BW: &str = env!("CARGO_BIN_EXE_allreduce_bw");
+const DAG_OVERHEAD: &str = env!("CARGO_BIN_EXE_dag_overhead");
+const DDP_OVERLAP: &str = env!("CARGO_BIN_EXE_ddp_overlap");
+const GPT2_CPU: &str = env!("CARGO_BIN_EXE_gpt2_cpu");
+const GPT2_GPU: &str = env!("CARGO_BIN_EXE_gpt2_gpu");
+const GPT2_GRAPHS: &str = env!("CARGO_BIN_EXE_gpt2_graphs");
+const GEMM_VOCAB: &str = env!("CARGO_BIN_EXE_gemm_vocab");
+const MULTI_TENANT: &str = env!("CARGO_BIN_EXE_multi_tenant");
+const SIMULATE: &str = env!("CARGO_BIN_EXE_simulate");
+
+#[test]
+fn allreduce_bw_refuses_rank_counts_it_cannot_run() {
+    // 0 ranks panicked on the first rank's results.
+    refused(ALLREDUCE_BW, &["--ranks", "0"], &["--ranks", "at least 1"]);
+    refused(
+        ALLREDUCE_BW,
+        &["--ranks", "2,0"],
+        &["--ranks", "at least 1"],
+    );
+    // 100,000 rank threads aborted the process.
+    refused(
+        ALLREDUCE_BW,
+        &["--ranks", "100000"],
+        &["--ranks", "at most 1024"],
+    );
+    refused(
+        ALLREDUCE_BW,
+        &["--ranks", "1025"],
+        &["--ranks", "at most 1024"],
+    );
+}
+
+#[test]
+fn allreduce_bw_refuses_message_sizes_that_measure_nothing() {
+    // An inverted range printed an empty table and exited 0.
+    refused(
+        ALLREDUCE_BW,
+        &["--min-bytes", "8192", "--max-bytes", "4096"],
+        &["--max-bytes", "--min-bytes"],
+    );
+    refused(ALLREDUCE_BW, &["--max-bytes", "0"], &["--max-bytes"]);
+    // Sizes that are not whole f32 elements (3 bytes was measured as 4).
+    refused(
+        ALLREDUCE_BW,
+        &["--min-bytes", "3"],
+        &["--min-bytes", "multiple of 4"],
+    );
+    refused(
+        ALLREDUCE_BW,
+        &["--min-bytes", "4098"],
+        &["--min-bytes", "multiple of 4"],
+    );
+    refused(ALLREDUCE_BW, &["--min-bytes", "0"], &["--min-bytes"]);
+    // A factor below 2 was silently taken as 2.
+    for f in ["0", "1"] {
+        refused(ALLREDUCE_BW, &["--step-factor", f], &["--step-factor"]);
+    }
+}
+
+#[test]
+fn dag_overhead_refuses_zero_counts() {
+    // --reps 0 panicked on the empty list of timings; --tasks 0 divided by 0.
+    for flag in ["--reps", "--tasks", "--streams", "--window"] {
+        refused(DAG_OVERHEAD, &[flag, "0"], &[flag]);
+    }
+    // One stream made pingpong a chain: no hand-off to measure.
+    refused(
+        DAG_OVERHEAD,
+        &["--shape", "pingpong", "--streams", "1"],
+        &["--shape pingpong", "--streams 2"],
+    );
+}
+
+#[test]
+fn ddp_overlap_refuses_zero_counts() {
+    // --ranks 0 panicked on the first rank's results, --steps 0 and
+    // --rounds 0 on an empty median.
+    refused(DDP_OVERLAP, &["--ranks", "0"], &["--ranks", "at least 1"]);
+    refused(
+        DDP_OVERLAP,
+        &["--ranks", "100000"],
+        &["--ranks", "at most 1024"],
+    );
+    for flag in [
+        "--steps",
+        "--rounds",
+        "--batch",
+        "--compute-streams",
+        "--cap-kib",
+        "--first-cap-kib",
+    ] {
+        refused(DDP_OVERLAP, &[flag, "0"], &[flag]);
+    }
+    refused(DDP_OVERLAP, &["--dims", "256,0,128"], &["--dims"]);
+}
+
+#[test]
+fn gpt2_cpu_refuses_zero_counts() {
+    // --rounds 0 and --steps 0 printed speed-ups of 1.000x (or NaN).
+    for flag in [
+        "--rounds",
+        "--steps",
+        "--batch-size",
+        "--seq-len",
+        "--streams",
+    ] {
+        refused(GPT2_CPU, &[flag, "0"], &[flag]);
+    }
+    refused(GPT2_CPU, &["--ranks", "0"], &["--ranks", "at least 1"]);
+    refused(
+        GPT2_CPU,
+        &["--ranks", "100000"],
+        &["--ranks", "at most 1024"],
+    );
+    for flag in ["--bucket-cap-mb", "--first-bucket-mb"] {
+        refused(GPT2_CPU, &[flag, "0"], &[flag, "not a positive number"]);
+        refused(GPT2_CPU, &[&format!("{flag}=-1")], &[flag]);
+    }
+}
+
+#[test]
+fn gpu_benchmarks_refuse_zero_counts_before_looking_for_a_gpu() {
+    for flag in ["--batch-size", "--seq-len", "--streams"] {
+        refused(GPT2_GPU, &[flag, "0"], &[flag]);
+        refused(GPT2_GRAPHS, &[flag, "0"], &[flag]);
+    }
+    refused(GPT2_GPU, &["--peak-tflops", "0"], &["--peak-tflops"]);
+    // --multiple 0 divided by zero; --reps 0 printed NaN times.
+    for flag in ["--rows", "--channels", "--vocab", "--multiple", "--reps"] {
+        refused(GEMM_VOCAB, &[flag, "0"], &[flag]);
+    }
+}
+
+#[test]
+fn multi_tenant_refuses_values_that_measure_nothing() {
+    // A negative period panicked (a negative Duration); 0 puts every
+    // request due at the start, so the latencies are the queue's.
+    for p in ["0", "-1", "nan"] {
+        refused(
+            MULTI_TENANT,
+            &[&format!("--period-ms={p}")],
+            &["--period-ms", "not a positive number"],
+        );
+    }
+    for flag in [
+        "--request-tokens",
+        "--be-batch-size",
+        "--be-seq-len",
+        "--rounds",
+        "--be-bundle-us",
+    ] {
+        refused(MULTI_TENANT, &[flag, "0"], &[flag]);
+    }
+    refused(
+        MULTI_TENANT,
+        &["--be-ranks", "0"],
+        &["--be-ranks", "at least 1"],
+    );
+    refused(
+        MULTI_TENANT,
+        &["--be-ranks", "100000"],
+        &["--be-ranks", "at most 1024"],
+    );
+}
+
+#[test]
+fn simulate_refuses_values_that_predict_nothing() {
+    // A trace the simulator reads: without the checks, every case below
+    // would run and print a prediction.
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/traces/gpt2-124m-h100-affinity-step.json"
+    );
+    let sim = |extra: &[&str], expect: &[&str]| {
+        let mut args = vec!["--trace", trace];
+        args.extend_from_slice(extra);
+        refused(SIMULATE, &args, expect);
+    };
+    // 0 streams was simulated as 1 and printed as 0.
+    sim(&["--streams", "0"], &["--streams"]);
+    for s in ["0", "-1", "nan"] {
+        sim(&[&format!("--compute-scale={s}")], &["--compute-scale"]);
+    }
+    for flag in [
+        "--host-gap-ms",
+        "--background",
+        "--traced-background",
+        "--gpu-sharing",
+        "--contention",
+    ] {
+        sim(&[&format!("{flag}=-1")], &[flag, "at or above 0"]);
+    }
+}
