@@ -456,6 +456,37 @@ fn without_a_comm_stream_collectives_keep_program_order() {
     }
 }
 
+/// A rank of a group made without the launcher whose communicator is
+/// dropped has left: a peer at a later collective fails at once saying so,
+/// not at the group's timeout.
+#[test]
+fn a_dropped_communicator_is_a_rank_that_left() {
+    let config = LocalCommConfig {
+        timeout: Duration::from_secs(120),
+        ..LocalCommConfig::default()
+    };
+    let mut locals = braid::LocalComm::group(2, config).into_iter();
+    let (l0, l1) = (locals.next().unwrap(), locals.next().unwrap());
+    let one = |local: braid::LocalComm, rank: usize, collectives: usize| {
+        let rt = runtime(rank)?;
+        let comm = braid::Comm::new(local);
+        let comm = comm.bind(&rt)?;
+        let x = rt.alloc_from("x", &[1.0f32; 4])?;
+        for _ in 0..collectives {
+            ar_sum(&comm, &x)?;
+        }
+        rt.read_vec::<f32>(&x)
+    };
+    let leaver = std::thread::spawn(move || one(l1, 1, 1));
+    let stayer = std::thread::spawn(move || one(l0, 0, 2));
+    assert_eq!(leaver.join().unwrap().unwrap(), vec![2.0; 4]);
+    let e = stayer.join().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("rank 1 left after issuing 1 collective(s) (its communicator was dropped)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn misuse_is_caught_at_submission() {
     let out = launch(2, |rank, comm| {

@@ -668,6 +668,18 @@ impl Communicator for LocalComm {
         self.group
             .poison_locked(&mut st, format!("rank {} aborted: {reason}", self.rank));
     }
+
+    /// Departs, unless the launcher has already said why the rank left.
+    fn left(&self, issued: u64) {
+        let mut st = self.group.lock();
+        if st.departed[self.rank].is_none() {
+            st.departed[self.rank] = Some(Departure {
+                issued,
+                why: "its communicator was dropped".into(),
+            });
+            self.group.cv.notify_all();
+        }
+    }
 }
 
 /// Elements of chunk `j` of `n` elements split over `w` ranks (balanced; the

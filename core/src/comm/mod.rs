@@ -528,6 +528,14 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// This rank will issue nothing more: its last [`Comm`] was dropped,
+    /// with no collective queued, after `issued` collectives. A backend
+    /// that can tells the other ranks, so that one waiting for a later
+    /// collective fails at once instead of at its timeout. Default: nothing.
+    fn left(&self, issued: u64) {
+        let _ = issued;
+    }
+
     /// Gives up: pending and later collectives of every rank fail instead of
     /// waiting (`ncclCommAbort`). Called by [`Comm`] when a collective of this
     /// rank failed or will never run (its task was skipped). Default: nothing.
@@ -562,6 +570,14 @@ struct CommInner {
     poisoned: OnceLock<Error>,
     /// The id of the runtime this communicator is bound to.
     runtime: OnceLock<u64>,
+}
+
+impl Drop for CommInner {
+    /// The last `Comm` and the last queued collective are gone.
+    fn drop(&mut self) {
+        let issued = (*lock(&self.issued)).max(self.ran.load(Ordering::Acquire));
+        self.imp.left(issued);
+    }
 }
 
 impl CommInner {
