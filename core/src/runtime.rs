@@ -554,8 +554,7 @@ impl RuntimeBuilder {
             dropped: Arc::new(Dropped::default()),
             profiling: self.profile || self.live.is_some(),
             live: self.live.is_some(),
-            busy_since: AtomicU64::new(0),
-            busy_periods: Mutex::new(Default::default()),
+            busy: Mutex::new(Default::default()),
             class: self.class,
             device_bundle_ns: u64::try_from(self.device_bundle.as_nanos()).unwrap_or(u64::MAX),
             realtime: self.realtime,
@@ -952,11 +951,11 @@ impl Runtime {
     }
 
     /// What every submission does first: waits for room in the launch
-    /// window, starts the live view's busy period if idle, and gives the
-    /// submitting thread its class's spin-waits (and real-time policy).
+    /// window and gives the submitting thread its class's spin-waits (and
+    /// real-time policy). (A busy period starts as the first task is
+    /// counted, `sched::live::submitted`.)
     fn before_submitting(&self) {
         self.wait_for_room();
-        sched::live::submitting(&self.shared);
         sched::tenants::program_thread(&self.shared);
     }
 
@@ -1241,7 +1240,7 @@ impl Runtime {
                 .collect(),
             spans,
             class: Some(self.shared.class),
-            busy: lock(&self.shared.busy_periods).clone(),
+            busy: lock(&self.shared.busy).periods.clone(),
         }
     }
 
@@ -1254,7 +1253,7 @@ impl Runtime {
                 .fetch_add(spans.len() as u64, Ordering::Relaxed);
             spans.clear();
         }
-        lock(&self.shared.busy_periods).clear();
+        lock(&self.shared.busy).periods.clear();
     }
 
     /// Writes this runtime's profile as a Chrome trace.

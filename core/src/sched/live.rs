@@ -96,27 +96,64 @@ pub(crate) fn placed(shared: &Shared, s: usize, seq: u64) {
 #[cfg(all(unix, not(loom)))]
 const BUSY_PERIODS: usize = 4096;
 
-/// Profiling: a submission is about to be made; if the runtime is idle it
-/// becomes busy now. (A completion racing with it can at worst mis-time one
-/// period: this is a monitoring figure.)
-pub(crate) fn submitting(shared: &Shared) {
-    use crate::sync::Ordering;
-    if shared.profiling && shared.submitted.load(Ordering::Acquire) == shared.completed.get() {
-        shared.busy_since.store(now_ns().max(1), Ordering::Release);
+/// Profiling: when the runtime is busy (a task submitted and not yet
+/// completed), and the busy periods so far. Both decisions — a submission
+/// opens a period, a completion closes one — are made under its lock, after
+/// the count they change has moved: whichever comes second sees the other's
+/// count. (Made on counts read without it, a submission that found the
+/// runtime busy and a completion that found it idle could pass each other:
+/// the period closed, none opened, and a whole step ran outside any.)
+#[derive(Debug, Default)]
+pub(crate) struct Busy {
+    /// When the open period began, ns on the process timeline; 0: none.
+    since: u64,
+    /// The closed periods, `(start_ns, end_ns)` (a request's latency, for
+    /// a program that serves one request at a time).
+    pub(crate) periods: Vec<(u64, u64)>,
+}
+
+impl Busy {
+    /// The task that took the submitted count past `before` was counted;
+    /// `completed` was read after that, under the lock. If every earlier
+    /// task had completed, a period opens at `now` (if none is open).
+    pub(crate) fn submitted(&mut self, before: u64, completed: u64, now: u64) {
+        if before == completed && self.since == 0 {
+            self.since = now.max(1);
+        }
+    }
+
+    /// `done` tasks have completed; `submitted` was read after that, under
+    /// the lock. If that is every submitted task, the open period closes at
+    /// `now`.
+    pub(crate) fn completed(&mut self, done: u64, submitted: u64, now: u64) {
+        if done == submitted && self.since != 0 {
+            let start = std::mem::take(&mut self.since);
+            self.periods.push((start, now.max(start)));
+        }
+    }
+
+    /// Whether a period is open.
+    #[cfg(all(test, loom))]
+    pub(crate) fn open(&self) -> bool {
+        self.since != 0
     }
 }
 
-/// Profiling: `done` tasks have completed; if that is every submitted one,
-/// the busy period ends and is kept (the profile's `busy`, the live view's
-/// summary).
+/// Profiling: the task that took the runtime's submitted count past
+/// `before` was counted ([`Busy::submitted`]).
+pub(crate) fn submitted(shared: &Shared, before: u64) {
+    if shared.profiling {
+        let mut busy = lock(&shared.busy);
+        busy.submitted(before, shared.completed.get(), now_ns());
+    }
+}
+
+/// Profiling: `done` tasks have completed ([`Busy::completed`]).
 pub(crate) fn completed(shared: &Shared, done: u64) {
     use crate::sync::Ordering;
-    if !shared.profiling || done != shared.submitted.load(Ordering::Acquire) {
-        return;
-    }
-    let since = shared.busy_since.swap(0, Ordering::AcqRel);
-    if since != 0 {
-        lock(&shared.busy_periods).push((since, now_ns().max(since)));
+    if shared.profiling && done == shared.submitted.load(Ordering::Acquire) {
+        let mut busy = lock(&shared.busy);
+        busy.completed(done, shared.submitted.load(Ordering::Acquire), now_ns());
     }
 }
 
@@ -124,7 +161,8 @@ pub(crate) fn completed(shared: &Shared, done: u64) {
 /// The `busy` object of a frame: how many of the latest periods it covers,
 /// and their median, 99th percentile and longest, µs.
 fn busy_summary(shared: &Shared) -> serde_json::Value {
-    let log = lock(&shared.busy_periods);
+    let busy = lock(&shared.busy);
+    let log = &busy.periods;
     let latest = &log[log.len().saturating_sub(BUSY_PERIODS)..];
     match crate::trace::live::BusyPeriods::of(latest.iter().map(|(a, z)| z - a)) {
         None => serde_json::Value::Null,

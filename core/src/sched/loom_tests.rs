@@ -110,3 +110,39 @@ fn loom_gate_wakes_each_waiter_at_its_target() {
         low.join().unwrap();
     });
 }
+
+/// A busy period stays open while a task is submitted and not completed,
+/// however a submission and the completion of the task before it
+/// interleave (decided on counts read outside a common lock, a completion
+/// that found the runtime idle closed the period while the submission
+/// found it busy, and the next step ran outside any period).
+#[test]
+fn loom_busy_period_covers_a_racing_submission() {
+    use super::live::Busy;
+    use crate::sync::Mutex;
+    loom::model(|| {
+        // One task submitted, none completed, its period open.
+        let submitted = Arc::new(AtomicU64::new(1));
+        let completed = Arc::new(AtomicU64::new(0));
+        let busy = Arc::new(Mutex::new(Busy::default()));
+        busy.lock().unwrap().submitted(0, 0, 1);
+        let (s, c, b) = (submitted.clone(), completed.clone(), busy.clone());
+        let worker = thread::spawn(move || {
+            let done = c.fetch_add(1, Ordering::AcqRel) + 1;
+            if done == s.load(Ordering::Acquire) {
+                let mut busy = b.lock().unwrap();
+                busy.completed(done, s.load(Ordering::Acquire), 7);
+            }
+        });
+        let before = submitted.fetch_add(1, Ordering::AcqRel);
+        {
+            let mut b = busy.lock().unwrap();
+            b.submitted(before, completed.load(Ordering::Acquire), 5);
+        }
+        worker.join().unwrap();
+        // The second task is submitted and not completed: a period is open.
+        let b = busy.lock().unwrap();
+        assert!(b.open(), "periods {:?}", b.periods);
+        assert!(b.periods.len() <= 1);
+    });
+}

@@ -294,12 +294,8 @@ pub(crate) struct Shared {
     /// A live view is attached (`RuntimeBuilder::live`): stream threads
     /// publish the task they run, and busy periods are timed.
     pub(crate) live: bool,
-    /// Profiling: when the runtime last went from idle (every submitted
-    /// task finished) to busy, ns on the process timeline; 0 while idle.
-    pub(crate) busy_since: AtomicU64,
-    /// Profiling: the busy periods, `(start_ns, end_ns)` (a request's
-    /// latency, for a program that serves one request at a time).
-    pub(crate) busy_periods: Mutex<Vec<(u64, u64)>>,
+    /// Profiling: whether the runtime is busy, and its busy periods.
+    pub(crate) busy: Mutex<live::Busy>,
     /// CPU stream threads measure bodies into `estimates` and submission
     /// places by earliest finish time once a name is measured (`cost.rs`).
     pub(crate) measure: bool,
@@ -670,7 +666,8 @@ pub(crate) fn next_slot(
     let id = *next_id;
     *next_id += 1;
     tail[s] = id;
-    shared.submitted.fetch_add(1, Ordering::Relaxed);
+    let before = shared.submitted.fetch_add(1, Ordering::SeqCst);
+    live::submitted(shared, before);
     (id, seq)
 }
 
