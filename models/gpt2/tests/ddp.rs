@@ -719,6 +719,34 @@ fn a_failing_rank_reports_its_own_error() {
     assert!(err.to_string().contains("too few"), "{err}");
 }
 
+/// Every rank waits for rank 0's checkpoint write in the checkpoint's
+/// scope (a barrier after each save), which the summaries leave out, not
+/// in the next step's first collective; the losses are those of a run
+/// without checkpoints.
+#[test]
+fn ranks_wait_for_a_checkpoint_write_in_its_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = options(2, 2, 4);
+    let opts = TrainOptions {
+        checkpoint_dir: Some(dir.path().join("ckpt")),
+        checkpoint_every: Some(2),
+        ..plain.clone()
+    };
+    let start = || StartState::fresh(&Gpt2Config::tiny(), 3);
+    let saved = run(&opts, start());
+    assert_eq!(losses(&saved), losses(&run(&plain, start())));
+    for p in &saved.profiles {
+        let barriers = p
+            .spans
+            .iter()
+            .filter(|s| s.kind == braid::TaskKind::Comm && s.name.contains("barrier"))
+            .map(|s| s.scope.as_deref())
+            .collect::<Vec<_>>();
+        // Saved at step 2 and at the end.
+        assert_eq!(barriers, [Some("checkpoint"); 2], "rank {}", p.rank);
+    }
+}
+
 /// A rank that panics in the middle of a step (a task at its start that the
 /// step's gradient work depends on) stops every rank: the others' collectives fail
 /// (the failed rank's skipped collectives poison the communicator, or the

@@ -366,11 +366,11 @@ fn run_rank_on(
     let mut checkpoint = None;
     // Every rank gathers the state to save (ZeRO-1: collectives); rank 0
     // writes it.
-    let save = |model: &Gpt2Model,
-                opt: &AdamW,
-                reducer: Option<&Reducer<'_>>,
-                loader: &DataLoader,
-                step: u64|
+    let write = |model: &Gpt2Model,
+                 opt: &AdamW,
+                 reducer: Option<&Reducer<'_>>,
+                 loader: &DataLoader,
+                 step: u64|
      -> Result<Option<PathBuf>> {
         if rank != 0 && !opt.is_sharded() {
             return Ok(None);
@@ -404,6 +404,23 @@ fn run_rank_on(
             },
         )?;
         Ok(Some(dir.clone()))
+    };
+    // Then every rank waits for rank 0's write, in the checkpoint's scope
+    // (as `torch.distributed.barrier()` after a save): left to the next
+    // step's first collective, the other ranks' wait for the write counted
+    // as communication the summary could not tell from a slow all-reduce.
+    let save = |model: &Gpt2Model,
+                opt: &AdamW,
+                reducer: Option<&Reducer<'_>>,
+                loader: &DataLoader,
+                step: u64|
+     -> Result<Option<PathBuf>> {
+        let saved = write(model, opt, reducer, loader, step)?;
+        if let Some(c) = comm.as_ref() {
+            let _s = rt.scope("checkpoint");
+            c.barrier()?.wait()?;
+        }
+        Ok(saved)
     };
     // Steps after the first two of this run replay the third: by then the
     // reducer's bucket order is rebuilt and every step submits the same tasks.
