@@ -215,7 +215,7 @@ pub enum Gpt2Error {
 
     /// The token stream is too short for even one global batch.
     #[error(
-        "{origin}: {tokens} tokens are too few for one step of {world_size} rank(s) x batch {batch_size} x sequence {seq_len} (needs at least {needed})"
+        "{origin}: too few tokens ({tokens}) for one step of {world_size} rank(s) x batch {batch_size} x sequence {seq_len} (needs at least {needed})"
     )]
     DatasetTooSmall {
         /// Where the tokens came from.

@@ -158,7 +158,7 @@ struct TrainArgs {
     #[arg(long, value_name = "TOKENS", conflicts_with = "grad_accum")]
     total_batch_size: Option<usize>,
     /// AdamW peak learning rate (see --lr-schedule).
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2e-3)]
     lr: f32,
     /// How the learning rate follows the step: `cosine` warms up linearly
     /// over --warmup-steps, then decays along a cosine to --min-lr-frac of
@@ -175,7 +175,7 @@ struct TrainArgs {
     warmup_steps: Option<u64>,
     /// The learning rate at the last step, as a fraction of --lr (cosine)
     /// [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     min_lr_frac: Option<f32>,
     /// The parameters --weight-decay applies to: matrices (the embeddings
     /// and the linear layers' weights; not the biases and layer norms, as
@@ -189,10 +189,10 @@ struct TrainArgs {
     )]
     weight_decay_on: braid_gpt2::optim::DecayOn,
     /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.1)]
     weight_decay: f32,
     /// Clip the global gradient norm to this (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     grad_clip: f32,
     /// auto, cpu, cuda or cuda:N. `auto` trains on GPUs when there are
     /// --ranks of them (or under torchrun), on CPU ranks otherwise.
@@ -231,7 +231,7 @@ struct TrainArgs {
     #[arg(long, value_parser = parse_cap)]
     bucket_cap_mb: Option<CapArg>,
     /// Cap of the first gradient bucket in MiB.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     first_bucket_mb: f64,
     /// How gradient buckets travel: none (f32) or bf16 (CPU ranks only).
     #[arg(long, default_value = "none", value_parser = parse_compression)]
@@ -342,7 +342,7 @@ struct TrainArgs {
     /// fails, naming the collective. The other ranks wait this long for rank
     /// 0 while it writes a --checkpoint-every checkpoint: keep it above
     /// that write's time (a large model on a slow disk).
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 120.0)]
     comm_timeout: f64,
     /// Storage type of parameters, gradients and activations: fp32, or bf16
     /// (mixed precision: f32 master weights, moments and accumulation).
@@ -442,7 +442,9 @@ struct SampleArgs {
     /// A training checkpoint directory.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// Text to continue (default: start of a document).
+    /// Text to continue (default: start of a document); a literal
+    /// `<|endoftext|>` in it is the EOT token. The output is the prompt,
+    /// the generated text, then a newline.
     #[arg(long, default_value = "")]
     prompt: String,
     /// Tokens to generate.
@@ -456,7 +458,7 @@ struct SampleArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     num_samples: u64,
     /// Sampling temperature (0: always the most likely token).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     temperature: f32,
     /// Draw only from the K most likely tokens (and any tied with the
     /// K-th). Default: no such limit.
@@ -465,7 +467,7 @@ struct SampleArgs {
     /// Draw only from the most likely tokens whose probabilities first add
     /// up to at least P (nucleus sampling; 0 < P <= 1). Default: no such
     /// limit.
-    #[arg(long, value_name = "P")]
+    #[arg(long, allow_negative_numbers = true, value_name = "P")]
     top_p: Option<f32>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 1337)]

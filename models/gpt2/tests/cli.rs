@@ -2041,6 +2041,11 @@ fn out_of_range_settings_are_refused_clearly() {
             &["--first-bucket-mb", "1 TiB"],
         ),
         (&["--steps", "0"], &["--steps 0"]),
+        // A negative number is a value, not a flag clap does not know.
+        (
+            &["--lr", "-1"],
+            &["learning rate", "-1 is not a positive number"],
+        ),
         (&["--grad-accum", "0"], &["--grad-accum", "0"]),
         (
             &["--total-batch-size", "100"],

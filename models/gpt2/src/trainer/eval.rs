@@ -38,7 +38,7 @@ pub fn check_eval(
         return Err(Gpt2Error::InvalidSetting {
             what: "evaluation data",
             reason: format!(
-                "{}: {} tokens are too few for one window of {seq_len} (a window needs {}: \
+                "{}: too few tokens ({}) for one window of {seq_len} (a window needs {}: \
                  its tokens and the one after them)",
                 source.origin(),
                 source.len(),
