@@ -698,6 +698,49 @@ fn chrome_trace_reads_back_as_the_profile_written() {
     assert!(bad.to_string().contains("track 1000000000"), "{bad}");
 }
 
+/// Each dependency across streams is a flow event pair in the trace (an
+/// arrow in the viewer): its start in the predecessor's span, its finish
+/// at the waiting task's start on the other stream; none within a stream.
+#[test]
+fn chrome_trace_draws_cross_stream_dependencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let written = {
+        let rt = cpu(2).trace(&path).build().unwrap();
+        let x = rt.alloc("x", 4).unwrap();
+        let y = rt.alloc("y", 4).unwrap();
+        empty(rt.task("a").on_stream(0), x.write::<u8>());
+        empty(rt.task("b").on_stream(0), x.read_write::<u8>());
+        empty(rt.task("c").on_stream(1), x.read::<u8>());
+        empty(rt.task("d").on_stream(1), y.write::<u8>());
+        rt.synchronize().unwrap();
+        rt.profile()
+    };
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let flows =
+        |ph: &str| -> Vec<&serde_json::Value> { events.iter().filter(|e| e["ph"] == ph).collect() };
+    let (starts, ends) = (flows("s"), flows("f"));
+    let span = |name: &str| written.spans.iter().find(|s| s.name == name).unwrap();
+    // `c` on stream 1 waits for `b` on stream 0; `b` after `a` is stream
+    // 0's order, and `d` waits for nothing.
+    assert!(span("c").preds.contains(&span("b").id));
+    assert_eq!((starts.len(), ends.len()), (1, 1), "{starts:?} {ends:?}");
+    let (s, f) = (starts[0], ends[0]);
+    assert_eq!(s["id"], f["id"]);
+    let us = |ns: u64| ns as f64 / 1e3;
+    let (b, c) = (span("b"), span("c"));
+    assert_eq!((s["tid"].as_u64(), f["tid"].as_u64()), (Some(0), Some(1)));
+    let ts = s["ts"].as_f64().unwrap();
+    assert!(us(b.start_ns) <= ts && ts <= us(b.end_ns), "{s} in {b:?}");
+    assert_eq!(f["ts"].as_f64(), Some(us(c.start_ns)));
+    assert_eq!(f["bp"], "e");
+    // A reader of the trace skips them.
+    let back = braid::trace::read_chrome_trace(&doc.to_string()).unwrap();
+    assert_eq!(back[0].spans.len(), written.spans.len());
+}
+
 /// Under the default policy a CPU runtime places compute tasks on its share
 /// of the core budget; communication keeps its own stream; `oversubscribe`
 /// keeps every stream.

@@ -5,7 +5,8 @@
 //! could choose from, `priority`: the task's hint) and `bytes`, its largest
 //! declared access (a collective's buffer size), and `scope`, the scope the
 //! task was submitted in (absent outside any scope); the runtime's class and
-//! busy periods ride along (`event.rs`).
+//! busy periods ride along, and each dependency across streams is a flow
+//! event, an arrow in the viewer (`event.rs`).
 
 use super::Profile;
 use crate::error::{Error, Result};
@@ -18,10 +19,12 @@ use std::path::Path;
 pub fn write_chrome_trace(path: impl AsRef<Path>, profiles: &[&Profile]) -> Result<()> {
     let path = path.as_ref();
     let mut events: Vec<Value> = Vec::new();
+    let mut flows = 0;
     for p in profiles {
         super::event::metadata_events(p, &mut events);
         events.extend(p.spans.iter().map(|s| super::event::span_event(p.rank, s)));
         super::event::busy_events(p, &mut events);
+        super::event::flow_events(p, &mut flows, &mut events);
     }
     let doc = json!({"traceEvents": events, "displayTimeUnit": "ms"});
     crate::fs::write_atomic_with(path, |tmp| {

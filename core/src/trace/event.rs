@@ -72,6 +72,41 @@ pub(crate) fn busy_events(p: &Profile, out: &mut Vec<Value>) {
     }));
 }
 
+/// The category of the dependency arrows, [`flow_events`].
+const DEPENDENCY: &str = "dependency";
+
+/// Rank `p.rank`'s dependencies across streams as flow events, so that a
+/// viewer (Perfetto, `chrome://tracing`) draws an arrow from each
+/// predecessor's span to the span on another stream that waited for it:
+/// the cross-stream waits the engine issued, seen. A start (`s`) inside
+/// the predecessor's span and a finish (`f`, bound to the enclosing span)
+/// at the waiting task's start; `id`s numbered from `*next` up, unique in
+/// the file. Dependencies on one stream are its order already, and a
+/// predecessor outside the profile (cleared, or in an earlier cut) has no
+/// span to start from: neither gets an arrow.
+pub(crate) fn flow_events(p: &Profile, next: &mut u64, out: &mut Vec<Value>) {
+    let at: std::collections::HashMap<u64, &Span> = p.spans.iter().map(|s| (s.id, s)).collect();
+    for s in &p.spans {
+        for pred in s.preds.iter().filter_map(|id| at.get(id)) {
+            if pred.stream == s.stream {
+                continue;
+            }
+            let id = *next;
+            *next += 1;
+            let mid = pred.start_ns + pred.end_ns.saturating_sub(pred.start_ns) / 2;
+            out.push(
+                json!({"ph": "s", "name": "waits for", "cat": DEPENDENCY, "id": id,
+                            "pid": p.rank, "tid": pred.stream, "ts": mid as f64 / 1e3}),
+            );
+            out.push(
+                json!({"ph": "f", "bp": "e", "name": "waits for", "cat": DEPENDENCY,
+                            "id": id, "pid": p.rank, "tid": s.stream,
+                            "ts": s.start_ns as f64 / 1e3}),
+            );
+        }
+    }
+}
+
 /// Span `s` of rank `pid` as a complete (`X`) event.
 pub(crate) fn span_event(pid: usize, s: &Span) -> Value {
     let mut event = json!({
