@@ -436,7 +436,15 @@ pub fn unwritable(path: &Path) -> Option<String> {
     if target.is_dir() {
         Some("is a directory; name a file".into())
     } else if !dir.is_dir() {
-        Some(format!("the directory {} does not exist", dir.display()))
+        // The nearest existing ancestor says which: a file where a
+        // directory should be, or a directory yet to be made.
+        let file = dir.ancestors().find(|a| a.exists()).filter(|a| !a.is_dir());
+        Some(match file {
+            Some(f) if !f.as_os_str().is_empty() => {
+                format!("{} is a file, not a directory", f.display())
+            }
+            _ => format!("the directory {} does not exist", dir.display()),
+        })
     } else if is_special(&target) {
         None
     } else {

@@ -104,6 +104,15 @@ impl Default for RuntimeBuilder {
     }
 }
 
+/// The placement file `BRAID_PLACEMENT` names: its errors say that the
+/// variable named it (a program that does not name one may not know it is
+/// set).
+fn placement_from_env(path: &std::path::Path) -> Result<PlacementFile> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io("reading the placement file BRAID_PLACEMENT names", path, e))?;
+    PlacementFile::parse(&text, format!("{} (from {PLACEMENT_ENV})", path.display()))
+}
+
 impl RuntimeBuilder {
     /// Which device to drive (default: auto).
     pub fn backend(mut self, b: BackendKind) -> Self {
@@ -389,7 +398,7 @@ impl RuntimeBuilder {
             Some(PlacementSource::File(f)) => Some(f.clone()),
             Some(PlacementSource::Path(p)) => Some(Arc::new(PlacementFile::load(p)?)),
             None => match std::env::var_os(PLACEMENT_ENV) {
-                Some(p) if !p.is_empty() => Some(Arc::new(PlacementFile::load(&p)?)),
+                Some(p) if !p.is_empty() => Some(Arc::new(placement_from_env(p.as_ref())?)),
                 _ => None,
             },
         };

@@ -1471,6 +1471,27 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("bad.toml") && err.contains("line 4"), "{err}");
+    // `eval`, which names no placement file, reads it through the engine:
+    // the error says the variable named it.
+    let out = run_env(
+        d,
+        &[
+            "eval",
+            "--weights",
+            "n.safetensors",
+            "--tokens",
+            "train.bin",
+            "--windows",
+            "1",
+        ],
+        &[(braid::PLACEMENT_ENV, "bad.toml")],
+    );
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("bad.toml (from BRAID_PLACEMENT)") && err.contains("line 4"),
+        "{err}"
+    );
     // `--placement` wins over the variable; and a file naming the trainer's
     // second compute stream and its comm stream, given by the variable, is
     // checked against the trainer's runtimes only (a probe runtime of one
@@ -1927,7 +1948,11 @@ fn unwritable_outputs_are_refused_before_the_first_step() {
             "/proc/braid-w.st",
             "cannot create a file in /proc",
         ),
-        ("--save-weights", "file.txt/sub/w.st", "does not exist"),
+        (
+            "--save-weights",
+            "file.txt/sub/w.st",
+            "file.txt is a file, not a directory",
+        ),
     ] {
         let args: Vec<&str> = base.iter().copied().chain([flag, path]).collect();
         let args: Vec<&str> = match flag {
