@@ -1155,6 +1155,14 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
              trains as with --zero 0 (--reduce-single-rank runs ZeRO-1 with one rank)"
         );
     }
+    // SMs are a GPU's: on the CPU the flag would do nothing unsaid.
+    if opts.spare_sms > 0 && !on_gpu {
+        say!(
+            "note: --spare-sms {} leaves SMs of a GPU to other programs; this run is on the \
+             CPU, where it does nothing",
+            opts.spare_sms
+        );
+    }
     // A resumed run may change its settings (a new learning rate, more
     // ranks); it then no longer continues as the saved run would have, and
     // says so once.
@@ -1659,6 +1667,14 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 
 fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
     let stdin = a.text == Path::new("-");
+    // `-` reads standard input; as the output it would be a file named
+    // `-`, which nobody means.
+    if a.output == Path::new("-") {
+        bail!(
+            "the output `-` would be a file named `-`: name a file, or /dev/stdout to write \
+             the token file to standard output"
+        );
+    }
     if !stdin && same_file(&a.text, &a.output) {
         bail!(
             "{} is both the text and the output: the text would be replaced",

@@ -193,6 +193,14 @@ pub fn load_hf_safetensors(
             });
         }
         let data = to_f32(path, name, view)?;
+        // A weight that is not finite makes every loss NaN: corruption,
+        // named here rather than scored.
+        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+            return Err(Gpt2Error::Safetensors {
+                path: path.to_path_buf(),
+                message: format!("tensor {name:?} holds {} at index {i}", data[i]),
+            });
+        }
         t.copy_from_hf(&data, &mut flat)?;
     }
     if let Some((name, view)) = lm_head {

@@ -657,10 +657,14 @@ fn tokenize_writes_what_training_on_the_text_reads() {
             "the directory no does not exist",
         ),
         (["tokenize", "none.txt", "u.bin"], "reading none.txt"),
+        (
+            ["tokenize", "t.txt", "-"],
+            "the output `-` would be a file named `-`",
+        ),
     ] {
         fails(d, &args, &[why]);
     }
-    assert!(!d.join("u.bin").exists());
+    assert!(!d.join("u.bin").exists() && !d.join("-").exists());
 }
 
 /// `train` of the tiny model on `train.bin` in `dir`, two ranks of batch 2
@@ -2569,6 +2573,9 @@ fn zero_with_one_rank_says_it_does_nothing() {
     assert_eq!(stderr(&["--ranks", "1"], &[]).matches(note).count(), 1);
     assert!(!stderr(&["--ranks", "1", "--reduce-single-rank"], &[]).contains(note));
     assert!(!stderr(&["--ranks", "2"], &[]).contains(note));
+    // So is --spare-sms on the CPU, where there are no SMs.
+    let sms = "note: --spare-sms 4 leaves SMs of a GPU to other programs";
+    assert!(stderr(&["--ranks", "2", "--spare-sms", "4"], &[]).contains(sms));
     // A one-process torchrun launch on the CPU trains --ranks ranks.
     let err = stderr(&["--ranks", "3"], &[("RANK", "0"), ("WORLD_SIZE", "1")]);
     assert!(err.contains("3 rank(s) on cpu"), "{err}");

@@ -198,6 +198,24 @@ fn loads_hf_layout_with_and_without_prefix_and_lm_head() {
             }
         }
     }
+    // A weight that is not finite is refused, named, not scored as NaN.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut tensors = hf_state_dict(&cfg, &flat, true, false, false);
+        let ln = tensors
+            .iter_mut()
+            .find(|t| t.name == "transformer.h.0.ln_1.weight")
+            .unwrap();
+        ln.values[3] = bad;
+        let path = dir.path().join("not-finite.safetensors");
+        write_safetensors(&path, &tensors, |_| Dtype::F32, None);
+        let e = load_hf_safetensors(&path, &cfg, &layout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"transformer.h.0.ln_1.weight\" holds") && e.contains("at index 3"),
+            "{e}"
+        );
+    }
     // A classifier that is not the embedding (an untied fine-tune) is
     // refused, not dropped; so is one of another shape.
     for (i, bad) in [(7usize, "differs"), (usize::MAX, "shape")] {
