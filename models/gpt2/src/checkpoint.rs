@@ -387,10 +387,11 @@ fn open_checkpoint(dir: &Path) -> Result<(PathBuf, std::fs::File, Header, MetaRe
     }
     let file = checkpoint_file(dir);
     if !file.is_file() {
-        return Err(ckpt_err(
-            dir,
-            format!("no {CHECKPOINT_FILE} in the directory"),
-        ));
+        let why = match file.exists() {
+            true => format!("{CHECKPOINT_FILE} in the directory is not a file"),
+            false => format!("no {CHECKPOINT_FILE} in the directory"),
+        };
+        return Err(ckpt_err(dir, why));
     }
     let mut f = std::fs::File::open(&file).map_err(|e| Gpt2Error::io("opening", &file, e))?;
     let header = read_header(&file, &mut f)?;

@@ -222,7 +222,19 @@ fn damaged_checkpoints_give_clear_errors() {
     let empty = root.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let err = load_checkpoint(&empty).unwrap_err();
-    assert!(err.to_string().contains(CHECKPOINT_FILE), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("no {CHECKPOINT_FILE} in the directory")),
+        "{err}"
+    );
+    std::fs::create_dir(empty.join(CHECKPOINT_FILE)).unwrap();
+    let err = load_checkpoint(&empty).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("{CHECKPOINT_FILE} in the directory is not a file")),
+        "{err}"
+    );
+    std::fs::remove_dir(empty.join(CHECKPOINT_FILE)).unwrap();
 
     // Take a good checkpoint apart and reassemble it wrongly.
     let good_dir = root.path().join("good");
