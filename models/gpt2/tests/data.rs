@@ -282,6 +282,15 @@ fn shards_named_by_a_pattern_are_one_stream() {
     assert_eq!(&*shards.tokens(), &all[..]);
     assert_eq!(shards.stream().segment_count(), 3);
     assert!(shards.origin().contains("(4 files)"), "{}", shards.origin());
+    // An id out of the vocabulary is placed in its file: token 58 of the
+    // stream (406) is token 13 of the second file.
+    assert_eq!(all.iter().position(|&t| t >= 400), Some(58));
+    let e = shards.check_vocab(400).unwrap_err().to_string();
+    assert!(
+        e.contains("data_train_000001.bin (") && e.contains("token id 406 at position 13"),
+        "{e}"
+    );
+    one.check_vocab(500).unwrap();
     for shuffle in [None, Some(5)] {
         for (b, t, rank, world) in [(2, 8, 0, 1), (3, 5, 1, 2)] {
             let loader = |src: &TokenSource| {

@@ -34,6 +34,9 @@ pub struct TokenSource {
     /// and shared by the clones (the ranks of a run), so that the
     /// trainer's check and every rank's loader scan the data once.
     largest: Arc<OnceLock<u16>>,
+    /// Shards by a pattern: each file's first token in the stream, and the
+    /// file (errors name a position in its file, not in the joined stream).
+    files: Option<Arc<[(usize, PathBuf)]>>,
 }
 
 impl TokenSource {
@@ -45,6 +48,7 @@ impl TokenSource {
             path: None,
             shards: None,
             largest: Default::default(),
+            files: None,
         }
     }
 
@@ -89,6 +93,7 @@ impl TokenSource {
                 path: None,
                 shards: None,
                 largest: Default::default(),
+                files: None,
             },
             TokenFile::Text(bytes) => Self::from_text_bytes(&bytes, path, origin)?,
         };
@@ -142,6 +147,16 @@ impl TokenSource {
                 .to_string()
         };
         let n = paths.len();
+        let mut start = 0;
+        let files: Arc<[(usize, PathBuf)]> = parts
+            .iter()
+            .zip(&paths)
+            .map(|(t, p)| {
+                let first = start;
+                start += t.len();
+                (first, p.clone())
+            })
+            .collect();
         Ok(TokenSource {
             tokens: Tokens::concat(parts),
             origin: match n {
@@ -157,6 +172,7 @@ impl TokenSource {
                 )
             }),
             largest: Default::default(),
+            files: (n > 1).then_some(files),
         })
     }
 
@@ -193,13 +209,40 @@ impl TokenSource {
         if usize::from(largest) < vocab_size {
             return Ok(());
         }
-        // Only to name the first id that does not fit.
+        // Only to name the first id that does not fit: by its place in its
+        // file, for shards.
         let mut at = 0;
         for seg in self.tokens.segments() {
-            check_run(&self.origin, seg, at, vocab_size)?;
+            check_run(&self.origin, seg, at, vocab_size).map_err(|e| self.in_file(e))?;
             at += seg.len();
         }
         Ok(())
+    }
+
+    /// `e` with a position in the joined stream of shards as the file and
+    /// the position in it.
+    fn in_file(&self, e: Gpt2Error) -> Gpt2Error {
+        match (e, &self.files) {
+            (
+                Gpt2Error::TokenOutOfRange {
+                    origin,
+                    position,
+                    id,
+                    vocab_size,
+                },
+                Some(files),
+            ) => {
+                let i = files.partition_point(|(first, _)| *first <= position);
+                let (first, path) = &files[i.saturating_sub(1)];
+                Gpt2Error::TokenOutOfRange {
+                    origin: format!("{} ({origin})", path.display()),
+                    position: position - first,
+                    id,
+                    vocab_size,
+                }
+            }
+            (e, _) => e,
+        }
     }
 
     /// The tokens.
@@ -293,6 +336,7 @@ impl TokenSource {
             path: None,
             shards: None,
             largest: Default::default(),
+            files: None,
         }
     }
 }
