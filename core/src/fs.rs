@@ -813,6 +813,8 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         std::fs::write(dir.path().join("file"), b"").unwrap();
         let why = unwritable(&dir.path().join("file/sub/t.json")).unwrap();
-        assert!(why.contains("does not exist"), "{why}");
+        assert!(why.ends_with("file is a file, not a directory"), "{why}");
+        let why = unwritable(&dir.path().join("none/sub/t.json")).unwrap();
+        assert!(why.contains("none/sub does not exist"), "{why}");
     }
 }
