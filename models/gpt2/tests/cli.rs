@@ -2326,7 +2326,7 @@ fn eval_and_sample_edges() {
     let err = eval(
         "w.safetensors",
         "short.bin",
-        &["10 tokens", "one window of 16"],
+        &["too few tokens (10)", "one window of 16"],
     );
     assert!(!err.contains("rank"), "{err}");
 

@@ -800,7 +800,7 @@ mod tests {
             (with(0, 1, 1, t + 1), "gradient accumulation"),
             (with(1, 0, 1, t + 1), "validation"),
             (with(1, 1, 0, t + 1), "validation"),
-            (with(1, 1, 1, t), "too few for one window"),
+            (with(1, 1, 1, t), "too few tokens (32) for one window"),
         ] {
             let e = o.check().unwrap_err().to_string();
             assert!(e.contains(needle), "{e}");
