@@ -50,8 +50,11 @@ pub struct TopArgs {
     pub history: f64,
 }
 
+/// Seconds as whole nanoseconds, rounded: `1.023 * 1e9` is
+/// 1022999999.9999999, and truncated it put `--at 1.023` (a bound as
+/// printed) a nanosecond outside the trace.
 fn ns(seconds: f64) -> u64 {
-    (seconds * 1e9).max(0.0) as u64
+    (seconds * 1e9).round().max(0.0) as u64
 }
 
 /// Runs `braid top`.
@@ -158,5 +161,17 @@ fn print_frame(frame: &str) -> Result<()> {
             Err(e).context("writing the frame to standard output")
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Seconds as written read as the nanoseconds they name.
+    #[test]
+    fn seconds_round_to_nanoseconds() {
+        assert_eq!(super::ns(1.023), 1_023_000_000);
+        assert_eq!(super::ns(2.755), 2_755_000_000);
+        assert_eq!(super::ns(0.0), 0);
+        assert_eq!(super::ns(-1.0), 0);
     }
 }
