@@ -107,21 +107,6 @@ pub use report::{CapReport, StepReport, TrainReport};
 /// `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, …).
 pub use braid::comm::DistEnv;
 
-/// `p` without the spans of the `validation`, `generation` and
-/// `checkpoint` scopes (and the scopes inside them), and without the time
-/// they took: the summaries are of training (a validation's collective
-/// waits for the slowest rank's share, which would count as exposed
-/// communication; a generation's host work between its tasks, or a
-/// checkpoint's write to disk, as idle streams). `p` itself when it has
-/// none (no copy).
-///
-/// Each run of such spans (in start order, with no training span starting
-/// among them) is cut out of the timeline, from the end of the training
-/// before it to the start of the training after it (the host work around
-/// its tasks, such as making a sampler or writing a file, is its too):
-/// every later time moves back by the cut's length. They run between
-/// steps, with nothing of training in flight; a training span keeps its
-/// whole length.
 /// The summaries of one rank's profile `p`, the whole run's and the
 /// steady state's (the spans from `steady_from` on, a mark on `p`'s
 /// timeline), both of training alone ([`training_only`]). The steady
@@ -137,6 +122,21 @@ fn summaries(p: &Profile, steady_from: Option<u64>) -> (Summary, Summary) {
     (whole, steady)
 }
 
+/// `p` without the spans of the `validation`, `generation` and
+/// `checkpoint` scopes (and the scopes inside them), and without the time
+/// they took: the summaries are of training (a validation's collective
+/// waits for the slowest rank's share, which would count as exposed
+/// communication; a generation's host work between its tasks, or a
+/// checkpoint's write to disk, as idle streams). `p` itself when it has
+/// none (no copy).
+///
+/// Each run of such spans (in start order, with no training span starting
+/// among them) is cut out of the timeline, from the end of the training
+/// before it to the start of the training after it (the host work around
+/// its tasks, such as making a sampler or writing a file, is its too):
+/// every later time moves back by the cut's length. They run between
+/// steps, with nothing of training in flight; a training span keeps its
+/// whole length.
 fn training_only(p: &Profile) -> std::borrow::Cow<'_, Profile> {
     let aside = |s: &braid::trace::Span| {
         s.scope.as_deref().is_some_and(|sc| {
