@@ -45,13 +45,10 @@ fn short_name(name: &str) -> &str {
     name.strip_prefix(HF_PREFIX).unwrap_or(name)
 }
 
-/// Whether a (short) name is a tensor the loader does not load: the tied
-/// classifier (checked against the embedding, `check_tied`) and the
-/// attention mask buffers.
+/// Whether a (short) name is a tensor the loader skips: the attention
+/// mask buffers. (The tied classifier is not loaded either, but checked
+/// against the embedding, `check_tied`.)
 fn is_ignored(short: &str) -> bool {
-    if short == "lm_head.weight" {
-        return true;
-    }
     let parts: Vec<&str> = short.split('.').collect();
     matches!(
         parts.as_slice(),
