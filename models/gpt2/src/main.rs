@@ -1521,52 +1521,45 @@ fn load_model(
 /// weights over `--init-from`), before anything is written: each would
 /// destroy the other. Streams (`/dev/stdout`, a pipe) are not files here.
 fn check_outputs_apart(a: &TrainArgs) -> Result<()> {
-    let file = |p: &Path| !std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    let mut outputs: Vec<(String, PathBuf)> = Vec::new();
-    if let Some(d) = &a.checkpoint_dir {
-        let what = format!("the checkpoint of --checkpoint-dir {}", d.display());
-        outputs.push((what, checkpoint_file(d)));
-    }
-    if !a.no_trace {
-        outputs.push(("--trace".into(), a.trace.clone()));
-    }
-    if let Some(m) = a.metrics.as_ref().filter(|m| file(m)) {
-        outputs.push(("--metrics".into(), m.clone()));
-    }
-    if let Some(w) = &a.save_weights {
-        let out = HfOutput::for_path(w);
-        outputs.push(("--save-weights".into(), out.weights));
-        if let Some((_, config)) = out.dir {
-            outputs.push(("--save-weights's config.json".into(), config));
-        }
-    }
-    let mut inputs: Vec<(String, PathBuf)> = Vec::new();
-    let given = |flag: &str, spec: &str, inputs: &mut Vec<(String, PathBuf)>| {
-        if Path::new(spec).is_file() {
-            inputs.push((flag.into(), spec.into()));
-        }
+    // A weights path's files: the weights, and a directory's config.json.
+    let hf_files = |flag: &str, path: &Path| {
+        let at = HfOutput::for_path(path);
+        let config = at.dir.map(|(_, c)| (format!("{flag}'s config.json"), c));
+        std::iter::once((flag.to_string(), at.weights)).chain(config)
     };
-    given("--data", &a.data, &mut inputs);
-    if let Some(v) = &a.val_data {
-        given("--val-data", v, &mut inputs);
-    }
-    if let Some(m) = a
-        .model
-        .as_deref()
-        .filter(|m| Gpt2Config::from_name(m).is_err())
-    {
-        given("--model", m, &mut inputs);
-    }
-    if let Some(p) = &a.placement {
-        given("--placement", &p.to_string_lossy(), &mut inputs);
-    }
-    if let Some(init) = &a.init_from {
-        let at = HfOutput::for_path(init);
-        inputs.push(("--init-from".into(), at.weights));
-        if let Some((_, config)) = at.dir {
-            inputs.push(("--init-from's config.json".into(), config));
-        }
-    }
+    let stream = |p: &Path| std::fs::metadata(p).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    let checkpoint = a.checkpoint_dir.as_ref().map(|d| {
+        let what = format!("the checkpoint of --checkpoint-dir {}", d.display());
+        (what, checkpoint_file(d))
+    });
+    let trace = (!a.no_trace).then(|| ("--trace".to_string(), a.trace.clone()));
+    let metrics = (a.metrics.as_ref())
+        .filter(|m| !stream(m))
+        .map(|m| ("--metrics".to_string(), m.clone()));
+    let outputs: Vec<(String, PathBuf)> = checkpoint
+        .into_iter()
+        .chain(trace)
+        .chain(metrics)
+        .chain(
+            a.save_weights
+                .iter()
+                .flat_map(|w| hf_files("--save-weights", w)),
+        )
+        .collect();
+    // Inputs named by a path, where a file is there (not a built-in
+    // source, a shard pattern or a model's name).
+    let model = (a.model.as_deref()).filter(|m| Gpt2Config::from_name(m).is_err());
+    let named = [
+        ("--data", Some(Path::new(&a.data))),
+        ("--val-data", a.val_data.as_deref().map(Path::new)),
+        ("--model", model.map(Path::new)),
+        ("--placement", a.placement.as_deref()),
+    ];
+    let inputs: Vec<(String, PathBuf)> = named
+        .into_iter()
+        .filter_map(|(flag, p)| Some((flag.to_string(), p.filter(|p| p.is_file())?.into())))
+        .chain(a.init_from.iter().flat_map(|i| hf_files("--init-from", i)))
+        .collect();
     for (i, (what, path)) in outputs.iter().enumerate() {
         let clash = outputs[..i].iter().find(|(_, p)| same_file(path, p));
         if let Some((other, _)) = clash {
