@@ -474,7 +474,10 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
     let (file, mut f, header, meta) = open_checkpoint(dir)?;
     let cfg: Gpt2Config = meta.config.into();
     let n = cfg.num_parameters();
-    let mut tensors = Vec::with_capacity(names.len());
+    // The header first (no data is read for a file it refuses): each
+    // tensor asked for, present, F32 and of the model's size; then no
+    // tensor beside the three.
+    let mut entries = Vec::with_capacity(names.len());
     for &name in names {
         let entry = header
             .tensors
@@ -495,6 +498,25 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
                 ),
             ));
         }
+        entries.push((name, entry));
+    }
+    // A checkpoint holds these three and nothing else: another tensor is
+    // from something else (a resume would drop it unsaid).
+    if let Some(other) = header
+        .tensors
+        .keys()
+        .find(|k| !TENSOR_NAMES.contains(&k.as_str()))
+    {
+        return Err(ckpt_err(
+            &file,
+            format!(
+                "holds a tensor {other:?}, which is not a Braid checkpoint's (those are {})",
+                TENSOR_NAMES.map(|t| format!("{t:?}")).join(", ")
+            ),
+        ));
+    }
+    let mut tensors = Vec::with_capacity(names.len());
+    for (name, entry) in entries {
         let mut v = vec![0.0f32; n];
         f.seek(SeekFrom::Start(header.data_start + entry.begin))
             .map_err(|e| Gpt2Error::io("seeking in", &file, e))?;
@@ -530,21 +552,6 @@ fn read_tensors(dir: &Path, names: &[&str]) -> Result<(PathBuf, MetaRecord, Vec<
             ));
         }
         tensors.push(v);
-    }
-    // A checkpoint holds these three and nothing else: another tensor is
-    // from something else (a resume would drop it unsaid).
-    if let Some(other) = header
-        .tensors
-        .keys()
-        .find(|k| !TENSOR_NAMES.contains(&k.as_str()))
-    {
-        return Err(ckpt_err(
-            &file,
-            format!(
-                "holds a tensor {other:?}, which is not a Braid checkpoint's (those are {})",
-                TENSOR_NAMES.map(|t| format!("{t:?}")).join(", ")
-            ),
-        ));
     }
     debug_assert!(header.file_len >= header.data_start);
     Ok((file, meta, tensors))
