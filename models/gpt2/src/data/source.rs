@@ -27,16 +27,23 @@ pub struct TokenSource {
     /// The file [`open`](Self::open) read them from; `None` for tokens
     /// made in memory and the built-in corpus.
     path: Option<PathBuf>,
-    /// Shards by a pattern: their first and last files' canonical paths
-    /// and their count ([`canonical_origin`](Self::canonical_origin)).
-    shards: Option<String>,
+    /// Shards by a pattern (more than one file).
+    shards: Option<Arc<Shards>>,
     /// The largest id, found by the first [`check_vocab`](Self::check_vocab)
     /// and shared by the clones (the ranks of a run), so that the
     /// trainer's check and every rank's loader scan the data once.
     largest: Arc<OnceLock<u16>>,
-    /// Shards by a pattern: each file's first token in the stream, and the
-    /// file (errors name a position in its file, not in the joined stream).
-    files: Option<Arc<[(usize, PathBuf)]>>,
+}
+
+/// The files of shards by a pattern, as a [`TokenSource`] knows them.
+#[derive(Debug)]
+struct Shards {
+    /// Their first and last files' canonical paths and their count
+    /// ([`TokenSource::canonical_origin`]).
+    canonical: String,
+    /// Each file's first token in the stream, and the file (errors name a
+    /// position in its file, not in the joined stream).
+    files: Box<[(usize, PathBuf)]>,
 }
 
 impl TokenSource {
@@ -48,7 +55,6 @@ impl TokenSource {
             path: None,
             shards: None,
             largest: Default::default(),
-            files: None,
         }
     }
 
@@ -93,7 +99,6 @@ impl TokenSource {
                 path: None,
                 shards: None,
                 largest: Default::default(),
-                files: None,
             },
             TokenFile::Text(bytes) => Self::from_text_bytes(&bytes, path, origin)?,
         };
@@ -148,7 +153,7 @@ impl TokenSource {
         };
         let n = paths.len();
         let mut start = 0;
-        let files: Arc<[(usize, PathBuf)]> = parts
+        let files: Box<[(usize, PathBuf)]> = parts
             .iter()
             .zip(&paths)
             .map(|(t, p)| {
@@ -165,14 +170,16 @@ impl TokenSource {
             },
             path: (n == 1).then(|| paths[0].clone()),
             shards: (n > 1).then(|| {
-                format!(
-                    "{} ... {} ({n} files)",
-                    canonical(&paths[0]),
-                    canonical(&paths[n - 1])
-                )
+                Arc::new(Shards {
+                    canonical: format!(
+                        "{} ... {} ({n} files)",
+                        canonical(&paths[0]),
+                        canonical(&paths[n - 1])
+                    ),
+                    files,
+                })
             }),
             largest: Default::default(),
-            files: (n > 1).then_some(files),
         })
     }
 
@@ -222,7 +229,7 @@ impl TokenSource {
     /// `e` with a position in the joined stream of shards as the file and
     /// the position in it.
     fn in_file(&self, e: Gpt2Error) -> Gpt2Error {
-        match (e, &self.files) {
+        match (e, &self.shards) {
             (
                 Gpt2Error::TokenOutOfRange {
                     origin,
@@ -230,8 +237,9 @@ impl TokenSource {
                     id,
                     vocab_size,
                 },
-                Some(files),
+                Some(shards),
             ) => {
+                let files = &shards.files;
                 let i = files.partition_point(|(first, _)| *first <= position);
                 let (first, path) = &files[i.saturating_sub(1)];
                 Gpt2Error::TokenOutOfRange {
@@ -279,7 +287,7 @@ impl TokenSource {
     /// given.
     pub fn canonical_origin(&self) -> String {
         if let Some(shards) = &self.shards {
-            return shards.clone();
+            return shards.canonical.clone();
         }
         self.path
             .as_deref()
@@ -336,7 +344,6 @@ impl TokenSource {
             path: None,
             shards: None,
             largest: Default::default(),
-            files: None,
         }
     }
 }
