@@ -148,7 +148,11 @@ pub(crate) fn submitted(shared: &Shared, before: u64) {
     }
 }
 
-/// Profiling: `done` tasks have completed ([`Busy::completed`]).
+/// Profiling: `done` tasks have completed ([`Busy::completed`]). The
+/// count read before the lock only spares it when a later task was
+/// counted: the runtime is busy then, whatever the lock would see. (A
+/// submission has no such shortcut: a completed count read without the
+/// lock may be one the completion's check, made under it, already missed.)
 pub(crate) fn completed(shared: &Shared, done: u64) {
     use crate::sync::Ordering;
     if shared.profiling && done == shared.submitted.load(Ordering::Acquire) {

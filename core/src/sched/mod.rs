@@ -666,7 +666,9 @@ pub(crate) fn next_slot(
     let id = *next_id;
     *next_id += 1;
     tail[s] = id;
-    let before = shared.submitted.fetch_add(1, Ordering::SeqCst);
+    // Relaxed: the busy period's decision is ordered by its lock, which
+    // this thread takes after the increment (`live::Busy`).
+    let before = shared.submitted.fetch_add(1, Ordering::Relaxed);
     live::submitted(shared, before);
     (id, seq)
 }
