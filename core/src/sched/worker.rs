@@ -688,12 +688,21 @@ fn launch_cuda(
             || DeviceCtx::Cuda(d.ctx()),
         ),
     };
-    match d.record() {
+    let outcome = match d.record() {
         Ok(ev) => {
             let _ = task.event.set(ev);
+            outcome
         }
-        Err(e) => lock(&shared.errors).push((task.id, e)),
-    }
+        Err(e) => {
+            // Without an end event nothing can wait for the task on the
+            // device or tell when it has finished: it fails (so a dependent
+            // on another stream is skipped, not run unordered after it), and
+            // the stream drains first, so that its buffers are not released
+            // under its work.
+            let _ = d.stream.synchronize();
+            outcome.and(Err(e))
+        }
+    };
     let outcome = match outcome {
         Ok(()) => None,
         Err(e) => {

@@ -455,7 +455,7 @@ pub fn matmul_forward_ld<S: Storage>(
     if let Some(bias) = bias {
         check_len("matmul_forward", "bias", bias.len(), oc);
     }
-    let (inp, weight) = (S::load_slice(inp), S::load_slice(weight));
+    let inp = S::load_slice(inp);
     let bias = bias.map(S::load_slice);
     S::update_f32(out, |out| {
         if let Some(bias) = &bias {
@@ -463,18 +463,44 @@ pub fn matmul_forward_ld<S: Storage>(
                 out_bt[..oc].copy_from_slice(bias);
             }
         }
-        sgemm(
-            out,
-            Strided::padded(n, oc, ld),
-            bias.is_some(),
-            &inp,
-            Strided::row_major(n, c),
-            // weightᵀ: element (c, o) is weight[o·C + c]
-            &weight,
-            Strided::transposed(c, oc),
-        );
+        // Output columns o0..o0 + cols from weight rows o0..o0 + cols, given
+        // as f32 (weightᵀ: element (c, o) is at o·C + c).
+        let product = |out: &mut [f32], o0: usize, cols: usize, weight: &[f32]| {
+            sgemm(
+                &mut out[o0..],
+                Strided::padded(n, cols, ld),
+                bias.is_some(),
+                &inp,
+                Strided::row_major(n, c),
+                weight,
+                Strided::transposed(c, cols),
+            )
+        };
+        if S::DTYPE == Dtype::F32 || n > FEW_ROWS {
+            product(out, 0, oc, &S::load_slice(weight));
+            return;
+        }
+        // A few rows (decoding: one) against a converted weight: widening all
+        // of it costs more than the product, and as much memory again as an
+        // f32 model. One L2-sized block of weight rows at a time instead.
+        let block = (WEIGHT_BLOCK / c.max(1)).clamp(1, oc.max(1));
+        let mut wide = vec![0f32; block * c];
+        for o0 in (0..oc).step_by(block) {
+            let cols = block.min(oc - o0);
+            let wide = &mut wide[..cols * c];
+            for (w, x) in wide.iter_mut().zip(&weight[o0 * c..(o0 + cols) * c]) {
+                *w = x.load();
+            }
+            product(out, o0, cols, wide);
+        }
     });
 }
+
+/// [`matmul_forward_ld`] converts a non-`f32` weight block by block, not
+/// whole, for at most this many rows of `inp`.
+const FEW_ROWS: usize = 8;
+/// Elements of the converted weight block (256 KiB of `f32`).
+const WEIGHT_BLOCK: usize = 64 * 1024;
 
 /// Accumulates the input gradient: `dinp += dout · weight`.
 pub fn matmul_backward_input<S: Storage>(
@@ -1057,6 +1083,7 @@ pub fn matmul_backward_weight_rows_cuda<S: Storage>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::storage::Bf16;
     use super::super::testutil::{assert_close, randn};
     use super::*;
 
@@ -1113,6 +1140,45 @@ mod tests {
         let (n, c, oc) = (2, 3, 11);
         let mut dw = vec![0.0f32; 2 * c];
         matmul_backward_weight_rows(&mut dw, &[0.0; 22], &[0.0; 6], n, c, oc, oc, 10..12);
+    }
+
+    /// A few bf16 rows (the weight widened block by block: three blocks,
+    /// the last short) give the f32 kernel's result on the widened
+    /// operands, rounded once, into padded rows (bias or not). Columns
+    /// past OC keep what they held.
+    #[test]
+    fn few_bf16_rows_take_the_weight_in_blocks() {
+        let (c, oc, ld) = (300, 500, 512);
+        assert!(oc * c > 2 * WEIGHT_BLOCK && oc % (WEIGHT_BLOCK / c) != 0);
+        let bf = |v: Vec<f32>| v.into_iter().map(Bf16::store).collect::<Vec<_>>();
+        let wide = |v: &[Bf16]| v.iter().map(|x| x.load()).collect::<Vec<_>>();
+        let weight = bf(randn(oc * c, 1.0, 30));
+        let bias = bf(randn(oc, 1.0, 31));
+        for n in [1, FEW_ROWS] {
+            let inp = bf(randn(n * c, 1.0, 32));
+            for bias in [None, Some(&bias[..])] {
+                let mut want = vec![7.0f32; n * ld];
+                let wide_bias = bias.map(wide);
+                matmul_forward_ld(
+                    &mut want,
+                    &wide(&inp),
+                    &wide(&weight),
+                    wide_bias.as_deref(),
+                    n,
+                    c,
+                    oc,
+                    ld,
+                );
+                let mut out = vec![Bf16::store(7.0); n * ld];
+                matmul_forward_ld(&mut out, &inp, &weight, bias, n, c, oc, ld);
+                assert_eq!(
+                    wide(&out),
+                    wide(&bf(want)),
+                    "n {n}, bias {}",
+                    bias.is_some()
+                );
+            }
+        }
     }
 
     /// The naive triple loop, in f64.
