@@ -1317,6 +1317,95 @@ fn a_memoised_plan_survives_one_step_that_leaves_it() {
     assert_eq!((s.auto_replayed, s.auto_divergences), (2 * n, 2), "{s:?}");
 }
 
+/// A memoised step's tasks are not in the dependency tracker; a step
+/// boundary (`synchronize`) hands the unfinished ones to the next eager
+/// submission. Two ways another thread submits while they still run: while
+/// the main thread's `synchronize` waits for them (`reader`), and after its
+/// own `synchronize` made a boundary in the middle of the main thread's
+/// step (`syncer`). Either way the submission follows what it reads.
+/// (Each waits 50 ms for the other thread to reach the boundary; should it
+/// take longer, the submission lands in the step and the test checks
+/// eager inference instead.)
+#[test]
+fn submissions_from_another_thread_follow_a_memoised_steps_tasks() {
+    use std::time::Duration;
+    for syncer in [false, true] {
+        let rt = Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(3)
+            .auto_replay(true)
+            // The writer waits for this thread: it must not run on it.
+            .inline_short_tasks(false)
+            .build()
+            .unwrap();
+        let x = rt.alloc_from("x", &[0u32; 64]).unwrap();
+        let y = rt.alloc_from("y", &[0u32; 64]).unwrap();
+        let z = rt.alloc_from("z", &[0u32; 64]).unwrap();
+        // The writer of step `s` waits until `released` reaches `s`.
+        let released = Arc::new(AtomicU32::new(0));
+        let write = |step: u32| {
+            let released = released.clone();
+            rt.task("write x")
+                .on_stream(0)
+                .run(x.write::<u32>(), move |x| {
+                    while released.load(Ordering::Acquire) < step {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    x.fill(step);
+                })
+                .unwrap();
+        };
+        // On another stream than the writer's (the submission from the
+        // other thread on a third, behind no queued task): only an edge
+        // orders it after the writer.
+        let copy = |to: &braid::Buffer, stream: usize| {
+            rt.task("copy x")
+                .on_stream(stream)
+                .run((x.read::<u32>(), to.write::<u32>()), |(x, to)| {
+                    to.copy_from_slice(x)
+                })
+                .unwrap();
+        };
+        for step in 1..=12u32 {
+            write(step);
+            if !syncer {
+                copy(&y, 1);
+            }
+            if step < 12 {
+                released.store(step, Ordering::Release);
+                rt.synchronize().unwrap();
+                continue;
+            }
+            assert!(rt.stats().auto_replayed > 0, "{:?}", rt.stats());
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    if syncer {
+                        // A boundary in the middle of the main thread's step.
+                        rt.synchronize().unwrap();
+                    } else {
+                        std::thread::sleep(Duration::from_millis(50));
+                        copy(&z, 2);
+                        released.store(step, Ordering::Release);
+                    }
+                });
+                if syncer {
+                    std::thread::sleep(Duration::from_millis(50));
+                    copy(&z, 2);
+                    released.store(step, Ordering::Release);
+                } else {
+                    rt.synchronize().unwrap();
+                }
+            });
+        }
+        rt.synchronize().unwrap();
+        assert_eq!(
+            rt.read_vec::<u32>(&z).unwrap(),
+            vec![12; 64],
+            "syncer {syncer}"
+        );
+    }
+}
+
 /// Steps that replay an explicit schedule between eager tasks (the GPT-2
 /// trainer's loop) are never memoised by automatic replay — the memoised
 /// analysis would miss the replay — and give the sequential result.

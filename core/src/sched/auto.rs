@@ -23,8 +23,10 @@
 //!   task at the same position (hash) and, if it matches, is submitted with
 //!   the plan's stream, waits and predecessors, and its *own* new body: no
 //!   inference, no placement. The step starts right after a
-//!   synchronisation, so nothing earlier is unfinished, and positions are
-//!   shifted by each stream's sequence number at the step's first task.
+//!   synchronisation, so nothing earlier is unfinished (checked), and
+//!   positions are shifted by each stream's sequence number at the step's
+//!   first task. A step that followed its plan to the boundary hands its
+//!   tasks, which may still run, to the next eager submission (`pending`).
 //! * **Divergence** (a task that does not match, an explicit edge, a
 //!   submission the plan did not foresee): the tasks submitted so far in the
 //!   step are entered into the tracker, in order, as eager submission would
@@ -39,7 +41,7 @@
 use super::cost::{mix, mix_bytes};
 use super::replay::{Plan, Recorder};
 use super::{Clock, Launch, NewTask, Record, Shared, SubmitState, TaskBody, TaskShared};
-use crate::graph::{Mode, TaskRef};
+use crate::graph::{Mode, TaskRef, Tracker};
 use crate::kind::{PlaceReason, Placement};
 use crate::sync::Arc;
 use smallvec::SmallVec;
@@ -83,6 +85,56 @@ pub(crate) struct Auto {
     /// Foreign events so far (each makes its step unique).
     foreign: u64,
     state: State,
+    /// The last step's tasks submitted through its plan, when it ended
+    /// (`boundary`) still on the plan: the tracker does not hold them, and
+    /// they may still run. The next submission that is not the first of a
+    /// memoised step with nothing unfinished before it enters them into
+    /// the tracker (`diverge`), so that it is ordered after them; that first
+    /// task drops them (they have all finished).
+    pending: Steps,
+}
+
+/// Tasks submitted through a plan and their accesses as the tracker records
+/// them, task `i`'s at `touches[at[i]..at[i + 1]]` (one flat list, its
+/// capacity kept from step to step).
+struct Steps {
+    /// By position; `None` once a task has completed without error
+    /// (`Memo::sweep`): it gives no edges to later tasks or to a divergence.
+    made: Vec<Option<Arc<TaskShared>>>,
+    /// `(buffer, range, mode)`: no buffer handles, so no reference counts
+    /// touched per task.
+    touches: Vec<Touch>,
+    at: Vec<u32>,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Steps {
+            made: Vec::new(),
+            touches: Vec::new(),
+            at: vec![0],
+        }
+    }
+}
+
+impl Steps {
+    /// Enters the tasks still held into the tracker, in submission order,
+    /// as eager submission would have.
+    fn enter(&self, tracker: &mut Tracker<Arc<TaskShared>>) {
+        for (i, task) in self.made.iter().enumerate() {
+            let Some(task) = task else { continue };
+            for (buf, range, mode) in &self.touches[self.at[i] as usize..self.at[i + 1] as usize] {
+                tracker.record(*buf, range.clone(), *mode, task);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.made.clear();
+        self.touches.clear();
+        self.at.clear();
+        self.at.push(0);
+    }
 }
 
 #[derive(Default)]
@@ -100,16 +152,10 @@ type Touch = (u64, Range<usize>, Mode);
 struct Memo {
     plan: Plan,
     hashes: Vec<u64>,
-    /// Tasks of the current step submitted so far through the plan, by
-    /// position; `None` once a task has completed without error (`sweep`):
-    /// it gives no edges to later tasks or to a divergence, and the step
-    /// should not hold every task record until its end.
-    made: Vec<Option<Arc<TaskShared>>>,
-    /// Their accesses as the tracker records them: `(buffer, range, mode)`
-    /// (no buffer handles: no reference counts touched per task), task `i`'s
-    /// at `touches[at[i]..at[i + 1]]` (one flat list, kept from step to step).
-    touches: Vec<Touch>,
-    at: Vec<u32>,
+    /// Tasks of the current step submitted so far through the plan (swept
+    /// as it goes: the step should not hold every task record until its
+    /// end).
+    step: Steps,
     /// Positions before this one hold no unfinished task.
     swept: usize,
     /// Each stream's sequence number before the step.
@@ -161,7 +207,7 @@ impl Auto {
         let explicit = st.recorder.is_some();
         let fits = match &auto.state {
             State::Replay(_, m) => {
-                let i = m.made.len();
+                let i = m.step.made.len();
                 !m.diverged
                     && t.after.is_empty()
                     && !explicit
@@ -176,6 +222,9 @@ impl Auto {
         };
         if !fits {
             diverge(st);
+        } else if !auto.pending.made.is_empty() {
+            // The first task of a step, with everything before it finished.
+            auto.pending.clear();
         }
         fits
     }
@@ -201,7 +250,15 @@ impl Auto {
         match std::mem::take(&mut auto.state) {
             State::Observe => {}
             State::Replay(s, mut m) => {
-                let followed = !m.diverged && m.made.len() == m.hashes.len();
+                let followed = !m.diverged && m.step.made.len() == m.hashes.len();
+                if !m.diverged {
+                    // What the tracker must learn before the next eager
+                    // submission (`pending`: empty here, as every step's
+                    // first submission empties it); the memo takes the
+                    // emptied lists back.
+                    auto.pending.enter(&mut st.tracker);
+                    std::mem::swap(&mut auto.pending, &mut m.step);
+                }
                 m.misses = if followed { 0 } else { m.misses + 1 };
                 if followed {
                     auto.last = Some(s);
@@ -299,9 +356,10 @@ impl Memo {
     fn new(plan: Plan, hashes: Vec<u64>) -> Option<Box<Memo>> {
         (hashes.len() == plan.len()).then(|| {
             Box::new(Memo {
-                made: Vec::with_capacity(plan.len()),
-                touches: Vec::new(),
-                at: vec![0],
+                step: Steps {
+                    made: Vec::with_capacity(plan.len()),
+                    ..Steps::default()
+                },
                 swept: 0,
                 base: Clock::new(),
                 plan,
@@ -314,10 +372,7 @@ impl Memo {
 
     /// Readies the plan for the next step.
     fn restart(&mut self) {
-        self.made.clear();
-        self.touches.clear();
-        self.at.clear();
-        self.at.push(0);
+        self.step.clear();
         self.swept = 0;
         self.diverged = false;
     }
@@ -328,7 +383,7 @@ impl Memo {
     /// stays (later tasks and a divergence must see it).
     fn sweep(&mut self) {
         let mut first_unfinished = None;
-        for (i, slot) in self.made.iter_mut().enumerate().skip(self.swept) {
+        for (i, slot) in self.step.made.iter_mut().enumerate().skip(self.swept) {
             let Some(t) = slot else { continue };
             if t.retired() {
                 *slot = None;
@@ -336,7 +391,7 @@ impl Memo {
                 first_unfinished = Some(i);
             }
         }
-        self.swept = first_unfinished.unwrap_or(self.made.len());
+        self.swept = first_unfinished.unwrap_or(self.step.made.len());
     }
 }
 
@@ -357,11 +412,16 @@ fn all_done(shared: &Shared, placed: &[u64]) -> bool {
         .all(|(&p, s)| s.done.get() >= p)
 }
 
-/// Leaves the memoised step: the tasks submitted through it so far enter the
-/// tracker, in submission order, so the rest of the step is inferred against
-/// them as if it had all been eager.
+/// Leaves the memoised step: the tasks submitted through it so far (after
+/// the last step's still `pending`) enter the tracker, in submission order,
+/// so the rest of the step is inferred against them as if it had all been
+/// eager.
 fn diverge(st: &mut SubmitState) {
     let Some(auto) = st.auto.as_mut() else { return };
+    if !auto.pending.made.is_empty() {
+        auto.pending.enter(&mut st.tracker);
+        auto.pending.clear();
+    }
     let State::Replay(_, m) = &mut auto.state else {
         return;
     };
@@ -369,12 +429,7 @@ fn diverge(st: &mut SubmitState) {
         return;
     }
     m.diverged = true;
-    for (i, task) in m.made.iter().enumerate() {
-        let Some(task) = task else { continue };
-        for (buf, range, mode) in &m.touches[m.at[i] as usize..m.at[i + 1] as usize] {
-            st.tracker.record(*buf, range.clone(), *mode, task);
-        }
-    }
+    m.step.enter(&mut st.tracker);
     st.stats.auto_divergences += 1;
 }
 
@@ -389,7 +444,7 @@ pub(crate) fn submit_memoised(
     let Some(State::Replay(_, m)) = st.auto.as_mut().map(|a| &mut a.state) else {
         unreachable!("admitted by Auto::admit");
     };
-    let i = m.made.len();
+    let i = m.step.made.len();
     if i == 0 {
         m.base = st.placed.iter().copied().collect();
     }
@@ -417,7 +472,7 @@ pub(crate) fn submit_memoised(
         .preds
         .iter()
         .filter_map(|&p| {
-            m.made[p as usize]
+            m.step.made[p as usize]
                 .as_ref()
                 .filter(|t| !t.retired())
                 .cloned()
@@ -436,12 +491,13 @@ pub(crate) fn submit_memoised(
     st.stats.auto_replayed += 1;
     st.stats.edges += preds.len() as u64;
     st.stats.waits += waits.len() as u64;
-    m.touches.extend(
+    let held = &mut m.step;
+    held.touches.extend(
         t.accesses
             .iter()
             .map(|a| (a.view.buf.id(), a.view.range(), a.mode)),
     );
-    m.at.push(m.touches.len() as u32);
+    held.at.push(held.touches.len() as u32);
     let placement = Placement {
         reason: PlaceReason::Memoised,
         usable: m.plan.used,
@@ -467,8 +523,8 @@ pub(crate) fn submit_memoised(
         body: TaskBody::Once(t.body),
         comm_hook: t.comm_hook,
     };
-    m.made.push(Some(task.clone()));
-    if m.made.len() % SWEEP_EVERY == 0 {
+    m.step.made.push(Some(task.clone()));
+    if m.step.made.len() % SWEEP_EVERY == 0 {
         m.sweep();
     }
     super::hand_off(st, shared, task, launch)

@@ -215,15 +215,18 @@ pub enum Gpt2Error {
 
     /// The token stream is too short for even one global batch.
     #[error(
-        "{origin}: too few tokens ({tokens}) for one step of {world_size} rank(s) x batch {batch_size} x sequence {seq_len} (needs at least {needed})"
+        "{origin}: too few tokens ({tokens}) for one step of {}{world_size} rank(s) x batch {batch_size} x sequence {seq_len} (needs at least {needed})",
+        if *micro_batches > 1 { format!("{micro_batches} micro-batches x ") } else { String::new() }
     )]
     DatasetTooSmall {
         /// Where the tokens came from.
         origin: String,
         /// Tokens available.
         tokens: usize,
-        /// Tokens one global step needs (`B*W*T + 1`).
+        /// Tokens one global step needs (`N*B*W*T + 1`).
         needed: usize,
+        /// Micro-batches per step `N` (gradient accumulation).
+        micro_batches: usize,
         /// Per-rank batch size.
         batch_size: usize,
         /// Sequence length.

@@ -541,6 +541,71 @@ fn restored_loader_continues_identically() {
     ));
 }
 
+/// With N micro-batches a step of W ranks reads, micro-batch by micro-batch
+/// and rank by rank, the batch one rank with batch N*B*W reads, across
+/// wraps (decided once a step, so a step never mixes two epochs) and
+/// shuffled; the state after each step is the single rank's.
+#[test]
+fn micro_batches_of_a_step_are_the_combined_batch() {
+    let src = counting_source(1000);
+    let order = |l: DataLoader, shuffle: Option<u64>| match shuffle {
+        Some(seed) => l.shuffled(seed),
+        None => l,
+    };
+    for (n, world, shuffle) in [(2, 1, None), (3, 2, None), (2, 3, Some(7)), (4, 1, Some(3))] {
+        let (b, t) = (2, 9);
+        let mut single = order(
+            DataLoader::new(&src, n * b * world, t, 0, 1).unwrap(),
+            shuffle,
+        );
+        let mut ranks: Vec<DataLoader> = (0..world)
+            .map(|r| {
+                let l = DataLoader::new(&src, b, t, r, world).unwrap();
+                order(l.micro_batches(n).unwrap(), shuffle)
+            })
+            .collect();
+        assert_eq!(ranks[0].steps_per_epoch(), single.steps_per_epoch());
+        // 999 tokens of windows: the step does not divide them.
+        assert_ne!(999 % (n * b * world * t), 0);
+        for step in 0..3 * single.steps_per_epoch() + 2 {
+            let global = single.next_batch().unwrap();
+            let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+            for _ in 0..n {
+                for loader in &mut ranks {
+                    let batch = loader.next_batch().unwrap();
+                    inputs.extend(batch.inputs);
+                    targets.extend(batch.targets);
+                }
+            }
+            let what = format!("N={n} W={world} shuffle {shuffle:?} step {step}");
+            assert_eq!(inputs, global.inputs, "{what}");
+            assert_eq!(targets, global.targets, "{what}");
+            for loader in &ranks {
+                assert_eq!(loader.state(), single.state(), "{what}");
+            }
+        }
+    }
+    // The data must hold a whole step.
+    let l = DataLoader::new(&counting_source(100), 2, 8, 0, 2).unwrap();
+    let err = l.micro_batches(4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Gpt2Error::DatasetTooSmall {
+                needed: 129,
+                micro_batches: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("one step of 4 micro-batches x 2 rank(s) x batch 2"),
+        "{err}"
+    );
+}
+
 #[test]
 fn loader_rejects_bad_settings() {
     let src = counting_source(100);

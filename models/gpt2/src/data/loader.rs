@@ -18,6 +18,13 @@
 //! deterministic: a loader restored from a saved state produces exactly the
 //! batches the original would have produced next.
 //!
+//! With `N` [micro-batches](DataLoader::micro_batches) a step (gradient
+//! accumulation) reads `N` batches one after the other, micro-batch `i` from
+//! `p + i·B·W·T`, and the wrap is decided once, before its first one, for
+//! the `N·B·W·T + 1` tokens of the whole step: a step never mixes the end of
+//! one epoch with the start of the next, and it reads the rows that one rank
+//! with batch `N·B·W` reads.
+//!
 //! # Shuffled
 //!
 //! [`DataLoader::shuffled`] visits the same rows in another order, a new one
@@ -80,6 +87,10 @@ pub struct DataLoader {
     /// The vocabulary every window read is checked against
     /// ([`checking_ids`](Self::checking_ids)).
     vocab: Option<usize>,
+    /// Batches per step ([`micro_batches`](Self::micro_batches)), and how
+    /// many of the current step's have been read.
+    micro: usize,
+    taken: usize,
 }
 
 /// A source of at most this many tokens (512 MiB of them) is checked
@@ -128,6 +139,7 @@ impl DataLoader {
                 origin: source.origin().to_string(),
                 tokens: source.len(),
                 needed,
+                micro_batches: 1,
                 batch_size,
                 seq_len,
                 world_size,
@@ -143,7 +155,42 @@ impl DataLoader {
             state: LoaderState::default(),
             shuffle: None,
             vocab: None,
+            micro: 1,
+            taken: 0,
         })
+    }
+
+    /// This loader reading `n` batches a step (gradient accumulation), the
+    /// wrap decided once a step (module docs). An error if the data holds
+    /// fewer than the step's `n·B·W·T + 1` tokens, or for `n = 0`.
+    pub fn micro_batches(mut self, n: usize) -> Result<Self> {
+        if n == 0 {
+            return Err(Gpt2Error::InvalidLoader {
+                reason: "micro-batches per step must be positive, not 0".into(),
+            });
+        }
+        let needed = (self.batch_size * self.world_size * self.seq_len)
+            .checked_mul(n)
+            .and_then(|x| x.checked_add(1))
+            .ok_or_else(|| Gpt2Error::InvalidLoader {
+                reason: format!(
+                    "{n} micro-batches of batch size x world size x sequence length overflow"
+                ),
+            })?;
+        if self.tokens.len() < needed {
+            return Err(Gpt2Error::DatasetTooSmall {
+                origin: self.origin,
+                tokens: self.tokens.len(),
+                needed,
+                micro_batches: n,
+                batch_size: self.batch_size,
+                seq_len: self.seq_len,
+                world_size: self.world_size,
+            });
+        }
+        self.micro = n;
+        self.taken = 0;
+        Ok(self)
     }
 
     /// Checks every window a batch reads against a vocabulary of `vocab`
@@ -238,9 +285,10 @@ impl DataLoader {
         &self.origin
     }
 
-    /// Tokens consumed per step by all ranks together, `B·W·T`.
+    /// Tokens consumed per step by all ranks together, `N·B·W·T` (`N`
+    /// micro-batches).
     pub fn tokens_per_step(&self) -> usize {
-        self.batch_size * self.world_size * self.seq_len
+        self.micro * self.batch_size * self.world_size * self.seq_len
     }
 
     /// Steps in one pass over the data before it wraps.
@@ -263,15 +311,20 @@ impl DataLoader {
             });
         }
         self.state = state;
+        self.taken = 0;
         Ok(())
     }
 
     /// Back to the start of the data, epoch 0.
     pub fn reset(&mut self) {
         self.state = LoaderState::default();
+        self.taken = 0;
     }
 
-    /// Fills `inputs` and `targets` (each `B·T` long) with this rank's next batch.
+    /// Fills `inputs` and `targets` (each `B·T` long) with this rank's next
+    /// batch (with micro-batches, the next one of the step).
+    /// [`state`](Self::state) is resumable between steps: after the last
+    /// micro-batch of one.
     pub fn next_batch_into(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
         let bt = self.batch_size * self.seq_len;
         if inputs.len() != bt || targets.len() != bt {
@@ -283,9 +336,9 @@ impl DataLoader {
                 ),
             });
         }
-        let step = self.tokens_per_step();
+        let step = self.batch_size * self.world_size * self.seq_len;
         let before = self.state;
-        if self.state.position + step + 1 > self.tokens.len() {
+        if self.taken == 0 && self.state.position + self.tokens_per_step() + 1 > self.tokens.len() {
             self.state.position = 0;
             self.state.epoch += 1;
         }
@@ -329,6 +382,7 @@ impl DataLoader {
             }
         }
         self.state.position += step;
+        self.taken = (self.taken + 1) % self.micro;
         Ok(())
     }
 

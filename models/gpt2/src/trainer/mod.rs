@@ -260,7 +260,8 @@ pub fn train(
         });
     }
     // Check the data once, before any rank starts.
-    DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?;
+    DataLoader::for_config(data, &opts.model, opts.batch_size, opts.seq_len, 0, world)?
+        .micro_batches(opts.grad_accum)?;
     // And the checkpoint directory (made now, a file tried in it), which
     // only rank 0 writes: not found unusable at the end of the run.
     if let Some(dir) = opts

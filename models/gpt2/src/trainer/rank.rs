@@ -281,7 +281,9 @@ fn run_rank_on(
     // `train` checked the data for the model (`DataLoader::for_config`)
     // before any rank started: each rank's loader only checks the windows
     // it reads.
-    let mut loader = DataLoader::new(data, b, t, rank, world)?.checking_ids(cfg.vocab_size);
+    let mut loader = DataLoader::new(data, b, t, rank, world)?
+        .checking_ids(cfg.vocab_size)
+        .micro_batches(opts.grad_accum)?;
     if opts.shuffle {
         loader = loader.shuffled(opts.seed);
     }
