@@ -896,6 +896,18 @@ impl Runtime {
         // Refused before a read task is submitted that nobody would wait for.
         self.shared.check_not_in_task("Runtime::read_vec")?;
         let v = v.as_view();
+        if lock(&self.state)
+            .recorder
+            .as_ref()
+            .is_some_and(|r| !r.is_auto())
+        {
+            return Err(Error::Usage(format!(
+                "`Runtime::read_vec` of `{}` while a schedule is being recorded: the read-back \
+                 would be recorded, and every replay would read into a result nobody sees; \
+                 read after `record` returns, or after a replay",
+                v.buffer().name()
+            )));
+        }
         let sz = size_of::<T>();
         if sz == 0 || v.len() % sz != 0 {
             return Err(Error::Misaligned {

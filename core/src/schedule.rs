@@ -99,6 +99,12 @@ impl Runtime {
     /// submitted) and explicit `after` edges among them; dependencies on
     /// tasks submitted before the recording are found again at each replay.
     ///
+    /// Every task submitted while the recording is on is recorded, from any
+    /// thread: [`Runtime::upload`] too (each replay copies the data the
+    /// recording's upload was given; values that change from replay to
+    /// replay go through [`Schedule::replay_with`] or an upload before the
+    /// replay). [`Runtime::read_vec`] is refused while a recording is on.
+    ///
     /// Errors: a recording already in progress (`Error::Usage`), or the
     /// error `program` returns (the tasks it submitted still run).
     pub fn record(

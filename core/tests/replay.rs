@@ -250,6 +250,51 @@ fn a_failing_task_in_a_replay_names_itself_and_skips_its_dependents() {
     }
 }
 
+/// A read-back inside a recording is refused, naming the buffer (every
+/// replay would read into a result nobody sees); the recording goes on,
+/// and after it reads work.
+#[test]
+fn a_read_back_inside_a_recording_is_refused() {
+    let rt = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .build()
+        .unwrap();
+    let x = rt.alloc_from("x", &[1u32]).unwrap();
+    let step = rt
+        .record("step", |rt| {
+            rt.task("bump").run(x.read_write::<u32>(), |x| x[0] += 1)?;
+            let e = rt.read_vec::<u32>(&x).unwrap_err();
+            assert!(
+                matches!(&e, Error::Usage(m) if m.contains("`x`") && m.contains("recorded")),
+                "{e}"
+            );
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(step.len(), 1);
+    step.replay().unwrap();
+    assert_eq!(rt.read_vec::<u32>(&x).unwrap(), vec![3]);
+}
+
+/// A replay skipped behind a failed replay of the same schedule names the
+/// task that failed as its cause, not the schedule (which read as the
+/// schedule depending on itself).
+#[test]
+fn a_replay_behind_a_failed_replay_names_the_task_that_failed() {
+    for (mode, rt) in MODES.into_iter().zip(runtimes()) {
+        let x = rt.alloc_from("x", &[1u32]).unwrap();
+        let y = rt.alloc("y", 4).unwrap();
+        let z = rt.alloc("z", 4).unwrap();
+        let step = flaky_step(&rt, [&x, &y, &z], None);
+        rt.synchronize().unwrap();
+        let (first, second) = (step.replay().unwrap(), step.replay().unwrap());
+        replay_failed_for(first.wait(), "flaky", (mode, "first"));
+        replay_failed_for(second.wait(), "flaky", (mode, "second"));
+        let e = rt.synchronize().unwrap_err().to_string();
+        assert!(e.contains("flaky") && e.contains("second run fails"), "{e}");
+    }
+}
+
 /// Records a step with two parts: "slow" on compute stream 1 writes `b`,
 /// "quick" on stream 0 writes `a` (`quick_last`: recorded after "slow",
 /// so stream 0 also holds the replay's join). In every run after the

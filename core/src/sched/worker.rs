@@ -22,9 +22,11 @@ use crate::clock::now_ns;
 use crate::ctx::{Access, Body, Check, CommHook, SharedBody, TaskCtx};
 use crate::cuda::CudaEvent;
 use crate::error::Error;
+use crate::kind::PlaceReason;
 use crate::sync::{lock, Arc, Ordering};
 use crate::trace::Span;
 use smallvec::SmallVec;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -291,16 +293,32 @@ fn finish_with(
 ) {
     let plan = &run.plan;
     let cause = match external.whole {
-        Some(p) => Some((p.name.as_ref(), p.root_error())),
+        Some(p) => Some((external_cause(p), p.root_error())),
         None => failed().map(|i| match external.skips(i as usize) {
-            Some(p) => (p.name.as_ref(), p.root_error()),
-            None => (plan.tasks[i as usize].name.as_ref(), run.root_error()),
+            Some(p) => (external_cause(p), p.root_error()),
+            None => (
+                Cow::Borrowed(plan.tasks[i as usize].name.as_ref()),
+                run.root_error(),
+            ),
         }),
     };
     record.finish(match cause {
         None => Ok(()),
-        Some((c, root)) => Err(join_error(plan, c, root)),
+        Some((c, root)) => Err(join_error(plan, &c, root)),
     });
+}
+
+/// The cause a replay's skip names for its failed external predecessor
+/// `p`: a replay's record (its join or a stream's part) stands for the task
+/// inside it that failed, which is named instead (else a replay skipped
+/// behind a failed replay of the same schedule named the schedule as its
+/// own cause).
+fn external_cause(p: &TaskShared) -> Cow<'_, str> {
+    if p.placement.reason == PlaceReason::Replayed {
+        Cow::Owned(p.root_cause())
+    } else {
+        Cow::Borrowed(p.name.as_ref())
+    }
 }
 
 /// Runs task `i` of a replay on stream `s`'s thread (its waits issued), or
@@ -321,10 +339,11 @@ fn run_step(
     let start = if shared.profiling { now_ns() } else { 0 };
     live::running(shared, s, Some((id, &t.name, &t.scope)));
     let cause = match external.skips(i) {
-        Some(p) => Some((p.name.as_ref(), p.root_error())),
-        None => run
-            .failed_task(preds.iter().copied())
-            .map(|p| (plan.tasks[p as usize].name.as_ref(), run.root_error())),
+        Some(p) => Some((external_cause(p), p.root_error())),
+        None => run.failed_task(preds.iter().copied()).map(|p| {
+            let name = plan.tasks[p as usize].name.as_ref();
+            (Cow::Borrowed(name), run.root_error())
+        }),
     };
     let outcome = match cause {
         Some((c, root)) => {
@@ -417,9 +436,11 @@ fn run_task<'a>(
 ) -> (Result<(), Error>, Vec<Check>) {
     if let Some(p) = preds.iter().find(|p| p.failed()) {
         // (The join of a replay names the task of the replay that failed,
-        // through a part of a split graph replay: `sched::split`.)
+        // through a part of a split graph replay: `sched::split`; so does a
+        // task of a materialised replay, skipped behind another replay.)
         let cause = match body {
             TaskBody::Join => p.root_cause(),
+            _ if task.placement.reason == PlaceReason::Replayed => external_cause(p).into_owned(),
             _ => p.name.to_string(),
         };
         let _ = drop_body(&task.name, body);
