@@ -380,7 +380,7 @@ fn train_be(
         steps: a.be_steps,
         backend,
         ranks: a.be_ranks.unwrap_or(if gpu { 1 } else { 2 }),
-        class,
+        class: Some(class),
         spare_sms,
         device_bundle: bundle_us.map(Duration::from_micros),
         dtype: if gpu { Dtype::Bf16 } else { Dtype::F32 },
