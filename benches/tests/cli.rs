@@ -204,6 +204,62 @@ fn multi_tenant_refuses_values_that_measure_nothing() {
     );
 }
 
+/// Flags that only the model can judge are checked before anything runs,
+/// each error naming its flag: an unknown `--be-model` (checked only after
+/// the solo runs, which printed their figures first), a `--device` it does
+/// not know, more tokens than a model takes.
+#[test]
+fn multi_tenant_checks_its_models_flags_before_it_runs() {
+    refused(MULTI_TENANT, &["--be-model", "nope"], &["--be-model nope"]);
+    refused(MULTI_TENANT, &["--device", "tpu"], &["--device tpu"]);
+    refused(
+        MULTI_TENANT,
+        &["--request-tokens", "65"],
+        &["--request-tokens 65", "at most 64"],
+    );
+    refused(
+        MULTI_TENANT,
+        &["--be-model", "tiny", "--be-seq-len", "65"],
+        &["--be-seq-len 65", "at most 64"],
+    );
+    refused(
+        MULTI_TENANT,
+        &["--be-model", "nope", "--realtime"],
+        &["--be-model nope"],
+    );
+}
+
+/// `--be-model tiny` trains (its vocabulary of 512 ids is smaller than the
+/// built-in data's GPT-2 ids: they are folded into it); it failed after the
+/// solo runs with a token id out of range for the vocabulary.
+#[test]
+fn multi_tenant_trains_the_tiny_model() {
+    let out = Command::new(MULTI_TENANT)
+        .args([
+            "--be-model",
+            "tiny",
+            "--be-steps",
+            "3",
+            "--requests",
+            "3",
+            "--period-ms",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("training alone (normal"),
+        "the solo training run is not normal: {stdout}"
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("lc_p99_ratio="), "{stdout}");
+}
+
 #[test]
 fn simulate_refuses_values_that_predict_nothing() {
     // A trace the simulator reads: without the checks, every case below

@@ -100,6 +100,18 @@ pub enum Error {
          wait outside the task, or make the waiting code a task that reads what it waits for"
     )]
     WaitInsideTask { what: &'static str },
+    /// A synchronisation point of a best-effort runtime was called from
+    /// inside a task of a latency-critical runtime, where it could only
+    /// deadlock: best-effort tasks do not start while that task is
+    /// unfinished.
+    #[error(
+        "`{what}` on a best-effort runtime called from inside a task of a latency-critical \
+         runtime: best-effort tasks do not start while a latency-critical task is unfinished \
+         (the waiting one included), so the wait would never end; wait outside the \
+         latency-critical task, or run the work it needs on a latency-critical or normal \
+         runtime (docs/tenants.md)"
+    )]
+    WaitOnBestEffort { what: &'static str },
     /// A task was submitted to a runtime whose backend it has no body for.
     #[error("task `{task}` has no body for the {backend} backend (submit it with `run_any`, or with `run_cuda` on CUDA)")]
     NoBody { task: String, backend: &'static str },

@@ -46,6 +46,9 @@ pub struct RuntimeBuilder {
     inline_short_tasks: bool,
     live: Option<PathBuf>,
     class: Class,
+    /// The class was set in code ([`RuntimeBuilder::class`]): it wins over
+    /// a placement file's.
+    class_set: bool,
     realtime: bool,
     spare_sms: u32,
     device_bundle: std::time::Duration,
@@ -96,6 +99,7 @@ impl Default for RuntimeBuilder {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             class: Class::Normal,
+            class_set: false,
             realtime: false,
             spare_sms: 0,
             device_bundle: crate::sched::tenants::DEVICE_BUNDLE,
@@ -321,8 +325,14 @@ impl RuntimeBuilder {
     /// tasks, best-effort runtimes start no new task; best-effort CPU stream
     /// threads run at the idle scheduling priority and divide the core
     /// budget among themselves only. See docs/tenants.md.
+    ///
+    /// A class set here wins over a placement file's `[runtime] class`
+    /// (the builder's file, or the one `BRAID_PLACEMENT` names, which may
+    /// have been written for another program of the process); the file's
+    /// class applies to runtimes whose builder sets none.
     pub fn class(mut self, class: Class) -> Self {
         self.class = class;
+        self.class_set = true;
         self
     }
 
@@ -489,21 +499,34 @@ impl RuntimeBuilder {
                 return Err(Error::Config(format!("trace `{}`: {why}", path.display())));
             }
         }
-        // The placement file is read and checked before anything starts;
-        // its `[runtime]` class, real-time setting and spared SMs override
-        // the builder's.
+        // The placement file is read and checked before anything starts.
+        // Its `[runtime]` class applies where the code set none: a class set
+        // in code wins (`BRAID_PLACEMENT` reaches every runtime of the
+        // process, and its file may have been written for another of
+        // them). Its real-time setting and spared SMs override the
+        // builder's, unless the code's class overrode another class of the
+        // file's: they were then meant for a runtime of that class.
         let placement = self.placement_file_checked()?;
+        let mut class_from_file = false;
         if let Some(f) = &placement {
-            self.class = f.class().unwrap_or(self.class);
-            self.realtime = f.realtime().unwrap_or(self.realtime);
-            self.spare_sms = f.spare_sms().unwrap_or(self.spare_sms);
+            let other_program = self.class_set && f.class().is_some_and(|c| c != self.class);
+            if !self.class_set {
+                if let Some(c) = f.class() {
+                    self.class = c;
+                    class_from_file = true;
+                }
+            }
+            if !other_program {
+                self.realtime = f.realtime().unwrap_or(self.realtime);
+                self.spare_sms = f.spare_sms().unwrap_or(self.spare_sms);
+            }
         }
         if self.realtime && self.class != Class::LatencyCritical {
             return Err(placement
                 .as_ref()
                 .and_then(|f| f.realtime_refused(self.class))
                 .unwrap_or_else(|| {
-                    let from = match placement.as_ref().filter(|f| f.class().is_some()) {
+                    let from = match placement.as_ref().filter(|_| class_from_file) {
                         Some(f) => format!(" (`runtime.class` in placement file `{}`)", f.origin()),
                         None => String::new(),
                     };
@@ -756,8 +779,8 @@ impl Runtime {
         self.scopes.file()
     }
 
-    /// The program's priority class: the builder's, or the placement file's
-    /// `[runtime] class`.
+    /// The program's priority class: the builder's, or where the builder
+    /// set none the placement file's `[runtime] class` (else normal).
     pub fn class(&self) -> Class {
         self.shared.class
     }
@@ -894,7 +917,7 @@ impl Runtime {
         v: impl AsView,
     ) -> Result<Vec<T>> {
         // Refused before a read task is submitted that nobody would wait for.
-        self.shared.check_not_in_task("Runtime::read_vec")?;
+        self.shared.check_may_wait("Runtime::read_vec")?;
         let v = v.as_view();
         if lock(&self.state)
             .recorder
@@ -990,7 +1013,7 @@ impl Runtime {
         let submitted = self.shared.submitted.load(Ordering::Relaxed);
         if submitted >= window + self.seen_completed.load(Ordering::Relaxed) {
             let done = self.shared.completed.get();
-            if done + window <= submitted && self.shared.check_not_in_task("submit").is_ok() {
+            if done + window <= submitted && self.shared.check_may_wait("submit").is_ok() {
                 // Full: wait until half the window has drained (hysteresis), so
                 // a submitter that outpaces the streams sleeps once per half
                 // window, not once per task.
@@ -1211,7 +1234,7 @@ impl Runtime {
     /// task are skipped and not reported separately). The runtime stays usable.
     pub fn synchronize(&self) -> Result<()> {
         let _span = tracing::trace_span!("synchronize").entered();
-        self.shared.check_not_in_task("Runtime::synchronize")?;
+        self.shared.check_may_wait("Runtime::synchronize")?;
         let frontier = {
             let mut st = lock(&self.state);
             sched::auto::Auto::boundary(&mut st);

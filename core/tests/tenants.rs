@@ -302,28 +302,35 @@ fn runtimes_built_by_a_real_time_thread_do_not_inherit_real_time() {
     );
 }
 
-/// A placement file's `[runtime] class` and `realtime` override the
-/// builder's: the program's code keeps `Class::Normal`, and the file makes
-/// it best-effort (idle-policy stream threads) or latency-critical with
-/// real-time threads (where the process may use them). Real-time threads
-/// for a class other than latency-critical fail `build`, naming the file's
-/// line when the file asked for them, and the file's class when it set it.
+/// A builder with one stream (tasks on its thread), the class `class` if
+/// set, and the placement file `file`.
+#[cfg(target_os = "linux")]
+fn with_file(file: &str, class: Option<Class>, realtime: bool) -> braid::Result<Runtime> {
+    let mut b = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .inline_short_tasks(false)
+        .realtime(realtime)
+        .placement(braid::PlacementFile::parse(file, "p.toml").unwrap());
+    if let Some(class) = class {
+        b = b.class(class);
+    }
+    b.build()
+}
+
+/// A placement file's `[runtime] class` and `realtime` apply where the
+/// program's code sets no class: the file makes it best-effort
+/// (idle-policy stream threads) or latency-critical with real-time threads
+/// (where the process may use them). Real-time threads for a class other
+/// than latency-critical fail `build`, naming the file's line when the file
+/// asked for them, and the file's class when it set it.
 #[cfg(target_os = "linux")]
 #[test]
 fn the_placement_file_sets_the_class_and_real_time_threads() {
-    use braid::{Error, PlacementFile};
-    let build = |file: &str, class: Class, realtime: bool| {
-        Runtime::builder()
-            .backend(BackendKind::Cpu)
-            .compute_streams(1)
-            .oversubscribe(true)
-            .inline_short_tasks(false)
-            .class(class)
-            .realtime(realtime)
-            .placement(PlacementFile::parse(file, "p.toml").unwrap())
-            .build()
-    };
-    let rt = build("[runtime]\nclass = \"best-effort\"\n", Class::Normal, false).unwrap();
+    use braid::Error;
+    let build = with_file;
+    let rt = build("[runtime]\nclass = \"best-effort\"\n", None, false).unwrap();
     assert_eq!(rt.class(), Class::BestEffort);
     assert_eq!(stream_policy(&rt), libc::SCHED_IDLE);
     drop(rt);
@@ -331,7 +338,7 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
     let (allowed, want) = real_time_here();
     let file = "[runtime]\nclass = \"latency-critical\"\nrealtime = true\n";
     let policy = std::thread::spawn(move || {
-        let rt = build(file, Class::Normal, false).unwrap();
+        let rt = build(file, None, false).unwrap();
         assert_eq!(rt.class(), Class::LatencyCritical);
         stream_policy(&rt)
     })
@@ -339,7 +346,7 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
     .unwrap();
     assert_eq!(policy, want, "SCHED_FIFO allowed: {allowed}");
 
-    match build("[runtime]\n\nrealtime = true\n", Class::Normal, false) {
+    match build("[runtime]\n\nrealtime = true\n", Some(Class::Normal), false) {
         Err(Error::Placement {
             file,
             line,
@@ -353,14 +360,48 @@ fn the_placement_file_sets_the_class_and_real_time_threads() {
         }
         other => panic!("expected a placement error, got {other:?}"),
     }
-    let e = build(
-        "[runtime]\nclass = \"normal\"\n",
-        Class::LatencyCritical,
-        true,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = build("[runtime]\nclass = \"normal\"\n", None, true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("runtime.class") && e.contains("p.toml"), "{e}");
+}
+
+/// A class set in code wins over the placement file's: a serving runtime
+/// built with `Class::LatencyCritical` stays latency-critical (stream
+/// threads at the default policy, not idle) when the file — as
+/// `BRAID_PLACEMENT` names for every runtime of the process — says
+/// `best-effort` for the training beside it. The file's `realtime` and
+/// `spare_sms`, written for a runtime of its class, do not apply to one
+/// whose code chose another class (a best-effort runtime is not refused
+/// for the serving file's real-time threads); without a class in the file
+/// they still do (and real-time threads are refused for a normal one).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_class_set_in_code_wins_over_the_placement_files() {
+    let training = "[runtime]\nclass = \"best-effort\"\nspare_sms = 8\n";
+    let serving = with_file(training, Some(Class::LatencyCritical), false).unwrap();
+    assert_eq!(serving.class(), Class::LatencyCritical);
+    assert_eq!(stream_policy(&serving), libc::SCHED_OTHER);
+    let plain = with_file(training, None, false).unwrap();
+    assert_eq!(plain.class(), Class::BestEffort);
+    assert_eq!(stream_policy(&plain), libc::SCHED_IDLE);
+    drop((serving, plain));
+
+    let serving_file = "[runtime]\nclass = \"latency-critical\"\nrealtime = true\n";
+    let trainer = with_file(serving_file, Some(Class::BestEffort), false).unwrap_or_else(|e| {
+        panic!("the serving file's realtime refused a best-effort runtime: {e}")
+    });
+    assert_eq!(trainer.class(), Class::BestEffort);
+    assert_eq!(stream_policy(&trainer), libc::SCHED_IDLE);
+    drop(trainer);
+
+    let e = with_file("[runtime]\nrealtime = true\n", Some(Class::Normal), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("latency-critical") && e.contains("normal"),
+        "{e}"
+    );
 }
 
 /// Sparing SMs (`RuntimeBuilder::spare_sms`, `[runtime] spare_sms`) is a
@@ -469,4 +510,176 @@ fn best_effort_uploads_and_reads_arrive_whole() {
             "{len} bytes, from a third"
         );
     }
+}
+
+/// Whether this process may put a thread at `SCHED_IDLE` back to the
+/// default policy (probed on a scratch thread: it needs `CAP_SYS_NICE` or
+/// an `RLIMIT_NICE` of at least 20), and the policy a latency-critical or
+/// normal runtime's stream threads get when built by an idle-policy thread.
+#[cfg(target_os = "linux")]
+fn idle_left_here() -> (bool, i32) {
+    let allowed = std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0
+                && libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0
+        }
+    })
+    .join()
+    .unwrap();
+    let want = if allowed {
+        libc::SCHED_OTHER
+    } else {
+        libc::SCHED_IDLE
+    };
+    (allowed, want)
+}
+
+/// A thread that entered the best-effort class (`Class::BestEffort.enter()`,
+/// as a best-effort program's rank threads do) runs at `SCHED_IDLE`, and
+/// Linux threads inherit their creator's policy: a latency-critical or
+/// normal runtime it builds still runs its stream threads at the default
+/// policy (where the process may leave the idle one), and a best-effort
+/// one at the idle policy.
+#[cfg(target_os = "linux")]
+#[test]
+fn runtimes_built_by_a_best_effort_thread_do_not_inherit_the_idle_policy() {
+    let (allowed, want) = idle_left_here();
+    let one_stream = |class: Class| {
+        Runtime::builder()
+            .backend(BackendKind::Cpu)
+            .compute_streams(1)
+            .oversubscribe(true)
+            .inline_short_tasks(false)
+            .class(class)
+            .build()
+            .unwrap()
+    };
+    let (creator, lc, normal, be) = std::thread::spawn(move || {
+        Class::BestEffort.enter();
+        // SAFETY: pid 0 names the calling thread.
+        let creator = unsafe { libc::sched_getscheduler(0) };
+        let lc = stream_policy(&one_stream(Class::LatencyCritical));
+        let normal = stream_policy(&one_stream(Class::Normal));
+        let be = stream_policy(&one_stream(Class::BestEffort));
+        (creator, lc, normal, be)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(creator, libc::SCHED_IDLE);
+    assert_eq!(
+        (lc, normal, be),
+        (want, want, libc::SCHED_IDLE),
+        "leaving SCHED_IDLE allowed: {allowed}"
+    );
+}
+
+/// A best-effort runtime's stream thread whose task body submits to, and
+/// waits on, a latency-critical runtime with real-time threads is not
+/// promoted: it stays at the idle policy (were it promoted, the training
+/// would run at `SCHED_FIFO` from then on, beside the program that asked
+/// for real time). Where the process may not use `SCHED_FIFO` the test
+/// cannot tell the difference.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_best_effort_stream_thread_is_never_promoted_to_real_time() {
+    let (allowed, _) = real_time_here();
+    let lc = Arc::new(realtime_latency_critical());
+    let be = Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .class(Class::BestEffort)
+        .build()
+        .unwrap();
+    assert_eq!(stream_policy(&be), libc::SCHED_IDLE);
+    let b = be.alloc("b", 4).unwrap();
+    let server = lc.clone();
+    be.task("asks the server")
+        .run(b.write::<u8>(), move |_| {
+            let x = server.alloc("x", 4).unwrap();
+            server
+                .task("answer")
+                .run(x.write::<u8>(), |_| ())
+                .unwrap()
+                .wait()
+                .unwrap();
+            server.read_vec::<u8>(&x).unwrap();
+        })
+        .unwrap();
+    be.synchronize().unwrap();
+    assert_eq!(
+        stream_policy(&be),
+        libc::SCHED_IDLE,
+        "SCHED_FIFO allowed: {allowed}"
+    );
+    assert_eq!(stream_policy(&lc), real_time_here().1);
+}
+
+/// A latency-critical task that waits on a best-effort runtime (a task's
+/// handle, `synchronize`, `read_vec`) would wait forever: best-effort tasks
+/// do not start while a latency-critical task is unfinished. It gets an
+/// error naming both classes and what to do instead, not a hang (the test
+/// gives it 20 s); the best-effort task runs once the latency-critical one
+/// ends.
+#[test]
+fn a_latency_critical_task_may_not_wait_on_a_best_effort_runtime() {
+    let (lc, be) = (
+        cpu(Class::LatencyCritical),
+        Arc::new(cpu(Class::BestEffort)),
+    );
+    let a = lc.alloc("a", 4).unwrap();
+    let b = be.alloc("b", 4).unwrap();
+    let (handle_tx, handle) = mpsc::channel::<braid::TaskHandle>();
+    let (said_tx, said) = mpsc::channel::<Vec<String>>();
+    let trainer = be.clone();
+    let weights = b.clone();
+    lc.task("request")
+        .run(a.write::<u8>(), move |_| {
+            let h = handle.recv().unwrap();
+            let errors = vec![
+                h.wait().map_err(|e| e.to_string()),
+                trainer.synchronize().map_err(|e| e.to_string()),
+                trainer
+                    .read_vec::<u8>(&weights)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            ];
+            said_tx
+                .send(
+                    errors
+                        .into_iter()
+                        .map(|r| r.err().unwrap_or_default())
+                        .collect(),
+                )
+                .unwrap();
+        })
+        .unwrap();
+    let h = be.task("weights").run(b.write::<u8>(), |_| ()).unwrap();
+    handle_tx.send(h.clone()).unwrap();
+    let Ok(said) = said.recv_timeout(Duration::from_secs(20)) else {
+        // The latency-critical stream thread is stuck: dropping would wait.
+        std::mem::forget((lc, be));
+        panic!("a latency-critical task waiting on a best-effort runtime hung");
+    };
+    for (what, e) in [
+        "TaskHandle::wait",
+        "Runtime::synchronize",
+        "Runtime::read_vec",
+    ]
+    .iter()
+    .zip(&said)
+    {
+        assert!(
+            e.contains(what)
+                && e.contains("best-effort")
+                && e.contains("latency-critical")
+                && e.contains("wait outside"),
+            "{what}: {e:?}"
+        );
+    }
+    lc.synchronize().unwrap();
+    h.wait().unwrap();
+    be.synchronize().unwrap();
 }

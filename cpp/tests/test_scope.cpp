@@ -143,6 +143,13 @@ void the_file_sets_the_priority_class() {
                 .placement_file("scope-class.toml")
                 .build();
   CHECK(rt.priority_class() == braid::Class::BestEffort);
+  // A class set in code wins over the file's.
+  auto serving = braid::Runtime::builder()
+                     .backend(braid::BackendKind::Cpu)
+                     .priority_class(braid::Class::LatencyCritical)
+                     .placement_file("scope-class.toml")
+                     .build();
+  CHECK(serving.priority_class() == braid::Class::LatencyCritical);
   auto plain = braid::Runtime::builder().backend(braid::BackendKind::Cpu).build();
   CHECK(plain.priority_class() == braid::Class::Normal);
   write_file("scope-realtime.toml", "[runtime]\n\nrealtime = true\n");

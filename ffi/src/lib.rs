@@ -177,6 +177,9 @@ mod bridge {
         placement: String,
         /// The program's priority class.
         tenant_class: Class,
+        /// `tenant_class` was set (`priority_class`): it then wins over a
+        /// placement file's class, which applies otherwise.
+        tenant_class_set: bool,
         /// The live view's socket (`braid top`); empty for none (then
         /// `BRAID_LIVE`, if set).
         live: String,
@@ -499,6 +502,7 @@ fn default_config() -> RuntimeConfig {
         rank: 0,
         placement: String::new(),
         tenant_class: Class::Normal,
+        tenant_class_set: false,
         live: String::new(),
         graphs: Switch::Default,
         graph_collectives: false,
@@ -574,12 +578,15 @@ fn new_runtime(cfg: &RuntimeConfig) -> FfiResult<Box<Runtime>> {
             Switch::Off => b.placement_trial(false),
             _ => return Err(to_error("placement trial setting")),
         };
-        b = b.class(match cfg.tenant_class {
-            Class::LatencyCritical => braid::Class::LatencyCritical,
-            Class::Normal => braid::Class::Normal,
-            Class::BestEffort => braid::Class::BestEffort,
-            _ => return Err(to_error("class")),
-        });
+        // Only when set: a class set in code wins over a placement file's.
+        if cfg.tenant_class_set {
+            b = b.class(match cfg.tenant_class {
+                Class::LatencyCritical => braid::Class::LatencyCritical,
+                Class::Normal => braid::Class::Normal,
+                Class::BestEffort => braid::Class::BestEffort,
+                _ => return Err(to_error("class")),
+            });
+        }
         Ok(Box::new(Runtime(Arc::new(Engine(b.build()?)))))
     })
 }

@@ -312,11 +312,12 @@ thread_local! {
 
 impl Shared {
     /// Blocks until `t` has finished, whatever its outcome; an error (named
-    /// `what`) from inside a task of this runtime, which could deadlock.
+    /// `what`) from inside a task of this runtime, or of a latency-critical
+    /// one when this runtime is best-effort, which could deadlock.
     fn wait_finished(&self, t: &TaskShared, what: &'static str) -> Result<()> {
         // Refused inside a task even when `t` has finished: whether it has
         // is timing, and an error that depends on it would come and go.
-        self.check_not_in_task(what)?;
+        self.check_may_wait(what)?;
         tenants::program_thread(self);
         self.streams[t.stream as usize].done.wait_at_least(t.seq);
         Ok(())
@@ -325,6 +326,20 @@ impl Shared {
     pub(crate) fn check_not_in_task(&self, what: &'static str) -> Result<()> {
         if IN_TASK_OF.with(Cell::get) == self.runtime_id {
             return Err(Error::WaitInsideTask { what });
+        }
+        Ok(())
+    }
+
+    /// [`check_not_in_task`](Self::check_not_in_task), and for a best-effort
+    /// runtime an error (named `what`) on a thread running a task of a
+    /// latency-critical runtime: admission holds this runtime's tasks back
+    /// until that task finishes, which it cannot while it waits for them.
+    pub(crate) fn check_may_wait(&self, what: &'static str) -> Result<()> {
+        self.check_not_in_task(what)?;
+        if self.class == crate::kind::Class::BestEffort
+            && tenants::is_latency_critical(IN_TASK_OF.with(Cell::get))
+        {
+            return Err(Error::WaitOnBestEffort { what });
         }
         Ok(())
     }

@@ -70,9 +70,30 @@ pub(crate) fn latency_critical_busy() -> bool {
         .any(|s| s.submitted.load(Ordering::Acquire) > s.completed.get())
 }
 
+/// Whether `runtime_id` names a latency-critical runtime of the process.
+pub(crate) fn is_latency_critical(runtime_id: u64) -> bool {
+    if runtime_id == 0 || COUNT.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let lc = LATENCY_CRITICAL.read().unwrap_or_else(|p| p.into_inner());
+    lc.iter().any(|(id, _)| *id == runtime_id)
+}
+
 thread_local! {
     /// This thread is a stream thread of a best-effort CPU runtime.
     static BEST_EFFORT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This thread belongs to a best-effort program: a stream thread of a
+    /// best-effort runtime (CPU or CUDA), or a thread that entered the class
+    /// (`Class::BestEffort.enter()`). A latency-critical runtime it submits
+    /// to or waits on never promotes it ([`program_thread`]). Unlike
+    /// [`BEST_EFFORT`], a task run inline does not change it.
+    static BEST_EFFORT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a stream thread of a runtime of `class`
+/// (any backend) for [`program_thread`].
+pub(crate) fn mark_program_thread(class: crate::kind::Class) {
+    BEST_EFFORT_THREAD.with(|b| b.set(class == crate::kind::Class::BestEffort));
 }
 
 /// Marks the calling thread as a stream thread of a runtime of `class`.
@@ -97,9 +118,16 @@ pub(crate) fn leave_class(mark: bool) {
 
 /// Called by a thread that submits to, or waits on, the runtime of
 /// `shared`: a thread of a latency-critical program stops yielding in its
-/// spin-waits (`sync::set_no_yield`).
+/// spin-waits (`sync::set_no_yield`), and with `realtime` takes the
+/// real-time policy, for good. Not a thread of a best-effort program (a
+/// best-effort runtime's stream thread whose task body asks a
+/// latency-critical runtime for something, or a thread that entered the
+/// best-effort class): it stays at its own class's policy, or the training
+/// would run at real time beside the program that asked for it.
 pub(crate) fn program_thread(shared: &Shared) {
-    if shared.class == crate::kind::Class::LatencyCritical {
+    if shared.class == crate::kind::Class::LatencyCritical
+        && !BEST_EFFORT_THREAD.with(std::cell::Cell::get)
+    {
         crate::sync::set_no_yield();
         if shared.realtime {
             enter_realtime();
@@ -138,8 +166,9 @@ pub(crate) fn enter_realtime() {
 /// `SCHED_FIFO` for good ([`enter_realtime`]), so a runtime it builds
 /// later would otherwise run its stream threads at real time too (a
 /// best-effort training run beside the very program that asked for it).
-/// A runtime's stream threads call it unless the runtime asked for real
-/// time itself. Leaving a real-time policy needs no privilege.
+/// The live view's and the watchdog's threads call it; a runtime's stream
+/// threads call [`leave_inherited_policy`], which also leaves an inherited
+/// idle policy. Leaving a real-time policy needs no privilege.
 pub(crate) fn leave_inherited_realtime() {
     #[cfg(target_os = "linux")]
     {
@@ -151,6 +180,50 @@ pub(crate) fn leave_inherited_realtime() {
             }
         }
     }
+}
+
+/// Puts a stream thread of a runtime of `class` back to the default policy
+/// if it inherited one its class does not give: a real-time policy unless
+/// the runtime asked for real time itself (`realtime`), as
+/// [`leave_inherited_realtime`] does, and the idle policy unless the
+/// runtime is best-effort. Linux threads start with their creator's policy,
+/// so a latency-critical or normal runtime built by a thread that called
+/// `Class::BestEffort.enter()` (a best-effort program's rank thread, say)
+/// would otherwise run its stream threads at `SCHED_IDLE`. (Braid never
+/// changes a thread's nice value, so there is none to undo.) Leaving the
+/// idle policy needs `CAP_SYS_NICE` or an `RLIMIT_NICE` of at least 20
+/// (the kernel counts `SCHED_IDLE` as nice 20); where the OS refuses, the
+/// thread keeps it and the process warns once.
+pub(crate) fn leave_inherited_policy(class: crate::kind::Class, realtime: bool) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: pid 0 names the calling thread; no pointers.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        let real_time = policy == libc::SCHED_FIFO || policy == libc::SCHED_RR;
+        let idle = policy == libc::SCHED_IDLE;
+        if real_time && !realtime {
+            if let Err(e) = set_policy(libc::SCHED_OTHER, 0) {
+                tracing::debug!("leaving an inherited real-time policy: {e}");
+            }
+        } else if idle && class != crate::kind::Class::BestEffort {
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if let Err(e) = set_policy(libc::SCHED_OTHER, 0) {
+                if !WARNED.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(
+                        "a {} runtime's stream threads inherited SCHED_IDLE from the thread that \
+                         built the runtime (one that called `Class::BestEffort.enter()`), and \
+                         the OS refused the default policy ({e}; it needs CAP_SYS_NICE or \
+                         RLIMIT_NICE >= 20): they keep the idle policy. Build the runtime on a \
+                         thread that has not entered best-effort",
+                        class.name()
+                    );
+                }
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (class, realtime);
 }
 
 /// Gives the calling thread scheduling `policy` at `priority` (Linux).
@@ -332,9 +405,12 @@ impl crate::kind::Class {
     /// yield their core (a yield can hand it to an idle-policy thread for
     /// a whole time slice); nothing for normal. A runtime applies it to its
     /// own stream threads, and a latency-critical runtime to the threads
-    /// that submit to it or wait on it; a best-effort program applies it to
-    /// the threads that submit its tasks, so its host work yields too.
+    /// that submit to it or wait on it (but not to a thread that entered
+    /// best-effort, nor to a best-effort runtime's stream thread); a
+    /// best-effort program applies it to the threads that submit its tasks,
+    /// so its host work yields too.
     pub fn enter(self) {
+        BEST_EFFORT_THREAD.with(|b| b.set(self == crate::kind::Class::BestEffort));
         match self {
             crate::kind::Class::BestEffort => lower_this_thread(),
             crate::kind::Class::LatencyCritical => crate::sync::set_no_yield(),
@@ -485,6 +561,40 @@ mod tests {
     fn latency_critical_threads_do_not_yield_in_spin_waits() {
         assert_eq!(yields_in(Class::LatencyCritical), (false, false));
         assert_eq!(yields_in(Class::Normal), (true, true));
+    }
+
+    /// A best-effort runtime's stream thread whose task body submits to a
+    /// latency-critical runtime, and waits on it, is not promoted: its
+    /// spin-waits keep yielding (and it takes no real-time policy, which
+    /// `core/tests/tenants.rs` checks where the process may use one).
+    #[test]
+    fn a_best_effort_stream_thread_is_not_promoted_by_a_latency_critical_runtime() {
+        let one = |class: Class| {
+            Runtime::builder()
+                .backend(BackendKind::Cpu)
+                .compute_streams(1)
+                .oversubscribe(true)
+                .class(class)
+                .build()
+                .unwrap()
+        };
+        let server = std::sync::Arc::new(one(Class::LatencyCritical));
+        let be = one(Class::BestEffort);
+        let out = be.alloc("out", 1).unwrap();
+        let lc = server.clone();
+        be.task("asks the server")
+            .run(out.write::<u8>(), move |o| {
+                let x = lc.alloc("x", 1).unwrap();
+                lc.task("answer")
+                    .run(x.write::<u8>(), |_| ())
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                lc.synchronize().unwrap();
+                o[0] = u8::from(crate::sync::yields());
+            })
+            .unwrap();
+        assert_eq!(be.read_vec::<u8>(&out).unwrap(), vec![1]);
     }
 
     /// A best-effort CUDA stream's window: one task always fits when nothing

@@ -47,9 +47,8 @@ pub(crate) fn spawn(
     );
     std::thread::Builder::new().name(name).spawn(move || {
         pin.bind();
-        if !shared.realtime {
-            tenants::leave_inherited_realtime();
-        }
+        tenants::leave_inherited_policy(shared.class, shared.realtime);
+        tenants::mark_program_thread(shared.class);
         if driver.is_none() {
             shared.class.enter();
             tenants::mark_stream_thread(shared.class);

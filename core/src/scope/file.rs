@@ -201,23 +201,29 @@ impl PlacementFile {
         self.auto_replay
     }
 
-    /// `[runtime] class`, when the file sets it (it overrides the builder's
-    /// [`crate::RuntimeBuilder::class`]): a deployment decides which
-    /// program serves and which trains beside it, not the program's code.
+    /// `[runtime] class`, when the file sets it: the class of runtimes
+    /// whose builder sets none ([`crate::RuntimeBuilder::class`]), so a
+    /// deployment can decide which program serves and which trains beside
+    /// it without a change to the code. A class set in code wins: the
+    /// file (`BRAID_PLACEMENT`'s reaches every runtime of the process) may
+    /// have been written for another program of the process.
     pub fn class(&self) -> Option<Class> {
         self.class
     }
 
     /// `[runtime] realtime`, when the file sets it (it overrides the
-    /// builder's [`crate::RuntimeBuilder::realtime`]): real-time threads
-    /// need privileges that the machine's operator grants, so the operator
-    /// may also be the one to ask for them.
+    /// builder's [`crate::RuntimeBuilder::realtime`], unless the builder
+    /// set a class other than the file's: the setting was then meant for
+    /// another program): real-time threads need privileges that the
+    /// machine's operator grants, so the operator may also be the one to
+    /// ask for them.
     pub fn realtime(&self) -> Option<bool> {
         self.realtime.map(|(on, _)| on)
     }
 
     /// `[runtime] spare_sms`, when the file sets it (it overrides the
-    /// builder's [`crate::RuntimeBuilder::spare_sms`]): how much of a GPU a
+    /// builder's [`crate::RuntimeBuilder::spare_sms`], unless the builder
+    /// set a class other than the file's): how much of a GPU a
     /// best-effort program leaves to the others is the deployment's choice.
     pub fn spare_sms(&self) -> Option<u32> {
         self.spare_sms

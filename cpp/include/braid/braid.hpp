@@ -941,8 +941,8 @@ class Runtime {
   std::size_t streams() const { return raw().streams(); }
   std::size_t compute_streams() const { return raw().compute_streams(); }
   std::size_t rank() const { return raw().rank(); }
-  // The priority class: the builder's, or the placement file's
-  // `[runtime] class` (docs/tenants.md).
+  // The priority class: the builder's, or where the builder set none the
+  // placement file's `[runtime] class` (docs/tenants.md).
   Class priority_class() const { return raw().priority_class(); }
   // On CUDA with RuntimeBuilder::spare_sms: the SMs its compute kernels
   // never run on, as the driver rounded the request; 0 on the CPU or when
@@ -1171,9 +1171,11 @@ class RuntimeBuilder {
   // The program's priority class among the runtimes of the process
   // (docs/tenants.md): while a LatencyCritical runtime has unfinished tasks,
   // BestEffort runtimes start none; BestEffort CPU threads run at the OS's
-  // idle priority. Default Normal.
+  // idle priority. Default: a placement file's [runtime] class, else Normal;
+  // a class set here wins over the file's.
   RuntimeBuilder& priority_class(Class c) {
     cfg_.tenant_class = c;
+    cfg_.tenant_class_set = true;
     return *this;
   }
   // A LatencyCritical runtime's threads (its stream threads, and every

@@ -310,9 +310,10 @@ struct TrainArgs {
     no_tied_split: bool,
     /// The run's priority class: latency-critical, normal or best-effort
     /// (best-effort CPU stream threads run at the idle scheduling priority;
-    /// see docs/tenants.md).
-    #[arg(long, default_value = "normal", value_parser = parse_class)]
-    class: braid::Class,
+    /// see docs/tenants.md). Without it: the placement file's `[runtime]
+    /// class`, else normal; with it, it wins over the file's.
+    #[arg(long, value_parser = parse_class)]
+    class: Option<braid::Class>,
     /// On a GPU, leave this many of the device's SMs to the other programs
     /// on it: the run's compute kernels never use them (a green context; the
     /// driver rounds up to its partition size). For a best-effort run beside
@@ -1131,7 +1132,8 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
             && world == 1
             && !a.no_graphs
             && !a.no_replay
-            && a.class != braid::Class::BestEffort);
+            && a.class.or(opts.placement.as_ref().and_then(|f| f.class()))
+                != Some(braid::Class::BestEffort));
     let device_name = match (device, &dist) {
         (BackendKind::Cuda { .. }, Some(d)) => format!(
             "cuda:{} (torchrun rank {} of {})",
@@ -1295,15 +1297,16 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         );
     }
     if let Some(f) = &opts.placement {
-        // The file's class and replay switch override the flags'.
-        let class = match f.class() {
-            Some(c) if c != a.class => format!(
-                ", class {} (the file's, not --class {})",
-                c.name(),
-                a.class.name()
+        // The file's replay switch overrides the flags'; its class applies
+        // without --class (a class the run names wins).
+        let class = match (f.class(), a.class) {
+            (Some(c), Some(flag)) if c != flag => format!(
+                ", class {} (--class, not the file's {})",
+                flag.name(),
+                c.name()
             ),
-            Some(c) => format!(", class {}", c.name()),
-            None => String::new(),
+            (Some(c), _) => format!(", class {}", c.name()),
+            (None, _) => String::new(),
         };
         say!("placement file {}: {} rule(s){class}", f.origin(), f.len());
     }

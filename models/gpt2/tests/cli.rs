@@ -1517,15 +1517,22 @@ fn the_example_placement_file_drives_training_without_changing_the_weights() {
     let out = run_env(d, &args, &[(braid::PLACEMENT_ENV, "two.toml")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains(said), "{}", text(&out.stderr));
-    // And the class a file sets over --class.
+    // And the class a file sets, without --class; with it, --class wins.
     std::fs::write(d.join("be.toml"), "[runtime]\nclass = \"best-effort\"\n").unwrap();
     let args = with(&["--placement", "be.toml", "--no-trace"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run_env(d, &args, &[]);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
+    let said = "placement file be.toml: 0 rule(s), class best-effort\n";
+    assert!(err.contains(said), "{err}");
+    let args = with(&["--placement", "be.toml", "--class", "normal", "--no-trace"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_env(d, &args, &[]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
     let said =
-        "placement file be.toml: 0 rule(s), class best-effort (the file's, not --class normal)";
+        "placement file be.toml: 0 rule(s), class normal (--class, not the file's best-effort)";
     assert!(err.contains(said), "{err}");
     // A rule whose pattern matched no scope did nothing: said after the
     // run; every rule of the example applies to some scope of the trainer.

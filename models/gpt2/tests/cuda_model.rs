@@ -409,7 +409,7 @@ fn a_run_that_spares_sms_trains_like_one_on_every_sm() {
         let opts = TrainOptions {
             dtype: Dtype::Bf16,
             fusion: Fusion::ALL,
-            class: braid::Class::BestEffort,
+            class: Some(braid::Class::BestEffort),
             spare_sms,
             ..options(BackendKind::Cuda { device: 0 }, 1, steps)
         };

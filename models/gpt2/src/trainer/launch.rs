@@ -83,7 +83,8 @@ struct RuntimeExtras {
     oversubscribe: bool,
     /// Pin the stream threads (`RuntimeBuilder::pin_threads`).
     pin_threads: bool,
-    class: Class,
+    /// `None`: the placement file's, else normal.
+    class: Option<Class>,
     /// SMs left to other programs (`RuntimeBuilder::spare_sms`).
     spare_sms: u32,
     /// A best-effort CUDA stream's launch window
@@ -112,12 +113,16 @@ fn model_runtime_with(
         .policy(policy)
         .oversubscribe(extras.oversubscribe)
         .pin_threads(extras.pin_threads)
-        .class(extras.class)
         .spare_sms(extras.spare_sms)
         .graphs(extras.graphs)
         .graph_collectives(extras.graph_collectives)
         .rank(rank)
         .profile(true);
+    // Set only when asked for: a class set in code wins over the placement
+    // file's.
+    if let Some(class) = extras.class {
+        builder = builder.class(class);
+    }
     if let Some(on) = extras.auto_replay {
         builder = builder.auto_replay(on);
     }

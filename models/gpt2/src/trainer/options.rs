@@ -142,9 +142,11 @@ pub struct TrainOptions {
     /// default.
     pub fusion: crate::model::Fusion,
     /// The run's priority class among the Braid programs of the process
-    /// (default: normal; `best-effort` trains in the cycles a
-    /// latency-critical program beside it leaves, docs/tenants.md).
-    pub class: braid::Class,
+    /// (`best-effort` trains in the cycles a latency-critical program
+    /// beside it leaves, docs/tenants.md). `None`, the default: the
+    /// placement file's `[runtime] class`, else normal; a class set here
+    /// wins over the file's.
+    pub class: Option<braid::Class>,
     /// On CUDA, SMs of the device this run's compute kernels leave to the
     /// other programs on it ([`braid::RuntimeBuilder::spare_sms`]; 0, the
     /// default: none). For a best-effort run beside a latency-critical one.
@@ -310,7 +312,7 @@ impl Default for TrainOptions {
             reduce_single_rank: false,
             tied_split: true,
             fusion: crate::model::Fusion::NONE,
-            class: braid::Class::Normal,
+            class: None,
             spare_sms: 0,
             device_bundle: None,
             zero: 0,
