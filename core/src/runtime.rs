@@ -160,8 +160,9 @@ impl RuntimeBuilder {
     }
 
     /// Record spans and write a Chrome trace to `path` when the runtime
-    /// drops (`build` refuses a path in a directory that does not exist, or
-    /// a directory).
+    /// drops (`build` refuses a path in a directory that does not exist, a
+    /// directory, and a file another live runtime of the process traces to:
+    /// the last to drop would replace the other's trace).
     pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
         self.trace = Some(path.into());
         self.profile = true;
@@ -494,10 +495,12 @@ impl RuntimeBuilder {
         crate::topo::pin_env()?;
         // The trace is written when the runtime drops, where an error can
         // only be printed: a path it cannot be written to is refused now.
+        let mut trace_claim = None;
         if let Some(path) = &self.trace {
             if let Some(why) = crate::fs::unwritable(path) {
                 return Err(Error::Config(format!("trace `{}`: {why}", path.display())));
             }
+            trace_claim = TraceClaim::take(path)?;
         }
         // The placement file is read and checked before anything starts.
         // Its `[runtime]` class applies where the code set none: a class set
@@ -655,8 +658,62 @@ impl RuntimeBuilder {
             _lease: lease,
             _live: live,
             _tenant: tenant,
+            _trace_claim: trace_claim,
             config: self,
         })
+    }
+}
+
+/// A trace file held by a live runtime of the process. Each runtime writes
+/// its trace to its file when it drops, so two runtimes given one path
+/// (two tenants of a process, say) would leave only the last one's: the
+/// second is refused at `build`. Released after the runtime has written.
+/// Not taken for what is not a regular file (`/dev/null`, a pipe).
+struct TraceClaim(PathBuf);
+
+static TRACE_PATHS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+impl TraceClaim {
+    fn take(path: &std::path::Path) -> Result<Option<TraceClaim>> {
+        if path.exists() && !path.is_file() {
+            return Ok(None);
+        }
+        // One file, however it is named: its directory resolved (links,
+        // `..`, a relative path).
+        let key = match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    std::path::Path::new(".")
+                } else {
+                    dir
+                };
+                match std::fs::canonicalize(path) {
+                    Ok(p) => p,
+                    Err(_) => std::fs::canonicalize(dir)
+                        .map(|d| d.join(name))
+                        .unwrap_or_else(|_| path.to_path_buf()),
+                }
+            }
+            _ => path.to_path_buf(),
+        };
+        let mut held = TRACE_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+        if held.contains(&key) {
+            return Err(Error::Config(format!(
+                "trace `{}`: another runtime of this process writes its trace there (each \
+                 runtime writes its own when it drops, and the last would replace the \
+                 others'); give each runtime its own path",
+                path.display()
+            )));
+        }
+        held.push(key.clone());
+        Ok(Some(TraceClaim(key)))
+    }
+}
+
+impl Drop for TraceClaim {
+    fn drop(&mut self) {
+        let mut held = TRACE_PATHS.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|p| *p != self.0);
     }
 }
 
@@ -686,6 +743,8 @@ pub struct Runtime {
     _live: Option<LiveRegistration>,
     /// A latency-critical runtime's registration with the process's classes.
     _tenant: Option<sched::tenants::Registration>,
+    /// Its trace file, held until it has written it (after `Drop::drop`).
+    _trace_claim: Option<TraceClaim>,
     config: RuntimeBuilder,
     /// The placement file and the scopes resolved from it.
     pub(crate) scopes: Scopes,

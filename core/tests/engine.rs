@@ -619,6 +619,33 @@ fn a_trace_path_that_cannot_be_written_fails_the_build() {
     assert!(ok.is_file());
 }
 
+/// Two live runtimes of a process may not share a trace file (the last to
+/// drop would replace the other's trace): the second `build` is refused,
+/// however the path is spelt; once the first has dropped (and written),
+/// the path is free. `/dev/null` is not claimed.
+#[test]
+fn two_live_runtimes_may_not_share_a_trace_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let first = cpu(1).trace(&path).build().unwrap();
+    let other_spelling = dir.path().join(".").join("t.json");
+    match cpu(1).trace(&other_spelling).build() {
+        Err(braid::Error::Config(m)) => {
+            assert!(m.contains("another runtime of this process"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(first);
+    assert!(path.is_file());
+    drop(cpu(1).trace(&path).build().unwrap());
+    let null = std::path::Path::new("/dev/null");
+    if null.exists() {
+        let a = cpu(1).trace(null).build().unwrap();
+        let b = cpu(1).trace(null).build().unwrap();
+        drop((a, b));
+    }
+}
+
 /// A trace read back ([`braid::trace::read_chrome_trace`]) is the profile
 /// that was written: the same spans (µs precision), streams, summary, class
 /// and busy periods (one at least per synchronisation: the runtime may also
