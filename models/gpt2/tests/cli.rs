@@ -2080,7 +2080,7 @@ fn out_of_range_settings_are_refused_clearly() {
         // A negative number is a value, not a flag clap does not know.
         (
             &["--lr", "-1"],
-            &["learning rate", "-1 is not a positive number"],
+            &["learning rate", "-1 is not a number of 0 or more"],
         ),
         (&["--grad-accum", "0"], &["--grad-accum", "0"]),
         (

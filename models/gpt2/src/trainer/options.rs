@@ -604,9 +604,14 @@ impl TrainOptions {
         if self.bucket_cap_bytes == 0 || self.first_bucket_bytes == 0 {
             return bad("bucket cap", "must be positive".into());
         }
+        // PyTorch's AdamW refuses the same values (0 trains nothing: the
+        // parameters stay as they start, a way to score or export them).
         let lr = self.optimizer.learning_rate;
-        if !(lr.is_finite() && lr > 0.0) {
-            return bad("learning rate", format!("{lr} is not a positive number"));
+        if !(lr.is_finite() && lr >= 0.0) {
+            return bad(
+                "learning rate",
+                format!("{lr} is not a number of 0 or more"),
+            );
         }
         // PyTorch's AdamW refuses the same values.
         let o = &self.optimizer;
@@ -836,6 +841,24 @@ mod tests {
     /// Floats are kept as their shortest decimal (what a reader of the
     /// checkpoint's header sees), and an older checkpoint's widened ones
     /// still compare equal.
+    /// A learning rate of 0 is taken, as PyTorch's AdamW takes it (the
+    /// parameters stay as they start); a negative or non-finite one is not.
+    #[test]
+    fn a_learning_rate_of_zero_is_taken() {
+        let with = |learning_rate| TrainOptions {
+            optimizer: AdamWHyper {
+                learning_rate,
+                ..TrainOptions::default().optimizer
+            },
+            ..TrainOptions::default()
+        };
+        assert!(with(0.0).check().is_ok());
+        for lr in [-1e-3, f32::NAN, f32::INFINITY] {
+            let e = with(lr).check().unwrap_err().to_string();
+            assert!(e.contains("is not a number of 0 or more"), "{e}");
+        }
+    }
+
     #[test]
     fn float_extras_read_as_written() {
         let o = TrainOptions {
