@@ -287,4 +287,101 @@ fn simulate_refuses_values_that_predict_nothing() {
     ] {
         sim(&[&format!("{flag}=-1")], &[flag, "at or above 0"]);
     }
+    // A negative number was "unexpected argument '-0'" (clap took it for a
+    // flag); now the range check says what it wants.
+    sim(&["--skew", "-0.5"], &["--skew -0.5", "[0, 1.9)"]);
+    sim(
+        &["--host-gap-ms", "-1"],
+        &["--host-gap-ms", "at or above 0"],
+    );
+    sim(&["--rows-scale", "-1"], &["--rows-scale", "positive"]);
+    // Times past 2^53 ns: the event loop never ended (10^8 ranks, a
+    // compute scale of 10^300), or the step time wrapped around (a host gap
+    // of 2·10^13 ms saturated to u64::MAX, then the makespan was added).
+    sim(
+        &["--ranks", "100000000", "--skew", "0"],
+        &["--ranks", "at most"],
+    );
+    sim(&["--compute-scale", "1e300"], &["--compute-scale 1e300"]);
+    sim(
+        &["--host-gap-ms", "2e13"],
+        &["--host-gap-ms 2e13", "at most"],
+    );
+    // A step start no task has cut no step: the whole trace was one
+    // complete step.
+    sim(
+        &["--step-start", "nosuch"],
+        &[
+            "--step-start",
+            "`nosuch`",
+            "gpt2-124m-h100-affinity-step.json",
+        ],
+    );
+    // A rank the trace lacks: the error names the file.
+    sim(
+        &["--rank", "1"],
+        &["--trace", "no rank 1", "affinity-step.json"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy.json");
+    std::fs::copy(trace, &copy).unwrap();
+    let copy = copy.to_str().unwrap();
+    let other = dir.path().join("other.json");
+    std::fs::copy(trace, &other).unwrap();
+    let other = other.to_str().unwrap();
+    // --out naming an input overwrote it (and --measured was read after
+    // it was written), by the same path or another spelling of it.
+    for (flag, args) in [
+        ("--trace", vec!["--trace", copy, "--out", copy]),
+        (
+            "--measured",
+            vec!["--trace", copy, "--measured", other, "--out", other],
+        ),
+        (
+            "--durations-from",
+            vec!["--trace", copy, "--durations-from", other, "--out", other],
+        ),
+        (
+            "--skew-from",
+            vec!["--trace", copy, "--skew-from", other, "--out", other],
+        ),
+    ] {
+        refused(SIMULATE, &args, &["--out", flag, "overwritten"]);
+    }
+    let dotted = format!("{}/../{}/copy.json", dir.path().display(), {
+        dir.path().file_name().unwrap().to_str().unwrap()
+    });
+    refused(
+        SIMULATE,
+        &["--trace", copy, "--out", &dotted],
+        &["--out", "--trace", "overwritten"],
+    );
+    let before = std::fs::metadata(copy).unwrap().len();
+    assert_eq!(before, std::fs::metadata(trace).unwrap().len());
+    // A directory, or one that does not exist: refused before simulating.
+    let d = dir.path().to_str().unwrap();
+    refused(
+        SIMULATE,
+        &["--trace", copy, "--out", d],
+        &["--out", "directory"],
+    );
+    let missing = format!("{d}/no/such/dir/p.json");
+    refused(
+        SIMULATE,
+        &["--trace", copy, "--out", &missing],
+        &["--out", "no directory"],
+    );
+    // A machine file with a figure that means nothing.
+    let m = dir.path().join("m.json");
+    std::fs::write(
+        &m,
+        r#"{"name": "t", "backend": "gpu", "fabric": {"intra": {"gbps": 0, "latency_us": 1},
+            "inter": null, "ranks_per_node": 8, "launch_us": 10, "tree_efficiency": 0.5,
+            "local_gbps": 0}}"#,
+    )
+    .unwrap();
+    sim(
+        &["--machine-file", m.to_str().unwrap()],
+        &["--machine-file", "m.json", "fabric.intra.gbps"],
+    );
 }

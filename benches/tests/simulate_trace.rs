@@ -10,6 +10,8 @@ use braid_gpt2::config::Gpt2Config;
 use braid_gpt2::data::TokenSource;
 use braid_gpt2::model::Rng;
 use braid_gpt2::trainer::{train, StartState, TrainOptions};
+use std::path::Path;
+use std::process::Command;
 
 fn data() -> TokenSource {
     let mut rng = Rng::new(7);
@@ -22,24 +24,110 @@ fn data() -> TokenSource {
 fn traced_run(ranks: usize, reduce_single_rank: bool) -> (Trace, usize) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("trace.json");
+    let params = train_to(&path, ranks, reduce_single_rank, 5);
+    (Trace::read(&path).unwrap(), params)
+}
+
+/// Trains the tiny model for `steps` steps on `ranks` CPU ranks, writing
+/// its trace to `path`; returns the parameter count.
+fn train_to(path: &Path, ranks: usize, reduce_single_rank: bool, steps: u64) -> usize {
     let cfg = Gpt2Config::tiny();
     let opts = TrainOptions {
         model: cfg,
         batch_size: 2,
         seq_len: 16,
-        steps: 5,
+        steps,
         backend: BackendKind::Cpu,
         ranks,
         streams: 2,
         policy: Policy::Affinity,
         bucket_cap_bytes: 96 << 10,
         first_bucket_bytes: 32 << 10,
-        trace: Some(path.clone()),
+        trace: Some(path.to_path_buf()),
         reduce_single_rank,
         ..TrainOptions::default()
     };
     train(&opts, StartState::fresh(&cfg, 1), &data(), &|_| {}).unwrap();
-    (Trace::read(&path).unwrap(), cfg.num_parameters())
+    cfg.num_parameters()
+}
+
+/// Runs the simulator with `args`: (success, stdout, stderr).
+fn simulate_cmd(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_simulate"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What the program cannot predict from a trace it says, before any
+/// output: a rank skew the simulated ranks cannot show (under `single` every
+/// collective brings them together: the factors saturated at ×1.95/×0.05
+/// without a word), a rank missing from `--measured` (the error did not
+/// name the file); and it warns of a trace with fewer than two complete
+/// steps, whose final read-backs were taken for the step.
+#[test]
+fn the_program_refuses_or_notes_what_it_cannot_predict() {
+    let dir = tempfile::tempdir().unwrap();
+    let t1 = dir.path().join("t1.json");
+    let t2 = dir.path().join("t2.json");
+    let short = dir.path().join("short.json");
+    train_to(&t1, 1, true, 5);
+    train_to(&t2, 2, false, 5);
+    train_to(&short, 1, true, 2);
+    let (t1, t2, short) = (
+        t1.to_str().unwrap(),
+        t2.to_str().unwrap(),
+        short.to_str().unwrap(),
+    );
+    let base = ["--trace", t1, "--ranks", "2", "--policy", "single"];
+    let (ok, out, err) = simulate_cmd(&[&base[..], &["--skew", "0.5"]].concat());
+    assert!(!ok && out.is_empty(), "{out}{err}");
+    assert!(
+        err.contains("--skew 0.5") && err.contains("cannot be reached"),
+        "{err}"
+    );
+    // The machine's default: noted, and simulated in lock step.
+    let (ok, out, err) = simulate_cmd(&base);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("note: the machine's rank skew"), "{out}");
+    assert!(!out.contains("1.950"), "{out}");
+    // A rank the measured trace lacks: the error names the file.
+    let (ok, out, err) = simulate_cmd(&[
+        "--trace",
+        t2,
+        "--rank",
+        "1",
+        "--ranks",
+        "2",
+        "--measured",
+        t1,
+    ]);
+    assert!(!ok && out.is_empty(), "{out}{err}");
+    assert!(
+        err.contains("--measured") && err.contains("t1.json") && err.contains("no rank 1"),
+        "{err}"
+    );
+    // Two steps: no segment repeats; warned, and the read-backs are not
+    // the step.
+    let (ok, out, err) = simulate_cmd(&["--trace", short, "--ranks", "2"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("warning: --trace") && out.contains("1 complete step"),
+        "{out}"
+    );
+    let tr = Trace::read(Path::new(short)).unwrap();
+    let g = StepGraph::from_trace(tr.rank(0).unwrap(), 1, StepChoice::Median, None).unwrap();
+    assert!(g.nodes.iter().all(|n| n.name != "read back"));
+    // Five steps: no warning.
+    let (ok, out, err) = simulate_cmd(&["--trace", t1, "--ranks", "2"]);
+    assert!(ok && !out.contains("warning"), "{out}{err}");
 }
 
 #[test]

@@ -12,16 +12,26 @@
 //! The last line is `predicted_step_ms=<x> hidden_share=<y>` for the last rank
 //! count asked.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use braid_benches::cli;
 use braid_benches::simulate::{
-    self, graph::StepChoice, machine::Machine, trace::Trace, SimConfig, SimPolicy, StepGraph,
+    self,
+    cost::Collective,
+    graph::StepChoice,
+    machine::Machine,
+    trace::{RankTrace, Trace},
+    SimConfig, SimPolicy, StepGraph, MAX_RANKS, MAX_TIME_NS,
 };
 use clap::Parser;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
-#[command(about = "Predict a Braid step on other machines, rank counts and policies from a trace")]
+#[command(
+    about = "Predict a Braid step on other machines, rank counts and policies from a trace",
+    // `--skew -0.5` reaches the range check (which names the flag) instead
+    // of clap's "unexpected argument".
+    allow_negative_numbers = true
+)]
 struct Args {
     /// A Chrome trace written by Braid (`braid-gpt2 train --trace`). For a
     /// one-rank trace to predict several ranks, train with
@@ -31,7 +41,7 @@ struct Args {
     /// The rank of the trace whose step is simulated.
     #[arg(long, default_value_t = 0)]
     rank: usize,
-    /// Rank counts to predict, comma-separated (1 to 1024 or more).
+    /// Rank counts to predict, comma-separated (1 to 1,048,576).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     ranks: Vec<usize>,
     /// Compute streams per rank (default: as traced).
@@ -123,41 +133,254 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// The rank skew as every line prints it.
+fn skew_str(s: f64) -> String {
+    format!("{s:.3}")
+}
+
+/// A number in an error: `1e300`, not three hundred digits.
+fn num(x: f64) -> String {
+    if x != 0.0 && !(1e-3..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Reads the trace `path` that `flag` names; errors name the flag and file.
+fn read_trace(flag: &str, path: &Path) -> Result<Trace> {
+    Trace::read(path).map_err(|e| anyhow!("{flag} {}: {e:#}", path.display()))
+}
+
+/// Rank `rank` of `trace` (read from `path`, named by `flag`), checked for
+/// the step start; an error names the file.
+fn rank_of<'t>(
+    trace: &'t Trace,
+    flag: &str,
+    path: &Path,
+    rank: usize,
+    start: Option<&str>,
+) -> Result<&'t RankTrace> {
+    let r = trace.rank(rank).map_err(|e| {
+        anyhow!(
+            "{flag} {}: {e} (it holds rank(s) {})",
+            path.display(),
+            trace
+                .ranks
+                .iter()
+                .map(|r| r.rank.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    r.check_step_start(start)
+        .map_err(|e| anyhow!("--step-start: {e} ({flag} {})", path.display()))?;
+    Ok(r)
+}
+
+/// The step graph of `r`, and a warning when the trace has fewer than two
+/// complete steps: no two of its segments hold the same tasks, so the step
+/// taken may be an eager first step or one cut short.
+fn step_graph(
+    r: &RankTrace,
+    traced_ranks: usize,
+    choice: StepChoice,
+    start: Option<&str>,
+    flag: &str,
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<StepGraph> {
+    let g = StepGraph::from_trace(r, traced_ranks, choice, start)
+        .map_err(|e| anyhow!("{flag} {}: {e:#}", path.display()))?;
+    if g.complete_steps < 2 {
+        warnings.push(format!(
+            "warning: {flag} {} rank {}: {} complete step (of {} cut at `{}`; no two hold the \
+             same tasks): it is simulated as it is, which in a run of two steps is an eager \
+             first step and in a trace cut short may be a partial one; trace more steps \
+             (e.g. braid-gpt2 train --steps 12) or name the task that begins a step \
+             (--step-start)",
+            path.display(),
+            r.rank,
+            g.complete_steps,
+            r.steps(start).len(),
+            start
+                .or(r.tasks.first().map(|t| t.name.as_str()))
+                .unwrap_or(""),
+        ));
+    }
+    Ok(g)
+}
+
+/// The critical path as printed: every task, or with `k` > 0 the first
+/// `⌈k/2⌉` and the last `⌊k/2⌋` around an ellipsis.
+fn path_shown(path: &[String], k: usize) -> Vec<&str> {
+    if k == 0 || path.len() <= k {
+        return path.iter().map(String::as_str).collect();
+    }
+    let head = k - k / 2;
+    let mut v: Vec<&str> = path[..head].iter().map(String::as_str).collect();
+    v.push("…");
+    v.extend(path[path.len() - k / 2..].iter().map(String::as_str));
+    v
+}
+
+/// Whether `a` and `b` name the same existing file (through links too).
+fn same_file(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Ok(x), Ok(y)) = (a.canonicalize(), b.canonicalize()) {
+        if x == y {
+            return true;
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return (x.dev(), x.ino()) == (y.dev(), y.ino());
+        }
+    }
+    false
+}
+
+/// Refuses an `--out` that names one of the inputs (it would be
+/// overwritten, and `--measured` was read after it was written), a
+/// directory, or a file that cannot be written.
+fn check_out(out: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+    for (flag, p) in inputs {
+        if same_file(out, p) {
+            bail!(
+                "--out {} names the {flag} file: it would be overwritten; write the \
+                 predicted trace elsewhere",
+                out.display()
+            );
+        }
+    }
+    if out.is_dir() {
+        bail!("--out {} is a directory: name a file", out.display());
+    }
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!("--out {}: no directory {}", out.display(), dir.display());
+    }
+    // Writable: opened to append (nothing written), removed again when it
+    // was not there.
+    let existed = out.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(out)
+        .map_err(|e| anyhow!("--out {}: cannot write it: {e}", out.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(out);
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     if a.ranks.is_empty() || a.ranks.contains(&0) {
         bail!("--ranks needs positive rank counts");
     }
-    let trace = Trace::read(&a.trace)?;
+    if let Some(&n) = a.ranks.iter().find(|&&n| n > MAX_RANKS) {
+        bail!("--ranks {n}: at most {MAX_RANKS} ranks are simulated");
+    }
+    if !(a.rows_scale > 0.0 && a.rows_scale.is_finite()) {
+        bail!("--rows-scale needs a positive factor, not {}", a.rows_scale);
+    }
+    if let Some(s) = a.skew {
+        if !(0.0..1.9).contains(&s) {
+            bail!("--skew {s}: the rank skew must be in [0, 1.9)");
+        }
+    }
+    let host_gap_ns = match a.host_gap_ms {
+        Some(h) if h * 1e6 >= MAX_TIME_NS as f64 => bail!(
+            "--host-gap-ms {}: at most {} ms (2^53 ns, the longest time the simulator \
+             represents)",
+            num(h),
+            MAX_TIME_NS / 1_000_000
+        ),
+        h => h.map(|h| (h * 1e6).round() as u64),
+    };
+    if let Some(out) = &a.out {
+        let mut inputs: Vec<(&str, &Path)> = vec![("--trace", &a.trace)];
+        for (flag, p) in [
+            ("--measured", &a.measured),
+            ("--skew-from", &a.skew_from),
+            ("--durations-from", &a.durations_from),
+            ("--machine-file", &a.machine_file),
+        ] {
+            if let Some(p) = p {
+                inputs.push((flag, p));
+            }
+        }
+        check_out(out, &inputs)?;
+    }
+    let start = a.step_start.as_deref();
+    let mut warnings = Vec::new();
+    let trace = read_trace("--trace", &a.trace)?;
     let traced_ranks = trace.ranks.len();
-    let r = trace.rank(a.rank)?;
+    let r = rank_of(&trace, "--trace", &a.trace, a.rank, start)?;
     let choice = a.step.map_or(StepChoice::Median, StepChoice::Index);
-    let mut g = StepGraph::from_trace(r, traced_ranks, choice, a.step_start.as_deref())?;
+    let mut g = step_graph(
+        r,
+        traced_ranks,
+        choice,
+        start,
+        "--trace",
+        &a.trace,
+        &mut warnings,
+    )?;
+    let mut notes = Vec::new();
     if let Some(p) = &a.durations_from {
-        let other = Trace::read(p)?;
-        let o = other.rank(0)?;
-        let og = StepGraph::from_trace(o, other.ranks.len(), StepChoice::Median, None)?;
+        let other = read_trace("--durations-from", p)?;
+        let o = rank_of(&other, "--durations-from", p, 0, None)?;
+        let og = step_graph(
+            o,
+            other.ranks.len(),
+            StepChoice::Median,
+            None,
+            "--durations-from",
+            p,
+            &mut warnings,
+        )?;
         let (matched, scaled) = g.durations_from(&og);
-        println!(
+        notes.push(format!(
             "durations from {}: {matched} tasks by name, {scaled} scaled by the median ratio",
             p.display()
-        );
+        ));
     }
     if a.rows_scale != 1.0 {
-        if !(a.rows_scale > 0.0 && a.rows_scale.is_finite()) {
-            bail!("--rows-scale needs a positive factor, not {}", a.rows_scale);
+        let most = g
+            .nodes
+            .iter()
+            .filter(|n| Collective::grows_with_ranks(&n.name))
+            .filter_map(|n| n.bytes)
+            .max()
+            .unwrap_or(0);
+        if most as f64 * a.rows_scale >= MAX_TIME_NS as f64 {
+            bail!(
+                "--rows-scale {}: the gathers of per-rank rows would move {:.3e} bytes, more \
+                 than the simulator represents",
+                num(a.rows_scale),
+                most as f64 * a.rows_scale
+            );
         }
         let n = g.scale_row_gathers(a.rows_scale);
-        println!(
+        notes.push(format!(
             "rows scaled by {}: {n} gathers of per-rank rows",
             a.rows_scale
-        );
+        ));
     }
-    if let Some(h) = a.host_gap_ms {
-        g.host_gap_ns = (h * 1e6).round() as u64;
+    if let Some(h) = host_gap_ns {
+        g.host_gap_ns = h;
     }
     let machine = match &a.machine_file {
-        Some(p) => Machine::from_file(p)?,
+        Some(p) => Machine::from_file(p).map_err(|e| anyhow!("--machine-file: {e:#}"))?,
         None => Machine::builtin(&a.machine, a.cores)?,
     };
     let mut machine = machine;
@@ -173,25 +396,131 @@ fn main() -> Result<()> {
     if let Some(c) = a.contention {
         machine.contention = c;
     }
+    let longest = g
+        .nodes
+        .iter()
+        .filter(|n| !n.is_comm())
+        .map(|n| n.dur_ns)
+        .max()
+        .unwrap_or(0);
+    if longest as f64 * machine.compute_scale * a.compute_scale >= MAX_TIME_NS as f64 {
+        bail!(
+            "--compute-scale {}: the longest task ({:.3} ms traced) would take more than 2^53 \
+             ns (104 days), longer than the simulator represents",
+            num(a.compute_scale),
+            ms(longest)
+        );
+    }
+    // Where the rank skew comes from: a flag or file the user gave (a skew
+    // the simulated ranks cannot show is then refused), or the machine's
+    // default (then noted, and the step run in lock step).
+    let mut skew_source = a
+        .machine_file
+        .as_ref()
+        .map(|p| format!("`rank_skew` in --machine-file {}", p.display()));
     if let Some(p) = &a.skew_from {
-        let st = Trace::read(p)?;
-        let sk = simulate::skew::measure(&st, a.step_start.as_deref())?;
+        let st = read_trace("--skew-from", p)?;
+        let sk = simulate::skew::measure(&st, start)
+            .map_err(|e| anyhow!("--skew-from {}: {e:#}", p.display()))?;
         machine.rank_skew = sk.fitted_skew();
-        println!(
-            "rank skew from {} ({} ranks, {} complete steps): {:.3}",
+        if !(0.0..1.9).contains(&machine.rank_skew) {
+            bail!(
+                "--skew-from {}: its fitted rank skew {} is outside [0, 1.9)",
+                p.display(),
+                machine.rank_skew
+            );
+        }
+        notes.push(format!(
+            "rank skew from {} ({} ranks, {} complete steps): {}",
             p.display(),
             sk.ranks,
             sk.steps.len(),
-            machine.rank_skew
-        );
+            skew_str(machine.rank_skew)
+        ));
+        skew_source = Some(format!("--skew-from {}", p.display()));
     }
     if let Some(s) = a.skew {
         machine.rank_skew = s;
+        skew_source = Some(format!("--skew {s}"));
     }
     if !(0.0..1.9).contains(&machine.rank_skew) {
         bail!("the rank skew must be in [0, 1.9): {}", machine.rank_skew);
     }
+    // The measured run, read (and its rank checked) before any output.
+    let measured = match &a.measured {
+        Some(mpath) => {
+            let mt = read_trace("--measured", mpath)?;
+            let mr = rank_of(&mt, "--measured", mpath, a.rank, start)?;
+            let mg = step_graph(
+                mr,
+                mt.ranks.len(),
+                choice,
+                start,
+                "--measured",
+                mpath,
+                &mut warnings,
+            )?;
+            let sk = if mt.ranks.len() > 1 {
+                Some(
+                    simulate::skew::measure(&mt, start)
+                        .map_err(|e| anyhow!("--measured {}: {e:#}", mpath.display()))?,
+                )
+            } else {
+                None
+            };
+            Some((mpath, mt, mg, sk))
+        }
+        None => None,
+    };
     let streams = a.streams.unwrap_or(g.traced_streams);
+    // Every prediction first: a refusal comes before any output.
+    let mut preds = Vec::with_capacity(a.ranks.len());
+    for &n in &a.ranks {
+        let cfg = SimConfig {
+            ranks: n,
+            streams,
+            policy: a.policy,
+            compute_scale: a.compute_scale,
+            oversubscribe: a.oversubscribe,
+        };
+        let (p, runs) = simulate::predict_ranks(&g, &machine, &cfg);
+        if p.step_ns >= MAX_TIME_NS {
+            bail!(
+                "the predicted step at {n} ranks is longer than 2^53 ns (104 days), longer than \
+                 the simulator represents: check --ranks, --compute-scale, --rows-scale and \
+                 --host-gap-ms"
+            );
+        }
+        if let Some(max) = p.unreachable_skew {
+            let why = format!(
+                "the simulated ranks end their backward at most {} apart at {n} ranks under \
+                 --policy {} (its collectives bring the ranks together), however far their \
+                 speeds spread",
+                skew_str(max),
+                a.policy.name()
+            );
+            match &skew_source {
+                Some(src) => bail!(
+                    "{src}: a rank skew of {} cannot be reached: {why}; pass --skew {:.3} or \
+                     less, or --skew 0 for lock step",
+                    skew_str(machine.rank_skew),
+                    (max * 1000.0).floor() / 1000.0
+                ),
+                None => notes.push(format!(
+                    "note: the machine's rank skew {} cannot be reached: {why}; simulated in \
+                     lock step at {n} ranks (--skew sets another)",
+                    skew_str(machine.rank_skew)
+                )),
+            }
+        }
+        preds.push((n, p, runs));
+    }
+    for w in &warnings {
+        println!("{w}");
+    }
+    for line in &notes {
+        println!("{line}");
+    }
     let comm = g.nodes.iter().filter(|n| n.is_comm()).count();
     let missing = g
         .nodes
@@ -232,15 +561,7 @@ fn main() -> Result<()> {
         "ranks", "streams", "usable", "step ms", "makespan ms", "comm ms", "hidden", "critical ms"
     );
     let mut last = None;
-    for &n in &a.ranks {
-        let cfg = SimConfig {
-            ranks: n,
-            streams,
-            policy: a.policy,
-            compute_scale: a.compute_scale,
-            oversubscribe: a.oversubscribe,
-        };
-        let (p, runs) = simulate::predict_ranks(&g, &machine, &cfg);
+    for (n, p, runs) in preds {
         println!(
             "{:>6} {:>7} {:>6} {:>11.3} {:>11.3} {:>9.3} {:>6.1}% {:>13.3}",
             n,
@@ -256,7 +577,7 @@ fn main() -> Result<()> {
             println!(
                 "{:>6} rank skew {}: {} ranks simulated (compute ×{}), hidden {}, comm {} ms",
                 "",
-                machine.rank_skew,
+                skew_str(machine.rank_skew),
                 p.factors.len(),
                 p.factors
                     .iter()
@@ -278,28 +599,12 @@ fn main() -> Result<()> {
         last = Some((p, runs));
     }
     let (p, runs) = last.expect("at least one rank count");
-    let shown: Vec<&str> = if a.path_tasks == 0 || p.critical_path.len() <= a.path_tasks {
-        p.critical_path.iter().map(String::as_str).collect()
-    } else {
-        let k = a.path_tasks;
-        let mut v: Vec<&str> = p.critical_path[..k / 2]
-            .iter()
-            .map(String::as_str)
-            .collect();
-        v.push("…");
-        v.extend(
-            p.critical_path[p.critical_path.len() - (k - k / 2)..]
-                .iter()
-                .map(String::as_str),
-        );
-        v
-    };
     println!(
         "critical path ({} ranks): {:.3} ms over {} tasks: {}",
         p.ranks,
         ms(p.summary.critical_path_ns),
         p.critical_path.len(),
-        shown.join(" -> ")
+        path_shown(&p.critical_path, a.path_tasks).join(" -> ")
     );
     if let Some(out) = &a.out {
         let profs: Vec<_> = runs
@@ -310,11 +615,9 @@ fn main() -> Result<()> {
         braid::trace::write_chrome_trace(out, &profs.iter().collect::<Vec<_>>())?;
         println!("predicted trace {}", out.display());
     }
-    if let Some(mpath) = &a.measured {
-        let mt = Trace::read(mpath)?;
+    if let Some((mpath, mt, mg, sk)) = &measured {
         let mr = mt.rank(a.rank)?;
-        let mg = StepGraph::from_trace(mr, mt.ranks.len(), choice, a.step_start.as_deref())?;
-        let steps = mr.steps(a.step_start.as_deref());
+        let steps = mr.steps(start);
         let k = steps
             .iter()
             .enumerate()
@@ -338,8 +641,7 @@ fn main() -> Result<()> {
             ms(p.step_ns),
             err
         );
-        if mt.ranks.len() > 1 {
-            let sk = simulate::skew::measure(&mt, a.step_start.as_deref())?;
+        if let Some(sk) = sk {
             for line in sk.report(a.skew_detail) {
                 println!("{line}");
             }
@@ -351,4 +653,21 @@ fn main() -> Result<()> {
         p.hidden_share()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--path-tasks 1` printed only the last task (`… -> e`): the first
+    /// half took `k / 2` = 0 tasks. The first half now takes the odd one.
+    #[test]
+    fn a_shortened_path_keeps_its_first_task() {
+        let path: Vec<String> = ["a", "b", "c", "d", "e"].map(String::from).to_vec();
+        assert_eq!(path_shown(&path, 1), ["a", "…"]);
+        assert_eq!(path_shown(&path, 2), ["a", "…", "e"]);
+        assert_eq!(path_shown(&path, 3), ["a", "b", "…", "e"]);
+        assert_eq!(path_shown(&path, 0), ["a", "b", "c", "d", "e"]);
+        assert_eq!(path_shown(&path, 5), ["a", "b", "c", "d", "e"]);
+    }
 }

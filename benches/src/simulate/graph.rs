@@ -152,6 +152,7 @@ impl StepGraph {
         choice: StepChoice,
         start: Option<&str>,
     ) -> Result<StepGraph> {
+        r.check_step_start(start)?;
         let steps = r.steps(start);
         let complete: Vec<usize> = (0..steps.len()).filter(|&k| steps[k].complete).collect();
         // The last complete step that has a successor (its period includes

@@ -204,10 +204,72 @@ impl Machine {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut m: Machine =
             serde_json::from_str(&s).with_context(|| format!("parsing {}", path.display()))?;
+        if let Err(e) = m.check() {
+            bail!("{}: {e}", path.display());
+        }
         if m.backend == Backend::Cpu && m.cores == 0 {
             m.cores = this_host_cores();
         }
         Ok(m)
+    }
+
+    /// Whether every figure means something: a link's bandwidth above 0, no
+    /// negative latency, cost or share, a compute scale above 0, at least one
+    /// rank per node, a rank skew in `[0, 1.9)`. The error names the field
+    /// (as in the JSON file) and the value.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let f = &self.fabric;
+        let positive = |field: &str, v: f64, unit: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("`{field}` must be a positive {unit}, not {v}"))
+            }
+        };
+        let non_negative = |field: &str, v: f64, unit: &str| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("`{field}` must be a {unit} at or above 0, not {v}"))
+            }
+        };
+        positive("fabric.intra.gbps", f.intra.gbps, "bandwidth (GB/s)")?;
+        non_negative(
+            "fabric.intra.latency_us",
+            f.intra.latency_us,
+            "latency (µs)",
+        )?;
+        if let Some(net) = f.inter {
+            positive("fabric.inter.gbps", net.gbps, "bandwidth (GB/s)")?;
+            non_negative("fabric.inter.latency_us", net.latency_us, "latency (µs)")?;
+        }
+        if f.ranks_per_node == 0 {
+            return Err("`fabric.ranks_per_node` must be at least 1, not 0".into());
+        }
+        non_negative("fabric.launch_us", f.launch_us, "cost (µs)")?;
+        positive("fabric.tree_efficiency", f.tree_efficiency, "share")?;
+        non_negative(
+            "fabric.local_gbps",
+            f.local_gbps,
+            "bandwidth (GB/s; 0: none)",
+        )?;
+        positive("compute_scale", self.compute_scale, "factor")?;
+        non_negative("handoff_us", self.handoff_us, "cost (µs)")?;
+        non_negative("background", self.background, "number of cores")?;
+        non_negative("contention", self.contention, "factor")?;
+        non_negative("gpu_sharing", self.gpu_sharing, "factor")?;
+        non_negative(
+            "traced_background",
+            self.traced_background,
+            "number of cores",
+        )?;
+        if !(0.0..1.9).contains(&self.rank_skew) {
+            return Err(format!(
+                "`rank_skew` must be in [0, 1.9), not {}",
+                self.rank_skew
+            ));
+        }
+        Ok(())
     }
 
     /// One line: what the simulator assumes.
@@ -243,7 +305,7 @@ impl Machine {
         if self.backend == Backend::Cpu {
             s += &format!(", memory contention {}", self.contention);
         }
-        s += &format!(", rank skew {}", self.rank_skew);
+        s += &format!(", rank skew {:.3}", self.rank_skew);
         if f.local_gbps > 0.0 {
             s += &format!(", local pass {} GB/s", f.local_gbps);
         }
@@ -295,5 +357,63 @@ mod tests {
         .unwrap();
         let m = Machine::from_file(&p).unwrap();
         assert_eq!((m.compute_scale, m.fabric.ranks_per_node), (1.0, 4));
+        // A skew taken from a trace prints rounded, as the fitted skew does.
+        let m = Machine {
+            rank_skew: 0.012345678,
+            ..m
+        };
+        assert!(
+            m.describe().ends_with("rank skew 0.012"),
+            "{}",
+            m.describe()
+        );
+    }
+
+    /// A machine file with a figure that means nothing (a link of 0 GB/s, a
+    /// negative latency, a compute scale of 0, no rank per node) is refused,
+    /// the error naming the file and the field; until 2026-11-29 it was
+    /// simulated (a 0 GB/s link priced every collective at 0 s).
+    #[test]
+    fn a_machine_file_with_figures_that_mean_nothing_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.json");
+        for n in BUILTIN {
+            assert_eq!(Machine::builtin(n, 2).unwrap().check(), Ok(()), "{n}");
+        }
+        let base = serde_json::to_value(Machine::builtin("h100-ib", 0).unwrap()).unwrap();
+        let cases: [(&str, &str, serde_json::Value); 10] = [
+            ("/fabric/intra/gbps", "fabric.intra.gbps", 0.0.into()),
+            ("/fabric/intra/gbps", "fabric.intra.gbps", (-1.0).into()),
+            (
+                "/fabric/intra/latency_us",
+                "fabric.intra.latency_us",
+                (-1.0).into(),
+            ),
+            ("/fabric/inter/gbps", "fabric.inter.gbps", 0.0.into()),
+            (
+                "/fabric/inter/latency_us",
+                "fabric.inter.latency_us",
+                (-5.0).into(),
+            ),
+            ("/fabric/ranks_per_node", "fabric.ranks_per_node", 0.into()),
+            ("/compute_scale", "compute_scale", 0.0.into()),
+            ("/compute_scale", "compute_scale", (-2.0).into()),
+            (
+                "/fabric/tree_efficiency",
+                "fabric.tree_efficiency",
+                0.0.into(),
+            ),
+            ("/handoff_us", "handoff_us", (-1.0).into()),
+        ];
+        for (pointer, field, v) in cases {
+            let mut m = base.clone();
+            *m.pointer_mut(pointer).unwrap() = v.clone();
+            std::fs::write(&p, m.to_string()).unwrap();
+            let e = Machine::from_file(&p).unwrap_err().to_string();
+            assert!(
+                e.contains(field) && e.contains("bad.json"),
+                "{field} = {v}: {e}"
+            );
+        }
     }
 }

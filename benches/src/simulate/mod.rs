@@ -56,6 +56,10 @@ pub struct Prediction {
     /// of the spread that gives the machine's rank skew,
     /// `skew::solve_factor_spread`).
     pub factors: Vec<f64>,
+    /// When the machine's rank skew is more than the simulated ranks can
+    /// show (`skew::solve_factor_spread`'s `Err`): the most they show, at
+    /// the widest spread. The step is then simulated in lock step.
+    pub unreachable_skew: Option<f64>,
 }
 
 impl Prediction {
@@ -76,6 +80,16 @@ impl Prediction {
         self.rank_summaries.iter().map(|s| s.comm_ns).sum::<u64>() / n
     }
 }
+
+/// The longest time the simulator represents, ns (2^53 ns, about 104
+/// days): beyond it the event loop's `f64` times lose whole nanoseconds and
+/// a step's figures no longer add up. Longer steps (a compute scale of
+/// 10^300, 10^8 CPU ranks sharing two cores) are refused.
+pub const MAX_TIME_NS: u64 = 1 << 53;
+
+/// At most this many ranks are simulated (2^20): far beyond any data-parallel
+/// run, and a bound on the ranks' product with the other figures.
+pub const MAX_RANKS: usize = 1 << 20;
 
 /// At most this many ranks are simulated side by side for rank skew; they
 /// stand for all the ranks (evenly spread speeds).
@@ -176,9 +190,15 @@ pub fn predict(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, SimR
 /// summarises it: the step ends with the last rank's last task, the
 /// critical path is the slowest rank's, the hidden share is pooled over the
 /// ranks ([`Prediction::hidden_share`]). Returns every simulated rank's run,
-/// the slowest first.
+/// the slowest first. A skew the simulated ranks cannot show is simulated
+/// in lock step, [`Prediction::unreachable_skew`] saying so (the program
+/// refuses it when `--skew` asked for it, and notes it for a machine's
+/// default).
 pub fn predict_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction, Vec<SimRun>) {
-    let spread = skew::solve_factor_spread(g, m, cfg, m.rank_skew);
+    let (spread, unreachable_skew) = match skew::solve_factor_spread(g, m, cfg, m.rank_skew) {
+        Ok(s) => (s, None),
+        Err(max) => (0.0, Some(max)),
+    };
     let factors = sched::skew_factors(cfg.ranks, spread, MAX_SKEW_RANKS);
     let runs = sched::simulate_ranks(g, m, cfg, &factors);
     let rank_summaries: Vec<Summary> = runs
@@ -193,12 +213,13 @@ pub fn predict_ranks(g: &StepGraph, m: &Machine, cfg: &SimConfig) -> (Prediction
         Prediction {
             ranks: cfg.ranks,
             makespan_ns,
-            step_ns: makespan_ns + g.host_gap_ns,
+            step_ns: makespan_ns.saturating_add(g.host_gap_ns),
             summary: rank_summaries[0].clone(),
             critical_path: path.iter().map(|&i| g.nodes[i].name.clone()).collect(),
             usable: run.usable,
             rank_summaries,
             factors,
+            unreachable_skew,
         },
         runs,
     )

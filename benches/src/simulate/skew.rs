@@ -355,20 +355,33 @@ pub fn simulated_skew(g: &StepGraph, runs: &[SimRun]) -> Option<f64> {
 /// a rank that waits frees cores for the slower ones, which closes part of
 /// the gap. Found by bisection (the gap grows with the spread); `skew`
 /// itself when the step has no collective to measure it at.
-pub fn solve_factor_spread(g: &StepGraph, m: &Machine, cfg: &SimConfig, skew: f64) -> f64 {
+///
+/// `Err(max)` when even the largest spread (1.9: factors ×1.95 and ×0.05)
+/// leaves the ranks less than `skew` apart, `max` being how far apart they
+/// then are: a step whose collectives bring the ranks together (under
+/// `single` every collective waits on the compute stream, so only the
+/// compute since the previous one can drift). Until 2026-11-29 this
+/// returned the largest spread, and the prediction ran one rank at 1.95
+/// times its speed without a word.
+pub fn solve_factor_spread(
+    g: &StepGraph,
+    m: &Machine,
+    cfg: &SimConfig,
+    skew: f64,
+) -> Result<f64, f64> {
     const MAX: f64 = 1.9;
     if skew <= 0.0 || cfg.ranks < 2 {
-        return 0.0;
+        return Ok(0.0);
     }
     let at = |s: f64| {
         let f = skew_factors(cfg.ranks, s, super::MAX_SKEW_RANKS);
         simulated_skew(g, &simulate_ranks(g, m, cfg, &f))
     };
     let Some(hi_skew) = at(MAX) else {
-        return skew.min(MAX);
+        return Ok(skew.min(MAX));
     };
     if hi_skew <= skew {
-        return MAX;
+        return Err(hi_skew);
     }
     let (mut lo, mut hi) = (0.0, MAX);
     for _ in 0..40 {
@@ -378,7 +391,7 @@ pub fn solve_factor_spread(g: &StepGraph, m: &Machine, cfg: &SimConfig, skew: f6
             _ => hi = mid,
         }
     }
-    0.5 * (lo + hi)
+    Ok(0.5 * (lo + hi))
 }
 
 /// A collective on one rank: ready, start, end, bytes, whether its last
@@ -392,6 +405,9 @@ pub fn measure(trace: &Trace, start: Option<&str>) -> Result<MeasuredSkew> {
     let ranks = trace.ranks.len();
     if ranks < 2 {
         bail!("rank skew needs a trace with several ranks (it has {ranks})");
+    }
+    for r in &trace.ranks {
+        r.check_step_start(start)?;
     }
     // Each rank's complete steps.
     let per_rank: Vec<Vec<StepSlice>> = trace

@@ -184,14 +184,38 @@ impl RankTrace {
         for k in &keys {
             *counts.entry(k).or_default() += 1;
         }
-        // The most common multiset; on ties the one that comes last.
-        let best = (0..keys.len()).max_by_key(|&i| (counts[keys[i].as_slice()], i));
+        // The most common multiset; on ties the one that comes last, but
+        // not the last segment's unless it is the only one: it holds the
+        // run's final read-backs (or a truncated trace's cut-off step), so
+        // when no segment repeats (a run of two or three steps) it was
+        // picked over the steps. Where its tasks are the common ones it is
+        // still marked complete. When no segment repeats, the largest: in a
+        // run of three steps the second step, not the first step's
+        // optimizer tail (the first step is cut in two at its second
+        // upload).
+        let candidates = keys.len() - usize::from(keys.len() > 1);
+        let best = (0..candidates).max_by_key(|&i| {
+            let count = counts[keys[i].as_slice()];
+            (count, if count == 1 { keys[i].len() } else { 0 }, i)
+        });
         if let Some(best) = best {
             for (s, k) in slices.iter_mut().zip(&keys) {
                 s.complete = *k == keys[best];
             }
         }
         slices
+    }
+
+    /// Refuses a step start that names no task of this rank: the trace
+    /// would be one segment, simulated as one complete step.
+    pub fn check_step_start(&self, start: Option<&str>) -> Result<()> {
+        match start {
+            Some(name) if !self.tasks.iter().any(|t| t.name == name) => Err(anyhow!(
+                "no task named `{name}` (the step start) in rank {}'s trace",
+                self.rank
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The wall time of step `k` as the trainer sees it: from its first
@@ -276,5 +300,73 @@ mod tests {
         };
         let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
         assert_eq!(complete, [true, true, true, false]);
+    }
+
+    fn rank_of(names: &[&str]) -> RankTrace {
+        RankTrace {
+            rank: 0,
+            streams: vec!["compute 0".into()],
+            tasks: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| task(i as u64, n))
+                .collect(),
+        }
+    }
+
+    /// A run of two steps: no segment repeats. The last segment (the second
+    /// step with the run's read-backs) was the complete step; the first is
+    /// now, and the last only when it is the one segment.
+    #[test]
+    fn the_read_backs_are_no_complete_step() {
+        let r = rank_of(&["upload", "a", "b", "upload", "a", "c", "read back"]);
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [true, false]);
+        // No repeat: the largest segment but the last (a run of three
+        // steps: the second step, not the first step's tail).
+        let r = rank_of(&[
+            "upload",
+            "a",
+            "upload",
+            "b",
+            "c",
+            "d",
+            "upload",
+            "b",
+            "c",
+            "read back",
+        ]);
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [false, true, false]);
+        let r = rank_of(&[
+            "upload",
+            "a",
+            "b",
+            "c",
+            "upload",
+            "d",
+            "upload",
+            "b",
+            "c",
+            "read back",
+        ]);
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [true, false, false]);
+        let r = rank_of(&["upload", "a", "read back"]);
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [true]);
+        // The last segment is complete when it holds the common tasks.
+        let r = rank_of(&["upload", "a", "upload", "a"]);
+        let complete: Vec<bool> = r.steps(None).iter().map(|s| s.complete).collect();
+        assert_eq!(complete, [true, true]);
+    }
+
+    #[test]
+    fn a_step_start_that_names_no_task_is_refused() {
+        let r = rank_of(&["upload", "a", "upload", "a"]);
+        assert!(r.check_step_start(None).is_ok());
+        assert!(r.check_step_start(Some("a")).is_ok());
+        let e = r.check_step_start(Some("nosuch")).unwrap_err().to_string();
+        assert!(e.contains("`nosuch`"), "{e}");
     }
 }
