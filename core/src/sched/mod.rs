@@ -720,7 +720,10 @@ pub(crate) fn hand_off(
             .get(task.cost)
             .is_some_and(|e| e <= INLINE_MAX_NS)
         && shared.streams[s].done.get() + 1 == task.seq
-        && IN_TASK_OF.with(Cell::get) != shared.runtime_id;
+        && IN_TASK_OF.with(Cell::get) != shared.runtime_id
+        // Not at the idle policy of a best-effort thread that submits it.
+        && !(shared.class == crate::kind::Class::LatencyCritical
+            && tenants::on_best_effort_thread());
     if inline {
         shared.streams[s].inline.store(task.seq, Ordering::Release);
         st.stats.inline += 1;

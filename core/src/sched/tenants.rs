@@ -90,6 +90,14 @@ thread_local! {
     static BEST_EFFORT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether the calling thread belongs to a best-effort program (a
+/// best-effort runtime's stream thread, or a thread that entered the
+/// class): a latency-critical task it submits is not run inline on it,
+/// where it would run at the idle policy (`sched::hand_off`).
+pub(crate) fn on_best_effort_thread() -> bool {
+    BEST_EFFORT_THREAD.with(std::cell::Cell::get)
+}
+
 /// Marks the calling thread as a stream thread of a runtime of `class`
 /// (any backend) for [`program_thread`].
 pub(crate) fn mark_program_thread(class: crate::kind::Class) {
