@@ -66,10 +66,12 @@ pub fn upward_rank_order(dur: &[u64], succs: &[Vec<usize>], edge_ns: u64) -> Vec
     for i in (0..n).rev() {
         let after = succs[i]
             .iter()
-            .map(|&s| edge_ns + rank[s])
+            .map(|&s| edge_ns.saturating_add(rank[s]))
             .max()
             .unwrap_or(0);
-        rank[i] = dur[i] + after;
+        // Saturating: a model may give durations near u64::MAX (the step
+        // simulator's absurd scales), where the sums would wrap.
+        rank[i] = dur[i].saturating_add(after);
     }
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(rank[i]), i));
