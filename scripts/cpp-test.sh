@@ -12,6 +12,10 @@
 # $CARGO_TARGET_DIR when set, else the workspace's target/) and shared by every
 # build directory, the add_subdirectory consumer's included. Exits non-zero on
 # the first failure. Set BRAID_JOBS to change build parallelism (default 2).
+#
+# Needs cmake and a C++ compiler. Without cmake, when run as root on a system
+# with apt-get (a CI container), it installs cmake itself (apt-get update,
+# apt-get install -y cmake); otherwise it stops and says to install it.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -28,8 +28,13 @@ KEEP="libcudnn.so.9 libcudnn_graph.so.9 libcudnn_heuristic.so.9 \
 libcudnn_engines_precompiled.so.9 libcudnn_engines_runtime_compiled.so.9 libcudnn_engines_tensor_ir.so.9"
 
 if [ ! -e "$LIB/.complete" ]; then
-    PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
+    PYTHON="${PYTHON:-$(command -v python3 || command -v python || true)}"
+    if [ -z "$PYTHON" ]; then
+        echo "cudnn-graph-check: no python3 or python found (pip downloads cuDNN); set PYTHON" >&2
+        exit 1
+    fi
     dl="$(mktemp -d "${TMPDIR:-/tmp}/braid-cudnn.XXXXXX")"
+    trap 'rm -rf "$dl"' EXIT
     echo "cudnn-graph-check: downloading nvidia-cudnn-cu13==$VERSION" >&2
     "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps \
         --dest "$dl" "nvidia-cudnn-cu13==$VERSION" >&2
@@ -46,6 +51,7 @@ with zipfile.ZipFile(wheel) as z:
 PYEOF
     done
     rm -rf "$dl"
+    trap - EXIT
     touch "$LIB/.complete"
 fi
 # cudarc opens "libcudnn.so" first.
@@ -64,5 +70,13 @@ int cuTensorMapEncodeTiled(void) { return 100; }
 CEOF
 cc -shared -fPIC -o "$STUB/libcuda.so.1" "$STUB/no-driver.c"
 
+# A filter that matches no test would pass: count the tests that ran.
+log="$TARGET/test.log"
 BRAID_REQUIRE_CUDNN=1 LD_LIBRARY_PATH="$LIB:$STUB" \
-    cargo test -p braid-cuda --lib cudnn::graph -- --nocapture
+    cargo test -p braid-cuda --lib cudnn::graph -- --nocapture 2>&1 | tee "$log"
+passed="$(sed -n 's/^test result: .* \([0-9][0-9]*\) passed;.*/\1/p' "$log" | awk '{n += $1} END {print n + 0}')"
+if [ "$passed" -eq 0 ]; then
+    echo "cudnn-graph-check: no test ran (does the filter cudnn::graph still match braid-cuda's tests?)" >&2
+    exit 1
+fi
+echo "cudnn-graph-check: $passed tests passed" >&2

@@ -26,7 +26,11 @@ find_lib_dir() {
 
 dir="$(find_lib_dir || true)"
 if [ -z "$dir" ]; then
-    PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
+    PYTHON="${PYTHON:-$(command -v python3 || command -v python || true)}"
+    if [ -z "$PYTHON" ]; then
+        echo "install-nvrtc: no python3 or python found (pip is needed to install NVRTC); set PYTHON" >&2
+        exit 1
+    fi
     mkdir -p "$TARGET"
     echo "install-nvrtc: pip installing nvidia-cuda-nvrtc==$VERSION_SPEC into $TARGET" >&2
     "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps \

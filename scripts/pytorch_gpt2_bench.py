@@ -97,7 +97,22 @@ def parse_args():
         help="torch.set_num_threads (default: PyTorch's, one per core)",
     )
     p.add_argument("--seed", type=int, default=1337)
-    return p.parse_args()
+    args = p.parse_args()
+    n_ctx = MODELS[args.model][4]
+    if args.batch_size < 1:
+        p.error(f"--batch-size {args.batch_size}: must be at least 1")
+    if not 1 <= args.seq_len <= n_ctx:
+        p.error(
+            f"--seq-len {args.seq_len}: must be in 1..={n_ctx} "
+            f"(the context of --model {args.model})"
+        )
+    if args.warmup < 0:
+        p.error(f"--warmup {args.warmup}: must not be negative")
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: at least one timed step is needed")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads {args.threads}: must be at least 1")
+    return args
 
 
 # braid's named configurations (models/gpt2/src/config.rs):

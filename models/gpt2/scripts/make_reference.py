@@ -20,6 +20,29 @@ Re-run (from anywhere; the output paths are found relative to this file):
 (``decode`` reads the fp32 fixture's parameters rather than drawing them:
 it needs no particular torch version to match.)
 
+What a re-run reproduces
+------------------------
+Two runs on one machine with the same versions write the same files, bit for
+bit (the metadata's keys are written sorted: safetensors' own order changes
+from run to run). Against the committed fixtures, which were written before
+the keys were sorted (their headers list them in another order) and record
+their versions in their metadata (``torch_version``, ``transformers_version``:
+the fp32 fixture torch 2.15.0+cu132 and transformers 5.23.0, the bf16 and
+decode fixtures torch 2.15.0+cu132 and transformers 5.24.0), a re-run with
+torch 2.15.0 and transformers 5.24.0 on another CPU gave:
+
+- fp32: the same initial parameters, tokens, targets, logits and loss, bit
+  for bit; gradients within 3e-7 of each tensor's largest (another
+  transformers version sums in another order); step losses within 5e-7,
+  final parameters within 3e-6.
+- bf16: the same initial parameters and loss; logits and gradients one bf16
+  rounding step apart in places, and step losses up to 2e-4 apart (another
+  CPU kernel path rounds differently). The tests' tolerances cover both.
+- decode: the same tensors, bit for bit.
+
+So a re-run is not expected to leave the committed files unchanged; commit
+new fixtures only when the model or the recipe changes.
+
 What it does
 ------------
 1. Builds Hugging Face ``GPT2LMHeadModel`` for the ``tiny`` config of
@@ -111,10 +134,11 @@ import argparse
 import copy
 import json
 import os
+import struct
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+import safetensors.torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 SEED = 1337
@@ -132,7 +156,28 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests
 OUT = os.path.join(FIXTURES, "gpt2_tiny_reference.safetensors")
 OUT_BF16 = os.path.join(FIXTURES, "gpt2_tiny_reference_bf16.safetensors")
 OUT_DECODE = os.path.join(FIXTURES, "gpt2_tiny_decode.safetensors")
+
 DECODE_PROMPT, DECODE_TOKENS, MIN_MARGIN, DECODE_SCALE = 5, 80, 1e-3, 8.0
+
+
+def save_file(tensors, path, metadata) -> None:
+    """``safetensors.torch.save_file`` with the metadata's keys sorted.
+
+    safetensors keeps the metadata in a hash map whose order changes from run
+    to run, so the same fixture came out with its header's keys in another
+    order each time: the header is rewritten with the keys sorted (the same
+    bytes, reordered; the tensors' entries and data are left as they are).
+    """
+    data = safetensors.torch.save(tensors, metadata=metadata)
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    # The same bytes reordered: the original's length up to its padding.
+    assert len(text) <= n and not data[8 + len(text) : 8 + n].strip(), "re-encoded differently"
+    text += b" " * (n - len(text))
+    with open(path, "wb") as f:
+        f.write(data[:8] + text + data[8 + n :])
 
 
 def build_model(activation: str = "gelu_new") -> GPT2LMHeadModel:
