@@ -63,6 +63,19 @@ fn best_effort_waits_for_latency_critical_work() {
     assert_eq!(be.read_vec::<f32>(&b).unwrap(), vec![3.0, 6.0]);
 }
 
+/// A latency-critical CPU runtime of one stream that runs short tasks
+/// inline.
+fn inlining_latency_critical() -> Runtime {
+    Runtime::builder()
+        .backend(BackendKind::Cpu)
+        .compute_streams(1)
+        .oversubscribe(true)
+        .class(Class::LatencyCritical)
+        .inline_short_tasks(true)
+        .build()
+        .unwrap()
+}
+
 /// A latency-critical task that a best-effort body submits never runs
 /// inline on the best-effort stream thread, however short: there it would
 /// run at the idle policy. It runs on its own stream (and a preemption
@@ -70,14 +83,7 @@ fn best_effort_waits_for_latency_critical_work() {
 /// work to end, its own included, forever).
 #[test]
 fn a_latency_critical_task_a_best_effort_body_submits_is_not_run_inline() {
-    let lc = Runtime::builder()
-        .backend(BackendKind::Cpu)
-        .compute_streams(1)
-        .oversubscribe(true)
-        .class(Class::LatencyCritical)
-        .inline_short_tasks(true)
-        .build()
-        .unwrap();
+    let lc = inlining_latency_critical();
     let be = cpu(Class::BestEffort);
     let x = lc.alloc_from("x", &[0u32]).unwrap();
     let (done_tx, done) = mpsc::channel::<(u32, u64)>();
@@ -114,14 +120,7 @@ fn a_latency_critical_task_a_best_effort_body_submits_is_not_run_inline() {
 /// thread do run inline (the runtime measured them as short).
 #[test]
 fn short_latency_critical_ticks_run_inline_on_a_normal_thread() {
-    let lc = Runtime::builder()
-        .backend(BackendKind::Cpu)
-        .compute_streams(1)
-        .oversubscribe(true)
-        .class(Class::LatencyCritical)
-        .inline_short_tasks(true)
-        .build()
-        .unwrap();
+    let lc = inlining_latency_critical();
     let x = lc.alloc_from("x", &[0u32]).unwrap();
     for _ in 0..200 {
         lc.task("tick")
