@@ -132,8 +132,9 @@ fn a_stream_never_runs_a_task_beside_the_inline_one_before_it() {
         if rt.stats().inline == before + 1 {
             break;
         }
+        // (10 attempts were not always enough on a loaded 2-core machine.)
         assert!(
-            attempt < 10,
+            attempt < 40,
             "the long task never ran inline: {:?}",
             rt.stats()
         );
