@@ -680,22 +680,16 @@ impl TraceClaim {
         }
         // One file, however it is named: its directory resolved (links,
         // `..`, a relative path).
-        let key = match (path.parent(), path.file_name()) {
-            (Some(dir), Some(name)) => {
-                let dir = if dir.as_os_str().is_empty() {
-                    std::path::Path::new(".")
-                } else {
-                    dir
-                };
-                match std::fs::canonicalize(path) {
-                    Ok(p) => p,
-                    Err(_) => std::fs::canonicalize(dir)
-                        .map(|d| d.join(name))
-                        .unwrap_or_else(|_| path.to_path_buf()),
-                }
+        let key = std::fs::canonicalize(path).unwrap_or_else(|_| {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            match (std::fs::canonicalize(dir), path.file_name()) {
+                (Ok(d), Some(name)) => d.join(name),
+                _ => path.to_path_buf(),
             }
-            _ => path.to_path_buf(),
-        };
+        });
         let mut held = TRACE_PATHS.lock().unwrap_or_else(|e| e.into_inner());
         if held.contains(&key) {
             return Err(Error::Config(format!(

@@ -192,23 +192,34 @@ fn stream_policy(rt: &Runtime) -> i32 {
     rt.read_vec::<i32>(&out).unwrap()[0]
 }
 
-/// Whether this process may give a thread `SCHED_FIFO` (probed on a
-/// scratch thread), and the policy a real-time runtime's threads get here.
+/// Whether this process may put a thread through `policies` (policy and
+/// priority, in turn; probed on a scratch thread), and the policy a thread
+/// then ends at: `yes` where it may, `no` where it may not.
 #[cfg(target_os = "linux")]
-fn real_time_here() -> (bool, i32) {
-    let allowed = std::thread::spawn(|| {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+fn probe_policies(policies: &'static [(i32, i32)], yes: i32, no: i32) -> (bool, i32) {
+    let allowed = std::thread::spawn(move || {
+        policies.iter().all(|&(policy, priority)| {
+            let param = libc::sched_param {
+                sched_priority: priority,
+            };
+            // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
+            unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
+        })
     })
     .join()
     .unwrap();
-    let want = if allowed {
-        libc::SCHED_FIFO
-    } else {
-        libc::SCHED_OTHER
-    };
-    (allowed, want)
+    (allowed, if allowed { yes } else { no })
+}
+
+/// Whether this process may give a thread `SCHED_FIFO`, and the policy a
+/// real-time runtime's threads get here.
+#[cfg(target_os = "linux")]
+fn real_time_here() -> (bool, i32) {
+    probe_policies(
+        &[(libc::SCHED_FIFO, 1)],
+        libc::SCHED_FIFO,
+        libc::SCHED_OTHER,
+    )
 }
 
 /// A latency-critical CPU runtime of one stream asking for real-time
@@ -541,22 +552,11 @@ fn best_effort_uploads_and_reads_arrive_whole() {
 /// normal runtime's stream threads get when built by an idle-policy thread.
 #[cfg(target_os = "linux")]
 fn idle_left_here() -> (bool, i32) {
-    let allowed = std::thread::spawn(|| {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: valid `sched_param`; pid 0 names this scratch thread.
-        unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0
-                && libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0
-        }
-    })
-    .join()
-    .unwrap();
-    let want = if allowed {
-        libc::SCHED_OTHER
-    } else {
-        libc::SCHED_IDLE
-    };
-    (allowed, want)
+    probe_policies(
+        &[(libc::SCHED_IDLE, 0), (libc::SCHED_OTHER, 0)],
+        libc::SCHED_OTHER,
+        libc::SCHED_IDLE,
+    )
 }
 
 /// A thread that entered the best-effort class (`Class::BestEffort.enter()`,

@@ -253,10 +253,10 @@ impl Auto {
                 let followed = !m.diverged && m.step.made.len() == m.hashes.len();
                 if !m.diverged {
                     // What the tracker must learn before the next eager
-                    // submission (`pending`: empty here, as every step's
-                    // first submission empties it); the memo takes the
-                    // emptied lists back.
-                    auto.pending.enter(&mut st.tracker);
+                    // submission (`pending`: empty here, as the step's
+                    // first submission, `admit` or `foreign`, emptied it);
+                    // the memo takes the emptied lists back.
+                    debug_assert!(auto.pending.made.is_empty());
                     std::mem::swap(&mut auto.pending, &mut m.step);
                 }
                 m.misses = if followed { 0 } else { m.misses + 1 };

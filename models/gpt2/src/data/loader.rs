@@ -127,25 +127,7 @@ impl DataLoader {
         if world_size == 0 || rank >= world_size {
             return invalid(format!("rank {rank} is not below world size {world_size}"));
         }
-        let needed = batch_size
-            .checked_mul(world_size)
-            .and_then(|x| x.checked_mul(seq_len))
-            .and_then(|x| x.checked_add(1))
-            .ok_or_else(|| Gpt2Error::InvalidLoader {
-                reason: "batch size x world size x sequence length overflows".into(),
-            })?;
-        if source.len() < needed {
-            return Err(Gpt2Error::DatasetTooSmall {
-                origin: source.origin().to_string(),
-                tokens: source.len(),
-                needed,
-                micro_batches: 1,
-                batch_size,
-                seq_len,
-                world_size,
-            });
-        }
-        Ok(DataLoader {
+        DataLoader {
             tokens: source.stream(),
             origin: source.origin().to_string(),
             batch_size,
@@ -157,24 +139,34 @@ impl DataLoader {
             vocab: None,
             micro: 1,
             taken: 0,
-        })
+        }
+        .micro_batches(1)
     }
 
     /// This loader reading `n` batches a step (gradient accumulation), the
     /// wrap decided once a step (module docs). An error if the data holds
-    /// fewer than the step's `n·B·W·T + 1` tokens, or for `n = 0`.
+    /// fewer than the step's `n·B·W·T + 1` tokens (or that count overflows),
+    /// or for `n = 0`.
     pub fn micro_batches(mut self, n: usize) -> Result<Self> {
         if n == 0 {
             return Err(Gpt2Error::InvalidLoader {
                 reason: "micro-batches per step must be positive, not 0".into(),
             });
         }
-        let needed = (self.batch_size * self.world_size * self.seq_len)
-            .checked_mul(n)
+        let needed = self
+            .batch_size
+            .checked_mul(self.world_size)
+            .and_then(|x| x.checked_mul(self.seq_len))
+            .and_then(|x| x.checked_mul(n))
             .and_then(|x| x.checked_add(1))
             .ok_or_else(|| Gpt2Error::InvalidLoader {
                 reason: format!(
-                    "{n} micro-batches of batch size x world size x sequence length overflow"
+                    "{}batch size x world size x sequence length overflows",
+                    if n > 1 {
+                        format!("{n} micro-batches x ")
+                    } else {
+                        String::new()
+                    }
                 ),
             })?;
         if self.tokens.len() < needed {
